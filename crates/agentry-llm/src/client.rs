@@ -1,0 +1,382 @@
+//! The model-client trait and its HTTP implementation.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{Stream, StreamExt};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use agentry_types::{ModelEvent, ModelResponse};
+
+use crate::config::ProviderConfig;
+use crate::decode::{decode_stream, decode_whole};
+use crate::error::LlmError;
+use crate::provider::{Protocol, anthropic, error_from_response};
+use crate::request::ModelRequest;
+use crate::transport::{body_chunks, http_client, request_error, until_deadline};
+
+/// A model call's event stream. It ends with [`ModelEvent::Completed`] or an error.
+pub type ModelStream = Pin<Box<dyn Stream<Item = Result<ModelEvent, LlmError>> + Send>>;
+
+/// The largest non-streamed response body accepted.
+const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Anything that can answer a model request.
+pub trait ModelClient: Send + Sync + 'static {
+    /// Streams the answer: deltas for live display, then the complete response.
+    /// Cancelling `cancel` (or dropping the stream) stops the call promptly.
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ModelStream;
+
+    /// Asks for the whole answer in one (non-streamed) response.
+    fn complete(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<ModelResponse, LlmError>>;
+}
+
+/// Drains a model stream, returning the final response.
+pub async fn collect_response(mut stream: ModelStream) -> Result<ModelResponse, LlmError> {
+    while let Some(event) = stream.next().await {
+        if let ModelEvent::Completed { response } = event? {
+            return Ok(response);
+        }
+    }
+    Err(LlmError::StreamEndedEarly {
+        detail: "the event stream ended without a completed response".into(),
+    })
+}
+
+/// A model reached over HTTP with one of the three protocols.
+#[derive(Clone)]
+pub struct HttpModelClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ProviderConfig,
+    http: reqwest::Client,
+    headers: reqwest::header::HeaderMap,
+    endpoint: String,
+}
+
+impl std::fmt::Debug for HttpModelClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpModelClient")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpModelClient {
+    /// A client with its own pooled HTTP client.
+    pub fn new(config: ProviderConfig) -> Result<Self, LlmError> {
+        let http = http_client(config.transport.connect_timeout)?;
+        Self::with_http_client(config, http)
+    }
+
+    /// A client sharing an existing pooled HTTP client (see [`crate::http_client`]).
+    pub fn with_http_client(
+        config: ProviderConfig,
+        http: reqwest::Client,
+    ) -> Result<Self, LlmError> {
+        config.validate()?;
+        let headers = request_headers(&config)?;
+        let endpoint = config.endpoint();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                http,
+                headers,
+                endpoint,
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProviderConfig {
+        &self.inner.config
+    }
+
+    /// The JSON body this client sends for `request`.
+    pub fn request_body(
+        &self,
+        request: &ModelRequest,
+        stream: bool,
+    ) -> Result<serde_json::Value, LlmError> {
+        encode_request(&self.inner.config, request, stream)
+    }
+}
+
+/// Encodes `request` in the configured protocol.
+pub fn encode_request(
+    config: &ProviderConfig,
+    request: &ModelRequest,
+    stream: bool,
+) -> Result<serde_json::Value, LlmError> {
+    match config.protocol {
+        Protocol::OpenAi => crate::provider::openai::encode(config, request, stream),
+        Protocol::Anthropic => anthropic::encode(config, request, stream),
+        Protocol::Ollama => crate::provider::ollama::encode(config, request, stream),
+    }
+}
+
+fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap, LlmError> {
+    use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+    let mut headers = HeaderMap::new();
+    let value = |text: &str| {
+        HeaderValue::from_str(text)
+            .map_err(|_| LlmError::Configuration("a header value has invalid characters".into()))
+    };
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    match config.protocol {
+        Protocol::OpenAi | Protocol::Ollama => {
+            if let Some(key) = &config.api_key {
+                let mut auth = value(&format!("Bearer {}", key.expose()))?;
+                auth.set_sensitive(true);
+                headers.insert("authorization", auth);
+            }
+        }
+        Protocol::Anthropic => {
+            headers.insert(
+                "anthropic-version",
+                HeaderValue::from_static(anthropic::API_VERSION),
+            );
+            if let Some(key) = &config.api_key {
+                let mut auth = value(key.expose())?;
+                auth.set_sensitive(true);
+                headers.insert("x-api-key", auth);
+            }
+        }
+    }
+    for (name, text) in &config.headers {
+        let name = HeaderName::try_from(name.as_str())
+            .map_err(|_| LlmError::Configuration(format!("invalid header name {name:?}")))?;
+        headers.insert(name, value(text)?);
+    }
+    Ok(headers)
+}
+
+impl Inner {
+    /// Sends one attempt and checks the status.
+    async fn send(&self, body: Bytes) -> Result<reqwest::Response, LlmError> {
+        let transport = &self.config.transport;
+        let request = self
+            .http
+            .post(&self.endpoint)
+            .headers(self.headers.clone())
+            .body(body)
+            .send();
+        let response = match tokio::time::timeout(transport.first_byte_timeout, request).await {
+            Err(_) => {
+                return Err(LlmError::Timeout {
+                    kind: crate::TimeoutKind::FirstByte,
+                    after: transport.first_byte_timeout,
+                });
+            }
+            Ok(Err(error)) => return Err(request_error(&error, transport)),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let headers = response.headers().clone();
+        let body = read_body(response, transport.idle_timeout, 64 * 1024)
+            .await
+            .unwrap_or_default();
+        Err(error_from_response(
+            self.config.protocol,
+            status.as_u16(),
+            &headers,
+            &body,
+        ))
+    }
+
+    /// Decides whether to retry after `error`; waits the backoff if so.
+    async fn backoff(
+        &self,
+        attempt: u32,
+        error: &LlmError,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<(), ()> {
+        let Some(delay) = self.config.transport.retry.delay(attempt, error) else {
+            return Err(());
+        };
+        if deadline.is_some_and(|deadline| Instant::now() + delay >= deadline) {
+            return Err(());
+        }
+        tracing::warn!(
+            provider = self.config.protocol.name(),
+            model = %self.config.model,
+            attempt = attempt + 1,
+            delay_ms = delay.as_millis() as u64,
+            error = %error,
+            "retrying model call"
+        );
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(()),
+            _ = tokio::time::sleep(delay) => Ok(()),
+        }
+    }
+}
+
+/// Reads a whole body, up to `limit` bytes, with the idle timeout between chunks.
+async fn read_body(
+    response: reqwest::Response,
+    idle: std::time::Duration,
+    limit: usize,
+) -> Result<Vec<u8>, LlmError> {
+    let mut body = Vec::new();
+    let chunks = body_chunks(response, idle);
+    futures::pin_mut!(chunks);
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk?;
+        if body.len() + chunk.len() > limit {
+            let room = limit - body.len();
+            body.extend_from_slice(&chunk[..room]);
+            return Err(LlmError::MalformedResponse {
+                detail: format!("the response body is larger than {limit} bytes"),
+                raw: String::new(),
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Whether an event carries model output (after which a call is never retried).
+fn is_output(event: &ModelEvent) -> bool {
+    !matches!(event, ModelEvent::Completed { .. })
+}
+
+impl ModelClient for HttpModelClient {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ModelStream {
+        let inner = Arc::clone(&self.inner);
+        let body = self.request_body(&request, true);
+        Box::pin(async_stream::stream! {
+            let body = match body.and_then(|body| serialize(&body)) {
+                Ok(body) => body,
+                Err(error) => {
+                    yield Err(error);
+                    return;
+                }
+            };
+            let transport = &inner.config.transport;
+            let total = transport.total_timeout;
+            let deadline = total.map(|total| Instant::now() + total);
+            let mut attempt = 0;
+            loop {
+                let sent = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => Err(LlmError::Cancelled),
+                    sent = until_deadline(deadline, total, inner.send(body.clone())) => sent,
+                };
+                let failure = match sent {
+                    Err(error) => error,
+                    Ok(response) => {
+                        let events = decode_stream(
+                            inner.config.protocol,
+                            body_chunks(response, transport.idle_timeout),
+                        );
+                        futures::pin_mut!(events);
+                        let mut emitted = false;
+                        loop {
+                            let next = tokio::select! {
+                                biased;
+                                _ = cancel.cancelled() => Some(Err(LlmError::Cancelled)),
+                                next = until_deadline(deadline, total, async { Ok(events.next().await) }) => {
+                                    next.unwrap_or_else(|error| Some(Err(error)))
+                                }
+                            };
+                            match next {
+                                Some(Ok(event)) => {
+                                    emitted |= is_output(&event);
+                                    let completed = matches!(event, ModelEvent::Completed { .. });
+                                    yield Ok(event);
+                                    if completed {
+                                        return;
+                                    }
+                                }
+                                Some(Err(error)) if emitted => {
+                                    yield Err(error);
+                                    return;
+                                }
+                                Some(Err(error)) => break error,
+                                None => {
+                                    yield Err(LlmError::StreamEndedEarly {
+                                        detail: "the decoder stopped without a response".into(),
+                                    });
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                };
+                if matches!(failure, LlmError::Cancelled)
+                    || inner.backoff(attempt, &failure, deadline, &cancel).await.is_err()
+                {
+                    yield Err(if cancel.is_cancelled() { LlmError::Cancelled } else { failure });
+                    return;
+                }
+                attempt += 1;
+            }
+        })
+    }
+
+    fn complete(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<ModelResponse, LlmError>> {
+        let inner = Arc::clone(&self.inner);
+        let body = self.request_body(&request, false);
+        Box::pin(async move {
+            let body = serialize(&body?)?;
+            let transport = &inner.config.transport;
+            let total = transport.total_timeout;
+            let deadline = total.map(|total| Instant::now() + total);
+            let mut attempt = 0;
+            loop {
+                let attempt_result = async {
+                    let response = inner.send(body.clone()).await?;
+                    let bytes = read_body(response, transport.idle_timeout, MAX_BODY_BYTES).await?;
+                    decode_whole(inner.config.protocol, &bytes)
+                };
+                let result = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => Err(LlmError::Cancelled),
+                    result = until_deadline(deadline, total, attempt_result) => result,
+                };
+                let failure = match result {
+                    Ok(response) => return Ok(response),
+                    Err(error) => error,
+                };
+                if matches!(failure, LlmError::Cancelled)
+                    || inner
+                        .backoff(attempt, &failure, deadline, &cancel)
+                        .await
+                        .is_err()
+                {
+                    return Err(if cancel.is_cancelled() {
+                        LlmError::Cancelled
+                    } else {
+                        failure
+                    });
+                }
+                attempt += 1;
+            }
+        })
+    }
+}
+
+fn serialize(body: &serde_json::Value) -> Result<Bytes, LlmError> {
+    serde_json::to_vec(body)
+        .map(Bytes::from)
+        .map_err(|error| LlmError::Configuration(format!("cannot serialise the request: {error}")))
+}

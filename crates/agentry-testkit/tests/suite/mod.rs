@@ -1,0 +1,10 @@
+//! Test modules, one per concern of the mock provider.
+
+mod client;
+mod delivery;
+mod fixtures;
+mod protocol_checks;
+mod recording;
+mod replay;
+mod scripted;
+mod wire;
