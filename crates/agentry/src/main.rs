@@ -1,1 +1,48 @@
-fn main() {}
+//! The `agentry` command line.
+//!
+//! `agentry run "prompt"` calls a model once and streams the answer to the terminal (thinking
+//! dimmed, a usage line at the end) or, with `--json`, prints one JSON object per event. Later
+//! issues add the tool loop, `chat`, `serve` and the admin commands.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    init_tracing(args.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("agentry: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::execute(args)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("agentry: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings; `-v` for info, `-vv` debug).
+fn init_tracing(verbosity: u8) {
+    let default = match verbosity {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -150,6 +150,12 @@ impl MockProvider {
         self.inner.shared.lock().requests.clone()
     }
 
+    /// Removes and returns the requests recorded so far (later requests are numbered from 0
+    /// again). Keeps memory flat in long benchmarks.
+    pub fn take_requests(&self) -> Vec<RecordedRequest> {
+        std::mem::take(&mut self.inner.shared.lock().requests)
+    }
+
     /// How many requests were received so far.
     pub fn request_count(&self) -> usize {
         self.inner.shared.lock().requests.len()

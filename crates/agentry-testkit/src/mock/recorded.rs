@@ -15,7 +15,7 @@ pub struct RecordedRequest {
     pub path: String,
     /// The raw query string, if any.
     pub query: Option<String>,
-    /// Request headers in arrival order, names lowercased.
+    /// Request headers, names lowercased, in arrival order (repeated names grouped together).
     pub headers: Vec<(String, String)>,
     /// The body parsed as JSON, or `Value::String` holding the raw (lossily decoded) text when
     /// it is not JSON (an empty body is `Value::String("")`).

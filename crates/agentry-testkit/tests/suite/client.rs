@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// A plain reqwest client (no proxy, default pooling), with the rustls provider installed.
-pub fn http_client() -> reqwest::Client {
+pub(super) fn http_client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
@@ -14,7 +14,7 @@ pub fn http_client() -> reqwest::Client {
 
 /// Reads a response body chunk by chunk, returning the bytes seen, the number of non-empty
 /// reads, and whether the body ended cleanly (`Ok`) or with an error.
-pub async fn read_chunks(
+pub(super) async fn read_chunks(
     mut response: reqwest::Response,
 ) -> (Vec<u8>, usize, Result<(), reqwest::Error>) {
     let mut bytes = Vec::new();

@@ -15,9 +15,13 @@ async fn paced_chunks_arrive_as_separate_reads_no_sooner_than_the_pace_allows() 
     let chunks = body.len().div_ceil(18);
     let mock = MockProvider::start().await.expect("start mock");
     mock.enqueue(
-        Reply::raw(200, vec![("content-type".into(), "text/event-stream".into())], body.clone())
-            .chunked(Chunking::Every(18))
-            .paced(pace),
+        Reply::raw(
+            200,
+            vec![("content-type".into(), "text/event-stream".into())],
+            body.clone(),
+        )
+        .chunked(Chunking::Every(18))
+        .paced(pace),
     );
     let response = http_client()
         .post(format!("{}/v1/chat/completions", mock.base_url()))
@@ -33,7 +37,10 @@ async fn paced_chunks_arrive_as_separate_reads_no_sooner_than_the_pace_allows() 
     let received_at = mock.requests()[0].received_at;
     let elapsed = done.duration_since(received_at);
     let floor = pace * u32::try_from(chunks - 1).expect("small");
-    assert!(elapsed >= floor, "body took {elapsed:?}, pacing requires at least {floor:?}");
+    assert!(
+        elapsed >= floor,
+        "body took {elapsed:?}, pacing requires at least {floor:?}"
+    );
 }
 
 #[tokio::test]
@@ -76,7 +83,10 @@ async fn cut_after_ends_the_body_with_an_error_not_eof() {
     let fixture = Fixture::named("openai/chat_parallel_tool_calls_stream").expect("fixture");
     let (bytes, outcome) = read_cut_reply(Reply::fixture(fixture.clone()).cut_after(100)).await;
     let error = outcome.expect_err("a cut body must not end cleanly");
-    assert!(error.is_body() || error.is_decode(), "unexpected error kind: {error:?}");
+    assert!(
+        error.is_body() || error.is_decode(),
+        "unexpected error kind: {error:?}"
+    );
     assert_eq!(bytes, fixture.body.as_bytes()[..100]);
 }
 
@@ -94,7 +104,8 @@ async fn cut_after_works_with_paced_chunks() {
 
 #[tokio::test]
 async fn cut_after_past_the_end_still_withholds_the_clean_ending() {
-    let (bytes, outcome) = read_cut_reply(Reply::raw(200, vec![], "short body").cut_after(1000)).await;
+    let (bytes, outcome) =
+        read_cut_reply(Reply::raw(200, vec![], "short body").cut_after(1000)).await;
     assert!(outcome.is_err(), "the body must not end cleanly");
     assert_eq!(bytes, b"short body");
 }
@@ -115,7 +126,10 @@ async fn delay_headers_holds_back_the_status_line() {
     let sent = Instant::now();
     let response = client.get(mock.base_url()).send().await.expect("send");
     let waited = sent.elapsed();
-    assert!(waited >= delay, "headers arrived after {waited:?}, expected >= {delay:?}");
+    assert!(
+        waited >= delay,
+        "headers arrived after {waited:?}, expected >= {delay:?}"
+    );
     assert_eq!(response.status(), 503);
 
     // A client with a shorter first-byte timeout gives up.
@@ -132,7 +146,8 @@ async fn delay_headers_holds_back_the_status_line() {
 #[tokio::test]
 async fn error_replies_carry_json_and_extra_headers() {
     let mock = MockProvider::start().await.expect("start mock");
-    let body = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
+    let body =
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
     mock.enqueue(Reply::error(529, body.clone()).with_header("retry-after", "2"));
     let response = http_client()
         .post(format!("{}/v1/messages", mock.base_url()))
@@ -152,8 +167,16 @@ async fn with_header_overrides_a_recorded_header() {
     let fixture = Fixture::named("anthropic/error_429_rate_limit").expect("fixture");
     assert_eq!(fixture.header("retry-after"), Some("16"));
     let mock = MockProvider::start().await.expect("start mock");
-    mock.enqueue(Reply::fixture(fixture).with_header("Retry-After", "0").with_header("x-extra", "yes"));
-    let response = http_client().post(mock.base_url()).send().await.expect("send");
+    mock.enqueue(
+        Reply::fixture(fixture)
+            .with_header("Retry-After", "0")
+            .with_header("x-extra", "yes"),
+    );
+    let response = http_client()
+        .post(mock.base_url())
+        .send()
+        .await
+        .expect("send");
     assert_eq!(response.status(), 429);
     let retry_after: Vec<_> = response.headers().get_all("retry-after").iter().collect();
     assert_eq!(retry_after, ["0"]);
@@ -171,7 +194,11 @@ async fn raw_replies_drop_framing_headers_and_keep_the_rest() {
         ("x-kept".to_owned(), "2".to_owned()),
     ];
     mock.enqueue(Reply::raw(418, headers, "teapot"));
-    let response = http_client().get(mock.base_url()).send().await.expect("send");
+    let response = http_client()
+        .get(mock.base_url())
+        .send()
+        .await
+        .expect("send");
     assert_eq!(response.status().as_u16(), 418);
     let kept: Vec<_> = response.headers().get_all("x-kept").iter().collect();
     assert_eq!(kept, ["1", "2"]);
@@ -183,9 +210,18 @@ async fn raw_replies_drop_framing_headers_and_keep_the_rest() {
 async fn an_invalid_reply_header_is_reported_as_a_mock_error() {
     let mock = MockProvider::start().await.expect("start mock");
     mock.enqueue(Reply::raw(200, vec![], "ok").with_header("bad header", "x"));
-    let response = http_client().get(mock.base_url()).send().await.expect("send");
+    let response = http_client()
+        .get(mock.base_url())
+        .send()
+        .await
+        .expect("send");
     assert_eq!(response.status(), 500);
     let body: serde_json::Value = response.json().await.expect("json");
     assert_eq!(body["error"]["type"], "mock_error");
-    assert!(body["error"]["message"].as_str().expect("message").contains("bad header"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("bad header")
+    );
 }

@@ -16,9 +16,20 @@ fn all_fixtures_load_sorted_by_name() {
     sorted.sort_unstable();
     assert_eq!(names, sorted);
     for fixture in &fixtures {
-        assert_eq!(fixture.name.split_once('/').map(|(p, _)| p), Some(fixture.provider.as_str()));
-        assert!(!fixture.body.is_empty(), "{} has an empty body", fixture.name);
-        assert!(!fixture.headers.is_empty(), "{} has no headers", fixture.name);
+        assert_eq!(
+            fixture.name.split_once('/').map(|(p, _)| p),
+            Some(fixture.provider.as_str())
+        );
+        assert!(
+            !fixture.body.is_empty(),
+            "{} has an empty body",
+            fixture.name
+        );
+        assert!(
+            !fixture.headers.is_empty(),
+            "{} has no headers",
+            fixture.name
+        );
     }
 }
 
@@ -30,13 +41,19 @@ fn named_fixture_has_its_recorded_fields() {
     assert_eq!(fixture.fidelity, "raw");
     assert_eq!(fixture.status, 200);
     assert!(fixture.is_streaming());
-    assert_eq!(fixture.header("Content-Type"), Some("text/event-stream; charset=utf-8"));
+    assert_eq!(
+        fixture.header("Content-Type"),
+        Some("text/event-stream; charset=utf-8")
+    );
     // Headers keep file order.
     assert_eq!(fixture.headers[0].0, "cache-control");
     assert!(fixture.body.starts_with("event: message_start\n"));
     let request = fixture.request.expect("recorded request");
     assert_eq!(request.method, "POST");
-    assert_eq!(request.uri, "https://api.anthropic.com/v1/messages?beta=true");
+    assert_eq!(
+        request.uri,
+        "https://api.anthropic.com/v1/messages?beta=true"
+    );
     assert_eq!(request.body["stream"], true);
 }
 
@@ -54,7 +71,9 @@ fn streaming_is_detected_from_content_type() {
 #[test]
 fn unknown_fixture_is_a_not_found_error() {
     let error = Fixture::named("openai/no_such_exchange").expect_err("must fail");
-    assert!(matches!(error, TestkitError::FixtureNotFound { ref name, .. } if name == "openai/no_such_exchange"));
+    assert!(
+        matches!(error, TestkitError::FixtureNotFound { ref name, .. } if name == "openai/no_such_exchange")
+    );
     assert!(error.to_string().contains("openai/no_such_exchange"));
 }
 
@@ -75,17 +94,27 @@ fn malformed_fixture_file_is_reported() {
 fn recorded_request_bodies_pass_the_protocol_checks() {
     let mut checked = 0;
     for fixture in Fixture::all().expect("fixtures") {
-        let Some(request) = fixture.request else { continue };
+        let Some(request) = fixture.request else {
+            continue;
+        };
         if !request.body.is_object() {
             continue;
         }
-        let path = request.uri.split_once("://").map_or(request.uri.as_str(), |(_, rest)| {
-            rest.find('/').map_or("/", |i| &rest[i..])
-        });
-        let Some(protocol) = Protocol::from_path(path) else { continue };
+        let path = request
+            .uri
+            .split_once("://")
+            .map_or(request.uri.as_str(), |(_, rest)| {
+                rest.find('/').map_or("/", |i| &rest[i..])
+            });
+        let Some(protocol) = Protocol::from_path(path) else {
+            continue;
+        };
         let violations = check_request(protocol, &request.body);
         assert!(violations.is_empty(), "{}: {violations:?}", fixture.name);
         checked += 1;
     }
-    assert!(checked >= 15, "only {checked} fixture requests were checked");
+    assert!(
+        checked >= 15,
+        "only {checked} fixture requests were checked"
+    );
 }

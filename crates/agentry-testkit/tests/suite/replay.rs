@@ -15,7 +15,9 @@ fn request_target(fixture: &Fixture) -> String {
         return format!("/replay/{}", fixture.name);
     };
     match request.uri.split_once("://") {
-        Some((_, rest)) => rest.find('/').map_or("/".to_owned(), |i| rest[i..].to_owned()),
+        Some((_, rest)) => rest
+            .find('/')
+            .map_or("/".to_owned(), |i| rest[i..].to_owned()),
         None => request.uri.clone(),
     }
 }
@@ -43,14 +45,26 @@ async fn replay_all(chunking: Chunking) {
             .await
             .expect("send");
 
-        assert_eq!(response.status().as_u16(), fixture.status, "{}", fixture.name);
+        assert_eq!(
+            response.status().as_u16(),
+            fixture.status,
+            "{}",
+            fixture.name
+        );
         for (name, value) in &fixture.headers {
             if NOT_REPLAYED.iter().any(|n| n.eq_ignore_ascii_case(name)) {
                 continue;
             }
-            let returned: Vec<&[u8]> =
-                response.headers().get_all(name.as_str()).iter().map(|v| v.as_bytes()).collect();
-            let recorded = fixture.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name));
+            let returned: Vec<&[u8]> = response
+                .headers()
+                .get_all(name.as_str())
+                .iter()
+                .map(|v| v.as_bytes())
+                .collect();
+            let recorded = fixture
+                .headers
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name));
             assert_eq!(
                 returned.len(),
                 recorded.count(),
@@ -82,7 +96,11 @@ async fn every_fixture_replays_exactly_in_7_byte_chunks() {
 
 #[tokio::test]
 async fn every_fixture_replays_exactly_in_random_chunks() {
-    replay_all(Chunking::Random { seed: 0x5eed, max: 64 }).await;
+    replay_all(Chunking::Random {
+        seed: 0x5eed,
+        max: 64,
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -105,7 +123,17 @@ async fn framing_headers_are_not_replayed_and_hyper_frames_the_body() {
     assert!(response.headers().get("connection").is_none());
     assert!(response.headers().get("content-length").is_none());
     // The chunked framing is hyper's own, not a replayed header.
-    assert_eq!(response.headers().get_all("transfer-encoding").iter().count(), 1);
+    assert_eq!(
+        response
+            .headers()
+            .get_all("transfer-encoding")
+            .iter()
+            .count(),
+        1
+    );
     assert_eq!(response.headers()["openai-processing-ms"], "1777");
-    assert_eq!(response.bytes().await.expect("body"), fixture.body.as_bytes());
+    assert_eq!(
+        response.bytes().await.expect("body"),
+        fixture.body.as_bytes()
+    );
 }

@@ -78,7 +78,11 @@ struct OpenAiStream {
 
 fn reassemble_openai(body: &str) -> OpenAiStream {
     let events = parse_sse(body);
-    assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"), "must end with [DONE]");
+    assert_eq!(
+        events.last().map(|e| e.data.as_str()),
+        Some("[DONE]"),
+        "must end with [DONE]"
+    );
     let mut stream = OpenAiStream::default();
     for event in &events[..events.len() - 1] {
         assert!(event.event.is_none());
@@ -88,7 +92,9 @@ fn reassemble_openai(body: &str) -> OpenAiStream {
             assert_eq!(chunk["choices"], json!([]), "usage chunk has no choices");
             stream.usage = Some(usage.clone());
         }
-        let Some(choice) = chunk["choices"].get(0) else { continue };
+        let Some(choice) = chunk["choices"].get(0) else {
+            continue;
+        };
         let delta = &choice["delta"];
         if let Some(role) = delta["role"].as_str() {
             assert!(stream.role.is_none(), "role sent twice");
@@ -106,7 +112,10 @@ fn reassemble_openai(body: &str) -> OpenAiStream {
             let entry = stream.calls.entry(index).or_default();
             if let Some(id) = call["id"].as_str() {
                 assert_eq!(call["type"], "function");
-                assert_eq!(call["function"]["arguments"], "", "first delta has empty arguments");
+                assert_eq!(
+                    call["function"]["arguments"], "",
+                    "first delta has empty arguments"
+                );
                 entry.id = id.to_owned();
                 entry.name = call["function"]["name"].as_str().expect("name").to_owned();
             } else if let Some(fragment) = call["function"]["arguments"].as_str() {
@@ -134,27 +143,47 @@ async fn openai_stream_reassembles_thinking_text_tool_calls_and_usage() {
     assert_eq!(stream.role.as_deref(), Some("assistant"));
     assert_eq!(stream.reasoning, THINKING);
     assert_eq!(stream.content, TEXT);
-    assert!(stream.content_fragments >= 2, "text must be split into several deltas");
+    assert!(
+        stream.content_fragments >= 2,
+        "text must be split into several deltas"
+    );
     assert_eq!(stream.calls.len(), 2);
     let first = &stream.calls[&0];
-    assert_eq!((first.id.as_str(), first.name.as_str()), ("call_1", "get_weather"));
+    assert_eq!(
+        (first.id.as_str(), first.name.as_str()),
+        ("call_1", "get_weather")
+    );
     assert!(first.fragments >= 2, "arguments must be split");
     let first_args: Value = serde_json::from_str(&first.arguments).expect("json arguments");
     assert_eq!(first_args, json!({"city": "Paris", "units": "c"}));
     let second = &stream.calls[&1];
-    assert_eq!((second.id.as_str(), second.name.as_str()), ("call_explicit", "get_time"));
+    assert_eq!(
+        (second.id.as_str(), second.name.as_str()),
+        ("call_explicit", "get_time")
+    );
     let second_args: Value = serde_json::from_str(&second.arguments).expect("json arguments");
     assert_eq!(second_args, json!({"city": "Zürich"}));
     assert_eq!(stream.finish_reason.as_deref(), Some("tool_calls"));
     let usage = stream.usage.expect("usage chunk");
-    assert_eq!(usage, json!({"prompt_tokens": 120, "completion_tokens": 45, "total_tokens": 165}));
-    assert!(served.body.contains(r#""model":"gpt-4o""#), "model is echoed");
+    assert_eq!(
+        usage,
+        json!({"prompt_tokens": 120, "completion_tokens": 45, "total_tokens": 165})
+    );
+    assert!(
+        served.body.contains(r#""model":"gpt-4o""#),
+        "model is echoed"
+    );
 }
 
 #[tokio::test]
 async fn openai_stream_without_include_usage_sends_no_usage_chunk() {
     let request = json!({"model": "gpt-4o", "stream": true, "messages": []});
-    let served = serve(ScriptedTurn::text("Hello there!"), "/v1/chat/completions", request).await;
+    let served = serve(
+        ScriptedTurn::text("Hello there!"),
+        "/v1/chat/completions",
+        request,
+    )
+    .await;
     let stream = reassemble_openai(&served.body);
     assert_eq!(stream.content, "Hello there!");
     assert_eq!(stream.finish_reason.as_deref(), Some("stop"));
@@ -180,8 +209,13 @@ async fn openai_non_stream_is_a_chat_completion() {
     assert_eq!(calls[0]["id"], "call_1");
     assert_eq!(calls[0]["type"], "function");
     assert_eq!(calls[0]["function"]["name"], "get_weather");
-    let arguments = calls[0]["function"]["arguments"].as_str().expect("arguments are a string");
-    assert_eq!(serde_json::from_str::<Value>(arguments).expect("json"), json!({"city": "Paris", "units": "c"}));
+    let arguments = calls[0]["function"]["arguments"]
+        .as_str()
+        .expect("arguments are a string");
+    assert_eq!(
+        serde_json::from_str::<Value>(arguments).expect("json"),
+        json!({"city": "Paris", "units": "c"})
+    );
     assert_eq!(calls[1]["id"], "call_explicit");
     assert_eq!(
         completion["usage"],
@@ -199,13 +233,28 @@ async fn openai_tool_only_turn_has_null_content_and_text_turn_has_no_tool_calls(
     .await;
     let completion: Value = serde_json::from_str(&served.body).expect("json");
     assert!(completion["choices"][0]["message"]["content"].is_null());
-    assert_eq!(completion["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+    assert_eq!(
+        completion["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        "{}"
+    );
 
-    let served = serve(ScriptedTurn::text("done"), "/v1/chat/completions", json!({})).await;
+    let served = serve(
+        ScriptedTurn::text("done"),
+        "/v1/chat/completions",
+        json!({}),
+    )
+    .await;
     let completion: Value = serde_json::from_str(&served.body).expect("json");
     assert_eq!(completion["choices"][0]["finish_reason"], "stop");
-    assert!(completion["choices"][0]["message"].get("tool_calls").is_none());
-    assert_eq!(completion["model"], "mock-model", "default model when the request names none");
+    assert!(
+        completion["choices"][0]["message"]
+            .get("tool_calls")
+            .is_none()
+    );
+    assert_eq!(
+        completion["model"], "mock-model",
+        "default model when the request names none"
+    );
 }
 
 // ---------------------------------------------------------------- Anthropic
@@ -236,11 +285,16 @@ struct AnthropicStream {
 fn reassemble_anthropic(body: &str) -> AnthropicStream {
     let mut stream = AnthropicStream::default();
     for event in parse_sse(body) {
-        let name = event.event.clone().expect("every Anthropic SSE message names its event");
+        let name = event
+            .event
+            .clone()
+            .expect("every Anthropic SSE message names its event");
         let data = event.json();
         assert_eq!(data["type"], name.as_str(), "event name matches data.type");
         stream.event_names.push(name.clone());
-        let index = data["index"].as_u64().map(|i| usize::try_from(i).expect("index"));
+        let index = data["index"]
+            .as_u64()
+            .map(|i| usize::try_from(i).expect("index"));
         match name.as_str() {
             "message_start" => {
                 assert_eq!(data["message"]["role"], "assistant");
@@ -270,15 +324,22 @@ fn reassemble_anthropic(body: &str) -> AnthropicStream {
                         block.fragments += 1;
                     }
                     "thinking_delta" => {
-                        block.thinking.push_str(delta["thinking"].as_str().expect("thinking"));
+                        block
+                            .thinking
+                            .push_str(delta["thinking"].as_str().expect("thinking"));
                         block.fragments += 1;
                     }
                     "signature_delta" => {
-                        block.signature.push_str(delta["signature"].as_str().expect("signature"));
+                        block
+                            .signature
+                            .push_str(delta["signature"].as_str().expect("signature"));
                     }
-                    "input_json_delta" => block
-                        .partial_json
-                        .push(delta["partial_json"].as_str().expect("partial_json").to_owned()),
+                    "input_json_delta" => block.partial_json.push(
+                        delta["partial_json"]
+                            .as_str()
+                            .expect("partial_json")
+                            .to_owned(),
+                    ),
                     other => panic!("unexpected delta type {other}"),
                 }
             }
@@ -305,13 +366,22 @@ async fn anthropic_stream_reassembles_thinking_text_tool_use_and_usage() {
     assert_eq!(served.status, 200);
     assert!(served.content_type.starts_with("text/event-stream"));
     let stream = reassemble_anthropic(&served.body);
-    assert_eq!(stream.event_names.first().map(String::as_str), Some("message_start"));
-    assert_eq!(stream.event_names.last().map(String::as_str), Some("message_stop"));
+    assert_eq!(
+        stream.event_names.first().map(String::as_str),
+        Some("message_start")
+    );
+    assert_eq!(
+        stream.event_names.last().map(String::as_str),
+        Some("message_stop")
+    );
     assert_eq!(stream.pings, 1);
     assert_eq!(stream.input_tokens, Some(120));
     let kinds: Vec<&str> = stream.blocks.iter().map(|b| b.kind.as_str()).collect();
     assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"]);
-    assert!(stream.blocks.iter().all(|b| b.stopped), "every block is stopped");
+    assert!(
+        stream.blocks.iter().all(|b| b.stopped),
+        "every block is stopped"
+    );
 
     let thinking = &stream.blocks[0];
     assert_eq!(thinking.thinking, THINKING);
@@ -323,12 +393,19 @@ async fn anthropic_stream_reassembles_thinking_text_tool_use_and_usage() {
     assert!(text.fragments >= 2);
 
     for (block, (id, name, input)) in stream.blocks[2..].iter().zip([
-        ("toolu_1", "get_weather", json!({"city": "Paris", "units": "c"})),
+        (
+            "toolu_1",
+            "get_weather",
+            json!({"city": "Paris", "units": "c"}),
+        ),
         ("call_explicit", "get_time", json!({"city": "Zürich"})),
     ]) {
         assert_eq!((block.id.as_str(), block.name.as_str()), (id, name));
         assert_eq!(block.partial_json[0], "", "first partial_json is empty");
-        assert!(block.partial_json.len() >= 3, "JSON split into 2+ fragments after the empty one");
+        assert!(
+            block.partial_json.len() >= 3,
+            "JSON split into 2+ fragments after the empty one"
+        );
         let parsed: Value = serde_json::from_str(&block.partial_json.concat()).expect("json input");
         assert_eq!(parsed, input);
     }
@@ -350,7 +427,10 @@ async fn anthropic_non_stream_is_a_message() {
     assert_eq!(message["usage"]["output_tokens"], 45);
     let content = message["content"].as_array().expect("content");
     assert_eq!(content.len(), 4);
-    assert_eq!(content[0], json!({"type": "thinking", "thinking": THINKING, "signature": SIGNATURE}));
+    assert_eq!(
+        content[0],
+        json!({"type": "thinking", "thinking": THINKING, "signature": SIGNATURE})
+    );
     assert_eq!(content[1], json!({"type": "text", "text": TEXT}));
     assert_eq!(
         content[2],
@@ -362,7 +442,12 @@ async fn anthropic_non_stream_is_a_message() {
 #[tokio::test]
 async fn anthropic_text_turn_ends_the_turn() {
     let request = json!({"max_tokens": 10, "stream": true, "messages": []});
-    let served = serve(ScriptedTurn::text("Hi there").with_usage(3, 2), "/v1/messages", request).await;
+    let served = serve(
+        ScriptedTurn::text("Hi there").with_usage(3, 2),
+        "/v1/messages",
+        request,
+    )
+    .await;
     let stream = reassemble_anthropic(&served.body);
     assert_eq!(stream.blocks.len(), 1);
     assert_eq!(stream.blocks[0].text, "Hi there");
@@ -442,7 +527,10 @@ async fn ollama_non_stream_is_one_done_object() {
     assert_eq!(reply["model"], "llama3.2");
     assert_eq!(reply["message"]["content"], TEXT);
     assert_eq!(reply["message"]["thinking"], THINKING);
-    assert_eq!(reply["message"]["tool_calls"][1]["function"]["arguments"]["city"], "Zürich");
+    assert_eq!(
+        reply["message"]["tool_calls"][1]["function"]["arguments"]["city"],
+        "Zürich"
+    );
     assert!(reply["message"]["tool_calls"][0].get("id").is_none());
     assert_eq!(reply["done_reason"], "stop");
     assert_eq!(reply["prompt_eval_count"], 120);
@@ -451,9 +539,17 @@ async fn ollama_non_stream_is_one_done_object() {
 
 #[tokio::test]
 async fn ollama_generate_streams_response_fragments() {
-    let served = serve(ScriptedTurn::text("Why yes, it is."), "/api/generate", json!({"prompt": "?"})).await;
+    let served = serve(
+        ScriptedTurn::text("Why yes, it is."),
+        "/api/generate",
+        json!({"prompt": "?"}),
+    )
+    .await;
     let lines = parse_ndjson(&served.body);
-    let text: String = lines.iter().filter_map(|l| l["response"].as_str()).collect();
+    let text: String = lines
+        .iter()
+        .filter_map(|l| l["response"].as_str())
+        .collect();
     assert_eq!(text, "Why yes, it is.");
     assert!(lines.len() >= 3);
     assert_eq!(lines.last().expect("last")["done"], true);
@@ -469,7 +565,10 @@ async fn stop_reason_override_is_used_verbatim() {
         json!({"stream": true}),
     )
     .await;
-    assert_eq!(reassemble_openai(&openai.body).finish_reason.as_deref(), Some("length"));
+    assert_eq!(
+        reassemble_openai(&openai.body).finish_reason.as_deref(),
+        Some("length")
+    );
 
     let anthropic = serve(
         ScriptedTurn::tool_call("f", json!({"a": 1})).with_stop_reason("max_tokens"),
@@ -477,10 +576,21 @@ async fn stop_reason_override_is_used_verbatim() {
         json!({"stream": true, "max_tokens": 5}),
     )
     .await;
-    assert_eq!(reassemble_anthropic(&anthropic.body).stop_reason.as_deref(), Some("max_tokens"));
+    assert_eq!(
+        reassemble_anthropic(&anthropic.body).stop_reason.as_deref(),
+        Some("max_tokens")
+    );
 
-    let ollama = serve(ScriptedTurn::text("cut").with_stop_reason("length"), "/api/chat", json!({})).await;
-    assert_eq!(reassemble_ollama(&ollama.body).done_reason.as_deref(), Some("length"));
+    let ollama = serve(
+        ScriptedTurn::text("cut").with_stop_reason("length"),
+        "/api/chat",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        reassemble_ollama(&ollama.body).done_reason.as_deref(),
+        Some("length")
+    );
 }
 
 #[tokio::test]
@@ -489,9 +599,18 @@ async fn the_same_scripted_reply_follows_each_requests_protocol() {
     mock.set_fallback(Reply::scripted(ScriptedTurn::text("same words")));
     let client = http_client();
     let urls = [
-        (format!("{}/chat/completions", mock.openai_base_url()), "text/event-stream"),
-        (format!("{}/messages", mock.anthropic_base_url()), "text/event-stream"),
-        (format!("{}/api/chat", mock.ollama_base_url()), "application/x-ndjson"),
+        (
+            format!("{}/chat/completions", mock.openai_base_url()),
+            "text/event-stream",
+        ),
+        (
+            format!("{}/messages", mock.anthropic_base_url()),
+            "text/event-stream",
+        ),
+        (
+            format!("{}/api/chat", mock.ollama_base_url()),
+            "application/x-ndjson",
+        ),
     ];
     for (url, content_type) in urls {
         let response = client
@@ -500,7 +619,10 @@ async fn the_same_scripted_reply_follows_each_requests_protocol() {
             .send()
             .await
             .expect("send");
-        let returned = response.headers()["content-type"].to_str().expect("ascii").to_owned();
+        let returned = response.headers()["content-type"]
+            .to_str()
+            .expect("ascii")
+            .to_owned();
         assert!(returned.starts_with(content_type), "{url}: {returned}");
     }
 }

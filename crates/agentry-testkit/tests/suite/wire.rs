@@ -4,20 +4,21 @@ use serde_json::Value;
 
 /// One server-sent event.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SseEvent {
-    pub event: Option<String>,
-    pub data: String,
+pub(super) struct SseEvent {
+    pub(super) event: Option<String>,
+    pub(super) data: String,
 }
 
 impl SseEvent {
     /// The data parsed as JSON.
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.data).unwrap_or_else(|e| panic!("bad SSE data {:?}: {e}", self.data))
+    pub(super) fn json(&self) -> Value {
+        serde_json::from_str(&self.data)
+            .unwrap_or_else(|e| panic!("bad SSE data {:?}: {e}", self.data))
     }
 }
 
 /// Parses an SSE body: messages separated by blank lines, `event:` and `data:` fields.
-pub fn parse_sse(body: &str) -> Vec<SseEvent> {
+pub(super) fn parse_sse(body: &str) -> Vec<SseEvent> {
     let mut events = Vec::new();
     for message in body.split("\n\n") {
         let mut event = None;
@@ -40,10 +41,12 @@ pub fn parse_sse(body: &str) -> Vec<SseEvent> {
 }
 
 /// Parses an NDJSON body into one JSON value per non-empty line.
-pub fn parse_ndjson(body: &str) -> Vec<Value> {
+pub(super) fn parse_ndjson(body: &str) -> Vec<Value> {
     body.lines()
         .filter(|line| !line.trim().is_empty())
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("bad NDJSON line {line:?}: {e}")))
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("bad NDJSON line {line:?}: {e}"))
+        })
         .collect()
 }
 

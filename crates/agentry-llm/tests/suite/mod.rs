@@ -1,0 +1,6 @@
+mod chunking;
+mod fixtures;
+mod requests;
+mod retry;
+mod scripted;
+mod support;

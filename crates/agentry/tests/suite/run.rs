@@ -1,0 +1,193 @@
+//! `agentry run` end to end: the real binary against the mock provider.
+
+use std::process::Output;
+
+use agentry_testkit::{Fixture, MockProvider, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+/// Runs the binary with `args` and a clean environment for API keys.
+async fn agentry(args: Vec<String>, env: &[(&str, &str)]) -> Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+    command
+        .args(args)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env("NO_COLOR", "1");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().await.expect("agentry runs")
+}
+
+fn args(provider: &str, base_url: String, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "What is the weather?".into(),
+        "--provider".into(),
+        provider.into(),
+        "--base-url".into(),
+        base_url,
+        "--model-name".into(),
+        "test-model".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+#[tokio::test]
+async fn streams_text_and_prints_usage() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("It is sunny in Paris.")
+            .with_thinking("Check the sky.", "sig")
+            .with_usage(11, 7),
+    ));
+    let output = agentry(
+        args(
+            "anthropic",
+            mock.anthropic_base_url(),
+            &["--system", "Be brief."],
+        ),
+        &[("ANTHROPIC_API_KEY", "sk-ant-test")],
+    )
+    .await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success(), "stderr: {stderr}");
+    assert!(stdout.contains("Check the sky."), "{stdout}");
+    assert!(stdout.contains("It is sunny in Paris."), "{stdout}");
+    assert!(
+        stderr.contains("11 in") && stderr.contains("7 out"),
+        "{stderr}"
+    );
+    let request = &mock.requests()[0];
+    assert_eq!(request.header("x-api-key"), Some("sk-ant-test"));
+    assert_eq!(request.body["system"], json!("Be brief."));
+    assert_eq!(request.body["model"], json!("test-model"));
+    mock.check_protocol().unwrap();
+}
+
+#[tokio::test]
+async fn json_mode_prints_one_object_per_event() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::fixture(
+        Fixture::named("openai/chat_tool_call_stream_strict").unwrap(),
+    ));
+    let output = agentry(
+        args(
+            "openai",
+            mock.openai_base_url(),
+            &["--json", "--api-key-env", "MY_KEY"],
+        ),
+        &[("MY_KEY", "sk-custom")],
+    )
+    .await;
+    assert!(output.status.success());
+    let lines: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("every line is JSON"))
+        .collect();
+    assert!(lines.iter().any(|l| l["type"] == "tool_call_delta"));
+    let call = lines
+        .iter()
+        .find(|l| l["type"] == "tool_call")
+        .expect("a complete call");
+    assert_eq!(call["call"]["name"], "get_weather");
+    assert_eq!(
+        call["call"]["arguments"],
+        json!({"city": "San Francisco", "state": "CA"})
+    );
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "completed");
+    assert_eq!(last["response"]["stop_reason"], "tool_use");
+    assert_eq!(last["response"]["usage"]["input_tokens"], 48);
+    assert_eq!(
+        mock.requests()[0].header("authorization"),
+        Some("Bearer sk-custom")
+    );
+}
+
+#[tokio::test]
+async fn ollama_needs_no_key() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::fixture(
+        Fixture::named("ollama/chat_stream_text").unwrap(),
+    ));
+    let output = agentry(args("ollama", mock.ollama_base_url(), &[]), &[]).await;
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8(output.stdout).unwrap().trim(), "The");
+    assert_eq!(mock.requests()[0].header("authorization"), None);
+    assert_eq!(mock.requests()[0].path, "/api/chat");
+}
+
+#[tokio::test]
+async fn a_failed_call_exits_non_zero_with_a_one_line_reason() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::fixture(
+        Fixture::named("openai/error_400_context_length_exceeded").unwrap(),
+    ));
+    let output = agentry(args("openai", mock.openai_base_url(), &[]), &[]).await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let reason: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("agentry:"))
+        .collect();
+    assert_eq!(reason.len(), 1, "{stderr}");
+    assert!(reason[0].contains("context_length_exceeded"), "{stderr}");
+    assert!(reason[0].contains("HTTP 400"), "{stderr}");
+}
+
+#[tokio::test]
+async fn json_mode_reports_errors_as_json_too() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::error(
+        401,
+        json!({"error": {"message": "bad key", "type": "invalid_api_key"}}),
+    ));
+    let output = agentry(args("openai", mock.openai_base_url(), &["--json"]), &[]).await;
+    assert_eq!(output.status.code(), Some(1));
+    let last: Value = serde_json::from_str(
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(last["type"], "error");
+    assert_eq!(last["error"]["code"], "authentication");
+    assert_eq!(last["error"]["retryable"], false);
+    assert_eq!(mock.request_count(), 1);
+}
+
+#[tokio::test]
+async fn a_named_key_variable_must_exist() {
+    let output = agentry(
+        args(
+            "openai",
+            "http://127.0.0.1:9/v1".into(),
+            &["--api-key-env", "AGENTRY_TEST_MISSING_KEY"],
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8(output.stderr)
+            .unwrap()
+            .contains("AGENTRY_TEST_MISSING_KEY")
+    );
+}
+
+#[tokio::test]
+async fn bad_arguments_are_rejected() {
+    let output = agentry(args("gemini", "http://127.0.0.1:9".into(), &[]), &[]).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8(output.stderr)
+            .unwrap()
+            .contains("unknown provider")
+    );
+}
