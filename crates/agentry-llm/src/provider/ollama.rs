@@ -149,6 +149,9 @@ fn encode_message(message: &Message) -> Result<Value, LlmError> {
 
 #[derive(Deserialize)]
 struct Line {
+    /// Set when the server fails mid-stream (under HTTP 200).
+    #[serde(default)]
+    error: Option<Value>,
     #[serde(default)]
     model: Option<String>,
     #[serde(default)]
@@ -203,19 +206,14 @@ pub(crate) struct StreamDecoder {
 
 impl StreamDecoder {
     pub(crate) fn decode(&mut self, line: &str, out: &mut Vec<Delta>) -> Result<(), LlmError> {
-        let line = line.trim();
-        if line.is_empty() {
+        let text = line.trim();
+        if text.is_empty() {
             return Ok(());
         }
-        let value: Value = parse_json(Protocol::Ollama, line)?;
-        if value.get("error").is_some_and(|e| !e.is_null()) {
-            return Err(error_in_stream(Protocol::Ollama, line));
+        let line: Line = parse_json(Protocol::Ollama, text)?;
+        if line.error.as_ref().is_some_and(|e| !e.is_null()) {
+            return Err(error_in_stream(Protocol::Ollama, text));
         }
-        let line: Line =
-            serde_json::from_value(value).map_err(|error| LlmError::MalformedResponse {
-                detail: format!("ollama line has an unexpected shape: {error}"),
-                raw: crate::error::truncate(line, 1024),
-            })?;
         if !self.meta_sent {
             self.meta_sent = true;
             self.salt = line.created_at.clone().unwrap_or_default();

@@ -154,6 +154,9 @@ pub(crate) fn image_url(source: &ImageSource) -> String {
 
 #[derive(Deserialize)]
 struct Chunk {
+    /// Set when a server reports an error inside the stream.
+    #[serde(default)]
+    error: Option<Value>,
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
@@ -272,15 +275,10 @@ impl StreamDecoder {
         if data.is_empty() {
             return Ok(());
         }
-        let value: Value = parse_json(Protocol::OpenAi, data)?;
-        if value.get("error").is_some_and(|e| !e.is_null()) {
+        let chunk: Chunk = parse_json(Protocol::OpenAi, data)?;
+        if chunk.error.as_ref().is_some_and(|e| !e.is_null()) {
             return Err(error_in_stream(Protocol::OpenAi, data));
         }
-        let chunk: Chunk =
-            serde_json::from_value(value).map_err(|error| LlmError::MalformedResponse {
-                detail: format!("openai chunk has an unexpected shape: {error}"),
-                raw: crate::error::truncate(data, 1024),
-            })?;
         if !self.meta_sent {
             self.meta_sent = true;
             out.push(Delta::Meta {
