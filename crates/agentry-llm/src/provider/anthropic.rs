@@ -12,7 +12,7 @@ use agentry_types::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Protocol, error_in_stream, parse_json};
+use super::{Protocol, error_in_stream, insert_sampling, parse_json};
 use crate::config::ProviderConfig;
 use crate::delta::{Delta, UsageUpdate};
 use crate::error::LlmError;
@@ -120,15 +120,7 @@ pub(crate) fn encode(
             json!({"type": "enabled", "budget_tokens": budget}),
         );
     }
-    if let Some(temperature) = params.temperature {
-        body.insert("temperature".into(), json!(temperature));
-    }
-    if let Some(top_p) = params.top_p {
-        body.insert("top_p".into(), json!(top_p));
-    }
-    if !params.stop.is_empty() {
-        body.insert("stop_sequences".into(), json!(params.stop));
-    }
+    insert_sampling(&mut body, params, "stop_sequences");
     for (key, value) in &params.extra {
         body.insert(key.clone(), value.clone());
     }
@@ -395,7 +387,7 @@ fn decode_block(index: u64, block: &Value, streaming: bool, out: &mut Vec<Delta>
 }
 
 #[derive(Deserialize)]
-struct WireMessage {
+pub(crate) struct WireMessage {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
@@ -409,13 +401,7 @@ struct WireMessage {
 }
 
 /// Decodes a whole `message` body.
-pub(crate) fn decode_body(value: Value) -> Result<Vec<Delta>, LlmError> {
-    let raw = value.to_string();
-    let message: WireMessage =
-        serde_json::from_value(value).map_err(|error| LlmError::MalformedResponse {
-            detail: format!("anthropic response has an unexpected shape: {error}"),
-            raw: crate::error::truncate(&raw, 1024),
-        })?;
+pub(crate) fn decode_body(message: WireMessage) -> Result<Vec<Delta>, LlmError> {
     let mut out = vec![Delta::Meta {
         id: message.id,
         model: message.model,

@@ -66,15 +66,10 @@ impl Protocol {
 
     /// Decodes a whole (non-streamed) response body.
     pub(crate) fn decode_body(self, body: &[u8]) -> Result<Vec<Delta>, LlmError> {
-        let value: serde_json::Value =
-            serde_json::from_slice(body).map_err(|error| LlmError::MalformedResponse {
-                detail: format!("response body is not JSON: {error}"),
-                raw: truncate(&String::from_utf8_lossy(body), 1024),
-            })?;
         match self {
-            Self::OpenAi => openai::decode_body(value),
-            Self::Anthropic => anthropic::decode_body(value),
-            Self::Ollama => ollama::decode_body(value),
+            Self::OpenAi => openai::decode_body(parse_body(self, body)?),
+            Self::Anthropic => anthropic::decode_body(parse_body(self, body)?),
+            Self::Ollama => ollama::decode_body(body),
         }
     }
 }
@@ -142,6 +137,52 @@ pub(crate) fn parse_json<'a, T: Deserialize<'a>>(
         detail: format!("{} stream event is not valid: {error}", protocol.name()),
         raw: truncate(data, 1024),
     })
+}
+
+/// Parses a whole response body into the protocol's typed shape.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
+    protocol: Protocol,
+    body: &[u8],
+) -> Result<T, LlmError> {
+    serde_json::from_slice(body).map_err(|error| LlmError::MalformedResponse {
+        detail: format!("{} response body is not valid: {error}", protocol.name()),
+        raw: truncate(&String::from_utf8_lossy(body), 1024),
+    })
+}
+
+/// Tools in the `{"type": "function", "function": {…}}` shape OpenAI and Ollama share.
+pub(crate) fn function_tools(tools: &[agentry_types::ToolSpec]) -> serde_json::Value {
+    tools
+        .iter()
+        .map(|tool| {
+            serde_json::json!({
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                }
+            })
+        })
+        .collect()
+}
+
+/// Writes the sampling parameters every protocol names the same way (temperature, top_p),
+/// the stop sequences under the protocol's own key, and the caller's extra fields.
+pub(crate) fn insert_sampling(
+    target: &mut serde_json::Map<String, serde_json::Value>,
+    params: &crate::request::GenerationParams,
+    stop_key: &str,
+) {
+    if let Some(temperature) = params.temperature {
+        target.insert("temperature".into(), serde_json::json!(temperature));
+    }
+    if let Some(top_p) = params.top_p {
+        target.insert("top_p".into(), serde_json::json!(top_p));
+    }
+    if !params.stop.is_empty() {
+        target.insert(stop_key.into(), serde_json::json!(params.stop));
+    }
 }
 
 /// Builds the typed error for a non-success HTTP answer.

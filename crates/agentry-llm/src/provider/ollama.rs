@@ -8,7 +8,7 @@ use agentry_types::{AssistantPart, ContentPart, ImageSource, Message, StopReason
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Protocol, error_in_stream, parse_json};
+use super::{Protocol, error_in_stream, function_tools, insert_sampling, parse_json};
 use crate::accumulator::derived_call_id;
 use crate::config::ProviderConfig;
 use crate::delta::{Delta, UsageUpdate};
@@ -29,21 +29,7 @@ pub(crate) fn encode(
     body.insert("model".into(), json!(config.model));
     body.insert("messages".into(), Value::Array(messages));
     if !request.tools.is_empty() {
-        let tools = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.parameters,
-                    }
-                })
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
+        body.insert("tools".into(), function_tools(&request.tools));
     }
     body.insert("stream".into(), json!(stream));
     let params = &request.params;
@@ -54,15 +40,7 @@ pub(crate) fn encode(
     if let Some(max) = params.max_tokens {
         options.insert("num_predict".into(), json!(max));
     }
-    if let Some(temperature) = params.temperature {
-        options.insert("temperature".into(), json!(temperature));
-    }
-    if let Some(top_p) = params.top_p {
-        options.insert("top_p".into(), json!(top_p));
-    }
-    if !params.stop.is_empty() {
-        options.insert("stop".into(), json!(params.stop));
-    }
+    insert_sampling(&mut options, params, "stop");
     for (key, value) in &params.extra {
         // Top-level request fields stay at the top; everything else is a model option.
         if matches!(key.as_str(), "format" | "keep_alive" | "think") {
@@ -276,15 +254,18 @@ impl StreamDecoder {
     }
 }
 
-/// Decodes a whole (`"stream": false`) body.
-pub(crate) fn decode_body(value: Value) -> Result<Vec<Delta>, LlmError> {
-    let mut decoder = StreamDecoder::default();
+/// Decodes a whole (`"stream": false`) body: one line, marked done.
+pub(crate) fn decode_body(body: &[u8]) -> Result<Vec<Delta>, LlmError> {
+    let text = std::str::from_utf8(body).map_err(|error| LlmError::MalformedResponse {
+        detail: format!("ollama response body is not UTF-8: {error}"),
+        raw: String::new(),
+    })?;
     let mut out = Vec::new();
-    decoder.decode(&value.to_string(), &mut out)?;
+    StreamDecoder::default().decode(text, &mut out)?;
     if !out.contains(&Delta::Done) {
         return Err(LlmError::MalformedResponse {
             detail: "ollama response is not marked done".into(),
-            raw: crate::error::truncate(&value.to_string(), 1024),
+            raw: crate::error::truncate(text, 1024),
         });
     }
     Ok(out)

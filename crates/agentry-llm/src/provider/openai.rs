@@ -10,7 +10,7 @@ use agentry_types::{AssistantPart, ContentPart, ImageSource, Message, StopReason
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Protocol, error_in_stream, parse_json};
+use super::{Protocol, error_in_stream, function_tools, insert_sampling, parse_json};
 use crate::config::ProviderConfig;
 use crate::delta::{Delta, UsageUpdate};
 use crate::error::LlmError;
@@ -33,35 +33,13 @@ pub(crate) fn encode(
     body.insert("model".into(), json!(config.model));
     body.insert("messages".into(), Value::Array(messages));
     if !request.tools.is_empty() {
-        let tools = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.parameters,
-                    }
-                })
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
+        body.insert("tools".into(), function_tools(&request.tools));
     }
     let params = &request.params;
     if let Some(max) = params.max_tokens {
         body.insert(config.openai_max_tokens_field().into(), json!(max));
     }
-    if let Some(temperature) = params.temperature {
-        body.insert("temperature".into(), json!(temperature));
-    }
-    if let Some(top_p) = params.top_p {
-        body.insert("top_p".into(), json!(top_p));
-    }
-    if !params.stop.is_empty() {
-        body.insert("stop".into(), json!(params.stop));
-    }
+    insert_sampling(&mut body, params, "stop");
     if let Some(effort) = params.thinking.as_ref().and_then(|t| t.effort.as_ref()) {
         body.insert("reasoning_effort".into(), json!(effort));
     }
@@ -153,7 +131,7 @@ pub(crate) fn image_url(source: &ImageSource) -> String {
 }
 
 #[derive(Deserialize)]
-struct Chunk {
+pub(crate) struct Chunk {
     /// Set when a server reports an error inside the stream.
     #[serde(default)]
     error: Option<Value>,
@@ -377,22 +355,20 @@ fn decode_function(
 }
 
 /// Decodes a whole `chat.completion` body.
-pub(crate) fn decode_body(value: Value) -> Result<Vec<Delta>, LlmError> {
-    let raw = value.to_string();
-    let chunk: Chunk =
-        serde_json::from_value(value).map_err(|error| LlmError::MalformedResponse {
-            detail: format!("openai response has an unexpected shape: {error}"),
-            raw: crate::error::truncate(&raw, 1024),
-        })?;
+pub(crate) fn decode_body(chunk: Chunk) -> Result<Vec<Delta>, LlmError> {
     let mut out = vec![Delta::Meta {
         id: chunk.id,
         model: chunk.model,
     }];
     let choices = chunk.choices.unwrap_or_default();
     if choices.is_empty() {
+        let detail = match chunk.error {
+            Some(error) => format!("openai response has no choices but an error: {error}"),
+            None => "openai response has no choices".into(),
+        };
         return Err(LlmError::MalformedResponse {
-            detail: "openai response has no choices".into(),
-            raw: crate::error::truncate(&raw, 1024),
+            detail,
+            raw: String::new(),
         });
     }
     decode_choices(choices, &mut out);
