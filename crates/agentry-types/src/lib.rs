@@ -9,6 +9,7 @@ pub mod error;
 pub mod event;
 pub mod id;
 pub mod message;
+pub mod run;
 pub mod tool;
 pub mod usage;
 
@@ -18,5 +19,6 @@ pub use id::{IdError, RunId, SessionId};
 pub use message::{
     AssistantPart, ContentPart, ImageSource, Message, Thinking, ToolResult, ToolResultPart,
 };
+pub use run::{RunEvent, RunStopReason};
 pub use tool::{ToolCall, ToolSpec};
 pub use usage::{StopReason, Usage};

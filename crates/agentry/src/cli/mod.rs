@@ -1,5 +1,8 @@
 //! Command-line arguments and the commands they run.
 
+mod chat;
+mod model;
+mod output;
 mod run;
 
 use std::process::ExitCode;
@@ -19,13 +22,16 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Send one prompt to a model and stream the answer.
+    /// Run one task: the model calls tools until it has an answer.
     Run(run::RunArgs),
+    /// Talk with a model in the terminal (line editing and history; Ctrl-C cancels a turn).
+    Chat(chat::ChatArgs),
 }
 
 /// Runs the chosen command.
 pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run::run(args).await,
+        Command::Chat(args) => chat::chat(args).await,
     }
 }

@@ -73,6 +73,9 @@ async fn json_mode_prints_one_object_per_event() {
     mock.enqueue(Reply::fixture(
         Fixture::named("openai/chat_tool_call_stream_strict").unwrap(),
     ));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text(
+        "I have no weather tool.",
+    )));
     let output = agentry(
         args(
             "openai",
@@ -88,23 +91,125 @@ async fn json_mode_prints_one_object_per_event() {
         .lines()
         .map(|line| serde_json::from_str(line).expect("every line is JSON"))
         .collect();
+    assert_eq!(lines[0]["type"], "run_started");
     assert!(lines.iter().any(|l| l["type"] == "tool_call_delta"));
-    let call = lines
+    let started = lines
         .iter()
-        .find(|l| l["type"] == "tool_call")
-        .expect("a complete call");
-    assert_eq!(call["call"]["name"], "get_weather");
+        .find(|l| l["type"] == "tool_call_started")
+        .expect("a tool call");
+    assert_eq!(started["call"]["name"], "get_weather");
     assert_eq!(
-        call["call"]["arguments"],
+        started["call"]["arguments"],
         json!({"city": "San Francisco", "state": "CA"})
     );
+    // The tool was not offered: the model gets an error result, and the run goes on.
+    let result = lines.iter().find(|l| l["type"] == "tool_result").unwrap();
+    assert_eq!(result["result"]["is_error"], true);
     let last = lines.last().unwrap();
-    assert_eq!(last["type"], "completed");
-    assert_eq!(last["response"]["stop_reason"], "tool_use");
-    assert_eq!(last["response"]["usage"]["input_tokens"], 48);
+    assert_eq!(last["type"], "run_finished");
+    assert_eq!(last["stop_reason"], "completed");
+    assert_eq!(last["text"], "I have no weather tool.");
+    assert_eq!(last["rounds"], 2);
     assert_eq!(
         mock.requests()[0].header("authorization"),
         Some("Bearer sk-custom")
+    );
+    mock.check_protocol().unwrap();
+}
+
+#[tokio::test]
+async fn built_in_tools_run_in_the_loop() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "current_time",
+        json!({}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("It is now.")));
+    let output = agentry(
+        args(
+            "anthropic",
+            mock.anthropic_base_url(),
+            &["--tool", "current_time"],
+        ),
+        &[],
+    )
+    .await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("→ current_time({})"), "{stdout}");
+    assert!(stdout.contains("← "), "{stdout}");
+    assert!(stdout.contains("It is now."));
+    let first = &mock.requests()[0].body;
+    assert_eq!(first["tools"][0]["name"], "current_time");
+    // The second request carries the real time the tool returned.
+    assert!(mock.requests()[1].body.to_string().contains("unix"));
+    mock.check_protocol().unwrap();
+}
+
+#[tokio::test]
+async fn skills_are_offered_by_summary() {
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(
+        folder.path().join("SKILL.md"),
+        "---\nname: haiku\ndescription: Write a haiku.\n---\nFive, seven, five syllables.\n",
+    )
+    .unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let skill = folder.path().to_str().unwrap().to_owned();
+    let output = agentry(
+        args("ollama", mock.ollama_base_url(), &["--skill", &skill]),
+        &[],
+    )
+    .await;
+    assert!(output.status.success());
+    let tools = &mock.requests()[0].body["tools"];
+    assert_eq!(tools[0]["function"]["name"], "haiku");
+    assert_eq!(tools[0]["function"]["description"], "Write a haiku.");
+    assert!(!tools.to_string().contains("syllables"));
+}
+
+#[tokio::test]
+async fn a_guard_stop_exits_3_with_the_reason() {
+    let mock = MockProvider::start().await.unwrap();
+    for i in 0..5 {
+        mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+            "current_time",
+            json!({"timezone": format!("+0{i}:00")}),
+        )));
+    }
+    let output = agentry(
+        args(
+            "openai",
+            mock.openai_base_url(),
+            &["--tool", "current_time", "--max-rounds", "2"],
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(3));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("max_rounds"), "{stderr}");
+    assert!(stderr.contains("stopped:"), "{stderr}");
+    assert_eq!(mock.request_count(), 3);
+}
+
+#[tokio::test]
+async fn an_unknown_built_in_is_rejected_with_the_list() {
+    let output = agentry(
+        args(
+            "openai",
+            "http://127.0.0.1:9/v1".into(),
+            &["--tool", "rm_rf"],
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("rm_rf") && stderr.contains("current_time"),
+        "{stderr}"
     );
 }
 
@@ -156,7 +261,8 @@ async fn json_mode_reports_errors_as_json_too() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(last["type"], "error");
+    assert_eq!(last["type"], "run_failed");
+    assert_eq!(last["stop_reason"], "error");
     assert_eq!(last["error"]["code"], "authentication");
     assert_eq!(last["error"]["retryable"], false);
     assert_eq!(mock.request_count(), 1);

@@ -1,0 +1,321 @@
+//! The tokio driver: performs the engine's steps and reports every one as a [`RunEvent`].
+//!
+//! The driver owns all IO of a run: it streams the model call (forwarding deltas live), runs a
+//! round's tool calls in parallel (bounded by a semaphore, each in its own task so a panicking
+//! tool cannot take the run down), and enforces the run's deadline and cancellation around every
+//! step. Cancellation reaches the model stream and every running tool promptly: their futures
+//! are dropped and their cancellation tokens fire.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use agentry_llm::{LlmError, ModelClient, ModelRequest};
+use agentry_types::{ModelEvent, ModelResponse, RunEvent, RunStopReason, ToolCall, ToolResultPart};
+use futures::StreamExt;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Phase, RunState, Step, ToolOutcome};
+use crate::tool::{ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model};
+
+/// How long cancelled tools get to stop on their own before their tasks are aborted.
+const TOOL_STOP_GRACE: Duration = Duration::from_millis(250);
+
+/// Where a run's events go. Sending waits when the receiver is slow (back-pressure); a receiver
+/// that went away is ignored, and the run goes on.
+#[derive(Debug, Clone)]
+pub struct EventSink(mpsc::Sender<RunEvent>);
+
+impl EventSink {
+    /// A sink and its receiving end, holding up to `capacity` undelivered events.
+    pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<RunEvent>) {
+        let (sender, receiver) = mpsc::channel(capacity.max(1));
+        (Self(sender), receiver)
+    }
+
+    async fn send(&self, event: RunEvent) {
+        // A closed receiver means nobody is watching; the run itself is unaffected.
+        let _ = self.0.send(event).await;
+    }
+}
+
+/// How a guarded step ended.
+enum Guarded<T> {
+    Done(T),
+    Cancelled,
+    Expired,
+}
+
+async fn guarded<T>(
+    cancel: &CancellationToken,
+    deadline: Option<Instant>,
+    step: impl Future<Output = T>,
+) -> Guarded<T> {
+    let expiry = async {
+        match deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Guarded::Cancelled,
+        _ = expiry => Guarded::Expired,
+        done = step => Guarded::Done(done),
+    }
+}
+
+/// The run's deadline as an instant, counted from when the run started (kept in the state, so a
+/// resumed run does not get a fresh allowance).
+fn deadline_of(state: &mut RunState) -> Option<Instant> {
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let started_ms = *state.started_at_ms.get_or_insert(now_ms);
+    let limit = state.limits.deadline?;
+    let elapsed = Duration::from_millis(now_ms.saturating_sub(started_ms));
+    Some(Instant::now() + limit.saturating_sub(elapsed))
+}
+
+/// Drives `state` until the run is finished, sending every event to `events`. Returns the final
+/// state (which serialises, for storage or inspection).
+pub async fn drive(
+    mut state: RunState,
+    model: Arc<dyn ModelClient>,
+    tools: ToolRegistry,
+    events: EventSink,
+    cancel: CancellationToken,
+) -> RunState {
+    let deadline = deadline_of(&mut state);
+    events
+        .send(RunEvent::RunStarted {
+            run_id: state.run_id,
+        })
+        .await;
+    loop {
+        match state.next_step() {
+            Step::Finish => break,
+            Step::CallModel(request) => {
+                let round = state.round + 1;
+                let call_cancel = cancel.child_token();
+                let call = call_model(&*model, request, &events, call_cancel.clone());
+                match guarded(&cancel, deadline, call).await {
+                    Guarded::Done(Ok(response)) => {
+                        events
+                            .send(RunEvent::AssistantMessage {
+                                round,
+                                content: response.content.clone(),
+                                stop_reason: response.stop_reason.clone(),
+                            })
+                            .await;
+                        events
+                            .send(RunEvent::Usage {
+                                round,
+                                usage: response.usage,
+                            })
+                            .await;
+                        state.on_model_response(&response);
+                    }
+                    Guarded::Done(Err(_)) | Guarded::Cancelled if cancel.is_cancelled() => {
+                        state.cancel();
+                    }
+                    Guarded::Done(Err(error)) => state.on_model_error(error.info()),
+                    Guarded::Cancelled => state.cancel(),
+                    Guarded::Expired => {
+                        call_cancel.cancel();
+                        state.expire();
+                    }
+                }
+            }
+            Step::RunTools(calls) => {
+                let round_cancel = cancel.child_token();
+                let finished = Arc::new(Mutex::new(Vec::new()));
+                let guard = {
+                    let run = run_tools(&state, calls, &tools, &events, &round_cancel, &finished);
+                    tokio::pin!(run);
+                    let guard = guarded(&cancel, deadline, &mut run).await;
+                    if !matches!(guard, Guarded::Done(())) {
+                        // Tell the running tools to stop, and give them a moment to do it
+                        // cleanly before their tasks are aborted.
+                        round_cancel.cancel();
+                        let _ = tokio::time::timeout(TOOL_STOP_GRACE, &mut run).await;
+                    }
+                    guard
+                };
+                let outcomes = std::mem::take(&mut *lock(&finished));
+                state.on_tool_results(outcomes);
+                match guard {
+                    Guarded::Done(()) => {}
+                    Guarded::Cancelled => state.cancel(),
+                    Guarded::Expired => state.expire(),
+                }
+            }
+        }
+    }
+    events.send(final_event(&state)).await;
+    state
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A tool task that panicked while holding the lock leaves valid data behind (a Vec).
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn final_event(state: &RunState) -> RunEvent {
+    match &state.phase {
+        Phase::Finished {
+            reason: RunStopReason::Error,
+            error: Some(error),
+            ..
+        } => RunEvent::RunFailed {
+            stop_reason: RunStopReason::Error,
+            error: error.clone(),
+            usage: state.usage,
+            rounds: state.round,
+        },
+        Phase::Finished { reason, .. } => RunEvent::RunFinished {
+            stop_reason: *reason,
+            text: state.final_text(),
+            usage: state.usage,
+            rounds: state.round,
+        },
+        // `drive` only ends on a finished state.
+        _ => RunEvent::RunFinished {
+            stop_reason: RunStopReason::Error,
+            text: String::new(),
+            usage: state.usage,
+            rounds: state.round,
+        },
+    }
+}
+
+/// Streams one model call, forwarding deltas, and returns the complete response.
+async fn call_model(
+    model: &dyn ModelClient,
+    request: ModelRequest,
+    events: &EventSink,
+    cancel: CancellationToken,
+) -> Result<ModelResponse, LlmError> {
+    let mut stream = model.stream(request, cancel);
+    while let Some(item) = stream.next().await {
+        let event = match item? {
+            ModelEvent::TextDelta { text } => RunEvent::TextDelta { text },
+            ModelEvent::ThinkingDelta { text } => RunEvent::ThinkingDelta { text },
+            ModelEvent::ToolCallDelta {
+                index,
+                id,
+                name,
+                arguments,
+            } => RunEvent::ToolCallDelta {
+                index,
+                id,
+                name,
+                arguments,
+            },
+            ModelEvent::ToolCall { .. } => continue,
+            ModelEvent::Completed { response } => return Ok(response),
+        };
+        events.send(event).await;
+    }
+    Err(LlmError::StreamEndedEarly {
+        detail: "the model stream ended without a response".into(),
+    })
+}
+
+/// Runs a round's calls in parallel, at most `max_parallel_tools` at a time. Each outcome is
+/// pushed to `finished` as soon as it exists, so a cancelled round keeps what completed.
+async fn run_tools(
+    state: &RunState,
+    calls: Vec<ToolCall>,
+    tools: &ToolRegistry,
+    events: &EventSink,
+    cancel: &CancellationToken,
+    finished: &Arc<Mutex<Vec<ToolOutcome>>>,
+) {
+    let limits = &state.limits;
+    let permits = Arc::new(Semaphore::new(limits.max_parallel_tools.max(1)));
+    let mut tasks = JoinSet::new();
+    for call in calls {
+        let permits = Arc::clone(&permits);
+        let tools = tools.clone();
+        let events = events.clone();
+        let finished = Arc::clone(finished);
+        let context = ToolContext {
+            call_id: call.id.clone(),
+            working_dir: state.working_dir.clone(),
+            cancel: cancel.child_token(),
+        };
+        let timeout = limits.tool_timeout;
+        let result_limit = limits.result_limit;
+        let warning = state.loop_warning(&call.id).map(str::to_owned);
+        tasks.spawn(async move {
+            // The semaphore is never closed, so acquiring only waits.
+            let _permit = permits.acquire_owned().await;
+            events
+                .send(RunEvent::ToolCallStarted { call: call.clone() })
+                .await;
+            let started = Instant::now();
+            let outcome = tools
+                .invoke(&call.name, call.arguments.clone(), context, timeout)
+                .await;
+            let working_dir = match &outcome {
+                Ok(ToolOutput {
+                    effect: Some(ToolEffect::SetWorkingDir(dir)),
+                    ..
+                }) => Some(dir.clone()),
+                _ => None,
+            };
+            let mut result = result_for_model(&call, outcome, result_limit);
+            if let Some(text) = warning {
+                result.content.push(ToolResultPart::Text { text });
+            }
+            events
+                .send(RunEvent::ToolResult {
+                    result: result.clone(),
+                    duration_ms: started.elapsed().as_millis() as u64,
+                })
+                .await;
+            lock(&finished).push(ToolOutcome {
+                result,
+                working_dir,
+            });
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(error) = joined
+            && error.is_panic()
+        {
+            tracing::error!("a tool task panicked: {error}");
+        }
+    }
+    // A call whose task panicked has no outcome; give the model an explicit error for it.
+    let done: Vec<String> = lock(finished)
+        .iter()
+        .map(|o| o.result.call_id.clone())
+        .collect();
+    for call in &state_calls(state) {
+        if !done.contains(&call.id) {
+            let result = result_for_model(
+                call,
+                Err(ToolError::Failed("the tool crashed".into())),
+                limits.result_limit,
+            );
+            lock(finished).push(ToolOutcome {
+                result,
+                working_dir: None,
+            });
+        }
+    }
+}
+
+fn state_calls(state: &RunState) -> Vec<ToolCall> {
+    match &state.phase {
+        Phase::RunTools { calls, .. } => calls.clone(),
+        _ => Vec::new(),
+    }
+}

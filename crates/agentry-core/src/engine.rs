@@ -1,0 +1,468 @@
+//! The run engine: a state machine with no IO of its own.
+//!
+//! [`RunState`] holds everything a run needs to continue — the conversation, the offered tools,
+//! the round counter, usage, the loop detector, the working directory — and serialises, so a run
+//! can be stored and resumed later or on another node. [`RunState::next_step`] says what to do
+//! next; the driver does it and reports back with `on_model_response`, `on_model_error`,
+//! `on_tool_results`, `cancel` or `expire`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentry_llm::{GenerationParams, ModelRequest};
+use agentry_types::{
+    ErrorInfo, Message, ModelResponse, RunId, RunStopReason, ToolCall, ToolResult, ToolSpec, Usage,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::loop_guard::{LoopDetector, LoopLimits, LoopVerdict};
+use crate::repair::repair_history;
+
+/// The guards of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunLimits {
+    /// Rounds in which tools may run; a model asking for tools after that stops the run with
+    /// `max_rounds`.
+    pub max_tool_rounds: u32,
+    /// Tool calls of one round that may run at the same time.
+    pub max_parallel_tools: usize,
+    /// Wall-clock limit for the whole run.
+    #[serde(default, with = "optional_millis")]
+    pub deadline: Option<Duration>,
+    /// Timeout of one tool call, unless the tool sets its own.
+    #[serde(with = "millis")]
+    pub tool_timeout: Duration,
+    /// Bytes of one tool result shown to the model; the rest is cut with a note.
+    pub result_limit: usize,
+    /// Loop detection.
+    pub loops: LoopLimits,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        Self {
+            max_tool_rounds: 25,
+            max_parallel_tools: 8,
+            deadline: Some(Duration::from_secs(30 * 60)),
+            tool_timeout: Duration::from_secs(120),
+            result_limit: crate::tool::DEFAULT_RESULT_LIMIT,
+            loops: LoopLimits::default(),
+        }
+    }
+}
+
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(value.as_millis() as u64)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+mod optional_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(duration) => s.serialize_some(&(duration.as_millis() as u64)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+/// Where the run is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum Phase {
+    /// The model is to be called next.
+    CallModel,
+    /// The latest assistant message's tool calls are to be run.
+    RunTools {
+        /// The calls, in the model's order.
+        calls: Vec<ToolCall>,
+        /// Loop warnings to append to some calls' results, by call id.
+        warnings: BTreeMap<String, String>,
+    },
+    /// The run is over.
+    Finished {
+        /// Why.
+        reason: RunStopReason,
+        /// The error, when `reason` is `error`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ErrorInfo>,
+        /// A note on why a guard stopped the run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+}
+
+/// What the driver should do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Call the model with this request.
+    CallModel(ModelRequest),
+    /// Run these tool calls (in parallel, bounded by `max_parallel_tools`).
+    RunTools(Vec<ToolCall>),
+    /// The run is over.
+    Finish,
+}
+
+/// A tool call's outcome as the engine needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutcome {
+    /// The result the model will see.
+    pub result: ToolResult,
+    /// A new working directory the tool asked for.
+    pub working_dir: Option<PathBuf>,
+}
+
+/// Everything a run needs to continue. Serialisable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The run's id.
+    pub run_id: RunId,
+    /// The id of the model the runtime calls.
+    pub model: String,
+    /// The conversation so far.
+    pub messages: Vec<Message>,
+    /// The tools offered to the model.
+    pub tools: Vec<ToolSpec>,
+    /// Generation parameters for every model call.
+    pub params: GenerationParams,
+    /// The guards.
+    pub limits: RunLimits,
+    /// Model calls made so far.
+    pub round: u32,
+    /// Rounds in which tools ran.
+    pub tool_rounds: u32,
+    /// Tokens used so far.
+    pub usage: Usage,
+    /// The working directory for file and command tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<PathBuf>,
+    /// Recent tool calls, for loop detection.
+    #[serde(default)]
+    pub loops: LoopDetector,
+    /// When the run first started, in Unix milliseconds (set by the driver; the deadline counts
+    /// from here, also across a resume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+    /// Where the run is.
+    pub phase: Phase,
+}
+
+impl RunState {
+    /// A new run about to make its first model call.
+    pub fn new(
+        model: impl Into<String>,
+        messages: Vec<Message>,
+        tools: Vec<ToolSpec>,
+        params: GenerationParams,
+        limits: RunLimits,
+    ) -> Self {
+        Self {
+            run_id: RunId::new(),
+            model: model.into(),
+            messages,
+            tools,
+            params,
+            limits,
+            round: 0,
+            tool_rounds: 0,
+            usage: Usage::default(),
+            working_dir: None,
+            loops: LoopDetector::default(),
+            started_at_ms: None,
+            phase: Phase::CallModel,
+        }
+    }
+
+    /// Decides the next step. Before a model call the history is repaired so the provider
+    /// always sees a valid conversation.
+    pub fn next_step(&mut self) -> Step {
+        match &self.phase {
+            Phase::CallModel => {
+                repair_history(&mut self.messages);
+                Step::CallModel(ModelRequest {
+                    messages: self.messages.clone(),
+                    tools: self.tools.clone(),
+                    params: self.params.clone(),
+                })
+            }
+            Phase::RunTools { calls, .. } => Step::RunTools(calls.clone()),
+            Phase::Finished { .. } => Step::Finish,
+        }
+    }
+
+    /// Whether the run is over.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished { .. })
+    }
+
+    /// Why the run ended, once it has.
+    pub fn stop_reason(&self) -> Option<RunStopReason> {
+        match &self.phase {
+            Phase::Finished { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// The model answered.
+    pub fn on_model_response(&mut self, response: &ModelResponse) {
+        if self.is_finished() {
+            return;
+        }
+        self.round += 1;
+        self.usage.add(&response.usage);
+        self.messages.push(response.to_message());
+        let calls: Vec<ToolCall> = response.tool_calls().into_iter().cloned().collect();
+        if calls.is_empty() {
+            self.finish(RunStopReason::Completed, None, None);
+            return;
+        }
+        if self.tool_rounds >= self.limits.max_tool_rounds {
+            let note = format!(
+                "the model asked for tools after {} tool rounds, the run's limit",
+                self.tool_rounds
+            );
+            self.finish(RunStopReason::MaxRounds, None, Some(note));
+            return;
+        }
+        let mut warnings = BTreeMap::new();
+        for call in &calls {
+            match self.loops.observe(call, &self.limits.loops) {
+                LoopVerdict::Fine => {}
+                LoopVerdict::Warn(warning) => {
+                    warnings.insert(call.id.clone(), warning);
+                }
+                LoopVerdict::Stop(note) => {
+                    self.finish(RunStopReason::LoopDetected, None, Some(note));
+                    return;
+                }
+            }
+        }
+        self.phase = Phase::RunTools { calls, warnings };
+    }
+
+    /// The loop warning for this call of the current round, if it has one. The driver appends
+    /// it to the call's result, so the model reads it together with the result.
+    pub fn loop_warning(&self, call_id: &str) -> Option<&str> {
+        match &self.phase {
+            Phase::RunTools { warnings, .. } => warnings.get(call_id).map(String::as_str),
+            _ => None,
+        }
+    }
+
+    /// The model call failed.
+    pub fn on_model_error(&mut self, error: ErrorInfo) {
+        self.finish(RunStopReason::Error, Some(error), None);
+    }
+
+    /// The round's tools finished. Results are recorded in the order of the calls.
+    pub fn on_tool_results(&mut self, outcomes: Vec<ToolOutcome>) {
+        let Phase::RunTools { calls, .. } = &self.phase else {
+            return;
+        };
+        let mut by_id: BTreeMap<String, ToolOutcome> = outcomes
+            .into_iter()
+            .map(|outcome| (outcome.result.call_id.clone(), outcome))
+            .collect();
+        let mut results = Vec::with_capacity(calls.len());
+        for call in calls {
+            // A call without an outcome is left to the repair pass ("interrupted").
+            let Some(outcome) = by_id.remove(&call.id) else {
+                continue;
+            };
+            if let Some(dir) = outcome.working_dir {
+                self.working_dir = Some(dir);
+            }
+            results.push(Message::Tool(outcome.result));
+        }
+        self.messages.extend(results);
+        self.tool_rounds += 1;
+        self.phase = Phase::CallModel;
+    }
+
+    /// The caller cancelled the run.
+    pub fn cancel(&mut self) {
+        self.finish(RunStopReason::Cancelled, None, None);
+    }
+
+    /// The run's deadline passed.
+    pub fn expire(&mut self) {
+        let note = self
+            .limits
+            .deadline
+            .map(|deadline| format!("the run's deadline of {deadline:?} passed"));
+        self.finish(RunStopReason::Deadline, None, note);
+    }
+
+    fn finish(&mut self, reason: RunStopReason, error: Option<ErrorInfo>, note: Option<String>) {
+        if !self.is_finished() {
+            self.phase = Phase::Finished {
+                reason,
+                error,
+                note,
+            };
+        }
+    }
+
+    /// The text of the last assistant message, if the run completed with an answer.
+    pub fn final_text(&self) -> String {
+        if self.stop_reason() != Some(RunStopReason::Completed) {
+            return String::new();
+        }
+        self.messages
+            .iter()
+            .rev()
+            .find_map(|message| match message {
+                Message::Assistant { content } => Some(
+                    content
+                        .iter()
+                        .filter_map(|part| match part {
+                            agentry_types::AssistantPart::Text { text } => Some(text.as_str()),
+                            _ => None,
+                        })
+                        .collect::<String>(),
+                ),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentry_types::{AssistantPart, StopReason};
+    use serde_json::json;
+
+    fn response(parts: Vec<AssistantPart>) -> ModelResponse {
+        ModelResponse {
+            id: None,
+            model: None,
+            content: parts,
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                ..Usage::default()
+            },
+            stop_reason: StopReason::EndTurn,
+        }
+    }
+
+    fn call(id: &str) -> AssistantPart {
+        AssistantPart::ToolCall(ToolCall::new(id, "lookup", json!({"id": id})))
+    }
+
+    fn outcome(id: &str) -> ToolOutcome {
+        ToolOutcome {
+            result: ToolResult::text(id, "ok"),
+            working_dir: None,
+        }
+    }
+
+    fn state() -> RunState {
+        RunState::new(
+            "m",
+            vec![Message::user("go")],
+            Vec::new(),
+            GenerationParams::default(),
+            RunLimits::default(),
+        )
+    }
+
+    #[test]
+    fn a_two_round_run() {
+        let mut run = state();
+        assert!(matches!(run.next_step(), Step::CallModel(_)));
+        run.on_model_response(&response(vec![call("a"), call("b")]));
+        let Step::RunTools(calls) = run.next_step() else {
+            panic!("expected tools");
+        };
+        assert_eq!(calls.len(), 2);
+        // Results arrive out of order; they are recorded in call order.
+        run.on_tool_results(vec![outcome("b"), outcome("a")]);
+        let Step::CallModel(request) = run.next_step() else {
+            panic!("expected a model call");
+        };
+        assert_eq!(request.messages.len(), 4);
+        assert!(matches!(&request.messages[2], Message::Tool(r) if r.call_id == "a"));
+        run.on_model_response(&response(vec![AssistantPart::Text {
+            text: "done".into(),
+        }]));
+        assert_eq!(run.next_step(), Step::Finish);
+        assert_eq!(run.stop_reason(), Some(RunStopReason::Completed));
+        assert_eq!(run.final_text(), "done");
+        assert_eq!(run.round, 2);
+        assert_eq!(run.tool_rounds, 1);
+        assert_eq!(run.usage.input_tokens, 20);
+    }
+
+    #[test]
+    fn the_state_serialises_and_resumes_mid_run() {
+        let mut run = state();
+        run.next_step();
+        run.on_model_response(&response(vec![call("a")]));
+        let json = serde_json::to_string(&run).unwrap();
+        let mut resumed: RunState = serde_json::from_str(&json).unwrap();
+        assert_eq!(resumed, run);
+        assert_eq!(
+            resumed.next_step(),
+            Step::RunTools(vec![ToolCall::new("a", "lookup", json!({"id": "a"}))])
+        );
+    }
+
+    #[test]
+    fn max_tool_rounds_stops_the_run() {
+        let mut run = state();
+        run.limits.max_tool_rounds = 1;
+        run.next_step();
+        run.on_model_response(&response(vec![call("a")]));
+        run.on_tool_results(vec![outcome("a")]);
+        run.next_step();
+        run.on_model_response(&response(vec![call("b")]));
+        assert_eq!(run.stop_reason(), Some(RunStopReason::MaxRounds));
+    }
+
+    #[test]
+    fn a_missing_outcome_is_repaired_as_interrupted() {
+        let mut run = state();
+        run.next_step();
+        run.on_model_response(&response(vec![call("a"), call("b")]));
+        run.on_tool_results(vec![outcome("a")]);
+        let Step::CallModel(request) = run.next_step() else {
+            panic!("expected a model call");
+        };
+        assert!(
+            matches!(request.messages.last(), Some(Message::Tool(r)) if r.call_id == "b" && r.is_error)
+        );
+    }
+
+    #[test]
+    fn cancel_and_expire_finish_once() {
+        let mut run = state();
+        run.cancel();
+        run.expire();
+        assert_eq!(run.stop_reason(), Some(RunStopReason::Cancelled));
+        assert_eq!(run.final_text(), "");
+    }
+}

@@ -1,0 +1,23 @@
+//! Agentry's run engine.
+//!
+//! A run turns a request into rounds of (model call → the round's tool calls, in parallel) until
+//! the model answers. The engine ([`engine`]) is a state machine that does no IO: given the run's
+//! state it decides the next step, and the driver ([`driver`]) performs it with tokio and feeds
+//! the outcome back. The run state serialises, so a run can be resumed later or elsewhere.
+//!
+//! Around it: the tool registry and built-in tools ([`tool`]), skills ([`skill`]), prompt
+//! templates ([`template`]), loop detection ([`loop_guard`]), the history repair pass
+//! ([`repair`]), and the embeddable [`Runtime`].
+
+pub mod driver;
+pub mod engine;
+pub mod loop_guard;
+pub mod repair;
+pub mod runtime;
+pub mod skill;
+pub mod template;
+pub mod tool;
+
+pub use engine::{Phase, RunLimits, RunState, Step, ToolOutcome};
+pub use loop_guard::LoopLimits;
+pub use runtime::{Input, RunError, RunOutput, RunRequest, RunStream, Runtime, RuntimeBuilder};

@@ -1,0 +1,450 @@
+//! The embeddable runtime: register models, tools, skills and templates once, then run
+//! requests — `run` for the final result, `stream` for the live event stream.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use agentry_llm::{GenerationParams, ModelClient};
+use agentry_types::{ContentPart, ErrorInfo, Message, RunEvent, RunId, RunStopReason, Usage};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::driver::{EventSink, drive};
+use crate::engine::{Phase, RunLimits, RunState};
+use crate::skill::Skill;
+use crate::template::{TemplateError, TemplateStore};
+use crate::tool::{ResultFormat, Tool, ToolError, ToolRegistry};
+
+/// Events buffered between a run and a slow reader before the run waits.
+const EVENT_BUFFER: usize = 256;
+
+/// Why a run could not start (or be collected).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// No model is registered under this id.
+    #[error("no model is registered as {0:?}")]
+    UnknownModel(String),
+    /// The runtime has no model at all.
+    #[error("no model is registered")]
+    NoModel,
+    /// The request has no input and no history.
+    #[error("the request has no input")]
+    EmptyInput,
+    /// A template could not be rendered.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// A tool could not be found or registered.
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    /// The run's task ended abnormally (a bug).
+    #[error("the run's task failed: {0}")]
+    Task(String),
+}
+
+/// The new user turn of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Input {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// Text, images and audio.
+    Content {
+        /// The parts.
+        content: Vec<ContentPart>,
+    },
+    /// A named prompt template filled with arguments.
+    Template {
+        /// The template's name.
+        template: String,
+        /// Values for its `{{placeholders}}`.
+        #[serde(default)]
+        arguments: serde_json::Map<String, serde_json::Value>,
+    },
+}
+
+/// What to run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// The model id (default: the runtime's default model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// A system prompt, placed first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// Earlier conversation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
+    /// The new user turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Input>,
+    /// The tools offered, by name (default: every registered tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// Generation parameters.
+    #[serde(default)]
+    pub params: GenerationParams,
+    /// Guards (default: the runtime's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RunLimits>,
+}
+
+impl RunRequest {
+    /// A request with a text input.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            input: Some(Input::Text { text: text.into() }),
+            ..Self::default()
+        }
+    }
+
+    /// A request whose input is a rendered template.
+    pub fn template(
+        template: impl Into<String>,
+        arguments: serde_json::Map<String, serde_json::Value>,
+    ) -> Self {
+        Self {
+            input: Some(Input::Template {
+                template: template.into(),
+                arguments,
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the model.
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Sets the system prompt.
+    pub fn with_system(mut self, system: impl Into<String>) -> Self {
+        self.system = Some(system.into());
+        self
+    }
+
+    /// Offers only these tools.
+    pub fn with_tools(mut self, tools: Vec<String>) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
+    /// Sets the guards.
+    pub fn with_limits(mut self, limits: RunLimits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Continues a conversation.
+    pub fn with_history(mut self, history: Vec<Message>) -> Self {
+        self.history = history;
+        self
+    }
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    /// The run's id.
+    pub run_id: RunId,
+    /// Why it ended.
+    pub stop_reason: RunStopReason,
+    /// The final answer (empty unless completed).
+    pub text: String,
+    /// Tokens over all rounds.
+    pub usage: Usage,
+    /// Model calls made.
+    pub rounds: u32,
+    /// The error, when the run failed.
+    pub error: Option<ErrorInfo>,
+    /// Why a guard stopped the run, when one did.
+    pub note: Option<String>,
+    /// The final state: the whole conversation, resumable.
+    pub state: RunState,
+}
+
+impl RunOutput {
+    fn from_state(state: RunState) -> Self {
+        let (stop_reason, error, note) = match &state.phase {
+            Phase::Finished {
+                reason,
+                error,
+                note,
+            } => (*reason, error.clone(), note.clone()),
+            _ => (RunStopReason::Error, None, None),
+        };
+        Self {
+            run_id: state.run_id,
+            stop_reason,
+            text: state.final_text(),
+            usage: state.usage,
+            rounds: state.round,
+            error,
+            note,
+            state,
+        }
+    }
+}
+
+/// A running run's events. Dropping it cancels the run unless it was detached.
+pub struct RunStream {
+    events: mpsc::Receiver<RunEvent>,
+    task: Option<JoinHandle<RunState>>,
+    cancel: CancellationToken,
+}
+
+impl RunStream {
+    /// The token that cancels this run.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Cancels the run; it ends at once with `cancelled`.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Reads the remaining events and returns the outcome.
+    pub async fn finish(mut self) -> Result<RunOutput, RunError> {
+        while self.events.recv().await.is_some() {}
+        let task = self
+            .task
+            .take()
+            .ok_or_else(|| RunError::Task("already finished".into()))?;
+        let state = task
+            .await
+            .map_err(|error| RunError::Task(error.to_string()))?;
+        Ok(RunOutput::from_state(state))
+    }
+
+    /// Lets the run go on without this stream (events are dropped); returns its task.
+    pub fn detach(mut self) -> Option<JoinHandle<RunState>> {
+        self.task.take()
+    }
+}
+
+impl Stream for RunStream {
+    type Item = RunEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunEvent>> {
+        self.events.poll_recv(cx)
+    }
+}
+
+impl Drop for RunStream {
+    fn drop(&mut self) {
+        if self.task.is_some() {
+            self.cancel.cancel();
+        }
+    }
+}
+
+/// Models, tools, skills and templates, ready to run requests. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    models: BTreeMap<String, Arc<dyn ModelClient>>,
+    default_model: Option<String>,
+    tools: ToolRegistry,
+    templates: TemplateStore,
+    limits: RunLimits,
+}
+
+/// Builds a [`Runtime`].
+#[derive(Default)]
+pub struct RuntimeBuilder {
+    models: BTreeMap<String, Arc<dyn ModelClient>>,
+    default_model: Option<String>,
+    tools: ToolRegistry,
+    templates: TemplateStore,
+    limits: RunLimits,
+}
+
+impl RuntimeBuilder {
+    /// Registers a model under `id`; the first one registered is the default.
+    pub fn model(&mut self, id: impl Into<String>, client: impl ModelClient) -> &mut Self {
+        self.model_arc(id, Arc::new(client))
+    }
+
+    /// Registers a shared model client.
+    pub fn model_arc(&mut self, id: impl Into<String>, client: Arc<dyn ModelClient>) -> &mut Self {
+        let id = id.into();
+        self.default_model.get_or_insert_with(|| id.clone());
+        self.models.insert(id, client);
+        self
+    }
+
+    /// Chooses the default model.
+    pub fn default_model(&mut self, id: impl Into<String>) -> &mut Self {
+        self.default_model = Some(id.into());
+        self
+    }
+
+    /// Registers a tool.
+    pub fn tool(&mut self, tool: impl Tool) -> Result<&mut Self, ToolError> {
+        self.tools.register(tool)?;
+        Ok(self)
+    }
+
+    /// Registers a shared tool.
+    pub fn tool_arc(&mut self, tool: Arc<dyn Tool>) -> Result<&mut Self, ToolError> {
+        self.tools.register_arc(tool)?;
+        Ok(self)
+    }
+
+    /// Registers a skill: the model first sees its name and description only.
+    pub fn skill(&mut self, skill: Skill) -> Result<&mut Self, ToolError> {
+        self.tools.register(skill)?;
+        Ok(self)
+    }
+
+    /// Adds a prompt template.
+    pub fn template(
+        &mut self,
+        name: impl Into<String>,
+        source: impl Into<String>,
+    ) -> Result<&mut Self, TemplateError> {
+        self.templates.add(name, source)?;
+        Ok(self)
+    }
+
+    /// Sets the default guards.
+    pub fn limits(&mut self, limits: RunLimits) -> &mut Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Builds the runtime.
+    pub fn build(&mut self) -> Runtime {
+        let builder = std::mem::take(self);
+        Runtime {
+            inner: Arc::new(Inner {
+                models: builder.models,
+                default_model: builder.default_model,
+                tools: builder.tools,
+                templates: builder.templates,
+                limits: builder.limits,
+            }),
+        }
+    }
+}
+
+impl Runtime {
+    /// A builder.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The registered tools.
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.inner.tools
+    }
+
+    /// The registered templates.
+    pub fn templates(&self) -> &TemplateStore {
+        &self.inner.templates
+    }
+
+    /// Runs a request to its end.
+    pub async fn run(&self, request: RunRequest) -> Result<RunOutput, RunError> {
+        self.stream(request)?.finish().await
+    }
+
+    /// Starts a request and returns its live events.
+    pub fn stream(&self, request: RunRequest) -> Result<RunStream, RunError> {
+        let state = self.prepare(request)?;
+        self.resume(state)
+    }
+
+    /// Continues a run from a stored state (a finished one just reports its end again).
+    pub fn resume(&self, state: RunState) -> Result<RunStream, RunError> {
+        let model = self.model(&state.model)?;
+        let tools = self.inner.tools.clone();
+        let (sink, events) = EventSink::channel(EVENT_BUFFER);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(drive(state, model, tools, sink, cancel.clone()));
+        Ok(RunStream {
+            events,
+            task: Some(task),
+            cancel,
+        })
+    }
+
+    /// Calls a tool directly, without a model; with [`ResultFormat::Json`] the result is parsed
+    /// as JSON (also out of a fenced code block) or a clear error says it is not JSON.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+        format: ResultFormat,
+    ) -> Result<serde_json::Value, ToolError> {
+        self.inner
+            .tools
+            .call_direct(name, arguments, format, self.inner.limits.tool_timeout)
+            .await
+    }
+
+    fn model(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
+        self.inner
+            .models
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RunError::UnknownModel(id.to_owned()))
+    }
+
+    /// Turns a request into the initial run state.
+    pub fn prepare(&self, request: RunRequest) -> Result<RunState, RunError> {
+        let model = match request.model {
+            Some(model) => model,
+            None => self.inner.default_model.clone().ok_or(RunError::NoModel)?,
+        };
+        self.model(&model)?;
+        let mut messages = Vec::with_capacity(request.history.len() + 2);
+        if let Some(system) = request.system {
+            messages.push(Message::system(system));
+        }
+        messages.extend(request.history);
+        match request.input {
+            Some(Input::Text { text }) => messages.push(Message::user(text)),
+            Some(Input::Content { content }) => messages.push(Message::User { content }),
+            Some(Input::Template {
+                template,
+                arguments,
+            }) => {
+                let text = self.inner.templates.render(&template, &arguments)?;
+                messages.push(Message::user(text));
+            }
+            None => {}
+        }
+        if !messages
+            .iter()
+            .any(|m| !matches!(m, Message::System { .. }))
+        {
+            return Err(RunError::EmptyInput);
+        }
+        let tools = match &request.tools {
+            Some(names) => self.inner.tools.subset(names)?.specs(),
+            None => self.inner.tools.specs(),
+        };
+        let limits = request.limits.unwrap_or_else(|| self.inner.limits.clone());
+        Ok(RunState::new(
+            model,
+            messages,
+            tools,
+            request.params,
+            limits,
+        ))
+    }
+}

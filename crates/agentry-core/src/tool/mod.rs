@@ -1,0 +1,140 @@
+//! Tools: the contract every tool implements, and the registry that validates and runs them.
+//!
+//! A tool has a [`ToolSpec`] (name, description, JSON Schema of its arguments) and an async
+//! `call`. The registry validates arguments against the schema before a call, so a tool only
+//! ever sees arguments that match it; a validation failure, a tool error or a timeout goes back
+//! to the model as an error result it can correct, and the run goes on.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentry_types::{ToolResultPart, ToolSpec};
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+/// What a tool is given besides its arguments.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The id of the call being answered.
+    pub call_id: String,
+    /// The run's working directory for file and command tools (a skill's folder once one is
+    /// selected). A value passed down: nothing ever changes the process's directory.
+    pub working_dir: Option<PathBuf>,
+    /// Cancelled when the run is cancelled or the call times out; long tools should watch it.
+    pub cancel: CancellationToken,
+}
+
+impl ToolContext {
+    /// A context for a direct call outside any run.
+    pub fn detached(call_id: impl Into<String>) -> Self {
+        Self {
+            call_id: call_id.into(),
+            working_dir: None,
+            cancel: CancellationToken::new(),
+        }
+    }
+}
+
+/// What a tool returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    /// Text, JSON and images, in order.
+    pub content: Vec<ToolResultPart>,
+    /// A change to the run's state the tool asks for.
+    pub effect: Option<ToolEffect>,
+}
+
+impl ToolOutput {
+    /// A text result.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            content: vec![ToolResultPart::Text { text: text.into() }],
+            effect: None,
+        }
+    }
+
+    /// A JSON result.
+    pub fn json(value: serde_json::Value) -> Self {
+        Self {
+            content: vec![ToolResultPart::Json { value }],
+            effect: None,
+        }
+    }
+
+    /// Adds an effect.
+    pub fn with_effect(mut self, effect: ToolEffect) -> Self {
+        self.effect = Some(effect);
+        self
+    }
+}
+
+/// A change to the run a tool may ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEffect {
+    /// Use this folder as the working directory for the rest of the run (skills).
+    SetWorkingDir(PathBuf),
+}
+
+/// Why a tool call did not produce a result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// No tool has this name.
+    #[error("no tool is named {0:?}")]
+    NotFound(String),
+    /// The arguments do not match the tool's schema.
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// The tool ran and failed.
+    #[error("{0}")]
+    Failed(String),
+    /// The tool ran past its timeout.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The run was cancelled while the tool ran.
+    #[error("cancelled")]
+    Cancelled,
+    /// The tool cannot be registered (duplicate name, invalid schema or name).
+    #[error("cannot register tool: {0}")]
+    Registration(String),
+}
+
+/// A tool the model (or a caller, directly) can run.
+pub trait Tool: Send + Sync + 'static {
+    /// Name, description and argument schema.
+    fn spec(&self) -> &ToolSpec;
+
+    /// This tool's timeout, overriding the run's default.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Whether running it twice with the same arguments is harmless (crash recovery re-runs only
+    /// such tools).
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    /// Runs the tool. Arguments have already been validated against the schema.
+    fn call(
+        &self,
+        arguments: serde_json::Value,
+        context: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+}
+
+pub mod builtin;
+pub mod command;
+pub mod function;
+pub mod http;
+pub mod registry;
+pub mod result;
+
+pub use builtin::{builtin, builtin_tools};
+pub use command::{CommandTool, CommandToolConfig};
+pub use function::{FunctionTool, arguments_schema};
+pub use http::{
+    EnvSecrets, HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver, StaticSecrets,
+};
+pub use registry::{CANCEL_GRACE, TOOL_NAME_RULE, ToolRegistry, is_valid_tool_name};
+pub use result::{DEFAULT_RESULT_LIMIT, ResultFormat, format_output, result_for_model};

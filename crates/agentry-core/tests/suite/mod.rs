@@ -1,0 +1,7 @@
+mod engine;
+mod features;
+mod guards;
+mod skills;
+mod support;
+mod templates;
+mod tools;

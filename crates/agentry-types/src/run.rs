@@ -1,0 +1,136 @@
+//! What a run streams and why it ended.
+//!
+//! A run is one request processed to its final answer: rounds of a model call followed by the
+//! round's tool calls. [`RunEvent`]s report every step; deltas are for live display, the other
+//! events describe committed steps.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ErrorInfo;
+use crate::id::RunId;
+use crate::message::{AssistantPart, ToolResult};
+use crate::tool::ToolCall;
+use crate::usage::{StopReason, Usage};
+
+/// Why a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStopReason {
+    /// The model gave its final answer.
+    Completed,
+    /// The run used its allowed number of tool rounds.
+    MaxRounds,
+    /// The run's wall-clock deadline passed.
+    Deadline,
+    /// The model kept repeating the same tool calls.
+    LoopDetected,
+    /// The caller cancelled the run.
+    Cancelled,
+    /// A model call failed.
+    Error,
+}
+
+impl RunStopReason {
+    /// The reason's stable string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::MaxRounds => "max_rounds",
+            Self::Deadline => "deadline",
+            Self::LoopDetected => "loop_detected",
+            Self::Cancelled => "cancelled",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// One event of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RunEvent {
+    /// The run began.
+    RunStarted {
+        /// The run's id.
+        run_id: RunId,
+    },
+    /// A fragment of answer text (live only).
+    TextDelta {
+        /// The fragment.
+        text: String,
+    },
+    /// A fragment of reasoning (live only).
+    ThinkingDelta {
+        /// The fragment.
+        text: String,
+    },
+    /// A fragment of a tool call being generated (live only).
+    ToolCallDelta {
+        /// Position of the call in this round.
+        index: usize,
+        /// The call's id, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        /// The tool's name, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// A fragment of the arguments' JSON text.
+        arguments: String,
+    },
+    /// The model's complete message for a round.
+    AssistantMessage {
+        /// The round, from 1.
+        round: u32,
+        /// The message's parts, in order.
+        content: Vec<AssistantPart>,
+        /// Why the model stopped.
+        stop_reason: StopReason,
+    },
+    /// Tokens used by a round's model call.
+    Usage {
+        /// The round, from 1.
+        round: u32,
+        /// The call's usage.
+        usage: Usage,
+    },
+    /// A tool call is about to run.
+    ToolCallStarted {
+        /// The call.
+        call: ToolCall,
+    },
+    /// A tool call's outcome, as the model will see it.
+    ToolResult {
+        /// The result.
+        result: ToolResult,
+        /// How long the tool ran, in milliseconds.
+        duration_ms: u64,
+    },
+    /// The run ended with an answer (or stopped by a guard).
+    RunFinished {
+        /// Why it ended.
+        stop_reason: RunStopReason,
+        /// The final answer text (empty if a guard stopped it first).
+        text: String,
+        /// Tokens used over all rounds.
+        usage: Usage,
+        /// Rounds (model calls) made.
+        rounds: u32,
+    },
+    /// The run ended because of an error.
+    RunFailed {
+        /// Why it ended (`error`, or `cancelled`).
+        stop_reason: RunStopReason,
+        /// What went wrong.
+        error: ErrorInfo,
+        /// Tokens used over all rounds.
+        usage: Usage,
+        /// Rounds (model calls) made.
+        rounds: u32,
+    },
+}
+
+impl RunEvent {
+    /// Whether this is the run's last event.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::RunFinished { .. } | Self::RunFailed { .. })
+    }
+}

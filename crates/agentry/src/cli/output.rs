@@ -1,0 +1,154 @@
+//! Printing a run's events: text for people, JSON lines for programs.
+
+use std::io::{IsTerminal, Write};
+
+use agentry_types::{RunEvent, RunStopReason, Usage};
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+/// Longest tool-result line shown.
+const RESULT_PREVIEW: usize = 120;
+
+/// Writes events as text (thinking dimmed on a terminal) or as JSON lines.
+pub(crate) struct Printer {
+    json: bool,
+    styled: bool,
+    in_thinking: bool,
+    at_line_start: bool,
+    out: std::io::Stdout,
+}
+
+impl Printer {
+    pub(crate) fn new(json: bool) -> Self {
+        let out = std::io::stdout();
+        Self {
+            json,
+            // Dim thinking only on a terminal, and never when NO_COLOR is set (no-color.org).
+            styled: out.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            in_thinking: false,
+            at_line_start: true,
+            out,
+        }
+    }
+
+    pub(crate) fn event(&mut self, event: &RunEvent) -> std::io::Result<()> {
+        if self.json {
+            let mut out = self.out.lock();
+            serde_json::to_writer(&mut out, event)?;
+            out.write_all(b"\n")?;
+            return out.flush();
+        }
+        match event {
+            RunEvent::ThinkingDelta { text } => {
+                if !self.in_thinking {
+                    self.in_thinking = true;
+                    if self.styled {
+                        self.write(DIM)?;
+                    }
+                }
+                self.write(text)?;
+            }
+            RunEvent::TextDelta { text } => {
+                self.end_thinking()?;
+                self.write(text)?;
+            }
+            RunEvent::ToolCallStarted { call } => {
+                self.end_thinking()?;
+                self.line_break()?;
+                self.write(&format!("→ {}({})\n", call.name, call.arguments))?;
+            }
+            RunEvent::ToolResult {
+                result,
+                duration_ms,
+            } => {
+                let text = one_line(&result.text_content());
+                let mark = if result.is_error { "✗" } else { "←" };
+                self.write(&format!("{mark} {text} ({duration_ms} ms)\n"))?;
+            }
+            RunEvent::RunFinished {
+                stop_reason,
+                usage,
+                rounds,
+                ..
+            } => {
+                self.end_thinking()?;
+                self.line_break()?;
+                eprintln!("{}", usage_line(*stop_reason, usage, *rounds));
+            }
+            RunEvent::RunFailed { error, .. } => {
+                self.end_thinking()?;
+                self.line_break()?;
+                eprintln!("agentry: {}: {}", error.code, error.message);
+            }
+            RunEvent::RunStarted { .. }
+            | RunEvent::ToolCallDelta { .. }
+            | RunEvent::AssistantMessage { .. }
+            | RunEvent::Usage { .. } => {}
+        }
+        self.out.flush()
+    }
+
+    fn end_thinking(&mut self) -> std::io::Result<()> {
+        if self.in_thinking {
+            self.in_thinking = false;
+            if self.styled {
+                self.write(RESET)?;
+            }
+            self.line_break()?;
+            self.write("\n")?;
+        }
+        Ok(())
+    }
+
+    fn line_break(&mut self) -> std::io::Result<()> {
+        if !self.at_line_start {
+            self.write("\n")?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, text: &str) -> std::io::Result<()> {
+        if let Some(last) = text.chars().last() {
+            self.at_line_start = last == '\n';
+        }
+        self.out.write_all(text.as_bytes())
+    }
+}
+
+/// The first line of `text`, cut to [`RESULT_PREVIEW`] characters.
+fn one_line(text: &str) -> String {
+    let first = text.lines().next().unwrap_or_default();
+    let mut line: String = first.chars().take(RESULT_PREVIEW).collect();
+    if line.len() < first.len() || text.lines().nth(1).is_some() {
+        line.push('…');
+    }
+    line
+}
+
+fn usage_line(reason: RunStopReason, usage: &Usage, rounds: u32) -> String {
+    let mut line = format!("[{} in", usage.input_tokens);
+    if usage.cached_input_tokens > 0 {
+        line.push_str(&format!(" ({} cached)", usage.cached_input_tokens));
+    }
+    line.push_str(&format!(" · {} out", usage.output_tokens));
+    if usage.reasoning_tokens > 0 {
+        line.push_str(&format!(" ({} reasoning)", usage.reasoning_tokens));
+    }
+    line.push_str(&format!(" · {rounds} round"));
+    if rounds != 1 {
+        line.push('s');
+    }
+    line.push_str(&format!(" · {}]", reason.as_str()));
+    line
+}
+
+/// The exit code for how a run ended: 0 completed, 1 failed, 3 stopped by a guard,
+/// 130 cancelled.
+pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
+    match reason {
+        RunStopReason::Completed => 0,
+        RunStopReason::Error => 1,
+        RunStopReason::MaxRounds | RunStopReason::Deadline | RunStopReason::LoopDetected => 3,
+        RunStopReason::Cancelled => 130,
+    }
+}
