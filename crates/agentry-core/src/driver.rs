@@ -18,10 +18,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Phase, RunState, Step, ToolOutcome};
-use crate::tool::{ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model};
+use crate::tool::{
+    CANCEL_GRACE, ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model,
+};
 
-/// How long cancelled tools get to stop on their own before their tasks are aborted.
-const TOOL_STOP_GRACE: Duration = Duration::from_millis(250);
+/// How long cancelled tools get to stop on their own before their tasks are aborted: the
+/// registry's own grace for a cancelled tool, plus a margin to report the result.
+const TOOL_STOP_GRACE: Duration = CANCEL_GRACE.saturating_add(Duration::from_millis(50));
 
 /// Where a run's events go. Sending waits when the receiver is slow (back-pressure); a receiver
 /// that went away is ignored, and the run goes on.
