@@ -125,6 +125,7 @@ pub trait Tool: Send + Sync + 'static {
 
 pub mod builtin;
 pub mod command;
+pub mod definition;
 pub mod function;
 pub mod http;
 pub mod registry;
@@ -132,6 +133,7 @@ pub mod result;
 
 pub use builtin::{builtin, builtin_tools};
 pub use command::{CommandTool, CommandToolConfig};
+pub use definition::{HeaderDefinition, ToolDefinition, load_definitions};
 pub use function::{FunctionTool, arguments_schema};
 pub use http::{
     EnvSecrets, HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver, StaticSecrets,

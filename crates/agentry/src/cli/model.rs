@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use agentry_core::skill::Skill;
-use agentry_core::tool::builtin;
+use agentry_core::tool::{EnvSecrets, SecretResolver, builtin, load_definitions};
 use agentry_core::{RunLimits, Runtime};
 use agentry_llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
@@ -90,6 +90,11 @@ pub(crate) struct AgentArgs {
     /// Offer a built-in tool to the model (repeatable), e.g. `--tool current_time`.
     #[arg(long = "tool", value_name = "NAME")]
     tools: Vec<String>,
+    /// Offer the tools defined in this JSON file: an array of `{"kind": "http" | "command", …}`
+    /// definitions (secret headers are read from the environment variable they name; command
+    /// tools run unsandboxed).
+    #[arg(long, value_name = "FILE")]
+    tools_file: Option<PathBuf>,
     /// Offer the skill in this folder (a SKILL.md with name and description; repeatable).
     #[arg(long = "skill", value_name = "DIR")]
     skills: Vec<PathBuf>,
@@ -118,6 +123,13 @@ impl AgentArgs {
                 )
             })?;
             builder.tool_arc(Arc::clone(&tool))?;
+        }
+        if let Some(path) = &self.tools_file {
+            let http = agentry_llm::http_client(Duration::from_secs(10))?;
+            let secrets: Arc<dyn SecretResolver> = Arc::new(EnvSecrets);
+            for definition in load_definitions(path)? {
+                builder.tool_arc(definition.build(&http, Arc::clone(&secrets))?)?;
+            }
         }
         for dir in &self.skills {
             let skill = Skill::load(dir)?;

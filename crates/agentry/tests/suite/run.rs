@@ -297,3 +297,56 @@ async fn bad_arguments_are_rejected() {
             .contains("unknown provider")
     );
 }
+
+#[tokio::test]
+async fn tools_defined_in_a_file_run_in_the_loop() {
+    let folder = tempfile::tempdir().unwrap();
+    let script = folder.path().join("shout.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nread input\necho \"{\\\"heard\\\": $input}\"\n",
+    )
+    .unwrap();
+    let tools = folder.path().join("tools.json");
+    std::fs::write(
+        &tools,
+        serde_json::to_string(&json!([{
+            "kind": "command",
+            "name": "shout",
+            "description": "Echo the arguments back",
+            "program": "/bin/sh",
+            "args": [script],
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}
+        }]))
+        .unwrap(),
+    )
+    .unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "shout",
+        json!({"word": "hi"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("done")));
+    let output = agentry(
+        args(
+            "openai",
+            mock.openai_base_url(),
+            &["--tools-file", tools.to_str().unwrap()],
+        ),
+        &[],
+    )
+    .await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success(), "{stdout}");
+    assert_eq!(
+        mock.requests()[0].body["tools"][0]["function"]["name"],
+        "shout"
+    );
+    // The command received the arguments on stdin and its JSON output went back to the model.
+    assert!(
+        mock.requests()[1].body.to_string().contains("heard"),
+        "{}",
+        mock.requests()[1].body
+    );
+    assert!(mock.requests()[1].body.to_string().contains("hi"));
+}

@@ -1,0 +1,288 @@
+//! Tools defined at run time from configuration: HTTP endpoints and local commands.
+//!
+//! A definition is plain data (JSON), so tools can come from a file, the CLI or (later) the HTTP
+//! API. Building one checks everything a tool needs before it is offered to a model.
+//!
+//! ```json
+//! [
+//!   {"kind": "http", "name": "search", "description": "Search the wiki",
+//!    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+//!    "url": "https://wiki.example/api/search",
+//!    "headers": {"authorization": {"secret": "WIKI_TOKEN"}}, "timeout_ms": 10000},
+//!   {"kind": "command", "name": "word_count", "program": "wc", "args": ["-w"],
+//!    "idempotent": true}
+//! ]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_types::ToolSpec;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::command::{CommandTool, CommandToolConfig};
+use super::http::{HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver};
+use super::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// Output kept from a configured tool unless the definition says otherwise.
+const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
+
+/// A header value: literal text, or the value of a named secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderDefinition {
+    /// The value of the secret with this name (resolved when the tool is built, never logged).
+    Secret {
+        /// The secret's name.
+        secret: String,
+    },
+    /// This exact value.
+    Literal(String),
+}
+
+/// A tool defined by configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolDefinition {
+    /// POST the arguments as JSON to a URL; the response body is the result.
+    Http {
+        /// The tool's name.
+        name: String,
+        /// What it does, for the model.
+        #[serde(default)]
+        description: String,
+        /// JSON Schema of the arguments (default: an object with any properties).
+        #[serde(default = "any_object")]
+        parameters: Value,
+        /// The endpoint (`http` or `https`).
+        url: String,
+        /// Headers sent with every call.
+        #[serde(default)]
+        headers: BTreeMap<String, HeaderDefinition>,
+        /// Timeout in milliseconds (default: the run's tool timeout).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+        /// Most bytes of the response kept (default 1 MiB).
+        #[serde(default = "default_output_limit")]
+        max_response_bytes: usize,
+        /// Whether calling it twice with the same arguments is harmless.
+        #[serde(default)]
+        idempotent: bool,
+    },
+    /// Run a program with the arguments as JSON on standard input; its output is the result.
+    /// Runs unsandboxed until the sandbox crate lands.
+    Command {
+        /// The tool's name.
+        name: String,
+        /// What it does, for the model.
+        #[serde(default)]
+        description: String,
+        /// JSON Schema of the arguments (default: an object with any properties).
+        #[serde(default = "any_object")]
+        parameters: Value,
+        /// The program: a path, or a name looked up in `PATH`.
+        program: PathBuf,
+        /// Fixed command-line arguments.
+        #[serde(default)]
+        args: Vec<String>,
+        /// Environment variables for the program.
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        /// Timeout in milliseconds (default: the run's tool timeout).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+        /// Most bytes of standard output kept (default 1 MiB).
+        #[serde(default = "default_output_limit")]
+        max_output_bytes: usize,
+        /// Whether running it twice with the same arguments is harmless.
+        #[serde(default)]
+        idempotent: bool,
+    },
+}
+
+fn any_object() -> Value {
+    json!({"type": "object", "properties": {}})
+}
+
+fn default_output_limit() -> usize {
+    DEFAULT_OUTPUT_LIMIT
+}
+
+impl ToolDefinition {
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Http { name, .. } | Self::Command { name, .. } => name,
+        }
+    }
+
+    /// Builds the tool. HTTP tools share `http` (a pooled client) and resolve secret headers
+    /// through `secrets`.
+    pub fn build(
+        self,
+        http: &reqwest::Client,
+        secrets: Arc<dyn SecretResolver>,
+    ) -> Result<Arc<dyn Tool>, ToolError> {
+        let (tool, idempotent): (Arc<dyn Tool>, bool) = match self {
+            Self::Http {
+                name,
+                description,
+                parameters,
+                url,
+                headers,
+                timeout_ms,
+                max_response_bytes,
+                idempotent,
+            } => {
+                let headers = headers
+                    .into_iter()
+                    .map(|(header, value)| {
+                        let source = match value {
+                            HeaderDefinition::Secret { secret } => {
+                                HeaderValueSource::Secret(secret)
+                            }
+                            HeaderDefinition::Literal(text) => HeaderValueSource::Literal(text),
+                        };
+                        (header, source)
+                    })
+                    .collect();
+                let config = HttpToolConfig {
+                    name,
+                    description,
+                    parameters,
+                    url,
+                    headers,
+                    timeout: timeout_ms.map(Duration::from_millis),
+                    max_response_bytes,
+                };
+                (
+                    Arc::new(HttpTool::new(config, http.clone(), secrets)?),
+                    idempotent,
+                )
+            }
+            Self::Command {
+                name,
+                description,
+                parameters,
+                program,
+                args,
+                env,
+                timeout_ms,
+                max_output_bytes,
+                idempotent,
+            } => {
+                let config = CommandToolConfig {
+                    name,
+                    description,
+                    parameters,
+                    program,
+                    args,
+                    env: env.into_iter().collect(),
+                    timeout: timeout_ms.map(Duration::from_millis),
+                    max_output_bytes,
+                };
+                (Arc::new(CommandTool::new(config)?), idempotent)
+            }
+        };
+        Ok(if idempotent {
+            Arc::new(Idempotent(tool))
+        } else {
+            tool
+        })
+    }
+}
+
+/// Reads a JSON array of tool definitions from a file.
+pub fn load_definitions(path: &Path) -> Result<Vec<ToolDefinition>, ToolError> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        ToolError::Registration(format!("cannot read {}: {error}", path.display()))
+    })?;
+    serde_json::from_str(&text).map_err(|error| {
+        ToolError::Registration(format!(
+            "{} is not a JSON array of tool definitions: {error}",
+            path.display()
+        ))
+    })
+}
+
+/// Marks a configured tool as idempotent.
+struct Idempotent(Arc<dyn Tool>);
+
+impl Tool for Idempotent {
+    fn spec(&self) -> &ToolSpec {
+        self.0.spec()
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        self.0.timeout()
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn call(
+        &self,
+        arguments: Value,
+        context: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        self.0.call(arguments, context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::StaticSecrets;
+
+    fn http_client() -> reqwest::Client {
+        agentry_llm::http_client(Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn definitions_parse_with_defaults_and_build() {
+        let definitions: Vec<ToolDefinition> = serde_json::from_value(json!([
+            {"kind": "http", "name": "search", "url": "https://wiki.example/api",
+             "headers": {"authorization": {"secret": "TOKEN"}, "x-client": "agentry"},
+             "timeout_ms": 1500},
+            {"kind": "command", "name": "count", "program": "wc", "args": ["-w"], "idempotent": true}
+        ]))
+        .unwrap();
+        assert_eq!(definitions[0].name(), "search");
+        let secrets: Arc<dyn SecretResolver> = Arc::new(StaticSecrets(
+            [("TOKEN".to_owned(), "t0k3n".to_owned())].into(),
+        ));
+        let tools: Vec<Arc<dyn Tool>> = definitions
+            .into_iter()
+            .map(|d| d.build(&http_client(), Arc::clone(&secrets)).unwrap())
+            .collect();
+        assert_eq!(tools[0].timeout(), Some(Duration::from_millis(1500)));
+        assert!(!tools[0].idempotent());
+        assert!(tools[1].idempotent());
+        assert_eq!(tools[1].spec().parameters["type"], "object");
+    }
+
+    #[test]
+    fn bad_definitions_are_clear_errors() {
+        let unknown_kind =
+            serde_json::from_value::<ToolDefinition>(json!({"kind": "ftp", "name": "x"}));
+        assert!(unknown_kind.is_err());
+        let missing_secret = serde_json::from_value::<ToolDefinition>(json!(
+            {"kind": "http", "name": "s", "url": "https://h/", "headers": {"a": {"secret": "NOPE"}}}
+        ))
+        .unwrap()
+        .build(&http_client(), Arc::new(StaticSecrets::default()));
+        let error = missing_secret.err().unwrap().to_string();
+        assert!(error.contains("NOPE"), "{error}");
+        let bad_url = serde_json::from_value::<ToolDefinition>(json!(
+            {"kind": "http", "name": "s", "url": "file:///etc/passwd"}
+        ))
+        .unwrap()
+        .build(&http_client(), Arc::new(StaticSecrets::default()));
+        assert!(bad_url.is_err());
+    }
+}
