@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use agentry_llm::{LlmError, ModelClient, ModelRequest};
-use agentry_types::{ModelEvent, ModelResponse, RunEvent, RunStopReason, ToolCall, ToolResultPart};
+use agentry_types::{
+    ErrorCode, ErrorInfo, ModelEvent, ModelResponse, RunEvent, RunStopReason, SessionEvent,
+    ToolCall, ToolResultPart,
+};
 use futures::StreamExt;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
@@ -18,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Phase, RunState, Step, ToolOutcome};
+use crate::session::{LogError, SessionLog};
 use crate::tool::{
     CANCEL_GRACE, ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model,
 };
@@ -38,9 +42,56 @@ impl EventSink {
         (Self(sender), receiver)
     }
 
-    async fn send(&self, event: RunEvent) {
+    pub(crate) async fn send(&self, event: RunEvent) {
         // A closed receiver means nobody is watching; the run itself is unaffected.
         let _ = self.0.send(event).await;
+    }
+}
+
+/// Where a run's committed steps are written: the session's log.
+#[derive(Clone)]
+pub struct Journal {
+    log: Arc<dyn SessionLog>,
+    session: agentry_types::SessionId,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Journal {
+    /// A journal writing to `session` in `log`.
+    pub fn new(log: Arc<dyn SessionLog>, session: agentry_types::SessionId) -> Self {
+        Self { log, session }
+    }
+
+    async fn record(&self, events: Vec<SessionEvent>) -> Result<(), LogError> {
+        self.log.append(self.session, events).await.map(|_| ())
+    }
+}
+
+/// The error a run ends with when its log cannot be written: without the log the run's
+/// steps could be lost, so it must not go on.
+fn storage_error(error: &LogError) -> ErrorInfo {
+    ErrorInfo {
+        code: ErrorCode::Internal,
+        message: format!("the run stopped because its session log failed: {error}"),
+        retryable: true,
+        status: None,
+    }
+}
+
+/// Records `events` if the run has a journal; a failure ends the run.
+async fn commit(journal: Option<&Journal>, state: &mut RunState, events: Vec<SessionEvent>) {
+    if let Some(journal) = journal
+        && let Err(error) = journal.record(events).await
+    {
+        tracing::error!(run_id = %state.run_id, "session log write failed: {error}");
+        state.fail(storage_error(&error));
     }
 }
 
@@ -91,6 +142,7 @@ pub async fn drive(
     tools: ToolRegistry,
     events: EventSink,
     cancel: CancellationToken,
+    journal: Option<Journal>,
 ) -> RunState {
     let deadline = deadline_of(&mut state);
     events
@@ -107,11 +159,29 @@ pub async fn drive(
                 let call = call_model(&*model, request, &events, call_cancel.clone());
                 match guarded(&cancel, deadline, call).await {
                     Guarded::Done(Ok(response)) => {
+                        state.on_model_response(&response);
+                        // The answer and the intents of the calls it asks for are committed
+                        // together, before any tool runs.
+                        let mut records = vec![SessionEvent::AssistantMessage {
+                            run_id: state.run_id,
+                            round,
+                            content: response.content.clone(),
+                            usage: response.usage,
+                            stop_reason: response.stop_reason.clone(),
+                        }];
+                        if let Phase::RunTools { calls, .. } = &state.phase {
+                            records.extend(calls.iter().map(|call| SessionEvent::ToolCallIntent {
+                                run_id: state.run_id,
+                                call: call.clone(),
+                                idempotent: tools.get(&call.name).is_some_and(|t| t.idempotent()),
+                            }));
+                        }
+                        commit(journal.as_ref(), &mut state, records).await;
                         events
                             .send(RunEvent::AssistantMessage {
                                 round,
-                                content: response.content.clone(),
-                                stop_reason: response.stop_reason.clone(),
+                                content: response.content,
+                                stop_reason: response.stop_reason,
                             })
                             .await;
                         events
@@ -120,7 +190,6 @@ pub async fn drive(
                                 usage: response.usage,
                             })
                             .await;
-                        state.on_model_response(&response);
                     }
                     Guarded::Done(Err(_)) | Guarded::Cancelled if cancel.is_cancelled() => {
                         state.cancel();
@@ -136,8 +205,17 @@ pub async fn drive(
             Step::RunTools(calls) => {
                 let round_cancel = cancel.child_token();
                 let finished = Arc::new(Mutex::new(Vec::new()));
+                let log_failure = Arc::new(Mutex::new(None));
                 let guard = {
-                    let run = run_tools(&state, calls, &tools, &events, &round_cancel, &finished);
+                    let run = run_tools(
+                        &state,
+                        calls,
+                        &tools,
+                        &events,
+                        &round_cancel,
+                        &finished,
+                        (journal.as_ref(), &log_failure),
+                    );
                     tokio::pin!(run);
                     let guard = guarded(&cancel, deadline, &mut run).await;
                     if !matches!(guard, Guarded::Done(())) {
@@ -150,12 +228,37 @@ pub async fn drive(
                 };
                 let outcomes = std::mem::take(&mut *lock(&finished));
                 state.on_tool_results(outcomes);
+                if let Some(error) = lock(&log_failure).take() {
+                    state.fail(storage_error(&error));
+                }
                 match guard {
                     Guarded::Done(()) => {}
                     Guarded::Cancelled => state.cancel(),
                     Guarded::Expired => state.expire(),
                 }
             }
+        }
+    }
+    if let (
+        Some(journal),
+        Phase::Finished {
+            reason,
+            error,
+            note,
+        },
+    ) = (&journal, &state.phase)
+    {
+        let end = SessionEvent::RunFinished {
+            run_id: state.run_id,
+            stop_reason: *reason,
+            usage: state.usage,
+            rounds: state.round,
+            error: error.clone(),
+            note: note.clone(),
+        };
+        if let Err(error) = journal.record(vec![end]).await {
+            // The run is over either way; recovery will see it as unfinished and close it.
+            tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}");
         }
     }
     events.send(final_event(&state)).await;
@@ -239,6 +342,7 @@ async fn run_tools(
     events: &EventSink,
     cancel: &CancellationToken,
     finished: &Arc<Mutex<Vec<ToolOutcome>>>,
+    (journal, log_failure): (Option<&Journal>, &Arc<Mutex<Option<LogError>>>),
 ) {
     let limits = &state.limits;
     let permits = Arc::new(Semaphore::new(limits.max_parallel_tools.max(1)));
@@ -256,6 +360,9 @@ async fn run_tools(
         let timeout = limits.tool_timeout;
         let result_limit = limits.result_limit;
         let warning = state.loop_warning(&call.id).map(str::to_owned);
+        let journal = journal.cloned();
+        let log_failure = Arc::clone(log_failure);
+        let run_id = state.run_id;
         tasks.spawn(async move {
             // The semaphore is never closed, so acquiring only waits.
             let _permit = permits.acquire_owned().await;
@@ -277,10 +384,22 @@ async fn run_tools(
             if let Some(text) = warning {
                 result.content.push(ToolResultPart::Text { text });
             }
+            let duration_ms = started.elapsed().as_millis() as u64;
+            if let Some(journal) = &journal {
+                let record = SessionEvent::ToolCallResult {
+                    run_id,
+                    result: result.clone(),
+                    duration_ms,
+                    working_dir: working_dir.clone(),
+                };
+                if let Err(error) = journal.record(vec![record]).await {
+                    *lock(&log_failure) = Some(error);
+                }
+            }
             events
                 .send(RunEvent::ToolResult {
                     result: result.clone(),
-                    duration_ms: started.elapsed().as_millis() as u64,
+                    duration_ms,
                 })
                 .await;
             lock(&finished).push(ToolOutcome {

@@ -273,6 +273,11 @@ impl RunState {
 
     /// The model call failed.
     pub fn on_model_error(&mut self, error: ErrorInfo) {
+        self.fail(error);
+    }
+
+    /// The run cannot go on (a model error, or its log could not be written).
+    pub fn fail(&mut self, error: ErrorInfo) {
         self.finish(RunStopReason::Error, Some(error), None);
     }
 

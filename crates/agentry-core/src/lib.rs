@@ -7,13 +7,14 @@
 //!
 //! Around it: the tool registry and built-in tools ([`tool`]), skills ([`skill`]), prompt
 //! templates ([`template`]), loop detection ([`loop_guard`]), the history repair pass
-//! ([`repair`]), and the embeddable [`Runtime`].
+//! ([`repair`]), durable sessions ([`session`]), and the embeddable [`Runtime`].
 
 pub mod driver;
 pub mod engine;
 pub mod loop_guard;
 pub mod repair;
 pub mod runtime;
+pub mod session;
 pub mod skill;
 pub mod template;
 pub mod tool;

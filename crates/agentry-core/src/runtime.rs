@@ -21,7 +21,7 @@ use crate::template::{TemplateError, TemplateStore};
 use crate::tool::{ResultFormat, Tool, ToolError, ToolRegistry};
 
 /// Events buffered between a run and a slow reader before the run waits.
-const EVENT_BUFFER: usize = 256;
+pub(crate) const EVENT_BUFFER: usize = 256;
 
 /// Why a run could not start (or be collected).
 #[derive(Debug, thiserror::Error)]
@@ -203,6 +203,18 @@ pub struct RunStream {
 }
 
 impl RunStream {
+    pub(crate) fn new(
+        events: mpsc::Receiver<RunEvent>,
+        task: JoinHandle<RunState>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            events,
+            task: Some(task),
+            cancel,
+        }
+    }
+
     /// The token that cancels this run.
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()
@@ -374,7 +386,7 @@ impl Runtime {
         let tools = self.inner.tools.clone();
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(drive(state, model, tools, sink, cancel.clone()));
+        let task = tokio::spawn(drive(state, model, tools, sink, cancel.clone(), None));
         Ok(RunStream {
             events,
             task: Some(task),
@@ -396,7 +408,7 @@ impl Runtime {
             .await
     }
 
-    fn model(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
+    pub(crate) fn model(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
         self.inner
             .models
             .get(id)
@@ -412,7 +424,9 @@ impl Runtime {
         };
         self.model(&model)?;
         let mut messages = Vec::with_capacity(request.history.len() + 2);
-        if let Some(system) = request.system {
+        // A conversation keeps the system prompt it started with.
+        let has_system = matches!(request.history.first(), Some(Message::System { .. }));
+        if let Some(system) = request.system.filter(|_| !has_system) {
             messages.push(Message::system(system));
         }
         messages.extend(request.history);

@@ -10,6 +10,7 @@ pub mod event;
 pub mod id;
 pub mod message;
 pub mod run;
+pub mod session;
 pub mod tool;
 pub mod usage;
 
@@ -20,5 +21,6 @@ pub use message::{
     AssistantPart, ContentPart, ImageSource, Message, Thinking, ToolResult, ToolResultPart,
 };
 pub use run::{RunEvent, RunStopReason};
+pub use session::SessionEvent;
 pub use tool::{ToolCall, ToolSpec};
 pub use usage::{StopReason, Usage};

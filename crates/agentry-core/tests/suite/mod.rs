@@ -1,6 +1,7 @@
 mod engine;
 mod features;
 mod guards;
+mod sessions;
 mod skills;
 mod support;
 mod templates;

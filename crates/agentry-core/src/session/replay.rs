@@ -1,0 +1,268 @@
+//! Rebuilding a session from its log: the conversation, and the run that was in flight.
+//!
+//! The conversation a model sees is derived from the log, never stored separately. A run with a
+//! `run_started` but no `run_finished` was in flight when the process stopped; replay recovers
+//! its counters, usage, loop window and working directory, and the tool calls whose intent was
+//! committed without a result.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use agentry_types::{Message, RunId, SessionEvent, ToolCall, Usage};
+
+use crate::engine::RunLimits;
+use crate::loop_guard::LoopDetector;
+
+/// A session rebuilt from its log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Replay {
+    /// The conversation, in order.
+    pub messages: Vec<Message>,
+    /// The last event's seq (0 for an empty session).
+    pub last_seq: u64,
+    /// Runs started in the session.
+    pub runs: usize,
+    /// The run that started and never finished, if any.
+    pub in_flight: Option<InFlight>,
+}
+
+/// What a run that never finished had done.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InFlight {
+    /// The run.
+    pub run_id: RunId,
+    /// Its model id.
+    pub model: String,
+    /// Names of the tools it offered.
+    pub tools: Vec<String>,
+    /// Its generation parameters, as recorded.
+    pub params: serde_json::Value,
+    /// Its guards, as recorded.
+    pub limits: serde_json::Value,
+    /// Model calls completed.
+    pub round: u32,
+    /// Rounds whose tools all returned.
+    pub tool_rounds: u32,
+    /// Tokens used.
+    pub usage: Usage,
+    /// The loop window, replayed.
+    pub loops: LoopDetector,
+    /// The working directory a skill selected.
+    pub working_dir: Option<PathBuf>,
+    /// Tool calls whose intent is committed but whose result is not, with their idempotency.
+    pub pending: Vec<(ToolCall, bool)>,
+    /// Whether the model's last answer asked for no tools (the run only lacks its end event).
+    pub answered: bool,
+}
+
+/// Rebuilds a session from its events.
+pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
+    let mut replay = Replay::default();
+    let mut intents: BTreeMap<String, (usize, ToolCall, bool)> = BTreeMap::new();
+    let mut order = 0usize;
+    for (seq, event) in events {
+        replay.last_seq = *seq;
+        match event {
+            SessionEvent::RunStarted {
+                run_id,
+                model,
+                tools,
+                params,
+                limits,
+            } => {
+                replay.runs += 1;
+                intents.clear();
+                replay.in_flight = Some(InFlight {
+                    run_id: *run_id,
+                    model: model.clone(),
+                    tools: tools.clone(),
+                    params: params.clone(),
+                    limits: limits.clone(),
+                    round: 0,
+                    tool_rounds: 0,
+                    usage: Usage::default(),
+                    loops: LoopDetector::default(),
+                    working_dir: None,
+                    pending: Vec::new(),
+                    answered: false,
+                });
+            }
+            SessionEvent::Message { message, .. } => replay.messages.push(message.clone()),
+            SessionEvent::AssistantMessage {
+                run_id,
+                round,
+                content,
+                usage,
+                ..
+            } => {
+                let message = Message::Assistant {
+                    content: content.clone(),
+                };
+                if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    run.round = run.round.max(*round);
+                    run.usage.add(usage);
+                    let limits: RunLimits =
+                        serde_json::from_value(run.limits.clone()).unwrap_or_default();
+                    let mut calls = 0;
+                    for call in message.tool_calls() {
+                        run.loops.observe(call, &limits.loops);
+                        calls += 1;
+                    }
+                    run.answered = calls == 0;
+                }
+                replay.messages.push(message);
+            }
+            SessionEvent::ToolCallIntent {
+                call, idempotent, ..
+            } => {
+                order += 1;
+                intents.insert(call.id.clone(), (order, call.clone(), *idempotent));
+            }
+            SessionEvent::ToolCallResult {
+                run_id,
+                result,
+                working_dir,
+                ..
+            } => {
+                intents.remove(&result.call_id);
+                if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    if working_dir.is_some() {
+                        run.working_dir.clone_from(working_dir);
+                    }
+                    if intents.is_empty() {
+                        run.tool_rounds += 1;
+                    }
+                }
+                replay.messages.push(Message::Tool(result.clone()));
+            }
+            SessionEvent::RunFinished { .. } => {
+                replay.in_flight = None;
+                intents.clear();
+            }
+        }
+    }
+    if let Some(run) = replay.in_flight.as_mut() {
+        let mut pending: Vec<(usize, ToolCall, bool)> = intents.into_values().collect();
+        pending.sort_by_key(|(order, _, _)| *order);
+        run.pending = pending
+            .into_iter()
+            .map(|(_, call, idempotent)| (call, idempotent))
+            .collect();
+    }
+    replay
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentry_types::{AssistantPart, StopReason, ToolResult};
+    use serde_json::json;
+
+    fn run_started(run_id: RunId) -> SessionEvent {
+        SessionEvent::RunStarted {
+            run_id,
+            model: "m".into(),
+            tools: vec!["t".into()],
+            params: json!({}),
+            limits: json!(null),
+        }
+    }
+
+    fn assistant(run_id: RunId, round: u32, calls: &[&str]) -> SessionEvent {
+        SessionEvent::AssistantMessage {
+            run_id,
+            round,
+            content: calls
+                .iter()
+                .map(|id| AssistantPart::ToolCall(ToolCall::new(*id, "t", json!({"id": id}))))
+                .collect(),
+            usage: Usage {
+                input_tokens: 5,
+                ..Usage::default()
+            },
+            stop_reason: StopReason::ToolUse,
+        }
+    }
+
+    fn intent(run_id: RunId, id: &str, idempotent: bool) -> SessionEvent {
+        SessionEvent::ToolCallIntent {
+            run_id,
+            call: ToolCall::new(id, "t", json!({"id": id})),
+            idempotent,
+        }
+    }
+
+    fn result(run_id: RunId, id: &str) -> SessionEvent {
+        SessionEvent::ToolCallResult {
+            run_id,
+            result: ToolResult::text(id, "ok"),
+            duration_ms: 1,
+            working_dir: None,
+        }
+    }
+
+    fn numbered(events: Vec<SessionEvent>) -> Vec<(u64, SessionEvent)> {
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| (i as u64 + 1, e))
+            .collect()
+    }
+
+    #[test]
+    fn a_crash_between_intent_and_result_leaves_pending_calls() {
+        let run = RunId::new();
+        let events = numbered(vec![
+            run_started(run),
+            SessionEvent::Message {
+                run_id: run,
+                message: Message::user("go"),
+            },
+            assistant(run, 1, &["a", "b", "c"]),
+            intent(run, "a", false),
+            intent(run, "b", true),
+            intent(run, "c", false),
+            result(run, "b"),
+        ]);
+        let replay = replay(&events);
+        assert_eq!(replay.last_seq, 7);
+        assert_eq!(replay.messages.len(), 3);
+        let in_flight = replay.in_flight.unwrap();
+        assert_eq!(in_flight.round, 1);
+        assert_eq!(in_flight.tool_rounds, 0);
+        assert_eq!(in_flight.usage.input_tokens, 5);
+        let pending: Vec<(&str, bool)> = in_flight
+            .pending
+            .iter()
+            .map(|(c, i)| (c.id.as_str(), *i))
+            .collect();
+        assert_eq!(pending, [("a", false), ("c", false)]);
+    }
+
+    #[test]
+    fn finished_runs_leave_nothing_in_flight() {
+        let run = RunId::new();
+        let events = numbered(vec![
+            run_started(run),
+            SessionEvent::Message {
+                run_id: run,
+                message: Message::user("go"),
+            },
+            assistant(run, 1, &["a"]),
+            intent(run, "a", false),
+            result(run, "a"),
+            SessionEvent::RunFinished {
+                run_id: run,
+                stop_reason: agentry_types::RunStopReason::Completed,
+                usage: Usage::default(),
+                rounds: 2,
+                error: None,
+                note: None,
+            },
+        ]);
+        let replay = replay(&events);
+        assert!(replay.in_flight.is_none());
+        assert_eq!(replay.runs, 1);
+        assert_eq!(replay.messages.len(), 3);
+    }
+}

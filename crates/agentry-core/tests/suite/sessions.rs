@@ -1,0 +1,444 @@
+//! Durable sessions over an in-memory log: write-through, the busy policies, many sessions at
+//! once, and recovery of a run that was in flight when the process stopped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_core::RunRequest;
+use agentry_core::session::{
+    BusyPolicy, MemoryLog, SessionError, SessionLog, SessionManager, SessionStatus,
+};
+use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_types::{
+    AssistantPart, Message, RunEvent, RunId, RunStopReason, SessionEvent, StopReason, ToolCall,
+    Usage,
+};
+use futures::StreamExt;
+use serde_json::json;
+
+use super::support::{PROTOCOLS, ProbeTool, builder, limits};
+
+fn kinds(events: &[(u64, SessionEvent)]) -> Vec<&'static str> {
+    events.iter().map(|(_, e)| e.kind()).collect()
+}
+
+async fn manager(
+    mock: &MockProvider,
+    protocol: agentry_llm::Protocol,
+    tools: Vec<ProbeTool>,
+) -> (SessionManager, Arc<MemoryLog>) {
+    let mut builder = builder(mock, protocol);
+    for tool in tools {
+        builder.tool(tool).unwrap();
+    }
+    builder.limits(limits());
+    let log = Arc::new(MemoryLog::default());
+    (SessionManager::new(builder.build(), log.clone()), log)
+}
+
+#[tokio::test]
+async fn runs_write_through_the_log_and_later_runs_see_the_history() {
+    for protocol in PROTOCOLS {
+        let mock = MockProvider::start().await.unwrap();
+        mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+            "lookup",
+            json!({"id": 1}),
+        )));
+        mock.enqueue(Reply::scripted(ScriptedTurn::text("It is a teapot.")));
+        mock.enqueue(Reply::scripted(ScriptedTurn::text(
+            "You asked about item 1.",
+        )));
+        let (manager, log) = manager(&mock, protocol, vec![ProbeTool::lookup()]).await;
+        let session = manager.create_session().await.unwrap();
+
+        let request = RunRequest::text("What is item 1?").with_system("Be brief.");
+        let first = manager
+            .send(session, request, BusyPolicy::Reject)
+            .await
+            .unwrap();
+        let output = first.finish().await.unwrap();
+        assert_eq!(output.text, "It is a teapot.", "{protocol:?}");
+        let events = log.load(session).await.unwrap();
+        assert_eq!(
+            kinds(&events),
+            [
+                "run_started",
+                "message",
+                "message",
+                "assistant_message",
+                "tool_call_intent",
+                "tool_call_result",
+                "assistant_message",
+                "run_finished"
+            ]
+        );
+
+        // The second run's history comes from the log; the system prompt is not repeated.
+        let second = manager
+            .send(
+                session,
+                RunRequest::text("What did I ask?").with_system("Be brief."),
+                BusyPolicy::Reject,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            second.finish().await.unwrap().text,
+            "You asked about item 1."
+        );
+        let history = manager.history(session).await.unwrap();
+        assert_eq!(history.len(), 7);
+        assert_eq!(
+            history
+                .iter()
+                .filter(|m| matches!(m, Message::System { .. }))
+                .count(),
+            1
+        );
+        let sent = mock.requests()[2].body.to_string();
+        assert!(sent.contains("What is item 1?") && sent.contains("teapot"));
+        mock.check_protocol()
+            .unwrap_or_else(|v| panic!("{protocol:?}: {v:?}"));
+        assert_eq!(
+            log.sessions_with_status(SessionStatus::Idle).await.unwrap(),
+            vec![session]
+        );
+    }
+}
+
+/// A session whose first run waits in a slow tool.
+async fn busy_session(
+    mock: &MockProvider,
+) -> (
+    SessionManager,
+    agentry_types::SessionId,
+    ProbeTool,
+    agentry_core::RunStream,
+) {
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "lookup",
+        json!({"id": 1}),
+    )));
+    let slow = ProbeTool::lookup().sleeping(Duration::from_millis(600));
+    let (manager, _log) = manager(mock, agentry_llm::Protocol::OpenAi, vec![slow.clone()]).await;
+    let session = manager.create_session().await.unwrap();
+    let mut first = manager
+        .send(session, RunRequest::text("first"), BusyPolicy::Reject)
+        .await
+        .unwrap();
+    while let Some(event) = first.next().await {
+        if matches!(event, RunEvent::ToolCallStarted { .. }) {
+            break;
+        }
+    }
+    (manager, session, slow, first)
+}
+
+#[tokio::test]
+async fn reject_names_the_running_run() {
+    let mock = MockProvider::start().await.unwrap();
+    let (manager, session, _slow, first) = busy_session(&mock).await;
+    let running = manager.active_run(session).expect("a run is active");
+    match manager
+        .send(session, RunRequest::text("second"), BusyPolicy::Reject)
+        .await
+    {
+        Err(SessionError::Busy { run_id, .. }) => assert_eq!(run_id, Some(running)),
+        Err(other) => panic!("expected busy, got {other:?}"),
+        Ok(_) => panic!("expected busy, got a run"),
+    }
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("first done")));
+    assert_eq!(first.finish().await.unwrap().text, "first done");
+    assert!(manager.active_run(session).is_none());
+}
+
+#[tokio::test]
+async fn enqueue_runs_after_the_current_run() {
+    let mock = MockProvider::start().await.unwrap();
+    let (manager, session, slow, first) = busy_session(&mock).await;
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("first done")));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("second done")));
+    let second = manager
+        .send(session, RunRequest::text("second"), BusyPolicy::Enqueue)
+        .await
+        .unwrap();
+    let second = second.finish().await.unwrap();
+    assert_eq!(second.text, "second done");
+    assert_eq!(first.finish().await.unwrap().text, "first done");
+    assert_eq!(slow.executions().len(), 1);
+    // The second run saw the whole first run.
+    let sent = mock.requests()[2].body.to_string();
+    assert!(sent.contains("first done") && sent.contains("second"));
+    mock.check_protocol().unwrap();
+}
+
+#[tokio::test]
+async fn interrupt_cancels_the_current_run_then_runs() {
+    let mock = MockProvider::start().await.unwrap();
+    let (manager, session, slow, first) = busy_session(&mock).await;
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("second done")));
+    let second = manager
+        .send(session, RunRequest::text("second"), BusyPolicy::Interrupt)
+        .await
+        .unwrap();
+    let first = first.finish().await.unwrap();
+    assert_eq!(first.stop_reason, RunStopReason::Cancelled);
+    let second = second.finish().await.unwrap();
+    assert_eq!(second.text, "second done");
+    assert_eq!(
+        *slow.cancelled.lock().unwrap(),
+        1,
+        "the slow tool was told to stop"
+    );
+    // The interrupted call got a result before the next model call: a valid history.
+    mock.check_protocol().unwrap();
+    assert_eq!(mock.request_count(), 2);
+}
+
+#[tokio::test]
+async fn hundreds_of_sessions_at_once() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("ok").with_usage(3, 1)));
+    let (manager, log) = manager(&mock, agentry_llm::Protocol::Ollama, vec![]).await;
+    let mut sessions = Vec::new();
+    for _ in 0..300 {
+        sessions.push(manager.create_session().await.unwrap());
+    }
+    let runs = futures::future::join_all(sessions.iter().map(|session| {
+        let manager = manager.clone();
+        let session = *session;
+        async move {
+            manager
+                .send(session, RunRequest::text("hi"), BusyPolicy::Reject)
+                .await
+                .unwrap()
+                .finish()
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    assert!(runs.iter().all(|run| run.text == "ok"));
+    for session in sessions {
+        assert_eq!(
+            kinds(&log.load(session).await.unwrap()),
+            [
+                "run_started",
+                "message",
+                "assistant_message",
+                "run_finished"
+            ]
+        );
+    }
+    assert_eq!(mock.request_count(), 300);
+}
+
+#[tokio::test]
+async fn a_run_cancelled_while_queued_never_starts() {
+    let mock = MockProvider::start().await.unwrap();
+    let (manager, session, _slow, first) = busy_session(&mock).await;
+    let queued = manager
+        .send(session, RunRequest::text("never"), BusyPolicy::Enqueue)
+        .await
+        .unwrap();
+    queued.cancel();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("first done")));
+    first.finish().await.unwrap();
+    let queued = queued.finish().await.unwrap();
+    assert_eq!(queued.stop_reason, RunStopReason::Cancelled);
+    let history = manager.history(session).await.unwrap();
+    assert!(!history.iter().any(
+        |m| matches!(m, Message::User { content } if format!("{content:?}").contains("never"))
+    ));
+}
+
+/// Writes the log a crash would leave: a run whose model asked for two tools, whose intents are
+/// committed and whose results are not.
+async fn crashed_session(
+    log: &MemoryLog,
+    idempotent_args: serde_json::Value,
+    other_args: serde_json::Value,
+) -> agentry_types::SessionId {
+    let session = agentry_types::SessionId::new();
+    log.create(session).await.unwrap();
+    let run_id = RunId::new();
+    let calls = [
+        ToolCall::new("call_a", "reader", idempotent_args),
+        ToolCall::new("call_b", "lookup", other_args),
+    ];
+    log.append(
+        session,
+        vec![
+            SessionEvent::RunStarted {
+                run_id,
+                model: "mock".into(),
+                tools: vec!["reader".into(), "lookup".into()],
+                params: json!({}),
+                limits: serde_json::to_value(limits()).unwrap(),
+            },
+            SessionEvent::Message {
+                run_id,
+                message: Message::user("do both"),
+            },
+            SessionEvent::AssistantMessage {
+                run_id,
+                round: 1,
+                content: calls.iter().cloned().map(AssistantPart::ToolCall).collect(),
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 4,
+                    ..Usage::default()
+                },
+                stop_reason: StopReason::ToolUse,
+            },
+            SessionEvent::ToolCallIntent {
+                run_id,
+                call: calls[0].clone(),
+                idempotent: true,
+            },
+            SessionEvent::ToolCallIntent {
+                run_id,
+                call: calls[1].clone(),
+                idempotent: false,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    log.set_status(session, SessionStatus::Running)
+        .await
+        .unwrap();
+    session
+}
+
+/// `ProbeTool` marked idempotent.
+struct Idempotent(ProbeTool);
+
+impl agentry_core::tool::Tool for Idempotent {
+    fn spec(&self) -> &agentry_types::ToolSpec {
+        self.0.spec()
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    fn call(
+        &self,
+        arguments: serde_json::Value,
+        context: agentry_core::tool::ToolContext,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<agentry_core::tool::ToolOutput, agentry_core::tool::ToolError>,
+    > {
+        self.0.call(arguments, context)
+    }
+}
+
+#[tokio::test]
+async fn recovery_reruns_only_idempotent_calls() {
+    for protocol in PROTOCOLS {
+        let mock = MockProvider::start().await.unwrap();
+        mock.enqueue(Reply::scripted(
+            ScriptedTurn::text("Recovered.").with_usage(30, 2),
+        ));
+        let reader = ProbeTool::new(
+            "reader",
+            json!({"type": "object", "properties": {"id": {"type": "integer"}}}),
+        );
+        let lookup = ProbeTool::lookup();
+        let mut builder = builder(&mock, protocol);
+        builder.tool(Idempotent(reader.clone())).unwrap();
+        builder.tool(lookup.clone()).unwrap();
+        let log = Arc::new(MemoryLog::default());
+        let manager = SessionManager::new(builder.build(), log.clone());
+        let session = crashed_session(&log, json!({"id": 1}), json!({"id": 2})).await;
+
+        let recovered = manager.recover().await.unwrap();
+        assert_eq!(recovered.len(), 1, "{protocol:?}");
+        let (id, stream) = recovered.into_iter().next().unwrap();
+        assert_eq!(id, session);
+        let output = stream.finish().await.unwrap();
+        assert_eq!(output.text, "Recovered.");
+        // Counters and usage carried over from before the crash.
+        assert_eq!(output.rounds, 2);
+        assert_eq!(output.usage.input_tokens, 40);
+        assert_eq!(
+            reader.executions().len(),
+            1,
+            "the idempotent tool ran again"
+        );
+        assert!(
+            lookup.executions().is_empty(),
+            "the other tool did not run twice"
+        );
+        let events = log.load(session).await.unwrap();
+        let unknown = events.iter().any(|(_, e)| matches!(e,
+            SessionEvent::ToolCallResult { result, .. } if result.call_id == "call_b" && result.is_error
+                && result.text_content().contains("may or may not have taken effect")));
+        assert!(
+            unknown,
+            "the non-idempotent call got an outcome-unknown result"
+        );
+        assert_eq!(events.last().unwrap().1.kind(), "run_finished");
+        mock.check_protocol()
+            .unwrap_or_else(|v| panic!("{protocol:?}: {v:?}"));
+        assert!(
+            log.sessions_with_status(SessionStatus::Running)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // Nothing left to recover.
+        assert!(manager.recover().await.unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_new_message_closes_a_run_nobody_recovered() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Fresh start.")));
+    let (manager, log) = manager(
+        &mock,
+        agentry_llm::Protocol::Anthropic,
+        vec![ProbeTool::lookup()],
+    )
+    .await;
+    let session = crashed_session(&log, json!({"id": 1}), json!({"id": 2})).await;
+    let output = manager
+        .send(
+            session,
+            RunRequest::text("anyone there?"),
+            BusyPolicy::Reject,
+        )
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    assert_eq!(output.text, "Fresh start.");
+    // Both lost calls were closed (neither ran), and the provider saw a valid history.
+    mock.check_protocol().unwrap();
+    let sent = mock.requests()[0].body.to_string();
+    assert!(sent.contains("may or may not have taken effect"));
+}
+
+#[tokio::test]
+async fn continuing_after_an_interruption_gives_a_valid_history() {
+    let mock = MockProvider::start().await.unwrap();
+    let (manager, session, _slow, first) = busy_session(&mock).await;
+    first.cancel();
+    assert_eq!(
+        first.finish().await.unwrap().stop_reason,
+        RunStopReason::Cancelled
+    );
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Continuing.")));
+    // No new input: the model continues from the history.
+    let output = manager
+        .send(session, RunRequest::default(), BusyPolicy::Reject)
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    assert_eq!(output.text, "Continuing.");
+    mock.check_protocol().unwrap();
+}
