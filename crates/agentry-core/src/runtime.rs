@@ -408,6 +408,11 @@ impl Runtime {
             .await
     }
 
+    /// The model client registered as `id`.
+    pub fn model_client(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
+        self.model(id)
+    }
+
     pub(crate) fn model(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
         self.inner
             .models

@@ -1,10 +1,10 @@
 //! The `agentry` command line.
 //!
-//! `agentry run "prompt"` calls a model once and streams the answer to the terminal (thinking
-//! dimmed, a usage line at the end) or, with `--json`, prints one JSON object per event. Later
-//! issues add the tool loop, `chat`, `serve` and the admin commands.
+//! `agentry run` runs a task through the engine and saves it as a session, `agentry chat` is the
+//! interactive form, `agentry sessions` manages what was saved.
 
 mod cli;
+mod store_log;
 
 use std::process::ExitCode;
 

@@ -1,8 +1,8 @@
-//! `agentry chat`: an interactive conversation in the terminal.
+//! `agentry chat`: an interactive conversation in the terminal, saved as a session.
 //!
-//! Line editing and history come from rustyline (history kept in `AGENTRY_HOME/chat_history`,
-//! default `~/.agentry`). Ctrl-C during a turn cancels that turn and returns to the prompt;
-//! Ctrl-C at the prompt clears the line; Ctrl-D or `/exit` quits.
+//! Line editing and history come from rustyline (history kept in the data folder's
+//! `chat_history`). Ctrl-C during a turn cancels that turn and returns to the prompt; Ctrl-C at
+//! the prompt clears the line; Ctrl-D or `/exit` quits. `--session ID` continues a session.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,38 +11,78 @@ use clap::Args;
 use futures::StreamExt;
 use rustyline::error::ReadlineError;
 
-use agentry_core::RunRequest;
-use agentry_types::Message;
+use agentry_core::session::{BusyPolicy, SessionManager};
+use agentry_core::{RunRequest, RunStream, Runtime};
+use agentry_types::{Message, SessionId};
 
-use super::model::{AgentArgs, ModelArgs};
+use super::data::DataArgs;
 use super::output::Printer;
+use super::profile::Profile;
+use super::sessions::{open_session, session_manager};
 
 #[derive(Debug, Args)]
 pub(crate) struct ChatArgs {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    agent: AgentArgs,
+    profile: Profile,
+    /// Continue this session.
+    #[arg(long, value_name = "ID", conflicts_with = "ephemeral")]
+    session: Option<SessionId>,
+    /// Keep nothing: no session is saved.
+    #[arg(long)]
+    ephemeral: bool,
 }
 
-fn history_file() -> Option<PathBuf> {
-    let home = std::env::var_os("AGENTRY_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".agentry")))?;
-    std::fs::create_dir_all(&home).ok()?;
-    Some(home.join("chat_history"))
+/// Where the turns go: a saved session, or a conversation kept in memory.
+enum Conversation {
+    Session(SessionManager, SessionId),
+    Ephemeral(Runtime, Vec<Message>),
 }
 
-pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
-    let runtime = args.agent.runtime(args.model.client()?)?;
+impl Conversation {
+    async fn turn(&mut self, text: &str, profile: &Profile) -> anyhow::Result<RunStream> {
+        let mut request = RunRequest::text(text);
+        request.system = profile.system.clone();
+        request.params = profile.params();
+        Ok(match self {
+            Self::Session(manager, session) => {
+                manager.send(*session, request, BusyPolicy::Reject).await?
+            }
+            Self::Ephemeral(runtime, history) => {
+                runtime.stream(request.with_history(history.clone()))?
+            }
+        })
+    }
+
+    fn after(&mut self, messages: Vec<Message>) {
+        if let Self::Ephemeral(_, history) = self {
+            *history = messages;
+        }
+    }
+}
+
+pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let (mut conversation, profile) = if args.ephemeral {
+        (
+            Conversation::Ephemeral(args.profile.runtime()?, Vec::new()),
+            args.profile,
+        )
+    } else {
+        let store = data.open_store().await?;
+        let (session, profile) =
+            open_session(&store, args.session, args.profile, "chat", None).await?;
+        eprintln!("session: {session}");
+        (
+            Conversation::Session(session_manager(&store, &profile)?, session),
+            profile,
+        )
+    };
     let mut editor = rustyline::DefaultEditor::new()?;
-    let history = history_file();
+    let history = history_file(data);
     if let Some(path) = &history {
         // A missing or unreadable history file just means no history yet.
         let _ = editor.load_history(path);
     }
     eprintln!("agentry chat — Ctrl-C cancels a turn, Ctrl-D or /exit quits.");
-    let mut conversation: Vec<Message> = Vec::new();
     loop {
         // rustyline blocks; keep it off the async worker threads.
         let (returned, line) = tokio::task::spawn_blocking(move || {
@@ -65,11 +105,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
             break;
         }
         let _ = editor.add_history_entry(text);
-
-        let mut request = RunRequest::text(text).with_history(conversation.clone());
-        request.system = args.agent.system.clone();
-        request.params = args.model.params();
-        let mut stream = runtime.stream(request)?;
+        let mut stream = conversation.turn(text, &profile).await?;
         let cancel = stream.cancel_token();
         let mut printer = Printer::new(false);
         loop {
@@ -84,16 +120,17 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        let output = stream.finish().await?;
         // Keep the turn, whatever its end: the repair pass closes any call left unanswered.
-        let mut messages = output.state.messages;
-        if args.agent.system.is_some() && !messages.is_empty() {
-            messages.remove(0);
-        }
-        conversation = messages;
+        conversation.after(stream.finish().await?.state.messages);
     }
     if let Some(path) = &history {
         let _ = editor.save_history(path);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn history_file(data: &DataArgs) -> Option<PathBuf> {
+    let home = data.home().ok()?;
+    std::fs::create_dir_all(&home).ok()?;
+    Some(home.join("chat_history"))
 }

@@ -1,9 +1,11 @@
 //! Command-line arguments and the commands they run.
 
 mod chat;
-mod model;
+mod data;
 mod output;
+mod profile;
 mod run;
+mod sessions;
 
 use std::process::ExitCode;
 
@@ -16,22 +18,27 @@ pub(crate) struct Cli {
     /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub(crate) verbose: u8,
+    #[command(flatten)]
+    data: data::DataArgs,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run one task: the model calls tools until it has an answer.
+    /// Run one task: the model calls tools until it has an answer. Saved as a session.
     Run(run::RunArgs),
     /// Talk with a model in the terminal (line editing and history; Ctrl-C cancels a turn).
     Chat(chat::ChatArgs),
+    /// Inspect and manage saved sessions.
+    Sessions(sessions::SessionsArgs),
 }
 
 /// Runs the chosen command.
 pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run(args) => run::run(args).await,
-        Command::Chat(args) => chat::chat(args).await,
+        Command::Run(args) => run::run(args, &cli.data).await,
+        Command::Chat(args) => chat::chat(args, &cli.data).await,
+        Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
     }
 }

@@ -1,41 +1,96 @@
-//! `agentry run`: one task, run to its answer, streamed to the terminal.
+//! `agentry run`: one task, run to its answer, streamed to the terminal, saved as a session.
 
 use std::process::ExitCode;
 
 use clap::Args;
 use futures::StreamExt;
 
-use agentry_core::RunRequest;
+use agentry_core::session::BusyPolicy;
+use agentry_core::{RunRequest, RunStream};
+use agentry_types::SessionId;
 
-use super::model::{AgentArgs, ModelArgs};
+use super::data::DataArgs;
 use super::output::{Printer, exit_code};
+use super::profile::Profile;
+use super::sessions::{open_session, session_manager};
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// The task.
     prompt: String,
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    agent: AgentArgs,
+    profile: Profile,
     /// Print one JSON object per line for every event instead of text.
     #[arg(long)]
     json: bool,
+    /// Continue this session instead of starting a new one.
+    #[arg(long, value_name = "ID", conflicts_with = "ephemeral")]
+    session: Option<SessionId>,
+    /// Keep nothing: no session is saved.
+    #[arg(long)]
+    ephemeral: bool,
+    /// What to do if the session already has a run in progress in this process.
+    #[arg(long, value_enum, default_value = "reject")]
+    policy: Policy,
+    /// Delete the new session after this many days (`agentry sessions prune`).
+    #[arg(long, value_name = "DAYS")]
+    ttl_days: Option<u64>,
 }
 
-pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let runtime = args.agent.runtime(args.model.client()?)?;
-    let mut request = RunRequest::text(&args.prompt);
-    request.system = args.agent.system.clone();
-    request.params = args.model.params();
-    let mut stream = runtime.stream(request)?;
+/// The busy policy, as a flag.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum Policy {
+    Reject,
+    Enqueue,
+    Interrupt,
+}
+
+impl From<Policy> for BusyPolicy {
+    fn from(policy: Policy) -> Self {
+        match policy {
+            Policy::Reject => BusyPolicy::Reject,
+            Policy::Enqueue => BusyPolicy::Enqueue,
+            Policy::Interrupt => BusyPolicy::Interrupt,
+        }
+    }
+}
+
+pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let stream = if args.ephemeral {
+        let runtime = args.profile.runtime()?;
+        let mut request = RunRequest::text(&args.prompt);
+        request.system = args.profile.system.clone();
+        request.params = args.profile.params();
+        runtime.stream(request)?
+    } else {
+        let store = data.open_store().await?;
+        let (session, profile) = open_session(
+            &store,
+            args.session,
+            args.profile,
+            &args.prompt,
+            args.ttl_days,
+        )
+        .await?;
+        eprintln!("session: {session}");
+        let manager = session_manager(&store, &profile)?;
+        let mut request = RunRequest::text(&args.prompt);
+        request.system = profile.system.clone();
+        request.params = profile.params();
+        manager.send(session, request, args.policy.into()).await?
+    };
+    print_run(stream, args.json).await
+}
+
+/// Prints a run's events (Ctrl-C cancels it) and returns the exit code for how it ended.
+pub(crate) async fn print_run(mut stream: RunStream, json: bool) -> anyhow::Result<ExitCode> {
     let cancel = stream.cancel_token();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
             cancel.cancel();
         }
     });
-    let mut printer = Printer::new(args.json);
+    let mut printer = Printer::new(json);
     while let Some(event) = stream.next().await {
         printer.event(&event)?;
     }

@@ -1,2 +1,4 @@
 mod chat;
+mod crash;
 mod run;
+mod sessions;

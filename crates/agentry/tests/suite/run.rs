@@ -7,8 +7,13 @@ use serde_json::{Value, json};
 
 /// Runs the binary with `args` and a clean environment for API keys.
 async fn agentry(args: Vec<String>, env: &[(&str, &str)]) -> Output {
+    // Each call gets its own data folder: nothing is written to the real ~/.agentry.
+    let home = tempfile::tempdir().unwrap();
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
     command
+        .arg("--home")
+        .arg(home.path())
+        .env_remove("AGENTRY_DATABASE_URL")
         .args(args)
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")

@@ -1,0 +1,176 @@
+//! Configuration documents (models, tools, MCP servers, skills, templates, agents) and secrets.
+//!
+//! Configuration values are JSON documents the store keeps as they are. Secrets are sealed with
+//! the store's [`SecretKey`](crate::SecretKey) before they reach the database; only
+//! [`Store::reveal_secret`] returns a value, and listing shows a masked form.
+
+use crate::db::{RowExt, from_db, to_db, with_reader, with_writer};
+use crate::model::{now_millis, validate_name};
+use crate::secret::mask;
+use crate::store::{from_json_text, to_json_text};
+use crate::{ConfigKind, SecretInfo, Store, StoreError};
+
+impl Store {
+    /// Stores `value` as the configuration `name` of `kind`, replacing what was there. Names
+    /// have 1 to 64 characters of `A-Z a-z 0-9 _ . -`.
+    pub async fn put_config(
+        &self,
+        kind: ConfigKind,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        validate_name("configuration", name)?;
+        let text = to_json_text(value)?;
+        let now = to_db(now_millis());
+        with_writer!(self, |pool, d| {
+            sqlx::query(
+                "INSERT INTO config (kind, name, value, updated_at) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (kind, name) DO UPDATE \
+                 SET value = excluded.value, updated_at = excluded.updated_at",
+            )
+            .bind(kind.as_str())
+            .bind(name)
+            .bind(&text)
+            .bind(now)
+            .execute(pool)
+            .await?;
+        });
+        Ok(())
+    }
+
+    /// The configuration `name` of `kind`, if stored.
+    pub async fn config(
+        &self,
+        kind: ConfigKind,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        validate_name("configuration", name)?;
+        let text = with_reader!(self, |pool, d| {
+            sqlx::query("SELECT value FROM config WHERE kind = $1 AND name = $2")
+                .bind(kind.as_str())
+                .bind(name)
+                .fetch_optional(pool)
+                .await?
+                .map(|row| row.text("value"))
+                .transpose()?
+        });
+        text.as_deref().map(from_json_text).transpose()
+    }
+
+    /// Every configuration of `kind`, by name.
+    pub async fn list_config(
+        &self,
+        kind: ConfigKind,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        with_reader!(self, |pool, d| {
+            sqlx::query("SELECT name, value FROM config WHERE kind = $1 ORDER BY name")
+                .bind(kind.as_str())
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(|row| Ok((row.text("name")?, from_json_text(&row.text("value")?)?)))
+                .collect()
+        })
+    }
+
+    /// Deletes the configuration `name` of `kind`; `false` if there was none.
+    pub async fn delete_config(&self, kind: ConfigKind, name: &str) -> Result<bool, StoreError> {
+        validate_name("configuration", name)?;
+        let deleted = with_writer!(self, |pool, d| {
+            sqlx::query("DELETE FROM config WHERE kind = $1 AND name = $2")
+                .bind(kind.as_str())
+                .bind(name)
+                .execute(pool)
+                .await?
+                .rows_affected()
+        });
+        Ok(deleted > 0)
+    }
+
+    // --- secrets ---
+
+    /// Stores the secret `name` (1 to 64 characters of `A-Z a-z 0-9 _ . -`), encrypted,
+    /// replacing what was there. The value must not be empty.
+    pub async fn put_secret(&self, name: &str, value: &str) -> Result<(), StoreError> {
+        validate_name("secret", name)?;
+        if value.is_empty() {
+            return Err(StoreError::InvalidInput(format!(
+                "secret {name:?} needs a value"
+            )));
+        }
+        let sealed = self.inner.key.seal(name, value)?;
+        let now = to_db(now_millis());
+        with_writer!(self, |pool, d| {
+            sqlx::query(
+                "INSERT INTO secrets (name, sealed, updated_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET sealed = excluded.sealed, updated_at = excluded.updated_at",
+            )
+            .bind(name)
+            .bind(&sealed)
+            .bind(now)
+            .execute(pool)
+            .await?;
+        });
+        Ok(())
+    }
+
+    /// The secret's value, decrypted. For wiring it into a provider or tool inside the process
+    /// only: never return it to a client. A key other than the one it was stored with is
+    /// [`StoreError::Crypto`].
+    pub async fn reveal_secret(&self, name: &str) -> Result<Option<String>, StoreError> {
+        validate_name("secret", name)?;
+        let sealed = with_reader!(self, |pool, d| {
+            sqlx::query("SELECT sealed FROM secrets WHERE name = $1")
+                .bind(name)
+                .fetch_optional(pool)
+                .await?
+                .map(|row| row.blob("sealed"))
+                .transpose()?
+        });
+        sealed
+            .map(|sealed| self.inner.key.open(name, &sealed))
+            .transpose()
+    }
+
+    /// Every secret by name, with its value masked.
+    pub async fn list_secrets(&self) -> Result<Vec<SecretInfo>, StoreError> {
+        let rows = with_reader!(self, |pool, d| {
+            sqlx::query("SELECT name, sealed, updated_at FROM secrets ORDER BY name")
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok((
+                        row.text("name")?,
+                        row.blob("sealed")?,
+                        row.int("updated_at")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?
+        });
+        rows.into_iter()
+            .map(|(name, sealed, updated_at)| {
+                let value = self.inner.key.open(&name, &sealed)?;
+                Ok(SecretInfo {
+                    masked: mask(&value),
+                    name,
+                    updated_at: from_db(updated_at),
+                })
+            })
+            .collect()
+    }
+
+    /// Deletes the secret; `false` if there was none.
+    pub async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
+        validate_name("secret", name)?;
+        let deleted = with_writer!(self, |pool, d| {
+            sqlx::query("DELETE FROM secrets WHERE name = $1")
+                .bind(name)
+                .execute(pool)
+                .await?
+                .rows_affected()
+        });
+        Ok(deleted > 0)
+    }
+}

@@ -1,0 +1,135 @@
+//! The store's typed errors.
+//!
+//! Every failure is a [`StoreError`] that says what went wrong, maps to a stable [`ErrorCode`]
+//! and says whether trying again may help. Database errors keep the driver's own text.
+
+use agentry_types::{ErrorCode, ErrorInfo};
+
+/// A failure of a store operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The session (or other named thing) does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The operation conflicts with the current state: a stale `expected_last_seq`, an id that
+    /// already exists.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The input was refused before reaching the database: a bad event kind, status, name,
+    /// sequence number or URL.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The database driver failed (connection, query, constraint); the driver's text is kept.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// The schema could not be brought up to date, or the database is newer than this build.
+    #[error("schema migration failed: {0}")]
+    Migration(String),
+    /// A secret could not be encrypted or decrypted (for example: the key is not the one it was
+    /// stored with), or the key file is unusable.
+    #[error("secret encryption failed: {0}")]
+    Crypto(String),
+    /// A file operation failed (the home folder, the key file).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The database holds a value this build cannot read (a malformed id or JSON document).
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// The stable error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NotFound(_) => ErrorCode::NotFound,
+            Self::Conflict(_) => ErrorCode::Conflict,
+            Self::InvalidInput(_) => ErrorCode::InvalidRequest,
+            Self::Database(error) if is_transient(error) => ErrorCode::Connection,
+            Self::Database(_) | Self::Io { .. } | Self::Corrupt(_) => ErrorCode::Internal,
+            Self::Migration(_) | Self::Crypto(_) => ErrorCode::Configuration,
+        }
+    }
+
+    /// Whether the same operation may succeed if tried again unchanged.
+    ///
+    /// A [`StoreError::Conflict`] is not: the caller must read the current state first.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Database(error) if is_transient(error))
+    }
+
+    /// The error as it leaves the process.
+    pub fn info(&self) -> ErrorInfo {
+        ErrorInfo {
+            code: self.code(),
+            message: self.to_string(),
+            retryable: self.is_retryable(),
+            status: None,
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Connection-level failures that a later attempt may not hit.
+fn is_transient(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_retry_decisions() {
+        assert_eq!(
+            StoreError::NotFound("session x".into()).code(),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            StoreError::InvalidInput("bad".into()).code(),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            StoreError::Conflict("stale".into()).code(),
+            ErrorCode::Conflict
+        );
+        assert_eq!(
+            StoreError::Crypto("wrong key".into()).code(),
+            ErrorCode::Configuration
+        );
+        let timed_out = StoreError::from(sqlx::Error::PoolTimedOut);
+        assert_eq!(timed_out.code(), ErrorCode::Connection);
+        assert!(timed_out.is_retryable());
+        let missing = StoreError::from(sqlx::Error::RowNotFound);
+        assert_eq!(missing.code(), ErrorCode::Internal);
+        assert!(!missing.is_retryable());
+        assert!(!StoreError::Conflict("stale".into()).is_retryable());
+        let info = StoreError::NotFound("session x".into()).info();
+        assert_eq!(info.message, "not found: session x");
+        assert!(!info.retryable);
+    }
+}

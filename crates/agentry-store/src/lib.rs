@@ -1,0 +1,43 @@
+//! Agentry's store: the append-only event log of every session, and the configuration store.
+//!
+//! One type, [`Store`], over two backends with the same API and the same behaviour: an embedded
+//! SQLite file (the default; [`Store::open_home`] opens `agentry.db` in the Agentry home folder)
+//! or a PostgreSQL server that several nodes can share ([`Store::connect`] with a
+//! `postgres://…` URL).
+//!
+//! - **Sessions** carry a title, a status the engine sets, read/unread state, an optional expiry
+//!   and opaque metadata.
+//! - **The event log** is append-only: [`Store::append`] numbers events 1, 2, 3… per session,
+//!   atomically and without gaps under concurrent writers, optionally conditional on the last
+//!   number the writer saw. Payloads are JSON the store never interprets. Nothing is rewritten,
+//!   so storage grows linearly with a session.
+//! - **Forks** ([`Store::fork_session`]) reference their parent's history up to the fork point
+//!   instead of copying it; [`Store::events`] reads through the chain with continuous numbering.
+//!   Deleting a parent copies the referenced part into its forks first, so they keep working.
+//! - **Configuration** documents by [`ConfigKind`] and name, and **secrets** sealed with
+//!   XChaCha20-Poly1305 under a [`SecretKey`] kept outside the database.
+//!
+//! Schema changes are embedded migrations (one set per dialect), applied at open inside a
+//! transaction and recorded in `agentry_migrations`; a database newer than the build is refused.
+//!
+//! Durability: SQLite runs in WAL mode with `synchronous = NORMAL` by default, so a committed
+//! event survives a crash of the process; [`Durability::Full`] makes it survive power loss too,
+//! at the cost of an fsync per commit. PostgreSQL follows the server's settings.
+
+mod config;
+mod db;
+mod error;
+mod model;
+mod secret;
+mod store;
+
+pub use db::SCHEMA_VERSION;
+pub use error::StoreError;
+pub use model::{
+    Backend, ConfigKind, NewEvent, NewSession, SearchHit, SecretInfo, SessionQuery, SessionRecord,
+    StoredEvent,
+};
+pub use secret::SecretKey;
+pub use store::{Durability, Store, StoreOptions};
+
+pub use agentry_types::SessionId;

@@ -1,0 +1,344 @@
+//! The values the store reads and writes, and the rules for the names and kinds it accepts.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use agentry_types::SessionId;
+use serde::{Deserialize, Serialize};
+
+use crate::StoreError;
+
+/// Which database a [`Store`](crate::Store) runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// An embedded SQLite file (the default).
+    Sqlite,
+    /// A PostgreSQL server, which several nodes can share.
+    Postgres,
+}
+
+impl Backend {
+    /// The backend's name: `sqlite` or `postgres`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A session to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSession {
+    /// Its id, chosen by the caller.
+    pub id: SessionId,
+    /// A title for people, if known yet.
+    pub title: Option<String>,
+    /// When [`Store::prune`](crate::Store::prune) may delete it, in Unix milliseconds.
+    pub expires_at: Option<u64>,
+    /// Anything the engine wants to keep with the session; opaque to the store.
+    pub metadata: serde_json::Value,
+}
+
+impl NewSession {
+    /// A session with a fresh id, no title, no expiry and empty (`{}`) metadata.
+    pub fn new() -> Self {
+        Self::with_id(SessionId::new())
+    }
+
+    /// A session with the given id, no title, no expiry and empty (`{}`) metadata.
+    pub fn with_id(id: SessionId) -> Self {
+        Self {
+            id,
+            title: None,
+            expires_at: None,
+            metadata: serde_json::Value::Object(serde_json::Map::new()),
+        }
+    }
+}
+
+impl Default for NewSession {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A session as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// The session's id.
+    pub id: SessionId,
+    /// Its title, if set.
+    pub title: Option<String>,
+    /// The status the engine last set (`idle` for a new session).
+    pub status: String,
+    /// Creation time, Unix milliseconds.
+    pub created_at: u64,
+    /// Time of the last append (or creation), Unix milliseconds.
+    pub last_activity: u64,
+    /// The sequence number of its last event; 0 when it has none.
+    pub last_seq: u64,
+    /// The last sequence number a reader marked as read.
+    pub read_seq: u64,
+    /// The session and sequence number this one was forked from: its history starts with that
+    /// session's events up to and including that number. If that session is deleted, the
+    /// events are copied here and this points to the session it was itself forked from (or
+    /// becomes `None`).
+    pub parent: Option<(SessionId, u64)>,
+    /// When it may be pruned, Unix milliseconds.
+    pub expires_at: Option<u64>,
+    /// The metadata it was created with.
+    pub metadata: serde_json::Value,
+}
+
+impl SessionRecord {
+    /// Whether it has events past the last one marked read.
+    pub fn unread(&self) -> bool {
+        self.last_seq > self.read_seq
+    }
+}
+
+/// Which sessions [`Store::list_sessions`](crate::Store::list_sessions) returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionQuery {
+    /// Only sessions with this status.
+    pub status: Option<String>,
+    /// At most this many.
+    pub limit: usize,
+    /// Skip this many first.
+    pub offset: usize,
+}
+
+impl Default for SessionQuery {
+    /// Every status, the first 100.
+    fn default() -> Self {
+        Self {
+            status: None,
+            limit: 100,
+            offset: 0,
+        }
+    }
+}
+
+/// An event to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// What kind of event it is: 1 to 64 characters of `a-z`, `_` and `.`.
+    pub kind: String,
+    /// The event itself; opaque to the store.
+    pub payload: serde_json::Value,
+}
+
+impl NewEvent {
+    /// An event of `kind` carrying `payload`.
+    pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> Self {
+        Self {
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
+/// An event as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredEvent {
+    /// The session it is stored under (for a fork's inherited prefix: the ancestor's id).
+    pub session_id: SessionId,
+    /// Its sequence number, continuous across a fork.
+    pub seq: u64,
+    /// Its kind.
+    pub kind: String,
+    /// The payload exactly as appended.
+    pub payload: serde_json::Value,
+    /// When it was appended, Unix milliseconds.
+    pub created_at: u64,
+}
+
+/// One result of [`Store::search`](crate::Store::search): the newest matching event of a
+/// session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchHit {
+    /// The session the event is stored under.
+    pub session_id: SessionId,
+    /// The matching event's sequence number.
+    pub seq: u64,
+    /// A short piece of the payload's JSON text around the match.
+    pub snippet: String,
+    /// When the event was appended, Unix milliseconds.
+    pub created_at: u64,
+}
+
+/// A secret as listed: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    /// Its name.
+    pub name: String,
+    /// A masked form: the first 3 and last 4 characters (`sk-…wxyz`), or only `…` when the value
+    /// is shorter than 12 characters.
+    pub masked: String,
+    /// When it was last set, Unix milliseconds.
+    pub updated_at: u64,
+}
+
+/// The kinds of configuration the store keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigKind {
+    /// A model and its provider settings.
+    Model,
+    /// A tool defined by configuration.
+    Tool,
+    /// An MCP server to connect to.
+    McpServer,
+    /// A skill.
+    Skill,
+    /// A prompt template.
+    Template,
+    /// An agent definition.
+    Agent,
+}
+
+impl ConfigKind {
+    /// Every kind.
+    pub const ALL: [ConfigKind; 6] = [
+        Self::Model,
+        Self::Tool,
+        Self::McpServer,
+        Self::Skill,
+        Self::Template,
+        Self::Agent,
+    ];
+
+    /// The kind's stable name (`model`, `tool`, `mcp_server`, `skill`, `template`, `agent`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Model => "model",
+            Self::Tool => "tool",
+            Self::McpServer => "mcp_server",
+            Self::Skill => "skill",
+            Self::Template => "template",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+impl fmt::Display for ConfigKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ConfigKind {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+            .ok_or_else(|| {
+                StoreError::InvalidInput(format!(
+                    "unknown configuration kind {:?}; expected one of model, tool, mcp_server, \
+                     skill, template, agent",
+                    truncate(s)
+                ))
+            })
+    }
+}
+
+/// Checks an event kind: 1 to 64 characters of `a-z`, `_`, `.`.
+pub(crate) fn validate_event_kind(kind: &str) -> Result<(), StoreError> {
+    if (1..=64).contains(&kind.len())
+        && kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.')
+    {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "invalid event kind {:?}: use 1 to 64 characters of a-z, '_' and '.'",
+            truncate(kind)
+        )))
+    }
+}
+
+/// Checks a session status: 1 to 32 characters of `a-z`, `_`.
+pub(crate) fn validate_status(status: &str) -> Result<(), StoreError> {
+    if (1..=32).contains(&status.len())
+        && status.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+    {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "invalid session status {:?}: use 1 to 32 characters of a-z and '_'",
+            truncate(status)
+        )))
+    }
+}
+
+/// Checks a configuration or secret name: 1 to 64 characters of `A-Z a-z 0-9 _ . -`.
+pub(crate) fn validate_name(what: &str, name: &str) -> Result<(), StoreError> {
+    if (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "invalid {what} name {:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'",
+            truncate(name)
+        )))
+    }
+}
+
+/// At most 64 characters of a rejected input, for error messages.
+pub(crate) fn truncate(value: &str) -> String {
+    value.chars().take(64).collect()
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_kinds_and_statuses() {
+        assert!(validate_event_kind("tool.result").is_ok());
+        assert!(validate_event_kind("Tool").is_err());
+        assert!(validate_event_kind("").is_err());
+        assert!(validate_event_kind(&"a".repeat(65)).is_err());
+        assert!(validate_status("interrupted").is_ok());
+        assert!(validate_status("run-ning").is_err());
+        assert!(validate_status(&"a".repeat(33)).is_err());
+        assert!(validate_name("config", "gpt-4.1_mini").is_ok());
+        assert!(validate_name("config", "../etc").is_err());
+        assert!(validate_name("config", "a b").is_err());
+    }
+
+    #[test]
+    fn config_kinds_round_trip() {
+        for kind in ConfigKind::ALL {
+            assert_eq!(kind.as_str().parse::<ConfigKind>().unwrap(), kind);
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+        assert!(matches!(
+            "mcp".parse::<ConfigKind>(),
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+}

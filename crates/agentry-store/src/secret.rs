@@ -1,0 +1,280 @@
+//! Secrets at rest: the key, its file, and the sealed form stored in the database.
+//!
+//! Each value is sealed with XChaCha20-Poly1305 under a 32-byte key that never enters the
+//! database. The stored blob is `version (1 byte) ‖ nonce (24 random bytes) ‖ ciphertext+tag`,
+//! and the secret's name is authenticated as associated data, so a blob copied onto another
+//! name does not open.
+
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+
+use crate::StoreError;
+
+const SEALED_VERSION: u8 = 1;
+const NONCE_LEN: usize = 24;
+const KEY_LEN: usize = 32;
+
+/// The 32-byte key that encrypts secrets at rest. Its `Debug` form never shows it.
+#[derive(Clone)]
+pub struct SecretKey([u8; KEY_LEN]);
+
+impl SecretKey {
+    /// A key from its bytes (from a key manager, an environment variable, a test).
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// A fresh random key from the operating system's generator.
+    pub fn generate() -> Result<Self, StoreError> {
+        let mut bytes = [0u8; KEY_LEN];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| StoreError::Crypto(format!("no randomness for a key: {e}")))?;
+        Ok(Self(bytes))
+    }
+
+    /// A random key for this process only. Uses the operating system's generator; should that
+    /// fail, falls back to the standard library's randomly seeded hasher keys.
+    pub(crate) fn ephemeral() -> Self {
+        Self::generate().unwrap_or_else(|_| {
+            use std::hash::{BuildHasher, Hasher};
+            let mut bytes = [0u8; KEY_LEN];
+            for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+                let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+                hasher.write_usize(i);
+                hasher.write_u128(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos()),
+                );
+                chunk.copy_from_slice(&hasher.finish().to_le_bytes());
+            }
+            Self(bytes)
+        })
+    }
+
+    /// Reads the key from `path`, or creates it there: 32 random bytes in a file only the owner
+    /// can read (mode 0600 on Unix).
+    ///
+    /// Creation is atomic: the key is written to a temporary file beside it and linked into
+    /// place, so concurrent callers all end up with the same key. This does blocking file IO;
+    /// async callers run it on a blocking thread.
+    pub fn load_or_create(path: &Path) -> Result<Self, StoreError> {
+        match Self::load(path) {
+            Ok(Some(key)) => return Ok(key),
+            Ok(None) => {}
+            Err(error) => return Err(error),
+        }
+        let key = Self::generate()?;
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = dir.unwrap_or_else(|| Path::new("."));
+        let mut suffix = [0u8; 8];
+        getrandom::fill(&mut suffix)
+            .map_err(|e| StoreError::Crypto(format!("no randomness: {e}")))?;
+        let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+        let temp = dir.join(format!(".secret.key.{suffix}.tmp"));
+        let written = write_private(&temp, &key.0);
+        let linked = written.and_then(|()| std::fs::hard_link(&temp, path));
+        // The temporary name goes whatever happened; only the linked name stays.
+        let _ = std::fs::remove_file(&temp);
+        match linked {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "created a new secret key");
+                Ok(key)
+            }
+            // Someone else created it first: theirs wins.
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Self::load(path)?
+                .ok_or_else(|| StoreError::Crypto("the key file vanished while created".into())),
+            Err(error) => Err(StoreError::io(
+                format!("cannot create the secret key file {}", path.display()),
+                error,
+            )),
+        }
+    }
+
+    fn load(path: &Path) -> Result<Option<Self>, StoreError> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => {
+                return Err(StoreError::io(
+                    format!("cannot read the secret key file {}", path.display()),
+                    error,
+                ));
+            }
+        };
+        let bytes: [u8; KEY_LEN] = bytes.as_slice().try_into().map_err(|_| {
+            StoreError::Crypto(format!(
+                "the secret key file {} holds {} bytes, expected {KEY_LEN}",
+                path.display(),
+                bytes.len()
+            ))
+        })?;
+        warn_if_shared(path);
+        Ok(Some(Self(bytes)))
+    }
+
+    fn cipher(&self) -> Result<XChaCha20Poly1305, StoreError> {
+        XChaCha20Poly1305::new_from_slice(&self.0)
+            .map_err(|e| StoreError::Crypto(format!("unusable key: {e}")))
+    }
+
+    /// Seals `value` for the secret called `name`.
+    pub(crate) fn seal(&self, name: &str, value: &str) -> Result<Vec<u8>, StoreError> {
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| StoreError::Crypto(format!("no randomness for a nonce: {e}")))?;
+        let aad = associated_data(name);
+        let sealed = self
+            .cipher()?
+            .encrypt(
+                &XNonce::from(nonce),
+                Payload {
+                    msg: value.as_bytes(),
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| StoreError::Crypto(format!("cannot encrypt secret {name:?}")))?;
+        let mut out = Vec::with_capacity(1 + NONCE_LEN + sealed.len());
+        out.push(SEALED_VERSION);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&sealed);
+        Ok(out)
+    }
+
+    /// Opens a blob made by [`SecretKey::seal`] for the same name.
+    pub(crate) fn open(&self, name: &str, blob: &[u8]) -> Result<String, StoreError> {
+        let (version, rest) = blob
+            .split_first()
+            .ok_or_else(|| StoreError::Crypto(format!("secret {name:?} is empty")))?;
+        if *version != SEALED_VERSION || rest.len() < NONCE_LEN {
+            return Err(StoreError::Crypto(format!(
+                "secret {name:?} is not in a format this build knows"
+            )));
+        }
+        let (nonce, sealed) = rest.split_at(NONCE_LEN);
+        let nonce: [u8; NONCE_LEN] = nonce
+            .try_into()
+            .map_err(|_| StoreError::Crypto(format!("secret {name:?} has a short nonce")))?;
+        let aad = associated_data(name);
+        let plain = self
+            .cipher()?
+            .decrypt(
+                &XNonce::from(nonce),
+                Payload {
+                    msg: sealed,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| {
+                StoreError::Crypto(format!(
+                    "cannot decrypt secret {name:?}: the secret key is not the one it was stored \
+                     with, or the stored value was altered"
+                ))
+            })?;
+        String::from_utf8(plain)
+            .map_err(|_| StoreError::Crypto(format!("secret {name:?} is not UTF-8")))
+    }
+}
+
+impl fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretKey(<redacted>)")
+    }
+}
+
+fn associated_data(name: &str) -> Vec<u8> {
+    let mut aad = b"agentry.secret:".to_vec();
+    aad.extend_from_slice(name.as_bytes());
+    aad
+}
+
+/// The masked form of a secret value: first 3 and last 4 characters, or only `…` when the
+/// value is shorter than 12 characters.
+pub(crate) fn mask(value: &str) -> String {
+    let chars: Vec<char> = value.chars().collect();
+    if chars.len() < 12 {
+        return "…".to_owned();
+    }
+    let head: String = chars.iter().take(3).collect();
+    let tail: String = chars.iter().skip(chars.len() - 4).collect();
+    format!("{head}…{tail}")
+}
+
+/// Creates `path` (which must not exist) readable by its owner only, and writes `bytes`.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+#[cfg(unix)]
+fn warn_if_shared(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the secret key file is readable by others; chmod 600 it"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn warn_if_shared(_path: &Path) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seal_open_round_trip_and_binding() {
+        let key = SecretKey::from_bytes([7; 32]);
+        let blob = key.seal("openai", "sk-secret-value").unwrap();
+        assert_eq!(key.open("openai", &blob).unwrap(), "sk-secret-value");
+        // Bound to the name.
+        assert!(matches!(
+            key.open("anthropic", &blob),
+            Err(StoreError::Crypto(_))
+        ));
+        // Bound to the key.
+        let other = SecretKey::from_bytes([8; 32]);
+        assert!(matches!(
+            other.open("openai", &blob),
+            Err(StoreError::Crypto(_))
+        ));
+        // Fresh nonce every time.
+        assert_ne!(blob, key.seal("openai", "sk-secret-value").unwrap());
+        assert!(matches!(
+            key.open("openai", &[]),
+            Err(StoreError::Crypto(_))
+        ));
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(mask("sk-abcdefghwxyz"), "sk-…wxyz");
+        assert_eq!(mask("short"), "…");
+        assert_eq!(mask("elevenchars"), "…");
+        assert_eq!(mask("twelve_chars"), "twe…hars");
+        assert_eq!(mask("ключ-абвгдежзийк"), "клю…зийк");
+    }
+
+    #[test]
+    fn debug_is_redacted() {
+        let key = SecretKey::from_bytes([42; 32]);
+        assert_eq!(format!("{key:?}"), "SecretKey(<redacted>)");
+    }
+}

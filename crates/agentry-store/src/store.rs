@@ -1,0 +1,918 @@
+//! [`Store`]: opening a database, sessions and their event log.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_types::SessionId;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use crate::db::{
+    ACQUIRE_TIMEOUT, BUSY_TIMEOUT, Db, RowExt, from_db, in_read_tx, in_write_tx, to_db,
+    with_reader, with_writer,
+};
+use crate::model::{now_millis, truncate, validate_event_kind, validate_status};
+use crate::{
+    Backend, NewEvent, NewSession, SearchHit, SecretKey, SessionQuery, SessionRecord, StoreError,
+    StoredEvent,
+};
+
+/// How hard SQLite works to keep a committed transaction (PostgreSQL follows the server's own
+/// `synchronous_commit` setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous = NORMAL` (the default): in WAL mode a committed event survives a crash of
+    /// the process, but the last transactions may be lost if the machine loses power.
+    #[default]
+    Normal,
+    /// `synchronous = FULL`: every commit is synced to disk, so it also survives power loss; each
+    /// append costs an fsync.
+    Full,
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// The key that encrypts secrets at rest.
+    pub secret_key: SecretKey,
+    /// At most this many connections (SQLite: readers, beside the single writer).
+    pub max_connections: u32,
+    /// SQLite's durability; see [`Durability`].
+    pub durability: Durability,
+}
+
+impl StoreOptions {
+    /// Options with `secret_key`, 8 connections and [`Durability::Normal`].
+    pub fn new(secret_key: SecretKey) -> Self {
+        Self {
+            secret_key,
+            max_connections: 8,
+            durability: Durability::Normal,
+        }
+    }
+}
+
+impl Default for StoreOptions {
+    /// Options with a random key that lives only as long as this value: secrets stored with it
+    /// cannot be read by a later process. Set `secret_key` (for example from
+    /// [`SecretKey::load_or_create`]) for anything that persists.
+    fn default() -> Self {
+        Self::new(SecretKey::ephemeral())
+    }
+}
+
+/// The event log and configuration store, on SQLite or PostgreSQL. Cloning is cheap: clones
+/// share the connection pools.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) db: Db,
+    pub(crate) key: SecretKey,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.backend())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The columns of a session row, in the order [`session_from_row`] reads them.
+macro_rules! session_columns {
+    () => {
+        "id, title, status, created_at, last_activity, last_seq, read_seq, parent_id, \
+         parent_seq, expires_at, metadata"
+    };
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `url` and brings its schema up to date.
+    ///
+    /// `postgres://…` or `postgresql://…` selects PostgreSQL (connection parameters such as
+    /// `sslmode` or `options[search_path]=…` go in the query string); `sqlite://PATH`,
+    /// `sqlite:PATH` or a plain file path selects SQLite. In-memory SQLite is refused: the read
+    /// pool and the writer would each see a different database.
+    pub async fn connect(url: &str, options: StoreOptions) -> Result<Store, StoreError> {
+        let url = url.trim();
+        let lower = url.to_ascii_lowercase();
+        if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+            let connect = PgConnectOptions::from_str(url)
+                .map_err(|e| StoreError::InvalidInput(format!("invalid PostgreSQL URL: {e}")))?;
+            return Self::connect_postgres(connect, options).await;
+        }
+        if lower.contains(":memory:") || lower.contains("mode=memory") {
+            return Err(StoreError::InvalidInput(
+                "in-memory SQLite is not supported; give a file path".into(),
+            ));
+        }
+        let connect = if lower.starts_with("sqlite:") {
+            SqliteConnectOptions::from_str(url)
+                .map_err(|e| StoreError::InvalidInput(format!("invalid SQLite URL: {e}")))?
+        } else if url.contains("://") {
+            return Err(StoreError::InvalidInput(format!(
+                "unsupported database URL {:?}: use postgres://…, sqlite://PATH or a file path",
+                truncate(url.split("://").next().unwrap_or_default())
+            )));
+        } else if url.is_empty() {
+            return Err(StoreError::InvalidInput("empty database URL".into()));
+        } else {
+            SqliteConnectOptions::new().filename(url)
+        };
+        Self::connect_sqlite(connect, options).await
+    }
+
+    /// Opens the SQLite store in an Agentry home folder: `home/agentry.db`, with the secret key
+    /// in `home/secret.key` (created on first use, mode 0600). Creates `home` (mode 0700) if it
+    /// does not exist.
+    pub async fn open_home(home: &Path) -> Result<Store, StoreError> {
+        let home = home.to_path_buf();
+        let (home, key) = tokio::task::spawn_blocking(move || {
+            if !home.is_dir() {
+                let mut builder = std::fs::DirBuilder::new();
+                builder.recursive(true);
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::DirBuilderExt;
+                    builder.mode(0o700);
+                }
+                builder
+                    .create(&home)
+                    .map_err(|e| StoreError::io(format!("cannot create {}", home.display()), e))?;
+            }
+            let key = SecretKey::load_or_create(&home.join("secret.key"))?;
+            Ok::<_, StoreError>((home, key))
+        })
+        .await
+        .map_err(|e| StoreError::io("opening the home folder", std::io::Error::other(e)))??;
+        let connect = SqliteConnectOptions::new().filename(home.join("agentry.db"));
+        Self::connect_sqlite(connect, StoreOptions::new(key)).await
+    }
+
+    async fn connect_sqlite(
+        connect: SqliteConnectOptions,
+        options: StoreOptions,
+    ) -> Result<Store, StoreError> {
+        let connect = connect
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match options.durability {
+                Durability::Normal => SqliteSynchronous::Normal,
+                Durability::Full => SqliteSynchronous::Full,
+            })
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(connect.clone())
+            .await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_lazy_with(connect);
+        Self::finish_open(Db::Sqlite { writer, reader }, options.secret_key).await
+    }
+
+    async fn connect_postgres(
+        connect: PgConnectOptions,
+        options: StoreOptions,
+    ) -> Result<Store, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(connect)
+            .await?;
+        Self::finish_open(Db::Postgres(pool), options.secret_key).await
+    }
+
+    async fn finish_open(db: Db, key: SecretKey) -> Result<Store, StoreError> {
+        let store = Store {
+            inner: Arc::new(Inner { db, key }),
+        };
+        if let Err(error) = crate::db::migrate(&store).await {
+            store.close().await;
+            return Err(error);
+        }
+        Ok(store)
+    }
+
+    /// Which database this store runs on.
+    pub fn backend(&self) -> Backend {
+        match self.inner.db {
+            Db::Sqlite { .. } => Backend::Sqlite,
+            Db::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Closes the pools, waiting for connections in use to be returned. Every later operation
+    /// fails.
+    pub async fn close(&self) {
+        match &self.inner.db {
+            Db::Sqlite { writer, reader } => {
+                reader.close().await;
+                writer.close().await;
+            }
+            Db::Postgres(pool) => pool.close().await,
+        }
+    }
+
+    /// The schema version of the database (the highest migration applied).
+    pub async fn schema_version(&self) -> Result<u32, StoreError> {
+        let version = with_reader!(self, |pool, d| {
+            sqlx::query("SELECT COALESCE(MAX(version), 0) AS version FROM agentry_migrations")
+                .fetch_one(pool)
+                .await?
+                .int("version")?
+        });
+        u32::try_from(version)
+            .map_err(|_| StoreError::Corrupt(format!("schema version {version} is out of range")))
+    }
+
+    // --- sessions ---
+
+    /// Creates a session with status `idle` and no events. An id that exists already is a
+    /// [`StoreError::Conflict`].
+    pub async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
+        if let Some(title) = &new.title {
+            validate_title(title)?;
+        }
+        let metadata = to_json_text(&new.metadata)?;
+        let now = now_millis();
+        let id = new.id.to_string();
+        let result = with_writer!(self, |pool, d| {
+            sqlx::query(
+                "INSERT INTO sessions (id, title, status, created_at, last_activity, last_seq, \
+                 read_seq, expires_at, metadata) VALUES ($1, $2, 'idle', $3, $3, 0, 0, $4, $5)",
+            )
+            .bind(&id)
+            .bind(new.title.as_deref())
+            .bind(to_db(now))
+            .bind(new.expires_at.map(to_db))
+            .bind(&metadata)
+            .execute(pool)
+            .await
+            .map(|_| ())
+        });
+        result.map_err(|e| unique_is_conflict(e, || format!("session {id} already exists")))?;
+        Ok(SessionRecord {
+            id: new.id,
+            title: new.title,
+            status: "idle".into(),
+            created_at: now,
+            last_activity: now,
+            last_seq: 0,
+            read_seq: 0,
+            parent: None,
+            expires_at: new.expires_at,
+            metadata: new.metadata,
+        })
+    }
+
+    /// The session, if it exists.
+    pub async fn session(&self, id: SessionId) -> Result<Option<SessionRecord>, StoreError> {
+        let id = id.to_string();
+        with_reader!(self, |pool, d| {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                session_columns!(),
+                " FROM sessions WHERE id = $1"
+            ))
+            .bind(&id)
+            .fetch_optional(pool)
+            .await?;
+            row.as_ref().map(session_from_row).transpose()
+        })
+    }
+
+    /// Sessions, most recent activity first, optionally only those with one status.
+    pub async fn list_sessions(
+        &self,
+        query: &SessionQuery,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        if let Some(status) = &query.status {
+            validate_status(status)?;
+        }
+        let limit = to_db(query.limit as u64);
+        let offset = to_db(query.offset as u64);
+        with_reader!(self, |pool, d| {
+            let rows = match &query.status {
+                Some(status) => {
+                    sqlx::query(concat!(
+                        "SELECT ",
+                        session_columns!(),
+                        " FROM sessions WHERE status = $1 \
+                         ORDER BY last_activity DESC, id DESC LIMIT $2 OFFSET $3"
+                    ))
+                    .bind(status)
+                    .bind(limit)
+                    .bind(offset)
+                    .fetch_all(pool)
+                    .await?
+                }
+                None => {
+                    sqlx::query(concat!(
+                        "SELECT ",
+                        session_columns!(),
+                        " FROM sessions ORDER BY last_activity DESC, id DESC LIMIT $1 OFFSET $2"
+                    ))
+                    .bind(limit)
+                    .bind(offset)
+                    .fetch_all(pool)
+                    .await?
+                }
+            };
+            rows.iter().map(session_from_row).collect()
+        })
+    }
+
+    /// Deletes a session and its events; `false` if it did not exist.
+    ///
+    /// Sessions forked from it keep their whole history: the part of this session's events each
+    /// one references is copied into it, and its parent link moves to this session's own parent
+    /// (or goes away). Only this session's own events are copied; what it inherited stays
+    /// referenced.
+    pub async fn delete_session(&self, id: SessionId) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        in_write_tx!(self, |tx, d| {
+            if let Some(lock) = d.topology_lock_sql() {
+                sqlx::query(lock).execute(&mut *tx).await?;
+            }
+            let Some(row) = sqlx::query("SELECT parent_id, parent_seq FROM sessions WHERE id = $1")
+                .bind(&id)
+                .fetch_optional(&mut *tx)
+                .await?
+            else {
+                return Ok(false);
+            };
+            let grandparent = row.opt_text("parent_id")?;
+            let own_from = row.opt_int("parent_seq")?.unwrap_or(0);
+            let children = sqlx::query("SELECT id, parent_seq FROM sessions WHERE parent_id = $1")
+                .bind(&id)
+                .fetch_all(&mut *tx)
+                .await?;
+            for child in &children {
+                let child_id = child.text("id")?;
+                let fork_seq = child.opt_int("parent_seq")?.unwrap_or(0);
+                // The child's history: our events in (own_from, fork_seq], then what we
+                // inherited up to min(own_from, fork_seq).
+                sqlx::query(
+                    "INSERT INTO events (session_id, seq, kind, payload, created_at) \
+                     SELECT $1, seq, kind, payload, created_at FROM events \
+                     WHERE session_id = $2 AND seq > $3 AND seq <= $4",
+                )
+                .bind(&child_id)
+                .bind(&id)
+                .bind(own_from)
+                .bind(fork_seq)
+                .execute(&mut *tx)
+                .await?;
+                let new_parent_seq = grandparent.as_ref().map(|_| own_from.min(fork_seq));
+                sqlx::query("UPDATE sessions SET parent_id = $2, parent_seq = $3 WHERE id = $1")
+                    .bind(&child_id)
+                    .bind(grandparent.as_deref())
+                    .bind(new_parent_seq)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query("DELETE FROM events WHERE session_id = $1")
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("DELETE FROM sessions WHERE id = $1")
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+            tracing::debug!(session = %id, forks = children.len(), "deleted session");
+            Ok(true)
+        })
+    }
+
+    /// Sets the session's title (at most 1,000 characters).
+    pub async fn set_title(&self, id: SessionId, title: &str) -> Result<(), StoreError> {
+        validate_title(title)?;
+        self.update_session(id, "UPDATE sessions SET title = $2 WHERE id = $1", title)
+            .await
+    }
+
+    /// Sets the session's status: a short word chosen by the engine (`idle`, `running`,
+    /// `interrupted`, `failed`, …), 1 to 32 characters of `a-z` and `_`.
+    pub async fn set_status(&self, id: SessionId, status: &str) -> Result<(), StoreError> {
+        validate_status(status)?;
+        self.update_session(id, "UPDATE sessions SET status = $2 WHERE id = $1", status)
+            .await
+    }
+
+    async fn update_session(
+        &self,
+        id: SessionId,
+        sql: &'static str,
+        value: &str,
+    ) -> Result<(), StoreError> {
+        let key = id.to_string();
+        let updated = with_writer!(self, |pool, d| {
+            sqlx::query(sql)
+                .bind(&key)
+                .bind(value)
+                .execute(pool)
+                .await?
+                .rows_affected()
+        });
+        if updated == 0 {
+            return Err(not_found(id));
+        }
+        Ok(())
+    }
+
+    /// Marks the session read up to and including `seq` (which must not pass its last event).
+    /// It is unread while `last_seq > read_seq`.
+    pub async fn mark_read(&self, id: SessionId, seq: u64) -> Result<(), StoreError> {
+        let key = id.to_string();
+        let updated = with_writer!(self, |pool, d| {
+            sqlx::query("UPDATE sessions SET read_seq = $2 WHERE id = $1 AND last_seq >= $2")
+                .bind(&key)
+                .bind(to_db(seq))
+                .execute(pool)
+                .await?
+                .rows_affected()
+        });
+        if updated == 0 {
+            let Some(session) = self.session(id).await? else {
+                return Err(not_found(id));
+            };
+            return Err(StoreError::InvalidInput(format!(
+                "cannot mark session {id} read up to {seq}: its last event is {}",
+                session.last_seq
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets (or clears) when [`Store::prune`] may delete the session, in Unix milliseconds.
+    pub async fn set_expiry(
+        &self,
+        id: SessionId,
+        expires_at: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let key = id.to_string();
+        let updated = with_writer!(self, |pool, d| {
+            sqlx::query("UPDATE sessions SET expires_at = $2 WHERE id = $1")
+                .bind(&key)
+                .bind(expires_at.map(to_db))
+                .execute(pool)
+                .await?
+                .rows_affected()
+        });
+        if updated == 0 {
+            return Err(not_found(id));
+        }
+        Ok(())
+    }
+
+    // --- the event log ---
+
+    /// Appends `events` atomically, numbered consecutively after the session's last event (the
+    /// first event of a session is 1; a fork at `k` continues at `k + 1`), and returns them as
+    /// stored. Updates the session's `last_seq` and `last_activity`.
+    ///
+    /// With `expected_last_seq: Some(n)` the append happens only if the session's last event is
+    /// still `n`, else [`StoreError::Conflict`] and nothing is written. With `None` it always
+    /// happens; concurrent appends to one session never leave gaps or duplicates. An unknown
+    /// session is [`StoreError::NotFound`]; an empty `events` writes nothing and returns nothing.
+    pub async fn append(
+        &self,
+        session: SessionId,
+        expected_last_seq: Option<u64>,
+        events: &[NewEvent],
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut payloads = Vec::with_capacity(events.len());
+        for event in events {
+            validate_event_kind(&event.kind)?;
+            payloads.push(to_json_text(&event.payload)?);
+        }
+        let count = to_db(events.len() as u64);
+        let now = now_millis();
+        let key = session.to_string();
+        let last = in_write_tx!(self, |tx, d| {
+            // Updating the session row first locks it: concurrent appends to this session wait
+            // here, then see the new last_seq.
+            let row = match expected_last_seq {
+                Some(expected) => {
+                    sqlx::query(
+                        "UPDATE sessions SET last_seq = last_seq + $2, last_activity = $3 \
+                     WHERE id = $1 AND last_seq = $4 RETURNING last_seq",
+                    )
+                    .bind(&key)
+                    .bind(count)
+                    .bind(to_db(now))
+                    .bind(to_db(expected))
+                    .fetch_optional(&mut *tx)
+                    .await?
+                }
+                None => {
+                    sqlx::query(
+                        "UPDATE sessions SET last_seq = last_seq + $2, last_activity = $3 \
+                     WHERE id = $1 RETURNING last_seq",
+                    )
+                    .bind(&key)
+                    .bind(count)
+                    .bind(to_db(now))
+                    .fetch_optional(&mut *tx)
+                    .await?
+                }
+            };
+            let Some(row) = row else {
+                let current = sqlx::query("SELECT last_seq FROM sessions WHERE id = $1")
+                    .bind(&key)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                return Err(match current {
+                    None => not_found(session),
+                    Some(row) => StoreError::Conflict(format!(
+                        "session {session} is at seq {}, not the expected {}",
+                        row.int("last_seq")?,
+                        expected_last_seq.unwrap_or_default()
+                    )),
+                });
+            };
+            let last = row.int("last_seq")?;
+            let first = last - count + 1;
+            for ((seq, event), payload) in (first..).zip(events).zip(&payloads) {
+                sqlx::query(
+                    "INSERT INTO events (session_id, seq, kind, payload, created_at) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(&key)
+                .bind(seq)
+                .bind(&event.kind)
+                .bind(payload)
+                .bind(to_db(now))
+                .execute(&mut *tx)
+                .await?;
+            }
+            last
+        });
+        let first = from_db(last) + 1 - events.len() as u64;
+        Ok((first..)
+            .zip(events)
+            .map(|(seq, event)| StoredEvent {
+                session_id: session,
+                seq,
+                kind: event.kind.clone(),
+                payload: event.payload.clone(),
+                created_at: now,
+            })
+            .collect())
+    }
+
+    /// The session's events with `seq > after`, in order, at most `limit`.
+    ///
+    /// For a fork this includes the history it references: its ancestors' events up to the fork
+    /// points, each reported under the session it is stored in; the numbering is continuous (a
+    /// fork at 7 continues at 8). An unknown session is [`StoreError::NotFound`].
+    pub async fn events(
+        &self,
+        session: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let key = session.to_string();
+        let after = to_db(after);
+        in_read_tx!(self, |tx, d| {
+            // The session and its ancestors, the session first.
+            let chain = sqlx::query(
+                "WITH RECURSIVE chain (id, parent_id, parent_seq, depth) AS ( \
+                   SELECT id, parent_id, parent_seq, 0 FROM sessions WHERE id = $1 \
+                   UNION ALL \
+                   SELECT s.id, s.parent_id, s.parent_seq, c.depth + 1 \
+                   FROM sessions s JOIN chain c ON s.id = c.parent_id WHERE c.depth < 100000 \
+                 ) SELECT id, parent_seq FROM chain ORDER BY depth",
+            )
+            .bind(&key)
+            .fetch_all(&mut *tx)
+            .await?;
+            if chain.is_empty() {
+                return Err(not_found(session));
+            }
+            // Each session contributes the events in (its fork point, the lowest fork point
+            // below it]: a fork of a fork at a lower seq cuts its grandparent's part short.
+            let mut segments = Vec::with_capacity(chain.len());
+            let mut cap = i64::MAX;
+            for link in &chain {
+                let id = link.text("id")?;
+                let from = link.opt_int("parent_seq")?.unwrap_or(0);
+                if from < cap {
+                    segments.push((id, from, cap));
+                }
+                cap = cap.min(from);
+            }
+            let mut out = Vec::new();
+            for (id, from, to) in segments.into_iter().rev() {
+                let remaining = limit.saturating_sub(out.len());
+                if remaining == 0 || to <= after {
+                    continue;
+                }
+                let session_id = parse_session_id(&id)?;
+                let rows = sqlx::query(
+                    "SELECT seq, kind, payload, created_at FROM events \
+                     WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                )
+                .bind(&id)
+                .bind(from.max(after))
+                .bind(to)
+                .bind(to_db(remaining as u64))
+                .fetch_all(&mut *tx)
+                .await?;
+                for row in &rows {
+                    out.push(StoredEvent {
+                        session_id,
+                        seq: from_db(row.int("seq")?),
+                        kind: row.text("kind")?,
+                        payload: from_json_text(&row.text("payload")?)?,
+                        created_at: from_db(row.int("created_at")?),
+                    });
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Creates a session whose history is `source`'s events up to and including `at_seq`,
+    /// referenced rather than copied; its own events continue at `at_seq + 1`. `at_seq` past
+    /// the source's last event is [`StoreError::InvalidInput`].
+    pub async fn fork_session(
+        &self,
+        source: SessionId,
+        at_seq: u64,
+        new: NewSession,
+    ) -> Result<SessionRecord, StoreError> {
+        if let Some(title) = &new.title {
+            validate_title(title)?;
+        }
+        let metadata = to_json_text(&new.metadata)?;
+        let now = now_millis();
+        let source_key = source.to_string();
+        let id = new.id.to_string();
+        in_write_tx!(self, |tx, d| {
+            if let Some(lock) = d.topology_lock_sql() {
+                sqlx::query(lock).execute(&mut *tx).await?;
+            }
+            let last = sqlx::query("SELECT last_seq FROM sessions WHERE id = $1")
+                .bind(&source_key)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or_else(|| not_found(source))?
+                .int("last_seq")?;
+            if to_db(at_seq) > last {
+                return Err(StoreError::InvalidInput(format!(
+                    "cannot fork session {source} at seq {at_seq}: its last event is {last}"
+                )));
+            }
+            sqlx::query(
+                "INSERT INTO sessions (id, title, status, created_at, last_activity, last_seq, \
+                 read_seq, parent_id, parent_seq, expires_at, metadata) \
+                 VALUES ($1, $2, 'idle', $3, $3, $4, $4, $5, $4, $6, $7)",
+            )
+            .bind(&id)
+            .bind(new.title.as_deref())
+            .bind(to_db(now))
+            .bind(to_db(at_seq))
+            .bind(&source_key)
+            .bind(new.expires_at.map(to_db))
+            .bind(&metadata)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| unique_is_conflict(e, || format!("session {id} already exists")))?;
+            Ok::<(), StoreError>(())
+        })?;
+        Ok(SessionRecord {
+            id: new.id,
+            title: new.title,
+            status: "idle".into(),
+            created_at: now,
+            last_activity: now,
+            last_seq: at_seq,
+            read_seq: at_seq,
+            parent: Some((source, at_seq)),
+            expires_at: new.expires_at,
+            metadata: new.metadata,
+        })
+    }
+
+    /// Sessions with an event whose payload contains `query`, newest first: for each, the
+    /// newest matching event and a short snippet around the match.
+    ///
+    /// The match is on the payload's JSON text, so a quote or newline in `query` matches the
+    /// escaped form stored there; `%` and `_` are literal. Case is ignored for ASCII letters on
+    /// both backends (beyond ASCII, PostgreSQL follows the database's locale and SQLite does
+    /// not fold case). An event inherited by a fork is reported under the session that stores
+    /// it. This scans payloads: fine for the sizes one node keeps, not a full-text index.
+    pub async fn search(&self, query: &str, limit: usize) -> Result<Vec<SearchHit>, StoreError> {
+        if query.is_empty() || query.chars().count() > 1000 {
+            return Err(StoreError::InvalidInput(
+                "a search query needs 1 to 1,000 characters".into(),
+            ));
+        }
+        // The payload is stored as JSON text: look for the query as JSON would spell it.
+        let needle = json_string_body(query)?;
+        let pattern = format!("%{}%", escape_like(&needle));
+        with_reader!(self, |pool, d| {
+            let rows = sqlx::query(d.search_sql())
+                .bind(&pattern)
+                .bind(to_db(limit as u64))
+                .fetch_all(pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(SearchHit {
+                        session_id: parse_session_id(&row.text("session_id")?)?,
+                        seq: from_db(row.int("seq")?),
+                        snippet: snippet(&row.text("payload")?, &needle),
+                        created_at: from_db(row.int("created_at")?),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Deletes sessions whose expiry has passed and, with `older_than`, sessions whose last
+    /// activity is older than that; sessions with status `running` are kept either way (the
+    /// engine sets another status when a run stops). Forks of deleted sessions keep their
+    /// history, as with [`Store::delete_session`]. Returns how many were deleted.
+    pub async fn prune(&self, older_than: Option<Duration>) -> Result<u64, StoreError> {
+        let now = now_millis();
+        let idle_before = match older_than {
+            Some(age) => {
+                to_db(now.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)))
+            }
+            None => i64::MIN,
+        };
+        let candidates = with_reader!(self, |pool, d| {
+            // Newest first, so forks go before their parents and nothing is copied needlessly.
+            sqlx::query(
+                "SELECT id FROM sessions WHERE status <> 'running' AND \
+                 ((expires_at IS NOT NULL AND expires_at <= $1) OR last_activity < $2) \
+                 ORDER BY created_at DESC, id DESC",
+            )
+            .bind(to_db(now))
+            .bind(idle_before)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| parse_session_id(&row.text("id")?))
+            .collect::<Result<Vec<_>, StoreError>>()?
+        });
+        let mut deleted = 0;
+        for id in candidates {
+            if self.delete_session(id).await? {
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, "pruned sessions");
+        }
+        Ok(deleted)
+    }
+
+    /// Bytes of event payload stored under the session (its own events; what a fork references
+    /// counts for the session that stores it).
+    pub async fn stored_bytes(&self, session: SessionId) -> Result<u64, StoreError> {
+        let key = session.to_string();
+        let (found, bytes) = with_reader!(self, |pool, d| {
+            let row = sqlx::query(d.stored_bytes_sql())
+                .bind(&key)
+                .fetch_one(pool)
+                .await?;
+            (row.int("found")?, row.int("bytes")?)
+        });
+        if found == 0 {
+            return Err(not_found(session));
+        }
+        Ok(from_db(bytes))
+    }
+}
+
+fn session_from_row(row: &impl RowExt) -> Result<SessionRecord, StoreError> {
+    let parent = match (row.opt_text("parent_id")?, row.opt_int("parent_seq")?) {
+        (Some(id), Some(seq)) => Some((parse_session_id(&id)?, from_db(seq))),
+        _ => None,
+    };
+    Ok(SessionRecord {
+        id: parse_session_id(&row.text("id")?)?,
+        title: row.opt_text("title")?,
+        status: row.text("status")?,
+        created_at: from_db(row.int("created_at")?),
+        last_activity: from_db(row.int("last_activity")?),
+        last_seq: from_db(row.int("last_seq")?),
+        read_seq: from_db(row.int("read_seq")?),
+        parent,
+        expires_at: row.opt_int("expires_at")?.map(from_db),
+        metadata: from_json_text(&row.text("metadata")?)?,
+    })
+}
+
+fn parse_session_id(text: &str) -> Result<SessionId, StoreError> {
+    SessionId::parse(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn not_found(id: SessionId) -> StoreError {
+    StoreError::NotFound(format!("session {id}"))
+}
+
+fn validate_title(title: &str) -> Result<(), StoreError> {
+    if title.chars().count() > 1000 {
+        return Err(StoreError::InvalidInput(
+            "a session title has at most 1,000 characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A unique-constraint violation as [`StoreError::Conflict`]; anything else as it is.
+pub(crate) fn unique_is_conflict(
+    error: sqlx::Error,
+    message: impl FnOnce() -> String,
+) -> StoreError {
+    match &error {
+        sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict(message()),
+        _ => StoreError::Database(error),
+    }
+}
+
+pub(crate) fn to_json_text(value: &serde_json::Value) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::InvalidInput(format!("value does not serialise as JSON: {e}")))
+}
+
+pub(crate) fn from_json_text(text: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("stored JSON: {e}")))
+}
+
+/// `value` as the inside of a JSON string literal (quotes, backslashes and control characters
+/// escaped, as serde_json writes them).
+fn json_string_body(value: &str) -> Result<String, StoreError> {
+    let quoted = serde_json::to_string(value)
+        .map_err(|e| StoreError::InvalidInput(format!("search query: {e}")))?;
+    Ok(quoted[1..quoted.len() - 1].to_owned())
+}
+
+/// Escapes LIKE's wildcards (and the escape character itself) with `\`.
+fn escape_like(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// About 40 bytes either side of the first (ASCII case-insensitive) match of `needle`.
+fn snippet(text: &str, needle: &str) -> String {
+    const CONTEXT: usize = 40;
+    let found = text
+        .to_ascii_lowercase()
+        .find(&needle.to_ascii_lowercase())
+        .map(|at| (at, at + needle.len()));
+    let (at, end) = found.unwrap_or((0, 0));
+    let start = text.floor_char_boundary(at.saturating_sub(CONTEXT));
+    let stop = text.ceil_char_boundary((end + CONTEXT).min(text.len()));
+    let mut out = String::new();
+    if start > 0 {
+        out.push('…');
+    }
+    out.push_str(&text[start..stop]);
+    if stop < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_escaping_and_json_spelling() {
+        assert_eq!(escape_like(r"50%_a\b"), r"50\%\_a\\b");
+        assert_eq!(json_string_body("say \"hi\"\n").unwrap(), r#"say \"hi\"\n"#);
+    }
+
+    #[test]
+    fn snippets_cut_on_char_boundaries() {
+        let text = format!("{}needle{}", "é".repeat(50), "ü".repeat(50));
+        let cut = snippet(&text, "NEEDLE");
+        assert!(cut.starts_with('…') && cut.ends_with('…'));
+        assert!(cut.contains("needle"));
+        assert_eq!(snippet("short needle here", "needle"), "short needle here");
+    }
+}

@@ -1,0 +1,93 @@
+//! Concurrent appends: gap-free numbering for one session, independence across many.
+
+use std::collections::BTreeSet;
+
+use agentry_store::NewEvent;
+use serde_json::json;
+
+use super::support::{Harness, both_backends, new_session};
+
+both_backends!(
+    fifty_appenders_to_one_session_leave_no_gaps,
+    two_hundred_sessions_append_concurrently,
+);
+
+async fn fifty_appenders_to_one_session_leave_no_gaps(h: &Harness) {
+    let id = new_session(&h.store, "contended").await;
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut expected_total = 0u64;
+    for task in 0..50u64 {
+        let count = task % 3 + 1;
+        expected_total += count;
+        let store = h.store.clone();
+        tasks.spawn(async move {
+            let events: Vec<NewEvent> = (0..count)
+                .map(|i| NewEvent::new("note", json!({"task": task, "i": i})))
+                .collect();
+            let stored = store.append(id, None, &events).await.unwrap();
+            (task, stored)
+        });
+    }
+    let mut seen = BTreeSet::new();
+    let mut by_seq = std::collections::BTreeMap::new();
+    while let Some(result) = tasks.join_next().await {
+        let (task, stored) = result.unwrap();
+        assert_eq!(stored.len() as u64, task % 3 + 1);
+        // One append's events are consecutive.
+        for pair in stored.windows(2) {
+            assert_eq!(pair[1].seq, pair[0].seq + 1);
+        }
+        for event in stored {
+            assert!(seen.insert(event.seq), "seq {} handed out twice", event.seq);
+            by_seq.insert(event.seq, event.payload);
+        }
+    }
+    assert_eq!(seen, (1..=expected_total).collect::<BTreeSet<_>>());
+
+    let log = h.store.events(id, 0, 1000).await.unwrap();
+    assert_eq!(
+        log.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=expected_total).collect::<Vec<_>>()
+    );
+    for event in &log {
+        assert_eq!(by_seq[&event.seq], event.payload, "seq {}", event.seq);
+    }
+    assert_eq!(
+        h.store.session(id).await.unwrap().unwrap().last_seq,
+        expected_total
+    );
+}
+
+async fn two_hundred_sessions_append_concurrently(h: &Harness) {
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        ids.push(new_session(&h.store, &format!("s{i}")).await);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, id) in ids.iter().copied().enumerate() {
+        let store = h.store.clone();
+        tasks.spawn(async move {
+            for round in 0..3u64 {
+                let events = [
+                    NewEvent::new("note", json!({"session": i, "round": round, "part": 0})),
+                    NewEvent::new("note", json!({"session": i, "round": round, "part": 1})),
+                ];
+                let stored = store.append(id, Some(round * 2), &events).await.unwrap();
+                assert_eq!(stored[0].seq, round * 2 + 1);
+            }
+        });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap();
+    }
+    for (i, id) in ids.iter().copied().enumerate() {
+        let log = h.store.events(id, 0, 100).await.unwrap();
+        assert_eq!(
+            log.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5, 6]
+        );
+        assert!(log.iter().all(|e| e.payload["session"] == i));
+        assert_eq!(log[5].payload, json!({"session": i, "round": 2, "part": 1}));
+    }
+    assert_eq!(h.event_rows().await, 1200);
+}

@@ -1,0 +1,131 @@
+//! Configuration documents per kind.
+
+use agentry_store::{ConfigKind, StoreError};
+use serde_json::json;
+
+use super::support::{Harness, both_backends};
+
+both_backends!(config_is_kept_per_kind, config_names_are_validated);
+
+async fn config_is_kept_per_kind(h: &Harness) {
+    let store = &h.store;
+    let model = json!({"provider": "openai", "model": "gpt-4.1", "params": {"temperature": 0.2}});
+    let tool = json!({"type": "http", "url": "http://127.0.0.1:9/x"});
+    store
+        .put_config(ConfigKind::Model, "main", &model)
+        .await
+        .unwrap();
+    store
+        .put_config(ConfigKind::Tool, "main", &tool)
+        .await
+        .unwrap();
+    store
+        .put_config(ConfigKind::Model, "a.small-1_b", &json!({"model": "tiny"}))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        store.config(ConfigKind::Model, "main").await.unwrap(),
+        Some(model.clone())
+    );
+    assert_eq!(
+        store.config(ConfigKind::Tool, "main").await.unwrap(),
+        Some(tool)
+    );
+    assert_eq!(store.config(ConfigKind::Skill, "main").await.unwrap(), None);
+
+    let models = store.list_config(ConfigKind::Model).await.unwrap();
+    assert_eq!(
+        models.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["a.small-1_b", "main"]
+    );
+    assert_eq!(models[1].1, model);
+    assert!(
+        store
+            .list_config(ConfigKind::Agent)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Upsert replaces.
+    let replaced = json!({"provider": "anthropic"});
+    store
+        .put_config(ConfigKind::Model, "main", &replaced)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.config(ConfigKind::Model, "main").await.unwrap(),
+        Some(replaced)
+    );
+    assert_eq!(store.list_config(ConfigKind::Model).await.unwrap().len(), 2);
+
+    for kind in ConfigKind::ALL {
+        store
+            .put_config(kind, "every", &json!({"kind": kind}))
+            .await
+            .unwrap();
+    }
+    for kind in ConfigKind::ALL {
+        assert_eq!(
+            store.config(kind, "every").await.unwrap(),
+            Some(json!({"kind": kind.as_str()}))
+        );
+    }
+
+    assert!(
+        store
+            .delete_config(ConfigKind::Model, "main")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .delete_config(ConfigKind::Model, "main")
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.config(ConfigKind::Model, "main").await.unwrap(), None);
+    assert!(
+        store
+            .config(ConfigKind::Tool, "main")
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+async fn config_names_are_validated(h: &Harness) {
+    let store = &h.store;
+    let long = "n".repeat(65);
+    for bad in [
+        "",
+        "a/b",
+        "../etc",
+        "with space",
+        "ünïcode",
+        "semi;colon",
+        long.as_str(),
+    ] {
+        assert!(
+            matches!(
+                store.put_config(ConfigKind::Tool, bad, &json!({})).await,
+                Err(StoreError::InvalidInput(_))
+            ),
+            "{bad:?}"
+        );
+        assert!(matches!(
+            store.config(ConfigKind::Tool, bad).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            store.delete_config(ConfigKind::Tool, bad).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+    store
+        .put_config(ConfigKind::Tool, &"n".repeat(64), &json!(null))
+        .await
+        .unwrap();
+    assert_eq!(store.list_config(ConfigKind::Tool).await.unwrap().len(), 1);
+}

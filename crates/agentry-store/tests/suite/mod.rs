@@ -1,0 +1,11 @@
+mod concurrency;
+mod config;
+mod events;
+mod forks;
+mod invalid;
+mod open;
+mod prune;
+mod search;
+mod secrets;
+mod sessions;
+mod support;

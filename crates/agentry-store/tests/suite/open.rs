@@ -1,0 +1,108 @@
+//! Opening a store: migrations, URLs, the home folder.
+
+use agentry_store::{
+    Backend, NewSession, SCHEMA_VERSION, SecretKey, Store, StoreError, StoreOptions,
+};
+
+use super::support::{Harness, both_backends, new_session};
+
+both_backends!(
+    migrations_apply_once_and_reopen_is_idempotent,
+    newer_schema_is_refused
+);
+
+async fn migrations_apply_once_and_reopen_is_idempotent(h: &Harness) {
+    assert_eq!(h.store.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let rows = h.raw_int("SELECT COUNT(*) FROM agentry_migrations").await;
+    assert_eq!(rows, i64::from(SCHEMA_VERSION));
+    let id = new_session(&h.store, "kept").await;
+
+    for _ in 0..2 {
+        let again = h.reopen().await.unwrap();
+        assert_eq!(again.schema_version().await.unwrap(), SCHEMA_VERSION);
+        assert_eq!(
+            again.session(id).await.unwrap().unwrap().title.as_deref(),
+            Some("kept")
+        );
+        again.close().await;
+    }
+    let rows = h.raw_int("SELECT COUNT(*) FROM agentry_migrations").await;
+    assert_eq!(rows, i64::from(SCHEMA_VERSION), "reopening applied nothing");
+}
+
+async fn newer_schema_is_refused(h: &Harness) {
+    h.raw_exec("INSERT INTO agentry_migrations (version, applied_at) VALUES (999, 0)")
+        .await;
+    match h.reopen().await {
+        Err(StoreError::Migration(message)) => {
+            assert!(message.contains("999"), "{message}");
+            assert!(message.contains("newer"), "{message}");
+        }
+        other => panic!("expected a migration error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn urls_pick_the_backend_and_refuse_what_cannot_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = || StoreOptions::new(SecretKey::from_bytes([1; 32]));
+
+    let plain = dir.path().join("plain.db");
+    let store = Store::connect(plain.to_str().unwrap(), key())
+        .await
+        .unwrap();
+    assert_eq!(store.backend(), Backend::Sqlite);
+    store.close().await;
+    assert!(plain.exists());
+
+    let url = format!("sqlite:{}", dir.path().join("url.db").display());
+    let store = Store::connect(&url, key()).await.unwrap();
+    assert_eq!(store.backend(), Backend::Sqlite);
+    store.close().await;
+
+    for bad in [
+        "sqlite::memory:",
+        "mysql://localhost/db",
+        "",
+        "postgres://host:notaport/db",
+    ] {
+        assert!(
+            matches!(
+                Store::connect(bad, key()).await,
+                Err(StoreError::InvalidInput(_))
+            ),
+            "{bad:?} should be refused"
+        );
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn open_home_creates_a_private_folder_and_keeps_its_key() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("nested").join("home");
+    let store = Store::open_home(&home).await.unwrap();
+    assert_eq!(store.backend(), Backend::Sqlite);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&home), 0o700);
+    assert_eq!(mode(&home.join("secret.key")), 0o600);
+    assert!(home.join("agentry.db").exists());
+
+    store
+        .put_secret("openai", "sk-test-0123456789abcd")
+        .await
+        .unwrap();
+    let id = store.create_session(NewSession::new()).await.unwrap().id;
+    store.close().await;
+
+    // Reopened, the same key opens the secret.
+    let store = Store::open_home(&home).await.unwrap();
+    assert_eq!(
+        store.reveal_secret("openai").await.unwrap().as_deref(),
+        Some("sk-test-0123456789abcd")
+    );
+    assert!(store.session(id).await.unwrap().is_some());
+    store.close().await;
+}

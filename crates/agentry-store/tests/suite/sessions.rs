@@ -1,0 +1,171 @@
+//! Sessions: create, read, list, title, status, read state, expiry, delete.
+
+use std::time::Duration;
+
+use agentry_store::{NewSession, SessionId, SessionQuery, StoreError};
+use serde_json::json;
+
+use super::support::{Harness, append_notes, both_backends, new_session, now_ms, text_event};
+
+both_backends!(
+    sessions_are_created_listed_and_filtered,
+    titles_statuses_and_expiry_are_updated,
+    read_state_follows_mark_read,
+    deleting_a_session_removes_its_events,
+);
+
+async fn pause() {
+    // Activity times are in milliseconds: keep the order unambiguous.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+}
+
+async fn sessions_are_created_listed_and_filtered(h: &Harness) {
+    let store = &h.store;
+    let before = now_ms();
+    let mut new = NewSession::new();
+    new.title = Some("first".into());
+    new.metadata = json!({"agent": "coder", "tags": ["a", "b"]});
+    let first = store.create_session(new.clone()).await.unwrap();
+    assert_eq!(first.id, new.id);
+    assert_eq!(first.status, "idle");
+    assert_eq!((first.last_seq, first.read_seq), (0, 0));
+    assert!(first.created_at >= before && first.last_activity == first.created_at);
+    assert_eq!(store.session(first.id).await.unwrap().unwrap(), first);
+    assert!(matches!(
+        store.create_session(new).await,
+        Err(StoreError::Conflict(_))
+    ));
+
+    pause().await;
+    let second = new_session(store, "second").await;
+    pause().await;
+    let third = new_session(store, "third").await;
+    pause().await;
+    append_notes(store, first.id, 1, 1).await; // the first is now the most recent
+
+    let all = store.list_sessions(&SessionQuery::default()).await.unwrap();
+    let order: Vec<SessionId> = all.iter().map(|s| s.id).collect();
+    assert_eq!(order, [first.id, third, second]);
+    assert_eq!(
+        all[0].metadata,
+        json!({"agent": "coder", "tags": ["a", "b"]})
+    );
+
+    store.set_status(second, "running").await.unwrap();
+    let running = store
+        .list_sessions(&SessionQuery {
+            status: Some("running".into()),
+            ..SessionQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(running.iter().map(|s| s.id).collect::<Vec<_>>(), [second]);
+
+    let page = store
+        .list_sessions(&SessionQuery {
+            status: None,
+            limit: 1,
+            offset: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.iter().map(|s| s.id).collect::<Vec<_>>(), [third]);
+    assert!(store.session(SessionId::new()).await.unwrap().is_none());
+}
+
+async fn titles_statuses_and_expiry_are_updated(h: &Harness) {
+    let store = &h.store;
+    let id = new_session(store, "old title").await;
+    store.set_title(id, "new title ✓").await.unwrap();
+    store.set_status(id, "interrupted").await.unwrap();
+    let expires = now_ms() + 60_000;
+    store.set_expiry(id, Some(expires)).await.unwrap();
+    let record = store.session(id).await.unwrap().unwrap();
+    assert_eq!(record.title.as_deref(), Some("new title ✓"));
+    assert_eq!(record.status, "interrupted");
+    assert_eq!(record.expires_at, Some(expires));
+    store.set_expiry(id, None).await.unwrap();
+    assert_eq!(store.session(id).await.unwrap().unwrap().expires_at, None);
+
+    for bad in ["Running", "", "run-ning", "idle ", &"a".repeat(33)] {
+        assert!(
+            matches!(
+                store.set_status(id, bad).await,
+                Err(StoreError::InvalidInput(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    store.set_status(id, &"a".repeat(32)).await.unwrap();
+    assert!(matches!(
+        store.set_title(id, &"t".repeat(1001)).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    let unknown = SessionId::new();
+    assert!(matches!(
+        store.set_status(unknown, "idle").await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        store.set_title(unknown, "x").await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        store.set_expiry(unknown, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+async fn read_state_follows_mark_read(h: &Harness) {
+    let store = &h.store;
+    let id = new_session(store, "inbox").await;
+    assert!(!store.session(id).await.unwrap().unwrap().unread());
+    store
+        .append(
+            id,
+            None,
+            &[text_event("note", "a"), text_event("note", "b")],
+        )
+        .await
+        .unwrap();
+    assert!(store.session(id).await.unwrap().unwrap().unread());
+    store.mark_read(id, 2).await.unwrap();
+    let record = store.session(id).await.unwrap().unwrap();
+    assert_eq!(record.read_seq, 2);
+    assert!(!record.unread());
+    assert!(matches!(
+        store.mark_read(id, 3).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    store.mark_read(id, 1).await.unwrap();
+    assert!(store.session(id).await.unwrap().unwrap().unread());
+    assert!(matches!(
+        store.mark_read(SessionId::new(), 0).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+async fn deleting_a_session_removes_its_events(h: &Harness) {
+    let store = &h.store;
+    let keep = new_session(store, "keep").await;
+    let gone = new_session(store, "gone").await;
+    append_notes(store, keep, 1, 2).await;
+    append_notes(store, gone, 1, 3).await;
+    assert_eq!(h.event_rows().await, 5);
+
+    assert!(store.delete_session(gone).await.unwrap());
+    assert_eq!(h.event_rows().await, 2);
+    assert!(store.session(gone).await.unwrap().is_none());
+    assert!(matches!(
+        store.events(gone, 0, 10).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        store
+            .append(gone, None, &[text_event("note", "late")])
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(!store.delete_session(gone).await.unwrap());
+    assert_eq!(store.events(keep, 0, 10).await.unwrap().len(), 2);
+}

@@ -1,0 +1,205 @@
+//! The model, tools and guards a command runs with: flags, saved in a session's metadata so
+//! `sessions resume` and `chat --session` run it again the same way.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use agentry_core::skill::Skill;
+use agentry_core::tool::{EnvSecrets, SecretResolver, builtin, builtin_tools, load_definitions};
+use agentry_core::{RunLimits, Runtime};
+use agentry_llm::{
+    GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
+};
+
+/// The key of the profile in a session's metadata.
+pub(crate) const METADATA_KEY: &str = "cli_profile";
+
+/// Which model to call, with which tools and guards. Flags left out fall back to the profile
+/// saved with a session (when continuing one), then to defaults.
+#[derive(Debug, Clone, Default, PartialEq, Args, Serialize, Deserialize)]
+pub(crate) struct Profile {
+    /// The provider protocol: openai (and compatible servers), anthropic or ollama [default: openai].
+    #[arg(long, value_parser = parse_protocol)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    provider: Option<Protocol>,
+    /// Base URL of the API (default: the provider's public endpoint; Ollama: localhost:11434).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base_url: Option<String>,
+    /// The model's name at the provider.
+    #[arg(long = "model-name", alias = "model")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model_name: Option<String>,
+    /// Environment variable holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY;
+    /// none for Ollama). The key itself is never saved.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    api_key_env: Option<String>,
+    /// Upper bound on generated tokens per model call.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    /// Sampling temperature.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    /// Enable extended thinking with this token budget (Anthropic; Ollama turns `think` on).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    thinking_budget: Option<u32>,
+    /// A system prompt (a session keeps the one it started with).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) system: Option<String>,
+    /// Offer a built-in tool to the model (repeatable), e.g. `--tool current_time`.
+    #[arg(long = "tool", value_name = "NAME")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<String>,
+    /// Offer the tools defined in this JSON file: an array of `{"kind": "http" | "command", …}`
+    /// definitions (secret headers are read from the environment variable they name; command
+    /// tools run unsandboxed).
+    #[arg(long, value_name = "FILE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tools_file: Option<PathBuf>,
+    /// Offer the skill in this folder (a SKILL.md with name and description; repeatable).
+    #[arg(long = "skill", value_name = "DIR")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    skills: Vec<PathBuf>,
+    /// Stop after this many tool rounds [default: 25].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_rounds: Option<u32>,
+    /// Give up after this many seconds in total [default: 600].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeout_secs: Option<u64>,
+}
+
+fn parse_protocol(value: &str) -> Result<Protocol, String> {
+    value.parse().map_err(|error: LlmError| error.to_string())
+}
+
+impl Profile {
+    /// These flags over a saved profile: every flag given wins.
+    pub(crate) fn over(self, saved: Profile) -> Profile {
+        Profile {
+            provider: self.provider.or(saved.provider),
+            base_url: self.base_url.or(saved.base_url),
+            model_name: self.model_name.or(saved.model_name),
+            api_key_env: self.api_key_env.or(saved.api_key_env),
+            max_tokens: self.max_tokens.or(saved.max_tokens),
+            temperature: self.temperature.or(saved.temperature),
+            thinking_budget: self.thinking_budget.or(saved.thinking_budget),
+            system: self.system.or(saved.system),
+            tools: if self.tools.is_empty() {
+                saved.tools
+            } else {
+                self.tools
+            },
+            tools_file: self.tools_file.or(saved.tools_file),
+            skills: if self.skills.is_empty() {
+                saved.skills
+            } else {
+                self.skills
+            },
+            max_rounds: self.max_rounds.or(saved.max_rounds),
+            timeout_secs: self.timeout_secs.or(saved.timeout_secs),
+        }
+    }
+
+    /// The profile as saved with a session: paths made absolute so it works from anywhere.
+    pub(crate) fn to_saved(&self) -> serde_json::Value {
+        let mut saved = self.clone();
+        let absolute = |path: &PathBuf| path.canonicalize().unwrap_or_else(|_| path.clone());
+        saved.tools_file = saved.tools_file.as_ref().map(absolute);
+        saved.skills = saved.skills.iter().map(absolute).collect();
+        serde_json::to_value(saved).unwrap_or_default()
+    }
+
+    /// The profile saved in session metadata, if any.
+    pub(crate) fn from_metadata(metadata: &serde_json::Value) -> Profile {
+        metadata
+            .get(METADATA_KEY)
+            .and_then(|value| serde_json::from_value(value.clone()).ok())
+            .unwrap_or_default()
+    }
+
+    fn client(&self) -> anyhow::Result<HttpModelClient> {
+        let provider = self.provider.unwrap_or(Protocol::OpenAi);
+        let model_name = self
+            .model_name
+            .as_deref()
+            .context("no model: give --model-name (and --provider)")?;
+        let mut config = ProviderConfig::new(provider, model_name);
+        if let Some(base_url) = &self.base_url {
+            config = config.with_base_url(base_url);
+        }
+        let key_var = self
+            .api_key_env
+            .as_deref()
+            .or(provider.default_api_key_env());
+        if let Some(var) = key_var {
+            match std::env::var(var) {
+                Ok(key) if !key.trim().is_empty() => config = config.with_api_key(key.trim()),
+                // A key named explicitly must exist; the default may be absent (local servers).
+                _ if self.api_key_env.is_some() => {
+                    anyhow::bail!("the environment variable {var} (from --api-key-env) is not set")
+                }
+                _ => {}
+            }
+        }
+        HttpModelClient::new(config).context("invalid model configuration")
+    }
+
+    pub(crate) fn params(&self) -> GenerationParams {
+        GenerationParams {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            thinking: self.thinking_budget.map(|budget| ThinkingConfig {
+                budget_tokens: Some(budget),
+                effort: None,
+            }),
+            ..GenerationParams::default()
+        }
+    }
+
+    /// A runtime with the model registered as `default` and the chosen tools and skills.
+    pub(crate) fn runtime(&self) -> anyhow::Result<Runtime> {
+        let mut builder = Runtime::builder();
+        builder.model("default", self.client()?);
+        for name in &self.tools {
+            let tool = builtin(name).with_context(|| {
+                let known: Vec<String> = builtin_tools()
+                    .iter()
+                    .map(|t| t.spec().name.clone())
+                    .collect();
+                format!(
+                    "no built-in tool is named {name:?} (built-ins: {})",
+                    known.join(", ")
+                )
+            })?;
+            builder.tool_arc(Arc::clone(&tool))?;
+        }
+        if let Some(path) = &self.tools_file {
+            let http = agentry_llm::http_client(Duration::from_secs(10))?;
+            let secrets: Arc<dyn SecretResolver> = Arc::new(EnvSecrets);
+            for definition in load_definitions(path)? {
+                builder.tool_arc(definition.build(&http, Arc::clone(&secrets))?)?;
+            }
+        }
+        for dir in &self.skills {
+            builder.skill(Skill::load(dir)?)?;
+        }
+        builder.limits(RunLimits {
+            max_tool_rounds: self.max_rounds.unwrap_or(25),
+            deadline: Some(Duration::from_secs(self.timeout_secs.unwrap_or(600))),
+            ..RunLimits::default()
+        });
+        Ok(builder.build())
+    }
+}

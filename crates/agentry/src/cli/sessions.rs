@@ -1,0 +1,332 @@
+//! `agentry sessions …`: list, show, resume, fork, title, search, remove and prune sessions.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use agentry_core::session::{SessionManager, replay};
+use agentry_llm::CancellationToken;
+use agentry_store::{NewSession, SessionQuery, Store};
+use agentry_types::{AssistantPart, ContentPart, Message, SessionEvent, SessionId};
+
+use super::data::DataArgs;
+use super::profile::{METADATA_KEY, Profile};
+use super::run::print_run;
+use crate::store_log::StoreLog;
+
+#[derive(Debug, Args)]
+pub(crate) struct SessionsArgs {
+    #[command(subcommand)]
+    command: SessionsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionsCommand {
+    /// List sessions, most recently active first.
+    List {
+        /// Only sessions with this status (idle, running, interrupted, failed).
+        #[arg(long)]
+        status: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a session's conversation (marks it read).
+    Show {
+        /// The session.
+        id: SessionId,
+        /// Print the raw event log, one JSON object per line.
+        #[arg(long)]
+        events: bool,
+    },
+    /// Continue the run that was in flight when the process stopped.
+    Resume {
+        /// The session.
+        id: SessionId,
+        #[command(flatten)]
+        profile: Profile,
+        /// One JSON object per line for every event.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a new session from any point of another (time travel); the history is shared, not
+    /// copied.
+    Fork {
+        /// The session to fork.
+        id: SessionId,
+        /// The last event to keep (default: all of them).
+        #[arg(long)]
+        at: Option<u64>,
+    },
+    /// Give a session a title: the one given, or one the model writes.
+    Title {
+        /// The session.
+        id: SessionId,
+        /// The title (omit to have the model write one).
+        title: Option<String>,
+        #[command(flatten)]
+        profile: Profile,
+    },
+    /// Find sessions whose messages contain TEXT.
+    Search {
+        /// The text.
+        text: String,
+        /// At most this many hits.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Delete a session and its events.
+    Rm {
+        /// The session.
+        id: SessionId,
+    },
+    /// Delete expired sessions, and finished ones older than N days.
+    Prune {
+        /// Also delete sessions with no activity for this many days.
+        #[arg(long, value_name = "DAYS")]
+        older_than_days: Option<u64>,
+    },
+}
+
+/// Opens `session` (its saved profile under the given flags), or creates a new one saving them.
+pub(crate) async fn open_session(
+    store: &Store,
+    session: Option<SessionId>,
+    flags: Profile,
+    first_prompt: &str,
+    ttl_days: Option<u64>,
+) -> anyhow::Result<(SessionId, Profile)> {
+    if let Some(id) = session {
+        let record = store
+            .session(id)
+            .await?
+            .with_context(|| format!("no session {id}"))?;
+        let profile = flags.over(Profile::from_metadata(&record.metadata));
+        return Ok((id, profile));
+    }
+    let mut new = NewSession::new();
+    new.title = Some(first_prompt.chars().take(80).collect());
+    new.metadata = json!({ METADATA_KEY: flags.to_saved() });
+    new.expires_at = ttl_days.map(|days| now_ms() + days * 24 * 3600 * 1000);
+    let record = store.create_session(new).await?;
+    Ok((record.id, flags))
+}
+
+/// A session manager over the store, with the profile's model and tools.
+pub(crate) fn session_manager(store: &Store, profile: &Profile) -> anyhow::Result<SessionManager> {
+    Ok(SessionManager::new(
+        profile.runtime()?,
+        Arc::new(StoreLog::new(store.clone())),
+    ))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let store = data.open_store().await?;
+    match args.command {
+        SessionsCommand::List {
+            status,
+            limit,
+            json,
+        } => {
+            let query = SessionQuery {
+                status,
+                limit,
+                offset: 0,
+            };
+            for record in store.list_sessions(&query).await? {
+                if json {
+                    println!(
+                        "{}",
+                        json!({
+                            "id": record.id, "title": record.title, "status": record.status,
+                            "last_activity": record.last_activity, "events": record.last_seq,
+                            "unread": record.unread(), "parent": record.parent.map(|(id, seq)| json!({"id": id, "seq": seq})),
+                        })
+                    );
+                } else {
+                    println!(
+                        "{}  {:<11} {}{:>5} events  {}",
+                        record.id,
+                        record.status,
+                        if record.unread() { "● " } else { "  " },
+                        record.last_seq,
+                        record.title.as_deref().unwrap_or("")
+                    );
+                }
+            }
+        }
+        SessionsCommand::Show { id, events } => {
+            let record = store
+                .session(id)
+                .await?
+                .with_context(|| format!("no session {id}"))?;
+            let log = StoreLog::new(store.clone());
+            let stored = agentry_core::session::SessionLog::load(&log, id).await?;
+            if events {
+                for (seq, event) in &stored {
+                    println!("{}", json!({"seq": seq, "event": event}));
+                }
+            } else {
+                println!(
+                    "{}  {}  {}",
+                    record.id,
+                    record.status,
+                    record.title.as_deref().unwrap_or("")
+                );
+                for message in replay(&stored).messages {
+                    println!("{}", describe(&message));
+                }
+            }
+            store.mark_read(id, record.last_seq).await?;
+        }
+        SessionsCommand::Resume { id, profile, json } => {
+            let record = store
+                .session(id)
+                .await?
+                .with_context(|| format!("no session {id}"))?;
+            let profile = profile.over(Profile::from_metadata(&record.metadata));
+            let manager = session_manager(&store, &profile)?;
+            match manager.resume(id).await? {
+                Some(stream) => return print_run(stream, json).await,
+                None => eprintln!("session {id} has no interrupted run to resume"),
+            }
+        }
+        SessionsCommand::Fork { id, at } => {
+            let record = store
+                .session(id)
+                .await?
+                .with_context(|| format!("no session {id}"))?;
+            let mut new = NewSession::new();
+            new.title = record.title.map(|title| format!("{title} (fork)"));
+            new.metadata = record.metadata;
+            let fork = store
+                .fork_session(id, at.unwrap_or(record.last_seq), new)
+                .await?;
+            // A fork taken mid-run must not look like a crashed run to recover.
+            let log = StoreLog::new(store.clone());
+            let events = agentry_core::session::SessionLog::load(&log, fork.id).await?;
+            if replay(&events).in_flight.is_some() {
+                store.set_status(fork.id, "interrupted").await?;
+            }
+            println!("{}", fork.id);
+        }
+        SessionsCommand::Title { id, title, profile } => {
+            let record = store
+                .session(id)
+                .await?
+                .with_context(|| format!("no session {id}"))?;
+            let title = match title {
+                Some(title) => title,
+                None => {
+                    let profile = profile.over(Profile::from_metadata(&record.metadata));
+                    generate_title(&store, id, &profile).await?
+                }
+            };
+            store.set_title(id, &title).await?;
+            println!("{title}");
+        }
+        SessionsCommand::Search { text, limit } => {
+            for hit in store.search(&text, limit).await? {
+                println!("{}  #{:<5} {}", hit.session_id, hit.seq, hit.snippet);
+            }
+        }
+        SessionsCommand::Rm { id } => {
+            if !store.delete_session(id).await? {
+                anyhow::bail!("no session {id}");
+            }
+        }
+        SessionsCommand::Prune { older_than_days } => {
+            let older_than = older_than_days.map(|days| Duration::from_secs(days * 24 * 3600));
+            let removed = store.prune(older_than).await?;
+            println!("removed {removed} session(s)");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line per message, for `sessions show`.
+fn describe(message: &Message) -> String {
+    match message {
+        Message::System { text } => format!("system: {text}"),
+        Message::User { content } => {
+            let text: Vec<String> = content
+                .iter()
+                .map(|part| match part {
+                    ContentPart::Text { text } => text.clone(),
+                    ContentPart::Image { .. } => "[image]".into(),
+                    ContentPart::Audio { .. } => "[audio]".into(),
+                })
+                .collect();
+            format!("user: {}", text.join(" "))
+        }
+        Message::Assistant { content } => {
+            let parts: Vec<String> = content
+                .iter()
+                .map(|part| match part {
+                    AssistantPart::Text { text } => text.clone(),
+                    AssistantPart::Thinking(_) => "[thinking]".into(),
+                    AssistantPart::ToolCall(call) => format!("→ {}({})", call.name, call.arguments),
+                })
+                .collect();
+            format!("assistant: {}", parts.join(" "))
+        }
+        Message::Tool(result) => {
+            let text = result.text_content();
+            let first: String = text
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(120)
+                .collect();
+            format!("tool {}: {first}", result.call_id)
+        }
+    }
+}
+
+/// Asks the model for a short title for the session's start.
+async fn generate_title(store: &Store, id: SessionId, profile: &Profile) -> anyhow::Result<String> {
+    let log = StoreLog::new(store.clone());
+    let events = agentry_core::session::SessionLog::load(&log, id).await?;
+    let excerpt: String = events
+        .iter()
+        .filter_map(|(_, event)| match event {
+            SessionEvent::Message { message, .. } => Some(describe(message)),
+            SessionEvent::AssistantMessage { content, .. } => Some(describe(&Message::Assistant {
+                content: content.clone(),
+            })),
+            _ => None,
+        })
+        .take(4)
+        .collect::<Vec<_>>()
+        .join("\n")
+        .chars()
+        .take(2000)
+        .collect();
+    let runtime = profile.runtime()?;
+    let request = agentry_llm::ModelRequest::new(vec![
+        Message::system(
+            "Write a title of at most six words for this conversation. Answer with the title only.",
+        ),
+        Message::user(excerpt),
+    ]);
+    let model = runtime.model_client("default")?;
+    let response = model.complete(request, CancellationToken::new()).await?;
+    let title = response.text().trim().trim_matches('"').trim().to_owned();
+    anyhow::ensure!(!title.is_empty(), "the model returned an empty title");
+    Ok(title.chars().take(120).collect())
+}
