@@ -33,7 +33,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_enum, default_value = "reject")]
     policy: Policy,
     /// Delete the new session after this many days (`agentry sessions prune`).
-    #[arg(long, value_name = "DAYS")]
+    #[arg(long, value_name = "DAYS", env = "AGENTRY_SESSION_TTL_DAYS")]
     ttl_days: Option<u64>,
 }
 

@@ -56,6 +56,13 @@ enum SessionsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Resume every run that was in flight when a process stopped (after a crash or a reboot).
+    /// Run it once at start-up, while no other agentry process is working on the sessions.
+    Recover {
+        /// One JSON object per line for every event.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a new session from any point of another (time travel); the history is shared, not
     /// copied.
     Fork {
@@ -204,6 +211,26 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 Some(stream) => return print_run(stream, json).await,
                 None => eprintln!("session {id} has no interrupted run to resume"),
             }
+        }
+        SessionsCommand::Recover { json } => {
+            let query = SessionQuery {
+                status: Some("running".into()),
+                limit: usize::MAX,
+                offset: 0,
+            };
+            let mut worst = ExitCode::SUCCESS;
+            for record in store.list_sessions(&query).await? {
+                let profile = Profile::from_metadata(&record.metadata);
+                let manager = session_manager(&store, &profile)?;
+                eprintln!("session: {}", record.id);
+                if let Some(stream) = manager.resume(record.id).await? {
+                    let code = print_run(stream, json).await?;
+                    if code != ExitCode::SUCCESS {
+                        worst = code;
+                    }
+                }
+            }
+            return Ok(worst);
         }
         SessionsCommand::Fork { id, at } => {
             let record = store

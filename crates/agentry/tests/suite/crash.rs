@@ -2,7 +2,8 @@
 //!
 //! Each iteration runs a scripted multi-round task whose tools are real programs: `counter`
 //! (not idempotent) appends its arguments to a file, `reader` (idempotent) only reads. The run
-//! is killed at a random moment; then `agentry sessions resume` continues it until it finishes.
+//! is killed at a random moment; then `agentry sessions recover` or `resume` continues it until
+//! it finishes.
 //! After every iteration: every event committed before the kill is still there, unchanged; no
 //! `counter` call ran twice; and the run finished (or had not started when it was killed).
 
@@ -144,12 +145,16 @@ async fn killed_runs_lose_nothing_and_never_repeat_side_effects() {
         if !finished_before && !before.is_empty() {
             kills_mid_run += 1;
         }
-        // Resume until the run is over (a resume is itself never killed here).
+        // Resume until the run is over (a resume is itself never killed here). Odd iterations
+        // start with start-up recovery of every interrupted session instead.
+        let id = session.to_string();
         for attempt in 0..3 {
-            let output = agentry(home.path(), &["sessions", "resume", &session.to_string()])
-                .output()
-                .await
-                .unwrap();
+            let args: &[&str] = if attempt == 0 && iteration % 2 == 1 {
+                &["sessions", "recover"]
+            } else {
+                &["sessions", "resume", &id]
+            };
+            let output = agentry(home.path(), args).output().await.unwrap();
             let stderr = String::from_utf8_lossy(&output.stderr).to_string();
             assert!(
                 output.status.success() || output.status.code() == Some(3),

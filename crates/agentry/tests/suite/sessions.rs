@@ -209,3 +209,48 @@ async fn bad_session_ids_are_rejected_and_nothing_is_written() {
     }
     assert!(!home.path().join("agentry.db").exists());
 }
+
+#[tokio::test]
+async fn the_model_writes_a_title_and_recover_finishes_interrupted_runs() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Use a sieve.")));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text(
+        "\"Finding prime numbers\"",
+    )));
+    let base = mock.openai_base_url();
+    let run = agentry(
+        home,
+        &[
+            "run",
+            "How do I find primes?",
+            "--provider",
+            "openai",
+            "--base-url",
+            &base,
+            "--model-name",
+            "m",
+        ],
+    )
+    .await;
+    let session = session_of(&run);
+    let titled = agentry(home, &["sessions", "title", &session]).await;
+    assert!(
+        titled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&titled.stderr)
+    );
+    assert_eq!(stdout(&titled).trim(), "Finding prime numbers");
+    let prompt = mock.requests()[1].body.to_string();
+    assert!(
+        prompt.contains("How do I find primes?") && prompt.contains("title"),
+        "{prompt}"
+    );
+    let list = stdout(&agentry(home, &["sessions", "list"]).await);
+    assert!(list.contains("Finding prime numbers"));
+    // Nothing is in flight: recover has nothing to do.
+    let recovered = agentry(home, &["sessions", "recover"]).await;
+    assert!(recovered.status.success());
+    assert!(!String::from_utf8_lossy(&recovered.stderr).contains("session:"));
+}
