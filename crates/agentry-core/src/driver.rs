@@ -69,8 +69,19 @@ impl Journal {
         Self { log, session }
     }
 
-    async fn record(&self, events: Vec<SessionEvent>) -> Result<(), LogError> {
-        self.log.append(self.session, events).await.map(|_| ())
+    /// Appends `events`, then reports each as [`RunEvent::Committed`] with its seq.
+    async fn record(&self, events: Vec<SessionEvent>, sink: &EventSink) -> Result<(), LogError> {
+        let count = events.len() as u64;
+        let last = self.log.append(self.session, events.clone()).await?;
+        let first = last + 1 - count.min(last + 1);
+        for (offset, event) in events.into_iter().enumerate() {
+            sink.send(RunEvent::Committed {
+                seq: first + offset as u64,
+                event,
+            })
+            .await;
+        }
+        Ok(())
     }
 }
 
@@ -86,9 +97,14 @@ fn storage_error(error: &LogError) -> ErrorInfo {
 }
 
 /// Records `events` if the run has a journal; a failure ends the run.
-async fn commit(journal: Option<&Journal>, state: &mut RunState, events: Vec<SessionEvent>) {
+async fn commit(
+    journal: Option<&Journal>,
+    state: &mut RunState,
+    events: Vec<SessionEvent>,
+    sink: &EventSink,
+) {
     if let Some(journal) = journal
-        && let Err(error) = journal.record(events).await
+        && let Err(error) = journal.record(events, sink).await
     {
         tracing::error!(run_id = %state.run_id, "session log write failed: {error}");
         state.fail(storage_error(&error));
@@ -176,7 +192,7 @@ pub async fn drive(
                                 idempotent: tools.get(&call.name).is_some_and(|t| t.idempotent()),
                             }));
                         }
-                        commit(journal.as_ref(), &mut state, records).await;
+                        commit(journal.as_ref(), &mut state, records, &events).await;
                         events
                             .send(RunEvent::AssistantMessage {
                                 round,
@@ -256,7 +272,7 @@ pub async fn drive(
             error: error.clone(),
             note: note.clone(),
         };
-        if let Err(error) = journal.record(vec![end]).await {
+        if let Err(error) = journal.record(vec![end], &events).await {
             // The run is over either way; recovery will see it as unfinished and close it.
             tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}");
         }
@@ -392,7 +408,7 @@ async fn run_tools(
                     duration_ms,
                     working_dir: working_dir.clone(),
                 };
-                if let Err(error) = journal.record(vec![record]).await {
+                if let Err(error) = journal.record(vec![record], &events).await {
                     *lock(&log_failure) = Some(error);
                 }
             }

@@ -104,6 +104,14 @@ pub enum RunEvent {
         /// How long the tool ran, in milliseconds.
         duration_ms: u64,
     },
+    /// A step was committed to the session's log (only for runs in a session). Carries the
+    /// stored event and its seq, so a client can resume a stream exactly after it.
+    Committed {
+        /// The event's seq in the session's log.
+        seq: u64,
+        /// The stored event.
+        event: crate::session::SessionEvent,
+    },
     /// The run ended with an answer (or stopped by a guard).
     RunFinished {
         /// Why it ended.

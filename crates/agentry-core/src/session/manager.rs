@@ -87,7 +87,7 @@ pub struct SessionManager {
 }
 
 struct Inner {
-    runtime: Runtime,
+    runtime: std::sync::RwLock<Runtime>,
     log: Arc<dyn SessionLog>,
     slots: Mutex<HashMap<SessionId, Arc<Slot>>>,
 }
@@ -97,16 +97,30 @@ impl SessionManager {
     pub fn new(runtime: Runtime, log: Arc<dyn SessionLog>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                runtime,
+                runtime: std::sync::RwLock::new(runtime),
                 log,
                 slots: Mutex::new(HashMap::new()),
             }),
         }
     }
 
-    /// The runtime.
-    pub fn runtime(&self) -> &Runtime {
-        &self.inner.runtime
+    /// The runtime new runs use.
+    pub fn runtime(&self) -> Runtime {
+        self.inner
+            .runtime
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the runtime (models, tools, templates changed). Runs in progress keep the one
+    /// they started with.
+    pub fn set_runtime(&self, runtime: Runtime) {
+        *self
+            .inner
+            .runtime
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = runtime;
     }
 
     /// The log.
@@ -151,8 +165,7 @@ impl SessionManager {
         policy: BusyPolicy,
     ) -> Result<RunStream, SessionError> {
         // Reject bad requests (unknown model or tools, template errors) before queueing.
-        self.inner
-            .runtime
+        self.runtime()
             .prepare(request.clone().with_history(vec![Message::user("")]))?;
         let slot = self.slot(session);
         let guard =
@@ -209,7 +222,7 @@ impl SessionManager {
             return state;
         }
         slot.set_active(Some((run_id, cancel.clone())));
-        match self.start(session, request, run_id).await {
+        match self.start(session, request, run_id, &sink).await {
             Ok(state) => self.drive(session, state, sink, cancel).await,
             Err(error) => {
                 let mut state = placeholder(run_id);
@@ -226,6 +239,7 @@ impl SessionManager {
         session: SessionId,
         mut request: RunRequest,
         run_id: RunId,
+        sink: &EventSink,
     ) -> Result<RunState, SessionError> {
         let log = &self.inner.log;
         let events = log.load(session).await?;
@@ -239,7 +253,7 @@ impl SessionManager {
         }
         let history_len = replayed.messages.len();
         request.history = replayed.messages;
-        let mut state = self.inner.runtime.prepare(request)?;
+        let mut state = self.runtime().prepare(request)?;
         state.run_id = run_id;
         let new_messages: Vec<Message> = if history_len == 0 {
             state.messages.clone()
@@ -258,8 +272,16 @@ impl SessionManager {
                 .into_iter()
                 .map(|message| SessionEvent::Message { run_id, message }),
         );
-        log.append(session, records).await?;
+        let last = log.append(session, records.clone()).await?;
         log.set_status(session, SessionStatus::Running).await?;
+        let first = last + 1 - (records.len() as u64).min(last + 1);
+        for (offset, event) in records.into_iter().enumerate() {
+            sink.send(RunEvent::Committed {
+                seq: first + offset as u64,
+                event,
+            })
+            .await;
+        }
         Ok(state)
     }
 
@@ -270,7 +292,8 @@ impl SessionManager {
         sink: EventSink,
         cancel: CancellationToken,
     ) -> RunState {
-        let model = match self.inner.runtime.model(&state.model) {
+        let runtime = self.runtime();
+        let model = match runtime.model(&state.model) {
             Ok(model) => model,
             Err(error) => {
                 let mut state = state;
@@ -280,7 +303,7 @@ impl SessionManager {
             }
         };
         let journal = Journal::new(Arc::clone(&self.inner.log), session);
-        let tools = self.inner.runtime.tools().clone();
+        let tools = runtime.tools().clone();
         let state = drive(state, model, tools, sink, cancel, Some(journal)).await;
         let status = match state.stop_reason() {
             Some(RunStopReason::Error) => SessionStatus::Failed,
@@ -350,7 +373,8 @@ impl SessionManager {
     }
 
     fn resumed_state(&self, in_flight: &InFlight, messages: Vec<Message>) -> RunState {
-        let tools = self.inner.runtime.tools();
+        let runtime = self.runtime();
+        let tools = runtime.tools();
         let specs = in_flight
             .tools
             .iter()

@@ -52,12 +52,20 @@ async fn runs_write_through_the_log_and_later_runs_see_the_history() {
         let session = manager.create_session().await.unwrap();
 
         let request = RunRequest::text("What is item 1?").with_system("Be brief.");
-        let first = manager
+        let mut first = manager
             .send(session, request, BusyPolicy::Reject)
             .await
             .unwrap();
+        // Every committed step is reported with its seq in the log, in order.
+        let mut committed = Vec::new();
+        while let Some(event) = first.next().await {
+            if let RunEvent::Committed { seq, .. } = event {
+                committed.push(seq);
+            }
+        }
         let output = first.finish().await.unwrap();
         assert_eq!(output.text, "It is a teapot.", "{protocol:?}");
+        assert_eq!(committed, (1..=8).collect::<Vec<u64>>());
         let events = log.load(session).await.unwrap();
         assert_eq!(
             kinds(&events),

@@ -81,6 +81,7 @@ impl Printer {
                 eprintln!("agentry: {}: {}", error.code, error.message);
             }
             RunEvent::RunStarted { .. }
+            | RunEvent::Committed { .. }
             | RunEvent::ToolCallDelta { .. }
             | RunEvent::AssistantMessage { .. }
             | RunEvent::Usage { .. } => {}
