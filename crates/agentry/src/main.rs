@@ -4,7 +4,6 @@
 //! interactive form, `agentry sessions` manages what was saved.
 
 mod cli;
-mod store_log;
 
 use std::process::ExitCode;
 

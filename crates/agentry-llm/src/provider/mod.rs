@@ -20,7 +20,11 @@ use crate::error::{LlmError, ProviderError, truncate};
 #[serde(rename_all = "snake_case")]
 pub enum Protocol {
     /// OpenAI chat completions, and the many OpenAI-compatible servers.
-    #[serde(alias = "openai-compatible", alias = "openai_compatible")]
+    #[serde(
+        rename = "openai",
+        alias = "openai-compatible",
+        alias = "openai_compatible"
+    )]
     OpenAi,
     /// Anthropic Messages.
     Anthropic,
@@ -290,6 +294,17 @@ pub(crate) fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn protocols_serialise_by_their_names() {
+        for protocol in [Protocol::OpenAi, Protocol::Anthropic, Protocol::Ollama] {
+            let json = serde_json::to_value(protocol).unwrap();
+            assert_eq!(json, protocol.name());
+            assert_eq!(serde_json::from_value::<Protocol>(json).unwrap(), protocol);
+        }
+        let compatible: Protocol = serde_json::from_str("\"openai-compatible\"").unwrap();
+        assert_eq!(compatible, Protocol::OpenAi);
+    }
 
     #[test]
     fn retry_after_forms() {

@@ -5,6 +5,7 @@ mod data;
 mod output;
 mod profile;
 mod run;
+mod serve;
 mod sessions;
 
 use std::process::ExitCode;
@@ -26,6 +27,8 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the HTTP API (default 127.0.0.1:7988) on the data folder's database.
+    Serve(serve::ServeArgs),
     /// Run one task: the model calls tools until it has an answer. Saved as a session.
     Run(run::RunArgs),
     /// Talk with a model in the terminal (line editing and history; Ctrl-C cancels a turn).
@@ -37,6 +40,7 @@ enum Command {
 /// Runs the chosen command.
 pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Serve(args) => serve::run(args, &cli.data).await,
         Command::Run(args) => run::run(args, &cli.data).await,
         Command::Chat(args) => chat::chat(args, &cli.data).await,
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,

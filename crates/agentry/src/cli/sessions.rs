@@ -16,7 +16,7 @@ use agentry_types::{AssistantPart, ContentPart, Message, SessionEvent, SessionId
 use super::data::DataArgs;
 use super::profile::{METADATA_KEY, Profile};
 use super::run::print_run;
-use crate::store_log::StoreLog;
+use agentry_server::StoreLog;
 
 #[derive(Debug, Args)]
 pub(crate) struct SessionsArgs {

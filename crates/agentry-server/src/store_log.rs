@@ -8,12 +8,13 @@ use futures::future::BoxFuture;
 
 /// The engine's session log, stored in the database.
 #[derive(Clone)]
-pub(crate) struct StoreLog {
+pub struct StoreLog {
     store: Store,
 }
 
 impl StoreLog {
-    pub(crate) fn new(store: Store) -> Self {
+    /// The log over `store`.
+    pub fn new(store: Store) -> Self {
         Self { store }
     }
 }

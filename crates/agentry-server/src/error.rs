@@ -1,0 +1,181 @@
+//! Every error the API returns: JSON `{"error": {"code", "message", "details"}}` with a fitting
+//! status. Bad input is a 4xx with a message a person can act on, never a 500.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use agentry_core::RunError;
+use agentry_core::session::SessionError;
+use agentry_core::template::TemplateError;
+use agentry_core::tool::ToolError;
+use agentry_store::StoreError;
+
+/// An API error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable code (`invalid_request`, `not_found`, `conflict`, …).
+    pub code: &'static str,
+    /// What went wrong, for a person.
+    pub message: String,
+    /// Extra structured detail.
+    pub details: Option<serde_json::Value>,
+}
+
+impl ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    /// 400 `invalid_request`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 409 `conflict`.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    /// 500 `internal`: a bug or a failing dependency, never bad input.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// Adds details.
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some(details) = &self.details {
+            error["details"] = details.clone();
+        }
+        json!({ "error": error })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.code,
+            self.status.as_u16(),
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(code = self.code, "{}", self.message);
+        }
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        let status = match rejection {
+            JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            JsonRejection::BytesRejection(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "request_too_large"
+        } else {
+            "invalid_request"
+        };
+        Self::new(status, code, rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match &error {
+            StoreError::NotFound(_) => Self::not_found(error.to_string()),
+            StoreError::Conflict(_) => Self::conflict(error.to_string()),
+            StoreError::InvalidInput(_) => Self::bad_request(error.to_string()),
+            _ => Self::internal(error.to_string()),
+        }
+    }
+}
+
+impl From<RunError> for ApiError {
+    fn from(error: RunError) -> Self {
+        match &error {
+            RunError::UnknownModel(_) | RunError::NoModel => Self::bad_request(error.to_string()),
+            RunError::EmptyInput => Self::bad_request(error.to_string()),
+            RunError::Template(TemplateError::NotFound(_)) => Self::not_found(error.to_string()),
+            RunError::Template(_) => Self::bad_request(error.to_string()),
+            RunError::Tool(ToolError::NotFound(_)) => Self::bad_request(error.to_string()),
+            RunError::Tool(_) => Self::bad_request(error.to_string()),
+            _ => Self::internal(error.to_string()),
+        }
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(error: SessionError) -> Self {
+        match error {
+            SessionError::Busy { session, run_id } => {
+                Self::conflict(format!("session {session} has a run in progress"))
+                    .with_details(json!({"session_id": session, "run_id": run_id}))
+            }
+            SessionError::Run(error) => error.into(),
+            SessionError::Log(agentry_core::session::LogError::NotFound(session)) => {
+                Self::not_found(format!("no session {session}"))
+            }
+            other => Self::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<ToolError> for ApiError {
+    fn from(error: ToolError) -> Self {
+        match &error {
+            ToolError::NotFound(_) => Self::not_found(error.to_string()),
+            ToolError::InvalidArguments(_) | ToolError::Registration(_) => {
+                Self::bad_request(error.to_string())
+            }
+            ToolError::Timeout(_) => {
+                Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", error.to_string())
+            }
+            _ => Self::new(StatusCode::BAD_GATEWAY, "tool_failed", error.to_string()),
+        }
+    }
+}

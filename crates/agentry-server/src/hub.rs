@@ -1,0 +1,170 @@
+//! Live runs and the clients attached to them.
+//!
+//! When the server starts a run it hands the run's event stream to the hub, which forwards every
+//! event to any number of subscribers (a broadcast channel) until the run ends. The run belongs
+//! to the hub, not to the request that started it: it keeps going when every client has gone.
+//! The hub also keeps the current step's partial text, so a client attaching mid-step sees what
+//! has been generated so far.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use agentry_core::RunStream;
+use agentry_types::{RunEvent, RunId, SessionEvent, SessionId};
+
+/// Events a slow subscriber may fall behind by before it must catch up from the log.
+const CHANNEL_CAPACITY: usize = 1024;
+
+/// A live run's fan-out.
+struct LiveRun {
+    run_id: Option<RunId>,
+    sender: broadcast::Sender<Arc<RunEvent>>,
+    cancel: CancellationToken,
+    partial: Arc<Mutex<Partial>>,
+}
+
+/// Text and thinking generated since the last committed step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Partial {
+    /// Answer text so far.
+    pub text: String,
+    /// Reasoning so far.
+    pub thinking: String,
+}
+
+/// What a subscriber gets: the live events, and the partial step at the moment it subscribed.
+pub struct Subscription {
+    /// Live events from now on.
+    pub events: broadcast::Receiver<Arc<RunEvent>>,
+    /// The step in progress when the subscription began.
+    pub partial: Partial,
+}
+
+/// The live runs, by session. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Hub {
+    live: Arc<Mutex<HashMap<SessionId, LiveRun>>>,
+}
+
+impl Hub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, LiveRun>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes over `run` (of `session`): its events go to every subscriber until it ends. Returns
+    /// a subscription made before the first event, so the caller misses nothing.
+    pub fn adopt(&self, session: SessionId, run: RunStream) -> Subscription {
+        let (sender, events) = broadcast::channel(CHANNEL_CAPACITY);
+        let partial = Arc::new(Mutex::new(Partial::default()));
+        let cancel = run.cancel_token();
+        self.lock().insert(
+            session,
+            LiveRun {
+                run_id: None,
+                sender: sender.clone(),
+                cancel,
+                partial: Arc::clone(&partial),
+            },
+        );
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let mut run = run;
+            while let Some(event) = run.next().await {
+                hub.observe(session, &event, &partial);
+                // No subscriber is fine: the run goes on.
+                let _ = sender.send(Arc::new(event));
+            }
+            if let Err(error) = run.finish().await {
+                tracing::error!(%session, "a run ended abnormally: {error}");
+            }
+            let mut live = hub.lock();
+            if live
+                .get(&session)
+                .is_some_and(|r| r.sender.same_channel(&sender))
+            {
+                live.remove(&session);
+            }
+        });
+        Subscription {
+            events,
+            partial: Partial::default(),
+        }
+    }
+
+    fn observe(&self, session: SessionId, event: &RunEvent, partial: &Mutex<Partial>) {
+        let mut partial = partial
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match event {
+            RunEvent::TextDelta { text } => partial.text.push_str(text),
+            RunEvent::ThinkingDelta { text } => partial.thinking.push_str(text),
+            RunEvent::Committed {
+                event: SessionEvent::AssistantMessage { .. },
+                ..
+            } => *partial = Partial::default(),
+            RunEvent::Committed {
+                event: SessionEvent::RunStarted { run_id, .. },
+                ..
+            } => {
+                if let Some(live) = self.lock().get_mut(&session) {
+                    live.run_id = Some(*run_id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Subscribes to the live run of `session`, if one is going.
+    pub fn subscribe(&self, session: SessionId) -> Option<Subscription> {
+        let live = self.lock();
+        let run = live.get(&session)?;
+        let partial = run
+            .partial
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        Some(Subscription {
+            events: run.sender.subscribe(),
+            partial,
+        })
+    }
+
+    /// Cancels the live run of `session`; false if none is going.
+    pub fn cancel(&self, session: SessionId) -> bool {
+        match self.lock().get(&session) {
+            Some(run) => {
+                run.cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The id of the live run of `session`, once it is known.
+    pub fn run_id(&self, session: SessionId) -> Option<RunId> {
+        self.lock().get(&session).and_then(|run| run.run_id)
+    }
+
+    /// Whether `session` has a live run.
+    pub fn is_live(&self, session: SessionId) -> bool {
+        self.lock().contains_key(&session)
+    }
+
+    /// Cancels every live run (shutdown).
+    pub fn cancel_all(&self) {
+        for run in self.lock().values() {
+            run.cancel.cancel();
+        }
+    }
+
+    /// How many runs are live.
+    pub fn live_runs(&self) -> usize {
+        self.lock().len()
+    }
+}

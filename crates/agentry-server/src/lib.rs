@@ -1,0 +1,22 @@
+//! Agentry's HTTP API.
+//!
+//! `agentry serve` mounts [`router`] on axum: inference (waiting or streamed as SSE), durable
+//! sessions (list, inspect, attach to a live run, fork, delete), and the configuration of models,
+//! tools, prompt templates and secrets. Runs belong to the server, not to the connection that
+//! started them: they keep going when every client disconnects, and any client can attach to a
+//! session and receive its committed events (each with its seq as the SSE id) and then its live
+//! ones.
+
+pub mod error;
+pub mod hub;
+pub mod models;
+pub mod routes;
+pub mod serve;
+pub mod state;
+pub mod store_log;
+
+pub use error::ApiError;
+pub use routes::router;
+pub use serve::{ServeError, ServerConfig, serve};
+pub use state::AppState;
+pub use store_log::StoreLog;

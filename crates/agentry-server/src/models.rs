@@ -1,0 +1,141 @@
+//! Model configurations, and assembling the runtime from what the configuration store holds.
+//!
+//! Models, configured tools and prompt templates live in the store; whenever one changes, the
+//! server builds a new [`Runtime`] from them and hands it to the session manager (runs already
+//! going keep the runtime they started with).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use agentry_core::Runtime;
+use agentry_core::tool::{StaticSecrets, ToolDefinition, builtin_tools};
+use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
+use agentry_store::{ConfigKind, Store};
+
+use crate::error::ApiError;
+
+/// A registered model. Accepts the Python service's field names (`model_id`, `api_protocol`,
+/// `api_base`) as well as Agentry's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The id requests name it by.
+    #[serde(alias = "model_id")]
+    pub id: String,
+    /// The wire protocol.
+    #[serde(alias = "api_protocol", default = "default_protocol")]
+    pub protocol: Protocol,
+    /// Base URL (default: the protocol's public endpoint).
+    #[serde(alias = "api_base", default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The provider's model name.
+    pub model_name: String,
+    /// The name of the secret (see `/v1/env`) holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret: Option<String>,
+    /// Default generation parameters.
+    #[serde(default, alias = "generate_params")]
+    pub params: GenerationParams,
+    /// The model's context window in tokens, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
+}
+
+fn default_protocol() -> Protocol {
+    Protocol::OpenAi
+}
+
+/// A stored prompt template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// The template's name.
+    #[serde(alias = "id")]
+    pub name: String,
+    /// Its text, with `{{placeholders}}`.
+    #[serde(alias = "content")]
+    pub template: String,
+}
+
+impl ModelConfig {
+    /// The client for this model, its key resolved from `secrets`.
+    pub fn client(
+        &self,
+        secrets: &HashMap<String, String>,
+        http: &reqwest::Client,
+    ) -> Result<HttpModelClient, ApiError> {
+        let mut config = ProviderConfig::new(self.protocol, &self.model_name);
+        if let Some(base_url) = &self.base_url {
+            config = config.with_base_url(base_url);
+        }
+        if let Some(name) = &self.api_key_secret {
+            let key = secrets.get(name).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "model {:?} uses the secret {name:?}, which is not set (POST /v1/env)",
+                    self.id
+                ))
+            })?;
+            config = config.with_api_key(key);
+        }
+        HttpModelClient::with_http_client(config, http.clone())
+            .map_err(|error| ApiError::bad_request(format!("model {:?}: {error}", self.id)))
+    }
+}
+
+/// Builds the runtime from the store: every model, the built-in and configured tools, every
+/// template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
+/// server down.
+pub async fn build_runtime(store: &Store, http: &reqwest::Client) -> Result<Runtime, ApiError> {
+    let mut secrets = HashMap::new();
+    for info in store.list_secrets().await? {
+        if let Some(value) = store.reveal_secret(&info.name).await? {
+            secrets.insert(info.name, value);
+        }
+    }
+    let mut builder = Runtime::builder();
+    for (name, value) in store.list_config(ConfigKind::Model).await? {
+        let built = serde_json::from_value::<ModelConfig>(value)
+            .map_err(|error| ApiError::bad_request(error.to_string()))
+            .and_then(|model| model.client(&secrets, http));
+        match built {
+            Ok(client) => {
+                builder.model(name, client);
+            }
+            Err(error) => tracing::warn!(model = %name, "skipping a model: {}", error.message),
+        }
+    }
+    for tool in builtin_tools() {
+        builder.tool_arc(tool)?;
+    }
+    let resolver: Arc<dyn agentry_core::tool::SecretResolver> = Arc::new(StaticSecrets(secrets));
+    for (name, value) in store.list_config(ConfigKind::Tool).await? {
+        let built = serde_json::from_value::<ToolDefinition>(value)
+            .map_err(|error| error.to_string())
+            .and_then(|definition| {
+                definition
+                    .build(http, Arc::clone(&resolver))
+                    .map_err(|error| error.to_string())
+            });
+        match built {
+            Ok(tool) => {
+                if let Err(error) = builder.tool_arc(tool) {
+                    tracing::warn!(tool = %name, "skipping a tool: {error}");
+                }
+            }
+            Err(error) => tracing::warn!(tool = %name, "skipping a tool: {error}"),
+        }
+    }
+    for (name, value) in store.list_config(ConfigKind::Template).await? {
+        match serde_json::from_value::<TemplateConfig>(value) {
+            Ok(template) => {
+                if let Err(error) = builder.template(&template.name, &template.template) {
+                    tracing::warn!(template = %name, "skipping a template: {error}");
+                }
+            }
+            Err(error) => tracing::warn!(template = %name, "skipping a template: {error}"),
+        }
+    }
+    Ok(builder.build())
+}

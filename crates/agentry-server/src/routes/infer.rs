@@ -1,0 +1,560 @@
+//! Inference: `POST /v1/infer` (waits for the end), `POST /v1/infer/stream` (SSE) and
+//! `POST /v1/infer/abort`.
+//!
+//! The request accepts the Python service's shapes (`model_id`, `tool_ids`, `text` or
+//! `messages` with `prompt_template` and `arguments`, `session_id` where `"new"` creates one,
+//! `max_tool_rounds`). With a session the run is durable and belongs to the server: it keeps
+//! going when the client disconnects (unless `cancel_on_disconnect`). Without one it is
+//! ephemeral and nothing is stored.
+
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use agentry_core::session::BusyPolicy;
+use agentry_core::{Input, RunLimits, RunRequest};
+use agentry_llm::GenerationParams;
+use agentry_store::NewSession;
+use agentry_types::{ContentPart, ImageSource, Message, RunEvent, SessionEvent, SessionId};
+
+use super::sse::SseMapper;
+use crate::error::ApiError;
+use crate::hub::Subscription;
+use crate::state::AppState;
+
+/// The inference routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/infer", post(infer))
+        .route("/v1/infer/stream", post(infer_stream))
+        .route("/v1/infer/abort", post(abort))
+}
+
+/// A message of an inference request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferMessage {
+    /// `user` or `system`.
+    #[serde(default = "user_role")]
+    pub role: String,
+    /// Text, or a list of `{"type": "text"|"image_url", …}` parts.
+    #[serde(default)]
+    pub content: Option<Value>,
+    /// Images: `data:` URLs or `http(s)` URLs.
+    #[serde(default)]
+    pub images: Vec<String>,
+    /// A prompt template to render as this message.
+    #[serde(default)]
+    pub prompt_template: Option<String>,
+    /// The template's arguments.
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, Value>,
+    /// Accepted for compatibility and ignored.
+    #[serde(default)]
+    pub timestamp: Option<Value>,
+}
+
+fn user_role() -> String {
+    "user".into()
+}
+
+/// An inference request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferRequest {
+    /// The model id (default: the first registered model).
+    #[serde(default)]
+    pub model_id: Option<String>,
+    /// The tools offered, by name (default: every tool).
+    #[serde(default)]
+    pub tool_ids: Option<Vec<String>>,
+    /// Shorthand for one user message.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// The new messages.
+    #[serde(default)]
+    pub messages: Vec<InferMessage>,
+    /// `"new"`, an existing session id, or absent for an ephemeral run.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// A system prompt (a session keeps the one it started with).
+    #[serde(default)]
+    pub system: Option<String>,
+    /// Tool rounds allowed.
+    #[serde(default)]
+    pub max_tool_rounds: Option<u32>,
+    /// Generation parameters.
+    #[serde(default)]
+    pub params: Option<GenerationParams>,
+    /// What to do if the session has a run in progress (default: reject).
+    #[serde(default)]
+    pub policy: Option<BusyPolicy>,
+    /// Cancel the run when the client disconnects.
+    #[serde(default)]
+    pub cancel_on_disconnect: bool,
+}
+
+/// Turns message content into parts.
+fn content_parts(message: &InferMessage) -> Result<Vec<ContentPart>, ApiError> {
+    let mut parts = Vec::new();
+    match &message.content {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => parts.push(ContentPart::text(text.clone())),
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        let text = item.get("text").and_then(Value::as_str).ok_or_else(|| {
+                            ApiError::bad_request("a text part needs a string `text`")
+                        })?;
+                        parts.push(ContentPart::text(text));
+                    }
+                    Some("image_url") => {
+                        let url = item
+                            .pointer("/image_url/url")
+                            .or_else(|| item.get("image_url"))
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| {
+                                ApiError::bad_request("an image part needs `image_url.url`")
+                            })?;
+                        parts.push(image(url)?);
+                    }
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "unknown content part type {other:?} (expected text or image_url)"
+                        )));
+                    }
+                }
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "message content must be a string or a list of parts, not {other}"
+            )));
+        }
+    }
+    for url in &message.images {
+        parts.push(image(url)?);
+    }
+    Ok(parts)
+}
+
+fn image(url: &str) -> Result<ContentPart, ApiError> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        let (media_type, data) = rest
+            .split_once(";base64,")
+            .ok_or_else(|| ApiError::bad_request("a data URL image must be base64"))?;
+        return Ok(ContentPart::Image {
+            source: ImageSource::Base64 {
+                media_type: media_type.to_owned(),
+                data: data.to_owned(),
+            },
+        });
+    }
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Ok(ContentPart::Image {
+            source: ImageSource::Url {
+                url: url.to_owned(),
+            },
+        });
+    }
+    Err(ApiError::bad_request(
+        "an image must be a data: or http(s) URL",
+    ))
+}
+
+/// Where a run goes.
+enum Target {
+    Session(SessionId),
+    Ephemeral,
+}
+
+async fn prepare(
+    state: &AppState,
+    body: InferRequest,
+) -> Result<(Target, RunRequest, BusyPolicy), ApiError> {
+    let mut request = RunRequest {
+        model: body.model_id.clone(),
+        system: body.system.clone(),
+        tools: body.tool_ids.clone(),
+        params: body.params.clone().unwrap_or_default(),
+        ..RunRequest::default()
+    };
+    if let Some(rounds) = body.max_tool_rounds {
+        request.limits = Some(RunLimits {
+            max_tool_rounds: rounds,
+            ..RunLimits::default()
+        });
+    }
+    let mut user_turns = Vec::new();
+    for message in &body.messages {
+        match message.role.as_str() {
+            "system" => {
+                let text = message
+                    .content
+                    .as_ref()
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ApiError::bad_request("a system message needs string content")
+                    })?;
+                request.system = Some(text.to_owned());
+            }
+            "user" => user_turns.push(message),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "messages may be `user` or `system`, not {other:?}: the conversation comes \
+                     from the session"
+                )));
+            }
+        }
+    }
+    if user_turns.len() > 1 {
+        return Err(ApiError::bad_request(
+            "send one new user message per request; earlier turns come from the session",
+        ));
+    }
+    request.input = match (user_turns.first(), &body.text) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request("give `text` or `messages`, not both"));
+        }
+        (None, Some(text)) => Some(Input::Text { text: text.clone() }),
+        (Some(message), None) => Some(match &message.prompt_template {
+            Some(template) => Input::Template {
+                template: template.clone(),
+                arguments: message.arguments.clone(),
+            },
+            None => Input::Content {
+                content: content_parts(message)?,
+            },
+        }),
+        (None, None) => None,
+    };
+    // Check the model, tools and template before anything is created.
+    state
+        .sessions
+        .runtime()
+        .prepare(request.clone().with_history(vec![Message::user("")]))?;
+    let target = match body.session_id.as_deref() {
+        None => Target::Ephemeral,
+        Some("new") => {
+            let mut new = NewSession::new();
+            new.title = first_line(&request);
+            let record = state.store.create_session(new).await?;
+            Target::Session(record.id)
+        }
+        Some(id) => {
+            let id = parse_session_id(id)?;
+            if state.store.session(id).await?.is_none() {
+                return Err(ApiError::not_found(format!("no session {id}")));
+            }
+            Target::Session(id)
+        }
+    };
+    if matches!(target, Target::Ephemeral) && request.input.is_none() {
+        return Err(ApiError::bad_request(
+            "the request has no input (`text` or `messages`)",
+        ));
+    }
+    Ok((target, request, body.policy.unwrap_or(BusyPolicy::Reject)))
+}
+
+fn first_line(request: &RunRequest) -> Option<String> {
+    match &request.input {
+        Some(Input::Text { text }) => Some(text.chars().take(80).collect()),
+        Some(Input::Content { content }) => content.iter().find_map(|part| match part {
+            ContentPart::Text { text } => Some(text.chars().take(80).collect()),
+            _ => None,
+        }),
+        Some(Input::Template { template, .. }) => Some(template.clone()),
+        None => None,
+    }
+}
+
+/// Parses a session id from a client, with a clear error.
+pub fn parse_session_id(id: &str) -> Result<SessionId, ApiError> {
+    SessionId::parse(id).map_err(|error| ApiError::bad_request(error.to_string()))
+}
+
+/// Starts the run in its session and hands it to the hub.
+async fn start_in_session(
+    state: &AppState,
+    session: SessionId,
+    request: RunRequest,
+    policy: BusyPolicy,
+) -> Result<Subscription, ApiError> {
+    let stream = state.sessions.send(session, request, policy).await?;
+    Ok(state.hub.adopt(session, stream))
+}
+
+/// Cancels the session's run when dropped, unless disarmed (for `cancel_on_disconnect`).
+struct CancelOnDrop {
+    hub: crate::hub::Hub,
+    session: Option<SessionId>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.hub.cancel(session);
+        }
+    }
+}
+
+async fn infer(
+    State(state): State<AppState>,
+    body: Result<Json<InferRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let cancel_on_disconnect = body.cancel_on_disconnect;
+    let (target, request, policy) = prepare(&state, body).await?;
+    match target {
+        Target::Ephemeral => {
+            let output = state.sessions.runtime().run(request).await?;
+            let messages = output.state.messages.clone();
+            Ok(outcome(
+                None,
+                Some(output.run_id.to_string()),
+                output.stop_reason.as_str(),
+                &output.text,
+                json!(output.usage),
+                output.rounds,
+                output.error.map(|e| json!(e)),
+                messages.iter().map(|m| json!(m)).collect(),
+            ))
+        }
+        Target::Session(session) => {
+            let mut subscription = start_in_session(&state, session, request, policy).await?;
+            let mut guard = CancelOnDrop {
+                hub: state.hub.clone(),
+                session: cancel_on_disconnect.then_some(session),
+            };
+            let mut run_id = None;
+            let mut end = None;
+            loop {
+                match subscription.events.recv().await {
+                    Ok(event) => match event.as_ref() {
+                        RunEvent::Committed {
+                            event: SessionEvent::RunStarted { run_id: id, .. },
+                            ..
+                        } => run_id = Some(*id),
+                        RunEvent::RunFinished { .. } | RunEvent::RunFailed { .. } => {
+                            end = Some(event);
+                            break;
+                        }
+                        _ => {}
+                    },
+                    Err(RecvError::Lagged(_)) => continue,
+                    Err(RecvError::Closed) => break,
+                }
+            }
+            guard.session = None;
+            let events = state.store.events(session, 0, usize::MAX).await?;
+            let messages: Vec<Value> = events
+                .into_iter()
+                .filter_map(|stored| serde_json::from_value::<SessionEvent>(stored.payload).ok())
+                .filter(|event| Some(event.run_id()) == run_id)
+                .filter_map(|event| match event {
+                    SessionEvent::Message { message, .. } => Some(json!(message)),
+                    SessionEvent::AssistantMessage { content, .. } => {
+                        Some(json!(Message::Assistant { content }))
+                    }
+                    SessionEvent::ToolCallResult { result, .. } => {
+                        Some(json!(Message::Tool(result)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let Some(end) = end else {
+                return Err(ApiError::internal("the run ended without a final event"));
+            };
+            Ok(match end.as_ref() {
+                RunEvent::RunFinished {
+                    stop_reason,
+                    text,
+                    usage,
+                    rounds,
+                } => outcome(
+                    Some(session),
+                    run_id.map(|id| id.to_string()),
+                    stop_reason.as_str(),
+                    text,
+                    json!(usage),
+                    *rounds,
+                    None,
+                    messages,
+                ),
+                RunEvent::RunFailed {
+                    stop_reason,
+                    error,
+                    usage,
+                    rounds,
+                } => outcome(
+                    Some(session),
+                    run_id.map(|id| id.to_string()),
+                    stop_reason.as_str(),
+                    "",
+                    json!(usage),
+                    *rounds,
+                    Some(json!(error)),
+                    messages,
+                ),
+                _ => return Err(ApiError::internal("unexpected final event")),
+            })
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn outcome(
+    session: Option<SessionId>,
+    run_id: Option<String>,
+    stop_reason: &str,
+    text: &str,
+    usage: Value,
+    rounds: u32,
+    error: Option<Value>,
+    messages: Vec<Value>,
+) -> Response {
+    let failed = error.is_some();
+    let body = json!({
+        "success": !failed,
+        "session_id": session,
+        "run_id": run_id,
+        "stop_reason": stop_reason,
+        "text": text,
+        "usage": usage,
+        "rounds": rounds,
+        "messages": messages,
+        "error": error,
+    });
+    // A run that failed (the model call failed) is a bad gateway; guards stopping a run are not.
+    let status = if failed {
+        StatusCode::BAD_GATEWAY
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (status, Json(body)).into_response();
+    if let Some(session) = session
+        && let Ok(value) = HeaderValue::from_str(&session.to_string())
+    {
+        response.headers_mut().insert("x-session-id", value);
+    }
+    response
+}
+
+async fn infer_stream(
+    State(state): State<AppState>,
+    body: Result<Json<InferRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let cancel_on_disconnect = body.cancel_on_disconnect;
+    let (target, request, policy) = prepare(&state, body).await?;
+    let mut headers = HeaderMap::new();
+    let events: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
+        match target {
+            Target::Ephemeral => {
+                let run = state.sessions.runtime().stream(request)?;
+                let mut mapper = SseMapper::new(false, 0);
+                Box::pin(run.flat_map(move |event| {
+                    futures::stream::iter(mapper.map(&event).into_iter().map(Ok))
+                }))
+            }
+            Target::Session(session) => {
+                let subscription = start_in_session(&state, session, request, policy).await?;
+                if let Ok(value) = HeaderValue::from_str(&session.to_string()) {
+                    headers.insert("x-session-id", value);
+                }
+                let guard = CancelOnDrop {
+                    hub: state.hub.clone(),
+                    session: cancel_on_disconnect.then_some(session),
+                };
+                let intro = Event::default()
+                    .event("session")
+                    .data(json!({"session_id": session}).to_string());
+                Box::pin(
+                    futures::stream::once(async move { Ok(intro) }).chain(session_events(
+                        state.clone(),
+                        session,
+                        subscription,
+                        0,
+                        Some(guard),
+                    )),
+                )
+            }
+        };
+    Ok((headers, Sse::new(events).keep_alive(KeepAlive::default())).into_response())
+}
+
+/// The SSE events of a session run from a subscription: live events, catching up from the log
+/// if the subscriber fell behind, ending after the run's final event. `after` is the last seq
+/// the client already has; `guard` is dropped when the client goes away.
+pub(crate) fn session_events<G: Send + 'static>(
+    state: AppState,
+    session: SessionId,
+    subscription: Subscription,
+    after: u64,
+    guard: Option<G>,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+    async_stream::stream! {
+        let _guard = guard;
+        let mut mapper = SseMapper::new(true, after);
+        let mut events = subscription.events;
+        loop {
+            match events.recv().await {
+                Ok(event) => {
+                    for sse in mapper.map(&event) {
+                        yield Ok(sse);
+                    }
+                }
+                Err(RecvError::Lagged(_)) => {
+                    // Deltas were lost (they are not stored); committed steps come from the log.
+                    match state.store.events(session, mapper.last_seq, usize::MAX).await {
+                        Ok(stored) => {
+                            for record in stored {
+                                if let Ok(event) = serde_json::from_value::<SessionEvent>(record.payload) {
+                                    for sse in mapper.committed(record.seq, &event) {
+                                        yield Ok(sse);
+                                    }
+                                }
+                            }
+                        }
+                        Err(error) => {
+                            let error = ApiError::from(error);
+                            yield Ok(Event::default().event("error").data(error.body().to_string()));
+                            break;
+                        }
+                    }
+                }
+                Err(RecvError::Closed) => break,
+            }
+            if mapper.ended {
+                break;
+            }
+        }
+    }
+}
+
+async fn abort(
+    State(state): State<AppState>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body?;
+    let id = body
+        .get("session_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("`session_id` (a string) is required"))?;
+    let session = parse_session_id(id)?;
+    Ok(Json(
+        json!({"session_id": session, "aborted": state.hub.cancel(session)}),
+    ))
+}

@@ -1,0 +1,27 @@
+//! The router: every route of the API.
+
+pub mod config;
+pub mod infer;
+pub mod ops;
+pub mod sessions;
+pub mod sse;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+
+use crate::state::AppState;
+
+/// The largest request body accepted (bytes).
+pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// The API's router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(ops::routes())
+        .merge(infer::routes())
+        .merge(sessions::routes())
+        .merge(config::routes())
+        .fallback(ops::not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}

@@ -1,0 +1,419 @@
+//! Session routes: list, search, inspect, stream (attach at any time), fork, title, read,
+//! continue, delete.
+
+use std::convert::Infallible;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use agentry_core::RunRequest;
+use agentry_core::session::{BusyPolicy, replay};
+use agentry_store::{NewSession, SessionQuery, SessionRecord};
+use agentry_types::{Message, SessionEvent, SessionId};
+
+use super::infer::{parse_session_id, session_events};
+use super::sse::SseMapper;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The session routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/sessions", get(list))
+        .route("/v1/sessions/search", get(search))
+        .route("/v1/sessions/{id}", get(show).delete(remove))
+        .route("/v1/sessions/{id}/events", get(events))
+        .route("/v1/sessions/{id}/stream", get(stream))
+        .route("/v1/sessions/{id}/fork", post(fork))
+        .route("/v1/sessions/{id}/title", post(title))
+        .route("/v1/sessions/{id}/read", post(read))
+        .route("/v1/sessions/{id}/continue", post(continue_run))
+}
+
+fn record_json(record: &SessionRecord, live: bool) -> Value {
+    json!({
+        "id": record.id,
+        "title": record.title,
+        "status": if live { "running" } else { record.status.as_str() },
+        "created_at": record.created_at,
+        "last_activity": record.last_activity,
+        "last_seq": record.last_seq,
+        "read_seq": record.read_seq,
+        "unread": record.unread(),
+        "parent": record.parent.map(|(id, seq)| json!({"id": id, "seq": seq})),
+        "expires_at": record.expires_at,
+    })
+}
+
+async fn session(state: &AppState, id: &str) -> Result<SessionRecord, ApiError> {
+    let id = parse_session_id(id)?;
+    state
+        .store
+        .session(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no session {id}")))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+    #[serde(default = "default_limit")]
+    limit: usize,
+    #[serde(default)]
+    offset: usize,
+}
+
+fn default_limit() -> usize {
+    100
+}
+
+async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query?;
+    if query.limit == 0 || query.limit > 1000 {
+        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
+    }
+    let records = state
+        .store
+        .list_sessions(&SessionQuery {
+            status: query.status,
+            limit: query.limit,
+            offset: query.offset,
+        })
+        .await?;
+    let sessions: Vec<Value> = records
+        .iter()
+        .map(|record| record_json(record, state.hub.is_live(record.id)))
+        .collect();
+    Ok(Json(json!({ "sessions": sessions })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchQuery {
+    q: String,
+    #[serde(default = "default_search_limit")]
+    limit: usize,
+}
+
+fn default_search_limit() -> usize {
+    20
+}
+
+async fn search(
+    State(state): State<AppState>,
+    query: Result<Query<SearchQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query?;
+    let hits = state
+        .store
+        .search(&query.q, query.limit.clamp(1, 200))
+        .await?;
+    let hits: Vec<Value> = hits
+        .into_iter()
+        .map(|hit| json!({"session_id": hit.session_id, "seq": hit.seq, "snippet": hit.snippet}))
+        .collect();
+    Ok(Json(json!({ "hits": hits })))
+}
+
+async fn stored_events(
+    state: &AppState,
+    id: SessionId,
+    after: u64,
+) -> Result<Vec<(u64, SessionEvent)>, ApiError> {
+    let stored = state.store.events(id, after, usize::MAX).await?;
+    stored
+        .into_iter()
+        .map(|record| {
+            serde_json::from_value(record.payload)
+                .map(|event| (record.seq, event))
+                .map_err(|error| {
+                    ApiError::internal(format!("event {} is unreadable: {error}", record.seq))
+                })
+        })
+        .collect()
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let record = session(&state, &id).await?;
+    let events = stored_events(&state, record.id, 0).await?;
+    let messages: Vec<Message> = replay(&events).messages;
+    Ok(Json(json!({
+        "session": record_json(&record, state.hub.is_live(record.id)),
+        "run_id": state.hub.run_id(record.id),
+        "messages": messages,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    #[serde(default)]
+    after: u64,
+}
+
+async fn events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query?;
+    let record = session(&state, &id).await?;
+    let events: Vec<Value> = stored_events(&state, record.id, query.after)
+        .await?
+        .into_iter()
+        .map(|(seq, event)| json!({"seq": seq, "event": event}))
+        .collect();
+    Ok(Json(json!({ "events": events })))
+}
+
+/// Attaches to a session: its committed events after `Last-Event-ID` (or `?after=`), the
+/// current step's partial text, then live events until the run ends.
+async fn stream(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let record = session(&state, &id).await?;
+    let after = match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be a seq number"))?,
+        None => query.after,
+    };
+    // Subscribe before reading the log, so nothing falls between the two; the mapper drops
+    // what was already sent by seq.
+    let live = state.hub.subscribe(record.id);
+    let backlog = stored_events(&state, record.id, after).await?;
+    let mut mapper = SseMapper::new(true, after);
+    let mut first: Vec<Event> = Vec::new();
+    for (seq, event) in &backlog {
+        first.extend(mapper.committed(*seq, event));
+    }
+    let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> = match live
+    {
+        Some(subscription) if !mapper.ended => {
+            if !subscription.partial.thinking.is_empty() {
+                first.push(
+                    Event::default()
+                        .event("delta.thinking")
+                        .data(json!({"text": subscription.partial.thinking}).to_string()),
+                );
+            }
+            if !subscription.partial.text.is_empty() {
+                first.push(
+                    Event::default()
+                        .event("delta.text")
+                        .data(json!({"text": subscription.partial.text}).to_string()),
+                );
+            }
+            let rest = session_events::<()>(
+                state.clone(),
+                record.id,
+                subscription,
+                mapper.last_seq,
+                None,
+            );
+            Box::pin(futures::stream::iter(first.into_iter().map(Ok)).chain(rest))
+        }
+        _ => Box::pin(futures::stream::iter(first.into_iter().map(Ok))),
+    };
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ForkBody {
+    #[serde(default)]
+    at_seq: Option<u64>,
+}
+
+async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Option<Json<ForkBody>>,
+) -> Result<Response, ApiError> {
+    let record = session(&state, &id).await?;
+    let at = body.and_then(|Json(b)| b.at_seq).unwrap_or(record.last_seq);
+    let mut new = NewSession::new();
+    new.title = record.title.as_ref().map(|title| format!("{title} (fork)"));
+    new.metadata = record.metadata.clone();
+    let fork = state.store.fork_session(record.id, at, new).await?;
+    // A fork taken mid-run must not look like a crashed run to recover.
+    let events = stored_events(&state, fork.id, 0).await?;
+    if replay(&events).in_flight.is_some() {
+        state.store.set_status(fork.id, "interrupted").await?;
+    }
+    let fork = state.store.session(fork.id).await?.unwrap_or(fork);
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"session": record_json(&fork, false)})),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TitleBody {
+    #[serde(default)]
+    title: Option<String>,
+    #[serde(default)]
+    model_id: Option<String>,
+}
+
+async fn title(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Json<TitleBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body?;
+    let record = session(&state, &id).await?;
+    let title = match body.title {
+        Some(title) => title,
+        None => generate_title(&state, record.id, body.model_id).await?,
+    };
+    state.store.set_title(record.id, &title).await?;
+    Ok(Json(json!({ "title": title })))
+}
+
+async fn generate_title(
+    state: &AppState,
+    id: SessionId,
+    model: Option<String>,
+) -> Result<String, ApiError> {
+    let events = stored_events(state, id, 0).await?;
+    let excerpt: String = replay(&events)
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Message::User { .. } | Message::Assistant { .. }))
+        .take(4)
+        .map(|m| serde_json::to_string(m).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+        .chars()
+        .take(4000)
+        .collect();
+    if excerpt.is_empty() {
+        return Err(ApiError::bad_request(
+            "the session has no messages to title",
+        ));
+    }
+    let runtime = state.sessions.runtime();
+    let request = RunRequest {
+        model,
+        system: Some(
+            "Write a title of at most six words for this conversation. Answer with the title only."
+                .into(),
+        ),
+        tools: Some(Vec::new()),
+        ..RunRequest::text(excerpt)
+    };
+    let output = runtime.run(request).await?;
+    if let Some(error) = output.error {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "model_error",
+            error.message,
+        ));
+    }
+    let title = output
+        .text
+        .trim()
+        .trim_matches('"')
+        .trim()
+        .chars()
+        .take(120)
+        .collect::<String>();
+    if title.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "model_error",
+            "the model returned an empty title",
+        ));
+    }
+    Ok(title)
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReadBody {
+    #[serde(default)]
+    seq: Option<u64>,
+}
+
+async fn read(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Option<Json<ReadBody>>,
+) -> Result<StatusCode, ApiError> {
+    let record = session(&state, &id).await?;
+    let seq = body.and_then(|Json(b)| b.seq).unwrap_or(record.last_seq);
+    state.store.mark_read(record.id, seq).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Continues a session: resumes a run a crash interrupted, or lets the model go on from the
+/// history. Returns at once; follow it on `/v1/sessions/{id}/stream`.
+async fn continue_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let record = session(&state, &id).await?;
+    if state.hub.is_live(record.id) {
+        return Err(ApiError::conflict(format!(
+            "session {} has a run in progress",
+            record.id
+        )));
+    }
+    let stream = match state.sessions.resume(record.id).await? {
+        Some(stream) => stream,
+        None => {
+            if record.last_seq == 0 {
+                return Err(ApiError::bad_request(
+                    "the session is empty: nothing to continue",
+                ));
+            }
+            state
+                .sessions
+                .send(record.id, RunRequest::default(), BusyPolicy::Reject)
+                .await?
+        }
+    };
+    state.hub.adopt(record.id, stream);
+    Ok((StatusCode::ACCEPTED, Json(json!({"session_id": record.id, "stream": format!("/v1/sessions/{}/stream", record.id)}))).into_response())
+}
+
+async fn remove(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let record = session(&state, &id).await?;
+    if state.hub.is_live(record.id) {
+        return Err(ApiError::conflict(format!(
+            "session {} has a run in progress; abort it first",
+            record.id
+        )));
+    }
+    state.store.delete_session(record.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,103 @@
+//! Run events as server-sent events.
+//!
+//! Named events: `run.started`, `delta.text`, `delta.thinking`, `delta.tool_call`, `message`,
+//! `tool.started`, `tool.result`, `usage`, `run.finished`, `run.failed` (with a typed error).
+//! In a session, every committed step carries its seq as the SSE id, so a client reconnecting
+//! with `Last-Event-ID` receives each later committed event exactly once; deltas carry no id.
+
+use axum::response::sse::Event;
+use serde_json::{Value, json};
+
+use agentry_types::{RunEvent, SessionEvent};
+
+/// Turns run events into SSE events.
+#[derive(Debug, Clone)]
+pub struct SseMapper {
+    /// Whether the run is in a session (steps come as committed events with seqs).
+    session: bool,
+    /// The highest seq sent so far.
+    pub last_seq: u64,
+    /// Whether the run's end was sent.
+    pub ended: bool,
+}
+
+fn event(name: &str, data: &Value) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+impl SseMapper {
+    /// A mapper for a session run (`session`) or an ephemeral one.
+    pub fn new(session: bool, last_seq: u64) -> Self {
+        Self {
+            session,
+            last_seq,
+            ended: false,
+        }
+    }
+
+    /// The SSE events for one run event (none for events the client need not see).
+    pub fn map(&mut self, run_event: &RunEvent) -> Vec<Event> {
+        match run_event {
+            RunEvent::TextDelta { text } => vec![event("delta.text", &json!({"text": text}))],
+            RunEvent::ThinkingDelta { text } => {
+                vec![event("delta.thinking", &json!({"text": text}))]
+            }
+            RunEvent::ToolCallDelta { .. } => vec![event("delta.tool_call", &to_value(run_event))],
+            RunEvent::Committed { seq, event } => self.committed(*seq, event),
+            // In a session these steps arrive as committed events, with their seqs.
+            _ if self.session && !run_event.is_terminal() => Vec::new(),
+            RunEvent::RunStarted { run_id } => {
+                vec![event("run.started", &json!({"run_id": run_id}))]
+            }
+            RunEvent::AssistantMessage { .. } => vec![event("message", &to_value(run_event))],
+            RunEvent::Usage { .. } => vec![event("usage", &to_value(run_event))],
+            RunEvent::ToolCallStarted { .. } => vec![event("tool.started", &to_value(run_event))],
+            RunEvent::ToolResult { .. } => vec![event("tool.result", &to_value(run_event))],
+            RunEvent::RunFinished { .. } | RunEvent::RunFailed { .. } => {
+                if self.ended {
+                    return Vec::new();
+                }
+                self.ended = true;
+                let name = if matches!(run_event, RunEvent::RunFailed { .. }) {
+                    "run.failed"
+                } else {
+                    "run.finished"
+                };
+                vec![event(name, &to_value(run_event))]
+            }
+        }
+    }
+
+    /// The SSE events for a committed step; `None` if it was already sent.
+    pub fn committed(&mut self, seq: u64, stored: &SessionEvent) -> Vec<Event> {
+        if seq <= self.last_seq {
+            return Vec::new();
+        }
+        self.last_seq = seq;
+        let data = json!({"seq": seq, "event": stored});
+        let id = seq.to_string();
+        let named = |name: &str| event(name, &data).id(id.clone());
+        match stored {
+            SessionEvent::RunStarted { .. } => vec![named("run.started")],
+            SessionEvent::Message { .. } => vec![named("message")],
+            SessionEvent::AssistantMessage { round, usage, .. } => vec![
+                named("message"),
+                event("usage", &json!({"round": round, "usage": usage})),
+            ],
+            SessionEvent::ToolCallIntent { .. } => vec![named("tool.started")],
+            SessionEvent::ToolCallResult { .. } => vec![named("tool.result")],
+            SessionEvent::RunFinished { error, .. } => {
+                self.ended = true;
+                vec![named(if error.is_some() {
+                    "run.failed"
+                } else {
+                    "run.finished"
+                })]
+            }
+        }
+    }
+}
+
+fn to_value(event: &RunEvent) -> Value {
+    serde_json::to_value(event).unwrap_or(Value::Null)
+}

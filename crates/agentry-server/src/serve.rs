@@ -1,0 +1,100 @@
+//! Running the server: binding, start-up recovery, graceful shutdown.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::routes::router;
+use crate::state::AppState;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The address to listen on.
+    pub addr: SocketAddr,
+    /// How long shutdown waits for live runs to finish before leaving them to start-up recovery.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 7988)),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// Binding beyond loopback needs authentication, which is not configured.
+    #[error(
+        "refusing to listen on {0}: only loopback addresses are allowed until API keys are \
+         configured (authentication is not available yet), so nobody else can reach your agents"
+    )]
+    InsecureBind(SocketAddr),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("the server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Binds `config.addr`; refuses anything but loopback.
+pub async fn bind(config: &ServerConfig) -> Result<TcpListener, ServeError> {
+    if !config.addr.ip().is_loopback() {
+        return Err(ServeError::InsecureBind(config.addr));
+    }
+    TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.addr,
+            source,
+        })
+}
+
+/// Serves until `state.shutdown` is cancelled. Runs that were in flight when the process last
+/// stopped are resumed first. On shutdown the server stops accepting connections and gives live
+/// runs `shutdown_grace` to finish; runs still going then stay in flight in the log and resume
+/// at the next start.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    config: &ServerConfig,
+) -> Result<(), ServeError> {
+    match state.sessions.recover().await {
+        Ok(recovered) => {
+            for (session, stream) in recovered {
+                tracing::info!(%session, "resuming a run interrupted by the last shutdown");
+                state.hub.adopt(session, stream);
+            }
+        }
+        Err(error) => tracing::error!("start-up recovery failed: {error}"),
+    }
+    let shutdown = state.shutdown.clone();
+    let hub = state.hub.clone();
+    let app = router(state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+    let deadline = tokio::time::Instant::now() + config.shutdown_grace;
+    while hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if hub.live_runs() > 0 {
+        tracing::warn!(
+            runs = hub.live_runs(),
+            "stopping with runs in flight; they resume at the next start"
+        );
+    }
+    Ok(())
+}

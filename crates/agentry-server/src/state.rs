@@ -1,0 +1,52 @@
+//! What every request handler shares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use agentry_core::session::SessionManager;
+use agentry_store::Store;
+
+use crate::error::ApiError;
+use crate::hub::Hub;
+use crate::models::build_runtime;
+
+/// The server's shared state. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// The database: sessions, configuration, secrets.
+    pub store: Store,
+    /// Runs requests in sessions.
+    pub sessions: SessionManager,
+    /// Live runs and the clients attached to them.
+    pub hub: Hub,
+    /// The pooled HTTP client models and HTTP tools share.
+    pub http: reqwest::Client,
+    /// Cancelled when the server shuts down.
+    pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    /// State over `store`, with the runtime built from its configuration.
+    pub async fn new(store: Store) -> Result<Self, ApiError> {
+        let http = agentry_llm::http_client(Duration::from_secs(10))
+            .map_err(|error| ApiError::internal(error.to_string()))?;
+        let runtime = build_runtime(&store, &http).await?;
+        let log = Arc::new(crate::store_log::StoreLog::new(store.clone()));
+        Ok(Self {
+            sessions: SessionManager::new(runtime, log),
+            store,
+            hub: Hub::default(),
+            http,
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// Rebuilds the runtime after a configuration change; new runs use it at once.
+    pub async fn reload_runtime(&self) -> Result<(), ApiError> {
+        let runtime = build_runtime(&self.store, &self.http).await?;
+        self.sessions.set_runtime(runtime);
+        Ok(())
+    }
+}

@@ -1,0 +1,4 @@
+mod config;
+mod infer;
+mod sessions;
+mod support;

@@ -1,0 +1,146 @@
+//! Session routes over HTTP.
+
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::json;
+
+use super::support::start;
+
+async fn session_with_turn(server: &super::support::Server, text: &str) -> String {
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text(format!(
+            "answer to {text}"
+        ))));
+    let (status, body) = server
+        .post("/v1/infer", json!({"session_id": "new", "text": text}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["session_id"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn list_show_search_read_title_fork_delete() {
+    let server = start().await;
+    let first = session_with_turn(&server, "bananas").await;
+    let second = session_with_turn(&server, "cherries").await;
+
+    let (status, list) = server.get("/v1/sessions").await;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [second.as_str(), first.as_str()], "newest first");
+    assert_eq!(list["sessions"][0]["unread"], true);
+    assert_eq!(list["sessions"][0]["title"], "cherries");
+
+    let (_, hits) = server.get("/v1/sessions/search?q=BANANA").await;
+    assert_eq!(hits["hits"].as_array().unwrap().len(), 1);
+    assert_eq!(hits["hits"][0]["session_id"], first.as_str());
+
+    let (status, _) = server
+        .post(&format!("/v1/sessions/{first}/read"), json!({}))
+        .await;
+    assert_eq!(status, 204);
+    let (_, shown) = server.get(&format!("/v1/sessions/{first}")).await;
+    assert_eq!(shown["session"]["unread"], false);
+
+    let (_, titled) = server
+        .post(
+            &format!("/v1/sessions/{first}/title"),
+            json!({"title": "Fruit"}),
+        )
+        .await;
+    assert_eq!(titled["title"], "Fruit");
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("\"Cherry talk\"")));
+    let (status, titled) = server
+        .post(&format!("/v1/sessions/{second}/title"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{titled}");
+    assert_eq!(titled["title"], "Cherry talk");
+
+    let (status, fork) = server
+        .post(&format!("/v1/sessions/{first}/fork"), json!({"at_seq": 2}))
+        .await;
+    assert_eq!(status, 201, "{fork}");
+    let fork_id = fork["session"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(fork["session"]["parent"]["id"], first.as_str());
+    let (_, events) = server.get(&format!("/v1/sessions/{fork_id}/events")).await;
+    assert_eq!(events["events"].as_array().unwrap().len(), 2);
+    // Continue the fork: the model goes on from the shared history (a valid one).
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("continued")));
+    let (status, _) = server
+        .post(&format!("/v1/sessions/{fork_id}/continue"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    let mut stream = server
+        .sse(&format!("/v1/sessions/{fork_id}/stream"), None, Some(2))
+        .await;
+    let rest = stream.rest().await;
+    assert_eq!(rest.last().unwrap().name, "run.finished");
+    server.mock.check_protocol().unwrap();
+
+    let (status, _) = server
+        .raw(
+            reqwest::Method::DELETE,
+            &format!("/v1/sessions/{first}"),
+            "",
+        )
+        .await;
+    assert_eq!(status, 204);
+    let (status, _) = server.get(&format!("/v1/sessions/{first}")).await;
+    assert_eq!(status, 404);
+    // The fork keeps the shared history.
+    let (_, events) = server.get(&format!("/v1/sessions/{fork_id}/events")).await;
+    assert!(events["events"].as_array().unwrap().len() >= 2);
+}
+
+#[tokio::test]
+async fn bad_ids_and_queries_are_400_and_unknown_ones_404() {
+    let server = start().await;
+    for path in [
+        "/v1/sessions/..%2F..%2Fx",
+        "/v1/sessions/1700000000/events",
+        "/v1/sessions/not-an-id/stream",
+        "/v1/sessions?limit=0",
+        "/v1/sessions?limit=abc",
+        "/v1/sessions/search",
+    ] {
+        let (status, reply) = server.get(path).await;
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert!(reply["error"]["message"].is_string());
+    }
+    let unknown = "01890a5d-ac96-774b-bcce-b302099a8057";
+    let (status, _) = server.get(&format!("/v1/sessions/{unknown}")).await;
+    assert_eq!(status, 404);
+    let (status, _) = server
+        .post(&format!("/v1/sessions/{unknown}/fork"), json!({}))
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = server
+        .raw(
+            reqwest::Method::DELETE,
+            &format!("/v1/sessions/{unknown}"),
+            "",
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (_, list) = server.get("/v1/sessions").await;
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let server = start().await;
+    let (status, body) = server.get("/healthz").await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
+    let (status, body) = server.get("/readyz").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["database"], "sqlite");
+}

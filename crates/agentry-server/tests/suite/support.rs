@@ -1,0 +1,196 @@
+//! A real server on loopback, its mock model, and small HTTP/SSE helpers.
+
+use std::time::Duration;
+
+use agentry_server::{AppState, router};
+use agentry_store::{ConfigKind, Store};
+use agentry_testkit::MockProvider;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+pub struct Server {
+    pub url: String,
+    pub mock: MockProvider,
+    pub http: reqwest::Client,
+    _home: tempfile::TempDir,
+}
+
+/// A server with a `mock` model (OpenAI protocol) and a `slow` command tool (about 600 ms).
+pub async fn start() -> Server {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open_home(home.path()).await.unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    store
+        .put_config(
+            ConfigKind::Model,
+            "mock",
+            &json!({"id": "mock", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "m"}),
+        )
+        .await
+        .unwrap();
+    store
+        .put_config(
+            ConfigKind::Tool,
+            "slow",
+            &json!({"kind": "command", "name": "slow", "program": "/bin/sh",
+                    "args": ["-c", "cat > /dev/null; sleep 0.6; echo '{\"slept\": true}'"]}),
+        )
+        .await
+        .unwrap();
+    let state = AppState::new(store).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = router(state);
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    Server {
+        url,
+        mock,
+        http: agentry_llm::http_client(Duration::from_secs(5)).unwrap(),
+        _home: home,
+    }
+}
+
+impl Server {
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn raw(&self, method: reqwest::Method, path: &str, body: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Opens an SSE stream (POST with a body, or GET with an optional Last-Event-ID).
+    pub async fn sse(
+        &self,
+        path: &str,
+        body: Option<Value>,
+        last_event_id: Option<u64>,
+    ) -> SseClient {
+        let mut request = match body {
+            Some(body) => self.http.post(format!("{}{path}", self.url)).json(&body),
+            None => self.http.get(format!("{}{path}", self.url)),
+        };
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200, "SSE request failed");
+        let session = response
+            .headers()
+            .get("x-session-id")
+            .map(|v| v.to_str().unwrap().to_owned());
+        SseClient {
+            session,
+            events: Box::pin(response.bytes_stream().eventsource()),
+        }
+    }
+}
+
+/// One received SSE event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received {
+    pub name: String,
+    pub id: Option<u64>,
+    pub data: Value,
+}
+
+pub struct SseClient {
+    pub session: Option<String>,
+    events: std::pin::Pin<
+        Box<
+            dyn futures::Stream<
+                    Item = Result<
+                        eventsource_stream::Event,
+                        eventsource_stream::EventStreamError<reqwest::Error>,
+                    >,
+                > + Send,
+        >,
+    >,
+}
+
+impl SseClient {
+    /// The next event, or None at the end of the stream.
+    pub async fn next(&mut self) -> Option<Received> {
+        let event = tokio::time::timeout(Duration::from_secs(20), self.events.next())
+            .await
+            .expect("an SSE event within 20 s")?
+            .unwrap();
+        // SSE keeps the last id for events that carry none (the spec's lastEventId), so only
+        // committed kinds are taken to have their own.
+        let committed = matches!(
+            event.event.as_str(),
+            "run.started"
+                | "message"
+                | "tool.started"
+                | "tool.result"
+                | "run.finished"
+                | "run.failed"
+        );
+        Some(Received {
+            id: if committed {
+                event.id.parse().ok()
+            } else {
+                None
+            },
+            name: event.event,
+            data: serde_json::from_str(&event.data).unwrap_or(Value::Null),
+        })
+    }
+
+    /// Every remaining event until the stream ends.
+    pub async fn rest(&mut self) -> Vec<Received> {
+        let mut all = Vec::new();
+        while let Some(event) = self.next().await {
+            all.push(event);
+        }
+        all
+    }
+}
+
+/// The committed seqs among received events.
+pub fn seqs(events: &[Received]) -> Vec<u64> {
+    events.iter().filter_map(|e| e.id).collect()
+}

@@ -1,0 +1,88 @@
+//! `agentry serve`: the HTTP API on the embedded SQLite (or PostgreSQL) store.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use agentry_server::{AppState, ServerConfig, serve};
+
+use super::data::DataArgs;
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The address to listen on (loopback only until API keys are available).
+    #[arg(default_value = "127.0.0.1:7988")]
+    addr: SocketAddr,
+}
+
+pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let config = ServerConfig {
+        addr: args.addr,
+        ..ServerConfig::default()
+    };
+    let listener = agentry_server::serve::bind(&config).await?;
+    let store = data.open_store().await?;
+    let state = AppState::new(store.clone()).await?;
+    let shutdown = state.shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        shutdown.cancel();
+    });
+    let address = listener.local_addr()?;
+    println!("Agentry is listening on http://{address}");
+    println!("data: {} ({})", data.home()?.display(), store.backend().as_str());
+    let models = store.list_config(agentry_store::ConfigKind::Model).await?;
+    if models.is_empty() {
+        println!("{}", first_model_hint(address));
+    }
+    serve(listener, state, &config).await?;
+    eprintln!("agentry: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How to add a first model, offering what this machine seems to have.
+fn first_model_hint(address: SocketAddr) -> String {
+    let mut hint = String::from("No model yet. Add one:\n");
+    let has = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
+    if has("OPENAI_API_KEY") {
+        hint.push_str(&format!(
+            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"OPENAI_API_KEY\",\"value\":\"'\"$OPENAI_API_KEY\"'\"}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"gpt\",\"protocol\":\"openai\",\"model_name\":\"gpt-4o-mini\",\"api_key_secret\":\"OPENAI_API_KEY\"}}'\n"
+        ));
+    }
+    if has("ANTHROPIC_API_KEY") {
+        hint.push_str(&format!(
+            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"ANTHROPIC_API_KEY\",\"value\":\"'\"$ANTHROPIC_API_KEY\"'\"}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"claude\",\"protocol\":\"anthropic\",\"model_name\":\"claude-sonnet-4-5\",\"api_key_secret\":\"ANTHROPIC_API_KEY\"}}'\n"
+        ));
+    }
+    hint.push_str(&format!(
+        "  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"local\",\"protocol\":\"ollama\",\"model_name\":\"llama3.2\"}}'   # a local Ollama\n"
+    ));
+    hint.push_str(&format!(
+        "Then: curl -s http://{address}/v1/infer -H 'content-type: application/json' -d '{{\"session_id\":\"new\",\"text\":\"Hello!\"}}'"
+    ));
+    hint
+}
+
+async fn wait_for_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
