@@ -22,6 +22,7 @@ pub fn router(state: AppState) -> Router {
         .merge(sessions::routes())
         .merge(config::routes())
         .fallback(ops::not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }

@@ -37,6 +37,15 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     })))
 }
 
+/// A known route with the wrong method: a JSON 405.
+pub async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not accept {method}", uri.path()),
+    )
+}
+
 /// Every unknown route: a JSON 404.
 pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {}", uri.path()))

@@ -143,4 +143,7 @@ async fn health_and_readiness() {
     let (status, body) = server.get("/readyz").await;
     assert_eq!(status, 200);
     assert_eq!(body["database"], "sqlite");
+    let (status, body) = server.get("/v1/infer").await;
+    assert_eq!(status, 405);
+    assert_eq!(body["error"]["code"], "method_not_allowed");
 }

@@ -31,7 +31,11 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     });
     let address = listener.local_addr()?;
     println!("Agentry is listening on http://{address}");
-    println!("data: {} ({})", data.home()?.display(), store.backend().as_str());
+    println!(
+        "data: {} ({})",
+        data.home()?.display(),
+        store.backend().as_str()
+    );
     let models = store.list_config(agentry_store::ConfigKind::Model).await?;
     if models.is_empty() {
         println!("{}", first_model_hint(address));

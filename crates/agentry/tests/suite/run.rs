@@ -96,7 +96,13 @@ async fn json_mode_prints_one_object_per_event() {
         .lines()
         .map(|line| serde_json::from_str(line).expect("every line is JSON"))
         .collect();
-    assert_eq!(lines[0]["type"], "run_started");
+    // Persisted runs report each committed step too; the run itself starts once.
+    assert_eq!(lines[0]["type"], "committed");
+    assert_eq!(lines[0]["event"]["type"], "run_started");
+    assert_eq!(
+        lines.iter().filter(|l| l["type"] == "run_started").count(),
+        1
+    );
     assert!(lines.iter().any(|l| l["type"] == "tool_call_delta"));
     let started = lines
         .iter()
