@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod hub;
+pub mod middleware;
 pub mod models;
 pub mod routes;
 pub mod serve;
