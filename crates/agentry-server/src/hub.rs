@@ -14,7 +14,9 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use agentry_core::RunStream;
-use agentry_types::{RunEvent, RunId, SessionEvent, SessionId};
+use agentry_types::{RunEvent, RunId, RunStopReason, SessionEvent, SessionId};
+
+use crate::metrics::Metrics;
 
 /// Events a slow subscriber may fall behind by before it must catch up from the log.
 const CHANNEL_CAPACITY: usize = 1024;
@@ -44,13 +46,61 @@ pub struct Subscription {
     pub partial: Partial,
 }
 
+/// A change of a session's state, for `GET /v1/sessions/events`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StatusChange {
+    /// The session.
+    pub session_id: SessionId,
+    /// `running`, `idle`, `failed`, `interrupted`; or `updated` for a title or read change.
+    pub status: String,
+    /// Why the last run ended, when one just did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// The new title, when it changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
 /// The live runs, by session. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Hub {
     live: Arc<Mutex<HashMap<SessionId, LiveRun>>>,
+    status: broadcast::Sender<StatusChange>,
+    metrics: Arc<Metrics>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self::new(Arc::default())
+    }
 }
 
 impl Hub {
+    /// A hub counting into `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            live: Arc::default(),
+            status: broadcast::channel(CHANNEL_CAPACITY).0,
+            metrics,
+        }
+    }
+
+    /// The metrics the hub counts into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Subscribes to every session's status changes.
+    pub fn status_changes(&self) -> broadcast::Receiver<StatusChange> {
+        self.status.subscribe()
+    }
+
+    /// Announces a status change.
+    pub fn notify(&self, change: StatusChange) {
+        // Nobody listening is fine.
+        let _ = self.status.send(change);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, LiveRun>> {
         self.live
             .lock()
@@ -73,13 +123,33 @@ impl Hub {
             },
         );
         let hub = self.clone();
+        hub.metrics.run_started();
         tokio::spawn(async move {
             let mut run = run;
+            let mut end = None;
             while let Some(event) = run.next().await {
                 hub.observe(session, &event, &partial);
+                hub.metrics.observe(&event);
+                if let RunEvent::RunFinished { stop_reason, .. }
+                | RunEvent::RunFailed { stop_reason, .. } = &event
+                {
+                    end = Some(*stop_reason);
+                }
                 // No subscriber is fine: the run goes on.
                 let _ = sender.send(Arc::new(event));
             }
+            hub.metrics.run_ended();
+            let status = match end {
+                Some(RunStopReason::Error) => "failed",
+                Some(RunStopReason::Cancelled | RunStopReason::Deadline) | None => "interrupted",
+                Some(_) => "idle",
+            };
+            hub.notify(StatusChange {
+                session_id: session,
+                status: status.into(),
+                stop_reason: end.map(|reason| reason.as_str().to_owned()),
+                title: None,
+            });
             if let Err(error) = run.finish().await {
                 tracing::error!(%session, "a run ended abnormally: {error}");
             }
@@ -98,6 +168,23 @@ impl Hub {
     }
 
     fn observe(&self, session: SessionId, event: &RunEvent, partial: &Mutex<Partial>) {
+        // Never hold `partial` while taking `live`: `subscribe` takes them the other way round.
+        if let RunEvent::Committed {
+            event: SessionEvent::RunStarted { run_id, .. },
+            ..
+        } = event
+        {
+            if let Some(live) = self.lock().get_mut(&session) {
+                live.run_id = Some(*run_id);
+            }
+            self.notify(StatusChange {
+                session_id: session,
+                status: "running".into(),
+                stop_reason: None,
+                title: None,
+            });
+            return;
+        }
         let mut partial = partial
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -108,14 +195,6 @@ impl Hub {
                 event: SessionEvent::AssistantMessage { .. },
                 ..
             } => *partial = Partial::default(),
-            RunEvent::Committed {
-                event: SessionEvent::RunStarted { run_id, .. },
-                ..
-            } => {
-                if let Some(live) = self.lock().get_mut(&session) {
-                    live.run_id = Some(*run_id);
-                }
-            }
             _ => {}
         }
     }

@@ -7,8 +7,10 @@
 //! session and receive its committed events (each with its seq as the SSE id) and then its live
 //! ones.
 
+pub mod auth;
 pub mod error;
 pub mod hub;
+pub mod metrics;
 pub mod middleware;
 pub mod models;
 pub mod routes;

@@ -32,10 +32,13 @@ impl Default for ServerConfig {
 pub enum ServeError {
     /// Binding beyond loopback needs authentication, which is not configured.
     #[error(
-        "refusing to listen on {0}: only loopback addresses are allowed until API keys are \
-         configured (authentication is not available yet), so nobody else can reach your agents"
+        "refusing to listen on {0} without authentication: create an API key first \
+         (`agentry keys create`), or listen on 127.0.0.1"
     )]
     InsecureBind(SocketAddr),
+    /// The store failed while checking the configuration.
+    #[error("cannot read the configuration: {0}")]
+    Config(String),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -49,10 +52,19 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// Binds `config.addr`; refuses anything but loopback.
-pub async fn bind(config: &ServerConfig) -> Result<TcpListener, ServeError> {
+/// Binds `config.addr`. Anything but loopback needs authentication (an active API key in
+/// `store`).
+pub async fn bind(
+    config: &ServerConfig,
+    store: &agentry_store::Store,
+) -> Result<TcpListener, ServeError> {
     if !config.addr.ip().is_loopback() {
-        return Err(ServeError::InsecureBind(config.addr));
+        let secured = crate::auth::any_active_key(store)
+            .await
+            .map_err(|error| ServeError::Config(error.to_string()))?;
+        if !secured {
+            return Err(ServeError::InsecureBind(config.addr));
+        }
     }
     TcpListener::bind(config.addr)
         .await

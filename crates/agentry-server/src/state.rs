@@ -8,8 +8,10 @@ use tokio_util::sync::CancellationToken;
 use agentry_core::session::SessionManager;
 use agentry_store::Store;
 
+use crate::auth::Authenticator;
 use crate::error::ApiError;
 use crate::hub::Hub;
+use crate::metrics::Metrics;
 use crate::models::build_runtime;
 
 /// The server's shared state. Cheap to clone.
@@ -25,6 +27,12 @@ pub struct AppState {
     pub http: reqwest::Client,
     /// Cancelled when the server shuts down.
     pub shutdown: CancellationToken,
+    /// API keys and logins.
+    pub auth: Authenticator,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Origins allowed by CORS (none: CORS off).
+    pub cors_origins: Vec<String>,
 }
 
 impl AppState {
@@ -34,12 +42,16 @@ impl AppState {
             .map_err(|error| ApiError::internal(error.to_string()))?;
         let runtime = build_runtime(&store, &http).await?;
         let log = Arc::new(crate::store_log::StoreLog::new(store.clone()));
+        let metrics = Arc::new(Metrics::default());
         Ok(Self {
             sessions: SessionManager::new(runtime, log),
+            auth: Authenticator::new(store.clone()),
             store,
-            hub: Hub::default(),
+            hub: Hub::new(Arc::clone(&metrics)),
             http,
             shutdown: CancellationToken::new(),
+            metrics,
+            cors_origins: Vec::new(),
         })
     }
 

@@ -204,20 +204,24 @@ pub enum ConfigKind {
     Template,
     /// An agent definition.
     Agent,
+    /// An API key of the HTTP server (its hash, never the key).
+    ApiKey,
 }
 
 impl ConfigKind {
     /// Every kind.
-    pub const ALL: [ConfigKind; 6] = [
+    pub const ALL: [ConfigKind; 7] = [
         Self::Model,
         Self::Tool,
         Self::McpServer,
         Self::Skill,
         Self::Template,
         Self::Agent,
+        Self::ApiKey,
     ];
 
-    /// The kind's stable name (`model`, `tool`, `mcp_server`, `skill`, `template`, `agent`).
+    /// The kind's stable name (`model`, `tool`, `mcp_server`, `skill`, `template`, `agent`,
+    /// `api_key`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Model => "model",
@@ -226,6 +230,7 @@ impl ConfigKind {
             Self::Skill => "skill",
             Self::Template => "template",
             Self::Agent => "agent",
+            Self::ApiKey => "api_key",
         }
     }
 }
@@ -246,7 +251,7 @@ impl FromStr for ConfigKind {
             .ok_or_else(|| {
                 StoreError::InvalidInput(format!(
                     "unknown configuration kind {:?}; expected one of model, tool, mcp_server, \
-                     skill, template, agent",
+                     skill, template, agent, api_key",
                     truncate(s)
                 ))
             })

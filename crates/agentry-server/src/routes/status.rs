@@ -1,10 +1,42 @@
-//! `GET /v1/sessions/events`: a live feed of every session's status changes.
+//! `GET /v1/sessions/events`: a live feed of every session's status changes (running, idle,
+//! failed, interrupted, updated), as server-sent events named `session.status`.
+
+use std::convert::Infallible;
 
 use axum::Router;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use futures::Stream;
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::state::AppState;
 
 /// The status-feed routes.
 pub fn routes() -> Router<AppState> {
-    Router::new()
+    Router::new().route("/v1/sessions/events", get(feed))
+}
+
+async fn feed(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut changes = state.hub.status_changes();
+    let shutdown = state.shutdown.clone();
+    let stream = async_stream::stream! {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                change = changes.recv() => match change {
+                    Ok(change) => {
+                        let data = serde_json::to_string(&change).unwrap_or_default();
+                        yield Ok(Event::default().event("session.status").data(data));
+                    }
+                    // A slow reader missed some changes: say so, so it can refetch the list.
+                    Err(RecvError::Lagged(missed)) => {
+                        yield Ok(Event::default().event("session.lagged").data(format!("{{\"missed\":{missed}}}")));
+                    }
+                    Err(RecvError::Closed) => break,
+                },
+            }
+        }
+    };
+    Sse::new(stream).keep_alive(KeepAlive::default())
 }

@@ -1,4 +1,5 @@
 mod config;
 mod infer;
+mod ops;
 mod sessions;
 mod support;

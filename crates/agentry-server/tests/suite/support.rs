@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 pub struct Server {
     pub url: String,
+    pub state: AppState,
     pub mock: MockProvider,
     pub http: reqwest::Client,
     _home: tempfile::TempDir,
@@ -41,12 +42,13 @@ pub async fn start() -> Server {
     let state = AppState::new(store).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = router(state);
+    let app = router(state.clone());
     tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });
     Server {
         url,
+        state,
         mock,
         http: agentry_llm::http_client(Duration::from_secs(5)).unwrap(),
         _home: home,

@@ -2,6 +2,7 @@
 
 mod chat;
 mod data;
+mod keys;
 mod output;
 mod profile;
 mod run;
@@ -35,6 +36,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Inspect and manage saved sessions.
     Sessions(sessions::SessionsArgs),
+    /// Manage the API keys of `agentry serve`.
+    Keys(keys::KeysArgs),
 }
 
 /// Runs the chosen command.
@@ -44,5 +47,6 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args, &cli.data).await,
         Command::Chat(args) => chat::chat(args, &cli.data).await,
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
+        Command::Keys(args) => keys::keys(args, &cli.data).await,
     }
 }

@@ -11,9 +11,12 @@ use super::data::DataArgs;
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// The address to listen on (loopback only until API keys are available).
+    /// The address to listen on. Anything but loopback needs an API key (`agentry keys create`).
     #[arg(default_value = "127.0.0.1:7988")]
     addr: SocketAddr,
+    /// Allow cross-origin requests from this origin (repeatable; CORS is off by default).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
 }
 
 pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
@@ -21,9 +24,10 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         addr: args.addr,
         ..ServerConfig::default()
     };
-    let listener = agentry_server::serve::bind(&config).await?;
     let store = data.open_store().await?;
-    let state = AppState::new(store.clone()).await?;
+    let listener = agentry_server::serve::bind(&config, &store).await?;
+    let mut state = AppState::new(store.clone()).await?;
+    state.cors_origins = args.cors_origins;
     let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;

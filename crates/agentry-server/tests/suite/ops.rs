@@ -1,0 +1,290 @@
+//! Authentication, metrics, the session status feed, request ids and the bind rule.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentry_server::ServerConfig;
+use agentry_server::auth::{create_key, revoke_key};
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::json;
+
+use super::support::start;
+
+const V1_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/v1/sessions"),
+    ("GET", "/v1/sessions/search?q=x"),
+    ("GET", "/v1/sessions/01890a5d-ac96-774b-bcce-b302099a8057"),
+    (
+        "DELETE",
+        "/v1/sessions/01890a5d-ac96-774b-bcce-b302099a8057",
+    ),
+    (
+        "GET",
+        "/v1/sessions/01890a5d-ac96-774b-bcce-b302099a8057/stream",
+    ),
+    ("GET", "/v1/sessions/events"),
+    ("POST", "/v1/infer"),
+    ("POST", "/v1/infer/stream"),
+    ("POST", "/v1/infer/abort"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/models"),
+    ("GET", "/v1/tools"),
+    ("POST", "/v1/tools/call"),
+    ("GET", "/v1/prompt-templates"),
+    ("GET", "/v1/env"),
+    ("POST", "/v1/env"),
+    ("GET", "/metrics"),
+];
+
+async fn status_of(
+    server: &super::support::Server,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+) -> u16 {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut request = server.http.request(method, format!("{}{path}", server.url));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn with_a_key_every_v1_route_refuses_missing_wrong_and_revoked_keys() {
+    let server = start().await;
+    // No key yet: open (loopback only).
+    assert_eq!(status_of(&server, "GET", "/v1/sessions", None).await, 200);
+    let key = create_key(&server.state.store, "tests").await.unwrap();
+    server.state.auth.refresh();
+    for (method, path) in V1_ROUTES {
+        assert_eq!(
+            status_of(&server, method, path, None).await,
+            401,
+            "{method} {path} without a key"
+        );
+        assert_eq!(
+            status_of(&server, method, path, Some("agk_000000000000_nope")).await,
+            401,
+            "{method} {path} with a wrong key"
+        );
+    }
+    let response = server
+        .http
+        .get(format!("{}/v1/sessions", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unauthorized");
+    // The right key works; health stays open.
+    assert_eq!(
+        status_of(&server, "GET", "/v1/sessions", Some(&key.key)).await,
+        200
+    );
+    assert_eq!(status_of(&server, "GET", "/healthz", None).await, 200);
+    // Revoked: refused on the very next request.
+    let other = create_key(&server.state.store, "other").await.unwrap();
+    assert!(revoke_key(&server.state.store, &key.id).await.unwrap());
+    assert_eq!(
+        status_of(&server, "GET", "/v1/sessions", Some(&key.key)).await,
+        401
+    );
+    assert_eq!(
+        status_of(&server, "GET", "/v1/sessions", Some(&other.key)).await,
+        200
+    );
+    // Only the hash is stored.
+    let stored = server
+        .state
+        .store
+        .list_config(agentry_store::ConfigKind::ApiKey)
+        .await
+        .unwrap();
+    assert!(!serde_json::to_string(&stored).unwrap().contains(&other.key));
+}
+
+#[tokio::test]
+async fn a_login_sets_an_http_only_cookie_that_works_until_logout() {
+    let server = start().await;
+    let key = create_key(&server.state.store, "console").await.unwrap();
+    server.state.auth.refresh();
+    let refused = server
+        .http
+        .post(format!("{}/v1/auth/login", server.url))
+        .json(&json!({"api_key": "agk_000000000000_wrong"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    let login = server
+        .http
+        .post(format!("{}/v1/auth/login", server.url))
+        .json(&json!({"api_key": key.key}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status().as_u16(), 204);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    let with_cookie = |path: &str| {
+        server
+            .http
+            .get(format!("{}{path}", server.url))
+            .header("cookie", pair.clone())
+            .send()
+    };
+    assert_eq!(
+        with_cookie("/v1/sessions").await.unwrap().status().as_u16(),
+        200
+    );
+    let status: serde_json::Value = with_cookie("/v1/auth/status")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status, json!({"enabled": true, "authenticated": true}));
+    server
+        .http
+        .post(format!("{}/v1/auth/logout", server.url))
+        .header("cookie", pair.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        with_cookie("/v1/sessions").await.unwrap().status().as_u16(),
+        401
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_runs_rounds_and_requests() {
+    let server = start().await;
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "current_time",
+        json!({}),
+    )));
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("done").with_usage(10, 3),
+    ));
+    let (status, _) = server
+        .post("/v1/infer", json!({"session_id": "new", "text": "time?"}))
+        .await;
+    assert_eq!(status, 200);
+    let text = server
+        .http
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("agentry_runs_started_total 1"), "{text}");
+    assert!(text.contains("agentry_rounds_total 2"), "{text}");
+    assert!(
+        text.contains("agentry_runs_finished_total{stop_reason=\"completed\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("agentry_tool_calls_total{outcome=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("agentry_http_requests_total{method=\"POST\",status=\"200\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("agentry_http_request_duration_seconds_bucket"),
+        "{text}"
+    );
+    assert!(text.contains("agentry_live_runs 0"), "{text}");
+}
+
+#[tokio::test]
+async fn the_status_feed_reports_runs_starting_and_ending() {
+    let server = start().await;
+    let mut feed = server.sse("/v1/sessions/events", None, None).await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("hello")));
+    let (_, body) = server
+        .post("/v1/infer", json!({"session_id": "new", "text": "hi"}))
+        .await;
+    let session = body["session_id"].as_str().unwrap();
+    let running = feed.next().await.unwrap();
+    assert_eq!(running.name, "session.status");
+    assert_eq!(running.data["session_id"], session);
+    assert_eq!(running.data["status"], "running");
+    let idle = feed.next().await.unwrap();
+    assert_eq!(idle.data["status"], "idle");
+    assert_eq!(idle.data["stop_reason"], "completed");
+}
+
+#[tokio::test]
+async fn every_response_has_a_request_id() {
+    let server = start().await;
+    let response = server
+        .http
+        .get(format!("{}/healthz", server.url))
+        .send()
+        .await
+        .unwrap();
+    let id = response.headers()["x-request-id"].to_str().unwrap();
+    assert_eq!(id.len(), 36);
+    let given = server
+        .http
+        .get(format!("{}/healthz", server.url))
+        .header("x-request-id", "trace-me-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(given.headers()["x-request-id"], "trace-me-42");
+}
+
+#[tokio::test]
+async fn listening_beyond_loopback_needs_a_key() {
+    let server = start().await;
+    let open = ServerConfig {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        shutdown_grace: Duration::from_secs(1),
+    };
+    let refused = agentry_server::serve::bind(&open, &server.state.store).await;
+    assert!(matches!(
+        refused,
+        Err(agentry_server::ServeError::InsecureBind(_))
+    ));
+    create_key(&server.state.store, "ops").await.unwrap();
+    assert!(
+        agentry_server::serve::bind(&open, &server.state.store)
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn cors_is_off_by_default() {
+    let server = start().await;
+    let response = server
+        .http
+        .get(format!("{}/v1/sessions", server.url))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+}
