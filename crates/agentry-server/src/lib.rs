@@ -13,6 +13,7 @@ pub mod hub;
 pub mod metrics;
 pub mod middleware;
 pub mod models;
+pub mod openapi;
 pub mod routes;
 pub mod serve;
 pub mod state;

@@ -152,7 +152,9 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
         (Some(key), _) => state.auth.verify_key(&key).await.map(|id| id.is_some()),
         (None, Some(token)) => state.auth.verify_login(&token).await,
         (None, None) => {
-            return unauthorized("this server needs an API key: send `Authorization: Bearer <key>`");
+            return unauthorized(
+                "this server needs an API key: send `Authorization: Bearer <key>`",
+            );
         }
     };
     match allowed {

@@ -18,25 +18,29 @@ use crate::error::ApiError;
 
 /// A registered model. Accepts the Python service's field names (`model_id`, `api_protocol`,
 /// `api_base`) as well as Agentry's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The id requests name it by.
     #[serde(alias = "model_id")]
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     pub id: String,
     /// The wire protocol.
     #[serde(alias = "api_protocol", default = "default_protocol")]
+    #[schema(schema_with = crate::openapi::protocol_schema)]
     pub protocol: Protocol,
     /// Base URL (default: the protocol's public endpoint).
     #[serde(alias = "api_base", default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// The provider's model name.
+    #[schema(pattern = "\\S")]
     pub model_name: String,
     /// The name of the secret (see `/v1/env`) holding the API key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret: Option<String>,
     /// Default generation parameters.
     #[serde(default, alias = "generate_params")]
+    #[schema(value_type = Object)]
     pub params: GenerationParams,
     /// The model's context window in tokens, if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -48,11 +52,12 @@ fn default_protocol() -> Protocol {
 }
 
 /// A stored prompt template.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateConfig {
     /// The template's name.
     #[serde(alias = "id")]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub name: String,
     /// Its text, with `{{placeholders}}`.
     #[serde(alias = "content")]

@@ -15,17 +15,19 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use agentry_core::template::TemplateStore;
 use agentry_core::tool::{
@@ -38,6 +40,11 @@ use agentry_types::Message;
 
 use crate::error::ApiError;
 use crate::models::{ModelConfig, TemplateConfig};
+use crate::openapi::{
+    BadGateway, BadRequest, Conflict, DeletedTools, GatewayTimeout, JsonBodyErrors, ModelList,
+    ModelPath, ModelTestOutcome, NamePath, NotFound, SecretList, SecretsSet, TemplateList,
+    TemplateVariables, ToolCallOutcome, ToolDefinitionSchema, ToolList,
+};
 use crate::state::AppState;
 
 /// How long a model connection test may take.
@@ -51,37 +58,20 @@ pub const RESERVED_TOOL_NAMES: [&str; 2] = ["call", "batch"];
 static WRITE_LOCK: Mutex<()> = Mutex::const_new(());
 
 /// The configuration routes.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/models", get(list_models).post(create_model))
-        .route(
-            "/v1/models/{id}",
-            get(get_model).put(replace_model).delete(delete_model),
-        )
-        .route("/v1/models/{id}/test", post(test_model))
-        .route("/v1/tools", get(list_tools).post(create_tool))
-        .route("/v1/tools/call", post(call_tool))
-        .route("/v1/tools/batch", axum::routing::delete(delete_tools))
-        .route(
-            "/v1/tools/{name}",
-            get(get_tool).put(replace_tool).delete(delete_tool),
-        )
-        .route(
-            "/v1/prompt-templates",
-            get(list_templates).post(create_template),
-        )
-        .route(
-            "/v1/prompt-templates/{name}",
-            get(get_template)
-                .put(replace_template)
-                .delete(delete_template),
-        )
-        .route(
-            "/v1/prompt-templates/{name}/variables",
-            get(template_variables),
-        )
-        .route("/v1/env", get(list_secrets).post(set_secrets))
-        .route("/v1/env/{name}", axum::routing::delete(delete_secret))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_models, create_model))
+        .routes(routes!(get_model, replace_model, delete_model))
+        .routes(routes!(test_model))
+        .routes(routes!(list_tools, create_tool))
+        .routes(routes!(call_tool))
+        .routes(routes!(delete_tools))
+        .routes(routes!(get_tool, replace_tool, delete_tool))
+        .routes(routes!(list_templates, create_template))
+        .routes(routes!(get_template, replace_template, delete_template))
+        .routes(routes!(template_variables))
+        .routes(routes!(list_secrets, set_secrets))
+        .routes(routes!(delete_secret))
 }
 
 // --- extractors ---
@@ -226,6 +216,16 @@ fn no_model(id: &str) -> ApiError {
     ApiError::not_found(format!("no model is registered as {id:?}"))
 }
 
+/// The registered models.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "models",
+    operation_id = "list_models",
+    responses(
+        (status = 200, description = "The models, by id.", body = ModelList),
+    )
+)]
 async fn list_models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let mut models = Vec::new();
     for (name, value) in state.store.list_config(ConfigKind::Model).await? {
@@ -238,6 +238,26 @@ async fn list_models(State(state): State<AppState>) -> Result<Json<Value>, ApiEr
     Ok(Json(json!({ "models": models })))
 }
 
+/// Registers a model, after checking it (id, base URL, model name, and that a client can be
+/// built, which resolves its key's secret).
+#[utoipa::path(
+    post,
+    path = "/v1/models",
+    tag = "models",
+    operation_id = "create_model",
+    request_body = ModelConfig,
+    responses(
+        (status = 201, description = "Registered.", body = ModelConfig,
+         links(
+             ("get_model" = (operation_id = "get_model", parameters(("id" = "$response.body#/id")))),
+             ("replace_model" = (operation_id = "replace_model", parameters(("id" = "$response.body#/id")))),
+             ("delete_model" = (operation_id = "delete_model", parameters(("id" = "$response.body#/id")))),
+             ("test_model" = (operation_id = "test_model", parameters(("id" = "$response.body#/id")))),
+         )),
+        JsonBodyErrors,
+        Conflict,
+    )
+)]
 async fn create_model(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<Value>,
@@ -264,6 +284,19 @@ async fn create_model(
     Ok(created(model))
 }
 
+/// A registered model.
+#[utoipa::path(
+    get,
+    path = "/v1/models/{id}",
+    tag = "models",
+    operation_id = "get_model",
+    params(ModelPath),
+    responses(
+        (status = 200, description = "The model.", body = ModelConfig),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn get_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -275,6 +308,21 @@ async fn get_model(
         .ok_or_else(|| no_model(&id))
 }
 
+/// Replaces a model (renames it if the body's id differs).
+#[utoipa::path(
+    put,
+    path = "/v1/models/{id}",
+    tag = "models",
+    operation_id = "replace_model",
+    params(ModelPath),
+    request_body = ModelConfig,
+    responses(
+        (status = 200, description = "Replaced.", body = ModelConfig),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
 async fn replace_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -311,6 +359,19 @@ async fn replace_model(
     Ok(Json(model))
 }
 
+/// Deletes a model.
+#[utoipa::path(
+    delete,
+    path = "/v1/models/{id}",
+    tag = "models",
+    operation_id = "delete_model",
+    params(ModelPath),
+    responses(
+        (status = 204, description = "Deleted."),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn delete_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -326,6 +387,18 @@ async fn delete_model(
 
 /// Sends `ping` with a one-token limit through the runtime's client for the model. A provider
 /// that fails is reported in the body (`ok: false` with the error), not as a server error.
+#[utoipa::path(
+    post,
+    path = "/v1/models/{id}/test",
+    tag = "models",
+    operation_id = "test_model",
+    params(ModelPath),
+    responses(
+        (status = 200, description = "Whether the model answered; a provider failure is reported here.", body = ModelTestOutcome),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn test_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -467,6 +540,16 @@ async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>
         .transpose()
 }
 
+/// The built-in and configured tools.
+#[utoipa::path(
+    get,
+    path = "/v1/tools",
+    tag = "tools",
+    operation_id = "list_tools",
+    responses(
+        (status = 200, description = "The tools, by name.", body = ToolList),
+    )
+)]
 async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let mut tools: Vec<ToolSummary> = builtin_tools()
         .iter()
@@ -483,6 +566,18 @@ async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
 }
 
 /// A built-in tool's summary, or a configured tool's definition.
+#[utoipa::path(
+    get,
+    path = "/v1/tools/{name}",
+    tag = "tools",
+    operation_id = "get_tool",
+    params(NamePath),
+    responses(
+        (status = 200, description = "A built-in tool's summary, or a configured tool's definition.", body = Object),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn get_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -497,6 +592,24 @@ async fn get_tool(
     Ok(Json(to_document(&definition)?))
 }
 
+/// Configures a tool, after building it and checking its name and argument schema.
+#[utoipa::path(
+    post,
+    path = "/v1/tools",
+    tag = "tools",
+    operation_id = "create_tool",
+    request_body = ToolDefinitionSchema,
+    responses(
+        (status = 201, description = "Configured: the definition.", body = ToolDefinitionSchema,
+         links(
+             ("get_tool" = (operation_id = "get_tool", parameters(("name" = "$response.body#/name")))),
+             ("replace_tool" = (operation_id = "replace_tool", parameters(("name" = "$response.body#/name")))),
+             ("delete_tool" = (operation_id = "delete_tool", parameters(("name" = "$response.body#/name")))),
+         )),
+        JsonBodyErrors,
+        Conflict,
+    )
+)]
 async fn create_tool(
     State(state): State<AppState>,
     ApiJson(definition): ApiJson<ToolDefinition>,
@@ -517,6 +630,21 @@ async fn create_tool(
     Ok(created(definition))
 }
 
+/// Replaces a configured tool (renames it if the body's name differs).
+#[utoipa::path(
+    put,
+    path = "/v1/tools/{name}",
+    tag = "tools",
+    operation_id = "replace_tool",
+    params(NamePath),
+    request_body = ToolDefinitionSchema,
+    responses(
+        (status = 200, description = "Replaced: the definition.", body = ToolDefinitionSchema),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
 async fn replace_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -556,6 +684,19 @@ async fn replace_tool(
     Ok(Json(definition))
 }
 
+/// Deletes a configured tool.
+#[utoipa::path(
+    delete,
+    path = "/v1/tools/{name}",
+    tag = "tools",
+    operation_id = "delete_tool",
+    params(NamePath),
+    responses(
+        (status = 204, description = "Deleted."),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn delete_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -573,14 +714,26 @@ async fn delete_tool(
 }
 
 /// The body of `DELETE /v1/tools/batch`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct DeleteTools {
+    /// The names of the tools to delete.
     ids: Vec<String>,
 }
 
 /// Deletes several configured tools. Every name is checked first (a built-in or an invalid
 /// name refuses the whole batch, deleting nothing); names with no tool are listed as missing.
+#[utoipa::path(
+    delete,
+    path = "/v1/tools/batch",
+    tag = "tools",
+    operation_id = "delete_tools",
+    request_body = DeleteTools,
+    responses(
+        (status = 200, description = "What was deleted, and the names with no tool.", body = DeletedTools),
+        JsonBodyErrors,
+    )
+)]
 async fn delete_tools(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<DeleteTools>,
@@ -614,14 +767,19 @@ async fn delete_tools(
 }
 
 /// The body of `POST /v1/tools/call`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CallTool {
+    /// The tool's name (also accepted as `name`).
     #[serde(alias = "name")]
     tool_id: String,
+    /// Its arguments (default `{}`).
     #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
     arguments: Value,
+    /// `text` (the result's text as one string, the default) or `json` (parsed).
     #[serde(default)]
+    #[schema(value_type = crate::openapi::ResultFormatName)]
     format: ResultFormat,
 }
 
@@ -634,6 +792,20 @@ const NOT_JSON: &str = "the tool's result is not JSON";
 
 /// Runs a tool directly. An unknown tool is 404, invalid arguments 400, a result that is not
 /// JSON when JSON was asked for 400, a failing tool 502, a timeout 504.
+#[utoipa::path(
+    post,
+    path = "/v1/tools/call",
+    tag = "tools",
+    operation_id = "call_tool",
+    request_body = CallTool,
+    responses(
+        (status = 200, description = "The result.", body = ToolCallOutcome),
+        JsonBodyErrors,
+        NotFound,
+        BadGateway,
+        GatewayTimeout,
+    )
+)]
 async fn call_tool(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CallTool>,
@@ -686,6 +858,16 @@ async fn stored_template(store: &Store, name: &str) -> Result<Option<TemplateCon
         .transpose()
 }
 
+/// The prompt templates.
+#[utoipa::path(
+    get,
+    path = "/v1/prompt-templates",
+    tag = "prompt-templates",
+    operation_id = "list_templates",
+    responses(
+        (status = 200, description = "The templates, by name.", body = TemplateList),
+    )
+)]
 async fn list_templates(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let mut templates = Vec::new();
     for (name, value) in state.store.list_config(ConfigKind::Template).await? {
@@ -698,6 +880,25 @@ async fn list_templates(State(state): State<AppState>) -> Result<Json<Value>, Ap
     Ok(Json(json!({ "templates": templates })))
 }
 
+/// Stores a prompt template, after compiling it.
+#[utoipa::path(
+    post,
+    path = "/v1/prompt-templates",
+    tag = "prompt-templates",
+    operation_id = "create_template",
+    request_body = TemplateConfig,
+    responses(
+        (status = 201, description = "Stored.", body = TemplateConfig,
+         links(
+             ("get_template" = (operation_id = "get_template", parameters(("name" = "$response.body#/name")))),
+             ("replace_template" = (operation_id = "replace_template", parameters(("name" = "$response.body#/name")))),
+             ("delete_template" = (operation_id = "delete_template", parameters(("name" = "$response.body#/name")))),
+             ("template_variables" = (operation_id = "template_variables", parameters(("name" = "$response.body#/name")))),
+         )),
+        JsonBodyErrors,
+        Conflict,
+    )
+)]
 async fn create_template(
     State(state): State<AppState>,
     ApiJson(template): ApiJson<TemplateConfig>,
@@ -727,6 +928,19 @@ async fn create_template(
     Ok(created(template))
 }
 
+/// A prompt template.
+#[utoipa::path(
+    get,
+    path = "/v1/prompt-templates/{name}",
+    tag = "prompt-templates",
+    operation_id = "get_template",
+    params(NamePath),
+    responses(
+        (status = 200, description = "The template.", body = TemplateConfig),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn get_template(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -738,6 +952,21 @@ async fn get_template(
         .ok_or_else(|| no_template(&name))
 }
 
+/// Replaces a prompt template (renames it if the body's name differs).
+#[utoipa::path(
+    put,
+    path = "/v1/prompt-templates/{name}",
+    tag = "prompt-templates",
+    operation_id = "replace_template",
+    params(NamePath),
+    request_body = TemplateConfig,
+    responses(
+        (status = 200, description = "Replaced.", body = TemplateConfig),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
 async fn replace_template(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -785,6 +1014,19 @@ async fn replace_template(
     Ok(Json(template))
 }
 
+/// Deletes a prompt template.
+#[utoipa::path(
+    delete,
+    path = "/v1/prompt-templates/{name}",
+    tag = "prompt-templates",
+    operation_id = "delete_template",
+    params(NamePath),
+    responses(
+        (status = 204, description = "Deleted."),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn delete_template(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -802,6 +1044,19 @@ async fn delete_template(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The variables a prompt template reads.
+#[utoipa::path(
+    get,
+    path = "/v1/prompt-templates/{name}/variables",
+    tag = "prompt-templates",
+    operation_id = "template_variables",
+    params(NamePath),
+    responses(
+        (status = 200, description = "The variables.", body = TemplateVariables),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn template_variables(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -819,13 +1074,16 @@ async fn template_variables(
 // --- secrets ---
 
 /// The body of `POST /v1/env`: one secret (`name`, `value`) or several (`vars`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetSecrets {
+    /// One secret's name.
     #[serde(default)]
     name: Option<String>,
+    /// One secret's value.
     #[serde(default)]
     value: Option<String>,
+    /// Several secrets: `{"NAME": "value", …}`.
     #[serde(default)]
     vars: Option<BTreeMap<String, String>>,
 }
@@ -840,6 +1098,16 @@ fn check_secret(name: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The secrets, masked: never a value.
+#[utoipa::path(
+    get,
+    path = "/v1/env",
+    tag = "secrets",
+    operation_id = "list_secrets",
+    responses(
+        (status = 200, description = "The secrets.", body = SecretList),
+    )
+)]
 async fn list_secrets(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let secrets = state.store.list_secrets().await?;
     Ok(Json(json!({ "secrets": secrets })))
@@ -847,6 +1115,18 @@ async fn list_secrets(State(state): State<AppState>) -> Result<Json<Value>, ApiE
 
 /// Sets one secret (204) or several (200 with the names set). Every name and value is checked
 /// before any is written.
+#[utoipa::path(
+    post,
+    path = "/v1/env",
+    tag = "secrets",
+    operation_id = "set_secrets",
+    request_body = SetSecrets,
+    responses(
+        (status = 200, description = "Several secrets set (`vars`): their names.", body = SecretsSet),
+        (status = 204, description = "One secret set (`name` and `value`)."),
+        JsonBodyErrors,
+    )
+)]
 async fn set_secrets(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<SetSecrets>,
@@ -889,6 +1169,19 @@ async fn set_secrets(
     }
 }
 
+/// Deletes a secret.
+#[utoipa::path(
+    delete,
+    path = "/v1/env/{name}",
+    tag = "secrets",
+    operation_id = "delete_secret",
+    params(NamePath),
+    responses(
+        (status = 204, description = "Deleted."),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn delete_secret(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,

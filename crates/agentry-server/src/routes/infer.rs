@@ -9,17 +9,19 @@
 
 use std::convert::Infallible;
 
+use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::{Json, Router};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use agentry_core::session::BusyPolicy;
 use agentry_core::{Input, RunLimits, RunRequest};
@@ -30,25 +32,31 @@ use agentry_types::{ContentPart, ImageSource, Message, RunEvent, SessionEvent, S
 use super::sse::SseMapper;
 use crate::error::ApiError;
 use crate::hub::Subscription;
+use crate::openapi::{
+    AbortOutcome, AbortRequest, BadRequest, Conflict, InferOutcome, JsonBodyErrors, NotFound,
+    RunStreamEvent,
+};
 use crate::state::AppState;
 
 /// The inference routes.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/infer", post(infer))
-        .route("/v1/infer/stream", post(infer_stream))
-        .route("/v1/infer/abort", post(abort))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(infer))
+        .routes(routes!(infer_stream))
+        .routes(routes!(abort))
 }
 
 /// A message of an inference request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InferMessage {
     /// `user` or `system`.
     #[serde(default = "user_role")]
+    #[schema(default = "user", pattern = "^(user|system)$")]
     pub role: String,
     /// Text, or a list of `{"type": "text"|"image_url", …}` parts.
     #[serde(default)]
+    #[schema(schema_with = crate::openapi::message_content_schema)]
     pub content: Option<Value>,
     /// Images: `data:` URLs or `http(s)` URLs.
     #[serde(default)]
@@ -58,9 +66,11 @@ pub struct InferMessage {
     pub prompt_template: Option<String>,
     /// The template's arguments.
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub arguments: serde_json::Map<String, Value>,
     /// Accepted for compatibility and ignored.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub timestamp: Option<Value>,
 }
 
@@ -69,7 +79,7 @@ fn user_role() -> String {
 }
 
 /// An inference request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InferRequest {
     /// The model id (default: the first registered model).
@@ -86,6 +96,7 @@ pub struct InferRequest {
     pub messages: Vec<InferMessage>,
     /// `"new"`, an existing session id, or absent for an ephemeral run.
     #[serde(default)]
+    #[schema(pattern = "^(new|[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12})$")]
     pub session_id: Option<String>,
     /// A system prompt (a session keeps the one it started with).
     #[serde(default)]
@@ -93,11 +104,14 @@ pub struct InferRequest {
     /// Tool rounds allowed.
     #[serde(default)]
     pub max_tool_rounds: Option<u32>,
-    /// Generation parameters.
+    /// Generation parameters (`max_tokens`, `temperature`, `top_p`, `stop`, `thinking`, and
+    /// provider-specific fields).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub params: Option<GenerationParams>,
     /// What to do if the session has a run in progress (default: reject).
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::BusyPolicyName>)]
     pub policy: Option<BusyPolicy>,
     /// Cancel the run when the client disconnects.
     #[serde(default)]
@@ -310,6 +324,39 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// Runs a request and waits for its end.
+///
+/// With `session_id` the run is durable: `"new"` creates a session, an id continues one, and the
+/// run keeps going if the client disconnects (unless `cancel_on_disconnect`). Without it the run
+/// is ephemeral and nothing is stored.
+#[utoipa::path(
+    post,
+    path = "/v1/infer",
+    tag = "inference",
+    operation_id = "infer",
+    request_body = InferRequest,
+    responses(
+        (status = 200, description = "The run ended: completed, or stopped by a guard.",
+         body = InferOutcome,
+         headers(("x-session-id" = String, description = "The session, for a session run.")),
+         links(
+             ("get_session" = (operation_id = "get_session", parameters(("id" = "$response.body#/session_id")))),
+             ("session_events" = (operation_id = "session_events", parameters(("id" = "$response.body#/session_id")))),
+             ("session_stream" = (operation_id = "session_stream", parameters(("id" = "$response.body#/session_id")))),
+             ("fork_session" = (operation_id = "fork_session", parameters(("id" = "$response.body#/session_id")))),
+             ("title_session" = (operation_id = "title_session", parameters(("id" = "$response.body#/session_id")))),
+             ("read_session" = (operation_id = "read_session", parameters(("id" = "$response.body#/session_id")))),
+             ("continue_session" = (operation_id = "continue_session", parameters(("id" = "$response.body#/session_id")))),
+             ("delete_session" = (operation_id = "delete_session", parameters(("id" = "$response.body#/session_id")))),
+         )),
+        (status = 502, description = "The run failed (the model call failed).",
+         body = InferOutcome,
+         headers(("x-session-id" = String, description = "The session, for a session run."))),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
 async fn infer(
     State(state): State<AppState>,
     body: Result<Json<InferRequest>, JsonRejection>,
@@ -452,6 +499,27 @@ fn outcome(
     response
 }
 
+/// Runs a request, streaming its events as server-sent events.
+///
+/// Events: `session` (a session run's id, first), `run.started`, `delta.text`,
+/// `delta.thinking`, `delta.tool_call`, `message`, `tool.started`, `tool.result`, `usage`, and
+/// `run.finished` or `run.failed` last. In a session, committed steps carry their seq as the
+/// SSE id, for `GET /v1/sessions/{id}/stream` with `Last-Event-ID`.
+#[utoipa::path(
+    post,
+    path = "/v1/infer/stream",
+    tag = "inference",
+    operation_id = "infer_stream",
+    request_body = InferRequest,
+    responses(
+        (status = 200, description = "The run's events, until it ends.",
+         body = RunStreamEvent, content_type = "text/event-stream",
+         headers(("x-session-id" = String, description = "The session, for a session run."))),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
 async fn infer_stream(
     State(state): State<AppState>,
     body: Result<Json<InferRequest>, JsonRejection>,
@@ -509,8 +577,24 @@ pub(crate) fn session_events<G: Send + 'static>(
         let _guard = guard;
         let mut mapper = SseMapper::new(true, after);
         let mut events = subscription.events;
+        let shutdown = state.shutdown.clone();
         loop {
-            match events.recv().await {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = shutdown.cancelled() => {
+                    // The run goes on (or resumes at the next start); tell the client where to
+                    // pick up.
+                    let data = serde_json::json!({
+                        "reason": "the server is shutting down",
+                        "session_id": session,
+                        "last_seq": mapper.last_seq,
+                        "resume": format!("/v1/sessions/{session}/stream"),
+                    });
+                    yield Ok(Event::default().event("server.shutdown").data(data.to_string()));
+                    break;
+                }
+            };
+            match received {
                 Ok(event) => {
                     for sse in mapper.map(&event) {
                         yield Ok(sse);
@@ -544,6 +628,19 @@ pub(crate) fn session_events<G: Send + 'static>(
     }
 }
 
+/// Cancels the session's live run, if it has one.
+#[utoipa::path(
+    post,
+    path = "/v1/infer/abort",
+    tag = "inference",
+    operation_id = "abort",
+    request_body = AbortRequest,
+    responses(
+        (status = 200, description = "Whether a live run was cancelled.", body = AbortOutcome),
+        JsonBodyErrors,
+        BadRequest,
+    )
+)]
 async fn abort(
     State(state): State<AppState>,
     body: Result<Json<Value>, JsonRejection>,

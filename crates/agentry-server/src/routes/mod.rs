@@ -1,4 +1,8 @@
 //! The router: every route of the API.
+//!
+//! The routes of `ops`, `infer`, `sessions` and `config` are registered through
+//! [`OpenApiRouter`] from their handlers' `#[utoipa::path]` operations ([`documented`]), which
+//! is also where `GET /openapi.json` takes them from (see [`crate::openapi`]).
 
 pub mod config;
 pub mod infer;
@@ -9,20 +13,27 @@ pub mod status;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::state::AppState;
 
 /// The largest request body accepted (bytes).
 pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-/// The API's router, with authentication, metrics, request ids and access logs around it.
-pub fn router(state: AppState) -> Router {
-    let routes = Router::new()
+/// The routes registered with their OpenAPI operations: the router and its document together.
+pub fn documented() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .merge(ops::routes())
-        .merge(status::routes())
         .merge(infer::routes())
         .merge(sessions::routes())
         .merge(config::routes())
+}
+
+/// The API's router, with authentication, metrics, request ids and access logs around it.
+pub fn router(state: AppState) -> Router {
+    let (documented, _) = documented().split_for_parts();
+    let routes = documented
+        .merge(status::routes())
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT));

@@ -1,26 +1,48 @@
-//! Operations: liveness, readiness, and the JSON 404.
+//! Operations: liveness, readiness, the OpenAPI document, and the JSON 404.
 
+use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, Uri};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::ApiError;
+use crate::openapi::{Health, Readiness, ServiceUnavailable};
 use crate::state::AppState;
 
 /// The operations routes.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(openapi_json))
 }
 
+/// Liveness: the process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    operation_id = "healthz",
+    responses((status = 200, description = "The server is up.", body = Health))
+)]
 async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Ready when the database answers.
+/// Readiness: ready when the database answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    operation_id = "readyz",
+    responses(
+        (status = 200, description = "Ready to serve.", body = Readiness),
+        ServiceUnavailable,
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let version = state.store.schema_version().await.map_err(|error| {
         ApiError::new(
@@ -35,6 +57,19 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         "schema_version": version,
         "live_runs": state.hub.live_runs(),
     })))
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    operation_id = "openapi",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API.", body = Object))
+)]
+async fn openapi_json() -> Result<Response, ApiError> {
+    let document = crate::openapi::document_json()?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], document).into_response())
 }
 
 /// A known route with the wrong method: a JSON 405.

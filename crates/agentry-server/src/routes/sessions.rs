@@ -3,16 +3,18 @@
 
 use std::convert::Infallible;
 
+use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use agentry_core::RunRequest;
 use agentry_core::session::{BusyPolicy, replay};
@@ -22,20 +24,25 @@ use agentry_types::{Message, SessionEvent, SessionId};
 use super::infer::{parse_session_id, session_events};
 use super::sse::SseMapper;
 use crate::error::ApiError;
+use crate::openapi::{
+    BadGateway, BadRequest, Conflict, ContinueOutcome, ErrorBody, ForkOutcome, JsonBodyErrors,
+    NotFound, RunStreamEvent, SearchResults, SessionDetail, SessionEvents, SessionList,
+    SessionPath, TitleOutcome,
+};
 use crate::state::AppState;
 
 /// The session routes.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/sessions", get(list))
-        .route("/v1/sessions/search", get(search))
-        .route("/v1/sessions/{id}", get(show).delete(remove))
-        .route("/v1/sessions/{id}/events", get(events))
-        .route("/v1/sessions/{id}/stream", get(stream))
-        .route("/v1/sessions/{id}/fork", post(fork))
-        .route("/v1/sessions/{id}/title", post(title))
-        .route("/v1/sessions/{id}/read", post(read))
-        .route("/v1/sessions/{id}/continue", post(continue_run))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(search))
+        .routes(routes!(show, remove))
+        .routes(routes!(events))
+        .routes(routes!(stream))
+        .routes(routes!(fork))
+        .routes(routes!(title))
+        .routes(routes!(read))
+        .routes(routes!(continue_run))
 }
 
 fn record_json(record: &SessionRecord, live: bool) -> Value {
@@ -62,13 +69,20 @@ async fn session(state: &AppState, id: &str) -> Result<SessionRecord, ApiError> 
         .ok_or_else(|| ApiError::not_found(format!("no session {id}")))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// Only sessions with this status.
+    #[param(pattern = "^[a-z_]{1,32}$")]
     status: Option<String>,
+    /// At most this many.
     #[serde(default = "default_limit")]
+    #[param(default = 100, minimum = 1, maximum = 1000)]
     limit: usize,
+    /// Skip this many first.
     #[serde(default)]
+    #[param(default = 0)]
     offset: usize,
 }
 
@@ -76,6 +90,18 @@ fn default_limit() -> usize {
     100
 }
 
+/// Lists sessions, most recent activity first.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    operation_id = "list_sessions",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The sessions.", body = SessionList),
+        BadRequest,
+    )
+)]
 async fn list(
     State(state): State<AppState>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -99,11 +125,16 @@ async fn list(
     Ok(Json(json!({ "sessions": sessions })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct SearchQuery {
+    /// The text to find in event payloads.
+    #[param(min_length = 1, max_length = 1000)]
     q: String,
+    /// At most this many hits (clamped to 1..=200).
     #[serde(default = "default_search_limit")]
+    #[param(default = 20)]
     limit: usize,
 }
 
@@ -111,6 +142,18 @@ fn default_search_limit() -> usize {
     20
 }
 
+/// Searches every session's events for a text.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/search",
+    tag = "sessions",
+    operation_id = "search_sessions",
+    params(SearchQuery),
+    responses(
+        (status = 200, description = "The hits.", body = SearchResults),
+        BadRequest,
+    )
+)]
 async fn search(
     State(state): State<AppState>,
     query: Result<Query<SearchQuery>, QueryRejection>,
@@ -145,6 +188,19 @@ async fn stored_events(
         .collect()
 }
 
+/// A session and its conversation.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    operation_id = "get_session",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "The session.", body = SessionDetail),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -159,13 +215,29 @@ async fn show(
     })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Only events with a greater seq.
     #[serde(default)]
+    #[param(default = 0)]
     after: u64,
 }
 
+/// A session's committed events.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/events",
+    tag = "sessions",
+    operation_id = "session_events",
+    params(SessionPath, EventsQuery),
+    responses(
+        (status = 200, description = "The events, in order.", body = SessionEvents),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -183,6 +255,25 @@ async fn events(
 
 /// Attaches to a session: its committed events after `Last-Event-ID` (or `?after=`), the
 /// current step's partial text, then live events until the run ends.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/stream",
+    tag = "sessions",
+    operation_id = "session_stream",
+    params(
+        SessionPath,
+        EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header,
+         description = "The last seq the client has (takes precedence over `after`)."),
+    ),
+    responses(
+        (status = 200, description = "The session's events as server-sent events (named as in \
+         `POST /v1/infer/stream`), until its run ends; at once if none is live.",
+         body = RunStreamEvent, content_type = "text/event-stream"),
+        BadRequest,
+        NotFound,
+    )
+)]
 async fn stream(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -241,20 +332,56 @@ async fn stream(
         .into_response())
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ForkBody {
+    /// The last event the fork shares (default: the session's last).
     #[serde(default)]
     at_seq: Option<u64>,
 }
 
+/// Forks a session: a new session whose history is this one's up to an event.
+///
+/// The body is optional; without a `content-type` it is ignored. A body sent as JSON that does
+/// not parse is refused by the JSON extractor itself, in plain text.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/fork",
+    tag = "sessions",
+    operation_id = "fork_session",
+    params(SessionPath),
+    request_body = Option<ForkBody>,
+    responses(
+        (status = 201, description = "The new session.", body = ForkOutcome,
+         links(
+             ("get_session" = (operation_id = "get_session", parameters(("id" = "$response.body#/session/id")))),
+             ("session_events" = (operation_id = "session_events", parameters(("id" = "$response.body#/session/id")))),
+             ("session_stream" = (operation_id = "session_stream", parameters(("id" = "$response.body#/session/id")))),
+             ("fork_session" = (operation_id = "fork_session", parameters(("id" = "$response.body#/session/id")))),
+             ("title_session" = (operation_id = "title_session", parameters(("id" = "$response.body#/session/id")))),
+             ("read_session" = (operation_id = "read_session", parameters(("id" = "$response.body#/session/id")))),
+             ("continue_session" = (operation_id = "continue_session", parameters(("id" = "$response.body#/session/id")))),
+             ("delete_session" = (operation_id = "delete_session", parameters(("id" = "$response.body#/session/id")))),
+         )),
+        (status = 400, description = "A bad id or seq (JSON), or a body that is not JSON (text).",
+         content((ErrorBody = "application/json"), (String = "text/plain"))),
+        (status = 413, description = "The body is too large.", body = String,
+         content_type = "text/plain"),
+        (status = 415, description = "The body is not `application/json`.", body = String,
+         content_type = "text/plain"),
+        (status = 422, description = "The body does not match the schema.", body = String,
+         content_type = "text/plain"),
+        NotFound,
+    )
+)]
 async fn fork(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Option<Json<ForkBody>>,
+    body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
+    let body: ForkBody = optional_json(&body)?;
     let record = session(&state, &id).await?;
-    let at = body.and_then(|Json(b)| b.at_seq).unwrap_or(record.last_seq);
+    let at = body.at_seq.unwrap_or(record.last_seq);
     let mut new = NewSession::new();
     new.title = record.title.as_ref().map(|title| format!("{title} (fork)"));
     new.metadata = record.metadata.clone();
@@ -272,15 +399,33 @@ async fn fork(
         .into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TitleBody {
+    /// The title; without one the model writes it.
     #[serde(default)]
+    #[schema(max_length = 1000)]
     title: Option<String>,
+    /// The model that writes the title (default: the first registered).
     #[serde(default)]
     model_id: Option<String>,
 }
 
+/// Sets a session's title, or lets a model write one from the conversation.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/title",
+    tag = "sessions",
+    operation_id = "title_session",
+    params(SessionPath),
+    request_body = TitleBody,
+    responses(
+        (status = 200, description = "The title set.", body = TitleOutcome),
+        JsonBodyErrors,
+        NotFound,
+        BadGateway,
+    )
+)]
 async fn title(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -293,6 +438,12 @@ async fn title(
         None => generate_title(&state, record.id, body.model_id).await?,
     };
     state.store.set_title(record.id, &title).await?;
+    state.hub.notify(crate::hub::StatusChange {
+        session_id: record.id,
+        status: "updated".into(),
+        stop_reason: None,
+        title: Some(title.clone()),
+    });
     Ok(Json(json!({ "title": title })))
 }
 
@@ -354,26 +505,71 @@ async fn generate_title(
     Ok(title)
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ReadBody {
+    /// The last seq read (default: the session's last).
     #[serde(default)]
     seq: Option<u64>,
 }
 
+/// Marks a session read up to an event.
+///
+/// The body is optional; without a `content-type` it is ignored. A body sent as JSON that does
+/// not parse is refused by the JSON extractor itself, in plain text.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/read",
+    tag = "sessions",
+    operation_id = "read_session",
+    params(SessionPath),
+    request_body = Option<ReadBody>,
+    responses(
+        (status = 204, description = "Marked."),
+        (status = 400, description = "A bad id or seq (JSON), or a body that is not JSON (text).",
+         content((ErrorBody = "application/json"), (String = "text/plain"))),
+        (status = 413, description = "The body is too large.", body = String,
+         content_type = "text/plain"),
+        (status = 415, description = "The body is not `application/json`.", body = String,
+         content_type = "text/plain"),
+        (status = 422, description = "The body does not match the schema.", body = String,
+         content_type = "text/plain"),
+        NotFound,
+    )
+)]
 async fn read(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Option<Json<ReadBody>>,
+    body: axum::body::Bytes,
 ) -> Result<StatusCode, ApiError> {
+    let body: ReadBody = optional_json(&body)?;
     let record = session(&state, &id).await?;
-    let seq = body.and_then(|Json(b)| b.seq).unwrap_or(record.last_seq);
+    let seq = body.seq.unwrap_or(record.last_seq);
     state.store.mark_read(record.id, seq).await?;
+    state.hub.notify(crate::hub::StatusChange {
+        session_id: record.id,
+        status: "updated".into(),
+        stop_reason: None,
+        title: None,
+    });
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// Continues a session: resumes a run a crash interrupted, or lets the model go on from the
 /// history. Returns at once; follow it on `/v1/sessions/{id}/stream`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/continue",
+    tag = "sessions",
+    operation_id = "continue_session",
+    params(SessionPath),
+    responses(
+        (status = 202, description = "The run started.", body = ContinueOutcome),
+        BadRequest,
+        NotFound,
+        Conflict,
+    )
+)]
 async fn continue_run(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -403,6 +599,20 @@ async fn continue_run(
     Ok((StatusCode::ACCEPTED, Json(json!({"session_id": record.id, "stream": format!("/v1/sessions/{}/stream", record.id)}))).into_response())
 }
 
+/// Deletes a session (its forks keep the events they share).
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    operation_id = "delete_session",
+    params(SessionPath),
+    responses(
+        (status = 204, description = "Deleted."),
+        BadRequest,
+        NotFound,
+        Conflict,
+    )
+)]
 async fn remove(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -416,4 +626,14 @@ async fn remove(
     }
     state.store.delete_session(record.id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A JSON body that may be left out entirely (an empty body means the defaults); a body that is
+/// there must be valid, or the client gets our JSON error.
+fn optional_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))
 }

@@ -23,7 +23,10 @@ async fn feed(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Ev
     let stream = async_stream::stream! {
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled() => {
+                    yield Ok(Event::default().event("server.shutdown").data("{\"reason\":\"the server is shutting down\"}"));
+                    break;
+                }
                 change = changes.recv() => match change {
                     Ok(change) => {
                         let data = serde_json::to_string(&change).unwrap_or_default();

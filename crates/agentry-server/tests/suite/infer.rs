@@ -362,3 +362,20 @@ async fn bad_input_is_a_clear_4xx_and_writes_nothing() {
         (404, Some("not_found"))
     );
 }
+
+#[tokio::test]
+async fn shutdown_ends_open_streams_with_a_final_event_and_the_run_resumes_later() {
+    let server = start().await;
+    let (mut stream, session) = slow_run(&server).await;
+    let seen = until(&mut stream, "tool.started").await;
+    server.state.shutdown.cancel();
+    let rest = stream.rest().await;
+    let last = rest.last().unwrap();
+    assert_eq!(last.name, "server.shutdown");
+    assert_eq!(last.data["session_id"], session.as_str());
+    assert_eq!(last.data["last_seq"], *seqs(&seen).last().unwrap());
+    assert_eq!(
+        last.data["resume"],
+        format!("/v1/sessions/{session}/stream")
+    );
+}

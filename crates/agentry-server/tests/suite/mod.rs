@@ -1,5 +1,6 @@
 mod config;
 mod infer;
+mod openapi;
 mod ops;
 mod sessions;
 mod support;

@@ -147,3 +147,36 @@ async fn health_and_readiness() {
     assert_eq!(status, 405);
     assert_eq!(body["error"]["code"], "method_not_allowed");
 }
+
+#[tokio::test]
+async fn optional_bodies_must_be_valid_json_when_present() {
+    let server = start().await;
+    let session = session_with_turn(&server, "plums").await;
+    for body in ["null", "{bad", r#"{"at_seq": "two"}"#, r#"{"unknown": 1}"#] {
+        let (status, reply) = server
+            .raw(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/fork"),
+                body,
+            )
+            .await;
+        assert_eq!(status, 400, "{body}: {reply}");
+        assert_eq!(reply["error"]["code"], "invalid_request");
+    }
+    let (status, _) = server
+        .raw(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/read"),
+            "",
+        )
+        .await;
+    assert_eq!(status, 204);
+    let (status, reply) = server
+        .raw(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/read"),
+            r#"{"seq": 999}"#,
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+}
