@@ -262,6 +262,15 @@ pub struct ModelPath {
     pub id: String,
 }
 
+/// The agent a route acts on.
+#[derive(Debug, Clone, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct AgentPath {
+    /// The agent's id: 1 to 64 characters of `A-Z a-z 0-9 _ . -`.
+    #[param(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    pub id: String,
+}
+
 /// The tool, prompt template or secret a route acts on.
 #[derive(Debug, Clone, IntoParams)]
 #[into_params(parameter_in = Path)]

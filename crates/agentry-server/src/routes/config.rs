@@ -55,7 +55,7 @@ pub const RESERVED_TOOL_NAMES: [&str; 2] = ["call", "batch"];
 
 /// Serialises check-then-write sequences (create if absent, rename), so two concurrent creates
 /// of one name cannot both succeed.
-static WRITE_LOCK: Mutex<()> = Mutex::const_new(());
+pub(crate) static WRITE_LOCK: Mutex<()> = Mutex::const_new(());
 
 /// The configuration routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -114,14 +114,14 @@ where
 }
 
 /// A created resource: 201 with its JSON.
-fn created<T: Serialize>(value: T) -> Response {
+pub(crate) fn created<T: Serialize>(value: T) -> Response {
     (StatusCode::CREATED, Json(value)).into_response()
 }
 
 // --- shared checks ---
 
 /// Checks a model or secret name: 1 to 64 characters of `A-Z a-z 0-9 _ . -` (the store's rule).
-fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
     let valid = (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -148,7 +148,7 @@ async fn secret_values(store: &Store) -> Result<HashMap<String, String>, ApiErro
     Ok(secrets)
 }
 
-fn to_document<T: Serialize>(value: &T) -> Result<Value, ApiError> {
+pub(crate) fn to_document<T: Serialize>(value: &T) -> Result<Value, ApiError> {
     serde_json::to_value(value).map_err(|error| ApiError::internal(error.to_string()))
 }
 

@@ -116,6 +116,10 @@ pub struct InferRequest {
     /// Cancel the run when the client disconnects.
     #[serde(default)]
     pub cancel_on_disconnect: bool,
+    /// Run as this saved agent (its model, tools, system prompt and limits, unless the request
+    /// sets them). One agent; group chat with several is not available yet.
+    #[serde(default)]
+    pub agent_ids: Option<Vec<String>>,
 }
 
 /// Turns message content into parts.
@@ -195,8 +199,26 @@ enum Target {
 
 async fn prepare(
     state: &AppState,
-    body: InferRequest,
+    mut body: InferRequest,
 ) -> Result<(Target, RunRequest, BusyPolicy), ApiError> {
+    match body.agent_ids.as_deref() {
+        None | Some([]) => {}
+        Some([id]) => {
+            let agent = super::agents::stored_agent(&state.store, id)
+                .await?
+                .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
+            body.model_id = body.model_id.or(Some(agent.model_id));
+            body.tool_ids = body.tool_ids.or(Some(agent.tool_ids));
+            body.system = body.system.or(agent.system);
+            body.max_tool_rounds = body.max_tool_rounds.or(agent.max_tool_rounds);
+            body.params = body.params.or(Some(agent.params));
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "one agent per request: group chat with several agents is not available yet",
+            ));
+        }
+    }
     let mut request = RunRequest {
         model: body.model_id.clone(),
         system: body.system.clone(),

@@ -1,9 +1,10 @@
 //! The router: every route of the API.
 //!
-//! The routes of `ops`, `infer`, `sessions` and `config` are registered through
+//! The routes of `ops`, `infer`, `sessions`, `config` and `agents` are registered through
 //! [`OpenApiRouter`] from their handlers' `#[utoipa::path]` operations ([`documented`]), which
 //! is also where `GET /openapi.json` takes them from (see [`crate::openapi`]).
 
+pub mod agents;
 pub mod config;
 pub mod infer;
 pub mod ops;
@@ -27,6 +28,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(infer::routes())
         .merge(sessions::routes())
         .merge(config::routes())
+        .merge(agents::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.
