@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Phase, RunState, Step, ToolOutcome};
-use crate::session::{LogError, SessionLog};
+use crate::session::{LogError, SessionLog, SessionStatus};
 use crate::tool::{
     CANCEL_GRACE, ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model,
 };
@@ -275,6 +275,15 @@ pub async fn drive(
         if let Err(error) = journal.record(vec![end], &events).await {
             // The run is over either way; recovery will see it as unfinished and close it.
             tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}");
+        }
+        // The session's status changes before anyone is told the run ended.
+        let status = match reason {
+            RunStopReason::Error => SessionStatus::Failed,
+            RunStopReason::Cancelled | RunStopReason::Deadline => SessionStatus::Interrupted,
+            _ => SessionStatus::Idle,
+        };
+        if let Err(error) = journal.log.set_status(journal.session, status).await {
+            tracing::error!(session = %journal.session, "could not record the session's status: {error}");
         }
     }
     events.send(final_event(&state)).await;

@@ -134,6 +134,9 @@ impl Hub {
                 | RunEvent::RunFailed { stop_reason, .. } = &event
                 {
                     end = Some(*stop_reason);
+                    // The run is over once its final event is out: no longer live for anyone
+                    // who sees that event (abort, delete and continue check this).
+                    hub.forget(session, &sender);
                 }
                 // No subscriber is fine: the run goes on.
                 let _ = sender.send(Arc::new(event));
@@ -153,13 +156,7 @@ impl Hub {
             if let Err(error) = run.finish().await {
                 tracing::error!(%session, "a run ended abnormally: {error}");
             }
-            let mut live = hub.lock();
-            if live
-                .get(&session)
-                .is_some_and(|r| r.sender.same_channel(&sender))
-            {
-                live.remove(&session);
-            }
+            hub.forget(session, &sender);
         });
         Subscription {
             events,
@@ -196,6 +193,17 @@ impl Hub {
                 ..
             } => *partial = Partial::default(),
             _ => {}
+        }
+    }
+
+    /// Removes `session`'s live run if it is still the one behind `sender`.
+    fn forget(&self, session: SessionId, sender: &broadcast::Sender<Arc<RunEvent>>) {
+        let mut live = self.lock();
+        if live
+            .get(&session)
+            .is_some_and(|run| run.sender.same_channel(sender))
+        {
+            live.remove(&session);
         }
     }
 

@@ -304,16 +304,8 @@ impl SessionManager {
         };
         let journal = Journal::new(Arc::clone(&self.inner.log), session);
         let tools = runtime.tools().clone();
-        let state = drive(state, model, tools, sink, cancel, Some(journal)).await;
-        let status = match state.stop_reason() {
-            Some(RunStopReason::Error) => SessionStatus::Failed,
-            Some(RunStopReason::Cancelled | RunStopReason::Deadline) => SessionStatus::Interrupted,
-            _ => SessionStatus::Idle,
-        };
-        if let Err(error) = self.inner.log.set_status(session, status).await {
-            tracing::error!(%session, "could not record the session's status: {error}");
-        }
-        state
+        // The driver records the session's status with the end of the run.
+        drive(state, model, tools, sink, cancel, Some(journal)).await
     }
 
     /// Continues the run that was in flight in `session` when the process stopped, from its

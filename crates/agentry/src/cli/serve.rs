@@ -42,15 +42,24 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     );
     let models = store.list_config(agentry_store::ConfigKind::Model).await?;
     if models.is_empty() {
-        println!("{}", first_model_hint(address));
+        println!("{}", first_model_hint(address, ollama_running().await));
     }
     serve(listener, state, &config).await?;
     eprintln!("agentry: stopped");
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether an Ollama server answers on its default port.
+async fn ollama_running() -> bool {
+    let connect = tokio::net::TcpStream::connect(("127.0.0.1", 11434));
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_millis(200), connect).await,
+        Ok(Ok(_))
+    )
+}
+
 /// How to add a first model, offering what this machine seems to have.
-fn first_model_hint(address: SocketAddr) -> String {
+fn first_model_hint(address: SocketAddr, ollama: bool) -> String {
     let mut hint = String::from("No model yet. Add one:\n");
     let has = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
     if has("OPENAI_API_KEY") {
@@ -63,8 +72,13 @@ fn first_model_hint(address: SocketAddr) -> String {
             "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"ANTHROPIC_API_KEY\",\"value\":\"'\"$ANTHROPIC_API_KEY\"'\"}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"claude\",\"protocol\":\"anthropic\",\"model_name\":\"claude-sonnet-4-5\",\"api_key_secret\":\"ANTHROPIC_API_KEY\"}}'\n"
         ));
     }
+    let ollama_note = if ollama {
+        "# Ollama is running here"
+    } else {
+        "# if you start Ollama"
+    };
     hint.push_str(&format!(
-        "  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"local\",\"protocol\":\"ollama\",\"model_name\":\"llama3.2\"}}'   # a local Ollama\n"
+        "  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"local\",\"protocol\":\"ollama\",\"model_name\":\"llama3.2\"}}'   {ollama_note}\n"
     ));
     hint.push_str(&format!(
         "Then: curl -s http://{address}/v1/infer -H 'content-type: application/json' -d '{{\"session_id\":\"new\",\"text\":\"Hello!\"}}'"

@@ -1,4 +1,5 @@
 mod chat;
 mod crash;
 mod run;
+mod serve;
 mod sessions;

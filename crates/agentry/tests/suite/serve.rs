@@ -1,0 +1,146 @@
+//! `agentry serve`, the README's main command, end to end.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn serve_answers_registers_a_model_runs_and_stops_on_sigterm() {
+    let home = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", &format!("127.0.0.1:{port}")])
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("AGENTRY_DATABASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first,
+        format!("Agentry is listening on http://127.0.0.1:{port}")
+    );
+    let second = stdout.next_line().await.unwrap().unwrap();
+    assert!(
+        second.contains(home.path().to_str().unwrap()) && second.contains("sqlite"),
+        "{second}"
+    );
+    let hint = stdout.next_line().await.unwrap().unwrap();
+    assert!(hint.contains("No model yet"), "{hint}");
+
+    let http = agentry_llm::http_client(Duration::from_secs(5)).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let ready: Value = http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["status"], "ready");
+
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Served.")));
+    let created = http
+        .post(format!("{base}/v1/models"))
+        .json(&json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    let answer: Value = http
+        .post(format!("{base}/v1/infer"))
+        .json(&json!({"session_id": "new", "text": "hello"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["text"], "Served.", "{answer}");
+
+    // SIGTERM (sent with kill(1)): a graceful stop.
+    let pid = child.id().unwrap() as i32;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    // The session is still there for the next start.
+    let list = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["sessions", "list"])
+        .output()
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&list.stdout).contains("hello"));
+}
+
+#[tokio::test]
+async fn serve_refuses_a_public_address_without_a_key() {
+    let home = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", "0.0.0.0:0"])
+        .env_remove("AGENTRY_DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("without authentication") && stderr.contains("agentry keys create"),
+        "{stderr}"
+    );
+    // With a key it is allowed (checked by binding only: the key turns auth on).
+    let key = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["keys", "create", "--label", "test"])
+        .output()
+        .await
+        .unwrap();
+    assert!(key.status.success());
+    assert!(
+        String::from_utf8_lossy(&key.stdout)
+            .trim()
+            .starts_with("agk_")
+    );
+    let listed = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["keys", "list"])
+        .output()
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("active"));
+}
