@@ -272,18 +272,27 @@ pub async fn drive(
             error: error.clone(),
             note: note.clone(),
         };
-        if let Err(error) = journal.record(vec![end], &events).await {
+        // Commit the end, record the session's status, and only then report the commit: a
+        // client that sees the end also sees the new status. (Status after the append: a crash
+        // in between leaves a finished run marked running, which recovery simply closes.)
+        match journal.log.append(journal.session, vec![end.clone()]).await {
+            Ok(seq) => {
+                let status = match reason {
+                    RunStopReason::Error => SessionStatus::Failed,
+                    RunStopReason::Cancelled | RunStopReason::Deadline => {
+                        SessionStatus::Interrupted
+                    }
+                    _ => SessionStatus::Idle,
+                };
+                if let Err(error) = journal.log.set_status(journal.session, status).await {
+                    tracing::error!(session = %journal.session, "could not record the session's status: {error}");
+                }
+                events.send(RunEvent::Committed { seq, event: end }).await;
+            }
             // The run is over either way; recovery will see it as unfinished and close it.
-            tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}");
-        }
-        // The session's status changes before anyone is told the run ended.
-        let status = match reason {
-            RunStopReason::Error => SessionStatus::Failed,
-            RunStopReason::Cancelled | RunStopReason::Deadline => SessionStatus::Interrupted,
-            _ => SessionStatus::Idle,
-        };
-        if let Err(error) = journal.log.set_status(journal.session, status).await {
-            tracing::error!(session = %journal.session, "could not record the session's status: {error}");
+            Err(error) => {
+                tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}")
+            }
         }
     }
     events.send(final_event(&state)).await;

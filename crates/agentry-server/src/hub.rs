@@ -130,13 +130,23 @@ impl Hub {
             while let Some(event) = run.next().await {
                 hub.observe(session, &event, &partial);
                 hub.metrics.observe(&event);
-                if let RunEvent::RunFinished { stop_reason, .. }
-                | RunEvent::RunFailed { stop_reason, .. } = &event
-                {
-                    end = Some(*stop_reason);
-                    // The run is over once its final event is out: no longer live for anyone
-                    // who sees that event (abort, delete and continue check this).
-                    hub.forget(session, &sender);
+                match &event {
+                    RunEvent::RunFinished { stop_reason, .. }
+                    | RunEvent::RunFailed { stop_reason, .. } => {
+                        end = Some(*stop_reason);
+                        hub.forget(session, &sender);
+                    }
+                    // In a session, clients see the end as this committed event, which comes
+                    // first. The run is over once its end is out: no longer live for anyone who
+                    // has seen it (abort, delete and continue check this).
+                    RunEvent::Committed {
+                        event: SessionEvent::RunFinished { stop_reason, .. },
+                        ..
+                    } => {
+                        end = Some(*stop_reason);
+                        hub.forget(session, &sender);
+                    }
+                    _ => {}
                 }
                 // No subscriber is fine: the run goes on.
                 let _ = sender.send(Arc::new(event));
