@@ -137,13 +137,49 @@ impl SessionManager {
 
     /// The run in progress in `session`, if any.
     pub fn active_run(&self, session: SessionId) -> Option<RunId> {
-        self.slot(session).active().map(|(run_id, _)| run_id)
+        let slot = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&session)
+            .cloned()?;
+        slot.active().map(|(run_id, _)| run_id)
     }
 
     /// The conversation of `session`, rebuilt from its log.
     pub async fn history(&self, session: SessionId) -> Result<Vec<Message>, SessionError> {
         let events = self.inner.log.load(session).await?;
         Ok(replay(&events).messages)
+    }
+
+    /// Forgets `session`'s writer lock once a run has ended and nothing else holds or waits
+    /// for it, so a long-running server does not keep one per session ever used.
+    fn release(&self, session: SessionId, slot: Arc<Slot>) {
+        let mut slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The map and `slot` are the only holders: no run is queued or starting. Anyone who
+        // wants the session later takes it from the map under this same lock, so nobody can
+        // pick up this one between the check and the removal.
+        if Arc::strong_count(&slot) == 2
+            && slots
+                .get(&session)
+                .is_some_and(|held| Arc::ptr_eq(held, &slot))
+        {
+            slots.remove(&session);
+        }
+    }
+
+    /// How many sessions currently have a writer lock (runs in progress or queued).
+    pub fn tracked_sessions(&self) -> usize {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     fn slot(&self, session: SessionId) -> Arc<Slot> {
@@ -192,7 +228,7 @@ impl SessionManager {
         let manager = self.clone();
         let task_cancel = cancel.clone();
         let task = tokio::spawn(async move {
-            let _guard = match guard {
+            let guard = match guard {
                 Some(guard) => guard,
                 None => Arc::clone(&slot.gate).lock_owned().await,
             };
@@ -200,6 +236,8 @@ impl SessionManager {
                 .run_new(session, request, run_id, &slot, sink, task_cancel)
                 .await;
             slot.set_active(None);
+            drop(guard);
+            manager.release(session, slot);
             state
         });
         Ok(RunStream::new(events, task, cancel))
@@ -339,9 +377,10 @@ impl SessionManager {
         let manager = self.clone();
         let task_cancel = cancel.clone();
         let task = tokio::spawn(async move {
-            let _guard = guard;
             let state = manager.drive(session, state, sink, task_cancel).await;
             slot.set_active(None);
+            drop(guard);
+            manager.release(session, slot);
             state
         });
         Ok(Some(RunStream::new(events, task, cancel)))

@@ -227,6 +227,8 @@ async fn hundreds_of_sessions_at_once() {
     }))
     .await;
     assert!(runs.iter().all(|run| run.text == "ok"));
+    // Finished sessions leave no writer lock behind.
+    assert_eq!(manager.tracked_sessions(), 0);
     for session in sessions {
         assert_eq!(
             kinds(&log.load(session).await.unwrap()),
@@ -254,6 +256,7 @@ async fn a_run_cancelled_while_queued_never_starts() {
     first.finish().await.unwrap();
     let queued = queued.finish().await.unwrap();
     assert_eq!(queued.stop_reason, RunStopReason::Cancelled);
+    assert_eq!(manager.tracked_sessions(), 0);
     let history = manager.history(session).await.unwrap();
     assert!(!history.iter().any(
         |m| matches!(m, Message::User { content } if format!("{content:?}").contains("never"))
