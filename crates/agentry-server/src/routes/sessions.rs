@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 
 use axum::Json;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -25,8 +25,8 @@ use super::infer::{parse_session_id, session_events};
 use super::sse::SseMapper;
 use crate::error::ApiError;
 use crate::openapi::{
-    BadGateway, BadRequest, Conflict, ContinueOutcome, ErrorBody, ForkOutcome, JsonBodyErrors,
-    NotFound, RunStreamEvent, SearchResults, SessionDetail, SessionEvents, SessionList,
+    BadGateway, BadRequest, Conflict, ContinueOutcome, ForkOutcome, JsonBodyErrors, NotFound,
+    PayloadTooLarge, RunStreamEvent, SearchResults, SessionDetail, SessionEvents, SessionList,
     SessionPath, TitleOutcome,
 };
 use crate::state::AppState;
@@ -363,23 +363,17 @@ struct ForkBody {
              ("continue_session" = (operation_id = "continue_session", parameters(("id" = "$response.body#/session/id")))),
              ("delete_session" = (operation_id = "delete_session", parameters(("id" = "$response.body#/session/id")))),
          )),
-        (status = 400, description = "A bad id or seq (JSON), or a body that is not JSON (text).",
-         content((ErrorBody = "application/json"), (String = "text/plain"))),
-        (status = 413, description = "The body is too large.", body = String,
-         content_type = "text/plain"),
-        (status = 415, description = "The body is not `application/json`.", body = String,
-         content_type = "text/plain"),
-        (status = 422, description = "The body does not match the schema.", body = String,
-         content_type = "text/plain"),
+        BadRequest,
+        PayloadTooLarge,
         NotFound,
     )
 )]
 async fn fork(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body: ForkBody = optional_json(&body)?;
+    let body: ForkBody = optional_json(body)?;
     let record = session(&state, &id).await?;
     let at = body.at_seq.unwrap_or(record.last_seq);
     let mut new = NewSession::new();
@@ -526,23 +520,17 @@ struct ReadBody {
     request_body = Option<ReadBody>,
     responses(
         (status = 204, description = "Marked."),
-        (status = 400, description = "A bad id or seq (JSON), or a body that is not JSON (text).",
-         content((ErrorBody = "application/json"), (String = "text/plain"))),
-        (status = 413, description = "The body is too large.", body = String,
-         content_type = "text/plain"),
-        (status = 415, description = "The body is not `application/json`.", body = String,
-         content_type = "text/plain"),
-        (status = 422, description = "The body does not match the schema.", body = String,
-         content_type = "text/plain"),
+        BadRequest,
+        PayloadTooLarge,
         NotFound,
     )
 )]
 async fn read(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let body: ReadBody = optional_json(&body)?;
+    let body: ReadBody = optional_json(body)?;
     let record = session(&state, &id).await?;
     let seq = body.seq.unwrap_or(record.last_seq);
     state.store.mark_read(record.id, seq).await?;
@@ -629,11 +617,21 @@ async fn remove(
 }
 
 /// A JSON body that may be left out entirely (an empty body means the defaults); a body that is
-/// there must be valid, or the client gets our JSON error.
-fn optional_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+/// there must be valid JSON of the right shape, and every failure is our JSON error.
+fn optional_json<T: serde::de::DeserializeOwned + Default>(
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|rejection| {
+        let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "request_too_large"
+        } else {
+            "invalid_request"
+        };
+        ApiError::new(rejection.status(), code, rejection.body_text())
+    })?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body)
+    serde_json::from_slice(&body)
         .map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))
 }

@@ -180,3 +180,22 @@ async fn optional_bodies_must_be_valid_json_when_present() {
         .await;
     assert_eq!(status, 400, "{reply}");
 }
+
+#[tokio::test]
+async fn an_oversized_optional_body_is_a_json_413() {
+    let server = start().await;
+    let session = session_with_turn(&server, "figs").await;
+    let huge = format!(
+        r#"{{"at_seq": 1, "pad": "{}"}}"#,
+        "x".repeat(5 * 1024 * 1024)
+    );
+    let (status, reply) = server
+        .raw(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/fork"),
+            &huge,
+        )
+        .await;
+    assert_eq!(status, 413, "{reply}");
+    assert_eq!(reply["error"]["code"], "request_too_large");
+}
