@@ -10,6 +10,8 @@
 pub mod auth;
 pub mod error;
 pub mod hub;
+pub mod mcp;
+pub mod mcp_endpoint;
 pub mod metrics;
 pub mod middleware;
 pub mod models;

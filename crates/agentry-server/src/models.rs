@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use agentry_core::Runtime;
 use agentry_core::tool::{StaticSecrets, ToolDefinition, builtin_tools};
+use agentry_mcp::McpManager;
 use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_store::{ConfigKind, Store};
 
@@ -89,16 +90,15 @@ impl ModelConfig {
     }
 }
 
-/// Builds the runtime from the store: every model, the built-in and configured tools, every
-/// template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
+/// Builds the runtime from the store: every model, the built-in and configured tools, the tools
+/// of every connected MCP server, every template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
 /// server down.
-pub async fn build_runtime(store: &Store, http: &reqwest::Client) -> Result<Runtime, ApiError> {
-    let mut secrets = HashMap::new();
-    for info in store.list_secrets().await? {
-        if let Some(value) = store.reveal_secret(&info.name).await? {
-            secrets.insert(info.name, value);
-        }
-    }
+pub async fn build_runtime(
+    store: &Store,
+    http: &reqwest::Client,
+    mcp: &McpManager,
+) -> Result<Runtime, ApiError> {
+    let secrets = crate::mcp::secrets(store).await?;
     let mut builder = Runtime::builder();
     for (name, value) in store.list_config(ConfigKind::Model).await? {
         let built = serde_json::from_value::<ModelConfig>(value)
@@ -130,6 +130,12 @@ pub async fn build_runtime(store: &Store, http: &reqwest::Client) -> Result<Runt
                 }
             }
             Err(error) => tracing::warn!(tool = %name, "skipping a tool: {error}"),
+        }
+    }
+    for tool in crate::mcp::tools(mcp) {
+        let name = tool.spec().name.clone();
+        if let Err(error) = builder.tool_arc(tool) {
+            tracing::warn!(tool = %name, "skipping an MCP tool: {error}");
         }
     }
     for (name, value) in store.list_config(ConfigKind::Template).await? {

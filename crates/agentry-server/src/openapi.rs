@@ -663,7 +663,7 @@ pub struct ToolInfo {
     /// JSON Schema of its arguments.
     #[schema(value_type = Object)]
     pub parameters: Value,
-    /// `builtin`, `http` or `command`.
+    /// `builtin`, `http`, `command` or `mcp`.
     pub kind: String,
     /// Whether calling it twice with the same arguments is harmless.
     pub idempotent: bool,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use agentry_core::session::SessionManager;
+use agentry_mcp::McpManager;
 use agentry_store::Store;
 
 use crate::auth::Authenticator;
@@ -33,18 +34,26 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Origins allowed by CORS (none: CORS off).
     pub cors_origins: Vec<String>,
+    /// The MCP servers, shared by every run.
+    pub mcp: McpManager,
 }
 
 impl AppState {
-    /// State over `store`, with the runtime built from its configuration.
+    /// State over `store`, with the runtime built from its configuration. The saved MCP
+    /// servers start in the background; the runtime is rebuilt as their tools come and go.
     pub async fn new(store: Store) -> Result<Self, ApiError> {
         let http = agentry_llm::http_client(Duration::from_secs(10))
             .map_err(|error| ApiError::internal(error.to_string()))?;
-        let runtime = build_runtime(&store, &http).await?;
+        let mcp = McpManager::new();
+        crate::mcp::start_saved(&store, &mcp).await?;
+        let runtime = build_runtime(&store, &http, &mcp).await?;
         let log = Arc::new(crate::store_log::StoreLog::new(store.clone()));
         let metrics = Arc::new(Metrics::default());
+        let sessions = SessionManager::new(runtime, log);
+        crate::mcp::rebuild_on_changes(&mcp, store.clone(), http.clone(), sessions.clone());
         Ok(Self {
-            sessions: SessionManager::new(runtime, log),
+            mcp,
+            sessions,
             auth: Authenticator::new(store.clone()),
             store,
             hub: Hub::new(Arc::clone(&metrics)),
@@ -57,7 +66,7 @@ impl AppState {
 
     /// Rebuilds the runtime after a configuration change; new runs use it at once.
     pub async fn reload_runtime(&self) -> Result<(), ApiError> {
-        let runtime = build_runtime(&self.store, &self.http).await?;
+        let runtime = build_runtime(&self.store, &self.http, &self.mcp).await?;
         self.sessions.set_runtime(runtime);
         Ok(())
     }

@@ -23,9 +23,13 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! [`mcp`] finds and launches the real reference MCP servers that `scripts/install-mcp-servers`
+//! installs, for tests that exercise Agentry's MCP client and server against them.
 
 mod error;
 mod fixture;
+pub mod mcp;
 mod mock;
 mod protocol;
 mod render;

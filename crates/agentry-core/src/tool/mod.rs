@@ -42,6 +42,9 @@ pub struct ToolOutput {
     pub content: Vec<ToolResultPart>,
     /// A change to the run's state the tool asks for.
     pub effect: Option<ToolEffect>,
+    /// Whether the tool reports a failure through this content (an MCP result with
+    /// `isError`): the model sees the content as an error it may correct.
+    pub is_error: bool,
 }
 
 impl ToolOutput {
@@ -50,6 +53,7 @@ impl ToolOutput {
         Self {
             content: vec![ToolResultPart::Text { text: text.into() }],
             effect: None,
+            is_error: false,
         }
     }
 
@@ -58,6 +62,16 @@ impl ToolOutput {
         Self {
             content: vec![ToolResultPart::Json { value }],
             effect: None,
+            is_error: false,
+        }
+    }
+
+    /// A result made of these parts; `is_error` marks it as a failure the tool reports itself.
+    pub fn parts(content: Vec<ToolResultPart>, is_error: bool) -> Self {
+        Self {
+            content,
+            effect: None,
+            is_error,
         }
     }
 

@@ -22,14 +22,15 @@ const NOT_JSON_QUOTE_CHARS: usize = 200;
 /// A success keeps its parts, in order, within `max_bytes` of text and JSON in total: a text part
 /// past the budget is cut on a character boundary and gets a note
 /// `[… truncated: showed N of M bytes]`; a JSON part past it is serialised and cut the same way.
-/// Images are passed through. An error becomes a text part `error: …` with `is_error` set.
+/// Images are passed through. An error becomes a text part `error: …` with `is_error` set; so
+/// does a result whose tool flagged it (`ToolOutput::is_error`), its content kept.
 pub fn result_for_model(
     call: &ToolCall,
     outcome: Result<ToolOutput, ToolError>,
     max_bytes: usize,
 ) -> ToolResult {
     let (content, is_error) = match outcome {
-        Ok(output) => (cap_parts(output.content, max_bytes), false),
+        Ok(output) => (cap_parts(output.content, max_bytes), output.is_error),
         Err(error) => {
             let text = cap_text(format!("error: {error}"), max_bytes);
             (vec![ToolResultPart::Text { text }], true)
@@ -133,7 +134,12 @@ pub enum ResultFormat {
 ///   otherwise the text parsed as JSON, or else the first fenced code block (```` ```json ````
 ///   or a bare ```` ``` ````) in it that parses. A result that holds no JSON is a
 ///   [`ToolError::Failed`] quoting its start.
+///
+/// A result the tool flagged as an error is [`ToolError::Failed`] with its text.
 pub fn format_output(output: &ToolOutput, format: ResultFormat) -> Result<Value, ToolError> {
+    if output.is_error {
+        return Err(ToolError::Failed(flatten_to_text(&output.content)));
+    }
     match format {
         ResultFormat::Text => Ok(Value::String(flatten_to_text(&output.content))),
         ResultFormat::Json => output_as_json(&output.content),

@@ -731,6 +731,7 @@ fn result_for_model_leaves_small_results_untouched() {
     let output = ToolOutput {
         content: content.clone(),
         effect: None,
+        is_error: false,
     };
     let result = result_for_model(&call(), Ok(output), DEFAULT_RESULT_LIMIT);
     assert!(!result.is_error);
@@ -749,6 +750,7 @@ fn result_for_model_shares_the_budget_between_parts() {
             },
         ],
         effect: None,
+        is_error: false,
     };
     let result = result_for_model(&call(), Ok(output), 7);
     assert_eq!(
@@ -1453,4 +1455,23 @@ async fn current_time_rejects_an_unknown_timezone_clearly() {
         current_time(&registry, json!({"zone": "UTC"})).await,
         Err(ToolError::InvalidArguments(_))
     ));
+}
+
+#[test]
+fn a_result_the_tool_flags_as_an_error_keeps_its_content_and_is_an_error() {
+    let content = vec![ToolResultPart::Text {
+        text: "refused: loopback".into(),
+    }];
+    let output = ToolOutput::parts(content.clone(), true);
+    let result = result_for_model(&call(), Ok(output.clone()), DEFAULT_RESULT_LIMIT);
+    assert!(result.is_error);
+    assert_eq!(result.content, content);
+    let direct = agentry_core::tool::result::format_output(
+        &output,
+        agentry_core::tool::result::ResultFormat::Text,
+    );
+    assert_eq!(
+        direct,
+        Err(ToolError::Failed("refused: loopback".into()))
+    );
 }

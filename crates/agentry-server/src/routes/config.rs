@@ -51,7 +51,7 @@ use crate::state::AppState;
 pub const MODEL_TEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Tool names that would collide with the static routes under `/v1/tools/`.
-pub const RESERVED_TOOL_NAMES: [&str; 2] = ["call", "batch"];
+pub const RESERVED_TOOL_NAMES: [&str; 3] = ["call", "batch", "mcp"];
 
 /// Serialises check-then-write sequences (create if absent, rename), so two concurrent creates
 /// of one name cannot both succeed.
@@ -486,6 +486,16 @@ impl ToolSummary {
         }
     }
 
+    fn of_mcp(info: agentry_mcp::McpToolInfo) -> Self {
+        Self {
+            name: info.name,
+            description: info.description,
+            parameters: info.input_schema,
+            kind: "mcp",
+            idempotent: info.idempotent,
+        }
+    }
+
     fn of_builtin(tool: &dyn agentry_core::tool::Tool) -> Self {
         let spec = tool.spec();
         Self {
@@ -540,7 +550,7 @@ async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>
         .transpose()
 }
 
-/// The built-in and configured tools.
+/// The built-in and configured tools, and the tools of the connected MCP servers.
 #[utoipa::path(
     get,
     path = "/v1/tools",
@@ -561,11 +571,12 @@ async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
             Err(error) => tracing::warn!(tool = %name, "unreadable stored tool: {error}"),
         }
     }
+    tools.extend(state.mcp.tools().into_iter().map(ToolSummary::of_mcp));
     tools.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Json(json!({ "tools": tools })))
 }
 
-/// A built-in tool's summary, or a configured tool's definition.
+/// A built-in or MCP tool's summary, or a configured tool's definition.
 #[utoipa::path(
     get,
     path = "/v1/tools/{name}",
@@ -586,6 +597,9 @@ async fn get_tool(
         return Ok(Json(to_document(&ToolSummary::of_builtin(tool.as_ref()))?));
     }
     check_name("tool", &name)?;
+    if let Some(info) = state.mcp.tools().into_iter().find(|info| info.name == name) {
+        return Ok(Json(to_document(&ToolSummary::of_mcp(info))?));
+    }
     let definition = stored_tool(&state.store, &name)
         .await?
         .ok_or_else(|| no_tool(&name))?;

@@ -192,12 +192,16 @@ fn image(url: &str) -> Result<ContentPart, ApiError> {
 }
 
 /// Where a run goes.
-enum Target {
+pub(crate) enum Target {
+    /// A durable run in this session.
     Session(SessionId),
+    /// An ephemeral run: nothing is stored.
     Ephemeral,
 }
 
-async fn prepare(
+/// Validates a request (resolving its agent) and turns it into a run request; creates the
+/// session for `"new"`. Shared with the MCP endpoint, which runs agents the same way.
+pub(crate) async fn prepare(
     state: &AppState,
     mut body: InferRequest,
 ) -> Result<(Target, RunRequest, BusyPolicy), ApiError> {
@@ -322,7 +326,7 @@ pub fn parse_session_id(id: &str) -> Result<SessionId, ApiError> {
 }
 
 /// Starts the run in its session and hands it to the hub.
-async fn start_in_session(
+pub(crate) async fn start_in_session(
     state: &AppState,
     session: SessionId,
     request: RunRequest,

@@ -7,6 +7,7 @@
 pub mod agents;
 pub mod config;
 pub mod infer;
+pub mod mcp;
 pub mod ops;
 pub mod sessions;
 pub mod sse;
@@ -29,6 +30,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(sessions::routes())
         .merge(config::routes())
         .merge(agents::routes())
+        .merge(mcp::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.

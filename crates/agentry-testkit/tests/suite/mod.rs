@@ -3,6 +3,7 @@
 mod client;
 mod delivery;
 mod fixtures;
+mod mcp_servers;
 mod protocol_checks;
 mod recording;
 mod replay;

@@ -3,6 +3,8 @@
 mod chat;
 mod data;
 mod keys;
+mod mcp;
+mod mcp_serve;
 mod output;
 mod profile;
 mod run;
@@ -38,6 +40,8 @@ enum Command {
     Sessions(sessions::SessionsArgs),
     /// Manage the API keys of `agentry serve`.
     Keys(keys::KeysArgs),
+    /// MCP servers: add, list, remove, restart; `mcp serve` offers Agentry's agents over stdio.
+    Mcp(mcp::McpArgs),
 }
 
 /// Runs the chosen command.
@@ -48,5 +52,6 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Chat(args) => chat::chat(args, &cli.data).await,
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
+        Command::Mcp(args) => mcp::mcp(args, &cli.data).await,
     }
 }

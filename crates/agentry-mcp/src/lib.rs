@@ -1,0 +1,26 @@
+//! Agentry's MCP layer, the only crate that imports `rmcp` (its API moves fast).
+//!
+//! - [`McpManager`]: MCP servers configured once for the whole runtime and shared by every agent
+//!   and session: one process or connection per server, supervised (timeouts, restart with
+//!   backoff, tool-list refresh), with calls that honour deadlines, progress and cancellation.
+//! - [`config`]: the `{"mcpServers": {…}}` configuration and its validation.
+//! - [`server`]: Agentry as an MCP server (stdio and streamable HTTP) over a [`server::McpBackend`]
+//!   the HTTP crate implements.
+
+pub mod config;
+pub mod content;
+pub mod error;
+mod handler;
+pub mod manager;
+pub mod server;
+
+pub use config::{
+    McpServerConfig, TransportKind, ValueSource, parse_servers_document, qualified_tool_name,
+    validate_server_name,
+};
+pub use content::McpToolResult;
+pub use error::McpError;
+pub use handler::{ELICITATION_DECLINED, McpProgress};
+pub use manager::{
+    CallOptions, McpManager, McpToolInfo, ServerState, ServerStatus, WeakMcpManager,
+};

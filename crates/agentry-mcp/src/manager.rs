@@ -1,0 +1,996 @@
+//! The client manager: every configured MCP server, connected once and shared by the runtime.
+//!
+//! Each server has a supervisor task that starts it (a child process or an HTTP session),
+//! initialises it within its connect timeout, lists its tools, and then watches it: a
+//! `tools/list_changed` notification refreshes the list; a server that exits or drops the
+//! connection is started again with exponential backoff, and the calls that were in flight fail
+//! with [`McpError::ServerExited`]. Servers are independent: one that hangs or crashes never
+//! holds up another's calls.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rmcp::model::{
+    CallToolRequestParams, ClientNotification, ClientRequest, ProtocolVersion, ServerResult,
+};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt, PeerRequestOptions, RunningService, ServiceError,
+};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{Peer, RoleClient};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{McpServerConfig, TransportKind, ValueSource, qualified_tool_name};
+use crate::content::{McpToolResult, tool_result};
+use crate::error::McpError;
+use crate::handler::{Handler, McpProgress, ProgressRoutes, ServerSignal};
+
+/// Environment variables of the runtime a stdio server inherits (everything else it gets is
+/// named in its configuration, so no secret of the runtime leaks into it).
+const INHERITED_ENV: [&str; 9] = [
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "TMPDIR", "NODE_PATH",
+];
+
+/// The first delay before restarting a server, doubled after each failure.
+const BACKOFF_START: Duration = Duration::from_millis(250);
+/// The longest delay between two starts.
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Starts failing in a row before a server is reported `failed` (it is still retried).
+const FAILED_AFTER: u32 = 5;
+/// How long a stopping server's connection may take to close.
+const CLOSE_GRACE: Duration = Duration::from_secs(3);
+
+/// Where a server is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerState {
+    /// Starting and initialising for the first time.
+    Starting,
+    /// Initialised; its tools are listed.
+    Connected,
+    /// It exited or failed to start; it is started again after a delay.
+    Restarting,
+    /// Several starts in a row failed; it is still retried, at the longest delay.
+    Failed,
+    /// Configured with `disabled`, or removed.
+    Stopped,
+}
+
+/// One server's status, as the API reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    /// The server's name.
+    pub name: String,
+    /// How it is reached.
+    pub transport: TransportKind,
+    /// Where it is in its life.
+    pub state: ServerState,
+    /// How many tools it offers.
+    pub tool_count: usize,
+    /// The Agentry names of its tools.
+    pub tools: Vec<String>,
+    /// The last error (a failed start, an exit, a failed tool listing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// How many times it has been started again.
+    pub restarts: u32,
+    /// The process id of a stdio server that is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The protocol revision agreed with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<String>,
+    /// The name and version the server gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_info: Option<Value>,
+    /// When the current connection was made (seconds since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected_at: Option<u64>,
+}
+
+/// One tool of one server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpToolInfo {
+    /// The server offering it.
+    pub server: String,
+    /// Its name on the server.
+    pub tool: String,
+    /// Its Agentry name, `<server>__<tool>`.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// The JSON Schema of its arguments (always an object schema).
+    pub input_schema: Value,
+    /// Whether the server says calling it twice is harmless (`idempotentHint` or
+    /// `readOnlyHint`), or the server is configured as idempotent.
+    pub idempotent: bool,
+}
+
+/// How one call is made.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Cancelling it sends `notifications/cancelled` to the server and ends the call.
+    pub cancel: CancellationToken,
+    /// Overrides the server's idle timeout (restarted by each progress notification).
+    pub timeout: Option<Duration>,
+    /// Overrides the server's hard cap.
+    pub max_duration: Option<Duration>,
+    /// Receives the call's progress notifications.
+    pub progress: Option<mpsc::UnboundedSender<McpProgress>>,
+}
+
+/// The shared MCP client manager. Cheap to clone; servers stop when the last clone is dropped.
+#[derive(Clone)]
+pub struct McpManager {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for McpManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpManager")
+            .field("servers", &self.names())
+            .finish()
+    }
+}
+
+/// A handle that does not keep the manager's servers running.
+#[derive(Clone)]
+pub struct WeakMcpManager {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl WeakMcpManager {
+    /// The manager, while some clone of it is alive.
+    pub fn upgrade(&self) -> Option<McpManager> {
+        self.inner.upgrade().map(|inner| McpManager { inner })
+    }
+}
+
+struct Inner {
+    servers: RwLock<BTreeMap<String, Arc<Server>>>,
+    /// Bumped whenever a server's tools change (connected, refreshed, lost, removed).
+    changes: watch::Sender<u64>,
+    http: reqwest::Client,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let servers = self.servers.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for server in servers.values() {
+            server.stop.cancel();
+        }
+    }
+}
+
+/// The live side of one server.
+struct Server {
+    name: String,
+    config: McpServerConfig,
+    env: Vec<(String, String)>,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    live: Mutex<Live>,
+    state_tx: watch::Sender<ServerState>,
+    progress: Arc<ProgressRoutes>,
+    changes: watch::Sender<u64>,
+    stop: CancellationToken,
+    restart: Notify,
+    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Live {
+    peer: Option<Peer<RoleClient>>,
+    tools: Arc<Vec<McpToolInfo>>,
+    last_error: Option<String>,
+    restarts: u32,
+    pid: Option<u32>,
+    protocol_version: Option<String>,
+    server_info: Option<Value>,
+    connected_at: Option<u64>,
+}
+
+impl Default for McpManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl McpManager {
+    /// A manager with no servers, using its own HTTP client for HTTP servers.
+    pub fn new() -> Self {
+        // The TLS provider is chosen once per process; a second install is a harmless no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            // Idle pooled connections stall on delayed ACKs with half-read SSE bodies.
+            .pool_max_idle_per_host(0)
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("agentry/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .unwrap_or_default();
+        Self {
+            inner: Arc::new(Inner {
+                servers: RwLock::new(BTreeMap::new()),
+                changes: watch::Sender::new(0),
+                http,
+            }),
+        }
+    }
+
+    /// A handle that does not keep the servers running.
+    pub fn downgrade(&self) -> WeakMcpManager {
+        WeakMcpManager {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// Adds (or replaces) a server and starts it in the background. Secrets named in its
+    /// configuration are resolved through `secret` now. A replaced server is stopped first.
+    /// Use [`wait_ready`](Self::wait_ready) to wait for its first connection.
+    pub async fn add(
+        &self,
+        name: &str,
+        config: McpServerConfig,
+        secret: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> Result<(), McpError> {
+        config.validate(name)?;
+        let resolve = |value: &ValueSource| match value {
+            ValueSource::Literal(text) => Ok(text.clone()),
+            ValueSource::Secret { secret: key } => {
+                secret(key).ok_or_else(|| McpError::MissingSecret {
+                    server: name.to_owned(),
+                    secret: key.clone(),
+                })
+            }
+        };
+        let mut env = Vec::new();
+        for (variable, value) in &config.env {
+            env.push((variable.clone(), resolve(value)?));
+        }
+        let mut headers = Vec::new();
+        for (header, value) in &config.headers {
+            let value = resolve(value)?;
+            let header_name = http::HeaderName::from_bytes(header.as_bytes())
+                .map_err(|error| McpError::InvalidConfig(format!("header {header:?}: {error}")))?;
+            let header_value = http::HeaderValue::from_str(&value).map_err(|_| {
+                McpError::InvalidConfig(format!(
+                    "server {name:?}: the value of header {header:?} is not a valid header value"
+                ))
+            })?;
+            headers.push((header_name, header_value));
+        }
+        let initial = if config.disabled {
+            ServerState::Stopped
+        } else {
+            ServerState::Starting
+        };
+        let server = Arc::new(Server {
+            name: name.to_owned(),
+            config,
+            env,
+            headers,
+            live: Mutex::new(Live::default()),
+            state_tx: watch::Sender::new(initial),
+            progress: Arc::new(ProgressRoutes::default()),
+            changes: self.inner.changes.clone(),
+            stop: CancellationToken::new(),
+            restart: Notify::new(),
+            supervisor: Mutex::new(None),
+        });
+        let previous = self
+            .inner
+            .servers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), Arc::clone(&server));
+        if let Some(previous) = previous {
+            previous.shut_down().await;
+        }
+        if !server.config.disabled {
+            let task = tokio::spawn(supervise(Arc::clone(&server), self.inner.http.clone()));
+            *server
+                .supervisor
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(task);
+        }
+        self.inner.changes.send_modify(|generation| *generation += 1);
+        Ok(())
+    }
+
+    /// Stops and forgets a server.
+    pub async fn remove(&self, name: &str) -> Result<(), McpError> {
+        let server = self
+            .inner
+            .servers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name)
+            .ok_or_else(|| McpError::UnknownServer(name.to_owned()))?;
+        server.shut_down().await;
+        self.inner.changes.send_modify(|generation| *generation += 1);
+        Ok(())
+    }
+
+    /// Stops every server.
+    pub async fn shutdown(&self) {
+        let servers: Vec<_> = std::mem::take(
+            &mut *self
+                .inner
+                .servers
+                .write()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+        .into_values()
+        .collect();
+        futures::future::join_all(servers.iter().map(|server| server.shut_down())).await;
+        self.inner.changes.send_modify(|generation| *generation += 1);
+    }
+
+    /// Closes a server's connection (or process) and starts it again now.
+    pub fn restart(&self, name: &str) -> Result<(), McpError> {
+        let server = self.server(name)?;
+        if server.config.disabled {
+            return Err(McpError::Unavailable {
+                server: name.to_owned(),
+                reason: "it is disabled in its configuration".into(),
+            });
+        }
+        server.restart.notify_one();
+        Ok(())
+    }
+
+    /// Waits until the server is connected, or its current attempt to start has failed, or
+    /// `timeout` passes; returns its status then.
+    pub async fn wait_ready(&self, name: &str, timeout: Duration) -> Result<ServerStatus, McpError> {
+        let server = self.server(name)?;
+        let mut state = server.state_tx.subscribe();
+        let _ = tokio::time::timeout(
+            timeout,
+            state.wait_for(|state| *state != ServerState::Starting),
+        )
+        .await;
+        Ok(server.status())
+    }
+
+    /// The names of the configured servers.
+    pub fn names(&self) -> Vec<String> {
+        self.inner
+            .servers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Every server's status, by name.
+    pub fn statuses(&self) -> Vec<ServerStatus> {
+        self.all().iter().map(|server| server.status()).collect()
+    }
+
+    /// One server's status.
+    pub fn status(&self, name: &str) -> Result<ServerStatus, McpError> {
+        Ok(self.server(name)?.status())
+    }
+
+    /// The configuration a server was added with.
+    pub fn config(&self, name: &str) -> Result<McpServerConfig, McpError> {
+        Ok(self.server(name)?.config.clone())
+    }
+
+    /// The tools of every connected server.
+    pub fn tools(&self) -> Vec<McpToolInfo> {
+        self.all()
+            .iter()
+            .flat_map(|server| server.live().tools.iter().cloned().collect::<Vec<_>>())
+            .collect()
+    }
+
+    /// A receiver that changes whenever any server's tools may have changed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    /// Calls `tool` (its name on the server) on `server`.
+    ///
+    /// A server that is starting or restarting is waited for (up to its connect timeout). The
+    /// call then runs until it answers, the idle timeout passes with no progress notification,
+    /// the hard cap passes, or `options.cancel` is cancelled; in the last three cases the
+    /// server is sent `notifications/cancelled`.
+    pub async fn call_tool(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Value,
+        options: CallOptions,
+    ) -> Result<McpToolResult, McpError> {
+        let server = self.server(server)?;
+        let arguments = match arguments {
+            Value::Object(map) => map,
+            Value::Null => serde_json::Map::new(),
+            _ => {
+                return Err(McpError::InvalidConfig(
+                    "tool arguments must be a JSON object".into(),
+                ));
+            }
+        };
+        let peer = server.connected_peer(&options.cancel).await?;
+        let idle = options.timeout.unwrap_or_else(|| server.config.call_timeout());
+        let cap = options.max_duration.unwrap_or_else(|| server.config.max_call());
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
+        let request_options = PeerRequestOptions::with_timeout(idle)
+            .reset_timeout_on_progress()
+            .with_max_total_timeout(cap);
+        let result = server
+            .send(&peer, request, request_options, &options)
+            .await?;
+        match result {
+            ServerResult::CallToolResult(result) => Ok(tool_result(&result)),
+            ServerResult::InputRequiredResult(_) => Err(McpError::Unsupported {
+                server: server.name.clone(),
+                message: format!(
+                    "the tool {tool:?} asked for user input (MRTR), which Agentry cannot give yet"
+                ),
+            }),
+            other => Err(server.unexpected(&other)),
+        }
+    }
+
+    /// The server's resources (`resources/list`, every page), as the server sent them.
+    pub async fn list_resources(&self, server: &str) -> Result<Vec<Value>, McpError> {
+        let server = self.server(server)?;
+        let peer = server.connected_peer(&CancellationToken::new()).await?;
+        let listed = server
+            .bounded(peer.list_all_resources())
+            .await?;
+        Ok(listed.iter().filter_map(|item| serde_json::to_value(item).ok()).collect())
+    }
+
+    /// Reads one resource (`resources/read`); the result as the server sent it.
+    pub async fn read_resource(&self, server: &str, uri: &str) -> Result<Value, McpError> {
+        let server = self.server(server)?;
+        let peer = server.connected_peer(&CancellationToken::new()).await?;
+        let params = serde_json::from_value(serde_json::json!({ "uri": uri }))
+            .map_err(|error| McpError::InvalidConfig(format!("resource uri: {error}")))?;
+        let read = server.bounded(peer.read_resource(params)).await?;
+        serde_json::to_value(read).map_err(|error| server.transport_error(error.to_string()))
+    }
+
+    /// The server's prompts (`prompts/list`, every page), as the server sent them.
+    pub async fn list_prompts(&self, server: &str) -> Result<Vec<Value>, McpError> {
+        let server = self.server(server)?;
+        let peer = server.connected_peer(&CancellationToken::new()).await?;
+        let listed = server.bounded(peer.list_all_prompts()).await?;
+        Ok(listed.iter().filter_map(|item| serde_json::to_value(item).ok()).collect())
+    }
+
+    /// Renders one prompt (`prompts/get`) with string arguments; the result as the server sent
+    /// it.
+    pub async fn get_prompt(
+        &self,
+        server: &str,
+        prompt: &str,
+        arguments: BTreeMap<String, String>,
+    ) -> Result<Value, McpError> {
+        let server = self.server(server)?;
+        let peer = server.connected_peer(&CancellationToken::new()).await?;
+        let params = serde_json::from_value(serde_json::json!({
+            "name": prompt,
+            "arguments": arguments,
+        }))
+        .map_err(|error| McpError::InvalidConfig(format!("prompt request: {error}")))?;
+        let rendered = server.bounded(peer.get_prompt(params)).await?;
+        serde_json::to_value(rendered).map_err(|error| server.transport_error(error.to_string()))
+    }
+
+    fn server(&self, name: &str) -> Result<Arc<Server>, McpError> {
+        self.inner
+            .servers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| McpError::UnknownServer(name.to_owned()))
+    }
+
+    fn all(&self) -> Vec<Arc<Server>> {
+        self.inner
+            .servers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+impl Server {
+    fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn state(&self) -> ServerState {
+        *self.state_tx.borrow()
+    }
+
+    fn set_state(&self, state: ServerState) {
+        self.state_tx.send_replace(state);
+    }
+
+    fn status(&self) -> ServerStatus {
+        let live = self.live();
+        ServerStatus {
+            name: self.name.clone(),
+            transport: self
+                .config
+                .transport_kind()
+                .unwrap_or(TransportKind::Stdio),
+            state: self.state(),
+            tool_count: live.tools.len(),
+            tools: live.tools.iter().map(|tool| tool.name.clone()).collect(),
+            last_error: live.last_error.clone(),
+            restarts: live.restarts,
+            pid: live.pid,
+            protocol_version: live.protocol_version.clone(),
+            server_info: live.server_info.clone(),
+            connected_at: live.connected_at,
+        }
+    }
+
+    async fn shut_down(&self) {
+        self.stop.cancel();
+        let task = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(CLOSE_GRACE * 2, task).await;
+        }
+        self.set_state(ServerState::Stopped);
+    }
+
+    /// The peer of the live connection, waiting (up to the connect timeout) while the server
+    /// starts or restarts.
+    async fn connected_peer(&self, cancel: &CancellationToken) -> Result<Peer<RoleClient>, McpError> {
+        let mut state = self.state_tx.subscribe();
+        let wait = async {
+            loop {
+                let current = *state.borrow_and_update();
+                match current {
+                    ServerState::Connected => {
+                        if let Some(peer) = self.live().peer.clone() {
+                            return Ok(peer);
+                        }
+                    }
+                    ServerState::Starting | ServerState::Restarting => {}
+                    ServerState::Failed | ServerState::Stopped => {
+                        return Err(self.unavailable(current));
+                    }
+                }
+                if state.changed().await.is_err() {
+                    return Err(self.unavailable(ServerState::Stopped));
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err(McpError::Cancelled),
+            outcome = tokio::time::timeout(self.config.connect_timeout(), wait) => {
+                outcome.unwrap_or_else(|_| Err(self.unavailable(self.state())))
+            }
+        }
+    }
+
+    fn unavailable(&self, state: ServerState) -> McpError {
+        let what = match state {
+            ServerState::Starting => "it is still starting",
+            ServerState::Connected => "it is connected but has no session",
+            ServerState::Restarting => "it is restarting",
+            ServerState::Failed => "it failed to start",
+            ServerState::Stopped => "it is stopped",
+        };
+        let reason = match &self.live().last_error {
+            Some(error) => format!("{what} (last error: {error})"),
+            None => what.to_owned(),
+        };
+        McpError::Unavailable {
+            server: self.name.clone(),
+            reason,
+        }
+    }
+
+    /// Sends one request with deadlines, progress routing and cancellation.
+    async fn send(
+        &self,
+        peer: &Peer<RoleClient>,
+        request: ClientRequest,
+        request_options: PeerRequestOptions,
+        options: &CallOptions,
+    ) -> Result<ServerResult, McpError> {
+        let handle = peer
+            .send_request_with_option(request, request_options)
+            .await
+            .map_err(|error| self.service_error(error))?;
+        let token = handle.progress_token.clone();
+        if let Some(progress) = &options.progress {
+            self.progress.insert(&token, progress.clone());
+        }
+        let id = handle.id.clone();
+        let outcome = tokio::select! {
+            biased;
+            () = options.cancel.cancelled() => {
+                let notice = rmcp::model::CancelledNotificationParam::new(
+                    Some(id),
+                    Some("cancelled by the caller".to_owned()),
+                );
+                let notification = ClientNotification::CancelledNotification(
+                    rmcp::model::CancelledNotification::new(notice),
+                );
+                let _ = tokio::time::timeout(CLOSE_GRACE, peer.send_notification(notification)).await;
+                Err(McpError::Cancelled)
+            }
+            response = handle.await_response() => response.map_err(|error| self.service_error(error)),
+        };
+        self.progress.remove(&token);
+        outcome
+    }
+
+    /// Runs a request without progress under the server's idle timeout.
+    async fn bounded<T>(
+        &self,
+        request: impl Future<Output = Result<T, ServiceError>>,
+    ) -> Result<T, McpError> {
+        let limit = self.config.call_timeout();
+        match tokio::time::timeout(limit, request).await {
+            Ok(outcome) => outcome.map_err(|error| self.service_error(error)),
+            Err(_) => Err(McpError::Timeout {
+                server: self.name.clone(),
+                after: limit,
+            }),
+        }
+    }
+
+    fn service_error(&self, error: ServiceError) -> McpError {
+        let server = self.name.clone();
+        match error {
+            ServiceError::McpError(data) => McpError::Protocol {
+                server,
+                code: data.code.0,
+                message: data.message.into_owned(),
+            },
+            ServiceError::TransportClosed => McpError::ServerExited { server },
+            ServiceError::Timeout { timeout } => McpError::Timeout {
+                server,
+                after: timeout,
+            },
+            ServiceError::Cancelled { .. } => McpError::Cancelled,
+            other => McpError::Transport {
+                server,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn transport_error(&self, message: String) -> McpError {
+        McpError::Transport {
+            server: self.name.clone(),
+            message,
+        }
+    }
+
+    fn unexpected(&self, result: &ServerResult) -> McpError {
+        McpError::Unsupported {
+            server: self.name.clone(),
+            message: format!(
+                "unexpected answer: {}",
+                serde_json::to_string(result).unwrap_or_default()
+            ),
+        }
+    }
+
+    fn record_error(&self, error: impl Into<String>) {
+        let error = error.into();
+        tracing::warn!(mcp_server = %self.name, "{error}");
+        self.live().last_error = Some(error);
+    }
+
+    fn tools_changed(&self) {
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+
+    /// Lists the server's tools and publishes them.
+    async fn refresh_tools(&self, peer: &Peer<RoleClient>) -> Result<(), McpError> {
+        let listed = self.bounded(peer.list_all_tools()).await?;
+        let mut tools = Vec::with_capacity(listed.len());
+        for tool in &listed {
+            let Ok(value) = serde_json::to_value(tool) else {
+                continue;
+            };
+            let Some(original) = value.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let mut schema = value
+                .get("inputSchema")
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({ "type": "object" }));
+            if let Some(object) = schema.as_object_mut() {
+                object
+                    .entry("type")
+                    .or_insert_with(|| Value::String("object".into()));
+            }
+            let hint = |key: &str| {
+                value
+                    .pointer(&format!("/annotations/{key}"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            };
+            let description = value
+                .get("description")
+                .and_then(Value::as_str)
+                .or_else(|| value.get("title").and_then(Value::as_str))
+                .unwrap_or_default()
+                .to_owned();
+            tools.push(McpToolInfo {
+                server: self.name.clone(),
+                tool: original.to_owned(),
+                name: qualified_tool_name(&self.name, original),
+                description,
+                input_schema: schema,
+                idempotent: self.config.idempotent
+                    || hint("idempotentHint")
+                    || hint("readOnlyHint"),
+            });
+        }
+        self.live().tools = Arc::new(tools);
+        self.tools_changed();
+        Ok(())
+    }
+
+    /// Starts the server and initialises a session with it.
+    async fn connect(
+        self: &Arc<Self>,
+        http: &reqwest::Client,
+        signals: mpsc::UnboundedSender<ServerSignal>,
+    ) -> Result<RunningService<RoleClient, Handler>, McpError> {
+        let handler = Handler {
+            server: self.name.clone(),
+            progress: Arc::clone(&self.progress),
+            signals,
+        };
+        let lifecycle = ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::LATEST],
+            legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+        };
+        let connect_error = |reason: String| McpError::Connect {
+            server: self.name.clone(),
+            reason,
+        };
+        let running = match self.config.transport_kind()? {
+            TransportKind::Stdio => {
+                let mut command = tokio::process::Command::new(
+                    self.config.command.as_deref().unwrap_or_default(),
+                );
+                command.args(&self.config.args).env_clear();
+                for variable in INHERITED_ENV {
+                    if let Some(value) = std::env::var_os(variable) {
+                        command.env(variable, value);
+                    }
+                }
+                command.envs(self.env.iter().map(|(name, value)| (name, value)));
+                if let Some(cwd) = &self.config.cwd {
+                    command.current_dir(cwd);
+                }
+                let (transport, stderr) = TokioChildProcess::builder(command)
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .map_err(|error| {
+                        connect_error(format!(
+                            "cannot run {:?}: {error}",
+                            self.config.command.as_deref().unwrap_or_default()
+                        ))
+                    })?;
+                self.live().pid = transport.id();
+                if let Some(stderr) = stderr {
+                    tokio::spawn(forward_stderr(self.name.clone(), stderr));
+                }
+                handler
+                    .serve_with_lifecycle(transport, lifecycle)
+                    .await
+                    .map_err(|error| connect_error(error.to_string()))?
+            }
+            TransportKind::StreamableHttp => {
+                let headers = self.headers.iter().cloned().collect();
+                let config = StreamableHttpClientTransportConfig::with_uri(
+                    self.config.url.clone().unwrap_or_default(),
+                )
+                .custom_headers(headers);
+                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+                handler
+                    .serve_with_lifecycle(transport, lifecycle)
+                    .await
+                    .map_err(|error| connect_error(error.to_string()))?
+            }
+        };
+        Ok(running)
+    }
+}
+
+/// Copies a stdio server's stderr into the log, one event per line, tagged with the server.
+async fn forward_stderr(server: String, stderr: tokio::process::ChildStderr) {
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::info!(target: "agentry_mcp::stderr", mcp_server = %server, "{line}");
+    }
+}
+
+fn now_secs() -> Option<u64> {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .ok()
+        .map(|elapsed| elapsed.as_secs())
+}
+
+/// How a live connection ended.
+enum Ended {
+    Stopped,
+    Restart,
+    Exited(String),
+}
+
+/// The supervisor of one server: start, watch, restart with backoff, until stopped.
+async fn supervise(server: Arc<Server>, http: reqwest::Client) {
+    let mut failures: u32 = 0;
+    let mut first = true;
+    loop {
+        if server.stop.is_cancelled() {
+            break;
+        }
+        if !first {
+            server.live().restarts += 1;
+        }
+        first = false;
+        let (signals_tx, mut signals) = mpsc::unbounded_channel();
+        let attempt = tokio::select! {
+            () = server.stop.cancelled() => break,
+            outcome = tokio::time::timeout(
+                server.config.connect_timeout(),
+                server.connect(&http, signals_tx),
+            ) => outcome.unwrap_or_else(|_| Err(McpError::Connect {
+                server: server.name.clone(),
+                reason: format!(
+                    "it did not finish initialising within {:?}",
+                    server.config.connect_timeout()
+                ),
+            })),
+        };
+        let ended = match attempt {
+            Ok(running) => {
+                let peer = running.peer().clone();
+                match server.refresh_tools(&peer).await {
+                    Ok(()) => {
+                        failures = 0;
+                        {
+                            let mut live = server.live();
+                            live.peer = Some(peer.clone());
+                            live.last_error = None;
+                            live.connected_at = now_secs();
+                            live.server_info = peer
+                                .peer_info()
+                                .and_then(|info| serde_json::to_value(&*info).ok())
+                                .and_then(|info| info.get("serverInfo").cloned());
+                            live.protocol_version = peer
+                                .peer_info()
+                                .and_then(|info| serde_json::to_value(&*info).ok())
+                                .and_then(|info| {
+                                    info.get("protocolVersion")
+                                        .and_then(Value::as_str)
+                                        .map(str::to_owned)
+                                });
+                        }
+                        server.set_state(ServerState::Connected);
+                        tracing::info!(mcp_server = %server.name, "connected");
+                        watch_connection(&server, running, &peer, &mut signals).await
+                    }
+                    Err(error) => {
+                        let mut running = running;
+                        let _ = tokio::time::timeout(CLOSE_GRACE, running.close()).await;
+                        Ended::Exited(format!("listing its tools failed: {error}"))
+                    }
+                }
+            }
+            Err(error) => Ended::Exited(error.to_string()),
+        };
+        {
+            let mut live = server.live();
+            live.peer = None;
+            live.pid = None;
+            live.connected_at = None;
+            live.tools = Arc::new(Vec::new());
+        }
+        server.tools_changed();
+        let delay = match ended {
+            Ended::Stopped => break,
+            Ended::Restart => {
+                failures = 0;
+                server.set_state(ServerState::Restarting);
+                continue;
+            }
+            Ended::Exited(reason) => {
+                server.record_error(reason);
+                failures += 1;
+                let state = if failures >= FAILED_AFTER {
+                    ServerState::Failed
+                } else {
+                    ServerState::Restarting
+                };
+                server.set_state(state);
+                backoff(failures)
+            }
+        };
+        tokio::select! {
+            () = server.stop.cancelled() => break,
+            () = server.restart.notified() => {
+                failures = 0;
+                server.set_state(ServerState::Restarting);
+            }
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+    server.set_state(ServerState::Stopped);
+}
+
+/// Watches a live connection until it ends.
+async fn watch_connection(
+    server: &Arc<Server>,
+    running: RunningService<RoleClient, Handler>,
+    peer: &Peer<RoleClient>,
+    signals: &mut mpsc::UnboundedReceiver<ServerSignal>,
+) -> Ended {
+    let closer = running.cancellation_token();
+    let mut quit = std::pin::pin!(running.waiting());
+    loop {
+        tokio::select! {
+            quit_reason = &mut quit => {
+                let reason = match quit_reason {
+                    Ok(rmcp::service::QuitReason::Closed) => "the server closed the connection (its process exited)".to_owned(),
+                    Ok(other) => format!("the connection ended: {other:?}"),
+                    Err(error) => format!("the connection task failed: {error}"),
+                };
+                return Ended::Exited(reason);
+            }
+            () = server.stop.cancelled() => {
+                closer.cancel();
+                let _ = tokio::time::timeout(CLOSE_GRACE, &mut quit).await;
+                return Ended::Stopped;
+            }
+            () = server.restart.notified() => {
+                closer.cancel();
+                let _ = tokio::time::timeout(CLOSE_GRACE, &mut quit).await;
+                return Ended::Restart;
+            }
+            Some(signal) = signals.recv() => match signal {
+                ServerSignal::ToolsChanged => {
+                    if let Err(error) = server.refresh_tools(peer).await {
+                        server.record_error(format!("refreshing its tools failed: {error}"));
+                    }
+                }
+            },
+        }
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    let exponent = failures.saturating_sub(1).min(16);
+    BACKOFF_START
+        .saturating_mul(1u32 << exponent)
+        .min(BACKOFF_MAX)
+}

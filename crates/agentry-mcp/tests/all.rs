@@ -1,0 +1,3 @@
+//! The integration tests of agentry-mcp, in one binary.
+
+mod suite;

@@ -1,0 +1,219 @@
+//! server-everything over stdio and over streamable HTTP: the same checks on both transports.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use agentry_mcp::{
+    CallOptions, ELICITATION_DECLINED, McpManager, McpServerConfig, ServerState, TransportKind,
+};
+use agentry_types::{ImageSource, ToolResultPart};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::support::{connected, eventually, servers, stdio, text};
+
+/// Everything the issue asks of server-everything, on whichever transport `manager` uses.
+async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
+    let names: Vec<String> = manager.tools().into_iter().map(|tool| tool.name).collect();
+    for expected in [
+        "everything__echo",
+        "everything__get-sum",
+        "everything__trigger-long-running-operation",
+        "everything__get-structured-content",
+        "everything__get-tiny-image",
+    ] {
+        assert!(names.iter().any(|name| name == expected), "{expected} missing from {names:?}");
+    }
+    let sum_tool = manager
+        .tools()
+        .into_iter()
+        .find(|tool| tool.tool == "get-sum")
+        .ok_or_else(|| anyhow::anyhow!("no get-sum"))?;
+    assert_eq!(sum_tool.input_schema["type"], "object");
+    assert!(sum_tool.input_schema["properties"]["a"].is_object());
+
+    // echo
+    let echoed = manager
+        .call_tool("everything", "echo", json!({"message": "héllo"}), CallOptions::default())
+        .await?;
+    assert!(!echoed.is_error);
+    assert_eq!(text(&echoed), "Echo: héllo");
+
+    // get-sum
+    let sum = manager
+        .call_tool("everything", "get-sum", json!({"a": 2, "b": 40}), CallOptions::default())
+        .await?;
+    assert!(text(&sum).contains("42"), "{sum:?}");
+
+    // trigger-long-running-operation: progress notifications reach the caller.
+    let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
+    let long = manager
+        .call_tool(
+            "everything",
+            "trigger-long-running-operation",
+            json!({"duration": 1, "steps": 3}),
+            CallOptions {
+                progress: Some(progress_tx),
+                // Shorter than the whole operation: only the progress keeps it alive.
+                timeout: Some(Duration::from_millis(900)),
+                ..CallOptions::default()
+            },
+        )
+        .await?;
+    assert!(text(&long).contains("completed"), "{long:?}");
+    let mut steps = Vec::new();
+    while let Ok(progress) = progress_rx.try_recv() {
+        steps.push((progress.progress, progress.total));
+    }
+    assert_eq!(steps, [(1.0, Some(3.0)), (2.0, Some(3.0)), (3.0, Some(3.0))]);
+
+    // get-structured-content: the structured result is kept as it was sent.
+    let weather = manager
+        .call_tool(
+            "everything",
+            "get-structured-content",
+            json!({"location": "Chicago"}),
+            CallOptions::default(),
+        )
+        .await?;
+    let structured = weather
+        .structured_content
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no structured content: {weather:?}"))?;
+    assert!(structured["temperature"].is_number(), "{structured}");
+    assert!(structured["conditions"].is_string(), "{structured}");
+    // The model sees it once: the server also sent it as text, so no JSON part is added.
+    let for_model = weather.parts_for_model();
+    assert_eq!(for_model.len(), weather.content.len());
+
+    // get-tiny-image: text, a PNG, text — in order.
+    let image = manager
+        .call_tool("everything", "get-tiny-image", json!({}), CallOptions::default())
+        .await?;
+    match image.content.as_slice() {
+        [
+            ToolResultPart::Text { .. },
+            ToolResultPart::Image {
+                source: ImageSource::Base64 { media_type, data },
+            },
+            ToolResultPart::Text { .. },
+        ] => {
+            assert_eq!(media_type, "image/png");
+            assert!(data.starts_with("iVBORw0KGgo"), "not a base64 PNG: {}", &data[..16]);
+        }
+        other => panic!("unexpected image result: {other:?}"),
+    }
+
+    // A tool the server does not have: the server's own error, typed.
+    let missing = manager
+        .call_tool("everything", "no-such-tool", json!({}), CallOptions::default())
+        .await;
+    match missing {
+        Ok(result) => assert!(result.is_error, "{result:?}"),
+        Err(error) => assert!(error.to_string().contains("no-such-tool"), "{error}"),
+    }
+
+    // Resources and prompts can be listed and read.
+    let resources = manager.list_resources("everything").await?;
+    assert!(!resources.is_empty());
+    let uri = resources[0]["uri"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("no uri"))?
+        .to_owned();
+    let read = manager.read_resource("everything", &uri).await?;
+    assert_eq!(read["contents"][0]["uri"], Value::String(uri));
+    let prompts = manager.list_prompts("everything").await?;
+    let simple = prompts
+        .iter()
+        .find(|prompt| prompt["name"] == "simple-prompt")
+        .ok_or_else(|| anyhow::anyhow!("no simple-prompt in {prompts:?}"))?;
+    let rendered = manager
+        .get_prompt("everything", simple["name"].as_str().unwrap_or_default(), BTreeMap::new())
+        .await?;
+    assert!(rendered["messages"].as_array().is_some_and(|m| !m.is_empty()), "{rendered}");
+    Ok(())
+}
+
+/// The conditional tools are registered after initialisation and announced with
+/// `notifications/tools/list_changed`: the list refreshes, and asking for user input is
+/// declined with our message.
+async fn list_changed_and_elicitation(manager: &McpManager) -> anyhow::Result<()> {
+    eventually(Duration::from_secs(20), || {
+        manager
+            .tools()
+            .iter()
+            .any(|tool| tool.name == "everything__trigger-elicitation-request")
+    })
+    .await?;
+    let outcome = manager
+        .call_tool(
+            "everything",
+            "trigger-elicitation-request",
+            json!({}),
+            CallOptions::default(),
+        )
+        .await;
+    let said = match outcome {
+        Ok(result) => {
+            assert!(result.is_error, "{result:?}");
+            text(&result)
+        }
+        Err(error) => error.to_string(),
+    };
+    assert!(said.contains(ELICITATION_DECLINED), "{said}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn everything_over_stdio() -> anyhow::Result<()> {
+    let servers = servers()?;
+    let manager = connected("everything", stdio(&servers.everything())).await?;
+    let status = manager.status("everything")?;
+    assert_eq!(status.transport, TransportKind::Stdio);
+    assert!(status.pid.is_some());
+    assert_eq!(status.protocol_version.as_deref(), Some("2025-11-25"));
+    assert!(status.tool_count >= 13, "{status:?}");
+    exercise(&manager).await?;
+    list_changed_and_elicitation(&manager).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn everything_over_streamable_http() -> anyhow::Result<()> {
+    let servers = servers()?;
+    let http = servers.start_everything_http().await?;
+    let manager = connected("everything", McpServerConfig::http(http.url())).await?;
+    let status = manager.status("everything")?;
+    assert_eq!(status.transport, TransportKind::StreamableHttp);
+    assert_eq!(status.state, ServerState::Connected);
+    assert_eq!(status.pid, None);
+    exercise(&manager).await?;
+    list_changed_and_elicitation(&manager).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stdio_server_gets_only_its_configured_environment() -> anyhow::Result<()> {
+    let servers = servers()?;
+    let config = stdio(&servers.everything()).with_env(
+        "AGENTRY_TEST_GIVEN",
+        agentry_mcp::ValueSource::Secret {
+            secret: "given".into(),
+        },
+    );
+    let manager = McpManager::new();
+    manager
+        .add("everything", config, &|name| (name == "given").then(|| "s3cret".to_owned()))
+        .await?;
+    manager.wait_ready("everything", super::support::READY).await?;
+    let env = manager
+        .call_tool("everything", "get-env", json!({}), CallOptions::default())
+        .await?;
+    let env: Value = serde_json::from_str(&text(&env))?;
+    assert_eq!(env["AGENTRY_TEST_GIVEN"], "s3cret");
+    assert!(env.get("PATH").is_some());
+    // The test process has CARGO_* variables; none reach the server.
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+    assert!(env.get("CARGO_MANIFEST_DIR").is_none(), "{env}");
+    Ok(())
+}

@@ -1,0 +1,5 @@
+mod config;
+mod everything;
+mod servers;
+mod supervision;
+mod support;

@@ -1,0 +1,238 @@
+//! MCP servers in the runtime: their tools as Agentry tools, their configuration in the store.
+//!
+//! Servers are configured once (`POST /v1/tools/mcp`, `agentry mcp add`, or `mcp.json` in the
+//! data folder), saved under [`ConfigKind::McpServer`], started by the shared
+//! [`McpManager`] when the server starts, and their tools (`<server>__<tool>`) are registered in
+//! every runtime the server builds. When a server's tool list changes (it connects, announces
+//! `tools/list_changed`, crashes or is removed), the runtime is rebuilt.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use agentry_core::session::SessionManager;
+use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use agentry_mcp::{CallOptions, McpError, McpManager, McpServerConfig, McpToolInfo};
+use agentry_store::{ConfigKind, Store};
+use agentry_types::ToolSpec;
+
+use crate::error::ApiError;
+
+/// The name of the file in the data folder whose servers are imported at start-up.
+pub const SERVERS_FILE: &str = "mcp.json";
+
+/// How long a rebuild waits for more tool changes before it runs (a server's start brings several).
+const REBUILD_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// One tool of an MCP server, as an Agentry tool.
+pub struct McpTool {
+    info: McpToolInfo,
+    spec: ToolSpec,
+    cap: Duration,
+    manager: McpManager,
+}
+
+impl McpTool {
+    /// The tool `info` of the manager's servers.
+    pub fn new(info: McpToolInfo, manager: McpManager) -> Self {
+        let spec = ToolSpec::new(
+            info.name.clone(),
+            info.description.clone(),
+            info.input_schema.clone(),
+        );
+        let cap = manager
+            .config(&info.server)
+            .map(|config| config.max_call())
+            .unwrap_or(agentry_mcp::config::DEFAULT_MAX_CALL);
+        Self {
+            info,
+            spec,
+            cap,
+            manager,
+        }
+    }
+}
+
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    /// The server's hard cap: the manager enforces the idle deadline, which progress extends.
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.cap)
+    }
+
+    fn idempotent(&self) -> bool {
+        self.info.idempotent
+    }
+
+    fn call(
+        &self,
+        arguments: serde_json::Value,
+        context: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let manager = self.manager.clone();
+        let server = self.info.server.clone();
+        let tool = self.info.tool.clone();
+        async move {
+            let options = CallOptions {
+                cancel: context.cancel.clone(),
+                ..CallOptions::default()
+            };
+            match manager.call_tool(&server, &tool, arguments, options).await {
+                Ok(result) => Ok(ToolOutput::parts(result.parts_for_model(), result.is_error)),
+                Err(McpError::Cancelled) => Err(ToolError::Cancelled),
+                Err(McpError::Timeout { after, .. }) => Err(ToolError::Timeout(after)),
+                Err(error) => Err(ToolError::Failed(error.to_string())),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// The MCP tools to register in a runtime: every connected server's tools.
+pub fn tools(manager: &McpManager) -> Vec<Arc<dyn Tool>> {
+    manager
+        .tools()
+        .into_iter()
+        .map(|info| Arc::new(McpTool::new(info, manager.clone())) as Arc<dyn Tool>)
+        .collect()
+}
+
+/// The stored secrets, by name.
+pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError> {
+    let mut secrets = HashMap::new();
+    for info in store.list_secrets().await? {
+        if let Some(value) = store.reveal_secret(&info.name).await? {
+            secrets.insert(info.name, value);
+        }
+    }
+    Ok(secrets)
+}
+
+/// Starts every server saved in the store (in the background: a server that is slow or down
+/// delays nothing). A stored entry that is invalid is skipped with a warning.
+pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), ApiError> {
+    let secrets = secrets(store).await?;
+    for (name, value) in store.list_config(ConfigKind::McpServer).await? {
+        let added = match serde_json::from_value::<McpServerConfig>(value) {
+            Ok(config) => manager
+                .add(&name, config, &|secret| secrets.get(secret).cloned())
+                .await
+                .map_err(|error| error.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        if let Err(error) = added {
+            tracing::warn!(mcp_server = %name, "not starting a saved MCP server: {error}");
+        }
+    }
+    Ok(())
+}
+
+/// Saves servers in the store and (re)starts them in `manager`; validation of all of them comes
+/// first, so a bad one saves nothing.
+pub async fn save_and_start(
+    store: &Store,
+    manager: &McpManager,
+    servers: &BTreeMap<String, McpServerConfig>,
+) -> Result<(), ApiError> {
+    let secrets = secrets(store).await?;
+    for (name, config) in servers {
+        config.validate(name).map_err(api_error)?;
+        if let Some(missing) = config
+            .secret_names()
+            .find(|secret| !secrets.contains_key(*secret))
+        {
+            return Err(ApiError::bad_request(format!(
+                "MCP server {name:?} uses the secret {missing:?}, which is not set (POST /v1/env)"
+            )));
+        }
+    }
+    for (name, config) in servers {
+        let document = serde_json::to_value(config)
+            .map_err(|error| ApiError::internal(error.to_string()))?;
+        store
+            .put_config(ConfigKind::McpServer, name, &document)
+            .await?;
+        manager
+            .add(name, config.clone(), &|secret| secrets.get(secret).cloned())
+            .await
+            .map_err(api_error)?;
+    }
+    Ok(())
+}
+
+/// Imports the servers of `<home>/mcp.json` (`{"mcpServers": {…}}`) into the store, replacing
+/// saved servers of the same names. A missing file is nothing to import; an invalid one is an
+/// error naming the file.
+pub async fn import_servers_file(store: &Store, home: &Path) -> Result<usize, ApiError> {
+    let path = home.join(SERVERS_FILE);
+    let text = match tokio::fs::read_to_string(&path).await {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(error) => {
+            return Err(ApiError::internal(format!(
+                "cannot read {}: {error}",
+                path.display()
+            )));
+        }
+    };
+    let document: serde_json::Value = serde_json::from_str(&text).map_err(|error| {
+        ApiError::bad_request(format!("{} is not JSON: {error}", path.display()))
+    })?;
+    let servers = agentry_mcp::parse_servers_document(&document)
+        .map_err(|error| ApiError::bad_request(format!("{}: {error}", path.display())))?;
+    for (name, config) in &servers {
+        let document = serde_json::to_value(config)
+            .map_err(|error| ApiError::internal(error.to_string()))?;
+        store
+            .put_config(ConfigKind::McpServer, name, &document)
+            .await?;
+    }
+    Ok(servers.len())
+}
+
+/// Rebuilds the runtime whenever the MCP servers' tools change, until the manager is dropped.
+pub(crate) fn rebuild_on_changes(
+    manager: &McpManager,
+    store: Store,
+    http: reqwest::Client,
+    sessions: SessionManager,
+) {
+    let mut changes = manager.subscribe();
+    let weak = manager.downgrade();
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            tokio::time::sleep(REBUILD_DEBOUNCE).await;
+            changes.mark_unchanged();
+            let Some(manager) = weak.upgrade() else {
+                break;
+            };
+            match crate::models::build_runtime(&store, &http, &manager).await {
+                Ok(runtime) => sessions.set_runtime(runtime),
+                Err(error) => tracing::warn!(
+                    "could not rebuild the runtime after an MCP change: {}",
+                    error.message
+                ),
+            }
+        }
+    });
+}
+
+/// The API error for an MCP error.
+pub fn api_error(error: McpError) -> ApiError {
+    let status = match &error {
+        McpError::InvalidConfig(_) | McpError::MissingSecret { .. } => StatusCode::BAD_REQUEST,
+        McpError::UnknownServer(_) | McpError::UnknownTool { .. } => StatusCode::NOT_FOUND,
+        McpError::DuplicateServer(_) => StatusCode::CONFLICT,
+        McpError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    ApiError::new(status, error.code(), error.to_string())
+}

@@ -1,0 +1,1 @@
+//! Agentry as an MCP server over streamable HTTP (`/mcp`): placeholder being written.

@@ -1,0 +1,323 @@
+//! MCP servers through the API: registered once, their tools in every run, status, restart,
+//! delete, resources and prompts, persistence across a restart of the server, bad input.
+
+use std::time::Duration;
+
+use agentry_store::{ConfigKind, Store};
+use agentry_testkit::mcp::McpServers;
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+use super::support::{Server, start};
+
+/// The `{"mcpServers": …}` entry that starts server-everything over stdio.
+fn everything() -> Value {
+    let spec = McpServers::locate().unwrap().everything();
+    json!({"command": spec.program, "args": spec.args})
+}
+
+async fn register_everything(server: &Server) -> Value {
+    let (status, body) = server
+        .post("/v1/tools/mcp", json!({"mcpServers": {"everything": everything()}}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["servers"][0]["state"], "connected", "{body}");
+    body["servers"][0].clone()
+}
+
+/// Processes that are children of this test process and run `script`.
+fn children_running(script: &str) -> Vec<u32> {
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // stat: pid (comm) state ppid …
+        let after_comm = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or_default();
+        let mut fields = after_comm.split(' ');
+        let state = fields.next().unwrap_or_default();
+        let ppid = fields.next().unwrap_or_default();
+        if ppid == me && state != "Z" && String::from_utf8_lossy(&cmdline).contains(script) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+async fn tool_names(server: &Server) -> Vec<String> {
+    let (_, tools) = server.get("/v1/tools").await;
+    tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn registered_servers_tools_join_the_runtime_and_a_model_calls_one() {
+    let server = start().await;
+    let shown = register_everything(&server).await;
+    assert!(shown["tool_count"].as_u64().unwrap() >= 13, "{shown}");
+    assert_eq!(shown["transport"], "stdio");
+    assert!(shown["pid"].is_u64());
+
+    let (status, list) = server.get("/v1/mcp-servers").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["servers"][0]["name"], "everything");
+    let (status, one) = server.get("/v1/mcp-servers/everything").await;
+    assert_eq!(status, 200);
+    assert_eq!(one["config"]["args"].as_array().unwrap().last().unwrap(), "stdio");
+
+    // The runtime is rebuilt with the server's tools.
+    let names = tool_names(&server).await;
+    assert!(names.contains(&"everything__get-sum".to_owned()), "{names:?}");
+
+    // A direct call.
+    let (status, called) = server
+        .post(
+            "/v1/tools/call",
+            json!({"name": "everything__get-sum", "arguments": {"a": 20, "b": 22}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{called}");
+    assert!(called.to_string().contains("42"), "{called}");
+
+    // A model run through the mock: the model calls the MCP tool and sees its result.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "everything__get-sum",
+        json!({"a": 2, "b": 3}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("The sum is 5.")));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "model_id": "mock", "text": "2+3?",
+                   "tool_ids": ["everything__get-sum"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"], "The sum is 5.");
+    let requests = server.mock.requests();
+    let offered = &requests[0].body["tools"][0]["function"];
+    assert_eq!(offered["name"], "everything__get-sum");
+    assert!(offered["parameters"]["properties"]["a"].is_object(), "{offered}");
+    let tool_message = requests[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|message| message["role"] == "tool")
+        .cloned()
+        .unwrap();
+    assert!(tool_message["content"].to_string().contains('5'), "{tool_message}");
+}
+
+#[tokio::test]
+async fn two_agents_using_one_server_share_one_process() {
+    let server = start().await;
+    register_everything(&server).await;
+    let script = McpServers::locate().unwrap().everything().args[0].clone();
+    let before = children_running(&script);
+    assert_eq!(before.len(), 1, "one process after registration: {before:?}");
+    for id in ["alpha", "beta"] {
+        let (status, body) = server
+            .post(
+                "/v1/agents",
+                json!({"id": id, "model_id": "mock", "tool_ids": ["everything__echo"]}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    for _ in 0..2 {
+        server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+            "everything__echo",
+            json!({"message": "hi"}),
+        )));
+    }
+    for _ in 0..2 {
+        server.mock.enqueue(Reply::scripted(ScriptedTurn::text("done")));
+    }
+    let runs = ["alpha", "beta"].map(|agent| {
+        server.post(
+            "/v1/infer",
+            json!({"session_id": "new", "agent_ids": [agent], "text": "echo hi"}),
+        )
+    });
+    for (status, body) in futures::future::join_all(runs).await {
+        assert_eq!(status, 200, "{body}");
+        let echoed = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|message| message.to_string().contains("Echo: hi"));
+        assert!(echoed, "{body}");
+    }
+    assert_eq!(children_running(&script), before, "still the same single process");
+}
+
+#[tokio::test]
+async fn restart_delete_resources_and_prompts_through_the_api() {
+    let server = start().await;
+    let shown = register_everything(&server).await;
+    let first_pid = shown["pid"].as_u64().unwrap();
+
+    let (status, restarted) = server
+        .post("/v1/mcp-servers/everything/restart", json!({}))
+        .await;
+    assert_eq!(status, 200, "{restarted}");
+    assert_eq!(restarted["state"], "connected");
+    assert_eq!(restarted["restarts"], 1);
+    assert_ne!(restarted["pid"].as_u64().unwrap(), first_pid);
+
+    let (status, resources) = server.get("/v1/mcp-servers/everything/resources").await;
+    assert_eq!(status, 200, "{resources}");
+    let uri = resources["resources"][0]["uri"].as_str().unwrap().to_owned();
+    let (status, read) = server
+        .post("/v1/mcp-servers/everything/resources/read", json!({"uri": uri}))
+        .await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["contents"][0]["uri"], uri.as_str());
+    let (status, prompts) = server.get("/v1/mcp-servers/everything/prompts").await;
+    assert_eq!(status, 200);
+    assert!(prompts["prompts"].as_array().unwrap().iter().any(|p| p["name"] == "simple-prompt"));
+    let (status, rendered) = server
+        .post(
+            "/v1/mcp-servers/everything/prompts/get",
+            json!({"name": "simple-prompt"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{rendered}");
+    assert!(!rendered["messages"].as_array().unwrap().is_empty());
+
+    let pid = restarted["pid"].as_u64().unwrap();
+    let (status, _) = server
+        .raw(reqwest::Method::DELETE, "/v1/mcp-servers/everything", "")
+        .await;
+    assert_eq!(status, 204);
+    let (status, _) = server.get("/v1/mcp-servers/everything").await;
+    assert_eq!(status, 404);
+    assert!(server.state.store.config(ConfigKind::McpServer, "everything").await.unwrap().is_none());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the process outlived its deletion");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its tools leave the runtime.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tool_names(&server).await.iter().any(|name| name.starts_with("everything__")) {
+        assert!(tokio::time::Instant::now() < deadline, "tools outlived the server");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_registrations_are_refused_and_nothing_is_saved() {
+    let server = start().await;
+    let cases = [
+        (r#"{"mcpServers": {"a": {}}}"#, 400, "needs \"command\""),
+        (r#"{"mcpServers": {"a__b": {"command": "x"}}}"#, 400, "not a valid MCP server name"),
+        (r#"{"mcpServers": {"a": {"url": "file:///etc/passwd"}}}"#, 400, "http or https"),
+        (r#"{"mcpServers": {"a": {"command": "x", "env": {"K": {"secret": "nope"}}}}}"#, 400, "not set"),
+        (r#"{"mcpServers": {"ok": {"command": "x"}, "bad": {"url": 3}}}"#, 400, "bad"),
+        (r#"{"mcpServers": "#, 400, ""),
+        (r#"[1]"#, 400, "JSON object"),
+    ];
+    for (body, expected_status, needle) in cases {
+        let (status, answer) = server
+            .raw(reqwest::Method::POST, "/v1/tools/mcp", body)
+            .await;
+        assert_eq!(status, expected_status, "{body}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(needle), "{body}: {answer}");
+    }
+    assert!(server.state.store.list_config(ConfigKind::McpServer).await.unwrap().is_empty());
+    assert!(server.state.mcp.names().is_empty());
+
+    for (path, expected) in [
+        ("/v1/mcp-servers/nope", 404),
+        ("/v1/mcp-servers/a__b", 400),
+        ("/v1/mcp-servers/nope/resources", 404),
+    ] {
+        let (status, body) = server.get(path).await;
+        assert_eq!(status, expected, "{path}: {body}");
+        assert!(body["error"]["code"].is_string(), "{body}");
+    }
+    let (status, body) = server
+        .raw(
+            reqwest::Method::POST,
+            "/v1/mcp-servers/nope/resources/read",
+            r#"{"uri": "x", "extra": 1}"#,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = server.post("/v1/mcp-servers/nope/restart", json!({})).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
+    let home = tempfile::tempdir().unwrap();
+    let spec = McpServers::locate().unwrap().everything();
+    std::fs::write(
+        home.path().join("mcp.json"),
+        json!({"mcpServers": {"from-file": {"command": spec.program, "args": spec.args}}})
+            .to_string(),
+    )
+    .unwrap();
+    let store = Store::open_home(home.path()).await.unwrap();
+    let imported = agentry_server::mcp::import_servers_file(&store, home.path())
+        .await
+        .unwrap();
+    assert_eq!(imported, 1);
+    // A new server process (AppState) on the same store starts it by itself.
+    let state = agentry_server::AppState::new(store.clone()).await.unwrap();
+    let status = state
+        .mcp
+        .wait_ready("from-file", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(status.state, agentry_mcp::ServerState::Connected, "{status:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !state.sessions.runtime().tools().contains("from-file__echo") {
+        assert!(tokio::time::Instant::now() < deadline, "tools never reached the runtime");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A broken file is a clear error naming it.
+    std::fs::write(home.path().join("mcp.json"), "{\"mcpServers\": {\"x\": {}}}").unwrap();
+    let error = agentry_server::mcp::import_servers_file(&store, home.path())
+        .await
+        .unwrap_err();
+    assert!(error.message.contains("mcp.json"), "{}", error.message);
+    state.mcp.shutdown().await;
+}
+
+#[tokio::test]
+async fn secrets_reach_the_server_through_its_environment_only() {
+    let server = start().await;
+    let (status, _) = server
+        .post("/v1/env", json!({"name": "MCP_TOKEN", "value": "t0ken"}))
+        .await;
+    assert_eq!(status / 100, 2);
+    let mut config = everything();
+    config["env"] = json!({"GIVEN_TOKEN": {"secret": "MCP_TOKEN"}, "PLAIN": "visible"});
+    let (status, body) = server
+        .post("/v1/tools/mcp", json!({"mcpServers": {"everything": config}}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // The listing masks literal values and names secrets.
+    assert_eq!(body["servers"][0]["config"]["env"]["PLAIN"], "***");
+    assert_eq!(body["servers"][0]["config"]["env"]["GIVEN_TOKEN"]["secret"], "MCP_TOKEN");
+    let (status, called) = server
+        .post("/v1/tools/call", json!({"name": "everything__get-env", "arguments": {}}))
+        .await;
+    assert_eq!(status, 200, "{called}");
+    let env: Value = serde_json::from_str(called["result"].as_str().unwrap_or("{}"))
+        .unwrap_or_else(|_| called.clone());
+    assert!(env.to_string().contains("t0ken"), "{called}");
+}
