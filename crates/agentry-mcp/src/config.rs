@@ -49,7 +49,12 @@ pub enum TransportKind {
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// The transport; inferred from `command` / `url` when absent.
-    #[serde(default, rename = "type", alias = "transport", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "type",
+        alias = "transport",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub transport: Option<TransportKind>,
     /// The program to start (stdio).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,7 +102,10 @@ pub const DEFAULT_MAX_CALL: Duration = Duration::from_secs(600);
 
 impl McpServerConfig {
     /// A stdio server.
-    pub fn stdio(command: impl Into<String>, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+    pub fn stdio(
+        command: impl Into<String>,
+        args: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
         Self {
             transport: Some(TransportKind::Stdio),
             command: Some(command.into()),
@@ -169,22 +177,31 @@ impl McpServerConfig {
     /// Checks the configuration of the server called `name`.
     pub fn validate(&self, name: &str) -> Result<(), McpError> {
         validate_server_name(name)?;
-        let invalid = |message: String| McpError::InvalidConfig(format!("server {name:?}: {message}"));
+        let invalid =
+            |message: String| McpError::InvalidConfig(format!("server {name:?}: {message}"));
         match self.transport_kind()? {
             TransportKind::Stdio => {
                 let command = self.command.as_deref().unwrap_or_default();
                 if command.trim().is_empty() {
-                    return Err(invalid("a stdio server needs a non-empty \"command\"".into()));
+                    return Err(invalid(
+                        "a stdio server needs a non-empty \"command\"".into(),
+                    ));
                 }
                 if command.contains('\0') || self.args.iter().any(|arg| arg.contains('\0')) {
-                    return Err(invalid("the command and its arguments cannot contain NUL".into()));
+                    return Err(invalid(
+                        "the command and its arguments cannot contain NUL".into(),
+                    ));
                 }
                 if self.url.is_some() || !self.headers.is_empty() {
-                    return Err(invalid("\"url\" and \"headers\" are for HTTP servers".into()));
+                    return Err(invalid(
+                        "\"url\" and \"headers\" are for HTTP servers".into(),
+                    ));
                 }
                 for variable in self.env.keys() {
                     if variable.is_empty() || variable.contains(['=', '\0']) {
-                        return Err(invalid(format!("{variable:?} is not an environment variable name")));
+                        return Err(invalid(format!(
+                            "{variable:?} is not an environment variable name"
+                        )));
                     }
                 }
             }
@@ -196,7 +213,9 @@ impl McpServerConfig {
                     return Err(invalid("\"url\" must be http or https".into()));
                 }
                 if self.command.is_some() || !self.args.is_empty() || !self.env.is_empty() {
-                    return Err(invalid("\"command\", \"args\" and \"env\" are for stdio servers".into()));
+                    return Err(invalid(
+                        "\"command\", \"args\" and \"env\" are for stdio servers".into(),
+                    ));
                 }
                 for header in self.headers.keys() {
                     if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
@@ -231,7 +250,8 @@ impl McpServerConfig {
 
     /// The hard cap of a call.
     pub fn max_call(&self) -> Duration {
-        self.max_call_ms.map_or(DEFAULT_MAX_CALL, Duration::from_millis)
+        self.max_call_ms
+            .map_or(DEFAULT_MAX_CALL, Duration::from_millis)
     }
 
     /// The names of the secrets this server needs.
@@ -272,7 +292,9 @@ pub fn validate_server_name(name: &str) -> Result<(), McpError> {
 
 /// Parses an `{"mcpServers": {name: config, …}}` document (a bare `{name: config}` map is
 /// accepted too) and validates every server in it.
-pub fn parse_servers_document(document: &Value) -> Result<BTreeMap<String, McpServerConfig>, McpError> {
+pub fn parse_servers_document(
+    document: &Value,
+) -> Result<BTreeMap<String, McpServerConfig>, McpError> {
     let Some(object) = document.as_object() else {
         return Err(McpError::InvalidConfig(
             "expected a JSON object {\"mcpServers\": {name: {command, args, env} or {url, headers}}}".into(),
@@ -288,7 +310,9 @@ pub fn parse_servers_document(document: &Value) -> Result<BTreeMap<String, McpSe
         None => document,
     };
     let Some(servers) = servers.as_object() else {
-        return Err(McpError::InvalidConfig("\"mcpServers\" must be an object of servers by name".into()));
+        return Err(McpError::InvalidConfig(
+            "\"mcpServers\" must be an object of servers by name".into(),
+        ));
     };
     if servers.is_empty() {
         return Err(McpError::InvalidConfig("no servers given".into()));

@@ -46,7 +46,10 @@ impl McpToolResult {
 
 /// Converts one MCP content block (as JSON) into a result part.
 pub(crate) fn content_part(block: &Value) -> ToolResultPart {
-    let kind = block.get("type").and_then(Value::as_str).unwrap_or_default();
+    let kind = block
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let text = |key: &str| block.get(key).and_then(Value::as_str);
     match kind {
         "text" => ToolResultPart::Text {
@@ -63,7 +66,10 @@ pub(crate) fn content_part(block: &Value) -> ToolResultPart {
                 value: block.clone(),
             },
         },
-        "resource" => match block.get("resource").and_then(|resource| resource.get("text")) {
+        "resource" => match block
+            .get("resource")
+            .and_then(|resource| resource.get("text"))
+        {
             Some(Value::String(resource_text)) => ToolResultPart::Text {
                 text: resource_text.clone(),
             },

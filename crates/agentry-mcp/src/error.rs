@@ -108,7 +108,9 @@ impl McpError {
             }
             Self::Timeout { .. } => "timeout",
             Self::Cancelled => "cancelled",
-            Self::Protocol { .. } | Self::Unsupported { .. } | Self::Transport { .. } => "mcp_error",
+            Self::Protocol { .. } | Self::Unsupported { .. } | Self::Transport { .. } => {
+                "mcp_error"
+            }
         }
     }
 }

@@ -24,8 +24,8 @@ use futures::future::BoxFuture;
 use http_body_util::combinators::BoxBody;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ServerCapabilities, ServerConfig, Tool,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -169,8 +169,8 @@ impl ProgressSink {
             return;
         };
         let step = inner.steps.fetch_add(1, Ordering::Relaxed) + 1;
-        let params = ProgressNotificationParam::new(inner.token.clone(), step as f64)
-            .with_message(message);
+        let params =
+            ProgressNotificationParam::new(inner.token.clone(), step as f64).with_message(message);
         if let Err(error) = inner.peer.notify_progress(params).await {
             tracing::debug!("progress notification not sent: {error}");
         }
@@ -223,7 +223,11 @@ fn schema_object(schema: Value) -> JsonObject {
 }
 
 fn to_rmcp_tool(tool: ServedTool) -> Tool {
-    let mut converted = Tool::new(tool.name, tool.description, schema_object(tool.input_schema));
+    let mut converted = Tool::new(
+        tool.name,
+        tool.description,
+        schema_object(tool.input_schema),
+    );
     if let Some(title) = tool.title {
         converted = converted.with_title(title);
     }
@@ -373,7 +377,9 @@ pub struct McpHttpService {
 
 impl std::fmt::Debug for McpHttpService {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.debug_struct("McpHttpService").finish_non_exhaustive()
+        formatter
+            .debug_struct("McpHttpService")
+            .finish_non_exhaustive()
     }
 }
 
@@ -386,9 +392,7 @@ impl McpHttpService {
             .with_allowed_origins(options.allowed_origins)
             .enforce_origin_validation()
             .with_cancellation_token(options.shutdown)
-            .with_sse_keep_alive(Some(
-                options.keep_alive.unwrap_or(Duration::from_secs(15)),
-            ));
+            .with_sse_keep_alive(Some(options.keep_alive.unwrap_or(Duration::from_secs(15))));
         let inner = StreamableHttpService::new(
             move || Ok(handler.clone()),
             Arc::new(LocalSessionManager::default()),

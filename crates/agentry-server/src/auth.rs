@@ -2,8 +2,9 @@
 //!
 //! Keys look like `agk_<id>_<secret>`. Only a SHA-256 hash is stored (configuration kind
 //! `api_key`), so a database leak reveals no key; the full key is shown once, at creation.
-//! As soon as one key exists, every `/v1` route needs `Authorization: Bearer <key>` or the
-//! session cookie a login sets; revoking a key takes effect on the next request.
+//! As soon as one key exists, every `/v1` route (and the MCP endpoint `/mcp`) needs
+//! `Authorization: Bearer <key>` or the session cookie a login sets; revoking a key takes
+//! effect on the next request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -155,8 +155,8 @@ pub async fn save_and_start(
         }
     }
     for (name, config) in servers {
-        let document = serde_json::to_value(config)
-            .map_err(|error| ApiError::internal(error.to_string()))?;
+        let document =
+            serde_json::to_value(config).map_err(|error| ApiError::internal(error.to_string()))?;
         store
             .put_config(ConfigKind::McpServer, name, &document)
             .await?;
@@ -189,8 +189,8 @@ pub async fn import_servers_file(store: &Store, home: &Path) -> Result<usize, Ap
     let servers = agentry_mcp::parse_servers_document(&document)
         .map_err(|error| ApiError::bad_request(format!("{}: {error}", path.display())))?;
     for (name, config) in &servers {
-        let document = serde_json::to_value(config)
-            .map_err(|error| ApiError::internal(error.to_string()))?;
+        let document =
+            serde_json::to_value(config).map_err(|error| ApiError::internal(error.to_string()))?;
         store
             .put_config(ConfigKind::McpServer, name, &document)
             .await?;

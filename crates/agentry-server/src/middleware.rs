@@ -56,7 +56,11 @@ fn cors_layer(origins: &[String]) -> CorsLayer {
             header::AUTHORIZATION,
             header::CONTENT_TYPE,
             header::HeaderName::from_static("last-event-id"),
+            // The MCP endpoint's session and protocol headers (streamable HTTP).
+            header::HeaderName::from_static("mcp-session-id"),
+            header::HeaderName::from_static("mcp-protocol-version"),
         ])
+        .expose_headers([header::HeaderName::from_static("mcp-session-id")])
         .allow_credentials(true)
 }
 
@@ -133,12 +137,14 @@ fn unauthorized(message: &str) -> Response {
     response
 }
 
-/// Every `/v1` route (and `/metrics`) needs a valid key or login once any key exists.
+/// Every `/v1` route (and `/metrics` and the MCP endpoint `/mcp`) needs a valid key or login
+/// once any key exists.
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    let protected = (path.starts_with("/v1/") || path == "/metrics")
-        && path != "/v1/auth/login"
-        && path != "/v1/auth/status";
+    let protected =
+        (path.starts_with("/v1/") || path == "/metrics" || path == crate::mcp_endpoint::MCP_PATH)
+            && path != "/v1/auth/login"
+            && path != "/v1/auth/status";
     if !protected || request.method() == Method::OPTIONS {
         return next.run(request).await;
     }

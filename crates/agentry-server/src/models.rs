@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use agentry_core::Runtime;
 use agentry_core::tool::{StaticSecrets, ToolDefinition, builtin_tools};
-use agentry_mcp::McpManager;
 use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
+use agentry_mcp::McpManager;
 use agentry_store::{ConfigKind, Store};
 
 use crate::error::ApiError;

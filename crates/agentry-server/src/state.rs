@@ -36,6 +36,9 @@ pub struct AppState {
     pub cors_origins: Vec<String>,
     /// The MCP servers, shared by every run.
     pub mcp: McpManager,
+    /// Whether Agentry's own MCP server (`/mcp`, `agentry mcp serve`) offers the registered
+    /// tools besides the agents.
+    pub mcp_expose_tools: bool,
 }
 
 impl AppState {
@@ -61,6 +64,7 @@ impl AppState {
             shutdown: CancellationToken::new(),
             metrics,
             cors_origins: Vec::new(),
+            mcp_expose_tools: false,
         })
     }
 

@@ -1470,8 +1470,5 @@ fn a_result_the_tool_flags_as_an_error_keeps_its_content_and_is_an_error() {
         &output,
         agentry_core::tool::result::ResultFormat::Text,
     );
-    assert_eq!(
-        direct,
-        Err(ToolError::Failed("refused: loopback".into()))
-    );
+    assert_eq!(direct, Err(ToolError::Failed("refused: loopback".into())));
 }

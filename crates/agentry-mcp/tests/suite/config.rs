@@ -19,11 +19,19 @@ fn the_usual_mcp_servers_document_parses_both_transports() -> anyhow::Result<()>
     assert_eq!(servers["files"].transport_kind()?, TransportKind::Stdio);
     assert_eq!(
         servers["files"].env["TOKEN"],
-        ValueSource::Secret { secret: "gh".into() }
+        ValueSource::Secret {
+            secret: "gh".into()
+        }
     );
     assert_eq!(servers["files"].secret_names().collect::<Vec<_>>(), ["gh"]);
-    assert_eq!(servers["remote"].transport_kind()?, TransportKind::StreamableHttp);
-    assert_eq!(servers["typed"].transport_kind()?, TransportKind::StreamableHttp);
+    assert_eq!(
+        servers["remote"].transport_kind()?,
+        TransportKind::StreamableHttp
+    );
+    assert_eq!(
+        servers["typed"].transport_kind()?,
+        TransportKind::StreamableHttp
+    );
     // A bare map of servers is accepted too.
     let bare = parse_servers_document(&json!({"t": {"command": "x"}}))?;
     assert_eq!(bare["t"].command.as_deref(), Some("x"));
@@ -41,17 +49,47 @@ fn bad_configurations_are_refused_with_a_reason() {
         (json!([]), "expected a JSON object"),
         (json!({"mcpServers": {}}), "no servers"),
         (json!({"mcpServers": {"a": {}}}), "needs \"command\""),
-        (json!({"mcpServers": {"a": {"command": "x", "url": "http://h/"}}}), "not both"),
-        (json!({"mcpServers": {"a": {"url": "ftp://h/"}}}), "http or https"),
-        (json!({"mcpServers": {"a": {"url": "not a url"}}}), "not a URL"),
+        (
+            json!({"mcpServers": {"a": {"command": "x", "url": "http://h/"}}}),
+            "not both",
+        ),
+        (
+            json!({"mcpServers": {"a": {"url": "ftp://h/"}}}),
+            "http or https",
+        ),
+        (
+            json!({"mcpServers": {"a": {"url": "not a url"}}}),
+            "not a URL",
+        ),
         (json!({"mcpServers": {"a": {"command": " "}}}), "non-empty"),
-        (json!({"mcpServers": {"a__b": {"command": "x"}}}), "not a valid MCP server name"),
-        (json!({"mcpServers": {"../x": {"command": "x"}}}), "not a valid MCP server name"),
-        (json!({"mcpServers": {"a": {"command": "x", "bogus": 1}}}), "unknown field"),
-        (json!({"mcpServers": {"a": {"command": "x", "env": {"A=B": "c"}}}}), "environment variable"),
-        (json!({"mcpServers": {"a": {"url": "http://h/", "headers": {"bad header": "v"}}}}), "header name"),
-        (json!({"mcpServers": {"a": {"command": "x", "call_timeout_ms": 0}}}), "positive"),
-        (json!({"mcpServers": {"a": {"command": "x"}}, "other": 1}), "beside"),
+        (
+            json!({"mcpServers": {"a__b": {"command": "x"}}}),
+            "not a valid MCP server name",
+        ),
+        (
+            json!({"mcpServers": {"../x": {"command": "x"}}}),
+            "not a valid MCP server name",
+        ),
+        (
+            json!({"mcpServers": {"a": {"command": "x", "bogus": 1}}}),
+            "unknown field",
+        ),
+        (
+            json!({"mcpServers": {"a": {"command": "x", "env": {"A=B": "c"}}}}),
+            "environment variable",
+        ),
+        (
+            json!({"mcpServers": {"a": {"url": "http://h/", "headers": {"bad header": "v"}}}}),
+            "header name",
+        ),
+        (
+            json!({"mcpServers": {"a": {"command": "x", "call_timeout_ms": 0}}}),
+            "positive",
+        ),
+        (
+            json!({"mcpServers": {"a": {"command": "x"}}, "other": 1}),
+            "beside",
+        ),
     ];
     for (document, expected) in cases {
         match parse_servers_document(&document) {
@@ -66,7 +104,13 @@ fn bad_configurations_are_refused_with_a_reason() {
 
 #[test]
 fn tool_names_are_qualified_and_made_valid_for_model_apis() {
-    assert_eq!(qualified_tool_name("everything", "get-sum"), "everything__get-sum");
-    assert_eq!(qualified_tool_name("fs", "read.file/v2"), "fs__read_file_v2");
+    assert_eq!(
+        qualified_tool_name("everything", "get-sum"),
+        "everything__get-sum"
+    );
+    assert_eq!(
+        qualified_tool_name("fs", "read.file/v2"),
+        "fs__read_file_v2"
+    );
     assert_eq!(qualified_tool_name("s", &"x".repeat(100)).len(), 64);
 }

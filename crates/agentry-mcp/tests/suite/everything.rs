@@ -22,7 +22,10 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
         "everything__get-structured-content",
         "everything__get-tiny-image",
     ] {
-        assert!(names.iter().any(|name| name == expected), "{expected} missing from {names:?}");
+        assert!(
+            names.iter().any(|name| name == expected),
+            "{expected} missing from {names:?}"
+        );
     }
     let sum_tool = manager
         .tools()
@@ -34,14 +37,24 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
 
     // echo
     let echoed = manager
-        .call_tool("everything", "echo", json!({"message": "héllo"}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "echo",
+            json!({"message": "héllo"}),
+            CallOptions::default(),
+        )
         .await?;
     assert!(!echoed.is_error);
     assert_eq!(text(&echoed), "Echo: héllo");
 
     // get-sum
     let sum = manager
-        .call_tool("everything", "get-sum", json!({"a": 2, "b": 40}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "get-sum",
+            json!({"a": 2, "b": 40}),
+            CallOptions::default(),
+        )
         .await?;
     assert!(text(&sum).contains("42"), "{sum:?}");
 
@@ -65,7 +78,10 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
     while let Ok(progress) = progress_rx.try_recv() {
         steps.push((progress.progress, progress.total));
     }
-    assert_eq!(steps, [(1.0, Some(3.0)), (2.0, Some(3.0)), (3.0, Some(3.0))]);
+    assert_eq!(
+        steps,
+        [(1.0, Some(3.0)), (2.0, Some(3.0)), (3.0, Some(3.0))]
+    );
 
     // get-structured-content: the structured result is kept as it was sent.
     let weather = manager
@@ -88,7 +104,12 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
 
     // get-tiny-image: text, a PNG, text — in order.
     let image = manager
-        .call_tool("everything", "get-tiny-image", json!({}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "get-tiny-image",
+            json!({}),
+            CallOptions::default(),
+        )
         .await?;
     match image.content.as_slice() {
         [
@@ -99,14 +120,23 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
             ToolResultPart::Text { .. },
         ] => {
             assert_eq!(media_type, "image/png");
-            assert!(data.starts_with("iVBORw0KGgo"), "not a base64 PNG: {}", &data[..16]);
+            assert!(
+                data.starts_with("iVBORw0KGgo"),
+                "not a base64 PNG: {}",
+                &data[..16]
+            );
         }
         other => panic!("unexpected image result: {other:?}"),
     }
 
     // A tool the server does not have: the server's own error, typed.
     let missing = manager
-        .call_tool("everything", "no-such-tool", json!({}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "no-such-tool",
+            json!({}),
+            CallOptions::default(),
+        )
         .await;
     match missing {
         Ok(result) => assert!(result.is_error, "{result:?}"),
@@ -128,9 +158,18 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
         .find(|prompt| prompt["name"] == "simple-prompt")
         .ok_or_else(|| anyhow::anyhow!("no simple-prompt in {prompts:?}"))?;
     let rendered = manager
-        .get_prompt("everything", simple["name"].as_str().unwrap_or_default(), BTreeMap::new())
+        .get_prompt(
+            "everything",
+            simple["name"].as_str().unwrap_or_default(),
+            BTreeMap::new(),
+        )
         .await?;
-    assert!(rendered["messages"].as_array().is_some_and(|m| !m.is_empty()), "{rendered}");
+    assert!(
+        rendered["messages"]
+            .as_array()
+            .is_some_and(|m| !m.is_empty()),
+        "{rendered}"
+    );
     Ok(())
 }
 
@@ -203,9 +242,13 @@ async fn a_stdio_server_gets_only_its_configured_environment() -> anyhow::Result
     );
     let manager = McpManager::new();
     manager
-        .add("everything", config, &|name| (name == "given").then(|| "s3cret".to_owned()))
+        .add("everything", config, &|name| {
+            (name == "given").then(|| "s3cret".to_owned())
+        })
         .await?;
-    manager.wait_ready("everything", super::support::READY).await?;
+    manager
+        .wait_ready("everything", super::support::READY)
+        .await?;
     let env = manager
         .call_tool("everything", "get-env", json!({}), CallOptions::default())
         .await?;

@@ -13,7 +13,12 @@ async fn filesystem_reads_and_writes_inside_its_folder_only() -> anyhow::Result<
     let root = folder.path().canonicalize()?;
     std::fs::write(root.join("notes.txt"), "first line\n")?;
     let manager = connected("fs", stdio(&servers.filesystem(&root))).await?;
-    assert!(manager.tools().iter().any(|tool| tool.name == "fs__read_text_file"));
+    assert!(
+        manager
+            .tools()
+            .iter()
+            .any(|tool| tool.name == "fs__read_text_file")
+    );
 
     let read = manager
         .call_tool(
@@ -35,13 +40,24 @@ async fn filesystem_reads_and_writes_inside_its_folder_only() -> anyhow::Result<
         )
         .await?;
     assert!(!written.is_error, "{written:?}");
-    assert_eq!(std::fs::read_to_string(root.join("new.txt"))?, "from agentry");
+    assert_eq!(
+        std::fs::read_to_string(root.join("new.txt"))?,
+        "from agentry"
+    );
 
     let listed = manager
-        .call_tool("fs", "list_directory", json!({"path": root}), CallOptions::default())
+        .call_tool(
+            "fs",
+            "list_directory",
+            json!({"path": root}),
+            CallOptions::default(),
+        )
         .await?;
     let listing = text(&listed);
-    assert!(listing.contains("notes.txt") && listing.contains("new.txt"), "{listing}");
+    assert!(
+        listing.contains("notes.txt") && listing.contains("new.txt"),
+        "{listing}"
+    );
 
     // Outside the allowed folder: the server refuses, as a tool error.
     let outside = manager
@@ -53,7 +69,11 @@ async fn filesystem_reads_and_writes_inside_its_folder_only() -> anyhow::Result<
         )
         .await?;
     assert!(outside.is_error, "{outside:?}");
-    assert!(text(&outside).to_lowercase().contains("denied"), "{}", text(&outside));
+    assert!(
+        text(&outside).to_lowercase().contains("denied"),
+        "{}",
+        text(&outside)
+    );
     Ok(())
 }
 
@@ -80,7 +100,10 @@ async fn memory_keeps_a_knowledge_graph() -> anyhow::Result<()> {
         .clone()
         .ok_or_else(|| anyhow::anyhow!("no structured content"))?;
     assert_eq!(structured["entities"][0]["name"], "Agentry");
-    assert_eq!(structured["entities"][0]["observations"][0], "written in Rust");
+    assert_eq!(
+        structured["entities"][0]["observations"][0],
+        "written in Rust"
+    );
     assert!(std::fs::read_to_string(&file)?.contains("Agentry"));
     Ok(())
 }
@@ -92,7 +115,12 @@ async fn time_and_fetch_from_pypi() -> anyhow::Result<()> {
     add_connected(&manager, "fetch", stdio(&servers.fetch())).await?;
 
     let now = manager
-        .call_tool("time", "get_current_time", json!({"timezone": "UTC"}), CallOptions::default())
+        .call_tool(
+            "time",
+            "get_current_time",
+            json!({"timezone": "UTC"}),
+            CallOptions::default(),
+        )
         .await?;
     assert!(!now.is_error, "{now:?}");
     let reported: Value = match &now.structured_content {
@@ -104,13 +132,23 @@ async fn time_and_fetch_from_pypi() -> anyhow::Result<()> {
     assert!(year >= 2025, "{reported}");
 
     let bad_zone = manager
-        .call_tool("time", "get_current_time", json!({"timezone": "Mars/Olympus"}), CallOptions::default())
+        .call_tool(
+            "time",
+            "get_current_time",
+            json!({"timezone": "Mars/Olympus"}),
+            CallOptions::default(),
+        )
         .await?;
     assert!(bad_zone.is_error, "{bad_zone:?}");
 
     // mcp-server-fetch refuses loopback without --allow-private-ips: a real tool error.
     let refused = manager
-        .call_tool("fetch", "fetch", json!({"url": "http://127.0.0.1:9/"}), CallOptions::default())
+        .call_tool(
+            "fetch",
+            "fetch",
+            json!({"url": "http://127.0.0.1:9/"}),
+            CallOptions::default(),
+        )
         .await?;
     assert!(refused.is_error, "{refused:?}");
     assert!(!text(&refused).is_empty());
@@ -118,5 +156,8 @@ async fn time_and_fetch_from_pypi() -> anyhow::Result<()> {
 }
 
 fn chrono_year(datetime: &str) -> i32 {
-    datetime.get(..4).and_then(|year| year.parse().ok()).unwrap_or(0)
+    datetime
+        .get(..4)
+        .and_then(|year| year.parse().ok())
+        .unwrap_or(0)
 }

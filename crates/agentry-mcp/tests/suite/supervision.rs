@@ -22,7 +22,10 @@ async fn killing_the_server_mid_call_fails_that_call_and_the_next_succeeds_after
 -> anyhow::Result<()> {
     let servers = servers()?;
     let manager = connected("everything", stdio(&servers.everything())).await?;
-    let pid = manager.status("everything")?.pid.ok_or_else(|| anyhow::anyhow!("no pid"))?;
+    let pid = manager
+        .status("everything")?
+        .pid
+        .ok_or_else(|| anyhow::anyhow!("no pid"))?;
 
     let caller = manager.clone();
     let in_flight = tokio::spawn(async move {
@@ -36,7 +39,9 @@ async fn killing_the_server_mid_call_fails_that_call_and_the_next_succeeds_after
             .await
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    std::process::Command::new("kill").args(["-9", &pid.to_string()]).status()?;
+    std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()?;
 
     let failed = tokio::time::timeout(Duration::from_secs(5), in_flight).await??;
     match failed {
@@ -45,7 +50,12 @@ async fn killing_the_server_mid_call_fails_that_call_and_the_next_succeeds_after
     }
     // The next call waits for the restart and succeeds, on a new process.
     let echoed = manager
-        .call_tool("everything", "echo", json!({"message": "again"}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "echo",
+            json!({"message": "again"}),
+            CallOptions::default(),
+        )
         .await?;
     assert_eq!(text(&echoed), "Echo: again");
     let status = manager.status("everything")?;
@@ -74,7 +84,10 @@ async fn deadlines_progress_extends_the_idle_one_but_not_the_cap() -> anyhow::Re
             },
         )
         .await;
-    assert!(matches!(idle, Err(McpError::Timeout { after, .. }) if after == Duration::from_millis(400)), "{idle:?}");
+    assert!(
+        matches!(idle, Err(McpError::Timeout { after, .. }) if after == Duration::from_millis(400)),
+        "{idle:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(2));
 
     // Progress every 300 ms keeps a 1 s idle deadline alive, but the 1.5 s cap ends it.
@@ -91,12 +104,20 @@ async fn deadlines_progress_extends_the_idle_one_but_not_the_cap() -> anyhow::Re
             },
         )
         .await;
-    assert!(matches!(capped, Err(McpError::Timeout { after, .. }) if after == Duration::from_millis(1500)), "{capped:?}");
+    assert!(
+        matches!(capped, Err(McpError::Timeout { after, .. }) if after == Duration::from_millis(1500)),
+        "{capped:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(4));
 
     // The server is still fine.
     let echoed = manager
-        .call_tool("everything", "echo", json!({"message": "ok"}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "echo",
+            json!({"message": "ok"}),
+            CallOptions::default(),
+        )
         .await?;
     assert_eq!(text(&echoed), "Echo: ok");
     Ok(())
@@ -127,7 +148,12 @@ async fn cancelling_ends_the_call_at_once_and_the_server_goes_on() -> anyhow::Re
     assert!(matches!(outcome, Err(McpError::Cancelled)), "{outcome:?}");
     assert!(started.elapsed() < Duration::from_secs(2));
     let echoed = manager
-        .call_tool("everything", "echo", json!({"message": "after"}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "echo",
+            json!({"message": "after"}),
+            CallOptions::default(),
+        )
         .await?;
     assert_eq!(text(&echoed), "Echo: after");
     Ok(())
@@ -138,16 +164,26 @@ async fn a_hanging_or_missing_server_never_holds_up_another() -> anyhow::Result<
     let servers = servers()?;
     let manager = McpManager::new();
     // Starts but never answers `initialize`.
-    let hanging = McpServerConfig::stdio("sleep", ["600"]).with_connect_timeout(Duration::from_millis(700));
+    let hanging =
+        McpServerConfig::stdio("sleep", ["600"]).with_connect_timeout(Duration::from_millis(700));
     manager.add("hanging", hanging, &|_| None).await?;
     manager
-        .add("missing", McpServerConfig::stdio("/nonexistent/mcp-server", Vec::<String>::new()), &|_| None)
+        .add(
+            "missing",
+            McpServerConfig::stdio("/nonexistent/mcp-server", Vec::<String>::new()),
+            &|_| None,
+        )
         .await?;
     add_connected(&manager, "everything", stdio(&servers.everything())).await?;
 
     let started = Instant::now();
     let echoed = manager
-        .call_tool("everything", "echo", json!({"message": "unaffected"}), CallOptions::default())
+        .call_tool(
+            "everything",
+            "echo",
+            json!({"message": "unaffected"}),
+            CallOptions::default(),
+        )
         .await?;
     assert_eq!(text(&echoed), "Echo: unaffected");
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -155,22 +191,36 @@ async fn a_hanging_or_missing_server_never_holds_up_another() -> anyhow::Result<
     let hanging = manager.wait_ready("hanging", READY).await?;
     assert_ne!(hanging.state, ServerState::Connected);
     assert!(
-        hanging.last_error.as_deref().unwrap_or_default().contains("initialising"),
+        hanging
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("initialising"),
         "{hanging:?}"
     );
     eventually(Duration::from_secs(20), || {
         manager.status("missing").is_ok_and(|status| {
             status.state == ServerState::Failed
-                && status.last_error.as_deref().unwrap_or_default().contains("cannot run")
+                && status
+                    .last_error
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("cannot run")
         })
     })
     .await?;
     let refused = manager
         .call_tool("missing", "anything", json!({}), CallOptions::default())
         .await;
-    assert!(matches!(refused, Err(McpError::Unavailable { .. })), "{refused:?}");
     assert!(
-        manager.tools().iter().all(|tool| tool.server == "everything"),
+        matches!(refused, Err(McpError::Unavailable { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        manager
+            .tools()
+            .iter()
+            .all(|tool| tool.server == "everything"),
         "only the connected server has tools"
     );
     Ok(())
@@ -180,22 +230,37 @@ async fn a_hanging_or_missing_server_never_holds_up_another() -> anyhow::Result<
 async fn concurrent_callers_share_one_process_and_removal_stops_it() -> anyhow::Result<()> {
     let servers = servers()?;
     let manager = connected("everything", stdio(&servers.everything())).await?;
-    let pid = manager.status("everything")?.pid.ok_or_else(|| anyhow::anyhow!("no pid"))?;
+    let pid = manager
+        .status("everything")?
+        .pid
+        .ok_or_else(|| anyhow::anyhow!("no pid"))?;
     let calls = (0..20).map(|i| {
         let manager = manager.clone();
         async move {
             manager
-                .call_tool("everything", "get-sum", json!({"a": i, "b": 1}), CallOptions::default())
+                .call_tool(
+                    "everything",
+                    "get-sum",
+                    json!({"a": i, "b": 1}),
+                    CallOptions::default(),
+                )
                 .await
         }
     });
-    for (i, result) in futures::future::join_all(calls).await.into_iter().enumerate() {
+    for (i, result) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
         assert!(text(&result?).contains(&(i + 1).to_string()));
     }
     assert_eq!(manager.status("everything")?.pid, Some(pid));
     manager.remove("everything").await?;
     eventually(Duration::from_secs(5), || !process_alive(pid)).await?;
-    assert!(matches!(manager.status("everything"), Err(McpError::UnknownServer(_))));
+    assert!(matches!(
+        manager.status("everything"),
+        Err(McpError::UnknownServer(_))
+    ));
     Ok(())
 }
 

@@ -34,10 +34,15 @@ pub fn documented() -> OpenApiRouter<AppState> {
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.
+///
+/// `/mcp` (Agentry as an MCP server over streamable HTTP, see [`crate::mcp_endpoint`]) sits
+/// behind the same authentication; it is not in the OpenAPI document, the MCP specification
+/// describes it.
 pub fn router(state: AppState) -> Router {
     let (documented, _) = documented().split_for_parts();
     let routes = documented
         .merge(status::routes())
+        .merge(crate::mcp_endpoint::routes(&state))
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT));

@@ -18,7 +18,10 @@ fn everything() -> Value {
 
 async fn register_everything(server: &Server) -> Value {
     let (status, body) = server
-        .post("/v1/tools/mcp", json!({"mcpServers": {"everything": everything()}}))
+        .post(
+            "/v1/tools/mcp",
+            json!({"mcpServers": {"everything": everything()}}),
+        )
         .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["servers"][0]["state"], "connected", "{body}");
@@ -36,7 +39,10 @@ fn children_running(script: &str) -> Vec<u32> {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // stat: pid (comm) state ppid …
-        let after_comm = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or_default();
+        let after_comm = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest)
+            .unwrap_or_default();
         let mut fields = after_comm.split(' ');
         let state = fields.next().unwrap_or_default();
         let ppid = fields.next().unwrap_or_default();
@@ -70,11 +76,17 @@ async fn registered_servers_tools_join_the_runtime_and_a_model_calls_one() {
     assert_eq!(list["servers"][0]["name"], "everything");
     let (status, one) = server.get("/v1/mcp-servers/everything").await;
     assert_eq!(status, 200);
-    assert_eq!(one["config"]["args"].as_array().unwrap().last().unwrap(), "stdio");
+    assert_eq!(
+        one["config"]["args"].as_array().unwrap().last().unwrap(),
+        "stdio"
+    );
 
     // The runtime is rebuilt with the server's tools.
     let names = tool_names(&server).await;
-    assert!(names.contains(&"everything__get-sum".to_owned()), "{names:?}");
+    assert!(
+        names.contains(&"everything__get-sum".to_owned()),
+        "{names:?}"
+    );
 
     // A direct call.
     let (status, called) = server
@@ -106,7 +118,10 @@ async fn registered_servers_tools_join_the_runtime_and_a_model_calls_one() {
     let requests = server.mock.requests();
     let offered = &requests[0].body["tools"][0]["function"];
     assert_eq!(offered["name"], "everything__get-sum");
-    assert!(offered["parameters"]["properties"]["a"].is_object(), "{offered}");
+    assert!(
+        offered["parameters"]["properties"]["a"].is_object(),
+        "{offered}"
+    );
     let tool_message = requests[1].body["messages"]
         .as_array()
         .unwrap()
@@ -114,7 +129,10 @@ async fn registered_servers_tools_join_the_runtime_and_a_model_calls_one() {
         .find(|message| message["role"] == "tool")
         .cloned()
         .unwrap();
-    assert!(tool_message["content"].to_string().contains('5'), "{tool_message}");
+    assert!(
+        tool_message["content"].to_string().contains('5'),
+        "{tool_message}"
+    );
 }
 
 #[tokio::test]
@@ -123,7 +141,11 @@ async fn two_agents_using_one_server_share_one_process() {
     register_everything(&server).await;
     let script = McpServers::locate().unwrap().everything().args[0].clone();
     let before = children_running(&script);
-    assert_eq!(before.len(), 1, "one process after registration: {before:?}");
+    assert_eq!(
+        before.len(),
+        1,
+        "one process after registration: {before:?}"
+    );
     for id in ["alpha", "beta"] {
         let (status, body) = server
             .post(
@@ -140,7 +162,9 @@ async fn two_agents_using_one_server_share_one_process() {
         )));
     }
     for _ in 0..2 {
-        server.mock.enqueue(Reply::scripted(ScriptedTurn::text("done")));
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("done")));
     }
     let runs = ["alpha", "beta"].map(|agent| {
         server.post(
@@ -157,7 +181,11 @@ async fn two_agents_using_one_server_share_one_process() {
             .any(|message| message.to_string().contains("Echo: hi"));
         assert!(echoed, "{body}");
     }
-    assert_eq!(children_running(&script), before, "still the same single process");
+    assert_eq!(
+        children_running(&script),
+        before,
+        "still the same single process"
+    );
 }
 
 #[tokio::test]
@@ -176,15 +204,27 @@ async fn restart_delete_resources_and_prompts_through_the_api() {
 
     let (status, resources) = server.get("/v1/mcp-servers/everything/resources").await;
     assert_eq!(status, 200, "{resources}");
-    let uri = resources["resources"][0]["uri"].as_str().unwrap().to_owned();
+    let uri = resources["resources"][0]["uri"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let (status, read) = server
-        .post("/v1/mcp-servers/everything/resources/read", json!({"uri": uri}))
+        .post(
+            "/v1/mcp-servers/everything/resources/read",
+            json!({"uri": uri}),
+        )
         .await;
     assert_eq!(status, 200, "{read}");
     assert_eq!(read["contents"][0]["uri"], uri.as_str());
     let (status, prompts) = server.get("/v1/mcp-servers/everything/prompts").await;
     assert_eq!(status, 200);
-    assert!(prompts["prompts"].as_array().unwrap().iter().any(|p| p["name"] == "simple-prompt"));
+    assert!(
+        prompts["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "simple-prompt")
+    );
     let (status, rendered) = server
         .post(
             "/v1/mcp-servers/everything/prompts/get",
@@ -201,18 +241,38 @@ async fn restart_delete_resources_and_prompts_through_the_api() {
     assert_eq!(status, 204);
     let (status, _) = server.get("/v1/mcp-servers/everything").await;
     assert_eq!(status, 404);
-    assert!(server.state.store.config(ConfigKind::McpServer, "everything").await.unwrap().is_none());
+    assert!(
+        server
+            .state
+            .store
+            .config(ConfigKind::McpServer, "everything")
+            .await
+            .unwrap()
+            .is_none()
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
     {
-        assert!(tokio::time::Instant::now() < deadline, "the process outlived its deletion");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the process outlived its deletion"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Its tools leave the runtime.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while tool_names(&server).await.iter().any(|name| name.starts_with("everything__")) {
-        assert!(tokio::time::Instant::now() < deadline, "tools outlived the server");
+    while tool_names(&server)
+        .await
+        .iter()
+        .any(|name| name.starts_with("everything__"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "tools outlived the server"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -222,10 +282,26 @@ async fn bad_registrations_are_refused_and_nothing_is_saved() {
     let server = start().await;
     let cases = [
         (r#"{"mcpServers": {"a": {}}}"#, 400, "needs \"command\""),
-        (r#"{"mcpServers": {"a__b": {"command": "x"}}}"#, 400, "not a valid MCP server name"),
-        (r#"{"mcpServers": {"a": {"url": "file:///etc/passwd"}}}"#, 400, "http or https"),
-        (r#"{"mcpServers": {"a": {"command": "x", "env": {"K": {"secret": "nope"}}}}}"#, 400, "not set"),
-        (r#"{"mcpServers": {"ok": {"command": "x"}, "bad": {"url": 3}}}"#, 400, "bad"),
+        (
+            r#"{"mcpServers": {"a__b": {"command": "x"}}}"#,
+            400,
+            "not a valid MCP server name",
+        ),
+        (
+            r#"{"mcpServers": {"a": {"url": "file:///etc/passwd"}}}"#,
+            400,
+            "http or https",
+        ),
+        (
+            r#"{"mcpServers": {"a": {"command": "x", "env": {"K": {"secret": "nope"}}}}}"#,
+            400,
+            "not set",
+        ),
+        (
+            r#"{"mcpServers": {"ok": {"command": "x"}, "bad": {"url": 3}}}"#,
+            400,
+            "bad",
+        ),
         (r#"{"mcpServers": "#, 400, ""),
         (r#"[1]"#, 400, "JSON object"),
     ];
@@ -234,9 +310,23 @@ async fn bad_registrations_are_refused_and_nothing_is_saved() {
             .raw(reqwest::Method::POST, "/v1/tools/mcp", body)
             .await;
         assert_eq!(status, expected_status, "{body}: {answer}");
-        assert!(answer["error"]["message"].as_str().unwrap().contains(needle), "{body}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(needle),
+            "{body}: {answer}"
+        );
     }
-    assert!(server.state.store.list_config(ConfigKind::McpServer).await.unwrap().is_empty());
+    assert!(
+        server
+            .state
+            .store
+            .list_config(ConfigKind::McpServer)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(server.state.mcp.names().is_empty());
 
     for (path, expected) in [
@@ -282,14 +372,25 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
         .wait_ready("from-file", Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(status.state, agentry_mcp::ServerState::Connected, "{status:?}");
+    assert_eq!(
+        status.state,
+        agentry_mcp::ServerState::Connected,
+        "{status:?}"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !state.sessions.runtime().tools().contains("from-file__echo") {
-        assert!(tokio::time::Instant::now() < deadline, "tools never reached the runtime");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "tools never reached the runtime"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // A broken file is a clear error naming it.
-    std::fs::write(home.path().join("mcp.json"), "{\"mcpServers\": {\"x\": {}}}").unwrap();
+    std::fs::write(
+        home.path().join("mcp.json"),
+        "{\"mcpServers\": {\"x\": {}}}",
+    )
+    .unwrap();
     let error = agentry_server::mcp::import_servers_file(&store, home.path())
         .await
         .unwrap_err();
@@ -307,17 +408,88 @@ async fn secrets_reach_the_server_through_its_environment_only() {
     let mut config = everything();
     config["env"] = json!({"GIVEN_TOKEN": {"secret": "MCP_TOKEN"}, "PLAIN": "visible"});
     let (status, body) = server
-        .post("/v1/tools/mcp", json!({"mcpServers": {"everything": config}}))
+        .post(
+            "/v1/tools/mcp",
+            json!({"mcpServers": {"everything": config}}),
+        )
         .await;
     assert_eq!(status, 201, "{body}");
     // The listing masks literal values and names secrets.
     assert_eq!(body["servers"][0]["config"]["env"]["PLAIN"], "***");
-    assert_eq!(body["servers"][0]["config"]["env"]["GIVEN_TOKEN"]["secret"], "MCP_TOKEN");
+    assert_eq!(
+        body["servers"][0]["config"]["env"]["GIVEN_TOKEN"]["secret"],
+        "MCP_TOKEN"
+    );
     let (status, called) = server
-        .post("/v1/tools/call", json!({"name": "everything__get-env", "arguments": {}}))
+        .post(
+            "/v1/tools/call",
+            json!({"name": "everything__get-env", "arguments": {}}),
+        )
         .await;
     assert_eq!(status, 200, "{called}");
     let env: Value = serde_json::from_str(called["result"].as_str().unwrap_or("{}"))
         .unwrap_or_else(|_| called.clone());
     assert!(env.to_string().contains("t0ken"), "{called}");
+}
+
+#[tokio::test]
+async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
+    let server = start().await;
+    let python = McpServers::locate().unwrap().python();
+    let folder = tempfile::tempdir().unwrap();
+    let marker = folder.path().join("marker");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cancel_probe_server.py");
+    let (status, body) = server
+        .post(
+            "/v1/tools/mcp",
+            json!({"mcpServers": {"probe": {"command": python, "args": [script, marker]}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["servers"][0]["state"], "connected", "{body}");
+
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "probe__wait",
+        json!({"seconds": 60}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("not reached")));
+    let mut stream = server
+        .sse(
+            "/v1/infer/stream",
+            Some(
+                json!({"session_id": "new", "model_id": "mock", "text": "wait",
+                        "tool_ids": ["probe__wait"]}),
+            ),
+            None,
+        )
+        .await;
+    let session = stream.session.clone().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&marker).unwrap_or_default() != "started" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tool never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, aborted) = server
+        .post("/v1/infer/abort", json!({"session_id": session}))
+        .await;
+    assert_eq!((status, aborted["aborted"].clone()), (200, json!(true)));
+    let rest = stream.rest().await;
+    let end = rest.last().unwrap();
+    assert_eq!(end.name, "run.finished");
+    assert_eq!(end.data["event"]["stop_reason"], "cancelled");
+    // The server itself was told: its tool's task was cancelled.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&marker).unwrap_or_default() != "cancelled" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never saw the cancellation: {:?}",
+            std::fs::read_to_string(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -1,6 +1,7 @@
 mod agents;
 mod config;
 mod infer;
+mod mcp_server;
 mod mcp_servers;
 mod openapi;
 mod ops;

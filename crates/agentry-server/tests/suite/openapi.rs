@@ -15,6 +15,11 @@ const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
 
 type Route = (String, String);
 
+/// Paths served but left out of the document on purpose: `/mcp` is the MCP endpoint (JSON-RPC
+/// over streamable HTTP, `agentry_server::mcp_endpoint`), whose protocol the MCP specification
+/// describes rather than OpenAPI; `mcp_server.rs` tests it, its authentication included.
+const NOT_DOCUMENTED: [&str; 1] = ["/mcp"];
+
 async fn document(server: &Server) -> Value {
     let response = server
         .http
@@ -142,7 +147,14 @@ async fn the_document_lists_exactly_the_routes_served() {
     let server = start().await;
     let document = document(&server).await;
     let documented = documented(&document);
-    let served = served(&server).await;
+    let mut served = served(&server).await;
+    for path in NOT_DOCUMENTED {
+        assert!(
+            served.contains(&("POST".to_owned(), path.to_owned())),
+            "{path} is excluded from the comparison but not served"
+        );
+        served.retain(|(_, served_path)| served_path != path);
+    }
     let undocumented: Vec<&Route> = served.difference(&documented).collect();
     let not_served: Vec<&Route> = documented.difference(&served).collect();
     assert!(

@@ -1,8 +1,18 @@
-//! `agentry mcp add|list|rm|restart|serve`: the MCP servers of the runtime.
+//! `agentry mcp add|list|check|rm|serve`: the MCP servers of the runtime.
+//!
+//! Servers are saved in the data folder's database, where `agentry serve` starts them (a running
+//! server picks up changes made here at its next start; the API changes them live).
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
+
+use agentry_mcp::{McpManager, McpServerConfig, ServerState, ValueSource};
+use agentry_store::{ConfigKind, Store};
 
 use super::data::DataArgs;
 
@@ -14,12 +24,239 @@ pub(crate) struct McpArgs {
 
 #[derive(Debug, Subcommand)]
 enum McpCommand {
+    /// Save an MCP server (stdio: `add NAME -- COMMAND ARGS…`; HTTP: `add NAME --url URL`;
+    /// or several from a `{"mcpServers": {…}}` file with `--file`), then start it once to check
+    /// it and list its tools.
+    Add(AddArgs),
+    /// List the saved servers.
+    List,
+    /// Start a saved server, report its status and tools, and stop it.
+    Check {
+        /// The server's name.
+        name: String,
+    },
+    /// Delete a saved server.
+    Rm {
+        /// The server's name.
+        name: String,
+    },
     /// Offer the saved agents (and optionally the registered tools) as an MCP server on stdio.
     Serve(super::mcp_serve::McpServeArgs),
 }
 
+#[derive(Debug, Args)]
+struct AddArgs {
+    /// The server's name (its tools are called `<name>__<tool>`).
+    #[arg(required_unless_present = "file")]
+    name: Option<String>,
+    /// A streamable HTTP endpoint instead of a command.
+    #[arg(long, conflicts_with = "file")]
+    url: Option<String>,
+    /// An HTTP header, `Name=value` (repeatable).
+    #[arg(long = "header", value_name = "NAME=VALUE")]
+    headers: Vec<String>,
+    /// An environment variable for a stdio server, `NAME=value` (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// A header or environment value taken from a stored secret: `NAME=SECRET` (repeatable;
+    /// a header for HTTP servers, an environment variable for stdio ones).
+    #[arg(long = "secret", value_name = "NAME=SECRET")]
+    secrets: Vec<String>,
+    /// The working directory of a stdio server.
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+    /// Servers from a JSON file `{"mcpServers": {name: config}}`.
+    #[arg(long, conflicts_with_all = ["url", "command"])]
+    file: Option<PathBuf>,
+    /// Save without starting the server.
+    #[arg(long)]
+    no_check: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+/// How long a check waits for a server to start.
+const CHECK_WAIT: Duration = Duration::from_secs(60);
+
 pub(crate) async fn mcp(args: McpArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     match args.command {
+        McpCommand::Add(args) => add(args, data).await,
+        McpCommand::List => list(data).await,
+        McpCommand::Check { name } => {
+            let store = data.open_store().await?;
+            let config = saved(&store, &name).await?;
+            check(&store, &name, config).await
+        }
+        McpCommand::Rm { name } => {
+            agentry_mcp::validate_server_name(&name)?;
+            let store = data.open_store().await?;
+            if !store.delete_config(ConfigKind::McpServer, &name).await? {
+                anyhow::bail!("no MCP server {name:?}");
+            }
+            eprintln!("removed {name}");
+            Ok(ExitCode::SUCCESS)
+        }
         McpCommand::Serve(args) => super::mcp_serve::run(args, data).await,
     }
+}
+
+fn pairs(values: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    values
+        .iter()
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                .with_context(|| format!("{what} {pair:?} is not NAME=VALUE"))
+        })
+        .collect()
+}
+
+async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let servers = if let Some(file) = &args.file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let document: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", file.display()))?;
+        agentry_mcp::parse_servers_document(&document)?
+    } else {
+        let name = args.name.clone().context("give the server a name")?;
+        let secrets = pairs(&args.secrets, "--secret")?
+            .into_iter()
+            .map(|(name, secret)| (name, ValueSource::Secret { secret }));
+        let config = match (&args.url, args.command.split_first()) {
+            (Some(url), None) => {
+                if !args.env.is_empty() || args.cwd.is_some() {
+                    anyhow::bail!("--env and --cwd are for stdio servers");
+                }
+                let mut config = McpServerConfig::http(url);
+                for (header, value) in pairs(&args.headers, "--header")? {
+                    config.headers.insert(header, ValueSource::Literal(value));
+                }
+                config.headers.extend(secrets);
+                config
+            }
+            (None, Some((program, rest))) => {
+                if !args.headers.is_empty() {
+                    anyhow::bail!("--header is for HTTP servers");
+                }
+                let mut config = McpServerConfig::stdio(program, rest.iter().cloned());
+                for (variable, value) in pairs(&args.env, "--env")? {
+                    config.env.insert(variable, ValueSource::Literal(value));
+                }
+                config.env.extend(secrets);
+                config.cwd = args.cwd.clone();
+                config
+            }
+            (Some(_), Some(_)) => {
+                anyhow::bail!("give either --url or a command after --, not both")
+            }
+            (None, None) => anyhow::bail!(
+                "give the command after -- (agentry mcp add NAME -- npx -y SERVER) or --url URL"
+            ),
+        };
+        config.validate(&name)?;
+        BTreeMap::from([(name, config)])
+    };
+    let store = data.open_store().await?;
+    let known = agentry_server::mcp::secrets(&store)
+        .await
+        .map_err(|error| anyhow::anyhow!(error.message))?;
+    for (name, config) in &servers {
+        if let Some(missing) = config
+            .secret_names()
+            .find(|secret| !known.contains_key(*secret))
+        {
+            anyhow::bail!("server {name:?} uses the secret {missing:?}, which is not set");
+        }
+    }
+    for (name, config) in &servers {
+        store
+            .put_config(ConfigKind::McpServer, name, &serde_json::to_value(config)?)
+            .await?;
+        eprintln!("saved MCP server {name}");
+    }
+    let mut code = ExitCode::SUCCESS;
+    if !args.no_check {
+        for (name, config) in servers {
+            if check(&store, &name, config).await? != ExitCode::SUCCESS {
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    Ok(code)
+}
+
+async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
+    agentry_mcp::validate_server_name(name)?;
+    let value = store
+        .config(ConfigKind::McpServer, name)
+        .await?
+        .with_context(|| format!("no MCP server {name:?} (agentry mcp add)"))?;
+    Ok(serde_json::from_value(value)?)
+}
+
+/// Starts one server, prints its status and tools, stops it.
+async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
+    let secrets = agentry_server::mcp::secrets(store)
+        .await
+        .map_err(|error| anyhow::anyhow!(error.message))?;
+    let manager = McpManager::new();
+    manager
+        .add(name, config, &|secret| secrets.get(secret).cloned())
+        .await?;
+    let status = manager.wait_ready(name, CHECK_WAIT).await?;
+    let tools = manager.tools();
+    manager.shutdown().await;
+    if status.state != ServerState::Connected {
+        eprintln!(
+            "{name}: could not connect: {}",
+            status.last_error.as_deref().unwrap_or("no answer")
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    println!(
+        "{name}: connected ({}), {} tools",
+        status
+            .protocol_version
+            .as_deref()
+            .unwrap_or("unknown protocol"),
+        tools.len()
+    );
+    for tool in tools {
+        let summary = tool
+            .description
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        println!("  {}  {summary}", tool.name);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn list(data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let store = data.open_store().await?;
+    for (name, value) in store.list_config(ConfigKind::McpServer).await? {
+        match serde_json::from_value::<McpServerConfig>(value) {
+            Ok(config) => {
+                let target = match (&config.command, &config.url) {
+                    (Some(command), _) => {
+                        let mut shown = command.clone();
+                        for arg in &config.args {
+                            shown.push(' ');
+                            shown.push_str(arg);
+                        }
+                        shown
+                    }
+                    (None, Some(url)) => url.clone(),
+                    (None, None) => String::new(),
+                };
+                let disabled = if config.disabled { "  (disabled)" } else { "" };
+                println!("{name}  {target}{disabled}");
+            }
+            Err(error) => println!("{name}  (unreadable: {error})"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,15 +1,66 @@
-//! `agentry mcp serve`: placeholder being written.
+//! `agentry mcp serve`: Agentry as an MCP server on stdin and stdout, for MCP clients that
+//! launch their servers as programs. Each saved agent is a tool (`ask_<agent id>`: a message
+//! in, the agent's final answer out, with progress notifications while it runs); with
+//! `--expose-tools` the registered tools are offered too.
+//!
+//! stdout carries JSON-RPC and nothing else: logs go to stderr (see `main.rs`) and nothing here
+//! prints. Runs are durable sessions in the data folder, like `agentry serve`'s. When the client
+//! goes away, live runs get a short grace period; any still going stay in flight in the log and
+//! resume at the next `agentry serve`.
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use agentry_server::AppState;
+use agentry_server::mcp_endpoint::{McpServer, identity};
 
 use super::data::DataArgs;
 
+/// How long live runs get to finish once the client has gone.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// Flags of `agentry mcp serve`.
 #[derive(Debug, Args)]
-pub(crate) struct McpServeArgs {}
+pub(crate) struct McpServeArgs {
+    /// Also offer the registered tools (besides the agents), called directly.
+    #[arg(long)]
+    expose_tools: bool,
+}
 
-pub(crate) async fn run(_args: McpServeArgs, _data: &DataArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("agentry mcp serve is being written")
+pub(crate) async fn run(args: McpServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let store = data.open_store().await?;
+    let mut state = AppState::new(store).await?;
+    state.mcp_expose_tools = args.expose_tools;
+    tracing::info!(
+        home = %data.home()?.display(),
+        expose_tools = args.expose_tools,
+        "serving MCP on stdio"
+    );
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            super::serve::wait_for_signal().await;
+            stop.cancel();
+        }
+    });
+    let backend = Arc::new(McpServer::new(state.clone()));
+    let served = agentry_mcp::server::serve_stdio(backend, identity(), stop).await;
+    state.shutdown.cancel();
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+    while state.hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if state.hub.live_runs() > 0 {
+        tracing::warn!(
+            runs = state.hub.live_runs(),
+            "stopping with runs in flight; they resume at the next `agentry serve`"
+        );
+    }
+    served?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -17,6 +17,10 @@ pub(crate) struct ServeArgs {
     /// Allow cross-origin requests from this origin (repeatable; CORS is off by default).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,
+    /// Offer the registered tools through the MCP endpoint `/mcp` too (it always offers the
+    /// saved agents).
+    #[arg(long)]
+    mcp_expose_tools: bool,
 }
 
 pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
@@ -28,6 +32,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     let listener = agentry_server::serve::bind(&config, &store).await?;
     let mut state = AppState::new(store.clone()).await?;
     state.cors_origins = args.cors_origins;
+    state.mcp_expose_tools = args.mcp_expose_tools;
     let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -86,7 +91,8 @@ fn first_model_hint(address: SocketAddr, ollama: bool) -> String {
     hint
 }
 
-async fn wait_for_signal() {
+/// Waits for Ctrl-C (or SIGTERM on Unix).
+pub(super) async fn wait_for_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

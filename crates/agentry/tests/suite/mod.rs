@@ -1,5 +1,7 @@
 mod chat;
 mod crash;
+mod mcp;
+mod mcp_serve;
 mod run;
 mod serve;
 mod sessions;

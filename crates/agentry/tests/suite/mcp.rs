@@ -1,0 +1,94 @@
+//! `agentry mcp add|list|check|rm`: servers saved in the data folder, checked by starting them.
+
+use std::path::Path;
+use std::process::Output;
+
+use agentry_testkit::mcp::McpServers;
+use serde_json::json;
+
+async fn agentry(home: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    Ok(tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("AGENTRY_DATABASE_URL")
+        .output()
+        .await?)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn mcp_servers_are_added_checked_listed_and_removed() -> anyhow::Result<()> {
+    let home = tempfile::tempdir()?;
+    let spec = McpServers::locate()?.everything();
+    let program = spec.program.to_string_lossy().into_owned();
+    let mut args = vec!["mcp", "add", "everything", "--env", "GREETING=hi", "--"];
+    args.push(&program);
+    args.extend(spec.args.iter().map(String::as_str));
+    let added = agentry(home.path(), &args).await?;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let shown = text(&added.stdout);
+    assert!(
+        shown.contains("everything: connected (2025-11-25)"),
+        "{shown}"
+    );
+    assert!(shown.contains("everything__get-sum"), "{shown}");
+
+    let listed = agentry(home.path(), &["mcp", "list"]).await?;
+    assert!(
+        text(&listed.stdout).contains("everything  "),
+        "{}",
+        text(&listed.stdout)
+    );
+
+    let checked = agentry(home.path(), &["mcp", "check", "everything"]).await?;
+    assert!(checked.status.success());
+    assert!(text(&checked.stdout).contains("everything__echo"));
+
+    // Several at once from the usual JSON file; a broken one fails its check, loudly.
+    let file = home.path().join("servers.json");
+    std::fs::write(
+        &file,
+        json!({"mcpServers": {
+            "again": {"command": program, "args": spec.args},
+            "broken": {"command": "/nonexistent/server", "connect_timeout_ms": 2000}
+        }})
+        .to_string(),
+    )?;
+    let from_file = agentry(
+        home.path(),
+        &["mcp", "add", "--file", &file.to_string_lossy()],
+    )
+    .await?;
+    assert!(!from_file.status.success());
+    assert!(text(&from_file.stdout).contains("again: connected"));
+    assert!(
+        text(&from_file.stderr).contains("broken: could not connect"),
+        "{}",
+        text(&from_file.stderr)
+    );
+
+    let removed = agentry(home.path(), &["mcp", "rm", "broken"]).await?;
+    assert!(removed.status.success());
+    let listed = text(&agentry(home.path(), &["mcp", "list"]).await?.stdout);
+    assert!(listed.contains("again") && listed.contains("everything"));
+    assert!(!listed.contains("broken"), "{listed}");
+
+    // Bad input is refused before anything is saved.
+    for bad in [
+        vec!["mcp", "add", "a__b", "--", "x"],
+        vec!["mcp", "add", "h", "--url", "ftp://x/"],
+        vec!["mcp", "add", "s", "--secret", "K=NOT_SET", "--", "x"],
+        vec!["mcp", "add", "n"],
+        vec!["mcp", "rm", "nope"],
+    ] {
+        let refused = agentry(home.path(), &bad).await?;
+        assert!(!refused.status.success(), "{bad:?} was accepted");
+    }
+    let listed = text(&agentry(home.path(), &["mcp", "list"]).await?.stdout);
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+    Ok(())
+}

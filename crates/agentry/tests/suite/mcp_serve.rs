@@ -1,0 +1,176 @@
+//! `agentry mcp serve` end to end: the real binary on stdio, driven by an independent MCP
+//! client (the official Python `mcp` SDK, `agentry-server/tests/mcp_client.py`), its agent
+//! answering from the mock provider.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentry_store::{ConfigKind, Store};
+use agentry_testkit::mcp::McpServers;
+use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_types::SessionId;
+use serde_json::{Value, json};
+
+/// Saves a `mock` model and the agent `timekeeper` in the data folder `home`.
+async fn save_agent(home: &Path, mock: &MockProvider) {
+    let store = Store::open_home(home).await.unwrap();
+    store
+        .put_config(
+            ConfigKind::Model,
+            "mock",
+            &json!({"id": "mock", "protocol": "openai", "base_url": mock.openai_base_url(),
+                    "model_name": "m"}),
+        )
+        .await
+        .unwrap();
+    store
+        .put_config(
+            ConfigKind::Agent,
+            "timekeeper",
+            &json!({"id": "timekeeper", "model_id": "mock", "tool_ids": ["current_time"],
+                    "system": "You keep time."}),
+        )
+        .await
+        .unwrap();
+    store.close().await;
+}
+
+/// Runs the Python client against `agentry --home HOME mcp serve EXTRA…` and returns what it
+/// printed, asserting it succeeded.
+async fn run_client(home: &Path, extra: &[&str], mode: &str, calls: Value) -> Value {
+    let python = McpServers::locate()
+        .expect("the MCP test servers (scripts/install-mcp-servers)")
+        .python();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../agentry-server/tests/mcp_client.py");
+    let mut args = vec![
+        "--home".to_owned(),
+        home.display().to_string(),
+        "mcp".to_owned(),
+        "serve".to_owned(),
+    ];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    let spec = json!({
+        "transport": "stdio",
+        "command": env!("CARGO_BIN_EXE_agentry"),
+        "args": args,
+        "mode": mode,
+        "calls": calls,
+    });
+    let run = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(spec.to_string())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the MCP client finishes within 120 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the MCP client failed: {stdout}\nstderr: {stderr}"
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|error| panic!("no JSON from the client ({error}): {stdout}"))
+}
+
+fn tool_names(output: &Value) -> Vec<&str> {
+    output["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_mcp_client_on_stdio_asks_a_saved_agent() {
+    let home = tempfile::tempdir().unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    save_agent(home.path(), &mock).await;
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "current_time",
+        json!({}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("It is late.")));
+
+    let output = run_client(
+        home.path(),
+        &[],
+        "legacy",
+        json!([{"tool": "ask_timekeeper", "arguments": {"message": "What time is it?"}}]),
+    )
+    .await;
+    assert_eq!(output["server_name"], "agentry");
+    assert_eq!(output["protocol_version"], "2025-11-25");
+    assert_eq!(tool_names(&output), ["ask_timekeeper"]);
+    let call = &output["calls"][0];
+    assert_eq!(call["result"]["isError"], false, "{call}");
+    assert_eq!(call["result"]["content"][0]["text"], "It is late.");
+    let progress: Vec<&str> = call["progress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(progress.len(), 5, "{progress:?}");
+    assert_eq!(progress[2], "tool current_time started");
+    eprintln!(
+        "one agent call over stdio (two model rounds and a tool call against the mock): {:.3} s",
+        call["seconds"].as_f64().unwrap()
+    );
+
+    // The model was called as the agent.
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].body["model"], "m");
+    assert_eq!(requests[0].body["messages"][0]["content"], "You keep time.");
+    assert_eq!(
+        requests[0].body["messages"][1]["content"],
+        "What time is it?"
+    );
+    mock.check_protocol().unwrap();
+
+    // The run was saved as a session of the data folder, finished.
+    let session = call["result"]["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap();
+    let store = Store::open_home(home.path()).await.unwrap();
+    let record = store
+        .session(SessionId::parse(session).unwrap())
+        .await
+        .unwrap()
+        .expect("the session is stored");
+    assert_eq!(record.title.as_deref(), Some("What time is it?"));
+    store.close().await;
+
+    // With --expose-tools the registered tools are offered and callable too (2026-07-28 this
+    // time).
+    let output = run_client(
+        home.path(),
+        &["--expose-tools"],
+        "auto",
+        json!([{"tool": "current_time", "arguments": {}}]),
+    )
+    .await;
+    assert_eq!(output["protocol_version"], "2026-07-28");
+    let names = tool_names(&output);
+    assert!(names.contains(&"ask_timekeeper"), "{names:?}");
+    assert!(names.contains(&"current_time"), "{names:?}");
+    let call = &output["calls"][0];
+    assert_eq!(call["result"]["isError"], false, "{call}");
+    assert!(
+        call["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains('T'),
+        "{call}"
+    );
+    assert_eq!(
+        mock.requests().len(),
+        2,
+        "a direct tool call needs no model"
+    );
+}
