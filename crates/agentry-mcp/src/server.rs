@@ -411,3 +411,163 @@ impl McpHttpService {
         self.inner.handle(request).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use rmcp::model::{ClientRequest, Request, ServerResult};
+    use rmcp::service::{NotificationContext, PeerRequestOptions};
+    use rmcp::{ClientHandler, RoleClient};
+    use serde_json::json;
+    use tokio::sync::Notify;
+
+    use super::*;
+
+    /// `echo` reports two steps and echoes `text`; `wait` waits for its cancellation.
+    #[derive(Default)]
+    struct Echo {
+        cancelled: Notify,
+    }
+
+    impl McpBackend for Echo {
+        fn list_tools(&self) -> BoxFuture<'_, Result<Vec<ServedTool>, BackendError>> {
+            Box::pin(async {
+                Ok(vec![ServedTool {
+                    name: "echo".into(),
+                    title: Some("Echo".into()),
+                    description: "Echoes.".into(),
+                    input_schema: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+                    output_schema: None,
+                }])
+            })
+        }
+
+        fn call_tool(
+            &self,
+            name: String,
+            arguments: Value,
+            progress: ProgressSink,
+            cancel: CancellationToken,
+        ) -> BoxFuture<'_, Result<ServedResult, BackendError>> {
+            Box::pin(async move {
+                match name.as_str() {
+                    "echo" => {
+                        let Some(text) = arguments["text"].as_str() else {
+                            return Err(BackendError::InvalidArguments(
+                                "`text` is required".into(),
+                            ));
+                        };
+                        progress.report("first").await;
+                        progress.report("second").await;
+                        Ok(ServedResult::text(text)
+                            .with_structured(json!({"steps": progress.steps()})))
+                    }
+                    "wait" => {
+                        cancel.cancelled().await;
+                        self.cancelled.notify_one();
+                        Ok(ServedResult::error("cancelled"))
+                    }
+                    _ => Err(BackendError::UnknownTool(name)),
+                }
+            })
+        }
+    }
+
+    #[derive(Default)]
+    struct Client {
+        progress: Mutex<Vec<(f64, Option<String>)>>,
+    }
+
+    impl ClientHandler for Client {
+        async fn on_progress(
+            &self,
+            params: ProgressNotificationParam,
+            _context: NotificationContext<RoleClient>,
+        ) {
+            self.progress
+                .lock()
+                .unwrap()
+                .push((params.progress, params.message));
+        }
+    }
+
+    fn call(name: &str, arguments: Value) -> ClientRequest {
+        let Value::Object(arguments) = arguments else {
+            panic!("arguments must be an object");
+        };
+        ClientRequest::CallToolRequest(Request::new(
+            CallToolRequestParams::new(name.to_owned()).with_arguments(arguments),
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_session_lists_calls_with_progress_and_cancels() {
+        let backend = Arc::new(Echo::default());
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        let handler = Handler::new(backend.clone(), ServerIdentity::default());
+        tokio::spawn(async move {
+            let running = handler.serve(server_io).await.unwrap();
+            running.waiting().await.unwrap();
+        });
+        let client = Client::default().serve(client_io).await.unwrap();
+        let info = client.peer_info().unwrap();
+        assert_eq!(info.server_info.as_ref().unwrap().name, "agentry");
+
+        let tools = client.list_all_tools().await.unwrap();
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].name, "echo");
+        assert_eq!(tools[0].title.as_deref(), Some("Echo"));
+
+        // A call with a progress token gets a notification per step, counting up.
+        let handle = client
+            .send_cancellable_request(
+                call("echo", json!({"text": "hi"})),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .unwrap();
+        let ServerResult::CallToolResult(result) = handle.await_response().await.unwrap() else {
+            panic!("a tool result");
+        };
+        assert_eq!(result.is_error, Some(false));
+        assert_eq!(result.content[0].as_text().unwrap().text, "hi");
+        assert_eq!(result.structured_content, Some(json!({"steps": 2})));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            *client.service().progress.lock().unwrap(),
+            [
+                (1.0, Some("first".to_owned())),
+                (2.0, Some("second".to_owned()))
+            ]
+        );
+
+        // Invalid arguments are an error result; an unknown tool is a protocol error.
+        let result = client
+            .call_tool(CallToolRequestParams::new("echo").with_arguments(JsonObject::new()))
+            .await
+            .unwrap();
+        assert_eq!(result.is_error, Some(true));
+        assert_eq!(
+            result.content[0].as_text().unwrap().text,
+            "invalid arguments: `text` is required"
+        );
+        let error = client
+            .call_tool(CallToolRequestParams::new("nothing"))
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("unknown tool"), "{error}");
+
+        // notifications/cancelled reaches the backend's token.
+        let handle = client
+            .send_cancellable_request(call("wait", json!({})), PeerRequestOptions::no_options())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        handle.cancel(Some("enough".into())).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), backend.cancelled.notified())
+            .await
+            .expect("the backend saw the cancellation");
+    }
+}

@@ -6,7 +6,7 @@
 //! every runtime the server builds. When a server's tool list changes (it connects, announces
 //! `tools/list_changed`, crashes or is removed), the runtime is rebuilt.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,21 +105,10 @@ pub fn tools(manager: &McpManager) -> Vec<Arc<dyn Tool>> {
         .collect()
 }
 
-/// The stored secrets, by name.
-pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError> {
-    let mut secrets = HashMap::new();
-    for info in store.list_secrets().await? {
-        if let Some(value) = store.reveal_secret(&info.name).await? {
-            secrets.insert(info.name, value);
-        }
-    }
-    Ok(secrets)
-}
-
 /// Starts every server saved in the store (in the background: a server that is slow or down
 /// delays nothing). A stored entry that is invalid is skipped with a warning.
 pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), ApiError> {
-    let secrets = secrets(store).await?;
+    let secrets = crate::models::secrets(store).await?;
     for (name, value) in store.list_config(ConfigKind::McpServer).await? {
         let added = match serde_json::from_value::<McpServerConfig>(value) {
             Ok(config) => manager
@@ -142,7 +131,7 @@ pub async fn save_and_start(
     manager: &McpManager,
     servers: &BTreeMap<String, McpServerConfig>,
 ) -> Result<(), ApiError> {
-    let secrets = secrets(store).await?;
+    let secrets = crate::models::secrets(store).await?;
     for (name, config) in servers {
         config.validate(name).map_err(api_error)?;
         if let Some(missing) = config

@@ -90,6 +90,17 @@ impl ModelConfig {
     }
 }
 
+/// The stored secrets, by name (for building clients and tools inside the process only).
+pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError> {
+    let mut secrets = HashMap::new();
+    for info in store.list_secrets().await? {
+        if let Some(value) = store.reveal_secret(&info.name).await? {
+            secrets.insert(info.name, value);
+        }
+    }
+    Ok(secrets)
+}
+
 /// Builds the runtime from the store: every model, the built-in and configured tools, the tools
 /// of every connected MCP server, every template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
 /// server down.
@@ -98,7 +109,7 @@ pub async fn build_runtime(
     http: &reqwest::Client,
     mcp: &McpManager,
 ) -> Result<Runtime, ApiError> {
-    let secrets = crate::mcp::secrets(store).await?;
+    let secrets = secrets(store).await?;
     let mut builder = Runtime::builder();
     for (name, value) in store.list_config(ConfigKind::Model).await? {
         let built = serde_json::from_value::<ModelConfig>(value)

@@ -260,3 +260,48 @@ async fn a_stdio_server_gets_only_its_configured_environment() -> anyhow::Result
     assert!(env.get("CARGO_MANIFEST_DIR").is_none(), "{env}");
     Ok(())
 }
+
+/// A log sink for one test: everything written through it, kept.
+#[derive(Clone, Default)]
+struct LogSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_stdio_servers_stderr_goes_to_the_log_tagged_with_its_name() -> anyhow::Result<()> {
+    let sink = LogSink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    // Every task of this single-threaded runtime logs through it.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let servers = servers()?;
+    let _manager = connected("chatty", stdio(&servers.everything())).await?;
+    eventually(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&sink.0.lock().unwrap()).contains("Starting default (STDIO) server")
+    })
+    .await?;
+    let logged = String::from_utf8_lossy(&sink.0.lock().unwrap()).into_owned();
+    let line = logged
+        .lines()
+        .find(|line| line.contains("Starting default (STDIO) server"))
+        .unwrap_or_default();
+    assert!(line.contains("mcp_server=chatty"), "{line}");
+    assert!(line.contains("agentry_mcp::stderr"), "{line}");
+    Ok(())
+}

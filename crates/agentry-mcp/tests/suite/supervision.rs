@@ -8,7 +8,7 @@ use agentry_mcp::{CallOptions, McpError, McpManager, McpServerConfig, ServerStat
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::support::{READY, add_connected, connected, eventually, servers, stdio, text};
+use super::support::{READY, add_connected, connected, echo, eventually, servers, stdio, text};
 
 fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
@@ -49,15 +49,7 @@ async fn killing_the_server_mid_call_fails_that_call_and_the_next_succeeds_after
         other => panic!("expected ServerExited, got {other:?}"),
     }
     // The next call waits for the restart and succeeds, on a new process.
-    let echoed = manager
-        .call_tool(
-            "everything",
-            "echo",
-            json!({"message": "again"}),
-            CallOptions::default(),
-        )
-        .await?;
-    assert_eq!(text(&echoed), "Echo: again");
+    assert_eq!(echo(&manager, "everything", "again").await?, "Echo: again");
     let status = manager.status("everything")?;
     assert_eq!(status.state, ServerState::Connected);
     assert!(status.restarts >= 1, "{status:?}");
@@ -111,15 +103,7 @@ async fn deadlines_progress_extends_the_idle_one_but_not_the_cap() -> anyhow::Re
     assert!(started.elapsed() < Duration::from_secs(4));
 
     // The server is still fine.
-    let echoed = manager
-        .call_tool(
-            "everything",
-            "echo",
-            json!({"message": "ok"}),
-            CallOptions::default(),
-        )
-        .await?;
-    assert_eq!(text(&echoed), "Echo: ok");
+    assert_eq!(echo(&manager, "everything", "ok").await?, "Echo: ok");
     Ok(())
 }
 
@@ -147,15 +131,7 @@ async fn cancelling_ends_the_call_at_once_and_the_server_goes_on() -> anyhow::Re
         .await;
     assert!(matches!(outcome, Err(McpError::Cancelled)), "{outcome:?}");
     assert!(started.elapsed() < Duration::from_secs(2));
-    let echoed = manager
-        .call_tool(
-            "everything",
-            "echo",
-            json!({"message": "after"}),
-            CallOptions::default(),
-        )
-        .await?;
-    assert_eq!(text(&echoed), "Echo: after");
+    assert_eq!(echo(&manager, "everything", "after").await?, "Echo: after");
     Ok(())
 }
 
@@ -177,15 +153,10 @@ async fn a_hanging_or_missing_server_never_holds_up_another() -> anyhow::Result<
     add_connected(&manager, "everything", stdio(&servers.everything())).await?;
 
     let started = Instant::now();
-    let echoed = manager
-        .call_tool(
-            "everything",
-            "echo",
-            json!({"message": "unaffected"}),
-            CallOptions::default(),
-        )
-        .await?;
-    assert_eq!(text(&echoed), "Echo: unaffected");
+    assert_eq!(
+        echo(&manager, "everything", "unaffected").await?,
+        "Echo: unaffected"
+    );
     assert!(started.elapsed() < Duration::from_secs(2));
 
     let hanging = manager.wait_ready("hanging", READY).await?;

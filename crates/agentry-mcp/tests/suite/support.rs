@@ -80,3 +80,20 @@ pub(super) async fn eventually(
     }
     Ok(())
 }
+
+/// Calls `echo` on `server` and returns the text it answered.
+pub(super) async fn echo(
+    manager: &McpManager,
+    server: &str,
+    message: &str,
+) -> anyhow::Result<String> {
+    let result = manager
+        .call_tool(
+            server,
+            "echo",
+            serde_json::json!({ "message": message }),
+            agentry_mcp::CallOptions::default(),
+        )
+        .await?;
+    Ok(text(&result))
+}

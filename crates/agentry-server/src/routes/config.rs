@@ -139,13 +139,7 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
 
 /// Every secret's value, for building clients and tools inside the process only.
 async fn secret_values(store: &Store) -> Result<HashMap<String, String>, ApiError> {
-    let mut secrets = HashMap::new();
-    for info in store.list_secrets().await? {
-        if let Some(value) = store.reveal_secret(&info.name).await? {
-            secrets.insert(info.name, value);
-        }
-    }
-    Ok(secrets)
+    crate::models::secrets(store).await
 }
 
 pub(crate) fn to_document<T: Serialize>(value: &T) -> Result<Value, ApiError> {
