@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::IntoResponse;
 use axum::routing::any;
 use futures::FutureExt as _;
@@ -86,7 +86,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
     let service = McpHttpService::new(Arc::new(McpServer::new(state.clone())), options);
     Router::new().route(
         MCP_PATH,
-        any(move |State(_): State<AppState>, request: Request| {
+        any(move |request: Request| {
             let service = service.clone();
             async move { service.handle(request).await.into_response() }
         }),

@@ -493,3 +493,75 @@ async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_secret_header() {
+    let server = start().await;
+    let (status, body) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "helper", "model_id": "mock", "system_prompt": "You help."}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // From now on /mcp needs the key: the client sends it from a stored secret.
+    let key = agentry_server::auth::create_key(&server.state.store, "self")
+        .await
+        .unwrap();
+    server.state.auth.refresh();
+    server
+        .state
+        .store
+        .put_secret("SELF_KEY", &format!("Bearer {}", key.key))
+        .await
+        .unwrap();
+    let endpoint = format!("{}/mcp", server.url);
+    let servers = serde_json::from_value(json!({
+        "self": {"url": endpoint, "headers": {"Authorization": {"secret": "SELF_KEY"}}},
+        "anonymous": {"url": endpoint, "connect_timeout_ms": 5000}
+    }))
+    .unwrap();
+    agentry_server::mcp::save_and_start(&server.state.store, &server.state.mcp, &servers)
+        .await
+        .unwrap();
+
+    let status = server
+        .state
+        .mcp
+        .wait_ready("self", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(status.state, agentry_mcp::ServerState::Connected, "{status:?}");
+    // rmcp's server speaks the stateless revision: discovered, no initialize handshake.
+    assert_eq!(status.protocol_version.as_deref(), Some("2026-07-28"), "{status:?}");
+    let tool = agentry_server::mcp_endpoint::agent_tool_name("helper");
+    assert!(status.tools.contains(&format!("self__{tool}")), "{status:?}");
+
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Happy to help.")));
+    let answer = server
+        .state
+        .mcp
+        .call_tool(
+            "self",
+            &tool,
+            json!({"message": "Can you help?"}),
+            agentry_mcp::CallOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(!answer.is_error, "{answer:?}");
+    assert!(json!(answer.content).to_string().contains("Happy to help."), "{answer:?}");
+
+    // Without the key the endpoint refuses, and the status says so.
+    let refused = server
+        .state
+        .mcp
+        .wait_ready("anonymous", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_ne!(refused.state, agentry_mcp::ServerState::Connected);
+    let reason = refused.last_error.unwrap_or_default();
+    assert!(reason.to_lowercase().contains("auth required"), "{reason}");
+}

@@ -4,16 +4,16 @@
 //! `--expose-tools` the registered tools are offered too.
 //!
 //! stdout carries JSON-RPC and nothing else: logs go to stderr (see `main.rs`) and nothing here
-//! prints. Runs are durable sessions in the data folder, like `agentry serve`'s. When the client
-//! goes away, live runs get a short grace period; any still going stay in flight in the log and
-//! resume at the next `agentry serve`.
+//! prints. Runs are durable sessions in the data folder, like `agentry serve`'s. A call the
+//! client cancels (or abandons by going away) cancels its run. On SIGINT/SIGTERM, or once the
+//! client has gone, live runs get a short grace period; any still going stay in flight in the
+//! log and resume at the next `agentry serve`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use tokio_util::sync::CancellationToken;
 
 use agentry_server::AppState;
 use agentry_server::mcp_endpoint::{McpServer, identity};
@@ -40,16 +40,18 @@ pub(crate) async fn run(args: McpServeArgs, data: &DataArgs) -> anyhow::Result<E
         expose_tools = args.expose_tools,
         "serving MCP on stdio"
     );
-    let stop = CancellationToken::new();
+    // A signal stops serving the way `agentry serve` stops: runs in flight are left to
+    // start-up recovery rather than cancelled.
     tokio::spawn({
-        let stop = stop.clone();
+        let shutdown = state.shutdown.clone();
         async move {
             super::serve::wait_for_signal().await;
-            stop.cancel();
+            shutdown.cancel();
         }
     });
     let backend = Arc::new(McpServer::new(state.clone()));
-    let served = agentry_mcp::server::serve_stdio(backend, identity(), stop).await;
+    let served =
+        agentry_mcp::server::serve_stdio(backend, identity(), state.shutdown.clone()).await;
     state.shutdown.cancel();
     let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
     while state.hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {

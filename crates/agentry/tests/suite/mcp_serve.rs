@@ -174,3 +174,92 @@ async fn an_mcp_client_on_stdio_asks_a_saved_agent() {
         "a direct tool call needs no model"
     );
 }
+
+#[tokio::test]
+async fn stdout_carries_json_rpc_only_and_logs_go_to_stderr() {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let home = tempfile::tempdir().unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    save_agent(home.path(), &mock).await;
+    // `-v`: info logs, which must all go to stderr.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["-v", "mcp", "serve"])
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let messages = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "probe", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+               "params": {"name": "ask_timekeeper", "arguments": {"message": ""}}}),
+    ];
+    for message in &messages {
+        stdin
+            .write_all(format!("{message}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    // Read the replies until the last one, then close stdin: the server exits.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = Vec::new();
+    while !lines.iter().any(|line: &String| line.contains("\"id\":3")) {
+        let line = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+            .await
+            .expect("a reply within 30 s")
+            .unwrap()
+            .expect("stdout stays open until stdin closes");
+        lines.push(line);
+    }
+    drop(stdin);
+    while let Some(line) = stdout.next_line().await.unwrap() {
+        lines.push(line);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("agentry mcp serve exits when stdin closes")
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let replies: Vec<Value> = lines
+        .iter()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|error| panic!("a non-JSON line on stdout ({error}): {line:?}"))
+        })
+        .collect();
+    assert!(
+        replies.iter().all(|reply| reply["jsonrpc"] == "2.0"),
+        "{replies:?}"
+    );
+    let by_id = |id: u64| {
+        replies
+            .iter()
+            .find(|reply| reply["id"] == id)
+            .unwrap_or_else(|| panic!("no reply {id}: {replies:?}"))
+    };
+    assert_eq!(by_id(1)["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(by_id(1)["result"]["serverInfo"]["name"], "agentry");
+    assert_eq!(by_id(2)["result"]["tools"][0]["name"], "ask_timekeeper");
+    assert_eq!(by_id(3)["result"]["isError"], true);
+    assert!(
+        by_id(3)["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("`message` is empty")
+    );
+    assert!(stderr.contains("serving MCP on stdio"), "{stderr}");
+    assert!(mock.requests().is_empty());
+}
