@@ -94,6 +94,7 @@ pub async fn serve(
     }
     let shutdown = state.shutdown.clone();
     let hub = state.hub.clone();
+    let mcp = state.mcp.clone();
     let app = router(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -108,5 +109,7 @@ pub async fn serve(
             "stopping with runs in flight; they resume at the next start"
         );
     }
+    // MCP servers' processes and sessions end with us, not when the OS gets to them.
+    mcp.shutdown().await;
     Ok(())
 }

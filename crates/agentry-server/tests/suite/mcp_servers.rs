@@ -531,11 +531,22 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         .wait_ready("self", Duration::from_secs(30))
         .await
         .unwrap();
-    assert_eq!(status.state, agentry_mcp::ServerState::Connected, "{status:?}");
+    assert_eq!(
+        status.state,
+        agentry_mcp::ServerState::Connected,
+        "{status:?}"
+    );
     // rmcp's server speaks the stateless revision: discovered, no initialize handshake.
-    assert_eq!(status.protocol_version.as_deref(), Some("2026-07-28"), "{status:?}");
+    assert_eq!(
+        status.protocol_version.as_deref(),
+        Some("2026-07-28"),
+        "{status:?}"
+    );
     let tool = agentry_server::mcp_endpoint::agent_tool_name("helper");
-    assert!(status.tools.contains(&format!("self__{tool}")), "{status:?}");
+    assert!(
+        status.tools.contains(&format!("self__{tool}")),
+        "{status:?}"
+    );
 
     server
         .mock
@@ -552,7 +563,10 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         .await
         .unwrap();
     assert!(!answer.is_error, "{answer:?}");
-    assert!(json!(answer.content).to_string().contains("Happy to help."), "{answer:?}");
+    assert!(
+        json!(answer.content).to_string().contains("Happy to help."),
+        "{answer:?}"
+    );
 
     // Without the key the endpoint refuses, and the status says so.
     let refused = server

@@ -30,6 +30,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     };
     let store = data.open_store().await?;
     let listener = agentry_server::serve::bind(&config, &store).await?;
+    let imported = agentry_server::mcp::import_servers_file(&store, &data.home()?).await?;
     let mut state = AppState::new(store.clone()).await?;
     state.cors_origins = args.cors_origins;
     state.mcp_expose_tools = args.mcp_expose_tools;
@@ -45,6 +46,14 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         data.home()?.display(),
         store.backend().as_str()
     );
+    if imported > 0 {
+        println!(
+            "mcp: {imported} server(s) imported from {}",
+            data.home()?
+                .join(agentry_server::mcp::SERVERS_FILE)
+                .display()
+        );
+    }
     let models = store.list_config(agentry_store::ConfigKind::Model).await?;
     if models.is_empty() {
         println!("{}", first_model_hint(address, ollama_running().await));

@@ -92,3 +92,85 @@ async fn mcp_servers_are_added_checked_listed_and_removed() -> anyhow::Result<()
     assert_eq!(listed.lines().count(), 2, "{listed}");
     Ok(())
 }
+
+#[tokio::test]
+async fn serve_imports_mcp_json_starts_its_servers_and_stops_them_with_itself() -> anyhow::Result<()>
+{
+    use tokio::io::AsyncBufReadExt;
+
+    let home = tempfile::tempdir()?;
+    let spec = McpServers::locate()?.everything();
+    std::fs::write(
+        home.path().join("mcp.json"),
+        json!({"mcpServers": {"everything": {"command": spec.program, "args": spec.args}}})
+            .to_string(),
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", &format!("127.0.0.1:{port}")])
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdout = tokio::io::BufReader::new(
+        child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?,
+    )
+    .lines();
+    let mut said = Vec::new();
+    while said.len() < 3 {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(20), stdout.next_line())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("serve exited: {said:?}"))?;
+        said.push(line);
+    }
+    assert!(
+        said.iter()
+            .any(|line| line.starts_with("mcp: 1 server(s) imported from")),
+        "{said:?}"
+    );
+
+    let http = agentry_llm::http_client(std::time::Duration::from_secs(5))?;
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    let pid = loop {
+        let servers: serde_json::Value = http
+            .get(format!("{base}/v1/mcp-servers"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let server = &servers["servers"][0];
+        if server["state"] == "connected" {
+            assert!(server["tool_count"].as_u64().unwrap_or(0) >= 13, "{server}");
+            break server["pid"].as_u64().unwrap_or(0);
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "never connected: {servers}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(pid > 0);
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().unwrap_or(0).to_string()])
+        .status()?;
+    assert!(status.success());
+    let exit = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait()).await??;
+    assert!(exit.success(), "{exit:?}");
+    // Its MCP server went with it.
+    let gone = !Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat"))?.contains(") Z ");
+    assert!(gone, "the MCP server outlived agentry serve");
+    Ok(())
+}
