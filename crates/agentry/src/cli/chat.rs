@@ -62,8 +62,13 @@ impl Conversation {
 
 pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let (mut conversation, profile) = if args.ephemeral {
+        let store = if args.profile.uses_mcp() {
+            Some(data.open_store().await?)
+        } else {
+            None
+        };
         (
-            Conversation::Ephemeral(args.profile.runtime()?, Vec::new()),
+            Conversation::Ephemeral(args.profile.runtime(store.as_ref()).await?, Vec::new()),
             args.profile,
         )
     } else {
@@ -72,7 +77,7 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             open_session(&store, args.session, args.profile, "chat", None).await?;
         eprintln!("session: {session}");
         (
-            Conversation::Session(session_manager(&store, &profile)?, session),
+            Conversation::Session(session_manager(&store, &profile).await?, session),
             profile,
         )
     };

@@ -15,6 +15,8 @@ use agentry_core::{RunLimits, Runtime};
 use agentry_llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
 };
+use agentry_mcp::{McpManager, ServerState};
+use agentry_store::{ConfigKind, Store};
 
 /// The key of the profile in a session's metadata.
 pub(crate) const METADATA_KEY: &str = "cli_profile";
@@ -66,6 +68,11 @@ pub(crate) struct Profile {
     #[arg(long, value_name = "FILE")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tools_file: Option<PathBuf>,
+    /// Offer the tools of this saved MCP server (`agentry mcp add`; repeatable). The server is
+    /// started for the run and stopped after it.
+    #[arg(long = "mcp", value_name = "SERVER")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mcp: Vec<String>,
     /// Offer the skill in this folder (a SKILL.md with name and description; repeatable).
     #[arg(long = "skill", value_name = "DIR")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -102,6 +109,11 @@ impl Profile {
                 self.tools
             },
             tools_file: self.tools_file.or(saved.tools_file),
+            mcp: if self.mcp.is_empty() {
+                saved.mcp
+            } else {
+                self.mcp
+            },
             skills: if self.skills.is_empty() {
                 saved.skills
             } else {
@@ -168,8 +180,14 @@ impl Profile {
         }
     }
 
-    /// A runtime with the model registered as `default` and the chosen tools and skills.
-    pub(crate) fn runtime(&self) -> anyhow::Result<Runtime> {
+    /// Whether the profile offers tools of saved MCP servers (which live in the store).
+    pub(crate) fn uses_mcp(&self) -> bool {
+        !self.mcp.is_empty()
+    }
+
+    /// A runtime with the model registered as `default` and the chosen tools and skills; the
+    /// chosen MCP servers are started from `store`'s configuration (none without a store).
+    pub(crate) async fn runtime(&self, store: Option<&Store>) -> anyhow::Result<Runtime> {
         let mut builder = Runtime::builder();
         builder.model("default", self.client()?);
         for name in &self.tools {
@@ -192,6 +210,11 @@ impl Profile {
                 builder.tool_arc(definition.build(&http, Arc::clone(&secrets))?)?;
             }
         }
+        if let Some(store) = store.filter(|_| self.uses_mcp()) {
+            for tool in mcp_tools(store, &self.mcp).await? {
+                builder.tool_arc(tool)?;
+            }
+        }
         for dir in &self.skills {
             builder.skill(Skill::load(dir)?)?;
         }
@@ -202,4 +225,41 @@ impl Profile {
         });
         Ok(builder.build())
     }
+}
+
+/// How long a run waits for an MCP server to start.
+const MCP_START_WAIT: Duration = Duration::from_secs(60);
+
+/// Starts the saved MCP servers `names` and returns their tools. The tools hold the manager, so
+/// the servers run as long as the runtime that offers them.
+async fn mcp_tools(
+    store: &Store,
+    names: &[String],
+) -> anyhow::Result<Vec<Arc<dyn agentry_core::tool::Tool>>> {
+    let secrets = agentry_server::models::secrets(store)
+        .await
+        .map_err(|error| anyhow::anyhow!(error.message))?;
+    let manager = McpManager::new();
+    for name in names {
+        agentry_mcp::validate_server_name(name)?;
+        let saved = store
+            .config(ConfigKind::McpServer, name)
+            .await?
+            .with_context(|| format!("no saved MCP server {name:?} (agentry mcp add)"))?;
+        let config: agentry_mcp::McpServerConfig = serde_json::from_value(saved)?;
+        manager
+            .add(name, config, &|secret| secrets.get(secret).cloned())
+            .await?;
+    }
+    for name in names {
+        let status = manager.wait_ready(name, MCP_START_WAIT).await?;
+        if status.state != ServerState::Connected {
+            manager.shutdown().await;
+            anyhow::bail!(
+                "the MCP server {name:?} did not start: {}",
+                status.last_error.as_deref().unwrap_or("no answer")
+            );
+        }
+    }
+    Ok(agentry_server::mcp::tools(&manager))
 }

@@ -57,7 +57,12 @@ impl From<Policy> for BusyPolicy {
 
 pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let stream = if args.ephemeral {
-        let runtime = args.profile.runtime()?;
+        let store = if args.profile.uses_mcp() {
+            Some(data.open_store().await?)
+        } else {
+            None
+        };
+        let runtime = args.profile.runtime(store.as_ref()).await?;
         let mut request = RunRequest::text(&args.prompt);
         request.system = args.profile.system.clone();
         request.params = args.profile.params();
@@ -73,7 +78,7 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         )
         .await?;
         eprintln!("session: {session}");
-        let manager = session_manager(&store, &profile)?;
+        let manager = session_manager(&store, &profile).await?;
         let mut request = RunRequest::text(&args.prompt);
         request.system = profile.system.clone();
         request.params = profile.params();

@@ -127,9 +127,12 @@ pub(crate) async fn open_session(
 }
 
 /// A session manager over the store, with the profile's model and tools.
-pub(crate) fn session_manager(store: &Store, profile: &Profile) -> anyhow::Result<SessionManager> {
+pub(crate) async fn session_manager(
+    store: &Store,
+    profile: &Profile,
+) -> anyhow::Result<SessionManager> {
     Ok(SessionManager::new(
-        profile.runtime()?,
+        profile.runtime(Some(store)).await?,
         Arc::new(StoreLog::new(store.clone())),
     ))
 }
@@ -206,7 +209,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 .await?
                 .with_context(|| format!("no session {id}"))?;
             let profile = profile.over(Profile::from_metadata(&record.metadata));
-            let manager = session_manager(&store, &profile)?;
+            let manager = session_manager(&store, &profile).await?;
             match manager.resume(id).await? {
                 Some(stream) => return print_run(stream, json).await,
                 None => eprintln!("session {id} has no interrupted run to resume"),
@@ -221,7 +224,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             let mut worst = ExitCode::SUCCESS;
             for record in store.list_sessions(&query).await? {
                 let profile = Profile::from_metadata(&record.metadata);
-                let manager = session_manager(&store, &profile)?;
+                let manager = session_manager(&store, &profile).await?;
                 eprintln!("session: {}", record.id);
                 if let Some(stream) = manager.resume(record.id).await? {
                     let code = print_run(stream, json).await?;
@@ -344,7 +347,8 @@ async fn generate_title(store: &Store, id: SessionId, profile: &Profile) -> anyh
         .chars()
         .take(2000)
         .collect();
-    let runtime = profile.runtime()?;
+    // A title needs only the model.
+    let runtime = profile.runtime(None).await?;
     let request = agentry_llm::ModelRequest::new(vec![
         Message::system(
             "Write a title of at most six words for this conversation. Answer with the title only.",

@@ -174,3 +174,90 @@ async fn serve_imports_mcp_json_starts_its_servers_and_stops_them_with_itself() 
     assert!(gone, "the MCP server outlived agentry serve");
     Ok(())
 }
+
+#[tokio::test]
+async fn run_offers_a_saved_mcp_servers_tools_with_the_mcp_flag() -> anyhow::Result<()> {
+    use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+
+    let home = tempfile::tempdir()?;
+    let spec = McpServers::locate()?.everything();
+    let program = spec.program.to_string_lossy().into_owned();
+    let mut add = vec!["mcp", "add", "everything", "--no-check", "--"];
+    add.push(&program);
+    add.extend(spec.args.iter().map(String::as_str));
+    assert!(agentry(home.path(), &add).await?.status.success());
+
+    let mock = MockProvider::start().await?;
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "everything__get-sum",
+        json!({"a": 19, "b": 23}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("It is 42.")));
+    let base_url = mock.openai_base_url();
+    let run = agentry(
+        home.path(),
+        &[
+            "run",
+            "19 + 23?",
+            "--provider",
+            "openai",
+            "--base-url",
+            &base_url,
+            "--model-name",
+            "m",
+            "--mcp",
+            "everything",
+        ],
+    )
+    .await?;
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(
+        text(&run.stdout).contains("It is 42."),
+        "{}",
+        text(&run.stdout)
+    );
+    let requests = mock.requests();
+    let offered: Vec<&str> = requests[0].body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|tool| tool["function"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(offered.contains(&"everything__get-sum"), "{offered:?}");
+    let tool_result = requests[1].body["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().find(|message| message["role"] == "tool"))
+        .map(|message| message["content"].to_string())
+        .unwrap_or_default();
+    assert!(tool_result.contains("42"), "{tool_result}");
+
+    // A server that is not saved is a clear error before any model call.
+    let missing = agentry(
+        home.path(),
+        &[
+            "run",
+            "x",
+            "--provider",
+            "openai",
+            "--base-url",
+            &base_url,
+            "--model-name",
+            "m",
+            "--mcp",
+            "nope",
+            "--ephemeral",
+        ],
+    )
+    .await?;
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains("no saved MCP server \"nope\""),
+        "{}",
+        text(&missing.stderr)
+    );
+    assert_eq!(mock.requests().len(), 2);
+    Ok(())
+}
