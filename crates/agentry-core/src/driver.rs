@@ -389,6 +389,7 @@ async fn run_tools(
         let context = ToolContext {
             call_id: call.id.clone(),
             working_dir: state.working_dir.clone(),
+            workspace: state.workspace.clone(),
             cancel: cancel.child_token(),
         };
         let timeout = limits.tool_timeout;

@@ -158,6 +158,10 @@ pub struct RunState {
     /// The working directory for file and command tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<PathBuf>,
+    /// The root of the run's workspace, passed to tools (the workspace tools refuse to work
+    /// without one, and never touch anything outside it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<PathBuf>,
     /// Recent tool calls, for loop detection.
     #[serde(default)]
     pub loops: LoopDetector,
@@ -189,6 +193,7 @@ impl RunState {
             tool_rounds: 0,
             usage: Usage::default(),
             working_dir: None,
+            workspace: None,
             loops: LoopDetector::default(),
             started_at_ms: None,
             phase: Phase::CallModel,

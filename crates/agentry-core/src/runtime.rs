@@ -2,6 +2,7 @@
 //! requests — `run` for the final result, `stream` for the live event stream.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -95,6 +96,9 @@ pub struct RunRequest {
     /// Guards (default: the runtime's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
+    /// The root of the run's workspace, the only folder the workspace tools may touch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<PathBuf>,
 }
 
 impl RunRequest {
@@ -147,6 +151,12 @@ impl RunRequest {
     /// Continues a conversation.
     pub fn with_history(mut self, history: Vec<Message>) -> Self {
         self.history = history;
+        self
+    }
+
+    /// Sets the workspace root for the workspace tools.
+    pub fn with_workspace(mut self, workspace: impl Into<PathBuf>) -> Self {
+        self.workspace = Some(workspace.into());
         self
     }
 }
@@ -458,12 +468,8 @@ impl Runtime {
             None => self.inner.tools.specs(),
         };
         let limits = request.limits.unwrap_or_else(|| self.inner.limits.clone());
-        Ok(RunState::new(
-            model,
-            messages,
-            tools,
-            request.params,
-            limits,
-        ))
+        let mut state = RunState::new(model, messages, tools, request.params, limits);
+        state.workspace = request.workspace;
+        Ok(state)
     }
 }

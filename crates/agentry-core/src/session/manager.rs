@@ -444,6 +444,8 @@ impl SessionManager {
             tool_rounds: in_flight.tool_rounds,
             usage: in_flight.usage,
             working_dir: in_flight.working_dir.clone(),
+            // The log does not record the workspace; the caller's resolver supplies it.
+            workspace: None,
             loops: in_flight.loops.clone(),
             // The deadline starts again: the time the process was down does not count.
             started_at_ms: None,

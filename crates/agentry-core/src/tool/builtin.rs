@@ -2,8 +2,8 @@
 //!
 //! - `current_time`: the current time as RFC 3339 and Unix seconds, in UTC or a fixed offset.
 //!
-//! The built-ins that touch files, run commands or fetch URLs wait for the sandbox and the
-//! network policy.
+//! The file tools and `fetch` are in [`workspace`](super::workspace) (they need a workspace and a
+//! network policy); the tools that run commands wait for the sandbox.
 
 use std::sync::Arc;
 

@@ -348,7 +348,7 @@ fn is_json_media_type(content_type: &str) -> bool {
 
 /// Reads the body chunk by chunk, stopping at `cap` bytes. Returns the bytes and whether the
 /// body went on past the cap.
-async fn read_capped(
+pub(crate) async fn read_capped(
     response: &mut reqwest::Response,
     cap: usize,
 ) -> Result<(Vec<u8>, bool), reqwest::Error> {

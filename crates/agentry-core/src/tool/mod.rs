@@ -20,6 +20,9 @@ pub struct ToolContext {
     /// The run's working directory for file and command tools (a skill's folder once one is
     /// selected). A value passed down: nothing ever changes the process's directory.
     pub working_dir: Option<PathBuf>,
+    /// The root of the run's workspace: the only folder the workspace tools (`read_file`,
+    /// `write_file`, …) may touch. `None` when the run has no workspace; those tools then fail.
+    pub workspace: Option<PathBuf>,
     /// Cancelled when the run is cancelled or the call times out; long tools should watch it.
     pub cancel: CancellationToken,
 }
@@ -30,8 +33,16 @@ impl ToolContext {
         Self {
             call_id: call_id.into(),
             working_dir: None,
+            workspace: None,
             cancel: CancellationToken::new(),
         }
+    }
+
+    /// Sets the workspace root.
+    #[must_use]
+    pub fn with_workspace(mut self, workspace: impl Into<PathBuf>) -> Self {
+        self.workspace = Some(workspace.into());
+        self
     }
 }
 
@@ -144,6 +155,7 @@ pub mod function;
 pub mod http;
 pub mod registry;
 pub mod result;
+pub mod workspace;
 
 pub use builtin::{builtin, builtin_tools};
 pub use command::{CommandTool, CommandToolConfig};
@@ -154,3 +166,4 @@ pub use http::{
 };
 pub use registry::{CANCEL_GRACE, TOOL_NAME_RULE, ToolRegistry, is_valid_tool_name};
 pub use result::{DEFAULT_RESULT_LIMIT, ResultFormat, format_output, result_for_model};
+pub use workspace::{FetchConfig, NetworkPolicy, WorkspaceToolsConfig, workspace_tools};

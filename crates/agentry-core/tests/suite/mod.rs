@@ -6,3 +6,4 @@ mod skills;
 mod support;
 mod templates;
 mod tools;
+mod workspace_tools;

@@ -303,6 +303,7 @@ async fn invoke_applies_the_default_timeout_and_cancels_the_tool() {
     let context = ToolContext {
         call_id: "c".into(),
         working_dir: None,
+        workspace: None,
         cancel: caller.clone(),
     };
     let error = registry
@@ -366,6 +367,7 @@ async fn cancelling_while_a_tool_runs_returns_cancelled_promptly() {
     let context = ToolContext {
         call_id: "c".into(),
         working_dir: None,
+        workspace: None,
         cancel: cancel.clone(),
     };
     let canceller = tokio::spawn(async move {
@@ -1278,6 +1280,7 @@ async fn command_tool_is_killed_on_cancellation() {
     let context = ToolContext {
         call_id: "c".into(),
         working_dir: None,
+        workspace: None,
         cancel: cancel.clone(),
     };
     let canceller = tokio::spawn(async move {
@@ -1308,6 +1311,7 @@ async fn command_tool_runs_in_the_context_working_dir() {
         .unwrap();
     let context = ToolContext {
         working_dir: Some(workspace.path().to_path_buf()),
+        workspace: None,
         ..ToolContext::detached("c")
     };
     let output = registry

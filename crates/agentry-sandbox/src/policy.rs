@@ -1,0 +1,187 @@
+//! What a sandbox should be: backend choice, workspace, environment, network and limits.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Which backend runs sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// Namespaces, a new root, Landlock, seccomp, cgroups (Linux; the default).
+    Native,
+    /// Plain child processes with rlimits and timeouts. **No isolation**: for development only.
+    Local,
+}
+
+/// Backend configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxConfig {
+    /// The backend.
+    pub backend: BackendKind,
+    /// The executable that serves as the sandbox's agent: it must call
+    /// [`crate::init::maybe_run_init`] first thing in `main`. Default: the current executable.
+    pub init_exe: Option<PathBuf>,
+    /// When the runtime runs as root, sandbox `n` runs as outer uid/gid `uid_base + n`, never 0.
+    pub uid_base: u32,
+    /// How many sandboxes may exist at once (the number of outer uids reserved).
+    pub max_sandboxes: u32,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            backend: BackendKind::Native,
+            init_exe: None,
+            uid_base: 100_000,
+            max_sandboxes: 65_536,
+        }
+    }
+}
+
+/// The network a sandbox gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkPolicy {
+    /// A network namespace with only loopback, up (the default).
+    #[default]
+    Off,
+}
+
+/// Resource limits. `None` leaves a limit off.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory of the whole sandbox (cgroups), or of each process (rlimit fallback), in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Processes (and threads) in the sandbox.
+    pub max_processes: Option<u64>,
+    /// CPU share in percent of one core (cgroups only).
+    pub cpu_percent: Option<u32>,
+    /// CPU time of each process (`RLIMIT_CPU`).
+    pub cpu_time: Option<Duration>,
+    /// Wall-clock lifetime of the sandbox: it is killed when it runs out.
+    pub wall_time: Option<Duration>,
+    /// Largest file a process may write, in bytes (`RLIMIT_FSIZE`).
+    pub file_size: Option<u64>,
+    /// Open files per process (`RLIMIT_NOFILE`).
+    pub open_files: Option<u64>,
+    /// Size of the sandbox's `/tmp` (a tmpfs), in bytes.
+    pub tmp_size: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: Some(1 << 30),
+            max_processes: Some(256),
+            cpu_percent: None,
+            cpu_time: None,
+            wall_time: None,
+            file_size: Some(1 << 30),
+            open_files: Some(1024),
+            tmp_size: 256 << 20,
+        }
+    }
+}
+
+/// One sandbox's specification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The host folder mounted read-write (created if missing). When the runtime runs as root,
+    /// it is chowned to the sandbox's outer uid.
+    pub workspace: PathBuf,
+    /// Where the workspace appears inside (native), and the default working directory.
+    pub workspace_mount: String,
+    /// Extra host paths bound read-only at the same place inside (native).
+    pub ro_mounts: Vec<PathBuf>,
+    /// Environment added to the minimal base (`PATH`, `HOME`, `LANG`, `TMPDIR`). Nothing of the
+    /// runtime's own environment is passed.
+    pub env: BTreeMap<String, String>,
+    /// The network.
+    pub network: NetworkPolicy,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Close the sandbox after this long without a request and with no command running.
+    pub idle_timeout: Option<Duration>,
+    /// The hostname inside.
+    pub hostname: String,
+}
+
+impl SandboxSpec {
+    /// A specification with defaults around a workspace folder.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        SandboxSpec {
+            workspace: workspace.into(),
+            workspace_mount: "/workspace".into(),
+            ro_mounts: Vec::new(),
+            env: BTreeMap::new(),
+            network: NetworkPolicy::Off,
+            limits: Limits::default(),
+            idle_timeout: None,
+            hostname: "sandbox".into(),
+        }
+    }
+}
+
+/// A command to run in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// Program and arguments; the program is looked up in `PATH` unless it holds a `/`.
+    pub argv: Vec<String>,
+    /// Environment added for this command.
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default: the workspace).
+    pub cwd: Option<String>,
+    /// Give the command a stdin pipe (otherwise stdin is `/dev/null`).
+    pub stdin: bool,
+    /// Kill the command (and everything it started) after this long.
+    pub timeout: Option<Duration>,
+}
+
+impl ExecRequest {
+    /// A command from its argv.
+    pub fn new<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ExecRequest {
+            argv: argv.into_iter().map(Into::into).collect(),
+            env: BTreeMap::new(),
+            cwd: None,
+            stdin: false,
+            timeout: None,
+        }
+    }
+
+    /// `/bin/sh -c <script>`.
+    pub fn shell(script: impl Into<String>) -> Self {
+        Self::new(["/bin/sh".to_string(), "-c".to_string(), script.into()])
+    }
+
+    /// Sets the timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Asks for a stdin pipe.
+    pub fn with_stdin(mut self) -> Self {
+        self.stdin = true;
+        self
+    }
+
+    /// Sets the working directory.
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+}

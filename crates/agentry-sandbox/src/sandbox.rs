@@ -1,0 +1,668 @@
+//! A sandbox: the E2B-like surface (exec with streaming output, stdin, timeouts, kill; files;
+//! close) over the agent connection, the same for every backend.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+
+use crate::cgroup::Cgroups;
+use crate::conn::{Conn, RawExit};
+use crate::error::{Result, SandboxError};
+use crate::launch::Slots;
+use crate::policy::{BackendKind, ExecRequest};
+use crate::protocol::{Op, ReplyBody};
+use crate::report::{DirEntry, FileStat, LimitsMode, SandboxReport};
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitStatus {
+    /// The exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+    /// Killed because its timeout ran out.
+    pub timed_out: bool,
+    /// Killed on request ([`ExecHandle::kill`]).
+    pub killed: bool,
+    /// Killed by the out-of-memory killer of the sandbox's memory cgroup.
+    pub out_of_memory: bool,
+    /// The sandbox went away while the command ran; why.
+    pub sandbox_closed: Option<String>,
+}
+
+impl ExitStatus {
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// Streamed output and the end of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    /// A chunk of standard output.
+    Stdout(Vec<u8>),
+    /// A chunk of standard error.
+    Stderr(Vec<u8>),
+    /// The command ended; the last event.
+    Exit(ExitStatus),
+}
+
+/// Everything a command printed, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Standard output.
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: Vec<u8>,
+    /// How it ended.
+    pub status: ExitStatus,
+}
+
+impl ExecOutput {
+    /// Standard output as (lossy) UTF-8.
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// Standard error as (lossy) UTF-8.
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+/// A running command. Dropping the handle leaves the command running (a background process);
+/// [`ExecHandle::kill`] or the timeout stops it with everything it started.
+pub struct ExecHandle {
+    id: u64,
+    events: mpsc::Receiver<ExecEvent>,
+    stdin: Option<pipe::Sender>,
+    control: mpsc::UnboundedSender<()>,
+}
+
+impl std::fmt::Debug for ExecHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecHandle")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecHandle {
+    /// The command's id in its sandbox.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next output chunk, or the exit (then `None` after it).
+    pub async fn next(&mut self) -> Option<ExecEvent> {
+        self.events.recv().await
+    }
+
+    /// The stdin pipe (when asked for with [`ExecRequest::with_stdin`]); drop it to send EOF.
+    pub fn take_stdin(&mut self) -> Option<pipe::Sender> {
+        self.stdin.take()
+    }
+
+    /// Kills the command and every process it started (daemons included).
+    pub fn kill(&self) {
+        let _ = self.control.send(());
+    }
+
+    /// Waits for the end, collecting the output.
+    pub async fn wait(mut self) -> Result<ExecOutput> {
+        drop(self.stdin.take());
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        while let Some(ev) = self.events.recv().await {
+            match ev {
+                ExecEvent::Stdout(b) => stdout.extend_from_slice(&b),
+                ExecEvent::Stderr(b) => stderr.extend_from_slice(&b),
+                ExecEvent::Exit(status) => {
+                    return Ok(ExecOutput {
+                        stdout,
+                        stderr,
+                        status,
+                    });
+                }
+            }
+        }
+        Err(SandboxError::Closed {
+            reason: "the command's output task ended".into(),
+        })
+    }
+}
+
+/// What closing a sandbox must undo.
+pub(crate) struct Teardown {
+    /// The process the runtime spawned (keeper or local agent).
+    pub(crate) child: std::process::Child,
+    pub(crate) native: bool,
+    pub(crate) cgroups: Arc<Cgroups>,
+    pub(crate) slot: Option<u32>,
+}
+
+impl Teardown {
+    /// Kills the sandbox and waits until nothing of it is left: no process, no cgroup, no slot.
+    fn run(mut self, pid1: Option<i32>) {
+        // Native: killing PID 1 tears its pid namespace down; the keeper reaps it and exits, and
+        // PID 1 is reaped only once every process of its namespace is gone. Without a PID 1
+        // (setup failed early) the keeper itself is killed.
+        match pid1.filter(|_| self.native) {
+            Some(pid) => {
+                // SAFETY: kill with integer arguments only.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            None => {
+                let _ = self.child.kill();
+            }
+        }
+        let _ = self.child.wait();
+        self.cgroups.remove();
+        if let Some(slot) = self.slot {
+            Slots::release(slot);
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) report: SandboxReport,
+    pub(crate) workspace: PathBuf,
+    pub(crate) teardown: Mutex<Option<Teardown>>,
+    pub(crate) cgroups: Arc<Cgroups>,
+    pub(crate) last_activity: Mutex<Instant>,
+    pub(crate) running: std::sync::atomic::AtomicUsize,
+    pub(crate) created: Instant,
+}
+
+impl Inner {
+    fn touch(&self) {
+        *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn take_teardown(&self) -> Option<Teardown> {
+        self.teardown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    async fn close(&self, reason: &str) {
+        if self.report.backend == BackendKind::Local && self.conn.closed_reason().is_none() {
+            // No pid namespace to empty: the local agent kills every command tree itself.
+            let shutdown = self.conn.request(Op::Shutdown, &[]);
+            let _ = tokio::time::timeout(Duration::from_secs(2), shutdown).await;
+        }
+        self.conn.set_reason(reason);
+        if let Some(t) = self.take_teardown() {
+            let pid1 = self.conn.pid1();
+            let _ = tokio::task::spawn_blocking(move || t.run(pid1)).await;
+        }
+        // Everything is dead: the connection ends (and its reader lets the socket go) at once.
+        let mut closed = self.conn.closed_watch();
+        let _ = tokio::time::timeout(Duration::from_secs(1), closed.wait_for(|c| *c)).await;
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(t) = self.take_teardown() {
+            let pid1 = self.conn.pid1();
+            let _ = std::thread::Builder::new()
+                .name("agentry-sandbox-teardown".into())
+                .spawn(move || t.run(pid1));
+        }
+    }
+}
+
+/// A sandbox. Cloning shares it; it is closed by [`Sandbox::close`], by its idle timeout or
+/// wall-time limit, or when the last clone is dropped.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("report", &self.inner.report)
+            .finish_non_exhaustive()
+    }
+}
+
+fn pipe_pair() -> Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}
+
+impl Sandbox {
+    pub(crate) fn new(inner: Inner, idle: Option<Duration>, wall: Option<Duration>) -> Sandbox {
+        let inner = Arc::new(inner);
+        tokio::spawn(supervise(
+            Arc::downgrade(&inner),
+            inner.conn.clone(),
+            idle,
+            wall,
+        ));
+        Sandbox { inner }
+    }
+
+    /// What this sandbox got: backend, isolation, outer uid, limits, policy, warnings.
+    pub fn report(&self) -> &SandboxReport {
+        &self.inner.report
+    }
+
+    /// The backend that made it.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.report.backend
+    }
+
+    /// The host folder of the workspace.
+    pub fn workspace(&self) -> &Path {
+        &self.inner.workspace
+    }
+
+    /// Why the sandbox closed, once it has.
+    pub fn closed_reason(&self) -> Option<String> {
+        self.inner
+            .conn
+            .closed_reason()
+            .filter(|_| *self.inner.conn.closed_watch().borrow())
+    }
+
+    /// The host pid of the sandbox's PID 1 (native), for diagnostics.
+    pub fn pid1(&self) -> Option<i32> {
+        self.inner.conn.pid1()
+    }
+
+    /// Starts a command. Output streams through the handle.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecHandle> {
+        if req.argv.is_empty() {
+            return Err(SandboxError::InvalidRequest("empty argv".into()));
+        }
+        self.inner.touch();
+        let conn = self.inner.conn.clone();
+        let (out_r, out_w) = pipe_pair()?;
+        let (err_r, err_w) = pipe_pair()?;
+        let stdin = if req.stdin { Some(pipe_pair()?) } else { None };
+        let mut fds: Vec<RawFd> = Vec::new();
+        if let Some((r, _)) = &stdin {
+            fds.push(r.as_raw_fd());
+        }
+        fds.push(out_w.as_raw_fd());
+        fds.push(err_w.as_raw_fd());
+        let exec = conn.next_id();
+        let exit_rx = conn.register_exit(exec);
+        let started = Instant::now();
+        let oom_before = self.inner.cgroups.oom_kills();
+        let op = Op::Exec {
+            exec,
+            argv: req.argv.clone(),
+            env: req.env.into_iter().collect(),
+            cwd: req.cwd.clone(),
+            stdin: req.stdin,
+        };
+        if let Err(e) = conn.request(op, &fds).await {
+            conn.forget_exit(exec);
+            return Err(e);
+        }
+        drop((out_w, err_w));
+        let stdin_tx = match stdin {
+            Some((r, w)) => {
+                drop(r);
+                Some(pipe::Sender::from_owned_fd(w)?)
+            }
+            None => None,
+        };
+        let stdout = pipe::Receiver::from_owned_fd(out_r)?;
+        let stderr = pipe::Receiver::from_owned_fd(err_r)?;
+        let (tx, rx) = mpsc::channel(64);
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let deadline = req.timeout.map(|t| started + t);
+        self.inner
+            .running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::spawn(pump(
+            self.inner.clone(),
+            exec,
+            stdout,
+            stderr,
+            exit_rx,
+            tx,
+            control_rx,
+            deadline.map(tokio::time::Instant::from_std),
+            oom_before,
+        ));
+        Ok(ExecHandle {
+            id: exec,
+            events: rx,
+            stdin: stdin_tx,
+            control: control_tx,
+        })
+    }
+
+    /// Runs a command to the end and collects its output.
+    pub async fn run(&self, req: ExecRequest) -> Result<ExecOutput> {
+        self.exec(req).await?.wait().await
+    }
+
+    /// Reads a regular file (path inside the sandbox; relative to the workspace), up to `max` bytes.
+    pub async fn read_file(&self, path: &str, max: u64) -> Result<Vec<u8>> {
+        self.inner.touch();
+        let (_, mut fds) = self
+            .inner
+            .conn
+            .request(Op::OpenRead { path: path.into() }, &[])
+            .await?;
+        let fd = fds
+            .pop()
+            .ok_or_else(|| SandboxError::Setup("no descriptor in the reply".into()))?;
+        read_fd(fd, max).await
+    }
+
+    /// Creates or replaces a regular file with `data` (mode 0644).
+    pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        self.inner.touch();
+        let op = Op::OpenWrite {
+            path: path.into(),
+            append: false,
+            mode: 0o644,
+        };
+        let (_, mut fds) = self.inner.conn.request(op, &[]).await?;
+        let fd = fds
+            .pop()
+            .ok_or_else(|| SandboxError::Setup("no descriptor in the reply".into()))?;
+        let data = data.to_vec();
+        tokio::task::spawn_blocking(move || std::fs::File::from(fd).write_all(&data))
+            .await
+            .map_err(|e| SandboxError::Io(std::io::Error::other(e)))??;
+        Ok(())
+    }
+
+    /// Lists a directory (entries sorted by name; symlinks not followed).
+    pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        self.inner.touch();
+        let (_, mut fds) = self
+            .inner
+            .conn
+            .request(Op::List { path: path.into() }, &[])
+            .await?;
+        let fd = fds
+            .pop()
+            .ok_or_else(|| SandboxError::Setup("no descriptor in the reply".into()))?;
+        let body = tokio::task::spawn_blocking(move || {
+            let mut f = std::fs::File::from(fd);
+            let mut body = Vec::new();
+            std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))?;
+            f.read_to_end(&mut body)?;
+            Ok::<_, std::io::Error>(body)
+        })
+        .await
+        .map_err(|e| SandboxError::Io(std::io::Error::other(e)))??;
+        serde_json::from_slice(&body).map_err(|e| SandboxError::Setup(format!("bad listing: {e}")))
+    }
+
+    /// `lstat` of a path.
+    pub async fn stat(&self, path: &str) -> Result<FileStat> {
+        self.inner.touch();
+        match self
+            .inner
+            .conn
+            .request(Op::Stat { path: path.into() }, &[])
+            .await?
+            .0
+        {
+            ReplyBody::Stat { stat } => Ok(stat),
+            other => Err(SandboxError::Setup(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Removes a file or symlink, or a directory (with its contents when `recursive`).
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        self.inner.touch();
+        self.inner
+            .conn
+            .request(
+                Op::Remove {
+                    path: path.into(),
+                    recursive,
+                },
+                &[],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Makes a directory (and its parents when `parents`).
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
+        self.inner.touch();
+        self.inner
+            .conn
+            .request(
+                Op::Mkdir {
+                    path: path.into(),
+                    parents,
+                },
+                &[],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Kills everything in the sandbox and removes what it left on the host (cgroups, slot).
+    /// Later calls fail with [`SandboxError::Closed`].
+    pub async fn close(&self) {
+        self.inner.close("closed").await;
+    }
+}
+
+async fn read_fd(fd: OwnedFd, max: u64) -> Result<Vec<u8>> {
+    tokio::task::spawn_blocking(move || {
+        let mut buf = Vec::new();
+        std::fs::File::from(fd)
+            .take(max.saturating_add(1))
+            .read_to_end(&mut buf)?;
+        if buf.len() as u64 > max {
+            return Err(SandboxError::TooLarge { limit: max });
+        }
+        Ok(buf)
+    })
+    .await
+    .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
+}
+
+/// Reads a command's pipes into events until its first process exits (then drains what is
+/// already buffered: a daemon holding the pipes must not keep the command "running").
+#[allow(clippy::too_many_arguments)]
+async fn pump(
+    inner: Arc<Inner>,
+    exec: u64,
+    mut stdout: pipe::Receiver,
+    mut stderr: pipe::Receiver,
+    mut exit_rx: tokio::sync::oneshot::Receiver<RawExit>,
+    tx: mpsc::Sender<ExecEvent>,
+    mut control: mpsc::UnboundedReceiver<()>,
+    deadline: Option<tokio::time::Instant>,
+    oom_before: u64,
+) {
+    let mut out_open = true;
+    let mut err_open = true;
+    let mut timed_out = false;
+    let mut killed = false;
+    let mut kill_sent = false;
+    let mut control_open = true;
+    let mut ob = vec![0u8; 32 * 1024];
+    let mut eb = vec![0u8; 32 * 1024];
+    let conn = inner.conn.clone();
+    let kill = |conn: Arc<Conn>| {
+        tokio::spawn(async move {
+            let _ = conn.request(Op::Kill { exec }, &[]).await;
+        });
+    };
+    let exit = loop {
+        let sleep = async {
+            match deadline {
+                Some(d) if !kill_sent => tokio::time::sleep_until(d).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = stdout.read(&mut ob), if out_open => match r {
+                Ok(0) | Err(_) => out_open = false,
+                Ok(n) => { let _ = tx.send(ExecEvent::Stdout(ob[..n].to_vec())).await; }
+            },
+            r = stderr.read(&mut eb), if err_open => match r {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => { let _ = tx.send(ExecEvent::Stderr(eb[..n].to_vec())).await; }
+            },
+            r = &mut exit_rx => break r.ok(),
+            () = sleep => {
+                timed_out = true;
+                kill_sent = true;
+                kill(conn.clone());
+            }
+            c = control.recv(), if control_open => match c {
+                Some(()) => {
+                    if !kill_sent {
+                        killed = true;
+                        kill_sent = true;
+                        kill(conn.clone());
+                    }
+                }
+                None => control_open = false,
+            },
+        }
+    };
+    // Drain what the command wrote before it exited.
+    for (rx, is_out) in [(&mut stdout, true), (&mut stderr, false)] {
+        let open = if is_out { out_open } else { err_open };
+        if !open {
+            continue;
+        }
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            // A plain read: tokio's try_read answers WouldBlock until the reactor has seen the
+            // pipe become readable, which may not have happened yet.
+            match nix::unistd::read(&*rx, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let chunk = buf[..n].to_vec();
+                    let ev = if is_out {
+                        ExecEvent::Stdout(chunk)
+                    } else {
+                        ExecEvent::Stderr(chunk)
+                    };
+                    let _ = tx.send(ev).await;
+                }
+            }
+        }
+    }
+    let status = match exit {
+        Some(raw) => {
+            let out_of_memory = raw.signal == Some(libc::SIGKILL)
+                && !kill_sent
+                && inner.cgroups.oom_kills() > oom_before;
+            ExitStatus {
+                code: raw.code,
+                signal: raw.signal,
+                timed_out,
+                killed,
+                out_of_memory,
+                sandbox_closed: None,
+            }
+        }
+        None => {
+            let oom = inner.cgroups.oom_kills() > oom_before;
+            let reason = inner
+                .conn
+                .closed_reason()
+                .unwrap_or_else(|| "the sandbox's agent exited".into());
+            ExitStatus {
+                code: None,
+                signal: Some(libc::SIGKILL),
+                timed_out,
+                killed,
+                out_of_memory: oom,
+                sandbox_closed: Some(if oom {
+                    format!("{reason} (out of memory)")
+                } else {
+                    reason
+                }),
+            }
+        }
+    };
+    inner
+        .running
+        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    inner.touch();
+    let _ = tx.send(ExecEvent::Exit(status)).await;
+}
+
+/// Closes the sandbox when its agent dies, when it has been idle too long, or when its wall time
+/// runs out.
+async fn supervise(
+    inner: Weak<Inner>,
+    conn: Arc<Conn>,
+    idle: Option<Duration>,
+    wall: Option<Duration>,
+) {
+    let mut closed = conn.closed_watch();
+    drop(conn);
+    loop {
+        let tick = tokio::time::sleep(Duration::from_millis(50));
+        tokio::select! {
+            r = closed.changed() => {
+                if r.is_err() || *closed.borrow() {
+                    // The agent is gone (killed, crashed, or closed): clean up what is left.
+                    if let Some(inner) = inner.upgrade() {
+                        inner.close("the sandbox's agent exited").await;
+                    }
+                    return;
+                }
+            }
+            () = tick => {
+                let Some(inner) = inner.upgrade() else { return };
+                if wall.is_some_and(|wall| inner.created.elapsed() >= wall) {
+                    inner.close("wall-time limit reached").await;
+                    return;
+                }
+                if let Some(idle) = idle {
+                    let last = *inner.last_activity.lock().unwrap_or_else(|p| p.into_inner());
+                    if inner.running.load(std::sync::atomic::Ordering::SeqCst) == 0 && last.elapsed() >= idle {
+                        inner.close("idle timeout").await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Builds the base environment every command gets.
+pub(crate) fn base_env(home: &str, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env = vec![
+        (
+            "PATH".to_string(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ),
+        ("HOME".to_string(), home.to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+        ("TMPDIR".to_string(), "/tmp".to_string()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Whether a limits mode is weaker than cgroups (for warnings).
+pub(crate) fn limits_warning(mode: LimitsMode) -> Option<String> {
+    (mode == LimitsMode::Rlimit).then(|| {
+        "limits are rlimits only: memory is capped per process (address space), processes per sandbox user".to_string()
+    })
+}

@@ -1,0 +1,126 @@
+//! Filesystem escapes, through commands and through the file API.
+
+use super::common::*;
+
+#[tokio::test]
+async fn writes_outside_the_workspace_fail() {
+    let (sb, dir) = sandbox().await;
+    for target in [
+        "/etc/evil",
+        "/usr/evil",
+        "/evil",
+        "/proc/evil",
+        "/dev/evil",
+        "/usr/bin/python3",
+    ] {
+        let out = sh(&sb, &format!("echo x > {target}")).await;
+        assert_ne!(out.status.code, Some(0), "writing {target} must fail");
+    }
+    // The workspace and /tmp are writable (control).
+    assert!(
+        sh(&sb, "echo x > /workspace/ok && echo x > /tmp/ok")
+            .await
+            .status
+            .success()
+    );
+    assert!(dir.path().join("ok").exists());
+    // Through the file API as well.
+    for target in ["/etc/evil", "/usr/evil", "../../../../etc/evil", "/evil"] {
+        assert!(sb.write_file(target, b"x").await.is_err(), "{target}");
+    }
+    assert!(!std::path::Path::new("/etc/evil").exists() && !std::path::Path::new("/evil").exists());
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn host_secrets_are_unreadable() {
+    let (sb, _dir) = sandbox().await;
+    let out = sh(&sb, "cat /etc/shadow").await;
+    assert_ne!(out.status.code, Some(0));
+    assert!(sb.read_file("/etc/shadow", 1 << 20).await.is_err());
+    assert!(
+        sb.read_file("../../../../etc/shadow", 1 << 20)
+            .await
+            .is_err()
+    );
+    // /etc is synthesised: not the host's users.
+    let passwd = sb.read_file("/etc/passwd", 1 << 20).await.unwrap();
+    assert_ne!(passwd, std::fs::read("/etc/passwd").unwrap());
+    // The runtime's environment: no process inside shows any of its variables; host pids are
+    // invisible.
+    let base = [
+        "PATH", "HOME", "LANG", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD",
+    ];
+    let host_vars: Vec<String> = std::env::vars()
+        .filter(|(k, _)| !base.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    assert!(
+        !host_vars.is_empty(),
+        "the runtime has variables of its own"
+    );
+    let out = sh(
+        &sb,
+        "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; ls /proc | grep -c '^[0-9]'",
+    )
+    .await;
+    let text = out.stdout_str();
+    for var in &host_vars {
+        assert!(
+            !text.lines().any(|l| l == var),
+            "{var} leaked into the sandbox"
+        );
+    }
+    let pids: usize = text.lines().last().unwrap().trim().parse().unwrap();
+    assert!(
+        pids < 10,
+        "only the sandbox's own processes are visible ({pids})"
+    );
+    let host_pid = std::process::id();
+    // The runtime's pid means nothing inside: no such process, or one of the sandbox's own.
+    if let Ok(environ) = sb
+        .read_file(&format!("/proc/{host_pid}/environ"), 1 << 20)
+        .await
+    {
+        let environ = String::from_utf8_lossy(&environ).into_owned();
+        assert!(
+            !host_vars
+                .iter()
+                .any(|v| environ.split('\0').any(|l| l == v)),
+            "{environ}"
+        );
+    }
+    // Nothing of /root or /home exists inside.
+    assert_ne!(sh(&sb, "ls /root /home").await.status.code, Some(0));
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn symlink_and_hardlink_tricks_fail() {
+    let (sb, dir) = sandbox().await;
+    // Symlinks made inside resolve inside: to the sandbox's (absent) /etc/shadow, not the host's.
+    let out = sh(&sb, "ln -s /etc/shadow s && ln -s / r && ln -s ../../../../../../etc/shadow t && cat s r/etc/shadow t").await;
+    assert_ne!(out.status.code, Some(0));
+    assert!(out.stdout_str().is_empty());
+    for path in ["s", "t", "r/etc/shadow", "r/root/.bashrc"] {
+        assert!(sb.read_file(path, 1 << 20).await.is_err(), "{path}");
+    }
+    // A symlink planted on the host side pointing at a host file: the API still resolves inside.
+    std::os::unix::fs::symlink("/etc/hostname", dir.path().join("planted")).unwrap();
+    let inside = sb.read_file("planted", 1 << 20).await.unwrap();
+    assert_eq!(
+        inside, b"sandbox\n",
+        "the link resolved to the sandbox's /etc/hostname"
+    );
+    // Writing through a symlink to a system file fails.
+    let out = sh(&sb, "ln -s /etc/passwd p && ln -s /usr/bin/python3 q").await;
+    assert!(out.status.success());
+    assert!(sb.write_file("p", b"evil").await.is_err());
+    assert!(sb.write_file("q", b"evil").await.is_err());
+    // Hard links to files outside the workspace: other mounts, refused.
+    for src in ["/etc/passwd", "/usr/bin/python3", "/etc/hosts"] {
+        let out = sh(&sb, &format!("ln {src} h")).await;
+        assert_ne!(out.status.code, Some(0), "hard link to {src}");
+    }
+    sb.close().await;
+}
