@@ -31,6 +31,7 @@ mod error;
 pub mod init;
 mod launch;
 mod policy;
+mod pool;
 mod protocol;
 mod report;
 mod sandbox;
@@ -39,6 +40,7 @@ mod sys;
 pub use backend::{Backend, LocalBackend, NativeBackend, backend};
 pub use error::{Result, SandboxError};
 pub use policy::{BackendKind, ExecRequest, Limits, NetworkPolicy, SandboxConfig, SandboxSpec};
+pub use pool::{DEFAULT_IDLE_TIMEOUT, SandboxPool};
 pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode,
     SandboxReport,

@@ -24,5 +24,5 @@ pub mod store_log;
 pub use error::ApiError;
 pub use routes::router;
 pub use serve::{ServeError, ServerConfig, serve};
-pub use state::AppState;
+pub use state::{AppState, ToolEnvironment};
 pub use store_log::StoreLog;

@@ -192,6 +192,7 @@ pub(crate) fn rebuild_on_changes(
     manager: &McpManager,
     store: Store,
     http: reqwest::Client,
+    tools: crate::state::ToolEnvironment,
     sessions: SessionManager,
 ) {
     let mut changes = manager.subscribe();
@@ -203,7 +204,7 @@ pub(crate) fn rebuild_on_changes(
             let Some(manager) = weak.upgrade() else {
                 break;
             };
-            match crate::models::build_runtime(&store, &http, &manager).await {
+            match crate::models::build_runtime(&store, &http, &manager, &tools).await {
                 Ok(runtime) => sessions.set_runtime(runtime),
                 Err(error) => tracing::warn!(
                     "could not rebuild the runtime after an MCP change: {}",

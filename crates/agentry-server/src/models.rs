@@ -108,6 +108,7 @@ pub async fn build_runtime(
     store: &Store,
     http: &reqwest::Client,
     mcp: &McpManager,
+    environment: &crate::state::ToolEnvironment,
 ) -> Result<Runtime, ApiError> {
     let secrets = secrets(store).await?;
     let mut builder = Runtime::builder();
@@ -125,6 +126,7 @@ pub async fn build_runtime(
     for tool in builtin_tools() {
         builder.tool_arc(tool)?;
     }
+    let _ = environment;
     let resolver: Arc<dyn agentry_core::tool::SecretResolver> = Arc::new(StaticSecrets(secrets));
     for (name, value) in store.list_config(ConfigKind::Tool).await? {
         let built = serde_json::from_value::<ToolDefinition>(value)

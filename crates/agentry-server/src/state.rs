@@ -1,5 +1,6 @@
 //! What every request handler shares.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -7,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentry_core::session::SessionManager;
 use agentry_mcp::McpManager;
+use agentry_sandbox::SandboxPool;
 use agentry_store::Store;
 
 use crate::auth::Authenticator;
@@ -14,6 +16,18 @@ use crate::error::ApiError;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::models::build_runtime;
+
+/// What the built-in tools work in: the sessions' workspaces and their sandboxes.
+#[derive(Debug, Clone, Default)]
+pub struct ToolEnvironment {
+    /// The folder holding one workspace per session (`<folder>/<session id>`). `None`: runs
+    /// have no workspace and the file tools are not offered.
+    pub workspaces: Option<PathBuf>,
+    /// The sandboxes the `exec` and `terminal` tools and command tools run in (one per session
+    /// workspace); also what `/v1/sandboxes` creates sandboxes with. `None`: no sandbox, and
+    /// those tools are not offered.
+    pub sandboxes: Option<SandboxPool>,
+}
 
 /// The server's shared state. Cheap to clone.
 #[derive(Clone)]
@@ -39,21 +53,37 @@ pub struct AppState {
     /// Whether Agentry's own MCP server (`/mcp`, `agentry mcp serve`) offers the registered
     /// tools besides the agents.
     pub mcp_expose_tools: bool,
+    /// The sessions' workspaces and sandboxes.
+    pub tools: ToolEnvironment,
 }
 
 impl AppState {
     /// State over `store`, with the runtime built from its configuration. The saved MCP
     /// servers start in the background; the runtime is rebuilt as their tools come and go.
     pub async fn new(store: Store) -> Result<Self, ApiError> {
+        Self::with_tools(store, ToolEnvironment::default()).await
+    }
+
+    /// State over `store` whose runs work in `tools`' workspaces and sandboxes.
+    pub async fn with_tools(store: Store, tools: ToolEnvironment) -> Result<Self, ApiError> {
         let http = agentry_llm::http_client(Duration::from_secs(10))
             .map_err(|error| ApiError::internal(error.to_string()))?;
         let mcp = McpManager::new();
         crate::mcp::start_saved(&store, &mcp).await?;
-        let runtime = build_runtime(&store, &http, &mcp).await?;
+        let runtime = build_runtime(&store, &http, &mcp, &tools).await?;
         let log = Arc::new(crate::store_log::StoreLog::new(store.clone()));
         let metrics = Arc::new(Metrics::default());
-        let sessions = SessionManager::new(runtime, log);
-        crate::mcp::rebuild_on_changes(&mcp, store.clone(), http.clone(), sessions.clone());
+        let mut sessions = SessionManager::new(runtime, log);
+        if let Some(root) = &tools.workspaces {
+            sessions = sessions.with_workspaces(root.clone());
+        }
+        crate::mcp::rebuild_on_changes(
+            &mcp,
+            store.clone(),
+            http.clone(),
+            tools.clone(),
+            sessions.clone(),
+        );
         Ok(Self {
             mcp,
             sessions,
@@ -65,12 +95,13 @@ impl AppState {
             metrics,
             cors_origins: Vec::new(),
             mcp_expose_tools: false,
+            tools,
         })
     }
 
     /// Rebuilds the runtime after a configuration change; new runs use it at once.
     pub async fn reload_runtime(&self) -> Result<(), ApiError> {
-        let runtime = build_runtime(&self.store, &self.http, &self.mcp).await?;
+        let runtime = build_runtime(&self.store, &self.http, &self.mcp, &self.tools).await?;
         self.sessions.set_runtime(runtime);
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! Running requests in sessions: one writer per session, write-through, recovery.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use agentry_types::{
@@ -90,6 +91,8 @@ struct Inner {
     runtime: std::sync::RwLock<Runtime>,
     log: Arc<dyn SessionLog>,
     slots: Mutex<HashMap<SessionId, Arc<Slot>>>,
+    /// Where each session's workspace lives (`<root>/<session id>`), if anywhere.
+    workspaces: Option<PathBuf>,
 }
 
 impl SessionManager {
@@ -100,8 +103,33 @@ impl SessionManager {
                 runtime: std::sync::RwLock::new(runtime),
                 log,
                 slots: Mutex::new(HashMap::new()),
+                workspaces: None,
             }),
         }
+    }
+
+    /// Gives every session a workspace folder, `<root>/<session id>` (made on first use by the
+    /// tools that need it): runs that name no workspace of their own get their session's, and
+    /// so do runs resumed after a crash.
+    #[must_use]
+    pub fn with_workspaces(self, root: PathBuf) -> Self {
+        let inner = Inner {
+            runtime: std::sync::RwLock::new(self.runtime()),
+            log: Arc::clone(&self.inner.log),
+            slots: Mutex::new(HashMap::new()),
+            workspaces: Some(root),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The workspace folder of `session`, when the manager gives sessions one.
+    pub fn workspace(&self, session: SessionId) -> Option<PathBuf> {
+        self.inner
+            .workspaces
+            .as_ref()
+            .map(|root| root.join(session.to_string()))
     }
 
     /// The runtime new runs use.
@@ -291,6 +319,9 @@ impl SessionManager {
         }
         let history_len = replayed.messages.len();
         request.history = replayed.messages;
+        if request.workspace.is_none() {
+            request.workspace = self.workspace(session);
+        }
         let mut state = self.runtime().prepare(request)?;
         state.run_id = run_id;
         let new_messages: Vec<Message> = if history_len == 0 {
@@ -369,7 +400,8 @@ impl SessionManager {
         let mut messages = replayed.messages;
         let results = close_unknown(log.as_ref(), session, &in_flight, false).await?;
         messages.extend(results.into_iter().map(Message::Tool));
-        let state = self.resumed_state(&in_flight, messages);
+        let mut state = self.resumed_state(&in_flight, messages);
+        state.workspace = self.workspace(session);
         let run_id = state.run_id;
         let cancel = CancellationToken::new();
         slot.set_active(Some((run_id, cancel.clone())));
@@ -444,7 +476,7 @@ impl SessionManager {
             tool_rounds: in_flight.tool_rounds,
             usage: in_flight.usage,
             working_dir: in_flight.working_dir.clone(),
-            // The log does not record the workspace; the caller's resolver supplies it.
+            // The log does not record the workspace: it is the session's (set by `resume`).
             workspace: None,
             loops: in_flight.loops.clone(),
             // The deadline starts again: the time the process was down does not count.
