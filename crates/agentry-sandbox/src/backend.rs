@@ -10,9 +10,10 @@ use crate::cgroup::Cgroups;
 use crate::conn::Conn;
 use crate::error::{Result, SandboxError};
 use crate::launch::{LaunchParams, Slots, launch};
-use crate::policy::{BackendKind, SandboxConfig, SandboxSpec};
+use crate::policy::{BackendKind, NetworkPolicy, SandboxConfig, SandboxSpec};
 use crate::protocol::{InitConfig, InitMode, Rlimits};
-use crate::report::{Capabilities, LimitsMode, SandboxReport};
+use crate::proxy::{AllowList, PROXY_URL, Proxy, proxy_env};
+use crate::report::{Capabilities, LimitsMode, NetworkMode, NetworkReport, SandboxReport};
 use crate::sandbox::{Inner, Sandbox, Teardown, base_env, limits_warning};
 
 /// How long an agent may take to build its sandbox.
@@ -93,6 +94,16 @@ impl LocalBackend {
     }
 }
 
+/// An `O_PATH` descriptor of a folder, to pass to the agent.
+fn open_path(dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    Ok(std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)?
+        .into())
+}
+
 fn prepare_workspace(path: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(path)?;
     Ok(std::fs::canonicalize(path)?)
@@ -127,6 +138,73 @@ fn rlimits(spec: &SandboxSpec, mode: LimitsMode) -> Rlimits {
     }
 }
 
+/// A sandbox's network, set up on the host side.
+struct Network {
+    report: NetworkReport,
+    /// Variables every command gets (the proxy's).
+    env: Vec<(String, String)>,
+    proxy: Option<Proxy>,
+    warning: Option<String>,
+}
+
+/// Checks the network policy and, for a native allow-list, starts the sandbox's proxy.
+fn network(spec: &SandboxSpec, mode: InitMode, outer: (u32, u32)) -> Result<Network> {
+    let NetworkPolicy::AllowList {
+        domains,
+        allow_private,
+    } = &spec.network
+    else {
+        return Ok(match mode {
+            InitMode::Native => Network {
+                report: NetworkReport::off(),
+                env: Vec::new(),
+                proxy: None,
+                warning: None,
+            },
+            InitMode::Local => Network {
+                report: NetworkReport {
+                    mode: NetworkMode::Host,
+                    ..NetworkReport::off()
+                },
+                env: Vec::new(),
+                proxy: None,
+                warning: None,
+            },
+        });
+    };
+    let allow = AllowList::new(domains, *allow_private)?;
+    let mut report = NetworkReport {
+        mode: NetworkMode::AllowList,
+        allowed_domains: allow.domains().to_vec(),
+        allow_private: allow.allow_private(),
+        proxy_url: Some(PROXY_URL.to_string()),
+    };
+    match mode {
+        InitMode::Native => {
+            let owner = nix::unistd::geteuid().is_root().then_some(outer);
+            Ok(Network {
+                report,
+                env: proxy_env(),
+                proxy: Some(Proxy::start(allow, owner)?),
+                warning: None,
+            })
+        }
+        InitMode::Local => {
+            report.mode = NetworkMode::Host;
+            report.proxy_url = None;
+            Ok(Network {
+                report,
+                env: Vec::new(),
+                proxy: None,
+                warning: Some(
+                    "local backend: the network allow-list is not enforced (commands reach the runtime's whole network)"
+                        .into(),
+                ),
+            })
+        }
+    }
+}
+
 struct Start {
     mode: InitMode,
     init_exe: PathBuf,
@@ -154,8 +232,23 @@ async fn start(
             Slots::release(slot);
         }
     };
+    let net = match network(spec, s.mode, s.outer) {
+        Ok(n) => n,
+        Err(e) => {
+            release(&cgroups, s.slot);
+            return Err(e);
+        }
+    };
+    warnings.extend(net.warning.clone());
     let ws_fd: std::os::fd::OwnedFd = match std::fs::File::open(&s.workspace) {
         Ok(f) => f.into(),
+        Err(e) => {
+            release(&cgroups, s.slot);
+            return Err(e.into());
+        }
+    };
+    let proxy_fd = match net.proxy.as_ref().map(|p| open_path(p.dir())).transpose() {
+        Ok(fd) => fd,
         Err(e) => {
             release(&cgroups, s.slot);
             return Err(e.into());
@@ -167,10 +260,11 @@ async fn start(
         workspace: s.workspace.clone(),
         workspace_mount: spec.workspace_mount.clone(),
         hostname: spec.hostname.clone(),
-        env: base_env(&s.home, &spec.env),
+        env: base_env(&s.home, &net.env, &spec.env),
         rlimits: rlimits(spec, limits_mode),
         tmp_size: spec.limits.tmp_size,
         ro_mounts: spec.ro_mounts.clone(),
+        proxy_dir: net.proxy.as_ref().map(|p| p.dir().to_path_buf()),
     };
     let params = LaunchParams {
         init_exe: s.init_exe,
@@ -184,6 +278,7 @@ async fn start(
         outer_id: s.outer,
         config: init,
         workspace: ws_fd,
+        proxy_dir: proxy_fd,
     };
     let launched = match launch(params).await {
         Ok(l) => l,
@@ -197,6 +292,7 @@ async fn start(
         native: s.mode == InitMode::Native,
         cgroups: cgroups.clone(),
         slot: s.slot,
+        proxy: net.proxy,
     };
     let (conn, ready) = match Conn::start(launched.sock) {
         Ok(v) => v,
@@ -212,6 +308,7 @@ async fn start(
             isolated: backend == BackendKind::Native,
             outer_uid: s.outer.0,
             limits: limits_mode,
+            network: net.report,
             policy: None,
             warnings,
         },
@@ -250,6 +347,12 @@ async fn start(
                 .report
                 .warnings
                 .push(format!("Landlock is {}", report.landlock));
+        }
+        if inner.report.network.mode == NetworkMode::AllowList && report.proxy_bridge.is_none() {
+            drop(inner);
+            return Err(SandboxError::Setup(
+                "the sandbox's agent did not start the network proxy bridge".into(),
+            ));
         }
         inner.report.policy = Some(report);
     }

@@ -67,6 +67,8 @@ pub(crate) struct LaunchParams {
     pub(crate) config: InitConfig,
     /// The workspace folder, sent with the configuration.
     pub(crate) workspace: OwnedFd,
+    /// The network proxy's socket folder (allow-list network), sent after the workspace.
+    pub(crate) proxy_dir: Option<OwnedFd>,
 }
 
 /// A started agent: the process the runtime spawned (the keeper, or the local agent) and the
@@ -161,11 +163,9 @@ fn launch_blocking(params: LaunchParams) -> Result<Launched> {
     drop(theirs);
     let mut child = child;
     let handshake = (|| -> Result<()> {
-        send_json(
-            ours.as_raw_fd(),
-            &params.config,
-            &[params.workspace.as_raw_fd()],
-        )?;
+        let mut fds = vec![params.workspace.as_raw_fd()];
+        fds.extend(params.proxy_dir.as_ref().map(|d| d.as_raw_fd()));
+        send_json(ours.as_raw_fd(), &params.config, &fds)?;
         if native {
             // The keeper unshares its namespaces itself (a process keeps its capabilities in a
             // new user namespace only until it execs), then waits for its maps.

@@ -7,7 +7,8 @@
 //!     synthesised /etc, a fresh /proc, a minimal /dev, a size-capped /tmp and the workspace
 //!     read-write; Landlock, a seccomp deny-list, `no_new_privs`, every capability dropped; an
 //!     unprivileged outer uid when the runtime is root (never root); an empty environment;
-//!     limits through cgroup v2, else v1, else rlimits; network off (loopback only).
+//!     limits through cgroup v2, else v1, else rlimits; network off (loopback only), or
+//!     an allow-list of domains reached through a host-side HTTP proxy ([`NetworkPolicy`]).
 //!   - [`LocalBackend`]: plain child processes with rlimits and timeouts, for development. It
 //!     isolates **nothing**.
 //! - [`Capabilities::probe`] says what isolation the host gives; every sandbox's
@@ -33,6 +34,7 @@ mod launch;
 mod policy;
 mod pool;
 mod protocol;
+mod proxy;
 mod report;
 mod sandbox;
 mod sys;
@@ -42,7 +44,7 @@ pub use error::{Result, SandboxError};
 pub use policy::{BackendKind, ExecRequest, Limits, NetworkPolicy, SandboxConfig, SandboxSpec};
 pub use pool::{DEFAULT_IDLE_TIMEOUT, SandboxPool};
 pub use report::{
-    Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode,
-    SandboxReport,
+    Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,
+    NetworkReport, SandboxReport,
 };
 pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExitStatus, Sandbox};

@@ -42,12 +42,53 @@ impl Default for SandboxConfig {
 }
 
 /// The network a sandbox gets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Serialised as `"off"` or `{"allow_list": {"domains": ["example.com", "*.example.org"],
+/// "allow_private": false}}` (`allow_private` may be left out).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkPolicy {
     /// A network namespace with only loopback, up (the default).
     #[default]
     Off,
+    /// Still a network namespace with only loopback, plus an HTTP proxy on the host that reaches
+    /// only the listed domains (native backend). Inside, `127.0.0.1:3128` leads to the proxy and
+    /// `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (and their lower-case forms) point there, with
+    /// `NO_PROXY=localhost,127.0.0.1,::1`. The proxy forwards plain `http://` requests and
+    /// tunnels anything else through `CONNECT` (https), to any port of an allowed host. Clients
+    /// that ignore the proxy variables reach nothing: the namespace has no route out.
+    ///
+    /// The proxy resolves names on the host and connects to the addresses it checked (no second
+    /// lookup). It does not look inside tunnels: a TLS client can still name another host in its
+    /// SNI or `Host` header to a server on the list (domain fronting through a shared CDN).
+    AllowList {
+        /// The hosts that may be reached: `example.com` (that name exactly), `*.example.com`
+        /// (every subdomain of example.com at any depth, not example.com itself), or an IP
+        /// address written exactly (`203.0.113.7`, `::1` or `[::1]`); an IP literal that is not
+        /// listed is refused even when a listed name resolves to it. Matching ignores case and a
+        /// trailing dot.
+        domains: Vec<String>,
+        /// Let the proxy connect to loopback, private, link-local and other non-public addresses
+        /// (a listed name that resolves to one, or a listed IP literal). Off by default, so a
+        /// listed name cannot be pointed at the host or its network (SSRF); meant for tests and
+        /// local development against servers on the host.
+        #[serde(default)]
+        allow_private: bool,
+    },
+}
+
+impl NetworkPolicy {
+    /// A policy allowing `domains`, public addresses only.
+    pub fn allow_list<I, S>(domains: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        NetworkPolicy::AllowList {
+            domains: domains.into_iter().map(Into::into).collect(),
+            allow_private: false,
+        }
+    }
 }
 
 /// Resource limits. `None` leaves a limit off.
@@ -183,5 +224,30 @@ impl ExecRequest {
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.insert(key.into(), value.into());
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn network_policy_wire_shape() {
+        assert_eq!(
+            serde_json::to_value(NetworkPolicy::Off).unwrap(),
+            serde_json::json!("off")
+        );
+        let allow = NetworkPolicy::allow_list(["example.com", "*.example.org"]);
+        assert_eq!(
+            serde_json::to_value(&allow).unwrap(),
+            serde_json::json!({"allow_list": {"domains": ["example.com", "*.example.org"], "allow_private": false}})
+        );
+        let parsed: NetworkPolicy =
+            serde_json::from_value(serde_json::json!({"allow_list": {"domains": ["a.test"]}}))
+                .unwrap();
+        assert_eq!(parsed, NetworkPolicy::allow_list(["a.test"]));
+        assert_eq!(NetworkPolicy::default(), NetworkPolicy::Off);
     }
 }

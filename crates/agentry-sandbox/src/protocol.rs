@@ -42,7 +42,7 @@ pub(crate) struct Rlimits {
 }
 
 /// The first message: everything the agent needs to build the sandbox. The workspace
-/// descriptor (opened by the runtime) travels with it.
+/// descriptor (opened by the runtime) travels with it, then the proxy folder's, if any.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct InitConfig {
     pub(crate) mode: InitMode,
@@ -60,6 +60,9 @@ pub(crate) struct InitConfig {
     pub(crate) tmp_size: u64,
     /// Extra host paths bound read-only at the same place inside.
     pub(crate) ro_mounts: Vec<PathBuf>,
+    /// Native, allow-list network: the host folder of the proxy's socket (its descriptor travels
+    /// second, after the workspace's). The agent mounts it inside and runs the bridge.
+    pub(crate) proxy_dir: Option<PathBuf>,
 }
 
 /// A request from the runtime, answered by a [`Message::Reply`] with the same `id`.

@@ -68,8 +68,51 @@ pub struct InitReport {
     pub no_new_privs: bool,
     /// Every capability (effective, permitted, inheritable, ambient, bounding) is dropped.
     pub capabilities_dropped: bool,
-    /// Only loopback is up; nothing outside is reachable.
+    /// Only loopback is up and no proxy runs: nothing outside is reachable.
     pub network_off: bool,
+    /// The network as the agent set it up: `off`, `allow_list` (loopback plus the proxy bridge)
+    /// or `host` (local backend: the runtime's own network).
+    pub network: String,
+    /// Where the bridge to the host's allow-list proxy listens inside (`127.0.0.1:3128`), when
+    /// one runs.
+    pub proxy_bridge: Option<String>,
+}
+
+/// Which network a sandbox has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Loopback only.
+    Off,
+    /// Loopback only, plus an HTTP proxy that reaches only the allowed domains.
+    AllowList,
+    /// The runtime's own network, unrestricted (local backend).
+    Host,
+}
+
+/// The network policy a sandbox got, so it is never silent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkReport {
+    /// The mode.
+    pub mode: NetworkMode,
+    /// The allow-list the proxy enforces (normalised: lower case, no trailing dot).
+    pub allowed_domains: Vec<String>,
+    /// The proxy may connect to loopback, private and link-local addresses.
+    pub allow_private: bool,
+    /// The proxy URL as the sandbox's commands see it (also in their `HTTP_PROXY` etc.).
+    pub proxy_url: Option<String>,
+}
+
+impl NetworkReport {
+    /// No network.
+    pub fn off() -> Self {
+        NetworkReport {
+            mode: NetworkMode::Off,
+            allowed_domains: Vec::new(),
+            allow_private: false,
+            proxy_url: None,
+        }
+    }
 }
 
 /// What one sandbox got.
@@ -83,6 +126,8 @@ pub struct SandboxReport {
     pub outer_uid: u32,
     /// How limits are enforced.
     pub limits: LimitsMode,
+    /// The network it got.
+    pub network: NetworkReport,
     /// The policy inside (native only).
     pub policy: Option<InitReport>,
     /// Anything weaker than the full design, in words.

@@ -18,6 +18,7 @@ use crate::error::{Result, SandboxError};
 use crate::launch::Slots;
 use crate::policy::{BackendKind, ExecRequest};
 use crate::protocol::{Op, ReplyBody};
+use crate::proxy::Proxy;
 use crate::report::{DirEntry, FileStat, LimitsMode, SandboxReport};
 
 /// How a command ended.
@@ -147,10 +148,13 @@ pub(crate) struct Teardown {
     pub(crate) native: bool,
     pub(crate) cgroups: Arc<Cgroups>,
     pub(crate) slot: Option<u32>,
+    /// The network proxy (allow-list network): stopped, and its folder removed, when dropped.
+    pub(crate) proxy: Option<Proxy>,
 }
 
 impl Teardown {
-    /// Kills the sandbox and waits until nothing of it is left: no process, no cgroup, no slot.
+    /// Kills the sandbox and waits until nothing of it is left: no process, no cgroup, no slot,
+    /// no proxy.
     fn run(mut self, pid1: Option<i32>) {
         // Native: killing PID 1 tears its pid namespace down; the keeper reaps it and exits, and
         // PID 1 is reaped only once every process of its namespace is gone. Without a PID 1
@@ -169,6 +173,7 @@ impl Teardown {
         if let Some(slot) = self.slot {
             Slots::release(slot);
         }
+        drop(self.proxy.take());
     }
 }
 
@@ -645,9 +650,14 @@ async fn supervise(
     }
 }
 
-/// Builds the base environment every command gets.
-pub(crate) fn base_env(home: &str, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
-    let mut env = vec![
+/// Builds the base environment every command gets: the minimal base, then `network` (the proxy
+/// variables), then the spec's `extra`; a later variable replaces an earlier one of the same name.
+pub(crate) fn base_env(
+    home: &str,
+    network: &[(String, String)],
+    extra: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
         (
             "PATH".to_string(),
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
@@ -656,7 +666,16 @@ pub(crate) fn base_env(home: &str, extra: &BTreeMap<String, String>) -> Vec<(Str
         ("LANG".to_string(), "C.UTF-8".to_string()),
         ("TMPDIR".to_string(), "/tmp".to_string()),
     ];
-    env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let later = network
+        .iter()
+        .cloned()
+        .chain(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+    for (key, value) in later {
+        match env.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => env.push((key, value)),
+        }
+    }
     env
 }
 

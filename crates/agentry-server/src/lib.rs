@@ -17,6 +17,7 @@ pub mod middleware;
 pub mod models;
 pub mod openapi;
 pub mod routes;
+pub mod sandboxes;
 pub mod serve;
 pub mod state;
 pub mod store_log;

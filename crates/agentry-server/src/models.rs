@@ -10,7 +10,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use agentry_core::Runtime;
-use agentry_core::tool::{StaticSecrets, ToolDefinition, builtin_tools};
+use agentry_core::tool::{
+    ShellToolsConfig, StaticSecrets, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
+    shell_tools, workspace_tools,
+};
 use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_mcp::McpManager;
 use agentry_store::{ConfigKind, Store};
@@ -101,8 +104,10 @@ pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError>
     Ok(secrets)
 }
 
-/// Builds the runtime from the store: every model, the built-in and configured tools, the tools
-/// of every connected MCP server, every template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
+/// Builds the runtime from the store: every model, the built-in tools (with the file tools when
+/// sessions have workspaces, and `exec` and `terminal` when they also have sandboxes), the
+/// configured tools (command tools in the sandbox), the tools of every connected MCP server,
+/// every template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
 /// server down.
 pub async fn build_runtime(
     store: &Store,
@@ -126,14 +131,28 @@ pub async fn build_runtime(
     for tool in builtin_tools() {
         builder.tool_arc(tool)?;
     }
-    let _ = environment;
+    if environment.workspaces.is_some() {
+        for tool in workspace_tools(WorkspaceToolsConfig::default()) {
+            builder.tool_arc(tool)?;
+        }
+        if let Some(sandboxes) = &environment.sandboxes {
+            for tool in shell_tools(sandboxes.clone(), ShellToolsConfig::default()) {
+                builder.tool_arc(tool)?;
+            }
+        }
+    }
+    // Command tools run in the session's sandbox when there is one.
+    let sandboxes = environment
+        .sandboxes
+        .as_ref()
+        .filter(|_| environment.workspaces.is_some());
     let resolver: Arc<dyn agentry_core::tool::SecretResolver> = Arc::new(StaticSecrets(secrets));
     for (name, value) in store.list_config(ConfigKind::Tool).await? {
         let built = serde_json::from_value::<ToolDefinition>(value)
             .map_err(|error| error.to_string())
             .and_then(|definition| {
                 definition
-                    .build(http, Arc::clone(&resolver))
+                    .build_in(http, Arc::clone(&resolver), sandboxes)
                     .map_err(|error| error.to_string())
             });
         match built {

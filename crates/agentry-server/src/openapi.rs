@@ -78,6 +78,8 @@ pub fn document_json() -> Result<&'static str, ApiError> {
         (name = "prompt-templates", description = "Named prompt templates."),
         (name = "secrets", description = "Write-only secrets (`/v1/env`)."),
         (name = "auth", description = "API keys and console logins."),
+        (name = "sandboxes", description = "Standalone sandboxes: create, run commands (waiting, \
+                                            streamed or in the background), files, close."),
     ),
     modifiers(&SecuritySchemes)
 )]
@@ -151,14 +153,22 @@ error_responses! {
         field, a bad id or name); the message says what to change.";
     Unauthorized => "401", "This server has API keys and the request carries no valid key or \
         login.";
+    Forbidden => "403", "The sandbox refuses the operation (permission denied, a read-only \
+        path).";
     NotFound => "404", "Nothing exists under this id or name.";
     Conflict => "409", "It conflicts with the current state (the name is taken, or the session \
         has a run in progress).";
     PayloadTooLarge => "413", "The body is larger than the server accepts (4 MiB).";
+    FileTooLarge => "413", "The file is larger than the server reads or writes through the API \
+        (16 MiB), or the sandbox has no room for it.";
     UnsupportedMediaType => "415", "The body is not sent as `application/json`.";
+    TooManyRequests => "429", "A limit on how many exist at once is reached (sandboxes, \
+        background processes); close one first.";
     BadGateway => "502", "A model or tool the request depends on failed.";
     ServiceUnavailable => "503", "The database does not answer.";
     GatewayTimeout => "504", "The tool did not finish in time.";
+    SandboxUnavailable => "503", "Sandboxes are disabled on this server, or the backend cannot \
+        make one now (`GET /v1/sandbox/capabilities` says why).";
 }
 
 /// The errors of every route that reads a JSON body: `400`, `413`, `415`.

@@ -95,6 +95,8 @@ pub async fn serve(
     let shutdown = state.shutdown.clone();
     let hub = state.hub.clone();
     let mcp = state.mcp.clone();
+    let sandboxes = state.sandboxes.clone();
+    let pool = state.tools.sandboxes.clone();
     let app = router(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -111,5 +113,10 @@ pub async fn serve(
     }
     // MCP servers' processes and sessions end with us, not when the OS gets to them.
     mcp.shutdown().await;
+    // Sandboxes too: every process in them is killed, standalone workspaces are removed.
+    sandboxes.close_all().await;
+    if let Some(pool) = pool {
+        pool.close_all().await;
+    }
     Ok(())
 }

@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::models::build_runtime;
+use crate::sandboxes::SandboxRegistry;
 
 /// What the built-in tools work in: the sessions' workspaces and their sandboxes.
 #[derive(Debug, Clone, Default)]
@@ -27,6 +28,10 @@ pub struct ToolEnvironment {
     /// workspace); also what `/v1/sandboxes` creates sandboxes with. `None`: no sandbox, and
     /// those tools are not offered.
     pub sandboxes: Option<SandboxPool>,
+    /// The folder standalone sandboxes (`/v1/sandboxes`) get their workspaces in, one folder
+    /// per sandbox, removed when it closes. `None`: `agentry-sandboxes-<pid>` in the system's
+    /// temporary folder (removed at shutdown).
+    pub sandbox_root: Option<PathBuf>,
 }
 
 /// The server's shared state. Cheap to clone.
@@ -55,6 +60,8 @@ pub struct AppState {
     pub mcp_expose_tools: bool,
     /// The sessions' workspaces and sandboxes.
     pub tools: ToolEnvironment,
+    /// The standalone sandboxes of `/v1/sandboxes` (made with `tools.sandboxes`' backend).
+    pub sandboxes: SandboxRegistry,
 }
 
 impl AppState {
@@ -95,6 +102,7 @@ impl AppState {
             metrics,
             cors_origins: Vec::new(),
             mcp_expose_tools: false,
+            sandboxes: SandboxRegistry::new(tools.sandbox_root.clone()),
             tools,
         })
     }

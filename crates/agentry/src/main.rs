@@ -10,6 +10,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // A sandbox's PID 1 is this binary re-executed: it must take over before anything else
+    // (threads, the async runtime) starts.
+    agentry_sandbox::init::maybe_run_init();
     let args = cli::Cli::parse();
     init_tracing(args.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -1,7 +1,9 @@
 //! Tools defined at run time that run a local program.
 //!
-//! **This runs unsandboxed until the sandbox issue lands**: the program runs as the Agentry
-//! process's user, with its file system and network access. What is done here: the environment
+//! With a sandbox ([`CommandTool::in_sandbox`], what `agentry serve` and `agentry run` do when
+//! sandboxes are on) the program runs in the sandbox of the run's workspace. Without one it runs
+//! on the host as the Agentry process's user, with its file system and network access; then the
+//! environment
 //! is cleared to `PATH`, `HOME` and `LANG` plus the configured variables, so host secrets in
 //! environment variables do not reach the program; the working directory comes from the run
 //! (set on the child alone, never on this process); the child gets its own process group, and on
@@ -55,14 +57,15 @@ pub struct CommandToolConfig {
 
 /// A tool that runs a local program with the arguments as JSON on standard input.
 ///
-/// **Runs unsandboxed until the sandbox issue lands**: the program has this process's user's
-/// file system and network access. Only the environment is restricted (see the
-/// [module documentation](self)).
+/// In a sandbox when built with [`CommandTool::in_sandbox`]; otherwise on the host, with this
+/// process's user's file system and network access and only the environment restricted (see
+/// the [module documentation](self)).
 #[derive(Debug, Clone)]
 pub struct CommandTool {
     spec: ToolSpec,
     timeout: Option<Duration>,
     command: Arc<CommandToolConfig>,
+    sandboxes: Option<agentry_sandbox::SandboxPool>,
 }
 
 impl CommandTool {
@@ -108,7 +111,18 @@ impl CommandTool {
             ),
             timeout: config.timeout,
             command: Arc::new(config),
+            sandboxes: None,
         })
+    }
+
+    /// Runs the program in the sandbox of the run's workspace instead of on the host: it sees
+    /// the sandbox's files (the host's system folders read-only, the workspace read-write), no
+    /// host secret, and no network unless the sandbox allows it. The program must be visible
+    /// there: a system program, or a path inside the workspace.
+    #[must_use]
+    pub fn in_sandbox(mut self, sandboxes: agentry_sandbox::SandboxPool) -> Self {
+        self.sandboxes = Some(sandboxes);
+        self
     }
 }
 
@@ -127,7 +141,13 @@ impl Tool for CommandTool {
         context: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let command = Arc::clone(&self.command);
-        async move { run(&command, &arguments, context).await }.boxed()
+        match self.sandboxes.clone() {
+            Some(sandboxes) => {
+                async move { run_sandboxed(&command, &sandboxes, &arguments, context).await }
+                    .boxed()
+            }
+            None => async move { run(&command, &arguments, context).await }.boxed(),
+        }
     }
 }
 
@@ -208,6 +228,102 @@ async fn run(
             "{program:?} {}; {detail}",
             describe_exit(status)
         )));
+    }
+    let mut text = decode_cut_utf8(&stdout);
+    if stdout_total > stdout.len() {
+        let note = truncation_note(text.len(), Some(stdout_total));
+        text.push_str(&note);
+        return Ok(ToolOutput::text(text));
+    }
+    match serde_json::from_str::<Value>(text.trim()) {
+        Ok(value) if !text.trim().is_empty() => Ok(ToolOutput::json(value)),
+        _ => Ok(ToolOutput::text(text)),
+    }
+}
+
+/// Runs the program in the sandbox of the call's workspace: the same contract as [`run`]
+/// (arguments as JSON on standard input, standard output as the result, a failure quoting the
+/// end of standard error).
+async fn run_sandboxed(
+    config: &CommandToolConfig,
+    sandboxes: &agentry_sandbox::SandboxPool,
+    arguments: &Value,
+    context: ToolContext,
+) -> Result<ToolOutput, ToolError> {
+    use agentry_sandbox::{ExecEvent, ExecRequest};
+    let program = config.program.display().to_string();
+    let sandbox = super::shell::sandbox_for(sandboxes, &context).await?;
+    let mut argv = vec![program.clone()];
+    argv.extend(config.args.iter().cloned());
+    let mut request = ExecRequest::new(argv).with_stdin();
+    request.env = config.env.iter().cloned().collect();
+    request.cwd = super::shell::sandbox_cwd(sandboxes, &context, None)?;
+    let mut handle = sandbox
+        .exec(request)
+        .await
+        .map_err(|error| ToolError::Failed(format!("cannot start {program:?}: {error}")))?;
+    let input = serde_json::to_vec(arguments)
+        .map_err(|error| ToolError::Failed(format!("cannot encode the arguments: {error}")))?;
+    if let Some(mut stdin) = handle.take_stdin() {
+        tokio::spawn(async move {
+            // A program that exits without reading its input is not an error.
+            let _ = stdin.write_all(&input).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+    let max_output = config.max_output_bytes;
+    let mut stdout = Vec::new();
+    let mut stdout_total = 0_usize;
+    let mut stderr: Vec<u8> = Vec::new();
+    let status = loop {
+        let event = tokio::select! {
+            biased;
+            () = context.cancel.cancelled() => {
+                handle.kill();
+                return Err(ToolError::Cancelled);
+            }
+            event = handle.next() => event,
+        };
+        match event {
+            Some(ExecEvent::Stdout(chunk)) => {
+                stdout_total = stdout_total.saturating_add(chunk.len());
+                let room = max_output.saturating_sub(stdout.len());
+                stdout.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Some(ExecEvent::Stderr(chunk)) => {
+                stderr.extend_from_slice(&chunk);
+                if stderr.len() > STDERR_TAIL_BYTES {
+                    stderr.drain(..stderr.len() - STDERR_TAIL_BYTES);
+                }
+            }
+            Some(ExecEvent::Exit(status)) => break status,
+            None => {
+                return Err(ToolError::Failed(format!(
+                    "{program:?}: the sandbox ended its output without an exit status"
+                )));
+            }
+        }
+    };
+    if !status.success() {
+        let stderr = decode_cut_utf8(&stderr);
+        let stderr = stderr.trim();
+        let detail = if stderr.is_empty() {
+            "no error output".to_owned()
+        } else {
+            format!("error output ends with: {stderr}")
+        };
+        let how = match (&status.sandbox_closed, status.code, status.signal) {
+            (Some(reason), _, _) => format!("stopped with its sandbox ({reason})"),
+            (None, Some(127), _) => {
+                "was not found in the sandbox (exit code 127): the program must be a system \
+                 program or lie in the workspace"
+                    .to_owned()
+            }
+            (None, Some(code), _) => format!("exited with code {code}"),
+            (None, None, Some(signal)) => format!("was killed by signal {signal}"),
+            (None, None, None) => "failed".to_owned(),
+        };
+        return Err(ToolError::Failed(format!("{program:?} {how}; {detail}")));
     }
     let mut text = decode_cut_utf8(&stdout);
     if stdout_total > stdout.len() {

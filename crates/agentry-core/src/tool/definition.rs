@@ -74,7 +74,7 @@ pub enum ToolDefinition {
         idempotent: bool,
     },
     /// Run a program with the arguments as JSON on standard input; its output is the result.
-    /// Runs unsandboxed until the sandbox crate lands.
+    /// It runs in the session's sandbox when sandboxes are on (see [`ToolDefinition::build_in`]).
     Command {
         /// The tool's name.
         name: String,
@@ -126,6 +126,17 @@ impl ToolDefinition {
         self,
         http: &reqwest::Client,
         secrets: Arc<dyn SecretResolver>,
+    ) -> Result<Arc<dyn Tool>, ToolError> {
+        self.build_in(http, secrets, None)
+    }
+
+    /// Builds the tool; a command tool runs in the sandbox of the run's workspace when
+    /// `sandboxes` is given (on the host otherwise).
+    pub fn build_in(
+        self,
+        http: &reqwest::Client,
+        secrets: Arc<dyn SecretResolver>,
+        sandboxes: Option<&agentry_sandbox::SandboxPool>,
     ) -> Result<Arc<dyn Tool>, ToolError> {
         let (tool, idempotent): (Arc<dyn Tool>, bool) = match self {
             Self::Http {
@@ -185,7 +196,12 @@ impl ToolDefinition {
                     timeout: timeout_ms.map(Duration::from_millis),
                     max_output_bytes,
                 };
-                (Arc::new(CommandTool::new(config)?), idempotent)
+                let tool = CommandTool::new(config)?;
+                let tool = match sandboxes {
+                    Some(sandboxes) => tool.in_sandbox(sandboxes.clone()),
+                    None => tool,
+                };
+                (Arc::new(tool), idempotent)
             }
         };
         Ok(if idempotent {

@@ -155,6 +155,7 @@ pub mod function;
 pub mod http;
 pub mod registry;
 pub mod result;
+pub mod shell;
 pub mod workspace;
 
 pub use builtin::{builtin, builtin_tools};
@@ -166,4 +167,5 @@ pub use http::{
 };
 pub use registry::{CANCEL_GRACE, TOOL_NAME_RULE, ToolRegistry, is_valid_tool_name};
 pub use result::{DEFAULT_RESULT_LIMIT, ResultFormat, format_output, result_for_model};
+pub use shell::{ShellToolsConfig, shell_tools};
 pub use workspace::{FetchConfig, NetworkPolicy, WorkspaceToolsConfig, workspace_tools};

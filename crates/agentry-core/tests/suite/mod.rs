@@ -2,6 +2,7 @@ mod engine;
 mod features;
 mod guards;
 mod sessions;
+mod shell_tools;
 mod skills;
 mod support;
 mod templates;

@@ -11,14 +11,16 @@
 //!   waits for it. It dies with the runtime (`PR_SET_PDEATHSIG`), and PID 1 dies with it, which
 //!   tears the whole pid namespace down: a runtime crash leaves nothing running.
 //! - **PID 1** builds the root ([`rootfs`]), brings loopback up, sets rlimits, drops every
-//!   capability, sets `no_new_privs`, applies Landlock and seccomp to itself ([`confine`]), then
-//!   serves requests on the socket.
+//!   capability, sets `no_new_privs`, starts the proxy bridge when the network is an allow-list
+//!   ([`bridge`]), applies Landlock and seccomp to itself ([`confine`]), then serves requests on
+//!   the socket.
 //! - one **exec reaper** per command: a child of PID 1 and a subreaper, so everything the command
 //!   starts (double-forked daemons included) stays its descendant; it reports the command's exit
 //!   and lives until the last descendant is gone. Killing a command kills that whole tree.
 //!
 //! Local mode: the spawned process serves directly, with rlimits only.
 
+mod bridge;
 mod confine;
 mod rootfs;
 
@@ -69,14 +71,22 @@ fn run() -> i32 {
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     );
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let (cfg, mut fds) = match recv_json::<InitConfig>(&sock, &mut buf) {
+    let (cfg, fds) = match recv_json::<InitConfig>(&sock, &mut buf) {
         Ok(Some(v)) => v,
         _ => return 1,
     };
-    let Some(workspace) = fds.pop() else {
+    let mut fds = fds.into_iter();
+    let Some(workspace) = fds.next() else {
         fail(&sock, "no workspace descriptor".into());
         return 1;
     };
+    let proxy_dir = fds.next();
+    if cfg.proxy_dir.is_some() != proxy_dir.is_some()
+        || (cfg.mode == InitMode::Local && proxy_dir.is_some())
+    {
+        fail(&sock, "bad proxy folder descriptor".into());
+        return 1;
+    }
     match cfg.mode {
         InitMode::Local => {
             if let Err(e) = local_setup(&cfg) {
@@ -93,7 +103,7 @@ fn run() -> i32 {
             );
             serve(sock, &cfg)
         }
-        InitMode::Native => keeper(sock, cfg, workspace),
+        InitMode::Native => keeper(sock, cfg, workspace, proxy_dir),
     }
 }
 
@@ -113,6 +123,8 @@ fn local_report() -> InitReport {
         no_new_privs: false,
         capabilities_dropped: false,
         network_off: false,
+        network: "host".into(),
+        proxy_bridge: None,
     }
 }
 
@@ -167,7 +179,7 @@ fn local_setup(cfg: &InitConfig) -> Result<(), String> {
 }
 
 /// The keeper: inside the new namespaces (not the pid one: its first child is PID 1 there).
-fn keeper(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd) -> i32 {
+fn keeper(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd, proxy_dir: Option<OwnedFd>) -> i32 {
     // SAFETY: unshare with integer flags; this process is single-threaded, as a new user
     // namespace requires.
     if unsafe { libc::unshare(crate::sys::NAMESPACE_FLAGS) } != 0 {
@@ -180,12 +192,22 @@ fn keeper(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd) -> i32 {
     // A bind mount's source must belong to our mount namespace: reopen the workspace here, and
     // check it is the folder the runtime opened (the path could have been swapped meanwhile).
     // Still host uid here (before the maps), so the path is as reachable as for the runtime.
-    let workspace = match reopen_workspace(&cfg.workspace, &workspace) {
+    let workspace = match reopen_dir("workspace", &cfg.workspace, &workspace) {
         Ok(fd) => fd,
         Err(e) => {
             fail(&sock, e);
             return 1;
         }
+    };
+    let proxy_dir = match (&cfg.proxy_dir, &proxy_dir) {
+        (Some(path), Some(fd)) => match reopen_dir("proxy folder", path, fd) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                fail(&sock, e);
+                return 1;
+            }
+        },
+        _ => None,
     };
     if send_json(sock.as_raw_fd(), &Message::Unshared, &[]).is_err() {
         return 1;
@@ -244,11 +266,12 @@ fn keeper(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd) -> i32 {
                 return 1;
             }
             drop(alive_r);
-            pid1(sock, cfg, workspace)
+            pid1(sock, cfg, workspace, proxy_dir)
         }
         Ok(ForkResult::Parent { child }) => {
             drop(alive_r);
             drop(workspace);
+            drop(proxy_dir);
             let _ = send_json(
                 sock.as_raw_fd(),
                 &Message::Keeper {
@@ -270,7 +293,9 @@ fn keeper(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd) -> i32 {
     }
 }
 
-fn reopen_workspace(path: &Path, host: &OwnedFd) -> Result<OwnedFd, String> {
+/// Opens a folder the runtime passed again, from our own mount namespace, and checks it is the
+/// same one (the path could have been swapped meanwhile).
+fn reopen_dir(what: &str, path: &Path, host: &OwnedFd) -> Result<OwnedFd, String> {
     use nix::fcntl::{OFlag, open};
     use nix::sys::stat::{Mode, fstat};
     let fd = open(
@@ -278,14 +303,14 @@ fn reopen_workspace(path: &Path, host: &OwnedFd) -> Result<OwnedFd, String> {
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
         Mode::empty(),
     )
-    .map_err(|e| format!("open workspace {}: {e}", path.display()))?;
+    .map_err(|e| format!("open {what} {}: {e}", path.display()))?;
     let (a, b) = (
-        fstat(&fd).map_err(|e| format!("stat workspace: {e}"))?,
-        fstat(host).map_err(|e| format!("stat workspace: {e}"))?,
+        fstat(&fd).map_err(|e| format!("stat {what}: {e}"))?,
+        fstat(host).map_err(|e| format!("stat {what}: {e}"))?,
     );
     if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
         return Err(format!(
-            "workspace {} changed while the sandbox started",
+            "{what} {} changed while the sandbox started",
             path.display()
         ));
     }
@@ -293,10 +318,9 @@ fn reopen_workspace(path: &Path, host: &OwnedFd) -> Result<OwnedFd, String> {
 }
 
 /// PID 1: build, confine, serve.
-fn pid1(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd) -> i32 {
-    match setup_native(&cfg, &workspace) {
+fn pid1(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd, proxy_dir: Option<OwnedFd>) -> i32 {
+    match setup_native(&cfg, workspace, proxy_dir) {
         Ok(report) => {
-            drop(workspace);
             if send_json(sock.as_raw_fd(), &Message::Ready { report }, &[]).is_err() {
                 return 1;
             }
@@ -309,10 +333,18 @@ fn pid1(sock: OwnedFd, cfg: InitConfig, workspace: OwnedFd) -> i32 {
     }
 }
 
-fn setup_native(cfg: &InitConfig, workspace: &OwnedFd) -> Result<InitReport, String> {
+fn setup_native(
+    cfg: &InitConfig,
+    workspace: OwnedFd,
+    proxy_dir: Option<OwnedFd>,
+) -> Result<InitReport, String> {
     nix::unistd::sethostname(&cfg.hostname).map_err(|e| format!("sethostname: {e}"))?;
-    rootfs::build(cfg, workspace)?;
+    rootfs::build(cfg, &workspace, proxy_dir.as_ref())?;
+    drop(workspace);
+    let proxied = proxy_dir.is_some();
+    drop(proxy_dir);
     crate::sys::loopback_up().map_err(|e| format!("loopback up: {e}"))?;
+    let bridge = if proxied { Some(bridge::bind()?) } else { None };
     apply_rlimits(cfg)?;
     crate::sys::drop_all_capabilities().map_err(|e| format!("drop capabilities: {e}"))?;
     // SAFETY: prctl with integer arguments only.
@@ -322,6 +354,11 @@ fn setup_native(cfg: &InitConfig, workspace: &OwnedFd) -> Result<InitReport, Str
     // Not dumpable: commands cannot read PID 1's memory or descriptors through /proc.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    // Before PID 1's own Landlock domain exists: the bridge gets a domain of its own, out of
+    // reach of the commands' signals.
+    if let Some(listener) = bridge {
+        bridge::spawn(listener)?;
+    }
     let ws = cfg.workspace_mount.as_str();
     let landlock = confine::landlock(&[ws, "/tmp", "/dev"])?;
     confine::seccomp()?;
@@ -334,7 +371,9 @@ fn setup_native(cfg: &InitConfig, workspace: &OwnedFd) -> Result<InitReport, Str
         seccomp: true,
         no_new_privs: true,
         capabilities_dropped: true,
-        network_off: true,
+        network_off: !proxied,
+        network: if proxied { "allow_list" } else { "off" }.into(),
+        proxy_bridge: proxied.then(|| crate::proxy::BRIDGE_ADDR.to_string()),
     })
 }
 
@@ -674,7 +713,14 @@ fn spawn_exec(
         });
     }
     let mut all_env = cfg.env.clone();
-    all_env.extend(env);
+    for (key, value) in env {
+        // A command's variable replaces the base one (a duplicate would be read first-wins by
+        // some programs and last-wins by others).
+        match all_env.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => all_env.push((key, value)),
+        }
+    }
     let program = find_program(&argv[0], &all_env);
     let argv_c = argv
         .iter()

@@ -1,6 +1,7 @@
 //! The sandbox's filesystem, built by PID 1 in its own mount namespace: a tmpfs root with
 //! read-only system folders, a synthesised /etc, a fresh /proc, a minimal /dev, a size-capped
-//! /tmp and the workspace read-write; then `pivot_root` and the old root detached.
+//! /tmp and the workspace read-write, and (allow-list network) the proxy's socket folder
+//! read-only; then `pivot_root` and the old root detached.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::symlink;
@@ -88,8 +89,13 @@ const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n";
 const RESOLV: &str = "# The network is off in this sandbox.\noptions timeout:1 attempts:1\n";
 
-/// Builds the root and pivots into it. `workspace` is a descriptor of the host workspace folder.
-pub(crate) fn build(cfg: &InitConfig, workspace: &OwnedFd) -> Result<(), String> {
+/// Builds the root and pivots into it. `workspace` is a descriptor of the host workspace folder,
+/// `proxy_dir` one of the host folder holding the network proxy's socket.
+pub(crate) fn build(
+    cfg: &InitConfig,
+    workspace: &OwnedFd,
+    proxy_dir: Option<&OwnedFd>,
+) -> Result<(), String> {
     let root = PathBuf::from(STAGE);
     mount(
         None::<&str>,
@@ -214,6 +220,15 @@ pub(crate) fn build(cfg: &InitConfig, workspace: &OwnedFd) -> Result<(), String>
     mkdir_all(&ws)?;
     let src = PathBuf::from(format!("/proc/self/fd/{}", workspace.as_raw_fd()));
     bind(&src, &ws, false)?;
+
+    // The network proxy's socket folder, read-only (connecting to a socket needs no write access
+    // to its mount).
+    if let Some(dir) = proxy_dir {
+        let target = root.join(crate::proxy::INSIDE_DIR.trim_start_matches('/'));
+        mkdir_all(&target)?;
+        let src = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        bind(&src, &target, true)?;
+    }
 
     // A fresh /proc of the new pid namespace.
     let proc = root.join("proc");

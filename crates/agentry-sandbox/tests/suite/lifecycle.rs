@@ -60,13 +60,16 @@ fn children_of_us() -> Vec<i32> {
 }
 
 /// Entries of the temp folder a sandbox could have left (named after agentry; the tempdirs other
-/// tests make and remove beside this one are not counted).
+/// tests make and remove beside this one are not counted, nor the network proxy folders of
+/// other test processes, `agentry-proxy-<their pid>-…`).
 fn our_temp_entries() -> Vec<String> {
+    let ours = format!("agentry-proxy-{}-", std::process::id());
     let mut v: Vec<String> = std::fs::read_dir(std::env::temp_dir())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains("agentry"))
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("agentry"))
+        .filter(|n| !n.starts_with("agentry-proxy-") || n.starts_with(&ours))
         .collect();
     v.sort();
     v

@@ -5,4 +5,5 @@ mod escape_priv;
 mod lifecycle;
 mod local;
 mod native_basic;
+mod net_proxy;
 mod resources;

@@ -1,14 +1,16 @@
 //! The router: every route of the API.
 //!
-//! The routes of `ops`, `infer`, `sessions`, `config` and `agents` are registered through
-//! [`OpenApiRouter`] from their handlers' `#[utoipa::path]` operations ([`documented`]), which
-//! is also where `GET /openapi.json` takes them from (see [`crate::openapi`]).
+//! The routes of `ops`, `infer`, `sessions`, `config`, `agents`, `mcp` and `sandboxes` are
+//! registered through [`OpenApiRouter`] from their handlers' `#[utoipa::path]` operations
+//! ([`documented`]), which is also where `GET /openapi.json` takes them from (see
+//! [`crate::openapi`]).
 
 pub mod agents;
 pub mod config;
 pub mod infer;
 pub mod mcp;
 pub mod ops;
+pub mod sandboxes;
 pub mod sessions;
 pub mod sse;
 pub mod status;
@@ -31,6 +33,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(config::routes())
         .merge(agents::routes())
         .merge(mcp::routes())
+        .merge(sandboxes::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.

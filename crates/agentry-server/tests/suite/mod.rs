@@ -5,5 +5,6 @@ mod mcp_server;
 mod mcp_servers;
 mod openapi;
 mod ops;
+mod sandboxes;
 mod sessions;
 mod support;

@@ -33,6 +33,17 @@ const V1_ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/prompt-templates"),
     ("GET", "/v1/env"),
     ("POST", "/v1/env"),
+    ("GET", "/v1/sandbox/capabilities"),
+    ("GET", "/v1/sandboxes"),
+    ("POST", "/v1/sandboxes"),
+    (
+        "POST",
+        "/v1/sandboxes/01890a5d-ac96-774b-bcce-b302099a8057/exec",
+    ),
+    (
+        "PUT",
+        "/v1/sandboxes/01890a5d-ac96-774b-bcce-b302099a8057/files?path=a",
+    ),
     ("GET", "/metrics"),
 ];
 
@@ -67,6 +78,7 @@ async fn every_v1_operation(server: &super::support::Server) -> Vec<(String, Str
         }
         let filled = path
             .replace("{id}", "01890a5d-ac96-774b-bcce-b302099a8057")
+            .replace("{exec_id}", "01890a5d-ac96-774b-bcce-b302099a8058")
             .replace("{name}", "some_name");
         for method in item.as_object().unwrap().keys() {
             if ["get", "post", "put", "delete", "patch"].contains(&method.as_str()) {

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use agentry_server::{AppState, router};
+use std::path::PathBuf;
+
+use agentry_sandbox::{BackendKind, SandboxConfig, SandboxPool, SandboxSpec};
+use agentry_server::{AppState, ToolEnvironment, router};
 use agentry_store::{ConfigKind, Store};
 use agentry_testkit::MockProvider;
 use eventsource_stream::Eventsource;
@@ -14,11 +17,58 @@ pub struct Server {
     pub state: AppState,
     pub mock: MockProvider,
     pub http: reqwest::Client,
-    _home: tempfile::TempDir,
+    pub home: tempfile::TempDir,
 }
 
 /// A server with a `mock` model (OpenAI protocol) and a `slow` command tool (about 600 ms).
 pub async fn start() -> Server {
+    start_with(|_| ToolEnvironment::default(), |_| {}).await
+}
+
+/// The sandbox agent executable the workspace builds (`agentry-sandbox-init`, a bin of
+/// agentry-sandbox), next to this test binary's folder: `target/debug/deps/all-…` →
+/// `target/debug/agentry-sandbox-init`.
+pub fn sandbox_init_exe() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let debug = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let init = debug.join("agentry-sandbox-init");
+    assert!(
+        init.is_file(),
+        "the sandbox agent {} is missing: build it first with `cargo build -p agentry-sandbox \
+         --bins` (a workspace test run builds every bin)",
+        init.display()
+    );
+    init
+}
+
+/// Tools with native sandboxes made by the workspace's `agentry-sandbox-init`; standalone
+/// sandboxes' workspaces go under `<home>/sandboxes`.
+pub fn native_sandboxes(home: &std::path::Path) -> ToolEnvironment {
+    let backend = agentry_sandbox::backend(SandboxConfig {
+        backend: BackendKind::Native,
+        init_exe: Some(sandbox_init_exe()),
+        ..Default::default()
+    })
+    .expect("the native sandbox backend (user namespaces) on this host");
+    ToolEnvironment {
+        sandboxes: Some(SandboxPool::new(
+            backend,
+            SandboxSpec::new(home.join("placeholder")),
+        )),
+        sandbox_root: Some(home.join("sandboxes")),
+        ..Default::default()
+    }
+}
+
+/// A server like [`start`] whose tools come from `tools` (given the home folder), and whose
+/// state `adjust` may change before it serves.
+pub async fn start_with(
+    tools: impl FnOnce(&std::path::Path) -> ToolEnvironment,
+    adjust: impl FnOnce(&mut AppState),
+) -> Server {
     let home = tempfile::tempdir().unwrap();
     let store = Store::open_home(home.path()).await.unwrap();
     let mock = MockProvider::start().await.unwrap();
@@ -39,7 +89,10 @@ pub async fn start() -> Server {
         )
         .await
         .unwrap();
-    let state = AppState::new(store).await.unwrap();
+    let mut state = AppState::with_tools(store, tools(home.path()))
+        .await
+        .unwrap();
+    adjust(&mut state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = router(state.clone());
@@ -51,7 +104,7 @@ pub async fn start() -> Server {
         state,
         mock,
         http: agentry_llm::http_client(Duration::from_secs(5)).unwrap(),
-        _home: home,
+        home,
     }
 }
 

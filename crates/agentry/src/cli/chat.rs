@@ -68,7 +68,10 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             None
         };
         (
-            Conversation::Ephemeral(args.profile.runtime(store.as_ref()).await?, Vec::new()),
+            Conversation::Ephemeral(
+                args.profile.runtime(store.as_ref(), None).await?,
+                Vec::new(),
+            ),
             args.profile,
         )
     } else {
@@ -77,7 +80,7 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             open_session(&store, args.session, args.profile, "chat", None).await?;
         eprintln!("session: {session}");
         (
-            Conversation::Session(session_manager(&store, &profile).await?, session),
+            Conversation::Session(session_manager(&store, &profile, data).await?, session),
             profile,
         )
     };

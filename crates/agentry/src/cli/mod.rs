@@ -8,6 +8,7 @@ mod mcp_serve;
 mod output;
 mod profile;
 mod run;
+mod sandbox;
 mod serve;
 mod sessions;
 
@@ -42,6 +43,8 @@ enum Command {
     Keys(keys::KeysArgs),
     /// MCP servers: add, list, remove, restart; `mcp serve` offers Agentry's agents over stdio.
     Mcp(mcp::McpArgs),
+    /// Say what isolation this host gives sandboxes (namespaces, Landlock, seccomp, cgroups).
+    Doctor(sandbox::DoctorArgs),
 }
 
 /// Runs the chosen command.
@@ -53,5 +56,6 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
         Command::Mcp(args) => mcp::mcp(args, &cli.data).await,
+        Command::Doctor(args) => sandbox::doctor(args, &cli.data).await,
     }
 }

@@ -10,12 +10,16 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use agentry_core::skill::Skill;
-use agentry_core::tool::{EnvSecrets, SecretResolver, builtin, builtin_tools, load_definitions};
+use agentry_core::tool::{
+    EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
+    load_definitions, shell_tools, workspace_tools,
+};
 use agentry_core::{RunLimits, Runtime};
 use agentry_llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
 };
 use agentry_mcp::{McpManager, ServerState};
+use agentry_server::ToolEnvironment;
 use agentry_store::{ConfigKind, Store};
 
 /// The key of the profile in a session's metadata.
@@ -85,6 +89,11 @@ pub(crate) struct Profile {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     timeout_secs: Option<u64>,
+    /// Where commands of a saved session run: auto (native if this host allows it), native,
+    /// local (no isolation) or off [default: auto].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) sandbox: Option<super::sandbox::SandboxMode>,
 }
 
 fn parse_protocol(value: &str) -> Result<Protocol, String> {
@@ -121,6 +130,7 @@ impl Profile {
             },
             max_rounds: self.max_rounds.or(saved.max_rounds),
             timeout_secs: self.timeout_secs.or(saved.timeout_secs),
+            sandbox: self.sandbox.or(saved.sandbox),
         }
     }
 
@@ -187,27 +197,45 @@ impl Profile {
 
     /// A runtime with the model registered as `default` and the chosen tools and skills; the
     /// chosen MCP servers are started from `store`'s configuration (none without a store).
-    pub(crate) async fn runtime(&self, store: Option<&Store>) -> anyhow::Result<Runtime> {
+    ///
+    /// With `environment` (a saved session's workspace and sandbox), `--tool` may also name the
+    /// file tools and, with a sandbox, `exec` and `terminal`; tools from `--tools-file` that run
+    /// commands run in the sandbox.
+    pub(crate) async fn runtime(
+        &self,
+        store: Option<&Store>,
+        environment: Option<&ToolEnvironment>,
+    ) -> anyhow::Result<Runtime> {
         let mut builder = Runtime::builder();
         builder.model("default", self.client()?);
+        let mut available = builtin_tools();
+        let sandboxes = environment.and_then(|environment| environment.sandboxes.as_ref());
+        if environment.is_some_and(|environment| environment.workspaces.is_some()) {
+            available.extend(workspace_tools(WorkspaceToolsConfig::default()));
+            if let Some(sandboxes) = sandboxes {
+                available.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
+            }
+        }
         for name in &self.tools {
-            let tool = builtin(name).with_context(|| {
-                let known: Vec<String> = builtin_tools()
-                    .iter()
-                    .map(|t| t.spec().name.clone())
-                    .collect();
-                format!(
-                    "no built-in tool is named {name:?} (built-ins: {})",
-                    known.join(", ")
-                )
-            })?;
-            builder.tool_arc(Arc::clone(&tool))?;
+            let tool = available
+                .iter()
+                .find(|tool| tool.spec().name == *name)
+                .with_context(|| {
+                    let known: Vec<String> =
+                        available.iter().map(|t| t.spec().name.clone()).collect();
+                    format!(
+                        "no built-in tool is named {name:?} here (available: {}; the file \
+                         tools need a saved session, exec and terminal also a sandbox)",
+                        known.join(", ")
+                    )
+                })?;
+            builder.tool_arc(Arc::clone(tool))?;
         }
         if let Some(path) = &self.tools_file {
             let http = agentry_llm::http_client(Duration::from_secs(10))?;
             let secrets: Arc<dyn SecretResolver> = Arc::new(EnvSecrets);
             for definition in load_definitions(path)? {
-                builder.tool_arc(definition.build(&http, Arc::clone(&secrets))?)?;
+                builder.tool_arc(definition.build_in(&http, Arc::clone(&secrets), sandboxes)?)?;
             }
         }
         if let Some(store) = store.filter(|_| self.uses_mcp()) {

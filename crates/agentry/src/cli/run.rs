@@ -62,7 +62,7 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         } else {
             None
         };
-        let runtime = args.profile.runtime(store.as_ref()).await?;
+        let runtime = args.profile.runtime(store.as_ref(), None).await?;
         let mut request = RunRequest::text(&args.prompt);
         request.system = args.profile.system.clone();
         request.params = args.profile.params();
@@ -78,7 +78,7 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         )
         .await?;
         eprintln!("session: {session}");
-        let manager = session_manager(&store, &profile).await?;
+        let manager = session_manager(&store, &profile, data).await?;
         let mut request = RunRequest::text(&args.prompt);
         request.system = profile.system.clone();
         request.params = profile.params();

@@ -21,6 +21,8 @@ pub(crate) struct ServeArgs {
     /// saved agents).
     #[arg(long)]
     mcp_expose_tools: bool,
+    #[command(flatten)]
+    sandbox: super::sandbox::SandboxArgs,
 }
 
 pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
@@ -31,7 +33,12 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     let store = data.open_store().await?;
     let listener = agentry_server::serve::bind(&config, &store).await?;
     let imported = agentry_server::mcp::import_servers_file(&store, &data.home()?).await?;
-    let mut state = AppState::new(store.clone()).await?;
+    let tools = args.sandbox.environment(&data.home()?)?;
+    let sandbox_line = match &tools.sandboxes {
+        Some(pool) => format!("sandbox: {:?}", pool.backend().kind()).to_lowercase(),
+        None => "sandbox: off (exec, terminal and command tools are not offered)".to_owned(),
+    };
+    let mut state = AppState::with_tools(store.clone(), tools).await?;
     state.cors_origins = args.cors_origins;
     state.mcp_expose_tools = args.mcp_expose_tools;
     let shutdown = state.shutdown.clone();
@@ -46,6 +53,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         data.home()?.display(),
         store.backend().as_str()
     );
+    println!("{sandbox_line}");
     if imported > 0 {
         println!(
             "mcp: {imported} server(s) imported from {}",

@@ -127,14 +127,24 @@ pub(crate) async fn open_session(
 }
 
 /// A session manager over the store, with the profile's model and tools.
+///
+/// Sessions get workspaces under the data folder and, unless the profile turns it off, a
+/// sandbox for the tools that run commands.
 pub(crate) async fn session_manager(
     store: &Store,
     profile: &Profile,
+    data: &DataArgs,
 ) -> anyhow::Result<SessionManager> {
-    Ok(SessionManager::new(
-        profile.runtime(Some(store)).await?,
+    let environment =
+        super::sandbox::environment(profile.sandbox.unwrap_or_default(), &data.home()?)?;
+    let manager = SessionManager::new(
+        profile.runtime(Some(store), Some(&environment)).await?,
         Arc::new(StoreLog::new(store.clone())),
-    ))
+    );
+    Ok(match environment.workspaces {
+        Some(root) => manager.with_workspaces(root),
+        None => manager,
+    })
 }
 
 fn now_ms() -> u64 {
@@ -209,7 +219,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 .await?
                 .with_context(|| format!("no session {id}"))?;
             let profile = profile.over(Profile::from_metadata(&record.metadata));
-            let manager = session_manager(&store, &profile).await?;
+            let manager = session_manager(&store, &profile, data).await?;
             match manager.resume(id).await? {
                 Some(stream) => return print_run(stream, json).await,
                 None => eprintln!("session {id} has no interrupted run to resume"),
@@ -224,7 +234,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             let mut worst = ExitCode::SUCCESS;
             for record in store.list_sessions(&query).await? {
                 let profile = Profile::from_metadata(&record.metadata);
-                let manager = session_manager(&store, &profile).await?;
+                let manager = session_manager(&store, &profile, data).await?;
                 eprintln!("session: {}", record.id);
                 if let Some(stream) = manager.resume(record.id).await? {
                     let code = print_run(stream, json).await?;
@@ -348,7 +358,7 @@ async fn generate_title(store: &Store, id: SessionId, profile: &Profile) -> anyh
         .take(2000)
         .collect();
     // A title needs only the model.
-    let runtime = profile.runtime(None).await?;
+    let runtime = profile.runtime(None, None).await?;
     let request = agentry_llm::ModelRequest::new(vec![
         Message::system(
             "Write a title of at most six words for this conversation. Answer with the title only.",

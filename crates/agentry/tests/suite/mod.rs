@@ -3,5 +3,6 @@ mod crash;
 mod mcp;
 mod mcp_serve;
 mod run;
+mod sandbox;
 mod serve;
 mod sessions;

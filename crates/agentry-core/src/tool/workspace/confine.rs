@@ -61,6 +61,10 @@ mod linux {
     pub(in crate::tool::workspace) struct Root {
         dir: OwnedFd,
         path: PathBuf,
+        /// Who new files and folders belong to: the root folder's owner, when this process runs
+        /// as root and the folder is someone else's (a sandbox's workspace belongs to the
+        /// sandbox's unprivileged uid, which must be able to change what the tools write).
+        owner: Option<(rustix::fs::Uid, rustix::fs::Gid)>,
     }
 
     impl Root {
@@ -74,9 +78,15 @@ mod linux {
             .map_err(|errno| {
                 ToolError::Failed(format!("the workspace folder cannot be opened: {errno}"))
             })?;
+            let owner = rustix::fs::fstat(&dir).ok().and_then(|stat| {
+                let uid = rustix::fs::Uid::from_raw(stat.st_uid);
+                let gid = rustix::fs::Gid::from_raw(stat.st_gid);
+                (rustix::process::geteuid().is_root() && !uid.is_root()).then_some((uid, gid))
+            });
             Ok(Root {
                 dir,
                 path: path.to_owned(),
+                owner,
             })
         }
 
@@ -210,6 +220,10 @@ mod linux {
                 Mode::from_raw_mode(0o644),
             )
             .map_err(|errno| fs_error(display, errno))?;
+            if let Some((uid, gid)) = self.owner {
+                rustix::fs::fchown(&fd, Some(uid), Some(gid))
+                    .map_err(|errno| fs_error(display, errno))?;
+            }
             let written = write_and_rename(fd, mode, bytes, &parent, &temp, name);
             if written.is_err() {
                 // Best effort: the temporary file is ours and useless now.
@@ -241,7 +255,19 @@ mod linux {
                 let name = component.as_os_str();
                 current.push(name);
                 match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
-                    Ok(()) | Err(Errno::EXIST) => {}
+                    Ok(()) => {
+                        if let Some((uid, gid)) = self.owner {
+                            rustix::fs::chownat(
+                                &dir,
+                                name,
+                                Some(uid),
+                                Some(gid),
+                                AtFlags::SYMLINK_NOFOLLOW,
+                            )
+                            .map_err(|errno| fs_error(display, errno))?;
+                        }
+                    }
+                    Err(Errno::EXIST) => {}
                     Err(errno) => return Err(fs_error(display, errno)),
                 }
                 // Re-resolved from the root, so a link planted here is judged like any other.

@@ -1,0 +1,107 @@
+//! The sandbox from the binary: `agentry doctor`, and `agentry run --tool exec --tool terminal`
+//! whose commands run in the session's sandbox (PID 1 being the `agentry` binary itself), in the
+//! session's workspace under the data folder.
+
+use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn doctor_reports_the_hosts_isolation_and_runs_a_sandbox() {
+    let home = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["doctor", "--json", "--try-sandbox"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["capabilities"]["native_available"], json!(true));
+    assert_eq!(report["capabilities"]["user_namespaces"], json!(true));
+    assert_eq!(report["trial"]["ok"], json!(true), "{report}");
+    assert_eq!(report["trial"]["sandbox"]["isolated"], json!(true));
+    assert_eq!(report["trial"]["sandbox"]["backend"], json!("native"));
+    // The human form names the same facts.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .arg("doctor")
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.contains("native sandbox:    available"), "{text}");
+}
+
+#[tokio::test]
+async fn a_saved_run_executes_commands_in_its_sessions_sandbox() {
+    let home = tempfile::tempdir().unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "exec",
+        json!({"command": "echo sandboxed > proof.txt; hostname; cat /proc/1/cmdline | tr '\\0' ' '"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "terminal",
+        json!({"input": "cat proof.txt"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Done.")));
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .env_remove("AGENTRY_DATABASE_URL")
+        .args([
+            "run",
+            "prove it",
+            "--provider",
+            "openai",
+            "--base-url",
+            &mock.openai_base_url(),
+            "--model-name",
+            "m",
+            "--api-key-env",
+            "AGENTRY_TEST_KEY",
+            "--tool",
+            "exec",
+            "--tool",
+            "terminal",
+            "--json",
+        ])
+        .env("AGENTRY_TEST_KEY", "sk-test")
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let session = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("session: "))
+        .expect("the session id is printed")
+        .trim()
+        .to_owned();
+    // The command ran in the session's workspace, inside a sandbox whose PID 1 is agentry.
+    let proof = home
+        .path()
+        .join("workspaces")
+        .join(&session)
+        .join("proof.txt");
+    assert_eq!(std::fs::read_to_string(&proof).unwrap(), "sandboxed\n");
+    let second = mock.requests()[1].body.to_string();
+    assert!(second.contains("exit code 0"), "{second}");
+    assert!(
+        second.contains("sandbox\\n"),
+        "the sandbox's hostname: {second}"
+    );
+    assert!(second.contains("__agentry-sandbox-init"), "{second}");
+    let third = mock.requests()[2].body.to_string();
+    assert!(third.contains("sandboxed\\n[exit code 0]"), "{third}");
+    mock.check_protocol().unwrap();
+}
