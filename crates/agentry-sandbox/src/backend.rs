@@ -197,7 +197,8 @@ fn network(spec: &SandboxSpec, mode: InitMode, outer: (u32, u32)) -> Result<Netw
                 env: Vec::new(),
                 proxy: None,
                 warning: Some(
-                    "local backend: the network allow-list is not enforced (commands reach the runtime's whole network)"
+                    "local backend: the network allow-list is not enforced (commands reach the \
+                     runtime's whole network)"
                         .into(),
                 ),
             })

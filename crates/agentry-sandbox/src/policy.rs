@@ -89,6 +89,18 @@ impl NetworkPolicy {
             allow_private: false,
         }
     }
+
+    /// Checks the policy without starting anything: every allow-list entry must be a domain, a
+    /// `*.` wildcard domain or an IP address ([`SandboxError::InvalidRequest`] names the bad one).
+    pub fn validate(&self) -> crate::error::Result<()> {
+        match self {
+            NetworkPolicy::Off => Ok(()),
+            NetworkPolicy::AllowList {
+                domains,
+                allow_private,
+            } => crate::proxy::AllowList::new(domains, *allow_private).map(drop),
+        }
+    }
 }
 
 /// Resource limits. `None` leaves a limit off.

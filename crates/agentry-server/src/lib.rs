@@ -1,11 +1,12 @@
 //! Agentry's HTTP API.
 //!
 //! `agentry serve` mounts [`router`] on axum: inference (waiting or streamed as SSE), durable
-//! sessions (list, inspect, attach to a live run, fork, delete), and the configuration of models,
-//! tools, prompt templates and secrets. Runs belong to the server, not to the connection that
-//! started them: they keep going when every client disconnects, and any client can attach to a
-//! session and receive its committed events (each with its seq as the SSE id) and then its live
-//! ones.
+//! sessions (list, inspect, attach to a live run, fork, delete), the configuration of models,
+//! tools, prompt templates and secrets, and standalone sandboxes (`/v1/sandboxes`: commands,
+//! background processes, files; see [`sandboxes`]). Runs belong to the server, not to the
+//! connection that started them: they keep going when every client disconnects, and any client
+//! can attach to a session and receive its committed events (each with its seq as the SSE id)
+//! and then its live ones.
 
 pub mod auth;
 pub mod error;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use agentry_core::Runtime;
 use agentry_core::tool::{
-    ShellToolsConfig, StaticSecrets, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
+    ShellToolsConfig, StaticSecrets, Tool, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
     shell_tools, workspace_tools,
 };
 use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
@@ -104,6 +104,19 @@ pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError>
     Ok(secrets)
 }
 
+/// The built-in tools runs get in `environment`: `current_time`; the file tools and `fetch` when
+/// sessions have workspaces; `exec` and `terminal` when they also have sandboxes.
+pub fn builtins(environment: &crate::state::ToolEnvironment) -> Vec<Arc<dyn Tool>> {
+    let mut tools = builtin_tools();
+    if environment.workspaces.is_some() {
+        tools.extend(workspace_tools(WorkspaceToolsConfig::default()));
+        if let Some(sandboxes) = &environment.sandboxes {
+            tools.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
+        }
+    }
+    tools
+}
+
 /// Builds the runtime from the store: every model, the built-in tools (with the file tools when
 /// sessions have workspaces, and `exec` and `terminal` when they also have sandboxes), the
 /// configured tools (command tools in the sandbox), the tools of every connected MCP server,
@@ -128,18 +141,8 @@ pub async fn build_runtime(
             Err(error) => tracing::warn!(model = %name, "skipping a model: {}", error.message),
         }
     }
-    for tool in builtin_tools() {
+    for tool in builtins(environment) {
         builder.tool_arc(tool)?;
-    }
-    if environment.workspaces.is_some() {
-        for tool in workspace_tools(WorkspaceToolsConfig::default()) {
-            builder.tool_arc(tool)?;
-        }
-        if let Some(sandboxes) = &environment.sandboxes {
-            for tool in shell_tools(sandboxes.clone(), ShellToolsConfig::default()) {
-                builder.tool_arc(tool)?;
-            }
-        }
     }
     // Command tools run in the session's sandbox when there is one.
     let sandboxes = environment

@@ -1,9 +1,9 @@
 //! The API's OpenAPI 3.1 document, served at `GET /openapi.json`.
 //!
 //! Most of it comes from the handlers themselves: every route of `routes/{ops, infer, sessions,
-//! config}.rs` is registered through [`utoipa_axum::router::OpenApiRouter`] from its handler's
-//! `#[utoipa::path]` operation ([`crate::routes::documented`]), so the method and path served are
-//! the ones documented. Routes that other modules serve as plain axum routers — the status feed
+//! config, agents, mcp, sandboxes}.rs` is registered through
+//! [`utoipa_axum::router::OpenApiRouter`] from its handler's `#[utoipa::path]` operation
+//! ([`crate::routes::documented`]), so the method and path served are the ones documented. Routes that other modules serve as plain axum routers — the status feed
 //! (`routes/status.rs`), `/metrics` and `/v1/auth/*` (`middleware.rs`) — are described here, in
 //! `served_elsewhere`. The test suite compares the finished document with the routes the server
 //! answers, in both directions, so a route added without documentation fails it.
@@ -437,7 +437,8 @@ pub fn tool_definition_schema() -> Schema {
         )
         .description(Some(
             "A tool definition. `http`: `url`, `headers`, `timeout_ms`, `max_response_bytes`; \
-             `command`: `program`, `args`, `env`, `timeout_ms`, `max_output_bytes`; both: `name`, \
+             `command`: `program`, `args`, `env`, `timeout_ms`, `max_output_bytes`, `host` (run \
+             on the host instead of the session's sandbox: no isolation); both: `name`, \
              `description`, `parameters`, `idempotent`.",
         ))
         .into()

@@ -378,6 +378,18 @@ struct RegistryInner {
     sweeping: AtomicBool,
 }
 
+/// A sandbox being made, counted against the registry's maximum until dropped.
+struct Creating {
+    inner: Arc<RegistryInner>,
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        let mut slots = lock(&self.inner.slots);
+        slots.creating = slots.creating.saturating_sub(1);
+    }
+}
+
 #[derive(Debug, Default)]
 struct Slots {
     sandboxes: HashMap<Uuid, Arc<Standalone>>,
@@ -424,10 +436,10 @@ impl SandboxRegistry {
     pub async fn create(
         &self,
         backend: &Arc<dyn Backend>,
-        mut spec: SandboxSpec,
+        spec: SandboxSpec,
     ) -> Result<Arc<Standalone>, ApiError> {
         self.sweep().await;
-        {
+        let place = {
             let mut slots = lock(&self.inner.slots);
             let max = self.inner.max;
             if slots.sandboxes.len() + slots.creating >= max {
@@ -442,22 +454,34 @@ impl SandboxRegistry {
                 .with_details(json!({ "max_sandboxes": max })));
             }
             slots.creating += 1;
-        }
-        let made = self.make(backend, &mut spec).await;
-        let mut slots = lock(&self.inner.slots);
-        slots.creating = slots.creating.saturating_sub(1);
-        let (id, sandbox) = made?;
-        let entry = Arc::new(Standalone {
-            id,
-            sandbox,
-            created_at: now_ms(),
-            spec,
-            processes: Mutex::new(Processes::default()),
-        });
-        slots.sandboxes.insert(id, Arc::clone(&entry));
-        drop(slots);
-        self.start_sweeping();
-        Ok(entry)
+            Creating {
+                inner: Arc::clone(&self.inner),
+            }
+        };
+        // Made in a task of its own, so a client that goes away cannot leave a half-made
+        // sandbox behind: it is registered (and listed), and closes when idle.
+        let registry = self.clone();
+        let backend = Arc::clone(backend);
+        tokio::spawn(async move {
+            let place = place;
+            let mut spec = spec;
+            let (id, sandbox) = registry.make(&backend, &mut spec).await?;
+            let entry = Arc::new(Standalone {
+                id,
+                sandbox,
+                created_at: now_ms(),
+                spec,
+                processes: Mutex::new(Processes::default()),
+            });
+            lock(&registry.inner.slots)
+                .sandboxes
+                .insert(id, Arc::clone(&entry));
+            drop(place);
+            registry.start_sweeping();
+            Ok(entry)
+        })
+        .await
+        .map_err(|error| ApiError::internal(format!("making a sandbox failed: {error}")))?
     }
 
     async fn make(

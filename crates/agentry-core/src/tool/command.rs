@@ -316,7 +316,8 @@ async fn run_sandboxed(
             (Some(reason), _, _) => format!("stopped with its sandbox ({reason})"),
             (None, Some(127), _) => {
                 "was not found in the sandbox (exit code 127): the program must be a system \
-                 program or lie in the workspace"
+                 program or lie in the workspace (a tool definition with \"host\": true runs \
+                 on the host, unsandboxed)"
                     .to_owned()
             }
             (None, Some(code), _) => format!("exited with code {code}"),

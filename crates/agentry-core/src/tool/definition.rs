@@ -101,6 +101,11 @@ pub enum ToolDefinition {
         /// Whether running it twice with the same arguments is harmless.
         #[serde(default)]
         idempotent: bool,
+        /// Run it on the host even when sandboxes are on: **no isolation**, for programs the
+        /// sandbox cannot see (the sandbox shows the host's system folders and the session's
+        /// workspace only).
+        #[serde(default)]
+        host: bool,
     },
 }
 
@@ -185,7 +190,14 @@ impl ToolDefinition {
                 timeout_ms,
                 max_output_bytes,
                 idempotent,
+                host,
             } => {
+                if host && sandboxes.is_some() {
+                    tracing::warn!(
+                        tool = %name,
+                        "command tool runs on the host (\"host\": true): it is not sandboxed"
+                    );
+                }
                 let config = CommandToolConfig {
                     name,
                     description,
@@ -197,7 +209,7 @@ impl ToolDefinition {
                     max_output_bytes,
                 };
                 let tool = CommandTool::new(config)?;
-                let tool = match sandboxes {
+                let tool = match sandboxes.filter(|_| !host) {
                     Some(sandboxes) => tool.in_sandbox(sandboxes.clone()),
                     None => tool,
                 };

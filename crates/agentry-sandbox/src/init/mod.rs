@@ -12,7 +12,7 @@
 //!   tears the whole pid namespace down: a runtime crash leaves nothing running.
 //! - **PID 1** builds the root ([`rootfs`]), brings loopback up, sets rlimits, drops every
 //!   capability, sets `no_new_privs`, starts the proxy bridge when the network is an allow-list
-//!   ([`bridge`]), applies Landlock and seccomp to itself ([`confine`]), then serves requests on
+//!   (`bridge`), applies Landlock and seccomp to itself ([`confine`]), then serves requests on
 //!   the socket.
 //! - one **exec reaper** per command: a child of PID 1 and a subreaper, so everything the command
 //!   starts (double-forked daemons included) stays its descendant; it reports the command's exit

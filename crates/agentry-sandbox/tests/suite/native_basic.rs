@@ -112,8 +112,13 @@ async fn missing_program_is_127_and_background_process_does_not_block() {
     let out = sh(&sb, "setsid sleep 1000 & echo started").await;
     assert_eq!(out.stdout_str(), "started\n");
     assert!(start.elapsed() < Duration::from_secs(5));
-    // The background process lives on.
-    let out = sh(&sb, "cat /proc/[0-9]*/comm").await;
+    // The background process lives on (on a loaded machine it may not have exec'd `sleep` yet).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut out = sh(&sb, "cat /proc/[0-9]*/comm").await;
+    while !out.stdout_str().lines().any(|l| l == "sleep") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        out = sh(&sb, "cat /proc/[0-9]*/comm").await;
+    }
     assert!(
         out.stdout_str().lines().any(|l| l == "sleep"),
         "{}",

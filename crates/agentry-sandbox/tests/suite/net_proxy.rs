@@ -481,6 +481,51 @@ async fn private_addresses_are_refused_without_allow_private() {
     sb.close().await;
 }
 
+#[tokio::test]
+async fn commands_cannot_stop_the_bridge() {
+    let upstream = http_upstream("still here").await;
+    let (sb, _dir) = proxied_sandbox(&["localhost"], true).await;
+    // The bridge is a process of the sandbox, in a Landlock domain of its own: the commands'
+    // signals cannot reach it, nor can they take its port.
+    let out = sh(
+        &sb,
+        "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = agentry-sandbox ] && echo ${p#/proc/}; done",
+    )
+    .await;
+    let pids: Vec<String> = out.stdout_str().lines().map(str::to_string).collect();
+    assert!(pids.len() >= 2, "PID 1 and the bridge: {pids:?}");
+    let bridge = pids.iter().find(|p| *p != "1").unwrap();
+    let out = sh(
+        &sb,
+        &format!("kill -9 {bridge}; echo rc=$?; kill -9 -1; true"),
+    )
+    .await;
+    assert!(
+        out.stdout_str().contains("rc=1"),
+        "{}{}",
+        out.stdout_str(),
+        out.stderr_str()
+    );
+    let out = py_args(
+        &sb,
+        "import socket\ns = socket.socket()\n\
+         try:\n    s.bind(('127.0.0.1', 3128)); print('bound')\n\
+         except OSError as e:\n    print('taken', e.errno)",
+        &[],
+    )
+    .await;
+    assert_eq!(
+        out.stdout_str(),
+        format!("taken {}\n", libc::EADDRINUSE),
+        "{:?} {}",
+        out.status,
+        out.stderr_str()
+    );
+    let out = get(&sb, &format!("http://localhost:{}/", upstream.port)).await;
+    assert_eq!(out, "200\nstill here");
+    sb.close().await;
+}
+
 /// The proxy folders of this process still in the temp folder.
 fn our_proxy_dirs() -> Vec<String> {
     let prefix = format!("agentry-proxy-{}-", std::process::id());
@@ -498,20 +543,11 @@ fn fds() -> Vec<String> {
         .flatten()
         .map(|e| {
             let target = std::fs::read_link(e.path()).unwrap_or_default();
-            let t = target.display().to_string();
-            let mut extra = String::new();
-            if let Some(ino) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
-                for f in ["tcp", "tcp6", "unix"] {
-                    let body =
-                        std::fs::read_to_string(format!("/proc/net/{f}")).unwrap_or_default();
-                    for l in body.lines() {
-                        if l.split_whitespace().any(|w| w == ino) {
-                            extra.push_str(&format!(" [{f}: {l}]"));
-                        }
-                    }
-                }
-            }
-            format!("{} -> {}{extra}", e.file_name().to_string_lossy(), t)
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                target.display()
+            )
         })
         .collect();
     v.sort();
@@ -533,8 +569,9 @@ async fn proxies_end_with_their_sandboxes() {
         s.network = allow_list(&["localhost"], true);
         s
     };
-    // Warm up once, then count.
+    // Warm up once, then count (once the closed sandbox's connection reader let its socket go).
     backend.create(spec()).await.unwrap().close().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let fds_before = fd_count();
     let fd_list = fds();
     for _ in 0..10 {
@@ -577,6 +614,9 @@ async fn proxies_end_with_their_sandboxes() {
     }
     assert_eq!(echo.seen(), ["connection", "closed"], "the tunnel ended");
     assert!(our_proxy_dirs().is_empty(), "{:?}", our_proxy_dirs());
+    // The sandbox's connection lives as long as the sandbox value (and its command's handle).
+    drop(handle);
+    drop(sb);
     let deadline = Instant::now() + Duration::from_secs(2);
     while fd_count() != fds_before && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -31,8 +31,7 @@ use utoipa_axum::routes;
 
 use agentry_core::template::TemplateStore;
 use agentry_core::tool::{
-    ResultFormat, SecretResolver, StaticSecrets, ToolDefinition, ToolError, ToolRegistry, builtin,
-    builtin_tools,
+    ResultFormat, SecretResolver, StaticSecrets, ToolDefinition, ToolError, ToolRegistry,
 };
 use agentry_llm::{GenerationParams, LlmError, ModelRequest, Protocol, TimeoutKind};
 use agentry_store::{ConfigKind, Store};
@@ -502,6 +501,13 @@ impl ToolSummary {
     }
 }
 
+/// The built-in tool `name` of this server's runs (see [`crate::models::builtins`]).
+fn builtin_named(state: &AppState, name: &str) -> Option<Arc<dyn agentry_core::tool::Tool>> {
+    crate::models::builtins(&state.tools)
+        .into_iter()
+        .find(|tool| tool.spec().name == name)
+}
+
 fn builtin_is_fixed(name: &str) -> ApiError {
     ApiError::bad_request(format!(
         "{name:?} is a built-in tool: it cannot be changed or deleted"
@@ -555,7 +561,7 @@ async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>
     )
 )]
 async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut tools: Vec<ToolSummary> = builtin_tools()
+    let mut tools: Vec<ToolSummary> = crate::models::builtins(&state.tools)
         .iter()
         .map(|tool| ToolSummary::of_builtin(tool.as_ref()))
         .collect();
@@ -587,7 +593,7 @@ async fn get_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(tool) = builtin(&name) {
+    if let Some(tool) = builtin_named(&state, &name) {
         return Ok(Json(to_document(&ToolSummary::of_builtin(tool.as_ref()))?));
     }
     check_name("tool", &name)?;
@@ -625,7 +631,9 @@ async fn create_tool(
     check_tool(&state, &definition).await?;
     let name = definition.name().to_owned();
     let _guard = WRITE_LOCK.lock().await;
-    if builtin(&name).is_some() || state.store.config(ConfigKind::Tool, &name).await?.is_some() {
+    if builtin_named(&state, &name).is_some()
+        || state.store.config(ConfigKind::Tool, &name).await?.is_some()
+    {
         return Err(ApiError::conflict(format!(
             "a tool named {name:?} already exists"
         )));
@@ -658,7 +666,7 @@ async fn replace_tool(
     ApiPath(name): ApiPath<String>,
     ApiJson(definition): ApiJson<ToolDefinition>,
 ) -> Result<Json<ToolDefinition>, ApiError> {
-    if builtin(&name).is_some() {
+    if builtin_named(&state, &name).is_some() {
         return Err(builtin_is_fixed(&name));
     }
     check_name("tool", &name)?;
@@ -670,7 +678,7 @@ async fn replace_tool(
     }
     let renamed = new_name != name;
     if renamed
-        && (builtin(&new_name).is_some()
+        && (builtin_named(&state, &new_name).is_some()
             || state
                 .store
                 .config(ConfigKind::Tool, &new_name)
@@ -709,7 +717,7 @@ async fn delete_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if builtin(&name).is_some() {
+    if builtin_named(&state, &name).is_some() {
         return Err(builtin_is_fixed(&name));
     }
     check_name("tool", &name)?;
@@ -753,7 +761,7 @@ async fn delete_tools(
         .filter(|name| seen.insert(name.clone()))
         .collect();
     for name in &names {
-        if builtin(name).is_some() {
+        if builtin_named(&state, name).is_some() {
             return Err(builtin_is_fixed(name));
         }
         check_name("tool", name)?;

@@ -32,6 +32,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
+use utoipa::openapi::schema::{KnownFormat, Object, ObjectBuilder, SchemaFormat, Type};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -124,7 +125,7 @@ pub struct ProcessPath {
 pub struct FileQuery {
     /// The path inside the sandbox: absolute, or relative to its workspace (1 to 4096 bytes,
     /// no NUL).
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]+$")]
     pub path: String,
 }
 
@@ -134,7 +135,7 @@ pub struct FileQuery {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// The directory: absolute, or relative to the workspace (default: the workspace).
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]+$")]
     pub path: Option<String>,
 }
 
@@ -144,7 +145,7 @@ pub struct ListQuery {
 #[into_params(parameter_in = Query)]
 pub struct DeleteQuery {
     /// The path: absolute, or relative to the workspace.
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]+$")]
     pub path: String,
     /// Delete a directory with its contents (otherwise only an empty one).
     #[serde(default)]
@@ -159,8 +160,9 @@ pub struct DeleteQuery {
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Environment variables every command gets, added to the minimal base (`PATH`, `HOME`,
-    /// `LANG`, `TMPDIR`). Names: `[A-Za-z_][A-Za-z0-9_]*`; at most 256.
+    /// `LANG`, `TMPDIR`).
     #[serde(default)]
+    #[schema(schema_with = env_schema)]
     pub env: BTreeMap<String, String>,
     /// Limits that replace the server's defaults.
     #[serde(default)]
@@ -215,12 +217,13 @@ pub struct ExecBody {
     #[serde(default)]
     #[schema(min_length = 1, max_length = 49_152)]
     pub command: Option<String>,
-    /// Environment variables for this command (names: `[A-Za-z_][A-Za-z0-9_]*`).
+    /// Environment variables for this command.
     #[serde(default)]
+    #[schema(schema_with = env_schema)]
     pub env: BTreeMap<String, String>,
     /// The working directory (default: the workspace).
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]+$")]
     pub cwd: Option<String>,
     /// Written to the command's stdin, which is then closed (without it, stdin is `/dev/null`).
     #[serde(default)]
@@ -245,11 +248,53 @@ pub struct ExecBody {
 #[serde(deny_unknown_fields)]
 pub struct MkdirRequest {
     /// The directory: absolute, or relative to the workspace (no NUL).
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]+$")]
     pub path: String,
     /// Make missing parents too (and succeed if it exists).
     #[serde(default)]
     pub parents: bool,
+}
+
+/// Raw bytes (`application/octet-stream`): a binary string in the document.
+#[derive(Debug, Clone, Copy)]
+pub struct Binary;
+
+impl utoipa::PartialSchema for Binary {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .description(Some("Raw bytes."))
+            .into()
+    }
+}
+
+impl ToSchema for Binary {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Binary".into()
+    }
+}
+
+/// The schema of an environment: names `[A-Za-z_][A-Za-z0-9_]*`, values without NUL.
+fn env_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[A-Za-z_][A-Za-z0-9_]{0,255}$")),
+        ))
+        .additional_properties(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[^\\u0000]*$")),
+        ))
+        .max_properties(Some(MAX_ENV_VARS))
+        .description(Some(
+            "Environment variables: names `[A-Za-z_][A-Za-z0-9_]*` (at most 256 characters), \
+             values without NUL; at most 256 of them, 48 KiB in all.",
+        ))
+        .build()
 }
 
 // --- answers ---
@@ -1445,7 +1490,7 @@ async fn kill_process(
     operation_id = "read_sandbox_file",
     params(SandboxPath, FileQuery),
     responses(
-        (status = 200, description = "The file's bytes.", body = Vec<u8>,
+        (status = 200, description = "The file's bytes.", body = inline(Binary),
          content_type = "application/octet-stream"),
         BadRequest,
         Forbidden,
@@ -1479,7 +1524,7 @@ async fn read_file(
     tag = "sandboxes",
     operation_id = "write_sandbox_file",
     params(SandboxPath, FileQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+    request_body(content = inline(Binary), content_type = "application/octet-stream",
                  description = "The file's new contents."),
     responses(
         (status = 204, description = "Written."),

@@ -65,8 +65,14 @@ async fn file_request(
 ) -> (u16, Vec<u8>) {
     let mut request = server
         .http
-        .request(method, format!("{}/v1/sandboxes/{id}/files", server.url))
-        .query(&[("path", path)])
+        .request(
+            method,
+            format!(
+                "{}/v1/sandboxes/{id}/files?path={}",
+                server.url,
+                encode(path)
+            ),
+        )
         .timeout(Duration::from_secs(60));
     if let Some(body) = body {
         request = request
@@ -76,6 +82,20 @@ async fn file_request(
     let response = request.send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.bytes().await.unwrap().to_vec())
+}
+
+/// Percent-encodes a query value.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
 }
 
 fn error_code(body: &[u8]) -> String {
@@ -495,8 +515,11 @@ async fn files_round_trip_and_cannot_escape() {
     assert_eq!(std::fs::read(workspace.join("notes/a.bin")).unwrap(), bytes);
     let response = server
         .http
-        .get(format!("{}/v1/sandboxes/{id}/files", server.url))
-        .query(&[("path", "/workspace/notes/a.bin")])
+        .get(format!(
+            "{}/v1/sandboxes/{id}/files?path={}",
+            server.url,
+            encode("/workspace/notes/a.bin")
+        ))
         .send()
         .await
         .unwrap();
@@ -554,8 +577,10 @@ async fn files_round_trip_and_cannot_escape() {
     assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
     let response = server
         .http
-        .delete(format!("{}/v1/sandboxes/{id}/files", server.url))
-        .query(&[("path", "notes"), ("recursive", "true")])
+        .delete(format!(
+            "{}/v1/sandboxes/{id}/files?path=notes&recursive=true",
+            server.url
+        ))
         .send()
         .await
         .unwrap();
@@ -878,4 +903,130 @@ async fn shutdown_closes_every_sandbox() {
     assert!(entry.sandbox.closed_reason().is_some());
     assert!(!workspace.exists());
     assert!(state.sandboxes.is_empty());
+}
+
+#[tokio::test]
+async fn the_extremes_of_every_documented_limit_make_a_working_sandbox() {
+    let server = sandbox_server().await;
+    for limits in [
+        json!({"memory_bytes": 67_108_864_u64, "max_processes": 8, "cpu_percent": 1,
+               "cpu_time_secs": 1, "wall_time_secs": 30, "idle_timeout_secs": 1,
+               "file_size_bytes": 1024, "open_files": 16, "tmp_size_bytes": 1_048_576_u64}),
+        json!({"memory_bytes": 1_099_511_627_776_u64, "max_processes": 65_536,
+               "cpu_percent": 25_600, "cpu_time_secs": 604_800, "wall_time_secs": 604_800,
+               "idle_timeout_secs": 86_400, "file_size_bytes": 1_099_511_627_776_u64,
+               "open_files": 4096, "tmp_size_bytes": 68_719_476_736_u64}),
+    ] {
+        let id = create(&server, json!({ "limits": limits })).await;
+        let (status, result) = exec(&server, &id, json!({"command": "echo hi"})).await;
+        assert_eq!(status, 200, "{limits}: {result}");
+        assert_eq!(result["stdout"], "hi\n", "{limits}: {result}");
+        let (status, _) = send(
+            &server,
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 204);
+    }
+}
+
+/// Sessions' runs get the built-in tools, a workspace each under the data folder, and a sandbox
+/// each: what one session's command writes is in its workspace, and another session sees none of it.
+#[tokio::test]
+async fn session_runs_work_in_their_own_workspace_and_sandbox() {
+    use agentry_testkit::{Reply, ScriptedTurn};
+    let server = start_with(
+        |home| ToolEnvironment {
+            workspaces: Some(home.join("workspaces")),
+            ..native_sandboxes(home)
+        },
+        |_| {},
+    )
+    .await;
+    let (status, tools) = server.get("/v1/tools").await;
+    assert_eq!(status, 200, "{tools}");
+    let names: Vec<String> = tools
+        .as_array()
+        .or_else(|| tools["tools"].as_array())
+        .expect("a tool list")
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect();
+    for builtin in [
+        "exec",
+        "terminal",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+        "search",
+        "fetch",
+    ] {
+        assert!(names.iter().any(|n| n == builtin), "{builtin}: {names:?}");
+    }
+
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "exec",
+        json!({"command": "echo $((6 * 7)) > answer.txt; cat answer.txt; hostname"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("It is 42.")));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "model_id": "mock", "text": "compute"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"], "It is 42.");
+    let session = body["session_id"].as_str().unwrap().to_owned();
+    let answer = server
+        .home
+        .path()
+        .join("workspaces")
+        .join(&session)
+        .join("answer.txt");
+    assert_eq!(std::fs::read_to_string(answer).unwrap(), "42\n");
+    let seen = server.mock.requests()[1].body.to_string();
+    assert!(seen.contains(r"exit code 0"), "{seen}");
+    assert!(seen.contains(r"--- stdout ---\n42\nsandbox"), "{seen}");
+
+    // Another session has another workspace and sandbox.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "exec",
+        json!({"command": "cat answer.txt"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("none")));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "model_id": "mock", "text": "look"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(body["session_id"].as_str().unwrap(), session);
+    let seen = server.mock.requests()[3].body.to_string();
+    assert!(seen.contains("exit code 1"), "{seen}");
+    assert!(seen.contains("No such file"), "{seen}");
+    let pool = server.state.tools.sandboxes.clone().unwrap();
+    assert_eq!(pool.len(), 2, "one sandbox per session");
+    pool.close_all().await;
+    server.mock.check_protocol().unwrap();
+}
+
+/// Without workspaces (the default state), runs get neither the file nor the shell tools.
+#[tokio::test]
+async fn without_workspaces_there_are_no_file_or_shell_tools() {
+    let server = start().await;
+    let (_, tools) = server.get("/v1/tools").await;
+    let text = tools.to_string();
+    assert!(text.contains("current_time"), "{text}");
+    for absent in ["\"exec\"", "\"terminal\"", "\"read_file\""] {
+        assert!(!text.contains(absent), "{absent}: {text}");
+    }
 }

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use agentry_sandbox::{
-    BackendKind, Capabilities, SandboxConfig, SandboxPool, SandboxSpec, backend,
+    BackendKind, Capabilities, NetworkPolicy, SandboxConfig, SandboxPool, SandboxSpec, backend,
 };
 use agentry_server::ToolEnvironment;
 
@@ -38,17 +38,33 @@ pub(crate) struct SandboxArgs {
     /// (no isolation) or off.
     #[arg(long = "sandbox", value_enum, default_value_t, env = "AGENTRY_SANDBOX")]
     pub(crate) mode: SandboxMode,
+    /// Let the sessions' sandboxes reach this domain (repeatable; `*.example.com` for its
+    /// subdomains) through Agentry's filtering proxy; everything else stays unreachable. By
+    /// default sandboxes have no network but their own loopback.
+    #[arg(long = "sandbox-allow-domain", value_name = "DOMAIN")]
+    pub(crate) allow_domains: Vec<String>,
 }
 
 impl SandboxArgs {
     /// Workspaces under `home/workspaces` and, unless off, the sandboxes they run in.
     pub(crate) fn environment(&self, home: &Path) -> anyhow::Result<ToolEnvironment> {
-        environment(self.mode, home)
+        let network = if self.allow_domains.is_empty() {
+            NetworkPolicy::Off
+        } else {
+            NetworkPolicy::allow_list(self.allow_domains.clone())
+        };
+        network.validate().context("--sandbox-allow-domain")?;
+        environment(self.mode, network, home)
     }
 }
 
-/// Workspaces under `home/workspaces` and, unless `mode` is off, the sandboxes they run in.
-pub(crate) fn environment(mode: SandboxMode, home: &Path) -> anyhow::Result<ToolEnvironment> {
+/// Workspaces under `home/workspaces` and, unless `mode` is off, the sandboxes they run in,
+/// with `network`.
+pub(crate) fn environment(
+    mode: SandboxMode,
+    network: NetworkPolicy,
+    home: &Path,
+) -> anyhow::Result<ToolEnvironment> {
     {
         let workspaces = home.join("workspaces");
         std::fs::create_dir_all(&workspaces)
@@ -79,7 +95,9 @@ pub(crate) fn environment(mode: SandboxMode, home: &Path) -> anyhow::Result<Tool
                     ..SandboxConfig::default()
                 })
                 .context("cannot start the sandbox backend (see `agentry doctor`)")?;
-                Some(SandboxPool::new(backend, SandboxSpec::new(&workspaces)))
+                let mut template = SandboxSpec::new(&workspaces);
+                template.network = network;
+                Some(SandboxPool::new(backend, template))
             }
         };
         Ok(ToolEnvironment {

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::Args;
 
 use agentry_server::{AppState, ServerConfig, serve};
@@ -33,6 +34,14 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     let store = data.open_store().await?;
     let listener = agentry_server::serve::bind(&config, &store).await?;
     let imported = agentry_server::mcp::import_servers_file(&store, &data.home()?).await?;
+    // Standalone sandboxes (`/v1/sandboxes`) never outlive the server that made them: the
+    // workspaces a crashed one left behind go (after the bind, so a second server on the same
+    // data folder, refused its port, removes nothing).
+    let stale = data.home()?.join("sandboxes");
+    if stale.exists() {
+        std::fs::remove_dir_all(&stale)
+            .with_context(|| format!("cannot clean {}", stale.display()))?;
+    }
     let tools = args.sandbox.environment(&data.home()?)?;
     let sandbox_line = match &tools.sandboxes {
         Some(pool) => format!("sandbox: {:?}", pool.backend().kind()).to_lowercase(),

@@ -135,8 +135,11 @@ pub(crate) async fn session_manager(
     profile: &Profile,
     data: &DataArgs,
 ) -> anyhow::Result<SessionManager> {
-    let environment =
-        super::sandbox::environment(profile.sandbox.unwrap_or_default(), &data.home()?)?;
+    let environment = super::sandbox::environment(
+        profile.sandbox.unwrap_or_default(),
+        agentry_sandbox::NetworkPolicy::Off,
+        &data.home()?,
+    )?;
     let manager = SessionManager::new(
         profile.runtime(Some(store), Some(&environment)).await?,
         Arc::new(StoreLog::new(store.clone())),

@@ -327,6 +327,8 @@ async fn tools_defined_in_a_file_run_in_the_loop() {
             "description": "Echo the arguments back",
             "program": "/bin/sh",
             "args": [script],
+            // The script lives outside any workspace, where the sandbox cannot see it.
+            "host": true,
             "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}
         }]))
         .unwrap(),

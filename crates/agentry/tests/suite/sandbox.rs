@@ -105,3 +105,89 @@ async fn a_saved_run_executes_commands_in_its_sessions_sandbox() {
     assert!(third.contains("sandboxed\\n[exit code 0]"), "{third}");
     mock.check_protocol().unwrap();
 }
+
+#[tokio::test]
+async fn command_tools_from_a_file_run_in_the_sandbox() {
+    let home = tempfile::tempdir().unwrap();
+    let folder = tempfile::tempdir().unwrap();
+    let tools = folder.path().join("tools.json");
+    std::fs::write(
+        &tools,
+        serde_json::to_string(&json!([{
+            "kind": "command",
+            "name": "where",
+            "program": "/bin/sh",
+            "args": ["-c", "read input; echo \"$input\" > seen.json; echo \"{\\\"host\\\": \\\"$(hostname)\\\", \\\"dir\\\": \\\"$PWD\\\"}\""],
+        }]))
+        .unwrap(),
+    )
+    .unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "where",
+        json!({"x": 1}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env("AGENTRY_TEST_KEY", "sk-test")
+        .args([
+            "run",
+            "where are you",
+            "--provider",
+            "openai",
+            "--base-url",
+            &mock.openai_base_url(),
+            "--model-name",
+            "m",
+            "--api-key-env",
+            "AGENTRY_TEST_KEY",
+            "--tools-file",
+            tools.to_str().unwrap(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success(), "{stderr}");
+    let session = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("session: "))
+        .expect("the session id is printed")
+        .trim()
+        .to_owned();
+    // The tool saw its arguments, ran in the sandbox (its hostname, its /workspace), and what it
+    // wrote is in the session's workspace on the host.
+    let second = mock.requests()[1].body.to_string();
+    assert!(
+        second.contains(r#"{\"dir\":\"/workspace\",\"host\":\"sandbox\"}"#),
+        "{second}"
+    );
+    let seen = home
+        .path()
+        .join("workspaces")
+        .join(&session)
+        .join("seen.json");
+    assert_eq!(std::fs::read_to_string(seen).unwrap(), "{\"x\":1}\n");
+    mock.check_protocol().unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_network_allow_list_stops_serve_at_start() {
+    let home = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", "127.0.0.1:0", "--sandbox-allow-domain", "a.*.b"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("--sandbox-allow-domain") && stderr.contains("\"a.*.b\""),
+        "{stderr}"
+    );
+}

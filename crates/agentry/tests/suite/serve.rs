@@ -46,6 +46,9 @@ async fn serve_answers_registers_a_model_runs_and_stops_on_sigterm() {
         second.contains(home.path().to_str().unwrap()) && second.contains("sqlite"),
         "{second}"
     );
+    // This host gives the native sandbox, and serve says it uses it.
+    let sandbox = stdout.next_line().await.unwrap().unwrap();
+    assert_eq!(sandbox, "sandbox: native");
     let hint = stdout.next_line().await.unwrap().unwrap();
     assert!(hint.contains("No model yet"), "{hint}");
 
