@@ -223,7 +223,7 @@ impl AllowList {
 
 /// Whether an address is public: loopback, private, link-local, CGNAT, unique-local, multicast,
 /// documentation and reserved ranges are not (nor IPv6 forms carrying such an IPv4 address).
-fn is_public(ip: IpAddr) -> bool {
+pub fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_public_v4(v4),
         IpAddr::V6(v6) => is_public_v6(v6),

@@ -217,28 +217,13 @@ async fn run(
     let stderr = stderr.unwrap_or_default();
 
     if !status.success() {
-        let stderr = decode_cut_utf8(&stderr);
-        let stderr = stderr.trim();
-        let detail = if stderr.is_empty() {
-            "no error output".to_owned()
-        } else {
-            format!("error output ends with: {stderr}")
-        };
+        let detail = stderr_detail(&stderr);
         return Err(ToolError::Failed(format!(
             "{program:?} {}; {detail}",
             describe_exit(status)
         )));
     }
-    let mut text = decode_cut_utf8(&stdout);
-    if stdout_total > stdout.len() {
-        let note = truncation_note(text.len(), Some(stdout_total));
-        text.push_str(&note);
-        return Ok(ToolOutput::text(text));
-    }
-    match serde_json::from_str::<Value>(text.trim()) {
-        Ok(value) if !text.trim().is_empty() => Ok(ToolOutput::json(value)),
-        _ => Ok(ToolOutput::text(text)),
-    }
+    Ok(stdout_result(&stdout, stdout_total))
 }
 
 /// Runs the program in the sandbox of the call's workspace: the same contract as [`run`]
@@ -305,13 +290,7 @@ async fn run_sandboxed(
         }
     };
     if !status.success() {
-        let stderr = decode_cut_utf8(&stderr);
-        let stderr = stderr.trim();
-        let detail = if stderr.is_empty() {
-            "no error output".to_owned()
-        } else {
-            format!("error output ends with: {stderr}")
-        };
+        let detail = stderr_detail(&stderr);
         let how = match (&status.sandbox_closed, status.code, status.signal) {
             (Some(reason), _, _) => format!("stopped with its sandbox ({reason})"),
             (None, Some(127), _) => {
@@ -326,15 +305,32 @@ async fn run_sandboxed(
         };
         return Err(ToolError::Failed(format!("{program:?} {how}; {detail}")));
     }
-    let mut text = decode_cut_utf8(&stdout);
-    if stdout_total > stdout.len() {
-        let note = truncation_note(text.len(), Some(stdout_total));
+    Ok(stdout_result(&stdout, stdout_total))
+}
+
+/// The result of a program that succeeded: its standard output as JSON when it parses as JSON,
+/// as text otherwise (with a note when it was cut at the cap).
+fn stdout_result(stdout: &[u8], total: usize) -> ToolOutput {
+    let mut text = decode_cut_utf8(stdout);
+    if total > stdout.len() {
+        let note = truncation_note(text.len(), Some(total));
         text.push_str(&note);
-        return Ok(ToolOutput::text(text));
+        return ToolOutput::text(text);
     }
     match serde_json::from_str::<Value>(text.trim()) {
-        Ok(value) if !text.trim().is_empty() => Ok(ToolOutput::json(value)),
-        _ => Ok(ToolOutput::text(text)),
+        Ok(value) if !text.trim().is_empty() => ToolOutput::json(value),
+        _ => ToolOutput::text(text),
+    }
+}
+
+/// What a failure says of the program's standard error (its end).
+fn stderr_detail(stderr: &[u8]) -> String {
+    let stderr = decode_cut_utf8(stderr);
+    let stderr = stderr.trim();
+    if stderr.is_empty() {
+        "no error output".to_owned()
+    } else {
+        format!("error output ends with: {stderr}")
     }
 }
 

@@ -8,7 +8,7 @@
 //! by one with the policy applied to each, and no proxy from the environment is used.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -344,90 +344,14 @@ impl Resolve for PolicyResolver {
     }
 }
 
-/// Whether an address is on the public internet.
+/// Whether an address is public (the sandbox's network proxy judges addresses the same way).
 fn is_public(address: IpAddr) -> bool {
-    match address {
-        IpAddr::V4(ip) => is_public_v4(ip),
-        IpAddr::V6(ip) => is_public_v6(ip),
-    }
-}
-
-fn is_public_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local()
-        || ip.is_broadcast()
-        || ip.is_multicast()
-        || ip.is_documentation()
-        || a == 0
-        // Carrier-grade NAT, 100.64.0.0/10.
-        || (a == 100 && (64..128).contains(&b))
-        // IETF protocol assignments, 192.0.0.0/24; benchmarking, 198.18.0.0/15; reserved, 240/4.
-        || (a == 192 && b == 0 && ip.octets()[2] == 0)
-        || (a == 198 && (b == 18 || b == 19))
-        || a >= 240)
-}
-
-fn is_public_v6(ip: Ipv6Addr) -> bool {
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return is_public_v4(v4);
-    }
-    let segments = ip.segments();
-    // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address.
-    if segments[0] == 0x64 && segments[1] == 0xff9b && segments[2..6] == [0, 0, 0, 0] {
-        let [_, _, _, _, _, _, high, low] = segments;
-        return is_public_v4(Ipv4Addr::from((u32::from(high) << 16) | u32::from(low)));
-    }
-    if segments[0] == 0x2002 {
-        return is_public_v4(Ipv4Addr::from(
-            (u32::from(segments[1]) << 16) | u32::from(segments[2]),
-        ));
-    }
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_multicast()
-        // Unique local, fc00::/7.
-        || (segments[0] & 0xfe00) == 0xfc00
-        // Link-local, fe80::/10.
-        || (segments[0] & 0xffc0) == 0xfe80
-        // Documentation, 2001:db8::/32.
-        || (segments[0] == 0x2001 && segments[1] == 0x0db8)
-        // IPv4-compatible (deprecated) ::/96.
-        || segments[..6] == [0, 0, 0, 0, 0, 0])
+    agentry_sandbox::is_public_address(address)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn public_addresses() {
-        for private in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "::1",
-            "::",
-            "fd00::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-            "64:ff9b::a00:1",
-            "2002:7f00:1::",
-        ] {
-            let ip: IpAddr = private.parse().unwrap();
-            assert!(!is_public(ip), "{private} counted as public");
-        }
-        for public in ["1.1.1.1", "93.184.216.34", "2606:4700:4700::1111"] {
-            let ip: IpAddr = public.parse().unwrap();
-            assert!(is_public(ip), "{public} counted as private");
-        }
-    }
 
     #[test]
     fn allow_list_matches_domains_and_subdomains() {
