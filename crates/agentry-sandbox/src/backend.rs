@@ -67,6 +67,13 @@ impl NativeBackend {
                 caps.warnings.join("; ")
             )));
         }
+        let swept = crate::cgroup::sweep_stale() + crate::proxy::sweep_stale();
+        if swept > 0 {
+            tracing::info!(
+                swept,
+                "removed what earlier runtimes' sandboxes left behind"
+            );
+        }
         Ok(NativeBackend {
             init_exe: init_exe(&config)?,
             config,
@@ -403,7 +410,12 @@ impl Backend for NativeBackend {
                     "uid_base maps a sandbox to root".into(),
                 ));
             }
-            if let Err(e) = chown_tree(&workspace, id, id) {
+            // A large workspace takes a while to walk: off the async threads.
+            let tree = workspace.clone();
+            let chowned = tokio::task::spawn_blocking(move || chown_tree(&tree, id, id))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(e) = chowned {
                 Slots::release(slot);
                 return Err(SandboxError::Setup(format!("chown the workspace: {e}")));
             }

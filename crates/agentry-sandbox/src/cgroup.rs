@@ -49,6 +49,24 @@ fn v1_parent(controller: &str) -> Option<PathBuf> {
     (dir.join("cgroup.procs").exists() && writable(&dir)).then_some(dir)
 }
 
+/// The prefix of every sandbox cgroup's name, followed by the runtime's pid.
+pub(crate) const NAME_PREFIX: &str = "agentry-sbx-";
+
+/// Removes the cgroups that runtimes no longer alive left behind (a runtime killed with
+/// SIGKILL takes its sandboxes' processes with it, not their empty cgroup directories). Only
+/// directories named for a dead pid are touched, and `rmdir` refuses a cgroup that still has
+/// processes. Returns how many were removed.
+pub(crate) fn sweep_stale() -> usize {
+    let mut parents: Vec<PathBuf> = v2_parent().into_iter().collect();
+    parents.extend(["memory", "pids", "cpu"].into_iter().filter_map(v1_parent));
+    parents
+        .iter()
+        .map(|parent| {
+            crate::sys::remove_stale_entries(parent, NAME_PREFIX, |p| std::fs::remove_dir(p))
+        })
+        .sum()
+}
+
 /// What this host lets us use.
 pub(crate) fn probe() -> CgroupSupport {
     if v2_parent().is_some() {
@@ -79,7 +97,7 @@ impl Cgroups {
     pub(crate) fn create(limits: &Limits) -> Cgroups {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!(
-            "agentry-sbx-{}-{}",
+            "{NAME_PREFIX}{}-{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );

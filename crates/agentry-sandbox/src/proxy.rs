@@ -464,6 +464,17 @@ impl std::fmt::Debug for Proxy {
 }
 
 /// Makes the proxy's private folder in the temp folder.
+/// The prefix of every proxy folder's name, followed by the runtime's pid.
+const DIR_PREFIX: &str = "agentry-proxy-";
+
+/// Removes the proxy folders that runtimes no longer alive left in the temporary folder.
+/// Returns how many were removed.
+pub(crate) fn sweep_stale() -> usize {
+    crate::sys::remove_stale_entries(&std::env::temp_dir(), DIR_PREFIX, |p| {
+        std::fs::remove_dir_all(p)
+    })
+}
+
 fn make_dir() -> std::io::Result<PathBuf> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let base = std::env::temp_dir();
@@ -474,7 +485,7 @@ fn make_dir() -> std::io::Result<PathBuf> {
             .map(|d| d.subsec_nanos())
             .unwrap_or_default();
         let name = format!(
-            "agentry-proxy-{}-{}-{nanos:08x}",
+            "{DIR_PREFIX}{}-{}-{nanos:08x}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );

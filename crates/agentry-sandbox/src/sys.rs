@@ -245,3 +245,44 @@ pub(crate) fn kill_descendants(root: i32) {
         }
     }
 }
+
+/// Removes (with `remove`) the entries of `dir` named `<prefix><pid>-…` whose pid is not a live
+/// process: what a runtime killed before its teardown left behind. Returns how many went.
+pub(crate) fn remove_stale_entries(
+    dir: &std::path::Path,
+    prefix: &str,
+    remove: impl Fn(&std::path::Path) -> std::io::Result<()>,
+) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid <= 0 || pid_alive(pid) {
+            continue;
+        }
+        if remove(&entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether a process with this pid exists (in our pid namespace).
+fn pid_alive(pid: i32) -> bool {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::ESRCH) => false,
+        // EPERM: it exists, owned by someone else.
+        Err(_) => true,
+    }
+}

@@ -239,3 +239,58 @@ async fn two_sandboxes_cannot_see_each_other() {
     a.close().await;
     b.close().await;
 }
+
+/// Our own cgroup directory in the v1 memory hierarchy, if we may write there.
+fn own_memory_cgroup() -> Option<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_owned())
+    })?;
+    let dir = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK)
+        .is_ok()
+        .then_some(dir)
+}
+
+#[test]
+fn leftovers_of_a_dead_runtime_are_swept_when_a_backend_starts() {
+    // A pid that no longer runs: a child that has exited and been reaped.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let temp = std::env::temp_dir();
+    let stale_proxy = temp.join(format!("agentry-proxy-{dead}-0-test"));
+    std::fs::create_dir_all(&stale_proxy).unwrap();
+    std::fs::write(stale_proxy.join("proxy.sock"), b"").unwrap();
+    // A live runtime's folder (ours) is left alone.
+    let live_proxy = temp.join(format!("agentry-proxy-{}-9999-test", std::process::id()));
+    std::fs::create_dir_all(&live_proxy).unwrap();
+    let stale_cgroup = own_memory_cgroup().map(|parent| {
+        let dir = parent.join(format!("agentry-sbx-{dead}-0"));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
+    if is_root() {
+        assert!(
+            stale_cgroup.is_some(),
+            "as root, this host has writable v1 cgroups"
+        );
+    }
+
+    let _backend = native();
+
+    assert!(
+        !stale_proxy.exists(),
+        "the dead runtime's proxy folder went"
+    );
+    assert!(live_proxy.exists(), "a live runtime's folder stays");
+    std::fs::remove_dir_all(&live_proxy).unwrap();
+    if let Some(dir) = stale_cgroup {
+        assert!(!dir.exists(), "the dead runtime's cgroup went");
+    }
+}
