@@ -190,6 +190,21 @@ impl Profile {
         }
     }
 
+    /// The sandbox mode a session with this profile needs: none unless it offers a tool that
+    /// runs commands (`exec`, `terminal`, or a tools file, which may define command tools).
+    pub(crate) fn sandbox_mode(&self) -> super::sandbox::SandboxMode {
+        let runs_commands = self.tools_file.is_some()
+            || self.tools.iter().any(|name| {
+                name == agentry_core::tool::shell::EXEC
+                    || name == agentry_core::tool::shell::TERMINAL
+            });
+        if runs_commands {
+            self.sandbox.unwrap_or_default()
+        } else {
+            super::sandbox::SandboxMode::Off
+        }
+    }
+
     /// Whether the profile offers tools of saved MCP servers (which live in the store).
     pub(crate) fn uses_mcp(&self) -> bool {
         !self.mcp.is_empty()

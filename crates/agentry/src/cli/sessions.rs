@@ -136,7 +136,7 @@ pub(crate) async fn session_manager(
     data: &DataArgs,
 ) -> anyhow::Result<SessionManager> {
     let environment = super::sandbox::environment(
-        profile.sandbox.unwrap_or_default(),
+        profile.sandbox_mode(),
         agentry_sandbox::NetworkPolicy::Off,
         &data.home()?,
     )?;
