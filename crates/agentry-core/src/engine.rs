@@ -37,6 +37,15 @@ pub struct RunLimits {
     pub result_limit: usize,
     /// Loop detection.
     pub loops: LoopLimits,
+    /// Output tokens the whole run may generate (a quota over every model call). Each call's
+    /// `max_tokens` is capped to what is left; a model asking for tools once the quota is spent
+    /// stops the run with `quota_exceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// Tool calls the whole run may make; a round that would go over stops the run with
+    /// `quota_exceeded` before any of its calls runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
 }
 
 impl Default for RunLimits {
@@ -48,6 +57,8 @@ impl Default for RunLimits {
             tool_timeout: Duration::from_secs(120),
             result_limit: crate::tool::DEFAULT_RESULT_LIMIT,
             loops: LoopLimits::default(),
+            max_output_tokens: None,
+            max_tool_calls: None,
         }
     }
 }
@@ -141,6 +152,10 @@ pub struct RunState {
     pub run_id: RunId,
     /// The id of the model the runtime calls.
     pub model: String,
+    /// Models tried in order when a call to `model` fails before any output (see
+    /// [`crate::fallback`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
     /// The conversation so far.
     pub messages: Vec<Message>,
     /// The tools offered to the model.
@@ -153,6 +168,9 @@ pub struct RunState {
     pub round: u32,
     /// Rounds in which tools ran.
     pub tool_rounds: u32,
+    /// Tool calls the model asked for and the engine let run.
+    #[serde(default)]
+    pub tool_calls: u32,
     /// Tokens used so far.
     pub usage: Usage,
     /// The working directory for file and command tools.
@@ -185,12 +203,14 @@ impl RunState {
         Self {
             run_id: RunId::new(),
             model: model.into(),
+            fallback_models: Vec::new(),
             messages,
             tools,
             params,
             limits,
             round: 0,
             tool_rounds: 0,
+            tool_calls: 0,
             usage: Usage::default(),
             working_dir: None,
             workspace: None,
@@ -205,11 +225,21 @@ impl RunState {
     pub fn next_step(&mut self) -> Step {
         match &self.phase {
             Phase::CallModel => {
+                let mut params = self.params.clone();
+                if let Some(left) = self.output_tokens_left() {
+                    if left == 0 {
+                        let note = self.output_quota_note();
+                        self.finish(RunStopReason::QuotaExceeded, None, Some(note));
+                        return Step::Finish;
+                    }
+                    let left = u32::try_from(left).unwrap_or(u32::MAX);
+                    params.max_tokens = Some(params.max_tokens.map_or(left, |own| own.min(left)));
+                }
                 repair_history(&mut self.messages);
                 Step::CallModel(ModelRequest {
                     messages: self.messages.clone(),
                     tools: self.tools.clone(),
-                    params: self.params.clone(),
+                    params,
                 })
             }
             Phase::RunTools { calls, .. } => Step::RunTools(calls.clone()),
@@ -243,6 +273,23 @@ impl RunState {
             self.finish(RunStopReason::Completed, None, None);
             return;
         }
+        if self.output_tokens_left() == Some(0) {
+            let note = self.output_quota_note();
+            self.finish(RunStopReason::QuotaExceeded, None, Some(note));
+            return;
+        }
+        if let Some(max) = self.limits.max_tool_calls {
+            let wanted = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+            if self.tool_calls.saturating_add(wanted) > max {
+                let note = format!(
+                    "the model asked for {wanted} more tool call(s) after {} of the run's {max} \
+                     allowed (max_tool_calls)",
+                    self.tool_calls
+                );
+                self.finish(RunStopReason::QuotaExceeded, None, Some(note));
+                return;
+            }
+        }
         if self.tool_rounds >= self.limits.max_tool_rounds {
             let note = format!(
                 "the model asked for tools after {} tool rounds, the run's limit",
@@ -264,7 +311,25 @@ impl RunState {
                 }
             }
         }
+        self.tool_calls = self
+            .tool_calls
+            .saturating_add(u32::try_from(calls.len()).unwrap_or(u32::MAX));
         self.phase = Phase::RunTools { calls, warnings };
+    }
+
+    /// Output tokens the run may still generate, when it has a quota.
+    pub fn output_tokens_left(&self) -> Option<u64> {
+        self.limits
+            .max_output_tokens
+            .map(|max| max.saturating_sub(self.usage.output_tokens))
+    }
+
+    fn output_quota_note(&self) -> String {
+        format!(
+            "the run generated {} output tokens, its quota of {} (max_output_tokens)",
+            self.usage.output_tokens,
+            self.limits.max_output_tokens.unwrap_or_default()
+        )
     }
 
     /// The loop warning for this call of the current round, if it has one. The driver appends
@@ -464,6 +529,90 @@ mod tests {
         };
         assert!(
             matches!(request.messages.last(), Some(Message::Tool(r)) if r.call_id == "b" && r.is_error)
+        );
+    }
+
+    #[test]
+    fn the_output_token_quota_caps_each_call_and_stops_the_run() {
+        let mut run = state();
+        run.limits.max_output_tokens = Some(12);
+        run.params.max_tokens = Some(100);
+        let Step::CallModel(request) = run.next_step() else {
+            panic!("expected a model call");
+        };
+        assert_eq!(request.params.max_tokens, Some(12));
+        run.on_model_response(&response(vec![call("a")]));
+        run.on_tool_results(vec![outcome("a")]);
+        // 5 of 12 used: the next call may generate 7.
+        let Step::CallModel(request) = run.next_step() else {
+            panic!("expected a model call");
+        };
+        assert_eq!(request.params.max_tokens, Some(7));
+        run.on_model_response(&response(vec![call("b")]));
+        run.on_tool_results(vec![outcome("b")]);
+        let Step::CallModel(_) = run.next_step() else {
+            panic!("expected a model call");
+        };
+        // 15 > 12: the model asking for more tools is stopped.
+        run.on_model_response(&response(vec![call("c")]));
+        assert_eq!(run.stop_reason(), Some(RunStopReason::QuotaExceeded));
+        let Phase::Finished { note, .. } = &run.phase else {
+            panic!("expected the end");
+        };
+        assert!(note.as_deref().unwrap_or("").contains("max_output_tokens"));
+        assert_eq!(run.output_tokens_left(), Some(0));
+    }
+
+    #[test]
+    fn a_spent_output_quota_stops_before_the_next_call() {
+        let mut run = state();
+        run.limits.max_output_tokens = Some(5);
+        run.next_step();
+        run.on_model_response(&response(vec![AssistantPart::Text {
+            text: "done".into(),
+        }]));
+        // A final answer within the call's cap completes normally.
+        assert_eq!(run.stop_reason(), Some(RunStopReason::Completed));
+        let mut run = state();
+        run.limits.max_output_tokens = Some(5);
+        run.usage.output_tokens = 5;
+        assert_eq!(run.next_step(), Step::Finish);
+        assert_eq!(run.stop_reason(), Some(RunStopReason::QuotaExceeded));
+    }
+
+    #[test]
+    fn the_tool_call_quota_stops_a_round_that_would_exceed_it() {
+        let mut run = state();
+        run.limits.max_tool_calls = Some(3);
+        run.next_step();
+        run.on_model_response(&response(vec![call("a"), call("b")]));
+        assert_eq!(run.tool_calls, 2);
+        run.on_tool_results(vec![outcome("a"), outcome("b")]);
+        run.next_step();
+        // Two more would make four: none of them runs.
+        run.on_model_response(&response(vec![call("c"), call("d")]));
+        assert_eq!(run.stop_reason(), Some(RunStopReason::QuotaExceeded));
+        assert_eq!(run.tool_calls, 2);
+        let Phase::Finished { note, .. } = &run.phase else {
+            panic!("expected the end");
+        };
+        assert!(note.as_deref().unwrap_or("").contains("max_tool_calls"));
+    }
+
+    #[test]
+    fn old_states_and_limits_without_quotas_still_load() {
+        let mut value = serde_json::to_value(state()).unwrap();
+        let object = value.as_object_mut().unwrap();
+        object.remove("tool_calls");
+        let limits = object["limits"].as_object_mut().unwrap();
+        assert!(!limits.contains_key("max_output_tokens"));
+        assert!(!limits.contains_key("max_tool_calls"));
+        let loaded: RunState = serde_json::from_value(value).unwrap();
+        assert_eq!(loaded.tool_calls, 0);
+        assert_eq!(loaded.limits.max_tool_calls, None);
+        assert_eq!(
+            serde_json::to_value(RunStopReason::QuotaExceeded).unwrap(),
+            json!("quota_exceeded")
         );
     }
 

@@ -11,6 +11,7 @@
 
 pub mod driver;
 pub mod engine;
+pub mod fallback;
 pub mod loop_guard;
 pub mod repair;
 pub mod runtime;
@@ -20,5 +21,6 @@ pub mod template;
 pub mod tool;
 
 pub use engine::{Phase, RunLimits, RunState, Step, ToolOutcome};
+pub use fallback::FallbackModelClient;
 pub use loop_guard::LoopLimits;
 pub use runtime::{Input, RunError, RunOutput, RunRequest, RunStream, Runtime, RuntimeBuilder};

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::driver::{EventSink, drive};
 use crate::engine::{Phase, RunLimits, RunState};
+use crate::fallback::FallbackModelClient;
 use crate::skill::Skill;
 use crate::template::{TemplateError, TemplateStore};
 use crate::tool::{ResultFormat, Tool, ToolError, ToolRegistry};
@@ -78,6 +79,9 @@ pub struct RunRequest {
     /// The model id (default: the runtime's default model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Models tried in order when a call to the model fails before any output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
     /// A system prompt, placed first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
@@ -127,6 +131,12 @@ impl RunRequest {
     /// Sets the model.
     pub fn with_model(mut self, model: impl Into<String>) -> Self {
         self.model = Some(model.into());
+        self
+    }
+
+    /// Sets the models tried when the model fails before any output.
+    pub fn with_fallbacks(mut self, models: Vec<String>) -> Self {
+        self.fallback_models = models;
         self
     }
 
@@ -326,6 +336,11 @@ impl RuntimeBuilder {
         Ok(self)
     }
 
+    /// Whether a tool (or skill) is registered under `name`.
+    pub fn tools_contain(&self, name: &str) -> bool {
+        self.tools.contains(name)
+    }
+
     /// Registers a skill: the model first sees its name and description only.
     pub fn skill(&mut self, skill: Skill) -> Result<&mut Self, ToolError> {
         self.tools.register(skill)?;
@@ -392,7 +407,7 @@ impl Runtime {
 
     /// Continues a run from a stored state (a finished one just reports its end again).
     pub fn resume(&self, state: RunState) -> Result<RunStream, RunError> {
-        let model = self.model(&state.model)?;
+        let model = self.client_for(&state)?;
         let tools = self.inner.tools.clone();
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let cancel = CancellationToken::new();
@@ -423,6 +438,19 @@ impl Runtime {
         self.model(id)
     }
 
+    /// The client a run calls: its model, wrapped with its fallback models when it has any.
+    pub fn client_for(&self, state: &RunState) -> Result<Arc<dyn ModelClient>, RunError> {
+        let primary = self.model(&state.model)?;
+        if state.fallback_models.is_empty() {
+            return Ok(primary);
+        }
+        let mut models = vec![(state.model.clone(), primary)];
+        for id in &state.fallback_models {
+            models.push((id.clone(), self.model(id)?));
+        }
+        Ok(Arc::new(FallbackModelClient::new(models)))
+    }
+
     pub(crate) fn model(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
         self.inner
             .models
@@ -438,6 +466,9 @@ impl Runtime {
             None => self.inner.default_model.clone().ok_or(RunError::NoModel)?,
         };
         self.model(&model)?;
+        for fallback in &request.fallback_models {
+            self.model(fallback)?;
+        }
         let mut messages = Vec::with_capacity(request.history.len() + 2);
         // A conversation keeps the system prompt it started with.
         let has_system = matches!(request.history.first(), Some(Message::System { .. }));
@@ -470,6 +501,7 @@ impl Runtime {
         let limits = request.limits.unwrap_or_else(|| self.inner.limits.clone());
         let mut state = RunState::new(model, messages, tools, request.params, limits);
         state.workspace = request.workspace;
+        state.fallback_models = request.fallback_models;
         Ok(state)
     }
 }

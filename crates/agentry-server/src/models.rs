@@ -120,7 +120,7 @@ pub fn builtins(environment: &crate::state::ToolEnvironment) -> Vec<Arc<dyn Tool
 /// Builds the runtime from the store: every model, the built-in tools (with the file tools when
 /// sessions have workspaces, and `exec` and `terminal` when they also have sandboxes), the
 /// configured tools (command tools in the sandbox), the tools of every connected MCP server,
-/// every template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
+/// the skills of every saved agent, every template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
 /// server down.
 pub async fn build_runtime(
     store: &Store,
@@ -171,6 +171,32 @@ pub async fn build_runtime(
         let name = tool.spec().name.clone();
         if let Err(error) = builder.tool_arc(tool) {
             tracing::warn!(tool = %name, "skipping an MCP tool: {error}");
+        }
+    }
+    // The skills of every saved agent (each folder once; a name taken by another tool is
+    // skipped, and running the agent then says so).
+    let mut skill_dirs = std::collections::BTreeSet::new();
+    for (name, value) in store.list_config(ConfigKind::Agent).await? {
+        let Ok(agent) = serde_json::from_value::<crate::routes::agents::AgentConfig>(value) else {
+            continue;
+        };
+        for path in agent.skills {
+            if !skill_dirs.insert(path.clone()) {
+                continue;
+            }
+            match crate::routes::agents::load_skill(&path) {
+                Ok(skill) => {
+                    let skill_name = skill.name().to_owned();
+                    if builder.tools_contain(&skill_name) {
+                        tracing::warn!(agent = %name, skill = %path, "skipping a skill: a tool is already named {skill_name:?}");
+                    } else if let Err(error) = builder.skill(skill) {
+                        tracing::warn!(agent = %name, skill = %path, "skipping a skill: {error}");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(agent = %name, skill = %path, "skipping a skill: {}", error.message)
+                }
+            }
         }
     }
     for (name, value) in store.list_config(ConfigKind::Template).await? {

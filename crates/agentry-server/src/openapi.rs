@@ -497,7 +497,8 @@ pub struct InferOutcome {
     pub session_id: Option<String>,
     /// The run.
     pub run_id: Option<String>,
-    /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `cancelled` or `error`.
+    /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `quota_exceeded`, `cancelled` or
+    /// `error`.
     pub stop_reason: String,
     /// The final answer's text.
     pub text: String,

@@ -28,6 +28,9 @@ pub enum RunStopReason {
     Cancelled,
     /// A model call failed.
     Error,
+    /// The run used up a quota: its output tokens (`max_output_tokens`) or its tool calls
+    /// (`max_tool_calls`); the run's note says which.
+    QuotaExceeded,
 }
 
 impl RunStopReason {
@@ -40,6 +43,7 @@ impl RunStopReason {
             Self::LoopDetected => "loop_detected",
             Self::Cancelled => "cancelled",
             Self::Error => "error",
+            Self::QuotaExceeded => "quota_exceeded",
         }
     }
 }

@@ -32,6 +32,9 @@ pub enum SessionEvent {
         /// Guards (the engine's type, as JSON).
         #[serde(default)]
         limits: serde_json::Value,
+        /// Models tried in order when a call to `model` fails before any output.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        fallback_models: Vec<String>,
     },
     /// A message given to the model: the user's turn, or a system prompt.
     Message {

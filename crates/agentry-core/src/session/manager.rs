@@ -335,6 +335,7 @@ impl SessionManager {
             tools: state.tools.iter().map(|t| t.name.clone()).collect(),
             params: serde_json::to_value(&state.params).unwrap_or_default(),
             limits: serde_json::to_value(&state.limits).unwrap_or_default(),
+            fallback_models: state.fallback_models.clone(),
         }];
         records.extend(
             new_messages
@@ -362,7 +363,7 @@ impl SessionManager {
         cancel: CancellationToken,
     ) -> RunState {
         let runtime = self.runtime();
-        let model = match runtime.model(&state.model) {
+        let model = match runtime.client_for(&state) {
             Ok(model) => model,
             Err(error) => {
                 let mut state = state;
@@ -468,12 +469,14 @@ impl SessionManager {
         RunState {
             run_id: in_flight.run_id,
             model: in_flight.model.clone(),
+            fallback_models: in_flight.fallback_models.clone(),
             messages,
             tools: specs,
             params: serde_json::from_value(in_flight.params.clone()).unwrap_or_default(),
             limits,
             round: in_flight.round,
             tool_rounds: in_flight.tool_rounds,
+            tool_calls: in_flight.tool_calls,
             usage: in_flight.usage,
             working_dir: in_flight.working_dir.clone(),
             // The log does not record the workspace: it is the session's (set by `resume`).

@@ -33,6 +33,8 @@ pub struct InFlight {
     pub run_id: RunId,
     /// Its model id.
     pub model: String,
+    /// Its fallback models.
+    pub fallback_models: Vec<String>,
     /// Names of the tools it offered.
     pub tools: Vec<String>,
     /// Its generation parameters, as recorded.
@@ -43,6 +45,8 @@ pub struct InFlight {
     pub round: u32,
     /// Rounds whose tools all returned.
     pub tool_rounds: u32,
+    /// Tool calls the model asked for (the `max_tool_calls` quota counts them).
+    pub tool_calls: u32,
     /// Tokens used.
     pub usage: Usage,
     /// The loop window, replayed.
@@ -69,17 +73,20 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 tools,
                 params,
                 limits,
+                fallback_models,
             } => {
                 replay.runs += 1;
                 intents.clear();
                 replay.in_flight = Some(InFlight {
                     run_id: *run_id,
                     model: model.clone(),
+                    fallback_models: fallback_models.clone(),
                     tools: tools.clone(),
                     params: params.clone(),
                     limits: limits.clone(),
                     round: 0,
                     tool_rounds: 0,
+                    tool_calls: 0,
                     usage: Usage::default(),
                     loops: LoopDetector::default(),
                     working_dir: None,
@@ -109,6 +116,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                         calls += 1;
                     }
                     run.answered = calls == 0;
+                    run.tool_calls = run.tool_calls.saturating_add(calls);
                 }
                 replay.messages.push(message);
             }
@@ -165,6 +173,7 @@ mod tests {
             tools: vec!["t".into()],
             params: json!({}),
             limits: json!(null),
+            fallback_models: Vec::new(),
         }
     }
 

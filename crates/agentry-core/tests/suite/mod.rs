@@ -1,6 +1,7 @@
 mod engine;
 mod features;
 mod guards;
+mod quotas;
 mod sessions;
 mod shell_tools;
 mod skills;

@@ -286,6 +286,7 @@ async fn crashed_session(
                 tools: vec!["reader".into(), "lookup".into()],
                 params: json!({}),
                 limits: serde_json::to_value(limits()).unwrap(),
+                fallback_models: Vec::new(),
             },
             SessionEvent::Message {
                 run_id,

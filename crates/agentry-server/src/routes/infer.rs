@@ -116,10 +116,17 @@ pub struct InferRequest {
     /// Cancel the run when the client disconnects.
     #[serde(default)]
     pub cancel_on_disconnect: bool,
-    /// Run as this saved agent (its model, tools, system prompt and limits, unless the request
-    /// sets them). One agent; group chat with several is not available yet.
+    /// Run as this saved agent: its model and fallbacks, tools, skills and MCP servers' tools,
+    /// system prompt or template, parameters and limits (the request's `model_id`, `tool_ids`,
+    /// `system`, `max_tool_rounds` and `params` win where given; a request naming its own model
+    /// does not use the agent's fallbacks). One agent; group chat with several is not
+    /// available yet.
     #[serde(default)]
     pub agent_ids: Option<Vec<String>>,
+    /// Run as this saved agent (the same as `agent_ids` with one id).
+    #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    pub agent_id: Option<String>,
 }
 
 /// Turns message content into parts.
@@ -205,37 +212,55 @@ pub(crate) async fn prepare(
     state: &AppState,
     mut body: InferRequest,
 ) -> Result<(Target, RunRequest, BusyPolicy), ApiError> {
-    match body.agent_ids.as_deref() {
-        None | Some([]) => {}
-        Some([id]) => {
-            let agent = super::agents::stored_agent(&state.store, id)
-                .await?
-                .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
-            body.model_id = body.model_id.or(Some(agent.model_id));
-            body.tool_ids = body.tool_ids.or(Some(agent.tool_ids));
-            body.system = body.system.or(agent.system);
-            body.max_tool_rounds = body.max_tool_rounds.or(agent.max_tool_rounds);
-            body.params = body.params.or(Some(agent.params));
+    let agent_id = match (body.agent_id.take(), body.agent_ids.as_deref()) {
+        (None, None | Some([])) => None,
+        (None, Some([id])) => Some(id.clone()),
+        (Some(id), None | Some([])) => Some(id),
+        (Some(id), Some([other])) if *other == id => Some(id),
+        (Some(_), Some([_])) => {
+            return Err(ApiError::bad_request(
+                "`agent_id` and `agent_ids` name different agents: give one",
+            ));
         }
-        Some(_) => {
+        (_, Some(_)) => {
             return Err(ApiError::bad_request(
                 "one agent per request: group chat with several agents is not available yet",
             ));
         }
+    };
+    let mut limits = body.max_tool_rounds.map(|rounds| RunLimits {
+        max_tool_rounds: rounds,
+        ..RunLimits::default()
+    });
+    let mut fallback_models = Vec::new();
+    if let Some(id) = agent_id {
+        super::config::check_name("agent", &id)?;
+        let agent = super::agents::stored_agent(&state.store, &id)
+            .await?
+            .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
+        let run = agent.resolve(&state.sessions.runtime())?;
+        if body.model_id.is_none() {
+            fallback_models = run.fallback_models;
+        }
+        body.model_id = body.model_id.or(Some(run.model));
+        body.tool_ids = body.tool_ids.or(Some(run.tools));
+        body.system = body.system.or(run.system);
+        body.params = body.params.or(Some(run.params));
+        let mut agent_limits = run.limits;
+        if let Some(rounds) = body.max_tool_rounds {
+            agent_limits.max_tool_rounds = rounds;
+        }
+        limits = Some(agent_limits);
     }
     let mut request = RunRequest {
         model: body.model_id.clone(),
+        fallback_models,
         system: body.system.clone(),
         tools: body.tool_ids.clone(),
         params: body.params.clone().unwrap_or_default(),
+        limits,
         ..RunRequest::default()
     };
-    if let Some(rounds) = body.max_tool_rounds {
-        request.limits = Some(RunLimits {
-            max_tool_rounds: rounds,
-            ..RunLimits::default()
-        });
-    }
     let mut user_turns = Vec::new();
     for message in &body.messages {
         match message.role.as_str() {

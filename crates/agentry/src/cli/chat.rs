@@ -15,6 +15,9 @@ use agentry_core::session::{BusyPolicy, SessionManager};
 use agentry_core::{RunRequest, RunStream, Runtime};
 use agentry_types::{Message, SessionId};
 
+use agentry_server::ToolEnvironment;
+use agentry_server::routes::agents::AgentRun;
+
 use super::data::DataArgs;
 use super::output::Printer;
 use super::profile::Profile;
@@ -30,6 +33,9 @@ pub(crate) struct ChatArgs {
     /// Keep nothing: no session is saved.
     #[arg(long)]
     ephemeral: bool,
+    /// Talk with this saved agent (`agentry agents`): its model, tools, prompt and limits.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["model_name", "provider", "base_url"])]
+    agent: Option<String>,
 }
 
 /// Where the turns go: a saved session, or a conversation kept in memory.
@@ -39,10 +45,21 @@ enum Conversation {
 }
 
 impl Conversation {
-    async fn turn(&mut self, text: &str, profile: &Profile) -> anyhow::Result<RunStream> {
-        let mut request = RunRequest::text(text);
-        request.system = profile.system.clone();
-        request.params = profile.params();
+    async fn turn(
+        &mut self,
+        text: &str,
+        profile: &Profile,
+        agent: Option<&AgentRun>,
+    ) -> anyhow::Result<RunStream> {
+        let request = match agent {
+            Some(run) => super::agents::request(run, text),
+            None => {
+                let mut request = RunRequest::text(text);
+                request.system = profile.system.clone();
+                request.params = profile.params();
+                request
+            }
+        };
         Ok(match self {
             Self::Session(manager, session) => {
                 manager.send(*session, request, BusyPolicy::Reject).await?
@@ -61,7 +78,25 @@ impl Conversation {
 }
 
 pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
-    let (mut conversation, profile) = if args.ephemeral {
+    let mut agent_run = None;
+    let (mut conversation, profile) = if let Some(id) = &args.agent {
+        let store = data.open_store().await?;
+        let agent = super::agents::load(&store, id).await?;
+        if args.ephemeral {
+            let (runtime, run) =
+                super::agents::runtime(&store, &agent, &ToolEnvironment::default()).await?;
+            agent_run = Some(run);
+            (Conversation::Ephemeral(runtime, Vec::new()), args.profile)
+        } else {
+            let (manager, run) =
+                super::agents::session_manager(&store, &agent, args.profile.sandbox, data).await?;
+            agent_run = Some(run);
+            let (session, profile) =
+                open_session(&store, args.session, args.profile, "chat", None).await?;
+            eprintln!("session: {session}");
+            (Conversation::Session(manager, session), profile)
+        }
+    } else if args.ephemeral {
         let store = if args.profile.uses_mcp() {
             Some(data.open_store().await?)
         } else {
@@ -113,7 +148,9 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             break;
         }
         let _ = editor.add_history_entry(text);
-        let mut stream = conversation.turn(text, &profile).await?;
+        let mut stream = conversation
+            .turn(text, &profile, agent_run.as_ref())
+            .await?;
         let cancel = stream.cancel_token();
         let mut printer = Printer::new(false);
         loop {

@@ -1,5 +1,6 @@
 //! Command-line arguments and the commands they run.
 
+mod agents;
 mod chat;
 mod data;
 mod keys;
@@ -37,6 +38,8 @@ enum Command {
     Run(run::RunArgs),
     /// Talk with a model in the terminal (line editing and history; Ctrl-C cancels a turn).
     Chat(chat::ChatArgs),
+    /// Saved agents: list, show, add, rm (`run --agent` and `chat --agent` run as one).
+    Agents(agents::AgentsArgs),
     /// Inspect and manage saved sessions.
     Sessions(sessions::SessionsArgs),
     /// Manage the API keys of `agentry serve`.
@@ -53,6 +56,7 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args, &cli.data).await,
         Command::Run(args) => run::run(args, &cli.data).await,
         Command::Chat(args) => chat::chat(args, &cli.data).await,
+        Command::Agents(args) => agents::agents(args, &cli.data).await,
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
         Command::Mcp(args) => mcp::mcp(args, &cli.data).await,

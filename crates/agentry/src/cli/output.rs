@@ -149,7 +149,10 @@ pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
     match reason {
         RunStopReason::Completed => 0,
         RunStopReason::Error => 1,
-        RunStopReason::MaxRounds | RunStopReason::Deadline | RunStopReason::LoopDetected => 3,
+        RunStopReason::MaxRounds
+        | RunStopReason::Deadline
+        | RunStopReason::LoopDetected
+        | RunStopReason::QuotaExceeded => 3,
         RunStopReason::Cancelled => 130,
     }
 }

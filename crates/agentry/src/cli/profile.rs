@@ -279,10 +279,20 @@ async fn mcp_tools(
     store: &Store,
     names: &[String],
 ) -> anyhow::Result<Vec<Arc<dyn agentry_core::tool::Tool>>> {
+    let manager = start_mcp(store, names).await?;
+    Ok(agentry_server::mcp::tools(&manager))
+}
+
+/// Starts the saved MCP servers `names` (none: an empty manager) and waits until each is
+/// connected.
+pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result<McpManager> {
+    let manager = McpManager::new();
+    if names.is_empty() {
+        return Ok(manager);
+    }
     let secrets = agentry_server::models::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
-    let manager = McpManager::new();
     for name in names {
         agentry_mcp::validate_server_name(name)?;
         let saved = store
@@ -304,5 +314,5 @@ async fn mcp_tools(
             );
         }
     }
-    Ok(agentry_server::mcp::tools(&manager))
+    Ok(manager)
 }

@@ -9,6 +9,9 @@ use agentry_core::session::BusyPolicy;
 use agentry_core::{RunRequest, RunStream};
 use agentry_types::SessionId;
 
+use agentry_server::ToolEnvironment;
+
+use super::agents;
 use super::data::DataArgs;
 use super::output::{Printer, exit_code};
 use super::profile::Profile;
@@ -35,6 +38,10 @@ pub(crate) struct RunArgs {
     /// Delete the new session after this many days (`agentry sessions prune`).
     #[arg(long, value_name = "DAYS", env = "AGENTRY_SESSION_TTL_DAYS")]
     ttl_days: Option<u64>,
+    /// Run as this saved agent (`agentry agents`): its model and fallbacks, tools, skills, MCP
+    /// servers, system prompt or template and limits, with the models of the data folder.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["model_name", "provider", "base_url"])]
+    agent: Option<String>,
 }
 
 /// The busy policy, as a flag.
@@ -56,6 +63,9 @@ impl From<Policy> for BusyPolicy {
 }
 
 pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    if let Some(id) = args.agent.clone() {
+        return run_agent(args, data, &id).await;
+    }
     let stream = if args.ephemeral {
         let store = if args.profile.uses_mcp() {
             Some(data.open_store().await?)
@@ -83,6 +93,37 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         request.system = profile.system.clone();
         request.params = profile.params();
         manager.send(session, request, args.policy.into()).await?
+    };
+    print_run(stream, args.json).await
+}
+
+/// `agentry run --agent ID`: the run as the saved agent, in a new or given session unless
+/// `--ephemeral`.
+async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<ExitCode> {
+    let store = data.open_store().await?;
+    let agent = agents::load(&store, id).await?;
+    let stream = if args.ephemeral {
+        let (runtime, run) = agents::runtime(&store, &agent, &ToolEnvironment::default()).await?;
+        runtime.stream(agents::request(&run, &args.prompt))?
+    } else {
+        let (manager, run) =
+            agents::session_manager(&store, &agent, args.profile.sandbox, data).await?;
+        let (session, _) = open_session(
+            &store,
+            args.session,
+            args.profile,
+            &args.prompt,
+            args.ttl_days,
+        )
+        .await?;
+        eprintln!("session: {session}");
+        manager
+            .send(
+                session,
+                agents::request(&run, &args.prompt),
+                args.policy.into(),
+            )
+            .await?
     };
     print_run(stream, args.json).await
 }

@@ -1,3 +1,4 @@
+mod agents;
 mod chat;
 mod crash;
 mod mcp;

@@ -1,0 +1,293 @@
+//! `agentry agents`: saved agents (the same store and the same checks as `/v1/agents`), and
+//! running as one (`agentry run --agent`, `agentry chat --agent`).
+//!
+//! Running as an agent builds the server's runtime from the store (`build_runtime`: every
+//! saved model, tool, template and agent skill, plus the tools of the agent's MCP servers,
+//! started for the run) and resolves the agent against it, exactly as `/v1/infer` does.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use agentry_core::session::SessionManager;
+use agentry_core::{RunRequest, Runtime};
+use agentry_mcp::McpManager;
+use agentry_server::routes::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
+use agentry_server::{StoreLog, ToolEnvironment};
+use agentry_store::{ConfigKind, Store};
+
+use super::data::DataArgs;
+use super::sandbox::SandboxMode;
+
+#[derive(Debug, Args)]
+pub(crate) struct AgentsArgs {
+    #[command(subcommand)]
+    command: AgentsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentsCommand {
+    /// List the saved agents.
+    List {
+        /// Print one JSON object per agent.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print an agent's configuration as JSON.
+    Show {
+        /// The agent's id.
+        id: String,
+    },
+    /// Save an agent, from a JSON file (the `/v1/agents` shape) or from flags.
+    Add(Box<AddArgs>),
+    /// Delete an agent.
+    Rm {
+        /// The agent's id.
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct AddArgs {
+    /// A JSON file with the whole agent (the `/v1/agents` shape); no other flag is needed.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["id", "model"])]
+    file: Option<PathBuf>,
+    /// The agent's id.
+    #[arg(long, required_unless_present = "file")]
+    id: Option<String>,
+    /// The saved model it runs on (`/v1/models`).
+    #[arg(long, required_unless_present = "file")]
+    model: Option<String>,
+    /// A model tried when the previous one fails before any output (repeatable, in order).
+    #[arg(long = "fallback", value_name = "MODEL")]
+    fallbacks: Vec<String>,
+    /// A tool it may use (repeatable).
+    #[arg(long = "tool", value_name = "NAME")]
+    tools: Vec<String>,
+    /// A skill folder (repeatable).
+    #[arg(long = "skill", value_name = "DIR")]
+    skills: Vec<String>,
+    /// A saved MCP server whose tools it gets (repeatable).
+    #[arg(long = "mcp", value_name = "SERVER")]
+    mcp_servers: Vec<String>,
+    /// Its system prompt.
+    #[arg(long, conflicts_with = "template")]
+    system: Option<String>,
+    /// A saved prompt template rendered as its system prompt.
+    #[arg(long)]
+    template: Option<String>,
+    /// A template argument, `NAME=VALUE` (repeatable).
+    #[arg(long = "arg", value_name = "NAME=VALUE", requires = "template")]
+    arguments: Vec<String>,
+    /// A display name.
+    #[arg(long)]
+    nickname: Option<String>,
+    /// A label (repeatable).
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// Tool rounds allowed per run.
+    #[arg(long)]
+    max_rounds: Option<u32>,
+    /// Output tokens allowed per run (all model calls together).
+    #[arg(long)]
+    max_tokens: Option<u64>,
+    /// Tool calls allowed per run.
+    #[arg(long)]
+    max_tool_calls: Option<u32>,
+    /// The run's deadline in seconds.
+    #[arg(long)]
+    wall_time_secs: Option<u64>,
+    /// Replace an agent with the same id instead of refusing.
+    #[arg(long)]
+    replace: bool,
+}
+
+impl AddArgs {
+    fn agent(self) -> anyhow::Result<AgentConfig> {
+        if let Some(path) = &self.file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            return serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a valid agent", path.display()));
+        }
+        let mut template_arguments = serde_json::Map::new();
+        for argument in &self.arguments {
+            let (name, value) = argument
+                .split_once('=')
+                .with_context(|| format!("--arg {argument:?}: expected NAME=VALUE"))?;
+            template_arguments.insert(name.to_owned(), serde_json::Value::from(value));
+        }
+        let limits = AgentLimits {
+            max_tool_rounds: self.max_rounds,
+            max_tokens: self.max_tokens,
+            max_tool_calls: self.max_tool_calls,
+            wall_time_secs: self.wall_time_secs,
+        };
+        Ok(AgentConfig {
+            id: self.id.context("--id is required")?,
+            nickname: self.nickname,
+            model_id: self.model.context("--model is required")?,
+            tool_ids: self.tools,
+            system: self.system,
+            labels: self.labels,
+            max_tool_rounds: None,
+            params: Default::default(),
+            fallback_model_ids: self.fallbacks,
+            skills: self.skills,
+            mcp_servers: self.mcp_servers,
+            prompt_template: self.template,
+            template_arguments,
+            limits: (limits != AgentLimits::default()).then_some(limits),
+        })
+    }
+}
+
+fn api(error: agentry_server::ApiError) -> anyhow::Error {
+    anyhow::anyhow!(error.message)
+}
+
+pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
+    let store = data.open_store().await?;
+    match args.command {
+        AgentsCommand::List { json } => {
+            for (_, value) in store.list_config(ConfigKind::Agent).await? {
+                if json {
+                    println!("{value}");
+                    continue;
+                }
+                let Ok(agent) = serde_json::from_value::<AgentConfig>(value) else {
+                    continue;
+                };
+                let mut line = format!("{}\t{}", agent.id, agent.model_id);
+                if let Some(nickname) = &agent.nickname {
+                    line.push_str(&format!("\t{nickname}"));
+                }
+                if !agent.labels.is_empty() {
+                    line.push_str(&format!("\t[{}]", agent.labels.join(", ")));
+                }
+                println!("{line}");
+            }
+        }
+        AgentsCommand::Show { id } => {
+            let agent = stored_agent(&store, &id)
+                .await
+                .map_err(api)?
+                .with_context(|| format!("no agent {id:?}"))?;
+            println!("{}", serde_json::to_string_pretty(&agent)?);
+        }
+        AgentsCommand::Add(add) => {
+            let replace = add.replace;
+            let agent = add.agent()?;
+            agent.check_shape().map_err(api)?;
+            let runtime =
+                store_runtime(&store, &McpManager::new(), &ToolEnvironment::default()).await?;
+            validate(&store, &runtime, &agent).await.map_err(api)?;
+            if !replace
+                && stored_agent(&store, &agent.id)
+                    .await
+                    .map_err(api)?
+                    .is_some()
+            {
+                anyhow::bail!(
+                    "an agent {:?} already exists (--replace to overwrite it)",
+                    agent.id
+                );
+            }
+            store
+                .put_config(ConfigKind::Agent, &agent.id, &serde_json::to_value(&agent)?)
+                .await?;
+            eprintln!("saved agent {:?}", agent.id);
+        }
+        AgentsCommand::Rm { id } => {
+            if !store.delete_config(ConfigKind::Agent, &id).await? {
+                anyhow::bail!("no agent {id:?}");
+            }
+            eprintln!("deleted agent {id:?}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The server's runtime over `store`, with the tools of `mcp`'s servers.
+async fn store_runtime(
+    store: &Store,
+    mcp: &McpManager,
+    environment: &ToolEnvironment,
+) -> anyhow::Result<Runtime> {
+    let http = agentry_llm::http_client(Duration::from_secs(10))?;
+    agentry_server::models::build_runtime(store, &http, mcp, environment)
+        .await
+        .map_err(api)
+}
+
+/// The saved agent `id`.
+pub(crate) async fn load(store: &Store, id: &str) -> anyhow::Result<AgentConfig> {
+    stored_agent(store, id)
+        .await
+        .map_err(api)?
+        .with_context(|| format!("no agent {id:?} (agentry agents list)"))
+}
+
+/// The sandbox an agent's session needs: none unless it may run commands.
+pub(crate) fn sandbox_mode(agent: &AgentConfig, chosen: Option<SandboxMode>) -> SandboxMode {
+    let runs_commands = agent.tool_ids.iter().any(|name| {
+        name == agentry_core::tool::shell::EXEC || name == agentry_core::tool::shell::TERMINAL
+    });
+    if runs_commands {
+        chosen.unwrap_or_default()
+    } else {
+        SandboxMode::Off
+    }
+}
+
+/// A runtime for running as `agent` in `environment` (its MCP servers started for it), and
+/// what running as it means.
+pub(crate) async fn runtime(
+    store: &Store,
+    agent: &AgentConfig,
+    environment: &ToolEnvironment,
+) -> anyhow::Result<(Runtime, AgentRun)> {
+    let mcp = super::profile::start_mcp(store, &agent.mcp_servers).await?;
+    let runtime = store_runtime(store, &mcp, environment).await?;
+    let run = agent.resolve(&runtime).map_err(api)?;
+    Ok((runtime, run))
+}
+
+/// A session manager over the store running as `agent` (workspaces, and a sandbox when its
+/// tools run commands), and what running as it means.
+pub(crate) async fn session_manager(
+    store: &Store,
+    agent: &AgentConfig,
+    sandbox: Option<SandboxMode>,
+    data: &DataArgs,
+) -> anyhow::Result<(SessionManager, AgentRun)> {
+    let environment = super::sandbox::environment(
+        sandbox_mode(agent, sandbox),
+        agentry_sandbox::NetworkPolicy::Off,
+        &data.home()?,
+    )?;
+    let (runtime, run) = runtime(store, agent, &environment).await?;
+    let manager = SessionManager::new(runtime, Arc::new(StoreLog::new(store.clone())));
+    let manager = match environment.workspaces {
+        Some(root) => manager.with_workspaces(root),
+        None => manager,
+    };
+    Ok((manager, run))
+}
+
+/// A request for `text` as the agent.
+pub(crate) fn request(run: &AgentRun, text: &str) -> RunRequest {
+    RunRequest {
+        model: Some(run.model.clone()),
+        fallback_models: run.fallback_models.clone(),
+        system: run.system.clone(),
+        tools: Some(run.tools.clone()),
+        params: run.params.clone(),
+        limits: Some(run.limits.clone()),
+        ..RunRequest::text(text)
+    }
+}

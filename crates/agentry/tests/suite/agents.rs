@@ -1,0 +1,283 @@
+//! `agentry agents list|show|add|rm` on the data folder's store, and `agentry run --agent` /
+//! `agentry chat --agent` running as a saved agent against the mock provider.
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+
+use agentry_store::{ConfigKind, Store};
+use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+async fn agentry(home: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A data folder whose store has two models on the mock: `mock` (provider name `m`) and
+/// `backup` (`b`).
+async fn home_with_models(mock: &MockProvider) -> tempfile::TempDir {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open_home(home.path()).await.unwrap();
+    for (id, name) in [("mock", "m"), ("backup", "b")] {
+        store
+            .put_config(
+                ConfigKind::Model,
+                id,
+                &json!({"id": id, "protocol": "openai", "base_url": mock.openai_base_url(),
+                        "model_name": name}),
+            )
+            .await
+            .unwrap();
+    }
+    store.close().await;
+    home
+}
+
+fn models_called(mock: &MockProvider) -> Vec<String> {
+    mock.requests()
+        .iter()
+        .map(|r| r.body["model"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn tools_offered(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn agents_are_added_listed_shown_and_removed() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let added = agentry(
+        home,
+        &[
+            "agents",
+            "add",
+            "--id",
+            "writer",
+            "--model",
+            "mock",
+            "--fallback",
+            "backup",
+            "--tool",
+            "current_time",
+            "--system",
+            "Be brief.",
+            "--label",
+            "docs",
+            "--max-tool-calls",
+            "3",
+            "--max-tokens",
+            "900",
+            "--wall-time-secs",
+            "30",
+        ],
+    )
+    .await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+
+    let again = agentry(
+        home,
+        &["agents", "add", "--id", "writer", "--model", "mock"],
+    )
+    .await;
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("already exists"),
+        "{}",
+        text(&again.stderr)
+    );
+
+    // Checked like the API: an unknown model or a bad limit is refused, nothing saved.
+    let bad = agentry(home, &["agents", "add", "--id", "bad", "--model", "gpt-9"]).await;
+    assert!(!bad.status.success());
+    assert!(text(&bad.stderr).contains("gpt-9"), "{}", text(&bad.stderr));
+    let bad = agentry(
+        home,
+        &[
+            "agents",
+            "add",
+            "--id",
+            "bad",
+            "--model",
+            "mock",
+            "--max-tool-calls",
+            "0",
+        ],
+    )
+    .await;
+    assert!(
+        text(&bad.stderr).contains("max_tool_calls"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    // From a file, in the API's shape.
+    let file = home.join("reader.json");
+    std::fs::write(
+        &file,
+        json!({"id": "reader", "model_id": "backup", "nickname": "Reed",
+               "limits": {"max_tool_rounds": 2}})
+        .to_string(),
+    )
+    .unwrap();
+    let added = agentry(home, &["agents", "add", "--file", file.to_str().unwrap()]).await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+
+    let listed = agentry(home, &["agents", "list"]).await;
+    let listed = text(&listed.stdout);
+    assert!(listed.contains("writer\tmock\t[docs]"), "{listed}");
+    assert!(listed.contains("reader\tbackup\tReed"), "{listed}");
+    assert!(!listed.contains("bad"), "{listed}");
+
+    let shown = agentry(home, &["agents", "show", "writer"]).await;
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["fallback_model_ids"], json!(["backup"]));
+    assert_eq!(shown["tool_ids"], json!(["current_time"]));
+    assert_eq!(shown["system"], "Be brief.");
+    assert_eq!(
+        shown["limits"],
+        json!({"max_tool_calls": 3, "max_tokens": 900, "wall_time_secs": 30})
+    );
+
+    let removed = agentry(home, &["agents", "rm", "reader"]).await;
+    assert!(removed.status.success());
+    let removed = agentry(home, &["agents", "rm", "reader"]).await;
+    assert!(!removed.status.success());
+    let listed = agentry(home, &["agents", "list", "--json"]).await;
+    assert_eq!(text(&listed.stdout).lines().count(), 1);
+    // Nothing reached the model.
+    assert_eq!(mock.request_count(), 0);
+}
+
+#[tokio::test]
+async fn run_as_an_agent_uses_its_models_tools_prompt_and_quota() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let added = agentry(
+        home,
+        &[
+            "agents",
+            "add",
+            "--id",
+            "timer",
+            "--model",
+            "mock",
+            "--fallback",
+            "backup",
+            "--tool",
+            "current_time",
+            "--system",
+            "You keep time.",
+            "--max-tool-calls",
+            "1",
+        ],
+    )
+    .await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+
+    // The primary model is missing at the provider; the backup asks for two calls, one over
+    // the quota.
+    mock.enqueue(Reply::error(
+        404,
+        json!({"error": {"message": "no such model", "code": "model_not_found"}}),
+    ));
+    mock.enqueue(Reply::scripted(
+        ScriptedTurn::tool_call("current_time", json!({}))
+            .with_tool_call("current_time", json!({})),
+    ));
+    let output = agentry(home, &["run", "--agent", "timer", "What time is it?"]).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("max_tool_calls"), "{stderr}");
+    assert!(stderr.contains("session: "), "{stderr}");
+    assert_eq!(models_called(&mock), ["m", "b"]);
+    let sent = &mock.requests()[1].body;
+    assert_eq!(sent["messages"][0]["content"], "You keep time.");
+    assert_eq!(tools_offered(sent), ["current_time"]);
+
+    // Ephemeral, completing: exit 0 with the answer.
+    mock.take_requests();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noon.")));
+    let output = agentry(home, &["run", "--agent", "timer", "--ephemeral", "Time?"]).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("Noon."));
+    assert_eq!(models_called(&mock), ["m"]);
+
+    // An unknown agent is a clear error before any model call.
+    mock.take_requests();
+    let output = agentry(home, &["run", "--agent", "nobody", "x"]).await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("no agent \"nobody\""),
+        "{}",
+        text(&output.stderr)
+    );
+    assert_eq!(mock.request_count(), 0);
+}
+
+#[tokio::test]
+async fn chat_as_an_agent_keeps_its_prompt_across_turns() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let added = agentry(
+        home.path(),
+        &[
+            "agents", "add", "--id", "kind", "--model", "backup", "--system", "Be kind.",
+        ],
+    )
+    .await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello, Ada.")));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("You are Ada.")));
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["chat", "--agent", "kind"])
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env("AGENTRY_HOME", home.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"I am Ada.\nWho am I?\n/exit\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("You are Ada."));
+    assert_eq!(models_called(&mock), ["b", "b"]);
+    let messages = mock.requests()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(messages.len(), 4);
+    assert_eq!(messages[0]["content"], "Be kind.");
+    assert_eq!(messages[3]["content"], "Who am I?");
+    assert!(tools_offered(&mock.requests()[1].body).is_empty());
+}
