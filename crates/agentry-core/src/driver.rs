@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use agentry_llm::{LlmError, ModelClient, ModelRequest};
 use agentry_types::{
     ErrorCode, ErrorInfo, ModelEvent, ModelResponse, RunEvent, RunStopReason, SessionEvent,
-    ToolCall, ToolResultPart,
+    SuspendStatus, ToolCall, ToolResultPart,
 };
 use futures::StreamExt;
 use tokio::sync::{Semaphore, mpsc};
@@ -150,31 +150,184 @@ fn deadline_of(state: &mut RunState) -> Option<Instant> {
     Some(Instant::now() + limit.saturating_sub(elapsed))
 }
 
+/// Compacts the conversation when the next request would not fit (or always, when `force`),
+/// and records the compaction. Returns whether anything was compacted. A conversation that
+/// cannot fit even compacted is left to the provider when not forced (the estimate may be
+/// cautious), and ends the run when forced.
+async fn fit_context(
+    state: &mut RunState,
+    model: &dyn ModelClient,
+    summarizer: Option<&Arc<dyn ModelClient>>,
+    force: bool,
+    cancel: &CancellationToken,
+    journal: Option<&Journal>,
+    events: &EventSink,
+) -> bool {
+    // Compaction cuts between whole units, which it finds in the repaired history.
+    crate::repair::repair_history(&mut state.messages);
+    match crate::compactor::compact(state, model, summarizer, force, cancel).await {
+        Ok(Some(event)) => {
+            commit(journal, state, vec![event], events).await;
+            true
+        }
+        Ok(None) => false,
+        Err(error) if force => {
+            state.fail(ErrorInfo {
+                code: ErrorCode::ContextLengthExceeded,
+                message: error.to_string(),
+                retryable: false,
+                status: None,
+            });
+            false
+        }
+        Err(error) => {
+            tracing::warn!(run_id = %state.run_id, "{error}; sending the request anyway");
+            false
+        }
+    }
+}
+
 /// Drives `state` until the run is finished, sending every event to `events`. Returns the final
 /// state (which serialises, for storage or inspection).
 pub async fn drive(
-    mut state: RunState,
+    state: RunState,
     model: Arc<dyn ModelClient>,
     tools: ToolRegistry,
     events: EventSink,
     cancel: CancellationToken,
     journal: Option<Journal>,
 ) -> RunState {
+    drive_controlled(state, model, None, tools, events, cancel, None, journal).await
+}
+
+/// Like [`drive`], and a run whose `pause` token fires stops at the next safe point (before a
+/// model call, when the round before it has finished): it commits `run_paused`, marks the
+/// session `paused` and returns the state unfinished. A run whose calls wait for approval
+/// stops the same way with `waiting`. Both end their stream with [`RunEvent::RunSuspended`].
+///
+/// `summarizer` writes the summaries of context compaction (the model named by the run's
+/// context policy); without it, compaction drops old turns.
+#[allow(clippy::too_many_arguments)]
+pub async fn drive_controlled(
+    mut state: RunState,
+    model: Arc<dyn ModelClient>,
+    summarizer: Option<Arc<dyn ModelClient>>,
+    tools: ToolRegistry,
+    events: EventSink,
+    cancel: CancellationToken,
+    pause: Option<CancellationToken>,
+    journal: Option<Journal>,
+) -> RunState {
     let deadline = deadline_of(&mut state);
+    let mut suspended = None;
     events
         .send(RunEvent::RunStarted {
             run_id: state.run_id,
         })
         .await;
     loop {
+        if matches!(state.phase, Phase::CallModel)
+            && state.context.is_some()
+            && !pause.as_ref().is_some_and(CancellationToken::is_cancelled)
+        {
+            fit_context(
+                &mut state,
+                &*model,
+                summarizer.as_ref(),
+                false,
+                &cancel,
+                journal.as_ref(),
+                &events,
+            )
+            .await;
+        }
         match state.next_step() {
             Step::Finish => break,
+            Step::CallModel(_) if pause.as_ref().is_some_and(CancellationToken::is_cancelled) => {
+                let paused = SessionEvent::RunPaused {
+                    run_id: state.run_id,
+                };
+                // Commit, record the status, then report: a client that sees the pause also
+                // sees the status.
+                if let Some(journal) = &journal {
+                    match journal
+                        .log
+                        .append(journal.session, vec![paused.clone()])
+                        .await
+                    {
+                        Ok(seq) => {
+                            set_status(Some(journal), SessionStatus::Paused).await;
+                            events
+                                .send(RunEvent::Committed { seq, event: paused })
+                                .await;
+                        }
+                        Err(error) => {
+                            state.fail(storage_error(&error));
+                            continue;
+                        }
+                    }
+                }
+                suspended = Some(SuspendStatus::Paused);
+                break;
+            }
+            Step::AwaitApproval => {
+                if !state.approvals_decided() {
+                    // The requests were committed with the assistant message.
+                    set_status(journal.as_ref(), SessionStatus::Waiting).await;
+                    suspended = Some(SuspendStatus::Waiting);
+                    break;
+                }
+                let Ok(rejected) = state.continue_after_approvals() else {
+                    state.fail(ErrorInfo {
+                        code: ErrorCode::Internal,
+                        message: "the run's approvals could not be applied".into(),
+                        retryable: false,
+                        status: None,
+                    });
+                    continue;
+                };
+                // The approved calls' intents first, then the rejections' results: replay
+                // counts the round as done once no intent is left unanswered.
+                let mut records: Vec<SessionEvent> = Vec::new();
+                if let Phase::RunTools { calls, .. } = &state.phase {
+                    records.extend(calls.iter().map(|call| SessionEvent::ToolCallIntent {
+                        run_id: state.run_id,
+                        call: call.clone(),
+                        idempotent: tools.get(&call.name).is_some_and(|t| t.idempotent()),
+                    }));
+                }
+                records.extend(rejected.iter().map(|result| SessionEvent::ToolCallResult {
+                    run_id: state.run_id,
+                    result: result.clone(),
+                    duration_ms: 0,
+                    working_dir: None,
+                }));
+                commit(journal.as_ref(), &mut state, records, &events).await;
+                for result in rejected {
+                    events
+                        .send(RunEvent::ToolResult {
+                            result,
+                            duration_ms: 0,
+                        })
+                        .await;
+                }
+            }
             Step::CallModel(request) => {
                 let round = state.round + 1;
                 let call_cancel = cancel.child_token();
+                // What the request was estimated at, to calibrate the counter with the
+                // provider's reported usage.
+                let counted = state.context.as_ref().map(|_| {
+                    let counter = model.context().counter;
+                    let raw = counter.count_request_raw(&request);
+                    (counter, raw)
+                });
                 let call = call_model(&*model, request, &events, call_cancel.clone());
                 match guarded(&cancel, deadline, call).await {
                     Guarded::Done(Ok(response)) => {
+                        if let Some((counter, raw)) = counted {
+                            counter.observe(raw, response.usage.input_tokens);
+                        }
                         state.on_model_response(&response);
                         // The answer and the intents of the calls it asks for are committed
                         // together, before any tool runs.
@@ -185,12 +338,30 @@ pub async fn drive(
                             usage: response.usage,
                             stop_reason: response.stop_reason.clone(),
                         }];
-                        if let Phase::RunTools { calls, .. } = &state.phase {
-                            records.extend(calls.iter().map(|call| SessionEvent::ToolCallIntent {
-                                run_id: state.run_id,
-                                call: call.clone(),
-                                idempotent: tools.get(&call.name).is_some_and(|t| t.idempotent()),
-                            }));
+                        match &state.phase {
+                            Phase::RunTools { calls, .. } => {
+                                records.extend(calls.iter().map(|call| {
+                                    SessionEvent::ToolCallIntent {
+                                        run_id: state.run_id,
+                                        call: call.clone(),
+                                        idempotent: tools
+                                            .get(&call.name)
+                                            .is_some_and(|t| t.idempotent()),
+                                    }
+                                }));
+                            }
+                            // Calls that wait for approval are requested instead; their
+                            // intents are committed once they are decided.
+                            Phase::AwaitingApproval { pending, .. } => {
+                                records.extend(pending.iter().map(|pending| {
+                                    SessionEvent::ApprovalRequested {
+                                        run_id: state.run_id,
+                                        call: pending.call.clone(),
+                                        reason: pending.reason.clone(),
+                                    }
+                                }));
+                            }
+                            _ => {}
                         }
                         commit(journal.as_ref(), &mut state, records, &events).await;
                         events
@@ -209,6 +380,28 @@ pub async fn drive(
                     }
                     Guarded::Done(Err(_)) | Guarded::Cancelled if cancel.is_cancelled() => {
                         state.cancel();
+                    }
+                    // The provider says the context is too long: one forced compaction and
+                    // one retry, never more.
+                    Guarded::Done(Err(error))
+                        if error.is_context_too_long()
+                            && state.context.is_some()
+                            && !state.overflow_retried =>
+                    {
+                        state.overflow_retried = true;
+                        let compacted = fit_context(
+                            &mut state,
+                            &*model,
+                            summarizer.as_ref(),
+                            true,
+                            &cancel,
+                            journal.as_ref(),
+                            &events,
+                        )
+                        .await;
+                        if !compacted && !state.is_finished() {
+                            state.on_model_error(error.info());
+                        }
                     }
                     Guarded::Done(Err(error)) => state.on_model_error(error.info()),
                     Guarded::Cancelled => state.cancel(),
@@ -255,6 +448,18 @@ pub async fn drive(
             }
         }
     }
+    if let Some(status) = suspended {
+        events
+            .send(RunEvent::RunSuspended {
+                run_id: state.run_id,
+                status,
+                pending: state.pending_approvals(),
+                usage: state.usage,
+                rounds: state.round,
+            })
+            .await;
+        return state;
+    }
     if let (
         Some(journal),
         Phase::Finished {
@@ -297,6 +502,16 @@ pub async fn drive(
     }
     events.send(final_event(&state)).await;
     state
+}
+
+/// Records the session's status, if the run has a journal (a failure is logged: the log's
+/// events, not the status, are the truth recovery goes by).
+async fn set_status(journal: Option<&Journal>, status: SessionStatus) {
+    if let Some(journal) = journal
+        && let Err(error) = journal.log.set_status(journal.session, status).await
+    {
+        tracing::error!(session = %journal.session, "could not record the session's status: {error}");
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -380,6 +595,14 @@ async fn run_tools(
 ) {
     let limits = &state.limits;
     let permits = Arc::new(Semaphore::new(limits.max_parallel_tools.max(1)));
+    let caller = Arc::new(crate::tool::CallerInfo {
+        run_id: state.run_id,
+        session: journal.map(|journal| journal.session),
+        model: state.model.clone(),
+        tools: state.tools.clone(),
+        agent_id: state.agent_id.clone(),
+        approvals: state.approvals.clone(),
+    });
     let mut tasks = JoinSet::new();
     for call in calls {
         let permits = Arc::clone(&permits);
@@ -391,6 +614,8 @@ async fn run_tools(
             working_dir: state.working_dir.clone(),
             workspace: state.workspace.clone(),
             cancel: cancel.child_token(),
+            caller: Some(Arc::clone(&caller)),
+            events: Some(events.clone()),
         };
         let timeout = limits.tool_timeout;
         let result_limit = limits.result_limit;

@@ -12,10 +12,13 @@ use std::time::Duration;
 
 use agentry_llm::{GenerationParams, ModelRequest};
 use agentry_types::{
-    ErrorInfo, Message, ModelResponse, RunId, RunStopReason, ToolCall, ToolResult, ToolSpec, Usage,
+    ApprovalVerdict, ErrorInfo, Message, ModelResponse, PendingApproval, RunId, RunStopReason,
+    ToolCall, ToolResult, ToolSpec, Usage,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::approval::{ApprovalDecision, ApprovalError, ApprovalPolicy};
+use crate::context::{self, Compaction, ContextPolicy};
 use crate::loop_guard::{LoopDetector, LoopLimits, LoopVerdict};
 use crate::repair::repair_history;
 
@@ -112,6 +115,20 @@ pub enum Phase {
         /// Loop warnings to append to some calls' results, by call id.
         warnings: BTreeMap<String, String>,
     },
+    /// Some of the latest assistant message's tool calls wait for a person's decision; the
+    /// round runs once every one is decided.
+    AwaitingApproval {
+        /// The round's calls, in the model's order.
+        calls: Vec<ToolCall>,
+        /// Loop warnings to append to some calls' results, by call id.
+        #[serde(default)]
+        warnings: BTreeMap<String, String>,
+        /// The calls that need a decision, and why.
+        pending: Vec<PendingApproval>,
+        /// The decisions made so far, by call id.
+        #[serde(default)]
+        decisions: BTreeMap<String, ApprovalDecision>,
+    },
     /// The run is over.
     Finished {
         /// Why.
@@ -132,6 +149,9 @@ pub enum Step {
     CallModel(ModelRequest),
     /// Run these tool calls (in parallel, bounded by `max_parallel_tools`).
     RunTools(Vec<ToolCall>),
+    /// Calls wait for approval: continue with [`RunState::continue_after_approvals`] once
+    /// [`RunState::approvals_decided`], else suspend the run.
+    AwaitApproval,
     /// The run is over.
     Finish,
 }
@@ -183,10 +203,31 @@ pub struct RunState {
     /// Recent tool calls, for loop detection.
     #[serde(default)]
     pub loops: LoopDetector,
+    /// Which tool calls wait for a person's approval before they run.
+    #[serde(default, skip_serializing_if = "ApprovalPolicy::is_empty")]
+    pub approvals: ApprovalPolicy,
     /// When the run first started, in Unix milliseconds (set by the driver; the deadline counts
     /// from here, also across a resume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_ms: Option<u64>,
+    /// The saved agent the run runs as, if any (tools that reach other agents use it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// When and how the conversation is compacted to fit the model's window (`None`: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextPolicy>,
+    /// What compaction did so far (the model is sent [`context::view`] of `messages`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
+    /// Whether the coming model call is the one retry after a context-length error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overflow_retried: bool,
+    /// Long-term memories added to the system prompt of every call (not to the log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// The user the run is for (memories found while compacting are theirs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Where the run is.
     pub phase: Phase,
 }
@@ -215,9 +256,32 @@ impl RunState {
             working_dir: None,
             workspace: None,
             loops: LoopDetector::default(),
+            approvals: ApprovalPolicy::default(),
             started_at_ms: None,
+            agent_id: None,
+            context: None,
+            compaction: None,
+            overflow_retried: false,
+            memory: None,
+            user: None,
             phase: Phase::CallModel,
         }
+    }
+
+    /// The messages the next model call is sent: the conversation as compaction left it, the
+    /// memories appended to the system prompt.
+    pub fn request_messages(&self) -> Vec<Message> {
+        let mut messages = context::view(&self.messages, self.compaction.as_ref());
+        if let Some(memory) = self.memory.as_deref().filter(|m| !m.trim().is_empty()) {
+            match messages.first_mut() {
+                Some(Message::System { text }) => {
+                    text.push_str("\n\n");
+                    text.push_str(memory);
+                }
+                _ => messages.insert(0, Message::system(memory)),
+            }
+        }
+        messages
     }
 
     /// Decides the next step. Before a model call the history is repaired so the provider
@@ -237,12 +301,13 @@ impl RunState {
                 }
                 repair_history(&mut self.messages);
                 Step::CallModel(ModelRequest {
-                    messages: self.messages.clone(),
+                    messages: self.request_messages(),
                     tools: self.tools.clone(),
                     params,
                 })
             }
             Phase::RunTools { calls, .. } => Step::RunTools(calls.clone()),
+            Phase::AwaitingApproval { .. } => Step::AwaitApproval,
             Phase::Finished { .. } => Step::Finish,
         }
     }
@@ -266,6 +331,7 @@ impl RunState {
             return;
         }
         self.round += 1;
+        self.overflow_retried = false;
         self.usage.add(&response.usage);
         self.messages.push(response.to_message());
         let calls: Vec<ToolCall> = response.tool_calls().into_iter().cloned().collect();
@@ -314,7 +380,134 @@ impl RunState {
         self.tool_calls = self
             .tool_calls
             .saturating_add(u32::try_from(calls.len()).unwrap_or(u32::MAX));
-        self.phase = Phase::RunTools { calls, warnings };
+        let pending: Vec<PendingApproval> = calls
+            .iter()
+            .filter_map(|call| {
+                self.approvals.check(call).map(|reason| PendingApproval {
+                    call: call.clone(),
+                    reason,
+                })
+            })
+            .collect();
+        self.phase = if pending.is_empty() {
+            Phase::RunTools { calls, warnings }
+        } else {
+            Phase::AwaitingApproval {
+                calls,
+                warnings,
+                pending,
+                decisions: BTreeMap::new(),
+            }
+        };
+    }
+
+    /// The calls still waiting for a decision (none unless the run awaits approval).
+    pub fn pending_approvals(&self) -> Vec<PendingApproval> {
+        match &self.phase {
+            Phase::AwaitingApproval {
+                pending, decisions, ..
+            } => pending
+                .iter()
+                .filter(|p| !decisions.contains_key(&p.call.id))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the run waits for approvals and every one is decided.
+    pub fn approvals_decided(&self) -> bool {
+        matches!(&self.phase, Phase::AwaitingApproval { .. }) && self.pending_approvals().is_empty()
+    }
+
+    /// Records a decision on a waiting call. The caller validates edited arguments against
+    /// the tool's schema first.
+    pub fn decide(&mut self, decision: ApprovalDecision) -> Result<(), ApprovalError> {
+        decision.check()?;
+        let Phase::AwaitingApproval {
+            pending, decisions, ..
+        } = &mut self.phase
+        else {
+            return Err(ApprovalError::NotWaiting);
+        };
+        if !pending.iter().any(|p| p.call.id == decision.call_id) {
+            return Err(ApprovalError::UnknownCall(decision.call_id));
+        }
+        if decisions.contains_key(&decision.call_id) {
+            return Err(ApprovalError::AlreadyDecided(decision.call_id));
+        }
+        decisions.insert(decision.call_id.clone(), decision);
+        Ok(())
+    }
+
+    /// Once every waiting call is decided: rejected calls get an error result with the reason
+    /// (returned, and added to the conversation), approved ones run (edited ones with their new
+    /// arguments and a note saying so) with the rest of the round.
+    pub fn continue_after_approvals(&mut self) -> Result<Vec<ToolResult>, ApprovalError> {
+        if !self.approvals_decided() {
+            return Err(ApprovalError::NotWaiting);
+        }
+        let Phase::AwaitingApproval {
+            calls,
+            mut warnings,
+            decisions,
+            ..
+        } = std::mem::replace(&mut self.phase, Phase::CallModel)
+        else {
+            return Err(ApprovalError::NotWaiting);
+        };
+        let mut run = Vec::with_capacity(calls.len());
+        let mut rejected = Vec::new();
+        for mut call in calls {
+            match decisions.get(&call.id) {
+                Some(ApprovalDecision {
+                    decision: ApprovalVerdict::Reject,
+                    reason,
+                    ..
+                }) => {
+                    let reason = reason
+                        .as_deref()
+                        .filter(|r| !r.trim().is_empty())
+                        .unwrap_or("no reason given");
+                    rejected.push(ToolResult {
+                        name: Some(call.name.clone()),
+                        ..ToolResult::error(
+                            call.id.clone(),
+                            format!("the call was rejected by a reviewer: {reason}"),
+                        )
+                    });
+                }
+                Some(ApprovalDecision {
+                    decision: ApprovalVerdict::Edit,
+                    arguments: Some(arguments),
+                    reason,
+                    ..
+                }) => {
+                    let mut note = format!(
+                        "note: a reviewer edited this call's arguments before it ran; it ran with \
+                         {arguments}"
+                    );
+                    if let Some(reason) = reason.as_deref().filter(|r| !r.trim().is_empty()) {
+                        note.push_str(&format!(" ({reason})"));
+                    }
+                    let entry = warnings.entry(call.id.clone()).or_default();
+                    if !entry.is_empty() {
+                        entry.push('\n');
+                    }
+                    entry.push_str(&note);
+                    call.arguments = arguments.clone();
+                    run.push(call);
+                }
+                _ => run.push(call),
+            }
+        }
+        self.messages
+            .extend(rejected.iter().cloned().map(Message::Tool));
+        self.phase = Phase::RunTools {
+            calls: run,
+            warnings,
+        };
+        Ok(rejected)
     }
 
     /// Output tokens the run may still generate, when it has a quota.
@@ -336,7 +529,9 @@ impl RunState {
     /// it to the call's result, so the model reads it together with the result.
     pub fn loop_warning(&self, call_id: &str) -> Option<&str> {
         match &self.phase {
-            Phase::RunTools { warnings, .. } => warnings.get(call_id).map(String::as_str),
+            Phase::RunTools { warnings, .. } | Phase::AwaitingApproval { warnings, .. } => {
+                warnings.get(call_id).map(String::as_str)
+            }
             _ => None,
         }
     }
@@ -614,6 +809,81 @@ mod tests {
             serde_json::to_value(RunStopReason::QuotaExceeded).unwrap(),
             json!("quota_exceeded")
         );
+    }
+
+    #[test]
+    fn calls_that_need_approval_wait_and_decisions_shape_the_round() {
+        use crate::approval::ApprovalDecision;
+        let mut run = state();
+        run.approvals = serde_json::from_value(json!({"tools": {"lookup": "always"}})).unwrap();
+        run.next_step();
+        run.on_model_response(&response(vec![call("a"), call("b"), call("c")]));
+        assert_eq!(run.next_step(), Step::AwaitApproval);
+        assert_eq!(run.pending_approvals().len(), 3);
+        // The state with its waiting calls survives a round trip; an old state without a
+        // policy still loads.
+        let json = serde_json::to_value(&run).unwrap();
+        assert_eq!(serde_json::from_value::<RunState>(json).unwrap(), run);
+        let mut old = serde_json::to_value(state()).unwrap();
+        old.as_object_mut().unwrap().remove("approvals");
+        assert!(
+            serde_json::from_value::<RunState>(old)
+                .unwrap()
+                .approvals
+                .is_empty()
+        );
+
+        let verdict = |id: &str, decision, arguments| ApprovalDecision {
+            call_id: id.into(),
+            decision,
+            reason: Some("no".into()),
+            arguments,
+        };
+        assert!(matches!(
+            run.decide(verdict("zz", ApprovalVerdict::Approve, None)),
+            Err(ApprovalError::UnknownCall(_))
+        ));
+        assert!(matches!(
+            run.decide(verdict("a", ApprovalVerdict::Edit, None)),
+            Err(ApprovalError::InvalidDecision(_))
+        ));
+        run.decide(verdict("a", ApprovalVerdict::Approve, None))
+            .unwrap();
+        assert!(matches!(
+            run.decide(verdict("a", ApprovalVerdict::Reject, None)),
+            Err(ApprovalError::AlreadyDecided(_))
+        ));
+        assert!(!run.approvals_decided());
+        assert!(run.continue_after_approvals().is_err());
+        run.decide(verdict("b", ApprovalVerdict::Reject, None))
+            .unwrap();
+        run.decide(verdict(
+            "c",
+            ApprovalVerdict::Edit,
+            Some(json!({"id": "z"})),
+        ))
+        .unwrap();
+        let rejected = run.continue_after_approvals().unwrap();
+        assert_eq!(rejected.len(), 1);
+        assert_eq!(rejected[0].call_id, "b");
+        assert!(rejected[0].is_error);
+        let Step::RunTools(calls) = run.next_step() else {
+            panic!("expected tools");
+        };
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1].arguments, json!({"id": "z"}));
+        assert!(run.loop_warning("c").unwrap_or("").contains("edited"));
+        run.on_tool_results(vec![outcome("a"), outcome("c")]);
+        let Step::CallModel(request) = run.next_step() else {
+            panic!("expected a model call");
+        };
+        // Every call is answered once: the rejection plus the two results.
+        let answered = request
+            .messages
+            .iter()
+            .filter(|m| matches!(m, Message::Tool(_)))
+            .count();
+        assert_eq!(answered, 3);
     }
 
     #[test]

@@ -109,6 +109,25 @@ impl ModelClient for FallbackModelClient {
         }))
     }
 
+    /// The primary model's counter, and the smallest window of all the models: a call that
+    /// falls back must fit the model it falls back to.
+    fn context(&self) -> agentry_llm::ModelContext {
+        let mut context = self
+            .models
+            .first()
+            .map_or_else(agentry_llm::ModelContext::unknown, |(_, model)| {
+                model.context()
+            });
+        for (_, model) in self.models.iter().skip(1) {
+            let other = model.context();
+            if other.window < context.window {
+                context.window = other.window;
+                context.window_known = other.window_known;
+            }
+        }
+        context
+    }
+
     fn complete(
         &self,
         request: ModelRequest,

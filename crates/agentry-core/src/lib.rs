@@ -9,9 +9,14 @@
 //! templates ([`template`]), loop detection ([`loop_guard`]), the history repair pass
 //! ([`repair`]), durable sessions ([`session`]), and the embeddable [`Runtime`].
 
+pub mod approval;
+mod compactor;
+pub mod context;
 pub mod driver;
 pub mod engine;
 pub mod fallback;
+pub mod file_refs;
+pub mod group;
 pub mod loop_guard;
 pub mod repair;
 pub mod runtime;

@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{EventSink, drive};
+use crate::context::{Compaction, CompactionSettings, ContextPolicy};
+use crate::driver::{EventSink, drive_controlled};
 use crate::engine::{Phase, RunLimits, RunState};
 use crate::fallback::FallbackModelClient;
 use crate::skill::Skill;
@@ -44,6 +45,15 @@ pub enum RunError {
     /// A tool could not be found or registered.
     #[error(transparent)]
     Tool(#[from] ToolError),
+    /// The approval policy is invalid.
+    #[error(transparent)]
+    Approval(#[from] crate::approval::ApprovalError),
+    /// A `<file>` in the message cannot be attached.
+    #[error(transparent)]
+    File(#[from] crate::file_refs::FileRefError),
+    /// The compaction settings are invalid.
+    #[error("invalid compaction settings: {0}")]
+    Compaction(String),
     /// The run's task ended abnormally (a bug).
     #[error("the run's task failed: {0}")]
     Task(String),
@@ -103,6 +113,24 @@ pub struct RunRequest {
     /// The root of the run's workspace, the only folder the workspace tools may touch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<PathBuf>,
+    /// Which tool calls wait for a person's approval (default: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::approval::ApprovalPolicy>,
+    /// The saved agent the run runs as, if any (`talk_to` refuses to target it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// How this run compacts (default: the runtime's settings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionSettings>,
+    /// What earlier compactions of the history did (a session passes its latest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compacted: Option<Compaction>,
+    /// Long-term memories for the system prompt of every call (never stored in the log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// The user the run is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 impl RunRequest {
@@ -188,6 +216,10 @@ pub struct RunOutput {
     pub error: Option<ErrorInfo>,
     /// Why a guard stopped the run, when one did.
     pub note: Option<String>,
+    /// Set when the run stopped without ending: its calls wait for approval (`waiting`:
+    /// decide them with [`RunState::decide`] and [`Runtime::resume`] the state, or through the
+    /// session manager) or it was paused (`paused`). `stop_reason` means nothing then.
+    pub suspended: Option<agentry_types::SuspendStatus>,
     /// The final state: the whole conversation, resumable.
     pub state: RunState,
 }
@@ -202,7 +234,13 @@ impl RunOutput {
             } => (*reason, error.clone(), note.clone()),
             _ => (RunStopReason::Error, None, None),
         };
+        let suspended = match &state.phase {
+            Phase::Finished { .. } => None,
+            Phase::AwaitingApproval { .. } => Some(agentry_types::SuspendStatus::Waiting),
+            _ => Some(agentry_types::SuspendStatus::Paused),
+        };
         Self {
+            suspended,
             run_id: state.run_id,
             stop_reason,
             text: state.final_text(),
@@ -292,6 +330,7 @@ struct Inner {
     tools: ToolRegistry,
     templates: TemplateStore,
     limits: RunLimits,
+    compaction: CompactionSettings,
 }
 
 /// Builds a [`Runtime`].
@@ -302,6 +341,7 @@ pub struct RuntimeBuilder {
     tools: ToolRegistry,
     templates: TemplateStore,
     limits: RunLimits,
+    compaction: CompactionSettings,
 }
 
 impl RuntimeBuilder {
@@ -363,6 +403,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets how conversations are compacted to fit each model's window (default: at 80% of
+    /// the window, the last 6 units kept, old turns dropped as no summary model is named).
+    pub fn compaction(&mut self, settings: CompactionSettings) -> &mut Self {
+        self.compaction = settings;
+        self
+    }
+
     /// Builds the runtime.
     pub fn build(&mut self) -> Runtime {
         let builder = std::mem::take(self);
@@ -373,6 +420,7 @@ impl RuntimeBuilder {
                 tools: builder.tools,
                 templates: builder.templates,
                 limits: builder.limits,
+                compaction: builder.compaction,
             }),
         }
     }
@@ -411,7 +459,17 @@ impl Runtime {
         let tools = self.inner.tools.clone();
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(drive(state, model, tools, sink, cancel.clone(), None));
+        let summarizer = self.summarizer_for(&state);
+        let task = tokio::spawn(drive_controlled(
+            state,
+            model,
+            summarizer,
+            tools,
+            sink,
+            cancel.clone(),
+            None,
+            None,
+        ));
         Ok(RunStream {
             events,
             task: Some(task),
@@ -451,6 +509,29 @@ impl Runtime {
         Ok(Arc::new(FallbackModelClient::new(models)))
     }
 
+    /// The context policy of runs on `model` (`None` when compaction is off or the model is
+    /// unknown), from the runtime's settings or `settings`.
+    pub fn context_policy(
+        &self,
+        model: &str,
+        settings: Option<&CompactionSettings>,
+    ) -> Option<ContextPolicy> {
+        let window = self.model(model).ok()?.context().window;
+        settings.unwrap_or(&self.inner.compaction).policy(window)
+    }
+
+    /// The runtime's compaction settings.
+    pub fn compaction(&self) -> &CompactionSettings {
+        &self.inner.compaction
+    }
+
+    /// The client that writes the run's compaction summaries, when its context policy names a
+    /// registered model.
+    pub fn summarizer_for(&self, state: &RunState) -> Option<Arc<dyn ModelClient>> {
+        let id = state.context.as_ref()?.summary_model.as_deref()?;
+        self.model(id).ok()
+    }
+
     pub(crate) fn model(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
         self.inner
             .models
@@ -476,18 +557,26 @@ impl Runtime {
             messages.push(Message::system(system));
         }
         messages.extend(request.history);
-        match request.input {
-            Some(Input::Text { text }) => messages.push(Message::user(text)),
-            Some(Input::Content { content }) => messages.push(Message::User { content }),
+        let mut input = match request.input {
+            Some(Input::Text { text }) => Some(Message::user(text)),
+            Some(Input::Content { content }) => Some(Message::User { content }),
             Some(Input::Template {
                 template,
                 arguments,
             }) => {
                 let text = self.inner.templates.render(&template, &arguments)?;
-                messages.push(Message::user(text));
+                Some(Message::user(text))
             }
-            None => {}
+            None => None,
+        };
+        if let Some(input) = input.as_mut() {
+            crate::file_refs::expand_file_refs(
+                std::slice::from_mut(input),
+                request.workspace.as_deref(),
+                crate::file_refs::FileRefLimits::default(),
+            )?;
         }
+        messages.extend(input);
         if !messages
             .iter()
             .any(|m| !matches!(m, Message::System { .. }))
@@ -500,8 +589,27 @@ impl Runtime {
         };
         let limits = request.limits.unwrap_or_else(|| self.inner.limits.clone());
         let mut state = RunState::new(model, messages, tools, request.params, limits);
+        if let Some(approvals) = request.approvals {
+            approvals.validate()?;
+            state.approvals = approvals;
+        }
+        if let Some(settings) = &request.compaction {
+            settings.validate().map_err(RunError::Compaction)?;
+        }
+        state.context = self.context_policy(&state.model, request.compaction.as_ref());
+        if let Some(summary_model) = state
+            .context
+            .as_ref()
+            .and_then(|policy| policy.summary_model.as_deref())
+        {
+            self.model(summary_model)?;
+        }
+        state.compaction = request.compacted;
+        state.memory = request.memory;
+        state.user = request.user;
         state.workspace = request.workspace;
         state.fallback_models = request.fallback_models;
+        state.agent_id = request.agent_id;
         Ok(state)
     }
 }

@@ -36,6 +36,12 @@ pub trait ModelClient: Send + Sync + 'static {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ModelResponse, LlmError>>;
+
+    /// The model's context window and token counter (by default: nothing known, see
+    /// [`ModelContext::unknown`](crate::ModelContext::unknown)).
+    fn context(&self) -> crate::tokens::ModelContext {
+        crate::tokens::ModelContext::unknown()
+    }
 }
 
 /// Drains a model stream, returning the final response.
@@ -58,6 +64,7 @@ pub struct HttpModelClient {
 
 struct Inner {
     config: ProviderConfig,
+    context: crate::tokens::ModelContext,
     http: reqwest::Client,
     headers: reqwest::header::HeaderMap,
     endpoint: String,
@@ -86,9 +93,16 @@ impl HttpModelClient {
         config.validate()?;
         let headers = request_headers(&config)?;
         let endpoint = config.endpoint();
+        let context = crate::tokens::ModelContext {
+            window: config.effective_context_window(),
+            window_known: config.context_window.is_some()
+                || crate::known_context_window(config.protocol, &config.model).is_some(),
+            counter: crate::TokenCounter::for_model(config.protocol, &config.model),
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
+                context,
                 http,
                 headers,
                 endpoint,
@@ -327,6 +341,10 @@ impl ModelClient for HttpModelClient {
                 attempt += 1;
             }
         })
+    }
+
+    fn context(&self) -> crate::tokens::ModelContext {
+        self.inner.context.clone()
     }
 
     fn complete(

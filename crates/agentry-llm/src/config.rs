@@ -56,6 +56,9 @@ pub struct ProviderConfig {
     pub openai: OpenAiOptions,
     /// Timeouts and retries.
     pub transport: TransportConfig,
+    /// The model's context window in tokens, when configured (otherwise a known default, see
+    /// [`crate::known_context_window`]).
+    pub context_window: Option<u64>,
 }
 
 impl ProviderConfig {
@@ -69,7 +72,22 @@ impl ProviderConfig {
             headers: Vec::new(),
             openai: OpenAiOptions::default(),
             transport: TransportConfig::default(),
+            context_window: None,
         }
+    }
+
+    /// Sets the context window.
+    pub fn with_context_window(mut self, tokens: u64) -> Self {
+        self.context_window = Some(tokens);
+        self
+    }
+
+    /// The context window: the configured one, else the model's known one, else
+    /// [`crate::tokens::FALLBACK_CONTEXT_WINDOW`].
+    pub fn effective_context_window(&self) -> u64 {
+        self.context_window
+            .or_else(|| crate::known_context_window(self.protocol, &self.model))
+            .unwrap_or(crate::tokens::FALLBACK_CONTEXT_WINDOW)
     }
 
     /// Sets the base URL.
@@ -94,6 +112,14 @@ impl ProviderConfig {
     pub fn validate(&self) -> Result<(), LlmError> {
         if self.model.trim().is_empty() {
             return Err(LlmError::Configuration("the model name is empty".into()));
+        }
+        if self.context_window.is_some_and(|tokens| {
+            !(crate::tokens::MIN_CONTEXT_WINDOW..=100_000_000).contains(&tokens)
+        }) {
+            return Err(LlmError::Configuration(format!(
+                "the context window is {} to 100,000,000 tokens",
+                crate::tokens::MIN_CONTEXT_WINDOW
+            )));
         }
         let url = reqwest::Url::parse(&self.base_url).map_err(|error| {
             LlmError::Configuration(format!(

@@ -12,6 +12,9 @@
 //! - `accumulator`: live text / thinking / tool-call deltas, then complete tool calls, usage and
 //!   the stop reason; a truncated stream or unparseable arguments become typed errors.
 //! - [`transport`]: the pooled HTTP client, timeouts, and retries before the first output token.
+//!
+//! [`tokens`] counts a request's tokens (tiktoken for OpenAI models, a calibrated estimate
+//! elsewhere) and knows the context windows of well-known models.
 
 mod accumulator;
 mod client;
@@ -21,6 +24,7 @@ mod delta;
 mod error;
 pub mod provider;
 mod request;
+pub mod tokens;
 pub mod transport;
 
 pub use client::{HttpModelClient, ModelClient, ModelStream, collect_response, encode_request};
@@ -29,6 +33,7 @@ pub use decode::decode_stream;
 pub use error::{LlmError, ProviderError, RAW_BODY_LIMIT, TimeoutKind};
 pub use provider::Protocol;
 pub use request::{GenerationParams, ModelRequest, ThinkingConfig};
+pub use tokens::{ModelContext, TokenCounter, known_context_window};
 pub use transport::{RetryPolicy, TransportConfig, http_client};
 
 pub use tokio_util::sync::CancellationToken;

@@ -144,6 +144,8 @@ impl From<RunError> for ApiError {
             RunError::Template(_) => Self::bad_request(error.to_string()),
             RunError::Tool(ToolError::NotFound(_)) => Self::bad_request(error.to_string()),
             RunError::Tool(_) => Self::bad_request(error.to_string()),
+            RunError::Approval(_) => Self::bad_request(error.to_string()),
+            RunError::File(_) | RunError::Compaction(_) => Self::bad_request(error.to_string()),
             _ => Self::internal(error.to_string()),
         }
     }
@@ -160,6 +162,21 @@ impl From<SessionError> for ApiError {
             SessionError::Log(agentry_core::session::LogError::NotFound(session)) => {
                 Self::not_found(format!("no session {session}"))
             }
+            SessionError::NoSuchRun { session, run_id } => Self::not_found(format!(
+                "run {run_id} is not in progress, waiting or paused in session {session}"
+            ))
+            .with_details(json!({"session_id": session, "run_id": run_id})),
+            SessionError::WrongState { run_id, state } => {
+                Self::conflict(format!("run {run_id} {state}"))
+                    .with_details(json!({"run_id": run_id}))
+            }
+            SessionError::Approval(error) => match error {
+                agentry_core::approval::ApprovalError::AlreadyDecided(_)
+                | agentry_core::approval::ApprovalError::NotWaiting => {
+                    Self::conflict(error.to_string())
+                }
+                other => Self::bad_request(other.to_string()),
+            },
             other => Self::internal(other.to_string()),
         }
     }

@@ -51,7 +51,8 @@ pub struct Subscription {
 pub struct StatusChange {
     /// The session.
     pub session_id: SessionId,
-    /// `running`, `idle`, `failed`, `interrupted`; or `updated` for a title or read change.
+    /// `running`, `idle`, `failed`, `interrupted`, `waiting`, `paused`; or `updated` for a
+    /// title or read change.
     pub status: String,
     /// Why the last run ended, when one just did.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -127,6 +128,7 @@ impl Hub {
         tokio::spawn(async move {
             let mut run = run;
             let mut end = None;
+            let mut suspended = None;
             while let Some(event) = run.next().await {
                 hub.observe(session, &event, &partial);
                 hub.metrics.observe(&event);
@@ -134,6 +136,18 @@ impl Hub {
                     RunEvent::RunFinished { stop_reason, .. }
                     | RunEvent::RunFailed { stop_reason, .. } => {
                         end = Some(*stop_reason);
+                        hub.forget(session, &sender);
+                    }
+                    // A run waiting for approval or paused stops here without ending.
+                    RunEvent::RunSuspended { status, .. } => {
+                        suspended = Some(*status);
+                        hub.forget(session, &sender);
+                    }
+                    RunEvent::Committed {
+                        event: SessionEvent::RunPaused { .. },
+                        ..
+                    } => {
+                        suspended = Some(agentry_types::SuspendStatus::Paused);
                         hub.forget(session, &sender);
                     }
                     // In a session, clients see the end as this committed event, which comes
@@ -152,10 +166,15 @@ impl Hub {
                 let _ = sender.send(Arc::new(event));
             }
             hub.metrics.run_ended();
-            let status = match end {
-                Some(RunStopReason::Error) => "failed",
-                Some(RunStopReason::Cancelled | RunStopReason::Deadline) | None => "interrupted",
-                Some(_) => "idle",
+            let status = match (suspended, end) {
+                (Some(status), None) => status.as_str(),
+                (_, end) => match end {
+                    Some(RunStopReason::Error) => "failed",
+                    Some(RunStopReason::Cancelled | RunStopReason::Deadline) | None => {
+                        "interrupted"
+                    }
+                    Some(_) => "idle",
+                },
             };
             hub.notify(StatusChange {
                 session_id: session,
@@ -176,6 +195,13 @@ impl Hub {
 
     fn observe(&self, session: SessionId, event: &RunEvent, partial: &Mutex<Partial>) {
         // Never hold `partial` while taking `live`: `subscribe` takes them the other way round.
+        // A continued run (approved, resumed) commits no `run_started`: take its id from here.
+        if let RunEvent::RunStarted { run_id } = event {
+            if let Some(live) = self.lock().get_mut(&session) {
+                live.run_id.get_or_insert(*run_id);
+            }
+            return;
+        }
         if let RunEvent::Committed {
             event: SessionEvent::RunStarted { run_id, .. },
             ..

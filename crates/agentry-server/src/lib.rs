@@ -9,10 +9,13 @@
 //! and then its live ones.
 
 pub mod auth;
+pub mod delegation;
 pub mod error;
+pub mod group;
 pub mod hub;
 pub mod mcp;
 pub mod mcp_endpoint;
+pub mod memory_prompt;
 pub mod metrics;
 pub mod middleware;
 pub mod models;

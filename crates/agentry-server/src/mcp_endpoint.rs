@@ -454,6 +454,11 @@ fn step_message(agent: &str, event: &SessionEvent) -> Option<String> {
                 n => format!("model round {round}: asked for {n} tool calls"),
             }
         }
+        SessionEvent::ContextCompacted {
+            tokens_before,
+            tokens_after,
+            ..
+        } => format!("context compacted from {tokens_before} to {tokens_after} tokens"),
         SessionEvent::ToolCallIntent { call, .. } => format!("tool {} started", call.name),
         SessionEvent::ToolCallResult {
             result,
@@ -468,7 +473,15 @@ fn step_message(agent: &str, event: &SessionEvent) -> Option<String> {
             };
             format!("tool {name} {outcome} in {duration_ms} ms")
         }
-        SessionEvent::Message { .. } | SessionEvent::RunFinished { .. } => return None,
+        SessionEvent::ApprovalRequested { call, .. } => {
+            format!("tool {} waits for approval", call.name)
+        }
+        SessionEvent::Message { .. }
+        | SessionEvent::RunFinished { .. }
+        | SessionEvent::ApprovalDecided { .. }
+        | SessionEvent::RunPaused { .. }
+        | SessionEvent::RunResumed { .. }
+        | SessionEvent::Group { .. } => return None,
     })
 }
 
@@ -505,6 +518,11 @@ fn answer(session: SessionId, run_id: Option<RunId>, end: &RunEvent) -> ServedRe
             "the run failed ({}): {} (session {session})",
             error.code.as_str(),
             error.message
+        )),
+        RunEvent::RunSuspended { run_id, status, .. } => ServedResult::error(format!(
+            "the run {run_id} is {} in session {session}; decide with \
+             POST /v1/runs/{run_id}/approvals or resume with POST /v1/runs/{run_id}/resume",
+            status.as_str()
         )),
         _ => ServedResult::error("the run ended unexpectedly"),
     }

@@ -46,8 +46,10 @@ pub struct ModelConfig {
     #[serde(default, alias = "generate_params")]
     #[schema(value_type = Object)]
     pub params: GenerationParams,
-    /// The model's context window in tokens, if known.
+    /// The model's context window in tokens (default: the model's known window, else 8192).
+    /// Compaction keeps requests under it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 256)]
     pub context_window: Option<u32>,
 }
 
@@ -88,6 +90,9 @@ impl ModelConfig {
             })?;
             config = config.with_api_key(key);
         }
+        if let Some(tokens) = self.context_window {
+            config = config.with_context_window(u64::from(tokens));
+        }
         HttpModelClient::with_http_client(config, http.clone())
             .map_err(|error| ApiError::bad_request(format!("model {:?}: {error}", self.id)))
     }
@@ -104,10 +109,12 @@ pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError>
     Ok(secrets)
 }
 
-/// The built-in tools runs get in `environment`: `current_time`; the file tools and `fetch` when
-/// sessions have workspaces; `exec` and `terminal` when they also have sandboxes.
+/// The built-in tools runs get in `environment`: `current_time`, `delegate` and `talk_to`; the
+/// file tools and `fetch` when sessions have workspaces; `exec` and `terminal` when they also
+/// have sandboxes.
 pub fn builtins(environment: &crate::state::ToolEnvironment) -> Vec<Arc<dyn Tool>> {
     let mut tools = builtin_tools();
+    tools.extend(environment.delegation.tools());
     if environment.workspaces.is_some() {
         tools.extend(workspace_tools(WorkspaceToolsConfig::default()));
         if let Some(sandboxes) = &environment.sandboxes {

@@ -1,7 +1,7 @@
 //! The API's OpenAPI 3.1 document, served at `GET /openapi.json`.
 //!
 //! Most of it comes from the handlers themselves: every route of `routes/{ops, infer, sessions,
-//! config, agents, mcp, sandboxes}.rs` is registered through
+//! runs, config, agents, mcp, sandboxes}.rs` is registered through
 //! [`utoipa_axum::router::OpenApiRouter`] from its handler's `#[utoipa::path]` operation
 //! ([`crate::routes::documented`]), so the method and path served are the ones documented. Routes that other modules serve as plain axum routers — the status feed
 //! (`routes/status.rs`), `/metrics` and `/v1/auth/*` (`middleware.rs`) — are described here, in
@@ -73,6 +73,8 @@ pub fn document_json() -> Result<&'static str, ApiError> {
         (name = "operations", description = "Health, readiness, metrics and this document."),
         (name = "inference", description = "Runs: waiting, streamed, aborted."),
         (name = "sessions", description = "Durable sessions and their event logs."),
+        (name = "runs", description = "Run control: approvals of waiting tool calls, interrupt, \
+                                       pause, resume, abort."),
         (name = "models", description = "Registered models."),
         (name = "tools", description = "Built-in and configured tools, and direct calls."),
         (name = "prompt-templates", description = "Named prompt templates."),
@@ -80,6 +82,8 @@ pub fn document_json() -> Result<&'static str, ApiError> {
         (name = "auth", description = "API keys and console logins."),
         (name = "sandboxes", description = "Standalone sandboxes: create, run commands (waiting, \
                                             streamed or in the background), files, close."),
+        (name = "groups", description = "Group chats: several saved agents in one session, woken \
+                                         by @mentions, rounds of replies in parallel."),
     ),
     modifiers(&SecuritySchemes)
 )]
@@ -329,6 +333,29 @@ pub enum RunStreamEventName {
     /// The run failed (last), with a typed error.
     #[schema(rename = "run.failed")]
     RunFailed,
+    /// A tool call waits for a person's approval (`{"seq", "event"}`, an `approval_requested`).
+    #[schema(rename = "approval.requested")]
+    ApprovalRequested,
+    /// A waiting call was decided (`approval_decided`).
+    #[schema(rename = "approval.decided")]
+    ApprovalDecided,
+    /// A waiting or paused run goes on (`run_resumed`).
+    #[schema(rename = "run.resumed")]
+    RunResumed,
+    /// The run stopped without ending (last): its calls wait for approval (`{"run_id",
+    /// "status": "waiting", "pending", "usage", "rounds"}`); decide them with
+    /// `POST /v1/runs/{run_id}/approvals`.
+    #[schema(rename = "run.waiting")]
+    RunWaiting,
+    /// The run paused between rounds (last; `run_paused`); `POST /v1/runs/{run_id}/resume`
+    /// continues it.
+    #[schema(rename = "run.paused")]
+    RunPaused,
+    /// A sub-agent's event (live only, no id), from a `delegate` or `talk_to` call:
+    /// `{"type": "nested", "call_id", "session_id", "depth", "agent_id"?, "event"}`; a
+    /// grandchild's event is nested twice. The child's steps are in its own session.
+    #[schema(rename = "nested")]
+    Nested,
     /// The stream cannot go on (the log could not be read).
     #[schema(rename = "error")]
     Error,
@@ -498,8 +525,17 @@ pub struct InferOutcome {
     /// The run.
     pub run_id: Option<String>,
     /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `quota_exceeded`, `cancelled` or
-    /// `error`.
+    /// `error`; or, for a run that has not ended, `waiting` (tool calls wait for approval:
+    /// see `pending`) or `paused`.
     pub stop_reason: String,
+    /// Why a guard stopped the run (for `quota_exceeded`, which quota: `max_output_tokens` or
+    /// `max_tool_calls`).
+    pub note: Option<String>,
+    /// `waiting` or `paused` for a run that has not ended.
+    pub status: Option<String>,
+    /// The calls waiting for approval (`POST /v1/runs/{run_id}/approvals` decides them).
+    #[schema(value_type = Option<Vec<crate::routes::runs::PendingCall>>)]
+    pub pending: Option<Vec<Value>>,
     /// The final answer's text.
     pub text: String,
     /// Token usage.
@@ -539,7 +575,8 @@ pub struct SessionSummary {
     pub id: String,
     /// Its title.
     pub title: Option<String>,
-    /// `running` while a run is live, else the status the engine last set (`idle`, …).
+    /// `running` while a run is live, else the status the engine last set (`idle`,
+    /// `interrupted`, `failed`, `waiting` — tool calls wait for approval — or `paused`).
     pub status: String,
     /// Creation time, Unix milliseconds.
     pub created_at: u64,
@@ -598,9 +635,28 @@ pub struct SessionDetail {
     pub session: SessionSummary,
     /// Its live run, if one is going.
     pub run_id: Option<String>,
+    /// Its run that stopped without ending, if any: `{"run_id", "status": "waiting" | "paused",
+    /// "pending": [{"call", "reason"}]}` (the calls waiting for approval).
+    #[schema(value_type = Option<Object>)]
+    pub suspended_run: Option<Value>,
     /// The conversation.
     #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Value>,
+    /// For a sub-agent's session, its link: `{"parent_session_id", "parent_run_id", "call_id",
+    /// "depth", "tool", "agent_id"?}`.
+    #[schema(value_type = Option<Object>)]
+    pub delegation: Option<Value>,
+    /// The sub-agents' sessions its `delegate` and `talk_to` calls started, in order: `{"session_id",
+    /// "run_id", "depth", "stop_reason", "agent_id"?, "error"?, "call_id", "tool"}`.
+    #[schema(value_type = Vec<Object>)]
+    pub children: Vec<Value>,
+    /// For a group chat: `{"members": [{"agent_id", "session_id"}], "max_rounds"}` (its
+    /// transcript: `GET /v1/groups/{id}`).
+    #[schema(value_type = Option<Object>)]
+    pub group: Option<Value>,
+    /// For a group member's session: `{"group_session_id", "agent_id"}`.
+    #[schema(value_type = Option<Object>)]
+    pub group_member: Option<Value>,
 }
 
 /// One committed event.
@@ -609,7 +665,8 @@ pub struct StoredEvent {
     /// Its position in the session's log.
     pub seq: u64,
     /// The event (`run_started`, `message`, `assistant_message`, `tool_call_intent`,
-    /// `tool_call_result`, `run_finished`).
+    /// `tool_call_result`, `approval_requested`, `approval_decided`, `run_paused`,
+    /// `run_resumed`, `run_finished`).
     #[schema(value_type = Object)]
     pub event: Value,
 }
@@ -790,7 +847,7 @@ mod served_elsewhere {
     /// A live feed of every session's status changes.
     ///
     /// Server-sent events named `session.status` (data: the session's id and new status:
-    /// `running`, `idle`, `failed`, `interrupted`, `updated`), `session.lagged` (data:
+    /// `running`, `idle`, `failed`, `interrupted`, `waiting`, `paused`, `updated`), `session.lagged` (data:
     /// `{"missed": n}`) when a slow reader missed changes and should refetch the list, and
     /// `server.shutdown` last when the server stops.
     #[utoipa::path(

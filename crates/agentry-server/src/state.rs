@@ -32,6 +32,9 @@ pub struct ToolEnvironment {
     /// per sandbox, removed when it closes. `None`: `agentry-sandboxes-<pid>` in the system's
     /// temporary folder (removed at shutdown).
     pub sandbox_root: Option<PathBuf>,
+    /// The `delegate` and `talk_to` tools' limits, and the store and session manager they run
+    /// sub-agents through (bound by [`AppState::with_tools`]).
+    pub delegation: crate::delegation::DelegationHandle,
 }
 
 /// The server's shared state. Cheap to clone.
@@ -91,7 +94,7 @@ impl AppState {
             tools.clone(),
             sessions.clone(),
         );
-        Ok(Self {
+        let state = Self {
             mcp,
             sessions,
             auth: Authenticator::new(store.clone()),
@@ -104,7 +107,12 @@ impl AppState {
             mcp_expose_tools: false,
             sandboxes: SandboxRegistry::new(tools.sandbox_root.clone()),
             tools,
-        })
+        };
+        state
+            .tools
+            .delegation
+            .bind(&state.store, &state.sessions, &state.hub);
+        Ok(state)
     }
 
     /// Rebuilds the runtime after a configuration change; new runs use it at once.

@@ -2,7 +2,9 @@
 //! SQLite / PostgreSQL event store.
 
 use agentry_core::session::{LogError, SessionLog, SessionStatus};
-use agentry_store::{NewEvent, NewSession, SessionQuery, Store, StoreError};
+use agentry_store::{
+    MemoryKind, MemoryScope, NewEvent, NewMemory, NewSession, SessionQuery, Store, StoreError,
+};
 use agentry_types::{SessionEvent, SessionId};
 use futures::future::BoxFuture;
 
@@ -16,6 +18,42 @@ impl StoreLog {
     /// The log over `store`.
     pub fn new(store: Store) -> Self {
         Self { store }
+    }
+
+    /// Stores the memories a compaction found as its agent's (and user's) long-term memories,
+    /// once the event is committed. A memory that cannot be stored is logged and skipped: the
+    /// run and its log do not depend on it.
+    async fn remember_compaction_memories(&self, session: SessionId, events: &[SessionEvent]) {
+        for event in events {
+            let SessionEvent::ContextCompacted {
+                memories,
+                agent_id: Some(agent),
+                user,
+                ..
+            } = event
+            else {
+                continue;
+            };
+            for memory in memories {
+                let kind = match memory.kind.as_str() {
+                    "preference" => MemoryKind::Preference,
+                    "decision" => MemoryKind::Decision,
+                    _ => MemoryKind::Fact,
+                };
+                let new = NewMemory {
+                    scope: MemoryScope {
+                        agent: agent.clone(),
+                        user: user.clone(),
+                    },
+                    kind,
+                    text: memory.text.clone(),
+                    source_session: Some(session),
+                };
+                if let Err(error) = self.store.remember(new).await {
+                    tracing::warn!(%session, agent, "a memory found while compacting was not stored: {error}");
+                }
+            }
+        }
     }
 }
 
@@ -63,6 +101,7 @@ impl SessionLog for StoreLog {
                     StoreError::NotFound(_) => LogError::NotFound(session),
                     other => storage(other),
                 })?;
+            self.remember_compaction_memories(session, &events).await;
             Ok(stored.last().map_or(0, |event| event.seq))
         })
     }

@@ -212,20 +212,34 @@ struct Migration {
     sql: &'static str,
 }
 
-const SQLITE_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sql: include_str!("../migrations/sqlite/0001_initial.sql"),
-}];
+const SQLITE_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: include_str!("../migrations/sqlite/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "memories",
+        sql: include_str!("../migrations/sqlite/0002_memories.sql"),
+    },
+];
 
-const POSTGRES_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sql: include_str!("../migrations/postgres/0001_initial.sql"),
-}];
+const POSTGRES_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: include_str!("../migrations/postgres/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "memories",
+        sql: include_str!("../migrations/postgres/0002_memories.sql"),
+    },
+];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

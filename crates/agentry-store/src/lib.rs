@@ -14,6 +14,8 @@
 //! - **Forks** ([`Store::fork_session`]) reference their parent's history up to the fork point
 //!   instead of copying it; [`Store::events`] reads through the chain with continuous numbering.
 //!   Deleting a parent copies the referenced part into its forks first, so they keep working.
+//! - **Memories** ([`Store::remember`]): facts, preferences and decisions per agent (and user),
+//!   de-duplicated and searchable through SQLite FTS5 or PostgreSQL full-text search.
 //! - **Configuration** documents by [`ConfigKind`] and name, and **secrets** sealed with
 //!   XChaCha20-Poly1305 under a [`SecretKey`] kept outside the database.
 //!
@@ -27,12 +29,17 @@
 mod config;
 mod db;
 mod error;
+mod memory;
 mod model;
 mod secret;
 mod store;
 
 pub use db::SCHEMA_VERSION;
 pub use error::StoreError;
+pub use memory::{
+    MAX_MEMORY_CHARS, MAX_MEMORY_LIMIT, MemoryKind, MemoryRecord, MemoryScope, NewMemory,
+    normalize_memory,
+};
 pub use model::{
     Backend, ConfigKind, NewEvent, NewSession, SearchHit, SecretInfo, SessionQuery, SessionRecord,
     StoredEvent,

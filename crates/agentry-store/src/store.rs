@@ -744,8 +744,8 @@ impl Store {
     }
 
     /// Deletes sessions whose expiry has passed and, with `older_than`, sessions whose last
-    /// activity is older than that; sessions with status `running` are kept either way (the
-    /// engine sets another status when a run stops). Forks of deleted sessions keep their
+    /// activity is older than that; sessions with status `running`, `waiting` (tool calls wait
+    /// for approval) or `paused` are kept either way (their run has not ended). Forks of deleted sessions keep their
     /// history, as with [`Store::delete_session`]. Returns how many were deleted.
     pub async fn prune(&self, older_than: Option<Duration>) -> Result<u64, StoreError> {
         let now = now_millis();
@@ -758,7 +758,7 @@ impl Store {
         let candidates = with_reader!(self, |pool, d| {
             // Newest first, so forks go before their parents and nothing is copied needlessly.
             sqlx::query(
-                "SELECT id FROM sessions WHERE status <> 'running' AND \
+                "SELECT id FROM sessions WHERE status NOT IN ('running', 'waiting', 'paused') AND \
                  ((expires_at IS NOT NULL AND expires_at <= $1) OR last_activity < $2) \
                  ORDER BY created_at DESC, id DESC",
             )

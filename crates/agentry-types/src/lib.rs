@@ -20,7 +20,7 @@ pub use id::{IdError, RunId, SessionId};
 pub use message::{
     AssistantPart, ContentPart, ImageSource, Message, Thinking, ToolResult, ToolResultPart,
 };
-pub use run::{RunEvent, RunStopReason};
-pub use session::SessionEvent;
+pub use run::{RunEvent, RunStopReason, SuspendStatus};
+pub use session::{ApprovalVerdict, CompactionMemory, GroupEvent, PendingApproval, SessionEvent};
 pub use tool::{ToolCall, ToolSpec};
 pub use usage::{StopReason, Usage};

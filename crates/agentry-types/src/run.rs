@@ -127,6 +127,38 @@ pub enum RunEvent {
         /// Rounds (model calls) made.
         rounds: u32,
     },
+    /// The run stopped without ending: it waits for approvals (`waiting`) or was paused
+    /// (`paused`). Its stream ends here; the run goes on in the same session, with the same id,
+    /// once the calls are decided or the run is resumed.
+    RunSuspended {
+        /// The run.
+        run_id: RunId,
+        /// `waiting` or `paused`.
+        status: SuspendStatus,
+        /// The calls waiting for a decision (empty when paused).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pending: Vec<crate::session::PendingApproval>,
+        /// Tokens used so far.
+        usage: Usage,
+        /// Rounds (model calls) made so far.
+        rounds: u32,
+    },
+    /// An event of a sub-agent's run started by one of this run's tool calls (`delegate`,
+    /// `talk_to`), for live display only: the child's steps are committed in its own session.
+    /// A grandchild's events arrive nested twice.
+    Nested {
+        /// The id of the tool call that started the child run.
+        call_id: String,
+        /// The child's session.
+        session_id: crate::id::SessionId,
+        /// The child's delegation depth (1 for a child of a top-level run).
+        depth: u32,
+        /// The saved agent the child runs as, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent_id: Option<String>,
+        /// The child's event.
+        event: Box<RunEvent>,
+    },
     /// The run ended because of an error.
     RunFailed {
         /// Why it ended (`error`, or `cancelled`).
@@ -143,6 +175,29 @@ pub enum RunEvent {
 impl RunEvent {
     /// Whether this is the run's last event.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, Self::RunFinished { .. } | Self::RunFailed { .. })
+        matches!(
+            self,
+            Self::RunFinished { .. } | Self::RunFailed { .. } | Self::RunSuspended { .. }
+        )
+    }
+}
+
+/// Why a run stopped without ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SuspendStatus {
+    /// Tool calls wait for a person's approval.
+    Waiting,
+    /// The run was paused between rounds.
+    Paused,
+}
+
+impl SuspendStatus {
+    /// The stable string form (also the session's status).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "waiting",
+            Self::Paused => "paused",
+        }
     }
 }

@@ -35,6 +35,9 @@ pub enum SessionEvent {
         /// Models tried in order when a call to `model` fails before any output.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         fallback_models: Vec<String>,
+        /// The run's approval policy (the engine's type, as JSON; null when nothing waits).
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        approvals: serde_json::Value,
     },
     /// A message given to the model: the user's turn, or a system prompt.
     Message {
@@ -77,6 +80,90 @@ pub enum SessionEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         working_dir: Option<std::path::PathBuf>,
     },
+    /// A tool call of the run needs a person's approval before it runs (the run waits, with
+    /// the session in status `waiting`, until every such call of the round is decided).
+    ApprovalRequested {
+        /// The run.
+        run_id: RunId,
+        /// The call, as the model asked for it.
+        call: ToolCall,
+        /// Why it needs approval (the rule that matched).
+        reason: String,
+    },
+    /// A person decided on a call that needed approval.
+    ApprovalDecided {
+        /// The run.
+        run_id: RunId,
+        /// The call decided on.
+        call_id: String,
+        /// Approved (as asked, or with edited arguments) or rejected.
+        decision: ApprovalVerdict,
+        /// Why (for a rejection, the model sees it as the call's error result).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The arguments the call runs with, when they were edited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments: Option<serde_json::Value>,
+    },
+    /// The run stopped at a safe point (between rounds) on request; the session is `paused`
+    /// until the run is resumed.
+    RunPaused {
+        /// The run.
+        run_id: RunId,
+    },
+    /// A paused or waiting run goes on.
+    RunResumed {
+        /// The run.
+        run_id: RunId,
+    },
+    /// The conversation was compacted to fit the model's context window. The messages stay in
+    /// the log; from now on the model is sent the summary (or a marker) instead of the messages
+    /// before `covered`.
+    ContextCompacted {
+        /// The run.
+        run_id: RunId,
+        /// Index (in the session's conversation) of the first message still sent verbatim.
+        covered: usize,
+        /// The running summary of the messages before it, if a summary model wrote one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary: Option<String>,
+        /// Messages before `covered` that no summary describes (dropped).
+        #[serde(default)]
+        dropped: usize,
+        /// Messages this compaction covered (the ones the summary model was sent).
+        newly_covered: usize,
+        /// Tokens of the request before.
+        tokens_before: u64,
+        /// Tokens of the request after.
+        tokens_after: u64,
+        /// The model that wrote the summary.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary_model: Option<String>,
+        /// Whether the provider's context-length error forced it.
+        #[serde(default)]
+        forced: bool,
+        /// Why there is no new summary although a summary model is configured.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary_error: Option<String>,
+        /// Lasting facts, preferences and decisions the summary model found in the new
+        /// messages (stored as the agent's long-term memories).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        memories: Vec<CompactionMemory>,
+        /// The saved agent the run runs as (whose memories they are).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent_id: Option<String>,
+        /// The user the run is for.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+    },
+    /// Group chat: one step of a group session's transcript (see [`GroupEvent`]). A group
+    /// session holds only these; each member's own turns run in the member's linked session.
+    Group {
+        /// The exchange (one user message and the rounds it led to).
+        run_id: RunId,
+        /// What happened.
+        event: GroupEvent,
+    },
     /// The run ended.
     RunFinished {
         /// The run.
@@ -105,6 +192,12 @@ impl SessionEvent {
             Self::AssistantMessage { .. } => "assistant_message",
             Self::ToolCallIntent { .. } => "tool_call_intent",
             Self::ToolCallResult { .. } => "tool_call_result",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalDecided { .. } => "approval_decided",
+            Self::RunPaused { .. } => "run_paused",
+            Self::RunResumed { .. } => "run_resumed",
+            Self::ContextCompacted { .. } => "context_compacted",
+            Self::Group { .. } => "group",
             Self::RunFinished { .. } => "run_finished",
         }
     }
@@ -117,7 +210,102 @@ impl SessionEvent {
             | Self::AssistantMessage { run_id, .. }
             | Self::ToolCallIntent { run_id, .. }
             | Self::ToolCallResult { run_id, .. }
+            | Self::ApprovalRequested { run_id, .. }
+            | Self::ApprovalDecided { run_id, .. }
+            | Self::RunPaused { run_id }
+            | Self::RunResumed { run_id }
+            | Self::ContextCompacted { run_id, .. }
+            | Self::Group { run_id, .. }
             | Self::RunFinished { run_id, .. } => *run_id,
         }
     }
+}
+
+/// A person's decision on a tool call that needed approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalVerdict {
+    /// Run the call as the model asked.
+    Approve,
+    /// Do not run it: the model gets an error result with the reason.
+    Reject,
+    /// Run it with edited arguments.
+    Edit,
+}
+
+impl ApprovalVerdict {
+    /// The stable string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approve => "approve",
+            Self::Reject => "reject",
+            Self::Edit => "edit",
+        }
+    }
+}
+
+/// A tool call waiting for a person's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingApproval {
+    /// The call, as the model asked for it.
+    pub call: ToolCall,
+    /// Why it needs approval.
+    pub reason: String,
+}
+
+/// A memory found while compacting (see [`SessionEvent::ContextCompacted`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionMemory {
+    /// `fact`, `preference` or `decision`.
+    pub kind: String,
+    /// The statement.
+    pub text: String,
+}
+
+/// A step of a group chat (inside [`SessionEvent::Group`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GroupEvent {
+    /// A round began: the members it wakes, who run in parallel.
+    Round {
+        /// The round, from 1.
+        round: u32,
+        /// The members woken, by agent id.
+        members: Vec<String>,
+    },
+    /// A message of the transcript: the user's (round 0, no `agent_id`) or a member's reply.
+    Message {
+        /// The round, from 1; 0 for the user's message.
+        round: u32,
+        /// The member who spoke; absent for the user.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent_id: Option<String>,
+        /// The speaker's display name.
+        name: String,
+        /// What was said (a member's final answer).
+        text: String,
+        /// The members the message mentions, by agent id.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        mentions: Vec<String>,
+        /// The member's own session, where its turn (with its tool calls) is recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session_id: Option<crate::id::SessionId>,
+        /// The member's run in that session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        member_run_id: Option<RunId>,
+        /// How the member's run ended.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop_reason: Option<String>,
+        /// Why the member gave no answer, when its run failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ErrorInfo>,
+    },
+    /// The exchange ended: `completed` (nobody mentioned for another round), `max_rounds`,
+    /// `cancelled`, or `interrupted` (the server stopped mid-exchange).
+    Finished {
+        /// Rounds run.
+        rounds: u32,
+        /// Why it ended.
+        stop_reason: String,
+    },
 }

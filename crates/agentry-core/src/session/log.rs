@@ -42,6 +42,10 @@ pub enum SessionStatus {
     Interrupted,
     /// The last run failed.
     Failed,
+    /// A run waits for a person to approve tool calls (it continues once they are decided).
+    Waiting,
+    /// A run was paused between rounds (it continues when resumed).
+    Paused,
 }
 
 impl SessionStatus {
@@ -52,6 +56,8 @@ impl SessionStatus {
             Self::Running => "running",
             Self::Interrupted => "interrupted",
             Self::Failed => "failed",
+            Self::Waiting => "waiting",
+            Self::Paused => "paused",
         }
     }
 }

@@ -1,12 +1,14 @@
-//! Running requests in sessions: one writer per session, write-through, recovery.
+//! Running requests in sessions: one writer per session, write-through, recovery, and run
+//! control — approvals (a run waits, durably, until a person decides its calls), pause and
+//! resume (between rounds), interrupt and abort.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use agentry_types::{
-    ErrorInfo, Message, RunEvent, RunId, RunStopReason, SessionEvent, SessionId, ToolCall,
-    ToolResult,
+    ErrorInfo, Message, PendingApproval, RunEvent, RunId, RunStopReason, SessionEvent, SessionId,
+    ToolCall, ToolResult,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;
@@ -14,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::log::{LogError, SessionLog, SessionStatus};
 use super::replay::{InFlight, replay};
-use crate::driver::{EventSink, Journal, drive};
+use crate::approval::{ApprovalDecision, ApprovalError, ApprovalPolicy, UnknownOutcome};
+use crate::context::Compaction;
+use crate::driver::{EventSink, Journal, drive_controlled};
 use crate::engine::{Phase, RunLimits, RunState};
 use crate::runtime::{EVENT_BUFFER, RunError, RunRequest, RunStream, Runtime};
 
@@ -56,6 +60,42 @@ pub enum SessionError {
     /// The request is invalid.
     #[error(transparent)]
     Run(#[from] RunError),
+    /// No run with this id is in progress, waiting or paused in the session.
+    #[error("run {run_id} is not in progress, waiting or paused in session {session}")]
+    NoSuchRun {
+        /// The session.
+        session: SessionId,
+        /// The run.
+        run_id: RunId,
+    },
+    /// The run is not in a state that allows this (not waiting, not paused, not live).
+    #[error("run {run_id} {state}")]
+    WrongState {
+        /// The run.
+        run_id: RunId,
+        /// What state it is in, as a phrase ("is not waiting for approvals").
+        state: String,
+    },
+    /// A decision on a waiting call is invalid.
+    #[error(transparent)]
+    Approval(#[from] ApprovalError),
+}
+
+/// What deciding on a run's waiting calls led to.
+pub struct Decided {
+    /// The calls still waiting (empty once the run went on).
+    pub pending: Vec<PendingApproval>,
+    /// The continued run, once every call is decided.
+    pub stream: Option<RunStream>,
+}
+
+/// A run started or queued by this manager, for pause, interrupt and abort.
+#[derive(Clone)]
+struct Control {
+    session: SessionId,
+    cancel: CancellationToken,
+    pause: CancellationToken,
+    started: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One session's writer lock and its running run.
@@ -81,6 +121,23 @@ impl Slot {
     }
 }
 
+/// A [`SessionManager`] that may be gone ([`SessionManager::downgrade`]).
+#[derive(Clone, Default)]
+pub struct WeakSessionManager(std::sync::Weak<Inner>);
+
+impl WeakSessionManager {
+    /// The manager, while it exists.
+    pub fn upgrade(&self) -> Option<SessionManager> {
+        self.0.upgrade().map(|inner| SessionManager { inner })
+    }
+}
+
+impl std::fmt::Debug for WeakSessionManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WeakSessionManager")
+    }
+}
+
 /// Runs requests in durable sessions. Cheap to clone.
 #[derive(Clone)]
 pub struct SessionManager {
@@ -91,6 +148,8 @@ struct Inner {
     runtime: std::sync::RwLock<Runtime>,
     log: Arc<dyn SessionLog>,
     slots: Mutex<HashMap<SessionId, Arc<Slot>>>,
+    /// Runs live or queued, by id.
+    controls: Mutex<HashMap<RunId, Control>>,
     /// Where each session's workspace lives (`<root>/<session id>`), if anywhere.
     workspaces: Option<PathBuf>,
 }
@@ -103,6 +162,7 @@ impl SessionManager {
                 runtime: std::sync::RwLock::new(runtime),
                 log,
                 slots: Mutex::new(HashMap::new()),
+                controls: Mutex::new(HashMap::new()),
                 workspaces: None,
             }),
         }
@@ -117,6 +177,7 @@ impl SessionManager {
             runtime: std::sync::RwLock::new(self.runtime()),
             log: Arc::clone(&self.inner.log),
             slots: Mutex::new(HashMap::new()),
+            controls: Mutex::new(HashMap::new()),
             workspaces: Some(root),
         };
         Self {
@@ -149,6 +210,12 @@ impl SessionManager {
             .runtime
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = runtime;
+    }
+
+    /// A handle that does not keep the manager alive (for tools the manager's own runtime
+    /// holds, such as `delegate`, which would otherwise make a reference cycle).
+    pub fn downgrade(&self) -> WeakSessionManager {
+        WeakSessionManager(Arc::downgrade(&self.inner))
     }
 
     /// The log.
@@ -228,9 +295,13 @@ impl SessionManager {
         request: RunRequest,
         policy: BusyPolicy,
     ) -> Result<RunStream, SessionError> {
-        // Reject bad requests (unknown model or tools, template errors) before queueing.
-        self.runtime()
-            .prepare(request.clone().with_history(vec![Message::user("")]))?;
+        // Reject bad requests (unknown model or tools, template errors, files that cannot be
+        // attached) before queueing.
+        let mut check = request.clone().with_history(vec![Message::user("")]);
+        if check.workspace.is_none() {
+            check.workspace = self.workspace(session);
+        }
+        self.runtime().prepare(check)?;
         let slot = self.slot(session);
         let guard =
             match policy {
@@ -252,6 +323,7 @@ impl SessionManager {
             };
         let run_id = RunId::new();
         let cancel = CancellationToken::new();
+        let control = self.register(session, run_id, cancel.clone());
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let manager = self.clone();
         let task_cancel = cancel.clone();
@@ -260,10 +332,22 @@ impl SessionManager {
                 Some(guard) => guard,
                 None => Arc::clone(&slot.gate).lock_owned().await,
             };
+            control
+                .started
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             let state = manager
-                .run_new(session, request, run_id, &slot, sink, task_cancel)
+                .run_new(
+                    session,
+                    request,
+                    run_id,
+                    &slot,
+                    sink,
+                    task_cancel,
+                    control.pause,
+                )
                 .await;
             slot.set_active(None);
+            manager.unregister(run_id);
             drop(guard);
             manager.release(session, slot);
             state
@@ -271,6 +355,7 @@ impl SessionManager {
         Ok(RunStream::new(events, task, cancel))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_new(
         &self,
         session: SessionId,
@@ -279,6 +364,7 @@ impl SessionManager {
         slot: &Slot,
         sink: EventSink,
         cancel: CancellationToken,
+        pause: CancellationToken,
     ) -> RunState {
         if cancel.is_cancelled() {
             // Cancelled while queued: nothing was committed, nothing runs.
@@ -289,7 +375,7 @@ impl SessionManager {
         }
         slot.set_active(Some((run_id, cancel.clone())));
         match self.start(session, request, run_id, &sink).await {
-            Ok(state) => self.drive(session, state, sink, cancel).await,
+            Ok(state) => self.drive(session, state, sink, cancel, pause).await,
             Err(error) => {
                 let mut state = placeholder(run_id);
                 state.fail(error_info(&error));
@@ -319,6 +405,9 @@ impl SessionManager {
         }
         let history_len = replayed.messages.len();
         request.history = replayed.messages;
+        if request.compacted.is_none() {
+            request.compacted = replayed.compaction;
+        }
         if request.workspace.is_none() {
             request.workspace = self.workspace(session);
         }
@@ -336,6 +425,11 @@ impl SessionManager {
             params: serde_json::to_value(&state.params).unwrap_or_default(),
             limits: serde_json::to_value(&state.limits).unwrap_or_default(),
             fallback_models: state.fallback_models.clone(),
+            approvals: if state.approvals.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::to_value(&state.approvals).unwrap_or_default()
+            },
         }];
         records.extend(
             new_messages
@@ -361,6 +455,7 @@ impl SessionManager {
         state: RunState,
         sink: EventSink,
         cancel: CancellationToken,
+        pause: CancellationToken,
     ) -> RunState {
         let runtime = self.runtime();
         let model = match runtime.client_for(&state) {
@@ -375,14 +470,35 @@ impl SessionManager {
         let journal = Journal::new(Arc::clone(&self.inner.log), session);
         let tools = runtime.tools().clone();
         // The driver records the session's status with the end of the run.
-        drive(state, model, tools, sink, cancel, Some(journal)).await
+        let summarizer = runtime.summarizer_for(&state);
+        drive_controlled(
+            state,
+            model,
+            summarizer,
+            tools,
+            sink,
+            cancel,
+            Some(pause),
+            Some(journal),
+        )
+        .await
     }
 
     /// Continues the run that was in flight in `session` when the process stopped, from its
     /// last committed step. Tool calls whose intent was committed without a result run again
     /// only if their tool is idempotent; the others get an "outcome unknown" result. Returns
-    /// `None` when no run was in flight.
+    /// `None` when no run was in flight. A paused run is resumed too; a run waiting for
+    /// approvals stops again at once (its stream ends with `run_suspended`), unless every call
+    /// was decided.
     pub async fn resume(&self, session: SessionId) -> Result<Option<RunStream>, SessionError> {
+        self.resume_from_log(session, true).await
+    }
+
+    async fn resume_from_log(
+        &self,
+        session: SessionId,
+        paused_too: bool,
+    ) -> Result<Option<RunStream>, SessionError> {
         let slot = self.slot(session);
         let guard: OwnedMutexGuard<()> =
             Arc::clone(&slot.gate)
@@ -398,25 +514,360 @@ impl SessionManager {
             log.set_status(session, SessionStatus::Idle).await?;
             return Ok(None);
         };
+        if in_flight.paused {
+            if !paused_too {
+                // Paused on purpose: it stays so until someone resumes it.
+                log.set_status(session, SessionStatus::Paused).await?;
+                return Ok(None);
+            }
+            log.append(
+                session,
+                vec![SessionEvent::RunResumed {
+                    run_id: in_flight.run_id,
+                }],
+            )
+            .await?;
+            log.set_status(session, SessionStatus::Running).await?;
+        }
         let mut messages = replayed.messages;
-        let results = close_unknown(log.as_ref(), session, &in_flight, false).await?;
-        messages.extend(results.into_iter().map(Message::Tool));
-        let mut state = self.resumed_state(&in_flight, messages);
+        let compaction = replayed.compaction;
+        let policy = policy_of(&in_flight);
+        let mut ask = Vec::new();
+        if !in_flight.awaiting_approval() {
+            if policy.unknown_outcome() == UnknownOutcome::Ask {
+                // A person decides on the calls whose outcome is unknown.
+                ask = in_flight
+                    .pending
+                    .iter()
+                    .filter(|(_, idempotent)| !idempotent)
+                    .map(|(call, _)| PendingApproval {
+                        call: call.clone(),
+                        reason: format!(
+                            "the process stopped while this call was running, so it may or may \
+                             not have taken effect (the tool is not idempotent): approve to run \
+                             it again, reject to tell the model; {OUTCOME_UNKNOWN}"
+                        ),
+                    })
+                    .collect();
+                let records: Vec<SessionEvent> = ask
+                    .iter()
+                    .map(|pending| SessionEvent::ApprovalRequested {
+                        run_id: in_flight.run_id,
+                        call: pending.call.clone(),
+                        reason: pending.reason.clone(),
+                    })
+                    .collect();
+                if !records.is_empty() {
+                    log.append(session, records).await?;
+                }
+            } else {
+                let results = close_unknown(log.as_ref(), session, &in_flight, false).await?;
+                messages.extend(results.into_iter().map(Message::Tool));
+            }
+        }
+        let mut state = self.resumed_state(&in_flight, messages, compaction);
+        if !ask.is_empty() {
+            state.phase = Phase::AwaitingApproval {
+                calls: in_flight.pending.iter().map(|(c, _)| c.clone()).collect(),
+                warnings: Default::default(),
+                pending: ask,
+                decisions: Default::default(),
+            };
+        }
         state.workspace = self.workspace(session);
+        Ok(Some(self.spawn_continued(session, slot, guard, state)))
+    }
+
+    /// Drives a continued run (resumed, approved, unpaused) in its session, holding its
+    /// writer lock until it stops.
+    fn spawn_continued(
+        &self,
+        session: SessionId,
+        slot: Arc<Slot>,
+        guard: OwnedMutexGuard<()>,
+        state: RunState,
+    ) -> RunStream {
         let run_id = state.run_id;
         let cancel = CancellationToken::new();
+        let control = self.register(session, run_id, cancel.clone());
+        control
+            .started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         slot.set_active(Some((run_id, cancel.clone())));
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let manager = self.clone();
         let task_cancel = cancel.clone();
         let task = tokio::spawn(async move {
-            let state = manager.drive(session, state, sink, task_cancel).await;
+            let state = manager
+                .drive(session, state, sink, task_cancel, control.pause)
+                .await;
             slot.set_active(None);
+            manager.unregister(run_id);
             drop(guard);
             manager.release(session, slot);
             state
         });
-        Ok(Some(RunStream::new(events, task, cancel)))
+        RunStream::new(events, task, cancel)
+    }
+
+    fn register(&self, session: SessionId, run_id: RunId, cancel: CancellationToken) -> Control {
+        let control = Control {
+            session,
+            cancel,
+            pause: CancellationToken::new(),
+            started: Arc::default(),
+        };
+        lock(&self.inner.controls).insert(run_id, control.clone());
+        control
+    }
+
+    fn unregister(&self, run_id: RunId) {
+        lock(&self.inner.controls).remove(&run_id);
+    }
+
+    /// The session of a run this manager is running or has queued.
+    pub fn session_of_live_run(&self, run_id: RunId) -> Option<SessionId> {
+        lock(&self.inner.controls)
+            .get(&run_id)
+            .map(|control| control.session)
+    }
+
+    /// Takes `session`'s writer lock, or says which run holds it.
+    fn try_gate(
+        &self,
+        session: SessionId,
+    ) -> Result<(Arc<Slot>, OwnedMutexGuard<()>), SessionError> {
+        let slot = self.slot(session);
+        let guard = Arc::clone(&slot.gate)
+            .try_lock_owned()
+            .map_err(|_| SessionError::Busy {
+                session,
+                run_id: slot.active().map(|(run_id, _)| run_id),
+            })?;
+        Ok((slot, guard))
+    }
+
+    /// The run of `session` left in flight in its log (waiting, paused, or lost), if it is
+    /// `run_id`.
+    async fn in_flight_run(
+        &self,
+        session: SessionId,
+        run_id: RunId,
+    ) -> Result<(super::replay::Replay, InFlight), SessionError> {
+        let events = self.inner.log.load(session).await?;
+        let mut replayed = replay(&events);
+        match replayed.in_flight.take() {
+            Some(in_flight) if in_flight.run_id == run_id => Ok((replayed, in_flight)),
+            _ if events.iter().any(|(_, event)| {
+                matches!(event, SessionEvent::RunStarted { run_id: id, .. } if *id == run_id)
+            }) =>
+            {
+                Err(SessionError::WrongState {
+                    run_id,
+                    state: "has ended".into(),
+                })
+            }
+            _ => Err(SessionError::NoSuchRun { session, run_id }),
+        }
+    }
+
+    /// The calls of `session`'s run that wait for a decision: the run and its pending calls,
+    /// or `None` when no run waits.
+    pub async fn pending_approvals(
+        &self,
+        session: SessionId,
+    ) -> Result<Option<(RunId, Vec<PendingApproval>)>, SessionError> {
+        let events = self.inner.log.load(session).await?;
+        Ok(replay(&events)
+            .in_flight
+            .filter(InFlight::awaiting_approval)
+            .map(|run| (run.run_id, run.undecided())))
+    }
+
+    /// Records decisions on the waiting calls of `run_id` in `session`. Each decision is
+    /// checked first (a call that waits and is not yet decided; edited arguments valid for the
+    /// tool's schema), then all are committed together. Once every call of the round is
+    /// decided the run goes on, in the same session with the same id.
+    pub async fn decide(
+        &self,
+        session: SessionId,
+        run_id: RunId,
+        decisions: Vec<ApprovalDecision>,
+    ) -> Result<Decided, SessionError> {
+        let (slot, guard) = self.try_gate(session)?;
+        let (replayed, in_flight) = self.in_flight_run(session, run_id).await?;
+        if !in_flight.awaiting_approval() {
+            return Err(SessionError::WrongState {
+                run_id,
+                state: "is not waiting for approvals".into(),
+            });
+        }
+        let mut state = self.resumed_state(&in_flight, replayed.messages, replayed.compaction);
+        let runtime = self.runtime();
+        let mut records = Vec::with_capacity(decisions.len());
+        for decision in decisions {
+            state.decide(decision.clone())?;
+            if let Some(arguments) = &decision.arguments {
+                let name = in_flight
+                    .approval_requests
+                    .iter()
+                    .find(|p| p.call.id == decision.call_id)
+                    .map(|p| p.call.name.clone())
+                    .unwrap_or_default();
+                if let Err(error) = runtime.tools().validate(&name, arguments) {
+                    return Err(ApprovalError::InvalidDecision(format!(
+                        "the edited arguments of {:?} are not valid for {name:?}: {error}",
+                        decision.call_id
+                    ))
+                    .into());
+                }
+            }
+            records.push(SessionEvent::ApprovalDecided {
+                run_id,
+                call_id: decision.call_id.clone(),
+                decision: decision.decision,
+                reason: decision.reason.clone(),
+                arguments: decision.arguments,
+            });
+        }
+        let pending = state.pending_approvals();
+        if !pending.is_empty() {
+            self.inner.log.append(session, records).await?;
+            return Ok(Decided {
+                pending,
+                stream: None,
+            });
+        }
+        records.push(SessionEvent::RunResumed { run_id });
+        self.inner.log.append(session, records).await?;
+        self.inner
+            .log
+            .set_status(session, SessionStatus::Running)
+            .await?;
+        state.workspace = self.workspace(session);
+        Ok(Decided {
+            pending,
+            stream: Some(self.spawn_continued(session, slot, guard, state)),
+        })
+    }
+
+    /// Asks the live run `run_id` to pause at its next safe point (before its next model
+    /// call). Returns its session.
+    pub fn pause(&self, run_id: RunId) -> Result<SessionId, SessionError> {
+        let control = lock(&self.inner.controls).get(&run_id).cloned();
+        match control {
+            Some(control) if control.started.load(std::sync::atomic::Ordering::SeqCst) => {
+                control.pause.cancel();
+                Ok(control.session)
+            }
+            Some(_) => Err(SessionError::WrongState {
+                run_id,
+                state: "is queued and has not started".into(),
+            }),
+            None => Err(SessionError::WrongState {
+                run_id,
+                state: "is not running".into(),
+            }),
+        }
+    }
+
+    /// Continues the paused run `run_id` of `session` where it stopped.
+    pub async fn resume_paused(
+        &self,
+        session: SessionId,
+        run_id: RunId,
+    ) -> Result<RunStream, SessionError> {
+        let (slot, guard) = self.try_gate(session)?;
+        let (replayed, in_flight) = self.in_flight_run(session, run_id).await?;
+        if !in_flight.paused {
+            return Err(SessionError::WrongState {
+                run_id,
+                state: if in_flight.awaiting_approval() {
+                    "is waiting for approvals, not paused".into()
+                } else {
+                    "is not paused".into()
+                },
+            });
+        }
+        let log = &self.inner.log;
+        log.append(session, vec![SessionEvent::RunResumed { run_id }])
+            .await?;
+        log.set_status(session, SessionStatus::Running).await?;
+        let mut state = self.resumed_state(&in_flight, replayed.messages, replayed.compaction);
+        state.workspace = self.workspace(session);
+        Ok(self.spawn_continued(session, slot, guard, state))
+    }
+
+    /// Interrupts run `run_id` of `session`: a live run stops its current step (the model call
+    /// and tools in flight are cancelled) and ends `cancelled`; a waiting or paused run ends
+    /// `cancelled` at once. The session stays usable. Returns whether a run was stopped.
+    pub async fn interrupt(&self, session: SessionId, run_id: RunId) -> Result<bool, SessionError> {
+        let control = lock(&self.inner.controls).get(&run_id).cloned();
+        if let Some(control) = control {
+            control.cancel.cancel();
+            return Ok(true);
+        }
+        let (_slot, _guard) = self.try_gate(session)?;
+        let (_, in_flight) = self.in_flight_run(session, run_id).await?;
+        let how = if in_flight.awaiting_approval() {
+            "while it waited for approval"
+        } else if in_flight.paused {
+            "while it was paused"
+        } else {
+            "after the process that ran it stopped"
+        };
+        let log = &self.inner.log;
+        log.append(
+            session,
+            vec![SessionEvent::RunFinished {
+                run_id,
+                stop_reason: RunStopReason::Cancelled,
+                usage: in_flight.usage,
+                rounds: in_flight.round,
+                error: None,
+                note: Some(format!("the run was interrupted {how}")),
+            }],
+        )
+        .await?;
+        log.set_status(session, SessionStatus::Interrupted).await?;
+        Ok(true)
+    }
+
+    /// Aborts `session`'s work: every run queued behind the current one is dropped (nothing
+    /// of it is committed), and the run `run_id` is interrupted. Returns how many queued runs
+    /// were dropped.
+    pub async fn abort(&self, session: SessionId, run_id: RunId) -> Result<usize, SessionError> {
+        let dropped = self.drop_queued(session);
+        self.interrupt(session, run_id).await?;
+        Ok(dropped)
+    }
+
+    /// How many runs wait in `session`'s queue (sent, not started, not cancelled).
+    pub fn queued(&self, session: SessionId) -> usize {
+        lock(&self.inner.controls)
+            .values()
+            .filter(|control| {
+                control.session == session
+                    && !control.started.load(std::sync::atomic::Ordering::SeqCst)
+                    && !control.cancel.is_cancelled()
+            })
+            .count()
+    }
+
+    /// Cancels every run queued in `session` that has not started; returns how many.
+    pub fn drop_queued(&self, session: SessionId) -> usize {
+        let controls = lock(&self.inner.controls);
+        let mut dropped = 0;
+        for control in controls.values() {
+            if control.session == session
+                && !control.started.load(std::sync::atomic::Ordering::SeqCst)
+                && !control.cancel.is_cancelled()
+            {
+                control.cancel.cancel();
+                dropped += 1;
+            }
+        }
+        dropped
     }
 
     /// Resumes every run that was in flight when the process stopped (sessions still marked
@@ -429,14 +880,19 @@ impl SessionManager {
             .sessions_with_status(SessionStatus::Running)
             .await?
         {
-            if let Some(stream) = self.resume(session).await? {
+            if let Some(stream) = self.resume_from_log(session, false).await? {
                 resumed.push((session, stream));
             }
         }
         Ok(resumed)
     }
 
-    fn resumed_state(&self, in_flight: &InFlight, messages: Vec<Message>) -> RunState {
+    fn resumed_state(
+        &self,
+        in_flight: &InFlight,
+        messages: Vec<Message>,
+        compaction: Option<Compaction>,
+    ) -> RunState {
         let runtime = self.runtime();
         let tools = runtime.tools();
         let specs = in_flight
@@ -450,7 +906,14 @@ impl SessionManager {
             .filter(|(_, idempotent)| *idempotent)
             .map(|(call, _)| call.clone())
             .collect();
-        let phase = if !rerun.is_empty() {
+        let phase = if in_flight.awaiting_approval() {
+            Phase::AwaitingApproval {
+                calls: in_flight.unanswered.clone(),
+                warnings: Default::default(),
+                pending: in_flight.approval_requests.clone(),
+                decisions: in_flight.decisions.clone(),
+            }
+        } else if !rerun.is_empty() {
             Phase::RunTools {
                 calls: rerun,
                 warnings: Default::default(),
@@ -482,8 +945,17 @@ impl SessionManager {
             // The log does not record the workspace: it is the session's (set by `resume`).
             workspace: None,
             loops: in_flight.loops.clone(),
+            approvals: policy_of(in_flight),
             // The deadline starts again: the time the process was down does not count.
             started_at_ms: None,
+            // The log does not record the agent.
+            agent_id: None,
+            // The runtime's compaction settings, and what the log says was compacted.
+            context: runtime.context_policy(&in_flight.model, None),
+            compaction,
+            overflow_retried: false,
+            memory: None,
+            user: None,
             phase,
         }
     }
@@ -522,13 +994,36 @@ async fn close_unknown(
             usage: in_flight.usage,
             rounds: in_flight.round,
             error: None,
-            note: Some("the process stopped during this run and it was not resumed".into()),
+            note: Some(
+                if in_flight.awaiting_approval() {
+                    "a new message came while the run waited for approval, so it was closed"
+                } else if in_flight.paused {
+                    "a new message came while the run was paused, so it was closed"
+                } else {
+                    "the process stopped during this run and it was not resumed"
+                }
+                .into(),
+            ),
         });
     }
     if !records.is_empty() {
         log.append(session, records).await?;
     }
     Ok(results)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The approval policy a run recorded when it started.
+fn policy_of(in_flight: &InFlight) -> ApprovalPolicy {
+    if in_flight.approvals.is_null() {
+        return ApprovalPolicy::default();
+    }
+    serde_json::from_value(in_flight.approvals.clone()).unwrap_or_default()
 }
 
 fn placeholder(run_id: RunId) -> RunState {
@@ -547,7 +1042,11 @@ fn error_info(error: &SessionError) -> ErrorInfo {
     let (code, retryable) = match error {
         SessionError::Busy { .. } => (agentry_types::ErrorCode::Conflict, true),
         SessionError::Log(_) => (agentry_types::ErrorCode::Internal, true),
-        SessionError::Run(_) => (agentry_types::ErrorCode::InvalidRequest, false),
+        SessionError::Run(_) | SessionError::Approval(_) => {
+            (agentry_types::ErrorCode::InvalidRequest, false)
+        }
+        SessionError::NoSuchRun { .. } => (agentry_types::ErrorCode::NotFound, false),
+        SessionError::WrongState { .. } => (agentry_types::ErrorCode::Conflict, false),
     };
     ErrorInfo {
         code,

@@ -12,5 +12,5 @@ pub mod manager;
 pub mod replay;
 
 pub use log::{LogError, MemoryLog, SessionLog, SessionStatus};
-pub use manager::{BusyPolicy, SessionError, SessionManager};
+pub use manager::{BusyPolicy, SessionError, SessionManager, WeakSessionManager};
 pub use replay::{InFlight, Replay, replay};

@@ -5,11 +5,14 @@
 //! its counters, usage, loop window and working directory, and the tool calls whose intent was
 //! committed without a result.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use agentry_types::{Message, RunId, SessionEvent, ToolCall, Usage};
+use agentry_types::{Message, PendingApproval, RunId, SessionEvent, ToolCall, Usage};
 
+use crate::approval::ApprovalDecision;
+
+use crate::context::Compaction;
 use crate::engine::RunLimits;
 use crate::loop_guard::LoopDetector;
 
@@ -24,6 +27,8 @@ pub struct Replay {
     pub runs: usize,
     /// The run that started and never finished, if any.
     pub in_flight: Option<InFlight>,
+    /// What the latest compaction of the conversation did (see [`crate::context`]).
+    pub compaction: Option<Compaction>,
 }
 
 /// What a run that never finished had done.
@@ -57,6 +62,33 @@ pub struct InFlight {
     pub pending: Vec<(ToolCall, bool)>,
     /// Whether the model's last answer asked for no tools (the run only lacks its end event).
     pub answered: bool,
+    /// Its approval policy, as recorded (null when nothing waits).
+    pub approvals: serde_json::Value,
+    /// The calls of the current round waiting for (or given) a decision; empty unless the run
+    /// waits for approvals.
+    pub approval_requests: Vec<PendingApproval>,
+    /// The decisions made on them so far, by call id.
+    pub decisions: BTreeMap<String, ApprovalDecision>,
+    /// The latest round's calls that have no result yet.
+    pub unanswered: Vec<ToolCall>,
+    /// Whether the run was paused (and not resumed since).
+    pub paused: bool,
+}
+
+impl InFlight {
+    /// Whether the run waits for approvals (some of its round's calls were sent to a person).
+    pub fn awaiting_approval(&self) -> bool {
+        !self.approval_requests.is_empty()
+    }
+
+    /// The calls still waiting for a decision.
+    pub fn undecided(&self) -> Vec<PendingApproval> {
+        self.approval_requests
+            .iter()
+            .filter(|p| !self.decisions.contains_key(&p.call.id))
+            .cloned()
+            .collect()
+    }
 }
 
 /// Rebuilds a session from its events.
@@ -64,6 +96,8 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
     let mut replay = Replay::default();
     let mut intents: BTreeMap<String, (usize, ToolCall, bool)> = BTreeMap::new();
     let mut order = 0usize;
+    let mut round_calls: Vec<ToolCall> = Vec::new();
+    let mut round_results: BTreeSet<String> = BTreeSet::new();
     for (seq, event) in events {
         replay.last_seq = *seq;
         match event {
@@ -74,6 +108,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 params,
                 limits,
                 fallback_models,
+                approvals,
             } => {
                 replay.runs += 1;
                 intents.clear();
@@ -92,7 +127,14 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                     working_dir: None,
                     pending: Vec::new(),
                     answered: false,
+                    approvals: approvals.clone(),
+                    approval_requests: Vec::new(),
+                    decisions: BTreeMap::new(),
+                    unanswered: Vec::new(),
+                    paused: false,
                 });
+                round_calls.clear();
+                round_results.clear();
             }
             SessionEvent::Message { message, .. } => replay.messages.push(message.clone()),
             SessionEvent::AssistantMessage {
@@ -111,6 +153,10 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                     let limits: RunLimits =
                         serde_json::from_value(run.limits.clone()).unwrap_or_default();
                     let mut calls = 0;
+                    run.approval_requests.clear();
+                    run.decisions.clear();
+                    round_calls = message.tool_calls().cloned().collect();
+                    round_results.clear();
                     for call in message.tool_calls() {
                         run.loops.observe(call, &limits.loops);
                         calls += 1;
@@ -121,10 +167,56 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 replay.messages.push(message);
             }
             SessionEvent::ToolCallIntent {
-                call, idempotent, ..
+                run_id,
+                call,
+                idempotent,
             } => {
                 order += 1;
                 intents.insert(call.id.clone(), (order, call.clone(), *idempotent));
+                if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    settle_approvals(run);
+                }
+            }
+            SessionEvent::ApprovalRequested {
+                run_id,
+                call,
+                reason,
+            } => {
+                if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    run.approval_requests.push(PendingApproval {
+                        call: call.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+            }
+            SessionEvent::ApprovalDecided {
+                run_id,
+                call_id,
+                decision,
+                reason,
+                arguments,
+            } => {
+                if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    run.decisions.insert(
+                        call_id.clone(),
+                        ApprovalDecision {
+                            call_id: call_id.clone(),
+                            decision: *decision,
+                            reason: reason.clone(),
+                            arguments: arguments.clone(),
+                        },
+                    );
+                }
+            }
+            SessionEvent::RunPaused { run_id } => {
+                if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    run.paused = true;
+                }
+            }
+            SessionEvent::RunResumed { run_id } => {
+                if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    run.paused = false;
+                }
             }
             SessionEvent::ToolCallResult {
                 run_id,
@@ -133,7 +225,9 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 ..
             } => {
                 intents.remove(&result.call_id);
+                round_results.insert(result.call_id.clone());
                 if let Some(run) = replay.in_flight.as_mut().filter(|r| r.run_id == *run_id) {
+                    settle_approvals(run);
                     if working_dir.is_some() {
                         run.working_dir.clone_from(working_dir);
                     }
@@ -147,9 +241,27 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 replay.in_flight = None;
                 intents.clear();
             }
+            // A group session's transcript: its members' turns run in their own sessions.
+            SessionEvent::Group { .. } => {}
+            SessionEvent::ContextCompacted {
+                covered,
+                summary,
+                dropped,
+                ..
+            } => {
+                replay.compaction = Some(Compaction {
+                    covered: *covered,
+                    summary: summary.clone(),
+                    dropped: *dropped,
+                });
+            }
         }
     }
     if let Some(run) = replay.in_flight.as_mut() {
+        run.unanswered = round_calls
+            .into_iter()
+            .filter(|call| !round_results.contains(&call.id))
+            .collect();
         let mut pending: Vec<(usize, ToolCall, bool)> = intents.into_values().collect();
         pending.sort_by_key(|(order, _, _)| *order);
         run.pending = pending
@@ -158,6 +270,15 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
             .collect();
     }
     replay
+}
+
+/// Once every waiting call is decided, the next intent or result means the round went on:
+/// the requests are settled.
+fn settle_approvals(run: &mut InFlight) {
+    if run.awaiting_approval() && run.undecided().is_empty() {
+        run.approval_requests.clear();
+        run.decisions.clear();
+    }
 }
 
 #[cfg(test)]
@@ -174,6 +295,7 @@ mod tests {
             params: json!({}),
             limits: json!(null),
             fallback_models: Vec::new(),
+            approvals: json!(null),
         }
     }
 
@@ -246,6 +368,42 @@ mod tests {
             .map(|(c, i)| (c.id.as_str(), *i))
             .collect();
         assert_eq!(pending, [("a", false), ("c", false)]);
+    }
+
+    #[test]
+    fn approvals_and_pauses_are_replayed() {
+        let run = RunId::new();
+        let mut events = vec![
+            run_started(run),
+            assistant(run, 1, &["a", "b"]),
+            SessionEvent::ApprovalRequested {
+                run_id: run,
+                call: ToolCall::new("a", "t", json!({"id": "a"})),
+                reason: "always".into(),
+            },
+            SessionEvent::ApprovalDecided {
+                run_id: run,
+                call_id: "a".into(),
+                decision: agentry_types::ApprovalVerdict::Reject,
+                reason: Some("no".into()),
+                arguments: None,
+            },
+        ];
+        let replayed = replay(&numbered(events.clone()));
+        let in_flight = replayed.in_flight.unwrap();
+        assert!(in_flight.awaiting_approval());
+        assert!(in_flight.undecided().is_empty());
+        assert_eq!(in_flight.decisions.len(), 1);
+        assert_eq!(in_flight.unanswered.len(), 2);
+        // The round went on: the requests are settled.
+        events.push(intent(run, "b", false));
+        events.push(result(run, "b"));
+        events.push(SessionEvent::RunPaused { run_id: run });
+        let in_flight = replay(&numbered(events.clone())).in_flight.unwrap();
+        assert!(!in_flight.awaiting_approval());
+        assert!(in_flight.paused);
+        events.push(SessionEvent::RunResumed { run_id: run });
+        assert!(!replay(&numbered(events)).in_flight.unwrap().paused);
     }
 
     #[test]

@@ -6,9 +6,10 @@
 //! to the model as an error result it can correct, and the run goes on.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use agentry_types::{ToolResultPart, ToolSpec};
+use agentry_types::{RunId, SessionId, ToolResultPart, ToolSpec};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +26,30 @@ pub struct ToolContext {
     pub workspace: Option<PathBuf>,
     /// Cancelled when the run is cancelled or the call times out; long tools should watch it.
     pub cancel: CancellationToken,
+    /// The calling run (`None` outside a run): what tools that start sub-runs (`delegate`,
+    /// `talk_to`) need to know about their caller.
+    pub caller: Option<Arc<CallerInfo>>,
+    /// The calling run's event stream, for live progress a tool reports (a sub-run's events as
+    /// [`RunEvent::Nested`](agentry_types::RunEvent::Nested)). `None` outside a run.
+    pub events: Option<crate::driver::EventSink>,
+}
+
+/// The run a tool call belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallerInfo {
+    /// The run.
+    pub run_id: RunId,
+    /// Its session, for a run in a session.
+    pub session: Option<SessionId>,
+    /// Its model.
+    pub model: String,
+    /// The tools offered to it (names, descriptions, schemas).
+    pub tools: Vec<ToolSpec>,
+    /// The saved agent it runs as, if any.
+    pub agent_id: Option<String>,
+    /// Which of its tool calls wait for a person's approval: a sub-agent given its tools is held
+    /// to the same policy.
+    pub approvals: crate::approval::ApprovalPolicy,
 }
 
 impl ToolContext {
@@ -35,6 +60,8 @@ impl ToolContext {
             working_dir: None,
             workspace: None,
             cancel: CancellationToken::new(),
+            caller: None,
+            events: None,
         }
     }
 
@@ -148,6 +175,7 @@ pub trait Tool: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
+pub mod agents;
 pub mod builtin;
 pub mod command;
 pub mod definition;
@@ -158,6 +186,10 @@ pub mod result;
 pub mod shell;
 pub mod workspace;
 
+pub use agents::{
+    AgentEntry, AgentTarget, ChildLink, ChildRun, DelegationConfig, SubRunError, SubRuns,
+    delegation_tools,
+};
 pub use builtin::{builtin, builtin_tools};
 pub use command::{CommandTool, CommandToolConfig};
 pub use definition::{HeaderDefinition, ToolDefinition, load_definitions};

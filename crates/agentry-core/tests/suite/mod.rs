@@ -1,5 +1,8 @@
+mod approvals;
+mod context;
 mod engine;
 mod features;
+mod file_refs;
 mod guards;
 mod quotas;
 mod sessions;

@@ -270,6 +270,16 @@ async fn crashed_session(
     idempotent_args: serde_json::Value,
     other_args: serde_json::Value,
 ) -> agentry_types::SessionId {
+    crashed_session_with(log, idempotent_args, other_args, serde_json::Value::Null).await
+}
+
+/// [`crashed_session`] with an approval policy recorded in its `run_started`.
+pub(crate) async fn crashed_session_with(
+    log: &MemoryLog,
+    idempotent_args: serde_json::Value,
+    other_args: serde_json::Value,
+    approvals: serde_json::Value,
+) -> agentry_types::SessionId {
     let session = agentry_types::SessionId::new();
     log.create(session).await.unwrap();
     let run_id = RunId::new();
@@ -287,6 +297,7 @@ async fn crashed_session(
                 params: json!({}),
                 limits: serde_json::to_value(limits()).unwrap(),
                 fallback_models: Vec::new(),
+                approvals: approvals.clone(),
             },
             SessionEvent::Message {
                 run_id,
@@ -324,7 +335,7 @@ async fn crashed_session(
 }
 
 /// `ProbeTool` marked idempotent.
-struct Idempotent(ProbeTool);
+pub(crate) struct Idempotent(pub(crate) ProbeTool);
 
 impl agentry_core::tool::Tool for Idempotent {
     fn spec(&self) -> &agentry_types::ToolSpec {

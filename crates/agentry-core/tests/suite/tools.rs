@@ -305,6 +305,7 @@ async fn invoke_applies_the_default_timeout_and_cancels_the_tool() {
         working_dir: None,
         workspace: None,
         cancel: caller.clone(),
+        ..ToolContext::detached("c")
     };
     let error = registry
         .invoke(
@@ -369,6 +370,7 @@ async fn cancelling_while_a_tool_runs_returns_cancelled_promptly() {
         working_dir: None,
         workspace: None,
         cancel: cancel.clone(),
+        ..ToolContext::detached("c")
     };
     let canceller = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1282,6 +1284,7 @@ async fn command_tool_is_killed_on_cancellation() {
         working_dir: None,
         workspace: None,
         cancel: cancel.clone(),
+        ..ToolContext::detached("c")
     };
     let canceller = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;

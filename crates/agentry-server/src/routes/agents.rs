@@ -82,6 +82,16 @@ pub struct AgentConfig {
     /// Per-run limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<AgentLimits>,
+    /// Which tool calls wait for a person's approval before they run (a request's own
+    /// `approvals` override it per tool). Runs that may wait need a session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::routes::runs::ApprovalPolicyDoc>)]
+    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
+    /// How its runs compact their context (`threshold`, `keep_recent`, `summary_model`,
+    /// `summary_tokens`, `enabled`; default: the server's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub compaction: Option<agentry_core::context::CompactionSettings>,
 }
 
 /// The limits of an agent's runs. A run that reaches one stops with a clear stop reason:
@@ -122,6 +132,10 @@ pub struct AgentRun {
     pub limits: RunLimits,
     /// Generation parameters.
     pub params: GenerationParams,
+    /// Which tool calls wait for approval.
+    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
+    /// How its runs compact their context.
+    pub compaction: Option<agentry_core::context::CompactionSettings>,
 }
 
 /// Most fallback models, skills and MCP servers one agent may name.
@@ -213,6 +227,11 @@ impl AgentConfig {
             return Err(ApiError::bad_request(
                 "`template_arguments` needs a `prompt_template`",
             ));
+        }
+        if let Some(approvals) = &self.approvals {
+            approvals
+                .validate()
+                .map_err(|error| ApiError::bad_request(format!("`approvals`: {error}")))?;
         }
         if let Some(limits) = &self.limits {
             if let (Some(old), Some(new)) = (self.max_tool_rounds, limits.max_tool_rounds)
@@ -327,6 +346,8 @@ impl AgentConfig {
             system,
             limits: self.run_limits(RunLimits::default()),
             params: self.params.clone(),
+            approvals: self.approvals.clone(),
+            compaction: self.compaction.clone(),
         })
     }
 }
@@ -355,6 +376,19 @@ pub async fn validate(
     agent: &AgentConfig,
 ) -> Result<(), ApiError> {
     agent.check_shape()?;
+    if let Some(compaction) = &agent.compaction {
+        compaction
+            .validate()
+            .map_err(|error| ApiError::bad_request(format!("`compaction`: {error}")))?;
+        if let Some(model) = &compaction.summary_model
+            && runtime.model_client(model).is_err()
+        {
+            return Err(ApiError::bad_request(format!(
+                "agent {:?} summarises with the model {model:?}, which is not registered",
+                agent.id
+            )));
+        }
+    }
     for model in std::iter::once(&agent.model_id).chain(&agent.fallback_model_ids) {
         if runtime.model_client(model).is_err() {
             return Err(ApiError::bad_request(format!(

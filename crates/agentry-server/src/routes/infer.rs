@@ -119,14 +119,35 @@ pub struct InferRequest {
     /// Run as this saved agent: its model and fallbacks, tools, skills and MCP servers' tools,
     /// system prompt or template, parameters and limits (the request's `model_id`, `tool_ids`,
     /// `system`, `max_tool_rounds` and `params` win where given; a request naming its own model
-    /// does not use the agent's fallbacks). One agent; group chat with several is not
-    /// available yet.
+    /// does not use the agent's fallbacks). Several agents: a group chat (see `/v1/groups`) in
+    /// a new group session (`session_id` absent or `"new"`) or the group session named.
     #[serde(default)]
     pub agent_ids: Option<Vec<String>>,
+    /// Group chat: rounds one message may lead to, for a new group (default 5).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 50)]
+    pub max_rounds: Option<u32>,
+    /// Which tool calls wait for a person's approval (`always`, `never` or a rule per tool; over
+    /// the agent's policy, per tool). A call that needs approval suspends the run (session
+    /// status `waiting`) until `POST /v1/runs/{run_id}/approvals` decides it; such runs need a
+    /// session.
+    #[serde(default)]
+    #[schema(value_type = Option<crate::routes::runs::ApprovalPolicyDoc>)]
+    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
     /// Run as this saved agent (the same as `agent_ids` with one id).
     #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     pub agent_id: Option<String>,
+    /// The user the request is for: a saved agent's memories about this user join its own in
+    /// the system prompt.
+    #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    pub user: Option<String>,
+    /// How the run compacts its context (`threshold`, `keep_recent`, `summary_model`,
+    /// `summary_tokens`, `enabled`; default: the agent's, else the server's).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub compaction: Option<agentry_core::context::CompactionSettings>,
 }
 
 /// Turns message content into parts.
@@ -224,21 +245,34 @@ pub(crate) async fn prepare(
         }
         (_, Some(_)) => {
             return Err(ApiError::bad_request(
-                "one agent per request: group chat with several agents is not available yet",
+                "several agents make a group chat: `POST /v1/infer` or `/v1/groups`",
             ));
         }
     };
+    if body.max_rounds.is_some() {
+        return Err(ApiError::bad_request(
+            "`max_rounds` is for group chats (several `agent_ids`)",
+        ));
+    }
     let mut limits = body.max_tool_rounds.map(|rounds| RunLimits {
         max_tool_rounds: rounds,
         ..RunLimits::default()
     });
     let mut fallback_models = Vec::new();
+    let mut approvals = body.approvals.take();
+    let mut compaction = body.compaction.take();
+    if let Some(user) = &body.user {
+        super::config::check_name("user", user)?;
+    }
+    // The agent the run runs as (`talk_to` refuses to target it).
+    let run_agent = agent_id.clone();
     if let Some(id) = agent_id {
         super::config::check_name("agent", &id)?;
         let agent = super::agents::stored_agent(&state.store, &id)
             .await?
             .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
         let run = agent.resolve(&state.sessions.runtime())?;
+        compaction = compaction.or(run.compaction);
         if body.model_id.is_none() {
             fallback_models = run.fallback_models;
         }
@@ -251,6 +285,10 @@ pub(crate) async fn prepare(
             agent_limits.max_tool_rounds = rounds;
         }
         limits = Some(agent_limits);
+        approvals = match (run.approvals, approvals) {
+            (Some(agent), Some(own)) => Some(agent.merged(&own)),
+            (agent, own) => own.or(agent),
+        };
     }
     let mut request = RunRequest {
         model: body.model_id.clone(),
@@ -259,6 +297,10 @@ pub(crate) async fn prepare(
         tools: body.tool_ids.clone(),
         params: body.params.clone().unwrap_or_default(),
         limits,
+        approvals,
+        agent_id: run_agent.clone(),
+        compaction,
+        user: body.user.clone(),
         ..RunRequest::default()
     };
     let mut user_turns = Vec::new();
@@ -304,27 +346,61 @@ pub(crate) async fn prepare(
         }),
         (None, None) => None,
     };
-    // Check the model, tools and template before anything is created.
-    state
-        .sessions
-        .runtime()
-        .prepare(request.clone().with_history(vec![Message::user("")]))?;
+    // A saved agent remembers: its memories (and the user's) join the system prompt.
+    if let Some(agent) = &run_agent {
+        let message = first_line(&request).unwrap_or_default();
+        request.memory = crate::memory_prompt::memory_block(
+            &state.store,
+            agent,
+            body.user.as_deref(),
+            &message,
+            crate::memory_prompt::DEFAULT_MEMORY_BUDGET,
+        )
+        .await?;
+    }
+    // Check the model, tools, template and attached files before anything is created (a new
+    // session's id is chosen now, so its workspace is known).
+    let new_id = SessionId::new();
+    let planned = match body.session_id.as_deref() {
+        None => None,
+        Some("new") => Some(new_id),
+        Some(id) => Some(parse_session_id(id)?),
+    };
+    let mut check = request.clone().with_history(vec![Message::user("")]);
+    check.workspace = planned.and_then(|id| state.sessions.workspace(id));
+    state.sessions.runtime().prepare(check)?;
     let target = match body.session_id.as_deref() {
         None => Target::Ephemeral,
         Some("new") => {
-            let mut new = NewSession::new();
+            let mut new = NewSession::with_id(new_id);
             new.title = first_line(&request);
             let record = state.store.create_session(new).await?;
             Target::Session(record.id)
         }
         Some(id) => {
             let id = parse_session_id(id)?;
-            if state.store.session(id).await?.is_none() {
+            let Some(record) = state.store.session(id).await? else {
                 return Err(ApiError::not_found(format!("no session {id}")));
+            };
+            if crate::group::info_of(&record.metadata).is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "session {id} is a group chat: name its members in `agent_ids`, or use \
+                     `POST /v1/groups/{id}/messages`"
+                )));
             }
             Target::Session(id)
         }
     };
+    if body.session_id.is_none()
+        && request
+            .approvals
+            .as_ref()
+            .is_some_and(agentry_core::approval::ApprovalPolicy::may_ask)
+    {
+        return Err(ApiError::bad_request(
+            "a run whose tool calls may wait for approval needs a session (`session_id`)",
+        ));
+    }
     if matches!(target, Target::Ephemeral) && request.input.is_none() {
         return Err(ApiError::bad_request(
             "the request has no input (`text` or `messages`)",
@@ -375,6 +451,11 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// Whether a request names several agents: a group chat ([`super::groups::infer_group`]).
+fn is_group(body: &InferRequest) -> bool {
+    body.agent_ids.as_ref().is_some_and(|ids| ids.len() > 1)
+}
+
 /// Runs a request and waits for its end.
 ///
 /// With `session_id` the run is durable: `"new"` creates a session, an id continues one, and the
@@ -413,6 +494,9 @@ async fn infer(
     body: Result<Json<InferRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
+    if is_group(&body) {
+        return super::groups::infer_group(state, body, false).await;
+    }
     let cancel_on_disconnect = body.cancel_on_disconnect;
     let (target, request, policy) = prepare(&state, body).await?;
     match target {
@@ -428,6 +512,7 @@ async fn infer(
                 output.rounds,
                 output.error.map(|e| json!(e)),
                 messages.iter().map(|m| json!(m)).collect(),
+                output.note,
             ))
         }
         Target::Session(session) => {
@@ -445,7 +530,9 @@ async fn infer(
                             event: SessionEvent::RunStarted { run_id: id, .. },
                             ..
                         } => run_id = Some(*id),
-                        RunEvent::RunFinished { .. } | RunEvent::RunFailed { .. } => {
+                        RunEvent::RunFinished { .. }
+                        | RunEvent::RunFailed { .. }
+                        | RunEvent::RunSuspended { .. } => {
                             end = Some(event);
                             break;
                         }
@@ -457,11 +544,16 @@ async fn infer(
             }
             guard.session = None;
             let events = state.store.events(session, 0, usize::MAX).await?;
+            let mut note = None;
             let messages: Vec<Value> = events
                 .into_iter()
                 .filter_map(|stored| serde_json::from_value::<SessionEvent>(stored.payload).ok())
                 .filter(|event| Some(event.run_id()) == run_id)
                 .filter_map(|event| match event {
+                    SessionEvent::RunFinished { note: end_note, .. } => {
+                        note = end_note;
+                        None
+                    }
                     SessionEvent::Message { message, .. } => Some(json!(message)),
                     SessionEvent::AssistantMessage { content, .. } => {
                         Some(json!(Message::Assistant { content }))
@@ -490,6 +582,7 @@ async fn infer(
                     *rounds,
                     None,
                     messages,
+                    note.clone(),
                 ),
                 RunEvent::RunFailed {
                     stop_reason,
@@ -505,7 +598,36 @@ async fn infer(
                     *rounds,
                     Some(json!(error)),
                     messages,
+                    note.clone(),
                 ),
+                RunEvent::RunSuspended {
+                    run_id,
+                    status,
+                    pending,
+                    usage,
+                    rounds,
+                } => {
+                    // Not ended: the run waits for approvals or was paused. `stop_reason` says
+                    // which, and `pending` lists the calls to decide.
+                    let mut response = Json(json!({
+                        "success": true,
+                        "session_id": session,
+                        "run_id": run_id,
+                        "stop_reason": status.as_str(),
+                        "status": status.as_str(),
+                        "pending": pending,
+                        "text": "",
+                        "usage": usage,
+                        "rounds": rounds,
+                        "messages": messages,
+                        "error": null,
+                    }))
+                    .into_response();
+                    if let Ok(value) = HeaderValue::from_str(&session.to_string()) {
+                        response.headers_mut().insert("x-session-id", value);
+                    }
+                    response
+                }
                 _ => return Err(ApiError::internal("unexpected final event")),
             })
         }
@@ -522,9 +644,11 @@ fn outcome(
     rounds: u32,
     error: Option<Value>,
     messages: Vec<Value>,
+    note: Option<String>,
 ) -> Response {
     let failed = error.is_some();
     let body = json!({
+        "note": note,
         "success": !failed,
         "session_id": session,
         "run_id": run_id,
@@ -576,6 +700,9 @@ async fn infer_stream(
     body: Result<Json<InferRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
+    if is_group(&body) {
+        return super::groups::infer_group(state, body, true).await;
+    }
     let cancel_on_disconnect = body.cancel_on_disconnect;
     let (target, request, policy) = prepare(&state, body).await?;
     let mut headers = HeaderMap::new();
@@ -703,6 +830,6 @@ async fn abort(
         .ok_or_else(|| ApiError::bad_request("`session_id` (a string) is required"))?;
     let session = parse_session_id(id)?;
     Ok(Json(
-        json!({"session_id": session, "aborted": state.hub.cancel(session)}),
+        json!({"session_id": session, "aborted": state.hub.cancel(session) || crate::group::cancel(session)}),
     ))
 }

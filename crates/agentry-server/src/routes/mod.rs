@@ -1,15 +1,19 @@
 //! The router: every route of the API.
 //!
-//! The routes of `ops`, `infer`, `sessions`, `config`, `agents`, `mcp` and `sandboxes` are
-//! registered through [`OpenApiRouter`] from their handlers' `#[utoipa::path]` operations
-//! ([`documented`]), which is also where `GET /openapi.json` takes them from (see
+//! The routes of `ops`, `infer`, `sessions`, `runs`, `config`, `agents`, `mcp` and
+//! `sandboxes` are registered through [`OpenApiRouter`] from their handlers' `#[utoipa::path]`
+//! operations ([`documented`]), which is also where `GET /openapi.json` takes them from (see
 //! [`crate::openapi`]).
 
 pub mod agents;
 pub mod config;
+pub mod context;
+pub mod groups;
 pub mod infer;
 pub mod mcp;
+pub mod memories;
 pub mod ops;
+pub mod runs;
 pub mod sandboxes;
 pub mod sessions;
 pub mod sse;
@@ -30,10 +34,14 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(ops::routes())
         .merge(infer::routes())
         .merge(sessions::routes())
+        .merge(runs::routes())
         .merge(config::routes())
         .merge(agents::routes())
+        .merge(memories::routes())
+        .merge(context::routes())
         .merge(mcp::routes())
         .merge(sandboxes::routes())
+        .merge(groups::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.

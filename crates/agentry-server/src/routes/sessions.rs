@@ -207,11 +207,37 @@ async fn show(
 ) -> Result<Json<Value>, ApiError> {
     let record = session(&state, &id).await?;
     let events = stored_events(&state, record.id, 0).await?;
-    let messages: Vec<Message> = replay(&events).messages;
+    let replayed = replay(&events);
+    let live = state.hub.is_live(record.id);
+    // A run that stopped without ending: waiting for approvals, or paused.
+    let suspended = replayed
+        .in_flight
+        .as_ref()
+        .filter(|run| !live && (run.awaiting_approval() || run.paused))
+        .map(|run| {
+            let pending: Vec<Value> = run
+                .undecided()
+                .iter()
+                .map(|p| json!({"call": p.call, "reason": p.reason}))
+                .collect();
+            json!({
+                "run_id": run.run_id,
+                "status": if run.awaiting_approval() { "waiting" } else { "paused" },
+                "pending": pending,
+            })
+        });
+    let messages: Vec<Message> = replayed.messages;
     Ok(Json(json!({
-        "session": record_json(&record, state.hub.is_live(record.id)),
+        "session": record_json(&record, live),
         "run_id": state.hub.run_id(record.id),
+        "suspended_run": suspended,
         "messages": messages,
+        // A sub-agent's session: where it comes from; any session: the sub-agents it started.
+        "delegation": record.metadata.get(crate::delegation::METADATA_KEY),
+        "children": crate::delegation::children(&events),
+        // A group chat: its members and round limit; a member's session: its group.
+        "group": record.metadata.get(crate::group::METADATA_KEY),
+        "group_member": record.metadata.get(crate::group::MEMBER_KEY),
     })))
 }
 

@@ -1,7 +1,13 @@
 //! Run events as server-sent events.
 //!
 //! Named events: `run.started`, `delta.text`, `delta.thinking`, `delta.tool_call`, `message`,
-//! `tool.started`, `tool.result`, `usage`, `run.finished`, `run.failed` (with a typed error).
+//! `tool.started`, `tool.result`, `usage`, `approval.requested`, `approval.decided`,
+//! `run.resumed`, `nested` (a sub-agent's event, live only: `{"type": "nested", "call_id",
+//! "session_id", "depth", "agent_id"?, "event"}`), and last `run.finished`, `run.failed` (with a
+//! typed error), `run.waiting`
+//! (tool calls wait for approval: `{"run_id", "status", "pending"}`) or `run.paused`.
+//! A group session's committed steps are `group.message`, `group.round` and `group.finished`
+//! (see [`crate::group`]).
 //! In a session, every committed step carries its seq as the SSE id, so a client reconnecting
 //! with `Last-Event-ID` receives each later committed event exactly once; deltas carry no id.
 
@@ -44,6 +50,9 @@ impl SseMapper {
             }
             RunEvent::ToolCallDelta { .. } => vec![event("delta.tool_call", &to_value(run_event))],
             RunEvent::Committed { seq, event } => self.committed(*seq, event),
+            // A sub-agent's progress (live only, no id): the whole event, its child's event
+            // inside (nested again for a grandchild).
+            RunEvent::Nested { .. } => vec![event("nested", &to_value(run_event))],
             // In a session these steps arrive as committed events, with their seqs.
             _ if self.session && !run_event.is_terminal() => Vec::new(),
             RunEvent::RunStarted { run_id } => {
@@ -53,6 +62,17 @@ impl SseMapper {
             RunEvent::Usage { .. } => vec![event("usage", &to_value(run_event))],
             RunEvent::ToolCallStarted { .. } => vec![event("tool.started", &to_value(run_event))],
             RunEvent::ToolResult { .. } => vec![event("tool.result", &to_value(run_event))],
+            RunEvent::RunSuspended { status, .. } => {
+                if self.ended {
+                    return Vec::new();
+                }
+                self.ended = true;
+                let name = match status {
+                    agentry_types::SuspendStatus::Waiting => "run.waiting",
+                    agentry_types::SuspendStatus::Paused => "run.paused",
+                };
+                vec![event(name, &to_value(run_event))]
+            }
             RunEvent::RunFinished { .. } | RunEvent::RunFailed { .. } => {
                 if self.ended {
                     return Vec::new();
@@ -78,7 +98,11 @@ impl SseMapper {
         let id = seq.to_string();
         let named = |name: &str| event(name, &data).id(id.clone());
         match stored {
-            SessionEvent::RunStarted { .. } => vec![named("run.started")],
+            // A run (re)starting after an earlier end in the backlog: the stream goes on.
+            SessionEvent::RunStarted { .. } => {
+                self.ended = false;
+                vec![named("run.started")]
+            }
             SessionEvent::Message { .. } => vec![named("message")],
             SessionEvent::AssistantMessage { round, usage, .. } => vec![
                 named("message"),
@@ -86,6 +110,18 @@ impl SseMapper {
             ],
             SessionEvent::ToolCallIntent { .. } => vec![named("tool.started")],
             SessionEvent::ToolCallResult { .. } => vec![named("tool.result")],
+            SessionEvent::ApprovalRequested { .. } => vec![named("approval.requested")],
+            SessionEvent::ApprovalDecided { .. } => vec![named("approval.decided")],
+            SessionEvent::ContextCompacted { .. } => vec![named("context.compacted")],
+            SessionEvent::Group { event, .. } => vec![named(crate::group::sse_name(event))],
+            SessionEvent::RunResumed { .. } => {
+                self.ended = false;
+                vec![named("run.resumed")]
+            }
+            SessionEvent::RunPaused { .. } => {
+                self.ended = true;
+                vec![named("run.paused")]
+            }
             SessionEvent::RunFinished { error, .. } => {
                 self.ended = true;
                 vec![named(if error.is_some() {

@@ -103,6 +103,7 @@ async fn bad_agents_are_refused_and_nothing_is_written() {
         .post("/v1/infer", json!({"agent_ids": ["nobody"], "text": "x"}))
         .await;
     assert_eq!(status, 400);
+    // Several agents make a group chat, whose members must exist.
     let (status, body) = server
         .post("/v1/infer", json!({"agent_ids": ["a", "b"], "text": "x"}))
         .await;
@@ -111,7 +112,7 @@ async fn bad_agents_are_refused_and_nothing_is_written() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("one agent")
+            .contains("no agent \"a\"")
     );
 }
 

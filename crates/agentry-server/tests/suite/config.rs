@@ -569,7 +569,10 @@ async fn tool_definitions_are_checked_before_they_are_stored() {
     let list = server.get("/v1/tools").await;
     let mut listed = names(&list.body, "tools", "name");
     listed.sort();
-    assert_eq!(listed, ["current_time", "taken", "x"]);
+    assert_eq!(
+        listed,
+        ["current_time", "delegate", "taken", "talk_to", "x"]
+    );
 }
 
 #[tokio::test]
@@ -648,7 +651,7 @@ async fn tools_are_replaced_renamed_and_deleted_but_builtins_are_fixed() {
     let list = server.get("/v1/tools").await;
     let mut listed = names(&list.body, "tools", "name");
     listed.sort();
-    assert_eq!(listed, ["current_time", "three"]);
+    assert_eq!(listed, ["current_time", "delegate", "talk_to", "three"]);
 }
 
 #[tokio::test]
@@ -685,7 +688,7 @@ async fn batch_delete_is_its_own_route() {
     assert_error(&wrong_type, StatusCode::BAD_REQUEST, "invalid_request");
     assert_eq!(
         names(&server.get("/v1/tools").await.body, "tools", "name").len(),
-        4
+        6
     );
 
     // Not captured by /v1/tools/{name}: that would answer 404 for a tool named "batch".
@@ -703,7 +706,7 @@ async fn batch_delete_is_its_own_route() {
     );
     let mut listed = names(&server.get("/v1/tools").await.body, "tools", "name");
     listed.sort();
-    assert_eq!(listed, ["c", "current_time"]);
+    assert_eq!(listed, ["c", "current_time", "delegate", "talk_to"]);
     let runtime = server.state.sessions.runtime();
     assert!(!runtime.tools().contains("a") && runtime.tools().contains("c"));
 }

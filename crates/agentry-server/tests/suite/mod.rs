@@ -1,10 +1,15 @@
 mod agents;
 mod config;
+mod context;
+mod delegation;
+mod groups;
 mod infer;
 mod mcp_server;
 mod mcp_servers;
+mod memories;
 mod openapi;
 mod ops;
+mod runs;
 mod sandboxes;
 mod sessions;
 mod support;

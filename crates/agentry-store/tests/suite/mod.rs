@@ -3,6 +3,7 @@ mod config;
 mod events;
 mod forks;
 mod invalid;
+mod memories;
 mod open;
 mod prune;
 mod search;

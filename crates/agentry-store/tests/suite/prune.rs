@@ -24,6 +24,14 @@ async fn prune_deletes_expired_and_idle_sessions_but_not_running_ones(h: &Harnes
     store.set_status(running, "running").await.unwrap();
     store.set_expiry(running, Some(now_ms() - 1)).await.unwrap();
     let idle = new_session(store, "idle").await;
+    // Runs that wait for approval or are paused have not ended either.
+    let mut suspended = Vec::new();
+    for status in ["waiting", "paused"] {
+        let session = new_session(store, status).await;
+        store.set_status(session, status).await.unwrap();
+        store.set_expiry(session, Some(now_ms() - 1)).await.unwrap();
+        suspended.push(session);
+    }
 
     // Only the expiry, without an age.
     assert_eq!(store.prune(None).await.unwrap(), 1);
@@ -51,6 +59,12 @@ async fn prune_deletes_expired_and_idle_sessions_but_not_running_ones(h: &Harnes
         store.session(running).await.unwrap().is_some(),
         "running sessions stay"
     );
+    for session in suspended {
+        assert!(
+            store.session(session).await.unwrap().is_some(),
+            "waiting and paused sessions stay"
+        );
+    }
     assert!(store.session(fresh).await.unwrap().is_some());
     let log = history(store, fork).await;
     assert_eq!(

@@ -101,6 +101,10 @@ struct AddArgs {
     /// The run's deadline in seconds.
     #[arg(long)]
     wall_time_secs: Option<u64>,
+    /// A registered model that summarises old turns when the context window fills up
+    /// (without one they are dropped).
+    #[arg(long)]
+    summary_model: Option<String>,
     /// Replace an agent with the same id instead of refusing.
     #[arg(long)]
     replace: bool,
@@ -142,6 +146,13 @@ impl AddArgs {
             prompt_template: self.template,
             template_arguments,
             limits: (limits != AgentLimits::default()).then_some(limits),
+            approvals: None,
+            compaction: self
+                .summary_model
+                .map(|model| agentry_core::context::CompactionSettings {
+                    summary_model: Some(model),
+                    ..Default::default()
+                }),
         })
     }
 }
@@ -272,10 +283,13 @@ pub(crate) async fn session_manager(
     )?;
     let (runtime, run) = runtime(store, agent, &environment).await?;
     let manager = SessionManager::new(runtime, Arc::new(StoreLog::new(store.clone())));
+    let delegation = environment.delegation.clone();
     let manager = match environment.workspaces {
         Some(root) => manager.with_workspaces(root),
         None => manager,
     };
+    // `delegate` and `talk_to` start their sub-agents' sessions through this manager.
+    delegation.bind(store, &manager, &agentry_server::hub::Hub::default());
     Ok((manager, run))
 }
 
@@ -288,6 +302,7 @@ pub(crate) fn request(run: &AgentRun, text: &str) -> RunRequest {
         tools: Some(run.tools.clone()),
         params: run.params.clone(),
         limits: Some(run.limits.clone()),
+        approvals: run.approvals.clone(),
         ..RunRequest::text(text)
     }
 }

@@ -3,6 +3,9 @@
 //! Line editing and history come from rustyline (history kept in the data folder's
 //! `chat_history`). Ctrl-C during a turn cancels that turn and returns to the prompt; Ctrl-C at
 //! the prompt clears the line; Ctrl-D or `/exit` quits. `--session ID` continues a session.
+//! When a turn's tool calls wait for approval (an agent's `approvals` policy), chat asks for
+//! each inline: `y` approves, `n` rejects (with a reason the model reads), `e` edits the
+//! arguments (JSON), and the run goes on.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,9 +14,12 @@ use clap::Args;
 use futures::StreamExt;
 use rustyline::error::ReadlineError;
 
+use agentry_core::approval::ApprovalDecision;
 use agentry_core::session::{BusyPolicy, SessionManager};
 use agentry_core::{RunRequest, RunStream, Runtime};
-use agentry_types::{Message, SessionId};
+use agentry_types::{
+    ApprovalVerdict, Message, PendingApproval, RunEvent, RunId, SessionId, SuspendStatus,
+};
 
 use agentry_server::ToolEnvironment;
 use agentry_server::routes::agents::AgentRun;
@@ -68,6 +74,35 @@ impl Conversation {
                 runtime.stream(request.with_history(history.clone()))?
             }
         })
+    }
+
+    /// Continues a run whose calls waited, with these decisions.
+    async fn decided(
+        &mut self,
+        run_id: RunId,
+        mut state: agentry_core::RunState,
+        decisions: Vec<ApprovalDecision>,
+    ) -> anyhow::Result<Option<RunStream>> {
+        match self {
+            Self::Session(manager, session) => {
+                Ok(manager.decide(*session, run_id, decisions).await?.stream)
+            }
+            Self::Ephemeral(runtime, _) => {
+                for decision in decisions {
+                    if let Some(arguments) = &decision.arguments {
+                        let name = state
+                            .pending_approvals()
+                            .into_iter()
+                            .find(|p| p.call.id == decision.call_id)
+                            .map(|p| p.call.name)
+                            .unwrap_or_default();
+                        runtime.tools().validate(&name, arguments)?;
+                    }
+                    state.decide(decision)?;
+                }
+                Ok(Some(runtime.resume(state)?))
+            }
+        }
     }
 
     fn after(&mut self, messages: Vec<Message>) {
@@ -151,27 +186,126 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
         let mut stream = conversation
             .turn(text, &profile, agent_run.as_ref())
             .await?;
-        let cancel = stream.cancel_token();
-        let mut printer = Printer::new(false);
         loop {
-            tokio::select! {
-                event = stream.next() => match event {
-                    Some(event) => printer.event(&event)?,
-                    None => break,
-                },
-                _ = tokio::signal::ctrl_c() => {
-                    cancel.cancel();
-                    eprintln!("\n(cancelled)");
+            let cancel = stream.cancel_token();
+            let mut printer = Printer::new(false);
+            let mut waiting = None;
+            loop {
+                tokio::select! {
+                    event = stream.next() => match event {
+                        Some(event) => {
+                            printer.event(&event)?;
+                            if let RunEvent::RunSuspended { run_id, status: SuspendStatus::Waiting, pending, .. } = &event {
+                                waiting = Some((*run_id, pending.clone()));
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = tokio::signal::ctrl_c() => {
+                        cancel.cancel();
+                        eprintln!("\n(cancelled)");
+                    }
+                }
+            }
+            let output = stream.finish().await?;
+            let Some((run_id, pending)) = waiting else {
+                // Keep the turn, whatever its end: the repair pass closes any call left
+                // unanswered.
+                conversation.after(output.state.messages);
+                break;
+            };
+            let (returned, decisions) = ask_decisions(editor, &pending).await?;
+            editor = returned;
+            match conversation.decided(run_id, output.state, decisions).await {
+                Ok(Some(next)) => stream = next,
+                Ok(None) => break,
+                Err(error) => {
+                    // The run keeps waiting (POST /v1/runs/{run_id}/approvals can decide it).
+                    eprintln!("agentry: {error:#}");
+                    break;
                 }
             }
         }
-        // Keep the turn, whatever its end: the repair pass closes any call left unanswered.
-        conversation.after(stream.finish().await?.state.messages);
     }
     if let Some(path) = &history {
         let _ = editor.save_history(path);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reads one line off the async worker threads; `None` on Ctrl-C or Ctrl-D.
+async fn read_line(
+    mut editor: rustyline::DefaultEditor,
+    prompt: String,
+) -> anyhow::Result<(rustyline::DefaultEditor, Option<String>)> {
+    let (editor, line) = tokio::task::spawn_blocking(move || {
+        let line = editor.readline(&prompt);
+        (editor, line)
+    })
+    .await?;
+    match line {
+        Ok(line) => Ok((editor, Some(line))),
+        Err(ReadlineError::Interrupted | ReadlineError::Eof) => Ok((editor, None)),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Asks about each waiting call: `y` approves, `n` rejects with a reason, `e` edits the
+/// arguments. Ctrl-C or Ctrl-D rejects.
+async fn ask_decisions(
+    mut editor: rustyline::DefaultEditor,
+    pending: &[PendingApproval],
+) -> anyhow::Result<(rustyline::DefaultEditor, Vec<ApprovalDecision>)> {
+    let mut decisions = Vec::with_capacity(pending.len());
+    for waiting in pending {
+        eprintln!(
+            "{}({}) needs approval: {}",
+            waiting.call.name, waiting.call.arguments, waiting.reason
+        );
+        let decision = loop {
+            let (returned, answer) = read_line(editor, "approve? [y/n/e] ".into()).await?;
+            editor = returned;
+            let answer = answer.unwrap_or_else(|| "n".into());
+            match answer.trim() {
+                "y" | "yes" => {
+                    break ApprovalDecision {
+                        call_id: waiting.call.id.clone(),
+                        decision: ApprovalVerdict::Approve,
+                        reason: None,
+                        arguments: None,
+                    };
+                }
+                "n" | "no" => {
+                    let (returned, reason) = read_line(editor, "reason: ".into()).await?;
+                    editor = returned;
+                    break ApprovalDecision {
+                        call_id: waiting.call.id.clone(),
+                        decision: ApprovalVerdict::Reject,
+                        reason: reason.filter(|r| !r.trim().is_empty()),
+                        arguments: None,
+                    };
+                }
+                "e" | "edit" => {
+                    let (returned, json) = read_line(editor, "arguments (JSON): ".into()).await?;
+                    editor = returned;
+                    match serde_json::from_str::<serde_json::Value>(json.as_deref().unwrap_or("")) {
+                        Ok(arguments @ serde_json::Value::Object(_)) => {
+                            break ApprovalDecision {
+                                call_id: waiting.call.id.clone(),
+                                decision: ApprovalVerdict::Edit,
+                                reason: None,
+                                arguments: Some(arguments),
+                            };
+                        }
+                        _ => eprintln!("the arguments must be a JSON object"),
+                    }
+                }
+                _ => eprintln!("answer y (approve), n (reject) or e (edit the arguments)"),
+            }
+        };
+        decisions.push(decision);
+    }
+    Ok((editor, decisions))
 }
 
 fn history_file(data: &DataArgs) -> Option<PathBuf> {

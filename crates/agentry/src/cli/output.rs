@@ -80,10 +80,32 @@ impl Printer {
                 self.line_break()?;
                 eprintln!("agentry: {}: {}", error.code, error.message);
             }
+            RunEvent::RunSuspended {
+                run_id,
+                status,
+                pending,
+                ..
+            } => {
+                self.end_thinking()?;
+                self.line_break()?;
+                match status {
+                    agentry_types::SuspendStatus::Waiting => {
+                        for waiting in pending {
+                            eprintln!(
+                                "⏸ {}({}) waits for approval: {}",
+                                waiting.call.name, waiting.call.arguments, waiting.reason
+                            );
+                        }
+                        eprintln!("run {run_id} waits for approval");
+                    }
+                    agentry_types::SuspendStatus::Paused => eprintln!("run {run_id} is paused"),
+                }
+            }
             RunEvent::RunStarted { .. }
             | RunEvent::Committed { .. }
             | RunEvent::ToolCallDelta { .. }
             | RunEvent::AssistantMessage { .. }
+            | RunEvent::Nested { .. }
             | RunEvent::Usage { .. } => {}
         }
         self.out.flush()

@@ -144,5 +144,10 @@ pub(crate) async fn print_run(mut stream: RunStream, json: bool) -> anyhow::Resu
     if let Some(note) = &output.note {
         eprintln!("agentry: stopped: {note}");
     }
+    if output.suspended.is_some() {
+        // Waiting for approvals or paused: not ended, not failed (the server's
+        // /v1/runs/{run_id} routes or `agentry chat` go on with it).
+        return Ok(ExitCode::from(4));
+    }
     Ok(ExitCode::from(exit_code(output.stop_reason)))
 }

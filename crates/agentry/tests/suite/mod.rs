@@ -1,4 +1,5 @@
 mod agents;
+mod approvals;
 mod chat;
 mod crash;
 mod mcp;

@@ -20,7 +20,7 @@ use crate::tool::result::truncate_on_char_boundary;
 use crate::tool::{ToolContext, ToolError, ToolOutput};
 
 /// How many leading bytes decide whether a file is binary.
-const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+pub(super) const BINARY_SNIFF_BYTES: usize = 8 * 1024;
 
 /// How many match locations an ambiguous `edit_file` error lists.
 const LISTED_MATCHES: usize = 10;
@@ -170,7 +170,7 @@ fn read(
 }
 
 /// The media type of an image `read_file` returns as an image, by its leading bytes.
-fn image_type(head: &[u8]) -> Option<&'static str> {
+pub(super) fn image_type(head: &[u8]) -> Option<&'static str> {
     if head.starts_with(b"\x89PNG\r\n\x1a\n") {
         Some("image/png")
     } else if head.starts_with(&[0xff, 0xd8, 0xff]) {

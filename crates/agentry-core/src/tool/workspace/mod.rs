@@ -27,11 +27,13 @@ use std::sync::Arc;
 
 use super::{Tool, ToolContext, ToolError};
 
+mod attach;
 mod confine;
 mod fetch;
 mod files;
 mod search;
 
+pub use attach::{Attachment, read_attachment};
 pub use fetch::{FetchConfig, NetworkPolicy};
 
 /// The name of the `read_file` tool.

@@ -1,0 +1,549 @@
+//! Group chat routes: `POST /v1/groups` (a group session over saved agents),
+//! `GET /v1/groups/{id}` (members and transcript), `POST /v1/groups/{id}/messages` (waits for
+//! the exchange's end), `POST /v1/groups/{id}/messages/stream` (SSE) and
+//! `POST /v1/groups/{id}/abort`, and `GET /v1/groups/{id}/stream` (follow it over SSE). `POST /v1/infer` with several `agent_ids` runs the same
+//! exchange ([`infer_group`]). See [`crate::group`] for how an exchange runs and is recorded.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use agentry_types::{RunId, SessionEvent, SessionId};
+
+use super::config::ApiPath;
+use super::infer::{InferRequest, parse_session_id};
+use crate::error::ApiError;
+use crate::group::{self, GroupInfo, Started};
+use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
+use crate::state::AppState;
+
+/// The group chat routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_group))
+        .routes(routes!(get_group))
+        .routes(routes!(post_message))
+        .routes(routes!(post_message_stream))
+        .routes(routes!(abort_group))
+        .routes(routes!(group_stream))
+}
+
+/// A new group chat.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateGroup {
+    /// The saved agents taking part (2 to 16, by id).
+    #[serde(alias = "agent_ids")]
+    pub members: Vec<String>,
+    /// Rounds one user message may lead to (1 to 50; default 5).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 50)]
+    pub max_rounds: Option<u32>,
+    /// A title (default: the members' names).
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+/// A message to a group.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupMessage {
+    /// What the user says; `@name`, `@id` or `@all` wake those members (everyone when it
+    /// mentions none).
+    pub text: String,
+    /// The user it is from (its name in the transcript; members' memories of this user join
+    /// their system prompts).
+    #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    pub user: Option<String>,
+}
+
+/// The group session and its members.
+#[derive(Debug, Clone, ToSchema)]
+#[allow(dead_code)]
+pub struct GroupCreated {
+    /// The group session.
+    pub session_id: String,
+    /// Its settings.
+    pub group: GroupInfo,
+}
+
+/// An exchange's outcome.
+#[derive(Debug, Clone, ToSchema)]
+#[allow(dead_code)]
+pub struct GroupOutcome {
+    /// Whether it ended (not interrupted).
+    pub success: bool,
+    /// The group session.
+    pub session_id: String,
+    /// The exchange.
+    pub run_id: String,
+    /// `completed` (nobody mentioned for another round), `max_rounds` or `cancelled`.
+    pub stop_reason: String,
+    /// Rounds run.
+    pub rounds: u32,
+    /// The last reply.
+    pub text: String,
+    /// The exchange's messages: `{"seq", "event"}`, the user's first, then each member's reply
+    /// (`{"type": "group", "run_id", "event": {"kind": "message", "round", "agent_id", "name",
+    /// "text", "mentions", "session_id", "member_run_id", "stop_reason", "error"}}`).
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Vec<Value>,
+}
+
+/// One server-sent event of a group exchange: `session` (first), `group.message` (the user's
+/// message, then each member's reply, with its seq as id), `group.round` (the members a round
+/// wakes), `group.speaking` (a member starts: `{round, agent_id, name, session_id}`),
+/// `group.delta` / `group.thinking` (`{round, agent_id, text}`), `group.member` (a member's
+/// other run events: `{round, agent_id, event}`), and last `group.finished`.
+#[derive(Debug, Clone, ToSchema)]
+#[allow(dead_code)]
+pub struct GroupStreamEvent {
+    /// The event's name.
+    pub event: String,
+    /// Its JSON data.
+    #[schema(value_type = Object)]
+    pub data: Value,
+}
+
+/// Creates a group chat: a session over saved agents, each member with a linked session of its
+/// own where its turns run.
+#[utoipa::path(
+    post,
+    path = "/v1/groups",
+    tag = "groups",
+    operation_id = "create_group",
+    request_body = CreateGroup,
+    responses(
+        (status = 201, description = "The group session.", body = GroupCreated),
+        JsonBodyErrors,
+    )
+)]
+async fn create_group(
+    State(state): State<AppState>,
+    body: Result<Json<CreateGroup>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let (session, info) = group::create(&state, &body.members, body.max_rounds, body.title).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"session_id": session, "group": info})),
+    )
+        .into_response())
+}
+
+/// A group chat: its members, settings, whether an exchange is going on, and its transcript
+/// (`{"seq", "event"}` for every group event of its log).
+#[utoipa::path(
+    get,
+    path = "/v1/groups/{id}",
+    tag = "groups",
+    operation_id = "get_group",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "The group.", body = Object),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn get_group(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    let session = parse_session_id(&id)?;
+    let info = group::load(&state, session).await?;
+    let mut members = Vec::with_capacity(info.members.len());
+    for member in &info.members {
+        let agent = super::agents::stored_agent(&state.store, &member.agent_id).await?;
+        members.push(json!({
+            "agent_id": member.agent_id,
+            "nickname": agent.and_then(|agent| agent.nickname),
+            "session_id": member.session_id,
+        }));
+    }
+    let transcript: Vec<Value> = group::group_events(&state, session, 0)
+        .await?
+        .into_iter()
+        .map(|(seq, run_id, event)| {
+            json!({"seq": seq, "event": SessionEvent::Group { run_id, event }})
+        })
+        .collect();
+    Ok(Json(json!({
+        "session_id": session,
+        "members": members,
+        "max_rounds": info.max_rounds,
+        "live": group::subscribe(session).is_some(),
+        "transcript": transcript,
+    })))
+}
+
+/// Posts a message to a group and waits for the exchange's end (every round it leads to).
+#[utoipa::path(
+    post,
+    path = "/v1/groups/{id}/messages",
+    tag = "groups",
+    operation_id = "post_group_message",
+    params(SessionPath),
+    request_body = GroupMessage,
+    responses(
+        (status = 200, description = "The exchange ended.", body = GroupOutcome),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn post_message(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    body: Result<Json<GroupMessage>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let session = parse_session_id(&id)?;
+    let started = group::post(&state, session, body.text, body.user).await?;
+    waited(&state, session, started, false).await
+}
+
+/// Posts a message to a group, streaming the exchange as server-sent events.
+#[utoipa::path(
+    post,
+    path = "/v1/groups/{id}/messages/stream",
+    tag = "groups",
+    operation_id = "post_group_message_stream",
+    params(SessionPath),
+    request_body = GroupMessage,
+    responses(
+        (status = 200, description = "The exchange's events, until it ends.",
+         body = GroupStreamEvent, content_type = "text/event-stream"),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn post_message_stream(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    body: Result<Json<GroupMessage>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let session = parse_session_id(&id)?;
+    let started = group::post(&state, session, body.text, body.user).await?;
+    Ok(streamed(state, session, started, false))
+}
+
+/// Cancels the exchange going on in a group (its members' runs are cancelled).
+#[utoipa::path(
+    post,
+    path = "/v1/groups/{id}/abort",
+    tag = "groups",
+    operation_id = "abort_group",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "Whether an exchange was going on.", body = Object),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn abort_group(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    let session = parse_session_id(&id)?;
+    group::load(&state, session).await?;
+    Ok(Json(
+        json!({"session_id": session, "aborted": group::cancel(session)}),
+    ))
+}
+
+/// Cancels a group's exchange when dropped, if armed (`cancel_on_disconnect`).
+struct CancelOnDrop(Option<SessionId>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(session) = self.0.take() {
+            group::cancel(session);
+        }
+    }
+}
+
+async fn waited(
+    state: &AppState,
+    session: SessionId,
+    started: Started,
+    cancel_on_disconnect: bool,
+) -> Result<Response, ApiError> {
+    let mut guard = CancelOnDrop(cancel_on_disconnect.then_some(session));
+    let run_id = started.run_id;
+    let events = group::wait(state, session, started).await;
+    guard.0 = None;
+    let events = events?;
+    let mut response = Json(group::outcome(session, run_id, &events)).into_response();
+    if let Ok(value) = HeaderValue::from_str(&session.to_string()) {
+        response.headers_mut().insert("x-session-id", value);
+    }
+    Ok(response)
+}
+
+fn streamed(
+    state: AppState,
+    session: SessionId,
+    started: Started,
+    cancel_on_disconnect: bool,
+) -> Response {
+    let intro = Event::default()
+        .event("session")
+        .data(json!({"session_id": session, "run_id": started.run_id}).to_string());
+    let guard = CancelOnDrop(cancel_on_disconnect.then_some(session));
+    let events = follow(
+        state,
+        session,
+        started.first_seq.saturating_sub(1),
+        Some((started.run_id, started.events)),
+    );
+    // The guard lives as long as the client reads the stream.
+    let events = futures::StreamExt::map(events, move |event| {
+        let _ = &guard;
+        event
+    });
+    let stream = futures::StreamExt::chain(
+        futures::stream::once(async move { Ok::<_, Infallible>(intro) }),
+        events,
+    );
+    let mut response = Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    if let Ok(value) = HeaderValue::from_str(&session.to_string()) {
+        response.headers_mut().insert("x-session-id", value);
+    }
+    response
+}
+
+/// A group's SSE events: its committed group events after `after` from the log, then, when an
+/// exchange is live (`live`: its id and a subscription made before reading the log), its live
+/// events until it ends. A subscriber that fell behind catches up on committed events from the
+/// log; committed events are sent once each, by seq.
+fn follow(
+    state: AppState,
+    session: SessionId,
+    after: u64,
+    live: Option<(RunId, broadcast::Receiver<Arc<group::GroupLive>>)>,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+    async_stream::stream! {
+        let mut last_seq = after;
+        let target = live.as_ref().map(|(run_id, _)| *run_id);
+        let mut ended = false;
+        match group::group_events(&state, session, last_seq).await {
+            Ok(backlog) => {
+                for (seq, run_id, event) in backlog {
+                    last_seq = seq;
+                    let live = group::GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
+                    ended |= Some(run_id) == target && group::is_end(&live);
+                    if let Some(sse) = group::sse_event(&live) {
+                        yield Ok(sse);
+                    }
+                }
+            }
+            Err(error) => {
+                yield Ok(Event::default().event("error").data(error.body().to_string()));
+                ended = true;
+            }
+        }
+        if let (Some((_, mut events)), false) = (live, ended) {
+            loop {
+                match events.recv().await {
+                    Ok(live) => {
+                        if let group::GroupLive::Committed { seq, .. } = live.as_ref() {
+                            if *seq <= last_seq {
+                                continue;
+                            }
+                            last_seq = *seq;
+                        }
+                        if let Some(sse) = group::sse_event(&live) {
+                            yield Ok(sse);
+                        }
+                        if group::is_end(&live) {
+                            break;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {
+                        let Ok(missed) = group::group_events(&state, session, last_seq).await else {
+                            break;
+                        };
+                        let mut ended = false;
+                        for (seq, run_id, event) in missed {
+                            last_seq = seq;
+                            let live = group::GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
+                            ended |= Some(run_id) == target && group::is_end(&live);
+                            if let Some(sse) = group::sse_event(&live) {
+                                yield Ok(sse);
+                            }
+                        }
+                        if ended {
+                            break;
+                        }
+                    }
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        }
+    }
+}
+
+/// Where to start following a group's stream.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct FollowQuery {
+    /// Only events with a greater seq.
+    #[serde(default)]
+    #[param(default = 0)]
+    after: u64,
+}
+
+/// Follows a group chat (a console attaching or reconnecting): its group events after `after`
+/// (or `Last-Event-ID`) from the log, then the live exchange's events until it ends; the
+/// stream ends at once when no exchange is going on.
+#[utoipa::path(
+    get,
+    path = "/v1/groups/{id}/stream",
+    tag = "groups",
+    operation_id = "group_stream",
+    params(
+        SessionPath,
+        FollowQuery,
+        ("Last-Event-ID" = Option<u64>, Header,
+         description = "The last seq the client has (takes precedence over `after`)."),
+    ),
+    responses(
+        (status = 200, description = "The group's events, named as in \
+         `POST /v1/groups/{id}/messages/stream`.",
+         body = GroupStreamEvent, content_type = "text/event-stream"),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn group_stream(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
+    query: Result<Query<FollowQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let session = parse_session_id(&id)?;
+    group::load(&state, session).await?;
+    let after = match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .ok_or_else(|| ApiError::bad_request("`Last-Event-ID` must be a seq"))?,
+        None => query.after,
+    };
+    let live = group::subscribe(session);
+    Ok(Sse::new(follow(state, session, after, live))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// `POST /v1/infer` (`stream`: `/v1/infer/stream`) with several `agent_ids`: a group chat. A
+/// new group session when `session_id` is absent or `"new"` (with `max_rounds`), else the group
+/// session named, whose members must be the agents named. Fields that configure one run
+/// (`model_id`, `tool_ids`, `system`, …) do not apply: each member runs as its saved agent;
+/// `cancel_on_disconnect` cancels the exchange when the client goes away.
+pub(crate) async fn infer_group(
+    state: AppState,
+    body: InferRequest,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    let ids = body.agent_ids.clone().unwrap_or_default();
+    for (field, given) in [
+        ("model_id", body.model_id.is_some()),
+        ("tool_ids", body.tool_ids.is_some()),
+        ("system", body.system.is_some()),
+        ("max_tool_rounds", body.max_tool_rounds.is_some()),
+        ("params", body.params.is_some()),
+        ("approvals", body.approvals.is_some()),
+        ("compaction", body.compaction.is_some()),
+        ("agent_id", body.agent_id.is_some()),
+    ] {
+        if given {
+            return Err(ApiError::bad_request(format!(
+                "`{field}` does not apply to a group chat: each member runs as its saved agent"
+            )));
+        }
+    }
+    let text = match (&body.text, body.messages.as_slice()) {
+        (Some(text), []) => text.clone(),
+        (None, [message]) if message.role == "user" && message.prompt_template.is_none() => {
+            match &message.content {
+                Some(Value::String(text)) if message.images.is_empty() => text.clone(),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "a group chat message is text: `text`, or one user message with string \
+                         content",
+                    ));
+                }
+            }
+        }
+        (Some(_), _) => {
+            return Err(ApiError::bad_request("give `text` or `messages`, not both"));
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "a group chat takes one user message (`text`, or one message in `messages`)",
+            ));
+        }
+    };
+    let session = match body.session_id.as_deref() {
+        None | Some("new") => {
+            if text.trim().is_empty() {
+                return Err(ApiError::bad_request("the message is empty"));
+            }
+            let title: String = text.chars().take(80).collect();
+            group::create(&state, &ids, body.max_rounds, Some(title))
+                .await?
+                .0
+        }
+        Some(id) => {
+            let session = parse_session_id(id)?;
+            let info = group::load(&state, session).await?;
+            let mut members: Vec<&str> = info.members.iter().map(|m| m.agent_id.as_str()).collect();
+            let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
+            members.sort_unstable();
+            named.sort_unstable();
+            if members != named {
+                return Err(ApiError::bad_request(format!(
+                    "session {session} is a group of {members:?}, not {named:?}"
+                )));
+            }
+            if body
+                .max_rounds
+                .is_some_and(|rounds| rounds != info.max_rounds)
+            {
+                return Err(ApiError::bad_request(
+                    "`max_rounds` is set when the group is created",
+                ));
+            }
+            session
+        }
+    };
+    let started = group::post(&state, session, text, body.user.clone()).await?;
+    if stream {
+        Ok(streamed(state, session, started, body.cancel_on_disconnect))
+    } else {
+        waited(&state, session, started, body.cancel_on_disconnect).await
+    }
+}

@@ -1,0 +1,597 @@
+//! Run control: approvals (`GET`/`POST /v1/runs/{run_id}/approvals`, and a session's pending
+//! calls at `GET /v1/sessions/{id}/approvals`), `interrupt`, `pause`, `resume` and `abort`.
+//!
+//! A run is found by its id: first among the runs live or queued in this process, then in the
+//! log (the `run_started` event that names it), so a run waiting for approval or paused is
+//! found after a restart too. Every action goes through the `SessionManager`; a run that goes on
+//! (approved, resumed) is handed to the hub like any other and streams to the session's
+//! subscribers (`GET /v1/sessions/{id}/stream`).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use agentry_core::approval::ApprovalDecision;
+use agentry_types::{ApprovalVerdict, PendingApproval, RunId, SessionEvent, SessionId};
+
+use super::config::{ApiJson, ApiPath};
+use super::infer::parse_session_id;
+use crate::error::ApiError;
+use crate::hub::StatusChange;
+use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
+use crate::state::AppState;
+
+/// The run-control routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_approvals, decide))
+        .routes(routes!(session_approvals))
+        .routes(routes!(interrupt))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(abort))
+}
+
+// --- documentation shapes ---
+
+/// The run a route acts on.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct RunPath {
+    /// The run's id: a UUIDv7, lowercase and hyphenated (`run_id` of `POST /v1/infer`, or of
+    /// the session's `run_started` event).
+    #[param(pattern = "^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+    pub run_id: String,
+}
+
+/// An approval policy: which tool calls wait for a person before they run.
+///
+/// Per tool (`tools`, by name; `default` for the others): `"always"` (every call waits),
+/// `"never"` (the default), or a rule on the arguments: `{"ask_if": MATCHERS}` (wait when one
+/// matches) or `{"allow_if": MATCHERS}` (run at once only when every checked argument matches).
+/// Matchers: `commands` (globs with `*` and `?`, or `re:<regex>`, on `command`/`cmd`/`script`),
+/// `path_prefixes` (on `path`, `file`, `dir`, `*_path`…; normalised, so `src/../etc` is not
+/// under `src`), `domains` (on `url`/`uri`/`urls`; `*.example.com` for subdomains).
+/// `unknown_outcome: "ask"` sends a non-idempotent call whose outcome a crash left unknown to a
+/// person instead of failing it.
+#[derive(Debug, Clone, ToSchema)]
+#[schema(example = json!({"tools": {"exec": {"ask_if": {"commands": ["rm *", "re:^git\\s+push"]}},
+    "write_file": {"allow_if": {"path_prefixes": ["src/"]}}, "fetch": {"allow_if": {"domains": ["docs.rs"]}},
+    "delete_everything": "always"}, "default": "never", "unknown_outcome": "ask"}))]
+pub struct ApprovalPolicyDoc {
+    /// Policies by tool name: `"always"`, `"never"` or a rule.
+    #[schema(value_type = Option<Object>)]
+    pub tools: Option<Value>,
+    /// The policy of tools not named in `tools`: `"always"`, `"never"` or a rule.
+    #[schema(value_type = Option<Object>)]
+    pub default: Option<Value>,
+    /// `interrupt` (default) or `ask`.
+    #[schema(pattern = "^(interrupt|ask)$")]
+    pub unknown_outcome: Option<String>,
+}
+
+/// A tool call waiting for a decision.
+#[derive(Debug, Clone, ToSchema)]
+pub struct PendingCall {
+    /// The call as the model asked for it: `id`, `name`, `arguments`.
+    #[schema(value_type = Object)]
+    pub call: Value,
+    /// Why it needs approval.
+    pub reason: String,
+}
+
+/// The calls of a run that wait for a decision.
+#[derive(Debug, Clone, ToSchema)]
+pub struct ApprovalList {
+    /// The run (absent when the session has no waiting run).
+    pub run_id: Option<String>,
+    /// Its session.
+    pub session_id: String,
+    /// `waiting` when calls wait; else the session's status.
+    pub status: String,
+    /// The undecided calls.
+    pub pending: Vec<PendingCall>,
+}
+
+/// A decision on one waiting call.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// The call's id (`pending[].call.id`).
+    #[schema(min_length = 1)]
+    pub call_id: String,
+    /// `approve`, `reject` or `edit`.
+    #[schema(value_type = String, pattern = "^(approve|reject|edit)$")]
+    pub decision: ApprovalVerdict,
+    /// Why; for `reject` the model reads it as the call's error result.
+    #[serde(default)]
+    #[schema(max_length = 4096)]
+    pub reason: Option<String>,
+    /// For `edit` (required): the arguments to run the call with, checked against the tool's
+    /// schema.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub arguments: Option<Value>,
+}
+
+/// `POST /v1/runs/{run_id}/approvals`: one decision, or several in `decisions`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    /// Several decisions, committed together.
+    #[serde(default)]
+    pub decisions: Option<Vec<DecisionBody>>,
+    /// One decision: the call's id.
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// One decision: `approve`, `reject` or `edit`.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^(approve|reject|edit)$")]
+    pub decision: Option<ApprovalVerdict>,
+    /// One decision: why.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// One decision: edited arguments.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub arguments: Option<Value>,
+}
+
+/// What the decisions led to.
+#[derive(Debug, Clone, ToSchema)]
+pub struct DecideOutcome {
+    /// The run.
+    pub run_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// `running` (every call decided: the run went on) or `waiting` (calls remain).
+    pub status: String,
+    /// The calls still waiting.
+    pub pending: Vec<PendingCall>,
+    /// Where to follow the run.
+    pub stream: String,
+}
+
+/// What a control action did.
+#[derive(Debug, Clone, ToSchema)]
+pub struct ControlOutcome {
+    /// The run.
+    pub run_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// `interrupt`, `pause`, `resume` or `abort`.
+    pub action: String,
+    /// For `pause`: `pausing` (the run stops before its next model call, then `paused`); for
+    /// `resume`: `running`; for `interrupt` and `abort`: `interrupted`.
+    pub status: String,
+    /// For `abort`: how many queued messages of the session were dropped.
+    pub dropped_queued: Option<u64>,
+    /// Where to follow the run.
+    pub stream: String,
+}
+
+// --- helpers ---
+
+fn parse_run_id(id: &str) -> Result<RunId, ApiError> {
+    RunId::parse(id).map_err(|error| ApiError::bad_request(format!("invalid run id: {error}")))
+}
+
+/// The session of `run_id`: a run live or queued here, else the session whose log started it.
+async fn locate(state: &AppState, run_id: RunId) -> Result<SessionId, ApiError> {
+    if let Some(session) = state.sessions.session_of_live_run(run_id) {
+        return Ok(session);
+    }
+    let hits = state.store.search(&run_id.to_string(), 50).await?;
+    let mut seen = Vec::new();
+    for hit in hits {
+        if seen.contains(&hit.session_id) {
+            continue;
+        }
+        seen.push(hit.session_id);
+        let events = state.store.events(hit.session_id, 0, usize::MAX).await?;
+        let started_here = events.into_iter().any(|stored| {
+            stored.kind == "run_started"
+                && serde_json::from_value::<SessionEvent>(stored.payload).is_ok_and(
+                    |event| matches!(event, SessionEvent::RunStarted { run_id: id, .. } if id == run_id),
+                )
+        });
+        if started_here {
+            return Ok(hit.session_id);
+        }
+    }
+    Err(ApiError::not_found(format!("no run {run_id}")))
+}
+
+fn pending_json(pending: &[PendingApproval]) -> Vec<Value> {
+    pending
+        .iter()
+        .map(|p| json!({"call": p.call, "reason": p.reason}))
+        .collect()
+}
+
+fn stream_path(session: SessionId) -> String {
+    format!("/v1/sessions/{session}/stream")
+}
+
+fn announce_running(state: &AppState, session: SessionId) {
+    announce(state, session, "running");
+}
+
+/// Tells the status feed (`GET /v1/sessions/events`) about a change no live run reports.
+fn announce(state: &AppState, session: SessionId, status: &str) {
+    state.hub.notify(StatusChange {
+        session_id: session,
+        status: status.into(),
+        stop_reason: None,
+        title: None,
+    });
+}
+
+// --- routes ---
+
+/// The calls of a run that wait for a person's decision.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{run_id}/approvals",
+    tag = "runs",
+    operation_id = "list_approvals",
+    params(RunPath),
+    responses(
+        (status = 200, description = "The undecided calls (empty when the run does not wait).",
+         body = ApprovalList),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn list_approvals(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<RunPath>,
+) -> Result<Json<Value>, ApiError> {
+    let run_id = parse_run_id(&path.run_id)?;
+    let session = locate(&state, run_id).await?;
+    let waiting = state
+        .sessions
+        .pending_approvals(session)
+        .await?
+        .filter(|(id, _)| *id == run_id);
+    let status = match &waiting {
+        Some(_) => "waiting".to_owned(),
+        None if state.hub.is_live(session) => "running".to_owned(),
+        None => state
+            .store
+            .session(session)
+            .await?
+            .map_or_else(|| "idle".to_owned(), |record| record.status),
+    };
+    let pending = waiting.map(|(_, pending)| pending).unwrap_or_default();
+    Ok(Json(json!({
+        "run_id": run_id,
+        "session_id": session,
+        "status": status,
+        "pending": pending_json(&pending),
+    })))
+}
+
+/// The calls of a session's run that wait for a person's decision.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/approvals",
+    tag = "runs",
+    operation_id = "session_approvals",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "The waiting run and its undecided calls (no `run_id` and \
+         no calls when no run waits).", body = ApprovalList),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn session_approvals(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    let session = parse_session_id(&id)?;
+    let record = state
+        .store
+        .session(session)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no session {session}")))?;
+    let waiting = state.sessions.pending_approvals(session).await?;
+    let status = if waiting.is_some() {
+        "waiting".to_owned()
+    } else if state.hub.is_live(session) {
+        "running".to_owned()
+    } else {
+        record.status
+    };
+    let (run_id, pending) = match waiting {
+        Some((run_id, pending)) => (Some(run_id), pending),
+        None => (None, Vec::new()),
+    };
+    Ok(Json(json!({
+        "run_id": run_id,
+        "session_id": session,
+        "status": status,
+        "pending": pending_json(&pending),
+    })))
+}
+
+/// Decides waiting calls: approve, reject (the model reads the reason as the call's error
+/// result) or edit the arguments (checked against the tool's schema).
+///
+/// The decisions are committed together (`approval_decided` events). Once every waiting call
+/// of the round is decided, the run goes on in its session with the same id, streaming to the
+/// session's subscribers.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{run_id}/approvals",
+    tag = "runs",
+    operation_id = "decide_approvals",
+    params(RunPath),
+    request_body = DecideBody,
+    responses(
+        (status = 200, description = "Recorded; `status` says whether the run went on.",
+         body = DecideOutcome),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn decide(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<RunPath>,
+    ApiJson(body): ApiJson<DecideBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run_id = parse_run_id(&path.run_id)?;
+    let decisions = decisions_of(body)?;
+    let session = locate(&state, run_id).await?;
+    let decided = state.sessions.decide(session, run_id, decisions).await?;
+    let status = match decided.stream {
+        Some(stream) => {
+            let _subscription = state.hub.adopt(session, stream);
+            announce_running(&state, session);
+            "running"
+        }
+        None => "waiting",
+    };
+    Ok(Json(json!({
+        "run_id": run_id,
+        "session_id": session,
+        "status": status,
+        "pending": pending_json(&decided.pending),
+        "stream": stream_path(session),
+    })))
+}
+
+fn decisions_of(body: DecideBody) -> Result<Vec<ApprovalDecision>, ApiError> {
+    let single = body.call_id.is_some()
+        || body.decision.is_some()
+        || body.reason.is_some()
+        || body.arguments.is_some();
+    let list = match (body.decisions, single) {
+        (Some(_), true) => {
+            return Err(ApiError::bad_request(
+                "give one decision (`call_id`, `decision`, …) or `decisions`, not both",
+            ));
+        }
+        (Some(list), false) => list,
+        (None, true) => vec![DecisionBody {
+            call_id: body
+                .call_id
+                .ok_or_else(|| ApiError::bad_request("`call_id` is required"))?,
+            decision: body
+                .decision
+                .ok_or_else(|| ApiError::bad_request("`decision` is required"))?,
+            reason: body.reason,
+            arguments: body.arguments,
+        }],
+        (None, false) => {
+            return Err(ApiError::bad_request(
+                "no decision: give `call_id` and `decision`, or `decisions`",
+            ));
+        }
+    };
+    if list.is_empty() {
+        return Err(ApiError::bad_request("`decisions` is empty"));
+    }
+    let mut decisions = Vec::with_capacity(list.len());
+    for (index, item) in list.into_iter().enumerate() {
+        if decisions
+            .iter()
+            .any(|d: &ApprovalDecision| d.call_id == item.call_id)
+        {
+            return Err(ApiError::bad_request(format!(
+                "call {:?} is decided twice",
+                item.call_id
+            )));
+        }
+        let decision = ApprovalDecision {
+            call_id: item.call_id,
+            decision: item.decision,
+            reason: item.reason,
+            arguments: item.arguments,
+        };
+        decision
+            .check()
+            .map_err(|error| ApiError::bad_request(format!("decision {index}: {error}")))?;
+        decisions.push(decision);
+    }
+    Ok(decisions)
+}
+
+/// Interrupts a run: a live run's current step is cancelled (the model call and the tools in
+/// flight) and the run ends `cancelled`; a waiting or paused run ends `cancelled` at once. The
+/// session stays usable.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{run_id}/interrupt",
+    tag = "runs",
+    operation_id = "interrupt_run",
+    params(RunPath),
+    responses(
+        (status = 200, description = "The run was interrupted.", body = ControlOutcome),
+        BadRequest,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn interrupt(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<RunPath>,
+) -> Result<Json<Value>, ApiError> {
+    let run_id = parse_run_id(&path.run_id)?;
+    let session = locate(&state, run_id).await?;
+    let live = state.hub.is_live(session);
+    state.sessions.interrupt(session, run_id).await?;
+    if !live {
+        announce(&state, session, "interrupted");
+    }
+    Ok(Json(control(
+        run_id,
+        session,
+        "interrupt",
+        "interrupted",
+        None,
+    )))
+}
+
+/// Pauses a live run at its next safe point: before its next model call, once the round in
+/// progress has finished. The run then commits `run_paused` and the session's status is
+/// `paused`, across restarts too, until `POST /v1/runs/{run_id}/resume`.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{run_id}/pause",
+    tag = "runs",
+    operation_id = "pause_run",
+    params(RunPath),
+    responses(
+        (status = 202, description = "The run will pause at its next safe point.",
+         body = ControlOutcome),
+        BadRequest,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn pause(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<RunPath>,
+) -> Result<Response, ApiError> {
+    let run_id = parse_run_id(&path.run_id)?;
+    let session = match state.sessions.session_of_live_run(run_id) {
+        Some(session) => session,
+        None => {
+            // Known but not live: say why it cannot pause.
+            let session = locate(&state, run_id).await?;
+            let waiting = state
+                .sessions
+                .pending_approvals(session)
+                .await?
+                .is_some_and(|(id, _)| id == run_id);
+            return Err(ApiError::conflict(if waiting {
+                format!("run {run_id} is waiting for approvals, not running")
+            } else {
+                format!("run {run_id} is not running (paused or ended)")
+            })
+            .with_details(json!({"run_id": run_id, "session_id": session})));
+        }
+    };
+    state.sessions.pause(run_id)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(control(run_id, session, "pause", "pausing", None)),
+    )
+        .into_response())
+}
+
+/// Resumes a paused run where it stopped: same session, same run id.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{run_id}/resume",
+    tag = "runs",
+    operation_id = "resume_run",
+    params(RunPath),
+    responses(
+        (status = 200, description = "The run goes on; follow it at `stream`.",
+         body = ControlOutcome),
+        BadRequest,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn resume(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<RunPath>,
+) -> Result<Json<Value>, ApiError> {
+    let run_id = parse_run_id(&path.run_id)?;
+    let session = locate(&state, run_id).await?;
+    if state.hub.is_live(session) {
+        return Err(ApiError::conflict(format!(
+            "session {session} has a run in progress"
+        )));
+    }
+    let stream = state.sessions.resume_paused(session, run_id).await?;
+    let _subscription = state.hub.adopt(session, stream);
+    announce_running(&state, session);
+    Ok(Json(control(run_id, session, "resume", "running", None)))
+}
+
+/// Aborts a run: interrupts it (live, waiting or paused) and drops every message queued in its
+/// session behind it (`policy: enqueue`); nothing of the dropped ones is committed.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{run_id}/abort",
+    tag = "runs",
+    operation_id = "abort_run",
+    params(RunPath),
+    responses(
+        (status = 200, description = "The run was aborted.", body = ControlOutcome),
+        BadRequest,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn abort(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<RunPath>,
+) -> Result<Json<Value>, ApiError> {
+    let run_id = parse_run_id(&path.run_id)?;
+    let session = locate(&state, run_id).await?;
+    let live = state.hub.is_live(session);
+    let dropped = state.sessions.abort(session, run_id).await?;
+    if !live {
+        announce(&state, session, "interrupted");
+    }
+    Ok(Json(control(
+        run_id,
+        session,
+        "abort",
+        "interrupted",
+        Some(dropped as u64),
+    )))
+}
+
+fn control(
+    run_id: RunId,
+    session: SessionId,
+    action: &str,
+    status: &str,
+    dropped_queued: Option<u64>,
+) -> Value {
+    let mut body = json!({
+        "run_id": run_id,
+        "session_id": session,
+        "action": action,
+        "status": status,
+        "stream": stream_path(session),
+    });
+    if let Some(dropped) = dropped_queued {
+        body["dropped_queued"] = json!(dropped);
+    }
+    body
+}
