@@ -46,6 +46,12 @@ impl EventSink {
         // A closed receiver means nobody is watching; the run itself is unaffected.
         let _ = self.0.send(event).await;
     }
+
+    /// Reports a live event of the run from outside the engine (a tool's progress, an MCP
+    /// server's request for input). Nobody watching is not an error.
+    pub async fn emit(&self, event: RunEvent) {
+        self.send(event).await;
+    }
 }
 
 /// Where a run's committed steps are written: the session's log.

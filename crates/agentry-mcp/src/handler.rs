@@ -1,7 +1,7 @@
 //! What Agentry answers when an MCP server talks to it: progress notifications routed to the
 //! call they belong to, tool-list changes passed to the server's supervisor, log messages and
-//! the server's stderr in our log, and elicitation requests declined with a clear message until
-//! people can answer them (the approvals work).
+//! the server's stderr in our log, and elicitation requests handed to the calls in flight that
+//! take them ([`crate::elicitation`]), declined with a clear message when none does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,16 +9,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[allow(deprecated)]
 use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
-    ClientConfig, ElicitRequestParams, ElicitResult, ErrorCode, ProgressNotificationParam,
-    ProgressToken,
+    ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction, ErrorCode,
+    ProgressNotificationParam, ProgressToken,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ClientHandler, ErrorData, RoleClient};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
-/// The message an MCP server gets when it asks for user input.
-pub const ELICITATION_DECLINED: &str = "Agentry declined this elicitation request: answering MCP servers' requests for user input is not supported yet";
+use crate::elicitation::{ElicitationAnswer, ElicitationKind, ElicitationRoutes};
+
+/// The message an MCP server gets when it asks for user input and no call of a run that a
+/// person follows is in flight on it (a direct tool call, or no call at all).
+pub const ELICITATION_DECLINED: &str = "Agentry declined this elicitation request: no tool call of a run that a person follows is in flight on this server";
 
 /// One progress notification of a call in flight.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,13 +80,14 @@ pub(crate) struct Handler {
     pub(crate) server: String,
     pub(crate) progress: Arc<ProgressRoutes>,
     pub(crate) signals: mpsc::UnboundedSender<ServerSignal>,
+    pub(crate) elicitations: Arc<ElicitationRoutes>,
 }
 
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
         let info = serde_json::json!({
             "protocolVersion": rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE,
-            "capabilities": { "elicitation": {} },
+            "capabilities": { "elicitation": { "form": {}, "url": {} } },
             "clientInfo": { "name": "agentry", "version": env!("CARGO_PKG_VERSION") },
         });
         serde_json::from_value(info).unwrap_or_default()
@@ -91,18 +96,69 @@ impl ClientHandler for Handler {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        tracing::warn!(
-            mcp_server = %self.server,
-            request = %serde_json::to_string(&request).unwrap_or_default(),
-            "declined an elicitation request"
-        );
-        Err(ErrorData::new(
-            ErrorCode::INVALID_REQUEST,
-            ELICITATION_DECLINED,
-            None,
-        ))
+        let (message, kind) = match request {
+            ElicitRequestParams::FormElicitationParams {
+                message,
+                requested_schema,
+                ..
+            } => (
+                message,
+                ElicitationKind::Form {
+                    requested_schema: serde_json::to_value(&requested_schema)
+                        .unwrap_or_else(|_| serde_json::json!({"type": "object"})),
+                },
+            ),
+            ElicitRequestParams::UrlElicitationParams {
+                message,
+                url,
+                elicitation_id,
+                ..
+            } => (
+                message,
+                ElicitationKind::Url {
+                    url,
+                    elicitation_id,
+                },
+            ),
+            other => {
+                tracing::warn!(
+                    mcp_server = %self.server,
+                    request = %serde_json::to_string(&other).unwrap_or_default(),
+                    "declined an elicitation request of an unknown mode"
+                );
+                return Err(ErrorData::new(
+                    ErrorCode::INVALID_PARAMS,
+                    "Agentry declined this elicitation request: its mode is not supported",
+                    None,
+                ));
+            }
+        };
+        let answer = self
+            .elicitations
+            .ask(&self.server, message.clone(), kind, context.ct.clone())
+            .await;
+        let Some(answer) = answer else {
+            tracing::warn!(
+                mcp_server = %self.server,
+                %message,
+                "declined an elicitation request: no call in flight takes it"
+            );
+            return Err(ErrorData::new(
+                ErrorCode::INVALID_REQUEST,
+                ELICITATION_DECLINED,
+                None,
+            ));
+        };
+        Ok(match answer {
+            ElicitationAnswer::Accept(Value::Null) => ElicitResult::new(ElicitationAction::Accept),
+            ElicitationAnswer::Accept(content) => {
+                ElicitResult::new(ElicitationAction::Accept).with_content(content)
+            }
+            ElicitationAnswer::Decline => ElicitResult::new(ElicitationAction::Decline),
+            ElicitationAnswer::Cancel => ElicitResult::new(ElicitationAction::Cancel),
+        })
     }
 
     async fn on_progress(

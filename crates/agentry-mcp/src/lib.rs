@@ -2,13 +2,15 @@
 //!
 //! - [`McpManager`]: MCP servers configured once for the whole runtime and shared by every agent
 //!   and session: one process or connection per server, supervised (timeouts, restart with
-//!   backoff, tool-list refresh), with calls that honour deadlines, progress and cancellation.
+//!   backoff, tool-list refresh), with calls that honour deadlines, progress and cancellation,
+//!   and servers' elicitation requests handed to the calls in flight ([`elicitation`]).
 //! - [`config`]: the `{"mcpServers": {…}}` configuration and its validation.
 //! - [`server`]: Agentry as an MCP server (stdio and streamable HTTP) over a [`server::McpBackend`]
 //!   the HTTP crate implements.
 
 pub mod config;
 pub mod content;
+pub mod elicitation;
 pub mod error;
 mod handler;
 pub mod manager;
@@ -19,6 +21,9 @@ pub use config::{
     validate_server_name,
 };
 pub use content::McpToolResult;
+pub use elicitation::{
+    ElicitationAnswer, ElicitationKind, ElicitationRequest, ElicitationResponder,
+};
 pub use error::McpError;
 pub use handler::{ELICITATION_DECLINED, McpProgress};
 pub use manager::{

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{McpServerConfig, TransportKind, ValueSource, qualified_tool_name};
 use crate::content::{McpToolResult, tool_result};
+use crate::elicitation::{ElicitationRequest, ElicitationRoutes};
 use crate::error::McpError;
 use crate::handler::{Handler, McpProgress, ProgressRoutes, ServerSignal};
 
@@ -132,6 +133,9 @@ pub struct CallOptions {
     pub max_duration: Option<Duration>,
     /// Receives the call's progress notifications.
     pub progress: Option<mpsc::UnboundedSender<McpProgress>>,
+    /// Receives the elicitation requests the server sends while the call is in flight (a person
+    /// answers them); `None` declines them. While one waits, the idle timeout is held.
+    pub elicitation: Option<mpsc::UnboundedSender<ElicitationRequest>>,
 }
 
 /// The shared MCP client manager. Cheap to clone; servers stop when the last clone is dropped.
@@ -189,6 +193,7 @@ struct Server {
     live: Mutex<Live>,
     state_tx: watch::Sender<ServerState>,
     progress: Arc<ProgressRoutes>,
+    elicitations: Arc<ElicitationRoutes>,
     changes: watch::Sender<u64>,
     stop: CancellationToken,
     restart: Notify,
@@ -290,6 +295,7 @@ impl McpManager {
             live: Mutex::new(Live::default()),
             state_tx: watch::Sender::new(initial),
             progress: Arc::new(ProgressRoutes::default()),
+            elicitations: Arc::new(ElicitationRoutes::default()),
             changes: self.inner.changes.clone(),
             stop: CancellationToken::new(),
             restart: Notify::new(),
@@ -451,11 +457,12 @@ impl McpManager {
             .unwrap_or_else(|| server.config.max_call());
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
-        let request_options = PeerRequestOptions::with_timeout(idle)
-            .reset_timeout_on_progress()
-            .with_max_total_timeout(cap);
+        // The hard cap is rmcp's; the idle deadline is ours, so that a person answering an
+        // elicitation does not count as the server going quiet.
+        let mut request_options = PeerRequestOptions::no_options();
+        request_options.max_total_timeout = Some(cap);
         let result = server
-            .send(&peer, request, request_options, &options)
+            .send(&peer, request, request_options, idle, &options)
             .await?;
         match result {
             ServerResult::CallToolResult(result) => Ok(tool_result(&result)),
@@ -637,12 +644,17 @@ impl Server {
         }
     }
 
-    /// Sends one request with deadlines, progress routing and cancellation.
+    /// Sends one request with deadlines, progress routing, elicitation routing and cancellation.
+    ///
+    /// The request fails with [`McpError::Timeout`] once `idle` passes with no progress
+    /// notification, except while an elicitation it was sent waits for a person; an answer
+    /// starts the idle period afresh.
     async fn send(
         &self,
         peer: &Peer<RoleClient>,
         request: ClientRequest,
         request_options: PeerRequestOptions,
+        idle: Duration,
         options: &CallOptions,
     ) -> Result<ServerResult, McpError> {
         let handle = peer
@@ -650,26 +662,67 @@ impl Server {
             .await
             .map_err(|error| self.service_error(error))?;
         let token = handle.progress_token.clone();
-        if let Some(progress) = &options.progress {
-            self.progress.insert(&token, progress.clone());
-        }
+        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
+        self.progress.insert(&token, progress_tx);
+        let (answered_tx, mut answered_rx) = mpsc::unbounded_channel();
+        let route = options
+            .elicitation
+            .as_ref()
+            .map(|requests| self.elicitations.register(requests.clone(), answered_tx));
         let id = handle.id.clone();
-        let outcome = tokio::select! {
-            biased;
-            () = options.cancel.cancelled() => {
-                let notice = rmcp::model::CancelledNotificationParam::new(
-                    Some(id),
-                    Some("cancelled by the caller".to_owned()),
-                );
-                let notification = ClientNotification::CancelledNotification(
-                    rmcp::model::CancelledNotification::new(notice),
-                );
-                let _ = tokio::time::timeout(CLOSE_GRACE, peer.send_notification(notification)).await;
-                Err(McpError::Cancelled)
-            }
-            response = handle.await_response() => response.map_err(|error| self.service_error(error)),
+        let response = handle.await_response();
+        tokio::pin!(response);
+        let deadline = tokio::time::sleep(idle);
+        tokio::pin!(deadline);
+        let cancel_reason = |reason: &str| {
+            let notice =
+                rmcp::model::CancelledNotificationParam::new(Some(id.clone()), Some(reason.into()));
+            ClientNotification::CancelledNotification(rmcp::model::CancelledNotification::new(
+                notice,
+            ))
         };
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                () = options.cancel.cancelled() => {
+                    let notification = cancel_reason("cancelled by the caller");
+                    let _ = tokio::time::timeout(CLOSE_GRACE, peer.send_notification(notification)).await;
+                    break Err(McpError::Cancelled);
+                }
+                response = &mut response => {
+                    break response.map_err(|error| self.service_error(error));
+                }
+                Some(progress) = progress_rx.recv() => {
+                    if let Some(forward) = &options.progress {
+                        let _ = forward.send(progress);
+                    }
+                    deadline.as_mut().reset(tokio::time::Instant::now() + idle);
+                }
+                Some(()) = answered_rx.recv() => {
+                    deadline.as_mut().reset(tokio::time::Instant::now() + idle);
+                }
+                () = &mut deadline => {
+                    let asking = route
+                        .as_ref()
+                        .is_some_and(|route| route.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0);
+                    if asking {
+                        deadline.as_mut().reset(tokio::time::Instant::now() + idle);
+                        continue;
+                    }
+                    let notification = cancel_reason("request timed out");
+                    let _ = tokio::time::timeout(CLOSE_GRACE, peer.send_notification(notification)).await;
+                    break Err(McpError::Timeout { server: self.name.clone(), after: idle });
+                }
+            }
+        };
+        drop(route);
         self.progress.remove(&token);
+        // Notifications that came in with the response still reach the caller, in order.
+        while let Ok(progress) = progress_rx.try_recv() {
+            if let Some(forward) = &options.progress {
+                let _ = forward.send(progress);
+            }
+        }
         outcome
     }
 
@@ -794,6 +847,7 @@ impl Server {
             server: self.name.clone(),
             progress: Arc::clone(&self.progress),
             signals,
+            elicitations: Arc::clone(&self.elicitations),
         };
         let lifecycle = ClientLifecycleMode::Auto {
             preferred_versions: vec![ProtocolVersion::LATEST],

@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod delegation;
+pub mod elicitation;
 pub mod error;
 pub mod group;
 pub mod hub;

@@ -21,6 +21,7 @@ use agentry_mcp::{CallOptions, McpError, McpManager, McpServerConfig, McpToolInf
 use agentry_store::{ConfigKind, Store};
 use agentry_types::ToolSpec;
 
+use crate::elicitation::Elicitations;
 use crate::error::ApiError;
 
 /// The name of the file in the data folder whose servers are imported at start-up.
@@ -35,11 +36,13 @@ pub struct McpTool {
     spec: ToolSpec,
     cap: Duration,
     manager: McpManager,
+    elicitations: Option<Elicitations>,
 }
 
 impl McpTool {
-    /// The tool `info` of the manager's servers.
-    pub fn new(info: McpToolInfo, manager: McpManager) -> Self {
+    /// The tool `info` of the manager's servers; its server's requests for input during a
+    /// run's call wait in `elicitations` for a person (without one, they are declined).
+    pub fn new(info: McpToolInfo, manager: McpManager, elicitations: Option<Elicitations>) -> Self {
         let spec = ToolSpec::new(
             info.name.clone(),
             info.description.clone(),
@@ -54,6 +57,7 @@ impl McpTool {
             spec,
             cap,
             manager,
+            elicitations,
         }
     }
 }
@@ -80,12 +84,24 @@ impl Tool for McpTool {
         let manager = self.manager.clone();
         let server = self.info.server.clone();
         let tool = self.info.tool.clone();
+        let name = self.info.name.clone();
+        let elicitations = self.elicitations.clone();
         async move {
+            // A call of a run takes the server's requests for input (a person answers them);
+            // a direct call declines them.
+            let (requests_tx, requests) = tokio::sync::mpsc::unbounded_channel();
+            let elicitations = elicitations.filter(|_| context.caller.is_some());
             let options = CallOptions {
                 cancel: context.cancel.clone(),
+                elicitation: elicitations.is_some().then_some(requests_tx),
                 ..CallOptions::default()
             };
-            match manager.call_tool(&server, &tool, arguments, options).await {
+            let call = manager.call_tool(&server, &tool, arguments, options);
+            let outcome = match &elicitations {
+                Some(elicitations) => elicitations.serve(&context, &name, requests, call).await,
+                None => call.await,
+            };
+            match outcome {
                 Ok(result) => Ok(ToolOutput::parts(result.parts_for_model(), result.is_error)),
                 Err(McpError::Cancelled) => Err(ToolError::Cancelled),
                 Err(McpError::Timeout { after, .. }) => Err(ToolError::Timeout(after)),
@@ -97,11 +113,14 @@ impl Tool for McpTool {
 }
 
 /// The MCP tools to register in a runtime: every connected server's tools.
-pub fn tools(manager: &McpManager) -> Vec<Arc<dyn Tool>> {
+/// Their servers' requests for input during a run wait in `elicitations` (declined without).
+pub fn tools(manager: &McpManager, elicitations: Option<&Elicitations>) -> Vec<Arc<dyn Tool>> {
     manager
         .tools()
         .into_iter()
-        .map(|info| Arc::new(McpTool::new(info, manager.clone())) as Arc<dyn Tool>)
+        .map(|info| {
+            Arc::new(McpTool::new(info, manager.clone(), elicitations.cloned())) as Arc<dyn Tool>
+        })
         .collect()
 }
 

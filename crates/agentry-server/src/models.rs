@@ -174,7 +174,7 @@ pub async fn build_runtime(
             Err(error) => tracing::warn!(tool = %name, "skipping a tool: {error}"),
         }
     }
-    for tool in crate::mcp::tools(mcp) {
+    for tool in crate::mcp::tools(mcp, environment.elicitations.as_ref()) {
         let name = tool.spec().name.clone();
         if let Err(error) = builder.tool_arc(tool) {
             tracing::warn!(tool = %name, "skipping an MCP tool: {error}");

@@ -356,6 +356,16 @@ pub enum RunStreamEventName {
     /// grandchild's event is nested twice. The child's steps are in its own session.
     #[schema(rename = "nested")]
     Nested,
+    /// An MCP server asks a person for input during a tool call (live only):
+    /// `{"type": "elicitation_requested", "elicitation_id", "call_id", "server", "message",
+    /// "mode": "form"|"url", "requested_schema"?, "url"?}`; answer it with
+    /// `POST /v1/runs/{run_id}/approvals` (`elicitation_id`, `decision`, `content`).
+    #[schema(rename = "elicitation.requested")]
+    ElicitationRequested,
+    /// An elicitation was settled (live only): `{"type": "elicitation_resolved",
+    /// "elicitation_id", "call_id", "action": "accept"|"decline"|"cancel"|"withdrawn"}`.
+    #[schema(rename = "elicitation.resolved")]
+    ElicitationResolved,
     /// The stream cannot go on (the log could not be read).
     #[schema(rename = "error")]
     Error,

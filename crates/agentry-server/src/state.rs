@@ -35,6 +35,9 @@ pub struct ToolEnvironment {
     /// The `delegate` and `talk_to` tools' limits, and the store and session manager they run
     /// sub-agents through (bound by [`AppState::with_tools`]).
     pub delegation: crate::delegation::DelegationHandle,
+    /// Where MCP servers' requests for input during a run wait for a person. `None`: they are
+    /// declined (`agentry run`); the server always has one ([`AppState::elicitations`]).
+    pub elicitations: Option<crate::elicitation::Elicitations>,
 }
 
 /// The server's shared state. Cheap to clone.
@@ -65,6 +68,8 @@ pub struct AppState {
     pub tools: ToolEnvironment,
     /// The standalone sandboxes of `/v1/sandboxes` (made with `tools.sandboxes`' backend).
     pub sandboxes: SandboxRegistry,
+    /// MCP servers' requests for input waiting for a person, by run.
+    pub elicitations: crate::elicitation::Elicitations,
 }
 
 impl AppState {
@@ -75,7 +80,11 @@ impl AppState {
     }
 
     /// State over `store` whose runs work in `tools`' workspaces and sandboxes.
-    pub async fn with_tools(store: Store, tools: ToolEnvironment) -> Result<Self, ApiError> {
+    pub async fn with_tools(store: Store, mut tools: ToolEnvironment) -> Result<Self, ApiError> {
+        let elicitations = tools
+            .elicitations
+            .get_or_insert_with(Default::default)
+            .clone();
         let http = agentry_llm::http_client(Duration::from_secs(10))
             .map_err(|error| ApiError::internal(error.to_string()))?;
         let mcp = McpManager::new();
@@ -107,11 +116,13 @@ impl AppState {
             mcp_expose_tools: false,
             sandboxes: SandboxRegistry::new(tools.sandbox_root.clone()),
             tools,
+            elicitations,
         };
         state
             .tools
             .delegation
             .bind(&state.store, &state.sessions, &state.hub);
+        state.elicitations.bind(&state.hub);
         Ok(state)
     }
 

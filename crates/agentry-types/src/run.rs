@@ -159,6 +159,37 @@ pub enum RunEvent {
         /// The child's event.
         event: Box<RunEvent>,
     },
+    /// An MCP server asked a person for input during one of this run's tool calls (live only:
+    /// the request lives as long as the call). Answer it through `POST
+    /// /v1/runs/{run_id}/approvals` with its `elicitation_id`.
+    ElicitationRequested {
+        /// The request's id.
+        elicitation_id: String,
+        /// The tool call in flight it belongs to.
+        call_id: String,
+        /// The MCP server asking.
+        server: String,
+        /// What it asks, for a person.
+        message: String,
+        /// `form` (answer with an object matching `requested_schema`) or `url` (visit `url`).
+        mode: String,
+        /// For a form: the JSON Schema of the answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        requested_schema: Option<serde_json::Value>,
+        /// For a URL request: the page to visit.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        url: Option<String>,
+    },
+    /// An elicitation is settled (live only): `accept`, `decline`, `cancel`, or `withdrawn`
+    /// (its call ended first).
+    ElicitationResolved {
+        /// The request's id.
+        elicitation_id: String,
+        /// The tool call it belonged to.
+        call_id: String,
+        /// How it was settled.
+        action: String,
+    },
     /// The run ended because of an error.
     RunFailed {
         /// Why it ended (`error`, or `cancelled`).

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentry_mcp::{
-    CallOptions, ELICITATION_DECLINED, McpManager, McpServerConfig, ServerState, TransportKind,
+    CallOptions, ELICITATION_DECLINED, ElicitationAnswer, ElicitationKind, McpManager,
+    McpServerConfig, ServerState, TransportKind,
 };
 use agentry_types::{ImageSource, ToolResultPart};
 use serde_json::{Value, json};
@@ -174,14 +175,19 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
 }
 
 /// The conditional tools are registered after initialisation and announced with
-/// `notifications/tools/list_changed`: the list refreshes, and asking for user input is
-/// declined with our message.
+/// `notifications/tools/list_changed`: the list refreshes. A request for user input during a
+/// call that takes none is declined with our message; during a call that takes them it reaches
+/// the caller, whose answer (accept with content, decline) the tool sees; a person taking longer
+/// than the idle timeout does not time the call out; URL requests arrive with their page.
 async fn list_changed_and_elicitation(manager: &McpManager) -> anyhow::Result<()> {
     eventually(Duration::from_secs(20), || {
-        manager
-            .tools()
-            .iter()
-            .any(|tool| tool.name == "everything__trigger-elicitation-request")
+        let tools = manager.tools();
+        [
+            "everything__trigger-elicitation-request",
+            "everything__trigger-url-elicitation",
+        ]
+        .iter()
+        .all(|name| tools.iter().any(|tool| tool.name == *name))
     })
     .await?;
     let outcome = manager
@@ -200,6 +206,111 @@ async fn list_changed_and_elicitation(manager: &McpManager) -> anyhow::Result<()
         Err(error) => error.to_string(),
     };
     assert!(said.contains(ELICITATION_DECLINED), "{said}");
+
+    // Accepted, after longer than the call's idle timeout.
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    let call = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .call_tool(
+                    "everything",
+                    "trigger-elicitation-request",
+                    json!({}),
+                    CallOptions {
+                        timeout: Some(Duration::from_millis(400)),
+                        elicitation: Some(requests_tx),
+                        ..CallOptions::default()
+                    },
+                )
+                .await
+        })
+    };
+    let request = tokio::time::timeout(Duration::from_secs(20), requests.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no elicitation request"))?;
+    assert_eq!(request.server, "everything");
+    assert!(
+        request.message.contains("Please provide"),
+        "{}",
+        request.message
+    );
+    let ElicitationKind::Form { requested_schema } = &request.kind else {
+        anyhow::bail!("expected a form, got {:?}", request.kind);
+    };
+    assert_eq!(requested_schema["required"], json!(["name"]));
+    assert!(requested_schema["properties"]["check"].is_object());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(request.responder.is_open());
+    assert!(request.responder.answer(ElicitationAnswer::Accept(
+        json!({"name": "Ada Lovelace", "check": true})
+    )));
+    let result = call.await??;
+    assert!(!result.is_error, "{result:?}");
+    let said = text(&result);
+    assert!(said.contains("Name: Ada Lovelace"), "{said}");
+    assert!(said.contains("Agreed to terms: true"), "{said}");
+
+    // Declined.
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    let call = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .call_tool(
+                    "everything",
+                    "trigger-elicitation-request",
+                    json!({}),
+                    CallOptions {
+                        elicitation: Some(requests_tx),
+                        ..CallOptions::default()
+                    },
+                )
+                .await
+        })
+    };
+    let request = tokio::time::timeout(Duration::from_secs(20), requests.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no elicitation request"))?;
+    assert!(request.responder.answer(ElicitationAnswer::Decline));
+    let said = text(&call.await??);
+    assert!(said.contains("declined"), "{said}");
+
+    // A URL request.
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    let call = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .call_tool(
+                    "everything",
+                    "trigger-url-elicitation",
+                    json!({"url": "https://example.com/authorize", "message": "Sign in, please"}),
+                    CallOptions {
+                        elicitation: Some(requests_tx),
+                        ..CallOptions::default()
+                    },
+                )
+                .await
+        })
+    };
+    let request = tokio::time::timeout(Duration::from_secs(20), requests.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no elicitation request"))?;
+    assert_eq!(request.message, "Sign in, please");
+    let ElicitationKind::Url { url, .. } = &request.kind else {
+        anyhow::bail!("expected a URL request, got {:?}", request.kind);
+    };
+    assert_eq!(url, "https://example.com/authorize");
+    assert!(
+        request
+            .responder
+            .answer(ElicitationAnswer::Accept(Value::Null))
+    );
+    let result = call.await??;
+    assert!(!result.is_error, "{result:?}");
+    let said = text(&result);
+    assert!(said.contains("completed the URL elicitation"), "{said}");
     Ok(())
 }
 

@@ -1,6 +1,9 @@
 //! Run control: approvals (`GET`/`POST /v1/runs/{run_id}/approvals`, and a session's pending
 //! calls at `GET /v1/sessions/{id}/approvals`), `interrupt`, `pause`, `resume` and `abort`.
 //!
+//! The same approval routes list and answer MCP servers' requests for input made during the
+//! run's tool calls (`elicitations`, see [`crate::elicitation`]): those are live, not durable.
+//!
 //! A run is found by its id: first among the runs live or queued in this process, then in the
 //! log (the `run_started` event that names it), so a run waiting for approval or paused is
 //! found after a restart too. Every action goes through the `SessionManager`; a run that goes on
@@ -18,10 +21,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_core::approval::ApprovalDecision;
+use agentry_mcp::ElicitationAnswer;
 use agentry_types::{ApprovalVerdict, PendingApproval, RunId, SessionEvent, SessionId};
 
 use super::config::{ApiJson, ApiPath};
 use super::infer::parse_session_id;
+use crate::elicitation::ElicitationError;
 use crate::error::ApiError;
 use crate::hub::StatusChange;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
@@ -86,6 +91,40 @@ pub struct PendingCall {
     pub reason: String,
 }
 
+/// An MCP server's request for input, made during one of the run's tool calls, waiting for a
+/// person. Answer with `POST /v1/runs/{run_id}/approvals` and `elicitation_id`: `approve` with
+/// `content` (a form's answer, matching `requested_schema`; nothing for a URL request once the
+/// page was visited) or `reject` (declined: the tool goes on without it).
+#[derive(Debug, Clone, ToSchema)]
+pub struct PendingElicitation {
+    /// The request's id.
+    pub elicitation_id: String,
+    /// The run.
+    pub run_id: String,
+    /// Its session.
+    pub session_id: Option<String>,
+    /// The tool call in flight that the request belongs to.
+    pub call_id: String,
+    /// That call's tool.
+    pub tool: String,
+    /// The MCP server asking.
+    pub server: String,
+    /// What it asks, for a person.
+    pub message: String,
+    /// `form` or `url`.
+    #[schema(pattern = "^(form|url)$")]
+    pub mode: String,
+    /// For a form: the JSON Schema of the answer.
+    #[schema(value_type = Option<Object>)]
+    pub requested_schema: Option<Value>,
+    /// For a URL request: the page to visit.
+    pub url: Option<String>,
+    /// For a URL request: the server's id for it.
+    pub elicitation_id_on_server: Option<String>,
+    /// When it was asked (Unix milliseconds).
+    pub created_at_ms: u64,
+}
+
 /// The calls of a run that wait for a decision.
 #[derive(Debug, Clone, ToSchema)]
 pub struct ApprovalList {
@@ -93,10 +132,12 @@ pub struct ApprovalList {
     pub run_id: Option<String>,
     /// Its session.
     pub session_id: String,
-    /// `waiting` when calls wait; else the session's status.
+    /// `waiting` when calls or elicitations wait; else the session's status.
     pub status: String,
     /// The undecided calls.
     pub pending: Vec<PendingCall>,
+    /// MCP servers' requests for input waiting (live only).
+    pub elicitations: Vec<PendingElicitation>,
 }
 
 /// A decision on one waiting call.
@@ -120,7 +161,8 @@ pub struct DecisionBody {
     pub arguments: Option<Value>,
 }
 
-/// `POST /v1/runs/{run_id}/approvals`: one decision, or several in `decisions`.
+/// `POST /v1/runs/{run_id}/approvals`: one decision, or several in `decisions`; or the answer
+/// to one MCP elicitation (`elicitation_id`, `decision` `approve` with `content`, or `reject`).
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecideBody {
@@ -141,6 +183,15 @@ pub struct DecideBody {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub arguments: Option<Value>,
+    /// An MCP elicitation to answer (`elicitations[].elicitation_id`) instead of a call.
+    #[serde(default)]
+    #[schema(min_length = 1)]
+    pub elicitation_id: Option<String>,
+    /// The answer to a form elicitation with `approve`: an object matching its
+    /// `requested_schema`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub content: Option<Value>,
 }
 
 /// What the decisions led to.
@@ -150,10 +201,13 @@ pub struct DecideOutcome {
     pub run_id: String,
     /// Its session.
     pub session_id: String,
-    /// `running` (every call decided: the run went on) or `waiting` (calls remain).
+    /// `running` (every call decided: the run went on) or `waiting` (calls or elicitations
+    /// remain).
     pub status: String,
     /// The calls still waiting.
     pub pending: Vec<PendingCall>,
+    /// The elicitations still waiting.
+    pub elicitations: Vec<PendingElicitation>,
     /// Where to follow the run.
     pub stream: String,
 }
@@ -260,8 +314,10 @@ async fn list_approvals(
         .pending_approvals(session)
         .await?
         .filter(|(id, _)| *id == run_id);
+    let elicitations = state.elicitations.for_run(run_id);
     let status = match &waiting {
         Some(_) => "waiting".to_owned(),
+        None if !elicitations.is_empty() => "waiting".to_owned(),
         None if state.hub.is_live(session) => "running".to_owned(),
         None => state
             .store
@@ -275,6 +331,7 @@ async fn list_approvals(
         "session_id": session,
         "status": status,
         "pending": pending_json(&pending),
+        "elicitations": elicitations,
     })))
 }
 
@@ -303,7 +360,8 @@ async fn session_approvals(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no session {session}")))?;
     let waiting = state.sessions.pending_approvals(session).await?;
-    let status = if waiting.is_some() {
+    let (asking_run, elicitations) = state.elicitations.for_session(session);
+    let status = if waiting.is_some() || !elicitations.is_empty() {
         "waiting".to_owned()
     } else if state.hub.is_live(session) {
         "running".to_owned()
@@ -312,13 +370,14 @@ async fn session_approvals(
     };
     let (run_id, pending) = match waiting {
         Some((run_id, pending)) => (Some(run_id), pending),
-        None => (None, Vec::new()),
+        None => (asking_run, Vec::new()),
     };
     Ok(Json(json!({
         "run_id": run_id,
         "session_id": session,
         "status": status,
         "pending": pending_json(&pending),
+        "elicitations": elicitations,
     })))
 }
 
@@ -349,6 +408,9 @@ async fn decide(
     ApiJson(body): ApiJson<DecideBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
+    if body.elicitation_id.is_some() || body.content.is_some() {
+        return answer_elicitation(&state, run_id, body).await;
+    }
     let decisions = decisions_of(body)?;
     let session = locate(&state, run_id).await?;
     let decided = state.sessions.decide(session, run_id, decisions).await?;
@@ -365,6 +427,74 @@ async fn decide(
         "session_id": session,
         "status": status,
         "pending": pending_json(&decided.pending),
+        "elicitations": state.elicitations.for_run(run_id),
+        "stream": stream_path(session),
+    })))
+}
+
+/// Answers one MCP elicitation of a live run: `approve` (with `content` for a form) accepts,
+/// `reject` declines.
+async fn answer_elicitation(
+    state: &AppState,
+    run_id: RunId,
+    body: DecideBody,
+) -> Result<Json<Value>, ApiError> {
+    let Some(id) = body.elicitation_id else {
+        return Err(ApiError::bad_request(
+            "`content` answers an elicitation: give its `elicitation_id` too",
+        ));
+    };
+    if body.decisions.is_some() || body.call_id.is_some() || body.arguments.is_some() {
+        return Err(ApiError::bad_request(
+            "answer an elicitation (`elicitation_id`, `decision`, `content`) or decide calls, \
+             not both in one request",
+        ));
+    }
+    let answer = match body.decision {
+        Some(ApprovalVerdict::Approve) => {
+            ElicitationAnswer::Accept(body.content.unwrap_or(Value::Null))
+        }
+        Some(ApprovalVerdict::Reject) if body.content.is_none() => ElicitationAnswer::Decline,
+        Some(ApprovalVerdict::Reject) => {
+            return Err(ApiError::bad_request(
+                "a rejected elicitation takes no `content`",
+            ));
+        }
+        Some(ApprovalVerdict::Edit) => {
+            return Err(ApiError::bad_request(
+                "an elicitation is answered with `approve` (and `content`) or `reject`, not `edit`",
+            ));
+        }
+        None => return Err(ApiError::bad_request("`decision` is required")),
+    };
+    let session = locate(state, run_id).await?;
+    state
+        .elicitations
+        .answer(run_id, &id, answer)
+        .await
+        .map_err(|error| match error {
+            ElicitationError::NotFound(_) => ApiError::not_found(error.to_string()),
+            ElicitationError::Invalid(_) => ApiError::bad_request(error.to_string()),
+        })?;
+    let elicitations = state.elicitations.for_run(run_id);
+    let pending = state
+        .sessions
+        .pending_approvals(session)
+        .await?
+        .filter(|(id, _)| *id == run_id)
+        .map(|(_, pending)| pending)
+        .unwrap_or_default();
+    let status = if elicitations.is_empty() && pending.is_empty() {
+        "running"
+    } else {
+        "waiting"
+    };
+    Ok(Json(json!({
+        "run_id": run_id,
+        "session_id": session,
+        "status": status,
+        "pending": pending_json(&pending),
+        "elicitations": elicitations,
         "stream": stream_path(session),
     })))
 }

@@ -53,6 +53,13 @@ impl SseMapper {
             // A sub-agent's progress (live only, no id): the whole event, its child's event
             // inside (nested again for a grandchild).
             RunEvent::Nested { .. } => vec![event("nested", &to_value(run_event))],
+            // An MCP server's request for input and its settling (live only, not in the log).
+            RunEvent::ElicitationRequested { .. } => {
+                vec![event("elicitation.requested", &to_value(run_event))]
+            }
+            RunEvent::ElicitationResolved { .. } => {
+                vec![event("elicitation.resolved", &to_value(run_event))]
+            }
             // In a session these steps arrive as committed events, with their seqs.
             _ if self.session && !run_event.is_terminal() => Vec::new(),
             RunEvent::RunStarted { run_id } => {

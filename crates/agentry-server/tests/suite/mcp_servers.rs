@@ -579,3 +579,213 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
     let reason = refused.last_error.unwrap_or_default();
     assert!(reason.to_lowercase().contains("auth required"), "{reason}");
 }
+
+/// Waits until the runtime offers `tool` (server-everything registers its elicitation tools
+/// after initialisation, announced with `tools/list_changed`).
+async fn wait_for_tool(server: &Server, tool: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !tool_names(server).await.iter().any(|name| name == tool) {
+        assert!(tokio::time::Instant::now() < deadline, "{tool} never came");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts a streamed run whose model calls `tool`, and reads its events until the MCP server's
+/// request for input arrives: (stream, run id, the `elicitation.requested` data).
+async fn run_until_elicitation(
+    server: &Server,
+    tool: &str,
+    arguments: Value,
+) -> (super::support::SseClient, String, Value) {
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::tool_call(tool, arguments)));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Thanks.")));
+    let mut stream = server
+        .sse(
+            "/v1/infer/stream",
+            Some(
+                json!({"session_id": "new", "model_id": "mock", "text": "go",
+                        "tool_ids": [tool]}),
+            ),
+            None,
+        )
+        .await;
+    let mut run_id = None;
+    loop {
+        let event = stream.next().await.expect("the stream ended early");
+        if event.name == "run.started" {
+            run_id = event.data["event"]["run_id"]
+                .as_str()
+                .or_else(|| event.data["run_id"].as_str())
+                .map(str::to_owned);
+        }
+        if event.name == "elicitation.requested" {
+            return (stream, run_id.expect("run.started came first"), event.data);
+        }
+        assert!(
+            !matches!(event.name.as_str(), "run.finished" | "run.failed"),
+            "the run ended without asking: {event:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_mcp_servers_request_for_input_waits_in_the_runs_approvals_until_a_person_answers() {
+    let server = start().await;
+    register_everything(&server).await;
+    let tool = "everything__trigger-elicitation-request";
+    wait_for_tool(&server, tool).await;
+    let mut feed = server.sse("/v1/sessions/events", None, None).await;
+
+    let (mut stream, run_id, asked) = run_until_elicitation(&server, tool, json!({})).await;
+    let session = stream.session.clone().unwrap();
+    let id = asked["elicitation_id"].as_str().unwrap().to_owned();
+    assert_eq!(asked["server"], "everything");
+    assert_eq!(asked["mode"], "form");
+    assert_eq!(asked["requested_schema"]["required"], json!(["name"]));
+
+    // Listed with the run's approvals and the session's; the status feed says `waiting`.
+    let (status, listed) = server.get(&format!("/v1/runs/{run_id}/approvals")).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["status"], "waiting", "{listed}");
+    assert_eq!(listed["pending"], json!([]));
+    let waiting = &listed["elicitations"][0];
+    assert_eq!(waiting["elicitation_id"], id.as_str());
+    assert_eq!(waiting["tool"], tool);
+    assert_eq!(waiting["call_id"], asked["call_id"]);
+    assert!(
+        waiting["message"]
+            .as_str()
+            .unwrap()
+            .contains("Please provide")
+    );
+    let (_, by_session) = server
+        .get(&format!("/v1/sessions/{session}/approvals"))
+        .await;
+    assert_eq!(by_session["status"], "waiting");
+    assert_eq!(by_session["run_id"], run_id.as_str());
+    assert_eq!(by_session["elicitations"][0]["elicitation_id"], id.as_str());
+    loop {
+        let change = feed.next().await.unwrap();
+        if change.data["session_id"] == session.as_str() && change.data["status"] == "waiting" {
+            break;
+        }
+    }
+
+    // Bad answers are refused and change nothing.
+    let url = format!("/v1/runs/{run_id}/approvals");
+    let (status, refused) = server
+        .post(
+            &url,
+            json!({"elicitation_id": id, "decision": "approve", "content": {"check": true}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.to_string().contains("name"), "{refused}");
+    let (status, _) = server
+        .post(
+            &url,
+            json!({"elicitation_id": id, "decision": "edit", "content": {"name": "x"}}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = server
+        .post(
+            &url,
+            json!({"elicitation_id": "no-such-request", "decision": "reject"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (_, still) = server.get(&url).await;
+    assert_eq!(still["elicitations"][0]["elicitation_id"], id.as_str());
+
+    // The answer reaches the server's tool, whose result the model reads.
+    let (status, answered) = server
+        .post(
+            &url,
+            json!({"elicitation_id": id, "decision": "approve",
+                   "content": {"name": "Ada Lovelace", "check": true}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["status"], "running");
+    assert_eq!(answered["elicitations"], json!([]));
+    let rest = stream.rest().await;
+    let resolved = rest
+        .iter()
+        .find(|event| event.name == "elicitation.resolved")
+        .expect("elicitation.resolved");
+    assert_eq!(resolved.data["action"], "accept");
+    assert_eq!(resolved.data["elicitation_id"], id.as_str());
+    assert_eq!(rest.last().unwrap().name, "run.finished");
+    let result = rest
+        .iter()
+        .find(|event| event.name == "tool.result")
+        .expect("tool.result");
+    assert!(
+        result.data.to_string().contains("Name: Ada Lovelace"),
+        "{}",
+        result.data
+    );
+    let (_, after) = server.get(&url).await;
+    assert_eq!(after["elicitations"], json!([]));
+    assert_ne!(after["status"], "waiting");
+}
+
+#[tokio::test]
+async fn a_declined_or_abandoned_request_for_input_lets_the_run_go_on_or_end() {
+    let server = start().await;
+    register_everything(&server).await;
+    let tool = "everything__trigger-elicitation-request";
+    wait_for_tool(&server, tool).await;
+
+    // Rejected: the server's tool hears "decline".
+    let (mut stream, run_id, asked) = run_until_elicitation(&server, tool, json!({})).await;
+    let (status, body) = server
+        .post(
+            &format!("/v1/runs/{run_id}/approvals"),
+            json!({"elicitation_id": asked["elicitation_id"], "decision": "reject"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let rest = stream.rest().await;
+    let result = rest.iter().find(|e| e.name == "tool.result").unwrap();
+    assert!(
+        result.data.to_string().contains("declined"),
+        "{}",
+        result.data
+    );
+
+    // Aborted while asking: the request is withdrawn.
+    let (mut stream, run_id, asked) = run_until_elicitation(&server, tool, json!({})).await;
+    let session = stream.session.clone().unwrap();
+    let (status, _) = server
+        .post("/v1/infer/abort", json!({"session_id": session}))
+        .await;
+    assert_eq!(status, 200);
+    let rest = stream.rest().await;
+    assert_eq!(
+        rest.last().unwrap().data["event"]["stop_reason"],
+        "cancelled"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, listed) = server.get(&format!("/v1/runs/{run_id}/approvals")).await;
+        if listed["elicitations"] == json!([]) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{listed}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _) = server
+        .post(
+            &format!("/v1/runs/{run_id}/approvals"),
+            json!({"elicitation_id": asked["elicitation_id"], "decision": "approve",
+                   "content": {"name": "late"}}),
+        )
+        .await;
+    assert_eq!(status, 404);
+}

@@ -16,6 +16,7 @@ use clap::{Args, Subcommand};
 use agentry_core::session::SessionManager;
 use agentry_core::{RunRequest, Runtime};
 use agentry_mcp::McpManager;
+use agentry_server::elicitation::Elicitations;
 use agentry_server::routes::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
 use agentry_server::{StoreLog, ToolEnvironment};
 use agentry_store::{ConfigKind, Store};
@@ -275,12 +276,14 @@ pub(crate) async fn session_manager(
     agent: &AgentConfig,
     sandbox: Option<SandboxMode>,
     data: &DataArgs,
+    elicitations: Option<&Elicitations>,
 ) -> anyhow::Result<(SessionManager, AgentRun)> {
-    let environment = super::sandbox::environment(
+    let mut environment = super::sandbox::environment(
         sandbox_mode(agent, sandbox),
         agentry_sandbox::NetworkPolicy::Off,
         &data.home()?,
     )?;
+    environment.elicitations = elicitations.cloned();
     let (runtime, run) = runtime(store, agent, &environment).await?;
     let manager = SessionManager::new(runtime, Arc::new(StoreLog::new(store.clone())));
     let delegation = environment.delegation.clone();

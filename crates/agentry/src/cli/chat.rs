@@ -5,7 +5,8 @@
 //! the prompt clears the line; Ctrl-D or `/exit` quits. `--session ID` continues a session.
 //! When a turn's tool calls wait for approval (an agent's `approvals` policy), chat asks for
 //! each inline: `y` approves, `n` rejects (with a reason the model reads), `e` edits the
-//! arguments (JSON), and the run goes on.
+//! arguments (JSON), and the run goes on. When an MCP server asks for input during a tool call
+//! (elicitation), chat asks for it inline too: each field of a form, or a page to visit.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,7 +22,9 @@ use agentry_types::{
     ApprovalVerdict, Message, PendingApproval, RunEvent, RunId, SessionId, SuspendStatus,
 };
 
+use agentry_mcp::ElicitationAnswer;
 use agentry_server::ToolEnvironment;
+use agentry_server::elicitation::Elicitations;
 use agentry_server::routes::agents::AgentRun;
 
 use super::data::DataArgs;
@@ -114,17 +117,28 @@ impl Conversation {
 
 pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let mut agent_run = None;
+    // MCP servers' requests for input during this chat's runs, answered inline.
+    let elicitations = Elicitations::default();
+    let asking = ToolEnvironment {
+        elicitations: Some(elicitations.clone()),
+        ..ToolEnvironment::default()
+    };
     let (mut conversation, profile) = if let Some(id) = &args.agent {
         let store = data.open_store().await?;
         let agent = super::agents::load(&store, id).await?;
         if args.ephemeral {
-            let (runtime, run) =
-                super::agents::runtime(&store, &agent, &ToolEnvironment::default()).await?;
+            let (runtime, run) = super::agents::runtime(&store, &agent, &asking).await?;
             agent_run = Some(run);
             (Conversation::Ephemeral(runtime, Vec::new()), args.profile)
         } else {
-            let (manager, run) =
-                super::agents::session_manager(&store, &agent, args.profile.sandbox, data).await?;
+            let (manager, run) = super::agents::session_manager(
+                &store,
+                &agent,
+                args.profile.sandbox,
+                data,
+                Some(&elicitations),
+            )
+            .await?;
             agent_run = Some(run);
             let (session, profile) =
                 open_session(&store, args.session, args.profile, "chat", None).await?;
@@ -139,7 +153,7 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
         };
         (
             Conversation::Ephemeral(
-                args.profile.runtime(store.as_ref(), None).await?,
+                args.profile.runtime(store.as_ref(), Some(&asking)).await?,
                 Vec::new(),
             ),
             args.profile,
@@ -150,7 +164,10 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             open_session(&store, args.session, args.profile, "chat", None).await?;
         eprintln!("session: {session}");
         (
-            Conversation::Session(session_manager(&store, &profile, data).await?, session),
+            Conversation::Session(
+                session_manager(&store, &profile, data, Some(&elicitations)).await?,
+                session,
+            ),
             profile,
         )
     };
@@ -195,6 +212,9 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
                     event = stream.next() => match event {
                         Some(event) => {
                             printer.event(&event)?;
+                            if let Some(asked) = elicitation_in(&event) {
+                                editor = answer_elicitation(editor, &elicitations, asked).await?;
+                            }
                             if let RunEvent::RunSuspended { run_id, status: SuspendStatus::Waiting, pending, .. } = &event {
                                 waiting = Some((*run_id, pending.clone()));
                             }
@@ -306,6 +326,181 @@ async fn ask_decisions(
         decisions.push(decision);
     }
     Ok((editor, decisions))
+}
+
+/// An MCP server's request for input in `event`, a sub-agent's (nested) included.
+fn elicitation_in(event: &RunEvent) -> Option<&RunEvent> {
+    match event {
+        RunEvent::ElicitationRequested { .. } => Some(event),
+        RunEvent::Nested { event, .. } => elicitation_in(event),
+        _ => None,
+    }
+}
+
+/// Asks the person for what an MCP server requests, and answers it: `y` fills the form in (or
+/// says the page was visited), `n` declines, `c` cancels. Ctrl-C or Ctrl-D declines.
+async fn answer_elicitation(
+    mut editor: rustyline::DefaultEditor,
+    elicitations: &Elicitations,
+    asked: &RunEvent,
+) -> anyhow::Result<rustyline::DefaultEditor> {
+    let RunEvent::ElicitationRequested {
+        elicitation_id,
+        server,
+        message,
+        requested_schema,
+        url,
+        ..
+    } = asked
+    else {
+        return Ok(editor);
+    };
+    let Some(run_id) = elicitations.run_of(elicitation_id) else {
+        return Ok(editor);
+    };
+    eprintln!("\n{server} asks: {message}");
+    if let Some(url) = url {
+        eprintln!("  open {url}");
+    }
+    loop {
+        let prompt = if url.is_some() {
+            "done? [y = visited / n = decline / c = cancel] "
+        } else {
+            "answer? [y/n/c] "
+        };
+        let (returned, choice) = read_line(editor, prompt.into()).await?;
+        editor = returned;
+        let answer = match choice.as_deref().map(str::trim) {
+            Some("y" | "yes") => match requested_schema {
+                Some(schema) => {
+                    let (returned, content) = fill_form(editor, schema).await?;
+                    editor = returned;
+                    match content {
+                        Some(content) => ElicitationAnswer::Accept(content),
+                        None => ElicitationAnswer::Decline,
+                    }
+                }
+                None => ElicitationAnswer::Accept(serde_json::Value::Null),
+            },
+            Some("c" | "cancel") => ElicitationAnswer::Cancel,
+            Some("n" | "no") | None => ElicitationAnswer::Decline,
+            Some(_) => {
+                eprintln!("answer y, n or c");
+                continue;
+            }
+        };
+        match elicitations.answer(run_id, elicitation_id, answer).await {
+            Ok(()) => return Ok(editor),
+            Err(agentry_server::elicitation::ElicitationError::Invalid(why)) => {
+                eprintln!("{why}");
+            }
+            // Answered elsewhere, or the call ended.
+            Err(error) => {
+                eprintln!("{error}");
+                return Ok(editor);
+            }
+        }
+    }
+}
+
+/// Reads each field of a form (a flat object schema); `None` when the person stops (Ctrl-C).
+async fn fill_form(
+    mut editor: rustyline::DefaultEditor,
+    schema: &serde_json::Value,
+) -> anyhow::Result<(rustyline::DefaultEditor, Option<serde_json::Value>)> {
+    use serde_json::Value;
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|list| list.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut content = serde_json::Map::new();
+    let Some(properties) = schema["properties"].as_object() else {
+        return Ok((editor, Some(Value::Object(content))));
+    };
+    for (name, field) in properties {
+        let kind = field["type"].as_str().unwrap_or("string");
+        let choices = field_choices(field);
+        let mut label = field["title"].as_str().unwrap_or(name).to_owned();
+        if let Some(description) = field["description"].as_str() {
+            label = format!("{label} ({description})");
+        }
+        if !choices.is_empty() {
+            label = format!("{label} [{}]", choices.join(", "));
+        }
+        if let Some(default) = field.get("default") {
+            label = format!("{label} (default {default})");
+        }
+        let required = required.contains(&name.as_str());
+        loop {
+            let mark = if required { "*" } else { "" };
+            let (returned, line) = read_line(editor, format!("  {label}{mark}: ")).await?;
+            editor = returned;
+            let Some(line) = line else {
+                return Ok((editor, None));
+            };
+            let line = line.trim();
+            if line.is_empty() {
+                if let Some(default) = field.get("default") {
+                    content.insert(name.clone(), default.clone());
+                    break;
+                }
+                if required {
+                    eprintln!("  {name} is required");
+                    continue;
+                }
+                break;
+            }
+            let value = match kind {
+                "boolean" => match line {
+                    "y" | "yes" | "true" => Some(Value::Bool(true)),
+                    "n" | "no" | "false" => Some(Value::Bool(false)),
+                    _ => None,
+                },
+                "integer" => line.parse::<i64>().ok().map(Value::from),
+                "number" => line.parse::<f64>().ok().map(Value::from),
+                "array" => Some(Value::Array(
+                    line.split(',')
+                        .map(|item| Value::String(item.trim().to_owned()))
+                        .filter(|item| item.as_str().is_some_and(|s| !s.is_empty()))
+                        .collect(),
+                )),
+                _ => Some(Value::String(line.to_owned())),
+            };
+            match value {
+                Some(value) => {
+                    content.insert(name.clone(), value);
+                    break;
+                }
+                None => eprintln!("  that is not a valid {kind}"),
+            }
+        }
+    }
+    Ok((editor, Some(serde_json::Value::Object(content))))
+}
+
+/// The values a field may take, when it lists them (`enum`, `oneOf`/`anyOf` of `const`s, for
+/// itself or its items).
+fn field_choices(field: &serde_json::Value) -> Vec<String> {
+    let of = |schema: &serde_json::Value| -> Vec<String> {
+        if let Some(values) = schema["enum"].as_array() {
+            return values
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                .collect();
+        }
+        ["oneOf", "anyOf"]
+            .iter()
+            .filter_map(|key| schema[*key].as_array())
+            .flatten()
+            .filter_map(|choice| choice["const"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let own = of(field);
+    if own.is_empty() {
+        of(&field["items"])
+    } else {
+        own
+    }
 }
 
 fn history_file(data: &DataArgs) -> Option<PathBuf> {

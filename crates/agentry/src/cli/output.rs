@@ -106,6 +106,8 @@ impl Printer {
             | RunEvent::ToolCallDelta { .. }
             | RunEvent::AssistantMessage { .. }
             | RunEvent::Nested { .. }
+            | RunEvent::ElicitationRequested { .. }
+            | RunEvent::ElicitationResolved { .. }
             | RunEvent::Usage { .. } => {}
         }
         self.out.flush()

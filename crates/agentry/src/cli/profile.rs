@@ -254,7 +254,13 @@ impl Profile {
             }
         }
         if let Some(store) = store.filter(|_| self.uses_mcp()) {
-            for tool in mcp_tools(store, &self.mcp).await? {
+            for tool in mcp_tools(
+                store,
+                &self.mcp,
+                environment.and_then(|environment| environment.elicitations.as_ref()),
+            )
+            .await?
+            {
                 builder.tool_arc(tool)?;
             }
         }
@@ -278,9 +284,10 @@ const MCP_START_WAIT: Duration = Duration::from_secs(60);
 async fn mcp_tools(
     store: &Store,
     names: &[String],
+    elicitations: Option<&agentry_server::elicitation::Elicitations>,
 ) -> anyhow::Result<Vec<Arc<dyn agentry_core::tool::Tool>>> {
     let manager = start_mcp(store, names).await?;
-    Ok(agentry_server::mcp::tools(&manager))
+    Ok(agentry_server::mcp::tools(&manager, elicitations))
 }
 
 /// Starts the saved MCP servers `names` (none: an empty manager) and waits until each is

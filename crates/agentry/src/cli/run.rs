@@ -88,7 +88,7 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         )
         .await?;
         eprintln!("session: {session}");
-        let manager = session_manager(&store, &profile, data).await?;
+        let manager = session_manager(&store, &profile, data, None).await?;
         let mut request = RunRequest::text(&args.prompt);
         request.system = profile.system.clone();
         request.params = profile.params();
@@ -107,7 +107,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         runtime.stream(agents::request(&run, &args.prompt))?
     } else {
         let (manager, run) =
-            agents::session_manager(&store, &agent, args.profile.sandbox, data).await?;
+            agents::session_manager(&store, &agent, args.profile.sandbox, data, None).await?;
         let (session, _) = open_session(
             &store,
             args.session,

@@ -105,6 +105,7 @@ pub(crate) fn environment(
             sandboxes,
             sandbox_root: Some(home.join("sandboxes")),
             delegation: Default::default(),
+            elicitations: Default::default(),
         })
     }
 }

@@ -17,6 +17,7 @@ use super::data::DataArgs;
 use super::profile::{METADATA_KEY, Profile};
 use super::run::print_run;
 use agentry_server::StoreLog;
+use agentry_server::elicitation::Elicitations;
 
 #[derive(Debug, Args)]
 pub(crate) struct SessionsArgs {
@@ -134,12 +135,14 @@ pub(crate) async fn session_manager(
     store: &Store,
     profile: &Profile,
     data: &DataArgs,
+    elicitations: Option<&Elicitations>,
 ) -> anyhow::Result<SessionManager> {
-    let environment = super::sandbox::environment(
+    let mut environment = super::sandbox::environment(
         profile.sandbox_mode(),
         agentry_sandbox::NetworkPolicy::Off,
         &data.home()?,
     )?;
+    environment.elicitations = elicitations.cloned();
     let manager = SessionManager::new(
         profile.runtime(Some(store), Some(&environment)).await?,
         Arc::new(StoreLog::new(store.clone())),
@@ -222,7 +225,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 .await?
                 .with_context(|| format!("no session {id}"))?;
             let profile = profile.over(Profile::from_metadata(&record.metadata));
-            let manager = session_manager(&store, &profile, data).await?;
+            let manager = session_manager(&store, &profile, data, None).await?;
             match manager.resume(id).await? {
                 Some(stream) => return print_run(stream, json).await,
                 None => eprintln!("session {id} has no interrupted run to resume"),
@@ -237,7 +240,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             let mut worst = ExitCode::SUCCESS;
             for record in store.list_sessions(&query).await? {
                 let profile = Profile::from_metadata(&record.metadata);
-                let manager = session_manager(&store, &profile, data).await?;
+                let manager = session_manager(&store, &profile, data, None).await?;
                 eprintln!("session: {}", record.id);
                 if let Some(stream) = manager.resume(record.id).await? {
                     let code = print_run(stream, json).await?;
