@@ -174,6 +174,40 @@ async fn exercise(manager: &McpManager) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts a call of `tool` that takes elicitations (with `idle` as its idle timeout) and waits
+/// for the server's request for input.
+async fn eliciting_call(
+    manager: &McpManager,
+    tool: &str,
+    arguments: Value,
+    idle: Option<Duration>,
+) -> anyhow::Result<(
+    tokio::task::JoinHandle<Result<agentry_mcp::McpToolResult, agentry_mcp::McpError>>,
+    agentry_mcp::ElicitationRequest,
+)> {
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    let manager = manager.clone();
+    let tool = tool.to_owned();
+    let call = tokio::spawn(async move {
+        manager
+            .call_tool(
+                "everything",
+                &tool,
+                arguments,
+                CallOptions {
+                    timeout: idle,
+                    elicitation: Some(requests_tx),
+                    ..CallOptions::default()
+                },
+            )
+            .await
+    });
+    let request = tokio::time::timeout(Duration::from_secs(20), requests.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no elicitation request"))?;
+    Ok((call, request))
+}
+
 /// The conditional tools are registered after initialisation and announced with
 /// `notifications/tools/list_changed`: the list refreshes. A request for user input during a
 /// call that takes none is declined with our message; during a call that takes them it reaches
@@ -208,27 +242,13 @@ async fn list_changed_and_elicitation(manager: &McpManager) -> anyhow::Result<()
     assert!(said.contains(ELICITATION_DECLINED), "{said}");
 
     // Accepted, after longer than the call's idle timeout.
-    let (requests_tx, mut requests) = mpsc::unbounded_channel();
-    let call = {
-        let manager = manager.clone();
-        tokio::spawn(async move {
-            manager
-                .call_tool(
-                    "everything",
-                    "trigger-elicitation-request",
-                    json!({}),
-                    CallOptions {
-                        timeout: Some(Duration::from_millis(400)),
-                        elicitation: Some(requests_tx),
-                        ..CallOptions::default()
-                    },
-                )
-                .await
-        })
-    };
-    let request = tokio::time::timeout(Duration::from_secs(20), requests.recv())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no elicitation request"))?;
+    let (call, request) = eliciting_call(
+        manager,
+        "trigger-elicitation-request",
+        json!({}),
+        Some(Duration::from_millis(400)),
+    )
+    .await?;
     assert_eq!(request.server, "everything");
     assert!(
         request.message.contains("Please provide"),
@@ -252,51 +272,20 @@ async fn list_changed_and_elicitation(manager: &McpManager) -> anyhow::Result<()
     assert!(said.contains("Agreed to terms: true"), "{said}");
 
     // Declined.
-    let (requests_tx, mut requests) = mpsc::unbounded_channel();
-    let call = {
-        let manager = manager.clone();
-        tokio::spawn(async move {
-            manager
-                .call_tool(
-                    "everything",
-                    "trigger-elicitation-request",
-                    json!({}),
-                    CallOptions {
-                        elicitation: Some(requests_tx),
-                        ..CallOptions::default()
-                    },
-                )
-                .await
-        })
-    };
-    let request = tokio::time::timeout(Duration::from_secs(20), requests.recv())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no elicitation request"))?;
+    let (call, request) =
+        eliciting_call(manager, "trigger-elicitation-request", json!({}), None).await?;
     assert!(request.responder.answer(ElicitationAnswer::Decline));
     let said = text(&call.await??);
     assert!(said.contains("declined"), "{said}");
 
     // A URL request.
-    let (requests_tx, mut requests) = mpsc::unbounded_channel();
-    let call = {
-        let manager = manager.clone();
-        tokio::spawn(async move {
-            manager
-                .call_tool(
-                    "everything",
-                    "trigger-url-elicitation",
-                    json!({"url": "https://example.com/authorize", "message": "Sign in, please"}),
-                    CallOptions {
-                        elicitation: Some(requests_tx),
-                        ..CallOptions::default()
-                    },
-                )
-                .await
-        })
-    };
-    let request = tokio::time::timeout(Duration::from_secs(20), requests.recv())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no elicitation request"))?;
+    let (call, request) = eliciting_call(
+        manager,
+        "trigger-url-elicitation",
+        json!({"url": "https://example.com/authorize", "message": "Sign in, please"}),
+        None,
+    )
+    .await?;
     assert_eq!(request.message, "Sign in, please");
     let ElicitationKind::Url { url, .. } = &request.kind else {
         anyhow::bail!("expected a URL request, got {:?}", request.kind);
