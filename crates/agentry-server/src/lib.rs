@@ -9,6 +9,7 @@
 //! and then its live ones.
 
 pub mod auth;
+pub mod console;
 pub mod delegation;
 pub mod elicitation;
 pub mod error;

@@ -679,6 +679,8 @@ pub struct StoredEvent {
     /// `run_resumed`, `run_finished`).
     #[schema(value_type = Object)]
     pub event: Value,
+    /// When it was committed (Unix milliseconds): the run trace's clock.
+    pub at: u64,
 }
 
 /// `GET /v1/sessions/{id}/events`.

@@ -10,6 +10,7 @@ pub mod config;
 pub mod context;
 pub mod groups;
 pub mod infer;
+pub mod keys;
 pub mod mcp;
 pub mod memories;
 pub mod ops;
@@ -42,18 +43,21 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(mcp::routes())
         .merge(sandboxes::routes())
         .merge(groups::routes())
+        .merge(keys::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.
 ///
 /// `/mcp` (Agentry as an MCP server over streamable HTTP, see [`crate::mcp_endpoint`]) sits
 /// behind the same authentication; it is not in the OpenAPI document, the MCP specification
-/// describes it.
+/// describes it. The web console (`/`, `/console/…`, see [`crate::console`]) is served to
+/// anyone: it asks for a key when the API does.
 pub fn router(state: AppState) -> Router {
     let (documented, _) = documented().split_for_parts();
     let routes = documented
         .merge(status::routes())
         .merge(crate::mcp_endpoint::routes(&state))
+        .merge(crate::console::routes())
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT));

@@ -271,11 +271,19 @@ async fn events(
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query?;
     let record = session(&state, &id).await?;
-    let events: Vec<Value> = stored_events(&state, record.id, query.after)
-        .await?
-        .into_iter()
-        .map(|(seq, event)| json!({"seq": seq, "event": event}))
-        .collect();
+    // The payloads as committed, with their commit time (the run trace's clock); each is
+    // checked to parse as an event, like everywhere else.
+    let stored = state
+        .store
+        .events(record.id, query.after, usize::MAX)
+        .await?;
+    let mut events = Vec::with_capacity(stored.len());
+    for record in stored {
+        let event: SessionEvent = serde_json::from_value(record.payload).map_err(|error| {
+            ApiError::internal(format!("event {} is unreadable: {error}", record.seq))
+        })?;
+        events.push(json!({"seq": record.seq, "event": event, "at": record.created_at}));
+    }
     Ok(Json(json!({ "events": events })))
 }
 

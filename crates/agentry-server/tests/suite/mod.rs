@@ -1,5 +1,6 @@
 mod agents;
 mod config;
+mod console;
 mod context;
 mod delegation;
 mod groups;

@@ -140,6 +140,11 @@ impl MockProvider {
         self.inner.shared.lock().fallback = None;
     }
 
+    /// Drops every queued reply not served yet.
+    pub fn clear_queue(&self) {
+        self.inner.shared.lock().queue.clear();
+    }
+
     /// How many queued replies have not been served yet.
     pub fn pending_replies(&self) -> usize {
         self.inner.shared.lock().queue.len()

@@ -4,6 +4,7 @@ mod client;
 mod delivery;
 mod fixtures;
 mod mcp_servers;
+mod mock_process;
 mod protocol_checks;
 mod recording;
 mod replay;

@@ -1,0 +1,699 @@
+// The chat view: one session's transcript (from its log, then live), the composer (model or
+// agent, tools, template, images), tool capsules, inline approvals and MCP elicitations,
+// nested sub-agent progress, stop / continue / retry / fork.
+
+import { get, post, stream, ApiError } from "./api.js";
+import { h, clear, toast, errorText, json } from "./dom.js";
+import { markdown } from "./markdown.js";
+import { bus } from "./app.js";
+
+const PICK_KEY = "agentry.pick";
+
+function textOf(parts) {
+  return (parts || []).filter((p) => p.type === "text").map((p) => p.text).join("");
+}
+
+function resultText(result) {
+  return (result.content || []).map((part) => {
+    if (part.type === "text") return part.text;
+    if (part.type === "json") return json(part.value);
+    if (part.type === "image") return `[image ${part.media_type || ""}]`;
+    return json(part);
+  }).join("\n");
+}
+
+function preview(value) {
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  return text && text.length > 90 ? `${text.slice(0, 90)}…` : text || "";
+}
+
+/** The transcript: applies committed and live events to the DOM. */
+class Transcript {
+  constructor(root, view) {
+    this.root = root;
+    this.view = view;
+    this.lastSeq = 0;
+    this.capsules = new Map();
+    this.streaming = null;
+    this.runId = null;
+    this.lastUserSeq = 0;
+  }
+
+  clearEmpty() { const empty = this.root.querySelector(".empty"); if (empty) empty.remove(); }
+
+  scroll() {
+    const near = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 160;
+    if (near || this.view.sending) this.root.scrollTop = this.root.scrollHeight;
+  }
+
+  /** A committed event ({seq, event}). */
+  committed(seq, event) {
+    if (seq && seq <= this.lastSeq) return;
+    if (seq) this.lastSeq = seq;
+    this.clearEmpty();
+    switch (event.type) {
+      case "run_started": this.runId = event.run_id; this.removeNotices(); break;
+      case "message": this.userMessage(seq, event.message); break;
+      case "assistant_message": this.assistantMessage(seq, event); break;
+      case "tool_call_intent": this.capsule(event.call.id, event.call.name, event.call.arguments, event.run_id); break;
+      case "tool_call_result": this.toolResult(event); break;
+      case "approval_requested": this.approvalRequested(event); break;
+      case "approval_decided": this.approvalDecided(event); break;
+      case "run_paused": this.notice("Paused.", [["Resume", () => this.view.control("resume")]]); break;
+      case "run_resumed": this.removeNotices(); break;
+      case "context_compacted": this.notice(`Context compacted: ${event.covered} earlier turns ${event.summary ? "summarised" : "dropped"} (${event.tokens_before} → ${event.tokens_after} tokens).`); break;
+      case "group": this.groupEvent(event.event); break;
+      case "run_finished": this.runFinished(event); break;
+      default: break;
+    }
+    this.scroll();
+  }
+
+  removeNotices() { this.root.querySelectorAll(".notice.run-end").forEach((n) => n.remove()); }
+
+  notice(text, actions = [], kind = "") {
+    const el = h("div", { class: `notice run-end ${kind}` }, text,
+      actions.map(([label, fn, testid]) => h("button", { onclick: fn, testid }, label)));
+    this.root.append(el);
+    return el;
+  }
+
+  userMessage(seq, message) {
+    if (!message || message.role !== "user") return;
+    this.lastUserSeq = seq;
+    const images = (message.content || []).filter((p) => p.type === "image");
+    const el = h("div", { class: "message", testid: "message", dataset: { role: "user", seq: String(seq) } },
+      h("div", { class: "bubble" },
+        h("div", { class: "message-text", testid: "message-text" }, textOf(message.content)),
+        images.map((img) => {
+          const src = img.source && (img.source.url || (img.source.data && `data:${img.source.media_type};base64,${img.source.data}`));
+          return src && /^(data:image\/|https?:)/.test(src) ? h("img", { class: "attachment", src, alt: "attached image" }) : null;
+        })),
+      h("div", { class: "actions" },
+        h("button", { testid: "fork", title: "Fork the session from this message", onclick: () => this.view.fork(seq) }, "Fork")));
+    this.root.append(el);
+  }
+
+  /** The live assistant message (created on the first delta). */
+  live() {
+    if (this.streaming) return this.streaming;
+    this.clearEmpty();
+    const text = h("div", { class: "message-text", testid: "message-text" });
+    const el = h("div", { class: "message streaming", testid: "message", dataset: { role: "assistant" } },
+      h("div", { class: "bubble" }, text));
+    this.root.append(el);
+    this.streaming = { el, text, raw: "", thinking: null, thinkingRaw: "", frame: 0 };
+    return this.streaming;
+  }
+
+  delta(text) {
+    const live = this.live();
+    live.raw += text;
+    if (!live.frame) {
+      live.frame = requestAnimationFrame(() => {
+        live.frame = 0;
+        clear(live.text).append(markdown(live.raw));
+        this.scroll();
+      });
+    }
+  }
+
+  thinkingDelta(text) {
+    const live = this.live();
+    if (!live.thinking) {
+      live.thinkingBody = h("div", { class: "body" });
+      live.thinking = h("details", { class: "thinking", testid: "thinking" }, h("summary", {}, "Thinking…"), live.thinkingBody);
+      live.text.before(live.thinking);
+    }
+    live.thinkingRaw += text;
+    live.thinkingBody.textContent = live.thinkingRaw;
+  }
+
+  assistantMessage(seq, event) {
+    let el;
+    let textEl;
+    if (this.streaming) {
+      cancelAnimationFrame(this.streaming.frame);
+      ({ el } = this.streaming);
+      textEl = this.streaming.text;
+      if (this.streaming.thinking) this.streaming.thinking.remove();
+      el.classList.remove("streaming");
+      this.streaming = null;
+    } else {
+      textEl = h("div", { class: "message-text", testid: "message-text" });
+      el = h("div", { class: "message", testid: "message", dataset: { role: "assistant" } }, h("div", { class: "bubble" }, textEl));
+      this.root.append(el);
+    }
+    el.dataset.seq = String(seq);
+    const bubble = el.querySelector(".bubble");
+    clear(textEl).append(markdown(textOf(event.content)));
+    if (!textOf(event.content)) textEl.classList.add("hidden");
+    for (const part of event.content || []) {
+      if (part.type === "thinking") {
+        const body = part.text || part.summary || (part.kind === "redacted" ? "(redacted)" : "");
+        textEl.before(h("details", { class: "thinking", testid: "thinking" }, h("summary", {}, "Thinking"), h("div", { class: "body" }, body)));
+      }
+    }
+    for (const part of event.content || []) {
+      if (part.type === "tool_call") bubble.append(this.capsule(part.id, part.name, part.arguments, event.run_id).el);
+    }
+    this.root.querySelectorAll("[data-testid=retry]").forEach((b) => b.remove());
+    el.querySelector(".actions")?.remove();
+    el.append(h("div", { class: "actions" },
+      h("button", { testid: "fork", title: "Fork the session from here", onclick: () => this.view.fork(seq) }, "Fork"),
+      h("button", { testid: "retry", title: "Answer again (in a fork)", onclick: () => this.view.retry(this.lastUserSeq) }, "Retry")));
+    el.dataset.userSeq = String(this.lastUserSeq);
+  }
+
+  /** The capsule of call `id` of run `runId` (default: the current run): call ids repeat across runs. */
+  capsule(id, name, args, runId = this.runId) {
+    const key = `${runId}/${id}`;
+    let capsule = this.capsules.get(key);
+    if (capsule) return capsule;
+    const state = h("span", { class: "state", testid: "tool-status" }, "running");
+    const argsEl = h("pre", { testid: "tool-args" }, json(args));
+    const resultEl = h("pre", { testid: "tool-result" }, "…");
+    const nested = h("div", { class: "nested" });
+    const extra = h("div", { class: "extra" });
+    const el = h("details", { class: "capsule", testid: "tool-capsule", dataset: { tool: name, state: "running", callId: id } },
+      h("summary", {}, h("span", { class: "name" }, name), h("span", { class: "preview" }, preview(args)), state),
+      h("div", { class: "tool-details", testid: "tool-details" },
+        h("div", { class: "label" }, "Arguments"), argsEl,
+        h("div", { class: "label" }, "Result"), resultEl, nested));
+    el.append(extra);
+    capsule = { el, state, argsEl, resultEl, nested, extra, nestedRuns: new Map() };
+    this.capsules.set(key, capsule);
+    if (!el.isConnected) {
+      const host = this.streaming ? this.streaming.el.querySelector(".bubble") : this.root;
+      host.append(el);
+    }
+    return capsule;
+  }
+
+  setState(capsule, value, label) {
+    capsule.el.dataset.state = value;
+    capsule.state.textContent = label || value;
+  }
+
+  toolResult(event) {
+    const result = event.result;
+    const capsule = this.capsule(result.call_id, result.name || "tool", {}, event.run_id);
+    capsule.resultEl.textContent = resultText(result);
+    this.setState(capsule, result.is_error ? "error" : "ok", `${result.is_error ? "error" : "ok"} · ${event.duration_ms} ms`);
+  }
+
+  approvalRequested(event) {
+    const capsule = this.capsule(event.call.id, event.call.name, event.call.arguments, event.run_id);
+    this.setState(capsule, "waiting", "waiting for approval");
+    this.approvalWidget(capsule, event.run_id, event.call, event.reason);
+  }
+
+  approvalWidget(capsule, runId, call, reason) {
+    if (capsule.approval) return;
+    const reasonInput = h("input", { testid: "reject-reason", placeholder: "Why (the model reads it)", "aria-label": "Reason" });
+    const editArea = h("textarea", { testid: "edit-args", "aria-label": "Arguments (JSON)" }, json(call.arguments));
+    const editBox = h("div", { class: "hidden" }, editArea,
+      h("div", { class: "buttons" }, h("button", { class: "primary", testid: "edit-submit", onclick: () => {
+        let args;
+        try { args = JSON.parse(editArea.value); } catch { toast("The arguments must be JSON", "error"); return; }
+        decide({ decision: "edit", arguments: args });
+      } }, "Run with these arguments")));
+    const buttons = h("div", { class: "buttons" },
+      h("button", { class: "primary", testid: "approve", onclick: () => decide({ decision: "approve" }) }, "Approve"),
+      h("button", { class: "danger", testid: "reject", onclick: () => decide({ decision: "reject", reason: reasonInput.value || undefined }) }, "Reject"),
+      reasonInput,
+      h("button", { testid: "edit", onclick: () => editBox.classList.toggle("hidden") }, "Edit"));
+    const el = h("div", { class: "approval", testid: "approval", dataset: { approvalId: call.id, runId } },
+      h("div", {}, h("strong", {}, `${call.name} needs approval`), reason ? h("span", { class: "muted" }, ` — ${reason}`) : null),
+      buttons, editBox);
+    const decide = async (body) => {
+      el.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+      try {
+        const outcome = await post(`/v1/runs/${runId}/approvals`, { call_id: call.id, ...body });
+        if (outcome.status === "running") this.view.attach();
+      } catch (error) {
+        toast(errorText(error), "error");
+        el.querySelectorAll("button").forEach((b) => { b.disabled = false; });
+      }
+    };
+    capsule.approval = el;
+    capsule.extra.append(el);
+    capsule.el.open = true;
+  }
+
+  approvalDecided(event) {
+    const capsule = this.capsules.get(`${event.run_id}/${event.call_id}`);
+    if (!capsule) return;
+    if (capsule.approval) {
+      const words = { approve: "Approved", reject: "Rejected", edit: "Approved with edited arguments" };
+      clear(capsule.approval).append(h("span", { class: "decided", testid: "approval-decided" },
+        `${words[event.decision] || event.decision}${event.reason ? `: ${event.reason}` : ""}`));
+      capsule.approval.dataset.decided = event.decision;
+    }
+    if (event.decision === "reject") this.setState(capsule, "error", "rejected");
+    else this.setState(capsule, "running");
+    if (event.arguments) capsule.argsEl.textContent = json(event.arguments);
+  }
+
+  /** An MCP server's request for input during a call. */
+  elicitation(data, runId) {
+    const capsule = this.capsule(data.call_id, "tool", {}, runId || this.runId);
+    if (capsule.extra.querySelector(`[data-elicitation-id="${data.elicitation_id}"]`)) return;
+    this.setState(capsule, "waiting", "needs input");
+    const fields = [];
+    const form = h("div", { class: "rows" });
+    const schema = data.requested_schema || {};
+    for (const [name, field] of Object.entries(schema.properties || {})) {
+      const label = field.title || name;
+      let input;
+      const choices = field.enum || (field.oneOf || field.anyOf || []).map((c) => c.const).filter((c) => c !== undefined);
+      if (field.type === "boolean") input = h("input", { type: "checkbox", checked: field.default === true });
+      else if (choices.length) input = h("select", {}, choices.map((c) => h("option", { value: c, selected: c === field.default }, String(c))));
+      else input = h("input", { type: field.type === "integer" || field.type === "number" ? "number" : "text", value: field.default ?? "" });
+      input.dataset.field = name;
+      fields.push([name, field, input]);
+      form.append(h("label", {}, `${label}${(schema.required || []).includes(name) ? " *" : ""} `, input,
+        field.description ? h("span", { class: "hint" }, ` ${field.description}`) : null));
+    }
+    const answer = async (decision) => {
+      const body = { elicitation_id: data.elicitation_id, decision };
+      if (decision === "approve" && data.mode === "form") {
+        body.content = {};
+        for (const [name, field, input] of fields) {
+          if (field.type === "boolean") body.content[name] = input.checked;
+          else if (input.value === "") continue;
+          else if (field.type === "integer") body.content[name] = parseInt(input.value, 10);
+          else if (field.type === "number") body.content[name] = Number(input.value);
+          else if (field.type === "array") body.content[name] = input.value.split(",").map((s) => s.trim()).filter(Boolean);
+          else body.content[name] = input.value;
+        }
+      }
+      try {
+        await post(`/v1/runs/${runId || this.runId}/approvals`, body);
+      } catch (error) { toast(errorText(error), "error"); }
+    };
+    const el = h("div", { class: "approval", testid: "elicitation", dataset: { elicitationId: data.elicitation_id } },
+      h("div", {}, h("strong", {}, `${data.server} asks: `), data.message),
+      data.url ? h("p", {}, h("a", { href: data.url, target: "_blank", rel: "noopener noreferrer" }, data.url)) : null,
+      form,
+      h("div", { class: "buttons" },
+        h("button", { class: "primary", testid: "approve", onclick: () => answer("approve") }, data.mode === "url" ? "Done" : "Send"),
+        h("button", { class: "danger", testid: "reject", onclick: () => answer("reject") }, "Decline")));
+    capsule.extra.append(el);
+    capsule.el.open = true;
+  }
+
+  elicitationResolved(data) {
+    this.root.querySelectorAll(`[data-elicitation-id="${data.elicitation_id}"]`).forEach((el) => el.remove());
+    const capsule = this.capsules.get(`${this.runId}/${data.call_id}`);
+    if (capsule && capsule.el.dataset.state === "waiting") this.setState(capsule, "running");
+  }
+
+  /** A sub-agent's event, inside the capsule of the call that started it. */
+  nested(data) {
+    const capsule = this.capsule(data.call_id, "delegate", {});
+    let run = capsule.nestedRuns.get(data.session_id);
+    if (!run) {
+      const text = h("div", { class: "message-text" });
+      const el = h("div", { class: "nested-run", testid: "nested-run", dataset: { sessionId: data.session_id } },
+        h("div", { class: "who" }, `${data.agent_id || "sub-agent"} · depth ${data.depth} · `,
+          h("a", { href: `#/chat/${data.session_id}` }, "open")), text);
+      capsule.nested.append(el);
+      run = { el, text, raw: "", steps: h("div") };
+      el.append(run.steps);
+      capsule.nestedRuns.set(data.session_id, run);
+    }
+    const inner = data.event;
+    if (inner.type === "text_delta") { run.raw += inner.text; clear(run.text).append(markdown(run.raw)); }
+    else if (inner.type === "nested") {
+      // A grandchild: shown under the child's run as a line.
+      run.steps.append(h("div", { class: "who" }, `↳ ${inner.agent_id || "sub-agent"}: ${inner.event.type}`));
+    } else if (inner.type === "tool_call_started") run.steps.append(h("div", { class: "who" }, `→ ${inner.call?.name || inner.name || "tool"}`));
+    else if (inner.type === "committed" && inner.event?.type === "tool_call_intent") run.steps.append(h("div", { class: "who" }, `→ ${inner.event.call.name}`));
+    else if (inner.type === "assistant_message") { run.raw = textOf(inner.content) || run.raw; clear(run.text).append(markdown(run.raw)); }
+    else if (inner.type === "run_finished" || inner.type === "run_failed") run.el.dataset.done = "true";
+    capsule.el.open = true;
+  }
+
+  groupEvent(event) {
+    if (event.kind === "message" || event.type === "message") {
+      this.root.append(h("div", { class: "message", testid: "message", dataset: { role: "assistant" } },
+        h("div", { class: "who muted" }, event.agent_id || event.member || "member"),
+        h("div", { class: "bubble" }, h("div", { class: "message-text", testid: "message-text" }, markdown(event.text || "")))));
+    }
+  }
+
+  runFinished(event) {
+    if (this.streaming) {
+      this.streaming.el.classList.remove("streaming");
+      if (!this.streaming.raw) this.streaming.el.remove();
+      this.streaming = null;
+    }
+    for (const capsule of this.capsules.values()) {
+      if (capsule.el.dataset.state === "running") this.setState(capsule, "error", "interrupted");
+    }
+    const reason = event.stop_reason;
+    if (event.error) {
+      this.notice(`The run failed: ${event.error.message || event.error.code}`,
+        [["Retry", () => this.view.retry(this.lastUserSeq), "retry-run"], ["Continue", () => this.view.continueRun(), "continue"]], "error");
+    } else if (reason === "cancelled") {
+      this.notice("Stopped.", [["Continue", () => this.view.continueRun(), "continue"]]);
+    } else if (reason && reason !== "completed") {
+      this.notice(`The run ended: ${reason.replace(/_/g, " ")}.`, [["Continue", () => this.view.continueRun(), "continue"]]);
+    }
+  }
+}
+
+export class ChatView {
+  constructor(root, sessionId, sidebar) {
+    this.root = root;
+    this.sessionId = sessionId;
+    this.sidebar = sidebar;
+    this.controller = null;
+    this.sending = false;
+    this.images = [];
+    this.closed = false;
+    this.build();
+    this.onStatus = (event) => this.statusChanged(event.detail);
+    bus.addEventListener("status", this.onStatus);
+    this.onKey = (event) => {
+      if (event.key === "Escape" && this.controller) { event.preventDefault(); this.stop(); }
+    };
+    document.addEventListener("keydown", this.onKey);
+    this.loadPickers();
+    if (sessionId) this.load();
+  }
+
+  close() {
+    this.closed = true;
+    bus.removeEventListener("status", this.onStatus);
+    document.removeEventListener("keydown", this.onKey);
+    if (this.controller) this.controller.abort();
+  }
+
+  build() {
+    this.title = h("h1", {}, this.sessionId ? "…" : "New chat");
+    this.traceLink = h("a", { testid: "open-trace", href: this.sessionId ? `#/trace/${this.sessionId}` : "#/chat", class: this.sessionId ? "" : "hidden" }, "Trace");
+    this.transcriptEl = h("div", { class: "transcript", role: "log", "aria-live": "polite" },
+      this.sessionId ? null : h("div", { class: "empty" }, h("h2", {}, "What should we work on?"), h("p", {}, "Pick a model or an agent, then write below. Ctrl+Enter sends, Esc stops.")));
+    this.transcript = new Transcript(this.transcriptEl, this);
+    this.picker = h("select", { testid: "model-picker", "aria-label": "Model or agent", onchange: () => this.pickChanged() });
+    this.toolMenu = h("div", { class: "menu-list hidden" });
+    this.toolButton = h("button", { type: "button", onclick: () => this.toolMenu.classList.toggle("hidden") }, "All tools");
+    this.templatePicker = h("select", { testid: "template-picker", "aria-label": "Prompt template", onchange: () => this.templateChanged() }, h("option", { value: "" }, "No template"));
+    this.vars = h("div", { class: "vars" });
+    this.thumbs = h("div", { class: "thumbs" });
+    this.input = h("textarea", { testid: "composer", rows: 2, placeholder: "Message…", "aria-label": "Message",
+      onkeydown: (event) => {
+        if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); this.send(); }
+      },
+      oninput: () => { this.input.style.height = "auto"; this.input.style.height = `${Math.min(this.input.scrollHeight, 240)}px`; },
+      onpaste: (event) => this.paste(event) });
+    this.attach_ = h("input", { type: "file", accept: "image/*", multiple: true, testid: "attach", class: "hidden", onchange: () => this.addFiles(this.attach_.files) });
+    this.sendButton = h("button", { class: "primary", testid: "send", onclick: () => this.send(), title: "Send (Ctrl+Enter)" }, "Send");
+    this.stopButton = h("button", { class: "danger hidden", testid: "stop", onclick: () => this.stop(), title: "Stop (Esc)" }, "Stop");
+    this.root.append(h("div", { class: "chat", testid: "chat" },
+      h("div", { class: "chat-head" }, this.title, this.traceLink),
+      this.transcriptEl,
+      h("div", { class: "composer" },
+        h("div", { class: "options" }, this.picker,
+          h("div", { class: "tool-picker", testid: "tool-picker" }, this.toolButton, this.toolMenu),
+          this.templatePicker,
+          h("button", { type: "button", onclick: () => this.attach_.click(), title: "Attach images" }, "Attach"), this.attach_),
+        this.vars, this.thumbs,
+        h("div", { class: "input-row" }, this.input, this.stopButton, this.sendButton),
+        h("div", { class: "hint" }, "Ctrl+Enter to send · Esc to stop · paste images"))));
+  }
+
+  async loadPickers() {
+    const [models, agents, tools, templates] = await Promise.all([
+      get("/v1/models").catch(() => ({ models: [] })),
+      get("/v1/agents").catch(() => ({ agents: [] })),
+      get("/v1/tools").catch(() => ({ tools: [] })),
+      get("/v1/prompt-templates").catch(() => ({ templates: [] })),
+    ]);
+    if (this.closed) return;
+    const saved = localStorage.getItem(PICK_KEY);
+    clear(this.picker).append(
+      h("optgroup", { label: "Models" }, (models.models || []).map((m) => h("option", { value: `model:${m.id}` }, `${m.id} (${m.model_name})`))),
+      h("optgroup", { label: "Agents" }, (agents.agents || []).map((a) => h("option", { value: `agent:${a.id}` }, `${a.nickname ? `@${a.nickname}` : a.id} — agent`))));
+    if (saved && [...this.picker.options].some((o) => o.value === saved)) this.picker.value = saved;
+    if (!this.picker.options.length) this.picker.append(h("option", { value: "" }, "No model yet — add one in Settings"));
+    clear(this.toolMenu).append(h("div", { class: "hint" }, "None checked: every tool (or the agent's)."),
+      ...(tools.tools || []).map((tool) => h("label", { title: tool.description },
+        h("input", { type: "checkbox", dataset: { tool: tool.name }, onchange: () => this.toolsChanged() }), tool.name)));
+    for (const template of templates.templates || []) {
+      const name = template.name || template;
+      this.templatePicker.append(h("option", { value: name }, name));
+    }
+    this.pickChanged();
+  }
+
+  pickChanged() {
+    if (this.picker.value) localStorage.setItem(PICK_KEY, this.picker.value);
+    const agent = this.picker.value.startsWith("agent:");
+    this.toolButton.disabled = agent;
+    this.toolButton.title = agent ? "The agent's tools" : "Tools offered";
+  }
+
+  toolsChanged() {
+    const n = this.toolMenu.querySelectorAll("input:checked").length;
+    this.toolButton.textContent = n ? `${n} tool${n > 1 ? "s" : ""}` : "All tools";
+  }
+
+  async templateChanged() {
+    clear(this.vars);
+    const name = this.templatePicker.value;
+    if (!name) return;
+    try {
+      const data = await get(`/v1/prompt-templates/${encodeURIComponent(name)}/variables`);
+      for (const variable of data.variables || []) {
+        this.vars.append(h("input", { dataset: { var: variable }, placeholder: variable, "aria-label": variable }));
+      }
+    } catch (error) { toast(errorText(error), "error"); }
+  }
+
+  paste(event) {
+    const files = [...(event.clipboardData?.files || [])].filter((f) => f.type.startsWith("image/"));
+    if (files.length) { event.preventDefault(); this.addFiles(files); }
+  }
+
+  addFiles(files) {
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) continue;
+      if (file.size > 3 * 1024 * 1024) { toast(`${file.name} is over 3 MB`, "error"); continue; }
+      const reader = new FileReader();
+      reader.onload = () => {
+        this.images.push(reader.result);
+        this.thumbs.append(h("img", { src: reader.result, alt: file.name, title: "Click to remove", onclick: (event) => {
+          const i = [...this.thumbs.children].indexOf(event.target);
+          this.images.splice(i, 1);
+          event.target.remove();
+        } }));
+      };
+      reader.readAsDataURL(file);
+    }
+    this.attach_.value = "";
+  }
+
+  async load() {
+    try {
+      const [detail, events] = await Promise.all([
+        get(`/v1/sessions/${this.sessionId}`),
+        get(`/v1/sessions/${this.sessionId}/events`),
+      ]);
+      if (this.closed) return;
+      this.title.textContent = detail.session.title || "Untitled";
+      if (this.sidebar) this.sidebar.upsert(detail.session);
+      for (const item of events.events || []) this.transcript.committed(item.seq, item.event);
+      if (!(events.events || []).length) this.transcriptEl.append(h("div", { class: "empty" }, "This session is empty."));
+      const status = detail.session.status;
+      if (status === "running") this.attach();
+      else if (status === "waiting") this.loadApprovals();
+      this.transcriptEl.scrollTop = this.transcriptEl.scrollHeight;
+    } catch (error) {
+      this.transcriptEl.append(h("div", { class: "notice error" }, errorText(error)));
+    }
+  }
+
+  /** Shows what waits in the session (calls and elicitations), e.g. after a reload. */
+  async loadApprovals() {
+    try {
+      const waiting = await get(`/v1/sessions/${this.sessionId}/approvals`);
+      for (const pending of waiting.pending || []) {
+        const capsule = this.transcript.capsule(pending.call.id, pending.call.name, pending.call.arguments, waiting.run_id);
+        this.transcript.setState(capsule, "waiting", "waiting for approval");
+        this.transcript.approvalWidget(capsule, waiting.run_id, pending.call, pending.reason);
+      }
+      for (const asked of waiting.elicitations || []) this.transcript.elicitation(asked, asked.run_id);
+    } catch { /* not waiting */ }
+  }
+
+  statusChanged(change) {
+    if (!this.sessionId || change.session_id !== this.sessionId) return;
+    if (change.title) this.title.textContent = change.title;
+    else if (this.title.textContent === "New chat") {
+      get(`/v1/sessions/${this.sessionId}`).then((detail) => {
+        if (detail.session.title && !this.closed) this.title.textContent = detail.session.title;
+      }).catch(() => {});
+    }
+    if (change.status === "running" && !this.controller) this.attach();
+    if (change.status === "waiting") this.loadApprovals();
+  }
+
+  setBusy(busy) {
+    this.stopButton.classList.toggle("hidden", !busy);
+    this.sendButton.disabled = busy;
+  }
+
+  /** Follows the session's live run (a second tab, a reload, an approved call). */
+  async attach() {
+    if (!this.sessionId || this.controller || this.closed) return;
+    const controller = new AbortController();
+    this.controller = controller;
+    this.setBusy(true);
+    try {
+      await stream("GET", `/v1/sessions/${this.sessionId}/stream?after=${this.transcript.lastSeq}`, undefined,
+        (name, data) => this.event(name, data), { signal: controller.signal });
+    } catch (error) {
+      if (!controller.signal.aborted) toast(errorText(error), "error");
+    } finally {
+      if (this.controller === controller) { this.controller = null; this.setBusy(false); }
+    }
+  }
+
+  event(name, data) {
+    const t = this.transcript;
+    if (data && typeof data === "object" && "seq" in data && data.event) { t.committed(data.seq, data.event); return; }
+    switch (name) {
+      case "delta.text": t.delta(data.text); break;
+      case "delta.thinking": t.thinkingDelta(data.text); break;
+      case "nested": t.nested(data); break;
+      case "elicitation.requested": t.elicitation(data, t.runId); break;
+      case "elicitation.resolved": t.elicitationResolved(data); break;
+      case "run.waiting": {
+        const event = data.event || data;
+        for (const pending of event.pending || []) {
+          const capsule = t.capsule(pending.call.id, pending.call.name, pending.call.arguments, event.run_id);
+          t.setState(capsule, "waiting", "waiting for approval");
+          t.approvalWidget(capsule, event.run_id, pending.call, pending.reason);
+        }
+        break;
+      }
+      case "error": toast(data.message || errorText(data), "error"); break;
+      default: break;
+    }
+  }
+
+  requestBody() {
+    const pick = this.picker.value;
+    const body = { session_id: this.sessionId || "new", cancel_on_disconnect: false };
+    if (pick.startsWith("agent:")) body.agent_id = pick.slice(6);
+    else if (pick.startsWith("model:")) body.model_id = pick.slice(6);
+    const tools = [...this.toolMenu.querySelectorAll("input:checked")].map((i) => i.dataset.tool);
+    if (tools.length && !body.agent_id) body.tool_ids = tools;
+    const text = this.input.value.trim();
+    const template = this.templatePicker.value;
+    if (template) {
+      const args = {};
+      this.vars.querySelectorAll("input[data-var]").forEach((i) => { args[i.dataset.var] = i.value; });
+      body.messages = [{ role: "user", prompt_template: template, arguments: args, images: this.images }];
+    } else if (this.images.length) {
+      body.messages = [{ role: "user", content: text, images: this.images }];
+    } else {
+      body.text = text;
+    }
+    return { body, empty: !text && !template && !this.images.length };
+  }
+
+  async send() {
+    if (this.controller) return;
+    const { body, empty } = this.requestBody();
+    if (empty) { this.input.focus(); return; }
+    if (!body.model_id && !body.agent_id) { toast("Add a model in Settings first.", "error"); return; }
+    const controller = new AbortController();
+    this.controller = controller;
+    this.sending = true;
+    this.setBusy(true);
+    const sentText = this.input.value;
+    this.input.value = "";
+    this.images = [];
+    clear(this.thumbs);
+    try {
+      await stream("POST", "/v1/infer/stream", body, (name, data) => {
+        if (name === "session" && data.session_id) this.adopt(data.session_id);
+        else this.event(name, data);
+      }, { signal: controller.signal });
+    } catch (error) {
+      if (!controller.signal.aborted) {
+        if (error instanceof ApiError && !this.transcript.lastSeq) this.input.value = sentText;
+        toast(errorText(error), "error");
+      }
+    } finally {
+      this.sending = false;
+      if (this.controller === controller) { this.controller = null; this.setBusy(false); }
+    }
+  }
+
+  /** The run made a new session: it becomes this view's, without reloading. */
+  adopt(id) {
+    if (this.sessionId === id) return;
+    this.sessionId = id;
+    history.replaceState(null, "", `#/chat/${id}`);
+    this.traceLink.href = `#/trace/${id}`;
+    this.traceLink.classList.remove("hidden");
+    this.title.textContent = "New chat";
+    if (this.sidebar) {
+      this.sidebar.upsert({ id, title: null, status: "running", last_activity: Date.now(), created_at: Date.now() });
+      this.sidebar.select(id);
+    }
+  }
+
+  async stop() {
+    if (!this.sessionId) { if (this.controller) this.controller.abort(); return; }
+    try {
+      await post("/v1/infer/abort", { session_id: this.sessionId });
+    } catch (error) {
+      if (this.controller) this.controller.abort();
+      toast(errorText(error), "error");
+    }
+  }
+
+  async control(action) {
+    const runId = this.transcript.runId;
+    if (!runId) return;
+    try {
+      await post(`/v1/runs/${runId}/${action}`);
+      this.attach();
+    } catch (error) { toast(errorText(error), "error"); }
+  }
+
+  async continueRun() {
+    try {
+      await post(`/v1/sessions/${this.sessionId}/continue`);
+      this.transcript.removeNotices();
+      this.attach();
+    } catch (error) { toast(errorText(error), "error"); }
+  }
+
+  async fork(seq) {
+    try {
+      const fork = await post(`/v1/sessions/${this.sessionId}/fork`, { at_seq: seq });
+      const id = fork.session_id || fork.id || (fork.session && fork.session.id);
+      toast("Forked.");
+      location.hash = `#/chat/${id}`;
+      return id;
+    } catch (error) { toast(errorText(error), "error"); return null; }
+  }
+
+  /** Answers the last user message again, in a fork that ends with it. */
+  async retry(userSeq) {
+    if (!userSeq) return;
+    try {
+      const fork = await post(`/v1/sessions/${this.sessionId}/fork`, { at_seq: userSeq });
+      const id = fork.session_id || fork.id || (fork.session && fork.session.id);
+      await post(`/v1/sessions/${id}/continue`);
+      location.hash = `#/chat/${id}`;
+    } catch (error) { toast(errorText(error), "error"); }
+  }
+}

@@ -1,0 +1,283 @@
+// Settings: models (with a connection test), tools (with a call test), MCP servers, skills,
+// prompt templates, agents, secrets (write-only), API keys, sandbox capabilities.
+// Each form's inputs are named after the API body's fields; list fields take comma-separated
+// text, object fields JSON.
+
+import { get, post, del } from "./api.js";
+import { h, clear, toast, errorText, json, time } from "./dom.js";
+
+const SECTIONS = [
+  ["models", "Models"], ["tools", "Tools"], ["mcp", "MCP servers"], ["skills", "Skills"],
+  ["templates", "Templates"], ["agents", "Agents"], ["secrets", "Secrets"], ["keys", "API keys"],
+  ["sandbox", "Sandbox"],
+];
+
+const list = (text) => text.split(",").map((s) => s.trim()).filter(Boolean);
+
+function field(label, input, wide = false) {
+  return h("label", { class: wide ? "wide" : "" }, label, input);
+}
+
+/** A form whose submit runs `save(values)`; `values` maps input names to their text. */
+function form(testid, fields, save, submitLabel = "Save") {
+  const error = h("div", { class: "form-error", testid: "form-error", role: "alert" });
+  const el = h("form", { class: "grid", testid, onsubmit: async (event) => {
+    event.preventDefault();
+    error.textContent = "";
+    const values = {};
+    for (const input of el.querySelectorAll("[name]")) values[input.name] = input.type === "checkbox" ? input.checked : input.value.trim();
+    try {
+      await save(values, el);
+    } catch (err) {
+      error.textContent = errorText(err);
+    }
+  } }, fields, h("div", { class: "form-actions" }, h("button", { class: "primary", type: "submit", testid: "save" }, submitLabel), error));
+  return el;
+}
+
+function parseJson(text, what) {
+  if (!text) return undefined;
+  try { return JSON.parse(text); } catch { throw new Error(`${what} must be JSON`); }
+}
+
+function row(id, meta, ...actions) {
+  return h("div", { class: "row", testid: "row", dataset: { id } }, h("span", { class: "id" }, id), h("span", { class: "meta" }, meta), ...actions);
+}
+
+function deleteButton(path, reload, what) {
+  return h("button", { class: "danger", testid: "delete", onclick: async () => {
+    if (!confirm(`Delete ${what}?`)) return;
+    try { await del(path); toast(`Deleted ${what}.`); reload(); } catch (error) { toast(errorText(error), "error"); }
+  } }, "Delete");
+}
+
+export class SettingsView {
+  constructor(root, section) {
+    this.root = root;
+    this.section = SECTIONS.some(([key]) => key === section) ? section : "models";
+    this.body = h("section", {});
+    root.append(h("div", { class: "page" }, h("div", { class: "settings", testid: "settings" },
+      h("nav", { "aria-label": "Settings" }, SECTIONS.map(([key, label]) =>
+        h("a", { href: `#/settings/${key}`, testid: `settings-${key}`, class: key === this.section ? "active" : "" }, label))),
+      this.body)));
+    this.render();
+  }
+
+  async render() {
+    const reload = () => this.render();
+    const title = SECTIONS.find(([key]) => key === this.section)[1];
+    const content = h("div");
+    clear(this.body).append(h("h2", {}, title), content);
+    try {
+      await this[this.section](content, reload);
+    } catch (error) {
+      content.append(h("div", { class: "form-error load-error", role: "alert" }, errorText(error)));
+    }
+  }
+
+  async models(root, reload) {
+    const { models } = await get("/v1/models");
+    root.append(h("div", { class: "card" }, h("div", { class: "rows" }, models.length ? models.map((m) => {
+      const result = h("span", { class: "result", testid: "test-result" });
+      return row(m.id, `${m.protocol} · ${m.model_name}${m.base_url ? ` · ${m.base_url}` : ""}${m.context_window ? ` · ${m.context_window} tokens` : ""}`,
+        result,
+        h("button", { testid: "test", onclick: async () => {
+          result.textContent = "testing…";
+          delete result.dataset.ok;
+          try {
+            const outcome = await post(`/v1/models/${encodeURIComponent(m.id)}/test`);
+            result.dataset.ok = String(outcome.ok !== false);
+            result.textContent = outcome.ok === false ? `failed: ${outcome.error || ""}` : `ok · ${outcome.latency_ms} ms`;
+          } catch (error) {
+            result.dataset.ok = "false";
+            result.textContent = errorText(error);
+          }
+        } }, "Test"),
+        deleteButton(`/v1/models/${encodeURIComponent(m.id)}`, reload, `model ${m.id}`));
+    }) : h("p", { class: "muted" }, "No model yet."))));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Add a model"), form("model-form", [
+      field("Id", h("input", { name: "id", required: true, placeholder: "gpt" })),
+      field("Protocol", h("select", { name: "protocol" }, ["openai", "anthropic", "ollama"].map((p) => h("option", { value: p }, p)))),
+      field("Model name", h("input", { name: "model_name", required: true, placeholder: "gpt-4.1-mini" })),
+      field("Base URL", h("input", { name: "base_url", placeholder: "https://api.openai.com/v1" })),
+      field("API key secret (a secret's name)", h("input", { name: "api_key_secret", placeholder: "OPENAI_API_KEY" })),
+      field("Context window (tokens)", h("input", { name: "context_window", type: "number", min: 256 })),
+    ], async (v) => {
+      const body = { id: v.id, protocol: v.protocol, model_name: v.model_name };
+      if (v.base_url) body.base_url = v.base_url;
+      if (v.api_key_secret) body.api_key_secret = v.api_key_secret;
+      if (v.context_window) body.context_window = Number(v.context_window);
+      await post("/v1/models", body);
+      toast(`Model ${v.id} added.`);
+      reload();
+    })));
+  }
+
+  async tools(root, reload) {
+    const { tools } = await get("/v1/tools");
+    root.append(h("div", { class: "card" }, h("div", { class: "rows" }, tools.map((tool) => {
+      const args = h("textarea", { name: "arguments", "aria-label": `Arguments of ${tool.name}`, rows: 2 }, "{}");
+      const result = h("pre", { class: "result hidden", testid: "call-result" });
+      const box = h("div", { class: "hidden", style: "flex-basis: 100%" }, args,
+        h("button", { class: "primary", onclick: async () => {
+          result.classList.remove("hidden");
+          result.textContent = "calling…";
+          try {
+            const outcome = await post("/v1/tools/call", { tool_id: tool.name, arguments: parseJson(args.value, "The arguments") || {} });
+            result.dataset.ok = "true";
+            result.textContent = typeof outcome.result === "string" ? outcome.result : json(outcome);
+          } catch (error) {
+            result.dataset.ok = "false";
+            result.textContent = errorText(error);
+          }
+        } }, "Run"), result);
+      return h("div", { class: "row", testid: "row", dataset: { id: tool.name } },
+        h("span", { class: "id" }, tool.name), h("span", { class: "meta", title: tool.description }, `${tool.kind} · ${tool.description || ""}`),
+        h("button", { testid: "call", onclick: () => box.classList.toggle("hidden") }, "Call"),
+        tool.kind === "builtin" || tool.kind === "mcp" || tool.kind === "skill" ? null : deleteButton(`/v1/tools/${encodeURIComponent(tool.name)}`, reload, `tool ${tool.name}`),
+        box);
+    }))));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Add a tool"),
+      h("p", { class: "muted" }, "An HTTP endpoint or a command, as the API's tool definition (JSON)."),
+      form("tool-form", [
+        field("Definition", h("textarea", { name: "definition", rows: 6, placeholder: '{"name": "weather", "description": "…", "kind": "http", "url": "https://…", "parameters": {"type": "object", "properties": {}}}' }), true),
+      ], async (v) => {
+        const definition = parseJson(v.definition, "The definition");
+        await post("/v1/tools", definition);
+        toast(`Tool ${definition.name} added.`);
+        reload();
+      })));
+  }
+
+  async mcp(root, reload) {
+    const { servers } = await get("/v1/mcp-servers");
+    root.append(h("div", { class: "card" }, h("div", { class: "rows" }, servers.length ? servers.map((s) =>
+      row(s.name, `${s.state} · ${s.transport} · ${s.tool_count} tools${s.protocol_version ? ` · ${s.protocol_version}` : ""}${s.last_error ? ` · ${s.last_error}` : ""}`,
+        h("button", { onclick: async () => { try { await post(`/v1/mcp-servers/${encodeURIComponent(s.name)}/restart`); toast("Restarting."); reload(); } catch (e) { toast(errorText(e), "error"); } } }, "Restart"),
+        deleteButton(`/v1/mcp-servers/${encodeURIComponent(s.name)}`, reload, `server ${s.name}`)))
+      : h("p", { class: "muted" }, "No MCP server yet."))));
+    const tools = await get("/v1/tools");
+    const mcpTools = (tools.tools || []).filter((t) => t.kind === "mcp" || t.name.includes("__"));
+    if (mcpTools.length) root.append(h("div", { class: "card" }, h("h3", {}, "Their tools"), h("ul", {}, mcpTools.map((t) => h("li", {}, h("code", {}, t.name), ` — ${t.description || ""}`)))));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Add a server"), form("mcp-form", [
+      field("Name", h("input", { name: "name", required: true, placeholder: "files" })),
+      field("Command (stdio)", h("input", { name: "command", placeholder: "npx" })),
+      field("Arguments (comma-separated)", h("input", { name: "args", placeholder: "-y, @modelcontextprotocol/server-filesystem, /data" })),
+      field("URL (streamable HTTP)", h("input", { name: "url", placeholder: "https://…/mcp" })),
+    ], async (v) => {
+      const server = v.url ? { url: v.url } : { command: v.command, args: list(v.args) };
+      await post("/v1/tools/mcp", { mcpServers: { [v.name]: server } });
+      toast(`Server ${v.name} added.`);
+      reload();
+    })));
+  }
+
+  async skills(root) {
+    const [{ agents }, { tools }] = await Promise.all([get("/v1/agents"), get("/v1/tools")]);
+    const skillTools = (tools || []).filter((t) => t.kind === "skill");
+    const withSkills = (agents || []).filter((a) => (a.skills || []).length);
+    root.append(h("div", { class: "card" },
+      h("p", { class: "muted" }, "A skill is a folder holding SKILL.md (name, description, instructions). Give an agent skill folders in its settings; the model sees each skill's name and description and opens it when needed."),
+      h("div", { class: "rows" },
+        skillTools.map((t) => row(t.name, t.description || "")),
+        withSkills.map((a) => row(a.id, `agent skills: ${a.skills.join(", ")}`)),
+        !skillTools.length && !withSkills.length ? h("p", { class: "muted" }, "No skill yet.") : null)));
+  }
+
+  async templates(root, reload) {
+    const { templates } = await get("/v1/prompt-templates");
+    root.append(h("div", { class: "card" }, h("div", { class: "rows" }, templates.length ? templates.map((t) =>
+      row(t.name, (t.template || "").slice(0, 120), deleteButton(`/v1/prompt-templates/${encodeURIComponent(t.name)}`, reload, `template ${t.name}`)))
+      : h("p", { class: "muted" }, "No template yet."))));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Add a template"), h("p", { class: "muted" }, "Jinja syntax: {{ variable }}; the chat asks for each variable."), form("template-form", [
+      field("Name", h("input", { name: "name", required: true, placeholder: "review" })),
+      field("Template", h("textarea", { name: "template", required: true, rows: 5, placeholder: "Review this {{ language }} code:\n{{ code }}" }), true),
+    ], async (v) => {
+      await post("/v1/prompt-templates", { name: v.name, template: v.template });
+      toast(`Template ${v.name} added.`);
+      reload();
+    })));
+  }
+
+  async agents(root, reload) {
+    const [{ agents }, { models }] = await Promise.all([get("/v1/agents"), get("/v1/models")]);
+    root.append(h("div", { class: "card" }, h("div", { class: "rows" }, agents.length ? agents.map((a) =>
+      row(a.id, `${a.nickname ? `@${a.nickname} · ` : ""}${a.model_id}${(a.tool_ids || []).length ? ` · tools: ${a.tool_ids.join(", ")}` : ""}${(a.labels || []).length ? ` · ${a.labels.join(", ")}` : ""}`,
+        deleteButton(`/v1/agents/${encodeURIComponent(a.id)}`, reload, `agent ${a.id}`)))
+      : h("p", { class: "muted" }, "No agent yet."))));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Add an agent"), form("agent-form", [
+      field("Id", h("input", { name: "id", required: true, placeholder: "researcher" })),
+      field("Nickname", h("input", { name: "nickname", placeholder: "res" })),
+      field("Model", h("select", { name: "model_id", required: true }, models.map((m) => h("option", { value: m.id }, m.id)))),
+      field("Fallback models (comma-separated)", h("input", { name: "fallback_model_ids" })),
+      field("Tools (comma-separated)", h("input", { name: "tool_ids", placeholder: "fetch, read_file" })),
+      field("Labels (comma-separated)", h("input", { name: "labels" })),
+      field("Skill folders (comma-separated)", h("input", { name: "skills" })),
+      field("MCP servers (comma-separated)", h("input", { name: "mcp_servers" })),
+      field("Max tool rounds", h("input", { name: "max_tool_rounds", type: "number", min: 1 })),
+      field("System prompt", h("textarea", { name: "system", rows: 4 }), true),
+      field("Approvals (JSON)", h("textarea", { name: "approvals", rows: 3, placeholder: '{"tools": {"exec": "always"}}' }), true),
+    ], async (v) => {
+      const body = { id: v.id, model_id: v.model_id, tool_ids: list(v.tool_ids), labels: list(v.labels),
+        fallback_model_ids: list(v.fallback_model_ids), skills: list(v.skills), mcp_servers: list(v.mcp_servers) };
+      if (v.nickname) body.nickname = v.nickname;
+      if (v.system) body.system = v.system;
+      if (v.max_tool_rounds) body.max_tool_rounds = Number(v.max_tool_rounds);
+      const approvals = parseJson(v.approvals, "Approvals");
+      if (approvals) body.approvals = approvals;
+      await post("/v1/agents", body);
+      toast(`Agent ${v.id} added.`);
+      reload();
+    })));
+  }
+
+  async secrets(root, reload) {
+    const { secrets } = await get("/v1/env");
+    root.append(h("div", { class: "card" }, h("p", { class: "muted" }, "Secrets are write-only: their values are never shown again."),
+      h("div", { class: "rows" }, secrets.length ? secrets.map((s) => row(s.name, s.masked || s.value || "••••",
+        deleteButton(`/v1/env/${encodeURIComponent(s.name)}`, reload, `secret ${s.name}`)))
+        : h("p", { class: "muted" }, "No secret yet."))));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Set a secret"), form("secret-form", [
+      field("Name", h("input", { name: "name", required: true, placeholder: "OPENAI_API_KEY" })),
+      field("Value", h("input", { name: "value", type: "password", required: true, autocomplete: "off" })),
+    ], async (v) => {
+      await post("/v1/env", { name: v.name, value: v.value });
+      toast(`Secret ${v.name} saved.`);
+      reload();
+    })));
+  }
+
+  async keys(root, reload) {
+    const { keys, auth_enabled: enabled } = await get("/v1/api-keys");
+    root.append(h("div", { class: "card" },
+      h("p", { class: "muted" }, enabled ? "Authentication is on: the API needs a key (or this console's login)." : "Authentication is off: creating a key turns it on."),
+      h("div", { class: "rows" }, keys.length ? keys.map((k) => row(k.id, `${k.label || "(no label)"} · ${time(k.created_at)}${k.revoked ? " · revoked" : ""}`,
+        k.revoked ? null : h("button", { class: "danger", testid: "delete", onclick: async () => {
+          if (!confirm(`Revoke key ${k.id}?`)) return;
+          try { await del(`/v1/api-keys/${k.id}`); reload(); } catch (error) { toast(errorText(error), "error"); }
+        } }, "Revoke")))
+        : h("p", { class: "muted" }, "No key yet."))));
+    const shown = h("div");
+    root.append(h("div", { class: "card" }, h("h3", {}, "Create a key"), form("key-form", [
+      field("Label", h("input", { name: "label", placeholder: "ci" })),
+    ], async (v) => {
+      const created = await post("/v1/api-keys", { label: v.label });
+      clear(shown).append(h("p", {}, "Copy it now: it is not shown again."), h("div", { class: "secret-once", testid: "new-key" }, created.key));
+      // The console itself now needs a login: sign in with the new key at once.
+      if (!enabled) { try { await post("/v1/auth/login", { api_key: created.key }); } catch { /* the login form will ask */ } }
+    }, "Create")), shown);
+  }
+
+  async sandbox(root) {
+    const caps = await get("/v1/sandbox/capabilities");
+    const host = caps.host || {};
+    root.append(h("div", { class: "card" },
+      h("div", { class: "totals" },
+        h("div", {}, "Backend", h("b", {}, caps.enabled ? caps.backend : "off")),
+        h("div", {}, "Open", h("b", {}, `${caps.open_sandboxes ?? 0} / ${caps.max_sandboxes ?? "?"}`)),
+        h("div", {}, "User namespaces", h("b", {}, host.user_namespaces ? "yes" : "no")),
+        h("div", {}, "Landlock", h("b", {}, host.landlock_abi ? `ABI ${host.landlock_abi}` : "no"))),
+      caps.disabled_reason ? h("p", { class: "form-error" }, caps.disabled_reason) : null,
+      h("pre", { class: "json" }, json(caps))));
+  }
+}

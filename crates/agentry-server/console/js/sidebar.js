@@ -1,0 +1,128 @@
+// The sessions sidebar: every session with its title and live status (from the status feed),
+// unread markers, search (titles at once, then the sessions' text through the API).
+
+import { get, post } from "./api.js";
+import { h, clear, time } from "./dom.js";
+import { bus } from "./app.js";
+
+/** The status shown for a server status. */
+export function shownStatus(status) {
+  switch (status) {
+    case "idle": return "done";
+    case "failed": return "error";
+    case "running": case "waiting": case "paused": case "interrupted": return status;
+    default: return status || "idle";
+  }
+}
+
+export class Sidebar {
+  constructor(root) {
+    this.root = root;
+    this.sessions = new Map();
+    this.current = null;
+    this.query = "";
+    this.matches = null;
+    this.search = h("input", { type: "search", testid: "session-search", placeholder: "Search sessions (Ctrl+K)", "aria-label": "Search sessions",
+      oninput: () => this.filter() });
+    this.list = h("nav", { class: "list", "aria-label": "Sessions" });
+    clear(root).append(
+      h("div", { class: "tools" },
+        h("button", { class: "primary", testid: "new-chat", onclick: () => { location.hash = "#/chat"; } }, "+ New chat"),
+        this.search),
+      this.list);
+    bus.addEventListener("status", (event) => this.onStatus(event.detail));
+    bus.addEventListener("refresh", () => this.load());
+  }
+
+  async load() {
+    try {
+      const data = await get("/v1/sessions?limit=200");
+      this.sessions.clear();
+      for (const session of data.sessions || []) this.sessions.set(session.id, session);
+    } catch { /* the status feed retries */ }
+    this.render();
+  }
+
+  select(id) {
+    this.current = id;
+    const session = id && this.sessions.get(id);
+    if (session && session.unread) {
+      session.unread = false;
+      post(`/v1/sessions/${id}/read`).catch(() => {});
+    }
+    this.render();
+  }
+
+  /** A session changed (its status, title, or it is new). */
+  async onStatus(change) {
+    const id = change.session_id;
+    let session = this.sessions.get(id);
+    if (!session) {
+      try {
+        const detail = await get(`/v1/sessions/${id}`);
+        session = detail.session;
+        if (detail.delegation || detail.group_member) session.hidden = true;
+        this.sessions.set(id, session);
+      } catch { return; }
+    }
+    if (change.title) session.title = change.title;
+    else if (!session.title) {
+      // A new session gets its title from its first message: fetch it once known.
+      get(`/v1/sessions/${id}`).then((detail) => {
+        if (detail.session.title) { session.title = detail.session.title; this.render(); }
+      }).catch(() => {});
+    }
+    if (change.status && change.status !== "updated") {
+      session.status = change.status;
+      session.last_activity = Date.now();
+      if (id !== this.current) session.unread = true;
+      else if (change.status !== "running") post(`/v1/sessions/${id}/read`).catch(() => {});
+    }
+    this.render();
+  }
+
+  async filter() {
+    this.query = this.search.value.trim();
+    this.matches = null;
+    this.render();
+    if (this.query.length < 2) return;
+    const asked = this.query;
+    try {
+      const found = await get(`/v1/sessions/search?q=${encodeURIComponent(asked)}&limit=50`);
+      if (asked !== this.query) return;
+      this.matches = new Set((found.hits || []).map((hit) => hit.session_id));
+      this.render();
+    } catch { /* titles only */ }
+  }
+
+  render() {
+    const query = this.query.toLowerCase();
+    const sessions = [...this.sessions.values()]
+      .filter((s) => !s.hidden)
+      .filter((s) => !query || (s.title || "").toLowerCase().includes(query) || s.id.startsWith(query)
+        || (this.matches && this.matches.has(s.id)))
+      .sort((a, b) => (b.last_activity || b.created_at || 0) - (a.last_activity || a.created_at || 0));
+    const items = sessions.map((s) => {
+      const status = shownStatus(s.status);
+      return h("a", {
+        class: `session-item${s.id === this.current ? " current" : ""}`,
+        href: `#/chat/${s.id}`, testid: "session-item",
+        dataset: { sessionId: s.id, unread: s.unread ? "true" : "false" },
+        title: `${s.title || "Untitled"} · ${time(s.last_activity)}`,
+      },
+      h("span", { class: "title", testid: "session-title" }, s.title || "Untitled"),
+      h("span", { class: "status", testid: "session-status", dataset: { status } }, status));
+    });
+    clear(this.list).append(...(items.length ? items : [h("p", { class: "muted", style: "padding: 8px" }, query ? "No session matches." : "No sessions yet.")]));
+  }
+
+  /** Adds or updates one session (the chat view made it). */
+  upsert(session) {
+    const known = this.sessions.get(session.id) || {};
+    const merged = { ...known, ...session };
+    // The open session is read (its mark-read request may not have landed yet).
+    if (session.id === this.current) merged.unread = false;
+    this.sessions.set(session.id, merged);
+    this.render();
+  }
+}

@@ -1,0 +1,26 @@
+// The web console's end-to-end suite: headless Chromium (Debian's `chromium`, or
+// AGENTRY_CHROMIUM) against real `agentry serve` processes and the testkit's mock provider
+// (`agentry-mock`), both started by the fixtures in support.js. One worker: the tests share a
+// server and script its mock in turn.
+import { defineConfig } from "@playwright/test";
+
+export default defineConfig({
+  testDir: "./tests",
+  workers: 1,
+  fullyParallel: false,
+  retries: 0,
+  timeout: 60_000,
+  expect: { timeout: 15_000 },
+  reporter: [["list"]],
+  outputDir: "../target/console-e2e-results",
+  use: {
+    testIdAttribute: "data-testid",
+    viewport: { width: 1280, height: 820 },
+    launchOptions: {
+      executablePath: process.env.AGENTRY_CHROMIUM || "/usr/bin/chromium",
+      // Chromium's own sandbox needs privileges a root CI container does not give.
+      args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+    },
+    trace: "retain-on-failure",
+  },
+});

@@ -1,0 +1,141 @@
+// Chat: a streamed answer and a tool capsule; approvals inline (approve, reject with a reason,
+// edit the arguments); stop; fork; the run trace.
+import { test, expect, open, pick, shot, slowText } from "../support.js";
+
+const ANSWER = "The time is **noon** in Paris. Here is how I found it:\n\n```js\nconst now = new Date(); // the clock\n```\n\nAnything else?";
+
+test("a message gets a streamed answer and a tool capsule", async ({ page, env, script }) => {
+  await script.enqueue(
+    { tool_calls: [{ name: "current_time", arguments: { timezone: "+01:00" } }] },
+    slowText(ANSWER),
+  );
+  await open(page, env);
+  await pick(page, "model:mock");
+  await page.getByTestId("composer").fill("What time is it in Paris?");
+  await page.getByTestId("send").click();
+
+  const user = page.locator('[data-testid=message][data-role=user]');
+  await expect(user.getByTestId("message-text")).toHaveText("What time is it in Paris?");
+  const capsule = page.locator('[data-testid=tool-capsule][data-tool=current_time]');
+  await expect(capsule).toHaveAttribute("data-state", "ok");
+  // The answer streams in: seen part-way, then whole.
+  const answer = page.locator('[data-testid=message][data-role=assistant] [data-testid=message-text]').last();
+  await expect(page.getByTestId("stop")).toBeVisible();
+  await expect.poll(async () => {
+    const text = (await answer.textContent()) || "";
+    return text.length > 0 && !text.includes("Anything else?");
+  }, { message: "a partial answer is shown while it streams" }).toBe(true);
+  await expect(answer).toContainText("Anything else?");
+  await expect(page.getByTestId("stop")).toBeHidden();
+  // Markdown: bold and a highlighted code block, as elements (never raw HTML).
+  await expect(answer.locator("strong")).toHaveText("noon");
+  await expect(answer.locator("pre code .tok-k").first()).toHaveText("const");
+  // The capsule opens on its arguments and result.
+  await capsule.locator("summary").click();
+  await expect(capsule.getByTestId("tool-details")).toBeVisible();
+  await expect(capsule.getByTestId("tool-args")).toContainText('"timezone": "+01:00"');
+  await expect(capsule.getByTestId("tool-result")).toContainText("+01:00");
+  // The session is in the sidebar, done, and the URL names it.
+  await expect(page).toHaveURL(/#\/chat\/[0-9a-f-]{36}$/);
+  const id = page.url().split("/").pop();
+  const item = page.locator(`[data-testid=session-item][data-session-id="${id}"]`);
+  await expect(item.getByTestId("session-status")).toHaveAttribute("data-status", "done");
+  // What the model was sent: the tool's result in the second request.
+  const sent = await script.requests();
+  expect(sent.count).toBe(2);
+  expect(JSON.stringify(sent.requests[1].body.messages)).toContain("+01:00");
+  await shot(page, "chat-streamed-answer-and-tool-capsule");
+
+  // The trace shows the model calls and the tool call.
+  await page.getByTestId("open-trace").click();
+  await expect(page.getByTestId("trace")).toBeVisible();
+  await expect(page.locator('[data-testid=trace-row][data-kind=model]')).toHaveCount(2);
+  await expect(page.locator('[data-testid=trace-row][data-kind=tool]')).toHaveCount(1);
+  await expect(page.locator('[data-testid=trace-row][data-kind=tool]')).toContainText("current_time");
+  await shot(page, "trace");
+});
+
+async function carefulAgent(env, id) {
+  await env.api.post("/v1/agents", {
+    id, model_id: "mock", tool_ids: ["current_time"],
+    approvals: { tools: { current_time: "always" } },
+  }).catch((error) => { if (!String(error).includes("409")) throw error; });
+}
+
+test("a call waiting for approval is approved inline", async ({ page, env, script }) => {
+  await carefulAgent(env, "careful");
+  await script.enqueue({ tool_calls: [{ name: "current_time", arguments: {} }] }, { text: "Approved and done." });
+  await open(page, env);
+  await pick(page, "agent:careful");
+  await page.getByTestId("composer").fill("Check the clock");
+  await page.keyboard.press("Control+Enter");
+
+  const approval = page.getByTestId("approval");
+  await expect(approval).toBeVisible();
+  const capsule = page.locator("[data-testid=tool-capsule][data-tool=current_time]");
+  await expect(capsule).toHaveAttribute("data-state", "waiting");
+  const id = page.url().split("/").pop();
+  await expect(page.locator(`[data-testid=session-item][data-session-id="${id}"] [data-testid=session-status]`)).toHaveAttribute("data-status", "waiting");
+  await shot(page, "chat-approval-waiting");
+  await approval.getByTestId("approve").click();
+  await expect(capsule).toHaveAttribute("data-state", "ok");
+  await expect(page.locator('[data-testid=message][data-role=assistant] [data-testid=message-text]').last()).toHaveText("Approved and done.");
+  await expect(approval).toContainText("Approved");
+});
+
+test("a rejected call gives the model the reason, an edited one runs with the new arguments", async ({ page, env, script }) => {
+  await carefulAgent(env, "careful");
+  await script.enqueue(
+    { tool_calls: [{ name: "current_time", arguments: {} }] },
+    { text: "Fine, I will not look." },
+    { tool_calls: [{ name: "current_time", arguments: {} }] },
+    { text: "Checked with your offset." },
+  );
+  await open(page, env);
+  await pick(page, "agent:careful");
+  await page.getByTestId("composer").fill("Check the clock");
+  await page.getByTestId("send").click();
+  const first = page.getByTestId("approval").first();
+  await first.getByTestId("reject-reason").fill("not now, thanks");
+  await first.getByTestId("reject").click();
+  await expect(page.locator("[data-testid=tool-capsule]").first()).toHaveAttribute("data-state", "error");
+  await expect(page.locator('[data-testid=message][data-role=assistant] [data-testid=message-text]').last()).toHaveText("Fine, I will not look.");
+  let sent = await script.requests();
+  expect(JSON.stringify(sent.requests[1].body.messages)).toContain("not now, thanks");
+
+  // Same session, next turn: edit the arguments.
+  await page.getByTestId("composer").fill("Now with my offset");
+  await page.getByTestId("send").click();
+  const second = page.getByTestId("approval").nth(1);
+  await second.getByTestId("edit").click();
+  await second.getByTestId("edit-args").fill('{"timezone": "+05:30"}');
+  await second.getByTestId("edit-submit").click();
+  const capsule = page.locator("[data-testid=tool-capsule]").nth(1);
+  await expect(capsule).toHaveAttribute("data-state", "ok");
+  await capsule.locator("summary").click();
+  await expect(capsule.getByTestId("tool-result")).toContainText("+05:30");
+  await expect(page.locator('[data-testid=message][data-role=assistant] [data-testid=message-text]').last()).toHaveText("Checked with your offset.");
+  sent = await script.requests();
+  expect(JSON.stringify(sent.requests[3].body.messages)).toContain("+05:30");
+});
+
+test("stop ends the run, continue and fork go on", async ({ page, env, script }) => {
+  await script.enqueue(slowText("word ".repeat(400), 80), { text: "Continued." });
+  await open(page, env);
+  await pick(page, "model:mock");
+  await page.getByTestId("composer").fill("Write a lot");
+  await page.getByTestId("send").click();
+  await expect(page.getByTestId("stop")).toBeVisible();
+  await expect(page.locator('[data-testid=message][data-role=assistant]').last()).toContainText("word");
+  await page.keyboard.press("Escape");
+  await expect(page.getByTestId("continue")).toBeVisible();
+  await page.getByTestId("continue").click();
+  await expect(page.locator('[data-testid=message][data-role=assistant] [data-testid=message-text]').last()).toHaveText("Continued.");
+  // Fork from the first message: a new session holding only it.
+  const original = page.url().split("/").pop();
+  await page.locator("[data-testid=message][data-role=user]").first().hover();
+  await page.locator("[data-testid=message][data-role=user] [data-testid=fork]").first().click();
+  await expect(page).not.toHaveURL(new RegExp(original));
+  await expect(page.locator("[data-testid=message][data-role=user]")).toHaveCount(1);
+  await expect(page.locator("[data-testid=message][data-role=assistant]")).toHaveCount(0);
+});

@@ -1,0 +1,53 @@
+// Login when auth is on (a server of its own: creating a key turns auth on), themes, and a
+// narrow screen.
+import { test, expect, shot, startServer, client } from "../support.js";
+
+test("a server with API keys asks for one, and the console signs in with it", async ({ page }) => {
+  const server = await startServer();
+  try {
+    const api = client(server.url);
+    const created = await api.post("/v1/api-keys", { label: "e2e" });
+    expect(created.key).toMatch(/^agk_/);
+    await page.goto(`${server.url}/#/chat`);
+    const login = page.getByTestId("login");
+    await expect(login).toBeVisible();
+    await shot(page, "login");
+    await login.locator("[name=key]").fill("agk_000000000000_wrong");
+    await page.getByTestId("login-submit").click();
+    await expect(login.getByTestId("form-error")).not.toBeEmpty();
+    await login.locator("[name=key]").fill(created.key);
+    await page.getByTestId("login-submit").click();
+    await expect(page.getByTestId("chat")).toBeVisible();
+    await expect(page.getByTestId("sidebar")).toBeVisible();
+    // The key list shows it, never the key itself.
+    await page.getByTestId("nav-settings").click();
+    await page.getByTestId("settings-keys").click();
+    await expect(page.locator(`[data-testid=row][data-id="${created.id}"]`)).toContainText("e2e");
+    await expect(page.locator("body")).not.toContainText(created.key);
+  } finally {
+    await server.stop();
+  }
+});
+
+test("themes switch, and a narrow screen hides the sidebar behind a button", async ({ page, env }) => {
+  await page.emulateMedia({ colorScheme: "light" });
+  await page.goto(`${env.server.url}/#/chat`);
+  await expect(page.getByTestId("sidebar")).toBeVisible();
+  const html = page.locator("html");
+  await expect(html).toHaveAttribute("data-theme", "light");
+  await shot(page, "theme-light");
+  await page.getByTestId("theme-toggle").click();
+  await expect(html).toHaveAttribute("data-theme", "dark");
+  await shot(page, "theme-dark");
+  // Kept across a reload.
+  await page.reload();
+  await expect(html).toHaveAttribute("data-theme", "dark");
+  await page.getByTestId("theme-toggle").click();
+  await expect(html).toHaveAttribute("data-theme", "light");
+
+  await page.setViewportSize({ width: 390, height: 800 });
+  await expect(page.getByTestId("sidebar")).not.toBeInViewport();
+  await page.getByRole("button", { name: "Sessions" }).click();
+  await expect(page.getByTestId("sidebar")).toBeInViewport();
+  await shot(page, "narrow-screen");
+});
