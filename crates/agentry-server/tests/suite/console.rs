@@ -4,7 +4,25 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::start;
+use super::support::{Server, start};
+
+/// A request carrying `key`.
+async fn keyed(
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    key: &str,
+    body: Option<serde_json::Value>,
+) -> reqwest::Response {
+    let mut request = server
+        .http
+        .request(method, format!("{}{path}", server.url))
+        .bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    request.send().await.unwrap()
+}
 
 #[tokio::test]
 async fn the_page_and_every_asset_it_references_are_served_embedded() {
@@ -133,62 +151,43 @@ async fn api_keys_are_created_once_listed_without_secrets_and_revoked() {
         .await
         .unwrap();
     assert_eq!(page.status(), StatusCode::OK);
-    let listed: serde_json::Value = server
-        .http
-        .get(format!("{}/v1/api-keys", server.url))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: serde_json::Value =
+        keyed(&server, reqwest::Method::GET, "/v1/api-keys", &key, None)
+            .await
+            .json()
+            .await
+            .unwrap();
     assert_eq!(listed["auth_enabled"], true);
     assert_eq!(listed["keys"][0]["id"], id.as_str());
     assert_eq!(listed["keys"][0]["label"], "ci");
     assert!(!listed.to_string().contains(&key), "{listed}");
 
     // Bad input: a long label, an unknown field, a malformed id, an unknown one.
-    let bad = server
-        .http
-        .post(format!("{}/v1/api-keys", server.url))
-        .bearer_auth(&key)
-        .json(&json!({"label": "x".repeat(201)}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
-    let bad = server
-        .http
-        .post(format!("{}/v1/api-keys", server.url))
-        .bearer_auth(&key)
-        .json(&json!({"label": "x", "admin": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    for body in [
+        json!({"label": "x".repeat(201)}),
+        json!({"label": "x", "admin": true}),
+    ] {
+        let bad = keyed(
+            &server,
+            reqwest::Method::POST,
+            "/v1/api-keys",
+            &key,
+            Some(body),
+        )
+        .await;
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    }
     for (path, expected) in [
         ("/v1/api-keys/not-hex", StatusCode::BAD_REQUEST),
         ("/v1/api-keys/0123456789ab", StatusCode::NOT_FOUND),
     ] {
-        let response = server
-            .http
-            .delete(format!("{}{path}", server.url))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
+        let response = keyed(&server, reqwest::Method::DELETE, path, &key, None).await;
         assert_eq!(response.status(), expected, "{path}");
     }
 
     // Revoked: the key stops working at once, and with no active key auth is off again.
-    let revoked = server
-        .http
-        .delete(format!("{}/v1/api-keys/{id}", server.url))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let path = format!("/v1/api-keys/{id}");
+    let revoked = keyed(&server, reqwest::Method::DELETE, &path, &key, None).await;
     assert_eq!(revoked.status(), StatusCode::NO_CONTENT);
     let (status, after) = server.get("/v1/api-keys").await;
     assert_eq!(status, 200, "{after}");

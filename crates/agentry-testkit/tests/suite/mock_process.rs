@@ -8,6 +8,18 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+/// One chat completion request to the mock.
+async fn complete(
+    http: &reqwest::Client,
+    openai: &str,
+    body: Value,
+) -> reqwest::Result<reqwest::Response> {
+    http.post(format!("{openai}/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+}
+
 #[tokio::test]
 async fn the_mock_process_is_scripted_over_its_control_api() -> anyhow::Result<()> {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry-mock"))
@@ -69,23 +81,21 @@ async fn the_mock_process_is_scripted_over_its_control_api() -> anyhow::Result<(
         })
         .collect();
     assert_eq!(text, "first answer");
-    let called: Value = http
-        .post(format!("{openai}/chat/completions"))
-        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "call"}]}))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let called: Value = complete(
+        &http,
+        &openai,
+        json!({"model": "m", "messages": [{"role": "user", "content": "call"}]}),
+    )
+    .await?
+    .json()
+    .await?;
     let call = &called["choices"][0]["message"]["tool_calls"][0];
     assert_eq!(
         (call["id"].as_str(), call["function"]["name"].as_str()),
         (Some("call_9"), Some("lookup"))
     );
-    let refused = http
-        .post(format!("{openai}/chat/completions"))
-        .json(&json!({"model": "m", "messages": []}))
-        .send()
-        .await?;
+    let empty = json!({"model": "m", "messages": []});
+    let refused = complete(&http, &openai, empty.clone()).await?;
     assert_eq!(refused.status().as_u16(), 429);
 
     let recorded: Value = http
@@ -107,10 +117,7 @@ async fn the_mock_process_is_scripted_over_its_control_api() -> anyhow::Result<(
         .send()
         .await?;
     assert_eq!(set.status().as_u16(), 204);
-    let fallback: Value = http
-        .post(format!("{openai}/chat/completions"))
-        .json(&json!({"model": "m", "messages": []}))
-        .send()
+    let fallback: Value = complete(&http, &openai, empty.clone())
         .await?
         .json()
         .await?;
@@ -123,11 +130,7 @@ async fn the_mock_process_is_scripted_over_its_control_api() -> anyhow::Result<(
         .json()
         .await?;
     assert_eq!(recorded["count"], 0);
-    let nothing = http
-        .post(format!("{openai}/chat/completions"))
-        .json(&json!({"model": "m", "messages": []}))
-        .send()
-        .await?;
+    let nothing = complete(&http, &openai, empty).await?;
     assert_eq!(nothing.status().as_u16(), 500);
     // A bad script is refused.
     let bad = http
