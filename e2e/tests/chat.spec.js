@@ -139,3 +139,28 @@ test("stop ends the run, continue and fork go on", async ({ page, env, script })
   await expect(page.locator("[data-testid=message][data-role=user]")).toHaveCount(1);
   await expect(page.locator("[data-testid=message][data-role=assistant]")).toHaveCount(0);
 });
+
+test("a delegated task's progress shows nested in the delegate capsule", async ({ page, env, script }) => {
+  await script.enqueue(
+    { tool_calls: [{ name: "delegate", arguments: { task: "Summarise the plan in one line." } }] },
+    slowText("The plan: ship the console, then rest.", 60),
+    { text: "My helper says: ship the console, then rest." },
+  );
+  await open(page, env);
+  await pick(page, "model:mock");
+  await page.locator("[data-testid=tool-picker] button").click();
+  await page.locator('input[type=checkbox][data-tool="delegate"]').check();
+  await page.getByTestId("composer").fill("Ask a helper for the plan");
+  await page.getByTestId("send").click();
+  const capsule = page.locator("[data-testid=tool-capsule][data-tool=delegate]");
+  const nested = capsule.getByTestId("nested-run");
+  await expect(nested).toBeVisible();
+  await expect(nested).toContainText("The plan: ship the console, then rest.");
+  await expect(capsule).toHaveAttribute("data-state", "ok");
+  await expect(page.locator("[data-testid=message][data-role=assistant] [data-testid=message-text]").last()).toHaveText("My helper says: ship the console, then rest.");
+  // Only the delegate tool was offered.
+  const sent = await script.requests();
+  const offered = sent.requests[0].body.tools.map((t) => t.function.name);
+  expect(offered).toEqual(["delegate"]);
+  await shot(page, "chat-delegate-nested");
+});

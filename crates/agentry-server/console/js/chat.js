@@ -377,9 +377,15 @@ export class ChatView {
     this.onStatus = (event) => this.statusChanged(event.detail);
     bus.addEventListener("status", this.onStatus);
     this.onKey = (event) => {
+      if (event.key === "Escape" && !this.toolMenu.classList.contains("hidden")) { this.toolMenu.classList.add("hidden"); return; }
       if (event.key === "Escape" && this.controller) { event.preventDefault(); this.stop(); }
     };
     document.addEventListener("keydown", this.onKey);
+    // The tool menu closes on a click anywhere else.
+    this.onClick = (event) => {
+      if (!event.target.closest("[data-testid=tool-picker]")) this.toolMenu.classList.add("hidden");
+    };
+    document.addEventListener("click", this.onClick);
     this.loadPickers();
     if (sessionId) this.load();
   }
@@ -388,6 +394,7 @@ export class ChatView {
     this.closed = true;
     bus.removeEventListener("status", this.onStatus);
     document.removeEventListener("keydown", this.onKey);
+    document.removeEventListener("click", this.onClick);
     if (this.controller) this.controller.abort();
   }
 
