@@ -164,3 +164,22 @@ test("a delegated task's progress shows nested in the delegate capsule", async (
   expect(offered).toEqual(["delegate"]);
   await shot(page, "chat-delegate-nested");
 });
+
+test("an attached image goes to the model and shows in the message", async ({ page, env, script }) => {
+  // A 1×1 PNG.
+  const png = Buffer.from("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==", "base64");
+  await script.enqueue({ text: "A single pixel." });
+  await open(page, env);
+  await pick(page, "model:mock");
+  await page.getByTestId("attach").setInputFiles({ name: "pixel.png", mimeType: "image/png", buffer: png });
+  await expect(page.locator(".thumbs img")).toHaveCount(1);
+  await page.getByTestId("composer").fill("What is in this image?");
+  await page.getByTestId("send").click();
+  await expect(page.locator("[data-testid=message][data-role=assistant] [data-testid=message-text]").last()).toHaveText("A single pixel.");
+  await expect(page.locator("[data-testid=message][data-role=user] img.attachment")).toHaveCount(1);
+  await expect(page.locator(".thumbs img")).toHaveCount(0);
+  const sent = await script.requests();
+  const content = JSON.stringify(sent.requests[0].body.messages);
+  expect(content).toContain("image_url");
+  expect(content).toContain(png.toString("base64").slice(0, 40));
+});
