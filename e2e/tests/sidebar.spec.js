@@ -1,6 +1,6 @@
 // The sessions sidebar: live status from the status feed (running, waiting, done, error),
 // unread markers for sessions that changed in the background, search.
-import { test, expect, open, slowText } from "../support.js";
+import { test, expect, open, shot, slowText } from "../support.js";
 
 function item(page, id) {
   return page.locator(`[data-testid=session-item][data-session-id="${id}"]`);
@@ -42,4 +42,31 @@ test("statuses change live and unread sessions are marked", async ({ page, env, 
   await expect(page.locator("[data-testid=session-item]")).toContainText("Background work");
   await page.getByTestId("session-search").fill("");
   await expect(page.locator("[data-testid=session-item]")).not.toHaveCount(1);
+});
+
+test("a group chat's transcript shows each member's reply", async ({ page, env, script }) => {
+  for (const [id, nickname] of [["ann-agent", "ann"], ["bob-agent", "bob"]]) {
+    await env.api.post("/v1/agents", { id, nickname, model_id: "mock" });
+  }
+  const group = await env.api.post("/v1/groups", { members: ["ann-agent", "bob-agent"], title: "Standup" });
+  // One round: both members answer (in parallel, so either may take either reply), no mentions.
+  await script.enqueue({ text: "Shipping the console." }, { text: "Reviewing it." });
+  await env.api.post(`/v1/groups/${group.session_id}/messages`, { text: "@all status?" });
+  await open(page, env, `#/chat/${group.session_id}`);
+  const members = page.locator("[data-testid=message][data-role=assistant]");
+  await expect(members).toHaveCount(2);
+  await expect(members.filter({ hasText: "Shipping the console." })).toHaveCount(1);
+  await expect(members.filter({ hasText: "Reviewing it." })).toHaveCount(1);
+  const names = await members.evaluateAll((els) => els.map((el) => el.dataset.member).sort());
+  expect(names).toEqual(["ann", "bob"]);
+  await expect(page.locator("[data-testid=message][data-role=user] [data-testid=message-text]")).toHaveText("@all status?");
+  // From the console: the composer posts to the group; only the member named answers.
+  await script.enqueue(slowText("Review done, all good.", 40));
+  await page.getByTestId("composer").fill("@bob-agent is the review done?");
+  await page.getByTestId("send").click();
+  await expect(members).toHaveCount(3);
+  await expect(members.last()).toContainText("Review done, all good.");
+  await expect(members.last()).toHaveAttribute("data-member", "bob");
+  await expect(page.getByTestId("stop")).toBeHidden();
+  await shot(page, "group-chat");
 });

@@ -335,11 +335,40 @@ class Transcript {
     capsule.el.open = true;
   }
 
+  /** A group member answering (live): its text so far, until its message is committed. */
+  memberDelta(data) {
+    this.clearEmpty();
+    this.typing = this.typing || new Map();
+    let live = this.typing.get(data.agent_id);
+    if (!live) {
+      const text = h("div", { class: "message-text" });
+      const el = h("div", { class: "message streaming", dataset: { role: "assistant" } },
+        h("div", { class: "who muted" }, data.name || data.agent_id), h("div", { class: "bubble" }, text));
+      this.root.append(el);
+      live = { el, text, raw: "" };
+      this.typing.set(data.agent_id, live);
+    }
+    if (data.text) {
+      live.raw += data.text;
+      clear(live.text).append(markdown(live.raw));
+    }
+    this.scroll();
+  }
+
+  /** A group chat's step: a round starting, a member's (or the user's) message, the end. */
   groupEvent(event) {
-    if (event.kind === "message" || event.type === "message") {
-      this.root.append(h("div", { class: "message", testid: "message", dataset: { role: "assistant" } },
-        h("div", { class: "who muted" }, event.agent_id || event.member || "member"),
-        h("div", { class: "bubble" }, h("div", { class: "message-text", testid: "message-text" }, markdown(event.text || "")))));
+    const live = this.typing && event.agent_id && this.typing.get(event.agent_id);
+    if (live && event.kind === "message") { live.el.remove(); this.typing.delete(event.agent_id); }
+    if (event.kind === "round") {
+      this.root.append(h("div", { class: "notice" }, `Round ${event.round}: ${(event.members || []).join(", ")}`));
+    } else if (event.kind === "message") {
+      const role = event.agent_id ? "assistant" : "user";
+      this.root.append(h("div", { class: "message", testid: "message", dataset: { role, member: event.name || "" } },
+        h("div", { class: "who muted" }, event.name || event.agent_id || "user"),
+        h("div", { class: "bubble" }, h("div", { class: "message-text", testid: "message-text" },
+          role === "user" ? event.text || "" : markdown(event.text || "")))));
+    } else if (event.kind === "finished") {
+      this.root.append(h("div", { class: "notice" }, `Group exchange ${event.stop_reason === "completed" ? "finished" : event.stop_reason} after ${event.rounds} round${event.rounds === 1 ? "" : "s"}.`));
     }
   }
 
@@ -511,6 +540,7 @@ export class ChatView {
       ]);
       if (this.closed) return;
       this.title.textContent = detail.session.title || "Untitled";
+      if (detail.group) this.becomeGroup(detail.group);
       if (this.sidebar) this.sidebar.upsert(detail.session);
       for (const item of events.events || []) this.transcript.committed(item.seq, item.event);
       if (!(events.events || []).length) this.transcriptEl.append(h("div", { class: "empty" }, "This session is empty."));
@@ -521,6 +551,16 @@ export class ChatView {
     } catch (error) {
       this.transcriptEl.append(h("div", { class: "notice error" }, errorText(error)));
     }
+  }
+
+  /** A group session: messages go to the group (its members answer), not to one model. */
+  becomeGroup(group) {
+    this.group = group;
+    this.picker.classList.add("hidden");
+    this.toolButton.parentElement.classList.add("hidden");
+    this.templatePicker.classList.add("hidden");
+    const names = (group.members || []).map((m) => `@${m.nickname || m.name || m.agent_id || m.id || m}`);
+    this.input.placeholder = `Message the group (${[...names, "@all"].join(", ")})`;
   }
 
   /** Shows what waits in the session (calls and elicitations), e.g. after a reload. */
@@ -576,6 +616,8 @@ export class ChatView {
       case "delta.text": t.delta(data.text); break;
       case "delta.thinking": t.thinkingDelta(data.text); break;
       case "nested": t.nested(data); break;
+      case "group.speaking": t.memberDelta({ ...data, text: "" }); break;
+      case "group.delta": t.memberDelta(data); break;
       case "elicitation.requested": t.elicitation(data, t.runId); break;
       case "elicitation.resolved": t.elicitationResolved(data); break;
       case "run.waiting": {
@@ -617,6 +659,7 @@ export class ChatView {
     if (this.controller) return;
     const { body, empty } = this.requestBody();
     if (empty) { this.input.focus(); return; }
+    if (this.group) { this.sendToGroup(); return; }
     if (!body.model_id && !body.agent_id) { toast("Add a model in Settings first.", "error"); return; }
     const controller = new AbortController();
     this.controller = controller;
@@ -638,6 +681,22 @@ export class ChatView {
       }
     } finally {
       this.sending = false;
+      if (this.controller === controller) { this.controller = null; this.setBusy(false); }
+    }
+  }
+
+  async sendToGroup() {
+    const controller = new AbortController();
+    this.controller = controller;
+    this.setBusy(true);
+    const text = this.input.value.trim();
+    this.input.value = "";
+    try {
+      await stream("POST", `/v1/groups/${this.sessionId}/messages/stream`, { text },
+        (name, data) => this.event(name, data), { signal: controller.signal });
+    } catch (error) {
+      if (!controller.signal.aborted) { this.input.value = text; toast(errorText(error), "error"); }
+    } finally {
       if (this.controller === controller) { this.controller = null; this.setBusy(false); }
     }
   }
