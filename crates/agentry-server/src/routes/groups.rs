@@ -175,6 +175,10 @@ async fn get_group(
             "session_id": member.session_id,
         }));
     }
+    // Whether an exchange is going on is read before the transcript: an exchange commits its
+    // `finished` before it stops being live, so "not live" always comes with a transcript that
+    // holds its end (read the other way round, one could end in between).
+    let live = group::subscribe(session).is_some();
     let transcript: Vec<Value> = group::group_events(&state, session, 0)
         .await?
         .into_iter()
@@ -186,7 +190,7 @@ async fn get_group(
         "session_id": session,
         "members": members,
         "max_rounds": info.max_rounds,
-        "live": group::subscribe(session).is_some(),
+        "live": live,
         "transcript": transcript,
     })))
 }
