@@ -8,6 +8,8 @@
 //! authentication — the page shows a login form when the API asks for a key — and are not in
 //! the OpenAPI document.
 
+use std::sync::LazyLock;
+
 use axum::Router;
 use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -53,6 +55,22 @@ const ASSETS: &[Asset] = assets! {
     "js/trace.js" => "text/javascript; charset=utf-8",
 };
 
+/// Each asset's ETag (a hash of its bytes), in `ASSETS`' order: computed once, at the first
+/// request, not on every one.
+static ETAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    ASSETS
+        .iter()
+        .map(|asset| {
+            let digest = Sha256::digest(asset.body.as_bytes());
+            let hex: String = digest[..12]
+                .iter()
+                .map(|byte| format!("{byte:02x}"))
+                .collect();
+            format!("\"{hex}\"")
+        })
+        .collect()
+});
+
 /// The console's routes: `/` (the page) and `/console/{path}` (its assets).
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
@@ -74,7 +92,11 @@ async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
 }
 
 fn serve(path: &str, request: &HeaderMap) -> Response {
-    let Some(asset) = ASSETS.iter().find(|asset| asset.path == path) else {
+    let Some((index, asset)) = ASSETS
+        .iter()
+        .enumerate()
+        .find(|(_, asset)| asset.path == path)
+    else {
         return (
             StatusCode::NOT_FOUND,
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -82,14 +104,7 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
         )
             .into_response();
     };
-    let digest = Sha256::digest(asset.body.as_bytes());
-    let etag = format!(
-        "\"{}\"",
-        digest[..12]
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect::<String>()
-    );
+    let etag = ETAGS.get(index).map_or("", String::as_str);
     let fresh = request
         .get(header::IF_NONE_MATCH)
         .and_then(|value| value.to_str().ok())
@@ -100,7 +115,7 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
         ([(header::CONTENT_TYPE, asset.content_type)], asset.body).into_response()
     };
     let headers = response.headers_mut();
-    if let Ok(value) = HeaderValue::from_str(&etag) {
+    if let Ok(value) = HeaderValue::from_str(etag) {
         headers.insert(header::ETAG, value);
     }
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));

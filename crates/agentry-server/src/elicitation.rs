@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -19,7 +18,7 @@ use agentry_core::tool::ToolContext;
 use agentry_mcp::{ElicitationAnswer, ElicitationKind, ElicitationRequest};
 use agentry_types::{RunEvent, RunId, SessionId};
 
-use crate::hub::{Hub, StatusChange};
+use crate::hub::Hub;
 
 /// Why an answer was refused.
 #[derive(Debug, thiserror::Error)]
@@ -95,14 +94,6 @@ impl std::fmt::Debug for Elicitations {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
-        })
-}
-
 fn action_name(answer: &ElicitationAnswer) -> &'static str {
     match answer {
         ElicitationAnswer::Accept(_) => "accept",
@@ -128,12 +119,7 @@ impl Elicitations {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         if let (Some(hub), Some(session)) = (hub, session) {
-            hub.notify(StatusChange {
-                session_id: session,
-                status: status.into(),
-                stop_reason: None,
-                title: None,
-            });
+            hub.announce(session, status);
         }
     }
 
@@ -142,27 +128,26 @@ impl Elicitations {
         self.lock().get(id).map(|pending| pending.run_id)
     }
 
-    /// The elicitations of `run` waiting, oldest first.
-    pub fn for_run(&self, run: RunId) -> Vec<Value> {
+    /// The elicitations still open that `which` selects, oldest first, with the run of the first.
+    fn waiting(&self, which: impl Fn(&Pending) -> bool) -> (Option<RunId>, Vec<Value>) {
         let pending = self.lock();
         let mut list: Vec<(&String, &Pending)> = pending
             .iter()
-            .filter(|(_, p)| p.run_id == run && p.request.responder.is_open())
-            .collect();
-        list.sort_by_key(|(_, p)| p.created_at_ms);
-        list.into_iter().map(|(id, p)| p.to_json(id)).collect()
-    }
-
-    /// The elicitations of `session`'s runs waiting, oldest first, with the run of the first.
-    pub fn for_session(&self, session: SessionId) -> (Option<RunId>, Vec<Value>) {
-        let pending = self.lock();
-        let mut list: Vec<(&String, &Pending)> = pending
-            .iter()
-            .filter(|(_, p)| p.session == Some(session) && p.request.responder.is_open())
+            .filter(|(_, p)| which(p) && p.request.responder.is_open())
             .collect();
         list.sort_by_key(|(_, p)| p.created_at_ms);
         let run = list.first().map(|(_, p)| p.run_id);
         (run, list.into_iter().map(|(id, p)| p.to_json(id)).collect())
+    }
+
+    /// The elicitations of `run` waiting, oldest first.
+    pub fn for_run(&self, run: RunId) -> Vec<Value> {
+        self.waiting(|p| p.run_id == run).1
+    }
+
+    /// The elicitations of `session`'s runs waiting, oldest first, with the run of the first.
+    pub fn for_session(&self, session: SessionId) -> (Option<RunId>, Vec<Value>) {
+        self.waiting(|p| p.session == Some(session))
     }
 
     /// Answers elicitation `id` of `run`. A form's content must match its schema.
@@ -243,7 +228,7 @@ impl Elicitations {
                 session: caller.session,
                 call_id: context.call_id.clone(),
                 tool: tool.to_owned(),
-                created_at_ms: now_ms(),
+                created_at_ms: crate::sandboxes::now_ms(),
                 request,
                 events: context.events.clone(),
             },

@@ -102,6 +102,17 @@ impl Hub {
         let _ = self.status.send(change);
     }
 
+    /// Announces that `session`'s status is now `status`, for a change no live run reports
+    /// (a decision, a pause, a read mark, an MCP server asking for input).
+    pub fn announce(&self, session: SessionId, status: &str) {
+        self.notify(StatusChange {
+            session_id: session,
+            status: status.into(),
+            stop_reason: None,
+            title: None,
+        });
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, LiveRun>> {
         self.live
             .lock()

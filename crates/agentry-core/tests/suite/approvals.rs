@@ -31,6 +31,20 @@ fn build(mock: &MockProvider, tools: Vec<ProbeTool>, log: Arc<MemoryLog>) -> Ses
     SessionManager::new(builder.build(), log)
 }
 
+/// Reads a run's events until its first tool call starts; returns the run's id.
+async fn until_a_tool_starts(stream: &mut agentry_core::RunStream) -> agentry_types::RunId {
+    let mut run_id = None;
+    while let Some(event) = stream.next().await {
+        if let RunEvent::RunStarted { run_id: id } = event {
+            run_id = Some(id);
+        }
+        if matches!(event, RunEvent::ToolCallStarted { .. }) {
+            break;
+        }
+    }
+    run_id.expect("the run started")
+}
+
 fn always(tool: &str) -> ApprovalPolicy {
     serde_json::from_value(json!({"tools": {tool: "always"}})).unwrap()
 }
@@ -464,16 +478,7 @@ async fn pause_stops_between_rounds_durably_and_resume_continues_the_same_run() 
         .send(session, RunRequest::text("slow"), BusyPolicy::Reject)
         .await
         .unwrap();
-    let mut run_id = None;
-    while let Some(event) = stream.next().await {
-        if let RunEvent::RunStarted { run_id: id } = event {
-            run_id = Some(id);
-        }
-        if matches!(event, RunEvent::ToolCallStarted { .. }) {
-            break;
-        }
-    }
-    let run_id = run_id.unwrap();
+    let run_id = until_a_tool_starts(&mut stream).await;
     assert_eq!(manager.pause(run_id).unwrap(), session);
     let mut suspended = None;
     while let Some(event) = stream.next().await {
@@ -541,17 +546,9 @@ async fn interrupt_stops_a_live_run_and_keeps_the_session_usable() {
         .send(session, RunRequest::text("slow"), BusyPolicy::Reject)
         .await
         .unwrap();
-    let mut run_id = None;
-    while let Some(event) = stream.next().await {
-        if let RunEvent::RunStarted { run_id: id } = event {
-            run_id = Some(id);
-        }
-        if matches!(event, RunEvent::ToolCallStarted { .. }) {
-            break;
-        }
-    }
+    let run_id = until_a_tool_starts(&mut stream).await;
     let started = std::time::Instant::now();
-    assert!(manager.interrupt(session, run_id.unwrap()).await.unwrap());
+    assert!(manager.interrupt(session, run_id).await.unwrap());
     let output = stream.finish().await.unwrap();
     assert_eq!(output.stop_reason, RunStopReason::Cancelled);
     assert!(
@@ -608,15 +605,7 @@ async fn abort_cancels_the_run_and_drops_the_queue() {
         .send(session, RunRequest::text("first"), BusyPolicy::Reject)
         .await
         .unwrap();
-    let mut run_id = None;
-    while let Some(event) = first.next().await {
-        if let RunEvent::RunStarted { run_id: id } = event {
-            run_id = Some(id);
-        }
-        if matches!(event, RunEvent::ToolCallStarted { .. }) {
-            break;
-        }
-    }
+    let run_id = until_a_tool_starts(&mut first).await;
     let queued: Vec<_> = futures::future::join_all(
         ["queued one", "queued two"]
             .map(|text| manager.send(session, RunRequest::text(text), BusyPolicy::Enqueue)),
@@ -625,7 +614,7 @@ async fn abort_cancels_the_run_and_drops_the_queue() {
     .into_iter()
     .map(Result::unwrap)
     .collect();
-    assert_eq!(manager.abort(session, run_id.unwrap()).await.unwrap(), 2);
+    assert_eq!(manager.abort(session, run_id).await.unwrap(), 2);
     assert_eq!(
         first.finish().await.unwrap().stop_reason,
         RunStopReason::Cancelled

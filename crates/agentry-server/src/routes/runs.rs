@@ -28,7 +28,6 @@ use super::config::{ApiJson, ApiPath};
 use super::infer::parse_session_id;
 use crate::elicitation::ElicitationError;
 use crate::error::ApiError;
-use crate::hub::StatusChange;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
 
@@ -269,22 +268,46 @@ fn pending_json(pending: &[PendingApproval]) -> Vec<Value> {
         .collect()
 }
 
+/// What of `run_id` waits for a person: its undecided calls and its open MCP elicitations.
+async fn waiting_for(
+    state: &AppState,
+    session: SessionId,
+    run_id: RunId,
+) -> Result<(Vec<PendingApproval>, Vec<Value>), ApiError> {
+    let pending = state
+        .sessions
+        .pending_approvals(session)
+        .await?
+        .filter(|(id, _)| *id == run_id)
+        .map(|(_, pending)| pending)
+        .unwrap_or_default();
+    Ok((pending, state.elicitations.for_run(run_id)))
+}
+
+/// The body the approval routes answer with (`ApprovalList`, and `DecideOutcome` less its
+/// `stream`).
+fn approvals_body(
+    run_id: Option<RunId>,
+    session: SessionId,
+    status: &str,
+    pending: &[PendingApproval],
+    elicitations: Vec<Value>,
+) -> Value {
+    json!({
+        "run_id": run_id,
+        "session_id": session,
+        "status": status,
+        "pending": pending_json(pending),
+        "elicitations": elicitations,
+    })
+}
+
 fn stream_path(session: SessionId) -> String {
     format!("/v1/sessions/{session}/stream")
 }
 
 fn announce_running(state: &AppState, session: SessionId) {
-    announce(state, session, "running");
-}
-
-/// Tells the status feed (`GET /v1/sessions/events`) about a change no live run reports.
-fn announce(state: &AppState, session: SessionId, status: &str) {
-    state.hub.notify(StatusChange {
-        session_id: session,
-        status: status.into(),
-        stop_reason: None,
-        title: None,
-    });
+    state.hub.announce(session, "running");
 }
 
 // --- routes ---
@@ -309,30 +332,25 @@ async fn list_approvals(
 ) -> Result<Json<Value>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
     let session = locate(&state, run_id).await?;
-    let waiting = state
-        .sessions
-        .pending_approvals(session)
-        .await?
-        .filter(|(id, _)| *id == run_id);
-    let elicitations = state.elicitations.for_run(run_id);
-    let status = match &waiting {
-        Some(_) => "waiting".to_owned(),
-        None if !elicitations.is_empty() => "waiting".to_owned(),
-        None if state.hub.is_live(session) => "running".to_owned(),
-        None => state
+    let (pending, elicitations) = waiting_for(&state, session, run_id).await?;
+    let status = if !pending.is_empty() || !elicitations.is_empty() {
+        "waiting".to_owned()
+    } else if state.hub.is_live(session) {
+        "running".to_owned()
+    } else {
+        state
             .store
             .session(session)
             .await?
-            .map_or_else(|| "idle".to_owned(), |record| record.status),
+            .map_or_else(|| "idle".to_owned(), |record| record.status)
     };
-    let pending = waiting.map(|(_, pending)| pending).unwrap_or_default();
-    Ok(Json(json!({
-        "run_id": run_id,
-        "session_id": session,
-        "status": status,
-        "pending": pending_json(&pending),
-        "elicitations": elicitations,
-    })))
+    Ok(Json(approvals_body(
+        Some(run_id),
+        session,
+        &status,
+        &pending,
+        elicitations,
+    )))
 }
 
 /// The calls of a session's run that wait for a person's decision.
@@ -372,13 +390,13 @@ async fn session_approvals(
         Some((run_id, pending)) => (Some(run_id), pending),
         None => (asking_run, Vec::new()),
     };
-    Ok(Json(json!({
-        "run_id": run_id,
-        "session_id": session,
-        "status": status,
-        "pending": pending_json(&pending),
-        "elicitations": elicitations,
-    })))
+    Ok(Json(approvals_body(
+        run_id,
+        session,
+        &status,
+        &pending,
+        elicitations,
+    )))
 }
 
 /// Decides waiting calls: approve, reject (the model reads the reason as the call's error
@@ -422,14 +440,15 @@ async fn decide(
         }
         None => "waiting",
     };
-    Ok(Json(json!({
-        "run_id": run_id,
-        "session_id": session,
-        "status": status,
-        "pending": pending_json(&decided.pending),
-        "elicitations": state.elicitations.for_run(run_id),
-        "stream": stream_path(session),
-    })))
+    let mut body = approvals_body(
+        Some(run_id),
+        session,
+        status,
+        &decided.pending,
+        state.elicitations.for_run(run_id),
+    );
+    body["stream"] = json!(stream_path(session));
+    Ok(Json(body))
 }
 
 /// Answers one MCP elicitation of a live run: `approve` (with `content` for a form) accepts,
@@ -476,27 +495,15 @@ async fn answer_elicitation(
             ElicitationError::NotFound(_) => ApiError::not_found(error.to_string()),
             ElicitationError::Invalid(_) => ApiError::bad_request(error.to_string()),
         })?;
-    let elicitations = state.elicitations.for_run(run_id);
-    let pending = state
-        .sessions
-        .pending_approvals(session)
-        .await?
-        .filter(|(id, _)| *id == run_id)
-        .map(|(_, pending)| pending)
-        .unwrap_or_default();
+    let (pending, elicitations) = waiting_for(state, session, run_id).await?;
     let status = if elicitations.is_empty() && pending.is_empty() {
         "running"
     } else {
         "waiting"
     };
-    Ok(Json(json!({
-        "run_id": run_id,
-        "session_id": session,
-        "status": status,
-        "pending": pending_json(&pending),
-        "elicitations": elicitations,
-        "stream": stream_path(session),
-    })))
+    let mut body = approvals_body(Some(run_id), session, status, &pending, elicitations);
+    body["stream"] = json!(stream_path(session));
+    Ok(Json(body))
 }
 
 fn decisions_of(body: DecideBody) -> Result<Vec<ApprovalDecision>, ApiError> {
@@ -580,7 +587,7 @@ async fn interrupt(
     let live = state.hub.is_live(session);
     state.sessions.interrupt(session, run_id).await?;
     if !live {
-        announce(&state, session, "interrupted");
+        state.hub.announce(session, "interrupted");
     }
     Ok(Json(control(
         run_id,
@@ -695,7 +702,7 @@ async fn abort(
     let live = state.hub.is_live(session);
     let dropped = state.sessions.abort(session, run_id).await?;
     if !live {
-        announce(&state, session, "interrupted");
+        state.hub.announce(session, "interrupted");
     }
     Ok(Json(control(
         run_id,

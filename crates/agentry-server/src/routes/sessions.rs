@@ -175,12 +175,25 @@ async fn stored_events(
     id: SessionId,
     after: u64,
 ) -> Result<Vec<(u64, SessionEvent)>, ApiError> {
+    Ok(timed_events(state, id, after)
+        .await?
+        .into_iter()
+        .map(|(seq, event, _)| (seq, event))
+        .collect())
+}
+
+/// The same, each with its commit time (Unix milliseconds).
+async fn timed_events(
+    state: &AppState,
+    id: SessionId,
+    after: u64,
+) -> Result<Vec<(u64, SessionEvent, u64)>, ApiError> {
     let stored = state.store.events(id, after, usize::MAX).await?;
     stored
         .into_iter()
         .map(|record| {
             serde_json::from_value(record.payload)
-                .map(|event| (record.seq, event))
+                .map(|event| (record.seq, event, record.created_at))
                 .map_err(|error| {
                     ApiError::internal(format!("event {} is unreadable: {error}", record.seq))
                 })
@@ -271,19 +284,12 @@ async fn events(
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query?;
     let record = session(&state, &id).await?;
-    // The payloads as committed, with their commit time (the run trace's clock); each is
-    // checked to parse as an event, like everywhere else.
-    let stored = state
-        .store
-        .events(record.id, query.after, usize::MAX)
-        .await?;
-    let mut events = Vec::with_capacity(stored.len());
-    for record in stored {
-        let event: SessionEvent = serde_json::from_value(record.payload).map_err(|error| {
-            ApiError::internal(format!("event {} is unreadable: {error}", record.seq))
-        })?;
-        events.push(json!({"seq": record.seq, "event": event, "at": record.created_at}));
-    }
+    // With their commit time: the run trace's clock.
+    let events: Vec<Value> = timed_events(&state, record.id, query.after)
+        .await?
+        .into_iter()
+        .map(|(seq, event, at)| json!({"seq": seq, "event": event, "at": at}))
+        .collect();
     Ok(Json(json!({ "events": events })))
 }
 
@@ -568,12 +574,7 @@ async fn read(
     let record = session(&state, &id).await?;
     let seq = body.seq.unwrap_or(record.last_seq);
     state.store.mark_read(record.id, seq).await?;
-    state.hub.notify(crate::hub::StatusChange {
-        session_id: record.id,
-        status: "updated".into(),
-        stop_reason: None,
-        title: None,
-    });
+    state.hub.announce(record.id, "updated");
     Ok(StatusCode::NO_CONTENT)
 }
 

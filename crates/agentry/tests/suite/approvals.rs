@@ -7,6 +7,49 @@ use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
+/// Runs `agentry --home <home> <args>` and checks it succeeded.
+async fn configure(home: &std::path::Path, args: &[&std::ffi::OsStr]) {
+    let done = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("AGENTRY_DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+}
+
+/// Runs `agentry chat <args>` in `home` with `input` as what the person types.
+async fn chat(
+    home: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+    input: &[u8],
+) -> std::process::Output {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("chat")
+        .args(args)
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env("AGENTRY_HOME", home)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).await.unwrap();
+    drop(stdin);
+    tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("chat ended")
+        .unwrap()
+}
+
 #[tokio::test]
 async fn chat_asks_before_a_call_that_needs_approval() {
     let mock = MockProvider::start().await.unwrap();
@@ -30,42 +73,27 @@ async fn chat_asks_before_a_call_that_needs_approval() {
         .to_string(),
     )
     .unwrap();
-    let added = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["agents", "add", "--file"])
-        .arg(&agent)
-        .env_remove("AGENTRY_DATABASE_URL")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        added.status.success(),
-        "{}",
-        String::from_utf8_lossy(&added.stderr)
-    );
+    configure(
+        home.path(),
+        &[
+            "agents".as_ref(),
+            "add".as_ref(),
+            "--file".as_ref(),
+            agent.as_os_str(),
+        ],
+    )
+    .await;
     mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
         "current_time",
         json!({}),
     )));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Then I will not look.")));
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .args(["chat", "--agent", "careful"])
-        .env_remove("AGENTRY_DATABASE_URL")
-        .env("AGENTRY_HOME", home.path())
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin
-        .write_all(b"What time is it?\nn\nnot now, thanks\n/exit\n")
-        .await
-        .unwrap();
-    drop(stdin);
-    let output = child.wait_with_output().await.unwrap();
+    let output = chat(
+        home.path(),
+        &["--agent".as_ref(), "careful".as_ref()],
+        b"What time is it?\nn\nnot now, thanks\n/exit\n",
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("needs approval"), "{stderr}");
@@ -87,50 +115,42 @@ async fn chat_asks_for_what_an_mcp_server_requests_during_a_call() {
     let home = tempfile::tempdir().unwrap();
     let python = agentry_testkit::mcp::McpServers::locate().unwrap().python();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/elicit_probe_server.py");
-    let added = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["mcp", "add", "probe", "--no-check", "--"])
-        .arg(&python)
-        .arg(script)
-        .env_remove("AGENTRY_DATABASE_URL")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        added.status.success(),
-        "{}",
-        String::from_utf8_lossy(&added.stderr)
-    );
+    configure(
+        home.path(),
+        &[
+            "mcp".as_ref(),
+            "add".as_ref(),
+            "probe".as_ref(),
+            "--no-check".as_ref(),
+            "--".as_ref(),
+            python.as_os_str(),
+            script.as_ref(),
+        ],
+    )
+    .await;
     mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
         "probe__book",
         json!({}),
     )));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Your table is booked.")));
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .args(["chat", "--provider", "openai", "--base-url"])
-        .arg(mock.openai_base_url())
-        .args(["--model-name", "m", "--mcp", "probe"])
-        .env_remove("AGENTRY_DATABASE_URL")
-        .env("AGENTRY_HOME", home.path())
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
+    let base_url = mock.openai_base_url();
     // The turn, "y" to answer, then the fields in the schema's order (date, then seats: "four"
     // is refused as not an integer and asked again).
-    stdin
-        .write_all(b"Book me a table\ny\n2026-12-24\nfour\n4\n/exit\n")
-        .await
-        .unwrap();
-    drop(stdin);
-    let output = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("chat ended")
-        .unwrap();
+    let output = chat(
+        home.path(),
+        &[
+            "--provider".as_ref(),
+            "openai".as_ref(),
+            "--base-url".as_ref(),
+            base_url.as_ref(),
+            "--model-name".as_ref(),
+            "m".as_ref(),
+            "--mcp".as_ref(),
+            "probe".as_ref(),
+        ],
+        b"Book me a table\ny\n2026-12-24\nfour\n4\n/exit\n",
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stderr}");
