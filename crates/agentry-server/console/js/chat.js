@@ -710,7 +710,8 @@ export class ChatView {
     this.traceLink.classList.remove("hidden");
     this.title.textContent = "New chat";
     if (this.sidebar) {
-      this.sidebar.upsert({ id, title: null, status: "running", last_activity: Date.now(), created_at: Date.now() });
+      // Its status comes from the status feed, which may already have reported it.
+      this.sidebar.upsert({ id, last_activity: Date.now() });
       this.sidebar.select(id);
     }
   }

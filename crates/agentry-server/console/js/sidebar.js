@@ -53,25 +53,19 @@ export class Sidebar {
     this.render();
   }
 
-  /** A session changed (its status, title, or it is new). */
-  async onStatus(change) {
+  /** A session changed (its status, title, or it is new). Applied at once and in order: a new
+   * session is listed straight away and its details (title, whether it is a linked sub-session)
+   * are filled in when they arrive, so a later change never loses to an earlier one's fetch. */
+  onStatus(change) {
     const id = change.session_id;
     let session = this.sessions.get(id);
     if (!session) {
-      try {
-        const detail = await get(`/v1/sessions/${id}`);
-        session = detail.session;
-        if (detail.delegation || detail.group_member) session.hidden = true;
-        this.sessions.set(id, session);
-      } catch { return; }
+      session = { id, created_at: Date.now() };
+      this.sessions.set(id, session);
+      this.details(session);
     }
     if (change.title) session.title = change.title;
-    else if (!session.title) {
-      // A new session gets its title from its first message: fetch it once known.
-      get(`/v1/sessions/${id}`).then((detail) => {
-        if (detail.session.title) { session.title = detail.session.title; this.render(); }
-      }).catch(() => {});
-    }
+    else if (!session.title) this.details(session);
     if (change.status && change.status !== "updated") {
       session.status = change.status;
       session.last_activity = Date.now();
@@ -79,6 +73,17 @@ export class Sidebar {
       else if (change.status !== "running") post(`/v1/sessions/${id}/read`).catch(() => {});
     }
     this.render();
+  }
+
+  /** Fills in a session's title and whether it is a linked sub-session (not its status: the
+   * feed owns that). */
+  async details(session) {
+    try {
+      const detail = await get(`/v1/sessions/${session.id}`);
+      if (detail.session.title) session.title = detail.session.title;
+      if (detail.delegation || detail.group_member) session.hidden = true;
+      this.render();
+    } catch { /* gone, or not yet readable: the next change tries again */ }
   }
 
   async filter() {
@@ -120,6 +125,8 @@ export class Sidebar {
   upsert(session) {
     const known = this.sessions.get(session.id) || {};
     const merged = { ...known, ...session };
+    // Once listed, a session's status follows the live feed, not an older snapshot.
+    if (known.status) merged.status = known.status;
     // The open session is read (its mark-read request may not have landed yet).
     if (session.id === this.current) merged.unread = false;
     this.sessions.set(session.id, merged);
