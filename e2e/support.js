@@ -162,3 +162,10 @@ export async function pick(page, value) {
   await expect(picker.locator(`option[value="${value}"]`)).toHaveCount(1);
   await picker.selectOption(value);
 }
+
+/** Checks these tools (by name; "*" is the explicit "All tools") in the composer's tool menu. */
+export async function offer(page, ...names) {
+  await page.locator("[data-testid=tool-picker] button").click();
+  for (const name of names) await page.locator(`input[type=checkbox][data-tool="${name}"]`).check();
+  await page.locator("[data-testid=tool-picker] button").click();
+}

@@ -1,6 +1,6 @@
 // Chat: a streamed answer and a tool capsule; approvals inline (approve, reject with a reason,
 // edit the arguments); stop; fork; the run trace.
-import { test, expect, open, pick, shot, slowText } from "../support.js";
+import { test, expect, open, pick, offer, shot, slowText } from "../support.js";
 
 const ANSWER = "The time is **noon** in Paris. Here is how I found it:\n\n```js\nconst now = new Date(); // the clock\n```\n\nAnything else?";
 
@@ -11,6 +11,10 @@ test("a message gets a streamed answer and a tool capsule", async ({ page, env, 
   );
   await open(page, env);
   await pick(page, "model:mock");
+  // Least privilege: the run gets exactly the tools checked (none unless some are).
+  await expect(page.locator("[data-testid=tool-picker] button")).toHaveText("No tools");
+  await offer(page, "current_time");
+  await expect(page.locator("[data-testid=tool-picker] button")).toHaveText("1 tool");
   await page.getByTestId("composer").fill("What time is it in Paris?");
   await page.getByTestId("send").click();
 
@@ -44,6 +48,8 @@ test("a message gets a streamed answer and a tool capsule", async ({ page, env, 
   const sent = await script.requests();
   expect(sent.count).toBe(2);
   expect(JSON.stringify(sent.requests[1].body.messages)).toContain("+01:00");
+  // Exactly the checked tool was offered.
+  expect(sent.requests[0].body.tools.map((t) => t.function.name)).toEqual(["current_time"]);
   await shot(page, "chat-streamed-answer-and-tool-capsule");
 
   // The trace shows the model calls and the tool call.

@@ -3,7 +3,7 @@
 // by scripts/install-mcp-servers (AGENTRY_MCP_SERVERS, default target/mcp-servers).
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { test, expect, open, pick, shot } from "../support.js";
+import { test, expect, open, pick, offer, shot } from "../support.js";
 
 const servers = resolve(process.env.AGENTRY_MCP_SERVERS || join(import.meta.dirname, "..", "..", "target", "mcp-servers"));
 const everything = join(servers, "npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
@@ -17,6 +17,7 @@ test("an MCP server's request for input is answered inline", async ({ page, env,
   await script.enqueue({ tool_calls: [{ name: tool, arguments: {} }] }, { text: "Thanks, Ada." });
   await open(page, env);
   await pick(page, "model:mock");
+  await offer(page, tool);
   await page.getByTestId("composer").fill("Ask me for my details");
   await page.getByTestId("send").click();
 

@@ -29,6 +29,41 @@ test("a server with API keys asks for one, and the console signs in with it", as
   }
 });
 
+test("a user key made in the console sees only its own sessions", async ({ page, env, script }) => {
+  const server = await startServer();
+  try {
+    const admin = await client(server.url).post("/v1/api-keys", { label: "admin" });
+    const api = client(server.url, admin.key);
+    await api.post("/v1/models", { id: "mock", protocol: "openai", base_url: env.mock.openai_base_url, model_name: "mock-model" });
+    await script.enqueue({ text: "Noted." });
+    const theirs = await api.post("/v1/infer", { session_id: "new", text: "the admin's private plans" });
+    // The admin signs in and makes a `user` key in Settings.
+    await page.goto(`${server.url}/#/chat`);
+    await page.getByTestId("login").locator("[name=key]").fill(admin.key);
+    await page.getByTestId("login-submit").click();
+    await expect(page.locator(`[data-testid=session-item][data-session-id="${theirs.session_id}"]`)).toBeVisible();
+    await page.getByTestId("nav-settings").click();
+    await page.getByTestId("settings-keys").click();
+    const form = page.getByTestId("key-form");
+    await form.locator("[name=label]").fill("alice");
+    await expect(form.locator("[name=role]")).toHaveValue("user");
+    await form.getByTestId("save").click();
+    const userKey = (await page.getByTestId("new-key").textContent()).trim();
+    expect(userKey).toMatch(/^agk_/);
+    await shot(page, "settings-user-key");
+    // Signed in with it, the console lists none of the admin's sessions, and the API denies it.
+    await page.locator("#logout").click();
+    await page.getByTestId("login").locator("[name=key]").fill(userKey);
+    await page.getByTestId("login-submit").click();
+    await expect(page.getByTestId("sidebar")).toBeVisible();
+    await expect(page.getByTestId("session-item")).toHaveCount(0);
+    await expect(client(server.url, userKey).get(`/v1/sessions/${theirs.session_id}`)).rejects.toThrow(/404/);
+    await expect(client(server.url, userKey).get("/v1/api-keys")).rejects.toThrow(/403/);
+  } finally {
+    await server.stop();
+  }
+});
+
 test("themes switch, and a narrow screen hides the sidebar behind a button", async ({ page, env }) => {
   await page.emulateMedia({ colorScheme: "light" });
   await page.goto(`${env.server.url}/#/chat`);

@@ -21,7 +21,7 @@ use crate::engine::{Phase, RunLimits, RunState};
 use crate::fallback::FallbackModelClient;
 use crate::skill::Skill;
 use crate::template::{TemplateError, TemplateStore};
-use crate::tool::{ResultFormat, Tool, ToolError, ToolRegistry};
+use crate::tool::{ApprovalDefaults, ResultFormat, Tool, ToolError, ToolRegistry, ToolRisk};
 
 /// Events buffered between a run and a slow reader before the run waits.
 pub(crate) const EVENT_BUFFER: usize = 256;
@@ -101,7 +101,7 @@ pub struct RunRequest {
     /// The new user turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Input>,
-    /// The tools offered, by name (default: every registered tool).
+    /// The tools offered, by name; `"*"` offers every registered tool (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
     /// Generation parameters.
@@ -331,6 +331,7 @@ struct Inner {
     templates: TemplateStore,
     limits: RunLimits,
     compaction: CompactionSettings,
+    approval_defaults: ApprovalDefaults,
 }
 
 /// Builds a [`Runtime`].
@@ -342,6 +343,7 @@ pub struct RuntimeBuilder {
     templates: TemplateStore,
     limits: RunLimits,
     compaction: CompactionSettings,
+    approval_defaults: ApprovalDefaults,
 }
 
 impl RuntimeBuilder {
@@ -410,6 +412,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets which tools need a person's approval when a run's own policy does not say
+    /// (default: every tool that runs on the host, see [`ApprovalDefaults`]).
+    pub fn approval_defaults(&mut self, defaults: ApprovalDefaults) -> &mut Self {
+        self.approval_defaults = defaults;
+        self
+    }
+
     /// Builds the runtime.
     pub fn build(&mut self) -> Runtime {
         let builder = std::mem::take(self);
@@ -421,6 +430,7 @@ impl RuntimeBuilder {
                 templates: builder.templates,
                 limits: builder.limits,
                 compaction: builder.compaction,
+                approval_defaults: builder.approval_defaults,
             }),
         }
     }
@@ -583,9 +593,11 @@ impl Runtime {
         {
             return Err(RunError::EmptyInput);
         }
+        // Least privilege: a run is offered exactly the tools it names, every tool only when it
+        // names `"*"`, and none when it names none.
         let tools = match &request.tools {
             Some(names) => self.inner.tools.subset(names)?.specs(),
-            None => self.inner.tools.specs(),
+            None => Vec::new(),
         };
         let limits = request.limits.unwrap_or_else(|| self.inner.limits.clone());
         let mut state = RunState::new(model, messages, tools, request.params, limits);
@@ -593,6 +605,20 @@ impl Runtime {
             approvals.validate()?;
             state.approvals = approvals;
         }
+        // Tools whose risk the operator wants a person to approve ask unless the run's policy
+        // says otherwise.
+        let offered: Vec<(String, ToolRisk)> = state
+            .tools
+            .iter()
+            .filter_map(|spec| {
+                let tool = self.inner.tools.get(&spec.name)?;
+                Some((spec.name.clone(), tool.risk()))
+            })
+            .collect();
+        state.approvals = self.inner.approval_defaults.apply(
+            std::mem::take(&mut state.approvals),
+            offered.iter().map(|(name, risk)| (name.as_str(), *risk)),
+        );
         if let Some(settings) = &request.compaction {
             settings.validate().map_err(RunError::Compaction)?;
         }

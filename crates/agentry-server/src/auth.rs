@@ -17,10 +17,159 @@ use agentry_store::{ConfigKind, Store, StoreError};
 
 /// The cookie a login sets.
 pub const SESSION_COOKIE: &str = "agentry_session";
+/// The cookie a login over TLS sets (`Secure`, bound to this host and path `/`).
+pub const SECURE_SESSION_COOKIE: &str = "__Host-agentry_session";
+/// Failed logins allowed in [`LOGIN_FAILURE_WINDOW`] before further attempts wait.
+const MAX_LOGIN_FAILURES: usize = 10;
+/// The window failed logins are counted in.
+const LOGIN_FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// How long a login lasts.
 pub const LOGIN_TTL: Duration = Duration::from_secs(12 * 3600);
 /// How long "is auth on" is cached.
 const ENABLED_CACHE: Duration = Duration::from_secs(1);
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyRole {
+    /// Everything: configuration, keys, secrets, every session. Keys made before roles existed
+    /// are admins.
+    #[default]
+    Admin,
+    /// Runs, and only its own sessions, runs and sandboxes; within its limits.
+    User,
+}
+
+/// Which agents, models and tools a `user` key may use (`None`: any).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyLimits {
+    /// The saved agents it may run as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
+    /// The models it may run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// The tools it may name in a run (an allowed agent brings its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+}
+
+impl KeyLimits {
+    /// Most names in one list.
+    const MAX_NAMES: usize = 256;
+
+    fn validate(&self) -> Result<(), AuthError> {
+        for (what, names) in [
+            ("agents", &self.agents),
+            ("models", &self.models),
+            ("tools", &self.tools),
+        ] {
+            let Some(names) = names else { continue };
+            if names.len() > Self::MAX_NAMES
+                || names.iter().any(|name| {
+                    name.is_empty() || name.len() > 128 || name.chars().any(char::is_control)
+                })
+            {
+                return Err(AuthError::InvalidLimits(format!(
+                    "`{what}` lists at most {} names of 1 to 128 characters",
+                    Self::MAX_NAMES
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Who a request comes from, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The key's id; `None` for the operator (a server without keys).
+    pub key_id: Option<String>,
+    /// What it may do.
+    pub role: KeyRole,
+    /// Its limits (a `user` key's).
+    pub limits: KeyLimits,
+}
+
+impl Principal {
+    /// The operator of a server without keys: an admin.
+    pub fn operator() -> Self {
+        Self {
+            key_id: None,
+            role: KeyRole::Admin,
+            limits: KeyLimits::default(),
+        }
+    }
+
+    /// Whether it may do everything.
+    pub fn is_admin(&self) -> bool {
+        self.role == KeyRole::Admin
+    }
+
+    /// The owner its new sessions, runs and sandboxes get.
+    pub fn owner(&self) -> Option<String> {
+        self.key_id.clone()
+    }
+
+    /// Whether it may see something owned by `owner`: an admin sees everything, a user key only
+    /// what it made.
+    pub fn may_see(&self, owner: Option<&str>) -> bool {
+        self.is_admin() || (owner.is_some() && owner == self.key_id.as_deref())
+    }
+
+    /// The owner to filter listings by: `None` (everything) for an admin, its own id otherwise.
+    pub fn owner_filter(&self) -> Option<String> {
+        if self.is_admin() {
+            None
+        } else {
+            // A user key always has an id; an empty filter then matches nothing.
+            Some(self.key_id.clone().unwrap_or_default())
+        }
+    }
+
+    /// Checks that a run as `agent`, on `model`, offered `tools`, stays within the limits.
+    pub fn check_run(
+        &self,
+        agent: Option<&str>,
+        model: Option<&str>,
+        tools: Option<&[String]>,
+    ) -> Result<(), String> {
+        if self.is_admin() {
+            return Ok(());
+        }
+        let allowed = |list: &Option<Vec<String>>, name: &str| {
+            list.as_ref()
+                .is_none_or(|list| list.iter().any(|n| n == name))
+        };
+        if let Some(agent) = agent
+            && !allowed(&self.limits.agents, agent)
+        {
+            return Err(format!("this API key may not run as the agent {agent:?}"));
+        }
+        if let Some(model) = model
+            && !allowed(&self.limits.models, model)
+        {
+            return Err(format!("this API key may not use the model {model:?}"));
+        }
+        if let Some(tools) = tools
+            && self.limits.tools.is_some()
+        {
+            let refused: Vec<&str> = tools
+                .iter()
+                .filter(|tool| !allowed(&self.limits.tools, tool))
+                .map(String::as_str)
+                .collect();
+            if !refused.is_empty() {
+                return Err(format!(
+                    "this API key may not use the tools: {}",
+                    refused.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// What is stored for a key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +184,12 @@ pub struct StoredKey {
     /// Revocation time, Unix ms.
     #[serde(default)]
     pub revoked_at: Option<u64>,
+    /// What it may do (keys made before roles existed are admins).
+    #[serde(default)]
+    pub role: KeyRole,
+    /// Its limits.
+    #[serde(default)]
+    pub limits: KeyLimits,
 }
 
 /// A key as listed (never the key itself).
@@ -48,6 +203,10 @@ pub struct KeyInfo {
     pub created_at: u64,
     /// Whether it was revoked.
     pub revoked: bool,
+    /// What it may do.
+    pub role: KeyRole,
+    /// Its limits.
+    pub limits: KeyLimits,
 }
 
 /// A newly created key: shown once.
@@ -71,6 +230,16 @@ pub enum AuthError {
     /// The label is too long or has control characters.
     #[error("invalid label: {0}")]
     InvalidLabel(String),
+    /// The limits are malformed.
+    #[error("invalid limits: {0}")]
+    InvalidLimits(String),
+    /// Revoking this key would leave no active admin key.
+    #[error(
+        "{0} is the last active admin key: revoking it would lock everyone out (create another \
+         admin key first, or turn authentication off on the server's machine with \
+         `agentry keys reset`)"
+    )]
+    LastAdmin(String),
 }
 
 fn now_ms() -> u64 {
@@ -103,8 +272,25 @@ fn same(a: &str, b: &str) -> bool {
             == 0
 }
 
-/// Creates a key.
+/// Creates an admin key.
 pub async fn create_key(store: &Store, label: &str) -> Result<NewKey, AuthError> {
+    create_key_with(store, label, KeyRole::Admin, KeyLimits::default()).await
+}
+
+/// Creates a key with a role and limits. The first key of a store is always an admin (someone
+/// must be able to manage the rest).
+pub async fn create_key_with(
+    store: &Store,
+    label: &str,
+    role: KeyRole,
+    limits: KeyLimits,
+) -> Result<NewKey, AuthError> {
+    limits.validate()?;
+    let role = if list_keys(store).await?.is_empty() {
+        KeyRole::Admin
+    } else {
+        role
+    };
     if label.chars().count() > 200 || label.chars().any(char::is_control) {
         return Err(AuthError::InvalidLabel(
             "at most 200 characters, no control characters".into(),
@@ -117,6 +303,8 @@ pub async fn create_key(store: &Store, label: &str) -> Result<NewKey, AuthError>
         label: label.to_owned(),
         created_at: now_ms(),
         revoked_at: None,
+        role,
+        limits,
     };
     let value =
         serde_json::to_value(&stored).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
@@ -137,11 +325,30 @@ pub async fn list_keys(store: &Store) -> Result<Vec<KeyInfo>, AuthError> {
                 label: stored.label,
                 created_at: stored.created_at,
                 revoked: stored.revoked_at.is_some(),
+                role: stored.role,
+                limits: stored.limits,
             })
         })
         .collect();
     keys.sort_by_key(|key| std::cmp::Reverse(key.created_at));
     Ok(keys)
+}
+
+/// Revokes a key unless it is the last active admin key ([`AuthError::LastAdmin`]); false if
+/// there is none with this id. Authentication stays on either way (see [`auth_enabled`]).
+pub async fn revoke_key_keeping_an_admin(store: &Store, id: &str) -> Result<bool, AuthError> {
+    let keys = list_keys(store).await?;
+    let Some(key) = keys.iter().find(|key| key.id == id) else {
+        return Ok(false);
+    };
+    let other_admins = keys
+        .iter()
+        .filter(|other| other.id != id && !other.revoked && other.role == KeyRole::Admin)
+        .count();
+    if !key.revoked && key.role == KeyRole::Admin && other_admins == 0 {
+        return Err(AuthError::LastAdmin(id.to_owned()));
+    }
+    revoke_key(store, id).await
 }
 
 /// Revokes a key; false if there is none with this id.
@@ -159,9 +366,25 @@ pub async fn revoke_key(store: &Store, id: &str) -> Result<bool, AuthError> {
     Ok(true)
 }
 
-/// Whether any key is active (authentication is on).
+/// Whether any key is active.
 pub async fn any_active_key(store: &Store) -> Result<bool, AuthError> {
     Ok(list_keys(store).await?.iter().any(|key| !key.revoked))
+}
+
+/// Whether authentication is on: once a key has been created it stays on, whatever is revoked
+/// later; only `agentry keys reset` (which deletes every key, on the server's machine) turns it
+/// off again.
+pub async fn auth_enabled(store: &Store) -> Result<bool, AuthError> {
+    Ok(!store.list_config(ConfigKind::ApiKey).await?.is_empty())
+}
+
+/// Deletes every key: authentication is off afterwards. For the operator only (the CLI).
+pub async fn reset_keys(store: &Store) -> Result<usize, AuthError> {
+    let keys = store.list_config(ConfigKind::ApiKey).await?;
+    for (id, _) in &keys {
+        store.delete_config(ConfigKind::ApiKey, id).await?;
+    }
+    Ok(keys.len())
 }
 
 /// Checks presented credentials against the store.
@@ -170,6 +393,7 @@ pub struct Authenticator {
     store: Store,
     enabled: Arc<Mutex<Option<(Instant, bool)>>>,
     logins: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    failed_logins: Arc<Mutex<std::collections::VecDeque<Instant>>>,
 }
 
 impl Authenticator {
@@ -179,10 +403,43 @@ impl Authenticator {
             store,
             enabled: Arc::default(),
             logins: Arc::default(),
+            failed_logins: Arc::default(),
         }
     }
 
-    /// Whether authentication is on (any active key), cached for a second.
+    /// Records a failed login.
+    pub fn login_failed(&self) {
+        let mut failed = self
+            .failed_logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        failed.push_back(Instant::now());
+        while failed.len() > MAX_LOGIN_FAILURES {
+            failed.pop_front();
+        }
+    }
+
+    /// How long to wait before the next login attempt, when too many failed lately.
+    pub fn login_throttled(&self) -> Option<Duration> {
+        let mut failed = self
+            .failed_logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while failed
+            .front()
+            .is_some_and(|at| at.elapsed() > LOGIN_FAILURE_WINDOW)
+        {
+            failed.pop_front();
+        }
+        if failed.len() < MAX_LOGIN_FAILURES {
+            return None;
+        }
+        failed
+            .front()
+            .map(|oldest| LOGIN_FAILURE_WINDOW.saturating_sub(oldest.elapsed()))
+    }
+
+    /// Whether authentication is on (see [`auth_enabled`]), cached for a second.
     pub async fn enabled(&self) -> Result<bool, AuthError> {
         let cached = *self
             .enabled
@@ -193,7 +450,7 @@ impl Authenticator {
         {
             return Ok(enabled);
         }
-        let enabled = any_active_key(&self.store).await?;
+        let enabled = auth_enabled(&self.store).await?;
         *self
             .enabled
             .lock()
@@ -209,8 +466,8 @@ impl Authenticator {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
-    /// The id of the active key `presented` is, if it is one.
-    pub async fn verify_key(&self, presented: &str) -> Result<Option<String>, AuthError> {
+    /// Who presents `presented`, if it is an active key.
+    pub async fn verify_key(&self, presented: &str) -> Result<Option<Principal>, AuthError> {
         let Some(id) = presented
             .strip_prefix("agk_")
             .and_then(|rest| rest.split_once('_'))
@@ -226,12 +483,31 @@ impl Authenticator {
             return Ok(None);
         };
         let valid = stored.revoked_at.is_none() && same(&stored.hash, &digest(presented));
-        Ok(valid.then(|| id.to_owned()))
+        Ok(valid.then(|| Principal {
+            key_id: Some(id.to_owned()),
+            role: stored.role,
+            limits: stored.limits,
+        }))
+    }
+
+    /// Who the active key `id` is, if it is active.
+    async fn active_key(&self, id: &str) -> Result<Option<Principal>, AuthError> {
+        let Some(value) = self.store.config(ConfigKind::ApiKey, id).await? else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_value::<StoredKey>(value)
+            .ok()
+            .filter(|stored| stored.revoked_at.is_none())
+            .map(|stored| Principal {
+                key_id: Some(id.to_owned()),
+                role: stored.role,
+                limits: stored.limits,
+            }))
     }
 
     /// Starts a login for a valid key: the cookie token, or `None` if the key is not valid.
     pub async fn login(&self, presented: &str) -> Result<Option<String>, AuthError> {
-        let Some(id) = self.verify_key(presented).await? else {
+        let Some(id) = self.verify_key(presented).await?.and_then(|who| who.key_id) else {
             return Ok(None);
         };
         let token = random_hex(32)?;
@@ -250,8 +526,8 @@ impl Authenticator {
             .remove(&digest(token));
     }
 
-    /// Whether a login token is current and its key still active.
-    pub async fn verify_login(&self, token: &str) -> Result<bool, AuthError> {
+    /// Who a login token belongs to, if it is current and its key still active.
+    pub async fn verify_login(&self, token: &str) -> Result<Option<Principal>, AuthError> {
         let entry = self
             .logins
             .lock()
@@ -259,17 +535,12 @@ impl Authenticator {
             .get(&digest(token))
             .cloned();
         let Some((id, at)) = entry else {
-            return Ok(false);
+            return Ok(None);
         };
         if at.elapsed() > LOGIN_TTL {
             self.logout(token);
-            return Ok(false);
+            return Ok(None);
         }
-        let active = match self.store.config(ConfigKind::ApiKey, &id).await? {
-            Some(value) => serde_json::from_value::<StoredKey>(value)
-                .is_ok_and(|stored| stored.revoked_at.is_none()),
-            None => false,
-        };
-        Ok(active)
+        self.active_key(&id).await
     }
 }

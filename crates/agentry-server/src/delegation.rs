@@ -212,6 +212,14 @@ impl SubRuns for DelegationHandle {
             manager.runtime().prepare(request.clone()).map_err(failed)?;
             let mut new = NewSession::new();
             new.title = Some(title);
+            // A sub-agent's session belongs to whoever owns its caller's.
+            if let Some(parent) = link.parent_session_id {
+                new.owner = store
+                    .session(parent)
+                    .await
+                    .map_err(failed)?
+                    .and_then(|record| record.owner);
+            }
             new.metadata = json!({ METADATA_KEY: link });
             let record = store.create_session(new).await.map_err(failed)?;
             match manager.send(record.id, request, BusyPolicy::Reject).await {

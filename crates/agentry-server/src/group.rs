@@ -174,10 +174,20 @@ pub async fn check_members(state: &AppState, ids: &[String]) -> Result<Vec<Agent
 /// Creates a group session over `ids` (checked first) and its members' sessions.
 pub async fn create(
     state: &AppState,
+    caller: &crate::auth::Principal,
     ids: &[String],
     max_rounds: Option<u32>,
     title: Option<String>,
 ) -> Result<(SessionId, GroupInfo), ApiError> {
+    for id in ids {
+        caller.check_run(Some(id), None, None).map_err(|message| {
+            ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "permission_denied",
+                message,
+            )
+        })?;
+    }
     let max_rounds = max_rounds.unwrap_or(group::DEFAULT_MAX_ROUNDS);
     if max_rounds == 0 || max_rounds > MAX_ROUNDS_LIMIT {
         return Err(ApiError::bad_request(format!(
@@ -195,6 +205,7 @@ pub async fn create(
         let mut new = NewSession::new();
         new.title = Some(format!("{} (group member)", display(agent)));
         new.metadata = json!({ MEMBER_KEY: {"group_session_id": group_id, "agent_id": agent.id} });
+        new.owner = caller.owner();
         let record = state.store.create_session(new).await?;
         members.push(GroupMemberInfo {
             agent_id: agent.id.clone(),
@@ -212,6 +223,7 @@ pub async fn create(
         format!("Group: {}", joined.chars().take(70).collect::<String>())
     }));
     new.metadata = json!({ METADATA_KEY: info });
+    new.owner = caller.owner();
     state.store.create_session(new).await?;
     Ok((group_id, info))
 }

@@ -8,7 +8,9 @@
 //! can attach to a session and receive its committed events (each with its seq as the SSE id)
 //! and then its live ones.
 
+pub mod access;
 pub mod auth;
+pub mod authorization;
 pub mod console;
 pub mod delegation;
 pub mod elicitation;

@@ -76,6 +76,11 @@ impl Tool for McpTool {
         self.info.idempotent
     }
 
+    /// An MCP server's tool reaches outside Agentry (another process or a remote server).
+    fn risk(&self) -> agentry_core::tool::ToolRisk {
+        agentry_core::tool::ToolRisk::of(agentry_core::tool::RiskClass::Network)
+    }
+
     fn call(
         &self,
         arguments: serde_json::Value,

@@ -74,12 +74,12 @@ pub fn identity() -> ServerIdentity {
 
 /// The `/mcp` route: MCP over streamable HTTP (`POST` messages, `GET` a session's stream,
 /// `DELETE` a session), served from `state`. Authentication is the API's middleware; the
-/// endpoint refuses browser origins outside `state.cors_origins`, and its streams end when the
+/// endpoint refuses browser origins outside the allowed ones, and its streams end when the
 /// server shuts down.
 pub fn routes(state: &AppState) -> Router<AppState> {
     let options = HttpOptions {
         identity: identity(),
-        allowed_origins: state.cors_origins.clone(),
+        allowed_origins: state.access.allowed_origins.clone(),
         shutdown: state.shutdown.clone(),
         keep_alive: None,
     };
@@ -210,10 +210,11 @@ impl McpServer {
             "session_id": call.session_id.as_deref().unwrap_or("new"),
         }))
         .map_err(|error| BackendError::Internal(error.to_string()))?;
-        let (target, request, _) = match prepare(state, body).await {
-            Ok(prepared) => prepared,
-            Err(error) => return refused(error),
-        };
+        let (target, request, _) =
+            match prepare(state, &crate::auth::Principal::operator(), body).await {
+                Ok(prepared) => prepared,
+                Err(error) => return refused(error),
+            };
         let Target::Session(session) = target else {
             return Err(BackendError::Internal(
                 "an agent call was prepared without a session".into(),

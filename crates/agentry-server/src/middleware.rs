@@ -18,18 +18,26 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 
-use crate::auth::SESSION_COOKIE;
+use crate::auth::{Principal, SECURE_SESSION_COOKIE, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Wraps the routes and attaches the state.
 pub fn apply(routes: Router<AppState>, state: AppState) -> Router {
-    let cors = cors_layer(&state.cors_origins);
+    let cors = cors_layer(&state.access.allowed_origins);
     routes
         .merge(own_routes())
+        .layer(from_fn_with_state(
+            state.clone(),
+            crate::authorization::authorize,
+        ))
         .layer(from_fn_with_state(state.clone(), authenticate))
         .layer(from_fn_with_state(state.clone(), track))
         .layer(cors)
+        .layer(from_fn_with_state(
+            state.clone(),
+            crate::access::check_access,
+        ))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(DefaultMakeSpan::new().include_headers(false))
@@ -123,7 +131,7 @@ fn credentials(request: &Request) -> (Option<String>, Option<String>) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
+        .find(|(name, _)| *name == SESSION_COOKIE || *name == SECURE_SESSION_COOKIE)
         .map(|(_, value)| value.to_owned());
     (bearer, cookie)
 }
@@ -137,25 +145,31 @@ fn unauthorized(message: &str) -> Response {
     response
 }
 
-/// Every `/v1` route (and `/metrics` and the MCP endpoint `/mcp`) needs a valid key or login
-/// once any key exists.
-async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// Every `/v1` route (and `/metrics`, `/openapi.json` and the MCP endpoint `/mcp`) needs a
+/// valid key or login once any key exists; the caller ([`Principal`]) goes into the request's
+/// extensions for [`crate::authorization`] and the handlers.
+async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    let protected =
-        (path.starts_with("/v1/") || path == "/metrics" || path == crate::mcp_endpoint::MCP_PATH)
-            && path != "/v1/auth/login"
-            && path != "/v1/auth/status";
+    let protected = (path.starts_with("/v1/")
+        || path == "/metrics"
+        || path == "/openapi.json"
+        || path == crate::mcp_endpoint::MCP_PATH)
+        && path != "/v1/auth/login"
+        && path != "/v1/auth/status";
     if !protected || request.method() == Method::OPTIONS {
         return next.run(request).await;
     }
     match state.auth.enabled().await {
-        Ok(false) => return next.run(request).await,
+        Ok(false) => {
+            request.extensions_mut().insert(Principal::operator());
+            return next.run(request).await;
+        }
         Ok(true) => {}
         Err(error) => return ApiError::internal(error.to_string()).into_response(),
     }
     let (bearer, cookie) = credentials(&request);
-    let allowed = match (bearer, cookie) {
-        (Some(key), _) => state.auth.verify_key(&key).await.map(|id| id.is_some()),
+    let caller = match (bearer, cookie) {
+        (Some(key), _) => state.auth.verify_key(&key).await,
         (None, Some(token)) => state.auth.verify_login(&token).await,
         (None, None) => {
             return unauthorized(
@@ -163,11 +177,12 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
             );
         }
     };
-    match allowed {
-        Ok(true) => next.run(request).await,
-        Ok(false) => {
-            unauthorized("the API key or login is not valid (unknown, revoked or expired)")
+    match caller {
+        Ok(Some(caller)) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
         }
+        Ok(None) => unauthorized("the API key or login is not valid (unknown, revoked or expired)"),
         Err(error) => ApiError::internal(error.to_string()).into_response(),
     }
 }
@@ -178,22 +193,50 @@ struct LoginBody {
     api_key: String,
 }
 
-/// Exchanges a key for an HttpOnly session cookie (for the web console).
+/// Whether the request reached us over TLS (a proxy in front says so).
+fn over_tls(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
+}
+
+/// Exchanges a key for an HttpOnly session cookie (for the web console). Behind TLS the
+/// cookie is `Secure` and `__Host-` prefixed; failed attempts are throttled.
 async fn login(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     body: Result<Json<LoginBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
+    if let Some(wait) = state.auth.login_throttled() {
+        let mut response = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many failed logins: wait a minute",
+        )
+        .into_response();
+        if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        return Ok(response);
+    }
     let token = state
         .auth
         .login(&body.api_key)
         .await
         .map_err(|error| ApiError::internal(error.to_string()))?;
     let Some(token) = token else {
+        state.auth.login_failed();
         return Ok(unauthorized("the API key is not valid"));
     };
+    let (name, secure) = if over_tls(&headers) {
+        (SECURE_SESSION_COOKIE, "; Secure")
+    } else {
+        (SESSION_COOKIE, "")
+    };
     let cookie = format!(
-        "{SESSION_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        "{name}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
         crate::auth::LOGIN_TTL.as_secs()
     );
     let cookie =
@@ -205,8 +248,13 @@ async fn logout(State(state): State<AppState>, request: Request) -> Response {
     if let (_, Some(token)) = credentials(&request) {
         state.auth.logout(&token);
     }
-    let expired =
-        HeaderValue::from_static("agentry_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    let expired = if over_tls(request.headers()) {
+        HeaderValue::from_static(
+            "__Host-agentry_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0; Secure",
+        )
+    } else {
+        HeaderValue::from_static("agentry_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
+    };
     (StatusCode::NO_CONTENT, [(header::SET_COOKIE, expired)]).into_response()
 }
 
@@ -219,16 +267,20 @@ async fn status(
         .enabled()
         .await
         .map_err(|error| ApiError::internal(error.to_string()))?;
-    let authenticated = match credentials(&request) {
-        (Some(key), _) => state
-            .auth
-            .verify_key(&key)
-            .await
-            .is_ok_and(|id| id.is_some()),
-        (None, Some(token)) => state.auth.verify_login(&token).await.unwrap_or(false),
-        (None, None) => false,
+    let caller = match credentials(&request) {
+        (Some(key), _) => state.auth.verify_key(&key).await.ok().flatten(),
+        (None, Some(token)) => state.auth.verify_login(&token).await.ok().flatten(),
+        (None, None) => None,
     };
-    Ok(Json(
-        json!({"enabled": enabled, "authenticated": authenticated}),
-    ))
+    let role = match (&caller, enabled) {
+        (Some(caller), _) => Some(caller.role),
+        (None, false) => Some(crate::auth::KeyRole::Admin),
+        (None, true) => None,
+    };
+    Ok(Json(json!({
+        "enabled": enabled,
+        "authenticated": caller.is_some(),
+        "role": role,
+        "key_id": caller.and_then(|caller| caller.key_id),
+    })))
 }

@@ -137,6 +137,7 @@ pub async fn build_runtime(
 ) -> Result<Runtime, ApiError> {
     let secrets = secrets(store).await?;
     let mut builder = Runtime::builder();
+    builder.approval_defaults(environment.approval_defaults.clone());
     for (name, value) in store.list_config(ConfigKind::Model).await? {
         let built = serde_json::from_value::<ModelConfig>(value)
             .map_err(|error| ApiError::bad_request(error.to_string()))

@@ -748,6 +748,12 @@ pub struct ToolInfo {
     pub kind: String,
     /// Whether calling it twice with the same arguments is harmless.
     pub idempotent: bool,
+    /// What it can do: `read_only`, `writes_files`, `runs_commands`, `network` or `agents`
+    /// (absent for a configured tool the runtime could not load).
+    #[schema(nullable = false)]
+    pub risk: Option<String>,
+    /// Whether it runs on the host, outside any sandbox (such tools ask for approval by default).
+    pub runs_on_host: bool,
 }
 
 /// `GET /v1/tools`.
@@ -825,12 +831,12 @@ pub struct Health {
 pub struct Readiness {
     /// `ready`.
     pub status: String,
-    /// `sqlite` or `postgres`.
-    pub database: String,
-    /// The database's schema version.
-    pub schema_version: u32,
-    /// Runs going now.
-    pub live_runs: u64,
+    /// `sqlite` or `postgres` (only while the server has no API keys).
+    pub database: Option<String>,
+    /// The database's schema version (only while the server has no API keys).
+    pub schema_version: Option<u32>,
+    /// Runs going now (only while the server has no API keys).
+    pub live_runs: Option<u64>,
 }
 
 /// The body of `POST /v1/auth/login`.

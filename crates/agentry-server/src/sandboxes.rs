@@ -253,6 +253,8 @@ pub struct Standalone {
     pub created_at: u64,
     /// The specification it was made from (its workspace is the host folder).
     pub spec: SandboxSpec,
+    /// Who it belongs to (the id of the API key that made it; `None`: the operator).
+    pub owner: Option<String>,
     processes: Mutex<Processes>,
 }
 
@@ -437,6 +439,7 @@ impl SandboxRegistry {
         &self,
         backend: &Arc<dyn Backend>,
         spec: SandboxSpec,
+        owner: Option<String>,
     ) -> Result<Arc<Standalone>, ApiError> {
         self.sweep().await;
         let place = {
@@ -471,6 +474,7 @@ impl SandboxRegistry {
                 sandbox,
                 created_at: now_ms(),
                 spec,
+                owner,
                 processes: Mutex::new(Processes::default()),
             });
             lock(&registry.inner.slots)

@@ -38,6 +38,9 @@ pub struct ToolEnvironment {
     /// Where MCP servers' requests for input during a run wait for a person. `None`: they are
     /// declined (`agentry run`); the server always has one ([`AppState::elicitations`]).
     pub elicitations: Option<crate::elicitation::Elicitations>,
+    /// Which tools need a person's approval when a run's own policy does not say (default:
+    /// every tool that runs on the host).
+    pub approval_defaults: agentry_core::tool::ApprovalDefaults,
 }
 
 /// The server's shared state. Cheap to clone.
@@ -57,8 +60,9 @@ pub struct AppState {
     pub auth: Authenticator,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
-    /// Origins allowed by CORS (none: CORS off).
-    pub cors_origins: Vec<String>,
+    /// Which `Host` names and browser origins may reach the API (the origins are also the
+    /// CORS origins; none: CORS off).
+    pub access: crate::access::AccessPolicy,
     /// The MCP servers, shared by every run.
     pub mcp: McpManager,
     /// Whether Agentry's own MCP server (`/mcp`, `agentry mcp serve`) offers the registered
@@ -112,7 +116,7 @@ impl AppState {
             http,
             shutdown: CancellationToken::new(),
             metrics,
-            cors_origins: Vec::new(),
+            access: crate::access::AccessPolicy::default(),
             mcp_expose_tools: false,
             sandboxes: SandboxRegistry::new(tools.sandbox_root.clone()),
             tools,

@@ -160,6 +160,7 @@ impl SessionLog for StoreLog {
         Box::pin(async move {
             let query = SessionQuery {
                 status: Some(status.as_str().to_owned()),
+                owner: None,
                 limit: usize::MAX,
                 offset: 0,
             };

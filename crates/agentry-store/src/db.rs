@@ -161,6 +161,8 @@ impl Dialect {
                  JOIN (SELECT session_id, MAX(seq) AS seq FROM events \
                        WHERE payload LIKE $1 ESCAPE '\\' GROUP BY session_id) m \
                  ON m.session_id = e.session_id AND m.seq = e.seq \
+                 JOIN sessions s ON s.id = e.session_id \
+                 WHERE ($3 IS NULL OR s.owner = $3) \
                  ORDER BY e.created_at DESC, e.session_id DESC LIMIT $2"
             }
             Self::Postgres => {
@@ -168,8 +170,30 @@ impl Dialect {
                  JOIN (SELECT session_id, MAX(seq) AS seq FROM events \
                        WHERE payload ILIKE $1 ESCAPE '\\' GROUP BY session_id) m \
                  ON m.session_id = e.session_id AND m.seq = e.seq \
+                 JOIN sessions s ON s.id = e.session_id \
+                 WHERE ($3::text IS NULL OR s.owner = $3::text) \
                  ORDER BY e.created_at DESC, e.session_id DESC LIMIT $2"
             }
+        }
+    }
+
+    /// Sessions filtered by status (`$1`) and owner (`$2`), either NULL for any, most recent
+    /// activity first, `$3` of them after skipping `$4`.
+    pub(crate) fn list_sessions_sql(self) -> &'static str {
+        match self {
+            Self::Sqlite => concat!(
+                "SELECT ",
+                crate::store::session_columns!(),
+                " FROM sessions WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR owner = $2) \
+                 ORDER BY last_activity DESC, id DESC LIMIT $3 OFFSET $4"
+            ),
+            Self::Postgres => concat!(
+                "SELECT ",
+                crate::store::session_columns!(),
+                " FROM sessions WHERE ($1::text IS NULL OR status = $1::text) \
+                 AND ($2::text IS NULL OR owner = $2::text) \
+                 ORDER BY last_activity DESC, id DESC LIMIT $3 OFFSET $4"
+            ),
         }
     }
 
@@ -223,6 +247,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "memories",
         sql: include_str!("../migrations/sqlite/0002_memories.sql"),
     },
+    Migration {
+        version: 3,
+        name: "owners",
+        sql: include_str!("../migrations/sqlite/0003_owners.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -236,10 +265,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "memories",
         sql: include_str!("../migrations/postgres/0002_memories.sql"),
     },
+    Migration {
+        version: 3,
+        name: "owners",
+        sql: include_str!("../migrations/postgres/0003_owners.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

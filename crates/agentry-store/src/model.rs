@@ -46,6 +46,8 @@ pub struct NewSession {
     pub expires_at: Option<u64>,
     /// Anything the engine wants to keep with the session; opaque to the store.
     pub metadata: serde_json::Value,
+    /// Who it belongs to (an API key's id); `None`: the operator.
+    pub owner: Option<String>,
 }
 
 impl NewSession {
@@ -61,6 +63,7 @@ impl NewSession {
             title: None,
             expires_at: None,
             metadata: serde_json::Value::Object(serde_json::Map::new()),
+            owner: None,
         }
     }
 }
@@ -97,6 +100,9 @@ pub struct SessionRecord {
     pub expires_at: Option<u64>,
     /// The metadata it was created with.
     pub metadata: serde_json::Value,
+    /// Who it belongs to (an API key's id); `None`: the operator.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 impl SessionRecord {
@@ -111,6 +117,8 @@ impl SessionRecord {
 pub struct SessionQuery {
     /// Only sessions with this status.
     pub status: Option<String>,
+    /// Only sessions of this owner (an API key's id).
+    pub owner: Option<String>,
     /// At most this many.
     pub limit: usize,
     /// Skip this many first.
@@ -122,6 +130,7 @@ impl Default for SessionQuery {
     fn default() -> Self {
         Self {
             status: None,
+            owner: None,
             limit: 100,
             offset: 0,
         }

@@ -87,9 +87,10 @@ impl std::fmt::Debug for Store {
 macro_rules! session_columns {
     () => {
         "id, title, status, created_at, last_activity, last_seq, read_seq, parent_id, \
-         parent_seq, expires_at, metadata"
+         parent_seq, expires_at, metadata, owner"
     };
 }
+pub(crate) use session_columns;
 
 impl Store {
     /// Opens (creating if needed) the database at `url` and brings its schema up to date.
@@ -248,13 +249,15 @@ impl Store {
         let result = with_writer!(self, |pool, d| {
             sqlx::query(
                 "INSERT INTO sessions (id, title, status, created_at, last_activity, last_seq, \
-                 read_seq, expires_at, metadata) VALUES ($1, $2, 'idle', $3, $3, 0, 0, $4, $5)",
+                 read_seq, expires_at, metadata, owner) \
+                 VALUES ($1, $2, 'idle', $3, $3, 0, 0, $4, $5, $6)",
             )
             .bind(&id)
             .bind(new.title.as_deref())
             .bind(to_db(now))
             .bind(new.expires_at.map(to_db))
             .bind(&metadata)
+            .bind(new.owner.as_deref())
             .execute(pool)
             .await
             .map(|_| ())
@@ -271,6 +274,7 @@ impl Store {
             parent: None,
             expires_at: new.expires_at,
             metadata: new.metadata,
+            owner: new.owner,
         })
     }
 
@@ -301,32 +305,13 @@ impl Store {
         let limit = to_db(query.limit as u64);
         let offset = to_db(query.offset as u64);
         with_reader!(self, |pool, d| {
-            let rows = match &query.status {
-                Some(status) => {
-                    sqlx::query(concat!(
-                        "SELECT ",
-                        session_columns!(),
-                        " FROM sessions WHERE status = $1 \
-                         ORDER BY last_activity DESC, id DESC LIMIT $2 OFFSET $3"
-                    ))
-                    .bind(status)
-                    .bind(limit)
-                    .bind(offset)
-                    .fetch_all(pool)
-                    .await?
-                }
-                None => {
-                    sqlx::query(concat!(
-                        "SELECT ",
-                        session_columns!(),
-                        " FROM sessions ORDER BY last_activity DESC, id DESC LIMIT $1 OFFSET $2"
-                    ))
-                    .bind(limit)
-                    .bind(offset)
-                    .fetch_all(pool)
-                    .await?
-                }
-            };
+            let rows = sqlx::query(d.list_sessions_sql())
+                .bind(query.status.as_deref())
+                .bind(query.owner.as_deref())
+                .bind(limit)
+                .bind(offset)
+                .fetch_all(pool)
+                .await?;
             rows.iter().map(session_from_row).collect()
         })
     }
@@ -678,8 +663,8 @@ impl Store {
             }
             sqlx::query(
                 "INSERT INTO sessions (id, title, status, created_at, last_activity, last_seq, \
-                 read_seq, parent_id, parent_seq, expires_at, metadata) \
-                 VALUES ($1, $2, 'idle', $3, $3, $4, $4, $5, $4, $6, $7)",
+                 read_seq, parent_id, parent_seq, expires_at, metadata, owner) \
+                 VALUES ($1, $2, 'idle', $3, $3, $4, $4, $5, $4, $6, $7, $8)",
             )
             .bind(&id)
             .bind(new.title.as_deref())
@@ -688,6 +673,7 @@ impl Store {
             .bind(&source_key)
             .bind(new.expires_at.map(to_db))
             .bind(&metadata)
+            .bind(new.owner.as_deref())
             .execute(&mut *tx)
             .await
             .map_err(|e| unique_is_conflict(e, || format!("session {id} already exists")))?;
@@ -704,6 +690,7 @@ impl Store {
             parent: Some((source, at_seq)),
             expires_at: new.expires_at,
             metadata: new.metadata,
+            owner: new.owner,
         })
     }
 
@@ -716,6 +703,16 @@ impl Store {
     /// not fold case). An event inherited by a fork is reported under the session that stores
     /// it. This scans payloads: fine for the sizes one node keeps, not a full-text index.
     pub async fn search(&self, query: &str, limit: usize) -> Result<Vec<SearchHit>, StoreError> {
+        self.search_owned(query, limit, None).await
+    }
+
+    /// [`Store::search`] over the sessions of one owner only (`None`: every session).
+    pub async fn search_owned(
+        &self,
+        query: &str,
+        limit: usize,
+        owner: Option<&str>,
+    ) -> Result<Vec<SearchHit>, StoreError> {
         if query.is_empty() || query.chars().count() > 1000 {
             return Err(StoreError::InvalidInput(
                 "a search query needs 1 to 1,000 characters".into(),
@@ -728,6 +725,7 @@ impl Store {
             let rows = sqlx::query(d.search_sql())
                 .bind(&pattern)
                 .bind(to_db(limit as u64))
+                .bind(owner)
                 .fetch_all(pool)
                 .await?;
             rows.iter()
@@ -816,6 +814,7 @@ fn session_from_row(row: &impl RowExt) -> Result<SessionRecord, StoreError> {
         parent,
         expires_at: row.opt_int("expires_at")?.map(from_db),
         metadata: from_json_text(&row.text("metadata")?)?,
+        owner: row.opt_text("owner")?,
     })
 }
 

@@ -131,6 +131,16 @@ impl Tool for CommandTool {
         &self.spec
     }
 
+    /// Runs commands; on the host when it has no sandbox.
+    fn risk(&self) -> crate::tool::ToolRisk {
+        let risk = crate::tool::ToolRisk::of(crate::tool::RiskClass::RunsCommands);
+        if self.sandboxes.is_some() {
+            risk
+        } else {
+            risk.on_host()
+        }
+    }
+
     fn timeout(&self) -> Option<Duration> {
         self.timeout
     }

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Tool, ToolContext, ToolError, ToolOutput, ToolRisk};
 
 type Handler =
     dyn Fn(Value, ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> + Send + Sync;
@@ -47,6 +47,7 @@ pub struct FunctionTool {
     spec: ToolSpec,
     timeout: Option<Duration>,
     idempotent: bool,
+    risk: ToolRisk,
     handler: Arc<Handler>,
 }
 
@@ -97,6 +98,7 @@ impl FunctionTool {
             spec: ToolSpec::new(name, description, parameters),
             timeout: None,
             idempotent: false,
+            risk: ToolRisk::default(),
             handler: Arc::new(handler),
         }
     }
@@ -105,6 +107,13 @@ impl FunctionTool {
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Says what the tool can do (default: read-only, confined).
+    #[must_use]
+    pub fn with_risk(mut self, risk: ToolRisk) -> Self {
+        self.risk = risk;
         self
     }
 
@@ -127,6 +136,10 @@ impl Tool for FunctionTool {
 
     fn idempotent(&self) -> bool {
         self.idempotent
+    }
+
+    fn risk(&self) -> ToolRisk {
+        self.risk
     }
 
     fn call(

@@ -215,6 +215,10 @@ impl Tool for HttpTool {
         &self.spec
     }
 
+    fn risk(&self) -> crate::tool::ToolRisk {
+        crate::tool::ToolRisk::of(crate::tool::RiskClass::Network)
+    }
+
     fn timeout(&self) -> Option<Duration> {
         self.timeout
     }

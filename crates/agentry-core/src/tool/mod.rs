@@ -167,6 +167,12 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
+    /// What the tool can do (default: read-only, confined). Approvals by risk class and the
+    /// tool listings use it.
+    fn risk(&self) -> ToolRisk {
+        ToolRisk::default()
+    }
+
     /// Runs the tool. Arguments have already been validated against the schema.
     fn call(
         &self,
@@ -183,6 +189,7 @@ pub mod function;
 pub mod http;
 pub mod registry;
 pub mod result;
+pub mod risk;
 pub mod shell;
 pub mod workspace;
 
@@ -197,7 +204,10 @@ pub use function::{FunctionTool, arguments_schema};
 pub use http::{
     EnvSecrets, HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver, StaticSecrets,
 };
-pub use registry::{CANCEL_GRACE, TOOL_NAME_RULE, ToolRegistry, is_valid_tool_name};
+pub use registry::{
+    ALL_TOOLS, CANCEL_GRACE, TOOL_NAME_RULE, ToolRegistry, is_valid_tool_name, names_all_tools,
+};
 pub use result::{DEFAULT_RESULT_LIMIT, ResultFormat, format_output, result_for_model};
+pub use risk::{ApprovalDefaults, RiskClass, ToolRisk};
 pub use shell::{ShellToolsConfig, shell_tools};
 pub use workspace::{FetchConfig, NetworkPolicy, WorkspaceToolsConfig, workspace_tools};

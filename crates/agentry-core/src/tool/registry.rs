@@ -33,6 +33,15 @@ pub const CANCEL_GRACE: Duration = Duration::from_millis(250);
 /// A single schema error line is cut to this many bytes (it may quote a large value).
 const MAX_ERROR_LINE: usize = 300;
 
+/// The tool name that stands for every registered tool in a list of tool names: a run, an agent
+/// or a sub-agent is offered only the tools it names, and all of them only when it names this.
+pub const ALL_TOOLS: &str = "*";
+
+/// Whether a list of tool names asks for every tool ([`ALL_TOOLS`]).
+pub fn names_all_tools(names: &[String]) -> bool {
+    names.iter().any(|name| name == ALL_TOOLS)
+}
+
 /// Whether `name` is a valid tool name: 1–64 characters of `[A-Za-z0-9_-]`, which every provider
 /// accepts. Skill and template names follow the same rule.
 pub fn is_valid_tool_name(name: &str) -> bool {
@@ -140,10 +149,14 @@ impl ToolRegistry {
         self.entries.is_empty()
     }
 
-    /// A registry holding only the named tools (for example the CLI's `--tool NAME`s).
+    /// A registry holding only the named tools (for example the CLI's `--tool NAME`s);
+    /// [`ALL_TOOLS`] (`"*"`) among the names stands for every tool.
     ///
     /// Fails with [`ToolError::NotFound`] for the first name no tool has.
     pub fn subset(&self, names: &[String]) -> Result<ToolRegistry, ToolError> {
+        if names.iter().any(|name| name == ALL_TOOLS) {
+            return Ok(self.clone());
+        }
         let mut entries = BTreeMap::new();
         for name in names {
             let entry = self

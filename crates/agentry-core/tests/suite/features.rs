@@ -42,7 +42,9 @@ async fn a_skill_is_disclosed_when_called_and_sets_the_working_directory() {
         builder.tool(tool.clone()).unwrap();
         builder.skill(Skill::load(&skill_dir).unwrap()).unwrap();
         builder.limits(limits());
-        let (events, output) = run_collect(&builder.build(), RunRequest::text("report")).await;
+        let mut request = RunRequest::text("report");
+        request.tools = Some(vec!["*".into()]);
+        let (events, output) = run_collect(&builder.build(), request).await;
         assert_eq!(output.stop_reason, RunStopReason::Completed, "{protocol:?}");
 
         // At first the model saw only the skill's name and description.

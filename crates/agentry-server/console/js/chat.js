@@ -435,7 +435,7 @@ export class ChatView {
     this.transcript = new Transcript(this.transcriptEl, this);
     this.picker = h("select", { testid: "model-picker", "aria-label": "Model or agent", onchange: () => this.pickChanged() });
     this.toolMenu = h("div", { class: "menu-list hidden" });
-    this.toolButton = h("button", { type: "button", onclick: () => this.toolMenu.classList.toggle("hidden") }, "All tools");
+    this.toolButton = h("button", { type: "button", onclick: () => this.toolMenu.classList.toggle("hidden") }, "No tools");
     this.templatePicker = h("select", { testid: "template-picker", "aria-label": "Prompt template", onchange: () => this.templateChanged() }, h("option", { value: "" }, "No template"));
     this.vars = h("div", { class: "vars" });
     this.thumbs = h("div", { class: "thumbs" });
@@ -475,9 +475,15 @@ export class ChatView {
       h("optgroup", { label: "Agents" }, (agents.agents || []).map((a) => h("option", { value: `agent:${a.id}` }, `${a.nickname ? `@${a.nickname}` : a.id} — agent`))));
     if (saved && [...this.picker.options].some((o) => o.value === saved)) this.picker.value = saved;
     if (!this.picker.options.length) this.picker.append(h("option", { value: "" }, "No model yet — add one in Settings"));
-    clear(this.toolMenu).append(h("div", { class: "hint" }, "None checked: every tool (or the agent's)."),
+    // Least privilege: a run gets exactly the tools checked here; "All tools" is an explicit
+    // choice (`"*"`), never what an empty list means.
+    const risk = (tool) => (tool.runs_on_host ? "runs on the host" : (tool.risk || "").replace("_", " "));
+    clear(this.toolMenu).append(h("div", { class: "hint" }, "None checked: no tools (an agent brings its own)."),
+      h("label", { title: "Every registered tool, including those that run commands or reach the network" },
+        h("input", { type: "checkbox", dataset: { tool: "*" }, onchange: () => this.toolsChanged() }), h("strong", {}, "All tools")),
       ...(tools.tools || []).map((tool) => h("label", { title: tool.description },
-        h("input", { type: "checkbox", dataset: { tool: tool.name }, onchange: () => this.toolsChanged() }), tool.name)));
+        h("input", { type: "checkbox", dataset: { tool: tool.name }, onchange: () => this.toolsChanged() }), tool.name,
+        risk(tool) ? h("span", { class: "muted", dataset: { risk: tool.risk || "" } }, ` · ${risk(tool)}`) : null)));
     for (const template of templates.templates || []) {
       const name = template.name || template;
       this.templatePicker.append(h("option", { value: name }, name));
@@ -493,8 +499,9 @@ export class ChatView {
   }
 
   toolsChanged() {
+    const all = this.toolMenu.querySelector('input[data-tool="*"]:checked');
     const n = this.toolMenu.querySelectorAll("input:checked").length;
-    this.toolButton.textContent = n ? `${n} tool${n > 1 ? "s" : ""}` : "All tools";
+    this.toolButton.textContent = all ? "All tools" : n ? `${n} tool${n > 1 ? "s" : ""}` : "No tools";
   }
 
   async templateChanged() {
@@ -640,7 +647,8 @@ export class ChatView {
     if (pick.startsWith("agent:")) body.agent_id = pick.slice(6);
     else if (pick.startsWith("model:")) body.model_id = pick.slice(6);
     const tools = [...this.toolMenu.querySelectorAll("input:checked")].map((i) => i.dataset.tool);
-    if (tools.length && !body.agent_id) body.tool_ids = tools;
+    // Always an explicit list for a model (an agent brings its own tools).
+    if (!body.agent_id) body.tool_ids = tools.includes("*") ? ["*"] : tools;
     const text = this.input.value.trim();
     const template = this.templatePicker.value;
     if (template) {

@@ -250,8 +250,8 @@ export class SettingsView {
   async keys(root, reload) {
     const { keys, auth_enabled: enabled } = await get("/v1/api-keys");
     root.append(h("div", { class: "card" },
-      h("p", { class: "muted" }, enabled ? "Authentication is on: the API needs a key (or this console's login)." : "Authentication is off: creating a key turns it on."),
-      h("div", { class: "rows" }, keys.length ? keys.map((k) => row(k.id, `${k.label || "(no label)"} · ${time(k.created_at)}${k.revoked ? " · revoked" : ""}`,
+      h("p", { class: "muted" }, enabled ? "Authentication is on: the API needs a key (or this console's login). Revoking keys never turns it off." : "Authentication is off: creating a key (always an admin, the first) turns it on."),
+      h("div", { class: "rows" }, keys.length ? keys.map((k) => row(k.id, `${k.label || "(no label)"} · ${k.role || "admin"} · ${time(k.created_at)}${k.revoked ? " · revoked" : ""}`,
         k.revoked ? null : h("button", { class: "danger", testid: "delete", onclick: async () => {
           if (!confirm(`Revoke key ${k.id}?`)) return;
           try { await del(`/v1/api-keys/${k.id}`); reload(); } catch (error) { toast(errorText(error), "error"); }
@@ -260,8 +260,15 @@ export class SettingsView {
     const shown = h("div");
     root.append(h("div", { class: "card" }, h("h3", {}, "Create a key"), form("key-form", [
       field("Label", h("input", { name: "label", placeholder: "ci" })),
+      field("Role", h("select", { name: "role", testid: "key-role" },
+        h("option", { value: "user" }, "user — runs, and only its own sessions"),
+        h("option", { value: "admin" }, "admin — everything"))),
+      field("Agents it may run as (comma-separated; empty: any)", h("input", { name: "agents", placeholder: "writer" })),
     ], async (v) => {
-      const created = await post("/v1/api-keys", { label: v.label });
+      const body = { label: v.label, role: v.role || "user" };
+      const agents = (v.agents || "").split(",").map((a) => a.trim()).filter(Boolean);
+      if (agents.length) body.limits = { agents };
+      const created = await post("/v1/api-keys", body);
       clear(shown).append(h("p", {}, "Copy it now: it is not shown again."), h("div", { class: "secret-once", testid: "new-key" }, created.key));
       // The console itself now needs a login: sign in with the new key at once.
       if (!enabled) { try { await post("/v1/auth/login", { api_key: created.key }); } catch { /* the login form will ask */ } }

@@ -42,7 +42,7 @@ pub struct AgentConfig {
     pub nickname: Option<String>,
     /// The model it runs on.
     pub model_id: String,
-    /// The tools it may use (none if empty).
+    /// The tools it may use (none if empty; `["*"]`: every registered tool).
     #[serde(default)]
     pub tool_ids: Vec<String>,
     /// Its system prompt.
@@ -287,7 +287,7 @@ impl AgentConfig {
             }
         };
         for tool in &self.tool_ids {
-            if !runtime.tools().contains(tool) {
+            if tool != agentry_core::tool::ALL_TOOLS && !runtime.tools().contains(tool) {
                 return Err(ApiError::bad_request(format!(
                     "agent {:?} uses the tool {tool:?}, which does not exist",
                     self.id
@@ -398,7 +398,7 @@ pub async fn validate(
         }
     }
     for tool in &agent.tool_ids {
-        if !runtime.tools().contains(tool) {
+        if tool != agentry_core::tool::ALL_TOOLS && !runtime.tools().contains(tool) {
             return Err(ApiError::bad_request(format!(
                 "agent {:?} uses the tool {tool:?}, which does not exist",
                 agent.id

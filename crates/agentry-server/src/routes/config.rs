@@ -445,9 +445,22 @@ struct ToolSummary {
     parameters: Value,
     kind: &'static str,
     idempotent: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    risk: Option<&'static str>,
+    runs_on_host: bool,
 }
 
 impl ToolSummary {
+    /// Fills in the risk of the runtime's tool of this name.
+    fn with_risk(mut self, runtime: &agentry_core::Runtime) -> Self {
+        if let Some(tool) = runtime.tools().get(&self.name) {
+            let risk = tool.risk();
+            self.risk = Some(risk.class.as_str());
+            self.runs_on_host = risk.host;
+        }
+        self
+    }
+
     fn of_definition(definition: &ToolDefinition) -> Self {
         match definition {
             ToolDefinition::Http {
@@ -462,6 +475,8 @@ impl ToolSummary {
                 parameters: parameters.clone(),
                 kind: "http",
                 idempotent: *idempotent,
+                risk: None,
+                runs_on_host: false,
             },
             ToolDefinition::Command {
                 name,
@@ -475,6 +490,8 @@ impl ToolSummary {
                 parameters: parameters.clone(),
                 kind: "command",
                 idempotent: *idempotent,
+                risk: None,
+                runs_on_host: false,
             },
         }
     }
@@ -486,6 +503,8 @@ impl ToolSummary {
             parameters: info.input_schema,
             kind: "mcp",
             idempotent: info.idempotent,
+            risk: None,
+            runs_on_host: false,
         }
     }
 
@@ -497,6 +516,8 @@ impl ToolSummary {
             parameters: spec.parameters.clone(),
             kind: "builtin",
             idempotent: tool.idempotent(),
+            risk: Some(tool.risk().class.as_str()),
+            runs_on_host: tool.risk().host,
         }
     }
 }
@@ -573,6 +594,11 @@ async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
     }
     tools.extend(state.mcp.tools().into_iter().map(ToolSummary::of_mcp));
     tools.sort_by(|a, b| a.name.cmp(&b.name));
+    let runtime = state.sessions.runtime();
+    let tools: Vec<ToolSummary> = tools
+        .into_iter()
+        .map(|tool| tool.with_risk(&runtime))
+        .collect();
     Ok(Json(json!({ "tools": tools })))
 }
 
@@ -598,7 +624,9 @@ async fn get_tool(
     }
     check_name("tool", &name)?;
     if let Some(info) = state.mcp.tools().into_iter().find(|info| info.name == name) {
-        return Ok(Json(to_document(&ToolSummary::of_mcp(info))?));
+        return Ok(Json(to_document(
+            &ToolSummary::of_mcp(info).with_risk(&state.sessions.runtime()),
+        )?));
     }
     let definition = stored_tool(&state.store, &name)
         .await?

@@ -26,6 +26,7 @@ use agentry_types::{RunId, SessionEvent, SessionId};
 
 use super::config::ApiPath;
 use super::infer::{InferRequest, parse_session_id};
+use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::group::{self, GroupInfo, Started};
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
@@ -135,10 +136,12 @@ pub struct GroupStreamEvent {
 )]
 async fn create_group(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     body: Result<Json<CreateGroup>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    let (session, info) = group::create(&state, &body.members, body.max_rounds, body.title).await?;
+    let (session, info) =
+        group::create(&state, &caller, &body.members, body.max_rounds, body.title).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({"session_id": session, "group": info})),
@@ -469,6 +472,7 @@ async fn group_stream(
 /// `cancel_on_disconnect` cancels the exchange when the client goes away.
 pub(crate) async fn infer_group(
     state: AppState,
+    caller: &crate::auth::Principal,
     body: InferRequest,
     stream: bool,
 ) -> Result<Response, ApiError> {
@@ -517,12 +521,13 @@ pub(crate) async fn infer_group(
                 return Err(ApiError::bad_request("the message is empty"));
             }
             let title: String = text.chars().take(80).collect();
-            group::create(&state, &ids, body.max_rounds, Some(title))
+            group::create(&state, caller, &ids, body.max_rounds, Some(title))
                 .await?
                 .0
         }
         Some(id) => {
             let session = parse_session_id(id)?;
+            crate::authorization::check_session(&state, caller, session).await?;
             let info = group::load(&state, session).await?;
             let mut members: Vec<&str> = info.members.iter().map(|m| m.agent_id.as_str()).collect();
             let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();

@@ -30,6 +30,7 @@ use agentry_store::NewSession;
 use agentry_types::{ContentPart, ImageSource, Message, RunEvent, SessionEvent, SessionId};
 
 use super::sse::SseMapper;
+use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::hub::Subscription;
 use crate::openapi::{
@@ -85,7 +86,8 @@ pub struct InferRequest {
     /// The model id (default: the first registered model).
     #[serde(default)]
     pub model_id: Option<String>,
-    /// The tools offered, by name (default: every tool).
+    /// The tools offered, by name: exactly these (an agent's when the request names none);
+    /// `["*"]` offers every registered tool. Default: none.
     #[serde(default)]
     pub tool_ids: Option<Vec<String>>,
     /// Shorthand for one user message.
@@ -231,6 +233,7 @@ pub(crate) enum Target {
 /// session for `"new"`. Shared with the MCP endpoint, which runs agents the same way.
 pub(crate) async fn prepare(
     state: &AppState,
+    caller: &crate::auth::Principal,
     mut body: InferRequest,
 ) -> Result<(Target, RunRequest, BusyPolicy), ApiError> {
     let agent_id = match (body.agent_id.take(), body.agent_ids.as_deref()) {
@@ -358,6 +361,15 @@ pub(crate) async fn prepare(
         )
         .await?;
     }
+    // A `user` key runs only within its limits (the agent it runs as brings its own tools).
+    let named_tools = if run_agent.is_some() {
+        None
+    } else {
+        request.tools.as_deref()
+    };
+    caller
+        .check_run(run_agent.as_deref(), request.model.as_deref(), named_tools)
+        .map_err(|message| ApiError::new(StatusCode::FORBIDDEN, "permission_denied", message))?;
     // Check the model, tools, template and attached files before anything is created (a new
     // session's id is chosen now, so its workspace is known).
     let new_id = SessionId::new();
@@ -368,18 +380,25 @@ pub(crate) async fn prepare(
     };
     let mut check = request.clone().with_history(vec![Message::user("")]);
     check.workspace = planned.and_then(|id| state.sessions.workspace(id));
-    state.sessions.runtime().prepare(check)?;
+    // The policy the run will have: its own, plus the operator's defaults by risk class.
+    let may_ask = state.sessions.runtime().prepare(check)?.approvals.may_ask();
     let target = match body.session_id.as_deref() {
         None => Target::Ephemeral,
         Some("new") => {
             let mut new = NewSession::with_id(new_id);
             new.title = first_line(&request);
+            new.owner = caller.owner();
             let record = state.store.create_session(new).await?;
             Target::Session(record.id)
         }
         Some(id) => {
             let id = parse_session_id(id)?;
-            let Some(record) = state.store.session(id).await? else {
+            let Some(record) = state
+                .store
+                .session(id)
+                .await?
+                .filter(|record| caller.may_see(record.owner.as_deref()))
+            else {
                 return Err(ApiError::not_found(format!("no session {id}")));
             };
             if crate::group::info_of(&record.metadata).is_some() {
@@ -391,14 +410,11 @@ pub(crate) async fn prepare(
             Target::Session(id)
         }
     };
-    if body.session_id.is_none()
-        && request
-            .approvals
-            .as_ref()
-            .is_some_and(agentry_core::approval::ApprovalPolicy::may_ask)
-    {
+    if body.session_id.is_none() && may_ask {
         return Err(ApiError::bad_request(
-            "a run whose tool calls may wait for approval needs a session (`session_id`)",
+            "a run whose tool calls may wait for approval needs a session (`session_id`); \
+             tools that run on the host, and the risk classes the operator named \
+             (`agentry serve --approve`), always ask unless the run's `approvals` say otherwise",
         ));
     }
     if matches!(target, Target::Ephemeral) && request.input.is_none() {
@@ -491,14 +507,15 @@ fn is_group(body: &InferRequest) -> bool {
 )]
 async fn infer(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     body: Result<Json<InferRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     if is_group(&body) {
-        return super::groups::infer_group(state, body, false).await;
+        return super::groups::infer_group(state, &caller, body, false).await;
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
-    let (target, request, policy) = prepare(&state, body).await?;
+    let (target, request, policy) = prepare(&state, &caller, body).await?;
     match target {
         Target::Ephemeral => {
             let output = state.sessions.runtime().run(request).await?;
@@ -697,14 +714,15 @@ fn outcome(
 )]
 async fn infer_stream(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     body: Result<Json<InferRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     if is_group(&body) {
-        return super::groups::infer_group(state, body, true).await;
+        return super::groups::infer_group(state, &caller, body, true).await;
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
-    let (target, request, policy) = prepare(&state, body).await?;
+    let (target, request, policy) = prepare(&state, &caller, body).await?;
     let mut headers = HeaderMap::new();
     let events: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
         match target {
@@ -821,6 +839,7 @@ pub(crate) fn session_events<G: Send + 'static>(
 )]
 async fn abort(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(body) = body?;
@@ -829,6 +848,7 @@ async fn abort(
         .and_then(Value::as_str)
         .ok_or_else(|| ApiError::bad_request("`session_id` (a string) is required"))?;
     let session = parse_session_id(id)?;
+    crate::authorization::check_session(&state, &caller, session).await?;
     Ok(Json(
         json!({"session_id": session, "aborted": state.hub.cancel(session) || crate::group::cancel(session)}),
     ))

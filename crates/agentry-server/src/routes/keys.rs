@@ -1,6 +1,8 @@
-//! API keys: `GET /v1/api-keys` lists them (never a key itself), `POST` creates one and shows it
-//! once, `DELETE /v1/api-keys/{key_id}` revokes one. Creating the first key turns
-//! authentication on (see [`crate::auth`]); revoking takes effect on the next request.
+//! API keys: `GET /v1/api-keys` lists them (never a key itself), `POST` creates one (`admin`
+//! or `user`, with limits) and shows it once, `DELETE /v1/api-keys/{key_id}` revokes one.
+//! Creating the first key (always an admin) turns authentication on for good (see
+//! [`crate::auth`]); revoking takes effect on the next request, and the last active admin key
+//! cannot be revoked over the API (409).
 
 use axum::Json;
 use axum::extract::State;
@@ -12,9 +14,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::config::{ApiJson, ApiPath};
-use crate::auth::{AuthError, create_key, list_keys, revoke_key};
+use crate::auth::{
+    AuthError, KeyLimits, KeyRole, create_key_with, list_keys, revoke_key_keeping_an_admin,
+};
 use crate::error::ApiError;
-use crate::openapi::{BadRequest, JsonBodyErrors, NotFound};
+use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound};
 use crate::state::AppState;
 
 /// The API-key routes.
@@ -35,6 +39,10 @@ pub struct ApiKeyInfo {
     pub created_at: u64,
     /// Whether it was revoked.
     pub revoked: bool,
+    /// What it may do.
+    pub role: KeyRole,
+    /// Which agents, models and tools it may use (a `user` key's).
+    pub limits: KeyLimits,
 }
 
 /// The keys, newest first.
@@ -42,7 +50,8 @@ pub struct ApiKeyInfo {
 pub struct ApiKeyList {
     /// The keys.
     pub keys: Vec<ApiKeyInfo>,
-    /// Whether authentication is on (some key is not revoked).
+    /// Whether authentication is on (a key was ever created; revoking keys does not turn it
+    /// off, `agentry keys reset` on the server's machine does).
     pub auth_enabled: bool,
 }
 
@@ -54,6 +63,17 @@ pub struct NewKeyBody {
     #[serde(default)]
     #[schema(max_length = 200)]
     pub label: String,
+    /// `admin` (everything) or `user` (runs, and only its own sessions, runs and sandboxes).
+    /// Default `user`; the first key is always an admin.
+    #[serde(default = "user_role")]
+    pub role: KeyRole,
+    /// Which agents, models and tools a `user` key may use (absent: any).
+    #[serde(default)]
+    pub limits: KeyLimits,
+}
+
+fn user_role() -> KeyRole {
+    KeyRole::User
 }
 
 /// A created key: `key` is shown this once.
@@ -65,6 +85,8 @@ pub struct CreatedKey {
     pub key: String,
     /// Its label.
     pub label: String,
+    /// Its role.
+    pub role: KeyRole,
 }
 
 /// The key a route acts on.
@@ -78,7 +100,10 @@ pub struct KeyPath {
 
 fn auth_error(error: AuthError) -> ApiError {
     match error {
-        AuthError::InvalidLabel(_) => ApiError::bad_request(error.to_string()),
+        AuthError::InvalidLabel(_) | AuthError::InvalidLimits(_) => {
+            ApiError::bad_request(error.to_string())
+        }
+        AuthError::LastAdmin(_) => ApiError::conflict(error.to_string()),
         AuthError::Store(error) => error.into(),
         AuthError::Random(_) => ApiError::internal(error.to_string()),
     }
@@ -94,7 +119,7 @@ fn auth_error(error: AuthError) -> ApiError {
 )]
 async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let keys = list_keys(&state.store).await.map_err(auth_error)?;
-    let enabled = keys.iter().any(|key| !key.revoked);
+    let enabled = !keys.is_empty();
     Ok(Json(json!({"keys": keys, "auth_enabled": enabled})))
 }
 
@@ -115,13 +140,19 @@ async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<NewKeyBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let created = create_key(&state.store, &body.label)
+    let created = create_key_with(&state.store, &body.label, body.role, body.limits)
         .await
         .map_err(auth_error)?;
     state.auth.refresh();
+    let role = list_keys(&state.store)
+        .await
+        .map_err(auth_error)?
+        .into_iter()
+        .find(|key| key.id == created.id)
+        .map_or(body.role, |key| key.role);
     Ok((
         StatusCode::CREATED,
-        Json(json!({"id": created.id, "key": created.key, "label": body.label})),
+        Json(json!({"id": created.id, "key": created.key, "label": body.label, "role": role})),
     ))
 }
 
@@ -136,6 +167,7 @@ async fn create(
         (status = 204, description = "Revoked."),
         BadRequest,
         NotFound,
+        Conflict,
     )
 )]
 async fn revoke(
@@ -147,7 +179,10 @@ async fn revoke(
             "a key id is 12 hexadecimal digits (the part after `agk_`)",
         ));
     }
-    if revoke_key(&state.store, &id).await.map_err(auth_error)? {
+    if revoke_key_keeping_an_admin(&state.store, &id)
+        .await
+        .map_err(auth_error)?
+    {
         state.auth.refresh();
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -51,6 +51,11 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
             error.to_string(),
         )
     })?;
+    // Readiness is public (load balancers probe it); what it tells beyond that is not, once
+    // the server has API keys.
+    if state.auth.enabled().await.unwrap_or(true) {
+        return Ok(Json(json!({ "status": "ready" })));
+    }
     Ok(Json(json!({
         "status": "ready",
         "database": state.store.backend().as_str(),

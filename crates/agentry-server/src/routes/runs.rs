@@ -236,7 +236,7 @@ fn parse_run_id(id: &str) -> Result<RunId, ApiError> {
 }
 
 /// The session of `run_id`: a run live or queued here, else the session whose log started it.
-async fn locate(state: &AppState, run_id: RunId) -> Result<SessionId, ApiError> {
+pub(crate) async fn locate(state: &AppState, run_id: RunId) -> Result<SessionId, ApiError> {
     if let Some(session) = state.sessions.session_of_live_run(run_id) {
         return Ok(session);
     }

@@ -44,6 +44,7 @@ use agentry_sandbox::{
 };
 
 use super::config::{ApiJson, ApiPath};
+use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
     BadRequest, Conflict, FileTooLarge, Forbidden, JsonBodyErrors, NotFound, SandboxUnavailable,
@@ -1235,11 +1236,15 @@ async fn probed() -> Result<Capabilities, ApiError> {
 )]
 async fn create_sandbox(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiJson(request): ApiJson<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
     let pool = pool(&state)?;
     let spec = sandbox_spec(pool, request)?;
-    let entry = state.sandboxes.create(pool.backend(), spec).await?;
+    let entry = state
+        .sandboxes
+        .create(pool.backend(), spec, caller.owner())
+        .await?;
     Ok((StatusCode::CREATED, Json(sandbox_view(&entry))).into_response())
 }
 
@@ -1254,12 +1259,16 @@ async fn create_sandbox(
         SandboxUnavailable,
     )
 )]
-async fn list_sandboxes(State(state): State<AppState>) -> Result<Json<SandboxList>, ApiError> {
+async fn list_sandboxes(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+) -> Result<Json<SandboxList>, ApiError> {
     pool(&state)?;
     let sandboxes = state
         .sandboxes
         .list()
         .iter()
+        .filter(|entry| caller.may_see(entry.owner.as_deref()))
         .map(|entry| sandbox_view(entry))
         .collect();
     Ok(Json(SandboxList { sandboxes }))

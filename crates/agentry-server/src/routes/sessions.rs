@@ -23,6 +23,7 @@ use agentry_types::{Message, SessionEvent, SessionId};
 
 use super::infer::{parse_session_id, session_events};
 use super::sse::SseMapper;
+use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
     BadGateway, BadRequest, Conflict, ContinueOutcome, ForkOutcome, JsonBodyErrors, NotFound,
@@ -104,6 +105,7 @@ fn default_limit() -> usize {
 )]
 async fn list(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query?;
@@ -114,6 +116,7 @@ async fn list(
         .store
         .list_sessions(&SessionQuery {
             status: query.status,
+            owner: caller.owner_filter(),
             limit: query.limit,
             offset: query.offset,
         })
@@ -156,12 +159,17 @@ fn default_search_limit() -> usize {
 )]
 async fn search(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     query: Result<Query<SearchQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query?;
     let hits = state
         .store
-        .search(&query.q, query.limit.clamp(1, 200))
+        .search_owned(
+            &query.q,
+            query.limit.clamp(1, 200),
+            caller.owner_filter().as_deref(),
+        )
         .await?;
     let hits: Vec<Value> = hits
         .into_iter()
@@ -410,6 +418,7 @@ struct ForkBody {
 )]
 async fn fork(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -419,6 +428,8 @@ async fn fork(
     let mut new = NewSession::new();
     new.title = record.title.as_ref().map(|title| format!("{title} (fork)"));
     new.metadata = record.metadata.clone();
+    // The fork belongs to whoever forked it (a user key can fork only its own sessions).
+    new.owner = caller.owner().or_else(|| record.owner.clone());
     let fork = state.store.fork_session(record.id, at, new).await?;
     // A fork taken mid-run must not look like a crashed run to recover.
     let events = stored_events(&state, fork.id, 0).await?;

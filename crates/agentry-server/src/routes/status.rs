@@ -1,6 +1,7 @@
 //! `GET /v1/sessions/events`: a live feed of every session's status changes (running, idle,
 //! failed, interrupted, updated), as server-sent events named `session.status`.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 
 use axum::Router;
@@ -10,6 +11,7 @@ use axum::routing::get;
 use futures::Stream;
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::authorization::Caller;
 use crate::state::AppState;
 
 /// The status-feed routes.
@@ -17,9 +19,14 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/v1/sessions/events", get(feed))
 }
 
-async fn feed(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+async fn feed(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let mut changes = state.hub.status_changes();
     let shutdown = state.shutdown.clone();
+    // A `user` key sees only its own sessions' changes (whose they are, looked up once each).
+    let mut visible: HashMap<agentry_types::SessionId, bool> = HashMap::new();
     let stream = async_stream::stream! {
         loop {
             tokio::select! {
@@ -29,6 +36,21 @@ async fn feed(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Ev
                 }
                 change = changes.recv() => match change {
                     Ok(change) => {
+                        if !caller.is_admin() {
+                            let seen = match visible.get(&change.session_id) {
+                                Some(seen) => *seen,
+                                None => {
+                                    let seen = crate::authorization::may_see_session(&state, &caller, change.session_id)
+                                        .await
+                                        .unwrap_or(false);
+                                    visible.insert(change.session_id, seen);
+                                    seen
+                                }
+                            };
+                            if !seen {
+                                continue;
+                            }
+                        }
                         let data = serde_json::to_string(&change).unwrap_or_default();
                         yield Ok(Event::default().event("session.status").data(data));
                     }

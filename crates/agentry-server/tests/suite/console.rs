@@ -2,7 +2,7 @@
 //! under a strict CSP, open without a key) and the API-key routes its settings page uses.
 
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::support::{Server, start};
 
@@ -185,14 +185,45 @@ async fn api_keys_are_created_once_listed_without_secrets_and_revoked() {
         assert_eq!(response.status(), expected, "{path}");
     }
 
-    // Revoked: the key stops working at once, and with no active key auth is off again.
+    // The last active admin key cannot be revoked over the API: that would lock everyone out
+    // (and, before, turned authentication off).
     let path = format!("/v1/api-keys/{id}");
-    let revoked = keyed(&server, reqwest::Method::DELETE, &path, &key, None).await;
+    let refused = keyed(&server, reqwest::Method::DELETE, &path, &key, None).await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    // Another key, revoked: it stops working at once, and authentication stays on.
+    let second = keyed(
+        &server,
+        reqwest::Method::POST,
+        "/v1/api-keys",
+        &key,
+        Some(json!({"label": "second"})),
+    )
+    .await;
+    assert_eq!(second.status(), StatusCode::CREATED);
+    let second: Value = second.json().await.unwrap();
+    assert_eq!(second["role"], "user");
+    let second_key = second["key"].as_str().unwrap().to_owned();
+    let second_path = format!("/v1/api-keys/{}", second["id"].as_str().unwrap());
+    let revoked = keyed(&server, reqwest::Method::DELETE, &second_path, &key, None).await;
     assert_eq!(revoked.status(), StatusCode::NO_CONTENT);
-    let (status, after) = server.get("/v1/api-keys").await;
-    assert_eq!(status, 200, "{after}");
-    assert_eq!(after["auth_enabled"], false);
-    assert_eq!(after["keys"][0]["revoked"], true);
+    let refused = keyed(
+        &server,
+        reqwest::Method::GET,
+        "/v1/sessions",
+        &second_key,
+        None,
+    )
+    .await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let (status, _) = server.get("/v1/api-keys").await;
+    assert_eq!(status, 401);
+    let after: Value = keyed(&server, reqwest::Method::GET, "/v1/api-keys", &key, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(after["auth_enabled"], true);
+    assert_eq!(after["keys"][0]["revoked"], true, "{after}");
 }
 
 #[tokio::test]

@@ -12,5 +12,6 @@ mod openapi;
 mod ops;
 mod runs;
 mod sandboxes;
+mod security;
 mod sessions;
 mod support;

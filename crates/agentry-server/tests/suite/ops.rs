@@ -69,7 +69,7 @@ async fn status_of(
 
 /// Every documented `/v1` operation (the document equals the router: see `openapi.rs`), with
 /// path parameters filled in.
-async fn every_v1_operation(server: &super::support::Server) -> Vec<(String, String)> {
+pub(super) async fn every_v1_operation(server: &super::support::Server) -> Vec<(String, String)> {
     let (_, document) = server.get("/openapi.json").await;
     let mut operations = Vec::new();
     for (path, item) in document["paths"].as_object().unwrap() {
@@ -212,7 +212,10 @@ async fn a_login_sets_an_http_only_cookie_that_works_until_logout() {
         .json()
         .await
         .unwrap();
-    assert_eq!(status, json!({"enabled": true, "authenticated": true}));
+    assert_eq!(
+        status,
+        json!({"enabled": true, "authenticated": true, "role": "admin", "key_id": key.id})
+    );
     server
         .http
         .post(format!("{}/v1/auth/logout", server.url))

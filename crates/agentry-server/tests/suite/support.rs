@@ -22,7 +22,16 @@ pub struct Server {
 
 /// A server with a `mock` model (OpenAI protocol) and a `slow` command tool (about 600 ms).
 pub async fn start() -> Server {
-    start_with(|_| ToolEnvironment::default(), |_| {}).await
+    start_with(|_| no_default_approvals(), |_| {}).await
+}
+
+/// No tool environment, and no approvals by risk class: `slow` is a host command tool, which
+/// would otherwise ask for approval (the defaults have tests of their own).
+pub fn no_default_approvals() -> ToolEnvironment {
+    ToolEnvironment {
+        approval_defaults: agentry_core::tool::ApprovalDefaults::none(),
+        ..ToolEnvironment::default()
+    }
 }
 
 /// The sandbox agent executable the workspace builds (`agentry-sandbox-init`, a bin of

@@ -12,6 +12,7 @@ both_backends!(
     titles_statuses_and_expiry_are_updated,
     read_state_follows_mark_read,
     deleting_a_session_removes_its_events,
+    sessions_belong_to_their_owner,
 );
 
 async fn pause() {
@@ -63,9 +64,9 @@ async fn sessions_are_created_listed_and_filtered(h: &Harness) {
 
     let page = store
         .list_sessions(&SessionQuery {
-            status: None,
             limit: 1,
             offset: 1,
+            ..SessionQuery::default()
         })
         .await
         .unwrap();
@@ -168,4 +169,84 @@ async fn deleting_a_session_removes_its_events(h: &Harness) {
     ));
     assert!(!store.delete_session(gone).await.unwrap());
     assert_eq!(store.events(keep, 0, 10).await.unwrap().len(), 2);
+}
+
+async fn sessions_belong_to_their_owner(h: &Harness) {
+    let store = &h.store;
+    let mut alice = NewSession::new();
+    alice.owner = Some("aaaaaaaaaaaa".into());
+    let alice = store.create_session(alice).await.unwrap();
+    assert_eq!(alice.owner.as_deref(), Some("aaaaaaaaaaaa"));
+    pause().await;
+    let mut bob = NewSession::new();
+    bob.owner = Some("bbbbbbbbbbbb".into());
+    let bob = store.create_session(bob).await.unwrap();
+    pause().await;
+    let operator = store.create_session(NewSession::new()).await.unwrap();
+    for (session, word) in [(alice.id, "needle alpha"), (bob.id, "needle beta")] {
+        store
+            .append(session, None, &[text_event("note", word)])
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store
+            .session(bob.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .owner
+            .as_deref(),
+        Some("bbbbbbbbbbbb")
+    );
+    let owned = |owner: Option<&str>| SessionQuery {
+        owner: owner.map(str::to_owned),
+        ..SessionQuery::default()
+    };
+    let of_alice = store
+        .list_sessions(&owned(Some("aaaaaaaaaaaa")))
+        .await
+        .unwrap();
+    assert_eq!(
+        of_alice.iter().map(|s| s.id).collect::<Vec<_>>(),
+        [alice.id]
+    );
+    let all = store.list_sessions(&owned(None)).await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert!(all.iter().any(|s| s.id == operator.id && s.owner.is_none()));
+    // With a status too.
+    store.set_status(bob.id, "running").await.unwrap();
+    let running_of_alice = store
+        .list_sessions(&SessionQuery {
+            status: Some("running".into()),
+            owner: Some("aaaaaaaaaaaa".into()),
+            ..SessionQuery::default()
+        })
+        .await
+        .unwrap();
+    assert!(running_of_alice.is_empty());
+    // Search sees only the owner's sessions when asked to.
+    let hits = store
+        .search_owned("needle", 10, Some("bbbbbbbbbbbb"))
+        .await
+        .unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.session_id).collect::<Vec<_>>(),
+        [bob.id]
+    );
+    assert_eq!(store.search("needle", 10).await.unwrap().len(), 2);
+    // A fork keeps the owner it is given.
+    let mut fork = NewSession::new();
+    fork.owner = alice.owner.clone();
+    let fork = store.fork_session(alice.id, 1, fork).await.unwrap();
+    assert_eq!(
+        store
+            .session(fork.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .owner
+            .as_deref(),
+        Some("aaaaaaaaaaaa")
+    );
 }

@@ -17,7 +17,7 @@ use rustyline::error::ReadlineError;
 
 use agentry_core::approval::ApprovalDecision;
 use agentry_core::session::{BusyPolicy, SessionManager};
-use agentry_core::{RunRequest, RunStream, Runtime};
+use agentry_core::{RunStream, Runtime};
 use agentry_types::{
     ApprovalVerdict, Message, PendingApproval, RunEvent, RunId, SessionId, SuspendStatus,
 };
@@ -62,12 +62,7 @@ impl Conversation {
     ) -> anyhow::Result<RunStream> {
         let request = match agent {
             Some(run) => super::agents::request(run, text),
-            None => {
-                let mut request = RunRequest::text(text);
-                request.system = profile.system.clone();
-                request.params = profile.params();
-                request
-            }
+            None => profile.request(text),
         };
         Ok(match self {
             Self::Session(manager, session) => {

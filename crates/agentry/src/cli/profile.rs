@@ -178,6 +178,17 @@ impl Profile {
         HttpModelClient::new(config).context("invalid model configuration")
     }
 
+    /// A run of `text` with this profile's system prompt and parameters. It is offered every
+    /// tool of the profile's runtime ([`Profile::runtime`] holds exactly the tools chosen with
+    /// `--tool`, `--tools-file`, `--mcp` and `--skill`).
+    pub(crate) fn request(&self, text: &str) -> agentry_core::RunRequest {
+        let mut request = agentry_core::RunRequest::text(text);
+        request.system = self.system.clone();
+        request.params = self.params();
+        request.tools = Some(vec![agentry_core::tool::ALL_TOOLS.to_owned()]);
+        request
+    }
+
     pub(crate) fn params(&self) -> GenerationParams {
         GenerationParams {
             max_tokens: self.max_tokens,
@@ -222,6 +233,10 @@ impl Profile {
         environment: Option<&ToolEnvironment>,
     ) -> anyhow::Result<Runtime> {
         let mut builder = Runtime::builder();
+        // The tools of a terminal run are the ones its operator named on this very command
+        // line (`--tool`, `--tools-file`, `--mcp`), `"host": true` included: nothing more to
+        // approve by default. `agentry serve`'s runs ask for host tools (`--approve`).
+        builder.approval_defaults(agentry_core::tool::ApprovalDefaults::none());
         builder.model("default", self.client()?);
         let mut available = builtin_tools();
         let sandboxes = environment.and_then(|environment| environment.sandboxes.as_ref());

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use clap::Args;
 use futures::StreamExt;
 
+use agentry_core::RunStream;
 use agentry_core::session::BusyPolicy;
-use agentry_core::{RunRequest, RunStream};
 use agentry_types::SessionId;
 
 use agentry_server::ToolEnvironment;
@@ -73,10 +73,7 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
             None
         };
         let runtime = args.profile.runtime(store.as_ref(), None).await?;
-        let mut request = RunRequest::text(&args.prompt);
-        request.system = args.profile.system.clone();
-        request.params = args.profile.params();
-        runtime.stream(request)?
+        runtime.stream(args.profile.request(&args.prompt))?
     } else {
         let store = data.open_store().await?;
         let (session, profile) = open_session(
@@ -89,10 +86,9 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         .await?;
         eprintln!("session: {session}");
         let manager = session_manager(&store, &profile, data, None).await?;
-        let mut request = RunRequest::text(&args.prompt);
-        request.system = profile.system.clone();
-        request.params = profile.params();
-        manager.send(session, request, args.policy.into()).await?
+        manager
+            .send(session, profile.request(&args.prompt), args.policy.into())
+            .await?
     };
     print_run(stream, args.json).await
 }

@@ -104,8 +104,7 @@ pub(crate) fn environment(
             workspaces: Some(workspaces),
             sandboxes,
             sandbox_root: Some(home.join("sandboxes")),
-            delegation: Default::default(),
-            elicitations: Default::default(),
+            ..ToolEnvironment::default()
         })
     }
 }

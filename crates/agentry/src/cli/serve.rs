@@ -18,12 +18,61 @@ pub(crate) struct ServeArgs {
     /// Allow cross-origin requests from this origin (repeatable; CORS is off by default).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,
+    /// Answer requests whose `Host` is this name (repeatable; `*.example.com` for its
+    /// subdomains, `*` for any name behind a proxy that checks it). Loopback names and IP
+    /// addresses are always answered; any other name is refused, which keeps web pages that
+    /// rebind their own name to this machine out.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
     /// Offer the registered tools through the MCP endpoint `/mcp` too (it always offers the
     /// saved agents).
     #[arg(long)]
     mcp_expose_tools: bool,
+    /// Which tools need a person's approval unless a run's (or agent's) own `approvals` say
+    /// otherwise (repeatable): a risk class (`read_only`, `writes_files`, `runs_commands`,
+    /// `network`, `agents`), `host` (tools that run on the host, outside the sandbox), or
+    /// `none`. Default: `host`.
+    #[arg(long = "approve", value_name = "CLASS", value_parser = parse_approval_class)]
+    approve: Vec<ApprovalClass>,
     #[command(flatten)]
     sandbox: super::sandbox::SandboxArgs,
+}
+
+/// One value of `--approve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ApprovalClass {
+    Class(agentry_core::tool::RiskClass),
+    Host,
+    None,
+}
+
+fn parse_approval_class(text: &str) -> Result<ApprovalClass, String> {
+    match text {
+        "host" => Ok(ApprovalClass::Host),
+        "none" => Ok(ApprovalClass::None),
+        other => other
+            .parse()
+            .map(ApprovalClass::Class)
+            .map_err(|error| format!("{error}, `host` or `none`")),
+    }
+}
+
+/// The approval defaults `--approve` names (none given: the shipped default, `host`).
+fn approval_defaults(values: &[ApprovalClass]) -> agentry_core::tool::ApprovalDefaults {
+    if values.is_empty() {
+        return agentry_core::tool::ApprovalDefaults::default();
+    }
+    let mut defaults = agentry_core::tool::ApprovalDefaults::none();
+    for value in values {
+        match value {
+            ApprovalClass::Class(class) => {
+                defaults.classes.insert(*class);
+            }
+            ApprovalClass::Host => defaults.host = true,
+            ApprovalClass::None => {}
+        }
+    }
+    defaults
 }
 
 pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
@@ -42,13 +91,17 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         std::fs::remove_dir_all(&stale)
             .with_context(|| format!("cannot clean {}", stale.display()))?;
     }
-    let tools = args.sandbox.environment(&data.home()?)?;
+    let mut tools = args.sandbox.environment(&data.home()?)?;
+    tools.approval_defaults = approval_defaults(&args.approve);
     let sandbox_line = match &tools.sandboxes {
         Some(pool) => format!("sandbox: {:?}", pool.backend().kind()).to_lowercase(),
         None => "sandbox: off (exec, terminal and command tools are not offered)".to_owned(),
     };
     let mut state = AppState::with_tools(store.clone(), tools).await?;
-    state.cors_origins = args.cors_origins;
+    state.access = agentry_server::access::AccessPolicy {
+        allowed_hosts: args.allowed_hosts,
+        allowed_origins: args.cors_origins,
+    };
     state.mcp_expose_tools = args.mcp_expose_tools;
     let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
@@ -63,6 +116,21 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         store.backend().as_str()
     );
     println!("{sandbox_line}");
+    println!(
+        "requests: Host must be a loopback name or IP address{}; browser pages of other origins \
+         may not change anything{}",
+        if state.access.allowed_hosts.is_empty() {
+            String::new()
+        } else {
+            format!(" or {}", state.access.allowed_hosts.join(", "))
+        },
+        if state.access.allowed_origins.is_empty() {
+            String::new()
+        } else {
+            format!(" (allowed: {})", state.access.allowed_origins.join(", "))
+        }
+    );
+    println!("{}", approvals_line(&state.tools.approval_defaults));
     if imported > 0 {
         println!(
             "mcp: {imported} server(s) imported from {}",
@@ -78,6 +146,26 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     serve(listener, state, &config).await?;
     eprintln!("agentry: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `--approve` makes ask for a person's approval, for the start-up banner.
+fn approvals_line(defaults: &agentry_core::tool::ApprovalDefaults) -> String {
+    let mut asks: Vec<&str> = defaults
+        .classes
+        .iter()
+        .map(|class| class.as_str())
+        .collect();
+    if defaults.host {
+        asks.insert(0, "tools that run on the host");
+    }
+    if asks.is_empty() {
+        "approvals: none by default (runs and agents may still ask for their own)".to_owned()
+    } else {
+        format!(
+            "approvals: {} ask a person unless a run's `approvals` say otherwise",
+            asks.join(", ")
+        )
+    }
 }
 
 /// Whether an Ollama server answers on its default port.

@@ -171,7 +171,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             let query = SessionQuery {
                 status,
                 limit,
-                offset: 0,
+                ..SessionQuery::default()
             };
             for record in store.list_sessions(&query).await? {
                 if json {
@@ -235,7 +235,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             let query = SessionQuery {
                 status: Some("running".into()),
                 limit: usize::MAX,
-                offset: 0,
+                ..SessionQuery::default()
             };
             let mut worst = ExitCode::SUCCESS;
             for record in store.list_sessions(&query).await? {

@@ -94,6 +94,10 @@ impl Tool for DelegateTool {
         &self.spec
     }
 
+    fn risk(&self) -> crate::tool::ToolRisk {
+        crate::tool::ToolRisk::of(crate::tool::RiskClass::Agents)
+    }
+
     fn timeout(&self) -> Option<Duration> {
         Some(self.config.timeout)
     }
@@ -158,6 +162,9 @@ async fn delegate(
 
     // Tools: only the caller's.
     let tools = match &arguments.tools {
+        Some(names) if crate::tool::names_all_tools(names) => {
+            caller_tools.iter().map(|name| (*name).to_owned()).collect()
+        }
         Some(names) => {
             let missing: Vec<&str> = names
                 .iter()
@@ -173,6 +180,9 @@ async fn delegate(
             names.clone()
         }
         None => match &request.tools {
+            Some(agent_tools) if crate::tool::names_all_tools(agent_tools) => {
+                caller_tools.iter().map(|name| (*name).to_owned()).collect()
+            }
             Some(agent_tools) => agent_tools
                 .iter()
                 .filter(|name| caller_tools.contains(&name.as_str()))

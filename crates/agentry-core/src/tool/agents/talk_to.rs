@@ -74,6 +74,10 @@ impl Tool for TalkToTool {
         &self.spec
     }
 
+    fn risk(&self) -> crate::tool::ToolRisk {
+        crate::tool::ToolRisk::of(crate::tool::RiskClass::Agents)
+    }
+
     fn timeout(&self) -> Option<Duration> {
         Some(self.config.timeout)
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use agentry_sandbox::{Sandbox, SandboxPool};
 
-use super::{Tool, ToolContext, ToolError};
+use super::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 
 mod exec;
 mod terminal;
@@ -62,8 +62,13 @@ impl Default for ShellToolsConfig {
 pub fn shell_tools(sandboxes: SandboxPool, config: ShellToolsConfig) -> Vec<Arc<dyn Tool>> {
     let config = Arc::new(config);
     vec![
-        Arc::new(exec::exec(sandboxes.clone(), Arc::clone(&config))),
-        Arc::new(terminal::terminal(sandboxes, config)),
+        Arc::new(
+            exec::exec(sandboxes.clone(), Arc::clone(&config))
+                .with_risk(ToolRisk::of(RiskClass::RunsCommands)),
+        ),
+        Arc::new(
+            terminal::terminal(sandboxes, config).with_risk(ToolRisk::of(RiskClass::RunsCommands)),
+        ),
     ]
 }
 

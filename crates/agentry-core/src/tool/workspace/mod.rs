@@ -25,7 +25,7 @@
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Tool, ToolContext, ToolError};
+use super::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 
 mod attach;
 mod confine;
@@ -89,13 +89,17 @@ pub fn workspace_tools(config: WorkspaceToolsConfig) -> Vec<Arc<dyn Tool>> {
     let config = Arc::new(config);
     let mut tools: Vec<Arc<dyn Tool>> = vec![
         Arc::new(files::read_file(Arc::clone(&config))),
-        Arc::new(files::write_file()),
-        Arc::new(files::edit_file(Arc::clone(&config))),
+        Arc::new(files::write_file().with_risk(ToolRisk::of(RiskClass::WritesFiles))),
+        Arc::new(
+            files::edit_file(Arc::clone(&config)).with_risk(ToolRisk::of(RiskClass::WritesFiles)),
+        ),
         Arc::new(files::list_dir(Arc::clone(&config))),
         Arc::new(search::search(Arc::clone(&config))),
     ];
     if let Some(fetch) = &config.fetch {
-        tools.push(Arc::new(fetch::fetch(fetch.clone())));
+        tools.push(Arc::new(
+            fetch::fetch(fetch.clone()).with_risk(ToolRisk::of(RiskClass::Network)),
+        ));
     }
     tools
 }

@@ -1,0 +1,214 @@
+//! What an authenticated caller may do: roles and ownership.
+//!
+//! An `admin` key (and the operator of a server without keys) may do everything. A `user` key
+//! may run (within its limits on agents, models and tools), read the catalogue of models,
+//! agents, tools and templates, and use only the sessions, runs and sandboxes it created;
+//! everything else (configuration, keys, secrets, MCP servers, memories, metrics, the MCP
+//! endpoint) is 403. Somebody else's session, run or sandbox is 404, exactly as if it did not
+//! exist, so ids cannot be probed. The checks run in a middleware after authentication, by the
+//! route's path, before any handler; listings and searches filter by owner in their handlers
+//! ([`Caller::owner_filter`](crate::auth::Principal::owner_filter)).
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use agentry_types::{RunId, SessionId};
+
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The caller of a request, as the authentication middleware found it.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Principal);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .map(Caller)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "this request was not authenticated",
+                )
+            })
+    }
+}
+
+/// Whether a `user` key may call `method path` at all (ownership aside).
+fn user_may(method: &Method, path: &str) -> bool {
+    let read = *method == Method::GET;
+    let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
+    match path {
+        "/v1/infer" | "/v1/infer/stream" | "/v1/infer/abort" => true,
+        "/v1/sandbox/capabilities" => read,
+        "/v1/auth/login" | "/v1/auth/logout" | "/v1/auth/status" => true,
+        _ if under("/v1/sessions")
+            || under("/v1/runs")
+            || under("/v1/groups")
+            || under("/v1/sandboxes") =>
+        {
+            true
+        }
+        // The catalogue, read-only (an agent's memories are the admin's).
+        _ if under("/v1/models") || under("/v1/tools") || under("/v1/prompt-templates") => {
+            read && !path.ends_with("/test")
+        }
+        _ if under("/v1/agents") => read && !path.ends_with("/memories"),
+        _ => false,
+    }
+}
+
+/// A resource that belongs to someone, named in a path.
+enum Owned {
+    Session(SessionId),
+    Run(RunId),
+    Sandbox(uuid::Uuid),
+}
+
+/// The owned resource `path` names, if any (ids that do not parse are left to the handler).
+fn owned_resource(path: &str) -> Option<Owned> {
+    let mut parts = path.trim_start_matches('/').split('/');
+    let (Some("v1"), Some(collection), Some(id)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    match collection {
+        "sessions" | "groups" => SessionId::parse(id).ok().map(Owned::Session),
+        "runs" => RunId::parse(id).ok().map(Owned::Run),
+        "sandboxes" => uuid::Uuid::parse_str(id).ok().map(Owned::Sandbox),
+        _ => None,
+    }
+}
+
+/// Whether `caller` may see the session `id` (a missing session is left to the handler).
+pub async fn may_see_session(
+    state: &AppState,
+    caller: &Principal,
+    id: SessionId,
+) -> Result<bool, ApiError> {
+    if caller.is_admin() {
+        return Ok(true);
+    }
+    Ok(match state.store.session(id).await? {
+        Some(record) => caller.may_see(record.owner.as_deref()),
+        None => true,
+    })
+}
+
+/// 404 for a session the caller may not see, worded like a missing one.
+pub async fn check_session(
+    state: &AppState,
+    caller: &Principal,
+    id: SessionId,
+) -> Result<(), ApiError> {
+    if may_see_session(state, caller, id).await? {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("no session {id}")))
+    }
+}
+
+/// The middleware: refuses what the caller's role does not allow (403) and somebody else's
+/// session, run or sandbox (404).
+pub(crate) async fn authorize(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(caller) = request.extensions().get::<Principal>().cloned() else {
+        return next.run(request).await;
+    };
+    if caller.is_admin() {
+        return next.run(request).await;
+    }
+    let path = request.uri().path().to_owned();
+    let is_api =
+        path.starts_with("/v1/") || path == "/metrics" || path == crate::mcp_endpoint::MCP_PATH;
+    if is_api && !user_may(request.method(), &path) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_denied",
+            format!(
+                "{} {path} needs an admin API key (this key's role is `user`)",
+                request.method()
+            ),
+        )
+        .into_response();
+    }
+    let visible = match owned_resource(&path) {
+        None => Ok(true),
+        Some(Owned::Session(id)) => may_see_session(&state, &caller, id).await,
+        Some(Owned::Run(id)) => match crate::routes::runs::locate(&state, id).await {
+            Ok(session) => may_see_session(&state, &caller, session).await,
+            Err(_) => Ok(true),
+        },
+        Some(Owned::Sandbox(id)) => Ok(state
+            .sandboxes
+            .get(id)
+            .map_or(true, |sandbox| caller.may_see(sandbox.owner.as_deref()))),
+    };
+    match visible {
+        Ok(true) => next.run(request).await,
+        Ok(false) => {
+            let what = match owned_resource(&path) {
+                Some(Owned::Run(_)) => "run",
+                Some(Owned::Sandbox(_)) => "sandbox",
+                _ => "session",
+            };
+            let id = path.split('/').nth(3).unwrap_or_default();
+            ApiError::not_found(format!("no {what} {id}")).into_response()
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_keys_reach_runs_and_their_work_but_not_configuration() {
+        for (method, path) in [
+            (Method::POST, "/v1/infer"),
+            (Method::POST, "/v1/infer/stream"),
+            (Method::GET, "/v1/sessions"),
+            (Method::DELETE, "/v1/sessions/x"),
+            (Method::POST, "/v1/runs/x/approvals"),
+            (Method::POST, "/v1/sandboxes"),
+            (Method::GET, "/v1/models"),
+            (Method::GET, "/v1/tools/current_time"),
+            (Method::GET, "/v1/agents/writer"),
+        ] {
+            assert!(user_may(&method, path), "{method} {path}");
+        }
+        for (method, path) in [
+            (Method::POST, "/v1/models"),
+            (Method::POST, "/v1/models/x/test"),
+            (Method::PUT, "/v1/tools/x"),
+            (Method::POST, "/v1/tools/mcp"),
+            (Method::POST, "/v1/tools/call"),
+            (Method::GET, "/v1/api-keys"),
+            (Method::POST, "/v1/env"),
+            (Method::GET, "/v1/env"),
+            (Method::GET, "/v1/agents/x/memories"),
+            (Method::DELETE, "/v1/memories/1"),
+            (Method::POST, "/v1/agents"),
+            (Method::GET, "/v1/mcp-servers"),
+            (Method::GET, "/metrics"),
+            (Method::POST, "/mcp"),
+            (Method::GET, "/v1/sessionsx"),
+        ] {
+            assert!(!user_may(&method, path), "{method} {path}");
+        }
+    }
+}

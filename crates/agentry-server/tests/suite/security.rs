@@ -1,0 +1,628 @@
+//! Secure defaults: the Host and Origin checks that keep web pages out, least-privilege tools,
+//! approvals by risk class, and API keys with roles that own their work.
+
+use std::time::Duration;
+
+use agentry_server::ToolEnvironment;
+use agentry_server::auth::{KeyLimits, KeyRole, create_key, create_key_with};
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+use super::ops::every_v1_operation;
+use super::support::{Server, start, start_with};
+
+/// Sends `method path` with a JSON body and the given extra headers; the status and body.
+async fn send(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut request = server
+        .http
+        .request(method, format!("{}{path}", server.url))
+        .json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// A stdio MCP server whose command would leave `marker` behind if it ever started.
+fn marker_server(marker: &std::path::Path) -> Value {
+    json!({"mcpServers": {"rebound": {
+        "command": "/bin/sh",
+        "args": ["-c", format!("touch {}; sleep 5", marker.display())]
+    }}})
+}
+
+#[tokio::test]
+async fn a_rebinding_page_reaches_no_route_and_starts_nothing() {
+    let server = start().await;
+    let marker = server.home.path().join("rebound-marker");
+    let mut operations = every_v1_operation(&server).await;
+    assert!(operations.len() > 30, "{operations:?}");
+    operations.extend(
+        [
+            ("POST", "/mcp"),
+            ("GET", "/openapi.json"),
+            ("GET", "/metrics"),
+            ("GET", "/"),
+        ]
+        .map(|(method, path)| (method.to_owned(), path.to_owned())),
+    );
+    let port = server.url.rsplit(':').next().unwrap().to_owned();
+    for host in [
+        format!("evil.example:{port}"),
+        "evil.example".to_owned(),
+        format!("127.0.0.1.nip.io:{port}"),
+        format!("localhost.evil.example:{port}"),
+    ] {
+        for (method, path) in &operations {
+            let (status, body) = send(
+                &server,
+                method,
+                path,
+                &json!({}),
+                &[("host", host.as_str())],
+            )
+            .await;
+            assert_eq!(status, 403, "{method} {path} with Host {host}: {body}");
+            assert_eq!(body["error"]["code"], "host_not_allowed", "{method} {path}");
+            assert_eq!(body["error"]["details"]["setting"], "--allowed-host");
+        }
+        let (status, _) = send(
+            &server,
+            "POST",
+            "/v1/tools/mcp",
+            &marker_server(&marker),
+            &[("host", host.as_str())],
+        )
+        .await;
+        assert_eq!(status, 403);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!marker.exists(), "the MCP server's command ran");
+    let (_, servers) = server.get("/v1/mcp-servers").await;
+    assert!(!servers.to_string().contains("rebound"), "{servers}");
+    // Loopback names and addresses are answered.
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let (status, _) = send(
+            &server,
+            "GET",
+            "/v1/sessions",
+            &json!({}),
+            &[("host", &host)],
+        )
+        .await;
+        assert_eq!(status, 200, "{host}");
+    }
+}
+
+#[tokio::test]
+async fn a_name_the_operator_allows_is_answered() {
+    let server = start_with(
+        |_| super::support::no_default_approvals(),
+        |state| state.access.allowed_hosts = vec!["agents.example.com".into()],
+    )
+    .await;
+    let (status, _) = send(
+        &server,
+        "GET",
+        "/v1/sessions",
+        &json!({}),
+        &[("host", "agents.example.com")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = send(
+        &server,
+        "GET",
+        "/v1/sessions",
+        &json!({}),
+        &[("host", "other.example.com")],
+    )
+    .await;
+    assert_eq!(status, 403);
+}
+
+#[tokio::test]
+async fn a_foreign_origin_cannot_change_anything() {
+    let server = start_with(
+        |_| super::support::no_default_approvals(),
+        |state| state.access.allowed_origins = vec!["http://localhost:3000".into()],
+    )
+    .await;
+    let marker = server.home.path().join("cross-origin-marker");
+    let operations = every_v1_operation(&server).await;
+    let changing: Vec<_> = operations
+        .iter()
+        .filter(|(method, _)| method != "GET")
+        .collect();
+    assert!(changing.len() > 20, "{changing:?}");
+    for origin in ["http://evil.example", "null", "http://127.0.0.1:1"] {
+        for (method, path) in &changing {
+            let (status, body) =
+                send(&server, method, path, &json!({}), &[("origin", origin)]).await;
+            assert_eq!(status, 403, "{method} {path} from {origin}: {body}");
+            assert_eq!(
+                body["error"]["code"], "origin_not_allowed",
+                "{method} {path}"
+            );
+        }
+        let (status, _) = send(
+            &server,
+            "POST",
+            "/v1/tools/mcp",
+            &marker_server(&marker),
+            &[("origin", origin)],
+        )
+        .await;
+        assert_eq!(status, 403);
+    }
+    // A WebSocket upgrade counts as a change.
+    let (status, _) = send(
+        &server,
+        "GET",
+        "/mcp",
+        &json!({}),
+        &[("origin", "http://evil.example"), ("upgrade", "websocket")],
+    )
+    .await;
+    assert_eq!(status, 403);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!marker.exists(), "the MCP server's command ran");
+    // Reading is fine (the browser keeps the answer from the page without CORS).
+    let (status, _) = send(
+        &server,
+        "GET",
+        "/v1/sessions",
+        &json!({}),
+        &[("origin", "http://evil.example")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The server's own origin (the console) and a configured one may change things.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("hi")));
+    let own = server.url.clone();
+    let (status, body) = send(
+        &server,
+        "POST",
+        "/v1/infer",
+        &json!({"text": "hi"}),
+        &[("origin", own.as_str())],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = send(
+        &server,
+        "POST",
+        "/v1/sessions/01890a5d-ac96-774b-bcce-b302099a8057/read",
+        &json!({}),
+        &[("origin", "http://localhost:3000")],
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+fn offered(server: &Server, request: usize) -> Vec<String> {
+    let body = &server.mock.requests()[request].body;
+    body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|tool| tool["function"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_run_gets_exactly_the_tools_it_names() {
+    let server = start().await;
+    for _ in 0..3 {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    }
+    let (status, body) = server.post("/v1/infer", json!({"text": "hi"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        offered(&server, 0),
+        Vec::<String>::new(),
+        "no tools named: none offered"
+    );
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"text": "hi", "tool_ids": ["current_time"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(offered(&server, 1), ["current_time"]);
+    let (status, body) = server
+        .post("/v1/infer", json!({"text": "hi", "tool_ids": ["*"]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let all = offered(&server, 2);
+    assert!(
+        all.contains(&"current_time".to_owned()) && all.contains(&"slow".to_owned()),
+        "{all:?}"
+    );
+    // An agent with no tools gets none; `["*"]` in an agent offers all.
+    for (id, tools) in [("bare", json!([])), ("everything", json!(["*"]))] {
+        let (status, body) = server
+            .post(
+                "/v1/agents",
+                json!({"id": id, "model_id": "mock", "tool_ids": tools}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    }
+    server
+        .post("/v1/infer", json!({"text": "hi", "agent_id": "bare"}))
+        .await;
+    assert!(offered(&server, 3).is_empty());
+    server
+        .post("/v1/infer", json!({"text": "hi", "agent_id": "everything"}))
+        .await;
+    assert!(offered(&server, 4).contains(&"slow".to_owned()));
+}
+
+#[tokio::test]
+async fn tools_that_run_on_the_host_ask_for_approval_by_default() {
+    // The shipped defaults: `slow` is a command tool without a sandbox, so it runs on the host.
+    let server = start_with(|_| ToolEnvironment::default(), |_| {}).await;
+    let (_, tools) = server.get("/v1/tools").await;
+    let tool = |name: &str| {
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|tool| tool["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(tool("slow")["risk"], "runs_commands");
+    assert_eq!(tool("slow")["runs_on_host"], true);
+    assert_eq!(tool("current_time")["risk"], "read_only");
+    assert_eq!(tool("current_time")["runs_on_host"], false);
+    // Without a session such a run could not wait: refused before anything runs.
+    let (status, body) = server
+        .post("/v1/infer", json!({"text": "go", "tool_ids": ["slow"]}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("approval")
+    );
+    assert!(server.mock.requests().is_empty());
+    // In a session the call waits for a person.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::tool_call("slow", json!({}))));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"text": "go", "session_id": "new", "tool_ids": ["slow"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stop_reason"], "waiting", "{body}");
+    assert_eq!(body["pending"][0]["call"]["name"], "slow");
+    // A run's own policy wins over the defaults; confined tools never ask.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::tool_call("slow", json!({}))));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("done")));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"text": "go", "tool_ids": ["slow", "current_time"],
+                   "approvals": {"tools": {"slow": "never"}}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stop_reason"], "completed", "{body}");
+}
+
+/// A server with an admin key and a user key; their keys.
+async fn with_keys(server: &Server, limits: KeyLimits) -> (String, String, String) {
+    let admin = create_key(&server.state.store, "admin").await.unwrap();
+    let user = create_key_with(&server.state.store, "user", KeyRole::User, limits.clone())
+        .await
+        .unwrap();
+    let other = create_key_with(&server.state.store, "other", KeyRole::User, limits)
+        .await
+        .unwrap();
+    server.state.auth.refresh();
+    (admin.key, user.key, other.key)
+}
+
+async fn as_key(server: &Server, key: &str, method: &str, path: &str, body: Value) -> (u16, Value) {
+    let authorization = format!("Bearer {key}");
+    send(
+        server,
+        method,
+        path,
+        &body,
+        &[("authorization", authorization.as_str())],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_user_key_sees_only_its_own_work() {
+    let server = start().await;
+    let (admin, user, other) = with_keys(&server, KeyLimits::default()).await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("mine")));
+    let (status, body) = as_key(
+        &server,
+        &other,
+        "POST",
+        "/v1/infer",
+        json!({"text": "secret plans", "session_id": "new"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let theirs = body["session_id"].as_str().unwrap().to_owned();
+    // The user key cannot find, read, stream, continue, fork, search or delete it: 404.
+    for (method, path, body) in [
+        ("GET", format!("/v1/sessions/{theirs}"), json!({})),
+        ("GET", format!("/v1/sessions/{theirs}/events"), json!({})),
+        ("GET", format!("/v1/sessions/{theirs}/stream"), json!({})),
+        ("GET", format!("/v1/sessions/{theirs}/context"), json!({})),
+        ("POST", format!("/v1/sessions/{theirs}/continue"), json!({})),
+        ("POST", format!("/v1/sessions/{theirs}/fork"), json!({})),
+        (
+            "POST",
+            format!("/v1/sessions/{theirs}/title"),
+            json!({"title": "x"}),
+        ),
+        ("DELETE", format!("/v1/sessions/{theirs}"), json!({})),
+        (
+            "POST",
+            "/v1/infer".to_owned(),
+            json!({"text": "more", "session_id": theirs}),
+        ),
+        (
+            "POST",
+            "/v1/infer/abort".to_owned(),
+            json!({"session_id": theirs}),
+        ),
+    ] {
+        let (status, answer) = as_key(&server, &user, method, &path, body).await;
+        assert_eq!(status, 404, "{method} {path}: {answer}");
+        assert!(
+            !answer.to_string().contains("secret plans"),
+            "{method} {path}: {answer}"
+        );
+    }
+    let (_, listed) = as_key(&server, &user, "GET", "/v1/sessions", json!({})).await;
+    assert_eq!(listed["sessions"], json!([]), "{listed}");
+    let (_, hits) = as_key(
+        &server,
+        &user,
+        "GET",
+        "/v1/sessions/search?q=secret",
+        json!({}),
+    )
+    .await;
+    assert_eq!(hits["hits"], json!([]), "{hits}");
+    // Its owner and an admin see it.
+    let (_, listed) = as_key(&server, &other, "GET", "/v1/sessions", json!({})).await;
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 1);
+    let (status, _) = as_key(
+        &server,
+        &admin,
+        "GET",
+        &format!("/v1/sessions/{theirs}"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, hits) = as_key(
+        &server,
+        &admin,
+        "GET",
+        "/v1/sessions/search?q=secret",
+        json!({}),
+    )
+    .await;
+    assert_eq!(hits["hits"].as_array().unwrap().len(), 1);
+    // The session is still there after every refused attempt.
+    let (status, _) = as_key(
+        &server,
+        &other,
+        "GET",
+        &format!("/v1/sessions/{theirs}"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_user_key_runs_only_within_its_limits_and_manages_nothing() {
+    let server = start().await;
+    for (id, tools) in [
+        ("helper", json!(["current_time"])),
+        ("admin-only", json!([])),
+    ] {
+        let (status, body) = server
+            .post(
+                "/v1/agents",
+                json!({"id": id, "model_id": "mock", "tool_ids": tools}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (_, user, _) = with_keys(
+        &server,
+        KeyLimits {
+            agents: Some(vec!["helper".into()]),
+            models: Some(vec!["mock".into()]),
+            tools: Some(vec!["current_time".into()]),
+        },
+    )
+    .await;
+    for body in [
+        json!({"text": "hi", "agent_id": "admin-only"}),
+        json!({"text": "hi", "tool_ids": ["slow"]}),
+        json!({"text": "hi", "tool_ids": ["*"]}),
+        json!({"text": "hi", "model_id": "other"}),
+    ] {
+        let (status, answer) = as_key(&server, &user, "POST", "/v1/infer", body.clone()).await;
+        assert_eq!(status, 403, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "permission_denied");
+    }
+    assert!(server.mock.requests().is_empty());
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "agent_id": "helper"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    for (method, path) in [
+        ("POST", "/v1/models"),
+        ("POST", "/v1/tools"),
+        ("POST", "/v1/tools/mcp"),
+        ("POST", "/v1/tools/call"),
+        ("GET", "/v1/api-keys"),
+        ("POST", "/v1/api-keys"),
+        ("GET", "/v1/env"),
+        ("POST", "/v1/agents"),
+        ("GET", "/metrics"),
+    ] {
+        let (status, answer) = as_key(&server, &user, method, path, json!({})).await;
+        assert_eq!(status, 403, "{method} {path}: {answer}");
+    }
+    let (status, _) = as_key(&server, &user, "GET", "/v1/models", json!({})).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn revoking_keys_never_turns_authentication_off() {
+    let server = start().await;
+    let admin = create_key(&server.state.store, "admin").await.unwrap();
+    server.state.auth.refresh();
+    // The first key is an admin even when asked for a user.
+    let (_, keys) = as_key(&server, &admin.key, "GET", "/v1/api-keys", json!({})).await;
+    assert_eq!(keys["keys"][0]["role"], "admin");
+    let (status, created) = as_key(
+        &server,
+        &admin.key,
+        "POST",
+        "/v1/api-keys",
+        json!({"label": "client"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["role"], "user");
+    let user_id = created["id"].as_str().unwrap().to_owned();
+    // The last active admin key cannot be revoked over the API.
+    let (status, body) = as_key(
+        &server,
+        &admin.key,
+        "DELETE",
+        &format!("/v1/api-keys/{}", admin.id),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    let (status, _) = as_key(
+        &server,
+        &admin.key,
+        "DELETE",
+        &format!("/v1/api-keys/{user_id}"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 204);
+    // Every key but the admin revoked (and even that one, from the CLI): still locked.
+    agentry_server::auth::revoke_key(&server.state.store, &admin.id)
+        .await
+        .unwrap();
+    server.state.auth.refresh();
+    let (status, _) = server.get("/v1/sessions").await;
+    assert_eq!(status, 401);
+    let (_, auth) = server.get("/v1/auth/status").await;
+    assert_eq!(auth["enabled"], true);
+}
+
+#[tokio::test]
+async fn logins_are_throttled_and_secure_behind_tls() {
+    let server = start().await;
+    let key = create_key(&server.state.store, "console").await.unwrap();
+    server.state.auth.refresh();
+    let login = |api_key: String, tls: bool| {
+        let mut request = server
+            .http
+            .post(format!("{}/v1/auth/login", server.url))
+            .json(&json!({ "api_key": api_key }));
+        if tls {
+            request = request.header("x-forwarded-proto", "https");
+        }
+        request.send()
+    };
+    let response = login(key.key.clone(), true).await.unwrap();
+    assert_eq!(response.status().as_u16(), 204);
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(cookie.starts_with("__Host-agentry_session="), "{cookie}");
+    assert!(
+        cookie.contains("; Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    let with_cookie = server
+        .http
+        .get(format!("{}/v1/sessions", server.url))
+        .header("cookie", pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_cookie.status().as_u16(), 200);
+    // Ten wrong keys in a minute, then even the right one waits.
+    for _ in 0..10 {
+        let response = login("agk_000000000000_wrong".into(), false).await.unwrap();
+        assert_eq!(response.status().as_u16(), 401);
+    }
+    let response = login(key.key.clone(), false).await.unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+    // With keys, what /readyz tells is only that it is ready; /openapi.json needs a key.
+    let (status, ready) = server.get("/readyz").await;
+    assert_eq!(status, 200);
+    assert_eq!(ready, json!({"status": "ready"}));
+    let (status, _) = server.get("/openapi.json").await;
+    assert_eq!(status, 401);
+}
