@@ -3,6 +3,10 @@
 // (`agentry-mock`), both started by the fixtures in support.js. One worker: the tests share a
 // server and script its mock in turn.
 import { defineConfig } from "@playwright/test";
+import { join, resolve } from "node:path";
+
+// The build's target folder (CARGO_TARGET_DIR when set), where the results go too.
+const target = process.env.CARGO_TARGET_DIR ? resolve(process.env.CARGO_TARGET_DIR) : join(import.meta.dirname, "..", "target");
 
 export default defineConfig({
   testDir: "./tests",
@@ -12,7 +16,7 @@ export default defineConfig({
   timeout: 60_000,
   expect: { timeout: 15_000 },
   reporter: [["list"]],
-  outputDir: "../target/console-e2e-results",
+  outputDir: join(target, "console-e2e-results"),
   use: {
     testIdAttribute: "data-testid",
     viewport: { width: 1280, height: 820 },
