@@ -223,6 +223,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "memories",
         sql: include_str!("../migrations/sqlite/0002_memories.sql"),
     },
+    Migration {
+        version: 3,
+        name: "config order",
+        sql: include_str!("../migrations/sqlite/0003_config_order.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -236,10 +241,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "memories",
         sql: include_str!("../migrations/postgres/0002_memories.sql"),
     },
+    Migration {
+        version: 3,
+        name: "config order",
+        sql: include_str!("../migrations/postgres/0003_config_order.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.
