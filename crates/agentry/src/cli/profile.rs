@@ -81,7 +81,7 @@ pub(crate) struct Profile {
     #[arg(long = "skill", value_name = "DIR")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     skills: Vec<PathBuf>,
-    /// Stop after this many tool rounds [default: 25].
+    /// Stop after this many tool rounds [default: 200].
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_rounds: Option<u32>,
@@ -268,7 +268,9 @@ impl Profile {
             builder.skill(Skill::load(dir)?)?;
         }
         builder.limits(RunLimits {
-            max_tool_rounds: self.max_rounds.unwrap_or(25),
+            max_tool_rounds: self
+                .max_rounds
+                .unwrap_or(agentry_core::DEFAULT_MAX_TOOL_ROUNDS),
             deadline: Some(Duration::from_secs(self.timeout_secs.unwrap_or(600))),
             ..RunLimits::default()
         });
