@@ -80,13 +80,12 @@ pub(crate) async fn compact(
         tracing::warn!(run_id = %state.run_id, "compaction without a summary: {error}");
     }
     let summarised = summary.is_some();
-    let dropped_messages = (!summarised && !plan.newly_covered.is_empty()).then(|| {
-        agentry_types::DroppedMessages {
+    let dropped_messages =
+        (!summarised && !plan.newly_covered.is_empty()).then(|| agentry_types::DroppedMessages {
             count: plan.newly_covered.len(),
             start: plan.newly_covered.start,
             end: plan.newly_covered.end,
-        }
-    });
+        });
     if let Some(dropped) = &dropped_messages {
         tracing::info!(
             run_id = %state.run_id,

@@ -723,7 +723,10 @@ mod tests {
         let mut run = state();
         for round in 0..200 {
             let id = format!("c{round}");
-            assert!(matches!(run.next_step(), Step::CallModel(_)), "round {round}");
+            assert!(
+                matches!(run.next_step(), Step::CallModel(_)),
+                "round {round}"
+            );
             run.on_model_response(&response(vec![call(&id)]));
             assert_eq!(run.stop_reason(), None, "round {round}");
             run.on_tool_results(vec![outcome(&id)]);

@@ -82,15 +82,13 @@ impl Store {
         kind: ConfigKind,
     ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
         with_reader!(self, |pool, d| {
-            sqlx::query(
-                "SELECT name, value FROM config WHERE kind = $1 ORDER BY created_seq, name",
-            )
-            .bind(kind.as_str())
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok((row.text("name")?, from_json_text(&row.text("value")?)?)))
-            .collect()
+            sqlx::query("SELECT name, value FROM config WHERE kind = $1 ORDER BY created_seq, name")
+                .bind(kind.as_str())
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(|row| Ok((row.text("name")?, from_json_text(&row.text("value")?)?)))
+                .collect()
         })
     }
 

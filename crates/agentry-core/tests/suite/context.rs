@@ -338,7 +338,10 @@ async fn the_next_run_of_a_session_starts_from_the_compacted_view() -> Result<()
         anyhow::bail!("the compaction does not record what it dropped: {events:?}");
     };
     ensure!(summary.is_none() && summary_model.is_none());
-    ensure!(gone.start == 0 && gone.end == *covered, "{gone:?}, covered {covered}");
+    ensure!(
+        gone.start == 0 && gone.end == *covered,
+        "{gone:?}, covered {covered}"
+    );
     ensure!(gone.count == gone.end - gone.start && gone.count == *dropped);
     // Three runs of two messages and the fourth question; the last turn stays.
     ensure!((2..=6).contains(&gone.count), "{gone:?}");

@@ -356,7 +356,10 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
     // Replacing zeta keeps its place.
     let mut changed = plain_model("zeta");
     changed["model_name"] = json!("claude-other");
-    assert_status(&server.put("/v1/models/zeta", changed).await, StatusCode::OK);
+    assert_status(
+        &server.put("/v1/models/zeta", changed).await,
+        StatusCode::OK,
+    );
     assert_eq!(
         server.state.sessions.runtime().default_model_id(),
         Some("zeta")
@@ -372,8 +375,18 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
         Some("mid")
     );
     // Unmarked models do not carry the field.
-    assert!(server.get("/v1/models/zeta").await.body.get("default").is_none());
-    assert_status(&server.delete("/v1/models/mid").await, StatusCode::NO_CONTENT);
+    assert!(
+        server
+            .get("/v1/models/zeta")
+            .await
+            .body
+            .get("default")
+            .is_none()
+    );
+    assert_status(
+        &server.delete("/v1/models/mid").await,
+        StatusCode::NO_CONTENT,
+    );
     assert_eq!(
         server.state.sessions.runtime().default_model_id(),
         Some("zeta")
@@ -388,19 +401,35 @@ async fn a_registered_model_gets_the_context_window_its_provider_states() {
         {"id": "gpt-mock", "object": "model", "owned_by": "vllm", "max_model_len": 24576},
     ]}));
     assert_status(
-        &server.post("/v1/models", openai_model("served", &mock)).await,
+        &server
+            .post("/v1/models", openai_model("served", &mock))
+            .await,
         StatusCode::CREATED,
     );
-    let client = server.state.sessions.runtime().model_client("served").unwrap();
+    let client = server
+        .state
+        .sessions
+        .runtime()
+        .model_client("served")
+        .unwrap();
     assert_eq!(client.context().window, 24_576);
     assert!(client.context().window_known);
     // A configured window wins.
     let mut configured = openai_model("fixed", &mock);
     configured["context_window"] = json!(10_000);
-    assert_status(&server.post("/v1/models", configured).await, StatusCode::CREATED);
+    assert_status(
+        &server.post("/v1/models", configured).await,
+        StatusCode::CREATED,
+    );
     let runtime = server.state.sessions.runtime();
-    assert_eq!(runtime.model_client("fixed").unwrap().context().window, 10_000);
-    assert_eq!(runtime.model_client("served").unwrap().context().window, 24_576);
+    assert_eq!(
+        runtime.model_client("fixed").unwrap().context().window,
+        10_000
+    );
+    assert_eq!(
+        runtime.model_client("served").unwrap().context().window,
+        24_576
+    );
     // Asked once for "served", however many times the runtime was rebuilt since.
     assert_eq!(mock.metadata_requests(), 1);
     // No model call was made or answered by the lookups.

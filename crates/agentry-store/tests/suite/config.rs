@@ -151,7 +151,12 @@ async fn config_lists_in_registration_order(h: &Harness) {
         list.into_iter().map(|(name, _)| name).collect::<Vec<_>>()
     };
     assert_eq!(
-        names(store.list_config_registered(ConfigKind::Model).await.unwrap()),
+        names(
+            store
+                .list_config_registered(ConfigKind::Model)
+                .await
+                .unwrap()
+        ),
         ["zeta", "alpha", "mid"]
     );
     // By name, as before.
@@ -164,12 +169,20 @@ async fn config_lists_in_registration_order(h: &Harness) {
         .put_config(ConfigKind::Model, "zeta", &json!({"name": "zeta", "v": 2}))
         .await
         .unwrap();
-    assert!(store.delete_config(ConfigKind::Model, "alpha").await.unwrap());
+    assert!(
+        store
+            .delete_config(ConfigKind::Model, "alpha")
+            .await
+            .unwrap()
+    );
     store
         .put_config(ConfigKind::Model, "alpha", &json!({"name": "alpha"}))
         .await
         .unwrap();
-    let listed = store.list_config_registered(ConfigKind::Model).await.unwrap();
+    let listed = store
+        .list_config_registered(ConfigKind::Model)
+        .await
+        .unwrap();
     assert_eq!(listed[0].1, json!({"name": "zeta", "v": 2}));
     assert_eq!(names(listed), ["zeta", "mid", "alpha"]);
 }

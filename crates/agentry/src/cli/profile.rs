@@ -222,7 +222,13 @@ impl Profile {
         environment: Option<&ToolEnvironment>,
     ) -> anyhow::Result<Runtime> {
         let mut builder = Runtime::builder();
-        builder.model("default", self.client()?);
+        let client = self.client()?;
+        // The window the provider states, unless one is configured (asked once per run of the
+        // CLI, before the run; a failure keeps the known window).
+        client
+            .discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
+            .await;
+        builder.model("default", client);
         let mut available = builtin_tools();
         let sandboxes = environment.and_then(|environment| environment.sandboxes.as_ref());
         if environment.is_some_and(|environment| environment.workspaces.is_some()) {
