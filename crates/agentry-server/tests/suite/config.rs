@@ -383,6 +383,33 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
             .get("default")
             .is_none()
     );
+    // Marking another one moves the mark: there is one default model.
+    let mut alpha = plain_model("alpha");
+    alpha["default"] = json!(true);
+    assert_status(&server.put("/v1/models/alpha", alpha).await, StatusCode::OK);
+    assert_eq!(
+        server.state.sessions.runtime().default_model_id(),
+        Some("alpha")
+    );
+    assert!(
+        server
+            .get("/v1/models/mid")
+            .await
+            .body
+            .get("default")
+            .is_none()
+    );
+    let mut mid = plain_model("mid");
+    mid["default"] = json!(true);
+    assert_status(&server.put("/v1/models/mid", mid).await, StatusCode::OK);
+    assert!(
+        server
+            .get("/v1/models/alpha")
+            .await
+            .body
+            .get("default")
+            .is_none()
+    );
     assert_status(
         &server.delete("/v1/models/mid").await,
         StatusCode::NO_CONTENT,
