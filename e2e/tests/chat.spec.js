@@ -189,3 +189,35 @@ test("an attached image goes to the model and shows in the message", async ({ pa
   expect(content).toContain("image_url");
   expect(content).toContain(png.toString("base64").slice(0, 40));
 });
+
+test("messages dropped to fit the context window are announced where it happened", async ({ page, env, script }) => {
+  // No summary model: a compaction drops the oldest messages, and the chat says so.
+  await env.api.post("/v1/agents", { id: "forgetful", model_id: "mock", compaction: { keep_recent: 1 } })
+    .catch((error) => { if (!String(error).includes("409")) throw error; });
+  await script.enqueue({ text: "answer 0" }, { text: "answer 1" });
+  await open(page, env);
+  await pick(page, "agent:forgetful");
+  const answers = page.locator("[data-testid=message][data-role=assistant] [data-testid=message-text]");
+  for (const i of [0, 1]) {
+    await page.getByTestId("composer").fill(`question ${i}`);
+    await page.getByTestId("send").click();
+    await expect(answers.last()).toHaveText(`answer ${i}`);
+  }
+  // The provider says the context is too long: the run compacts once and retries.
+  await script.enqueue(
+    { status: 400, error: { error: { message: "This model's maximum context length is 8192 tokens.",
+      type: "invalid_request_error", code: "context_length_exceeded" } } },
+    { text: "answer 2" },
+  );
+  await page.getByTestId("composer").fill("question 2");
+  await page.getByTestId("send").click();
+  await expect(answers.last()).toHaveText("answer 2");
+  const notice = page.getByTestId("compaction-notice");
+  await expect(notice).toHaveCount(1);
+  await expect(notice).toHaveText(/^\d+ earlier messages? (was|were) dropped to fit the context window/);
+  await expect(notice).not.toHaveAttribute("data-dropped", "0");
+  // It stays where the compaction happened, also after the page is reloaded.
+  await page.reload();
+  await expect(page.getByTestId("compaction-notice")).toHaveText(/earlier messages? (was|were) dropped to fit the context window/);
+  await shot(page, "chat-messages-dropped");
+});

@@ -80,6 +80,21 @@ pub(crate) async fn compact(
         tracing::warn!(run_id = %state.run_id, "compaction without a summary: {error}");
     }
     let summarised = summary.is_some();
+    let dropped_messages =
+        (!summarised && !plan.newly_covered.is_empty()).then(|| agentry_types::DroppedMessages {
+            count: plan.newly_covered.len(),
+            start: plan.newly_covered.start,
+            end: plan.newly_covered.end,
+        });
+    if let Some(dropped) = &dropped_messages {
+        tracing::info!(
+            run_id = %state.run_id,
+            count = dropped.count,
+            start = dropped.start,
+            end = dropped.end,
+            "compaction dropped messages without a summary"
+        );
+    }
     let compaction = apply(state.compaction.as_ref(), &plan, summary);
     let tokens_after = request_tokens(
         &counter,
@@ -92,6 +107,7 @@ pub(crate) async fn compact(
         covered: compaction.covered,
         summary: compaction.summary,
         dropped: compaction.dropped,
+        dropped_messages,
         newly_covered: plan.newly_covered.len(),
         tokens_before: plan.tokens_before,
         tokens_after,

@@ -22,11 +22,15 @@ use crate::context::{self, Compaction, ContextPolicy};
 use crate::loop_guard::{LoopDetector, LoopLimits, LoopVerdict};
 use crate::repair::repair_history;
 
+/// Tool rounds a run may take unless its request, agent or runtime says otherwise (the seed
+/// service's limit; the loop detector stops a run going round in circles long before).
+pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 200;
+
 /// The guards of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunLimits {
     /// Rounds in which tools may run; a model asking for tools after that stops the run with
-    /// `max_rounds`.
+    /// `max_rounds` (default [`DEFAULT_MAX_TOOL_ROUNDS`]).
     pub max_tool_rounds: u32,
     /// Tool calls of one round that may run at the same time.
     pub max_parallel_tools: usize,
@@ -54,7 +58,7 @@ pub struct RunLimits {
 impl Default for RunLimits {
     fn default() -> Self {
         Self {
-            max_tool_rounds: 25,
+            max_tool_rounds: DEFAULT_MAX_TOOL_ROUNDS,
             max_parallel_tools: 8,
             deadline: Some(Duration::from_secs(30 * 60)),
             tool_timeout: Duration::from_secs(120),
@@ -710,6 +714,25 @@ mod tests {
         run.on_tool_results(vec![outcome("a")]);
         run.next_step();
         run.on_model_response(&response(vec![call("b")]));
+        assert_eq!(run.stop_reason(), Some(RunStopReason::MaxRounds));
+    }
+
+    #[test]
+    fn the_default_limit_allows_200_tool_rounds() {
+        assert_eq!(RunLimits::default().max_tool_rounds, 200);
+        let mut run = state();
+        for round in 0..200 {
+            let id = format!("c{round}");
+            assert!(
+                matches!(run.next_step(), Step::CallModel(_)),
+                "round {round}"
+            );
+            run.on_model_response(&response(vec![call(&id)]));
+            assert_eq!(run.stop_reason(), None, "round {round}");
+            run.on_tool_results(vec![outcome(&id)]);
+        }
+        run.next_step();
+        run.on_model_response(&response(vec![call("one-too-many")]));
         assert_eq!(run.stop_reason(), Some(RunStopReason::MaxRounds));
     }
 

@@ -25,7 +25,7 @@ pub mod skill;
 pub mod template;
 pub mod tool;
 
-pub use engine::{Phase, RunLimits, RunState, Step, ToolOutcome};
+pub use engine::{DEFAULT_MAX_TOOL_ROUNDS, Phase, RunLimits, RunState, Step, ToolOutcome};
 pub use fallback::FallbackModelClient;
 pub use loop_guard::LoopLimits;
 pub use runtime::{Input, RunError, RunOutput, RunRequest, RunStream, Runtime, RuntimeBuilder};

@@ -501,6 +501,11 @@ impl Runtime {
             .await
     }
 
+    /// The id of the model runs use when their request names none.
+    pub fn default_model_id(&self) -> Option<&str> {
+        self.inner.default_model.as_deref()
+    }
+
     /// The model client registered as `id`.
     pub fn model_client(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
         self.model(id)

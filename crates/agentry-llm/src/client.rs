@@ -65,6 +65,8 @@ pub struct HttpModelClient {
 struct Inner {
     config: ProviderConfig,
     context: crate::tokens::ModelContext,
+    /// The window the provider stated, once asked (see [`HttpModelClient::discover_context_window`]).
+    stated_window: std::sync::OnceLock<u64>,
     http: reqwest::Client,
     headers: reqwest::header::HeaderMap,
     endpoint: String,
@@ -103,11 +105,31 @@ impl HttpModelClient {
             inner: Arc::new(Inner {
                 config,
                 context,
+                stated_window: std::sync::OnceLock::new(),
                 http,
                 headers,
                 endpoint,
             }),
         })
+    }
+
+    /// Asks the provider for the model's context window (see [`crate::window`]), at most
+    /// `timeout`, unless a window is configured (which always wins). The answer is cached for
+    /// the process, so asking again (a rebuilt client for the same model) costs nothing; from
+    /// then on [`ModelClient::context`] reports it. Returns the stated window, if any; a failed
+    /// lookup is logged and leaves the known window in place.
+    pub async fn discover_context_window(&self, timeout: std::time::Duration) -> Option<u64> {
+        let inner = &self.inner;
+        if inner.config.context_window.is_some() {
+            return None;
+        }
+        if let Some(window) = inner.stated_window.get() {
+            return Some(*window);
+        }
+        let window =
+            crate::window::provider_window(&inner.config, &inner.http, &inner.headers, timeout)
+                .await?;
+        Some(*inner.stated_window.get_or_init(|| window))
     }
 
     /// The configuration.
@@ -344,7 +366,15 @@ impl ModelClient for HttpModelClient {
     }
 
     fn context(&self) -> crate::tokens::ModelContext {
-        self.inner.context.clone()
+        let mut context = self.inner.context.clone();
+        // A configured window wins; a stated one beats the known one and the fallback.
+        if self.inner.config.context_window.is_none()
+            && let Some(window) = self.inner.stated_window.get()
+        {
+            context.window = *window;
+            context.window_known = true;
+        }
+        context
     }
 
     fn complete(

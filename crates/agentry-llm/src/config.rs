@@ -56,8 +56,9 @@ pub struct ProviderConfig {
     pub openai: OpenAiOptions,
     /// Timeouts and retries.
     pub transport: TransportConfig,
-    /// The model's context window in tokens, when configured (otherwise a known default, see
-    /// [`crate::known_context_window`]).
+    /// The model's context window in tokens, when configured. It always wins; otherwise the
+    /// window the provider states (see [`crate::window`]), else a known one (see
+    /// [`crate::known_context_window`]), else the fallback.
     pub context_window: Option<u64>,
 }
 
@@ -82,8 +83,10 @@ impl ProviderConfig {
         self
     }
 
-    /// The context window: the configured one, else the model's known one, else
-    /// [`crate::tokens::FALLBACK_CONTEXT_WINDOW`].
+    /// The context window without asking the provider: the configured one, else the model's
+    /// known one, else [`crate::tokens::FALLBACK_CONTEXT_WINDOW`] (a client that asked its
+    /// provider reports the stated window instead of the last two, see
+    /// [`crate::HttpModelClient::discover_context_window`]).
     pub fn effective_context_window(&self) -> u64 {
         self.context_window
             .or_else(|| crate::known_context_window(self.protocol, &self.model))

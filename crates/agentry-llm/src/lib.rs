@@ -14,7 +14,8 @@
 //! - [`transport`]: the pooled HTTP client, timeouts, and retries before the first output token.
 //!
 //! [`tokens`] counts a request's tokens (tiktoken for OpenAI models, a calibrated estimate
-//! elsewhere) and knows the context windows of well-known models.
+//! elsewhere) and knows the context windows of well-known models; [`window`] asks a provider
+//! for the window it states (vLLM, llama.cpp, OpenRouter-style listings, Ollama's model info).
 
 mod accumulator;
 mod client;
@@ -26,6 +27,7 @@ pub mod provider;
 mod request;
 pub mod tokens;
 pub mod transport;
+pub mod window;
 
 pub use client::{HttpModelClient, ModelClient, ModelStream, collect_response, encode_request};
 pub use config::{ApiKey, OpenAiOptions, ProviderConfig};

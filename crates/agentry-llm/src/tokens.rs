@@ -8,8 +8,8 @@
 //! observed ratio, so the estimate for an unknown tokenizer (or a provider's hidden per-message
 //! overhead) converges within a few calls.
 //!
-//! [`known_context_window`] gives a model's window when it is a known one; a configured window
-//! always wins over it.
+//! [`known_context_window`] gives a model's window when it is a known one; a configured window,
+//! and the window the provider states (see [`crate::window`]), win over it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

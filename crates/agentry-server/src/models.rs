@@ -46,11 +46,16 @@ pub struct ModelConfig {
     #[serde(default, alias = "generate_params")]
     #[schema(value_type = Object)]
     pub params: GenerationParams,
-    /// The model's context window in tokens (default: the model's known window, else 8192).
-    /// Compaction keeps requests under it.
+    /// The model's context window in tokens (default: the window the provider states — an
+    /// OpenAI-compatible `/models` listing's `max_model_len` / `context_length`, Ollama's
+    /// `num_ctx` — else the model's known window, else 8192). Compaction keeps requests under it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 256)]
     pub context_window: Option<u32>,
+    /// Whether this is the default model, used when a request names none (default: the first
+    /// model registered is).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
 }
 
 fn default_protocol() -> Protocol {
@@ -127,8 +132,13 @@ pub fn builtins(environment: &crate::state::ToolEnvironment) -> Vec<Arc<dyn Tool
 /// Builds the runtime from the store: every model, the built-in tools (with the file tools when
 /// sessions have workspaces, and `exec` and `terminal` when they also have sandboxes), the
 /// configured tools (command tools in the sandbox), the tools of every connected MCP server,
-/// the skills of every saved agent, every template. Invalid stored entries are skipped with a warning, so one bad entry cannot take the
-/// server down.
+/// the skills of every saved agent, every template. Invalid stored entries are skipped with a
+/// warning, so one bad entry cannot take the server down.
+///
+/// The default model is the one marked `default` (the first registered of them, should several
+/// be), else the first registered. Each model's context window is asked of its provider here
+/// (once per model in the process, see [`agentry_llm::window`]), all at once and within
+/// [`agentry_llm::window::DISCOVERY_TIMEOUT`], never on a run's path.
 pub async fn build_runtime(
     store: &Store,
     http: &reqwest::Client,
@@ -138,16 +148,36 @@ pub async fn build_runtime(
     let secrets = secrets(store).await?;
     let mut builder = Runtime::builder();
     builder.approval_defaults(environment.approval_defaults.clone());
-    for (name, value) in store.list_config(ConfigKind::Model).await? {
+    let mut models = Vec::new();
+    // In the order they were registered: the first is the default unless one is marked.
+    for (name, value) in store.list_config_registered(ConfigKind::Model).await? {
         let built = serde_json::from_value::<ModelConfig>(value)
             .map_err(|error| ApiError::bad_request(error.to_string()))
-            .and_then(|model| model.client(&secrets, http));
+            .and_then(|model| Ok((model.default, model.client(&secrets, http)?)));
         match built {
-            Ok(client) => {
-                builder.model(name, client);
-            }
+            Ok((marked, client)) => models.push((name, marked, client)),
             Err(error) => tracing::warn!(model = %name, "skipping a model: {}", error.message),
         }
+    }
+    futures::future::join_all(models.iter().map(|(_, _, client)| {
+        client.discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
+    }))
+    .await;
+    let mut marked_default: Option<String> = None;
+    for (name, marked, client) in models {
+        if marked {
+            match &marked_default {
+                None => marked_default = Some(name.clone()),
+                Some(first) => tracing::warn!(
+                    model = %name,
+                    "several models are marked default; {first:?} (registered first) is"
+                ),
+            }
+        }
+        builder.model(name, client);
+    }
+    if let Some(name) = marked_default {
+        builder.default_model(name);
     }
     for tool in builtins(environment) {
         builder.tool_arc(tool)?;

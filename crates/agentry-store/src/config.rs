@@ -11,8 +11,9 @@ use crate::store::{from_json_text, to_json_text};
 use crate::{ConfigKind, SecretInfo, Store, StoreError};
 
 impl Store {
-    /// Stores `value` as the configuration `name` of `kind`, replacing what was there. Names
-    /// have 1 to 64 characters of `A-Z a-z 0-9 _ . -`.
+    /// Stores `value` as the configuration `name` of `kind`, replacing what was there (which
+    /// keeps its place in [`Store::list_config_registered`]). Names have 1 to 64 characters of
+    /// `A-Z a-z 0-9 _ . -`.
     pub async fn put_config(
         &self,
         kind: ConfigKind,
@@ -24,7 +25,8 @@ impl Store {
         let now = to_db(now_millis());
         with_writer!(self, |pool, d| {
             sqlx::query(
-                "INSERT INTO config (kind, name, value, updated_at) VALUES ($1, $2, $3, $4) \
+                "INSERT INTO config (kind, name, value, updated_at, created_seq) \
+                 VALUES ($1, $2, $3, $4, (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM config)) \
                  ON CONFLICT (kind, name) DO UPDATE \
                  SET value = excluded.value, updated_at = excluded.updated_at",
             )
@@ -64,6 +66,23 @@ impl Store {
     ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
         with_reader!(self, |pool, d| {
             sqlx::query("SELECT name, value FROM config WHERE kind = $1 ORDER BY name")
+                .bind(kind.as_str())
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(|row| Ok((row.text("name")?, from_json_text(&row.text("value")?)?)))
+                .collect()
+        })
+    }
+
+    /// Every configuration of `kind`, in the order they were first stored (replacing one keeps
+    /// its place; deleting and storing it again moves it to the end).
+    pub async fn list_config_registered(
+        &self,
+        kind: ConfigKind,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        with_reader!(self, |pool, d| {
+            sqlx::query("SELECT name, value FROM config WHERE kind = $1 ORDER BY created_seq, name")
                 .bind(kind.as_str())
                 .fetch_all(pool)
                 .await?

@@ -249,8 +249,13 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
+        name: "config order",
+        sql: include_str!("../migrations/sqlite/0003_config_order.sql"),
+    },
+    Migration {
+        version: 4,
         name: "owners",
-        sql: include_str!("../migrations/sqlite/0003_owners.sql"),
+        sql: include_str!("../migrations/sqlite/0004_owners.sql"),
     },
 ];
 
@@ -267,13 +272,18 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
+        name: "config order",
+        sql: include_str!("../migrations/postgres/0003_config_order.sql"),
+    },
+    Migration {
+        version: 4,
         name: "owners",
-        sql: include_str!("../migrations/postgres/0003_owners.sql"),
+        sql: include_str!("../migrations/postgres/0004_owners.sql"),
     },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

@@ -21,6 +21,8 @@ pub use message::{
     AssistantPart, ContentPart, ImageSource, Message, Thinking, ToolResult, ToolResultPart,
 };
 pub use run::{RunEvent, RunStopReason, SuspendStatus};
-pub use session::{ApprovalVerdict, CompactionMemory, GroupEvent, PendingApproval, SessionEvent};
+pub use session::{
+    ApprovalVerdict, CompactionMemory, DroppedMessages, GroupEvent, PendingApproval, SessionEvent,
+};
 pub use tool::{ToolCall, ToolSpec};
 pub use usage::{StopReason, Usage};

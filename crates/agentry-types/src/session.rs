@@ -127,9 +127,15 @@ pub enum SessionEvent {
         /// The running summary of the messages before it, if a summary model wrote one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         summary: Option<String>,
-        /// Messages before `covered` that no summary describes (dropped).
+        /// Messages before `covered` that no summary describes (dropped), over all compactions
+        /// so far.
         #[serde(default)]
         dropped: usize,
+        /// The messages this compaction dropped without a summary (no summary model is named,
+        /// or it failed: see `summary_error`). They stay in the log but are no longer sent, and
+        /// no summary describes them. Absent when a summary covers them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dropped_messages: Option<DroppedMessages>,
         /// Messages this compaction covered (the ones the summary model was sent).
         newly_covered: usize,
         /// Tokens of the request before.
@@ -251,6 +257,18 @@ pub struct PendingApproval {
     pub call: ToolCall,
     /// Why it needs approval.
     pub reason: String,
+}
+
+/// Messages a compaction dropped without a summary (see [`SessionEvent::ContextCompacted`]):
+/// indices into the session's conversation, `end` exclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DroppedMessages {
+    /// How many: `end - start`.
+    pub count: usize,
+    /// The first one dropped.
+    pub start: usize,
+    /// One past the last one dropped.
+    pub end: usize,
 }
 
 /// A memory found while compacting (see [`SessionEvent::ContextCompacted`]).

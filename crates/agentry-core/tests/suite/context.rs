@@ -154,11 +154,13 @@ async fn a_300_turn_run_stays_under_a_small_window_with_incremental_summaries() 
             summary,
             summary_model,
             tokens_after,
+            dropped_messages,
             ..
         } = event
         else {
             unreachable!();
         };
+        ensure!(dropped_messages.is_none(), "summarised, nothing dropped");
         ensure!(*covered > previous_cut, "cuts only move forward");
         previous_cut = *covered;
         ensure!(summary.as_deref().is_some_and(|s| s.starts_with("SUMMARY")));
@@ -322,6 +324,32 @@ async fn the_next_run_of_a_session_starts_from_the_compacted_view() -> Result<()
         .await?;
     let events = log.load(session).await?;
     ensure!(compacted(&events).len() == 1);
+    // No summary model: the event says which messages were dropped, and that no summary
+    // describes them.
+    let SessionEvent::ContextCompacted {
+        covered,
+        summary,
+        summary_model,
+        dropped,
+        dropped_messages: Some(gone),
+        ..
+    } = &compacted(&events)[0]
+    else {
+        anyhow::bail!("the compaction does not record what it dropped: {events:?}");
+    };
+    ensure!(summary.is_none() && summary_model.is_none());
+    ensure!(
+        gone.start == 0 && gone.end == *covered,
+        "{gone:?}, covered {covered}"
+    );
+    ensure!(gone.count == gone.end - gone.start && gone.count == *dropped);
+    // Three runs of two messages and the fourth question; the last turn stays.
+    ensure!((2..=6).contains(&gone.count), "{gone:?}");
+    let recorded = serde_json::to_value(&compacted(&events)[0])?;
+    ensure!(
+        recorded["dropped_messages"] == json!({"count": gone.count, "start": 0, "end": covered}),
+        "{recorded}"
+    );
     // The fifth run (nothing refused) sends the compacted view straight away.
     mock.take_requests();
     mock.enqueue(Reply::scripted(ScriptedTurn::text("answer 4")));

@@ -1,4 +1,5 @@
 mod chunking;
+mod context_window;
 mod fixtures;
 mod requests;
 mod retry;

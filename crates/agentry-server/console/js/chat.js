@@ -61,12 +61,34 @@ class Transcript {
       case "approval_decided": this.approvalDecided(event); break;
       case "run_paused": this.notice("Paused.", [["Resume", () => this.view.control("resume")]]); break;
       case "run_resumed": this.removeNotices(); break;
-      case "context_compacted": this.notice(`Context compacted: ${event.covered} earlier turns ${event.summary ? "summarised" : "dropped"} (${event.tokens_before} → ${event.tokens_after} tokens).`); break;
+      case "context_compacted": this.compacted(event); break;
       case "group": this.groupEvent(event.event); break;
       case "run_finished": this.runFinished(event); break;
       default: break;
     }
     this.scroll();
+  }
+
+  /** Where the conversation was compacted: a lasting notice, saying plainly when messages were
+   * dropped without a summary. */
+  compacted(event) {
+    const tokens = `${event.tokens_before} → ${event.tokens_after} tokens`;
+    // Events from before `dropped_messages` existed: no summary model means a drop.
+    const dropped = event.dropped_messages
+      || (event.summary_model ? null : { count: event.newly_covered });
+    let text;
+    if (dropped) {
+      const n = dropped.count;
+      text = `${n} earlier message${n === 1 ? " was" : "s were"} dropped to fit the context window`
+        + ` (no summary kept${event.summary_error ? `: ${event.summary_error}` : ""}; ${tokens}).`;
+    } else {
+      const n = event.newly_covered;
+      text = `${n} earlier message${n === 1 ? " was" : "s were"} summarised to fit the context window (${tokens}).`;
+    }
+    this.root.append(h("div", {
+      class: `notice compaction${dropped ? " dropped" : ""}`, testid: "compaction-notice",
+      dataset: { dropped: String(dropped ? dropped.count : 0) },
+    }, text));
   }
 
   removeNotices() { this.root.querySelectorAll(".notice.run-end").forEach((n) => n.remove()); }

@@ -79,7 +79,7 @@ export class SettingsView {
     const { models } = await get("/v1/models");
     root.append(h("div", { class: "card" }, h("div", { class: "rows" }, models.length ? models.map((m) => {
       const result = h("span", { class: "result", testid: "test-result" });
-      return row(m.id, `${m.protocol} · ${m.model_name}${m.base_url ? ` · ${m.base_url}` : ""}${m.context_window ? ` · ${m.context_window} tokens` : ""}`,
+      return row(m.id, `${m.default ? "default · " : ""}${m.protocol} · ${m.model_name}${m.base_url ? ` · ${m.base_url}` : ""}${m.context_window ? ` · ${m.context_window} tokens` : ""}`,
         result,
         h("button", { testid: "test", onclick: async () => {
           result.textContent = "testing…";
@@ -101,12 +101,14 @@ export class SettingsView {
       field("Model name", h("input", { name: "model_name", required: true, placeholder: "gpt-4.1-mini" })),
       field("Base URL", h("input", { name: "base_url", placeholder: "https://api.openai.com/v1" })),
       field("API key secret (a secret's name)", h("input", { name: "api_key_secret", placeholder: "OPENAI_API_KEY" })),
-      field("Context window (tokens)", h("input", { name: "context_window", type: "number", min: 256 })),
+      field("Context window (tokens; empty: what the provider states, else the known one)", h("input", { name: "context_window", type: "number", min: 256 })),
+      field("Default model (used when a run names none; else the first registered)", h("input", { name: "default", type: "checkbox" })),
     ], async (v) => {
       const body = { id: v.id, protocol: v.protocol, model_name: v.model_name };
       if (v.base_url) body.base_url = v.base_url;
       if (v.api_key_secret) body.api_key_secret = v.api_key_secret;
       if (v.context_window) body.context_window = Number(v.context_window);
+      if (v.default) body.default = true;
       await post("/v1/models", body);
       toast(`Model ${v.id} added.`);
       reload();

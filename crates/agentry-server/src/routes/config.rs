@@ -193,6 +193,28 @@ async fn check_model(state: &AppState, model: &ModelConfig) -> Result<(), ApiErr
     Ok(())
 }
 
+/// When `model` is marked default, no other model stays marked (there is one default model).
+async fn unmark_other_defaults(store: &Store, model: &ModelConfig) -> Result<(), ApiError> {
+    if !model.default {
+        return Ok(());
+    }
+    for (name, value) in store.list_config(ConfigKind::Model).await? {
+        if name == model.id {
+            continue;
+        }
+        let Ok(mut other) = serde_json::from_value::<ModelConfig>(value) else {
+            continue;
+        };
+        if other.default {
+            other.default = false;
+            store
+                .put_config(ConfigKind::Model, &name, &to_document(&other)?)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
 async fn stored_model(store: &Store, id: &str) -> Result<Option<ModelConfig>, ApiError> {
     store
         .config(ConfigKind::Model, id)
@@ -273,6 +295,7 @@ async fn create_model(
         .store
         .put_config(ConfigKind::Model, &model.id, &to_document(&model)?)
         .await?;
+    unmark_other_defaults(&state.store, &model).await?;
     state.reload_runtime().await?;
     Ok(created(model))
 }
@@ -348,6 +371,7 @@ async fn replace_model(
     if renamed {
         state.store.delete_config(ConfigKind::Model, &id).await?;
     }
+    unmark_other_defaults(&state.store, &model).await?;
     state.reload_runtime().await?;
     Ok(Json(model))
 }

@@ -340,6 +340,130 @@ async fn bad_model_input_is_a_json_4xx_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn the_default_model_is_the_marked_one_else_the_first_registered() {
+    let server = Server::start().await;
+    // Registered zeta first, then alpha: zeta is the default, not the alphabetically first.
+    for id in ["zeta", "alpha"] {
+        assert_status(
+            &server.post("/v1/models", plain_model(id)).await,
+            StatusCode::CREATED,
+        );
+    }
+    assert_eq!(
+        server.state.sessions.runtime().default_model_id(),
+        Some("zeta")
+    );
+    // Replacing zeta keeps its place.
+    let mut changed = plain_model("zeta");
+    changed["model_name"] = json!("claude-other");
+    assert_status(
+        &server.put("/v1/models/zeta", changed).await,
+        StatusCode::OK,
+    );
+    assert_eq!(
+        server.state.sessions.runtime().default_model_id(),
+        Some("zeta")
+    );
+    // A model marked default wins, wherever it was registered.
+    let mut marked = plain_model("mid");
+    marked["default"] = json!(true);
+    let created = server.post("/v1/models", marked).await;
+    assert_status(&created, StatusCode::CREATED);
+    assert_eq!(created.body["default"], true);
+    assert_eq!(
+        server.state.sessions.runtime().default_model_id(),
+        Some("mid")
+    );
+    // Unmarked models do not carry the field.
+    assert!(
+        server
+            .get("/v1/models/zeta")
+            .await
+            .body
+            .get("default")
+            .is_none()
+    );
+    // Marking another one moves the mark: there is one default model.
+    let mut alpha = plain_model("alpha");
+    alpha["default"] = json!(true);
+    assert_status(&server.put("/v1/models/alpha", alpha).await, StatusCode::OK);
+    assert_eq!(
+        server.state.sessions.runtime().default_model_id(),
+        Some("alpha")
+    );
+    assert!(
+        server
+            .get("/v1/models/mid")
+            .await
+            .body
+            .get("default")
+            .is_none()
+    );
+    let mut mid = plain_model("mid");
+    mid["default"] = json!(true);
+    assert_status(&server.put("/v1/models/mid", mid).await, StatusCode::OK);
+    assert!(
+        server
+            .get("/v1/models/alpha")
+            .await
+            .body
+            .get("default")
+            .is_none()
+    );
+    assert_status(
+        &server.delete("/v1/models/mid").await,
+        StatusCode::NO_CONTENT,
+    );
+    assert_eq!(
+        server.state.sessions.runtime().default_model_id(),
+        Some("zeta")
+    );
+}
+
+#[tokio::test]
+async fn a_registered_model_gets_the_context_window_its_provider_states() {
+    let server = Server::start().await;
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_model_metadata(json!({"object": "list", "data": [
+        {"id": "gpt-mock", "object": "model", "owned_by": "vllm", "max_model_len": 24576},
+    ]}));
+    assert_status(
+        &server
+            .post("/v1/models", openai_model("served", &mock))
+            .await,
+        StatusCode::CREATED,
+    );
+    let client = server
+        .state
+        .sessions
+        .runtime()
+        .model_client("served")
+        .unwrap();
+    assert_eq!(client.context().window, 24_576);
+    assert!(client.context().window_known);
+    // A configured window wins.
+    let mut configured = openai_model("fixed", &mock);
+    configured["context_window"] = json!(10_000);
+    assert_status(
+        &server.post("/v1/models", configured).await,
+        StatusCode::CREATED,
+    );
+    let runtime = server.state.sessions.runtime();
+    assert_eq!(
+        runtime.model_client("fixed").unwrap().context().window,
+        10_000
+    );
+    assert_eq!(
+        runtime.model_client("served").unwrap().context().window,
+        24_576
+    );
+    // Asked once for "served", however many times the runtime was rebuilt since.
+    assert_eq!(mock.metadata_requests(), 1);
+    // No model call was made or answered by the lookups.
+    assert_eq!(mock.request_count(), 0);
+}
+
+#[tokio::test]
 async fn a_registered_model_is_usable_at_once_and_its_connection_test_reaches_the_provider() {
     let server = Server::start().await;
     let mock = MockProvider::start().await.unwrap();

@@ -5,7 +5,11 @@ use serde_json::json;
 
 use super::support::{Harness, both_backends};
 
-both_backends!(config_is_kept_per_kind, config_names_are_validated);
+both_backends!(
+    config_is_kept_per_kind,
+    config_names_are_validated,
+    config_lists_in_registration_order
+);
 
 async fn config_is_kept_per_kind(h: &Harness) {
     let store = &h.store;
@@ -128,4 +132,57 @@ async fn config_names_are_validated(h: &Harness) {
         .await
         .unwrap();
     assert_eq!(store.list_config(ConfigKind::Tool).await.unwrap().len(), 1);
+}
+
+async fn config_lists_in_registration_order(h: &Harness) {
+    let store = &h.store;
+    for name in ["zeta", "alpha", "mid"] {
+        store
+            .put_config(ConfigKind::Model, name, &json!({"name": name}))
+            .await
+            .unwrap();
+    }
+    // Another kind in between does not disturb the models' order.
+    store
+        .put_config(ConfigKind::Tool, "aaa", &json!({}))
+        .await
+        .unwrap();
+    let names = |list: Vec<(String, serde_json::Value)>| {
+        list.into_iter().map(|(name, _)| name).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(
+            store
+                .list_config_registered(ConfigKind::Model)
+                .await
+                .unwrap()
+        ),
+        ["zeta", "alpha", "mid"]
+    );
+    // By name, as before.
+    assert_eq!(
+        names(store.list_config(ConfigKind::Model).await.unwrap()),
+        ["alpha", "mid", "zeta"]
+    );
+    // Replacing keeps the place; deleting and storing again moves to the end.
+    store
+        .put_config(ConfigKind::Model, "zeta", &json!({"name": "zeta", "v": 2}))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete_config(ConfigKind::Model, "alpha")
+            .await
+            .unwrap()
+    );
+    store
+        .put_config(ConfigKind::Model, "alpha", &json!({"name": "alpha"}))
+        .await
+        .unwrap();
+    let listed = store
+        .list_config_registered(ConfigKind::Model)
+        .await
+        .unwrap();
+    assert_eq!(listed[0].1, json!({"name": "zeta", "v": 2}));
+    assert_eq!(names(listed), ["zeta", "mid", "alpha"]);
 }

@@ -31,6 +31,11 @@ use crate::render::TurnRequest;
 /// queue is empty the fallback reply is served, and without one the answer is a 500
 /// `mock_error`. Every request is recorded, including unanswered ones.
 ///
+/// Model metadata requests (`GET …/models`, `POST …/api/show`, which clients send to learn a
+/// model's context window) are the exception: they take no queued reply and are not recorded;
+/// they get the listing set with [`MockProvider::set_model_metadata`], else a 404, and
+/// [`MockProvider::metadata_requests`] counts them.
+///
 /// Clones share the same server; it shuts down when the last clone is dropped.
 #[derive(Clone)]
 pub struct MockProvider {
@@ -54,6 +59,8 @@ struct MockState {
     queue: VecDeque<Reply>,
     fallback: Option<Reply>,
     requests: Vec<RecordedRequest>,
+    metadata: Option<Value>,
+    metadata_requests: usize,
 }
 
 impl Shared {
@@ -140,6 +147,17 @@ impl MockProvider {
         self.inner.shared.lock().fallback = None;
     }
 
+    /// Sets the JSON body served (200) to model metadata requests: an OpenAI-compatible
+    /// `GET …/models` listing, or an Ollama `POST /api/show` answer.
+    pub fn set_model_metadata(&self, body: Value) {
+        self.inner.shared.lock().metadata = Some(body);
+    }
+
+    /// How many model metadata requests were received so far.
+    pub fn metadata_requests(&self) -> usize {
+        self.inner.shared.lock().metadata_requests
+    }
+
     /// Drops every queued reply not served yet.
     pub fn clear_queue(&self) {
         self.inner.shared.lock().queue.clear();
@@ -208,6 +226,20 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Err(error) => return reply::mock_error(&format!("cannot read request body: {error}")),
     };
     let path = parts.uri.path().to_owned();
+    if is_metadata_request(&parts.method, &path) {
+        let metadata = {
+            let mut state = shared.lock();
+            state.metadata_requests += 1;
+            state.metadata.clone()
+        };
+        return match metadata {
+            Some(body) => axum::response::IntoResponse::into_response(axum::Json(body)),
+            None => axum::response::IntoResponse::into_response((
+                axum::http::StatusCode::NOT_FOUND,
+                axum::Json(serde_json::json!({"error": "no model metadata set"})),
+            )),
+        };
+    }
     let protocol = Protocol::from_path(&path);
     let body = parse_body(&bytes);
     let headers = parts
@@ -241,6 +273,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Some(reply) => reply.respond(turn_request.as_ref()).await,
         None => reply::mock_error("no reply queued"),
     }
+}
+
+/// Whether a request asks for model metadata rather than a model turn.
+fn is_metadata_request(method: &axum::http::Method, path: &str) -> bool {
+    (method == axum::http::Method::GET && path.ends_with("/models"))
+        || (method == axum::http::Method::POST && path.ends_with("/api/show"))
 }
 
 /// The body as JSON, or as a JSON string holding the raw text when it does not parse.

@@ -81,7 +81,7 @@ pub(crate) struct Profile {
     #[arg(long = "skill", value_name = "DIR")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     skills: Vec<PathBuf>,
-    /// Stop after this many tool rounds [default: 25].
+    /// Stop after this many tool rounds [default: 200].
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_rounds: Option<u32>,
@@ -237,7 +237,13 @@ impl Profile {
         // line (`--tool`, `--tools-file`, `--mcp`), `"host": true` included: nothing more to
         // approve by default. `agentry serve`'s runs ask for host tools (`--approve`).
         builder.approval_defaults(agentry_core::tool::ApprovalDefaults::none());
-        builder.model("default", self.client()?);
+        let client = self.client()?;
+        // The window the provider states, unless one is configured (asked once per run of the
+        // CLI, before the run; a failure keeps the known window).
+        client
+            .discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
+            .await;
+        builder.model("default", client);
         let mut available = builtin_tools();
         let sandboxes = environment.and_then(|environment| environment.sandboxes.as_ref());
         if environment.is_some_and(|environment| environment.workspaces.is_some()) {
@@ -283,7 +289,9 @@ impl Profile {
             builder.skill(Skill::load(dir)?)?;
         }
         builder.limits(RunLimits {
-            max_tool_rounds: self.max_rounds.unwrap_or(25),
+            max_tool_rounds: self
+                .max_rounds
+                .unwrap_or(agentry_core::DEFAULT_MAX_TOOL_ROUNDS),
             deadline: Some(Duration::from_secs(self.timeout_secs.unwrap_or(600))),
             ..RunLimits::default()
         });
