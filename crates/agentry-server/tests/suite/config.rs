@@ -1092,7 +1092,7 @@ async fn secrets_are_write_only() {
         ["API_KEY", "OTHER", "SHORT"]
     );
     let first = &list.body["secrets"][0];
-    assert_eq!(first["masked"], "sk-…1234");
+    assert_eq!(first["masked"], "…1234");
     assert!(first["updated_at"].is_u64());
     assert_eq!(list.body["secrets"][2]["masked"], "…");
     for path in [
@@ -1124,7 +1124,7 @@ async fn secrets_are_write_only() {
     assert_status(&replaced, StatusCode::NO_CONTENT);
     let list = server.get("/v1/env").await;
     assert!(!list.text.contains("sk-new-value-abcdefgh"));
-    assert_eq!(list.body["secrets"][0]["masked"], "sk-…efgh");
+    assert_eq!(list.body["secrets"][0]["masked"], "…efgh");
 
     assert_status(
         &server.delete("/v1/env/SHORT").await,
