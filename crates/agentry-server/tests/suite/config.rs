@@ -982,6 +982,29 @@ async fn bad_templates_are_refused_with_the_reason() {
     let message = assert_error(&broken, StatusCode::BAD_REQUEST, "invalid_request");
     assert!(message.contains("does not compile"), "{message}");
 
+    // A template that runs away whatever its arguments is refused at once, with the reason,
+    // and the server keeps answering.
+    let started = std::time::Instant::now();
+    let runaway = server
+        .post(
+            "/v1/prompt-templates",
+            json!({"name": "spin", "template":
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"}),
+        )
+        .await;
+    let message = assert_error(&runaway, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(message.contains("too expensive"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_error(
+        &server.get("/v1/prompt-templates/spin").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+
     let cases: Vec<(&str, Value)> = vec![
         (
             "traversal name",
