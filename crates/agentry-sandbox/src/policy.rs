@@ -171,6 +171,11 @@ pub struct SandboxSpec {
     pub idle_timeout: Option<Duration>,
     /// The hostname inside.
     pub hostname: String,
+    /// Hide the host's `/usr/local` (an empty read-only folder inside, native). Off by default:
+    /// many images keep their tools there (the official Python images, say); turn it on where
+    /// `/usr/local` holds host configuration or credentials.
+    #[serde(default)]
+    pub hide_usr_local: bool,
 }
 
 impl SandboxSpec {
@@ -185,6 +190,7 @@ impl SandboxSpec {
             limits: Limits::default(),
             idle_timeout: None,
             hostname: "sandbox".into(),
+            hide_usr_local: false,
         }
     }
 }
