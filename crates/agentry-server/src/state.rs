@@ -38,6 +38,11 @@ pub struct ToolEnvironment {
     /// Where MCP servers' requests for input during a run wait for a person. `None`: they are
     /// declined (`agentry run`); the server always has one ([`AppState::elicitations`]).
     pub elicitations: Option<crate::elicitation::Elicitations>,
+    /// Where saved agents' skill folders may be: each must resolve (symlinks included) inside
+    /// one of these roots, or the agent is refused (400) and the skill not loaded. `agentry
+    /// serve` sets `<home>/skills` plus any `--skill-root`. `None`: skill folders may be
+    /// anywhere (a local, operator-driven runtime such as `agentry run`).
+    pub skill_roots: Option<Vec<PathBuf>>,
 }
 
 /// The server's shared state. Cheap to clone.
@@ -118,10 +123,12 @@ impl AppState {
             tools,
             elicitations,
         };
-        state
-            .tools
-            .delegation
-            .bind(&state.store, &state.sessions, &state.hub);
+        state.tools.delegation.bind(
+            &state.store,
+            &state.sessions,
+            &state.hub,
+            state.tools.skill_roots.clone(),
+        );
         state.elicitations.bind(&state.hub);
         Ok(state)
     }

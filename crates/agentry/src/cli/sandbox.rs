@@ -106,6 +106,7 @@ pub(crate) fn environment(
             sandbox_root: Some(home.join("sandboxes")),
             delegation: Default::default(),
             elicitations: Default::default(),
+            skill_roots: None,
         })
     }
 }

@@ -42,7 +42,8 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         std::fs::remove_dir_all(&stale)
             .with_context(|| format!("cannot clean {}", stale.display()))?;
     }
-    let tools = args.sandbox.environment(&data.home()?)?;
+    let mut tools = args.sandbox.environment(&data.home()?)?;
+    tools.skill_roots = Some(data.skill_roots()?);
     let sandbox_line = match &tools.sandboxes {
         Some(pool) => format!("sandbox: {:?}", pool.backend().kind()).to_lowercase(),
         None => "sandbox: off (exec, terminal and command tools are not offered)".to_owned(),
