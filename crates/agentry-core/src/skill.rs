@@ -93,6 +93,18 @@ pub enum SkillError {
         /// Why it is rejected.
         reason: String,
     },
+    /// The folder (or its `SKILL.md`) resolves outside every allowed skill root.
+    #[error(
+        "{path} is outside the allowed skill folders ({}): a skill folder must be inside one \
+         of them, after symlinks are resolved",
+        display_roots(roots)
+    )]
+    OutsideRoots {
+        /// The path at fault.
+        path: PathBuf,
+        /// The allowed roots.
+        roots: Vec<PathBuf>,
+    },
     /// Two skills under one root have the same name.
     #[error("two skills are named {name:?}: {first} and {second}")]
     DuplicateName {
@@ -103,6 +115,26 @@ pub enum SkillError {
         /// The second skill's folder.
         second: PathBuf,
     },
+}
+
+fn display_roots(roots: &[PathBuf]) -> String {
+    if roots.is_empty() {
+        return "none are configured".to_owned();
+    }
+    roots
+        .iter()
+        .map(|root| root.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `path` (canonical) is inside one of `roots` (each canonicalised; a root that does
+/// not exist holds nothing).
+fn within(path: &Path, roots: &[PathBuf]) -> bool {
+    roots
+        .iter()
+        .filter_map(|root| fs::canonicalize(root).ok())
+        .any(|root| path.starts_with(&root))
 }
 
 /// The front matter's fields; unknown keys are ignored.
@@ -124,6 +156,30 @@ pub struct Skill {
 }
 
 impl Skill {
+    /// Loads the skill in `dir` like [`Skill::load`], only if the folder and its `SKILL.md`
+    /// are inside one of `roots` once canonicalised (symlinks resolved, so a link cannot lead
+    /// out): otherwise [`SkillError::OutsideRoots`], before anything is read.
+    pub fn load_within(dir: &Path, roots: &[PathBuf]) -> Result<Skill, SkillError> {
+        let outside = |path: &Path| SkillError::OutsideRoots {
+            path: path.to_path_buf(),
+            roots: roots.to_vec(),
+        };
+        let canonical = fs::canonicalize(dir).map_err(|source| SkillError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if !within(&canonical, roots) {
+            return Err(outside(dir));
+        }
+        let file = canonical.join(SKILL_FILE);
+        if let Ok(real) = fs::canonicalize(&file)
+            && !within(&real, roots)
+        {
+            return Err(outside(&file));
+        }
+        Self::load(&canonical)
+    }
+
     /// Loads the skill in `dir` (the folder holding `SKILL.md`). The folder is canonicalised.
     pub fn load(dir: &Path) -> Result<Skill, SkillError> {
         let dir = fs::canonicalize(dir).map_err(|source| SkillError::Io {

@@ -5,8 +5,17 @@
 //! never an empty string — and no HTML escaping, since these are prompts. A template that does
 //! not compile is rejected when it is added, with the line and the reason. Templates cannot
 //! include or extend one another.
+//!
+//! Rendering is bounded, because it runs on the caller's thread (often a tokio worker): every
+//! render gets a budget of VM instructions ([`TemplateLimits::fuel`], minijinja's fuel) and a cap
+//! on the size of its output ([`TemplateLimits::max_output_bytes`]). A template that exceeds
+//! either fails with [`TemplateError::TooExpensive`] or [`TemplateError::TooLarge`]. When a
+//! template is added it is also rendered once with every variable set to an empty string, so a
+//! template that runs away whatever its arguments (nested loops over large ranges) is refused
+//! there, with the same errors.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
 
 use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior};
 use serde_json::{Map, Value};
@@ -47,6 +56,26 @@ pub enum TemplateError {
         /// The missing variable.
         variable: String,
     },
+    /// Rendering executed more instructions than the store allows: a loop too long, or nested
+    /// loops.
+    #[error(
+        "template {template:?} is too expensive to render: it runs more than {fuel} \
+         instructions (look for long or nested loops)"
+    )]
+    TooExpensive {
+        /// The template's name.
+        template: String,
+        /// The instruction budget it exceeded.
+        fuel: u64,
+    },
+    /// Rendering produced more text than the store allows.
+    #[error("template {template:?} renders more than {max_bytes} bytes")]
+    TooLarge {
+        /// The template's name.
+        template: String,
+        /// The output cap it exceeded, in bytes.
+        max_bytes: usize,
+    },
     /// Rendering failed for another reason (a bad filter argument, an undefined attribute…).
     #[error("template {template:?} failed to render{}: {reason}", line_suffix(*line))]
     Render {
@@ -64,11 +93,39 @@ fn line_suffix(line: Option<usize>) -> String {
         .unwrap_or_default()
 }
 
+/// The bounds on one render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// How many VM instructions a render may execute (minijinja's fuel; most instructions cost
+    /// one).
+    pub fuel: u64,
+    /// How many bytes a render may produce.
+    pub max_output_bytes: usize,
+}
+
+impl TemplateLimits {
+    /// The default instruction budget: ample for a prompt (a loop over a thousand items with a
+    /// few filters each needs a few tens of thousands), and a few milliseconds of work.
+    pub const DEFAULT_FUEL: u64 = 500_000;
+    /// The default output cap: 1 MiB, far more than any model's context window holds.
+    pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+}
+
+impl Default for TemplateLimits {
+    fn default() -> Self {
+        Self {
+            fuel: Self::DEFAULT_FUEL,
+            max_output_bytes: Self::DEFAULT_MAX_OUTPUT_BYTES,
+        }
+    }
+}
+
 /// A set of named prompt templates.
 #[derive(Debug, Clone)]
 pub struct TemplateStore {
     environment: Environment<'static>,
     sources: BTreeMap<String, String>,
+    limits: TemplateLimits,
 }
 
 impl Default for TemplateStore {
@@ -78,9 +135,15 @@ impl Default for TemplateStore {
 }
 
 impl TemplateStore {
-    /// An empty store.
+    /// An empty store with the default [`TemplateLimits`].
     pub fn new() -> Self {
+        Self::with_limits(TemplateLimits::default())
+    }
+
+    /// An empty store whose renders are bounded by `limits`.
+    pub fn with_limits(limits: TemplateLimits) -> Self {
         let mut environment = Environment::new();
+        environment.set_fuel(Some(limits.fuel));
         environment.set_undefined_behavior(UndefinedBehavior::Strict);
         environment.set_auto_escape_callback(|_| AutoEscape::None);
         // Debug mode makes minijinja record which expression produced an undefined value, which
@@ -89,11 +152,19 @@ impl TemplateStore {
         Self {
             environment,
             sources: BTreeMap::new(),
+            limits,
         }
     }
 
-    /// Adds a new template. Fails when the name is invalid or taken, or the source does not
-    /// compile ([`TemplateError::Syntax`] with the line and reason).
+    /// The bounds on each render.
+    pub fn limits(&self) -> TemplateLimits {
+        self.limits
+    }
+
+    /// Adds a new template. Fails when the name is invalid or taken, the source does not
+    /// compile ([`TemplateError::Syntax`] with the line and reason), or a trial render with
+    /// every variable set to an empty string exceeds the limits
+    /// ([`TemplateError::TooExpensive`], [`TemplateError::TooLarge`]).
     pub fn add(
         &mut self,
         name: impl Into<String>,
@@ -165,7 +236,9 @@ impl TemplateStore {
     /// Renders a template with these arguments.
     ///
     /// A variable the arguments lack is [`TemplateError::MissingVariable`] naming it (a variable
-    /// only tested with `is defined` may be left out).
+    /// only tested with `is defined` may be left out). A render that exceeds the store's
+    /// [`TemplateLimits`] stops there with [`TemplateError::TooExpensive`] or
+    /// [`TemplateError::TooLarge`].
     pub fn render(
         &self,
         name: &str,
@@ -173,9 +246,44 @@ impl TemplateStore {
     ) -> Result<String, TemplateError> {
         let template = self.template(name)?;
         let context = minijinja::Value::from(minijinja::value::Serde(arguments));
-        match template.render(context) {
-            Ok(text) => Ok(text),
+        let mut output = CappedOutput::new(self.limits.max_output_bytes);
+        let result = template.render_captured_to(context, &mut output);
+        if output.overflowed {
+            return Err(TemplateError::TooLarge {
+                template: name.to_owned(),
+                max_bytes: self.limits.max_output_bytes,
+            });
+        }
+        match result {
+            Ok(_) => String::from_utf8(output.buffer).map_err(|_| TemplateError::Render {
+                template: name.to_owned(),
+                line: None,
+                reason: "the output is not UTF-8".to_owned(),
+            }),
+            Err(error) if error.kind() == ErrorKind::OutOfFuel => {
+                Err(TemplateError::TooExpensive {
+                    template: name.to_owned(),
+                    fuel: self.limits.fuel,
+                })
+            }
             Err(error) => Err(self.render_error(name, arguments, &error)),
+        }
+    }
+
+    /// Renders `name` once with every variable it reads set to an empty string, and fails only
+    /// when that render exceeds the limits: other errors (a filter that needs a number, say)
+    /// depend on real arguments and are left to the real render.
+    fn check_bounded(&self, name: &str) -> Result<(), TemplateError> {
+        let arguments: Map<String, Value> = self
+            .variables(name)?
+            .into_iter()
+            .map(|variable| (variable, Value::String(String::new())))
+            .collect();
+        match self.render(name, &arguments) {
+            Err(error @ (TemplateError::TooExpensive { .. } | TemplateError::TooLarge { .. })) => {
+                Err(error)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -189,7 +297,19 @@ impl TemplateStore {
     }
 
     fn insert(&mut self, name: String, source: String) -> Result<(), TemplateError> {
-        // minijinja compiles before it replaces, so a bad source leaves the store unchanged.
+        // Compiled and tried in a scratch environment first, so a bad source leaves the store
+        // unchanged.
+        let mut scratch = Self::with_limits(self.limits);
+        scratch
+            .environment
+            .add_template_owned(name.clone(), source.clone())
+            .map_err(|error| TemplateError::Syntax {
+                template: name.clone(),
+                line: error.line(),
+                reason: describe(&error),
+            })?;
+        scratch.sources.insert(name.clone(), source.clone());
+        scratch.check_bounded(&name)?;
         self.environment
             .add_template_owned(name.clone(), source.clone())
             .map_err(|error| TemplateError::Syntax {
@@ -240,6 +360,39 @@ impl TemplateStore {
             line: error.line(),
             reason: describe(error),
         }
+    }
+}
+
+/// A render's output, refusing to grow past `limit` bytes: the write that would cross it fails,
+/// which stops the render.
+struct CappedOutput {
+    buffer: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl CappedOutput {
+    fn new(limit: usize) -> Self {
+        Self {
+            buffer: Vec::new(),
+            limit,
+            overflowed: false,
+        }
+    }
+}
+
+impl io::Write for CappedOutput {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if self.buffer.len().saturating_add(bytes.len()) > self.limit {
+            self.overflowed = true;
+            return Err(io::Error::other("the output cap is reached"));
+        }
+        self.buffer.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 

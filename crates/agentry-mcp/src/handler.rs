@@ -83,6 +83,19 @@ pub(crate) struct Handler {
     pub(crate) elicitations: Arc<ElicitationRoutes>,
 }
 
+/// Checks the `url` of a URL-mode elicitation: an absolute `http` or `https` URL, or the reason
+/// it is refused (a `javascript:` or `data:` link must never reach the person asked).
+pub(crate) fn check_elicitation_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|error| format!("its url is not a valid absolute URL ({error})"))?;
+    match parsed.scheme() {
+        "http" | "https" => Ok(()),
+        other => Err(format!(
+            "its url has the scheme {other:?}; only http and https URLs are accepted"
+        )),
+    }
+}
+
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
         let info = serde_json::json!({
@@ -115,13 +128,28 @@ impl ClientHandler for Handler {
                 url,
                 elicitation_id,
                 ..
-            } => (
-                message,
-                ElicitationKind::Url {
-                    url,
-                    elicitation_id,
-                },
-            ),
+            } => {
+                // The url is shown to a person as a link: nothing but http(s) reaches them.
+                if let Err(reason) = check_elicitation_url(&url) {
+                    tracing::warn!(
+                        mcp_server = %self.server,
+                        %url,
+                        "declined a URL elicitation request: {reason}"
+                    );
+                    return Err(ErrorData::new(
+                        ErrorCode::INVALID_PARAMS,
+                        format!("Agentry declined this elicitation request: {reason}"),
+                        None,
+                    ));
+                }
+                (
+                    message,
+                    ElicitationKind::Url {
+                        url,
+                        elicitation_id,
+                    },
+                )
+            }
             other => {
                 tracing::warn!(
                     mcp_server = %self.server,
@@ -193,6 +221,39 @@ impl ClientHandler for Handler {
             level = ?params.level,
             logger = params.logger.as_deref().unwrap_or_default(),
             "{data}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_elicitation_url;
+
+    #[test]
+    fn elicitation_urls_must_be_http_or_https() {
+        for good in [
+            "https://example.com/authorize?state=1",
+            "http://127.0.0.1:8080/callback",
+            "HTTPS://EXAMPLE.COM/",
+        ] {
+            assert_eq!(check_elicitation_url(good), Ok(()), "{good}");
+        }
+        for (bad, needle) in [
+            ("javascript:alert(document.cookie)", "\"javascript\""),
+            ("JavaScript:alert(1)", "\"javascript\""),
+            ("data:text/html,<script>alert(1)</script>", "\"data\""),
+            ("file:///etc/passwd", "\"file\""),
+            ("vbscript:msgbox", "\"vbscript\""),
+            ("/relative/path", "not a valid absolute URL"),
+            ("", "not a valid absolute URL"),
+        ] {
+            let reason = check_elicitation_url(bad).unwrap_err();
+            assert!(reason.contains(needle), "{bad}: {reason}");
+        }
+        assert!(
+            check_elicitation_url("javascript:alert(1)")
+                .unwrap_err()
+                .contains("only http and https")
         );
     }
 }

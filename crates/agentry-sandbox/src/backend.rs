@@ -272,6 +272,7 @@ async fn start(
         rlimits: rlimits(spec, limits_mode),
         tmp_size: spec.limits.tmp_size,
         ro_mounts: spec.ro_mounts.clone(),
+        hide_usr_local: spec.hide_usr_local,
         proxy_dir: net.proxy.as_ref().map(|p| p.dir().to_path_buf()),
     };
     let params = LaunchParams {

@@ -166,11 +166,20 @@ impl Cgroups {
                 write(&dir, "pids.max", &n.to_string())?;
             }
             if let Some(pct) = limits.cpu_percent {
-                write(
-                    &dir,
-                    "cpu.max",
-                    &format!("{} 100000", u64::from(pct) * 1000),
-                )?;
+                // Without the cpu controller in this subtree there is no cpu.max: the CPU share
+                // goes unenforced (as under cgroup v1 without a cpu hierarchy) rather than the
+                // memory and process limits falling back to rlimits.
+                if dir.join("cpu.max").exists() {
+                    write(
+                        &dir,
+                        "cpu.max",
+                        &format!("{} 100000", u64::from(pct) * 1000),
+                    )?;
+                } else {
+                    tracing::warn!(
+                        "cgroup v2 has no cpu controller here: the CPU share is not enforced"
+                    );
+                }
             }
             Ok(())
         })();

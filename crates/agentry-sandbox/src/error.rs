@@ -32,6 +32,15 @@ pub enum SandboxError {
         /// The limit.
         limit: u64,
     },
+    /// A pool already holds its maximum of open sandboxes.
+    #[error(
+        "{max} sandboxes are open, the most this pool allows: one must close (idle sandboxes \
+         close after their idle timeout) before another is made"
+    )]
+    PoolFull {
+        /// The pool's maximum.
+        max: usize,
+    },
     /// A host-side IO error.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),

@@ -38,6 +38,8 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Job>> {
     })
 }
 
+/// The sandbox agent's argv[0] (what `/proc/1/cmdline` shows inside).
+pub(crate) const INIT_ARGV0: &str = "agentry-sandbox";
 /// Runs `f` on the spawner thread.
 async fn on_spawner<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
     let (tx, rx) = oneshot::channel();
@@ -105,7 +107,10 @@ fn launch_blocking(params: LaunchParams) -> Result<Launched> {
     let nproc = params.nproc;
     let their_fd = theirs.as_raw_fd();
     let mut cmd = Command::new(&params.init_exe);
-    cmd.arg(INIT_ARG)
+    // A neutral argv[0]: the sandbox can read its PID 1's /proc/1/cmdline, which would otherwise
+    // show the host path of the binary.
+    cmd.arg0(INIT_ARGV0)
+        .arg(INIT_ARG)
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -41,8 +41,11 @@ mod sys;
 
 pub use backend::{Backend, LocalBackend, NativeBackend, backend};
 pub use error::{Result, SandboxError};
-pub use policy::{BackendKind, ExecRequest, Limits, NetworkPolicy, SandboxConfig, SandboxSpec};
-pub use pool::{DEFAULT_IDLE_TIMEOUT, SandboxPool};
+pub use policy::{
+    BackendKind, DEFAULT_CPU_PERCENT, DEFAULT_WALL_TIME, ExecRequest, Limits, NetworkPolicy,
+    SandboxConfig, SandboxSpec,
+};
+pub use pool::{DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SANDBOXES, SandboxPool};
 pub use proxy::is_public as is_public_address;
 pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,

@@ -104,13 +104,18 @@ impl NetworkPolicy {
 }
 
 /// Resource limits. `None` leaves a limit off.
+///
+/// The defaults bound every sandbox: 1 GiB of memory, 256 processes, one core's worth of CPU
+/// (100%), a day's lifetime ([`DEFAULT_WALL_TIME`]; a pool remakes a session's sandbox on its
+/// next use), 1 GiB files, 1024 open files and a 256 MiB `/tmp`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// Memory of the whole sandbox (cgroups), or of each process (rlimit fallback), in bytes.
     pub memory_bytes: Option<u64>,
     /// Processes (and threads) in the sandbox.
     pub max_processes: Option<u64>,
-    /// CPU share in percent of one core (cgroups only).
+    /// CPU share in percent of one core (cgroups only, where the cpu controller is available;
+    /// elsewhere it is not enforced).
     pub cpu_percent: Option<u32>,
     /// CPU time of each process (`RLIMIT_CPU`).
     pub cpu_time: Option<Duration>,
@@ -124,14 +129,20 @@ pub struct Limits {
     pub tmp_size: u64,
 }
 
+/// The default CPU share: one core.
+pub const DEFAULT_CPU_PERCENT: u32 = 100;
+
+/// The default lifetime of a sandbox: a day.
+pub const DEFAULT_WALL_TIME: Duration = Duration::from_secs(24 * 60 * 60);
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_bytes: Some(1 << 30),
             max_processes: Some(256),
-            cpu_percent: None,
+            cpu_percent: Some(DEFAULT_CPU_PERCENT),
             cpu_time: None,
-            wall_time: None,
+            wall_time: Some(DEFAULT_WALL_TIME),
             file_size: Some(1 << 30),
             open_files: Some(1024),
             tmp_size: 256 << 20,
@@ -160,6 +171,11 @@ pub struct SandboxSpec {
     pub idle_timeout: Option<Duration>,
     /// The hostname inside.
     pub hostname: String,
+    /// Hide the host's `/usr/local` (an empty read-only folder inside, native). Off by default:
+    /// many images keep their tools there (the official Python images, say); turn it on where
+    /// `/usr/local` holds host configuration or credentials.
+    #[serde(default)]
+    pub hide_usr_local: bool,
 }
 
 impl SandboxSpec {
@@ -174,6 +190,7 @@ impl SandboxSpec {
             limits: Limits::default(),
             idle_timeout: None,
             hostname: "sandbox".into(),
+            hide_usr_local: false,
         }
     }
 }

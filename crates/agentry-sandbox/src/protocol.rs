@@ -60,6 +60,9 @@ pub(crate) struct InitConfig {
     pub(crate) tmp_size: u64,
     /// Extra host paths bound read-only at the same place inside.
     pub(crate) ro_mounts: Vec<PathBuf>,
+    /// Hide the host's `/usr/local` behind an empty read-only folder (native).
+    #[serde(default)]
+    pub(crate) hide_usr_local: bool,
     /// Native, allow-list network: the host folder of the proxy's socket (its descriptor travels
     /// second, after the workspace's). The agent mounts it inside and runs the bridge.
     pub(crate) proxy_dir: Option<PathBuf>,

@@ -5,6 +5,10 @@
 //! As soon as one key exists, every `/v1` route (and the MCP endpoint `/mcp`) needs
 //! `Authorization: Bearer <key>` or the session cookie a login sets; revoking a key takes
 //! effect on the next request.
+//!
+//! Console logins live in memory for [`LOGIN_TTL`]. Expired ones are swept whenever a login is
+//! added, and at most [`MAX_LOGINS`] are kept (the oldest goes first), so repeated logins cannot
+//! grow the table without bound.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +29,8 @@ const MAX_LOGIN_FAILURES: usize = 10;
 const LOGIN_FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// How long a login lasts.
 pub const LOGIN_TTL: Duration = Duration::from_secs(12 * 3600);
+/// How many logins are kept at once; a login beyond that ends the oldest.
+pub const MAX_LOGINS: usize = 10_000;
 /// How long "is auth on" is cached.
 const ENABLED_CACHE: Duration = Duration::from_secs(1);
 
@@ -387,22 +393,84 @@ pub async fn reset_keys(store: &Store) -> Result<usize, AuthError> {
     Ok(keys.len())
 }
 
+/// The console logins: token hash → (key id, when it started). Bounded in time and number.
+#[derive(Debug)]
+struct Logins {
+    entries: HashMap<String, (String, Instant)>,
+    ttl: Duration,
+    max: usize,
+}
+
+impl Logins {
+    fn new(ttl: Duration, max: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            ttl,
+            max,
+        }
+    }
+
+    /// Adds a login at `now`: expired logins are swept first, and when the table is still
+    /// full the oldest logins end to make room.
+    fn insert(&mut self, token_hash: String, key_id: String, now: Instant) {
+        let ttl = self.ttl;
+        self.entries
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) <= ttl);
+        while self.entries.len() >= self.max.max(1) {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(hash, _)| hash.clone())
+            else {
+                break;
+            };
+            self.entries.remove(&oldest);
+        }
+        self.entries.insert(token_hash, (key_id, now));
+    }
+
+    /// The key id of a current login; an expired one is removed.
+    fn get(&mut self, token_hash: &str, now: Instant) -> Option<String> {
+        let (id, at) = self.entries.get(token_hash)?;
+        if now.saturating_duration_since(*at) > self.ttl {
+            self.entries.remove(token_hash);
+            return None;
+        }
+        Some(id.clone())
+    }
+
+    fn remove(&mut self, token_hash: &str) {
+        self.entries.remove(token_hash);
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
 /// Checks presented credentials against the store.
 #[derive(Clone)]
 pub struct Authenticator {
     store: Store,
     enabled: Arc<Mutex<Option<(Instant, bool)>>>,
-    logins: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    logins: Arc<Mutex<Logins>>,
     failed_logins: Arc<Mutex<std::collections::VecDeque<Instant>>>,
 }
 
 impl Authenticator {
-    /// An authenticator over `store`.
+    /// An authenticator over `store`, with logins lasting [`LOGIN_TTL`], at most
+    /// [`MAX_LOGINS`] at once.
     pub fn new(store: Store) -> Self {
+        Self::with_login_limits(store, LOGIN_TTL, MAX_LOGINS)
+    }
+
+    /// An authenticator whose logins last `ttl`, at most `max` at once.
+    pub fn with_login_limits(store: Store, ttl: Duration, max: usize) -> Self {
         Self {
             store,
             enabled: Arc::default(),
-            logins: Arc::default(),
+            logins: Arc::new(Mutex::new(Logins::new(ttl, max))),
             failed_logins: Arc::default(),
         }
     }
@@ -437,6 +505,17 @@ impl Authenticator {
         failed
             .front()
             .map(|oldest| LOGIN_FAILURE_WINDOW.saturating_sub(oldest.elapsed()))
+    }
+
+    fn logins(&self) -> std::sync::MutexGuard<'_, Logins> {
+        self.logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many logins are held (expired ones may remain until the next login sweeps them).
+    pub fn login_count(&self) -> usize {
+        self.logins().len()
     }
 
     /// Whether authentication is on (see [`auth_enabled`]), cached for a second.
@@ -511,36 +590,67 @@ impl Authenticator {
             return Ok(None);
         };
         let token = random_hex(32)?;
-        self.logins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(digest(&token), (id, Instant::now()));
+        self.logins().insert(digest(&token), id, Instant::now());
         Ok(Some(token))
     }
 
     /// Ends a login.
     pub fn logout(&self, token: &str) {
-        self.logins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&digest(token));
+        self.logins().remove(&digest(token));
     }
 
     /// Who a login token belongs to, if it is current and its key still active.
     pub async fn verify_login(&self, token: &str) -> Result<Option<Principal>, AuthError> {
-        let entry = self
-            .logins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&digest(token))
-            .cloned();
-        let Some((id, at)) = entry else {
+        let entry = self.logins().get(&digest(token), Instant::now());
+        let Some(id) = entry else {
             return Ok(None);
         };
-        if at.elapsed() > LOGIN_TTL {
-            self.logout(token);
-            return Ok(None);
-        }
         self.active_key(&id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_logins_are_swept_when_one_is_added() {
+        let start = Instant::now();
+        let mut logins = Logins::new(Duration::from_secs(60), 100);
+        for n in 0..50 {
+            logins.insert(format!("old{n}"), "k".into(), start);
+        }
+        assert_eq!(logins.len(), 50);
+        // Nobody presents the old tokens again; one later login sweeps them all.
+        let later = start + Duration::from_secs(61);
+        logins.insert("new".into(), "k".into(), later);
+        assert_eq!(logins.len(), 1);
+        assert_eq!(logins.get("new", later).as_deref(), Some("k"));
+        assert_eq!(logins.get("old0", later), None);
+        // An expired login is refused when presented, and removed.
+        assert_eq!(logins.get("new", later + Duration::from_secs(61)), None);
+        assert_eq!(logins.len(), 0);
+    }
+
+    #[test]
+    fn logins_are_capped_and_the_oldest_goes_first() {
+        let start = Instant::now();
+        let mut logins = Logins::new(Duration::from_secs(3600), 3);
+        for n in 0..10u64 {
+            logins.insert(
+                format!("t{n}"),
+                format!("k{n}"),
+                start + Duration::from_secs(n),
+            );
+            assert!(logins.len() <= 3);
+        }
+        assert_eq!(logins.len(), 3);
+        let now = start + Duration::from_secs(10);
+        for n in 0..7 {
+            assert_eq!(logins.get(&format!("t{n}"), now), None, "t{n}");
+        }
+        for n in 7..10 {
+            assert_eq!(logins.get(&format!("t{n}"), now), Some(format!("k{n}")));
+        }
     }
 }

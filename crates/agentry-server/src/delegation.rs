@@ -44,6 +44,7 @@ struct Bound {
     store: Store,
     manager: WeakSessionManager,
     hub: Hub,
+    skill_roots: Option<Vec<std::path::PathBuf>>,
 }
 
 impl std::fmt::Debug for DelegationHandle {
@@ -66,7 +67,13 @@ impl DelegationHandle {
 
     /// Binds the tools to `store`, `manager` (held weakly) and `hub` (where child runs go live,
     /// so their own sessions' clients can follow and abort them).
-    pub fn bind(&self, store: &Store, manager: &SessionManager, hub: &Hub) {
+    pub fn bind(
+        &self,
+        store: &Store,
+        manager: &SessionManager,
+        hub: &Hub,
+        skill_roots: Option<Vec<std::path::PathBuf>>,
+    ) {
         *self
             .bound
             .write()
@@ -74,6 +81,7 @@ impl DelegationHandle {
             store: store.clone(),
             manager: manager.downgrade(),
             hub: hub.clone(),
+            skill_roots,
         });
     }
 
@@ -136,7 +144,12 @@ impl SubRuns for DelegationHandle {
         let handle = self.clone();
         let target = target.to_owned();
         Box::pin(async move {
-            let (Bound { store, .. }, manager) = handle.bound()?;
+            let (
+                Bound {
+                    store, skill_roots, ..
+                },
+                manager,
+            ) = handle.bound()?;
             let runtime = manager.runtime();
             let agents: Vec<AgentConfig> = store
                 .list_config(ConfigKind::Agent)
@@ -151,7 +164,7 @@ impl SubRuns for DelegationHandle {
                     id: agent.id.clone(),
                     nickname: agent.nickname.clone(),
                     request: agent
-                        .resolve(&runtime)
+                        .resolve(&runtime, skill_roots.as_deref())
                         .map(|run| RunRequest {
                             model: Some(run.model),
                             fallback_models: run.fallback_models,

@@ -158,6 +158,12 @@ impl From<SessionError> for ApiError {
                 Self::conflict(format!("session {session} has a run in progress"))
                     .with_details(json!({"session_id": session, "run_id": run_id}))
             }
+            SessionError::QueueFull { session, max } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                SessionError::QueueFull { session, max }.to_string(),
+            )
+            .with_details(json!({"session_id": session, "max_queued_runs": max})),
             SessionError::Run(error) => error.into(),
             SessionError::Log(agentry_core::session::LogError::NotFound(session)) => {
                 Self::not_found(format!("no session {session}"))
@@ -194,5 +200,27 @@ impl From<ToolError> for ApiError {
             }
             _ => Self::new(StatusCode::BAD_GATEWAY, "tool_failed", error.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_run_queue_is_429() {
+        let session = agentry_types::SessionId::new();
+        let error = ApiError::from(SessionError::QueueFull { session, max: 16 });
+        assert_eq!(error.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(error.code, "queue_full");
+        assert!(
+            error.message.contains("16 runs queued"),
+            "{}",
+            error.message
+        );
+        assert_eq!(
+            error.details,
+            Some(json!({"session_id": session, "max_queued_runs": 16}))
+        );
     }
 }

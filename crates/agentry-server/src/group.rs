@@ -197,7 +197,7 @@ pub async fn create(
     let agents = check_members(state, ids).await?;
     let runtime = state.sessions.runtime();
     for agent in &agents {
-        agent.resolve(&runtime)?;
+        agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
     }
     let group_id = SessionId::new();
     let mut members = Vec::with_capacity(agents.len());
@@ -306,7 +306,7 @@ pub async fn post(
     let agents = check_members(state, &ids).await?;
     let runtime = state.sessions.runtime();
     for agent in &agents {
-        agent.resolve(&runtime)?;
+        agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
     }
     let runners: Vec<Runner> = agents
         .into_iter()
@@ -752,7 +752,10 @@ impl Exchange {
     /// The member's run request: its saved agent, the group note after its system prompt, and
     /// what it has not seen as the new user message.
     async fn request(&self, runner: &Runner, input: String) -> Result<RunRequest, ApiError> {
-        let run = runner.agent.resolve(&self.state.sessions.runtime())?;
+        let run = runner.agent.resolve(
+            &self.state.sessions.runtime(),
+            self.state.tools.skill_roots.as_deref(),
+        )?;
         let members: Vec<Member> = self.runners.iter().map(|r| r.member.clone()).collect();
         let note = group::group_prompt(&runner.member, &members);
         let system = Some(match run.system {

@@ -222,7 +222,7 @@ pub async fn build_runtime(
             if !skill_dirs.insert(path.clone()) {
                 continue;
             }
-            match crate::routes::agents::load_skill(&path) {
+            match crate::routes::agents::load_skill(&path, environment.skill_roots.as_deref()) {
                 Ok(skill) => {
                     let skill_name = skill.name().to_owned();
                     if builder.tools_contain(&skill_name) {

@@ -799,7 +799,7 @@ pub struct TemplateVariables {
 pub struct SecretInfo {
     /// Its name.
     pub name: String,
-    /// A masked form (`sk-…wxyz`, or `…` for a short value).
+    /// A masked form (`…wxyz`: the last 4 characters, or `…` for a value shorter than 16).
     pub masked: String,
     /// When it was last set, Unix milliseconds.
     pub updated_at: u64,

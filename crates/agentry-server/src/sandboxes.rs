@@ -54,7 +54,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The API error for a failed sandbox operation: a missing path is a 404, a refused one a 403,
 /// a conflicting one a 409, a full disk or an over-large file a 413, a closed sandbox a 404,
-/// an unavailable backend a 503; other failures inside the sandbox are the request's (400).
+/// an unavailable backend a 503, a full pool a 429; other failures inside the sandbox are the
+/// request's (400).
 pub fn sandbox_error(error: SandboxError) -> ApiError {
     match error {
         SandboxError::Unavailable(message) => unavailable(message),
@@ -82,6 +83,12 @@ pub fn sandbox_error(error: SandboxError) -> ApiError {
             _ => ApiError::internal(format!("sandbox io: {error}")),
         },
         SandboxError::Setup(message) => ApiError::internal(format!("sandbox: {message}")),
+        SandboxError::PoolFull { max } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_sandboxes",
+            SandboxError::PoolFull { max }.to_string(),
+        )
+        .with_details(json!({ "max_sandboxes": max })),
     }
 }
 

@@ -41,6 +41,11 @@ pub struct ToolEnvironment {
     /// Which tools need a person's approval when a run's own policy does not say (default:
     /// every tool that runs on the host).
     pub approval_defaults: agentry_core::tool::ApprovalDefaults,
+    /// Where saved agents' skill folders may be: each must resolve (symlinks included) inside
+    /// one of these roots, or the agent is refused (400) and the skill not loaded. `agentry
+    /// serve` sets `<home>/skills` plus any `--skill-root`. `None`: skill folders may be
+    /// anywhere (a local, operator-driven runtime such as `agentry run`).
+    pub skill_roots: Option<Vec<PathBuf>>,
 }
 
 /// The server's shared state. Cheap to clone.
@@ -122,10 +127,12 @@ impl AppState {
             tools,
             elicitations,
         };
-        state
-            .tools
-            .delegation
-            .bind(&state.store, &state.sessions, &state.hub);
+        state.tools.delegation.bind(
+            &state.store,
+            &state.sessions,
+            &state.hub,
+            state.tools.skill_roots.clone(),
+        );
         state.elicitations.bind(&state.hub);
         Ok(state)
     }

@@ -190,8 +190,8 @@ pub struct SearchHit {
 pub struct SecretInfo {
     /// Its name.
     pub name: String,
-    /// A masked form: the first 3 and last 4 characters (`sk-…wxyz`), or only `…` when the value
-    /// is shorter than 12 characters.
+    /// A masked form: `…` and the last 4 characters (`…wxyz`), or only `…` when the value is
+    /// shorter than 16 characters.
     pub masked: String,
     /// When it was last set, Unix milliseconds.
     pub updated_at: u64,

@@ -192,16 +192,23 @@ fn associated_data(name: &str) -> Vec<u8> {
     aad
 }
 
-/// The masked form of a secret value: first 3 and last 4 characters, or only `…` when the
-/// value is shorter than 12 characters.
+/// Values shorter than this are shown only as `…`: at this length the four-character tail
+/// is a quarter of the value, and no shorter value shows more than nothing.
+const MASK_MIN_CHARS: usize = 16;
+
+/// Characters of the tail that a masked value shows.
+const MASK_TAIL_CHARS: usize = 4;
+
+/// The masked form of a secret value: `…` and its last 4 characters, or only `…` when the
+/// value is shorter than 16 characters, so the mask never shows more than a quarter of the
+/// value and never its beginning (which often names the provider and narrows a search).
 pub(crate) fn mask(value: &str) -> String {
     let chars: Vec<char> = value.chars().collect();
-    if chars.len() < 12 {
+    if chars.len() < MASK_MIN_CHARS {
         return "…".to_owned();
     }
-    let head: String = chars.iter().take(3).collect();
-    let tail: String = chars.iter().skip(chars.len() - 4).collect();
-    format!("{head}…{tail}")
+    let tail: String = chars.iter().skip(chars.len() - MASK_TAIL_CHARS).collect();
+    format!("…{tail}")
 }
 
 /// Creates `path` (which must not exist) readable by its owner only, and writes `bytes`.
@@ -265,11 +272,24 @@ mod tests {
 
     #[test]
     fn masks() {
-        assert_eq!(mask("sk-abcdefghwxyz"), "sk-…wxyz");
+        assert_eq!(mask("sk-abcdefghijwxyz"), "…wxyz");
         assert_eq!(mask("short"), "…");
-        assert_eq!(mask("elevenchars"), "…");
-        assert_eq!(mask("twelve_chars"), "twe…hars");
-        assert_eq!(mask("ключ-абвгдежзийк"), "клю…зийк");
+        assert_eq!(mask("sk-abcdefghwxyz"), "…");
+        assert_eq!(mask("twelve_chars"), "…");
+        assert_eq!(mask("ключ-абвгдежзийк"), "…зийк");
+        // Never the head, and never more than a quarter of the value.
+        for len in 0..64 {
+            let value: String = "abcdefghijklmnopqrstuvwxyz0123456789"
+                .chars()
+                .cycle()
+                .take(len)
+                .collect();
+            let shown = mask(&value).chars().filter(|c| *c != '…').count();
+            assert!(shown * 4 <= len, "{len} chars show {shown}");
+            if len > 0 {
+                assert!(!mask(&value).starts_with('a'), "{len} chars show the head");
+            }
+        }
     }
 
     #[test]

@@ -26,13 +26,18 @@ use crate::runtime::{EVENT_BUFFER, RunError, RunRequest, RunStream, Runtime};
 pub const OUTCOME_UNKNOWN: &str = "interrupted: the process stopped while this tool call was \
      running, so it may or may not have taken effect; it was not run again";
 
+/// How many runs may wait behind a session's current run by default
+/// ([`SessionManager::set_max_queued_runs`]).
+pub const DEFAULT_MAX_QUEUED_RUNS: usize = 16;
+
 /// What to do with a new message for a session whose run is still in progress.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BusyPolicy {
     /// Refuse it with [`SessionError::Busy`], naming the running run.
     Reject,
-    /// Run it after the current run (and any queued before it).
+    /// Run it after the current run (and any queued before it); refused with
+    /// [`SessionError::QueueFull`] when the session already has its maximum of queued runs.
     #[default]
     Enqueue,
     /// Cancel the current run at its next step, then run it.
@@ -53,6 +58,17 @@ pub enum SessionError {
         session: SessionId,
         /// The run in progress (`None` while it is being set up).
         run_id: Option<RunId>,
+    },
+    /// The session already has `max` runs waiting behind its current one.
+    #[error(
+        "session {session} already has {max} runs queued behind the one in progress, the most \
+         it may have: wait for them to finish, or abort them"
+    )]
+    QueueFull {
+        /// The session.
+        session: SessionId,
+        /// How many runs a session may queue.
+        max: usize,
     },
     /// The log failed.
     #[error(transparent)]
@@ -152,6 +168,8 @@ struct Inner {
     controls: Mutex<HashMap<RunId, Control>>,
     /// Where each session's workspace lives (`<root>/<session id>`), if anywhere.
     workspaces: Option<PathBuf>,
+    /// How many runs may wait behind each session's current run.
+    max_queued: std::sync::atomic::AtomicUsize,
 }
 
 impl SessionManager {
@@ -164,6 +182,7 @@ impl SessionManager {
                 slots: Mutex::new(HashMap::new()),
                 controls: Mutex::new(HashMap::new()),
                 workspaces: None,
+                max_queued: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_QUEUED_RUNS),
             }),
         }
     }
@@ -179,10 +198,28 @@ impl SessionManager {
             slots: Mutex::new(HashMap::new()),
             controls: Mutex::new(HashMap::new()),
             workspaces: Some(root),
+            max_queued: std::sync::atomic::AtomicUsize::new(self.max_queued_runs()),
         };
         Self {
             inner: Arc::new(inner),
         }
+    }
+
+    /// How many runs may wait behind a session's current run ([`DEFAULT_MAX_QUEUED_RUNS`]
+    /// unless set).
+    pub fn max_queued_runs(&self) -> usize {
+        self.inner
+            .max_queued
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets how many runs may wait behind a session's current run; a run sent beyond that
+    /// (with [`BusyPolicy::Enqueue`] or [`BusyPolicy::Interrupt`]) is refused with
+    /// [`SessionError::QueueFull`].
+    pub fn set_max_queued_runs(&self, max: usize) {
+        self.inner
+            .max_queued
+            .store(max, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The workspace folder of `session`, when the manager gives sessions one.
@@ -313,17 +350,27 @@ impl SessionManager {
                         }
                     })?)
                 }
-                BusyPolicy::Enqueue => None,
-                BusyPolicy::Interrupt => {
-                    if let Some((_, cancel)) = slot.active() {
-                        cancel.cancel();
-                    }
-                    None
-                }
+                BusyPolicy::Enqueue | BusyPolicy::Interrupt => None,
             };
         let run_id = RunId::new();
         let cancel = CancellationToken::new();
-        let control = self.register(session, run_id, cancel.clone());
+        let control = if guard.is_some() {
+            self.register(session, run_id, cancel.clone())
+        } else {
+            match self.register_queued(session, run_id, cancel.clone()) {
+                Ok(control) => control,
+                Err(error) => {
+                    self.release(session, slot);
+                    return Err(error);
+                }
+            }
+        };
+        // Only once this run has its place: a refused interrupt leaves the current run alone.
+        if policy == BusyPolicy::Interrupt
+            && let Some((_, cancel)) = slot.active()
+        {
+            cancel.cancel();
+        }
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let manager = self.clone();
         let task_cancel = cancel.clone();
@@ -619,6 +666,38 @@ impl SessionManager {
         };
         lock(&self.inner.controls).insert(run_id, control.clone());
         control
+    }
+
+    /// Registers a run that will wait for the session's writer lock, unless the session
+    /// already has its maximum of runs waiting ([`SessionError::QueueFull`]). Counted and
+    /// registered under one lock, so concurrent sends cannot overshoot.
+    fn register_queued(
+        &self,
+        session: SessionId,
+        run_id: RunId,
+        cancel: CancellationToken,
+    ) -> Result<Control, SessionError> {
+        let max = self.max_queued_runs();
+        let mut controls = lock(&self.inner.controls);
+        let queued = controls
+            .values()
+            .filter(|control| {
+                control.session == session
+                    && !control.started.load(std::sync::atomic::Ordering::SeqCst)
+                    && !control.cancel.is_cancelled()
+            })
+            .count();
+        if queued >= max {
+            return Err(SessionError::QueueFull { session, max });
+        }
+        let control = Control {
+            session,
+            cancel,
+            pause: CancellationToken::new(),
+            started: Arc::default(),
+        };
+        controls.insert(run_id, control.clone());
+        Ok(control)
     }
 
     fn unregister(&self, run_id: RunId) {
@@ -1041,6 +1120,7 @@ fn placeholder(run_id: RunId) -> RunState {
 fn error_info(error: &SessionError) -> ErrorInfo {
     let (code, retryable) = match error {
         SessionError::Busy { .. } => (agentry_types::ErrorCode::Conflict, true),
+        SessionError::QueueFull { .. } => (agentry_types::ErrorCode::RateLimited, true),
         SessionError::Log(_) => (agentry_types::ErrorCode::Internal, true),
         SessionError::Run(_) | SessionError::Approval(_) => {
             (agentry_types::ErrorCode::InvalidRequest, false)

@@ -12,5 +12,7 @@ pub mod manager;
 pub mod replay;
 
 pub use log::{LogError, MemoryLog, SessionLog, SessionStatus};
-pub use manager::{BusyPolicy, SessionError, SessionManager, WeakSessionManager};
+pub use manager::{
+    BusyPolicy, DEFAULT_MAX_QUEUED_RUNS, SessionError, SessionManager, WeakSessionManager,
+};
 pub use replay::{InFlight, Replay, replay};

@@ -181,6 +181,71 @@ async fn enqueue_runs_after_the_current_run() {
 }
 
 #[tokio::test]
+async fn queued_runs_are_capped_per_session() {
+    let mock = MockProvider::start().await.unwrap();
+    let (manager, session, _slow, first) = busy_session(&mock).await;
+    assert_eq!(
+        manager.max_queued_runs(),
+        agentry_core::session::DEFAULT_MAX_QUEUED_RUNS
+    );
+    manager.set_max_queued_runs(2);
+    let mut queued = Vec::new();
+    for text in ["second", "third"] {
+        queued.push(
+            manager
+                .send(session, RunRequest::text(text), BusyPolicy::Enqueue)
+                .await
+                .unwrap(),
+        );
+    }
+    for policy in [BusyPolicy::Enqueue, BusyPolicy::Interrupt] {
+        match manager
+            .send(session, RunRequest::text("one too many"), policy)
+            .await
+        {
+            Err(error) => {
+                let SessionError::QueueFull { session: full, max } = &error else {
+                    panic!("{policy:?}: expected a full queue, got {error:?}");
+                };
+                assert_eq!((*full, *max), (session, 2));
+                assert!(error.to_string().contains("2 runs queued"), "{error}");
+            }
+            Ok(_) => panic!("{policy:?}: expected a full queue, got a run"),
+        }
+    }
+    // Another session is not affected.
+    let other = manager.create_session().await.unwrap();
+    // The other run's model call comes first: the first run is still in its slow tool.
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("other done")));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("first done")));
+    let other_run = manager
+        .send(other, RunRequest::text("hi"), BusyPolicy::Enqueue)
+        .await
+        .unwrap();
+    assert_eq!(other_run.finish().await.unwrap().text, "other done");
+
+    // A queued run that is cancelled frees its place.
+    queued[1].cancel();
+    queued.push(
+        manager
+            .send(session, RunRequest::text("fourth"), BusyPolicy::Enqueue)
+            .await
+            .unwrap(),
+    );
+    for run in &queued {
+        run.cancel();
+    }
+    assert_eq!(first.finish().await.unwrap().text, "first done");
+    for run in queued {
+        assert_eq!(
+            run.finish().await.unwrap().stop_reason,
+            RunStopReason::Cancelled
+        );
+    }
+    assert_eq!(manager.tracked_sessions(), 0);
+}
+
+#[tokio::test]
 async fn interrupt_cancels_the_current_run_then_runs() {
     let mock = MockProvider::start().await.unwrap();
     let (manager, session, slow, first) = busy_session(&mock).await;

@@ -264,3 +264,58 @@ fn load_skills_rejects_two_skills_with_one_name() {
         SkillError::MissingFrontMatter { .. }
     ));
 }
+
+#[test]
+fn load_within_confines_skill_folders_to_their_roots() {
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("skills");
+    let elsewhere = base.path().join("elsewhere");
+    fs::create_dir_all(&root).unwrap();
+    let roots = vec![root.clone()];
+
+    // Inside: loads, by any spelling of the path.
+    let inside = write_skill(&root, "pdf", PDF_SKILL);
+    assert_eq!(
+        Skill::load_within(&inside, &roots).unwrap().name(),
+        "pdf-tools"
+    );
+    let dotted = root.join("pdf/../pdf");
+    assert_eq!(
+        Skill::load_within(&dotted, &roots).unwrap().name(),
+        "pdf-tools"
+    );
+
+    // Outside, by path, by `..`, by a symlinked folder, by a symlinked SKILL.md.
+    let outside = write_skill(&elsewhere, "other", &skill_md("other", "Other."));
+    let escapes = root.join("../elsewhere/other");
+    let linked_dir = root.join("linked");
+    std::os::unix::fs::symlink(&outside, &linked_dir).unwrap();
+    let linked_file = root.join("linked-file");
+    fs::create_dir_all(&linked_file).unwrap();
+    std::os::unix::fs::symlink(outside.join("SKILL.md"), linked_file.join("SKILL.md")).unwrap();
+    for path in [&outside, &escapes, &linked_dir, &linked_file] {
+        let error = Skill::load_within(path, &roots).unwrap_err();
+        assert!(
+            matches!(&error, SkillError::OutsideRoots { roots: named, .. } if named == &roots),
+            "{}: {error:?}",
+            path.display()
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("outside the allowed skill folders")
+                && message.contains(&root.display().to_string()),
+            "{message}"
+        );
+    }
+    // Plain `load` (operator-chosen folders) is not confined.
+    assert_eq!(Skill::load(&linked_dir).unwrap().name(), "other");
+
+    // No roots (or a root that does not exist): nothing loads.
+    let error = Skill::load_within(&inside, &[]).unwrap_err();
+    assert!(error.to_string().contains("none are configured"), "{error}");
+    let missing_root = vec![base.path().join("absent")];
+    assert!(matches!(
+        Skill::load_within(&inside, &missing_root),
+        Err(SkillError::OutsideRoots { .. })
+    ));
+}

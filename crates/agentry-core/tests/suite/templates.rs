@@ -1,8 +1,9 @@
 //! Prompt templates: storing, rendering, and the errors a caller can act on.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
-use agentry_core::template::{TemplateError, TemplateStore};
+use agentry_core::template::{TemplateError, TemplateLimits, TemplateStore};
 use serde_json::{Map, Value, json};
 
 fn arguments(value: Value) -> Map<String, Value> {
@@ -238,4 +239,125 @@ fn variables_lists_what_the_template_reads() {
         .map(str::to_owned)
         .collect();
     assert_eq!(store.variables("report").unwrap(), expected);
+}
+
+const NESTED_LOOPS: &str =
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+
+#[test]
+fn a_runaway_template_is_refused_at_add_quickly() {
+    let mut store = TemplateStore::new();
+    let started = Instant::now();
+    let error = store.add("spin", NESTED_LOOPS).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        error,
+        TemplateError::TooExpensive {
+            template: "spin".into(),
+            fuel: TemplateLimits::DEFAULT_FUEL
+        }
+    );
+    assert!(error.to_string().contains("too expensive"), "{error}");
+    assert!(store.get("spin").is_none());
+    assert!(store.is_empty());
+
+    // Replacing with a runaway source keeps the old template.
+    store.add("kept", "fine").unwrap();
+    assert!(matches!(
+        store.replace("kept", NESTED_LOOPS).unwrap_err(),
+        TemplateError::TooExpensive { .. }
+    ));
+    assert_eq!(store.get("kept"), Some("fine"));
+}
+
+#[test]
+fn a_template_that_runs_away_with_its_arguments_stops_at_render() {
+    let mut store = TemplateStore::new();
+    // Bounded with the empty-string trial arguments (the loops run zero times)…
+    store
+        .add(
+            "spin",
+            "{% for i in outer %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}",
+        )
+        .unwrap();
+    // …not with real ones.
+    let started = Instant::now();
+    let error = store
+        .render("spin", &arguments(json!({"outer": vec![0; 100_000]})))
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(
+            error,
+            TemplateError::TooExpensive { .. } | TemplateError::TooLarge { .. }
+        ),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn output_is_capped() {
+    let limits = TemplateLimits {
+        fuel: TemplateLimits::DEFAULT_FUEL,
+        max_output_bytes: 1000,
+    };
+    let mut store = TemplateStore::with_limits(limits);
+    assert_eq!(store.limits(), limits);
+    // A single expression that is large whatever the arguments: refused at add.
+    let error = store.add("wide", "{{ 'x' * 5000 }}").unwrap_err();
+    assert_eq!(
+        error,
+        TemplateError::TooLarge {
+            template: "wide".into(),
+            max_bytes: 1000
+        }
+    );
+    assert!(store.is_empty());
+
+    // Large only with its arguments: refused at render; at the cap exactly it renders.
+    store.add("echo", "{{ text }}").unwrap();
+    let error = store
+        .render("echo", &arguments(json!({"text": "y".repeat(1001)})))
+        .unwrap_err();
+    assert_eq!(
+        error,
+        TemplateError::TooLarge {
+            template: "echo".into(),
+            max_bytes: 1000
+        }
+    );
+    assert!(error.to_string().contains("1000 bytes"), "{error}");
+    let exact = "z".repeat(1000);
+    assert_eq!(
+        store
+            .render("echo", &arguments(json!({"text": exact})))
+            .unwrap(),
+        exact
+    );
+}
+
+#[test]
+fn ordinary_loops_fit_the_default_budget() {
+    let mut store = TemplateStore::new();
+    store
+        .add(
+            "list",
+            "{% for item in items %}- {{ loop.index }}. {{ item.title | upper | trim }}\n{% endfor %}",
+        )
+        .unwrap();
+    let items: Vec<Value> = (0..2000)
+        .map(|i| json!({"title": format!(" item {i} ")}))
+        .collect();
+    let text = store
+        .render("list", &arguments(json!({ "items": items })))
+        .unwrap();
+    assert!(text.ends_with("- 2000. ITEM 1999\n"), "{text}");
 }

@@ -2,6 +2,12 @@
 //! read-only system folders, a synthesised /etc, a fresh /proc, a minimal /dev, a size-capped
 //! /tmp and the workspace read-write, and (allow-list network) the proxy's socket folder
 //! read-only; then `pivot_root` and the old root detached.
+//!
+//! Host-wide `/proc` files that say something about the host's kernel, keys or devices
+//! ([`MASKED_PROC_FILES`]: kernel symbols, `kcore`, keys, timers…) are covered with
+//! `/dev/null`, and such folders ([`MASKED_PROC_DIRS`]) with an empty read-only tmpfs, as
+//! container runtimes do. The host's `/usr/local` can be hidden the same way
+//! ([`crate::SandboxSpec::hide_usr_local`]).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::symlink;
@@ -84,6 +90,65 @@ fn mirror_ro(root: &Path, host: &Path) -> Result<(), String> {
     bind(host, &target, true)
 }
 
+/// `/proc` files covered with `/dev/null` (those the kernel has).
+pub(crate) const MASKED_PROC_FILES: &[&str] = &[
+    "kallsyms",
+    "kcore",
+    "keys",
+    "key-users",
+    "modules",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "latency_stats",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "sysrq-trigger",
+    "config.gz",
+];
+
+/// `/proc` folders covered with an empty read-only tmpfs (those the kernel has).
+pub(crate) const MASKED_PROC_DIRS: &[&str] = &["acpi", "asound", "scsi", "driver"];
+
+/// Covers a folder with an empty read-only tmpfs.
+fn mask_dir(target: &Path) -> Result<(), String> {
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
+        Some("mode=0555,size=4k"),
+    )
+    .map_err(|e| err("mask", target, e))
+}
+
+/// Masks the host-wide files and folders of the sandbox's `/proc` (mounted at `proc`), with
+/// `null` (the sandbox's `/dev/null`) over each file.
+fn mask_proc(proc: &Path, null: &Path) -> Result<(), String> {
+    for name in MASKED_PROC_FILES {
+        let target = proc.join(name);
+        if std::fs::symlink_metadata(&target).is_ok_and(|meta| meta.is_file()) {
+            // A plain bind, as for the /dev nodes: a read gives nothing, a write goes nowhere.
+            mount(
+                Some(null),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(|e| err("mask", &target, e))?;
+        }
+    }
+    for name in MASKED_PROC_DIRS {
+        let target = proc.join(name);
+        if std::fs::symlink_metadata(&target).is_ok_and(|meta| meta.is_dir()) {
+            mask_dir(&target)?;
+        }
+    }
+    Ok(())
+}
+
 const PASSWD: &str = "root:x:0:0:sandbox:/workspace:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n";
@@ -117,6 +182,12 @@ pub(crate) fn build(
     // System folders, read-only: /usr, and /bin, /lib… as the host has them (symlinks into /usr
     // on a merged-/usr system, else binds).
     mirror_ro(&root, Path::new("/usr"))?;
+    if cfg.hide_usr_local {
+        let local = root.join("usr/local");
+        if std::fs::symlink_metadata(&local).is_ok_and(|meta| meta.is_dir()) {
+            mask_dir(&local)?;
+        }
+    }
     for dir in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
         mirror_ro(&root, Path::new(dir))?;
     }
@@ -241,6 +312,7 @@ pub(crate) fn build(
         None::<&str>,
     )
     .map_err(|e| err("mount proc", &proc, e))?;
+    mask_proc(&proc, &dev.join("null"))?;
 
     // Into the new root; the old one is detached entirely.
     nix::unistd::chdir(&root).map_err(|e| err("chdir", &root, e))?;

@@ -124,3 +124,77 @@ async fn symlink_and_hardlink_tricks_fail() {
     }
     sb.close().await;
 }
+
+/// Host-wide /proc files are masked (empty), and PID 1's command line does not show where the
+/// sandbox's binary lives on the host.
+#[tokio::test]
+async fn host_wide_proc_files_are_masked_and_pid1_hides_its_host_path() {
+    let (sb, _dir) = sandbox().await;
+    // The host has them (this test would prove nothing otherwise).
+    assert!(
+        !std::fs::read_to_string("/proc/kallsyms")
+            .unwrap()
+            .is_empty()
+    );
+    for file in [
+        "/proc/kallsyms",
+        "/proc/keys",
+        "/proc/timer_list",
+        "/proc/modules",
+    ] {
+        if !std::path::Path::new(file).exists() {
+            continue;
+        }
+        let out = sh(&sb, &format!("wc -c < {file}")).await;
+        assert!(out.status.success(), "{file}: {}", out.stderr_str());
+        assert_eq!(out.stdout_str().trim(), "0", "{file} is readable inside");
+        assert!(
+            sb.read_file(file, 1 << 20)
+                .await
+                .map_or(true, |bytes| bytes.is_empty()),
+            "{file} through the file API"
+        );
+    }
+    // A masked folder is empty and read-only.
+    if std::path::Path::new("/proc/driver").is_dir() {
+        let out = sh(&sb, "ls -A /proc/driver | wc -l; touch /proc/driver/x").await;
+        assert_eq!(out.stdout_str().trim(), "0");
+        assert_ne!(out.status.code, Some(0));
+    }
+    // Other /proc files still work.
+    assert!(
+        sh(&sb, "cat /proc/self/status /proc/meminfo > /dev/null")
+            .await
+            .status
+            .success()
+    );
+
+    let cmdline = sh(&sb, "tr '\\0' ' ' < /proc/1/cmdline").await.stdout_str();
+    let host_path = init_exe().display().to_string();
+    assert!(!cmdline.contains(&host_path), "{cmdline}");
+    assert!(!cmdline.contains('/'), "{cmdline}");
+    assert!(cmdline.starts_with("agentry-sandbox"), "{cmdline}");
+    sb.close().await;
+}
+
+/// `/usr/local` is the host's unless the spec hides it; hidden, it is empty and read-only.
+#[tokio::test]
+async fn usr_local_can_be_hidden() {
+    let host_entries = std::fs::read_dir("/usr/local").map_or(0, |dir| dir.count());
+    assert!(
+        host_entries > 0,
+        "the host's /usr/local is empty: nothing to hide"
+    );
+    let (shown, _dir) = sandbox().await;
+    let out = sh(&shown, "ls -A /usr/local | wc -l").await;
+    assert_eq!(out.stdout_str().trim(), host_entries.to_string());
+    shown.close().await;
+
+    let (hidden, _dir) = sandbox_with(|spec| spec.hide_usr_local = true).await;
+    let out = sh(&hidden, "ls -A /usr/local | wc -l").await;
+    assert_eq!(out.stdout_str().trim(), "0", "{}", out.stderr_str());
+    assert_ne!(sh(&hidden, "touch /usr/local/x").await.status.code, Some(0));
+    // The rest of /usr is still there.
+    assert!(sh(&hidden, "/usr/bin/env true").await.status.success());
+    hidden.close().await;
+}

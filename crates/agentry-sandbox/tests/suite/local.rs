@@ -57,3 +57,49 @@ fn host_cmdlines() -> Vec<String> {
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
         .collect()
 }
+
+/// A pool holds at most its maximum of open sandboxes: one more workspace is refused with a
+/// typed error until one closes; a workspace that has one keeps getting it.
+#[tokio::test]
+async fn a_pool_refuses_sandboxes_beyond_its_maximum() {
+    use agentry_sandbox::{DEFAULT_MAX_SANDBOXES, SandboxError, SandboxPool};
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(
+        SandboxPool::new(local(), SandboxSpec::new(dir.path())).max_sandboxes(),
+        DEFAULT_MAX_SANDBOXES
+    );
+    let pool = SandboxPool::with_max_sandboxes(local(), SandboxSpec::new(dir.path()), 2);
+    assert_eq!(pool.max_sandboxes(), 2);
+    let (a, b, c) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
+    for workspace in [&a, &b] {
+        std::fs::create_dir_all(workspace).unwrap();
+    }
+    std::fs::create_dir_all(&c).unwrap();
+    let first = pool.get(&a).await.unwrap();
+    pool.get(&b).await.unwrap();
+    match pool.get(&c).await {
+        Err(error @ SandboxError::PoolFull { max: 2 }) => {
+            assert!(
+                error.to_string().contains("2 sandboxes are open"),
+                "{error}"
+            );
+        }
+        Err(other) => panic!("expected a full pool, got {other:?}"),
+        Ok(_) => panic!("expected a full pool, got a sandbox"),
+    }
+    assert_eq!(pool.len(), 2);
+    // A workspace that has a sandbox still gets it.
+    let again = pool.get(&a).await.unwrap();
+    assert!(again.closed_reason().is_none());
+    assert_eq!(again.workspace(), first.workspace());
+    // Once one closes there is room again.
+    first.close().await;
+    let third = pool.get(&c).await.unwrap();
+    assert!(third.closed_reason().is_none());
+    assert_eq!(pool.len(), 2);
+    pool.close_all().await;
+}

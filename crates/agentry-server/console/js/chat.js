@@ -4,7 +4,7 @@
 
 import { get, post, stream, ApiError } from "./api.js";
 import { h, clear, toast, errorText, json } from "./dom.js";
-import { markdown } from "./markdown.js";
+import { markdown, safeUrl } from "./markdown.js";
 import { bus } from "./app.js";
 
 const PICK_KEY = "agentry.pick";
@@ -316,7 +316,9 @@ class Transcript {
     };
     const el = h("div", { class: "approval", testid: "elicitation", dataset: { elicitationId: data.elicitation_id } },
       h("div", {}, h("strong", {}, `${data.server} asks: `), data.message),
-      data.url ? h("p", {}, h("a", { href: data.url, target: "_blank", rel: "noopener noreferrer" }, data.url)) : null,
+      data.url ? h("p", {}, safeUrl(data.url)
+        ? h("a", { href: safeUrl(data.url), target: "_blank", rel: "noopener noreferrer" }, data.url)
+        : h("span", { class: "muted" }, `${data.url} (not an http or https link, not opened)`)) : null,
       form,
       h("div", { class: "buttons" },
         h("button", { class: "primary", testid: "approve", onclick: () => answer("approve") }, data.mode === "url" ? "Done" : "Send"),

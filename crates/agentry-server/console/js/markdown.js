@@ -34,7 +34,8 @@ export function highlight(code, lang) {
   return out;
 }
 
-function safeUrl(url) {
+/** The URL as an absolute http(s) href, or null for any other scheme (javascript:, data:…). */
+export function safeUrl(url) {
   try {
     const parsed = new URL(url, location.href);
     return parsed.protocol === "http:" || parsed.protocol === "https:" ? parsed.href : null;

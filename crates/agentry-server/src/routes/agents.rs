@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -67,6 +67,8 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fallback_model_ids: Vec<String>,
     /// Skill folders on the server (each with a `SKILL.md`); the agent is offered each skill.
+    /// Each must be inside the server's skill folders (`<data folder>/skills`, or a
+    /// `--skill-root`), symlinks resolved.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<String>,
     /// Configured MCP servers whose tools (`<server>__<tool>`) the agent is offered.
@@ -269,8 +271,12 @@ impl AgentConfig {
     }
 
     /// Resolves the agent for one run against `runtime`: every model, tool, skill, MCP server
-    /// and template it names must be there.
-    pub fn resolve(&self, runtime: &Runtime) -> Result<AgentRun, ApiError> {
+    /// and template it names must be there, and its skills inside `skill_roots` (when set).
+    pub fn resolve(
+        &self,
+        runtime: &Runtime,
+        skill_roots: Option<&[PathBuf]>,
+    ) -> Result<AgentRun, ApiError> {
         for model in std::iter::once(&self.model_id).chain(&self.fallback_model_ids) {
             if runtime.model_client(model).is_err() {
                 return Err(ApiError::bad_request(format!(
@@ -296,7 +302,7 @@ impl AgentConfig {
             offer(tool.clone());
         }
         for path in &self.skills {
-            let skill = load_skill(path)?;
+            let skill = load_skill(path, skill_roots)?;
             if !runtime.tools().contains(skill.name()) {
                 return Err(ApiError::bad_request(format!(
                     "agent {:?} uses the skill {:?} ({path}), which the runtime did not \
@@ -352,13 +358,17 @@ impl AgentConfig {
     }
 }
 
-/// Loads a skill folder named by an agent, with a clear 400.
-pub fn load_skill(path: &str) -> Result<Skill, ApiError> {
+/// Loads a skill folder named by an agent, with a clear 400: with `skill_roots`, only a folder
+/// inside one of them (canonicalised, so no symlink or `..` leads out).
+pub fn load_skill(path: &str, skill_roots: Option<&[PathBuf]>) -> Result<Skill, ApiError> {
     if path.trim().is_empty() {
         return Err(ApiError::bad_request("a skill path is empty"));
     }
-    Skill::load(Path::new(path))
-        .map_err(|error| ApiError::bad_request(format!("skill {path:?}: {error}")))
+    let loaded = match skill_roots {
+        Some(roots) => Skill::load_within(Path::new(path), roots),
+        None => Skill::load(Path::new(path)),
+    };
+    loaded.map_err(|error| ApiError::bad_request(format!("skill {path:?}: {error}")))
 }
 
 /// The agent routes.
@@ -369,11 +379,12 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// Checks an agent against the store and the runtime: its models, tools and template must
-/// exist, its skills load, its MCP servers be configured.
+/// exist, its skills load (from inside `skill_roots`, when set), its MCP servers be configured.
 pub async fn validate(
     store: &Store,
     runtime: &Runtime,
     agent: &AgentConfig,
+    skill_roots: Option<&[PathBuf]>,
 ) -> Result<(), ApiError> {
     agent.check_shape()?;
     if let Some(compaction) = &agent.compaction {
@@ -406,7 +417,7 @@ pub async fn validate(
         }
     }
     for path in &agent.skills {
-        load_skill(path)?;
+        load_skill(path, skill_roots)?;
     }
     for server in &agent.mcp_servers {
         if store.config(ConfigKind::McpServer, server).await?.is_none() {
@@ -485,7 +496,13 @@ async fn create_agent(
     State(state): State<AppState>,
     ApiJson(agent): ApiJson<AgentConfig>,
 ) -> Result<Response, ApiError> {
-    validate(&state.store, &state.sessions.runtime(), &agent).await?;
+    validate(
+        &state.store,
+        &state.sessions.runtime(),
+        &agent,
+        state.tools.skill_roots.as_deref(),
+    )
+    .await?;
     let _guard = WRITE_LOCK.lock().await;
     if stored_agent(&state.store, &agent.id).await?.is_some() {
         return Err(ApiError::conflict(format!(
@@ -551,7 +568,13 @@ async fn replace_agent(
     if agent.id != id {
         return Err(ApiError::bad_request("the body's id must be the path's id"));
     }
-    validate(&state.store, &state.sessions.runtime(), &agent).await?;
+    validate(
+        &state.store,
+        &state.sessions.runtime(),
+        &agent,
+        state.tools.skill_roots.as_deref(),
+    )
+    .await?;
     let _guard = WRITE_LOCK.lock().await;
     let Some(old) = stored_agent(&state.store, &id).await? else {
         return Err(no_agent(&id));

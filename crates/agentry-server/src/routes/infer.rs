@@ -274,7 +274,10 @@ pub(crate) async fn prepare(
         let agent = super::agents::stored_agent(&state.store, &id)
             .await?
             .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
-        let run = agent.resolve(&state.sessions.runtime())?;
+        let run = agent.resolve(
+            &state.sessions.runtime(),
+            state.tools.skill_roots.as_deref(),
+        )?;
         compaction = compaction.or(run.compaction);
         if body.model_id.is_none() {
             fallback_models = run.fallback_models;

@@ -170,7 +170,10 @@ pub struct CreateSandboxRequest {
     pub limits: Option<LimitOverrides>,
 }
 
-/// Limits for one sandbox; a field left out keeps the server's default.
+/// Limits for one sandbox; a field left out keeps the server's default. The server's defaults
+/// (`default_limits` of `GET /v1/sandbox/capabilities`) are also maxima: a value above one is
+/// refused (400 naming the limit and the maximum). The ranges below apply where the server sets
+/// no limit.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitOverrides {
@@ -838,17 +841,33 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn in_range(name: &str, value: Option<u64>, min: u64, max: u64) -> Result<Option<u64>, ApiError> {
+/// Checks an override: at least `min`, and at most the server's own limit for it (`ceiling`,
+/// when the server sets one) or else the hard maximum `max`. A sandbox may only lower the
+/// operator's limits, never raise them.
+fn in_range(
+    name: &str,
+    value: Option<u64>,
+    min: u64,
+    max: u64,
+    ceiling: Option<u64>,
+) -> Result<Option<u64>, ApiError> {
+    let (max, whose) = match ceiling {
+        Some(ceiling) => (
+            ceiling.min(max),
+            " (the server's limit: a sandbox may only lower it)",
+        ),
+        None => (max, ""),
+    };
     match value {
         Some(value) if value < min || value > max => Err(ApiError::bad_request(format!(
-            "limits.{name} must be between {min} and {max}"
+            "limits.{name} must be between {min} and {max}{whose}"
         ))),
         other => Ok(other),
     }
 }
 
 /// The specification of a new sandbox: the pool's template with the request's environment and
-/// limits.
+/// limits. The template's limits are maxima: an override may only lower them.
 fn sandbox_spec(
     pool: &SandboxPool,
     request: CreateSandboxRequest,
@@ -860,31 +879,87 @@ fn sandbox_spec(
         return Ok(spec);
     };
     let secs = Duration::from_secs;
-    if let Some(bytes) = in_range("memory_bytes", limits.memory_bytes, 64 << 20, 1 << 40)? {
+    let ceiling = spec.limits.clone();
+    let as_secs = |time: Option<Duration>| time.map(|time| time.as_secs());
+    if let Some(bytes) = in_range(
+        "memory_bytes",
+        limits.memory_bytes,
+        64 << 20,
+        1 << 40,
+        ceiling.memory_bytes,
+    )? {
         spec.limits.memory_bytes = Some(bytes);
     }
-    if let Some(count) = in_range("max_processes", limits.max_processes, 8, 65_536)? {
+    if let Some(count) = in_range(
+        "max_processes",
+        limits.max_processes,
+        8,
+        65_536,
+        ceiling.max_processes,
+    )? {
         spec.limits.max_processes = Some(count);
     }
-    if let Some(percent) = in_range("cpu_percent", limits.cpu_percent.map(u64::from), 1, 25_600)? {
+    if let Some(percent) = in_range(
+        "cpu_percent",
+        limits.cpu_percent.map(u64::from),
+        1,
+        25_600,
+        ceiling.cpu_percent.map(u64::from),
+    )? {
         spec.limits.cpu_percent = u32::try_from(percent).ok();
     }
-    if let Some(time) = in_range("cpu_time_secs", limits.cpu_time_secs, 1, 604_800)? {
+    if let Some(time) = in_range(
+        "cpu_time_secs",
+        limits.cpu_time_secs,
+        1,
+        604_800,
+        as_secs(ceiling.cpu_time),
+    )? {
         spec.limits.cpu_time = Some(secs(time));
     }
-    if let Some(time) = in_range("wall_time_secs", limits.wall_time_secs, 1, 604_800)? {
+    if let Some(time) = in_range(
+        "wall_time_secs",
+        limits.wall_time_secs,
+        1,
+        604_800,
+        as_secs(ceiling.wall_time),
+    )? {
         spec.limits.wall_time = Some(secs(time));
     }
-    if let Some(time) = in_range("idle_timeout_secs", limits.idle_timeout_secs, 1, 86_400)? {
+    if let Some(time) = in_range(
+        "idle_timeout_secs",
+        limits.idle_timeout_secs,
+        1,
+        86_400,
+        as_secs(spec.idle_timeout),
+    )? {
         spec.idle_timeout = Some(secs(time));
     }
-    if let Some(bytes) = in_range("file_size_bytes", limits.file_size_bytes, 1024, 1 << 40)? {
+    if let Some(bytes) = in_range(
+        "file_size_bytes",
+        limits.file_size_bytes,
+        1024,
+        1 << 40,
+        ceiling.file_size,
+    )? {
         spec.limits.file_size = Some(bytes);
     }
-    if let Some(count) = in_range("open_files", limits.open_files, 16, 4096)? {
+    if let Some(count) = in_range(
+        "open_files",
+        limits.open_files,
+        16,
+        4096,
+        ceiling.open_files,
+    )? {
         spec.limits.open_files = Some(count);
     }
-    if let Some(bytes) = in_range("tmp_size_bytes", limits.tmp_size_bytes, 1 << 20, 64 << 30)? {
+    if let Some(bytes) = in_range(
+        "tmp_size_bytes",
+        limits.tmp_size_bytes,
+        1 << 20,
+        64 << 30,
+        Some(ceiling.tmp_size),
+    )? {
         spec.limits.tmp_size = bytes;
     }
     Ok(spec)

@@ -163,8 +163,8 @@ async fn an_agent_applies_fallbacks_skills_a_template_and_its_limits() {
         )
         .await;
     assert_eq!(status, 201, "{body}");
-    let skills = tempfile::tempdir().unwrap();
-    let skill_path = skill(skills.path(), "summarise");
+    // Under the data folder's `skills`, where the server allows skill folders.
+    let skill_path = skill(&server.home.path().join("skills"), "summarise");
     let agent = json!({
         "id": "writer",
         "model_id": "mock",
@@ -321,8 +321,12 @@ async fn an_agents_quotas_stop_its_runs_with_a_clear_reason() {
 async fn new_agent_fields_are_validated_and_old_agents_still_load() {
     let server = start().await;
     add_backup_model(&server).await;
-    let skills = tempfile::tempdir().unwrap();
-    let missing = skills.path().join("nothing").to_string_lossy().into_owned();
+    let missing = server
+        .home
+        .path()
+        .join("skills/nothing")
+        .to_string_lossy()
+        .into_owned();
     for (agent, needle) in [
         (
             json!({"id": "a", "model_id": "mock", "fallback_model_ids": ["gone"]}),
@@ -478,4 +482,54 @@ async fn an_agent_gets_the_tools_of_its_mcp_servers() {
         .cloned()
         .unwrap();
     assert!(result["content"].to_string().contains("hello"), "{result}");
+}
+
+/// Skill folders must be inside the data folder's `skills` (or a configured root): a folder
+/// elsewhere, reached through `..` or through a symlink, is a 400 naming the rule, and nothing
+/// is saved.
+#[tokio::test]
+async fn skill_folders_outside_the_skill_roots_are_refused() {
+    let server = start().await;
+    let root = server.home.path().join("skills");
+    let inside = skill(&root, "inside");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let outside = skill(elsewhere.path(), "outside");
+    // From `<home>/skills` up to `/` with `..`, then down to the other folder.
+    let mut dotted = root.clone();
+    for _ in 1..root.components().count() {
+        dotted.push("..");
+    }
+    let dotted = dotted
+        .join(elsewhere.path().strip_prefix("/").unwrap())
+        .join("outside")
+        .to_string_lossy()
+        .into_owned();
+    let linked = root.join("linked");
+    std::os::unix::fs::symlink(&outside, &linked).unwrap();
+    let linked = linked.to_string_lossy().into_owned();
+    for path in [&outside, &dotted, &linked, &"/etc".to_owned()] {
+        let (status, body) = server
+            .post(
+                "/v1/agents",
+                json!({"id": "a", "model_id": "mock", "skills": [path]}),
+            )
+            .await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("outside the allowed skill folders")
+                && message.contains(&root.display().to_string()),
+            "{path}: {message}"
+        );
+    }
+    let (status, body) = server.get("/v1/agents/a").await;
+    assert_eq!(status, 404, "{body}");
+    // Inside, it is accepted.
+    let (status, body) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "a", "model_id": "mock", "skills": [inside]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
 }

@@ -1106,6 +1106,29 @@ async fn bad_templates_are_refused_with_the_reason() {
     let message = assert_error(&broken, StatusCode::BAD_REQUEST, "invalid_request");
     assert!(message.contains("does not compile"), "{message}");
 
+    // A template that runs away whatever its arguments is refused at once, with the reason,
+    // and the server keeps answering.
+    let started = std::time::Instant::now();
+    let runaway = server
+        .post(
+            "/v1/prompt-templates",
+            json!({"name": "spin", "template":
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"}),
+        )
+        .await;
+    let message = assert_error(&runaway, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(message.contains("too expensive"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_error(
+        &server.get("/v1/prompt-templates/spin").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+
     let cases: Vec<(&str, Value)> = vec![
         (
             "traversal name",
@@ -1216,7 +1239,7 @@ async fn secrets_are_write_only() {
         ["API_KEY", "OTHER", "SHORT"]
     );
     let first = &list.body["secrets"][0];
-    assert_eq!(first["masked"], "sk-…1234");
+    assert_eq!(first["masked"], "…1234");
     assert!(first["updated_at"].is_u64());
     assert_eq!(list.body["secrets"][2]["masked"], "…");
     for path in [
@@ -1248,7 +1271,7 @@ async fn secrets_are_write_only() {
     assert_status(&replaced, StatusCode::NO_CONTENT);
     let list = server.get("/v1/env").await;
     assert!(!list.text.contains("sk-new-value-abcdefgh"));
-    assert_eq!(list.body["secrets"][0]["masked"], "sk-…efgh");
+    assert_eq!(list.body["secrets"][0]["masked"], "…efgh");
 
     assert_status(
         &server.delete("/v1/env/SHORT").await,

@@ -905,17 +905,42 @@ async fn shutdown_closes_every_sandbox() {
     assert!(state.sandboxes.is_empty());
 }
 
+/// The hard maximum of each limit an override may set where the server sets none.
+const HARD_MAXIMA: [(&str, u64); 9] = [
+    ("memory_bytes", 1_099_511_627_776),
+    ("max_processes", 65_536),
+    ("cpu_percent", 25_600),
+    ("cpu_time_secs", 604_800),
+    ("wall_time_secs", 604_800),
+    ("idle_timeout_secs", 86_400),
+    ("file_size_bytes", 1_099_511_627_776),
+    ("open_files", 4096),
+    ("tmp_size_bytes", 68_719_476_736),
+];
+
+/// Each limit's maximum for a sandbox of `server`: the server's default when it sets one.
+async fn maxima(server: &Server) -> serde_json::Map<String, Value> {
+    let (status, capabilities) = server.get("/v1/sandbox/capabilities").await;
+    assert_eq!(status, 200, "{capabilities}");
+    let defaults = &capabilities["default_limits"];
+    HARD_MAXIMA
+        .iter()
+        .map(|(name, hard)| {
+            let max = defaults[*name].as_u64().map_or(*hard, |own| own.min(*hard));
+            ((*name).to_owned(), json!(max))
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn the_extremes_of_every_documented_limit_make_a_working_sandbox() {
     let server = sandbox_server().await;
+    let upper = Value::Object(maxima(&server).await);
     for limits in [
         json!({"memory_bytes": 67_108_864_u64, "max_processes": 8, "cpu_percent": 1,
                "cpu_time_secs": 1, "wall_time_secs": 30, "idle_timeout_secs": 1,
                "file_size_bytes": 1024, "open_files": 16, "tmp_size_bytes": 1_048_576_u64}),
-        json!({"memory_bytes": 1_099_511_627_776_u64, "max_processes": 65_536,
-               "cpu_percent": 25_600, "cpu_time_secs": 604_800, "wall_time_secs": 604_800,
-               "idle_timeout_secs": 86_400, "file_size_bytes": 1_099_511_627_776_u64,
-               "open_files": 4096, "tmp_size_bytes": 68_719_476_736_u64}),
+        upper,
     ] {
         let id = create(&server, json!({ "limits": limits })).await;
         let (status, result) = exec(&server, &id, json!({"command": "echo hi"})).await;
@@ -930,6 +955,76 @@ async fn the_extremes_of_every_documented_limit_make_a_working_sandbox() {
         .await;
         assert_eq!(status, 204);
     }
+}
+
+/// The server's limits are maxima: a sandbox may lower them, never raise them, and the default
+/// sandbox has a CPU share and a lifetime.
+#[tokio::test]
+async fn limit_overrides_may_only_lower_the_servers_limits() {
+    let server = sandbox_server().await;
+    let (_, capabilities) = server.get("/v1/sandbox/capabilities").await;
+    let defaults = &capabilities["default_limits"];
+    assert_eq!(defaults["cpu_percent"], 100, "{defaults}");
+    assert_eq!(defaults["wall_time_secs"], 86_400, "{defaults}");
+    for (name, default) in [
+        ("memory_bytes", 1_u64 << 30),
+        ("max_processes", 256),
+        ("cpu_percent", 100),
+        ("wall_time_secs", 86_400),
+        ("idle_timeout_secs", 900),
+        ("file_size_bytes", 1 << 30),
+        ("open_files", 1024),
+        ("tmp_size_bytes", 256 << 20),
+    ] {
+        assert_eq!(defaults[name], default, "{name}: {defaults}");
+        let body = json!({"limits": {name: default + 1}});
+        let (status, error) =
+            send(&server, Method::POST, "/v1/sandboxes", Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("limits.{name}"))
+                && message.contains(&default.to_string())
+                && message.contains("server's limit"),
+            "{body}: {message}"
+        );
+    }
+    assert!(server.state.sandboxes.is_empty());
+
+    // The reproduction of the review: every limit at its old maximum.
+    let (status, error) = send(
+        &server,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"limits": {"memory_bytes": 1_099_511_627_776_u64,
+                               "tmp_size_bytes": 68_719_476_736_u64}})),
+    )
+    .await;
+    assert_eq!(status, 400, "{error}");
+
+    // Lowering is accepted, and the default sandbox carries the CPU share and lifetime.
+    let (status, created) = send(
+        &server,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"limits": {"memory_bytes": 512_u64 << 20, "cpu_percent": 50}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["limits"]["memory_bytes"], 512_u64 << 20);
+    assert_eq!(created["limits"]["cpu_percent"], 50);
+    assert_eq!(created["limits"]["wall_time_secs"], 86_400);
+    let plain = create(&server, json!({})).await;
+    let (status, shown) = send(
+        &server,
+        Method::GET,
+        &format!("/v1/sandboxes/{plain}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["limits"]["cpu_percent"], 100, "{shown}");
+    assert_eq!(shown["limits"]["wall_time_secs"], 86_400, "{shown}");
 }
 
 /// Sessions' runs get the built-in tools, a workspace each under the data folder, and a sandbox

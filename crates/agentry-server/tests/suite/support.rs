@@ -98,9 +98,12 @@ pub async fn start_with(
         )
         .await
         .unwrap();
-    let mut state = AppState::with_tools(store, tools(home.path()))
-        .await
-        .unwrap();
+    let mut tools = tools(home.path());
+    // As `agentry serve` does: saved agents' skills live under the data folder.
+    tools
+        .skill_roots
+        .get_or_insert_with(|| vec![home.path().join("skills")]);
+    let mut state = AppState::with_tools(store, tools).await.unwrap();
     adjust(&mut state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

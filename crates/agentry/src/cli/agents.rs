@@ -69,7 +69,7 @@ struct AddArgs {
     /// A tool it may use (repeatable).
     #[arg(long = "tool", value_name = "NAME")]
     tools: Vec<String>,
-    /// A skill folder (repeatable).
+    /// A skill folder (repeatable): inside `<data folder>/skills` or a `--skill-root`.
     #[arg(long = "skill", value_name = "DIR")]
     skills: Vec<String>,
     /// A saved MCP server whose tools it gets (repeatable).
@@ -197,7 +197,10 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             agent.check_shape().map_err(api)?;
             let runtime =
                 store_runtime(&store, &McpManager::new(), &ToolEnvironment::default()).await?;
-            validate(&store, &runtime, &agent).await.map_err(api)?;
+            let roots = data.skill_roots()?;
+            validate(&store, &runtime, &agent, Some(&roots))
+                .await
+                .map_err(api)?;
             if !replace
                 && stored_agent(&store, &agent.id)
                     .await
@@ -265,7 +268,9 @@ pub(crate) async fn runtime(
 ) -> anyhow::Result<(Runtime, AgentRun)> {
     let mcp = super::profile::start_mcp(store, &agent.mcp_servers).await?;
     let runtime = store_runtime(store, &mcp, environment).await?;
-    let run = agent.resolve(&runtime).map_err(api)?;
+    let run = agent
+        .resolve(&runtime, environment.skill_roots.as_deref())
+        .map_err(api)?;
     Ok((runtime, run))
 }
 
@@ -292,7 +297,12 @@ pub(crate) async fn session_manager(
         None => manager,
     };
     // `delegate` and `talk_to` start their sub-agents' sessions through this manager.
-    delegation.bind(store, &manager, &agentry_server::hub::Hub::default());
+    delegation.bind(
+        store,
+        &manager,
+        &agentry_server::hub::Hub::default(),
+        environment.skill_roots.clone(),
+    );
     Ok((manager, run))
 }
 

@@ -16,6 +16,16 @@ pub(crate) struct DataArgs {
     /// Use this database instead of the embedded SQLite (`postgres://…`).
     #[arg(long, global = true, env = "AGENTRY_DATABASE_URL", value_name = "URL")]
     database_url: Option<String>,
+    /// Another folder saved agents' skill folders may be in, beside `<data folder>/skills`
+    /// (repeatable; `AGENTRY_SKILL_ROOTS` takes a `:`-separated list).
+    #[arg(
+        long = "skill-root",
+        global = true,
+        env = "AGENTRY_SKILL_ROOTS",
+        value_delimiter = ':',
+        value_name = "DIR"
+    )]
+    skill_roots: Vec<PathBuf>,
 }
 
 impl DataArgs {
@@ -27,6 +37,14 @@ impl DataArgs {
         let user_home = std::env::var_os("HOME")
             .context("cannot find the data folder: set AGENTRY_HOME or HOME, or pass --home")?;
         Ok(PathBuf::from(user_home).join(".agentry"))
+    }
+
+    /// Where saved agents' skill folders may be: `<data folder>/skills` and every
+    /// `--skill-root`.
+    pub(crate) fn skill_roots(&self) -> anyhow::Result<Vec<PathBuf>> {
+        let mut roots = vec![self.home()?.join("skills")];
+        roots.extend(self.skill_roots.iter().cloned());
+        Ok(roots)
     }
 
     /// Opens the database (running its migrations).

@@ -93,6 +93,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     }
     let mut tools = args.sandbox.environment(&data.home()?)?;
     tools.approval_defaults = approval_defaults(&args.approve);
+    tools.skill_roots = Some(data.skill_roots()?);
     let sandbox_line = match &tools.sandboxes {
         Some(pool) => format!("sandbox: {:?}", pool.backend().kind()).to_lowercase(),
         None => "sandbox: off (exec, terminal and command tools are not offered)".to_owned(),
