@@ -48,4 +48,4 @@ pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,
     NetworkReport, SandboxReport,
 };
-pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExitStatus, Sandbox};
+pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExecStdout, ExitStatus, Sandbox};
