@@ -146,3 +146,64 @@ impl Drop for SandboxedStdout {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn sandbox() -> StdioSandbox {
+        let backend = agentry_sandbox::backend(agentry_sandbox::SandboxConfig {
+            backend: agentry_sandbox::BackendKind::Local,
+            ..Default::default()
+        })
+        .unwrap();
+        StdioSandbox {
+            backend,
+            template: SandboxSpec::new("/nonexistent"),
+            workspaces: PathBuf::from("/nonexistent"),
+        }
+    }
+
+    #[test]
+    fn stdio_servers_run_on_the_host_only_when_allowed() {
+        let plain = McpServerConfig::stdio("node", ["server.js"]);
+        let mut host = plain.clone();
+        host.host = true;
+        let http = McpServerConfig::http("http://127.0.0.1:1/mcp");
+        let policy = |sandbox: bool, allow_host: bool| StdioPolicy {
+            sandbox: sandbox.then(sandbox_fn),
+            allow_host,
+        };
+        fn sandbox_fn() -> StdioSandbox {
+            sandbox()
+        }
+        let refused =
+            |policy: &StdioPolicy, config: &McpServerConfig| match policy.place("s", config) {
+                Err(McpError::HostCommandsRefused { reason, .. }) => Some(reason),
+                Err(other) => panic!("unexpected error {other}"),
+                Ok(_) => None,
+            };
+        // The default refuses every stdio server, naming both settings.
+        let reason = refused(&StdioPolicy::default(), &plain).unwrap();
+        assert!(reason.contains("--sandbox native"), "{reason}");
+        assert!(reason.contains("--allow-host-commands"), "{reason}");
+        assert!(refused(&StdioPolicy::default(), &http).is_none());
+        // A sandbox: plain servers go in it; "host": true still needs the flag.
+        assert!(matches!(
+            policy(true, false).place("s", &plain),
+            Ok(Placement::Sandboxed(_))
+        ));
+        assert_eq!(
+            refused(&policy(true, false), &host).as_deref(),
+            Some(HOST_FLAG_HINT)
+        );
+        // The flag: "host": true runs on the host; plain servers stay in the sandbox.
+        assert!(policy(true, true).runs_on_host("s", &host));
+        assert!(!policy(true, true).runs_on_host("s", &plain));
+        // No sandbox and the flag: everything on the host.
+        assert!(policy(false, true).runs_on_host("s", &plain));
+        assert!(StdioPolicy::host().runs_on_host("s", &host));
+    }
+}
