@@ -214,6 +214,9 @@ struct Live {
     last_error: Option<String>,
     restarts: u32,
     pid: Option<u32>,
+    /// The sandbox of a sandboxed stdio server's current process, closed when its connection
+    /// ends.
+    sandbox: Option<agentry_sandbox::Sandbox>,
     protocol_version: Option<String>,
     server_info: Option<Value>,
     connected_at: Option<u64>,
@@ -905,7 +908,11 @@ impl Server {
             sandbox.close().await;
             return Err("its sandbox gave no stdin pipe".into());
         };
-        self.live().pid = sandbox.pid1().and_then(|pid| u32::try_from(pid).ok());
+        {
+            let mut live = self.live();
+            live.pid = sandbox.pid1().and_then(|pid| u32::try_from(pid).ok());
+            live.sandbox = Some(sandbox.clone());
+        }
         Ok((SandboxedStdout { reader, sandbox }, stdin, stderr))
     }
 
@@ -1106,12 +1113,17 @@ async fn supervise(server: Arc<Server>, http: reqwest::Client) {
             }
             Err(error) => Ended::Exited(error.to_string()),
         };
-        {
+        let sandbox = {
             let mut live = server.live();
             live.peer = None;
             live.pid = None;
             live.connected_at = None;
             live.tools = Arc::new(Vec::new());
+            live.sandbox.take()
+        };
+        // Everything the server started goes before it is started again (or the manager stops).
+        if let Some(sandbox) = sandbox {
+            sandbox.close().await;
         }
         server.tools_changed();
         let delay = match ended {
@@ -1141,6 +1153,11 @@ async fn supervise(server: Arc<Server>, http: reqwest::Client) {
             }
             () = tokio::time::sleep(delay) => {}
         }
+    }
+    // Stopped while starting: the sandbox it was getting goes too.
+    let sandbox = server.live().sandbox.take();
+    if let Some(sandbox) = sandbox {
+        sandbox.close().await;
     }
     server.set_state(ServerState::Stopped);
 }
