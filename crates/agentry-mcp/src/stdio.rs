@@ -75,7 +75,7 @@ pub(crate) enum Placement {
     /// On the host, as the runtime's user.
     Host,
     /// In a sandbox of its own.
-    Sandboxed(StdioSandbox),
+    Sandboxed(Box<StdioSandbox>),
 }
 
 impl StdioPolicy {
@@ -104,7 +104,7 @@ impl StdioPolicy {
         match (&self.sandbox, config.host, self.allow_host) {
             (_, true, true) | (None, false, true) => Ok(Placement::Host),
             (_, true, false) => Err(refused(HOST_FLAG_HINT)),
-            (Some(sandbox), false, _) => Ok(Placement::Sandboxed(sandbox.clone())),
+            (Some(sandbox), false, _) => Ok(Placement::Sandboxed(Box::new(sandbox.clone()))),
             (None, false, false) => Err(refused(NO_SANDBOX_HINT)),
         }
     }
