@@ -3,7 +3,7 @@
 // target/console-screenshots/.
 import { test as base, expect } from "@playwright/test";
 import { spawn } from "node:child_process";
-import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, mkdirSync, realpathSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -48,12 +48,26 @@ export function startMock() {
   });
 }
 
+/**
+ * What stdio MCP servers registered by the tests need to see inside their sandboxes (they run in
+ * one each): the installed test servers, and node's install folder when it is not a system one.
+ */
+function sandboxMounts() {
+  const mounts = [];
+  const servers = resolve(process.env.AGENTRY_MCP_SERVERS || join(root, "target", "mcp-servers"));
+  if (existsSync(servers)) mounts.push(realpathSync(servers));
+  const node = dirname(dirname(realpathSync(process.execPath)));
+  if (!node.startsWith("/usr")) mounts.push(node);
+  return mounts.flatMap((path) => ["--sandbox-ro-mount", path]);
+}
+
 /** Starts `agentry serve` on a fresh data folder; resolves with its URL and a stop(). */
 export async function startServer() {
   const home = mkdtempSync(join(tmpdir(), "agentry-e2e-"));
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const child = spawn(bin("agentry"), ["--home", home, "serve", `127.0.0.1:${port}`], {
+  const args = ["--home", home, "serve", `127.0.0.1:${port}`, ...sandboxMounts()];
+  const child = spawn(bin("agentry"), args, {
     stdio: ["ignore", "ignore", "pipe"],
     env: (() => {
       // The embedded SQLite default, whatever the environment says.

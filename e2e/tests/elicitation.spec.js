@@ -1,11 +1,14 @@
 // An MCP server asking for input during a tool call: the console shows its form inline in the
 // call's capsule, and the answer reaches the server's tool. Uses server-everything as installed
 // by scripts/install-mcp-servers (AGENTRY_MCP_SERVERS, default target/mcp-servers).
-import { existsSync } from "node:fs";
+import { existsSync, realpathSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { test, expect, open, pick, offer, shot } from "../support.js";
 
-const servers = resolve(process.env.AGENTRY_MCP_SERVERS || join(import.meta.dirname, "..", "..", "target", "mcp-servers"));
+// The server runs in a sandbox of its own, which shows the installed servers read-only at their
+// real path (support.js passes `--sandbox-ro-mount`).
+const given = resolve(process.env.AGENTRY_MCP_SERVERS || join(import.meta.dirname, "..", "..", "target", "mcp-servers"));
+const servers = existsSync(given) ? realpathSync(given) : given;
 const everything = join(servers, "npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
 
 test("an MCP server's request for input is answered inline", async ({ page, env, script }) => {

@@ -165,7 +165,8 @@ async fn raw_http(url: &str, calls: usize) -> Result<Vec<Duration>> {
 }
 
 async fn through_manager(config: McpServerConfig, calls: usize) -> Result<Vec<Duration>> {
-    let manager = McpManager::new();
+    // The benchmark measures the protocol path: the server runs on the host, as asked here.
+    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
     manager.add("bench", config, &|_| None).await?;
     let status = manager.wait_ready("bench", Duration::from_secs(60)).await?;
     if status.state != ServerState::Connected {

@@ -91,6 +91,10 @@ pub struct McpServerConfig {
     /// Kept but not started.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disabled: bool,
+    /// Run this stdio server on the host even when a sandbox is there: **no isolation**. Refused
+    /// unless the operator allows host commands (`agentry serve --allow-host-commands`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host: bool,
 }
 
 /// The default connect and initialise timeout.
@@ -137,6 +141,7 @@ impl McpServerConfig {
             max_call_ms: None,
             idempotent: false,
             disabled: false,
+            host: false,
         }
     }
 
@@ -212,9 +217,13 @@ impl McpServerConfig {
                 if !matches!(parsed.scheme(), "http" | "https") {
                     return Err(invalid("\"url\" must be http or https".into()));
                 }
-                if self.command.is_some() || !self.args.is_empty() || !self.env.is_empty() {
+                if self.command.is_some()
+                    || !self.args.is_empty()
+                    || !self.env.is_empty()
+                    || self.host
+                {
                     return Err(invalid(
-                        "\"command\", \"args\" and \"env\" are for stdio servers".into(),
+                        "\"command\", \"args\", \"env\" and \"host\" are for stdio servers".into(),
                     ));
                 }
                 for header in self.headers.keys() {

@@ -85,6 +85,15 @@ pub enum McpError {
         /// What happened.
         message: String,
     },
+    /// A stdio server would run on the host, unsandboxed, and the operator has not allowed that
+    /// (`--allow-host-commands`); nothing was started.
+    #[error("MCP server {server:?} is refused: {reason}")]
+    HostCommandsRefused {
+        /// The server.
+        server: String,
+        /// Why, naming the setting that would allow it.
+        reason: String,
+    },
     /// Any other transport failure.
     #[error("MCP server {server:?}: {message}")]
     Transport {
@@ -106,6 +115,7 @@ impl McpError {
             Self::Unavailable { .. } | Self::Connect { .. } | Self::ServerExited { .. } => {
                 "mcp_unavailable"
             }
+            Self::HostCommandsRefused { .. } => "host_commands_refused",
             Self::Timeout { .. } => "timeout",
             Self::Cancelled => "cancelled",
             Self::Protocol { .. } | Self::Unsupported { .. } | Self::Transport { .. } => {

@@ -32,6 +32,7 @@ use crate::content::{McpToolResult, tool_result};
 use crate::elicitation::{ElicitationRequest, ElicitationRoutes};
 use crate::error::McpError;
 use crate::handler::{Handler, McpProgress, ProgressRoutes, ServerSignal};
+use crate::stdio::{Placement, SandboxedStdout, StdioPolicy};
 
 /// Environment variables of the runtime a stdio server inherits (everything else it gets is
 /// named in its configuration, so no secret of the runtime leaks into it).
@@ -90,9 +91,13 @@ pub struct ServerStatus {
     pub last_error: Option<String>,
     /// How many times it has been started again.
     pub restarts: u32,
-    /// The process id of a stdio server that is running.
+    /// The process id of a stdio server that is running (on the host, or the host pid of its
+    /// sandbox's first process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// A stdio server that runs in a sandbox of its own (`false`: on the host, or not stdio).
+    #[serde(default)]
+    pub sandboxed: bool,
     /// The protocol revision agreed with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol_version: Option<String>,
@@ -170,6 +175,7 @@ struct Inner {
     /// Bumped whenever a server's tools change (connected, refreshed, lost, removed).
     changes: watch::Sender<u64>,
     http: reqwest::Client,
+    stdio: StdioPolicy,
 }
 
 impl Drop for Inner {
@@ -188,6 +194,7 @@ impl Drop for Inner {
 struct Server {
     name: String,
     config: McpServerConfig,
+    placement: Placement,
     env: Vec<(String, String)>,
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
     live: Mutex<Live>,
@@ -207,6 +214,9 @@ struct Live {
     last_error: Option<String>,
     restarts: u32,
     pid: Option<u32>,
+    /// The sandbox of a sandboxed stdio server's current process, closed when its connection
+    /// ends.
+    sandbox: Option<agentry_sandbox::Sandbox>,
     protocol_version: Option<String>,
     server_info: Option<Value>,
     connected_at: Option<u64>,
@@ -219,8 +229,16 @@ impl Default for McpManager {
 }
 
 impl McpManager {
-    /// A manager with no servers, using its own HTTP client for HTTP servers.
+    /// A manager with no servers, using its own HTTP client for HTTP servers. It refuses stdio
+    /// servers ([`McpError::HostCommandsRefused`]): give it somewhere to run them with
+    /// [`McpManager::with_stdio`].
     pub fn new() -> Self {
+        Self::with_stdio(StdioPolicy::default())
+    }
+
+    /// A manager with no servers whose stdio servers run where `stdio` says (in sandboxes of
+    /// their own, on the host, or nowhere).
+    pub fn with_stdio(stdio: StdioPolicy) -> Self {
         // The TLS provider is chosen once per process; a second install is a harmless no-op.
         let _ = rustls::crypto::ring::default_provider().install_default();
         // Pooled keep-alive connections: measured (benches/call.rs) a new connection per call
@@ -236,6 +254,7 @@ impl McpManager {
                 servers: RwLock::new(BTreeMap::new()),
                 changes: watch::Sender::new(0),
                 http,
+                stdio,
             }),
         }
     }
@@ -247,9 +266,15 @@ impl McpManager {
         }
     }
 
+    /// Where this manager starts stdio servers.
+    pub fn stdio_policy(&self) -> &StdioPolicy {
+        &self.inner.stdio
+    }
+
     /// Adds (or replaces) a server and starts it in the background. Secrets named in its
     /// configuration are resolved through `secret` now. A replaced server is stopped first.
-    /// Use [`wait_ready`](Self::wait_ready) to wait for its first connection.
+    /// Use [`wait_ready`](Self::wait_ready) to wait for its first connection. A stdio server
+    /// the [`StdioPolicy`] refuses is an error, and nothing is started (nor replaced).
     pub async fn add(
         &self,
         name: &str,
@@ -257,6 +282,7 @@ impl McpManager {
         secret: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> Result<(), McpError> {
         config.validate(name)?;
+        let placement = self.inner.stdio.place(name, &config)?;
         let resolve = |value: &ValueSource| match value {
             ValueSource::Literal(text) => Ok(text.clone()),
             ValueSource::Secret { secret: key } => {
@@ -290,6 +316,7 @@ impl McpManager {
         let server = Arc::new(Server {
             name: name.to_owned(),
             config,
+            placement,
             env,
             headers,
             live: Mutex::new(Live::default()),
@@ -572,6 +599,7 @@ impl Server {
             last_error: live.last_error.clone(),
             restarts: live.restarts,
             pid: live.pid,
+            sandboxed: matches!(self.placement, Placement::Sandboxed(_)),
             protocol_version: live.protocol_version.clone(),
             server_info: live.server_info.clone(),
             connected_at: live.connected_at,
@@ -837,6 +865,57 @@ impl Server {
         Ok(())
     }
 
+    /// Makes the server's sandbox and starts its program there with a stdin pipe.
+    async fn start_sandboxed(
+        &self,
+        place: &crate::stdio::StdioSandbox,
+    ) -> Result<
+        (
+            SandboxedStdout,
+            tokio::net::unix::pipe::Sender,
+            mpsc::UnboundedReceiver<Vec<u8>>,
+        ),
+        String,
+    > {
+        let mut spec = place.template.clone();
+        spec.workspace = place.workspaces.join(&self.name);
+        spec.idle_timeout = None;
+        let sandbox = place
+            .backend
+            .create(spec)
+            .await
+            .map_err(|error| format!("cannot make its sandbox: {error}"))?;
+        let program = self.config.command.clone().unwrap_or_default();
+        let mut request = agentry_sandbox::ExecRequest::new(
+            std::iter::once(program.clone()).chain(self.config.args.iter().cloned()),
+        )
+        .with_stdin();
+        for (name, value) in &self.env {
+            request = request.env(name.clone(), value.clone());
+        }
+        if let Some(cwd) = &self.config.cwd {
+            request = request.cwd(cwd.to_string_lossy().into_owned());
+        }
+        let handle = match sandbox.exec(request).await {
+            Ok(handle) => handle,
+            Err(error) => {
+                sandbox.close().await;
+                return Err(format!("cannot run {program:?} in its sandbox: {error}"));
+            }
+        };
+        let (reader, stdin, stderr) = handle.into_stdio();
+        let Some(stdin) = stdin else {
+            sandbox.close().await;
+            return Err("its sandbox gave no stdin pipe".into());
+        };
+        {
+            let mut live = self.live();
+            live.pid = sandbox.pid1().and_then(|pid| u32::try_from(pid).ok());
+            live.sandbox = Some(sandbox.clone());
+        }
+        Ok((SandboxedStdout { reader, sandbox }, stdin, stderr))
+    }
+
     /// Starts the server and initialises a session with it.
     async fn connect(
         self: &Arc<Self>,
@@ -857,8 +936,19 @@ impl Server {
             server: self.name.clone(),
             reason,
         };
-        let running = match self.config.transport_kind()? {
-            TransportKind::Stdio => {
+        let running = match (&self.placement, self.config.transport_kind()?) {
+            (Placement::Sandboxed(sandbox), TransportKind::Stdio) => {
+                let (stdout, stdin, stderr) = self
+                    .start_sandboxed(sandbox)
+                    .await
+                    .map_err(&connect_error)?;
+                tokio::spawn(forward_chunks(self.name.clone(), stderr));
+                handler
+                    .serve_with_lifecycle((stdout, stdin), lifecycle)
+                    .await
+                    .map_err(|error| connect_error(error.to_string()))?
+            }
+            (Placement::Host, TransportKind::Stdio) => {
                 let mut command = tokio::process::Command::new(
                     self.config.command.as_deref().unwrap_or_default(),
                 );
@@ -890,7 +980,12 @@ impl Server {
                     .await
                     .map_err(|error| connect_error(error.to_string()))?
             }
-            TransportKind::StreamableHttp => {
+            (Placement::Remote, TransportKind::Stdio) => {
+                return Err(connect_error(
+                    "a stdio server with no place to run (this is a bug)".into(),
+                ));
+            }
+            (_, TransportKind::StreamableHttp) => {
                 let headers = self.headers.iter().cloned().collect();
                 let config = StreamableHttpClientTransportConfig::with_uri(
                     self.config.url.clone().unwrap_or_default(),
@@ -908,10 +1003,36 @@ impl Server {
 }
 
 /// Copies a stdio server's stderr into the log, one event per line, tagged with the server.
-async fn forward_stderr(server: String, stderr: tokio::process::ChildStderr) {
+async fn forward_stderr(server: String, stderr: impl tokio::io::AsyncRead + Unpin) {
     let mut lines = tokio::io::BufReader::new(stderr).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         tracing::info!(target: "agentry_mcp::stderr", mcp_server = %server, "{line}");
+    }
+}
+
+/// Copies a sandboxed server's stderr chunks into the log, one event per line.
+async fn forward_chunks(server: String, mut chunks: mpsc::UnboundedReceiver<Vec<u8>>) {
+    /// A line longer than this is logged in pieces.
+    const MAX_LINE: usize = 16 * 1024;
+    let mut line = Vec::new();
+    let log = |line: &[u8]| {
+        let text = String::from_utf8_lossy(line);
+        tracing::info!(target: "agentry_mcp::stderr", mcp_server = %server, sandboxed = true, "{}", text.trim_end_matches('\r'));
+    };
+    while let Some(chunk) = chunks.recv().await {
+        for byte in chunk {
+            if byte == b'\n' || line.len() >= MAX_LINE {
+                log(&line);
+                line.clear();
+                if byte == b'\n' {
+                    continue;
+                }
+            }
+            line.push(byte);
+        }
+    }
+    if !line.is_empty() {
+        log(&line);
     }
 }
 
@@ -992,12 +1113,17 @@ async fn supervise(server: Arc<Server>, http: reqwest::Client) {
             }
             Err(error) => Ended::Exited(error.to_string()),
         };
-        {
+        let sandbox = {
             let mut live = server.live();
             live.peer = None;
             live.pid = None;
             live.connected_at = None;
             live.tools = Arc::new(Vec::new());
+            live.sandbox.take()
+        };
+        // Everything the server started goes before it is started again (or the manager stops).
+        if let Some(sandbox) = sandbox {
+            sandbox.close().await;
         }
         server.tools_changed();
         let delay = match ended {
@@ -1027,6 +1153,11 @@ async fn supervise(server: Arc<Server>, http: reqwest::Client) {
             }
             () = tokio::time::sleep(delay) => {}
         }
+    }
+    // Stopped while starting: the sandbox it was getting goes too.
+    let sandbox = server.live().sandbox.take();
+    if let Some(sandbox) = sandbox {
+        sandbox.close().await;
     }
     server.set_state(ServerState::Stopped);
 }

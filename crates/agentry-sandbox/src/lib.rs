@@ -14,7 +14,8 @@
 //! - [`Capabilities::probe`] says what isolation the host gives; every sandbox's
 //!   [`SandboxReport`] says what it got, so a weaker fallback is never silent.
 //! - A [`Sandbox`] offers exec (streaming stdout/stderr, stdin, background processes, timeouts,
-//!   kill with every descendant, exit codes), files (read, write, list, stat, remove, mkdir,
+//!   kill with every descendant, exit codes; a long-lived command as a byte stream with
+//!   [`ExecHandle::into_stdio`], for programs spoken to over stdio), files (read, write, list, stat, remove, mkdir,
 //!   resolved inside the sandbox by its agent, under its policy, so symlinks cannot escape), an
 //!   idle timeout, a wall-time limit, and close. A crash of the runtime kills its sandboxes
 //!   (`PR_SET_PDEATHSIG` from the runtime to the keeper to PID 1, whose death empties the pid
@@ -51,4 +52,4 @@ pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,
     NetworkReport, SandboxReport,
 };
-pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExitStatus, Sandbox};
+pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExecStdout, ExitStatus, Sandbox};

@@ -117,6 +117,31 @@ impl ExecHandle {
         let _ = self.control.send(());
     }
 
+    /// Turns the command into a byte stream: its standard output as an [`AsyncRead`]
+    /// ([`ExecStdout`]), its stdin pipe (when asked for with [`ExecRequest::with_stdin`]), and its
+    /// standard error as chunks on a channel. For long-lived programs spoken to over stdio (an
+    /// MCP server). The stream ends (EOF) when the command exits.
+    ///
+    /// [`AsyncRead`]: tokio::io::AsyncRead
+    pub fn into_stdio(
+        mut self,
+    ) -> (
+        ExecStdout,
+        Option<pipe::Sender>,
+        mpsc::UnboundedReceiver<Vec<u8>>,
+    ) {
+        let stdin = self.stdin.take();
+        let (stderr_tx, stderr_rx) = mpsc::unbounded_channel();
+        let reader = ExecStdout {
+            handle: self,
+            pending: Vec::new(),
+            offset: 0,
+            stderr: stderr_tx,
+            exit: None,
+        };
+        (reader, stdin, stderr_rx)
+    }
+
     /// Waits for the end, collecting the output.
     pub async fn wait(mut self) -> Result<ExecOutput> {
         drop(self.stdin.take());
@@ -138,6 +163,81 @@ impl ExecHandle {
         Err(SandboxError::Closed {
             reason: "the command's output task ended".into(),
         })
+    }
+}
+
+/// A running command's standard output as a byte stream ([`ExecHandle::into_stdio`]). It ends
+/// (EOF) when the command exits; [`ExecStdout::exit_status`] then says how. Dropping it leaves the
+/// command running; [`ExecStdout::kill`] stops it.
+pub struct ExecStdout {
+    handle: ExecHandle,
+    pending: Vec<u8>,
+    offset: usize,
+    stderr: mpsc::UnboundedSender<Vec<u8>>,
+    exit: Option<ExitStatus>,
+}
+
+impl std::fmt::Debug for ExecStdout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecStdout")
+            .field("id", &self.handle.id)
+            .field("exit", &self.exit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecStdout {
+    /// How the command ended, once the stream has ended.
+    pub fn exit_status(&self) -> Option<&ExitStatus> {
+        self.exit.as_ref()
+    }
+
+    /// Kills the command and every process it started.
+    pub fn kill(&self) {
+        self.handle.kill();
+    }
+}
+
+impl tokio::io::AsyncRead for ExecStdout {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        loop {
+            if this.offset < this.pending.len() {
+                let n = buf.remaining().min(this.pending.len() - this.offset);
+                buf.put_slice(&this.pending[this.offset..this.offset + n]);
+                this.offset += n;
+                return Poll::Ready(Ok(()));
+            }
+            if this.exit.is_some() {
+                return Poll::Ready(Ok(()));
+            }
+            match this.handle.events.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(ExecEvent::Stdout(chunk))) => {
+                    this.pending = chunk;
+                    this.offset = 0;
+                }
+                Poll::Ready(Some(ExecEvent::Stderr(chunk))) => {
+                    let _ = this.stderr.send(chunk);
+                }
+                Poll::Ready(Some(ExecEvent::Exit(status))) => this.exit = Some(status),
+                Poll::Ready(None) => {
+                    this.exit = Some(ExitStatus {
+                        code: None,
+                        signal: None,
+                        timed_out: false,
+                        killed: false,
+                        out_of_memory: false,
+                        sandbox_closed: Some("the command's output task ended".into()),
+                    });
+                }
+            }
+        }
     }
 }
 

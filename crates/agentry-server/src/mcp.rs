@@ -158,6 +158,11 @@ pub async fn save_and_start(
     let secrets = crate::models::secrets(store).await?;
     for (name, config) in servers {
         config.validate(name).map_err(api_error)?;
+        // Refused here, before anything is saved or spawned, when it has nowhere to run.
+        manager
+            .stdio_policy()
+            .check(name, config)
+            .map_err(api_error)?;
         if let Some(missing) = config
             .secret_names()
             .find(|secret| !secrets.contains_key(*secret))
@@ -245,8 +250,17 @@ pub fn api_error(error: McpError) -> ApiError {
         McpError::InvalidConfig(_) | McpError::MissingSecret { .. } => StatusCode::BAD_REQUEST,
         McpError::UnknownServer(_) | McpError::UnknownTool { .. } => StatusCode::NOT_FOUND,
         McpError::DuplicateServer(_) => StatusCode::CONFLICT,
+        McpError::HostCommandsRefused { .. } => StatusCode::FORBIDDEN,
         McpError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         _ => StatusCode::BAD_GATEWAY,
     };
-    ApiError::new(status, error.code(), error.to_string())
+    let code = match &error {
+        McpError::HostCommandsRefused { reason, .. }
+            if reason == agentry_mcp::stdio::NO_SANDBOX_HINT =>
+        {
+            "sandbox_required"
+        }
+        _ => error.code(),
+    };
+    ApiError::new(status, code, error.to_string())
 }

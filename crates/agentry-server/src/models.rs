@@ -182,18 +182,21 @@ pub async fn build_runtime(
     for tool in builtins(environment) {
         builder.tool_arc(tool)?;
     }
-    // Command tools run in the session's sandbox when there is one.
-    let sandboxes = environment
-        .sandboxes
-        .as_ref()
-        .filter(|_| environment.workspaces.is_some());
+    // Command tools run in the session's sandbox when there is one; on the host only when the
+    // operator allows host commands (otherwise they are refused and skipped here).
+    let sandboxes = crate::routes::config::command_sandboxes(environment);
     let resolver: Arc<dyn agentry_core::tool::SecretResolver> = Arc::new(StaticSecrets(secrets));
     for (name, value) in store.list_config(ConfigKind::Tool).await? {
         let built = serde_json::from_value::<ToolDefinition>(value)
             .map_err(|error| error.to_string())
             .and_then(|definition| {
                 definition
-                    .build_in(http, Arc::clone(&resolver), sandboxes)
+                    .build_in(
+                        http,
+                        Arc::clone(&resolver),
+                        sandboxes,
+                        environment.allow_host_commands,
+                    )
                     .map_err(|error| error.to_string())
             });
         match built {

@@ -159,6 +159,12 @@ error_responses! {
         login.";
     Forbidden => "403", "The sandbox refuses the operation (permission denied, a read-only \
         path).";
+    HostCommandsRefused => "403", "It would run a command (a command tool, a stdio MCP server) \
+        on the host, or without the sandbox this server lacks, and the operator has not allowed \
+        that: `sandbox_required` (start the server with `--sandbox native|local`, or \
+        `--allow-host-commands`), `host_commands_refused` (`\"host\": true` needs \
+        `--allow-host-commands`), or `api_key_required` (with host commands allowed, registering \
+        a stdio MCP server needs an API key). Nothing was saved or started.";
     NotFound => "404", "Nothing exists under this id or name.";
     Conflict => "409", "It conflicts with the current state (the name is taken, or the session \
         has a run in progress).";

@@ -46,6 +46,38 @@ pub struct ToolEnvironment {
     /// serve` sets `<home>/skills` plus any `--skill-root`. `None`: skill folders may be
     /// anywhere (a local, operator-driven runtime such as `agentry run`).
     pub skill_roots: Option<Vec<PathBuf>>,
+    /// Whether commands may run on the host, unsandboxed (`agentry serve
+    /// --allow-host-commands`): command tools and stdio MCP servers that say `"host": true`,
+    /// and every one of them when there is no sandbox. Off (the default), such tools and
+    /// servers are refused, never run on the host; and with it on, registering a stdio MCP
+    /// server over HTTP needs an API key.
+    pub allow_host_commands: bool,
+    /// The folder holding each sandboxed stdio MCP server's workspace
+    /// (`<folder>/<server name>`). `None`: `agentry-mcp-workspaces-<pid>` in the system's
+    /// temporary folder.
+    pub mcp_workspaces: Option<PathBuf>,
+}
+
+impl ToolEnvironment {
+    /// Where the MCP manager starts stdio servers: each in a sandbox of its own when there are
+    /// sandboxes (made with their backend and template, so the operator's network policy and
+    /// read-only mounts apply), on the host only when host commands are allowed.
+    pub fn stdio_policy(&self) -> agentry_mcp::StdioPolicy {
+        agentry_mcp::StdioPolicy {
+            sandbox: self
+                .sandboxes
+                .as_ref()
+                .map(|pool| agentry_mcp::StdioSandbox {
+                    backend: Arc::clone(pool.backend()),
+                    template: pool.template().clone(),
+                    workspaces: self.mcp_workspaces.clone().unwrap_or_else(|| {
+                        std::env::temp_dir()
+                            .join(format!("agentry-mcp-workspaces-{}", std::process::id()))
+                    }),
+                }),
+            allow_host: self.allow_host_commands,
+        }
+    }
 }
 
 /// The server's shared state. Cheap to clone.
@@ -96,7 +128,7 @@ impl AppState {
             .clone();
         let http = agentry_llm::http_client(Duration::from_secs(10))
             .map_err(|error| ApiError::internal(error.to_string()))?;
-        let mcp = McpManager::new();
+        let mcp = McpManager::with_stdio(tools.stdio_policy());
         crate::mcp::start_saved(&store, &mcp).await?;
         let runtime = build_runtime(&store, &http, &mcp, &tools).await?;
         let log = Arc::new(crate::store_log::StoreLog::new(store.clone()));

@@ -2,7 +2,9 @@
 //!
 //! With a sandbox ([`CommandTool::in_sandbox`], what `agentry serve` and `agentry run` do when
 //! sandboxes are on) the program runs in the sandbox of the run's workspace. Without one it runs
-//! on the host as the Agentry process's user, with its file system and network access; then the
+//! on the host as the Agentry process's user, with its file system and network access (a
+//! configured tool is built that way only when host commands are allowed: see
+//! [`ToolDefinition::build_in`](super::ToolDefinition::build_in)); then the
 //! environment
 //! is cleared to `PATH`, `HOME` and `LANG` plus the configured variables, so host secrets in
 //! environment variables do not reach the program; the working directory comes from the run

@@ -74,7 +74,8 @@ pub enum ToolDefinition {
         idempotent: bool,
     },
     /// Run a program with the arguments as JSON on standard input; its output is the result.
-    /// It runs in the session's sandbox when sandboxes are on (see [`ToolDefinition::build_in`]).
+    /// It runs in the session's sandbox; without a sandbox it is refused unless the operator
+    /// allows host commands (see [`ToolDefinition::build_in`]).
     Command {
         /// The tool's name.
         name: String,
@@ -103,7 +104,8 @@ pub enum ToolDefinition {
         idempotent: bool,
         /// Run it on the host even when sandboxes are on: **no isolation**, for programs the
         /// sandbox cannot see (the sandbox shows the host's system folders and the session's
-        /// workspace only).
+        /// workspace only). Refused unless the operator allows host commands
+        /// (`--allow-host-commands`).
         #[serde(default)]
         host: bool,
     },
@@ -125,24 +127,49 @@ impl ToolDefinition {
         }
     }
 
-    /// Builds the tool. HTTP tools share `http` (a pooled client) and resolve secret headers
-    /// through `secrets`.
+    /// Builds the tool with no sandbox and host commands not allowed, so a command tool is
+    /// refused. HTTP tools share `http` (a pooled client) and resolve secret headers through
+    /// `secrets`.
     pub fn build(
         self,
         http: &reqwest::Client,
         secrets: Arc<dyn SecretResolver>,
     ) -> Result<Arc<dyn Tool>, ToolError> {
-        self.build_in(http, secrets, None)
+        self.build_in(http, secrets, None, false)
+    }
+
+    /// Why this definition cannot be built where there are `sandboxes` (or none) and host
+    /// commands are allowed or not: `None` when it can. A command tool runs in the sandbox of
+    /// the run's workspace; on the host (no isolation) only when `allow_host` (the operator's
+    /// `--allow-host-commands`) and either it says `"host": true` or there is no sandbox.
+    pub fn host_refusal(&self, sandbox: bool, allow_host: bool) -> Option<HostRefusal> {
+        match self {
+            Self::Http { .. } => None,
+            Self::Command { host: true, .. } if !allow_host => Some(HostRefusal::HostFlag),
+            Self::Command { host: false, .. } if !sandbox && !allow_host => {
+                Some(HostRefusal::NoSandbox)
+            }
+            Self::Command { .. } => None,
+        }
     }
 
     /// Builds the tool; a command tool runs in the sandbox of the run's workspace when
-    /// `sandboxes` is given (on the host otherwise).
+    /// `sandboxes` is given and it does not say `"host": true`. On the host only when
+    /// `allow_host`; otherwise it is refused ([`ToolError::Registration`], naming the setting;
+    /// see [`ToolDefinition::host_refusal`]).
     pub fn build_in(
         self,
         http: &reqwest::Client,
         secrets: Arc<dyn SecretResolver>,
         sandboxes: Option<&agentry_sandbox::SandboxPool>,
+        allow_host: bool,
     ) -> Result<Arc<dyn Tool>, ToolError> {
+        if let Some(refusal) = self.host_refusal(sandboxes.is_some(), allow_host) {
+            return Err(ToolError::Registration(format!(
+                "command tool {:?}: {refusal}",
+                self.name()
+            )));
+        }
         let (tool, idempotent): (Arc<dyn Tool>, bool) = match self {
             Self::Http {
                 name,
@@ -224,6 +251,34 @@ impl ToolDefinition {
     }
 }
 
+/// Why a command tool may not run (see [`ToolDefinition::host_refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HostRefusal {
+    /// It says `"host": true` and host commands are not allowed.
+    #[error(
+        "\"host\": true runs it on the host without isolation, which is not allowed here: start \
+         the server with `--allow-host-commands`, or drop \"host\" to run it in the sandbox"
+    )]
+    HostFlag,
+    /// There is no sandbox to run it in and host commands are not allowed.
+    #[error(
+        "command tools run in the sandbox, and there is none: start the server with `--sandbox \
+         native` (or `--sandbox local`, no isolation), or let them run on the host with \
+         `--allow-host-commands`"
+    )]
+    NoSandbox,
+}
+
+impl HostRefusal {
+    /// The stable error code of the HTTP API.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::HostFlag => "host_commands_refused",
+            Self::NoSandbox => "sandbox_required",
+        }
+    }
+}
+
 /// Reads a JSON array of tool definitions from a file.
 pub fn load_definitions(path: &Path) -> Result<Vec<ToolDefinition>, ToolError> {
     let text = std::fs::read_to_string(path).map_err(|error| {
@@ -286,12 +341,71 @@ mod tests {
         ));
         let tools: Vec<Arc<dyn Tool>> = definitions
             .into_iter()
-            .map(|d| d.build(&http_client(), Arc::clone(&secrets)).unwrap())
+            .map(|d| {
+                d.build_in(&http_client(), Arc::clone(&secrets), None, true)
+                    .unwrap()
+            })
             .collect();
         assert_eq!(tools[0].timeout(), Some(Duration::from_millis(1500)));
         assert!(!tools[0].idempotent());
         assert!(tools[1].idempotent());
         assert_eq!(tools[1].spec().parameters["type"], "object");
+    }
+
+    #[test]
+    fn command_tools_never_run_on_the_host_unless_allowed() {
+        let plain: ToolDefinition =
+            serde_json::from_value(json!({"kind": "command", "name": "c", "program": "true"}))
+                .unwrap();
+        let host: ToolDefinition = serde_json::from_value(
+            json!({"kind": "command", "name": "h", "program": "true", "host": true}),
+        )
+        .unwrap();
+        let http: ToolDefinition =
+            serde_json::from_value(json!({"kind": "http", "name": "w", "url": "https://h/"}))
+                .unwrap();
+        // (sandbox, allow_host) → refusal
+        assert_eq!(
+            plain.host_refusal(false, false),
+            Some(HostRefusal::NoSandbox)
+        );
+        assert_eq!(plain.host_refusal(true, false), None);
+        assert_eq!(plain.host_refusal(false, true), None);
+        assert_eq!(host.host_refusal(true, false), Some(HostRefusal::HostFlag));
+        assert_eq!(host.host_refusal(false, false), Some(HostRefusal::HostFlag));
+        assert_eq!(host.host_refusal(true, true), None);
+        assert_eq!(http.host_refusal(false, false), None);
+        // Building refuses, naming the setting.
+        let error = plain
+            .clone()
+            .build(&http_client(), Arc::new(StaticSecrets::default()))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("--sandbox native"), "{error}");
+        assert!(error.contains("--allow-host-commands"), "{error}");
+        let error = host
+            .clone()
+            .build_in(
+                &http_client(),
+                Arc::new(StaticSecrets::default()),
+                None,
+                false,
+            )
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("--allow-host-commands"), "{error}");
+        assert!(
+            plain
+                .build_in(
+                    &http_client(),
+                    Arc::new(StaticSecrets::default()),
+                    None,
+                    true
+                )
+                .is_ok()
+        );
     }
 
     #[test]

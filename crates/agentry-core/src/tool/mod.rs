@@ -199,7 +199,7 @@ pub use agents::{
 };
 pub use builtin::{builtin, builtin_tools};
 pub use command::{CommandTool, CommandToolConfig};
-pub use definition::{HeaderDefinition, ToolDefinition, load_definitions};
+pub use definition::{HeaderDefinition, HostRefusal, ToolDefinition, load_definitions};
 pub use function::{FunctionTool, arguments_schema};
 pub use http::{
     EnvSecrets, HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver, StaticSecrets,

@@ -340,7 +340,8 @@ async fn a_stdio_server_gets_only_its_configured_environment() -> anyhow::Result
             secret: "given".into(),
         },
     );
-    let manager = McpManager::new();
+    // About the environment a host process gets: on the host, allowed explicitly.
+    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
     manager
         .add("everything", config, &|name| {
             (name == "given").then(|| "s3cret".to_owned())

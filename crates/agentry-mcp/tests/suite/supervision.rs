@@ -138,7 +138,8 @@ async fn cancelling_ends_the_call_at_once_and_the_server_goes_on() -> anyhow::Re
 #[tokio::test]
 async fn a_hanging_or_missing_server_never_holds_up_another() -> anyhow::Result<()> {
     let servers = servers()?;
-    let manager = McpManager::new();
+    // About supervision, not placement: servers run on the host, allowed explicitly.
+    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
     // Starts but never answers `initialize`.
     let hanging =
         McpServerConfig::stdio("sleep", ["600"]).with_connect_timeout(Duration::from_millis(700));

@@ -27,7 +27,9 @@ fn no_secrets(_: &str) -> Option<String> {
 
 /// A manager with `config` added as `name`, connected.
 pub(super) async fn connected(name: &str, config: McpServerConfig) -> anyhow::Result<McpManager> {
-    let manager = McpManager::new();
+    // These tests are about the protocol, not about where servers run: on the host, allowed
+    // explicitly (the sandboxed path has tests of its own).
+    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
     manager.add(name, config, &no_secrets).await?;
     let status = manager.wait_ready(name, READY).await?;
     anyhow::ensure!(

@@ -84,6 +84,54 @@ async fn stdin_is_piped() {
 }
 
 #[tokio::test]
+async fn a_command_is_a_byte_stream_for_programs_spoken_to_over_stdio() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let (sb, _dir) = sandbox().await;
+    let h = sb
+        .exec(
+            ExecRequest::shell(
+                "echo ready >&2; while read line; do echo \"got $line\"; done; exit 3",
+            )
+            .with_stdin(),
+        )
+        .await
+        .unwrap();
+    let (stdout, stdin, mut stderr) = h.into_stdio();
+    let mut stdin = stdin.unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout);
+    for word in ["one", "two"] {
+        stdin
+            .write_all(format!("{word}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut line = String::new();
+        lines.read_line(&mut line).await.unwrap();
+        assert_eq!(line, format!("got {word}\n"));
+    }
+    // Standard error arrives on its own channel, not in the stream.
+    let mut err = Vec::new();
+    while !err.ends_with(b"ready\n") {
+        err.extend(
+            tokio::time::timeout(Duration::from_secs(5), stderr.recv())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // EOF on stdin ends the program; the stream ends and says how.
+    drop(stdin);
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), lines.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    let status = lines.get_ref().exit_status().cloned().unwrap();
+    assert_eq!(status.code, Some(3), "{status:?}");
+    sb.close().await;
+}
+
+#[tokio::test]
 async fn timeout_kills_and_says_so() {
     let (sb, _dir) = sandbox().await;
     let start = Instant::now();

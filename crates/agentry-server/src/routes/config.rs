@@ -40,9 +40,9 @@ use agentry_types::Message;
 use crate::error::ApiError;
 use crate::models::{ModelConfig, TemplateConfig};
 use crate::openapi::{
-    BadGateway, BadRequest, Conflict, DeletedTools, GatewayTimeout, JsonBodyErrors, ModelList,
-    ModelPath, ModelTestOutcome, NamePath, NotFound, SecretList, SecretsSet, TemplateList,
-    TemplateVariables, ToolCallOutcome, ToolDefinitionSchema, ToolList,
+    BadGateway, BadRequest, Conflict, DeletedTools, GatewayTimeout, HostCommandsRefused,
+    JsonBodyErrors, ModelList, ModelPath, ModelTestOutcome, NamePath, NotFound, SecretList,
+    SecretsSet, TemplateList, TemplateVariables, ToolCallOutcome, ToolDefinitionSchema, ToolList,
 };
 use crate::state::AppState;
 
@@ -572,15 +572,42 @@ async fn check_tool(state: &AppState, definition: &ToolDefinition) -> Result<(),
             "{name:?} is reserved (it is a route under /v1/tools/): choose another name"
         )));
     }
+    // A command tool with nowhere to run but the host, when the operator has not allowed host
+    // commands, is refused before anything is saved (a typed 403 naming the setting).
+    let sandboxes = command_sandboxes(&state.tools);
+    if let Some(refusal) =
+        definition.host_refusal(sandboxes.is_some(), state.tools.allow_host_commands)
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            refusal.code(),
+            format!("command tool {name:?}: {refusal}"),
+        ));
+    }
     let secrets: Arc<dyn SecretResolver> =
         Arc::new(StaticSecrets(secret_values(&state.store).await?));
     let tool = definition
         .clone()
-        .build(&state.http, secrets)
+        .build_in(
+            &state.http,
+            secrets,
+            sandboxes,
+            state.tools.allow_host_commands,
+        )
         .map_err(|error| ApiError::bad_request(error.to_string()))?;
     ToolRegistry::new()
         .register_arc(tool)
         .map_err(|error| ApiError::bad_request(error.to_string()))
+}
+
+/// The sandboxes command tools run in: the sessions' (when runs have workspaces to run them in).
+pub(crate) fn command_sandboxes(
+    tools: &crate::state::ToolEnvironment,
+) -> Option<&agentry_sandbox::SandboxPool> {
+    tools
+        .sandboxes
+        .as_ref()
+        .filter(|_| tools.workspaces.is_some())
 }
 
 async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>, ApiError> {
@@ -674,6 +701,7 @@ async fn get_tool(
          )),
         JsonBodyErrors,
         Conflict,
+        HostCommandsRefused,
     )
 )]
 async fn create_tool(
@@ -711,6 +739,7 @@ async fn create_tool(
         JsonBodyErrors,
         NotFound,
         Conflict,
+        HostCommandsRefused,
     )
 )]
 async fn replace_tool(

@@ -15,13 +15,15 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_mcp::{McpServerConfig, ServerStatus, ValueSource};
+use agentry_mcp::{McpServerConfig, ServerStatus, TransportKind, ValueSource};
 use agentry_store::ConfigKind;
 
 use super::config::{ApiJson, ApiPath, WRITE_LOCK};
 use crate::error::ApiError;
 use crate::mcp::{api_error, save_and_start};
-use crate::openapi::{BadGateway, BadRequest, GatewayTimeout, JsonBodyErrors, NotFound};
+use crate::openapi::{
+    BadGateway, BadRequest, GatewayTimeout, HostCommandsRefused, JsonBodyErrors, NotFound,
+};
 use crate::state::AppState;
 
 /// How long a registration or restart waits for the server's first connection before it
@@ -69,9 +71,12 @@ pub struct McpServerView {
     pub last_error: Option<String>,
     /// How many times it has been restarted.
     pub restarts: u32,
-    /// The process id (stdio, while running).
+    /// The process id (stdio, while running; for a sandboxed server, the host pid of its
+    /// sandbox's first process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// A stdio server running in a sandbox of its own (`false`: on the host, or not stdio).
+    pub sandboxed: bool,
     /// The protocol revision agreed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol_version: Option<String>,
@@ -138,6 +143,7 @@ fn view(state: &AppState, status: ServerStatus) -> McpServerView {
         last_error: status.last_error,
         restarts: status.restarts,
         pid: status.pid,
+        sandboxed: status.sandboxed,
         protocol_version: status.protocol_version,
         server_info: status.server_info,
         config,
@@ -162,6 +168,13 @@ fn check_server_name(name: &str) -> Result<(), ApiError> {
 /// values of `env` and `headers` may be `{"secret": "NAME"}` (see `/v1/env`). Servers are
 /// saved, started (a server of the same name is replaced), and waited for up to 30 s; the answer
 /// gives each one's status and tools.
+///
+/// A stdio server runs in a sandbox of its own (its workspace `<data>/mcp-workspaces/<name>`,
+/// the server's sandbox network policy and read-only mounts). Without a sandbox, or with
+/// `"host": true`, it would run on the host: that is refused (403) unless the server runs with
+/// `--allow-host-commands`, and whenever host commands are allowed, registering a stdio server
+/// needs an API key (403 `api_key_required` while the server has none). Nothing is saved or
+/// started when one server is refused.
 #[utoipa::path(
     post,
     path = "/v1/tools/mcp",
@@ -171,6 +184,7 @@ fn check_server_name(name: &str) -> Result<(), ApiError> {
     responses(
         (status = 201, description = "Saved and started.", body = McpServerList),
         JsonBodyErrors,
+        HostCommandsRefused,
     )
 )]
 async fn register_servers(
@@ -178,6 +192,27 @@ async fn register_servers(
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
     let servers = agentry_mcp::parse_servers_document(&body).map_err(api_error)?;
+    let stdio = servers
+        .iter()
+        .find(|(_, config)| config.transport_kind().ok() == Some(TransportKind::Stdio));
+    if let Some((name, _)) = stdio.filter(|_| state.tools.allow_host_commands) {
+        let keys = state
+            .auth
+            .enabled()
+            .await
+            .map_err(|error| ApiError::internal(error.to_string()))?;
+        if !keys {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "api_key_required",
+                format!(
+                    "MCP server {name:?} is a stdio server, and this server allows host commands \
+                     (--allow-host-commands): registering one over HTTP needs an API key, and \
+                     none exists (create one with `agentry keys create`)"
+                ),
+            ));
+        }
+    }
     {
         let _guard = WRITE_LOCK.lock().await;
         save_and_start(&state.store, &state.mcp, &servers).await?;

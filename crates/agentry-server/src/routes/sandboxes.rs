@@ -344,6 +344,16 @@ pub struct SandboxCapabilities {
     pub default_limits: Option<LimitsView>,
     /// What the host gives.
     pub host: HostCapabilities,
+    /// Whether commands may run on the host without isolation (`--allow-host-commands`):
+    /// command tools and stdio MCP servers that say `"host": true`, and all of them when there
+    /// is no sandbox. When `false`, those are refused.
+    pub allow_host_commands: bool,
+    /// Where stdio MCP servers run: `sandbox` (each in a sandbox of its own), `host` (no
+    /// sandbox, host commands allowed) or `refused`.
+    pub mcp_stdio: String,
+    /// Where command tools run: `sandbox` (the session's), `host` (no sandbox, host commands
+    /// allowed) or `refused`.
+    pub command_tools: String,
 }
 
 /// A sandbox's limits.
@@ -1260,7 +1270,23 @@ async fn capabilities(
         open_sandboxes: state.sandboxes.len(),
         default_limits: pool.map(|pool| limits_view(pool.template())),
         host: host_view(&host),
+        allow_host_commands: state.tools.allow_host_commands,
+        mcp_stdio: placement(pool.is_some(), state.tools.allow_host_commands),
+        command_tools: placement(
+            crate::routes::config::command_sandboxes(&state.tools).is_some(),
+            state.tools.allow_host_commands,
+        ),
     }))
+}
+
+/// Where commands without `"host": true` run.
+fn placement(sandbox: bool, allow_host: bool) -> String {
+    match (sandbox, allow_host) {
+        (true, _) => "sandbox",
+        (false, true) => "host",
+        (false, false) => "refused",
+    }
+    .to_owned()
 }
 
 /// The host's capabilities, probed once (the probe starts a short-lived child).

@@ -434,10 +434,8 @@ async fn new_agent_fields_are_validated_and_old_agents_still_load() {
 
 #[tokio::test]
 async fn an_agent_gets_the_tools_of_its_mcp_servers() {
-    let server = start().await;
-    let spec = agentry_testkit::mcp::McpServers::locate()
-        .unwrap()
-        .everything();
+    let server = super::support::start_sandboxed().await;
+    let spec = super::support::mcp_servers().everything();
     let (status, body) = server
         .post(
             "/v1/tools/mcp",

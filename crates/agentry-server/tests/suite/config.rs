@@ -35,7 +35,13 @@ impl Server {
     async fn start() -> Server {
         let home = tempfile::tempdir().unwrap();
         let store = agentry_store::Store::open_home(home.path()).await.unwrap();
-        let state = AppState::new(store).await.unwrap();
+        // About the configuration API, not about where commands run: no sandbox, and the
+        // command tools these tests define run on the host, allowed explicitly.
+        let tools = agentry_server::ToolEnvironment {
+            allow_host_commands: true,
+            ..Default::default()
+        };
+        let state = AppState::with_tools(store, tools).await.unwrap();
         let app = agentry_server::router(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

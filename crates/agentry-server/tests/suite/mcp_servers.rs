@@ -4,15 +4,14 @@
 use std::time::Duration;
 
 use agentry_store::{ConfigKind, Store};
-use agentry_testkit::mcp::McpServers;
 use agentry_testkit::{Reply, ScriptedTurn};
 use serde_json::{Value, json};
 
-use super::support::{Server, start};
+use super::support::{Server, start, start_sandboxed};
 
 /// The `{"mcpServers": …}` entry that starts server-everything over stdio.
 fn everything() -> Value {
-    let spec = McpServers::locate().unwrap().everything();
+    let spec = super::support::mcp_servers().everything();
     json!({"command": spec.program, "args": spec.args})
 }
 
@@ -28,25 +27,35 @@ async fn register_everything(server: &Server) -> Value {
     body["servers"][0].clone()
 }
 
-/// Processes that are children of this test process and run `script`.
-fn children_running(script: &str) -> Vec<u32> {
-    let me = std::process::id().to_string();
+/// A process's state letter and parent (`/proc/<pid>/stat`: pid (comm) state ppid …).
+fn state_and_parent(pid: u32) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after_comm) = stat.rsplit_once(") ")?;
+    let mut fields = after_comm.split(' ');
+    let state = fields.next()?.to_owned();
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+/// Live processes that descend from `root` (a sandboxed server's first process) and run
+/// `script`.
+fn descendants_running(root: u32, script: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // stat: pid (comm) state ppid …
-        let after_comm = stat
-            .rsplit_once(") ")
-            .map(|(_, rest)| rest)
-            .unwrap_or_default();
-        let mut fields = after_comm.split(' ');
-        let state = fields.next().unwrap_or_default();
-        let ppid = fields.next().unwrap_or_default();
-        if ppid == me && state != "Z" && String::from_utf8_lossy(&cmdline).contains(script) {
+        if !String::from_utf8_lossy(&cmdline).contains(script) {
+            continue;
+        }
+        let Some((state, mut parent)) = state_and_parent(pid) else {
+            continue;
+        };
+        while parent > 1 && parent != root {
+            parent = state_and_parent(parent).map_or(0, |(_, p)| p);
+        }
+        if parent == root && state != "Z" {
             found.push(pid);
         }
     }
@@ -65,11 +74,12 @@ async fn tool_names(server: &Server) -> Vec<String> {
 
 #[tokio::test]
 async fn registered_servers_tools_join_the_runtime_and_a_model_calls_one() {
-    let server = start().await;
+    let server = start_sandboxed().await;
     let shown = register_everything(&server).await;
     assert!(shown["tool_count"].as_u64().unwrap() >= 13, "{shown}");
     assert_eq!(shown["transport"], "stdio");
     assert!(shown["pid"].is_u64());
+    assert_eq!(shown["sandboxed"], true, "{shown}");
 
     let (status, list) = server.get("/v1/mcp-servers").await;
     assert_eq!(status, 200);
@@ -137,10 +147,11 @@ async fn registered_servers_tools_join_the_runtime_and_a_model_calls_one() {
 
 #[tokio::test]
 async fn two_agents_using_one_server_share_one_process() {
-    let server = start().await;
-    register_everything(&server).await;
-    let script = McpServers::locate().unwrap().everything().args[0].clone();
-    let before = children_running(&script);
+    let server = start_sandboxed().await;
+    let shown = register_everything(&server).await;
+    let root = u32::try_from(shown["pid"].as_u64().unwrap()).unwrap();
+    let script = super::support::mcp_servers().everything().args[0].clone();
+    let before = descendants_running(root, &script);
     assert_eq!(
         before.len(),
         1,
@@ -182,7 +193,7 @@ async fn two_agents_using_one_server_share_one_process() {
         assert!(echoed, "{body}");
     }
     assert_eq!(
-        children_running(&script),
+        descendants_running(root, &script),
         before,
         "still the same single process"
     );
@@ -190,7 +201,7 @@ async fn two_agents_using_one_server_share_one_process() {
 
 #[tokio::test]
 async fn restart_delete_resources_and_prompts_through_the_api() {
-    let server = start().await;
+    let server = start_sandboxed().await;
     let shown = register_everything(&server).await;
     let first_pid = shown["pid"].as_u64().unwrap();
 
@@ -279,7 +290,7 @@ async fn restart_delete_resources_and_prompts_through_the_api() {
 
 #[tokio::test]
 async fn bad_registrations_are_refused_and_nothing_is_saved() {
-    let server = start().await;
+    let server = start_sandboxed().await;
     let cases = [
         (r#"{"mcpServers": {"a": {}}}"#, 400, "needs \"command\""),
         (
@@ -353,7 +364,7 @@ async fn bad_registrations_are_refused_and_nothing_is_saved() {
 #[tokio::test]
 async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
     let home = tempfile::tempdir().unwrap();
-    let spec = McpServers::locate().unwrap().everything();
+    let spec = super::support::mcp_servers().everything();
     std::fs::write(
         home.path().join("mcp.json"),
         json!({"mcpServers": {"from-file": {"command": spec.program, "args": spec.args}}})
@@ -366,7 +377,12 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
         .unwrap();
     assert_eq!(imported, 1);
     // A new server process (AppState) on the same store starts it by itself.
-    let state = agentry_server::AppState::new(store.clone()).await.unwrap();
+    let state = agentry_server::AppState::with_tools(
+        store.clone(),
+        super::support::sandboxed_mcp(home.path()),
+    )
+    .await
+    .unwrap();
     let status = state
         .mcp
         .wait_ready("from-file", Duration::from_secs(60))
@@ -400,7 +416,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
 
 #[tokio::test]
 async fn secrets_reach_the_server_through_its_environment_only() {
-    let server = start().await;
+    let server = start_sandboxed().await;
     let (status, _) = server
         .post("/v1/env", json!({"name": "MCP_TOKEN", "value": "t0ken"}))
         .await;
@@ -434,19 +450,34 @@ async fn secrets_reach_the_server_through_its_environment_only() {
 
 #[tokio::test]
 async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
+    // About cancellation, not placement: the probe (the venv's Python, a marker file in a
+    // temporary folder) runs on the host, allowed explicitly by `start`, and is registered
+    // through the server's own configuration path rather than over HTTP (which, with host
+    // commands allowed, would need an API key).
     let server = start().await;
-    let python = McpServers::locate().unwrap().python();
+    let python = super::support::mcp_servers().python();
     let folder = tempfile::tempdir().unwrap();
     let marker = folder.path().join("marker");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cancel_probe_server.py");
-    let (status, body) = server
-        .post(
-            "/v1/tools/mcp",
-            json!({"mcpServers": {"probe": {"command": python, "args": [script, marker]}}}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    assert_eq!(body["servers"][0]["state"], "connected", "{body}");
+    let servers =
+        serde_json::from_value(json!({"probe": {"command": python, "args": [script, marker]}}))
+            .unwrap();
+    agentry_server::mcp::save_and_start(&server.state.store, &server.state.mcp, &servers)
+        .await
+        .unwrap();
+    let status = server
+        .state
+        .mcp
+        .wait_ready("probe", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        status.state,
+        agentry_mcp::ServerState::Connected,
+        "{status:?}"
+    );
+    assert!(!status.sandboxed, "{status:?}");
+    server.state.reload_runtime().await.unwrap();
 
     server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
         "probe__wait",
@@ -634,7 +665,7 @@ async fn run_until_elicitation(
 
 #[tokio::test]
 async fn an_mcp_servers_request_for_input_waits_in_the_runs_approvals_until_a_person_answers() {
-    let server = start().await;
+    let server = start_sandboxed().await;
     register_everything(&server).await;
     let tool = "everything__trigger-elicitation-request";
     wait_for_tool(&server, tool).await;
@@ -737,7 +768,7 @@ async fn an_mcp_servers_request_for_input_waits_in_the_runs_approvals_until_a_pe
 
 #[tokio::test]
 async fn a_declined_or_abandoned_request_for_input_lets_the_run_go_on_or_end() {
-    let server = start().await;
+    let server = start_sandboxed().await;
     register_everything(&server).await;
     let tool = "everything__trigger-elicitation-request";
     wait_for_tool(&server, tool).await;

@@ -4,6 +4,7 @@ mod console;
 mod context;
 mod delegation;
 mod groups;
+mod hostcmd;
 mod infer;
 mod mcp_server;
 mod mcp_servers;

@@ -251,9 +251,13 @@ async fn an_edited_call_runs_with_the_edited_arguments() {
 /// A server over the store in `home`, served with start-up recovery until `state.shutdown`.
 async fn serve_on(home: &std::path::Path) -> (String, AppState, tokio::task::JoinHandle<()>) {
     let store = Store::open_home(home).await.unwrap();
-    let state = AppState::with_tools(store, ToolEnvironment::default())
-        .await
-        .unwrap();
+    // About recovery, not about where commands run: the `echo` command tool runs on the host,
+    // allowed explicitly.
+    let tools = ToolEnvironment {
+        allow_host_commands: true,
+        ..ToolEnvironment::default()
+    };
+    let state = AppState::with_tools(store, tools).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let served = state.clone();

@@ -286,7 +286,14 @@ async fn a_run_gets_exactly_the_tools_it_names() {
 #[tokio::test]
 async fn tools_that_run_on_the_host_ask_for_approval_by_default() {
     // The shipped defaults: `slow` is a command tool without a sandbox, so it runs on the host.
-    let server = start_with(|_| ToolEnvironment::default(), |_| {}).await;
+    let server = start_with(
+        |_| ToolEnvironment {
+            allow_host_commands: true,
+            ..ToolEnvironment::default()
+        },
+        |_| {},
+    )
+    .await;
     let (_, tools) = server.get("/v1/tools").await;
     let tool = |name: &str| {
         tools["tools"]

@@ -21,16 +21,59 @@ pub struct Server {
 }
 
 /// A server with a `mock` model (OpenAI protocol) and a `slow` command tool (about 600 ms).
+///
+/// It has no sandbox and allows host commands, so the command tools of these tests run on the
+/// host: the tests using it are about runs, tools and the API, not about where commands run
+/// (that is `hostcmd.rs`, and [`start_sandboxed`] for MCP servers).
 pub async fn start() -> Server {
-    start_with(|_| no_default_approvals(), |_| {}).await
+    start_with(host_commands, |_| {}).await
 }
 
-/// No tool environment, and no approvals by risk class: `slow` is a host command tool, which
-/// would otherwise ask for approval (the defaults have tests of their own).
-pub fn no_default_approvals() -> ToolEnvironment {
+/// No sandbox, host commands allowed, and no approvals by risk class: `slow` is a host command
+/// tool, which would otherwise ask for approval (the defaults have tests of their own).
+pub fn host_commands(_: &std::path::Path) -> ToolEnvironment {
     ToolEnvironment {
+        allow_host_commands: true,
         approval_defaults: agentry_core::tool::ApprovalDefaults::none(),
         ..ToolEnvironment::default()
+    }
+}
+
+/// [`host_commands`], for tests that adjust the state.
+pub fn no_default_approvals() -> ToolEnvironment {
+    host_commands(std::path::Path::new("."))
+}
+/// A server like [`start`] with native sandboxes and host commands not allowed: stdio MCP
+/// servers run each in a sandbox of their own (workspaces under `<home>/mcp-workspaces`), and the
+/// installed test servers are shown read-only inside (`--sandbox-ro-mount`).
+pub async fn start_sandboxed() -> Server {
+    start_with(sandboxed_mcp, |_| {}).await
+}
+
+/// The installed MCP servers, under their canonical path (the path a sandbox shows them at,
+/// with no `..` through folders the sandbox lacks).
+pub fn mcp_servers() -> agentry_testkit::mcp::McpServers {
+    let found = agentry_testkit::mcp::McpServers::locate().unwrap();
+    agentry_testkit::mcp::McpServers::at(std::fs::canonicalize(found.root()).unwrap()).unwrap()
+}
+
+/// Native sandboxes whose template shows the installed MCP servers read-only; stdio MCP
+/// servers' workspaces under `<home>/mcp-workspaces`; host commands not allowed.
+pub fn sandboxed_mcp(home: &std::path::Path) -> ToolEnvironment {
+    let installed = mcp_servers();
+    let backend = agentry_sandbox::backend(SandboxConfig {
+        backend: BackendKind::Native,
+        init_exe: Some(sandbox_init_exe()),
+        ..Default::default()
+    })
+    .expect("the native sandbox backend (user namespaces) on this host");
+    let mut template = SandboxSpec::new(home.join("placeholder"));
+    template.ro_mounts = vec![installed.root().to_path_buf()];
+    ToolEnvironment {
+        sandboxes: Some(SandboxPool::new(backend, template)),
+        sandbox_root: Some(home.join("sandboxes")),
+        mcp_workspaces: Some(home.join("mcp-workspaces")),
+        ..Default::default()
     }
 }
 

@@ -195,8 +195,13 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             let replace = add.replace;
             let agent = add.agent()?;
             agent.check_shape().map_err(api)?;
-            let runtime =
-                store_runtime(&store, &McpManager::new(), &ToolEnvironment::default()).await?;
+            // Only to check the agent's names against the configured tools: nothing runs, so
+            // command tools are built as if host commands were allowed.
+            let names_only = ToolEnvironment {
+                allow_host_commands: true,
+                ..ToolEnvironment::default()
+            };
+            let runtime = store_runtime(&store, &McpManager::new(), &names_only).await?;
             let roots = data.skill_roots()?;
             validate(&store, &runtime, &agent, Some(&roots))
                 .await

@@ -201,7 +201,9 @@ async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Re
     let secrets = agentry_server::models::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
-    let manager = McpManager::new();
+    // `agentry mcp check`: the operator, on their own terminal, asked for this server: it runs
+    // on the host.
+    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
     manager
         .add(name, config, &|secret| secrets.get(secret).cloned())
         .await?;

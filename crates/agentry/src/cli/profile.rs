@@ -270,8 +270,16 @@ impl Profile {
         if let Some(path) = &self.tools_file {
             let http = agentry_llm::http_client(Duration::from_secs(10))?;
             let secrets: Arc<dyn SecretResolver> = Arc::new(EnvSecrets);
+            // The operator's own tools file, named on their own command line: its command tools
+            // run in the sandbox when there is one, and on the host when they say "host": true
+            // or there is no sandbox (the operator asked for them).
             for definition in load_definitions(path)? {
-                builder.tool_arc(definition.build_in(&http, Arc::clone(&secrets), sandboxes)?)?;
+                builder.tool_arc(definition.build_in(
+                    &http,
+                    Arc::clone(&secrets),
+                    sandboxes,
+                    true,
+                )?)?;
             }
         }
         if let Some(store) = store.filter(|_| self.uses_mcp()) {
@@ -316,7 +324,9 @@ async fn mcp_tools(
 /// Starts the saved MCP servers `names` (none: an empty manager) and waits until each is
 /// connected.
 pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result<McpManager> {
-    let manager = McpManager::new();
+    // `agentry run` / `chat`: the operator, on their own terminal, named these servers (saved
+    // in their own data folder with `agentry mcp add` or mcp.json): they run on the host.
+    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
     if names.is_empty() {
         return Ok(manager);
     }

@@ -43,6 +43,16 @@ pub(crate) struct SandboxArgs {
     /// default sandboxes have no network but their own loopback.
     #[arg(long = "sandbox-allow-domain", value_name = "DOMAIN")]
     pub(crate) allow_domains: Vec<String>,
+    /// Show this host folder read-only inside every sandbox, at the same path (repeatable): for
+    /// programs installed outside the system folders, such as a stdio MCP server's virtualenv
+    /// or npm project.
+    #[arg(long = "sandbox-ro-mount", value_name = "PATH")]
+    pub(crate) ro_mounts: Vec<std::path::PathBuf>,
+    /// Let commands run on the host, WITHOUT ISOLATION: command tools and stdio MCP servers that
+    /// say "host": true, and all of them when there is no sandbox. Off by default: those are
+    /// refused. With it, registering a stdio MCP server over HTTP needs an API key.
+    #[arg(long = "allow-host-commands", env = "AGENTRY_ALLOW_HOST_COMMANDS")]
+    pub(crate) allow_host_commands: bool,
 }
 
 impl SandboxArgs {
@@ -54,15 +64,40 @@ impl SandboxArgs {
             NetworkPolicy::allow_list(self.allow_domains.clone())
         };
         network.validate().context("--sandbox-allow-domain")?;
-        environment(self.mode, network, home)
+        for mount in &self.ro_mounts {
+            anyhow::ensure!(
+                mount.is_absolute(),
+                "--sandbox-ro-mount {}: the path must be absolute",
+                mount.display()
+            );
+            anyhow::ensure!(
+                mount.exists(),
+                "--sandbox-ro-mount {}: no such file or folder",
+                mount.display()
+            );
+        }
+        let mut tools = environment_with(self.mode, network, self.ro_mounts.clone(), home)?;
+        tools.allow_host_commands = self.allow_host_commands;
+        Ok(tools)
     }
 }
 
 /// Workspaces under `home/workspaces` and, unless `mode` is off, the sandboxes they run in,
-/// with `network`.
+/// with `network`. Host commands are not allowed.
 pub(crate) fn environment(
     mode: SandboxMode,
     network: NetworkPolicy,
+    home: &Path,
+) -> anyhow::Result<ToolEnvironment> {
+    environment_with(mode, network, Vec::new(), home)
+}
+
+/// [`environment`], with `ro_mounts` shown read-only in every sandbox; sandboxed stdio MCP
+/// servers get their workspaces under `home/mcp-workspaces`.
+fn environment_with(
+    mode: SandboxMode,
+    network: NetworkPolicy,
+    ro_mounts: Vec<std::path::PathBuf>,
     home: &Path,
 ) -> anyhow::Result<ToolEnvironment> {
     {
@@ -97,6 +132,7 @@ pub(crate) fn environment(
                 .context("cannot start the sandbox backend (see `agentry doctor`)")?;
                 let mut template = SandboxSpec::new(&workspaces);
                 template.network = network;
+                template.ro_mounts = ro_mounts;
                 Some(SandboxPool::new(backend, template))
             }
         };
@@ -104,6 +140,7 @@ pub(crate) fn environment(
             workspaces: Some(workspaces),
             sandboxes,
             sandbox_root: Some(home.join("sandboxes")),
+            mcp_workspaces: Some(home.join("mcp-workspaces")),
             ..ToolEnvironment::default()
         })
     }

@@ -96,8 +96,15 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     tools.skill_roots = Some(data.skill_roots()?);
     let sandbox_line = match &tools.sandboxes {
         Some(pool) => format!("sandbox: {:?}", pool.backend().kind()).to_lowercase(),
-        None => "sandbox: off (exec, terminal and command tools are not offered)".to_owned(),
+        None if tools.allow_host_commands => {
+            "sandbox: off (exec and terminal are not offered)".to_owned()
+        }
+        None => "sandbox: off (exec, terminal, command tools and stdio MCP servers are refused)"
+            .to_owned(),
     };
+    if tools.allow_host_commands {
+        eprintln!("{}", host_commands_warning(tools.sandboxes.is_some()));
+    }
     let mut state = AppState::with_tools(store.clone(), tools).await?;
     state.access = agentry_server::access::AccessPolicy {
         allowed_hosts: args.allowed_hosts,
@@ -167,6 +174,21 @@ fn approvals_line(defaults: &agentry_core::tool::ApprovalDefaults) -> String {
             asks.join(", ")
         )
     }
+}
+
+/// The loud notice `--allow-host-commands` gets at start.
+fn host_commands_warning(sandbox: bool) -> String {
+    let which = if sandbox {
+        "command tools and stdio MCP servers that say \"host\": true"
+    } else {
+        "every command tool and stdio MCP server (there is no sandbox)"
+    };
+    let line = "!".repeat(78);
+    format!(
+        "{line}\n!! agentry: --allow-host-commands: {which} run ON THE HOST, as this \n!! \
+         process's user, WITHOUT ISOLATION. Registering a stdio MCP server over HTTP needs an \n!! \
+         API key (agentry keys create).\n{line}"
+    )
 }
 
 /// Whether an Ollama server answers on its default port.

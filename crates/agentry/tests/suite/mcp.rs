@@ -99,7 +99,10 @@ async fn serve_imports_mcp_json_starts_its_servers_and_stops_them_with_itself() 
     use tokio::io::AsyncBufReadExt;
 
     let home = tempfile::tempdir()?;
-    let spec = McpServers::locate()?.everything();
+    // The server runs in a sandbox of its own: the installed servers are shown inside
+    // read-only, at their canonical path.
+    let root = std::fs::canonicalize(McpServers::locate()?.root())?;
+    let spec = McpServers::at(&root)?.everything();
     std::fs::write(
         home.path().join("mcp.json"),
         json!({"mcpServers": {"everything": {"command": spec.program, "args": spec.args}}})
@@ -111,8 +114,11 @@ async fn serve_imports_mcp_json_starts_its_servers_and_stops_them_with_itself() 
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
         .arg("--home")
         .arg(home.path())
-        .args(["serve", &format!("127.0.0.1:{port}")])
+        .args(["serve", &format!("127.0.0.1:{port}"), "--sandbox", "native"])
+        .arg("--sandbox-ro-mount")
+        .arg(&root)
         .env_remove("AGENTRY_DATABASE_URL")
+        .env_remove("AGENTRY_ALLOW_HOST_COMMANDS")
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
         .stdout(std::process::Stdio::piped())
@@ -152,6 +158,7 @@ async fn serve_imports_mcp_json_starts_its_servers_and_stops_them_with_itself() 
         let server = &servers["servers"][0];
         if server["state"] == "connected" {
             assert!(server["tool_count"].as_u64().unwrap_or(0) >= 13, "{server}");
+            assert_eq!(server["sandboxed"], true, "{server}");
             break server["pid"].as_u64().unwrap_or(0);
         }
         anyhow::ensure!(

@@ -191,3 +191,65 @@ async fn a_bad_network_allow_list_stops_serve_at_start() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn allow_host_commands_is_said_loudly_at_start_and_shown_in_the_capabilities() {
+    use tokio::io::AsyncBufReadExt;
+    let home = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args([
+            "serve",
+            &format!("127.0.0.1:{port}"),
+            "--sandbox",
+            "off",
+            "--allow-host-commands",
+        ])
+        .env_remove("AGENTRY_DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    while !said
+        .iter()
+        .any(|line: &String| line.contains("WITHOUT ISOLATION"))
+    {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(20), stderr.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_or_else(|| panic!("serve ended without the notice: {said:?}"));
+        said.push(line);
+    }
+    let notice = said.join("\n");
+    assert!(notice.contains("--allow-host-commands"), "{notice}");
+    assert!(notice.contains("ON THE HOST"), "{notice}");
+    let http = agentry_llm::http_client(std::time::Duration::from_secs(5)).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let capabilities: serde_json::Value = loop {
+        let answer = http
+            .get(format!("http://127.0.0.1:{port}/v1/sandbox/capabilities"))
+            .send()
+            .await;
+        if let Ok(answer) = answer {
+            break answer.json().await.unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serve never answered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(capabilities["allow_host_commands"], true, "{capabilities}");
+    assert_eq!(capabilities["command_tools"], "host", "{capabilities}");
+    child.kill().await.unwrap();
+}
