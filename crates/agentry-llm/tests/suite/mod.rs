@@ -1,5 +1,6 @@
 mod chunking;
 mod fixtures;
+mod redirects;
 mod requests;
 mod retry;
 mod scripted;
