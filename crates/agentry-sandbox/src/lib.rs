@@ -43,7 +43,7 @@ pub use backend::{Backend, LocalBackend, NativeBackend, backend};
 pub use error::{Result, SandboxError};
 pub use policy::{BackendKind, ExecRequest, Limits, NetworkPolicy, SandboxConfig, SandboxSpec};
 pub use pool::{DEFAULT_IDLE_TIMEOUT, SandboxPool};
-pub use proxy::is_public as is_public_address;
+pub use proxy::{AllowList, is_public as is_public_address};
 pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,
     NetworkReport, SandboxReport,
