@@ -38,6 +38,10 @@ pub struct ToolEnvironment {
     /// Where MCP servers' requests for input during a run wait for a person. `None`: they are
     /// declined (`agentry run`); the server always has one ([`AppState::elicitations`]).
     pub elicitations: Option<crate::elicitation::Elicitations>,
+    /// The `fetch` tool's configuration: its network policy (off by default; `agentry serve`
+    /// sets it from `--allow-domain`, `--allow-private` and `--fetch-network`). A saved agent's
+    /// `network` narrows it for its runs.
+    pub fetch: agentry_core::tool::FetchConfig,
 }
 
 /// The server's shared state. Cheap to clone.

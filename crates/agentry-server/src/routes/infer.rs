@@ -261,6 +261,7 @@ pub(crate) async fn prepare(
     let mut fallback_models = Vec::new();
     let mut approvals = body.approvals.take();
     let mut compaction = body.compaction.take();
+    let mut network = Vec::new();
     if let Some(user) = &body.user {
         super::config::check_name("user", user)?;
     }
@@ -273,6 +274,7 @@ pub(crate) async fn prepare(
             .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
         let run = agent.resolve(&state.sessions.runtime())?;
         compaction = compaction.or(run.compaction);
+        network = run.network;
         if body.model_id.is_none() {
             fallback_models = run.fallback_models;
         }
@@ -300,6 +302,7 @@ pub(crate) async fn prepare(
         approvals,
         agent_id: run_agent.clone(),
         compaction,
+        network,
         user: body.user.clone(),
         ..RunRequest::default()
     };

@@ -47,6 +47,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         Some(pool) => format!("sandbox: {:?}", pool.backend().kind()).to_lowercase(),
         None => "sandbox: off (exec, terminal and command tools are not offered)".to_owned(),
     };
+    let fetch_line = super::sandbox::fetch_line(&tools.fetch);
     let mut state = AppState::with_tools(store.clone(), tools).await?;
     state.cors_origins = args.cors_origins;
     state.mcp_expose_tools = args.mcp_expose_tools;
@@ -63,6 +64,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         store.backend().as_str()
     );
     println!("{sandbox_line}");
+    println!("{fetch_line}");
     if imported > 0 {
         println!(
             "mcp: {imported} server(s) imported from {}",
