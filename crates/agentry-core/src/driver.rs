@@ -608,6 +608,7 @@ async fn run_tools(
         tools: state.tools.clone(),
         agent_id: state.agent_id.clone(),
         approvals: state.approvals.clone(),
+        network: state.network.clone(),
     });
     let mut tasks = JoinSet::new();
     for call in calls {
@@ -622,6 +623,7 @@ async fn run_tools(
             cancel: cancel.child_token(),
             caller: Some(Arc::clone(&caller)),
             events: Some(events.clone()),
+            network: state.network.clone(),
         };
         let timeout = limits.tool_timeout;
         let result_limit = limits.result_limit;

@@ -217,6 +217,10 @@ pub struct RunState {
     /// The saved agent the run runs as, if any (tools that reach other agents use it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
+    /// Narrowings of the `fetch` tool's network policy, passed to tools (see
+    /// [`ToolContext::network`](crate::tool::ToolContext::network)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network: Vec<crate::tool::NetworkPolicy>,
     /// When and how the conversation is compacted to fit the model's window (`None`: never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextPolicy>,
@@ -263,6 +267,7 @@ impl RunState {
             approvals: ApprovalPolicy::default(),
             started_at_ms: None,
             agent_id: None,
+            network: Vec::new(),
             context: None,
             compaction: None,
             overflow_retried: false,

@@ -54,6 +54,9 @@ pub enum RunError {
     /// The compaction settings are invalid.
     #[error("invalid compaction settings: {0}")]
     Compaction(String),
+    /// A network policy narrowing the run's `fetch` is invalid.
+    #[error("invalid network policy: {0}")]
+    Network(#[from] crate::tool::NetworkPolicyError),
     /// The run's task ended abnormally (a bug).
     #[error("the run's task failed: {0}")]
     Task(String),
@@ -119,6 +122,10 @@ pub struct RunRequest {
     /// The saved agent the run runs as, if any (`talk_to` refuses to target it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
+    /// Narrowings of the `fetch` tool's network policy for this run (a saved agent's `network`,
+    /// a delegating run's): a host must pass each of them as well as the tool's own policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network: Vec<crate::tool::NetworkPolicy>,
     /// How this run compacts (default: the runtime's settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionSettings>,
@@ -627,6 +634,9 @@ impl Runtime {
         if let Some(settings) = &request.compaction {
             settings.validate().map_err(RunError::Compaction)?;
         }
+        for policy in &request.network {
+            policy.validate()?;
+        }
         state.context = self.context_policy(&state.model, request.compaction.as_ref());
         if let Some(summary_model) = state
             .context
@@ -641,6 +651,7 @@ impl Runtime {
         state.workspace = request.workspace;
         state.fallback_models = request.fallback_models;
         state.agent_id = request.agent_id;
+        state.network = request.network;
         Ok(state)
     }
 }

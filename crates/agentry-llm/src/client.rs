@@ -13,7 +13,7 @@ use agentry_types::{ModelEvent, ModelResponse};
 
 use crate::config::ProviderConfig;
 use crate::decode::{decode_stream, decode_whole};
-use crate::error::LlmError;
+use crate::error::{LlmError, ProviderError};
 use crate::provider::{Protocol, anthropic, error_from_response};
 use crate::request::ModelRequest;
 use crate::transport::{body_chunks, http_client, request_error, until_deadline};
@@ -220,6 +220,13 @@ impl Inner {
         if status.is_success() {
             return Ok(response);
         }
+        if status.is_redirection() {
+            return Err(redirect_error(
+                self.config.protocol,
+                &self.endpoint,
+                &response,
+            ));
+        }
         let headers = response.headers().clone();
         let body = read_body(response, transport.idle_timeout, 64 * 1024)
             .await
@@ -260,6 +267,34 @@ impl Inner {
             _ = tokio::time::sleep(delay) => Ok(()),
         }
     }
+}
+
+/// The error for a 3xx answer: redirects are never followed for model providers (the request
+/// carries the API key), so the error names where the endpoint pointed.
+fn redirect_error(protocol: Protocol, endpoint: &str, response: &reqwest::Response) -> LlmError {
+    let status = response.status().as_u16();
+    let target = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
+    let message = match target {
+        Some(target) => format!(
+            "{endpoint} redirected to {target}; redirects are not followed for model providers \
+             (the API key would go along): set the model's base URL to the final address"
+        ),
+        None => format!(
+            "{endpoint} answered a redirect without a Location; redirects are not followed for \
+             model providers"
+        ),
+    };
+    LlmError::Provider(Box::new(ProviderError::new(
+        protocol.name(),
+        Some(status),
+        None,
+        None,
+        message,
+        "",
+    )))
 }
 
 /// Reads a whole body, up to `limit` bytes, with the idle timeout between chunks.

@@ -93,10 +93,16 @@ impl RetryPolicy {
 }
 
 /// Builds the shared, pooled HTTP client (rustls with the ring provider).
+///
+/// It never follows redirects: model providers and HTTP tools send secrets in headers (an
+/// `x-api-key`, an `authorization`, any configured header), and a redirect would carry them to
+/// wherever the `Location` points. A 3xx comes back as the response, and the caller reports it
+/// as an error naming the target.
 pub fn http_client(connect_timeout: Duration) -> Result<reqwest::Client, LlmError> {
     // The provider is chosen once per process; a second install is a harmless no-op error.
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(90))
         .tcp_nodelay(true)

@@ -47,7 +47,7 @@ pub use policy::{
     SandboxConfig, SandboxSpec,
 };
 pub use pool::{DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SANDBOXES, SandboxPool};
-pub use proxy::is_public as is_public_address;
+pub use proxy::{AllowList, is_public as is_public_address};
 pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,
     NetworkReport, SandboxReport,

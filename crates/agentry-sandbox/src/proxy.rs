@@ -155,17 +155,20 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// A sandbox's allow-list, checked.
+/// A network allow-list, checked: the sandbox proxy's, and the host-side `fetch` tool's (one
+/// syntax and one matching rule for both). Entries are `example.com` (that name exactly),
+/// `*.example.com` (every subdomain, not the name itself) or an IP address written exactly.
 #[derive(Debug, Clone)]
-pub(crate) struct AllowList {
+pub struct AllowList {
     patterns: Vec<Pattern>,
     domains: Vec<String>,
     allow_private: bool,
 }
 
 impl AllowList {
-    /// Checks and normalises the policy's entries.
-    pub(crate) fn new(domains: &[String], allow_private: bool) -> Result<AllowList> {
+    /// Checks and normalises the policy's entries ([`SandboxError::InvalidRequest`] names a bad
+    /// one).
+    pub fn new(domains: &[String], allow_private: bool) -> Result<AllowList> {
         let mut patterns = Vec::new();
         let mut normalised = Vec::new();
         for entry in domains {
@@ -199,13 +202,24 @@ impl AllowList {
         })
     }
 
+    /// Whether `host` (a name or an IP literal, as in a URL; IPv6 in brackets or bare) matches
+    /// an entry. A host that is not a valid name or address matches nothing.
+    pub fn allows_host(&self, host: &str) -> bool {
+        let host = host.trim();
+        let parsed = match parse_ip(host) {
+            Some(ip) => Ok(Host::Ip(ip)),
+            None => Host::parse(host),
+        };
+        parsed.is_ok_and(|host| self.allows(&host))
+    }
+
     /// The entries, normalised.
-    pub(crate) fn domains(&self) -> &[String] {
+    pub fn domains(&self) -> &[String] {
         &self.domains
     }
 
     /// Whether non-public addresses may be reached.
-    pub(crate) fn allow_private(&self) -> bool {
+    pub fn allow_private(&self) -> bool {
         self.allow_private
     }
 
@@ -754,6 +768,12 @@ mod tests {
         assert!(!a.allows(&name("203.0.113.8")));
         assert!(!a.allows(&name("[::ffff:203.0.113.8]")));
         assert!(a.allows(&name("[::ffff:203.0.113.7]")));
+        // The same rules for a host taken from a URL (the `fetch` tool's check).
+        assert!(a.allows_host("Example.com"));
+        assert!(a.allows_host("::1") && a.allows_host("[::1]"));
+        assert!(a.allows_host("files.pypi.org") && a.allows_host("203.0.113.7"));
+        assert!(!a.allows_host("www.example.com") && !a.allows_host("pypi.org"));
+        assert!(!a.allows_host("127.1") && !a.allows_host(""));
         // Numeric names the resolver would read as addresses are no names.
         assert!(Host::parse("127.1").is_err());
         assert!(Host::parse("0x7f.1").is_err());

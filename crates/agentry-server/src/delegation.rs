@@ -173,6 +173,7 @@ impl SubRuns for DelegationHandle {
                             params: run.params,
                             limits: Some(run.limits),
                             approvals: run.approvals,
+                            network: run.network,
                             agent_id: Some(agent.id.clone()),
                             ..RunRequest::default()
                         })

@@ -780,6 +780,7 @@ impl Exchange {
             approvals: run.approvals,
             agent_id: Some(runner.agent.id.clone()),
             compaction: run.compaction,
+            network: run.network,
             user: self.user.clone(),
             memory,
             input: Some(Input::Text { text: input }),

@@ -121,7 +121,10 @@ pub fn builtins(environment: &crate::state::ToolEnvironment) -> Vec<Arc<dyn Tool
     let mut tools = builtin_tools();
     tools.extend(environment.delegation.tools());
     if environment.workspaces.is_some() {
-        tools.extend(workspace_tools(WorkspaceToolsConfig::default()));
+        tools.extend(workspace_tools(WorkspaceToolsConfig {
+            fetch: Some(environment.fetch.clone()),
+            ..WorkspaceToolsConfig::default()
+        }));
         if let Some(sandboxes) = &environment.sandboxes {
             tools.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
         }

@@ -38,6 +38,10 @@ pub struct ToolEnvironment {
     /// Where MCP servers' requests for input during a run wait for a person. `None`: they are
     /// declined (`agentry run`); the server always has one ([`AppState::elicitations`]).
     pub elicitations: Option<crate::elicitation::Elicitations>,
+    /// The `fetch` tool's configuration: its network policy (off by default; `agentry serve`
+    /// sets it from `--allow-domain`, `--allow-private` and `--fetch-network`). A saved agent's
+    /// `network` narrows it for its runs.
+    pub fetch: agentry_core::tool::FetchConfig,
     /// Which tools need a person's approval when a run's own policy does not say (default:
     /// every tool that runs on the host).
     pub approval_defaults: agentry_core::tool::ApprovalDefaults,

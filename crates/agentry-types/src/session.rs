@@ -38,6 +38,10 @@ pub enum SessionEvent {
         /// The run's approval policy (the engine's type, as JSON; null when nothing waits).
         #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
         approvals: serde_json::Value,
+        /// The run's narrowings of the `fetch` tool's network policy (the engine's type, as
+        /// JSON; null when there are none), so that a resumed run keeps them.
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        network: serde_json::Value,
     },
     /// A message given to the model: the user's turn, or a system prompt.
     Message {

@@ -477,6 +477,11 @@ impl SessionManager {
             } else {
                 serde_json::to_value(&state.approvals).unwrap_or_default()
             },
+            network: if state.network.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::to_value(&state.network).unwrap_or_default()
+            },
         }];
         records.extend(
             new_messages
@@ -1029,6 +1034,7 @@ impl SessionManager {
             started_at_ms: None,
             // The log does not record the agent.
             agent_id: None,
+            network: network_of(in_flight),
             // The runtime's compaction settings, and what the log says was compacted.
             context: runtime.context_policy(&in_flight.model, None),
             compaction,
@@ -1098,6 +1104,16 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The approval policy a run recorded when it started.
+/// The run's network narrowings, as recorded. A record that does not read fails closed: fetch
+/// is off for the resumed run.
+fn network_of(in_flight: &InFlight) -> Vec<crate::tool::NetworkPolicy> {
+    if in_flight.network.is_null() {
+        return Vec::new();
+    }
+    serde_json::from_value(in_flight.network.clone())
+        .unwrap_or_else(|_| vec![crate::tool::NetworkPolicy::Off])
+}
+
 fn policy_of(in_flight: &InFlight) -> ApprovalPolicy {
     if in_flight.approvals.is_null() {
         return ApprovalPolicy::default();

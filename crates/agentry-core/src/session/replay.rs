@@ -64,6 +64,8 @@ pub struct InFlight {
     pub answered: bool,
     /// Its approval policy, as recorded (null when nothing waits).
     pub approvals: serde_json::Value,
+    /// Its network narrowings, as recorded (null when there are none).
+    pub network: serde_json::Value,
     /// The calls of the current round waiting for (or given) a decision; empty unless the run
     /// waits for approvals.
     pub approval_requests: Vec<PendingApproval>,
@@ -109,6 +111,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 limits,
                 fallback_models,
                 approvals,
+                network,
             } => {
                 replay.runs += 1;
                 intents.clear();
@@ -128,6 +131,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                     pending: Vec::new(),
                     answered: false,
                     approvals: approvals.clone(),
+                    network: network.clone(),
                     approval_requests: Vec::new(),
                     decisions: BTreeMap::new(),
                     unanswered: Vec::new(),
@@ -296,6 +300,7 @@ mod tests {
             limits: json!(null),
             fallback_models: Vec::new(),
             approvals: json!(null),
+            network: json!(null),
         }
     }
 

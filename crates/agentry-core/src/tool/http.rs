@@ -5,6 +5,10 @@
 //! is the result (JSON when the response says so, text otherwise), read in chunks and cut at a
 //! byte cap; any other status is a failure quoting the start of the body.
 //!
+//! Redirects are never followed (the client from `agentry_llm::http_client` follows none, and the
+//! tool must be given such a client): a 3xx is a failure naming its target, so the configured
+//! headers and secrets reach only the configured URL.
+//!
 //! Secret values never appear in errors, results or logs: errors name a secret, never its value,
 //! header values holding secrets are marked sensitive, and any occurrence of a secret's value in
 //! a response (an endpoint echoing headers back) is replaced by `[redacted]`.
@@ -17,7 +21,7 @@ use std::time::Duration;
 use agentry_types::ToolSpec;
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
 use serde_json::Value;
 
 use super::registry::{TOOL_NAME_RULE, is_valid_tool_name};
@@ -263,6 +267,26 @@ impl Endpoint {
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
             .is_some_and(is_json_media_type);
+        if status.is_redirection() {
+            // Never followed: the request carries the tool's headers, secrets among them, and
+            // they go only to the configured URL.
+            let target = response
+                .headers()
+                .get(LOCATION)
+                .map(|location| String::from_utf8_lossy(location.as_bytes()).into_owned());
+            let message = match target {
+                Some(target) => format!(
+                    "the endpoint answered HTTP {status}, a redirect to {target}; HTTP tools do \
+                     not follow redirects (their headers would go along): configure the tool \
+                     with the final URL"
+                ),
+                None => format!(
+                    "the endpoint answered HTTP {status}, a redirect without a Location; HTTP \
+                     tools do not follow redirects"
+                ),
+            };
+            return Err(ToolError::Failed(self.redact(message)));
+        }
         if !status.is_success() {
             let snippet = match read_capped(&mut response, ERROR_SNIPPET_BYTES).await {
                 Ok((bytes, truncated)) => {

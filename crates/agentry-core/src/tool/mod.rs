@@ -32,6 +32,10 @@ pub struct ToolContext {
     /// The calling run's event stream, for live progress a tool reports (a sub-run's events as
     /// [`RunEvent::Nested`](agentry_types::RunEvent::Nested)). `None` outside a run.
     pub events: Option<crate::driver::EventSink>,
+    /// Narrowings of the `fetch` tool's network policy for this run (the saved agent's
+    /// `network`, a delegating run's): a host must pass each of them as well as the tool's own
+    /// policy. Empty: the tool's policy alone.
+    pub network: Vec<NetworkPolicy>,
 }
 
 /// The run a tool call belongs to.
@@ -50,6 +54,9 @@ pub struct CallerInfo {
     /// Which of its tool calls wait for a person's approval: a sub-agent given its tools is held
     /// to the same policy.
     pub approvals: crate::approval::ApprovalPolicy,
+    /// Its narrowings of the `fetch` tool's network policy: a sub-agent given its tools is held
+    /// to them too.
+    pub network: Vec<NetworkPolicy>,
 }
 
 impl ToolContext {
@@ -62,6 +69,7 @@ impl ToolContext {
             cancel: CancellationToken::new(),
             caller: None,
             events: None,
+            network: Vec::new(),
         }
     }
 
@@ -210,4 +218,7 @@ pub use registry::{
 pub use result::{DEFAULT_RESULT_LIMIT, ResultFormat, format_output, result_for_model};
 pub use risk::{ApprovalDefaults, RiskClass, ToolRisk};
 pub use shell::{ShellToolsConfig, shell_tools};
-pub use workspace::{FetchConfig, NetworkPolicy, WorkspaceToolsConfig, workspace_tools};
+pub use workspace::{
+    FetchConfig, MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError, WorkspaceToolsConfig,
+    workspace_tools,
+};

@@ -363,6 +363,7 @@ pub(crate) async fn crashed_session_with(
                 limits: serde_json::to_value(limits()).unwrap(),
                 fallback_models: Vec::new(),
                 approvals: approvals.clone(),
+                network: json!(null),
             },
             SessionEvent::Message {
                 run_id,

@@ -1024,6 +1024,54 @@ async fn http_tool_posts_arguments_with_the_secret_header_and_parses_json() {
     assert_eq!(received.api_keys, [Some(SECRET_VALUE.to_owned())]);
 }
 
+/// A server whose every POST answers `307 Temporary Redirect` to `target`.
+async fn redirect_server(target: String) -> String {
+    use axum::Router;
+    use axum::http::StatusCode;
+    use axum::http::header::LOCATION;
+    use axum::routing::post;
+
+    let app = Router::new().route(
+        "/moved",
+        post(move || {
+            let target = target.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [(LOCATION, target)]) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}/moved")
+}
+
+#[tokio::test]
+async fn http_tool_does_not_follow_a_redirect_with_its_secret_header() {
+    // The second server records every request's `x-api-key`; the first redirects to it.
+    let second = start_server().await;
+    let target = format!("{}/echo", second.base);
+    let first = redirect_server(target.clone()).await;
+    let tool = http_tool(http_config("moved", first));
+
+    let error = invoke_one(tool, json!({"city": "Paris"}))
+        .await
+        .unwrap_err();
+    let ToolError::Failed(message) = &error else {
+        panic!("expected Failed, got {error:?}");
+    };
+    assert!(message.contains("HTTP 307"), "{message}");
+    assert!(
+        message.contains(&format!("redirect to {target}")),
+        "{message}"
+    );
+    assert!(message.contains("do not follow redirects"), "{message}");
+    let received = second.received.lock().unwrap();
+    assert!(
+        received.api_keys.is_empty() && received.bodies.is_empty(),
+        "the redirect target was reached: {:?}",
+        received.api_keys
+    );
+}
+
 #[tokio::test]
 async fn http_tool_returns_text_bodies_as_text() {
     let server = start_server().await;

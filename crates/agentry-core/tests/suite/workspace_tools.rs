@@ -5,6 +5,8 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentry_core::RunRequest;
@@ -56,7 +58,18 @@ impl Fixture {
     }
 
     async fn call(&self, name: &str, arguments: Value) -> Result<ToolOutput, ToolError> {
-        let context = ToolContext::detached("call").with_workspace(&self.workspace);
+        self.call_narrowed(name, arguments, Vec::new()).await
+    }
+
+    /// A call in a run whose `fetch` is narrowed by `network` (an agent's setting).
+    async fn call_narrowed(
+        &self,
+        name: &str,
+        arguments: Value,
+        network: Vec<NetworkPolicy>,
+    ) -> Result<ToolOutput, ToolError> {
+        let mut context = ToolContext::detached("call").with_workspace(&self.workspace);
+        context.network = network;
         self.registry
             .invoke(name, arguments, context, TIMEOUT)
             .await
@@ -664,13 +677,17 @@ async fn nul_bytes_and_a_missing_workspace_are_refused() -> Result<()> {
     Ok(())
 }
 
-/// A local HTTP server with an HTML page, a large text body and redirects.
-async fn web_server() -> Result<String> {
+/// A local HTTP server on `ip` with an HTML page, a large text body and redirects
+/// (`/redirect?to=URL` answers `302` to any URL); every request is counted.
+async fn web_server_on(ip: &str) -> Result<(String, Arc<AtomicUsize>)> {
     use axum::Router;
+    use axum::extract::Query;
     use axum::http::header::{CONTENT_TYPE, LOCATION};
     use axum::http::{HeaderMap, StatusCode};
     use axum::routing::get;
 
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&hits);
     let app = Router::new()
         .route(
             "/page",
@@ -707,17 +724,47 @@ async fn web_server() -> Result<String> {
         .route(
             "/to-page",
             get(|| async { (StatusCode::FOUND, [(LOCATION, "/page")]) }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        )
+        .route(
+            "/redirect",
+            get(
+                |Query(query): Query<std::collections::HashMap<String, String>>| async move {
+                    let to = query.get("to").cloned().unwrap_or_default();
+                    (StatusCode::FOUND, [(LOCATION, to)])
+                },
+            ),
+        )
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                next.run(request)
+            },
+        ));
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
     let address = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(format!("http://{address}"))
+    Ok((format!("http://{address}"), hits))
+}
+
+/// [`web_server_on`] loopback's usual address.
+async fn web_server() -> Result<String> {
+    Ok(web_server_on("127.0.0.1").await?.0)
 }
 
 fn fetch_fixture(policy: NetworkPolicy, max_bytes: usize) -> Result<Fixture> {
+    fetch_fixture_with(policy, Vec::new(), max_bytes)
+}
+
+/// `fetch` under `policy`, the hosts `private_hosts` reachable at non-public addresses.
+fn fetch_fixture_with(
+    policy: NetworkPolicy,
+    private_hosts: Vec<String>,
+    max_bytes: usize,
+) -> Result<Fixture> {
     Fixture::with_config(WorkspaceToolsConfig {
         fetch: Some(FetchConfig {
             policy,
+            private_hosts,
             max_bytes,
             ..FetchConfig::default()
         }),
@@ -728,7 +775,12 @@ fn fetch_fixture(policy: NetworkPolicy, max_bytes: usize) -> Result<Fixture> {
 #[tokio::test]
 async fn fetch_reduces_html_to_text_under_an_allow_list() -> Result<()> {
     let base = web_server().await?;
-    let fixture = fetch_fixture(NetworkPolicy::Allow(vec!["127.0.0.1".into()]), 1000)?;
+    // The test server is on loopback: the operator names it as a private host.
+    let fixture = fetch_fixture_with(
+        NetworkPolicy::Allow(vec!["127.0.0.1".into()]),
+        vec!["127.0.0.1".into()],
+        1000,
+    )?;
 
     let page = fixture
         .text("fetch", json!({"url": format!("{base}/page")}))
@@ -769,7 +821,10 @@ async fn fetch_reduces_html_to_text_under_an_allow_list() -> Result<()> {
     let hop = fixture
         .error("fetch", json!({"url": format!("{base}/to-localhost")}))
         .await?;
-    assert!(message(&hop).contains("localhost is not on"), "{hop}");
+    assert!(
+        message(&hop).contains("localhost is not on the server's network allow-list"),
+        "{hop}"
+    );
 
     let scheme = fixture
         .error("fetch", json!({"url": "file:///etc/passwd"}))
@@ -782,41 +837,106 @@ async fn fetch_reduces_html_to_text_under_an_allow_list() -> Result<()> {
 }
 
 #[tokio::test]
-async fn fetch_refuses_loopback_unless_allowed() -> Result<()> {
+async fn fetch_is_off_by_default_and_says_how_to_turn_it_on() -> Result<()> {
+    let base = web_server().await?;
+    assert_eq!(FetchConfig::default().policy, NetworkPolicy::Off);
+    let fixture = Fixture::new()?;
+    for url in [format!("{base}/page"), "https://example.com/".to_owned()] {
+        let error = fixture.error("fetch", json!({"url": url})).await?;
+        let text = message(&error);
+        assert!(text.contains("refused: fetching is off"), "{url}: {text}");
+        assert!(
+            text.contains("--allow-domain") && text.contains("--fetch-network public"),
+            "the refusal names the settings: {text}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn fetch_refuses_loopback_private_and_link_local_addresses() -> Result<()> {
     let base = web_server().await?;
     let port = base.rsplit(':').next().context("a port")?.to_owned();
-
-    let public = fetch_fixture(NetworkPolicy::default(), 1000)?;
-    for url in [
-        format!("{base}/page"),
-        format!("http://localhost:{port}/page"),
-        format!("http://[::1]:{port}/page"),
+    let targets = [
+        format!("http://127.0.0.1:{port}/page"),
+        "http://10.0.0.1/".to_owned(),
         "http://169.254.169.254/latest/meta-data/".to_owned(),
-    ] {
-        let error = public.error("fetch", json!({"url": url})).await?;
-        assert!(message(&error).contains("refused"), "{url}: {error}");
+        format!("http://[::1]:{port}/page"),
+    ];
+    // Public hosts only; and an allow-list that names each of these hosts, without naming any
+    // as a private host.
+    let listed = NetworkPolicy::Allow(vec![
+        "127.0.0.1".into(),
+        "10.0.0.1".into(),
+        "169.254.169.254".into(),
+        "::1".into(),
+        "localhost".into(),
+    ]);
+    for policy in [NetworkPolicy::Public, listed] {
+        let fixture = fetch_fixture(policy.clone(), 1000)?;
+        for url in &targets {
+            let started = std::time::Instant::now();
+            let error = fixture.error("fetch", json!({"url": url})).await?;
+            let text = message(&error);
+            assert!(
+                text.starts_with("refused:")
+                    && text.contains("loopback, private or link-local address")
+                    && text.contains("--allow-private"),
+                "{policy:?} {url}: {text}"
+            );
+            // Refused before any connection is tried (10.0.0.1 would hang).
+            assert!(started.elapsed() < Duration::from_secs(2), "{url}");
+        }
+        // A name is refused after resolving: it resolves only to loopback here.
+        let error = fixture
+            .error(
+                "fetch",
+                json!({"url": format!("http://localhost:{port}/page")}),
+            )
+            .await?;
+        assert!(message(&error).contains("refused"), "{policy:?}: {error}");
     }
-
-    let listed = fetch_fixture(NetworkPolicy::Allow(vec!["example.com".into()]), 1000)?;
+    let listed = fetch_fixture(NetworkPolicy::Allow(vec!["localhost".into()]), 1000)?;
     let error = listed
-        .error("fetch", json!({"url": format!("{base}/page")}))
+        .error(
+            "fetch",
+            json!({"url": format!("http://localhost:{port}/page")}),
+        )
         .await?;
     assert!(
-        message(&error).contains("not on the network policy's allow-list"),
-        "{error}"
+        message(&error).contains("refused: localhost is a loopback, private or link-local"),
+        "a listed name at a loopback address is refused: {error}"
     );
 
-    let off = fetch_fixture(NetworkPolicy::Off, 1000)?;
-    let error = off
-        .error("fetch", json!({"url": format!("{base}/page")}))
+    // Private access is per host: the host named is reachable, its neighbours are not.
+    let one = fetch_fixture_with(NetworkPolicy::Public, vec!["127.0.0.1".into()], 1000)?;
+    let page = one
+        .text("fetch", json!({"url": format!("{base}/page")}))
         .await?;
-    assert!(message(&error).contains("turned off"), "{error}");
+    assert!(page.contains("Greetings"), "{page}");
+    for url in [
+        "http://10.0.0.1/".to_owned(),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        format!("http://localhost:{port}/page"),
+    ] {
+        let error = one.error("fetch", json!({"url": url})).await?;
+        assert!(message(&error).starts_with("refused:"), "{url}: {error}");
+    }
 
     let any = fetch_fixture(NetworkPolicy::Any, 1000)?;
     let page = any
         .text("fetch", json!({"url": format!("{base}/page")}))
         .await?;
     assert!(page.contains("Greetings"), "{page}");
+
+    let off_list = fetch_fixture(NetworkPolicy::Allow(vec!["example.com".into()]), 1000)?;
+    let error = off_list
+        .error("fetch", json!({"url": format!("{base}/page")}))
+        .await?;
+    assert!(
+        message(&error).contains("127.0.0.1 is not on the server's network allow-list"),
+        "{error}"
+    );
 
     // The policy is configuration: it reads and writes as JSON.
     let policy: NetworkPolicy = serde_json::from_value(json!({"allow": ["example.com"]}))?;
@@ -825,6 +945,114 @@ async fn fetch_refuses_loopback_unless_allowed() -> Result<()> {
         serde_json::from_value::<NetworkPolicy>(json!("off"))?,
         NetworkPolicy::Off
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn fetch_refuses_a_redirect_to_a_private_address() -> Result<()> {
+    // The first hop is a server at 127.0.0.2, the one private host the operator names; the
+    // redirect targets are a second server at 127.0.0.1 (counting its requests), the cloud
+    // metadata address and a name resolving to loopback.
+    let (first, _) = web_server_on("127.0.0.2").await?;
+    let (second, second_hits) = web_server_on("127.0.0.1").await?;
+    let port = second.rsplit(':').next().context("a port")?.to_owned();
+    let targets = [
+        format!("{second}/page"),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        format!("http://localhost:{port}/page"),
+    ];
+    let listed = NetworkPolicy::Allow(vec![
+        "127.0.0.2".into(),
+        "127.0.0.1".into(),
+        "169.254.169.254".into(),
+        "localhost".into(),
+    ]);
+    for policy in [NetworkPolicy::Public, listed] {
+        let fixture = fetch_fixture_with(policy.clone(), vec!["127.0.0.2".into()], 1000)?;
+        // The first hop itself is allowed, and so is a redirect that stays on it.
+        let page = fixture
+            .text("fetch", json!({"url": format!("{first}/to-page")}))
+            .await?;
+        assert!(page.contains("Greetings"), "{policy:?}: {page}");
+        for target in &targets {
+            let url = format!("{first}/redirect?to={target}");
+            let error = fixture.error("fetch", json!({"url": url})).await?;
+            let text = message(&error);
+            assert!(
+                text.contains(&format!("redirected to {target}"))
+                    && text.contains("refused:")
+                    && text.contains("loopback, private or link-local"),
+                "{policy:?} {target}: {text}"
+            );
+        }
+    }
+    assert_eq!(
+        second_hits.load(Ordering::SeqCst),
+        0,
+        "no redirect reached the second server"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_runs_network_setting_narrows_fetch_and_never_widens_it() -> Result<()> {
+    let base = web_server().await?;
+    let page = json!({"url": format!("{base}/page")});
+    let fixture = fetch_fixture_with(
+        NetworkPolicy::Allow(vec!["127.0.0.1".into(), "example.com".into()]),
+        vec!["127.0.0.1".into()],
+        1000,
+    )?;
+    // Allowed by the operator and by the agent.
+    let output = fixture
+        .call_narrowed(
+            "fetch",
+            page.clone(),
+            vec![NetworkPolicy::Allow(vec!["127.0.0.1".into()])],
+        )
+        .await?;
+    assert!(text_of(&output).contains("Greetings"));
+
+    let cases = [
+        (
+            NetworkPolicy::Allow(vec!["docs.rs".into()]),
+            "127.0.0.1 is not on this agent's network allow-list",
+        ),
+        (NetworkPolicy::Off, "fetching is off for this agent"),
+        // Public addresses only: the operator's private host is not.
+        (NetworkPolicy::Public, "loopback, private or link-local"),
+    ];
+    for (narrowing, expected) in cases {
+        let error = fixture
+            .call_narrowed("fetch", page.clone(), vec![narrowing.clone()])
+            .await
+            .err()
+            .with_context(|| format!("{narrowing:?} should refuse"))?;
+        assert!(message(&error).contains(expected), "{narrowing:?}: {error}");
+    }
+
+    // An agent cannot widen: `any` over an operator's allow-list is still that list, and over
+    // fetching turned off is still off.
+    let error = fixture
+        .call_narrowed(
+            "fetch",
+            json!({"url": "http://10.0.0.1/"}),
+            vec![NetworkPolicy::Any],
+        )
+        .await
+        .err()
+        .context("10.0.0.1 is not on the operator's list")?;
+    assert!(
+        message(&error).contains("not on the server's network allow-list"),
+        "{error}"
+    );
+    let off = Fixture::new()?;
+    let error = off
+        .call_narrowed("fetch", page, vec![NetworkPolicy::Any])
+        .await
+        .err()
+        .context("fetch is off")?;
+    assert!(message(&error).contains("fetching is off"), "{error}");
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 mod config;
 mod everything;
+mod redirects;
 mod servers;
 mod supervision;
 mod support;

@@ -94,6 +94,12 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub compaction: Option<agentry_core::context::CompactionSettings>,
+    /// Narrows the `fetch` tool's network policy for its runs (never widens the server's):
+    /// `"off"`, or `{"allow": ["docs.rs", "*.python.org"]}` (a host must be on this list and
+    /// allowed by the server), or `"public"` (public addresses only). Default: the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub network: Option<agentry_core::tool::NetworkPolicy>,
 }
 
 /// The limits of an agent's runs. A run that reaches one stops with a clear stop reason:
@@ -138,6 +144,8 @@ pub struct AgentRun {
     pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
     /// How its runs compact their context.
     pub compaction: Option<agentry_core::context::CompactionSettings>,
+    /// Its narrowing of the `fetch` tool's network policy (none: the server's policy).
+    pub network: Vec<agentry_core::tool::NetworkPolicy>,
 }
 
 /// Most fallback models, skills and MCP servers one agent may name.
@@ -234,6 +242,11 @@ impl AgentConfig {
             approvals
                 .validate()
                 .map_err(|error| ApiError::bad_request(format!("`approvals`: {error}")))?;
+        }
+        if let Some(network) = &self.network {
+            network
+                .validate()
+                .map_err(|error| ApiError::bad_request(format!("`network`: {error}")))?;
         }
         if let Some(limits) = &self.limits {
             if let (Some(old), Some(new)) = (self.max_tool_rounds, limits.max_tool_rounds)
@@ -354,6 +367,7 @@ impl AgentConfig {
             params: self.params.clone(),
             approvals: self.approvals.clone(),
             compaction: self.compaction.clone(),
+            network: self.network.iter().cloned().collect(),
         })
     }
 }

@@ -264,6 +264,7 @@ pub(crate) async fn prepare(
     let mut fallback_models = Vec::new();
     let mut approvals = body.approvals.take();
     let mut compaction = body.compaction.take();
+    let mut network = Vec::new();
     if let Some(user) = &body.user {
         super::config::check_name("user", user)?;
     }
@@ -279,6 +280,7 @@ pub(crate) async fn prepare(
             state.tools.skill_roots.as_deref(),
         )?;
         compaction = compaction.or(run.compaction);
+        network = run.network;
         if body.model_id.is_none() {
             fallback_models = run.fallback_models;
         }
@@ -306,6 +308,7 @@ pub(crate) async fn prepare(
         approvals,
         agent_id: run_agent.clone(),
         compaction,
+        network,
         user: body.user.clone(),
         ..RunRequest::default()
     };

@@ -531,3 +531,95 @@ async fn skill_folders_outside_the_skill_roots_are_refused() {
         .await;
     assert_eq!(status, 201, "{body}");
 }
+
+/// A page on loopback, for `fetch`.
+async fn page_server() -> String {
+    let app = axum::Router::new().route(
+        "/page",
+        axum::routing::get(|| async { "hello from the page" }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}/page")
+}
+
+#[tokio::test]
+async fn an_agents_network_setting_narrows_fetch() {
+    use agentry_core::tool::{FetchConfig, NetworkPolicy};
+    // The operator lets `fetch` reach the test server (on loopback, so named as a private host).
+    let server = super::support::start_with(
+        |home| agentry_server::ToolEnvironment {
+            workspaces: Some(home.join("workspaces")),
+            fetch: FetchConfig {
+                policy: NetworkPolicy::Allow(vec!["127.0.0.1".into()]),
+                private_hosts: vec!["127.0.0.1".into()],
+                ..FetchConfig::default()
+            },
+            ..Default::default()
+        },
+        |_| {},
+    )
+    .await;
+    let url = page_server().await;
+
+    // A bad setting is refused with the field named.
+    for (network, needle) in [
+        (json!({"allow": ["exa mple.com"]}), "`network`"),
+        (json!({"allow": ["a.*.b"]}), "a.*.b"),
+        (json!("sometimes"), "unknown variant"),
+    ] {
+        let agent = json!({"id": "bad", "model_id": "mock", "network": network});
+        let (status, body) = server.post("/v1/agents", agent).await;
+        assert_eq!(status, 400, "{network}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(needle),
+            "{network}: {body}"
+        );
+    }
+
+    for (id, network) in [
+        ("open", None),
+        ("narrow", Some(json!({"allow": ["docs.rs"]}))),
+        ("offline", Some(json!("off"))),
+    ] {
+        let mut agent = json!({"id": id, "model_id": "mock", "tool_ids": ["fetch"]});
+        if let Some(network) = &network {
+            agent["network"] = network.clone();
+        }
+        let (status, body) = server.post("/v1/agents", agent).await;
+        assert!(status == 200 || status == 201, "{id}: {body}");
+        let (_, read) = server.get(&format!("/v1/agents/{id}")).await;
+        assert_eq!(read.get("network"), network.as_ref(), "{id}: {read}");
+    }
+
+    for (id, expected) in [
+        ("open", "hello from the page"),
+        (
+            "narrow",
+            "127.0.0.1 is not on this agent's network allow-list",
+        ),
+        ("offline", "fetching is off for this agent"),
+    ] {
+        server.mock.clear_queue();
+        let before = server.mock.request_count();
+        server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+            "fetch",
+            json!({"url": url}),
+        )));
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("done")));
+        let (status, body) = server
+            .post(
+                "/v1/infer",
+                json!({"agent_id": id, "text": "read the page"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{id}: {body}");
+        let requests = server.mock.requests();
+        assert_eq!(requests.len(), before + 2, "{id}");
+        let result = requests[before + 1].body.to_string();
+        assert!(result.contains(expected), "{id}: {result}");
+    }
+}

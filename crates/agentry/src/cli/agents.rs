@@ -154,6 +154,8 @@ impl AddArgs {
                     summary_model: Some(model),
                     ..Default::default()
                 }),
+            // A narrower network is set in an agent file (`--file`).
+            network: None,
         })
     }
 }
@@ -285,14 +287,11 @@ pub(crate) async fn session_manager(
     store: &Store,
     agent: &AgentConfig,
     sandbox: Option<SandboxMode>,
+    network: &super::sandbox::NetworkArgs,
     data: &DataArgs,
     elicitations: Option<&Elicitations>,
 ) -> anyhow::Result<(SessionManager, AgentRun)> {
-    let mut environment = super::sandbox::environment(
-        sandbox_mode(agent, sandbox),
-        agentry_sandbox::NetworkPolicy::Off,
-        &data.home()?,
-    )?;
+    let mut environment = network.environment(sandbox_mode(agent, sandbox), &data.home()?)?;
     environment.elicitations = elicitations.cloned();
     let (runtime, run) = runtime(store, agent, &environment).await?;
     let manager = SessionManager::new(runtime, Arc::new(StoreLog::new(store.clone())));
@@ -321,6 +320,7 @@ pub(crate) fn request(run: &AgentRun, text: &str) -> RunRequest {
         params: run.params.clone(),
         limits: Some(run.limits.clone()),
         approvals: run.approvals.clone(),
+        network: run.network.clone(),
         ..RunRequest::text(text)
     }
 }

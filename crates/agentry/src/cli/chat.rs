@@ -130,6 +130,7 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
                 &store,
                 &agent,
                 args.profile.sandbox,
+                &args.profile.network,
                 data,
                 Some(&elicitations),
             )

@@ -94,6 +94,10 @@ pub(crate) struct Profile {
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) sandbox: Option<super::sandbox::SandboxMode>,
+    /// The network of a saved session's sandbox and of `fetch`.
+    #[command(flatten)]
+    #[serde(default, flatten)]
+    pub(crate) network: super::sandbox::NetworkArgs,
 }
 
 fn parse_protocol(value: &str) -> Result<Protocol, String> {
@@ -131,6 +135,7 @@ impl Profile {
             max_rounds: self.max_rounds.or(saved.max_rounds),
             timeout_secs: self.timeout_secs.or(saved.timeout_secs),
             sandbox: self.sandbox.or(saved.sandbox),
+            network: self.network.over(saved.network),
         }
     }
 
@@ -246,8 +251,11 @@ impl Profile {
         builder.model("default", client);
         let mut available = builtin_tools();
         let sandboxes = environment.and_then(|environment| environment.sandboxes.as_ref());
-        if environment.is_some_and(|environment| environment.workspaces.is_some()) {
-            available.extend(workspace_tools(WorkspaceToolsConfig::default()));
+        if let Some(environment) = environment.filter(|e| e.workspaces.is_some()) {
+            available.extend(workspace_tools(WorkspaceToolsConfig {
+                fetch: Some(environment.fetch.clone()),
+                ..WorkspaceToolsConfig::default()
+            }));
             if let Some(sandboxes) = sandboxes {
                 available.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
             }

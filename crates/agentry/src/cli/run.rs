@@ -102,8 +102,15 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         let (runtime, run) = agents::runtime(&store, &agent, &ToolEnvironment::default()).await?;
         runtime.stream(agents::request(&run, &args.prompt))?
     } else {
-        let (manager, run) =
-            agents::session_manager(&store, &agent, args.profile.sandbox, data, None).await?;
+        let (manager, run) = agents::session_manager(
+            &store,
+            &agent,
+            args.profile.sandbox,
+            &args.profile.network,
+            data,
+            None,
+        )
+        .await?;
         let (session, _) = open_session(
             &store,
             args.session,

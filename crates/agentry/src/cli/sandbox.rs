@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use agentry_core::tool::{FetchConfig, NetworkPolicy as FetchPolicy};
 use agentry_sandbox::{
     BackendKind, Capabilities, NetworkPolicy, SandboxConfig, SandboxPool, SandboxSpec, backend,
 };
@@ -31,18 +32,124 @@ pub(crate) enum SandboxMode {
     Off,
 }
 
-/// The `--sandbox` flag.
+/// What the host-side `fetch` tool may reach (`--fetch-network`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum FetchNetwork {
+    /// The `--allow-domain` hosts, as for sandboxes; off when none is given.
+    #[default]
+    AllowList,
+    /// Nothing: `fetch` refuses every URL.
+    Off,
+    /// Any host at a public address (the `--allow-domain` hosts also at private ones with
+    /// `--allow-private`).
+    Public,
+}
+
+/// One network policy for sessions' sandboxes and the host-side `fetch` tool (serve, run, chat).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Serialize, Deserialize)]
+pub(crate) struct NetworkArgs {
+    /// Let the sessions' sandboxes (through Agentry's filtering proxy) and the `fetch` tool reach
+    /// this host (repeatable): `example.com` exactly, `*.example.com` for its subdomains, or an
+    /// IP address. Everything else stays unreachable; without any, sandboxes have no network but
+    /// their own loopback and `fetch` is off.
+    #[arg(
+        long = "allow-domain",
+        visible_alias = "sandbox-allow-domain",
+        value_name = "DOMAIN"
+    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) allow_domains: Vec<String>,
+    /// Let the `--allow-domain` hosts be at loopback, private or link-local addresses (intranet
+    /// services, local development). Off by default, so an allowed name cannot be pointed at
+    /// this host, its network or a cloud metadata endpoint.
+    #[arg(long, requires = "allow_domains")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) allow_private: bool,
+    /// What `fetch` (which runs on this host) may reach: allow-list (the `--allow-domain`
+    /// hosts; off when there are none), off, or public (any host at a public address)
+    /// [default: allow-list].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) fetch_network: Option<FetchNetwork>,
+}
+
+impl NetworkArgs {
+    /// These flags over saved ones (a session's): flags given win.
+    pub(crate) fn over(self, saved: NetworkArgs) -> NetworkArgs {
+        if self.allow_domains.is_empty() {
+            NetworkArgs {
+                allow_domains: saved.allow_domains,
+                allow_private: saved.allow_private,
+                fetch_network: self.fetch_network.or(saved.fetch_network),
+            }
+        } else {
+            NetworkArgs {
+                fetch_network: self.fetch_network.or(saved.fetch_network),
+                ..self
+            }
+        }
+    }
+
+    /// The sandboxes' network policy, checked.
+    pub(crate) fn sandbox_policy(&self) -> anyhow::Result<NetworkPolicy> {
+        let network = if self.allow_domains.is_empty() {
+            NetworkPolicy::Off
+        } else {
+            NetworkPolicy::AllowList {
+                domains: self.allow_domains.clone(),
+                allow_private: self.allow_private,
+            }
+        };
+        network.validate().context("--allow-domain")?;
+        Ok(network)
+    }
+
+    /// The `fetch` tool's configuration, checked.
+    pub(crate) fn fetch_config(&self) -> anyhow::Result<FetchConfig> {
+        let policy = match self.fetch_network.unwrap_or_default() {
+            FetchNetwork::Off => FetchPolicy::Off,
+            FetchNetwork::AllowList if self.allow_domains.is_empty() => FetchPolicy::Off,
+            FetchNetwork::AllowList => FetchPolicy::Allow(self.allow_domains.clone()),
+            FetchNetwork::Public => FetchPolicy::Public,
+        };
+        let config = FetchConfig {
+            policy,
+            private_hosts: if self.allow_private {
+                self.allow_domains.clone()
+            } else {
+                Vec::new()
+            },
+            ..FetchConfig::default()
+        };
+        config.validate().context("--allow-domain")?;
+        Ok(config)
+    }
+
+    /// Workspaces under `home/workspaces` and, unless `mode` is off, the sandboxes they run in;
+    /// sandboxes and `fetch` under these settings.
+    pub(crate) fn environment(
+        &self,
+        mode: SandboxMode,
+        home: &Path,
+    ) -> anyhow::Result<ToolEnvironment> {
+        let network = self.sandbox_policy()?;
+        let fetch = self.fetch_config()?;
+        let mut environment = environment(mode, network, home)?;
+        environment.fetch = fetch;
+        Ok(environment)
+    }
+}
+
+/// The `--sandbox` flag and the network policy of sandboxes and `fetch`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct SandboxArgs {
     /// Where model-written commands run: auto (native if this host allows it), native, local
     /// (no isolation) or off.
     #[arg(long = "sandbox", value_enum, default_value_t, env = "AGENTRY_SANDBOX")]
     pub(crate) mode: SandboxMode,
-    /// Let the sessions' sandboxes reach this domain (repeatable; `*.example.com` for its
-    /// subdomains) through Agentry's filtering proxy; everything else stays unreachable. By
-    /// default sandboxes have no network but their own loopback.
-    #[arg(long = "sandbox-allow-domain", value_name = "DOMAIN")]
-    pub(crate) allow_domains: Vec<String>,
+    #[command(flatten)]
+    pub(crate) network: NetworkArgs,
     /// Show this host folder read-only inside every sandbox, at the same path (repeatable): for
     /// programs installed outside the system folders, such as a stdio MCP server's virtualenv
     /// or npm project.
@@ -56,14 +163,9 @@ pub(crate) struct SandboxArgs {
 }
 
 impl SandboxArgs {
-    /// Workspaces under `home/workspaces` and, unless off, the sandboxes they run in.
+    /// Workspaces under `home/workspaces` and, unless off, the sandboxes they run in; `fetch`
+    /// under the same network settings.
     pub(crate) fn environment(&self, home: &Path) -> anyhow::Result<ToolEnvironment> {
-        let network = if self.allow_domains.is_empty() {
-            NetworkPolicy::Off
-        } else {
-            NetworkPolicy::allow_list(self.allow_domains.clone())
-        };
-        network.validate().context("--sandbox-allow-domain")?;
         for mount in &self.ro_mounts {
             anyhow::ensure!(
                 mount.is_absolute(),
@@ -76,9 +178,30 @@ impl SandboxArgs {
                 mount.display()
             );
         }
+        let network = self.network.sandbox_policy()?;
+        let fetch = self.network.fetch_config()?;
         let mut tools = environment_with(self.mode, network, self.ro_mounts.clone(), home)?;
+        tools.fetch = fetch;
         tools.allow_host_commands = self.allow_host_commands;
         Ok(tools)
+    }
+}
+
+/// The line `agentry serve` prints about `fetch`.
+pub(crate) fn fetch_line(config: &FetchConfig) -> String {
+    let reach = match &config.policy {
+        FetchPolicy::Off => {
+            return "fetch: off (--allow-domain HOST or --fetch-network public turns it on)"
+                .to_owned();
+        }
+        FetchPolicy::Allow(hosts) => format!("fetch: {} allowed host(s)", hosts.len()),
+        FetchPolicy::Public => "fetch: public hosts".to_owned(),
+        FetchPolicy::Any => "fetch: any host".to_owned(),
+    };
+    if config.private_hosts.is_empty() {
+        format!("{reach}, public addresses only")
+    } else {
+        format!("{reach}; the --allow-domain hosts also at private addresses")
     }
 }
 

@@ -105,6 +105,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     if tools.allow_host_commands {
         eprintln!("{}", host_commands_warning(tools.sandboxes.is_some()));
     }
+    let fetch_line = super::sandbox::fetch_line(&tools.fetch);
     let mut state = AppState::with_tools(store.clone(), tools).await?;
     state.access = agentry_server::access::AccessPolicy {
         allowed_hosts: args.allowed_hosts,
@@ -124,6 +125,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         store.backend().as_str()
     );
     println!("{sandbox_line}");
+    println!("{fetch_line}");
     println!(
         "requests: Host must be a loopback name or IP address{}; browser pages of other origins \
          may not change anything{}",

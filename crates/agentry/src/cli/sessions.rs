@@ -137,11 +137,9 @@ pub(crate) async fn session_manager(
     data: &DataArgs,
     elicitations: Option<&Elicitations>,
 ) -> anyhow::Result<SessionManager> {
-    let mut environment = super::sandbox::environment(
-        profile.sandbox_mode(),
-        agentry_sandbox::NetworkPolicy::Off,
-        &data.home()?,
-    )?;
+    let mut environment = profile
+        .network
+        .environment(profile.sandbox_mode(), &data.home()?)?;
     environment.elicitations = elicitations.cloned();
     let manager = SessionManager::new(
         profile.runtime(Some(store), Some(&environment)).await?,

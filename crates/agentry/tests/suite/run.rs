@@ -363,3 +363,67 @@ async fn tools_defined_in_a_file_run_in_the_loop() {
     );
     assert!(mock.requests()[1].body.to_string().contains("hi"));
 }
+
+/// A plain-text page on loopback that answers every connection (one request each).
+async fn page_server() -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let body = "hello from the page";
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{address}/page")
+}
+
+#[tokio::test]
+async fn fetch_follows_the_network_flags_and_is_off_without_them() {
+    let url = page_server().await;
+    for (flags, expected) in [
+        (vec![], "refused: fetching is off"),
+        (
+            vec!["--allow-domain", "127.0.0.1"],
+            "loopback, private or link-local",
+        ),
+        (
+            vec!["--allow-domain", "example.com", "--fetch-network", "off"],
+            "refused: fetching is off",
+        ),
+        (
+            vec!["--allow-domain", "127.0.0.1", "--allow-private"],
+            "hello from the page",
+        ),
+    ] {
+        let mock = MockProvider::start().await.unwrap();
+        mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+            "fetch",
+            json!({"url": url}),
+        )));
+        mock.enqueue(Reply::scripted(ScriptedTurn::text("Read it.")));
+        let mut extra = vec!["--tool", "fetch"];
+        extra.extend(flags.iter().copied());
+        let output = agentry(args("openai", mock.openai_base_url(), &extra), &[]).await;
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(output.status.success(), "{flags:?}: {stdout}\n{stderr}");
+        let result = mock.requests()[1].body.to_string();
+        assert!(result.contains(expected), "{flags:?}: {result}");
+    }
+}

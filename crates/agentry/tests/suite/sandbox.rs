@@ -187,7 +187,7 @@ async fn a_bad_network_allow_list_stops_serve_at_start() {
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(
-        stderr.contains("--sandbox-allow-domain") && stderr.contains("\"a.*.b\""),
+        stderr.contains("--allow-domain") && stderr.contains("\"a.*.b\""),
         "{stderr}"
     );
 }

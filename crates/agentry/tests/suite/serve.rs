@@ -49,6 +49,20 @@ async fn serve_answers_registers_a_model_runs_and_stops_on_sigterm() {
     // This host gives the native sandbox, and serve says it uses it.
     let sandbox = stdout.next_line().await.unwrap().unwrap();
     assert_eq!(sandbox, "sandbox: native");
+    // Without network flags, `fetch` is off, as sandboxes' network is.
+    let fetch = stdout.next_line().await.unwrap().unwrap();
+    assert!(fetch.starts_with("fetch: off"), "{fetch}");
+    // Which requests it answers, and what asks for approval by default.
+    let requests = stdout.next_line().await.unwrap().unwrap();
+    assert!(
+        requests.starts_with("requests: Host must be a loopback name or IP address"),
+        "{requests}"
+    );
+    let approvals = stdout.next_line().await.unwrap().unwrap();
+    assert!(
+        approvals.starts_with("approvals: tools that run on the host ask a person"),
+        "{approvals}"
+    );
     let hint = stdout.next_line().await.unwrap().unwrap();
     assert!(hint.contains("No model yet"), "{hint}");
 

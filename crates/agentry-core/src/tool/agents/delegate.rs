@@ -221,6 +221,13 @@ async fn delegate(
     request.history = Vec::new();
     request.workspace = context.workspace.clone();
     request.agent_id = agent_id.clone();
+    // The caller's tools come with the caller's network narrowing: fetch reaches no more than
+    // the caller's would.
+    for policy in &caller.network {
+        if !request.network.contains(policy) {
+            request.network.push(policy.clone());
+        }
+    }
     // The caller's tools come with the caller's approvals: delegating never skips a person.
     if !caller.approvals.is_empty() {
         request.approvals = Some(match request.approvals.take() {

@@ -96,6 +96,7 @@ fn context(agent: Option<&str>) -> (ToolContext, Arc<CallerInfo>) {
         tools: vec![spec("a"), spec("b"), spec(DELEGATE)],
         agent_id: agent.map(str::to_owned),
         approvals: serde_json::from_value(json!({"tools": {"a": "always"}})).unwrap(),
+        network: vec![crate::tool::NetworkPolicy::Allow(vec!["docs.rs".into()])],
     });
     let mut context = ToolContext::detached("call-1");
     context.caller = Some(Arc::clone(&caller));
@@ -175,6 +176,8 @@ async fn delegate_starts_a_child_with_the_callers_model_tools_and_table() {
     );
     // The caller's approvals hold for the sub-agent.
     assert_eq!(request.approvals.as_ref(), Some(&caller.approvals));
+    // So does its network narrowing.
+    assert_eq!(request.network, caller.network);
 }
 
 #[tokio::test]

@@ -1,17 +1,28 @@
 //! `fetch`: an HTTP GET under a network policy, HTML reduced to text.
 //!
-//! The fetch runs on the host, so the policy guards the host's network: by default only public
-//! addresses may be reached (no loopback, private, link-local, CGNAT, multicast or unique-local
-//! address, which covers cloud metadata endpoints). The tool owns its HTTP client because the
-//! checks must hold for every connection: a DNS resolver filters the addresses a name resolves
-//! to (so a name cannot rebind to a private address after a check), redirects are followed one
-//! by one with the policy applied to each, and no proxy from the environment is used.
+//! The fetch runs on the host, so the policy guards the host's network. It is the operator's
+//! choice ([`FetchConfig::policy`]), in the sandboxes' terms: off by default, an allow-list of
+//! hosts (the same entries and matching as a sandbox's allow-list: `example.com` exactly,
+//! `*.example.com` for its subdomains, an IP address written exactly), or every public host.
+//! Whatever the policy, loopback, private, link-local, CGNAT, unique-local and multicast
+//! addresses (which cover cloud metadata endpoints) are refused, except for the hosts named in
+//! [`FetchConfig::private_hosts`] or under [`NetworkPolicy::Any`].
+//!
+//! A run may narrow the policy further, never widen it: [`ToolContext::network`] carries the
+//! policies of the saved agent it runs as (and of a delegating run), and a host must pass each.
+//!
+//! The tool owns its HTTP clients because the checks must hold for every connection: a DNS
+//! resolver filters the addresses a name resolves to and the connection goes to those (so a name
+//! cannot rebind to a private address after a check), redirects are followed one by one with
+//! every check applied to each hop, and no proxy from the environment is used. A refusal is a
+//! tool error that names the rule and the setting that would allow the request.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentry_sandbox::AllowList;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{CONTENT_TYPE, LOCATION};
 use reqwest::{Client, Url};
@@ -30,38 +41,65 @@ const HTML_WIDTH: usize = 100;
 /// How much of an error response's body an error quotes.
 const ERROR_SNIPPET_BYTES: usize = 512;
 
+/// The most entries one allow-list may have.
+pub const MAX_ALLOW_ENTRIES: usize = 256;
+
 /// Which hosts `fetch` may reach.
+///
+/// Serialised as `"off"`, `"public"`, `"any"` or `{"allow": ["docs.rs", "*.python.org"]}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkPolicy {
-    /// No fetching at all.
-    Off,
-    /// Any host whose addresses are all public: loopback, private, link-local, CGNAT,
-    /// unique-local and multicast addresses are refused.
+    /// No fetching at all (the default).
     #[default]
+    Off,
+    /// Any host at a public address.
     Public,
-    /// Only these domains and their subdomains (or these IP addresses, written exactly), at any
-    /// address, private and loopback included.
+    /// Only these hosts: `example.com` (that name exactly), `*.example.com` (its subdomains at
+    /// any depth, not the name itself), or an IP address written exactly (`203.0.113.7`,
+    /// `[::1]`). Matching ignores case and a trailing dot. The hosts must still be at public
+    /// addresses unless [`FetchConfig::private_hosts`] names them.
     Allow(Vec<String>),
     /// Anything, private networks and loopback included.
     Any,
 }
 
+/// Why a network policy is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetworkPolicyError {
+    /// An allow-list entry is not a host name, a `*.` wildcard name or an IP address.
+    #[error("{0}")]
+    InvalidEntry(String),
+    /// An allow-list is longer than [`MAX_ALLOW_ENTRIES`].
+    #[error("a network allow-list has at most {MAX_ALLOW_ENTRIES} entries, not {0}")]
+    TooManyEntries(usize),
+}
+
+/// Checks allow-list entries and builds their matcher.
+fn allow_list(entries: &[String]) -> Result<AllowList, NetworkPolicyError> {
+    if entries.len() > MAX_ALLOW_ENTRIES {
+        return Err(NetworkPolicyError::TooManyEntries(entries.len()));
+    }
+    AllowList::new(entries, false).map_err(|error| match error {
+        agentry_sandbox::SandboxError::InvalidRequest(message) => {
+            NetworkPolicyError::InvalidEntry(message)
+        }
+        other => NetworkPolicyError::InvalidEntry(other.to_string()),
+    })
+}
+
 impl NetworkPolicy {
-    /// Whether `host` (a domain, lower case, or an IP address as text) is on the allow-list.
-    fn allows_host(&self, host: &str) -> bool {
+    /// Checks the allow-list's entries (each a host name, a `*.` wildcard name or an IP
+    /// address; at most [`MAX_ALLOW_ENTRIES`]).
+    pub fn validate(&self) -> Result<(), NetworkPolicyError> {
+        self.matcher().map(drop)
+    }
+
+    /// The allow-list's matcher (`None` for the other policies).
+    fn matcher(&self) -> Result<Option<AllowList>, NetworkPolicyError> {
         match self {
-            Self::Allow(domains) => domains.iter().any(|domain| {
-                let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
-                let domain = domain.trim_start_matches('[').trim_end_matches(']');
-                !domain.is_empty()
-                    && (host == domain
-                        || host
-                            .strip_suffix(domain)
-                            .is_some_and(|rest| rest.ends_with('.')))
-            }),
-            Self::Any => true,
-            Self::Off | Self::Public => false,
+            Self::Allow(entries) => allow_list(entries).map(Some),
+            Self::Off | Self::Public | Self::Any => Ok(None),
         }
     }
 }
@@ -69,8 +107,13 @@ impl NetworkPolicy {
 /// The configuration of the `fetch` tool.
 #[derive(Debug, Clone)]
 pub struct FetchConfig {
-    /// Which hosts it may reach.
+    /// Which hosts it may reach (default: none).
     pub policy: NetworkPolicy,
+    /// Hosts (in the allow-list's syntax) that may be reached at loopback, private, link-local
+    /// and other non-public addresses, when the policy allows them at all. Empty by default, so
+    /// an allowed name cannot be pointed at the host or its network (SSRF); meant for intranet
+    /// services the operator names, tests and local development.
+    pub private_hosts: Vec<String>,
     /// The most bytes of a response body read; the rest is cut with a note.
     pub max_bytes: usize,
     /// The timeout of the whole fetch, redirects included.
@@ -83,10 +126,19 @@ impl Default for FetchConfig {
     fn default() -> Self {
         Self {
             policy: NetworkPolicy::default(),
+            private_hosts: Vec::new(),
             max_bytes: 2 * 1024 * 1024,
             timeout: Duration::from_secs(30),
             max_redirects: 5,
         }
+    }
+}
+
+impl FetchConfig {
+    /// Checks the policy's allow-list and [`private_hosts`](Self::private_hosts).
+    pub fn validate(&self) -> Result<(), NetworkPolicyError> {
+        self.policy.validate()?;
+        allow_list(&self.private_hosts).map(drop)
     }
 }
 
@@ -98,15 +150,52 @@ struct FetchArguments {
     url: String,
 }
 
+/// Which non-public addresses a client's resolver lets through.
+#[derive(Clone)]
+enum PrivateAccess {
+    /// None.
+    None,
+    /// Those of these hosts.
+    Hosts(Arc<AllowList>),
+    /// All.
+    All,
+}
+
+impl PrivateAccess {
+    fn allows(&self, host: &str) -> bool {
+        match self {
+            Self::None => false,
+            Self::Hosts(hosts) => hosts.allows_host(host),
+            Self::All => true,
+        }
+    }
+}
+
+/// A client and the private access its resolver gives.
+struct Channel {
+    access: PrivateAccess,
+    client: Client,
+}
+
+/// The operator's policy, checked, with the clients that enforce it.
+struct Rules {
+    policy: NetworkPolicy,
+    allow: Option<AllowList>,
+    /// The client for the operator's own private access.
+    operator: Channel,
+    /// The client for runs narrowed to public addresses.
+    public_only: Channel,
+}
+
 struct Fetcher {
     config: FetchConfig,
-    client: Result<Client, String>,
+    rules: Result<Rules, String>,
 }
 
 /// The `fetch` tool.
 pub(super) fn fetch(config: FetchConfig) -> FunctionTool {
-    let client = build_client(&config);
-    let fetcher = Arc::new(Fetcher { config, client });
+    let rules = Rules::new(&config);
+    let fetcher = Arc::new(Fetcher { config, rules });
     let timeout = fetcher.config.timeout;
     FunctionTool::new(
         FETCH,
@@ -116,9 +205,10 @@ pub(super) fn fetch(config: FetchConfig) -> FunctionTool {
         move |arguments: FetchArguments, context: ToolContext| {
             let fetcher = Arc::clone(&fetcher);
             async move {
+                let fetching = fetcher.fetch(&arguments.url, &context.network);
                 tokio::select! {
                     () = context.cancel.cancelled() => Err(ToolError::Cancelled),
-                    outcome = tokio::time::timeout(timeout, fetcher.fetch(&arguments.url)) => {
+                    outcome = tokio::time::timeout(timeout, fetching) => {
                         outcome.unwrap_or(Err(ToolError::Timeout(timeout)))
                     }
                 }
@@ -129,40 +219,99 @@ pub(super) fn fetch(config: FetchConfig) -> FunctionTool {
     .idempotent()
 }
 
-fn build_client(config: &FetchConfig) -> Result<Client, String> {
-    // The process-wide TLS provider, as the model layer installs it; a second install is a
-    // harmless no-op error.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .dns_resolver(Arc::new(PolicyResolver {
+impl Rules {
+    fn new(config: &FetchConfig) -> Result<Rules, String> {
+        let invalid =
+            |error: NetworkPolicyError| format!("the fetch tool's configuration: {error}");
+        let allow = config.policy.matcher().map_err(invalid)?;
+        let access = if config.policy == NetworkPolicy::Any {
+            PrivateAccess::All
+        } else if config.private_hosts.is_empty() {
+            PrivateAccess::None
+        } else {
+            PrivateAccess::Hosts(Arc::new(
+                allow_list(&config.private_hosts).map_err(invalid)?,
+            ))
+        };
+        Ok(Rules {
             policy: config.policy.clone(),
-        }))
-        .connect_timeout(Duration::from_secs(10))
-        .user_agent(concat!("agentry/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|error| format!("the fetch tool's HTTP client cannot be built: {error}"))
+            allow,
+            operator: Channel::new(access)?,
+            public_only: Channel::new(PrivateAccess::None)?,
+        })
+    }
 }
 
+impl Channel {
+    fn new(access: PrivateAccess) -> Result<Channel, String> {
+        // The process-wide TLS provider, as the model layer installs it; a second install is a
+        // harmless no-op error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(Arc::new(PolicyResolver {
+                access: access.clone(),
+            }))
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("agentry/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|error| format!("the fetch tool's HTTP client cannot be built: {error}"))?;
+        Ok(Channel { access, client })
+    }
+}
+
+/// A run's narrowing of the policy, checked.
+struct Narrowing {
+    policy: NetworkPolicy,
+    allow: Option<AllowList>,
+}
+
+/// The message naming the operator's settings that widen fetch's reach.
+const OPERATOR_SETTINGS: &str = "the operator sets it with `agentry serve --allow-domain HOST` \
+                                 (repeatable) or `--fetch-network public`";
+
 impl Fetcher {
-    async fn fetch(&self, url: &str) -> Result<ToolOutput, ToolError> {
-        let client = self
-            .client
+    async fn fetch(&self, url: &str, narrowing: &[NetworkPolicy]) -> Result<ToolOutput, ToolError> {
+        let rules = self
+            .rules
             .as_ref()
             .map_err(|e| ToolError::Failed(e.clone()))?;
-        if self.config.policy == NetworkPolicy::Off {
+        if rules.policy == NetworkPolicy::Off {
+            return Err(ToolError::Failed(format!(
+                "refused: fetching is off under the server's network policy ({OPERATOR_SETTINGS})"
+            )));
+        }
+        let narrowing = narrowing
+            .iter()
+            .map(|policy| {
+                Ok(Narrowing {
+                    policy: policy.clone(),
+                    allow: policy.matcher().map_err(|error| {
+                        ToolError::Failed(format!("this agent's `network` setting: {error}"))
+                    })?,
+                })
+            })
+            .collect::<Result<Vec<_>, ToolError>>()?;
+        if narrowing.iter().any(|n| n.policy == NetworkPolicy::Off) {
             return Err(ToolError::Failed(
-                "fetching is turned off by the network policy".into(),
+                "refused: fetching is off for this agent (its `network` setting is \"off\")".into(),
             ));
         }
+        // A run narrowed to public addresses gets the client that lets no private one through.
+        let channel = if narrowing.iter().any(|n| n.policy == NetworkPolicy::Public) {
+            &rules.public_only
+        } else {
+            &rules.operator
+        };
         let mut url = Url::parse(url.trim()).map_err(|error| {
             ToolError::InvalidArguments(format!("invalid URL {url:?}: {error}"))
         })?;
         let mut redirects = 0;
         loop {
-            self.check_url(&url)?;
-            let response = client
+            check_url(rules, &narrowing, channel, &url)?;
+            let response = channel
+                .client
                 .get(url.clone())
                 .send()
                 .await
@@ -178,54 +327,19 @@ impl Fetcher {
                 }
                 redirects += 1;
                 let location = location.to_str().unwrap_or_default();
-                url = url.join(location).map_err(|_| {
+                let next = url.join(location).map_err(|_| {
                     ToolError::Failed(format!("{url} redirected to an invalid URL {location:?}"))
                 })?;
+                // Every hop is checked as a new request; a refusal says where it led.
+                if let Err(error) = check_url(rules, &narrowing, channel, &next) {
+                    return Err(ToolError::Failed(format!(
+                        "{url} redirected to {next}: {error}"
+                    )));
+                }
+                url = next;
                 continue;
             }
             return self.read(url, response).await;
-        }
-    }
-
-    /// The policy's checks that need no DNS: scheme, credentials, the allow-list, and IP
-    /// literals (which the resolver never sees).
-    fn check_url(&self, url: &Url) -> Result<(), ToolError> {
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(ToolError::InvalidArguments(format!(
-                "{url}: only http and https URLs can be fetched"
-            )));
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(ToolError::InvalidArguments(format!(
-                "{url}: URLs with credentials are not fetched"
-            )));
-        }
-        let Some(host) = url.host_str() else {
-            return Err(ToolError::InvalidArguments(format!("{url} has no host")));
-        };
-        let name = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_ascii_lowercase();
-        let address = name.parse::<IpAddr>().ok();
-        let policy = &self.config.policy;
-        match policy {
-            NetworkPolicy::Any => Ok(()),
-            NetworkPolicy::Allow(_) if policy.allows_host(&name) => Ok(()),
-            NetworkPolicy::Allow(_) => Err(ToolError::Failed(format!(
-                "refused: {name} is not on the network policy's allow-list"
-            ))),
-            NetworkPolicy::Public | NetworkPolicy::Off => {
-                if let Some(address) = address
-                    && !is_public(address)
-                {
-                    return Err(refused_address(&name));
-                }
-                if name == "localhost" || name.ends_with(".localhost") {
-                    return Err(refused_address(&name));
-                }
-                Ok(())
-            }
         }
     }
 
@@ -287,10 +401,65 @@ impl Fetcher {
     }
 }
 
+/// The checks that need no DNS: scheme, credentials, the allow-lists, and IP literals (which the
+/// resolver never sees). Names are checked against private addresses by the resolver.
+fn check_url(
+    rules: &Rules,
+    narrowing: &[Narrowing],
+    channel: &Channel,
+    url: &Url,
+) -> Result<(), ToolError> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ToolError::InvalidArguments(format!(
+            "{url}: only http and https URLs can be fetched"
+        )));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ToolError::InvalidArguments(format!(
+            "{url}: URLs with credentials are not fetched"
+        )));
+    }
+    let Some(host) = url.host_str() else {
+        return Err(ToolError::InvalidArguments(format!("{url} has no host")));
+    };
+    let name = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    if let Some(allow) = &rules.allow
+        && !allow.allows_host(&name)
+    {
+        return Err(ToolError::Failed(format!(
+            "refused: {name} is not on the server's network allow-list ({OPERATOR_SETTINGS})"
+        )));
+    }
+    for narrowing in narrowing {
+        if let Some(allow) = &narrowing.allow
+            && !allow.allows_host(&name)
+        {
+            return Err(ToolError::Failed(format!(
+                "refused: {name} is not on this agent's network allow-list (its `network` \
+                 setting)"
+            )));
+        }
+    }
+    if channel.access.allows(&name) {
+        return Ok(());
+    }
+    let private_literal = name
+        .parse::<IpAddr>()
+        .is_ok_and(|address| !is_public(address));
+    if private_literal || name == "localhost" || name.ends_with(".localhost") {
+        return Err(refused_address(&name));
+    }
+    Ok(())
+}
+
 fn refused_address(host: &str) -> ToolError {
     ToolError::Failed(format!(
         "refused: {host} is a loopback, private or link-local address, which the network \
-         policy does not allow"
+         policy does not allow (only hosts the operator names with `agentry serve \
+         --allow-private` may be at such addresses)"
     ))
 }
 
@@ -304,9 +473,10 @@ fn request_error(error: reqwest::Error) -> ToolError {
     ToolError::Failed(message)
 }
 
-/// Resolves names and drops the addresses the policy does not allow.
+/// Resolves names and drops the addresses the policy does not allow; the connection goes to
+/// the addresses it returns (no second lookup).
 struct PolicyResolver {
-    policy: NetworkPolicy,
+    access: PrivateAccess,
 }
 
 /// Why a name was not resolved.
@@ -318,7 +488,8 @@ impl fmt::Display for Refused {
         write!(
             formatter,
             "refused: {} resolves only to loopback, private or link-local addresses, which the \
-             network policy does not allow",
+             network policy does not allow (only hosts the operator names with `agentry serve \
+             --allow-private` may be at such addresses)",
             self.0
         )
     }
@@ -329,7 +500,7 @@ impl std::error::Error for Refused {}
 impl Resolve for PolicyResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_ascii_lowercase();
-        let unrestricted = self.policy.allows_host(&host);
+        let unrestricted = self.access.allows(&host);
         Box::pin(async move {
             let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
                 .await?
@@ -354,13 +525,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn allow_list_matches_domains_and_subdomains() {
+    fn allow_lists_match_as_the_sandboxes_do_and_bad_entries_are_named() {
         let policy = NetworkPolicy::Allow(vec!["example.com".into(), "127.0.0.1".into()]);
-        assert!(policy.allows_host("example.com"));
-        assert!(policy.allows_host("docs.example.com"));
-        assert!(!policy.allows_host("badexample.com"));
-        assert!(!policy.allows_host("example.com.evil.net"));
-        assert!(policy.allows_host("127.0.0.1"));
-        assert!(!policy.allows_host("127.0.0.2"));
+        let Ok(Some(list)) = policy.matcher() else {
+            panic!("a valid allow-list");
+        };
+        assert!(list.allows_host("example.com"));
+        assert!(!list.allows_host("docs.example.com"));
+        assert!(!list.allows_host("badexample.com"));
+        assert!(list.allows_host("127.0.0.1"));
+        assert!(!list.allows_host("127.0.0.2"));
+
+        let bad = NetworkPolicy::Allow(vec!["exa mple.com".into()]);
+        assert!(
+            matches!(bad.validate(), Err(NetworkPolicyError::InvalidEntry(m)) if m.contains("exa mple.com"))
+        );
+        let long = NetworkPolicy::Allow(vec!["a.com".into(); MAX_ALLOW_ENTRIES + 1]);
+        assert_eq!(
+            long.validate(),
+            Err(NetworkPolicyError::TooManyEntries(MAX_ALLOW_ENTRIES + 1))
+        );
+        let config = FetchConfig {
+            private_hosts: vec!["*".into()],
+            ..FetchConfig::default()
+        };
+        assert!(config.validate().is_err());
+        assert_eq!(FetchConfig::default().policy, NetworkPolicy::Off);
     }
 }

@@ -10,7 +10,8 @@
 //!   `.gitignore`.
 //! - `search`: a regex or literal search over the workspace's files (the `grep` crates, walking
 //!   with `ignore`), results as `path:line: text`.
-//! - `fetch`: an HTTP GET under a [`NetworkPolicy`], HTML reduced to text.
+//! - `fetch`: an HTTP GET under a [`NetworkPolicy`] (off unless configured), HTML reduced to
+//!   text.
 //!
 //! **Confinement.** The workspace root comes from [`ToolContext::workspace`](super::ToolContext)
 //! (set from the run's `workspace`); without one the file tools refuse to work. Every path is
@@ -34,7 +35,7 @@ mod files;
 mod search;
 
 pub use attach::{Attachment, read_attachment};
-pub use fetch::{FetchConfig, NetworkPolicy};
+pub use fetch::{FetchConfig, MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
 
 /// The name of the `read_file` tool.
 pub const READ_FILE: &str = "read_file";
