@@ -172,8 +172,8 @@ error_responses! {
     FileTooLarge => "413", "The file is larger than the server reads or writes through the API \
         (16 MiB), or the sandbox has no room for it.";
     UnsupportedMediaType => "415", "The body is not sent as `application/json`.";
-    TooManyRequests => "429", "A limit on how many exist at once is reached (sandboxes, \
-        background processes); close one first.";
+    TooManyRequests => "429", "A limit is reached: on how many exist at once (sandboxes, \
+        background processes: close one first), or on failed logins (wait a minute).";
     BadGateway => "502", "A model or tool the request depends on failed.";
     ServiceUnavailable => "503", "The database does not answer.";
     GatewayTimeout => "504", "The tool did not finish in time.";
@@ -911,6 +911,7 @@ mod served_elsewhere {
              headers(("set-cookie" = String, description = "The session cookie."))),
             JsonBodyErrors,
             Unauthorized,
+            TooManyRequests,
         )
     )]
     pub(super) async fn login() {}
