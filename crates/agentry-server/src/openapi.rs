@@ -866,7 +866,9 @@ pub struct AuthStatus {
 /// never called, they only carry the operations.
 #[allow(dead_code, clippy::unused_async)]
 mod served_elsewhere {
-    use super::{AuthStatus, JsonBodyErrors, LoginRequest, StatusFeedEvent, Unauthorized};
+    use super::{
+        AuthStatus, JsonBodyErrors, LoginRequest, StatusFeedEvent, TooManyRequests, Unauthorized,
+    };
 
     /// A live feed of every session's status changes.
     ///
