@@ -36,9 +36,9 @@ use agentry_store::ConfigKind;
 use agentry_types::{AssistantPart, RunEvent, RunId, RunStopReason, SessionEvent, SessionId};
 
 use crate::error::ApiError;
-use crate::routes::agents::AgentConfig;
 use crate::routes::infer::{InferRequest, Target, prepare, start_in_session};
 use crate::state::AppState;
+use agentry_app::agents::AgentConfig;
 
 /// The path of the streamable HTTP endpoint.
 pub const MCP_PATH: &str = "/mcp";
@@ -159,7 +159,7 @@ impl McpServer {
         cancel: CancellationToken,
     ) -> Result<ServedResult, BackendError> {
         if let Some(agent_id) = name.strip_prefix(AGENT_TOOL_PREFIX)
-            && let Some(agent) = crate::routes::agents::stored_agent(&self.state.store, agent_id)
+            && let Some(agent) = agentry_app::agents::stored_agent(&self.state.store, agent_id)
                 .await
                 .map_err(internal)?
         {
@@ -211,7 +211,7 @@ impl McpServer {
         }))
         .map_err(|error| BackendError::Internal(error.to_string()))?;
         let (target, request, _) =
-            match prepare(state, &crate::auth::Principal::operator(), body).await {
+            match prepare(state, &agentry_app::auth::Principal::operator(), body).await {
                 Ok(prepared) => prepared,
                 Err(error) => return refused(error),
             };
@@ -284,7 +284,7 @@ impl McpBackend for McpServer {
     }
 }
 
-fn internal(error: ApiError) -> BackendError {
+fn internal(error: impl std::fmt::Display) -> BackendError {
     BackendError::Internal(error.to_string())
 }
 

@@ -59,7 +59,7 @@ pub async fn bind(
     store: &agentry_store::Store,
 ) -> Result<TcpListener, ServeError> {
     if !config.addr.ip().is_loopback() {
-        let secured = crate::auth::any_active_key(store)
+        let secured = agentry_app::auth::any_active_key(store)
             .await
             .map_err(|error| ServeError::Config(error.to_string()))?;
         if !secured {

@@ -37,14 +37,16 @@ use agentry_llm::{GenerationParams, LlmError, ModelRequest, Protocol, TimeoutKin
 use agentry_store::{ConfigKind, Store};
 use agentry_types::Message;
 
+use agentry_app::config::{check_name, command_sandboxes, to_document};
+
 use crate::error::ApiError;
-use crate::models::{ModelConfig, TemplateConfig};
 use crate::openapi::{
     BadGateway, BadRequest, Conflict, DeletedTools, GatewayTimeout, HostCommandsRefused,
     JsonBodyErrors, ModelList, ModelPath, ModelTestOutcome, NamePath, NotFound, SecretList,
     SecretsSet, TemplateList, TemplateVariables, ToolCallOutcome, ToolDefinitionSchema, ToolList,
 };
 use crate::state::AppState;
+use agentry_app::runtime::{ModelConfig, TemplateConfig};
 
 /// How long a model connection test may take.
 pub const MODEL_TEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -119,30 +121,9 @@ pub(crate) fn created<T: Serialize>(value: T) -> Response {
 
 // --- shared checks ---
 
-/// Checks a model or secret name: 1 to 64 characters of `A-Z a-z 0-9 _ . -` (the store's rule).
-pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
-    let valid = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'.' | b'-'));
-    if valid {
-        Ok(())
-    } else {
-        let shown: String = name.chars().take(64).collect();
-        Err(ApiError::bad_request(format!(
-            "invalid {what} name {shown:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' \
-             and '-'"
-        )))
-    }
-}
-
 /// Every secret's value, for building clients and tools inside the process only.
 async fn secret_values(store: &Store) -> Result<HashMap<String, String>, ApiError> {
-    crate::models::secrets(store).await
-}
-
-pub(crate) fn to_document<T: Serialize>(value: &T) -> Result<Value, ApiError> {
-    serde_json::to_value(value).map_err(|error| ApiError::internal(error.to_string()))
+    Ok(agentry_app::runtime::secrets(store).await?)
 }
 
 // --- models ---
@@ -546,9 +527,9 @@ impl ToolSummary {
     }
 }
 
-/// The built-in tool `name` of this server's runs (see [`crate::models::builtins`]).
+/// The built-in tool `name` of this server's runs (see [`agentry_app::runtime::builtins`]).
 fn builtin_named(state: &AppState, name: &str) -> Option<Arc<dyn agentry_core::tool::Tool>> {
-    crate::models::builtins(&state.tools)
+    agentry_app::runtime::builtins(&state.tools)
         .into_iter()
         .find(|tool| tool.spec().name == name)
 }
@@ -600,16 +581,6 @@ async fn check_tool(state: &AppState, definition: &ToolDefinition) -> Result<(),
         .map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
-/// The sandboxes command tools run in: the sessions' (when runs have workspaces to run them in).
-pub(crate) fn command_sandboxes(
-    tools: &crate::state::ToolEnvironment,
-) -> Option<&agentry_sandbox::SandboxPool> {
-    tools
-        .sandboxes
-        .as_ref()
-        .filter(|_| tools.workspaces.is_some())
-}
-
 async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>, ApiError> {
     store
         .config(ConfigKind::Tool, name)
@@ -633,7 +604,7 @@ async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>
     )
 )]
 async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut tools: Vec<ToolSummary> = crate::models::builtins(&state.tools)
+    let mut tools: Vec<ToolSummary> = agentry_app::runtime::builtins(&state.tools)
         .iter()
         .map(|tool| ToolSummary::of_builtin(tool.as_ref()))
         .collect();

@@ -32,12 +32,12 @@ use agentry_types::{ContentPart, ImageSource, Message, RunEvent, SessionEvent, S
 use super::sse::SseMapper;
 use crate::authorization::Caller;
 use crate::error::ApiError;
-use crate::hub::Subscription;
 use crate::openapi::{
     AbortOutcome, AbortRequest, BadRequest, Conflict, InferOutcome, JsonBodyErrors, NotFound,
     RunStreamEvent,
 };
 use crate::state::AppState;
+use agentry_app::hub::Subscription;
 
 /// The inference routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -134,7 +134,7 @@ pub struct InferRequest {
     /// status `waiting`) until `POST /v1/runs/{run_id}/approvals` decides it; such runs need a
     /// session.
     #[serde(default)]
-    #[schema(value_type = Option<crate::routes::runs::ApprovalPolicyDoc>)]
+    #[schema(value_type = Option<agentry_app::schema::ApprovalPolicyDoc>)]
     pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
     /// Run as this saved agent (the same as `agent_ids` with one id).
     #[serde(default)]
@@ -233,7 +233,7 @@ pub(crate) enum Target {
 /// session for `"new"`. Shared with the MCP endpoint, which runs agents the same way.
 pub(crate) async fn prepare(
     state: &AppState,
-    caller: &crate::auth::Principal,
+    caller: &agentry_app::auth::Principal,
     mut body: InferRequest,
 ) -> Result<(Target, RunRequest, BusyPolicy), ApiError> {
     let agent_id = match (body.agent_id.take(), body.agent_ids.as_deref()) {
@@ -257,60 +257,56 @@ pub(crate) async fn prepare(
             "`max_rounds` is for group chats (several `agent_ids`)",
         ));
     }
-    let mut limits = body.max_tool_rounds.map(|rounds| RunLimits {
-        max_tool_rounds: rounds,
-        ..RunLimits::default()
-    });
-    let mut fallback_models = Vec::new();
-    let mut approvals = body.approvals.take();
-    let mut compaction = body.compaction.take();
-    let mut network = Vec::new();
     if let Some(user) = &body.user {
-        super::config::check_name("user", user)?;
+        agentry_app::config::check_name("user", user)?;
     }
-    // The agent the run runs as (`talk_to` refuses to target it).
+    // The agent the run runs as (`talk_to` refuses to target it): its settings, under what the
+    // request itself says.
     let run_agent = agent_id.clone();
-    if let Some(id) = agent_id {
-        super::config::check_name("agent", &id)?;
-        let agent = super::agents::stored_agent(&state.store, &id)
-            .await?
-            .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
-        let run = agent.resolve(
-            &state.sessions.runtime(),
-            state.tools.skill_roots.as_deref(),
-        )?;
-        compaction = compaction.or(run.compaction);
-        network = run.network;
-        if body.model_id.is_none() {
-            fallback_models = run.fallback_models;
+    let mut request = match agent_id {
+        Some(id) => {
+            agentry_app::config::check_name("agent", &id)?;
+            let agent = agentry_app::agents::stored_agent(&state.store, &id)
+                .await?
+                .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
+            let run = agent.resolve(
+                &state.sessions.runtime(),
+                state.tools.skill_roots.as_deref(),
+            )?;
+            let mut request = run.request(body.user.clone());
+            if let Some(model) = body.model_id.take() {
+                request.model = Some(model);
+                request.fallback_models.clear();
+            }
+            request.tools = body.tool_ids.take().or(request.tools);
+            request.system = body.system.take().or(request.system);
+            if let Some(params) = body.params.take() {
+                request.params = params;
+            }
+            if let (Some(rounds), Some(limits)) = (body.max_tool_rounds, request.limits.as_mut()) {
+                limits.max_tool_rounds = rounds;
+            }
+            request.approvals = match (request.approvals.take(), body.approvals.take()) {
+                (Some(agent), Some(own)) => Some(agent.merged(&own)),
+                (agent, own) => own.or(agent),
+            };
+            request.compaction = body.compaction.take().or(request.compaction);
+            request
         }
-        body.model_id = body.model_id.or(Some(run.model));
-        body.tool_ids = body.tool_ids.or(Some(run.tools));
-        body.system = body.system.or(run.system);
-        body.params = body.params.or(Some(run.params));
-        let mut agent_limits = run.limits;
-        if let Some(rounds) = body.max_tool_rounds {
-            agent_limits.max_tool_rounds = rounds;
-        }
-        limits = Some(agent_limits);
-        approvals = match (run.approvals, approvals) {
-            (Some(agent), Some(own)) => Some(agent.merged(&own)),
-            (agent, own) => own.or(agent),
-        };
-    }
-    let mut request = RunRequest {
-        model: body.model_id.clone(),
-        fallback_models,
-        system: body.system.clone(),
-        tools: body.tool_ids.clone(),
-        params: body.params.clone().unwrap_or_default(),
-        limits,
-        approvals,
-        agent_id: run_agent.clone(),
-        compaction,
-        network,
-        user: body.user.clone(),
-        ..RunRequest::default()
+        None => RunRequest {
+            model: body.model_id.clone(),
+            system: body.system.clone(),
+            tools: body.tool_ids.clone(),
+            params: body.params.clone().unwrap_or_default(),
+            limits: body.max_tool_rounds.map(|rounds| RunLimits {
+                max_tool_rounds: rounds,
+                ..RunLimits::default()
+            }),
+            approvals: body.approvals.take(),
+            compaction: body.compaction.take(),
+            user: body.user.clone(),
+            ..RunRequest::default()
+        },
     };
     let mut user_turns = Vec::new();
     for message in &body.messages {
@@ -356,17 +352,7 @@ pub(crate) async fn prepare(
         (None, None) => None,
     };
     // A saved agent remembers: its memories (and the user's) join the system prompt.
-    if let Some(agent) = &run_agent {
-        let message = first_line(&request).unwrap_or_default();
-        request.memory = crate::memory_prompt::memory_block(
-            &state.store,
-            agent,
-            body.user.as_deref(),
-            &message,
-            crate::memory_prompt::DEFAULT_MEMORY_BUDGET,
-        )
-        .await?;
-    }
+    agentry_app::memory::remember(&state.store, &mut request).await?;
     // A `user` key runs only within its limits (the agent it runs as brings its own tools).
     let named_tools = if run_agent.is_some() {
         None
@@ -392,7 +378,7 @@ pub(crate) async fn prepare(
         None => Target::Ephemeral,
         Some("new") => {
             let mut new = NewSession::with_id(new_id);
-            new.title = first_line(&request);
+            new.title = agentry_app::runs::first_line(&request);
             new.owner = caller.owner();
             let record = state.store.create_session(new).await?;
             Target::Session(record.id)
@@ -407,7 +393,7 @@ pub(crate) async fn prepare(
             else {
                 return Err(ApiError::not_found(format!("no session {id}")));
             };
-            if crate::group::info_of(&record.metadata).is_some() {
+            if agentry_app::group::info_of(&record.metadata).is_some() {
                 return Err(ApiError::bad_request(format!(
                     "session {id} is a group chat: name its members in `agent_ids`, or use \
                      `POST /v1/groups/{id}/messages`"
@@ -431,18 +417,6 @@ pub(crate) async fn prepare(
     Ok((target, request, body.policy.unwrap_or(BusyPolicy::Reject)))
 }
 
-fn first_line(request: &RunRequest) -> Option<String> {
-    match &request.input {
-        Some(Input::Text { text }) => Some(text.chars().take(80).collect()),
-        Some(Input::Content { content }) => content.iter().find_map(|part| match part {
-            ContentPart::Text { text } => Some(text.chars().take(80).collect()),
-            _ => None,
-        }),
-        Some(Input::Template { template, .. }) => Some(template.clone()),
-        None => None,
-    }
-}
-
 /// Parses a session id from a client, with a clear error.
 pub fn parse_session_id(id: &str) -> Result<SessionId, ApiError> {
     SessionId::parse(id).map_err(|error| ApiError::bad_request(error.to_string()))
@@ -461,7 +435,7 @@ pub(crate) async fn start_in_session(
 
 /// Cancels the session's run when dropped, unless disarmed (for `cancel_on_disconnect`).
 struct CancelOnDrop {
-    hub: crate::hub::Hub,
+    hub: agentry_app::hub::Hub,
     session: Option<SessionId>,
 }
 
@@ -856,6 +830,6 @@ async fn abort(
     let session = parse_session_id(id)?;
     crate::authorization::check_session(&state, &caller, session).await?;
     Ok(Json(
-        json!({"session_id": session, "aborted": state.hub.cancel(session) || crate::group::cancel(session)}),
+        json!({"session_id": session, "aborted": state.hub.cancel(session) || state.groups.cancel(session)}),
     ))
 }

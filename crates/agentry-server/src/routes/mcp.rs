@@ -20,11 +20,16 @@ use agentry_store::ConfigKind;
 
 use super::config::{ApiJson, ApiPath, WRITE_LOCK};
 use crate::error::ApiError;
-use crate::mcp::{api_error, save_and_start};
 use crate::openapi::{
     BadGateway, BadRequest, GatewayTimeout, HostCommandsRefused, JsonBodyErrors, NotFound,
 };
 use crate::state::AppState;
+use agentry_app::mcp_tools::{mcp_error, save_and_start};
+
+/// An MCP manager error as the API reports it.
+fn api_error(error: agentry_mcp::McpError) -> ApiError {
+    mcp_error(error).into()
+}
 
 /// How long a registration or restart waits for the server's first connection before it
 /// answers with the status it has then (the server keeps starting in the background).

@@ -2,7 +2,7 @@
 //! calls at `GET /v1/sessions/{id}/approvals`), `interrupt`, `pause`, `resume` and `abort`.
 //!
 //! The same approval routes list and answer MCP servers' requests for input made during the
-//! run's tool calls (`elicitations`, see [`crate::elicitation`]): those are live, not durable.
+//! run's tool calls (`elicitations`, see [`agentry_app::elicitation`]): those are live, not durable.
 //!
 //! A run is found by its id: first among the runs live or queued in this process, then in the
 //! log (the `run_started` event that names it), so a run waiting for approval or paused is
@@ -26,10 +26,10 @@ use agentry_types::{ApprovalVerdict, PendingApproval, RunId, SessionEvent, Sessi
 
 use super::config::{ApiJson, ApiPath};
 use super::infer::parse_session_id;
-use crate::elicitation::ElicitationError;
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
+use agentry_app::elicitation::ElicitationError;
 
 /// The run-control routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -52,32 +52,6 @@ pub struct RunPath {
     /// the session's `run_started` event).
     #[param(pattern = "^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")]
     pub run_id: String,
-}
-
-/// An approval policy: which tool calls wait for a person before they run.
-///
-/// Per tool (`tools`, by name; `default` for the others): `"always"` (every call waits),
-/// `"never"` (the default), or a rule on the arguments: `{"ask_if": MATCHERS}` (wait when one
-/// matches) or `{"allow_if": MATCHERS}` (run at once only when every checked argument matches).
-/// Matchers: `commands` (globs with `*` and `?`, or `re:<regex>`, on `command`/`cmd`/`script`),
-/// `path_prefixes` (on `path`, `file`, `dir`, `*_path`…; normalised, so `src/../etc` is not
-/// under `src`), `domains` (on `url`/`uri`/`urls`; `*.example.com` for subdomains).
-/// `unknown_outcome: "ask"` sends a non-idempotent call whose outcome a crash left unknown to a
-/// person instead of failing it.
-#[derive(Debug, Clone, ToSchema)]
-#[schema(example = json!({"tools": {"exec": {"ask_if": {"commands": ["rm *", "re:^git\\s+push"]}},
-    "write_file": {"allow_if": {"path_prefixes": ["src/"]}}, "fetch": {"allow_if": {"domains": ["docs.rs"]}},
-    "delete_everything": "always"}, "default": "never", "unknown_outcome": "ask"}))]
-pub struct ApprovalPolicyDoc {
-    /// Policies by tool name: `"always"`, `"never"` or a rule.
-    #[schema(value_type = Option<Object>)]
-    pub tools: Option<Value>,
-    /// The policy of tools not named in `tools`: `"always"`, `"never"` or a rule.
-    #[schema(value_type = Option<Object>)]
-    pub default: Option<Value>,
-    /// `interrupt` (default) or `ask`.
-    #[schema(pattern = "^(interrupt|ask)$")]
-    pub unknown_outcome: Option<String>,
 }
 
 /// A tool call waiting for a decision.

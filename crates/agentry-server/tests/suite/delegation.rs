@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use agentry_app::ToolEnvironment;
+use agentry_app::delegation::DelegationHandle;
 use agentry_core::tool::DelegationConfig;
-use agentry_server::ToolEnvironment;
-use agentry_server::delegation::DelegationHandle;
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 use serde_json::{Value, json};
 

@@ -13,12 +13,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use agentry_app::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
+use agentry_app::elicitation::Elicitations;
+use agentry_app::{StoreLog, ToolEnvironment};
 use agentry_core::session::SessionManager;
 use agentry_core::{RunRequest, Runtime};
 use agentry_mcp::McpManager;
-use agentry_server::elicitation::Elicitations;
-use agentry_server::routes::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
-use agentry_server::{StoreLog, ToolEnvironment};
 use agentry_store::{ConfigKind, Store};
 
 use super::data::DataArgs;
@@ -160,7 +160,7 @@ impl AddArgs {
     }
 }
 
-fn api(error: agentry_server::ApiError) -> anyhow::Error {
+fn api(error: agentry_app::AppError) -> anyhow::Error {
     anyhow::anyhow!(error.message)
 }
 
@@ -241,7 +241,7 @@ async fn store_runtime(
     environment: &ToolEnvironment,
 ) -> anyhow::Result<Runtime> {
     let http = agentry_llm::http_client(Duration::from_secs(10))?;
-    agentry_server::models::build_runtime(store, &http, mcp, environment)
+    agentry_app::runtime::build_runtime(store, &http, mcp, environment)
         .await
         .map_err(api)
 }
@@ -304,23 +304,22 @@ pub(crate) async fn session_manager(
     delegation.bind(
         store,
         &manager,
-        &agentry_server::hub::Hub::default(),
+        &agentry_app::hub::Hub::default(),
         environment.skill_roots.clone(),
     );
     Ok((manager, run))
 }
 
-/// A request for `text` as the agent.
-pub(crate) fn request(run: &AgentRun, text: &str) -> RunRequest {
-    RunRequest {
-        model: Some(run.model.clone()),
-        fallback_models: run.fallback_models.clone(),
-        system: run.system.clone(),
-        tools: Some(run.tools.clone()),
-        params: run.params.clone(),
-        limits: Some(run.limits.clone()),
-        approvals: run.approvals.clone(),
-        network: run.network.clone(),
-        ..RunRequest::text(text)
-    }
+/// A request for `text` as the agent, with its memories.
+pub(crate) async fn request(
+    store: &Store,
+    run: &AgentRun,
+    text: &str,
+) -> anyhow::Result<RunRequest> {
+    let mut request = run.request(None);
+    request.input = Some(agentry_core::Input::Text { text: text.into() });
+    agentry_app::memory::remember(store, &mut request)
+        .await
+        .map_err(api)?;
+    Ok(request)
 }

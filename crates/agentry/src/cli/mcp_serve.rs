@@ -33,9 +33,9 @@ pub(crate) struct McpServeArgs {
 
 pub(crate) async fn run(args: McpServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
-    agentry_server::mcp::import_servers_file(&store, &data.home()?).await?;
+    agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
     let mut state = AppState::new(store).await?;
-    state.mcp_expose_tools = args.expose_tools;
+    state.app.mcp_expose_tools = args.expose_tools;
     tracing::info!(
         home = %data.home()?.display(),
         expose_tools = args.expose_tools,

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use agentry_app::ToolEnvironment;
 use agentry_core::skill::Skill;
 use agentry_core::tool::{
     EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
@@ -19,7 +20,6 @@ use agentry_llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
 };
 use agentry_mcp::{McpManager, ServerState};
-use agentry_server::ToolEnvironment;
 use agentry_store::{ConfigKind, Store};
 
 /// The key of the profile in a session's metadata.
@@ -323,10 +323,10 @@ const MCP_START_WAIT: Duration = Duration::from_secs(60);
 async fn mcp_tools(
     store: &Store,
     names: &[String],
-    elicitations: Option<&agentry_server::elicitation::Elicitations>,
+    elicitations: Option<&agentry_app::elicitation::Elicitations>,
 ) -> anyhow::Result<Vec<Arc<dyn agentry_core::tool::Tool>>> {
     let manager = start_mcp(store, names).await?;
-    Ok(agentry_server::mcp::tools(&manager, elicitations))
+    Ok(agentry_app::mcp_tools::tools(&manager, elicitations))
 }
 
 /// Starts the saved MCP servers `names` (none: an empty manager) and waits until each is
@@ -338,7 +338,7 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
     if names.is_empty() {
         return Ok(manager);
     }
-    let secrets = agentry_server::models::secrets(store)
+    let secrets = agentry_app::runtime::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     for name in names {

@@ -23,8 +23,8 @@ use agentry_store::{ConfigKind, NewSession, Store};
 use agentry_types::{RunEvent, SessionEvent, SessionId, ToolResultPart};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::agents::AgentConfig;
 use crate::hub::{Hub, Subscription};
-use crate::routes::agents::AgentConfig;
 
 /// The key of a child session's link in its metadata.
 pub const METADATA_KEY: &str = "delegation";
@@ -158,28 +158,26 @@ impl SubRuns for DelegationHandle {
                 .into_iter()
                 .filter_map(|(_, value)| serde_json::from_value(value).ok())
                 .collect();
-            Ok(matching(&agents, &target)
-                .into_iter()
-                .map(|agent| AgentTarget {
+            let mut targets = Vec::new();
+            for agent in matching(&agents, &target) {
+                let request = match agent.resolve(&runtime, skill_roots.as_deref()) {
+                    Ok(run) => {
+                        // Its memories come along (the most recent: the task is not known yet).
+                        let mut request = run.request(None);
+                        match crate::memory::remember(&store, &mut request).await {
+                            Ok(()) => Ok(request),
+                            Err(error) => Err(error.message),
+                        }
+                    }
+                    Err(error) => Err(error.message),
+                };
+                targets.push(AgentTarget {
                     id: agent.id.clone(),
                     nickname: agent.nickname.clone(),
-                    request: agent
-                        .resolve(&runtime, skill_roots.as_deref())
-                        .map(|run| RunRequest {
-                            model: Some(run.model),
-                            fallback_models: run.fallback_models,
-                            system: run.system,
-                            tools: Some(run.tools),
-                            params: run.params,
-                            limits: Some(run.limits),
-                            approvals: run.approvals,
-                            network: run.network,
-                            agent_id: Some(agent.id.clone()),
-                            ..RunRequest::default()
-                        })
-                        .map_err(|error| error.message),
-                })
-                .collect())
+                    request,
+                });
+            }
+            Ok(targets)
         })
     }
 

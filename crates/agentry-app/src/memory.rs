@@ -7,10 +7,11 @@
 
 use std::collections::HashSet;
 
+use agentry_core::RunRequest;
 use agentry_llm::TokenCounter;
 use agentry_store::{MemoryRecord, MemoryScope, Store};
 
-use crate::error::ApiError;
+use crate::error::AppError;
 
 /// Tokens the memories may take in the system prompt by default.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 800;
@@ -25,7 +26,7 @@ pub async fn memory_block(
     user: Option<&str>,
     message: &str,
     budget: u64,
-) -> Result<Option<String>, ApiError> {
+) -> Result<Option<String>, AppError> {
     let mut scopes = Vec::with_capacity(2);
     if let Some(user) = user {
         scopes.push(MemoryScope::user(agent, user));
@@ -42,6 +43,24 @@ pub async fn memory_block(
         candidates.extend(store.memories(scope, CANDIDATES).await?);
     }
     Ok(render(&candidates, budget))
+}
+
+/// Adds the memories of the agent `request` runs as (and of its user) to `request`, chosen for
+/// its input's opening words; a request that runs as no agent is left as it is.
+pub async fn remember(store: &Store, request: &mut RunRequest) -> Result<(), AppError> {
+    let Some(agent) = request.agent_id.as_deref() else {
+        return Ok(());
+    };
+    let message = crate::runs::first_line(request).unwrap_or_default();
+    request.memory = memory_block(
+        store,
+        agent,
+        request.user.as_deref(),
+        &message,
+        DEFAULT_MEMORY_BUDGET,
+    )
+    .await?;
+    Ok(())
 }
 
 /// The block for `candidates` in order, each once, within `budget` tokens.

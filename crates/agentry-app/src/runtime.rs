@@ -18,7 +18,7 @@ use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_mcp::McpManager;
 use agentry_store::{ConfigKind, Store};
 
-use crate::error::ApiError;
+use crate::error::AppError;
 
 /// A registered model. Accepts the Python service's field names (`model_id`, `api_protocol`,
 /// `api_base`) as well as Agentry's.
@@ -31,7 +31,7 @@ pub struct ModelConfig {
     pub id: String,
     /// The wire protocol.
     #[serde(alias = "api_protocol", default = "default_protocol")]
-    #[schema(schema_with = crate::openapi::protocol_schema)]
+    #[schema(schema_with = crate::schema::protocol_schema)]
     pub protocol: Protocol,
     /// Base URL (default: the protocol's public endpoint).
     #[serde(alias = "api_base", default, skip_serializing_if = "Option::is_none")]
@@ -81,14 +81,14 @@ impl ModelConfig {
         &self,
         secrets: &HashMap<String, String>,
         http: &reqwest::Client,
-    ) -> Result<HttpModelClient, ApiError> {
+    ) -> Result<HttpModelClient, AppError> {
         let mut config = ProviderConfig::new(self.protocol, &self.model_name);
         if let Some(base_url) = &self.base_url {
             config = config.with_base_url(base_url);
         }
         if let Some(name) = &self.api_key_secret {
             let key = secrets.get(name).ok_or_else(|| {
-                ApiError::bad_request(format!(
+                AppError::bad_request(format!(
                     "model {:?} uses the secret {name:?}, which is not set (POST /v1/env)",
                     self.id
                 ))
@@ -99,12 +99,12 @@ impl ModelConfig {
             config = config.with_context_window(u64::from(tokens));
         }
         HttpModelClient::with_http_client(config, http.clone())
-            .map_err(|error| ApiError::bad_request(format!("model {:?}: {error}", self.id)))
+            .map_err(|error| AppError::bad_request(format!("model {:?}: {error}", self.id)))
     }
 }
 
 /// The stored secrets, by name (for building clients and tools inside the process only).
-pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError> {
+pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, AppError> {
     let mut secrets = HashMap::new();
     for info in store.list_secrets().await? {
         if let Some(value) = store.reveal_secret(&info.name).await? {
@@ -117,7 +117,7 @@ pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, ApiError>
 /// The built-in tools runs get in `environment`: `current_time`, `delegate` and `talk_to`; the
 /// file tools and `fetch` when sessions have workspaces; `exec` and `terminal` when they also
 /// have sandboxes.
-pub fn builtins(environment: &crate::state::ToolEnvironment) -> Vec<Arc<dyn Tool>> {
+pub fn builtins(environment: &crate::environment::ToolEnvironment) -> Vec<Arc<dyn Tool>> {
     let mut tools = builtin_tools();
     tools.extend(environment.delegation.tools());
     if environment.workspaces.is_some() {
@@ -146,8 +146,8 @@ pub async fn build_runtime(
     store: &Store,
     http: &reqwest::Client,
     mcp: &McpManager,
-    environment: &crate::state::ToolEnvironment,
-) -> Result<Runtime, ApiError> {
+    environment: &crate::environment::ToolEnvironment,
+) -> Result<Runtime, AppError> {
     let secrets = secrets(store).await?;
     let mut builder = Runtime::builder();
     builder.approval_defaults(environment.approval_defaults.clone());
@@ -155,7 +155,7 @@ pub async fn build_runtime(
     // In the order they were registered: the first is the default unless one is marked.
     for (name, value) in store.list_config_registered(ConfigKind::Model).await? {
         let built = serde_json::from_value::<ModelConfig>(value)
-            .map_err(|error| ApiError::bad_request(error.to_string()))
+            .map_err(|error| AppError::bad_request(error.to_string()))
             .and_then(|model| Ok((model.default, model.client(&secrets, http)?)));
         match built {
             Ok((marked, client)) => models.push((name, marked, client)),
@@ -187,7 +187,7 @@ pub async fn build_runtime(
     }
     // Command tools run in the session's sandbox when there is one; on the host only when the
     // operator allows host commands (otherwise they are refused and skipped here).
-    let sandboxes = crate::routes::config::command_sandboxes(environment);
+    let sandboxes = crate::config::command_sandboxes(environment);
     let resolver: Arc<dyn agentry_core::tool::SecretResolver> = Arc::new(StaticSecrets(secrets));
     for (name, value) in store.list_config(ConfigKind::Tool).await? {
         let built = serde_json::from_value::<ToolDefinition>(value)
@@ -211,7 +211,7 @@ pub async fn build_runtime(
             Err(error) => tracing::warn!(tool = %name, "skipping a tool: {error}"),
         }
     }
-    for tool in crate::mcp::tools(mcp, environment.elicitations.as_ref()) {
+    for tool in crate::mcp_tools::tools(mcp, environment.elicitations.as_ref()) {
         let name = tool.spec().name.clone();
         if let Err(error) = builder.tool_arc(tool) {
             tracing::warn!(tool = %name, "skipping an MCP tool: {error}");
@@ -221,14 +221,14 @@ pub async fn build_runtime(
     // skipped, and running the agent then says so).
     let mut skill_dirs = std::collections::BTreeSet::new();
     for (name, value) in store.list_config(ConfigKind::Agent).await? {
-        let Ok(agent) = serde_json::from_value::<crate::routes::agents::AgentConfig>(value) else {
+        let Ok(agent) = serde_json::from_value::<crate::agents::AgentConfig>(value) else {
             continue;
         };
         for path in agent.skills {
             if !skill_dirs.insert(path.clone()) {
                 continue;
             }
-            match crate::routes::agents::load_skill(&path, environment.skill_roots.as_deref()) {
+            match crate::agents::load_skill(&path, environment.skill_roots.as_deref()) {
                 Ok(skill) => {
                     let skill_name = skill.name().to_owned();
                     if builder.tools_contain(&skill_name) {

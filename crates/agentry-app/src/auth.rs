@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -248,13 +248,6 @@ pub enum AuthError {
     LastAdmin(String),
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -307,7 +300,7 @@ pub async fn create_key_with(
     let stored = StoredKey {
         hash: digest(&key),
         label: label.to_owned(),
-        created_at: now_ms(),
+        created_at: crate::clock::now_ms(),
         revoked_at: None,
         role,
         limits,
@@ -365,7 +358,7 @@ pub async fn revoke_key(store: &Store, id: &str) -> Result<bool, AuthError> {
     let Ok(mut stored) = serde_json::from_value::<StoredKey>(value) else {
         return Ok(false);
     };
-    stored.revoked_at.get_or_insert_with(now_ms);
+    stored.revoked_at.get_or_insert_with(crate::clock::now_ms);
     let value =
         serde_json::to_value(&stored).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
     store.put_config(ConfigKind::ApiKey, id, &value).await?;

@@ -17,14 +17,13 @@
 //! wakes is [`agentry_core::group::GroupRouter`]'s decision; the members of a round run in
 //! parallel.
 //!
-//! Progress streams over SSE ([`GroupLive`] → [`sse_event`]): `group.message`, `group.round`,
+//! Progress streams live as [`GroupLive`] (over SSE in the HTTP API): `group.message`, `group.round`,
 //! `group.finished` (committed, with the seq as id), and live `group.speaking` (a member
 //! starts), `group.delta` / `group.thinking` (its text) and `group.member` (its other events).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
-use axum::response::sse::Event;
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -40,10 +39,10 @@ use agentry_core::{Input, group};
 use agentry_store::NewSession;
 use agentry_types::{ErrorInfo, GroupEvent, RunEvent, RunId, SessionEvent, SessionId};
 
-use crate::error::ApiError;
+use crate::App;
+use crate::agents::{AgentConfig, stored_agent};
+use crate::error::{AppError, Failure};
 use crate::hub::StatusChange;
-use crate::routes::agents::{AgentConfig, stored_agent};
-use crate::state::AppState;
 
 /// The key of a group session's members in its metadata.
 pub const METADATA_KEY: &str = "group";
@@ -117,29 +116,37 @@ struct LiveGroup {
     cancel: CancellationToken,
 }
 
-/// The live exchanges, by group session. Process-wide: session ids are unique.
-static LIVE: LazyLock<Mutex<HashMap<SessionId, LiveGroup>>> = LazyLock::new(Mutex::default);
+/// The exchanges going on, by group session: one per group session at a time. Owned by the
+/// [`App`] (`App::groups`), so two apps in one process never share them.
+#[derive(Clone, Default)]
+pub struct LiveGroups(Arc<Mutex<HashMap<SessionId, LiveGroup>>>);
 
-fn live() -> std::sync::MutexGuard<'static, HashMap<SessionId, LiveGroup>> {
-    LIVE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+impl LiveGroups {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, LiveGroup>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 
-/// Subscribes to the exchange going on in `session`, if any: its id and its live events.
-pub fn subscribe(session: SessionId) -> Option<(RunId, broadcast::Receiver<Arc<GroupLive>>)> {
-    live()
-        .get(&session)
-        .map(|group| (group.run_id, group.sender.subscribe()))
-}
+    /// Subscribes to the exchange going on in `session`, if any: its id and its live events.
+    pub fn subscribe(
+        &self,
+        session: SessionId,
+    ) -> Option<(RunId, broadcast::Receiver<Arc<GroupLive>>)> {
+        self.lock()
+            .get(&session)
+            .map(|group| (group.run_id, group.sender.subscribe()))
+    }
 
-/// Cancels the exchange going on in `session`; false if none is.
-pub fn cancel(session: SessionId) -> bool {
-    match live().get(&session) {
-        Some(group) => {
-            group.cancel.cancel();
-            true
+    /// Cancels the exchange going on in `session`; false if none is.
+    pub fn cancel(&self, session: SessionId) -> bool {
+        match self.lock().get(&session) {
+            Some(group) => {
+                group.cancel.cancel();
+                true
+            }
+            None => false,
         }
-        None => false,
     }
 }
 
@@ -149,9 +156,9 @@ pub fn info_of(metadata: &Value) -> Option<GroupInfo> {
 }
 
 /// Checks a member list: 2 to [`MAX_MEMBERS`] distinct saved agents. Returns their configs.
-pub async fn check_members(state: &AppState, ids: &[String]) -> Result<Vec<AgentConfig>, ApiError> {
+pub async fn check_members(state: &App, ids: &[String]) -> Result<Vec<AgentConfig>, AppError> {
     if ids.len() < 2 || ids.len() > MAX_MEMBERS {
-        return Err(ApiError::bad_request(format!(
+        return Err(AppError::bad_request(format!(
             "a group has 2 to {MAX_MEMBERS} members, not {}",
             ids.len()
         )));
@@ -159,13 +166,13 @@ pub async fn check_members(state: &AppState, ids: &[String]) -> Result<Vec<Agent
     let mut agents = Vec::with_capacity(ids.len());
     for (index, id) in ids.iter().enumerate() {
         if ids[..index].contains(id) {
-            return Err(ApiError::bad_request(format!(
+            return Err(AppError::bad_request(format!(
                 "the agent {id:?} is named twice"
             )));
         }
         let agent = stored_agent(&state.store, id)
             .await?
-            .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
+            .ok_or_else(|| AppError::bad_request(format!("no agent {id:?}")))?;
         agents.push(agent);
     }
     Ok(agents)
@@ -173,24 +180,20 @@ pub async fn check_members(state: &AppState, ids: &[String]) -> Result<Vec<Agent
 
 /// Creates a group session over `ids` (checked first) and its members' sessions.
 pub async fn create(
-    state: &AppState,
+    state: &App,
     caller: &crate::auth::Principal,
     ids: &[String],
     max_rounds: Option<u32>,
     title: Option<String>,
-) -> Result<(SessionId, GroupInfo), ApiError> {
+) -> Result<(SessionId, GroupInfo), AppError> {
     for id in ids {
-        caller.check_run(Some(id), None, None).map_err(|message| {
-            ApiError::new(
-                axum::http::StatusCode::FORBIDDEN,
-                "permission_denied",
-                message,
-            )
-        })?;
+        caller
+            .check_run(Some(id), None, None)
+            .map_err(|message| AppError::new(Failure::Forbidden, "permission_denied", message))?;
     }
     let max_rounds = max_rounds.unwrap_or(group::DEFAULT_MAX_ROUNDS);
     if max_rounds == 0 || max_rounds > MAX_ROUNDS_LIMIT {
-        return Err(ApiError::bad_request(format!(
+        return Err(AppError::bad_request(format!(
             "`max_rounds` is 1 to {MAX_ROUNDS_LIMIT}"
         )));
     }
@@ -234,22 +237,22 @@ fn display(agent: &AgentConfig) -> &str {
 
 /// The group session `session` and its settings: 404 if there is no such session, 400 if it is
 /// not a group.
-pub async fn load(state: &AppState, session: SessionId) -> Result<GroupInfo, ApiError> {
+pub async fn load(state: &App, session: SessionId) -> Result<GroupInfo, AppError> {
     let record = state
         .store
         .session(session)
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("no session {session}")))?;
+        .ok_or_else(|| AppError::not_found(format!("no session {session}")))?;
     info_of(&record.metadata)
-        .ok_or_else(|| ApiError::bad_request(format!("session {session} is not a group chat")))
+        .ok_or_else(|| AppError::bad_request(format!("session {session} is not a group chat")))
 }
 
 /// The group events of a session's log, with their seqs.
 pub async fn group_events(
-    state: &AppState,
+    state: &App,
     session: SessionId,
     after: u64,
-) -> Result<Vec<(u64, RunId, GroupEvent)>, ApiError> {
+) -> Result<Vec<(u64, RunId, GroupEvent)>, AppError> {
     Ok(state
         .store
         .events(session, after, usize::MAX)
@@ -285,22 +288,22 @@ struct Runner {
 /// Posts the user's `text` to the group `session` and starts the exchange in the background.
 /// 409 while another exchange of the group is going on.
 pub async fn post(
-    state: &AppState,
+    state: &App,
     session: SessionId,
     text: String,
     user: Option<String>,
-) -> Result<Started, ApiError> {
+) -> Result<Started, AppError> {
     let info = load(state, session).await?;
     if text.trim().is_empty() {
-        return Err(ApiError::bad_request("the message is empty"));
+        return Err(AppError::bad_request("the message is empty"));
     }
     if text.chars().count() > MAX_TEXT_CHARS {
-        return Err(ApiError::bad_request(format!(
+        return Err(AppError::bad_request(format!(
             "a message has at most {MAX_TEXT_CHARS} characters"
         )));
     }
     if let Some(user) = &user {
-        crate::routes::config::check_name("user", user)?;
+        crate::config::check_name("user", user)?;
     }
     let ids: Vec<String> = info.members.iter().map(|m| m.agent_id.clone()).collect();
     let agents = check_members(state, &ids).await?;
@@ -322,9 +325,9 @@ pub async fn post(
     let cancel = CancellationToken::new();
     let run_id = RunId::new();
     {
-        let mut live = live();
+        let mut live = state.groups.lock();
         if live.contains_key(&session) {
-            return Err(ApiError::conflict(format!(
+            return Err(AppError::conflict(format!(
                 "group session {session} is busy with another message"
             )));
         }
@@ -341,7 +344,7 @@ pub async fn post(
     let (transcript, turns, exchange, first_seq) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => {
-            live().remove(&session);
+            state.groups.lock().remove(&session);
             return Err(error);
         }
     };
@@ -369,13 +372,13 @@ pub async fn post(
 /// user's message as the start of exchange `run_id`. Returns the transcript, each member's last
 /// turn (`(exchange, round)`), the exchange's number and the message's seq.
 async fn prepare_exchange(
-    state: &AppState,
+    state: &App,
     session: SessionId,
     run_id: RunId,
     runners: &[Runner],
     text: &str,
     user: Option<&str>,
-) -> Result<Prepared, ApiError> {
+) -> Result<Prepared, AppError> {
     let events = group_events(state, session, 0).await?;
     let mut transcript = Vec::new();
     let mut turns = HashMap::new();
@@ -429,7 +432,7 @@ async fn prepare_exchange(
             }],
         )
         .await
-        .map_err(|error| ApiError::internal(error.to_string()))?;
+        .map_err(|error| AppError::internal(error.to_string()))?;
     }
     exchange += 1;
     let members: Vec<Member> = runners.iter().map(|r| r.member.clone()).collect();
@@ -454,7 +457,7 @@ async fn prepare_exchange(
             }],
         )
         .await
-        .map_err(|error| ApiError::internal(error.to_string()))?;
+        .map_err(|error| AppError::internal(error.to_string()))?;
     transcript.push(TranscriptEntry {
         exchange,
         round: 0,
@@ -473,7 +476,7 @@ type Prepared = (Vec<TranscriptEntry>, Turns, u32, u64);
 
 /// One exchange, run in the background.
 struct Exchange {
-    state: AppState,
+    state: App,
     session: SessionId,
     run_id: RunId,
     exchange: u32,
@@ -582,7 +585,7 @@ impl Exchange {
             stop_reason: stop_reason.into(),
         })
         .await;
-        live().remove(&self.session);
+        self.state.groups.lock().remove(&self.session);
         self.set_status(SessionStatus::Idle, Some(stop_reason))
             .await;
     }
@@ -751,41 +754,21 @@ impl Exchange {
 
     /// The member's run request: its saved agent, the group note after its system prompt, and
     /// what it has not seen as the new user message.
-    async fn request(&self, runner: &Runner, input: String) -> Result<RunRequest, ApiError> {
+    async fn request(&self, runner: &Runner, input: String) -> Result<RunRequest, AppError> {
         let run = runner.agent.resolve(
             &self.state.sessions.runtime(),
             self.state.tools.skill_roots.as_deref(),
         )?;
         let members: Vec<Member> = self.runners.iter().map(|r| r.member.clone()).collect();
         let note = group::group_prompt(&runner.member, &members);
-        let system = Some(match run.system {
+        let mut request = run.request(self.user.clone());
+        request.system = Some(match request.system.take() {
             Some(own) => format!("{own}\n\n{note}"),
             None => note,
         });
-        let memory = crate::memory_prompt::memory_block(
-            &self.state.store,
-            &runner.agent.id,
-            self.user.as_deref(),
-            &input.chars().take(80).collect::<String>(),
-            crate::memory_prompt::DEFAULT_MEMORY_BUDGET,
-        )
-        .await?;
-        Ok(RunRequest {
-            model: Some(run.model),
-            fallback_models: run.fallback_models,
-            system,
-            tools: Some(run.tools),
-            params: run.params,
-            limits: Some(run.limits),
-            approvals: run.approvals,
-            agent_id: Some(runner.agent.id.clone()),
-            compaction: run.compaction,
-            network: run.network,
-            user: self.user.clone(),
-            memory,
-            input: Some(Input::Text { text: input }),
-            ..RunRequest::default()
-        })
+        request.input = Some(Input::Text { text: input });
+        crate::memory::remember(&self.state.store, &mut request).await?;
+        Ok(request)
     }
 }
 
@@ -796,58 +779,6 @@ fn internal_error(message: String) -> ErrorInfo {
         retryable: false,
         status: None,
     }
-}
-
-/// The SSE name of a committed group event.
-pub fn sse_name(event: &GroupEvent) -> &'static str {
-    match event {
-        GroupEvent::Round { .. } => "group.round",
-        GroupEvent::Message { .. } => "group.message",
-        GroupEvent::Finished { .. } => "group.finished",
-    }
-}
-
-/// The SSE event for a live group event (committed ones carry their seq as id).
-pub fn sse_event(live: &GroupLive) -> Option<Event> {
-    let event = |name: &str, data: Value| Event::default().event(name).data(data.to_string());
-    Some(match live {
-        GroupLive::Committed {
-            seq,
-            event: committed,
-        } => {
-            let SessionEvent::Group { event: group, .. } = committed else {
-                return None;
-            };
-            event(sse_name(group), json!({"seq": seq, "event": committed})).id(seq.to_string())
-        }
-        GroupLive::Speaking {
-            round,
-            agent_id,
-            name,
-            session_id,
-        } => event(
-            "group.speaking",
-            json!({"round": round, "agent_id": agent_id, "name": name, "session_id": session_id}),
-        ),
-        GroupLive::Member {
-            round,
-            agent_id,
-            event: member,
-        } => match member.as_ref() {
-            RunEvent::TextDelta { text } => event(
-                "group.delta",
-                json!({"round": round, "agent_id": agent_id, "text": text}),
-            ),
-            RunEvent::ThinkingDelta { text } => event(
-                "group.thinking",
-                json!({"round": round, "agent_id": agent_id, "text": text}),
-            ),
-            other => event(
-                "group.member",
-                json!({"round": round, "agent_id": agent_id, "event": other}),
-            ),
-        },
-    })
 }
 
 /// Whether a live event ends the exchange.
@@ -867,10 +798,10 @@ pub fn is_end(live: &GroupLive) -> bool {
 /// Waits for the exchange's end; returns its committed group events (from the log, so none is
 /// missed).
 pub async fn wait(
-    state: &AppState,
+    state: &App,
     session: SessionId,
     started: Started,
-) -> Result<Vec<(u64, GroupEvent)>, ApiError> {
+) -> Result<Vec<(u64, GroupEvent)>, AppError> {
     let mut events = started.events;
     loop {
         match events.recv().await {

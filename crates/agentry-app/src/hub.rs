@@ -16,7 +16,23 @@ use tokio_util::sync::CancellationToken;
 use agentry_core::RunStream;
 use agentry_types::{RunEvent, RunId, RunStopReason, SessionEvent, SessionId};
 
-use crate::metrics::Metrics;
+/// What watches the hub's runs: the HTTP server counts them into its metrics. Every method
+/// defaults to doing nothing.
+pub trait RunObserver: Send + Sync {
+    /// A run was adopted.
+    fn run_started(&self) {}
+    /// One of its events.
+    fn observe(&self, event: &RunEvent) {
+        let _ = event;
+    }
+    /// It ended (finished, failed, suspended or dropped).
+    fn run_ended(&self) {}
+}
+
+/// The observer that does nothing.
+pub(crate) struct Unobserved;
+
+impl RunObserver for Unobserved {}
 
 /// Events a slow subscriber may fall behind by before it must catch up from the log.
 const CHANNEL_CAPACITY: usize = 1024;
@@ -67,28 +83,23 @@ pub struct StatusChange {
 pub struct Hub {
     live: Arc<Mutex<HashMap<SessionId, LiveRun>>>,
     status: broadcast::Sender<StatusChange>,
-    metrics: Arc<Metrics>,
+    observer: Arc<dyn RunObserver>,
 }
 
 impl Default for Hub {
     fn default() -> Self {
-        Self::new(Arc::default())
+        Self::new(Arc::new(Unobserved))
     }
 }
 
 impl Hub {
-    /// A hub counting into `metrics`.
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    /// A hub reporting its runs to `observer`.
+    pub fn new(observer: Arc<dyn RunObserver>) -> Self {
         Self {
             live: Arc::default(),
             status: broadcast::channel(CHANNEL_CAPACITY).0,
-            metrics,
+            observer,
         }
-    }
-
-    /// The metrics the hub counts into.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 
     /// Subscribes to every session's status changes.
@@ -135,14 +146,14 @@ impl Hub {
             },
         );
         let hub = self.clone();
-        hub.metrics.run_started();
+        hub.observer.run_started();
         tokio::spawn(async move {
             let mut run = run;
             let mut end = None;
             let mut suspended = None;
             while let Some(event) = run.next().await {
                 hub.observe(session, &event, &partial);
-                hub.metrics.observe(&event);
+                hub.observer.observe(&event);
                 match &event {
                     RunEvent::RunFinished { stop_reason, .. }
                     | RunEvent::RunFailed { stop_reason, .. } => {
@@ -176,7 +187,7 @@ impl Hub {
                 // No subscriber is fine: the run goes on.
                 let _ = sender.send(Arc::new(event));
             }
-            hub.metrics.run_ended();
+            hub.observer.run_ended();
             let status = match (suspended, end) {
                 (Some(status), None) => status.as_str(),
                 (_, end) => match end {

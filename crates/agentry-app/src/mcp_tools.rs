@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use crate::error::Failure;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -22,7 +22,7 @@ use agentry_store::{ConfigKind, Store};
 use agentry_types::ToolSpec;
 
 use crate::elicitation::Elicitations;
-use crate::error::ApiError;
+use crate::error::AppError;
 
 /// The name of the file in the data folder whose servers are imported at start-up.
 pub const SERVERS_FILE: &str = "mcp.json";
@@ -131,8 +131,8 @@ pub fn tools(manager: &McpManager, elicitations: Option<&Elicitations>) -> Vec<A
 
 /// Starts every server saved in the store (in the background: a server that is slow or down
 /// delays nothing). A stored entry that is invalid is skipped with a warning.
-pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), ApiError> {
-    let secrets = crate::models::secrets(store).await?;
+pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), AppError> {
+    let secrets = crate::runtime::secrets(store).await?;
     for (name, value) in store.list_config(ConfigKind::McpServer).await? {
         let added = match serde_json::from_value::<McpServerConfig>(value) {
             Ok(config) => manager
@@ -154,34 +154,34 @@ pub async fn save_and_start(
     store: &Store,
     manager: &McpManager,
     servers: &BTreeMap<String, McpServerConfig>,
-) -> Result<(), ApiError> {
-    let secrets = crate::models::secrets(store).await?;
+) -> Result<(), AppError> {
+    let secrets = crate::runtime::secrets(store).await?;
     for (name, config) in servers {
-        config.validate(name).map_err(api_error)?;
+        config.validate(name).map_err(mcp_error)?;
         // Refused here, before anything is saved or spawned, when it has nowhere to run.
         manager
             .stdio_policy()
             .check(name, config)
-            .map_err(api_error)?;
+            .map_err(mcp_error)?;
         if let Some(missing) = config
             .secret_names()
             .find(|secret| !secrets.contains_key(*secret))
         {
-            return Err(ApiError::bad_request(format!(
+            return Err(AppError::bad_request(format!(
                 "MCP server {name:?} uses the secret {missing:?}, which is not set (POST /v1/env)"
             )));
         }
     }
     for (name, config) in servers {
         let document =
-            serde_json::to_value(config).map_err(|error| ApiError::internal(error.to_string()))?;
+            serde_json::to_value(config).map_err(|error| AppError::internal(error.to_string()))?;
         store
             .put_config(ConfigKind::McpServer, name, &document)
             .await?;
         manager
             .add(name, config.clone(), &|secret| secrets.get(secret).cloned())
             .await
-            .map_err(api_error)?;
+            .map_err(mcp_error)?;
     }
     Ok(())
 }
@@ -189,26 +189,26 @@ pub async fn save_and_start(
 /// Imports the servers of `<home>/mcp.json` (`{"mcpServers": {…}}`) into the store, replacing
 /// saved servers of the same names. A missing file is nothing to import; an invalid one is an
 /// error naming the file.
-pub async fn import_servers_file(store: &Store, home: &Path) -> Result<usize, ApiError> {
+pub async fn import_servers_file(store: &Store, home: &Path) -> Result<usize, AppError> {
     let path = home.join(SERVERS_FILE);
     let text = match tokio::fs::read_to_string(&path).await {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(error) => {
-            return Err(ApiError::internal(format!(
+            return Err(AppError::internal(format!(
                 "cannot read {}: {error}",
                 path.display()
             )));
         }
     };
     let document: serde_json::Value = serde_json::from_str(&text).map_err(|error| {
-        ApiError::bad_request(format!("{} is not JSON: {error}", path.display()))
+        AppError::bad_request(format!("{} is not JSON: {error}", path.display()))
     })?;
     let servers = agentry_mcp::parse_servers_document(&document)
-        .map_err(|error| ApiError::bad_request(format!("{}: {error}", path.display())))?;
+        .map_err(|error| AppError::bad_request(format!("{}: {error}", path.display())))?;
     for (name, config) in &servers {
         let document =
-            serde_json::to_value(config).map_err(|error| ApiError::internal(error.to_string()))?;
+            serde_json::to_value(config).map_err(|error| AppError::internal(error.to_string()))?;
         store
             .put_config(ConfigKind::McpServer, name, &document)
             .await?;
@@ -221,7 +221,7 @@ pub(crate) fn rebuild_on_changes(
     manager: &McpManager,
     store: Store,
     http: reqwest::Client,
-    tools: crate::state::ToolEnvironment,
+    tools: crate::environment::ToolEnvironment,
     sessions: SessionManager,
 ) {
     let mut changes = manager.subscribe();
@@ -233,7 +233,7 @@ pub(crate) fn rebuild_on_changes(
             let Some(manager) = weak.upgrade() else {
                 break;
             };
-            match crate::models::build_runtime(&store, &http, &manager, &tools).await {
+            match crate::runtime::build_runtime(&store, &http, &manager, &tools).await {
                 Ok(runtime) => sessions.set_runtime(runtime),
                 Err(error) => tracing::warn!(
                     "could not rebuild the runtime after an MCP change: {}",
@@ -245,14 +245,14 @@ pub(crate) fn rebuild_on_changes(
 }
 
 /// The API error for an MCP error.
-pub fn api_error(error: McpError) -> ApiError {
+pub fn mcp_error(error: McpError) -> AppError {
     let status = match &error {
-        McpError::InvalidConfig(_) | McpError::MissingSecret { .. } => StatusCode::BAD_REQUEST,
-        McpError::UnknownServer(_) | McpError::UnknownTool { .. } => StatusCode::NOT_FOUND,
-        McpError::DuplicateServer(_) => StatusCode::CONFLICT,
-        McpError::HostCommandsRefused { .. } => StatusCode::FORBIDDEN,
-        McpError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        _ => StatusCode::BAD_GATEWAY,
+        McpError::InvalidConfig(_) | McpError::MissingSecret { .. } => Failure::Invalid,
+        McpError::UnknownServer(_) | McpError::UnknownTool { .. } => Failure::NotFound,
+        McpError::DuplicateServer(_) => Failure::Conflict,
+        McpError::HostCommandsRefused { .. } => Failure::Forbidden,
+        McpError::Timeout { .. } => Failure::Timeout,
+        _ => Failure::Upstream,
     };
     let code = match &error {
         McpError::HostCommandsRefused { reason, .. }
@@ -262,5 +262,5 @@ pub fn api_error(error: McpError) -> ApiError {
         }
         _ => error.code(),
     };
-    ApiError::new(status, code, error.to_string())
+    AppError::new(status, code, error.to_string())
 }

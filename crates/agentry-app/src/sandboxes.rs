@@ -11,9 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::http::StatusCode;
+use crate::clock::now_ms;
+use std::time::{Duration, Instant};
+
+use crate::error::Failure;
 use serde_json::json;
 use tokio::sync::{Notify, watch};
 use uuid::Uuid;
@@ -22,7 +24,7 @@ use agentry_sandbox::{
     Backend, ExecEvent, ExecHandle, ExitStatus, Sandbox, SandboxError, SandboxSpec,
 };
 
-use crate::error::ApiError;
+use crate::error::AppError;
 
 /// How many standalone sandboxes may exist at once.
 pub const MAX_SANDBOXES: usize = 64;
@@ -40,14 +42,6 @@ pub const OUTPUT_CAP: usize = 1 << 20;
 /// How often closed sandboxes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -56,35 +50,35 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// a conflicting one a 409, a full disk or an over-large file a 413, a closed sandbox a 404,
 /// an unavailable backend a 503, a full pool a 429; other failures inside the sandbox are the
 /// request's (400).
-pub fn sandbox_error(error: SandboxError) -> ApiError {
+pub fn sandbox_error(error: SandboxError) -> AppError {
     match error {
         SandboxError::Unavailable(message) => unavailable(message),
-        SandboxError::Closed { reason } => ApiError::new(
-            StatusCode::NOT_FOUND,
+        SandboxError::Closed { reason } => AppError::new(
+            Failure::NotFound,
             "sandbox_closed",
             format!("the sandbox is closed: {reason}"),
         )
         .with_details(json!({ "reason": reason })),
-        SandboxError::InvalidRequest(message) => ApiError::bad_request(message),
-        SandboxError::TooLarge { limit } => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
+        SandboxError::InvalidRequest(message) => AppError::bad_request(message),
+        SandboxError::TooLarge { limit } => AppError::new(
+            Failure::TooLarge,
             "file_too_large",
             format!("the file is larger than {limit} bytes"),
         )
         .with_details(json!({ "limit": limit })),
         SandboxError::Remote { errno, message } => match errno {
             Some(errno) => errno_error(errno, message),
-            None => ApiError::bad_request(message),
+            None => AppError::bad_request(message),
         },
         SandboxError::Io(error) => match error.raw_os_error() {
-            Some(errno) if kind_status(errno).0 == StatusCode::PAYLOAD_TOO_LARGE => {
+            Some(errno) if kind_status(errno).0 == Failure::TooLarge => {
                 errno_error(errno, error.to_string())
             }
-            _ => ApiError::internal(format!("sandbox io: {error}")),
+            _ => AppError::internal(format!("sandbox io: {error}")),
         },
-        SandboxError::Setup(message) => ApiError::internal(format!("sandbox: {message}")),
-        SandboxError::PoolFull { max } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
+        SandboxError::Setup(message) => AppError::internal(format!("sandbox: {message}")),
+        SandboxError::PoolFull { max } => AppError::new(
+            Failure::TooMany,
             "too_many_sandboxes",
             SandboxError::PoolFull { max }.to_string(),
         )
@@ -93,36 +87,32 @@ pub fn sandbox_error(error: SandboxError) -> ApiError {
 }
 
 /// 503 `sandbox_unavailable`.
-pub fn unavailable(message: impl Into<String>) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "sandbox_unavailable",
-        message,
-    )
+pub fn unavailable(message: impl Into<String>) -> AppError {
+    AppError::new(Failure::Unavailable, "sandbox_unavailable", message)
 }
 
 /// The status and code for an errno from inside a sandbox.
-fn kind_status(errno: i32) -> (StatusCode, &'static str) {
+fn kind_status(errno: i32) -> (Failure, &'static str) {
     use std::io::ErrorKind;
     match std::io::Error::from_raw_os_error(errno).kind() {
-        ErrorKind::NotFound | ErrorKind::NotADirectory => (StatusCode::NOT_FOUND, "not_found"),
+        ErrorKind::NotFound | ErrorKind::NotADirectory => (Failure::NotFound, "not_found"),
         ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => {
-            (StatusCode::FORBIDDEN, "forbidden")
+            (Failure::Forbidden, "forbidden")
         }
         ErrorKind::AlreadyExists
         | ErrorKind::DirectoryNotEmpty
         | ErrorKind::ResourceBusy
-        | ErrorKind::ExecutableFileBusy => (StatusCode::CONFLICT, "conflict"),
+        | ErrorKind::ExecutableFileBusy => (Failure::Conflict, "conflict"),
         ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge => {
-            (StatusCode::PAYLOAD_TOO_LARGE, "no_space")
+            (Failure::TooLarge, "no_space")
         }
-        _ => (StatusCode::BAD_REQUEST, "invalid_request"),
+        _ => (Failure::Invalid, "invalid_request"),
     }
 }
 
-fn errno_error(errno: i32, message: String) -> ApiError {
+fn errno_error(errno: i32, message: String) -> AppError {
     let (status, code) = kind_status(errno);
-    ApiError::new(status, code, message).with_details(json!({ "errno": errno }))
+    AppError::new(status, code, message).with_details(json!({ "errno": errno }))
 }
 
 /// A command's output, kept up to a cap.
@@ -295,12 +285,12 @@ impl Standalone {
     }
 
     /// Takes a place for a background process: 429 when [`MAX_BACKGROUND`] already run.
-    pub fn reserve_background(&self) -> Result<BackgroundSlot<'_>, ApiError> {
+    pub fn reserve_background(&self) -> Result<BackgroundSlot<'_>, AppError> {
         let mut processes = lock(&self.processes);
         let running = processes.by_id.values().filter(|p| p.running()).count();
         if running + processes.starting >= MAX_BACKGROUND {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
+            return Err(AppError::new(
+                Failure::TooMany,
                 "too_many_processes",
                 format!(
                     "this sandbox already runs {MAX_BACKGROUND} background processes: kill one first"
@@ -447,14 +437,14 @@ impl SandboxRegistry {
         backend: &Arc<dyn Backend>,
         spec: SandboxSpec,
         owner: Option<String>,
-    ) -> Result<Arc<Standalone>, ApiError> {
+    ) -> Result<Arc<Standalone>, AppError> {
         self.sweep().await;
         let place = {
             let mut slots = lock(&self.inner.slots);
             let max = self.inner.max;
             if slots.sandboxes.len() + slots.creating >= max {
-                return Err(ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
+                return Err(AppError::new(
+                    Failure::TooMany,
                     "too_many_sandboxes",
                     format!(
                         "{max} sandboxes are open, the most this server allows: delete one first \
@@ -492,20 +482,20 @@ impl SandboxRegistry {
             Ok(entry)
         })
         .await
-        .map_err(|error| ApiError::internal(format!("making a sandbox failed: {error}")))?
+        .map_err(|error| AppError::internal(format!("making a sandbox failed: {error}")))?
     }
 
     async fn make(
         &self,
         backend: &Arc<dyn Backend>,
         spec: &mut SandboxSpec,
-    ) -> Result<(Uuid, Sandbox), ApiError> {
+    ) -> Result<(Uuid, Sandbox), AppError> {
         let id = Uuid::now_v7();
         let workspace = self.inner.root.join(id.to_string());
         let folder = workspace.clone();
         tokio::task::spawn_blocking(move || std::fs::create_dir_all(folder))
             .await
-            .map_err(|error| ApiError::internal(error.to_string()))?
+            .map_err(|error| AppError::internal(error.to_string()))?
             .map_err(|error| {
                 unavailable(format!(
                     "cannot make the sandbox's workspace {}: {error}",
@@ -531,11 +521,11 @@ impl SandboxRegistry {
     }
 
     /// The open sandbox `id`: 404 when there is none (or it has closed).
-    pub fn get(&self, id: Uuid) -> Result<Arc<Standalone>, ApiError> {
+    pub fn get(&self, id: Uuid) -> Result<Arc<Standalone>, AppError> {
         let entry = lock(&self.inner.slots).sandboxes.get(&id).cloned();
         match entry {
             Some(entry) if entry.sandbox.closed_reason().is_none() => Ok(entry),
-            _ => Err(ApiError::not_found(format!("no sandbox {id}"))),
+            _ => Err(AppError::not_found(format!("no sandbox {id}"))),
         }
     }
 
@@ -563,15 +553,15 @@ impl SandboxRegistry {
 
     /// Closes sandbox `id` (every process in it) and removes its workspace: 404 when there is
     /// none.
-    pub async fn remove(&self, id: Uuid) -> Result<(), ApiError> {
+    pub async fn remove(&self, id: Uuid) -> Result<(), AppError> {
         let entry = lock(&self.inner.slots).sandboxes.remove(&id);
         let Some(entry) = entry else {
-            return Err(ApiError::not_found(format!("no sandbox {id}")));
+            return Err(AppError::not_found(format!("no sandbox {id}")));
         };
         let closed_before = entry.sandbox.closed_reason().is_some();
         close(&entry).await;
         if closed_before {
-            return Err(ApiError::not_found(format!("no sandbox {id}")));
+            return Err(AppError::not_found(format!("no sandbox {id}")));
         }
         Ok(())
     }

@@ -228,7 +228,7 @@ impl Elicitations {
                 session: caller.session,
                 call_id: context.call_id.clone(),
                 tool: tool.to_owned(),
-                created_at_ms: crate::sandboxes::now_ms(),
+                created_at_ms: crate::clock::now_ms(),
                 request,
                 events: context.events.clone(),
             },
