@@ -17,6 +17,7 @@ pub mod environment;
 pub mod error;
 pub mod group;
 pub mod hub;
+pub mod mcp_server;
 pub mod mcp_tools;
 pub mod memory;
 pub mod runs;

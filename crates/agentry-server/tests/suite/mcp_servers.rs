@@ -573,7 +573,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         Some("2026-07-28"),
         "{status:?}"
     );
-    let tool = agentry_server::mcp_endpoint::agent_tool_name("helper");
+    let tool = agentry_app::mcp_server::agent_tool_name("helper");
     assert!(
         status.tools.contains(&format!("self__{tool}")),
         "{status:?}"
