@@ -470,10 +470,5 @@ pub async fn validate(
 
 /// The stored agent named `id`.
 pub async fn stored_agent(store: &Store, id: &str) -> Result<Option<AgentConfig>, AppError> {
-    match store.config(ConfigKind::Agent, id).await? {
-        Some(value) => serde_json::from_value(value).map(Some).map_err(|error| {
-            AppError::internal(format!("stored agent {id:?} is unreadable: {error}"))
-        }),
-        None => Ok(None),
-    }
+    crate::config::ConfigRepo::new(store).get(id).await
 }

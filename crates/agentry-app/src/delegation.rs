@@ -19,11 +19,12 @@ use agentry_core::tool::{
     AgentEntry, AgentTarget, ChildLink, ChildRun, DelegationConfig, SubRunError, SubRuns, Tool,
     delegation_tools,
 };
-use agentry_store::{ConfigKind, NewSession, Store};
+use agentry_store::{NewSession, Store};
 use agentry_types::{RunEvent, SessionEvent, SessionId, ToolResultPart};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::agents::AgentConfig;
+use crate::config::ConfigRepo;
 use crate::hub::{Hub, Subscription};
 
 /// The key of a child session's link in its metadata.
@@ -151,12 +152,12 @@ impl SubRuns for DelegationHandle {
                 manager,
             ) = handle.bound()?;
             let runtime = manager.runtime();
-            let agents: Vec<AgentConfig> = store
-                .list_config(ConfigKind::Agent)
+            let agents: Vec<AgentConfig> = ConfigRepo::new(&store)
+                .list()
                 .await
-                .map_err(failed)?
+                .map_err(|error| failed(error.message))?
                 .into_iter()
-                .filter_map(|(_, value)| serde_json::from_value(value).ok())
+                .map(|(_, agent)| agent)
                 .collect();
             let mut targets = Vec::new();
             for agent in matching(&agents, &target) {
@@ -185,13 +186,12 @@ impl SubRuns for DelegationHandle {
         let handle = self.clone();
         Box::pin(async move {
             let (Bound { store, .. }, _) = handle.bound()?;
-            Ok(store
-                .list_config(ConfigKind::Agent)
+            Ok(ConfigRepo::<AgentConfig>::new(&store)
+                .list()
                 .await
-                .map_err(failed)?
+                .map_err(|error| failed(error.message))?
                 .into_iter()
-                .filter_map(|(_, value)| serde_json::from_value::<AgentConfig>(value).ok())
-                .map(|agent| AgentEntry {
+                .map(|(_, agent)| AgentEntry {
                     id: agent.id,
                     nickname: agent.nickname,
                     labels: agent.labels,

@@ -36,6 +36,18 @@ use agentry_core::session::SessionManager;
 use agentry_mcp::McpManager;
 use agentry_store::Store;
 
+/// The layers below, for the front-ends: they parse into and render these crates' types (run
+/// and session events, requests, configurations, errors) but reach them only through the app,
+/// so the app is the one door to the domain and a front-end's manifest names no engine, store
+/// or MCP crate (the boundary test in `crates/agentry/tests` holds this).
+pub mod domain {
+    pub use agentry_core as core;
+    pub use agentry_llm as llm;
+    pub use agentry_mcp as mcp;
+    pub use agentry_sandbox as sandbox;
+    pub use agentry_store as store;
+}
+
 pub use environment::ToolEnvironment;
 pub use error::{AppError, Failure};
 pub use store_log::StoreLog;

@@ -25,12 +25,12 @@ use agentry_core::tool::{ResultFormat, ToolError};
 use agentry_mcp::server::{
     BackendError, McpBackend, ProgressSink, ServedResult, ServedTool, ServerIdentity,
 };
-use agentry_store::ConfigKind;
 use agentry_types::{AssistantPart, RunEvent, RunId, RunStopReason, SessionEvent, SessionId};
 
 use crate::App;
 use crate::agents::AgentConfig;
 use crate::auth::Principal;
+use crate::config::ConfigRepo;
 use crate::error::{AppError, Failure};
 use crate::runs::{RunInput, SessionChoice, Target, prepare, start_in_session};
 
@@ -78,21 +78,12 @@ impl McpServer {
 
     /// The saved agents, by id, skipping (and logging) any that cannot be read.
     async fn agents(&self) -> Result<Vec<AgentConfig>, BackendError> {
-        let stored = self
-            .app
-            .store
-            .list_config(ConfigKind::Agent)
+        Ok(ConfigRepo::new(&self.app.store)
+            .list()
             .await
-            .map_err(|error| BackendError::Internal(error.to_string()))?;
-        Ok(stored
+            .map_err(internal)?
             .into_iter()
-            .filter_map(|(id, value)| match serde_json::from_value(value) {
-                Ok(agent) => Some(agent),
-                Err(error) => {
-                    tracing::warn!(agent = %id, "stored agent is unreadable, not offered: {error}");
-                    None
-                }
-            })
+            .map(|(_, agent)| agent)
             .collect())
     }
 

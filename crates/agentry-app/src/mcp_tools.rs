@@ -21,6 +21,7 @@ use agentry_mcp::{CallOptions, McpError, McpManager, McpServerConfig, McpToolInf
 use agentry_store::{ConfigKind, Store};
 use agentry_types::ToolSpec;
 
+use crate::config::ConfigRepo;
 use crate::elicitation::Elicitations;
 use crate::error::AppError;
 
@@ -173,11 +174,7 @@ pub async fn save_and_start(
         }
     }
     for (name, config) in servers {
-        let document =
-            serde_json::to_value(config).map_err(|error| AppError::internal(error.to_string()))?;
-        store
-            .put_config(ConfigKind::McpServer, name, &document)
-            .await?;
+        ConfigRepo::new(store).put(name, config).await?;
         manager
             .add(name, config.clone(), &|secret| secrets.get(secret).cloned())
             .await
@@ -207,11 +204,7 @@ pub async fn import_servers_file(store: &Store, home: &Path) -> Result<usize, Ap
     let servers = agentry_mcp::parse_servers_document(&document)
         .map_err(|error| AppError::bad_request(format!("{}: {error}", path.display())))?;
     for (name, config) in &servers {
-        let document =
-            serde_json::to_value(config).map_err(|error| AppError::internal(error.to_string()))?;
-        store
-            .put_config(ConfigKind::McpServer, name, &document)
-            .await?;
+        ConfigRepo::new(store).put(name, config).await?;
     }
     Ok(servers.len())
 }

@@ -18,6 +18,7 @@ use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_mcp::McpManager;
 use agentry_store::{ConfigKind, Store};
 
+use crate::config::ConfigRepo;
 use crate::error::AppError;
 
 /// A registered model. Accepts the Python service's field names (`model_id`, `api_protocol`,
@@ -220,10 +221,10 @@ pub async fn build_runtime(
     // The skills of every saved agent (each folder once; a name taken by another tool is
     // skipped, and running the agent then says so).
     let mut skill_dirs = std::collections::BTreeSet::new();
-    for (name, value) in store.list_config(ConfigKind::Agent).await? {
-        let Ok(agent) = serde_json::from_value::<crate::agents::AgentConfig>(value) else {
-            continue;
-        };
+    for (name, agent) in ConfigRepo::<crate::agents::AgentConfig>::new(store)
+        .list()
+        .await?
+    {
         for path in agent.skills {
             if !skill_dirs.insert(path.clone()) {
                 continue;
@@ -243,14 +244,9 @@ pub async fn build_runtime(
             }
         }
     }
-    for (name, value) in store.list_config(ConfigKind::Template).await? {
-        match serde_json::from_value::<TemplateConfig>(value) {
-            Ok(template) => {
-                if let Err(error) = builder.template(&template.name, &template.template) {
-                    tracing::warn!(template = %name, "skipping a template: {error}");
-                }
-            }
-            Err(error) => tracing::warn!(template = %name, "skipping a template: {error}"),
+    for (name, template) in ConfigRepo::<TemplateConfig>::new(store).list().await? {
+        if let Err(error) = builder.template(&template.name, &template.template) {
+            tracing::warn!(template = %name, "skipping a template: {error}");
         }
     }
     Ok(builder.build())

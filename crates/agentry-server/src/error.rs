@@ -7,11 +7,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use agentry_app::domain::core::RunError;
+use agentry_app::domain::core::session::SessionError;
+use agentry_app::domain::core::tool::ToolError;
+use agentry_app::domain::store::StoreError;
 use agentry_app::error::{AppError, Failure};
-use agentry_core::RunError;
-use agentry_core::session::SessionError;
-use agentry_core::tool::ToolError;
-use agentry_store::StoreError;
 
 /// An API error.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,8 +9,8 @@ use axum::extract::Request;
 use axum::response::IntoResponse;
 use axum::routing::any;
 
+use agentry_app::domain::mcp::server::{HttpOptions, McpHttpService};
 use agentry_app::mcp_server::{McpServer, identity};
-use agentry_mcp::server::{HttpOptions, McpHttpService};
 
 use crate::state::AppState;
 

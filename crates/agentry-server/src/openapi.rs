@@ -418,7 +418,7 @@ pub struct StatusFeedEvent {
 
 // --- schemas of types that are not ours, or that handlers build as JSON ---
 
-/// The schema of `agentry_core::tool::ToolDefinition` (a type of another crate), named
+/// The schema of `agentry_app::domain::core::tool::ToolDefinition` (a type of another crate), named
 /// `ToolDefinition` in the document: see [`tool_definition_schema`].
 #[derive(Debug, Clone, Copy)]
 pub struct ToolDefinitionSchema;

@@ -5,8 +5,8 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use agentry_app::auth::Authenticator;
+use agentry_app::domain::store::Store;
 use agentry_app::{App, ToolEnvironment};
-use agentry_store::Store;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;

@@ -10,10 +10,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_app::agents::{AgentConfig, stored_agent, validate};
-use agentry_app::config::{check_name, to_document};
-use agentry_store::ConfigKind;
+use agentry_app::config::{ConfigRepo, check_name};
 
-use super::config::{ApiJson, ApiPath, WRITE_LOCK, created};
+use super::config::{ApiJson, ApiPath, created};
 use crate::error::ApiError;
 use crate::openapi::{AgentPath, BadRequest, Conflict, JsonBodyErrors, NotFound};
 use crate::state::AppState;
@@ -38,12 +37,11 @@ fn no_agent(id: &str) -> ApiError {
     responses((status = 200, description = "Every agent, by id.", body = Object))
 )]
 async fn list_agents(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let agents: Vec<Value> = state
-        .store
-        .list_config(ConfigKind::Agent)
+    let agents: Vec<AgentConfig> = ConfigRepo::new(&state.store)
+        .list()
         .await?
         .into_iter()
-        .map(|(_, value)| value)
+        .map(|(_, agent)| agent)
         .collect();
     Ok(Json(json!({ "agents": agents })))
 }
@@ -76,16 +74,8 @@ async fn create_agent(
         state.tools.skill_roots.as_deref(),
     )
     .await?;
-    let _guard = WRITE_LOCK.lock().await;
-    if stored_agent(&state.store, &agent.id).await?.is_some() {
-        return Err(ApiError::conflict(format!(
-            "an agent {:?} already exists",
-            agent.id
-        )));
-    }
-    state
-        .store
-        .put_config(ConfigKind::Agent, &agent.id, &to_document(&agent)?)
+    ConfigRepo::new(&state.store)
+        .create(&agent.id, &agent)
         .await?;
     if !agent.skills.is_empty() {
         // The runtime registers the skills of every saved agent.
@@ -148,14 +138,11 @@ async fn replace_agent(
         state.tools.skill_roots.as_deref(),
     )
     .await?;
-    let _guard = WRITE_LOCK.lock().await;
-    let Some(old) = stored_agent(&state.store, &id).await? else {
+    let repo = ConfigRepo::<AgentConfig>::new(&state.store);
+    let Some(old) = repo.get(&id).await? else {
         return Err(no_agent(&id));
     };
-    state
-        .store
-        .put_config(ConfigKind::Agent, &id, &to_document(&agent)?)
-        .await?;
+    repo.replace(&id, &id, &agent).await?;
     if old.skills != agent.skills {
         state.reload_runtime().await?;
     }
@@ -180,13 +167,14 @@ async fn delete_agent(
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name("agent", &id)?;
-    let _guard = WRITE_LOCK.lock().await;
-    let had_skills = stored_agent(&state.store, &id)
+    let repo = ConfigRepo::<AgentConfig>::new(&state.store);
+    let had_skills = repo
+        .get(&id)
         .await
         .ok()
         .flatten()
         .is_some_and(|agent| !agent.skills.is_empty());
-    if state.store.delete_config(ConfigKind::Agent, &id).await? {
+    if repo.delete(&id).await? {
         if had_skills {
             state.reload_runtime().await?;
         }

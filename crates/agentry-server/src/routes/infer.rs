@@ -23,9 +23,9 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::session::BusyPolicy;
-use agentry_core::{Input, RunRequest};
-use agentry_llm::GenerationParams;
+use agentry_app::domain::core::session::BusyPolicy;
+use agentry_app::domain::core::{Input, RunRequest};
+use agentry_app::domain::llm::GenerationParams;
 use agentry_types::{ContentPart, ImageSource, Message, RunEvent, SessionEvent, SessionId};
 
 use super::sse::SseMapper;
@@ -136,7 +136,7 @@ pub struct InferRequest {
     /// session.
     #[serde(default)]
     #[schema(value_type = Option<agentry_app::schema::ApprovalPolicyDoc>)]
-    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
+    pub approvals: Option<agentry_app::domain::core::approval::ApprovalPolicy>,
     /// Run as this saved agent (the same as `agent_ids` with one id).
     #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
@@ -150,7 +150,7 @@ pub struct InferRequest {
     /// `summary_tokens`, `enabled`; default: the agent's, else the server's).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
-    pub compaction: Option<agentry_core::context::CompactionSettings>,
+    pub compaction: Option<agentry_app::domain::core::context::CompactionSettings>,
 }
 
 /// Turns message content into parts.

@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_store::{MemoryKind, MemoryRecord, MemoryScope, NewMemory};
+use agentry_app::domain::store::{MemoryKind, MemoryRecord, MemoryScope, NewMemory};
 
 use super::config::{ApiJson, ApiPath};
 use crate::error::ApiError;

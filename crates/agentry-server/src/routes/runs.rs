@@ -20,8 +20,8 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::approval::ApprovalDecision;
-use agentry_mcp::ElicitationAnswer;
+use agentry_app::domain::core::approval::ApprovalDecision;
+use agentry_app::domain::mcp::ElicitationAnswer;
 use agentry_types::{ApprovalVerdict, PendingApproval, RunId, SessionEvent, SessionId};
 
 use super::config::{ApiJson, ApiPath};

@@ -38,7 +38,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use agentry_sandbox::{
+use agentry_app::domain::sandbox::{
     Capabilities, DirEntry, ExecEvent, ExecHandle, ExecRequest, ExitStatus, FileStat, SandboxPool,
     SandboxReport, SandboxSpec,
 };

@@ -16,9 +16,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::RunRequest;
-use agentry_core::session::{BusyPolicy, replay};
-use agentry_store::{NewSession, SessionQuery, SessionRecord};
+use agentry_app::domain::core::RunRequest;
+use agentry_app::domain::core::session::{BusyPolicy, replay};
+use agentry_app::domain::store::{NewSession, SessionQuery, SessionRecord};
 use agentry_types::{Message, SessionEvent, SessionId};
 
 use super::infer::{parse_session_id, session_events};

@@ -14,12 +14,13 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use agentry_app::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
+use agentry_app::config::ConfigRepo;
 use agentry_app::elicitation::Elicitations;
 use agentry_app::{StoreLog, ToolEnvironment};
 use agentry_core::session::SessionManager;
 use agentry_core::{RunRequest, Runtime};
 use agentry_mcp::McpManager;
-use agentry_store::{ConfigKind, Store};
+use agentry_store::Store;
 
 use super::data::DataArgs;
 use super::sandbox::SandboxMode;
@@ -168,14 +169,15 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
     let store = data.open_store().await?;
     match args.command {
         AgentsCommand::List { json } => {
-            for (_, value) in store.list_config(ConfigKind::Agent).await? {
+            for (_, agent) in ConfigRepo::<AgentConfig>::new(&store)
+                .list()
+                .await
+                .map_err(api)?
+            {
                 if json {
-                    println!("{value}");
+                    println!("{}", serde_json::to_string(&agent)?);
                     continue;
                 }
-                let Ok(agent) = serde_json::from_value::<AgentConfig>(value) else {
-                    continue;
-                };
                 let mut line = format!("{}\t{}", agent.id, agent.model_id);
                 if let Some(nickname) = &agent.nickname {
                     line.push_str(&format!("\t{nickname}"));
@@ -208,24 +210,20 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             validate(&store, &runtime, &agent, Some(&roots))
                 .await
                 .map_err(api)?;
-            if !replace
-                && stored_agent(&store, &agent.id)
-                    .await
-                    .map_err(api)?
-                    .is_some()
-            {
-                anyhow::bail!(
-                    "an agent {:?} already exists (--replace to overwrite it)",
-                    agent.id
-                );
+            let repo = ConfigRepo::<AgentConfig>::new(&store);
+            if replace {
+                repo.put(&agent.id, &agent).await.map_err(api)?;
+            } else if let Err(error) = repo.create(&agent.id, &agent).await {
+                anyhow::bail!("{} (--replace to overwrite it)", error.message);
             }
-            store
-                .put_config(ConfigKind::Agent, &agent.id, &serde_json::to_value(&agent)?)
-                .await?;
             eprintln!("saved agent {:?}", agent.id);
         }
         AgentsCommand::Rm { id } => {
-            if !store.delete_config(ConfigKind::Agent, &id).await? {
+            if !ConfigRepo::<AgentConfig>::new(&store)
+                .delete(&id)
+                .await
+                .map_err(api)?
+            {
                 anyhow::bail!("no agent {id:?}");
             }
             eprintln!("deleted agent {id:?}");
