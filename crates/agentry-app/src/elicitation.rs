@@ -18,7 +18,7 @@ use agentry_core::tool::ToolContext;
 use agentry_mcp::{ElicitationAnswer, ElicitationKind, ElicitationRequest};
 use agentry_types::{RunEvent, RunId, SessionId};
 
-use crate::hub::Hub;
+use crate::hub::{FeedStatus, Hub};
 
 /// Why an answer was refused.
 #[derive(Debug, thiserror::Error)]
@@ -112,7 +112,7 @@ impl Elicitations {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn announce(&self, session: Option<SessionId>, status: &str) {
+    fn announce(&self, session: Option<SessionId>, status: FeedStatus) {
         let hub = self
             .hub
             .read()
@@ -193,7 +193,7 @@ impl Elicitations {
             .values()
             .any(|p| p.session == pending.session && p.request.responder.is_open());
         if !still_waiting {
-            self.announce(pending.session, "running");
+            self.announce(pending.session, FeedStatus::Running);
         }
     }
 
@@ -233,7 +233,7 @@ impl Elicitations {
                 events: context.events.clone(),
             },
         );
-        self.announce(caller.session, "waiting");
+        self.announce(caller.session, FeedStatus::Waiting);
         if let Some(events) = &context.events {
             events.emit(event).await;
         }

@@ -538,7 +538,7 @@ impl Exchange {
         }
         self.state.hub.notify(StatusChange {
             session_id: self.session,
-            status: status.as_str().into(),
+            status: status.into(),
             stop_reason: stop_reason.map(str::to_owned),
             title: None,
         });

@@ -14,7 +14,8 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use agentry_core::RunStream;
-use agentry_types::{RunEvent, RunId, RunStopReason, SessionEvent, SessionId};
+use agentry_core::session::SessionStatus;
+use agentry_types::{RunEvent, RunId, RunStopReason, SessionEvent, SessionId, SuspendStatus};
 
 /// What watches the hub's runs: the HTTP server counts them into its metrics. Every method
 /// defaults to doing nothing.
@@ -67,15 +68,82 @@ pub struct Subscription {
 pub struct StatusChange {
     /// The session.
     pub session_id: SessionId,
-    /// `running`, `idle`, `failed`, `interrupted`, `waiting`, `paused`; or `updated` for a
-    /// title or read change.
-    pub status: String,
+    /// What the session's status is now, or `updated` for a title or read change.
+    pub status: FeedStatus,
     /// Why the last run ended, when one just did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
     /// The new title, when it changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+}
+
+/// What a status change says: a session's run status, or that something else about it changed.
+/// Serialised as its snake-case name (`running`, `idle`, …, `updated`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedStatus {
+    /// No run in progress.
+    Idle,
+    /// A run is in progress.
+    Running,
+    /// The last run was stopped before it finished.
+    Interrupted,
+    /// The last run failed.
+    Failed,
+    /// A run waits for a person (approvals, an MCP server's question).
+    Waiting,
+    /// A run is paused between rounds.
+    Paused,
+    /// Not the run: the title or the read mark changed.
+    Updated,
+}
+
+impl FeedStatus {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Running => "running",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+            Self::Waiting => "waiting",
+            Self::Paused => "paused",
+            Self::Updated => "updated",
+        }
+    }
+
+    /// The feed status of a session whose last run ended for `reason` (`None`: it never
+    /// reported an end).
+    pub fn after(reason: Option<RunStopReason>) -> Self {
+        match reason {
+            Some(RunStopReason::Error) => Self::Failed,
+            Some(RunStopReason::Cancelled | RunStopReason::Deadline) | None => Self::Interrupted,
+            Some(_) => Self::Idle,
+        }
+    }
+}
+
+impl From<SessionStatus> for FeedStatus {
+    fn from(status: SessionStatus) -> Self {
+        match status {
+            SessionStatus::Idle => Self::Idle,
+            SessionStatus::Running => Self::Running,
+            SessionStatus::Interrupted => Self::Interrupted,
+            SessionStatus::Failed => Self::Failed,
+            SessionStatus::Waiting => Self::Waiting,
+            SessionStatus::Paused => Self::Paused,
+        }
+    }
+}
+
+impl From<SuspendStatus> for FeedStatus {
+    fn from(status: SuspendStatus) -> Self {
+        match status {
+            SuspendStatus::Waiting => Self::Waiting,
+            SuspendStatus::Paused => Self::Paused,
+        }
+    }
 }
 
 /// The live runs, by session. Cheap to clone.
@@ -115,10 +183,10 @@ impl Hub {
 
     /// Announces that `session`'s status is now `status`, for a change no live run reports
     /// (a decision, a pause, a read mark, an MCP server asking for input).
-    pub fn announce(&self, session: SessionId, status: &str) {
+    pub fn announce(&self, session: SessionId, status: FeedStatus) {
         self.notify(StatusChange {
             session_id: session,
-            status: status.into(),
+            status,
             stop_reason: None,
             title: None,
         });
@@ -189,18 +257,12 @@ impl Hub {
             }
             hub.observer.run_ended();
             let status = match (suspended, end) {
-                (Some(status), None) => status.as_str(),
-                (_, end) => match end {
-                    Some(RunStopReason::Error) => "failed",
-                    Some(RunStopReason::Cancelled | RunStopReason::Deadline) | None => {
-                        "interrupted"
-                    }
-                    Some(_) => "idle",
-                },
+                (Some(status), None) => FeedStatus::from(status),
+                (_, end) => FeedStatus::after(end),
             };
             hub.notify(StatusChange {
                 session_id: session,
-                status: status.into(),
+                status,
                 stop_reason: end.map(|reason| reason.as_str().to_owned()),
                 title: None,
             });
@@ -234,7 +296,7 @@ impl Hub {
             }
             self.notify(StatusChange {
                 session_id: session,
-                status: "running".into(),
+                status: FeedStatus::Running,
                 stop_reason: None,
                 title: None,
             });

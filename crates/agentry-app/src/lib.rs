@@ -20,6 +20,7 @@ pub mod hub;
 pub mod mcp_server;
 pub mod mcp_tools;
 pub mod memory;
+pub mod ops;
 pub mod runs;
 pub mod runtime;
 pub mod sandboxes;

@@ -493,7 +493,7 @@ async fn title(
     state.store.set_title(record.id, &title).await?;
     state.hub.notify(agentry_app::hub::StatusChange {
         session_id: record.id,
-        status: "updated".into(),
+        status: agentry_app::hub::FeedStatus::Updated,
         stop_reason: None,
         title: Some(title.clone()),
     });
@@ -535,7 +535,9 @@ async fn read(
     let record = session(&state, &id).await?;
     let seq = body.seq.unwrap_or(record.last_seq);
     state.store.mark_read(record.id, seq).await?;
-    state.hub.announce(record.id, "updated");
+    state
+        .hub
+        .announce(record.id, agentry_app::hub::FeedStatus::Updated);
     Ok(StatusCode::NO_CONTENT)
 }
 
