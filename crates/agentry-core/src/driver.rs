@@ -15,12 +15,13 @@ use agentry_types::{
     SuspendStatus, ToolCall, ToolResultPart,
 };
 use futures::StreamExt;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Phase, RunState, Step, ToolOutcome};
+pub use crate::events::EventSink;
 use crate::session::{LogError, SessionLog, SessionStatus};
 use crate::tool::{
     CANCEL_GRACE, ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model,
@@ -29,30 +30,6 @@ use crate::tool::{
 /// How long cancelled tools get to stop on their own before their tasks are aborted: the
 /// registry's own grace for a cancelled tool, plus a margin to report the result.
 const TOOL_STOP_GRACE: Duration = CANCEL_GRACE.saturating_add(Duration::from_millis(50));
-
-/// Where a run's events go. Sending waits when the receiver is slow (back-pressure); a receiver
-/// that went away is ignored, and the run goes on.
-#[derive(Debug, Clone)]
-pub struct EventSink(mpsc::Sender<RunEvent>);
-
-impl EventSink {
-    /// A sink and its receiving end, holding up to `capacity` undelivered events.
-    pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<RunEvent>) {
-        let (sender, receiver) = mpsc::channel(capacity.max(1));
-        (Self(sender), receiver)
-    }
-
-    pub(crate) async fn send(&self, event: RunEvent) {
-        // A closed receiver means nobody is watching; the run itself is unaffected.
-        let _ = self.0.send(event).await;
-    }
-
-    /// Reports a live event of the run from outside the engine (a tool's progress, an MCP
-    /// server's request for input). Nobody watching is not an error.
-    pub async fn emit(&self, event: RunEvent) {
-        self.send(event).await;
-    }
-}
 
 /// Where a run's committed steps are written: the session's log.
 #[derive(Clone)]

@@ -14,6 +14,7 @@ mod compactor;
 pub mod context;
 pub mod driver;
 pub mod engine;
+pub mod events;
 pub mod fallback;
 pub mod file_refs;
 pub mod group;

@@ -16,8 +16,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Compaction, CompactionSettings, ContextPolicy};
-use crate::driver::{EventSink, drive_controlled};
+use crate::driver::drive_controlled;
 use crate::engine::{Phase, RunLimits, RunState};
+use crate::events::EventSink;
 use crate::fallback::FallbackModelClient;
 use crate::skill::Skill;
 use crate::template::{TemplateError, TemplateStore};

@@ -18,8 +18,9 @@ use super::log::{LogError, SessionLog, SessionStatus};
 use super::replay::{InFlight, replay};
 use crate::approval::{ApprovalDecision, ApprovalError, ApprovalPolicy, UnknownOutcome};
 use crate::context::Compaction;
-use crate::driver::{EventSink, Journal, drive_controlled};
+use crate::driver::{Journal, drive_controlled};
 use crate::engine::{Phase, RunLimits, RunState};
+use crate::events::EventSink;
 use crate::runtime::{EVENT_BUFFER, RunError, RunRequest, RunStream, Runtime};
 
 /// The result given to a non-idempotent tool call that was running when the process stopped.

@@ -31,7 +31,7 @@ pub struct ToolContext {
     pub caller: Option<Arc<CallerInfo>>,
     /// The calling run's event stream, for live progress a tool reports (a sub-run's events as
     /// [`RunEvent::Nested`](agentry_types::RunEvent::Nested)). `None` outside a run.
-    pub events: Option<crate::driver::EventSink>,
+    pub events: Option<crate::events::EventSink>,
     /// Narrowings of the `fetch` tool's network policy for this run (the saved agent's
     /// `network`, a delegating run's): a host must pass each of them as well as the tool's own
     /// policy. Empty: the tool's policy alone.

@@ -150,7 +150,6 @@ pub(crate) async fn session_manager(
     })
 }
 
-
 pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
     match args.command {
