@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Compaction, CompactionSettings, ContextPolicy};
-use crate::driver::drive_controlled;
+use crate::driver::Driver;
 use crate::engine::{Phase, RunLimits, RunState};
 use crate::events::EventSink;
 use crate::fallback::FallbackModelClient;
@@ -478,16 +478,8 @@ impl Runtime {
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let cancel = CancellationToken::new();
         let summarizer = self.summarizer_for(&state);
-        let task = tokio::spawn(drive_controlled(
-            state,
-            model,
-            summarizer,
-            tools,
-            sink,
-            cancel.clone(),
-            None,
-            None,
-        ));
+        let driver = Driver::new(model, tools, sink, cancel.clone()).summarizer(summarizer);
+        let task = tokio::spawn(driver.run(state));
         Ok(RunStream {
             events,
             task: Some(task),

@@ -18,7 +18,7 @@ use super::log::{LogError, SessionLog, SessionStatus};
 use super::replay::{InFlight, replay};
 use crate::approval::{ApprovalDecision, ApprovalError, ApprovalPolicy, UnknownOutcome};
 use crate::context::Compaction;
-use crate::driver::{Journal, drive_controlled};
+use crate::driver::{Driver, Journal};
 use crate::engine::{Phase, RunLimits, RunState};
 use crate::events::EventSink;
 use crate::runtime::{EVENT_BUFFER, RunError, RunRequest, RunStream, Runtime};
@@ -524,17 +524,12 @@ impl SessionManager {
         let tools = runtime.tools().clone();
         // The driver records the session's status with the end of the run.
         let summarizer = runtime.summarizer_for(&state);
-        drive_controlled(
-            state,
-            model,
-            summarizer,
-            tools,
-            sink,
-            cancel,
-            Some(pause),
-            Some(journal),
-        )
-        .await
+        Driver::new(model, tools, sink, cancel)
+            .summarizer(summarizer)
+            .pause(pause)
+            .journal(journal)
+            .run(state)
+            .await
     }
 
     /// Continues the run that was in flight in `session` when the process stopped, from its
