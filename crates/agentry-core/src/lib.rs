@@ -25,6 +25,7 @@ pub mod session;
 pub mod skill;
 pub mod template;
 pub mod tool;
+pub mod workspace;
 
 pub use engine::{DEFAULT_MAX_TOOL_ROUNDS, Phase, RunLimits, RunState, Step, ToolOutcome};
 pub use fallback::FallbackModelClient;
