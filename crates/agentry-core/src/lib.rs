@@ -23,6 +23,7 @@ pub mod repair;
 pub mod runtime;
 pub mod session;
 pub mod skill;
+pub mod subrun;
 pub mod template;
 pub mod tool;
 pub mod workspace;

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use serde_json::json;
 
 use super::*;
-use crate::runtime::Input;
+use crate::runtime::{Input, RunRequest};
 use crate::tool::{CallerInfo, ToolContext, ToolError, ToolOutput};
 
 #[derive(Default)]
