@@ -262,8 +262,7 @@ impl AgentConfig {
                 .map_err(|error| AppError::bad_request(format!("`approvals`: {error}")))?;
         }
         if let Some(network) = &self.network {
-            network
-                .validate()
+            agentry_core::tool::validate_network_policy(network)
                 .map_err(|error| AppError::bad_request(format!("`network`: {error}")))?;
         }
         if let Some(limits) = &self.limits {

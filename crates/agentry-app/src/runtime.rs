@@ -151,6 +151,7 @@ pub async fn build_runtime(
     let secrets = secrets(store).await?;
     let mut builder = Runtime::builder();
     builder.approval_defaults(environment.approval_defaults.clone());
+    builder.network_check(agentry_core::tool::validate_network_policy);
     let mut models = Vec::new();
     // In the order they were registered: the first is the default unless one is marked.
     for (name, value) in store.list_config_registered(ConfigKind::Model).await? {

@@ -19,6 +19,7 @@ pub mod fallback;
 pub mod file_refs;
 pub mod group;
 pub mod loop_guard;
+pub mod network;
 pub mod repair;
 pub mod runtime;
 pub mod session;

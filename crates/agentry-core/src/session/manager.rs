@@ -1102,12 +1102,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The approval policy a run recorded when it started.
 /// The run's network narrowings, as recorded. A record that does not read fails closed: fetch
 /// is off for the resumed run.
-fn network_of(in_flight: &InFlight) -> Vec<crate::tool::NetworkPolicy> {
+fn network_of(in_flight: &InFlight) -> Vec<crate::network::NetworkPolicy> {
     if in_flight.network.is_null() {
         return Vec::new();
     }
     serde_json::from_value(in_flight.network.clone())
-        .unwrap_or_else(|_| vec![crate::tool::NetworkPolicy::Off])
+        .unwrap_or_else(|_| vec![crate::network::NetworkPolicy::Off])
 }
 
 fn policy_of(in_flight: &InFlight) -> ApprovalPolicy {

@@ -189,6 +189,8 @@ pub trait Tool: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
+pub use crate::network::{MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
+
 pub mod agents;
 pub mod builtin;
 pub mod command;
@@ -218,7 +220,4 @@ pub use registry::{
 pub use result::{DEFAULT_RESULT_LIMIT, ResultFormat, format_output, result_for_model};
 pub use risk::{ApprovalDefaults, RiskClass, ToolRisk};
 pub use shell::{ShellToolsConfig, shell_tools};
-pub use workspace::{
-    FetchConfig, MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError, WorkspaceToolsConfig,
-    workspace_tools,
-};
+pub use workspace::{FetchConfig, WorkspaceToolsConfig, validate_network_policy, workspace_tools};

@@ -242,6 +242,7 @@ impl Profile {
         // line (`--tool`, `--tools-file`, `--mcp`), `"host": true` included: nothing more to
         // approve by default. `agentry serve`'s runs ask for host tools (`--approve`).
         builder.approval_defaults(agentry_core::tool::ApprovalDefaults::none());
+        builder.network_check(agentry_core::tool::validate_network_policy);
         let client = self.client()?;
         // The window the provider states, unless one is configured (asked once per run of the
         // CLI, before the run; a failure keeps the known window).

@@ -27,7 +27,8 @@ mod fetch;
 mod files;
 mod search;
 
-pub use fetch::{FetchConfig, MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
+pub use crate::network::{MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
+pub use fetch::{FetchConfig, validate_network_policy};
 
 /// The name of the `read_file` tool.
 pub const READ_FILE: &str = "read_file";
