@@ -30,11 +30,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_core::template::TemplateStore;
-use agentry_core::tool::{
-    ResultFormat, SecretResolver, StaticSecrets, ToolDefinition, ToolError, ToolRegistry,
-};
+use agentry_core::tool::{ResultFormat, ToolError, ToolRegistry};
 use agentry_llm::{GenerationParams, LlmError, ModelRequest, Protocol, TimeoutKind};
 use agentry_store::{ConfigKind, Store};
+use agentry_tools::{SecretResolver, StaticSecrets, ToolDefinition};
 use agentry_types::Message;
 
 use agentry_app::config::{check_name, command_sandboxes, to_document};

@@ -30,11 +30,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::FETCH;
-use crate::network::{MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
-use crate::tool::function::FunctionTool;
-use crate::tool::http::read_capped;
-use crate::tool::result::{decode_cut_utf8, truncation_note};
-use crate::tool::{ToolContext, ToolError, ToolOutput};
+use crate::http::read_capped;
+use agentry_core::network::{MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
+use agentry_core::tool::result::{decode_cut_utf8, truncation_note};
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
 
 /// The width HTML is wrapped to when reduced to text.
 const HTML_WIDTH: usize = 100;
@@ -57,7 +56,7 @@ fn allow_list(entries: &[String]) -> Result<AllowList, NetworkPolicyError> {
 
 /// Checks a network policy's allow-list entries (each a host name, a `*.` wildcard name or an
 /// IP address; at most [`MAX_ALLOW_ENTRIES`]), as `fetch` reads them: the
-/// [`NetworkCheck`](crate::network::NetworkCheck) to give the runtime's builder.
+/// [`NetworkCheck`](agentry_core::network::NetworkCheck) to give the runtime's builder.
 pub fn validate_network_policy(policy: &NetworkPolicy) -> Result<(), NetworkPolicyError> {
     matcher(policy).map(drop)
 }

@@ -16,11 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::files::Walk;
 use super::{SEARCH, WorkspaceToolsConfig, blocking, workspace_of};
-use crate::tool::function::FunctionTool;
-use crate::tool::result::truncate_on_char_boundary;
-use crate::tool::{ToolContext, ToolError, ToolOutput};
-use crate::workspace::Root;
-use crate::workspace::{display_path, relative_path};
+use agentry_core::tool::result::truncate_on_char_boundary;
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
+use agentry_core::workspace::{Root, display_path, relative_path};
 
 /// The most bytes of one matching line shown.
 const MAX_LINE_BYTES: usize = 400;

@@ -1,13 +1,13 @@
 //! Tools that run other agents: `delegate` (a sub-agent with its own model and a subset of the
 //! caller's tools) and `talk_to` (a message to saved agents, run in parallel).
 //!
-//! Each child run is a run in its own session, linked to its caller by a [`ChildLink`] (parent
-//! session and run, the call id, the depth). The engine does not know where saved agents live
-//! or how sessions are created: the embedder implements [`SubRuns`] (the contract lives in
-//! [`crate::subrun`]; the server implements it over its store and `SessionManager`) and hands it
-//! to [`delegation_tools`]. A child's events
-//! reach the caller's clients live as [`RunEvent::Nested`]; its final answer is the tool's
-//! result; cancelling the caller cancels the child, and runs nest at most
+//! Each child run is a run in its own session, linked to its caller by a
+//! [`ChildLink`](agentry_core::subrun::ChildLink) (parent session and run, the call id, the
+//! depth). The engine does not know where saved agents live or how sessions are created: the
+//! embedder implements [`SubRuns`] (the contract lives in [`agentry_core::subrun`]; the server
+//! implements it over its store and `SessionManager`) and hands it to [`delegation_tools`]. A
+//! child's events reach the caller's clients live as [`RunEvent::Nested`]; its final answer is
+//! the tool's result; cancelling the caller cancels the child, and runs nest at most
 //! [`DelegationConfig::max_depth`] deep.
 
 use std::sync::Arc;
@@ -16,8 +16,8 @@ use std::time::Duration;
 use agentry_types::{RunEvent, RunId, RunStopReason, SessionId, ToolSpec};
 use futures::StreamExt;
 
-use super::{CallerInfo, Tool, ToolContext, ToolError};
-pub use crate::subrun::{AgentEntry, AgentTarget, ChildLink, ChildRun, SubRunError, SubRuns};
+use agentry_core::subrun::{ChildRun, SubRuns};
+use agentry_core::tool::{CallerInfo, Tool, ToolContext, ToolError};
 
 pub mod delegate;
 pub mod talk_to;
@@ -224,7 +224,7 @@ async fn follow(
         }
         if let Some(events) = &context.events {
             events
-                .send(RunEvent::Nested {
+                .emit(RunEvent::Nested {
                     call_id: context.call_id.clone(),
                     session_id,
                     depth,

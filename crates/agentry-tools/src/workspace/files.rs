@@ -13,10 +13,9 @@ use serde::Deserialize;
 use super::{
     EDIT_FILE, LIST_DIR, READ_FILE, WRITE_FILE, WorkspaceToolsConfig, blocking, workspace_of,
 };
-use crate::tool::function::FunctionTool;
-use crate::tool::result::truncate_on_char_boundary;
-use crate::tool::{ToolContext, ToolError, ToolOutput};
-use crate::workspace::{
+use agentry_core::tool::result::truncate_on_char_boundary;
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
+use agentry_core::workspace::{
     BINARY_SNIFF_BYTES, Root, Written, display_path, image_type, relative_path,
 };
 

@@ -10,24 +10,23 @@
 //!   `.gitignore`.
 //! - `search`: a regex or literal search over the workspace's files (the `grep` crates, walking
 //!   with `ignore`), results as `path:line: text`.
-//! - `fetch`: an HTTP GET under a [`NetworkPolicy`] (off unless configured), HTML reduced to
-//!   text.
+//! - `fetch`: an HTTP GET under a [`NetworkPolicy`](crate::NetworkPolicy) (off unless
+//!   configured), HTML reduced to text.
 //!
-//! **Confinement.** The workspace root comes from [`ToolContext::workspace`](super::ToolContext)
-//! (set from the run's `workspace`); without one the file tools refuse to work. Paths and files
-//! go through [`crate::workspace`]: relative to the root, opened beneath it with `openat2`, so
-//! nothing outside the workspace can be read or written (see there).
+//! **Confinement.** The workspace root comes from [`ToolContext::workspace`] (set from the run's
+//! `workspace`); without one the file tools refuse to work. Paths and files go through
+//! [`agentry_core::workspace`]: relative to the root, opened beneath it with `openat2`, so nothing
+//! outside the workspace can be read or written (see there).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
+use agentry_core::tool::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 
 mod fetch;
 mod files;
 mod search;
 
-pub use crate::network::{MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
 pub use fetch::{FetchConfig, validate_network_policy};
 
 /// The name of the `read_file` tool.
