@@ -91,7 +91,7 @@ pub struct AgentConfig {
     /// allowed by the server), or `"public"` (public addresses only). Default: the server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
-    pub network: Option<agentry_core::tool::NetworkPolicy>,
+    pub network: Option<agentry_core::network::NetworkPolicy>,
 }
 
 /// The limits of an agent's runs. A run that reaches one stops with a clear stop reason:
@@ -139,7 +139,7 @@ pub struct AgentRun {
     /// How its runs compact their context.
     pub compaction: Option<agentry_core::context::CompactionSettings>,
     /// Its narrowing of the `fetch` tool's network policy (none: the server's policy).
-    pub network: Vec<agentry_core::tool::NetworkPolicy>,
+    pub network: Vec<agentry_core::network::NetworkPolicy>,
 }
 
 impl AgentRun {
@@ -262,8 +262,7 @@ impl AgentConfig {
                 .map_err(|error| AppError::bad_request(format!("`approvals`: {error}")))?;
         }
         if let Some(network) = &self.network {
-            network
-                .validate()
+            agentry_tools::validate_network_policy(network)
                 .map_err(|error| AppError::bad_request(format!("`network`: {error}")))?;
         }
         if let Some(limits) = &self.limits {

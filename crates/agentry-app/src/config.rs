@@ -12,9 +12,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use agentry_core::tool::ToolDefinition;
 use agentry_mcp::McpServerConfig;
 use agentry_store::{ConfigKind, ConfigReplaced, Store};
+use agentry_tools::ToolDefinition;
 
 use crate::agents::AgentConfig;
 use crate::auth::StoredKey;

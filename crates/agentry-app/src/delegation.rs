@@ -15,11 +15,10 @@ use serde_json::{Value, json};
 
 use agentry_core::RunRequest;
 use agentry_core::session::{BusyPolicy, SessionManager, WeakSessionManager};
-use agentry_core::tool::{
-    AgentEntry, AgentTarget, ChildLink, ChildRun, DelegationConfig, SubRunError, SubRuns, Tool,
-    delegation_tools,
-};
+use agentry_core::subrun::{AgentEntry, AgentTarget, ChildLink, ChildRun, SubRunError, SubRuns};
+use agentry_core::tool::Tool;
 use agentry_store::{NewSession, Store};
+use agentry_tools::{DelegationConfig, delegation_tools};
 use agentry_types::{RunEvent, SessionEvent, SessionId, ToolResultPart};
 use tokio::sync::broadcast::error::RecvError;
 

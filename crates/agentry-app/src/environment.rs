@@ -29,7 +29,7 @@ pub struct ToolEnvironment {
     /// The `fetch` tool's configuration: its network policy (off by default; `agentry serve`
     /// sets it from `--allow-domain`, `--allow-private` and `--fetch-network`). A saved agent's
     /// `network` narrows it for its runs.
-    pub fetch: agentry_core::tool::FetchConfig,
+    pub fetch: agentry_tools::FetchConfig,
     /// Which tools need a person's approval when a run's own policy does not say (default:
     /// every tool that runs on the host).
     pub approval_defaults: agentry_core::tool::ApprovalDefaults,

@@ -47,6 +47,7 @@ pub mod domain {
     pub use agentry_mcp as mcp;
     pub use agentry_sandbox as sandbox;
     pub use agentry_store as store;
+    pub use agentry_tools as tools;
 }
 
 pub use environment::ToolEnvironment;

@@ -10,13 +10,14 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use agentry_core::Runtime;
-use agentry_core::tool::{
-    ShellToolsConfig, StaticSecrets, Tool, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
-    shell_tools, workspace_tools,
-};
+use agentry_core::tool::Tool;
 use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_mcp::McpManager;
 use agentry_store::{ConfigKind, Store};
+use agentry_tools::{
+    ShellToolsConfig, StaticSecrets, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
+    shell_tools, workspace_tools,
+};
 
 use crate::config::ConfigRepo;
 use crate::error::AppError;
@@ -152,6 +153,7 @@ pub async fn build_runtime(
     let secrets = secrets(store).await?;
     let mut builder = Runtime::builder();
     builder.approval_defaults(environment.approval_defaults.clone());
+    builder.network_check(agentry_tools::validate_network_policy);
     let mut models = Vec::new();
     // In the order they were registered: the first is the default unless one is marked.
     for (name, value) in store.list_config_registered(ConfigKind::Model).await? {
@@ -189,7 +191,7 @@ pub async fn build_runtime(
     // Command tools run in the session's sandbox when there is one; on the host only when the
     // operator allows host commands (otherwise they are refused and skipped here).
     let sandboxes = crate::config::command_sandboxes(environment);
-    let resolver: Arc<dyn agentry_core::tool::SecretResolver> = Arc::new(StaticSecrets(secrets));
+    let resolver: Arc<dyn agentry_tools::SecretResolver> = Arc::new(StaticSecrets(secrets));
     for (name, value) in store.list_config(ConfigKind::Tool).await? {
         let built = serde_json::from_value::<ToolDefinition>(value)
             .map_err(|error| error.to_string())

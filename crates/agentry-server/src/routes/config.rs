@@ -29,11 +29,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_app::domain::core::template::TemplateStore;
-use agentry_app::domain::core::tool::{
-    ResultFormat, SecretResolver, StaticSecrets, ToolDefinition, ToolError, ToolRegistry,
-};
+use agentry_app::domain::core::tool::{ResultFormat, ToolError, ToolRegistry};
 use agentry_app::domain::llm::{GenerationParams, LlmError, ModelRequest, Protocol, TimeoutKind};
 use agentry_app::domain::store::Store;
+use agentry_app::domain::tools::{SecretResolver, StaticSecrets, ToolDefinition};
 use agentry_types::Message;
 
 use agentry_app::config::{ConfigRepo, check_name, command_sandboxes, to_document};

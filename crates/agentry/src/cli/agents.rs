@@ -254,9 +254,10 @@ pub(crate) async fn load(store: &Store, id: &str) -> anyhow::Result<AgentConfig>
 
 /// The sandbox an agent's session needs: none unless it may run commands.
 pub(crate) fn sandbox_mode(agent: &AgentConfig, chosen: Option<SandboxMode>) -> SandboxMode {
-    let runs_commands = agent.tool_ids.iter().any(|name| {
-        name == agentry_core::tool::shell::EXEC || name == agentry_core::tool::shell::TERMINAL
-    });
+    let runs_commands = agent
+        .tool_ids
+        .iter()
+        .any(|name| name == agentry_tools::shell::EXEC || name == agentry_tools::shell::TERMINAL);
     if runs_commands {
         chosen.unwrap_or_default()
     } else {

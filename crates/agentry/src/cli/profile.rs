@@ -11,16 +11,16 @@ use serde::{Deserialize, Serialize};
 
 use agentry_app::ToolEnvironment;
 use agentry_core::skill::Skill;
-use agentry_core::tool::{
-    EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
-    load_definitions, shell_tools, workspace_tools,
-};
 use agentry_core::{RunLimits, Runtime};
 use agentry_llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
 };
 use agentry_mcp::{McpManager, ServerState};
 use agentry_store::{ConfigKind, Store};
+use agentry_tools::{
+    EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
+    load_definitions, shell_tools, workspace_tools,
+};
 
 /// The key of the profile in a session's metadata.
 pub(crate) const METADATA_KEY: &str = "cli_profile";
@@ -211,8 +211,7 @@ impl Profile {
     pub(crate) fn sandbox_mode(&self) -> super::sandbox::SandboxMode {
         let runs_commands = self.tools_file.is_some()
             || self.tools.iter().any(|name| {
-                name == agentry_core::tool::shell::EXEC
-                    || name == agentry_core::tool::shell::TERMINAL
+                name == agentry_tools::shell::EXEC || name == agentry_tools::shell::TERMINAL
             });
         if runs_commands {
             self.sandbox.unwrap_or_default()
@@ -242,6 +241,7 @@ impl Profile {
         // line (`--tool`, `--tools-file`, `--mcp`), `"host": true` included: nothing more to
         // approve by default. `agentry serve`'s runs ask for host tools (`--approve`).
         builder.approval_defaults(agentry_core::tool::ApprovalDefaults::none());
+        builder.network_check(agentry_tools::validate_network_policy);
         let client = self.client()?;
         // The window the provider states, unless one is configured (asked once per run of the
         // CLI, before the run; a failure keeps the known window).

@@ -10,10 +10,10 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use agentry_app::ToolEnvironment;
-use agentry_core::tool::{FetchConfig, NetworkPolicy as FetchPolicy};
 use agentry_sandbox::{
     BackendKind, Capabilities, NetworkPolicy, SandboxConfig, SandboxPool, SandboxSpec, backend,
 };
+use agentry_tools::{FetchConfig, NetworkPolicy as FetchPolicy};
 
 use super::data::DataArgs;
 

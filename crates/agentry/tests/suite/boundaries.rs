@@ -104,8 +104,8 @@ fn the_layers_depend_only_downwards() {
         );
     }
 
-    // The engine links no database driver and no HTTP server, and knows no front-end, no store
-    // and no application.
+    // The engine links no database driver and no HTTP server, knows no front-end, no store and
+    // no application, and leaves sandboxes, fetching and searching to the built-in tools.
     let core = of("agentry-core");
     for forbidden in [
         "sqlx",
@@ -113,6 +113,12 @@ fn the_layers_depend_only_downwards() {
         "hyper",
         "tower-http",
         "utoipa",
+        "reqwest",
+        "grep-regex",
+        "grep-searcher",
+        "html2text",
+        "agentry-sandbox",
+        "agentry-tools",
         "agentry-store",
         "agentry-mcp",
         "agentry-app",

@@ -9,7 +9,7 @@
 //!
 //! Both run in the sandbox of the run's workspace ([`SandboxPool::get`]): made on first use,
 //! shared by every call of the session, closed when idle. Without a workspace they refuse to
-//! work. The file tools ([`workspace`](super::workspace)) see the same folder from the host.
+//! work. The file tools ([`workspace`](crate::workspace)) see the same folder from the host.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use agentry_sandbox::{Sandbox, SandboxPool};
 
-use super::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
+use agentry_core::tool::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 
 mod exec;
 mod terminal;

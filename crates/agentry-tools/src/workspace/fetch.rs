@@ -27,53 +27,19 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{CONTENT_TYPE, LOCATION};
 use reqwest::{Client, Url};
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::FETCH;
-use crate::tool::function::FunctionTool;
-use crate::tool::http::read_capped;
-use crate::tool::result::{decode_cut_utf8, truncation_note};
-use crate::tool::{ToolContext, ToolError, ToolOutput};
+use crate::http::read_capped;
+use agentry_core::network::{MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
+use agentry_core::tool::result::{decode_cut_utf8, truncation_note};
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
 
 /// The width HTML is wrapped to when reduced to text.
 const HTML_WIDTH: usize = 100;
 
 /// How much of an error response's body an error quotes.
 const ERROR_SNIPPET_BYTES: usize = 512;
-
-/// The most entries one allow-list may have.
-pub const MAX_ALLOW_ENTRIES: usize = 256;
-
-/// Which hosts `fetch` may reach.
-///
-/// Serialised as `"off"`, `"public"`, `"any"` or `{"allow": ["docs.rs", "*.python.org"]}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NetworkPolicy {
-    /// No fetching at all (the default).
-    #[default]
-    Off,
-    /// Any host at a public address.
-    Public,
-    /// Only these hosts: `example.com` (that name exactly), `*.example.com` (its subdomains at
-    /// any depth, not the name itself), or an IP address written exactly (`203.0.113.7`,
-    /// `[::1]`). Matching ignores case and a trailing dot. The hosts must still be at public
-    /// addresses unless [`FetchConfig::private_hosts`] names them.
-    Allow(Vec<String>),
-    /// Anything, private networks and loopback included.
-    Any,
-}
-
-/// Why a network policy is not valid.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NetworkPolicyError {
-    /// An allow-list entry is not a host name, a `*.` wildcard name or an IP address.
-    #[error("{0}")]
-    InvalidEntry(String),
-    /// An allow-list is longer than [`MAX_ALLOW_ENTRIES`].
-    #[error("a network allow-list has at most {MAX_ALLOW_ENTRIES} entries, not {0}")]
-    TooManyEntries(usize),
-}
 
 /// Checks allow-list entries and builds their matcher.
 fn allow_list(entries: &[String]) -> Result<AllowList, NetworkPolicyError> {
@@ -88,19 +54,18 @@ fn allow_list(entries: &[String]) -> Result<AllowList, NetworkPolicyError> {
     })
 }
 
-impl NetworkPolicy {
-    /// Checks the allow-list's entries (each a host name, a `*.` wildcard name or an IP
-    /// address; at most [`MAX_ALLOW_ENTRIES`]).
-    pub fn validate(&self) -> Result<(), NetworkPolicyError> {
-        self.matcher().map(drop)
-    }
+/// Checks a network policy's allow-list entries (each a host name, a `*.` wildcard name or an
+/// IP address; at most [`MAX_ALLOW_ENTRIES`]), as `fetch` reads them: the
+/// [`NetworkCheck`](agentry_core::network::NetworkCheck) to give the runtime's builder.
+pub fn validate_network_policy(policy: &NetworkPolicy) -> Result<(), NetworkPolicyError> {
+    matcher(policy).map(drop)
+}
 
-    /// The allow-list's matcher (`None` for the other policies).
-    fn matcher(&self) -> Result<Option<AllowList>, NetworkPolicyError> {
-        match self {
-            Self::Allow(entries) => allow_list(entries).map(Some),
-            Self::Off | Self::Public | Self::Any => Ok(None),
-        }
+/// A policy's allow-list matcher (`None` for the other policies).
+fn matcher(policy: &NetworkPolicy) -> Result<Option<AllowList>, NetworkPolicyError> {
+    match policy {
+        NetworkPolicy::Allow(entries) => allow_list(entries).map(Some),
+        NetworkPolicy::Off | NetworkPolicy::Public | NetworkPolicy::Any => Ok(None),
     }
 }
 
@@ -137,7 +102,7 @@ impl Default for FetchConfig {
 impl FetchConfig {
     /// Checks the policy's allow-list and [`private_hosts`](Self::private_hosts).
     pub fn validate(&self) -> Result<(), NetworkPolicyError> {
-        self.policy.validate()?;
+        validate_network_policy(&self.policy)?;
         allow_list(&self.private_hosts).map(drop)
     }
 }
@@ -223,7 +188,7 @@ impl Rules {
     fn new(config: &FetchConfig) -> Result<Rules, String> {
         let invalid =
             |error: NetworkPolicyError| format!("the fetch tool's configuration: {error}");
-        let allow = config.policy.matcher().map_err(invalid)?;
+        let allow = matcher(&config.policy).map_err(invalid)?;
         let access = if config.policy == NetworkPolicy::Any {
             PrivateAccess::All
         } else if config.private_hosts.is_empty() {
@@ -287,7 +252,7 @@ impl Fetcher {
             .map(|policy| {
                 Ok(Narrowing {
                     policy: policy.clone(),
-                    allow: policy.matcher().map_err(|error| {
+                    allow: matcher(policy).map_err(|error| {
                         ToolError::Failed(format!("this agent's `network` setting: {error}"))
                     })?,
                 })
@@ -527,7 +492,7 @@ mod tests {
     #[test]
     fn allow_lists_match_as_the_sandboxes_do_and_bad_entries_are_named() {
         let policy = NetworkPolicy::Allow(vec!["example.com".into(), "127.0.0.1".into()]);
-        let Ok(Some(list)) = policy.matcher() else {
+        let Ok(Some(list)) = matcher(&policy) else {
             panic!("a valid allow-list");
         };
         assert!(list.allows_host("example.com"));
@@ -538,11 +503,11 @@ mod tests {
 
         let bad = NetworkPolicy::Allow(vec!["exa mple.com".into()]);
         assert!(
-            matches!(bad.validate(), Err(NetworkPolicyError::InvalidEntry(m)) if m.contains("exa mple.com"))
+            matches!(validate_network_policy(&bad), Err(NetworkPolicyError::InvalidEntry(m)) if m.contains("exa mple.com"))
         );
         let long = NetworkPolicy::Allow(vec!["a.com".into(); MAX_ALLOW_ENTRIES + 1]);
         assert_eq!(
-            long.validate(),
+            validate_network_policy(&long),
             Err(NetworkPolicyError::TooManyEntries(MAX_ALLOW_ENTRIES + 1))
         );
         let config = FetchConfig {

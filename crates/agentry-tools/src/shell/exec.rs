@@ -9,8 +9,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{EXEC, ShellToolsConfig, file_stem, head_and_tail, sandbox_cwd, sandbox_for, shell};
-use crate::tool::function::FunctionTool;
-use crate::tool::{ToolContext, ToolError, ToolOutput};
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
 
 /// Where saved outputs and background logs go, relative to the workspace.
 pub(super) const OUTPUT_DIR: &str = ".agentry/outputs";

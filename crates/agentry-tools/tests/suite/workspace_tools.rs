@@ -10,11 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentry_core::RunRequest;
-use agentry_core::tool::{
-    FetchConfig, NetworkPolicy, ToolContext, ToolError, ToolOutput, ToolRegistry,
-    WorkspaceToolsConfig, workspace_tools,
-};
+use agentry_core::tool::{ToolContext, ToolError, ToolOutput, ToolRegistry};
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_tools::{FetchConfig, NetworkPolicy, WorkspaceToolsConfig, workspace_tools};
 use agentry_types::{ImageSource, RunStopReason, ToolResultPart};
 use anyhow::{Context as _, Result, bail, ensure};
 use base64::Engine as _;

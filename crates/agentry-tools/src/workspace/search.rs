@@ -14,12 +14,11 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::confine::Root;
 use super::files::Walk;
-use super::{SEARCH, WorkspaceToolsConfig, blocking, display_path, relative_path, workspace_of};
-use crate::tool::function::FunctionTool;
-use crate::tool::result::truncate_on_char_boundary;
-use crate::tool::{ToolContext, ToolError, ToolOutput};
+use super::{SEARCH, WorkspaceToolsConfig, blocking, workspace_of};
+use agentry_core::tool::result::truncate_on_char_boundary;
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
+use agentry_core::workspace::{Root, display_path, relative_path};
 
 /// The most bytes of one matching line shown.
 const MAX_LINE_BYTES: usize = 400;

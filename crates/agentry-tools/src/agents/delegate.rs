@@ -15,12 +15,10 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{
-    ChildLink, DELEGATE, DelegationConfig, SubRuns, caller_of, child_depth, follow, title_of,
-    tool_table,
-};
-use crate::runtime::{Input, RunRequest};
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{DELEGATE, DelegationConfig, caller_of, child_depth, follow, title_of, tool_table};
+use agentry_core::subrun::{ChildLink, SubRuns};
+use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use agentry_core::{Input, RunRequest};
 
 /// Longest task or context accepted, in bytes.
 const MAX_TEXT: usize = 256 * 1024;
@@ -94,8 +92,8 @@ impl Tool for DelegateTool {
         &self.spec
     }
 
-    fn risk(&self) -> crate::tool::ToolRisk {
-        crate::tool::ToolRisk::of(crate::tool::RiskClass::Agents)
+    fn risk(&self) -> agentry_core::tool::ToolRisk {
+        agentry_core::tool::ToolRisk::of(agentry_core::tool::RiskClass::Agents)
     }
 
     fn timeout(&self) -> Option<Duration> {
@@ -162,7 +160,7 @@ async fn delegate(
 
     // Tools: only the caller's.
     let tools = match &arguments.tools {
-        Some(names) if crate::tool::names_all_tools(names) => {
+        Some(names) if agentry_core::tool::names_all_tools(names) => {
             caller_tools.iter().map(|name| (*name).to_owned()).collect()
         }
         Some(names) => {
@@ -180,7 +178,7 @@ async fn delegate(
             names.clone()
         }
         None => match &request.tools {
-            Some(agent_tools) if crate::tool::names_all_tools(agent_tools) => {
+            Some(agent_tools) if agentry_core::tool::names_all_tools(agent_tools) => {
                 caller_tools.iter().map(|name| (*name).to_owned()).collect()
             }
             Some(agent_tools) => agent_tools

@@ -2,7 +2,7 @@
 //!
 //! - `current_time`: the current time as RFC 3339 and Unix seconds, in UTC or a fixed offset.
 //!
-//! The file tools and `fetch` are in [`workspace`](super::workspace) (they need a workspace and a
+//! The file tools and `fetch` are in [`workspace`](crate::workspace) (they need a workspace and a
 //! network policy); the tools that run commands wait for the sandbox.
 
 use std::sync::Arc;
@@ -12,8 +12,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::function::FunctionTool;
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use agentry_core::tool::{FunctionTool, Tool, ToolContext, ToolError, ToolOutput};
 
 /// The name of the `current_time` tool.
 pub const CURRENT_TIME: &str = "current_time";

@@ -4,7 +4,7 @@
 //! sandboxes are on) the program runs in the sandbox of the run's workspace. Without one it runs
 //! on the host as the Agentry process's user, with its file system and network access (a
 //! configured tool is built that way only when host commands are allowed: see
-//! [`ToolDefinition::build_in`](super::ToolDefinition::build_in)); then the
+//! [`ToolDefinition::build_in`](crate::ToolDefinition::build_in)); then the
 //! environment
 //! is cleared to `PATH`, `HOME` and `LANG` plus the configured variables, so host secrets in
 //! environment variables do not reach the program; the working directory comes from the run
@@ -26,9 +26,9 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::registry::{TOOL_NAME_RULE, is_valid_tool_name};
-use super::result::{decode_cut_utf8, truncation_note};
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use agentry_core::tool::registry::{TOOL_NAME_RULE, is_valid_tool_name};
+use agentry_core::tool::result::{decode_cut_utf8, truncation_note};
+use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 /// The host environment variables a command sees (when the host has them).
 const INHERITED_ENV: [&str; 3] = ["PATH", "HOME", "LANG"];
@@ -134,8 +134,8 @@ impl Tool for CommandTool {
     }
 
     /// Runs commands; on the host when it has no sandbox.
-    fn risk(&self) -> crate::tool::ToolRisk {
-        let risk = crate::tool::ToolRisk::of(crate::tool::RiskClass::RunsCommands);
+    fn risk(&self) -> agentry_core::tool::ToolRisk {
+        let risk = agentry_core::tool::ToolRisk::of(agentry_core::tool::RiskClass::RunsCommands);
         if self.sandboxes.is_some() {
             risk
         } else {
@@ -249,12 +249,12 @@ async fn run_sandboxed(
 ) -> Result<ToolOutput, ToolError> {
     use agentry_sandbox::{ExecEvent, ExecRequest};
     let program = config.program.display().to_string();
-    let sandbox = super::shell::sandbox_for(sandboxes, &context).await?;
+    let sandbox = crate::shell::sandbox_for(sandboxes, &context).await?;
     let mut argv = vec![program.clone()];
     argv.extend(config.args.iter().cloned());
     let mut request = ExecRequest::new(argv).with_stdin();
     request.env = config.env.iter().cloned().collect();
-    request.cwd = super::shell::sandbox_cwd(sandboxes, &context, None)?;
+    request.cwd = crate::shell::sandbox_cwd(sandboxes, &context, None)?;
     let mut handle = sandbox
         .exec(request)
         .await

@@ -16,7 +16,7 @@ use crate::tool::ToolError;
 
 /// Whether a write created the file or replaced one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Written {
+pub enum Written {
     /// The file did not exist.
     Created,
     /// An existing file was replaced.
@@ -32,10 +32,10 @@ fn hard_link_refusal(display: &str, links: u64) -> ToolError {
 }
 
 #[cfg(target_os = "linux")]
-pub(super) use linux::Root;
+pub use linux::Root;
 
 #[cfg(not(target_os = "linux"))]
-pub(super) use unsupported::Root;
+pub use unsupported::Root;
 
 #[cfg(target_os = "linux")]
 mod linux {
@@ -58,7 +58,7 @@ mod linux {
 
     /// An open workspace root.
     #[derive(Debug)]
-    pub(in crate::tool::workspace) struct Root {
+    pub struct Root {
         dir: OwnedFd,
         path: PathBuf,
         /// Who new files and folders belong to: the root folder's owner, when this process runs
@@ -69,7 +69,7 @@ mod linux {
 
     impl Root {
         /// Opens the workspace root.
-        pub(in crate::tool::workspace) fn open(path: &Path) -> Result<Root, ToolError> {
+        pub fn open(path: &Path) -> Result<Root, ToolError> {
             let dir = rustix::fs::open(
                 path,
                 OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -91,7 +91,7 @@ mod linux {
         }
 
         /// The root's path on the host.
-        pub(in crate::tool::workspace) fn path(&self) -> &Path {
+        pub fn path(&self) -> &Path {
             &self.path
         }
 
@@ -103,11 +103,7 @@ mod linux {
 
         /// Opens a regular file for reading, refusing folders, devices, FIFOs and files with
         /// several hard links. Returns the file and its size.
-        pub(in crate::tool::workspace) fn open_read(
-            &self,
-            relative: &Path,
-            display: &str,
-        ) -> Result<(File, u64), ToolError> {
+        pub fn open_read(&self, relative: &Path, display: &str) -> Result<(File, u64), ToolError> {
             let fd = self
                 .resolve(
                     relative,
@@ -137,11 +133,7 @@ mod linux {
         }
 
         /// Checks that `relative` is a folder inside the workspace.
-        pub(in crate::tool::workspace) fn check_dir(
-            &self,
-            relative: &Path,
-            display: &str,
-        ) -> Result<(), ToolError> {
+        pub fn check_dir(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
             self.resolve(relative, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
                 .map(drop)
                 .map_err(|errno| match errno {
@@ -151,11 +143,7 @@ mod linux {
         }
 
         /// Checks that `relative` exists inside the workspace (any kind of file).
-        pub(in crate::tool::workspace) fn check_inside(
-            &self,
-            relative: &Path,
-            display: &str,
-        ) -> Result<(), ToolError> {
+        pub fn check_inside(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
             self.resolve(relative, OFlags::PATH, Mode::empty())
                 .map(drop)
                 .map_err(|errno| fs_error(display, errno))
@@ -165,7 +153,7 @@ mod linux {
         /// renamed over it. Missing parent folders are created. An existing file keeps its
         /// permissions; a symbolic link, a folder or a file with several hard links at the
         /// path is refused.
-        pub(in crate::tool::workspace) fn write_atomic(
+        pub fn write_atomic(
             &self,
             relative: &Path,
             display: &str,
@@ -363,7 +351,7 @@ mod unsupported {
 
     /// A workspace root; only Linux has the confined resolution the tools need.
     #[derive(Debug)]
-    pub(in crate::tool::workspace) struct Root {
+    pub struct Root {
         _private: (),
     }
 
@@ -374,15 +362,15 @@ mod unsupported {
     }
 
     impl Root {
-        pub(in crate::tool::workspace) fn open(_path: &Path) -> Result<Root, ToolError> {
+        pub fn open(_path: &Path) -> Result<Root, ToolError> {
             unsupported()
         }
 
-        pub(in crate::tool::workspace) fn path(&self) -> &Path {
+        pub fn path(&self) -> &Path {
             Path::new("")
         }
 
-        pub(in crate::tool::workspace) fn open_read(
+        pub fn open_read(
             &self,
             _relative: &Path,
             _display: &str,
@@ -390,23 +378,15 @@ mod unsupported {
             unsupported()
         }
 
-        pub(in crate::tool::workspace) fn check_dir(
-            &self,
-            _relative: &Path,
-            _display: &str,
-        ) -> Result<(), ToolError> {
+        pub fn check_dir(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
             unsupported()
         }
 
-        pub(in crate::tool::workspace) fn check_inside(
-            &self,
-            _relative: &Path,
-            _display: &str,
-        ) -> Result<(), ToolError> {
+        pub fn check_inside(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
             unsupported()
         }
 
-        pub(in crate::tool::workspace) fn write_atomic(
+        pub fn write_atomic(
             &self,
             _relative: &Path,
             _display: &str,

@@ -8,8 +8,10 @@ use futures::future::BoxFuture;
 use serde_json::json;
 
 use super::*;
-use crate::runtime::Input;
-use crate::tool::{CallerInfo, ToolContext, ToolError, ToolOutput};
+use agentry_core::network::NetworkPolicy;
+use agentry_core::subrun::{AgentEntry, AgentTarget, ChildLink, ChildRun, SubRunError, SubRuns};
+use agentry_core::tool::{CallerInfo, ToolContext, ToolError, ToolOutput};
+use agentry_core::{Input, RunRequest};
 
 #[derive(Default)]
 struct Recorded {
@@ -96,7 +98,7 @@ fn context(agent: Option<&str>) -> (ToolContext, Arc<CallerInfo>) {
         tools: vec![spec("a"), spec("b"), spec(DELEGATE)],
         agent_id: agent.map(str::to_owned),
         approvals: serde_json::from_value(json!({"tools": {"a": "always"}})).unwrap(),
-        network: vec![crate::tool::NetworkPolicy::Allow(vec!["docs.rs".into()])],
+        network: vec![NetworkPolicy::Allow(vec!["docs.rs".into()])],
     });
     let mut context = ToolContext::detached("call-1");
     context.caller = Some(Arc::clone(&caller));

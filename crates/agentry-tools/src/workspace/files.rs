@@ -10,17 +10,14 @@ use base64::Engine as _;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::confine::{Root, Written};
 use super::{
-    EDIT_FILE, LIST_DIR, READ_FILE, WRITE_FILE, WorkspaceToolsConfig, blocking, display_path,
-    relative_path, workspace_of,
+    EDIT_FILE, LIST_DIR, READ_FILE, WRITE_FILE, WorkspaceToolsConfig, blocking, workspace_of,
 };
-use crate::tool::function::FunctionTool;
-use crate::tool::result::truncate_on_char_boundary;
-use crate::tool::{ToolContext, ToolError, ToolOutput};
-
-/// How many leading bytes decide whether a file is binary.
-pub(super) const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+use agentry_core::tool::result::truncate_on_char_boundary;
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
+use agentry_core::workspace::{
+    BINARY_SNIFF_BYTES, Root, Written, display_path, image_type, relative_path,
+};
 
 /// How many match locations an ambiguous `edit_file` error lists.
 const LISTED_MATCHES: usize = 10;
@@ -167,21 +164,6 @@ fn read(
         text.push(']');
     }
     Ok(ToolOutput::text(text))
-}
-
-/// The media type of an image `read_file` returns as an image, by its leading bytes.
-pub(super) fn image_type(head: &[u8]) -> Option<&'static str> {
-    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if head.starts_with(&[0xff, 0xd8, 0xff]) {
-        Some("image/jpeg")
-    } else if head.starts_with(b"GIF87a") || head.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else if head.len() >= 12 && head.starts_with(b"RIFF") && &head[8..12] == b"WEBP" {
-        Some("image/webp")
-    } else {
-        None
-    }
 }
 
 /// Arguments of `write_file`.

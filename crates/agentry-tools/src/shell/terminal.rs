@@ -20,8 +20,7 @@ use tokio::sync::{Notify, mpsc};
 
 use super::exec::sandbox_error;
 use super::{ShellToolsConfig, TERMINAL, head_and_tail, sandbox_for, shell};
-use crate::tool::function::FunctionTool;
-use crate::tool::{ToolContext, ToolError, ToolOutput};
+use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
 
 /// The most unread output a terminal keeps (older output is dropped, and the drop announced).
 const MAX_BUFFERED: usize = 1024 * 1024;

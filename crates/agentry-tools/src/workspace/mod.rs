@@ -10,32 +10,24 @@
 //!   `.gitignore`.
 //! - `search`: a regex or literal search over the workspace's files (the `grep` crates, walking
 //!   with `ignore`), results as `path:line: text`.
-//! - `fetch`: an HTTP GET under a [`NetworkPolicy`] (off unless configured), HTML reduced to
-//!   text.
+//! - `fetch`: an HTTP GET under a [`NetworkPolicy`](crate::NetworkPolicy) (off unless
+//!   configured), HTML reduced to text.
 //!
-//! **Confinement.** The workspace root comes from [`ToolContext::workspace`](super::ToolContext)
-//! (set from the run's `workspace`); without one the file tools refuse to work. Every path is
-//! relative to the root: absolute paths outside it and `..` past it are refused before anything
-//! is opened, and every file is then opened with `openat2(RESOLVE_BENEATH |
-//! RESOLVE_NO_MAGICLINKS)` relative to a descriptor of the root, so the kernel refuses any
-//! resolution (through `..`, absolute or relative symbolic links, symlinked parent folders,
-//! links swapped in after a check, `/proc` magic links) that would leave it. Files with more
-//! than one hard link are refused for reading and writing, since another link may live outside
-//! the workspace.
+//! **Confinement.** The workspace root comes from [`ToolContext::workspace`] (set from the run's
+//! `workspace`); without one the file tools refuse to work. Paths and files go through
+//! [`agentry_core::workspace`]: relative to the root, opened beneath it with `openat2`, so nothing
+//! outside the workspace can be read or written (see there).
 
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
+use agentry_core::tool::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 
-mod attach;
-mod confine;
 mod fetch;
 mod files;
 mod search;
 
-pub use attach::{Attachment, read_attachment};
-pub use fetch::{FetchConfig, MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
+pub use fetch::{FetchConfig, validate_network_policy};
 
 /// The name of the `read_file` tool.
 pub const READ_FILE: &str = "read_file";
@@ -113,60 +105,6 @@ fn workspace_of(context: &ToolContext) -> Result<PathBuf, ToolError> {
                 .into(),
         )
     })
-}
-
-/// A path the model gave, checked and normalised: relative to the workspace root, without
-/// `.` or `..` components (an empty path is the root itself).
-///
-/// An absolute path is accepted only when it lies under the root (it is made relative); `..`
-/// may not climb above the root; NUL bytes are refused.
-fn relative_path(root: &Path, input: &str) -> Result<PathBuf, ToolError> {
-    if input.contains('\0') {
-        return Err(ToolError::InvalidArguments(format!(
-            "the path {input:?} contains a NUL byte"
-        )));
-    }
-    let path = Path::new(input);
-    let path = if path.is_absolute() {
-        path.strip_prefix(root).map_err(|_| {
-            ToolError::InvalidArguments(format!(
-                "{input:?} is an absolute path outside the workspace: paths are relative to the \
-                 workspace root (for example \"src/main.rs\")"
-            ))
-        })?
-    } else {
-        path
-    };
-    let mut normalised = PathBuf::new();
-    for component in path.components() {
-        match component {
-            Component::Normal(name) => normalised.push(name),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if !normalised.pop() {
-                    return Err(ToolError::InvalidArguments(format!(
-                        "{input:?} leads outside the workspace: paths are relative to the \
-                         workspace root and may not climb above it with \"..\""
-                    )));
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(ToolError::InvalidArguments(format!(
-                    "{input:?} is not a path relative to the workspace root"
-                )));
-            }
-        }
-    }
-    Ok(normalised)
-}
-
-/// How a workspace-relative path is shown to the model.
-fn display_path(relative: &Path) -> String {
-    if relative.as_os_str().is_empty() {
-        ".".to_owned()
-    } else {
-        relative.to_string_lossy().into_owned()
-    }
 }
 
 /// Runs blocking file work off the async threads.

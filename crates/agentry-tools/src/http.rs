@@ -24,9 +24,9 @@ use futures::future::BoxFuture;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
 use serde_json::Value;
 
-use super::registry::{TOOL_NAME_RULE, is_valid_tool_name};
-use super::result::{decode_cut_utf8, truncation_note};
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use agentry_core::tool::registry::{TOOL_NAME_RULE, is_valid_tool_name};
+use agentry_core::tool::result::{decode_cut_utf8, truncation_note};
+use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 /// How much of a failed response's body an error quotes.
 const ERROR_SNIPPET_BYTES: usize = 1024;
@@ -219,8 +219,8 @@ impl Tool for HttpTool {
         &self.spec
     }
 
-    fn risk(&self) -> crate::tool::ToolRisk {
-        crate::tool::ToolRisk::of(crate::tool::RiskClass::Network)
+    fn risk(&self) -> agentry_core::tool::ToolRisk {
+        agentry_core::tool::ToolRisk::of(agentry_core::tool::RiskClass::Network)
     }
 
     fn timeout(&self) -> Option<Duration> {

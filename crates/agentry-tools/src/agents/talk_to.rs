@@ -14,12 +14,10 @@ use futures::future::{BoxFuture, join_all};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{
-    AgentTarget, ChildLink, DelegationConfig, SubRuns, TALK_TO, caller_of, child_depth, follow,
-    title_of,
-};
-use crate::runtime::Input;
-use crate::tool::{CallerInfo, Tool, ToolContext, ToolError, ToolOutput};
+use super::{DelegationConfig, TALK_TO, caller_of, child_depth, follow, title_of};
+use agentry_core::Input;
+use agentry_core::subrun::{AgentTarget, ChildLink, SubRuns};
+use agentry_core::tool::{CallerInfo, Tool, ToolContext, ToolError, ToolOutput};
 
 /// Longest message accepted, in bytes.
 const MAX_MESSAGE: usize = 256 * 1024;
@@ -74,8 +72,8 @@ impl Tool for TalkToTool {
         &self.spec
     }
 
-    fn risk(&self) -> crate::tool::ToolRisk {
-        crate::tool::ToolRisk::of(crate::tool::RiskClass::Agents)
+    fn risk(&self) -> agentry_core::tool::ToolRisk {
+        agentry_core::tool::ToolRisk::of(agentry_core::tool::RiskClass::Agents)
     }
 
     fn timeout(&self) -> Option<Duration> {

@@ -24,9 +24,10 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::command::{CommandTool, CommandToolConfig};
-use super::http::{HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver};
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+use crate::command::{CommandTool, CommandToolConfig};
+use crate::http::{HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver};
 
 /// Output kept from a configured tool unless the definition says otherwise.
 const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
@@ -320,7 +321,7 @@ impl Tool for Idempotent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tool::StaticSecrets;
+    use crate::http::StaticSecrets;
 
     fn http_client() -> reqwest::Client {
         agentry_llm::http_client(Duration::from_secs(1)).unwrap()

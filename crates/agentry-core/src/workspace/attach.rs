@@ -7,8 +7,7 @@ use std::path::Path;
 use base64::Engine as _;
 
 use super::confine::Root;
-use super::files::{BINARY_SNIFF_BYTES, image_type};
-use super::{display_path, relative_path};
+use super::{BINARY_SNIFF_BYTES, display_path, image_type, relative_path};
 use crate::tool::ToolError;
 
 /// A workspace file read for a message.

@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentry_core::RunRequest;
-use agentry_core::tool::{
-    CommandTool, CommandToolConfig, ShellToolsConfig, Tool, ToolContext, ToolError, ToolOutput,
-    ToolRegistry, WorkspaceToolsConfig, shell_tools, workspace_tools,
-};
+use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use agentry_sandbox::{BackendKind, SandboxConfig, SandboxPool, SandboxSpec};
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_tools::{
+    CommandTool, CommandToolConfig, ShellToolsConfig, WorkspaceToolsConfig, shell_tools,
+    workspace_tools,
+};
 use agentry_types::{RunStopReason, ToolResultPart};
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::{Value, json};
