@@ -5,6 +5,10 @@
 //! tool cannot take the run down), and enforces the run's deadline and cancellation around every
 //! step. Cancellation reaches the model stream and every running tool promptly: their futures
 //! are dropped and their cancellation tokens fire.
+//!
+//! A [`Driver`] holds what a run is driven with (its model, tools, event sink, cancellation and
+//! pause tokens, journal); [`Driver::run`] takes the run's state through its steps, one method
+//! each.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -15,12 +19,13 @@ use agentry_types::{
     SuspendStatus, ToolCall, ToolResultPart,
 };
 use futures::StreamExt;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Phase, RunState, Step, ToolOutcome};
+pub use crate::events::EventSink;
 use crate::session::{LogError, SessionLog, SessionStatus};
 use crate::tool::{
     CANCEL_GRACE, ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model,
@@ -29,30 +34,6 @@ use crate::tool::{
 /// How long cancelled tools get to stop on their own before their tasks are aborted: the
 /// registry's own grace for a cancelled tool, plus a margin to report the result.
 const TOOL_STOP_GRACE: Duration = CANCEL_GRACE.saturating_add(Duration::from_millis(50));
-
-/// Where a run's events go. Sending waits when the receiver is slow (back-pressure); a receiver
-/// that went away is ignored, and the run goes on.
-#[derive(Debug, Clone)]
-pub struct EventSink(mpsc::Sender<RunEvent>);
-
-impl EventSink {
-    /// A sink and its receiving end, holding up to `capacity` undelivered events.
-    pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<RunEvent>) {
-        let (sender, receiver) = mpsc::channel(capacity.max(1));
-        (Self(sender), receiver)
-    }
-
-    pub(crate) async fn send(&self, event: RunEvent) {
-        // A closed receiver means nobody is watching; the run itself is unaffected.
-        let _ = self.0.send(event).await;
-    }
-
-    /// Reports a live event of the run from outside the engine (a tool's progress, an MCP
-    /// server's request for input). Nobody watching is not an error.
-    pub async fn emit(&self, event: RunEvent) {
-        self.send(event).await;
-    }
-}
 
 /// Where a run's committed steps are written: the session's log.
 #[derive(Clone)]
@@ -102,21 +83,6 @@ fn storage_error(error: &LogError) -> ErrorInfo {
     }
 }
 
-/// Records `events` if the run has a journal; a failure ends the run.
-async fn commit(
-    journal: Option<&Journal>,
-    state: &mut RunState,
-    events: Vec<SessionEvent>,
-    sink: &EventSink,
-) {
-    if let Some(journal) = journal
-        && let Err(error) = journal.record(events, sink).await
-    {
-        tracing::error!(run_id = %state.run_id, "session log write failed: {error}");
-        state.fail(storage_error(&error));
-    }
-}
-
 /// How a guarded step ended.
 enum Guarded<T> {
     Done(T),
@@ -156,43 +122,6 @@ fn deadline_of(state: &mut RunState) -> Option<Instant> {
     Some(Instant::now() + limit.saturating_sub(elapsed))
 }
 
-/// Compacts the conversation when the next request would not fit (or always, when `force`),
-/// and records the compaction. Returns whether anything was compacted. A conversation that
-/// cannot fit even compacted is left to the provider when not forced (the estimate may be
-/// cautious), and ends the run when forced.
-async fn fit_context(
-    state: &mut RunState,
-    model: &dyn ModelClient,
-    summarizer: Option<&Arc<dyn ModelClient>>,
-    force: bool,
-    cancel: &CancellationToken,
-    journal: Option<&Journal>,
-    events: &EventSink,
-) -> bool {
-    // Compaction cuts between whole units, which it finds in the repaired history.
-    crate::repair::repair_history(&mut state.messages);
-    match crate::compactor::compact(state, model, summarizer, force, cancel).await {
-        Ok(Some(event)) => {
-            commit(journal, state, vec![event], events).await;
-            true
-        }
-        Ok(None) => false,
-        Err(error) if force => {
-            state.fail(ErrorInfo {
-                code: ErrorCode::ContextLengthExceeded,
-                message: error.to_string(),
-                retryable: false,
-                status: None,
-            });
-            false
-        }
-        Err(error) => {
-            tracing::warn!(run_id = %state.run_id, "{error}; sending the request anyway");
-            false
-        }
-    }
-}
-
 /// Drives `state` until the run is finished, sending every event to `events`. Returns the final
 /// state (which serialises, for storage or inspection).
 pub async fn drive(
@@ -203,19 +132,22 @@ pub async fn drive(
     cancel: CancellationToken,
     journal: Option<Journal>,
 ) -> RunState {
-    drive_controlled(state, model, None, tools, events, cancel, None, journal).await
+    let mut driver = Driver::new(model, tools, events, cancel);
+    if let Some(journal) = journal {
+        driver = driver.journal(journal);
+    }
+    driver.run(state).await
 }
 
-/// Like [`drive`], and a run whose `pause` token fires stops at the next safe point (before a
-/// model call, when the round before it has finished): it commits `run_paused`, marks the
-/// session `paused` and returns the state unfinished. A run whose calls wait for approval
-/// stops the same way with `waiting`. Both end their stream with [`RunEvent::RunSuspended`].
+/// What a run is driven with: its model (and the model that summarises for compaction), its
+/// tools, where its events go, its cancellation and pause tokens, and the journal its
+/// committed steps are written to.
 ///
-/// `summarizer` writes the summaries of context compaction (the model named by the run's
-/// context policy); without it, compaction drops old turns.
-#[allow(clippy::too_many_arguments)]
-pub async fn drive_controlled(
-    mut state: RunState,
+/// A run whose `pause` token fires stops at the next safe point (before a model call, when the
+/// round before it has finished): it commits `run_paused`, marks the session `paused` and
+/// returns the state unfinished. A run whose calls wait for approval stops the same way with
+/// `waiting`. Both end their stream with [`RunEvent::RunSuspended`].
+pub struct Driver {
     model: Arc<dyn ModelClient>,
     summarizer: Option<Arc<dyn ModelClient>>,
     tools: ToolRegistry,
@@ -223,239 +155,492 @@ pub async fn drive_controlled(
     cancel: CancellationToken,
     pause: Option<CancellationToken>,
     journal: Option<Journal>,
-) -> RunState {
-    let deadline = deadline_of(&mut state);
-    let mut suspended = None;
-    events
-        .send(RunEvent::RunStarted {
-            run_id: state.run_id,
-        })
-        .await;
-    loop {
-        if matches!(state.phase, Phase::CallModel)
-            && state.context.is_some()
-            && !pause.as_ref().is_some_and(CancellationToken::is_cancelled)
-        {
-            fit_context(
-                &mut state,
-                &*model,
-                summarizer.as_ref(),
-                false,
-                &cancel,
-                journal.as_ref(),
-                &events,
-            )
-            .await;
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("tools", &self.tools)
+            .field("journal", &self.journal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// A driver calling `model`, running `tools`, reporting to `events`, stopped by `cancel`;
+    /// no summariser, no pause token, no journal.
+    pub fn new(
+        model: Arc<dyn ModelClient>,
+        tools: ToolRegistry,
+        events: EventSink,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            model,
+            summarizer: None,
+            tools,
+            events,
+            cancel,
+            pause: None,
+            journal: None,
         }
-        match state.next_step() {
-            Step::Finish => break,
-            Step::CallModel(_) if pause.as_ref().is_some_and(CancellationToken::is_cancelled) => {
-                let paused = SessionEvent::RunPaused {
-                    run_id: state.run_id,
-                };
-                // Commit, record the status, then report: a client that sees the pause also
-                // sees the status.
-                if let Some(journal) = &journal {
-                    match journal
-                        .log
-                        .append(journal.session, vec![paused.clone()])
-                        .await
-                    {
-                        Ok(seq) => {
-                            set_status(Some(journal), SessionStatus::Paused).await;
-                            events
-                                .send(RunEvent::Committed { seq, event: paused })
-                                .await;
-                        }
-                        Err(error) => {
-                            state.fail(storage_error(&error));
-                            continue;
-                        }
+    }
+
+    /// Sets the model that writes the summaries of context compaction (the model named by the
+    /// run's context policy); without one, compaction drops old turns.
+    #[must_use]
+    pub fn summarizer(mut self, summarizer: Option<Arc<dyn ModelClient>>) -> Self {
+        self.summarizer = summarizer;
+        self
+    }
+
+    /// Sets the token that pauses the run at its next safe point.
+    #[must_use]
+    pub fn pause(mut self, pause: CancellationToken) -> Self {
+        self.pause = Some(pause);
+        self
+    }
+
+    /// Sets the journal the run's committed steps are written to.
+    #[must_use]
+    pub fn journal(mut self, journal: Journal) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Drives `state` until the run is finished or suspended, sending every event to the
+    /// driver's sink. Returns the final state (which serialises, for storage or inspection).
+    pub async fn run(self, mut state: RunState) -> RunState {
+        let deadline = deadline_of(&mut state);
+        self.events
+            .send(RunEvent::RunStarted {
+                run_id: state.run_id,
+            })
+            .await;
+        let suspended = loop {
+            if matches!(state.phase, Phase::CallModel)
+                && state.context.is_some()
+                && !self.pause_requested()
+            {
+                self.fit_context(&mut state, false).await;
+            }
+            match state.next_step() {
+                Step::Finish => break None,
+                Step::CallModel(_) if self.pause_requested() => {
+                    if let Some(status) = self.pause_run(&mut state).await {
+                        break Some(status);
                     }
                 }
-                suspended = Some(SuspendStatus::Paused);
-                break;
+                Step::AwaitApproval => {
+                    if let Some(status) = self.await_approval(&mut state).await {
+                        break Some(status);
+                    }
+                }
+                Step::CallModel(request) => self.call_model(&mut state, request, deadline).await,
+                Step::RunTools(calls) => self.run_tools(&mut state, calls, deadline).await,
             }
-            Step::AwaitApproval => {
-                if !state.approvals_decided() {
-                    // The requests were committed with the assistant message.
-                    set_status(journal.as_ref(), SessionStatus::Waiting).await;
-                    suspended = Some(SuspendStatus::Waiting);
-                    break;
-                }
-                let Ok(rejected) = state.continue_after_approvals() else {
-                    state.fail(ErrorInfo {
-                        code: ErrorCode::Internal,
-                        message: "the run's approvals could not be applied".into(),
-                        retryable: false,
-                        status: None,
-                    });
-                    continue;
-                };
-                // The approved calls' intents first, then the rejections' results: replay
-                // counts the round as done once no intent is left unanswered.
-                let mut records: Vec<SessionEvent> = Vec::new();
-                if let Phase::RunTools { calls, .. } = &state.phase {
-                    records.extend(calls.iter().map(|call| SessionEvent::ToolCallIntent {
-                        run_id: state.run_id,
-                        call: call.clone(),
-                        idempotent: tools.get(&call.name).is_some_and(|t| t.idempotent()),
-                    }));
-                }
-                records.extend(rejected.iter().map(|result| SessionEvent::ToolCallResult {
-                    run_id: state.run_id,
-                    result: result.clone(),
-                    duration_ms: 0,
-                    working_dir: None,
-                }));
-                commit(journal.as_ref(), &mut state, records, &events).await;
-                for result in rejected {
-                    events
-                        .send(RunEvent::ToolResult {
-                            result,
-                            duration_ms: 0,
-                        })
-                        .await;
-                }
+        };
+        match suspended {
+            Some(status) => self.suspend(state, status).await,
+            None => self.finish(state).await,
+        }
+    }
+
+    /// Whether the run was asked to pause.
+    fn pause_requested(&self) -> bool {
+        self.pause
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled)
+    }
+
+    /// Records `events` if the run has a journal; a failure ends the run.
+    async fn commit(&self, state: &mut RunState, events: Vec<SessionEvent>) {
+        if let Some(journal) = &self.journal
+            && let Err(error) = journal.record(events, &self.events).await
+        {
+            tracing::error!(run_id = %state.run_id, "session log write failed: {error}");
+            state.fail(storage_error(&error));
+        }
+    }
+
+    /// Records the session's status, if the run has a journal (a failure is logged: the log's
+    /// events, not the status, are the truth recovery goes by).
+    async fn set_status(&self, status: SessionStatus) {
+        if let Some(journal) = &self.journal
+            && let Err(error) = journal.log.set_status(journal.session, status).await
+        {
+            tracing::error!(session = %journal.session, "could not record the session's status: {error}");
+        }
+    }
+
+    /// Compacts the conversation when the next request would not fit (or always, when `force`),
+    /// and records the compaction. Returns whether anything was compacted. A conversation that
+    /// cannot fit even compacted is left to the provider when not forced (the estimate may be
+    /// cautious), and ends the run when forced.
+    async fn fit_context(&self, state: &mut RunState, force: bool) -> bool {
+        // Compaction cuts between whole units, which it finds in the repaired history.
+        crate::repair::repair_history(&mut state.messages);
+        let compacted = crate::compactor::compact(
+            state,
+            &*self.model,
+            self.summarizer.as_ref(),
+            force,
+            &self.cancel,
+        )
+        .await;
+        match compacted {
+            Ok(Some(event)) => {
+                self.commit(state, vec![event]).await;
+                true
             }
-            Step::CallModel(request) => {
-                let round = state.round + 1;
-                let call_cancel = cancel.child_token();
-                // What the request was estimated at, to calibrate the counter with the
-                // provider's reported usage.
-                let counted = state.context.as_ref().map(|_| {
-                    let counter = model.context().counter;
-                    let raw = counter.count_request_raw(&request);
-                    (counter, raw)
+            Ok(None) => false,
+            Err(error) if force => {
+                state.fail(ErrorInfo {
+                    code: ErrorCode::ContextLengthExceeded,
+                    message: error.to_string(),
+                    retryable: false,
+                    status: None,
                 });
-                let call = call_model(&*model, request, &events, call_cancel.clone());
-                match guarded(&cancel, deadline, call).await {
-                    Guarded::Done(Ok(response)) => {
-                        if let Some((counter, raw)) = counted {
-                            counter.observe(raw, response.usage.input_tokens);
-                        }
-                        state.on_model_response(&response);
-                        // The answer and the intents of the calls it asks for are committed
-                        // together, before any tool runs.
-                        let mut records = vec![SessionEvent::AssistantMessage {
-                            run_id: state.run_id,
-                            round,
-                            content: response.content.clone(),
-                            usage: response.usage,
-                            stop_reason: response.stop_reason.clone(),
-                        }];
-                        match &state.phase {
-                            Phase::RunTools { calls, .. } => {
-                                records.extend(calls.iter().map(|call| {
-                                    SessionEvent::ToolCallIntent {
-                                        run_id: state.run_id,
-                                        call: call.clone(),
-                                        idempotent: tools
-                                            .get(&call.name)
-                                            .is_some_and(|t| t.idempotent()),
-                                    }
-                                }));
-                            }
-                            // Calls that wait for approval are requested instead; their
-                            // intents are committed once they are decided.
-                            Phase::AwaitingApproval { pending, .. } => {
-                                records.extend(pending.iter().map(|pending| {
-                                    SessionEvent::ApprovalRequested {
-                                        run_id: state.run_id,
-                                        call: pending.call.clone(),
-                                        reason: pending.reason.clone(),
-                                    }
-                                }));
-                            }
-                            _ => {}
-                        }
-                        commit(journal.as_ref(), &mut state, records, &events).await;
-                        events
-                            .send(RunEvent::AssistantMessage {
-                                round,
-                                content: response.content,
-                                stop_reason: response.stop_reason,
-                            })
-                            .await;
-                        events
-                            .send(RunEvent::Usage {
-                                round,
-                                usage: response.usage,
-                            })
-                            .await;
-                    }
-                    Guarded::Done(Err(_)) | Guarded::Cancelled if cancel.is_cancelled() => {
-                        state.cancel();
-                    }
-                    // The provider says the context is too long: one forced compaction and
-                    // one retry, never more.
-                    Guarded::Done(Err(error))
-                        if error.is_context_too_long()
-                            && state.context.is_some()
-                            && !state.overflow_retried =>
-                    {
-                        state.overflow_retried = true;
-                        let compacted = fit_context(
-                            &mut state,
-                            &*model,
-                            summarizer.as_ref(),
-                            true,
-                            &cancel,
-                            journal.as_ref(),
-                            &events,
-                        )
-                        .await;
-                        if !compacted && !state.is_finished() {
-                            state.on_model_error(error.info());
-                        }
-                    }
-                    Guarded::Done(Err(error)) => state.on_model_error(error.info()),
-                    Guarded::Cancelled => state.cancel(),
-                    Guarded::Expired => {
-                        call_cancel.cancel();
-                        state.expire();
-                    }
-                }
+                false
             }
-            Step::RunTools(calls) => {
-                let round_cancel = cancel.child_token();
-                let finished = Arc::new(Mutex::new(Vec::new()));
-                let log_failure = Arc::new(Mutex::new(None));
-                let guard = {
-                    let run = run_tools(
-                        &state,
-                        calls,
-                        &tools,
-                        &events,
-                        &round_cancel,
-                        &finished,
-                        (journal.as_ref(), &log_failure),
-                    );
-                    tokio::pin!(run);
-                    let guard = guarded(&cancel, deadline, &mut run).await;
-                    if !matches!(guard, Guarded::Done(())) {
-                        // Tell the running tools to stop, and give them a moment to do it
-                        // cleanly before their tasks are aborted.
-                        round_cancel.cancel();
-                        let _ = tokio::time::timeout(TOOL_STOP_GRACE, &mut run).await;
-                    }
-                    guard
-                };
-                let outcomes = std::mem::take(&mut *lock(&finished));
-                state.on_tool_results(outcomes);
-                if let Some(error) = lock(&log_failure).take() {
-                    state.fail(storage_error(&error));
-                }
-                match guard {
-                    Guarded::Done(()) => {}
-                    Guarded::Cancelled => state.cancel(),
-                    Guarded::Expired => state.expire(),
-                }
+            Err(error) => {
+                tracing::warn!(run_id = %state.run_id, "{error}; sending the request anyway");
+                false
             }
         }
     }
-    if let Some(status) = suspended {
-        events
+
+    /// Stops before a model call because the run was asked to pause: commits `run_paused` and
+    /// marks the session paused. `None` when the pause could not be recorded (the run failed).
+    async fn pause_run(&self, state: &mut RunState) -> Option<SuspendStatus> {
+        let paused = SessionEvent::RunPaused {
+            run_id: state.run_id,
+        };
+        // Commit, record the status, then report: a client that sees the pause also sees the
+        // status.
+        if let Some(journal) = &self.journal {
+            match journal
+                .log
+                .append(journal.session, vec![paused.clone()])
+                .await
+            {
+                Ok(seq) => {
+                    self.set_status(SessionStatus::Paused).await;
+                    self.events
+                        .send(RunEvent::Committed { seq, event: paused })
+                        .await;
+                }
+                Err(error) => {
+                    state.fail(storage_error(&error));
+                    return None;
+                }
+            }
+        }
+        Some(SuspendStatus::Paused)
+    }
+
+    /// A round waits for approvals: stops the run while some are undecided (the session is
+    /// then `waiting`), else commits the approved calls' intents and the rejections' results.
+    async fn await_approval(&self, state: &mut RunState) -> Option<SuspendStatus> {
+        if !state.approvals_decided() {
+            // The requests were committed with the assistant message.
+            self.set_status(SessionStatus::Waiting).await;
+            return Some(SuspendStatus::Waiting);
+        }
+        let Ok(rejected) = state.continue_after_approvals() else {
+            state.fail(ErrorInfo {
+                code: ErrorCode::Internal,
+                message: "the run's approvals could not be applied".into(),
+                retryable: false,
+                status: None,
+            });
+            return None;
+        };
+        // The approved calls' intents first, then the rejections' results: replay counts the
+        // round as done once no intent is left unanswered.
+        let mut records: Vec<SessionEvent> = Vec::new();
+        if let Phase::RunTools { calls, .. } = &state.phase {
+            records.extend(calls.iter().map(|call| self.intent(state, call)));
+        }
+        records.extend(rejected.iter().map(|result| SessionEvent::ToolCallResult {
+            run_id: state.run_id,
+            result: result.clone(),
+            duration_ms: 0,
+            working_dir: None,
+        }));
+        self.commit(state, records).await;
+        for result in rejected {
+            self.events
+                .send(RunEvent::ToolResult {
+                    result,
+                    duration_ms: 0,
+                })
+                .await;
+        }
+        None
+    }
+
+    /// The committed intent of a tool call, before it runs.
+    fn intent(&self, state: &RunState, call: &ToolCall) -> SessionEvent {
+        SessionEvent::ToolCallIntent {
+            run_id: state.run_id,
+            call: call.clone(),
+            idempotent: self.tools.get(&call.name).is_some_and(|t| t.idempotent()),
+        }
+    }
+
+    /// Calls the model, under the run's cancellation and deadline, and feeds the outcome to
+    /// the engine.
+    async fn call_model(
+        &self,
+        state: &mut RunState,
+        request: ModelRequest,
+        deadline: Option<Instant>,
+    ) {
+        let round = state.round + 1;
+        let call_cancel = self.cancel.child_token();
+        // What the request was estimated at, to calibrate the counter with the provider's
+        // reported usage.
+        let counted = state.context.as_ref().map(|_| {
+            let counter = self.model.context().counter;
+            let raw = counter.count_request_raw(&request);
+            (counter, raw)
+        });
+        let call = stream_model(&*self.model, request, &self.events, call_cancel.clone());
+        match guarded(&self.cancel, deadline, call).await {
+            Guarded::Done(Ok(response)) => {
+                if let Some((counter, raw)) = counted {
+                    counter.observe(raw, response.usage.input_tokens);
+                }
+                self.on_response(state, round, response).await;
+            }
+            Guarded::Done(Err(_)) | Guarded::Cancelled if self.cancel.is_cancelled() => {
+                state.cancel();
+            }
+            // The provider says the context is too long: one forced compaction and one retry,
+            // never more.
+            Guarded::Done(Err(error))
+                if error.is_context_too_long()
+                    && state.context.is_some()
+                    && !state.overflow_retried =>
+            {
+                state.overflow_retried = true;
+                let compacted = self.fit_context(state, true).await;
+                if !compacted && !state.is_finished() {
+                    state.on_model_error(error.info());
+                }
+            }
+            Guarded::Done(Err(error)) => state.on_model_error(error.info()),
+            Guarded::Cancelled => state.cancel(),
+            Guarded::Expired => {
+                call_cancel.cancel();
+                state.expire();
+            }
+        }
+    }
+
+    /// Feeds the model's answer to the engine, commits it with the intents of the calls it
+    /// asks for (or their approval requests), and reports it.
+    async fn on_response(&self, state: &mut RunState, round: u32, response: ModelResponse) {
+        state.on_model_response(&response);
+        // The answer and the intents of the calls it asks for are committed together, before
+        // any tool runs.
+        let mut records = vec![SessionEvent::AssistantMessage {
+            run_id: state.run_id,
+            round,
+            content: response.content.clone(),
+            usage: response.usage,
+            stop_reason: response.stop_reason.clone(),
+        }];
+        match &state.phase {
+            Phase::RunTools { calls, .. } => {
+                records.extend(calls.iter().map(|call| self.intent(state, call)));
+            }
+            // Calls that wait for approval are requested instead; their intents are committed
+            // once they are decided.
+            Phase::AwaitingApproval { pending, .. } => {
+                records.extend(
+                    pending
+                        .iter()
+                        .map(|pending| SessionEvent::ApprovalRequested {
+                            run_id: state.run_id,
+                            call: pending.call.clone(),
+                            reason: pending.reason.clone(),
+                        }),
+                );
+            }
+            _ => {}
+        }
+        self.commit(state, records).await;
+        self.events
+            .send(RunEvent::AssistantMessage {
+                round,
+                content: response.content,
+                stop_reason: response.stop_reason,
+            })
+            .await;
+        self.events
+            .send(RunEvent::Usage {
+                round,
+                usage: response.usage,
+            })
+            .await;
+    }
+
+    /// Runs a round's tool calls under the run's cancellation and deadline, and feeds their
+    /// outcomes (those that finished, when the round was cut short) to the engine.
+    async fn run_tools(
+        &self,
+        state: &mut RunState,
+        calls: Vec<ToolCall>,
+        deadline: Option<Instant>,
+    ) {
+        let round_cancel = self.cancel.child_token();
+        let finished = Arc::new(Mutex::new(Vec::new()));
+        let log_failure = Arc::new(Mutex::new(None));
+        let guard = {
+            let run = self.run_round(state, calls, &round_cancel, &finished, &log_failure);
+            tokio::pin!(run);
+            let guard = guarded(&self.cancel, deadline, &mut run).await;
+            if !matches!(guard, Guarded::Done(())) {
+                // Tell the running tools to stop, and give them a moment to do it cleanly
+                // before their tasks are aborted.
+                round_cancel.cancel();
+                let _ = tokio::time::timeout(TOOL_STOP_GRACE, &mut run).await;
+            }
+            guard
+        };
+        let outcomes = std::mem::take(&mut *lock(&finished));
+        state.on_tool_results(outcomes);
+        if let Some(error) = lock(&log_failure).take() {
+            state.fail(storage_error(&error));
+        }
+        match guard {
+            Guarded::Done(()) => {}
+            Guarded::Cancelled => state.cancel(),
+            Guarded::Expired => state.expire(),
+        }
+    }
+
+    /// Runs a round's calls in parallel, at most `max_parallel_tools` at a time. Each outcome is
+    /// pushed to `finished` as soon as it exists, so a cancelled round keeps what completed; a
+    /// failed write of a result to the journal is left in `log_failure`.
+    async fn run_round(
+        &self,
+        state: &RunState,
+        calls: Vec<ToolCall>,
+        cancel: &CancellationToken,
+        finished: &Arc<Mutex<Vec<ToolOutcome>>>,
+        log_failure: &Arc<Mutex<Option<LogError>>>,
+    ) {
+        let limits = &state.limits;
+        let permits = Arc::new(Semaphore::new(limits.max_parallel_tools.max(1)));
+        let caller = Arc::new(crate::tool::CallerInfo {
+            run_id: state.run_id,
+            session: self.journal.as_ref().map(|journal| journal.session),
+            model: state.model.clone(),
+            tools: state.tools.clone(),
+            agent_id: state.agent_id.clone(),
+            approvals: state.approvals.clone(),
+            network: state.network.clone(),
+        });
+        let mut tasks = JoinSet::new();
+        for call in calls {
+            let permits = Arc::clone(&permits);
+            let tools = self.tools.clone();
+            let events = self.events.clone();
+            let finished = Arc::clone(finished);
+            let context = ToolContext {
+                call_id: call.id.clone(),
+                working_dir: state.working_dir.clone(),
+                workspace: state.workspace.clone(),
+                cancel: cancel.child_token(),
+                caller: Some(Arc::clone(&caller)),
+                events: Some(events.clone()),
+                network: state.network.clone(),
+            };
+            let timeout = limits.tool_timeout;
+            let result_limit = limits.result_limit;
+            let warning = state.loop_warning(&call.id).map(str::to_owned);
+            let journal = self.journal.clone();
+            let log_failure = Arc::clone(log_failure);
+            let run_id = state.run_id;
+            tasks.spawn(async move {
+                // The semaphore is never closed, so acquiring only waits.
+                let _permit = permits.acquire_owned().await;
+                events
+                    .send(RunEvent::ToolCallStarted { call: call.clone() })
+                    .await;
+                let started = Instant::now();
+                let outcome = tools
+                    .invoke(&call.name, call.arguments.clone(), context, timeout)
+                    .await;
+                let working_dir = match &outcome {
+                    Ok(ToolOutput {
+                        effect: Some(ToolEffect::SetWorkingDir(dir)),
+                        ..
+                    }) => Some(dir.clone()),
+                    _ => None,
+                };
+                let mut result = result_for_model(&call, outcome, result_limit);
+                if let Some(text) = warning {
+                    result.content.push(ToolResultPart::Text { text });
+                }
+                let duration_ms = started.elapsed().as_millis() as u64;
+                if let Some(journal) = &journal {
+                    let record = SessionEvent::ToolCallResult {
+                        run_id,
+                        result: result.clone(),
+                        duration_ms,
+                        working_dir: working_dir.clone(),
+                    };
+                    if let Err(error) = journal.record(vec![record], &events).await {
+                        *lock(&log_failure) = Some(error);
+                    }
+                }
+                events
+                    .send(RunEvent::ToolResult {
+                        result: result.clone(),
+                        duration_ms,
+                    })
+                    .await;
+                lock(&finished).push(ToolOutcome {
+                    result,
+                    working_dir,
+                });
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            if let Err(error) = joined
+                && error.is_panic()
+            {
+                tracing::error!("a tool task panicked: {error}");
+            }
+        }
+        // A call whose task panicked has no outcome; give the model an explicit error for it.
+        let done: Vec<String> = lock(finished)
+            .iter()
+            .map(|o| o.result.call_id.clone())
+            .collect();
+        for call in &state_calls(state) {
+            if !done.contains(&call.id) {
+                let result = result_for_model(
+                    call,
+                    Err(ToolError::Failed("the tool crashed".into())),
+                    limits.result_limit,
+                );
+                lock(finished).push(ToolOutcome {
+                    result,
+                    working_dir: None,
+                });
+            }
+        }
+    }
+
+    /// Ends the stream of a run that stopped without ending (paused, or waiting for
+    /// approvals) with [`RunEvent::RunSuspended`].
+    async fn suspend(self, state: RunState, status: SuspendStatus) -> RunState {
+        self.events
             .send(RunEvent::RunSuspended {
                 run_id: state.run_id,
                 status,
@@ -464,59 +649,56 @@ pub async fn drive_controlled(
                 rounds: state.round,
             })
             .await;
-        return state;
+        state
     }
-    if let (
-        Some(journal),
-        Phase::Finished {
-            reason,
-            error,
-            note,
-        },
-    ) = (&journal, &state.phase)
-    {
-        let end = SessionEvent::RunFinished {
-            run_id: state.run_id,
-            stop_reason: *reason,
-            usage: state.usage,
-            rounds: state.round,
-            error: error.clone(),
-            note: note.clone(),
-        };
-        // Commit the end, record the session's status, and only then report the commit: a
-        // client that sees the end also sees the new status. (Status after the append: a crash
-        // in between leaves a finished run marked running, which recovery simply closes.)
-        match journal.log.append(journal.session, vec![end.clone()]).await {
-            Ok(seq) => {
-                let status = match reason {
-                    RunStopReason::Error => SessionStatus::Failed,
-                    RunStopReason::Cancelled | RunStopReason::Deadline => {
-                        SessionStatus::Interrupted
+
+    /// Commits the end of a finished run and the session's new status, then reports the end.
+    async fn finish(self, state: RunState) -> RunState {
+        if let (
+            Some(journal),
+            Phase::Finished {
+                reason,
+                error,
+                note,
+            },
+        ) = (&self.journal, &state.phase)
+        {
+            let end = SessionEvent::RunFinished {
+                run_id: state.run_id,
+                stop_reason: *reason,
+                usage: state.usage,
+                rounds: state.round,
+                error: error.clone(),
+                note: note.clone(),
+            };
+            // Commit the end, record the session's status, and only then report the commit: a
+            // client that sees the end also sees the new status. (Status after the append: a
+            // crash in between leaves a finished run marked running, which recovery simply
+            // closes.)
+            match journal.log.append(journal.session, vec![end.clone()]).await {
+                Ok(seq) => {
+                    let status = match reason {
+                        RunStopReason::Error => SessionStatus::Failed,
+                        RunStopReason::Cancelled | RunStopReason::Deadline => {
+                            SessionStatus::Interrupted
+                        }
+                        _ => SessionStatus::Idle,
+                    };
+                    if let Err(error) = journal.log.set_status(journal.session, status).await {
+                        tracing::error!(session = %journal.session, "could not record the session's status: {error}");
                     }
-                    _ => SessionStatus::Idle,
-                };
-                if let Err(error) = journal.log.set_status(journal.session, status).await {
-                    tracing::error!(session = %journal.session, "could not record the session's status: {error}");
+                    self.events
+                        .send(RunEvent::Committed { seq, event: end })
+                        .await;
                 }
-                events.send(RunEvent::Committed { seq, event: end }).await;
-            }
-            // The run is over either way; recovery will see it as unfinished and close it.
-            Err(error) => {
-                tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}")
+                // The run is over either way; recovery will see it as unfinished and close it.
+                Err(error) => {
+                    tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}")
+                }
             }
         }
-    }
-    events.send(final_event(&state)).await;
-    state
-}
-
-/// Records the session's status, if the run has a journal (a failure is logged: the log's
-/// events, not the status, are the truth recovery goes by).
-async fn set_status(journal: Option<&Journal>, status: SessionStatus) {
-    if let Some(journal) = journal
-        && let Err(error) = journal.log.set_status(journal.session, status).await
-    {
-        tracing::error!(session = %journal.session, "could not record the session's status: {error}");
+        self.events.send(final_event(&state)).await;
+        state
     }
 }
 
@@ -545,7 +727,7 @@ fn final_event(state: &RunState) -> RunEvent {
             usage: state.usage,
             rounds: state.round,
         },
-        // `drive` only ends on a finished state.
+        // The driver only ends on a finished state.
         _ => RunEvent::RunFinished {
             stop_reason: RunStopReason::Error,
             text: String::new(),
@@ -556,7 +738,7 @@ fn final_event(state: &RunState) -> RunEvent {
 }
 
 /// Streams one model call, forwarding deltas, and returns the complete response.
-async fn call_model(
+async fn stream_model(
     model: &dyn ModelClient,
     request: ModelRequest,
     events: &EventSink,
@@ -586,121 +768,6 @@ async fn call_model(
     Err(LlmError::StreamEndedEarly {
         detail: "the model stream ended without a response".into(),
     })
-}
-
-/// Runs a round's calls in parallel, at most `max_parallel_tools` at a time. Each outcome is
-/// pushed to `finished` as soon as it exists, so a cancelled round keeps what completed.
-async fn run_tools(
-    state: &RunState,
-    calls: Vec<ToolCall>,
-    tools: &ToolRegistry,
-    events: &EventSink,
-    cancel: &CancellationToken,
-    finished: &Arc<Mutex<Vec<ToolOutcome>>>,
-    (journal, log_failure): (Option<&Journal>, &Arc<Mutex<Option<LogError>>>),
-) {
-    let limits = &state.limits;
-    let permits = Arc::new(Semaphore::new(limits.max_parallel_tools.max(1)));
-    let caller = Arc::new(crate::tool::CallerInfo {
-        run_id: state.run_id,
-        session: journal.map(|journal| journal.session),
-        model: state.model.clone(),
-        tools: state.tools.clone(),
-        agent_id: state.agent_id.clone(),
-        approvals: state.approvals.clone(),
-        network: state.network.clone(),
-    });
-    let mut tasks = JoinSet::new();
-    for call in calls {
-        let permits = Arc::clone(&permits);
-        let tools = tools.clone();
-        let events = events.clone();
-        let finished = Arc::clone(finished);
-        let context = ToolContext {
-            call_id: call.id.clone(),
-            working_dir: state.working_dir.clone(),
-            workspace: state.workspace.clone(),
-            cancel: cancel.child_token(),
-            caller: Some(Arc::clone(&caller)),
-            events: Some(events.clone()),
-            network: state.network.clone(),
-        };
-        let timeout = limits.tool_timeout;
-        let result_limit = limits.result_limit;
-        let warning = state.loop_warning(&call.id).map(str::to_owned);
-        let journal = journal.cloned();
-        let log_failure = Arc::clone(log_failure);
-        let run_id = state.run_id;
-        tasks.spawn(async move {
-            // The semaphore is never closed, so acquiring only waits.
-            let _permit = permits.acquire_owned().await;
-            events
-                .send(RunEvent::ToolCallStarted { call: call.clone() })
-                .await;
-            let started = Instant::now();
-            let outcome = tools
-                .invoke(&call.name, call.arguments.clone(), context, timeout)
-                .await;
-            let working_dir = match &outcome {
-                Ok(ToolOutput {
-                    effect: Some(ToolEffect::SetWorkingDir(dir)),
-                    ..
-                }) => Some(dir.clone()),
-                _ => None,
-            };
-            let mut result = result_for_model(&call, outcome, result_limit);
-            if let Some(text) = warning {
-                result.content.push(ToolResultPart::Text { text });
-            }
-            let duration_ms = started.elapsed().as_millis() as u64;
-            if let Some(journal) = &journal {
-                let record = SessionEvent::ToolCallResult {
-                    run_id,
-                    result: result.clone(),
-                    duration_ms,
-                    working_dir: working_dir.clone(),
-                };
-                if let Err(error) = journal.record(vec![record], &events).await {
-                    *lock(&log_failure) = Some(error);
-                }
-            }
-            events
-                .send(RunEvent::ToolResult {
-                    result: result.clone(),
-                    duration_ms,
-                })
-                .await;
-            lock(&finished).push(ToolOutcome {
-                result,
-                working_dir,
-            });
-        });
-    }
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(error) = joined
-            && error.is_panic()
-        {
-            tracing::error!("a tool task panicked: {error}");
-        }
-    }
-    // A call whose task panicked has no outcome; give the model an explicit error for it.
-    let done: Vec<String> = lock(finished)
-        .iter()
-        .map(|o| o.result.call_id.clone())
-        .collect();
-    for call in &state_calls(state) {
-        if !done.contains(&call.id) {
-            let result = result_for_model(
-                call,
-                Err(ToolError::Failed("the tool crashed".into())),
-                limits.result_limit,
-            );
-            lock(finished).push(ToolOutcome {
-                result,
-                working_dir: None,
-            });
-        }
-    }
 }
 
 fn state_calls(state: &RunState) -> Vec<ToolCall> {

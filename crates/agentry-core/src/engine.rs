@@ -220,7 +220,7 @@ pub struct RunState {
     /// Narrowings of the `fetch` tool's network policy, passed to tools (see
     /// [`ToolContext::network`](crate::tool::ToolContext::network)).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub network: Vec<crate::tool::NetworkPolicy>,
+    pub network: Vec<crate::network::NetworkPolicy>,
     /// When and how the conversation is compacted to fit the model's window (`None`: never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextPolicy>,

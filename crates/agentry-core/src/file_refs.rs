@@ -12,7 +12,7 @@ use std::path::Path;
 
 use agentry_types::{ContentPart, ImageSource, Message};
 
-use crate::tool::workspace::{Attachment, read_attachment};
+use crate::workspace::{Attachment, read_attachment};
 
 /// Limits of file expansion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,9 +16,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Compaction, CompactionSettings, ContextPolicy};
-use crate::driver::{EventSink, drive_controlled};
+use crate::driver::Driver;
 use crate::engine::{Phase, RunLimits, RunState};
+use crate::events::EventSink;
 use crate::fallback::FallbackModelClient;
+use crate::network::NetworkCheck;
 use crate::skill::Skill;
 use crate::template::{TemplateError, TemplateStore};
 use crate::tool::{ApprovalDefaults, ResultFormat, Tool, ToolError, ToolRegistry, ToolRisk};
@@ -56,7 +58,7 @@ pub enum RunError {
     Compaction(String),
     /// A network policy narrowing the run's `fetch` is invalid.
     #[error("invalid network policy: {0}")]
-    Network(#[from] crate::tool::NetworkPolicyError),
+    Network(#[from] crate::network::NetworkPolicyError),
     /// The run's task ended abnormally (a bug).
     #[error("the run's task failed: {0}")]
     Task(String),
@@ -125,7 +127,7 @@ pub struct RunRequest {
     /// Narrowings of the `fetch` tool's network policy for this run (a saved agent's `network`,
     /// a delegating run's): a host must pass each of them as well as the tool's own policy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub network: Vec<crate::tool::NetworkPolicy>,
+    pub network: Vec<crate::network::NetworkPolicy>,
     /// How this run compacts (default: the runtime's settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionSettings>,
@@ -339,6 +341,7 @@ struct Inner {
     limits: RunLimits,
     compaction: CompactionSettings,
     approval_defaults: ApprovalDefaults,
+    network_check: Option<NetworkCheck>,
 }
 
 /// Builds a [`Runtime`].
@@ -351,6 +354,7 @@ pub struct RuntimeBuilder {
     limits: RunLimits,
     compaction: CompactionSettings,
     approval_defaults: ApprovalDefaults,
+    network_check: Option<NetworkCheck>,
 }
 
 impl RuntimeBuilder {
@@ -426,6 +430,15 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets how a run's network narrowings ([`RunRequest::network`]) are checked before it
+    /// starts: the check of the tool that enforces them (`agentry_tools::validate_network_policy`
+    /// for `fetch`). Without one they are not checked up front; `fetch` still refuses an invalid
+    /// one when it is called.
+    pub fn network_check(&mut self, check: NetworkCheck) -> &mut Self {
+        self.network_check = Some(check);
+        self
+    }
+
     /// Builds the runtime.
     pub fn build(&mut self) -> Runtime {
         let builder = std::mem::take(self);
@@ -438,6 +451,7 @@ impl RuntimeBuilder {
                 limits: builder.limits,
                 compaction: builder.compaction,
                 approval_defaults: builder.approval_defaults,
+                network_check: builder.network_check,
             }),
         }
     }
@@ -477,16 +491,8 @@ impl Runtime {
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let cancel = CancellationToken::new();
         let summarizer = self.summarizer_for(&state);
-        let task = tokio::spawn(drive_controlled(
-            state,
-            model,
-            summarizer,
-            tools,
-            sink,
-            cancel.clone(),
-            None,
-            None,
-        ));
+        let driver = Driver::new(model, tools, sink, cancel.clone()).summarizer(summarizer);
+        let task = tokio::spawn(driver.run(state));
         Ok(RunStream {
             events,
             task: Some(task),
@@ -634,8 +640,10 @@ impl Runtime {
         if let Some(settings) = &request.compaction {
             settings.validate().map_err(RunError::Compaction)?;
         }
-        for policy in &request.network {
-            policy.validate()?;
+        if let Some(check) = self.inner.network_check {
+            for policy in &request.network {
+                check(policy)?;
+            }
         }
         state.context = self.context_policy(&state.model, request.compaction.as_ref());
         if let Some(summary_model) = state

@@ -7,7 +7,7 @@
 //! endpoint) is 403. Somebody else's session, run or sandbox is 404, exactly as if it did not
 //! exist, so ids cannot be probed. The checks run in a middleware after authentication, by the
 //! route's path, before any handler; listings and searches filter by owner in their handlers
-//! ([`Caller::owner_filter`](crate::auth::Principal::owner_filter)).
+//! ([`Caller::owner_filter`](agentry_app::auth::Principal::owner_filter)).
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -17,9 +17,9 @@ use axum::response::{IntoResponse, Response};
 
 use agentry_types::{RunId, SessionId};
 
-use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::state::AppState;
+use agentry_app::auth::Principal;
 
 /// The caller of a request, as the authentication middleware found it.
 #[derive(Debug, Clone)]

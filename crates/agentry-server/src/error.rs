@@ -7,11 +7,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use agentry_core::RunError;
-use agentry_core::session::SessionError;
-use agentry_core::template::TemplateError;
-use agentry_core::tool::ToolError;
-use agentry_store::StoreError;
+use agentry_app::domain::core::RunError;
+use agentry_app::domain::core::session::SessionError;
+use agentry_app::domain::core::tool::ToolError;
+use agentry_app::domain::store::StoreError;
+use agentry_app::error::{AppError, Failure};
 
 /// An API error.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,84 +124,42 @@ impl From<QueryRejection> for ApiError {
     }
 }
 
-impl From<StoreError> for ApiError {
-    fn from(error: StoreError) -> Self {
-        match &error {
-            StoreError::NotFound(_) => Self::not_found(error.to_string()),
-            StoreError::Conflict(_) => Self::conflict(error.to_string()),
-            StoreError::InvalidInput(_) => Self::bad_request(error.to_string()),
-            _ => Self::internal(error.to_string()),
+impl From<AppError> for ApiError {
+    fn from(error: AppError) -> Self {
+        let status = match error.failure {
+            Failure::Invalid => StatusCode::BAD_REQUEST,
+            Failure::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Failure::Forbidden => StatusCode::FORBIDDEN,
+            Failure::NotFound => StatusCode::NOT_FOUND,
+            Failure::Conflict => StatusCode::CONFLICT,
+            Failure::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Failure::TooMany => StatusCode::TOO_MANY_REQUESTS,
+            Failure::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Failure::Upstream => StatusCode::BAD_GATEWAY,
+            Failure::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        };
+        Self {
+            status,
+            code: error.code,
+            message: error.message,
+            details: error.details,
         }
     }
 }
 
-impl From<RunError> for ApiError {
-    fn from(error: RunError) -> Self {
-        match &error {
-            RunError::UnknownModel(_) | RunError::NoModel => Self::bad_request(error.to_string()),
-            RunError::EmptyInput => Self::bad_request(error.to_string()),
-            RunError::Template(TemplateError::NotFound(_)) => Self::not_found(error.to_string()),
-            RunError::Template(_) => Self::bad_request(error.to_string()),
-            RunError::Tool(ToolError::NotFound(_)) => Self::bad_request(error.to_string()),
-            RunError::Tool(_) => Self::bad_request(error.to_string()),
-            RunError::Approval(_) => Self::bad_request(error.to_string()),
-            RunError::File(_) | RunError::Compaction(_) => Self::bad_request(error.to_string()),
-            _ => Self::internal(error.to_string()),
+/// Errors of the layers below, through the application's mapping ([`AppError`]).
+macro_rules! through_app_error {
+    ($($error:ty),*) => {$(
+        impl From<$error> for ApiError {
+            fn from(error: $error) -> Self {
+                AppError::from(error).into()
+            }
         }
-    }
+    )*};
 }
 
-impl From<SessionError> for ApiError {
-    fn from(error: SessionError) -> Self {
-        match error {
-            SessionError::Busy { session, run_id } => {
-                Self::conflict(format!("session {session} has a run in progress"))
-                    .with_details(json!({"session_id": session, "run_id": run_id}))
-            }
-            SessionError::QueueFull { session, max } => Self::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "queue_full",
-                SessionError::QueueFull { session, max }.to_string(),
-            )
-            .with_details(json!({"session_id": session, "max_queued_runs": max})),
-            SessionError::Run(error) => error.into(),
-            SessionError::Log(agentry_core::session::LogError::NotFound(session)) => {
-                Self::not_found(format!("no session {session}"))
-            }
-            SessionError::NoSuchRun { session, run_id } => Self::not_found(format!(
-                "run {run_id} is not in progress, waiting or paused in session {session}"
-            ))
-            .with_details(json!({"session_id": session, "run_id": run_id})),
-            SessionError::WrongState { run_id, state } => {
-                Self::conflict(format!("run {run_id} {state}"))
-                    .with_details(json!({"run_id": run_id}))
-            }
-            SessionError::Approval(error) => match error {
-                agentry_core::approval::ApprovalError::AlreadyDecided(_)
-                | agentry_core::approval::ApprovalError::NotWaiting => {
-                    Self::conflict(error.to_string())
-                }
-                other => Self::bad_request(other.to_string()),
-            },
-            other => Self::internal(other.to_string()),
-        }
-    }
-}
-
-impl From<ToolError> for ApiError {
-    fn from(error: ToolError) -> Self {
-        match &error {
-            ToolError::NotFound(_) => Self::not_found(error.to_string()),
-            ToolError::InvalidArguments(_) | ToolError::Registration(_) => {
-                Self::bad_request(error.to_string())
-            }
-            ToolError::Timeout(_) => {
-                Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", error.to_string())
-            }
-            _ => Self::new(StatusCode::BAD_GATEWAY, "tool_failed", error.to_string()),
-        }
-    }
-}
+through_app_error!(StoreError, RunError, SessionError, ToolError);
 
 #[cfg(test)]
 mod tests {

@@ -189,6 +189,21 @@ impl Metrics {
     }
 }
 
+/// The hub reports its runs here: started, each event, ended.
+impl agentry_app::hub::RunObserver for Metrics {
+    fn run_started(&self) {
+        Metrics::run_started(self);
+    }
+
+    fn observe(&self, event: &RunEvent) {
+        Metrics::observe(self, event);
+    }
+
+    fn run_ended(&self) {
+        Metrics::run_ended(self);
+    }
+}
+
 /// Counts an open SSE stream until dropped.
 pub struct StreamGuard(std::sync::Arc<Metrics>);
 

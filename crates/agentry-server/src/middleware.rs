@@ -18,9 +18,9 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 
-use crate::auth::{Principal, SECURE_SESSION_COOKIE, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::state::AppState;
+use agentry_app::auth::{Principal, SECURE_SESSION_COOKIE, SESSION_COOKIE};
 
 /// Wraps the routes and attaches the state.
 pub fn apply(routes: Router<AppState>, state: AppState) -> Router {
@@ -237,7 +237,7 @@ async fn login(
     };
     let cookie = format!(
         "{name}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
-        crate::auth::LOGIN_TTL.as_secs()
+        agentry_app::auth::LOGIN_TTL.as_secs()
     );
     let cookie =
         HeaderValue::from_str(&cookie).map_err(|error| ApiError::internal(error.to_string()))?;
@@ -274,7 +274,7 @@ async fn status(
     };
     let role = match (&caller, enabled) {
         (Some(caller), _) => Some(caller.role),
-        (None, false) => Some(crate::auth::KeyRole::Admin),
+        (None, false) => Some(agentry_app::auth::KeyRole::Admin),
         (None, true) => None,
     };
     Ok(Json(json!({

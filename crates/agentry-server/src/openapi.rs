@@ -213,7 +213,7 @@ impl utoipa::Modify for SecuritySchemes {
         components.add_security_scheme(
             "session_cookie",
             SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
-                crate::auth::SESSION_COOKIE,
+                agentry_app::auth::SESSION_COOKIE,
                 "The console's login (`POST /v1/auth/login`).",
             ))),
         );
@@ -418,22 +418,7 @@ pub struct StatusFeedEvent {
 
 // --- schemas of types that are not ours, or that handlers build as JSON ---
 
-/// The wire protocols a model may use (any spelling `Protocol` parses).
-pub fn protocol_schema() -> Schema {
-    ObjectBuilder::new()
-        .schema_type(Type::String)
-        .enum_values(Some([
-            "openai",
-            "openai-compatible",
-            "openai_compatible",
-            "anthropic",
-            "ollama",
-        ]))
-        .description(Some("The wire protocol (default `openai`)."))
-        .into()
-}
-
-/// The schema of `agentry_core::tool::ToolDefinition` (a type of another crate), named
+/// The schema of `agentry_app::domain::core::tool::ToolDefinition` (a type of another crate), named
 /// `ToolDefinition` in the document: see [`tool_definition_schema`].
 #[derive(Debug, Clone, Copy)]
 pub struct ToolDefinitionSchema;
@@ -723,7 +708,7 @@ pub struct ContinueOutcome {
 #[derive(Debug, Clone, ToSchema)]
 pub struct ModelList {
     /// The registered models, by id.
-    pub models: Vec<crate::models::ModelConfig>,
+    pub models: Vec<agentry_app::runtime::ModelConfig>,
 }
 
 /// `POST /v1/models/{id}/test`: a provider that fails is reported here, not as an error.
@@ -790,7 +775,7 @@ pub struct ToolCallOutcome {
 #[derive(Debug, Clone, ToSchema)]
 pub struct TemplateList {
     /// The templates, by name.
-    pub templates: Vec<crate::models::TemplateConfig>,
+    pub templates: Vec<agentry_app::runtime::TemplateConfig>,
 }
 
 /// `GET /v1/prompt-templates/{name}/variables`.

@@ -56,10 +56,10 @@ pub enum ServeError {
 /// `store`).
 pub async fn bind(
     config: &ServerConfig,
-    store: &agentry_store::Store,
+    store: &agentry_app::domain::store::Store,
 ) -> Result<TcpListener, ServeError> {
     if !config.addr.ip().is_loopback() {
-        let secured = crate::auth::any_active_key(store)
+        let secured = agentry_app::auth::any_active_key(store)
             .await
             .map_err(|error| ServeError::Config(error.to_string()))?;
         if !secured {

@@ -4,11 +4,11 @@
 //! the store's [`SecretKey`](crate::SecretKey) before they reach the database; only
 //! [`Store::reveal_secret`] returns a value, and listing shows a masked form.
 
-use crate::db::{RowExt, from_db, to_db, with_reader, with_writer};
+use crate::db::{RowExt, from_db, in_write_tx, to_db, with_reader, with_writer};
 use crate::model::{now_millis, validate_name};
 use crate::secret::mask;
 use crate::store::{from_json_text, to_json_text};
-use crate::{ConfigKind, SecretInfo, Store, StoreError};
+use crate::{ConfigKind, ConfigReplaced, SecretInfo, Store, StoreError};
 
 impl Store {
     /// Stores `value` as the configuration `name` of `kind`, replacing what was there (which
@@ -38,6 +38,77 @@ impl Store {
             .await?;
         });
         Ok(())
+    }
+
+    /// Stores `value` as the new configuration `name` of `kind`, unless one is stored under that
+    /// name already: `false` then, and nothing is written. The check and the write are one
+    /// statement, so two writers racing for a name cannot both win.
+    pub async fn insert_config(
+        &self,
+        kind: ConfigKind,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        validate_name("configuration", name)?;
+        let text = to_json_text(value)?;
+        let now = to_db(now_millis());
+        let inserted = with_writer!(self, |pool, d| {
+            sqlx::query(
+                "INSERT INTO config (kind, name, value, updated_at, created_seq) \
+                 VALUES ($1, $2, $3, $4, (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM config)) \
+                 ON CONFLICT (kind, name) DO NOTHING",
+            )
+            .bind(kind.as_str())
+            .bind(name)
+            .bind(&text)
+            .bind(now)
+            .execute(pool)
+            .await?
+            .rows_affected()
+        });
+        Ok(inserted > 0)
+    }
+
+    /// Replaces the stored configuration `name` of `kind` with `value`, stored under `new_name`
+    /// (the same name, or a free one: a rename keeps its place in
+    /// [`Store::list_config_registered`]). One transaction: nothing is written unless the
+    /// outcome is [`ConfigReplaced::Replaced`].
+    pub async fn replace_config(
+        &self,
+        kind: ConfigKind,
+        name: &str,
+        new_name: &str,
+        value: &serde_json::Value,
+    ) -> Result<ConfigReplaced, StoreError> {
+        validate_name("configuration", name)?;
+        validate_name("configuration", new_name)?;
+        let text = to_json_text(value)?;
+        let now = to_db(now_millis());
+        in_write_tx!(self, |tx, d| {
+            let exists = |name: &str| {
+                sqlx::query("SELECT 1 FROM config WHERE kind = $1 AND name = $2")
+                    .bind(kind.as_str())
+                    .bind(name.to_owned())
+            };
+            if exists(name).fetch_optional(&mut *tx).await?.is_none() {
+                return Ok(ConfigReplaced::Missing);
+            }
+            if new_name != name && exists(new_name).fetch_optional(&mut *tx).await?.is_some() {
+                return Ok(ConfigReplaced::NameTaken);
+            }
+            sqlx::query(
+                "UPDATE config SET name = $3, value = $4, updated_at = $5 \
+                 WHERE kind = $1 AND name = $2",
+            )
+            .bind(kind.as_str())
+            .bind(name)
+            .bind(new_name)
+            .bind(&text)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        });
+        Ok(ConfigReplaced::Replaced)
     }
 
     /// The configuration `name` of `kind`, if stored.

@@ -41,8 +41,8 @@ pub use memory::{
     normalize_memory,
 };
 pub use model::{
-    Backend, ConfigKind, NewEvent, NewSession, SearchHit, SecretInfo, SessionQuery, SessionRecord,
-    StoredEvent,
+    Backend, ConfigKind, ConfigReplaced, NewEvent, NewSession, SearchHit, SecretInfo, SessionQuery,
+    SessionRecord, StoredEvent,
 };
 pub use secret::SecretKey;
 pub use store::{Durability, Store, StoreOptions};

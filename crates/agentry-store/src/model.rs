@@ -197,6 +197,17 @@ pub struct SecretInfo {
     pub updated_at: u64,
 }
 
+/// What [`Store::replace_config`](crate::Store::replace_config) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigReplaced {
+    /// The configuration was replaced (and renamed, if asked).
+    Replaced,
+    /// Nothing is stored under the name: nothing was written.
+    Missing,
+    /// Another configuration has the new name: nothing was written.
+    NameTaken,
+}
+
 /// The kinds of configuration the store keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -18,8 +18,9 @@ use super::log::{LogError, SessionLog, SessionStatus};
 use super::replay::{InFlight, replay};
 use crate::approval::{ApprovalDecision, ApprovalError, ApprovalPolicy, UnknownOutcome};
 use crate::context::Compaction;
-use crate::driver::{EventSink, Journal, drive_controlled};
+use crate::driver::{Driver, Journal};
 use crate::engine::{Phase, RunLimits, RunState};
+use crate::events::EventSink;
 use crate::runtime::{EVENT_BUFFER, RunError, RunRequest, RunStream, Runtime};
 
 /// The result given to a non-idempotent tool call that was running when the process stopped.
@@ -523,17 +524,12 @@ impl SessionManager {
         let tools = runtime.tools().clone();
         // The driver records the session's status with the end of the run.
         let summarizer = runtime.summarizer_for(&state);
-        drive_controlled(
-            state,
-            model,
-            summarizer,
-            tools,
-            sink,
-            cancel,
-            Some(pause),
-            Some(journal),
-        )
-        .await
+        Driver::new(model, tools, sink, cancel)
+            .summarizer(summarizer)
+            .pause(pause)
+            .journal(journal)
+            .run(state)
+            .await
     }
 
     /// Continues the run that was in flight in `session` when the process stopped, from its
@@ -1106,12 +1102,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The approval policy a run recorded when it started.
 /// The run's network narrowings, as recorded. A record that does not read fails closed: fetch
 /// is off for the resumed run.
-fn network_of(in_flight: &InFlight) -> Vec<crate::tool::NetworkPolicy> {
+fn network_of(in_flight: &InFlight) -> Vec<crate::network::NetworkPolicy> {
     if in_flight.network.is_null() {
         return Vec::new();
     }
     serde_json::from_value(in_flight.network.clone())
-        .unwrap_or_else(|_| vec![crate::tool::NetworkPolicy::Off])
+        .unwrap_or_else(|_| vec![crate::network::NetworkPolicy::Off])
 }
 
 fn policy_of(in_flight: &InFlight) -> ApprovalPolicy {

@@ -4,6 +4,11 @@
 //! `call`. The registry validates arguments against the schema before a call, so a tool only
 //! ever sees arguments that match it; a validation failure, a tool error or a timeout goes back
 //! to the model as an error result it can correct, and the run goes on.
+//!
+//! Here: the [`Tool`] trait and what it is given and returns, the [`ToolRegistry`], shaping of
+//! results for the model ([`result`]), risk classes ([`risk`]) and [`FunctionTool`] (a tool made
+//! of an async function). The built-in tools (files, search, fetch, shell, HTTP and command
+//! tools, `delegate` and `talk_to`) are in the `agentry-tools` crate.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,7 +36,7 @@ pub struct ToolContext {
     pub caller: Option<Arc<CallerInfo>>,
     /// The calling run's event stream, for live progress a tool reports (a sub-run's events as
     /// [`RunEvent::Nested`](agentry_types::RunEvent::Nested)). `None` outside a run.
-    pub events: Option<crate::driver::EventSink>,
+    pub events: Option<crate::events::EventSink>,
     /// Narrowings of the `fetch` tool's network policy for this run (the saved agent's
     /// `network`, a delegating run's): a host must pass each of them as well as the tool's own
     /// policy. Empty: the tool's policy alone.
@@ -189,36 +194,19 @@ pub trait Tool: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
-pub mod agents;
-pub mod builtin;
-pub mod command;
-pub mod definition;
+pub use crate::network::{MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError};
+
 pub mod function;
-pub mod http;
 pub mod registry;
 pub mod result;
 pub mod risk;
-pub mod shell;
-pub mod workspace;
 
-pub use agents::{
-    AgentEntry, AgentTarget, ChildLink, ChildRun, DelegationConfig, SubRunError, SubRuns,
-    delegation_tools,
-};
-pub use builtin::{builtin, builtin_tools};
-pub use command::{CommandTool, CommandToolConfig};
-pub use definition::{HeaderDefinition, HostRefusal, ToolDefinition, load_definitions};
 pub use function::{FunctionTool, arguments_schema};
-pub use http::{
-    EnvSecrets, HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver, StaticSecrets,
-};
 pub use registry::{
     ALL_TOOLS, CANCEL_GRACE, TOOL_NAME_RULE, ToolRegistry, is_valid_tool_name, names_all_tools,
 };
-pub use result::{DEFAULT_RESULT_LIMIT, ResultFormat, format_output, result_for_model};
-pub use risk::{ApprovalDefaults, RiskClass, ToolRisk};
-pub use shell::{ShellToolsConfig, shell_tools};
-pub use workspace::{
-    FetchConfig, MAX_ALLOW_ENTRIES, NetworkPolicy, NetworkPolicyError, WorkspaceToolsConfig,
-    workspace_tools,
+pub use result::{
+    DEFAULT_RESULT_LIMIT, ResultFormat, decode_cut_utf8, format_output, result_for_model,
+    truncate_on_char_boundary, truncation_note,
 };
+pub use risk::{ApprovalDefaults, RiskClass, ToolRisk};

@@ -89,7 +89,7 @@ fn cap_text_within(text: String, remaining: &mut usize) -> String {
 
 /// The note appended to a cut result: `\n[… truncated: showed N of M bytes]`, or
 /// `\n[… truncated: showed the first N bytes]` when the full size is unknown.
-pub(crate) fn truncation_note(shown: usize, total: Option<usize>) -> String {
+pub fn truncation_note(shown: usize, total: Option<usize>) -> String {
     match total {
         Some(total) => format!("\n[… truncated: showed {shown} of {total} bytes]"),
         None => format!("\n[… truncated: showed the first {shown} bytes]"),
@@ -98,14 +98,14 @@ pub(crate) fn truncation_note(shown: usize, total: Option<usize>) -> String {
 
 /// The longest prefix of `text` that is at most `max_bytes` long and ends on a character
 /// boundary.
-pub(crate) fn truncate_on_char_boundary(text: &str, max_bytes: usize) -> &str {
+pub fn truncate_on_char_boundary(text: &str, max_bytes: usize) -> &str {
     let end = text.floor_char_boundary(max_bytes);
     &text[..end]
 }
 
 /// Decodes bytes that may have been cut mid-character: a trailing partial character is dropped,
 /// other invalid sequences are replaced.
-pub(crate) fn decode_cut_utf8(bytes: &[u8]) -> String {
+pub fn decode_cut_utf8(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_owned(),
         Err(error) if error.error_len().is_none() => {

@@ -1,469 +1,27 @@
-//! Agents: a saved model (with fallbacks), tools, skills, MCP servers, system prompt or
-//! template, nickname, labels and limits, used by name in `POST /v1/infer` (`agent_id` or
-//! `agent_ids`) and by `agentry run --agent`.
-//!
-//! An agent is checked against the runtime when it is saved, and resolved against the runtime
-//! of the moment when it runs ([`AgentConfig::resolve`]): a model, tool or template removed
-//! since is a clear 400 then. Skills are folders on the server's disk; the runtime registers the
-//! skills of every saved agent (`models::build_runtime`).
+//! The agent routes: `/v1/agents` lists, saves, replaces and deletes saved agents. What an
+//! agent is and how it is checked lives in [`agentry_app::agents`].
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::skill::Skill;
-use agentry_core::{RunLimits, Runtime};
-use agentry_llm::GenerationParams;
-use agentry_store::{ConfigKind, Store};
+use agentry_app::agents::{AgentConfig, stored_agent, validate};
+use agentry_app::config::{ConfigRepo, check_name};
 
-use super::config::{ApiJson, ApiPath, WRITE_LOCK, check_name, created, to_document};
+use super::config::{ApiJson, ApiPath, created};
 use crate::error::ApiError;
 use crate::openapi::{AgentPath, BadRequest, Conflict, JsonBodyErrors, NotFound};
 use crate::state::AppState;
-
-/// A saved agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AgentConfig {
-    /// The id requests name it by.
-    #[serde(alias = "agent_id")]
-    pub id: String,
-    /// A display name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nickname: Option<String>,
-    /// The model it runs on.
-    pub model_id: String,
-    /// The tools it may use (none if empty; `["*"]`: every registered tool).
-    #[serde(default)]
-    pub tool_ids: Vec<String>,
-    /// Its system prompt.
-    #[serde(
-        default,
-        alias = "system_prompt",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub system: Option<String>,
-    /// Labels for finding it.
-    #[serde(default)]
-    pub labels: Vec<String>,
-    /// Tool rounds allowed per run (the older spelling of `limits.max_tool_rounds`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tool_rounds: Option<u32>,
-    /// Generation parameters.
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub params: GenerationParams,
-    /// Models tried in order when a call to `model_id` fails with a provider or transient error
-    /// before any output.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fallback_model_ids: Vec<String>,
-    /// Skill folders on the server (each with a `SKILL.md`); the agent is offered each skill.
-    /// Each must be inside the server's skill folders (`<data folder>/skills`, or a
-    /// `--skill-root`), symlinks resolved.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skills: Vec<String>,
-    /// Configured MCP servers whose tools (`<server>__<tool>`) the agent is offered.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mcp_servers: Vec<String>,
-    /// A saved prompt template rendered as the system prompt (instead of `system`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_template: Option<String>,
-    /// Values for the template's placeholders.
-    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
-    #[schema(value_type = Object)]
-    pub template_arguments: serde_json::Map<String, Value>,
-    /// Per-run limits.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<AgentLimits>,
-    /// Which tool calls wait for a person's approval before they run (a request's own
-    /// `approvals` override it per tool). Runs that may wait need a session.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::routes::runs::ApprovalPolicyDoc>)]
-    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
-    /// How its runs compact their context (`threshold`, `keep_recent`, `summary_model`,
-    /// `summary_tokens`, `enabled`; default: the server's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub compaction: Option<agentry_core::context::CompactionSettings>,
-    /// Narrows the `fetch` tool's network policy for its runs (never widens the server's):
-    /// `"off"`, or `{"allow": ["docs.rs", "*.python.org"]}` (a host must be on this list and
-    /// allowed by the server), or `"public"` (public addresses only). Default: the server's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub network: Option<agentry_core::tool::NetworkPolicy>,
-}
-
-/// The limits of an agent's runs. A run that reaches one stops with a clear stop reason:
-/// `max_rounds`, `quota_exceeded` (tokens or tool calls, the note says which) or `deadline`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AgentLimits {
-    /// Tool rounds allowed per run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(maximum = 10000)]
-    pub max_tool_rounds: Option<u32>,
-    /// Output tokens the whole run may generate (every model call together).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1)]
-    pub max_tokens: Option<u64>,
-    /// Tool calls the whole run may make.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1)]
-    pub max_tool_calls: Option<u32>,
-    /// The run's wall-clock deadline, in seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 86400)]
-    pub wall_time_secs: Option<u64>,
-}
-
-/// What running as an agent means for one run, resolved against a runtime.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AgentRun {
-    /// The model.
-    pub model: String,
-    /// Its fallbacks, in order.
-    pub fallback_models: Vec<String>,
-    /// Every tool offered: the agent's tools, skills and MCP servers' tools.
-    pub tools: Vec<String>,
-    /// The system prompt (the rendered template, if the agent has one).
-    pub system: Option<String>,
-    /// The guards.
-    pub limits: RunLimits,
-    /// Generation parameters.
-    pub params: GenerationParams,
-    /// Which tool calls wait for approval.
-    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
-    /// How its runs compact their context.
-    pub compaction: Option<agentry_core::context::CompactionSettings>,
-    /// Its narrowing of the `fetch` tool's network policy (none: the server's policy).
-    pub network: Vec<agentry_core::tool::NetworkPolicy>,
-}
-
-/// Most fallback models, skills and MCP servers one agent may name.
-const MAX_LIST: usize = 32;
-
-/// The longest wall time an agent may set: a day.
-const MAX_WALL_TIME_SECS: u64 = 24 * 3600;
-
-impl AgentConfig {
-    /// The tool-round limit, from `limits` or the older top-level field.
-    pub fn tool_round_limit(&self) -> Option<u32> {
-        self.limits
-            .as_ref()
-            .and_then(|limits| limits.max_tool_rounds)
-            .or(self.max_tool_rounds)
-    }
-
-    /// The guards of the agent's runs, over `base`.
-    pub fn run_limits(&self, base: RunLimits) -> RunLimits {
-        let limits = self.limits.clone().unwrap_or_default();
-        RunLimits {
-            max_tool_rounds: self.tool_round_limit().unwrap_or(base.max_tool_rounds),
-            max_output_tokens: limits.max_tokens.or(base.max_output_tokens),
-            max_tool_calls: limits.max_tool_calls.or(base.max_tool_calls),
-            deadline: limits
-                .wall_time_secs
-                .map(Duration::from_secs)
-                .or(base.deadline),
-            ..base
-        }
-    }
-
-    /// Checks the fields that need no runtime.
-    pub fn check_shape(&self) -> Result<(), ApiError> {
-        check_name("agent", &self.id)?;
-        if self
-            .nickname
-            .as_ref()
-            .is_some_and(|n| n.chars().count() > 64 || n.trim().is_empty())
-        {
-            return Err(ApiError::bad_request("a nickname has 1 to 64 characters"));
-        }
-        if self.labels.len() > 32
-            || self
-                .labels
-                .iter()
-                .any(|l| l.is_empty() || l.chars().count() > 64)
-        {
-            return Err(ApiError::bad_request(
-                "at most 32 labels, each of 1 to 64 characters",
-            ));
-        }
-        for (field, list) in [
-            ("fallback_model_ids", &self.fallback_model_ids),
-            ("skills", &self.skills),
-            ("mcp_servers", &self.mcp_servers),
-        ] {
-            if list.len() > MAX_LIST {
-                return Err(ApiError::bad_request(format!(
-                    "`{field}` names at most {MAX_LIST} entries"
-                )));
-            }
-            if let Some(duplicate) = list
-                .iter()
-                .enumerate()
-                .find_map(|(i, item)| list[..i].contains(item).then_some(item))
-            {
-                return Err(ApiError::bad_request(format!(
-                    "`{field}` names {duplicate:?} twice"
-                )));
-            }
-        }
-        if self.fallback_model_ids.contains(&self.model_id) {
-            return Err(ApiError::bad_request(format!(
-                "the model {:?} cannot be its own fallback",
-                self.model_id
-            )));
-        }
-        for server in &self.mcp_servers {
-            agentry_mcp::validate_server_name(server)
-                .map_err(|error| ApiError::bad_request(format!("`mcp_servers`: {error}")))?;
-        }
-        if self.system.is_some() && self.prompt_template.is_some() {
-            return Err(ApiError::bad_request(
-                "give `system` or `prompt_template`, not both",
-            ));
-        }
-        if self.prompt_template.is_none() && !self.template_arguments.is_empty() {
-            return Err(ApiError::bad_request(
-                "`template_arguments` needs a `prompt_template`",
-            ));
-        }
-        if let Some(approvals) = &self.approvals {
-            approvals
-                .validate()
-                .map_err(|error| ApiError::bad_request(format!("`approvals`: {error}")))?;
-        }
-        if let Some(network) = &self.network {
-            network
-                .validate()
-                .map_err(|error| ApiError::bad_request(format!("`network`: {error}")))?;
-        }
-        if let Some(limits) = &self.limits {
-            if let (Some(old), Some(new)) = (self.max_tool_rounds, limits.max_tool_rounds)
-                && old != new
-            {
-                return Err(ApiError::bad_request(
-                    "`max_tool_rounds` and `limits.max_tool_rounds` disagree: give one",
-                ));
-            }
-            if limits.max_tool_rounds.is_some_and(|rounds| rounds > 10_000) {
-                return Err(ApiError::bad_request(
-                    "`limits.max_tool_rounds` is at most 10000",
-                ));
-            }
-            if limits.max_tokens == Some(0) {
-                return Err(ApiError::bad_request(
-                    "`limits.max_tokens` must be at least 1",
-                ));
-            }
-            if limits.max_tool_calls == Some(0) {
-                return Err(ApiError::bad_request(
-                    "`limits.max_tool_calls` must be at least 1",
-                ));
-            }
-            if limits
-                .wall_time_secs
-                .is_some_and(|secs| secs == 0 || secs > MAX_WALL_TIME_SECS)
-            {
-                return Err(ApiError::bad_request(format!(
-                    "`limits.wall_time_secs` is 1 to {MAX_WALL_TIME_SECS}"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Resolves the agent for one run against `runtime`: every model, tool, skill, MCP server
-    /// and template it names must be there, and its skills inside `skill_roots` (when set).
-    pub fn resolve(
-        &self,
-        runtime: &Runtime,
-        skill_roots: Option<&[PathBuf]>,
-    ) -> Result<AgentRun, ApiError> {
-        for model in std::iter::once(&self.model_id).chain(&self.fallback_model_ids) {
-            if runtime.model_client(model).is_err() {
-                return Err(ApiError::bad_request(format!(
-                    "agent {:?} uses the model {model:?}, which is not registered \
-                     (POST /v1/models)",
-                    self.id
-                )));
-            }
-        }
-        let mut tools = Vec::new();
-        let mut offer = |name: String| {
-            if !tools.contains(&name) {
-                tools.push(name);
-            }
-        };
-        for tool in &self.tool_ids {
-            if tool != agentry_core::tool::ALL_TOOLS && !runtime.tools().contains(tool) {
-                return Err(ApiError::bad_request(format!(
-                    "agent {:?} uses the tool {tool:?}, which does not exist",
-                    self.id
-                )));
-            }
-            offer(tool.clone());
-        }
-        for path in &self.skills {
-            let skill = load_skill(path, skill_roots)?;
-            if !runtime.tools().contains(skill.name()) {
-                return Err(ApiError::bad_request(format!(
-                    "agent {:?} uses the skill {:?} ({path}), which the runtime did not \
-                     register (another tool has its name?)",
-                    self.id,
-                    skill.name()
-                )));
-            }
-            offer(skill.name().to_owned());
-        }
-        let names = runtime.tools().names();
-        for server in &self.mcp_servers {
-            let prefix = format!("{server}__");
-            let offered: Vec<&String> = names
-                .iter()
-                .filter(|name| name.starts_with(&prefix))
-                .collect();
-            if offered.is_empty() {
-                return Err(ApiError::bad_request(format!(
-                    "agent {:?} uses the MCP server {server:?}, which offers no tools now (is \
-                     it configured and connected? GET /v1/mcp-servers)",
-                    self.id
-                )));
-            }
-            for name in offered {
-                offer(name.clone());
-            }
-        }
-        let system = match &self.prompt_template {
-            Some(template) => Some(
-                runtime
-                    .templates()
-                    .render(template, &self.template_arguments)
-                    .map_err(|error| {
-                        ApiError::bad_request(format!(
-                            "agent {:?}: its prompt template: {error}",
-                            self.id
-                        ))
-                    })?,
-            ),
-            None => self.system.clone(),
-        };
-        Ok(AgentRun {
-            model: self.model_id.clone(),
-            fallback_models: self.fallback_model_ids.clone(),
-            tools,
-            system,
-            limits: self.run_limits(RunLimits::default()),
-            params: self.params.clone(),
-            approvals: self.approvals.clone(),
-            compaction: self.compaction.clone(),
-            network: self.network.iter().cloned().collect(),
-        })
-    }
-}
-
-/// Loads a skill folder named by an agent, with a clear 400: with `skill_roots`, only a folder
-/// inside one of them (canonicalised, so no symlink or `..` leads out).
-pub fn load_skill(path: &str, skill_roots: Option<&[PathBuf]>) -> Result<Skill, ApiError> {
-    if path.trim().is_empty() {
-        return Err(ApiError::bad_request("a skill path is empty"));
-    }
-    let loaded = match skill_roots {
-        Some(roots) => Skill::load_within(Path::new(path), roots),
-        None => Skill::load(Path::new(path)),
-    };
-    loaded.map_err(|error| ApiError::bad_request(format!("skill {path:?}: {error}")))
-}
 
 /// The agent routes.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_agents, create_agent))
         .routes(routes!(get_agent, replace_agent, delete_agent))
-}
-
-/// Checks an agent against the store and the runtime: its models, tools and template must
-/// exist, its skills load (from inside `skill_roots`, when set), its MCP servers be configured.
-pub async fn validate(
-    store: &Store,
-    runtime: &Runtime,
-    agent: &AgentConfig,
-    skill_roots: Option<&[PathBuf]>,
-) -> Result<(), ApiError> {
-    agent.check_shape()?;
-    if let Some(compaction) = &agent.compaction {
-        compaction
-            .validate()
-            .map_err(|error| ApiError::bad_request(format!("`compaction`: {error}")))?;
-        if let Some(model) = &compaction.summary_model
-            && runtime.model_client(model).is_err()
-        {
-            return Err(ApiError::bad_request(format!(
-                "agent {:?} summarises with the model {model:?}, which is not registered",
-                agent.id
-            )));
-        }
-    }
-    for model in std::iter::once(&agent.model_id).chain(&agent.fallback_model_ids) {
-        if runtime.model_client(model).is_err() {
-            return Err(ApiError::bad_request(format!(
-                "agent {:?} uses the model {model:?}, which is not registered (POST /v1/models)",
-                agent.id
-            )));
-        }
-    }
-    for tool in &agent.tool_ids {
-        if tool != agentry_core::tool::ALL_TOOLS && !runtime.tools().contains(tool) {
-            return Err(ApiError::bad_request(format!(
-                "agent {:?} uses the tool {tool:?}, which does not exist",
-                agent.id
-            )));
-        }
-    }
-    for path in &agent.skills {
-        load_skill(path, skill_roots)?;
-    }
-    for server in &agent.mcp_servers {
-        if store.config(ConfigKind::McpServer, server).await?.is_none() {
-            return Err(ApiError::bad_request(format!(
-                "agent {:?} uses the MCP server {server:?}, which is not configured \
-                 (POST /v1/tools/mcp)",
-                agent.id
-            )));
-        }
-    }
-    if let Some(template) = &agent.prompt_template {
-        runtime
-            .templates()
-            .render(template, &agent.template_arguments)
-            .map_err(|error| {
-                ApiError::bad_request(format!(
-                    "agent {:?}: its prompt template: {error}",
-                    agent.id
-                ))
-            })?;
-    }
-    Ok(())
-}
-
-/// The stored agent named `id`.
-pub async fn stored_agent(store: &Store, id: &str) -> Result<Option<AgentConfig>, ApiError> {
-    match store.config(ConfigKind::Agent, id).await? {
-        Some(value) => serde_json::from_value(value).map(Some).map_err(|error| {
-            ApiError::internal(format!("stored agent {id:?} is unreadable: {error}"))
-        }),
-        None => Ok(None),
-    }
 }
 
 fn no_agent(id: &str) -> ApiError {
@@ -479,12 +37,11 @@ fn no_agent(id: &str) -> ApiError {
     responses((status = 200, description = "Every agent, by id.", body = Object))
 )]
 async fn list_agents(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let agents: Vec<Value> = state
-        .store
-        .list_config(ConfigKind::Agent)
+    let agents: Vec<AgentConfig> = ConfigRepo::new(&state.store)
+        .list()
         .await?
         .into_iter()
-        .map(|(_, value)| value)
+        .map(|(_, agent)| agent)
         .collect();
     Ok(Json(json!({ "agents": agents })))
 }
@@ -517,16 +74,8 @@ async fn create_agent(
         state.tools.skill_roots.as_deref(),
     )
     .await?;
-    let _guard = WRITE_LOCK.lock().await;
-    if stored_agent(&state.store, &agent.id).await?.is_some() {
-        return Err(ApiError::conflict(format!(
-            "an agent {:?} already exists",
-            agent.id
-        )));
-    }
-    state
-        .store
-        .put_config(ConfigKind::Agent, &agent.id, &to_document(&agent)?)
+    ConfigRepo::new(&state.store)
+        .create(&agent.id, &agent)
         .await?;
     if !agent.skills.is_empty() {
         // The runtime registers the skills of every saved agent.
@@ -589,14 +138,11 @@ async fn replace_agent(
         state.tools.skill_roots.as_deref(),
     )
     .await?;
-    let _guard = WRITE_LOCK.lock().await;
-    let Some(old) = stored_agent(&state.store, &id).await? else {
+    let repo = ConfigRepo::<AgentConfig>::new(&state.store);
+    let Some(old) = repo.get(&id).await? else {
         return Err(no_agent(&id));
     };
-    state
-        .store
-        .put_config(ConfigKind::Agent, &id, &to_document(&agent)?)
-        .await?;
+    repo.replace(&id, &id, &agent).await?;
     if old.skills != agent.skills {
         state.reload_runtime().await?;
     }
@@ -621,13 +167,14 @@ async fn delete_agent(
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name("agent", &id)?;
-    let _guard = WRITE_LOCK.lock().await;
-    let had_skills = stored_agent(&state.store, &id)
+    let repo = ConfigRepo::<AgentConfig>::new(&state.store);
+    let had_skills = repo
+        .get(&id)
         .await
         .ok()
         .flatten()
         .is_some_and(|agent| !agent.skills.is_empty());
-    if state.store.delete_config(ConfigKind::Agent, &id).await? {
+    if repo.delete(&id).await? {
         if had_skills {
             state.reload_runtime().await?;
         }

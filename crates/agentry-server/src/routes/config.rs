@@ -24,37 +24,33 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::template::TemplateStore;
-use agentry_core::tool::{
-    ResultFormat, SecretResolver, StaticSecrets, ToolDefinition, ToolError, ToolRegistry,
-};
-use agentry_llm::{GenerationParams, LlmError, ModelRequest, Protocol, TimeoutKind};
-use agentry_store::{ConfigKind, Store};
+use agentry_app::domain::core::template::TemplateStore;
+use agentry_app::domain::core::tool::{ResultFormat, ToolError, ToolRegistry};
+use agentry_app::domain::llm::{GenerationParams, LlmError, ModelRequest, Protocol, TimeoutKind};
+use agentry_app::domain::store::Store;
+use agentry_app::domain::tools::{SecretResolver, StaticSecrets, ToolDefinition};
 use agentry_types::Message;
 
+use agentry_app::config::{ConfigRepo, check_name, command_sandboxes, to_document};
+
 use crate::error::ApiError;
-use crate::models::{ModelConfig, TemplateConfig};
 use crate::openapi::{
     BadGateway, BadRequest, Conflict, DeletedTools, GatewayTimeout, HostCommandsRefused,
     JsonBodyErrors, ModelList, ModelPath, ModelTestOutcome, NamePath, NotFound, SecretList,
     SecretsSet, TemplateList, TemplateVariables, ToolCallOutcome, ToolDefinitionSchema, ToolList,
 };
 use crate::state::AppState;
+use agentry_app::runtime::{ModelConfig, TemplateConfig};
 
 /// How long a model connection test may take.
 pub const MODEL_TEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Tool names that would collide with the static routes under `/v1/tools/`.
 pub const RESERVED_TOOL_NAMES: [&str; 3] = ["call", "batch", "mcp"];
-
-/// Serialises check-then-write sequences (create if absent, rename), so two concurrent creates
-/// of one name cannot both succeed.
-pub(crate) static WRITE_LOCK: Mutex<()> = Mutex::const_new(());
 
 /// The configuration routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -119,30 +115,9 @@ pub(crate) fn created<T: Serialize>(value: T) -> Response {
 
 // --- shared checks ---
 
-/// Checks a model or secret name: 1 to 64 characters of `A-Z a-z 0-9 _ . -` (the store's rule).
-pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
-    let valid = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'.' | b'-'));
-    if valid {
-        Ok(())
-    } else {
-        let shown: String = name.chars().take(64).collect();
-        Err(ApiError::bad_request(format!(
-            "invalid {what} name {shown:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' \
-             and '-'"
-        )))
-    }
-}
-
 /// Every secret's value, for building clients and tools inside the process only.
 async fn secret_values(store: &Store) -> Result<HashMap<String, String>, ApiError> {
-    crate::models::secrets(store).await
-}
-
-pub(crate) fn to_document<T: Serialize>(value: &T) -> Result<Value, ApiError> {
-    serde_json::to_value(value).map_err(|error| ApiError::internal(error.to_string()))
+    Ok(agentry_app::runtime::secrets(store).await?)
 }
 
 // --- models ---
@@ -198,33 +173,14 @@ async fn unmark_other_defaults(store: &Store, model: &ModelConfig) -> Result<(),
     if !model.default {
         return Ok(());
     }
-    for (name, value) in store.list_config(ConfigKind::Model).await? {
-        if name == model.id {
-            continue;
-        }
-        let Ok(mut other) = serde_json::from_value::<ModelConfig>(value) else {
-            continue;
-        };
-        if other.default {
+    let models = ConfigRepo::<ModelConfig>::new(store);
+    for (name, mut other) in models.list().await? {
+        if name != model.id && other.default {
             other.default = false;
-            store
-                .put_config(ConfigKind::Model, &name, &to_document(&other)?)
-                .await?;
+            models.put(&name, &other).await?;
         }
     }
     Ok(())
-}
-
-async fn stored_model(store: &Store, id: &str) -> Result<Option<ModelConfig>, ApiError> {
-    store
-        .config(ConfigKind::Model, id)
-        .await?
-        .map(|value| {
-            serde_json::from_value(value).map_err(|error| {
-                ApiError::internal(format!("the stored model {id:?} is unreadable: {error}"))
-            })
-        })
-        .transpose()
 }
 
 fn no_model(id: &str) -> ApiError {
@@ -242,13 +198,12 @@ fn no_model(id: &str) -> ApiError {
     )
 )]
 async fn list_models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut models = Vec::new();
-    for (name, value) in state.store.list_config(ConfigKind::Model).await? {
-        match serde_json::from_value::<ModelConfig>(value) {
-            Ok(model) => models.push(model),
-            Err(error) => tracing::warn!(model = %name, "unreadable stored model: {error}"),
-        }
-    }
+    let mut models: Vec<ModelConfig> = ConfigRepo::new(&state.store)
+        .list()
+        .await?
+        .into_iter()
+        .map(|(_, model)| model)
+        .collect();
     models.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(Json(json!({ "models": models })))
 }
@@ -279,21 +234,8 @@ async fn create_model(
 ) -> Result<Response, ApiError> {
     let model = parse_model(body)?;
     check_model(&state, &model).await?;
-    let _guard = WRITE_LOCK.lock().await;
-    if state
-        .store
-        .config(ConfigKind::Model, &model.id)
-        .await?
-        .is_some()
-    {
-        return Err(ApiError::conflict(format!(
-            "a model is already registered as {:?}",
-            model.id
-        )));
-    }
-    state
-        .store
-        .put_config(ConfigKind::Model, &model.id, &to_document(&model)?)
+    ConfigRepo::new(&state.store)
+        .create(&model.id, &model)
         .await?;
     unmark_other_defaults(&state.store, &model).await?;
     state.reload_runtime().await?;
@@ -318,7 +260,8 @@ async fn get_model(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ModelConfig>, ApiError> {
     check_name("model", &id)?;
-    stored_model(&state.store, &id)
+    ConfigRepo::new(&state.store)
+        .get(&id)
         .await?
         .map(Json)
         .ok_or_else(|| no_model(&id))
@@ -347,30 +290,9 @@ async fn replace_model(
     check_name("model", &id)?;
     let model = parse_model(body)?;
     check_model(&state, &model).await?;
-    let _guard = WRITE_LOCK.lock().await;
-    if state.store.config(ConfigKind::Model, &id).await?.is_none() {
-        return Err(no_model(&id));
-    }
-    let renamed = model.id != id;
-    if renamed
-        && state
-            .store
-            .config(ConfigKind::Model, &model.id)
-            .await?
-            .is_some()
-    {
-        return Err(ApiError::conflict(format!(
-            "cannot rename {id:?}: a model is already registered as {:?}",
-            model.id
-        )));
-    }
-    state
-        .store
-        .put_config(ConfigKind::Model, &model.id, &to_document(&model)?)
+    ConfigRepo::new(&state.store)
+        .replace(&id, &model.id, &model)
         .await?;
-    if renamed {
-        state.store.delete_config(ConfigKind::Model, &id).await?;
-    }
     unmark_other_defaults(&state.store, &model).await?;
     state.reload_runtime().await?;
     Ok(Json(model))
@@ -394,8 +316,10 @@ async fn delete_model(
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name("model", &id)?;
-    let _guard = WRITE_LOCK.lock().await;
-    if !state.store.delete_config(ConfigKind::Model, &id).await? {
+    if !ConfigRepo::<ModelConfig>::new(&state.store)
+        .delete(&id)
+        .await?
+    {
         return Err(no_model(&id));
     }
     state.reload_runtime().await?;
@@ -426,7 +350,8 @@ async fn test_model(
         Err(_) => {
             // Not in the runtime: unknown, or stored but unusable (say why), or stored by a
             // writer whose reload this runtime predates.
-            let model = stored_model(&state.store, &id)
+            let model = ConfigRepo::<ModelConfig>::new(&state.store)
+                .get(&id)
                 .await?
                 .ok_or_else(|| no_model(&id))?;
             let secrets = secret_values(&state.store).await?;
@@ -476,7 +401,7 @@ struct ToolSummary {
 
 impl ToolSummary {
     /// Fills in the risk of the runtime's tool of this name.
-    fn with_risk(mut self, runtime: &agentry_core::Runtime) -> Self {
+    fn with_risk(mut self, runtime: &agentry_app::domain::core::Runtime) -> Self {
         if let Some(tool) = runtime.tools().get(&self.name) {
             let risk = tool.risk();
             self.risk = Some(risk.class.as_str());
@@ -520,7 +445,7 @@ impl ToolSummary {
         }
     }
 
-    fn of_mcp(info: agentry_mcp::McpToolInfo) -> Self {
+    fn of_mcp(info: agentry_app::domain::mcp::McpToolInfo) -> Self {
         Self {
             name: info.name,
             description: info.description,
@@ -532,7 +457,7 @@ impl ToolSummary {
         }
     }
 
-    fn of_builtin(tool: &dyn agentry_core::tool::Tool) -> Self {
+    fn of_builtin(tool: &dyn agentry_app::domain::core::tool::Tool) -> Self {
         let spec = tool.spec();
         Self {
             name: spec.name.clone(),
@@ -546,9 +471,12 @@ impl ToolSummary {
     }
 }
 
-/// The built-in tool `name` of this server's runs (see [`crate::models::builtins`]).
-fn builtin_named(state: &AppState, name: &str) -> Option<Arc<dyn agentry_core::tool::Tool>> {
-    crate::models::builtins(&state.tools)
+/// The built-in tool `name` of this server's runs (see [`agentry_app::runtime::builtins`]).
+fn builtin_named(
+    state: &AppState,
+    name: &str,
+) -> Option<Arc<dyn agentry_app::domain::core::tool::Tool>> {
+    agentry_app::runtime::builtins(&state.tools)
         .into_iter()
         .find(|tool| tool.spec().name == name)
 }
@@ -600,28 +528,6 @@ async fn check_tool(state: &AppState, definition: &ToolDefinition) -> Result<(),
         .map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
-/// The sandboxes command tools run in: the sessions' (when runs have workspaces to run them in).
-pub(crate) fn command_sandboxes(
-    tools: &crate::state::ToolEnvironment,
-) -> Option<&agentry_sandbox::SandboxPool> {
-    tools
-        .sandboxes
-        .as_ref()
-        .filter(|_| tools.workspaces.is_some())
-}
-
-async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>, ApiError> {
-    store
-        .config(ConfigKind::Tool, name)
-        .await?
-        .map(|value| {
-            serde_json::from_value(value).map_err(|error| {
-                ApiError::internal(format!("the stored tool {name:?} is unreadable: {error}"))
-            })
-        })
-        .transpose()
-}
-
 /// The built-in and configured tools, and the tools of the connected MCP servers.
 #[utoipa::path(
     get,
@@ -633,15 +539,15 @@ async fn stored_tool(store: &Store, name: &str) -> Result<Option<ToolDefinition>
     )
 )]
 async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut tools: Vec<ToolSummary> = crate::models::builtins(&state.tools)
+    let mut tools: Vec<ToolSummary> = agentry_app::runtime::builtins(&state.tools)
         .iter()
         .map(|tool| ToolSummary::of_builtin(tool.as_ref()))
         .collect();
-    for (name, value) in state.store.list_config(ConfigKind::Tool).await? {
-        match serde_json::from_value::<ToolDefinition>(value) {
-            Ok(definition) => tools.push(ToolSummary::of_definition(&definition)),
-            Err(error) => tracing::warn!(tool = %name, "unreadable stored tool: {error}"),
-        }
+    for (_, definition) in ConfigRepo::<ToolDefinition>::new(&state.store)
+        .list()
+        .await?
+    {
+        tools.push(ToolSummary::of_definition(&definition));
     }
     tools.extend(state.mcp.tools().into_iter().map(ToolSummary::of_mcp));
     tools.sort_by(|a, b| a.name.cmp(&b.name));
@@ -679,7 +585,8 @@ async fn get_tool(
             &ToolSummary::of_mcp(info).with_risk(&state.sessions.runtime()),
         )?));
     }
-    let definition = stored_tool(&state.store, &name)
+    let definition = ConfigRepo::<ToolDefinition>::new(&state.store)
+        .get(&name)
         .await?
         .ok_or_else(|| no_tool(&name))?;
     Ok(Json(to_document(&definition)?))
@@ -710,17 +617,13 @@ async fn create_tool(
 ) -> Result<Response, ApiError> {
     check_tool(&state, &definition).await?;
     let name = definition.name().to_owned();
-    let _guard = WRITE_LOCK.lock().await;
-    if builtin_named(&state, &name).is_some()
-        || state.store.config(ConfigKind::Tool, &name).await?.is_some()
-    {
+    if builtin_named(&state, &name).is_some() {
         return Err(ApiError::conflict(format!(
             "a tool named {name:?} already exists"
         )));
     }
-    state
-        .store
-        .put_config(ConfigKind::Tool, &name, &to_document(&definition)?)
+    ConfigRepo::new(&state.store)
+        .create(&name, &definition)
         .await?;
     state.reload_runtime().await?;
     Ok(created(definition))
@@ -753,30 +656,14 @@ async fn replace_tool(
     check_name("tool", &name)?;
     check_tool(&state, &definition).await?;
     let new_name = definition.name().to_owned();
-    let _guard = WRITE_LOCK.lock().await;
-    if state.store.config(ConfigKind::Tool, &name).await?.is_none() {
-        return Err(no_tool(&name));
-    }
-    let renamed = new_name != name;
-    if renamed
-        && (builtin_named(&state, &new_name).is_some()
-            || state
-                .store
-                .config(ConfigKind::Tool, &new_name)
-                .await?
-                .is_some())
-    {
+    if new_name != name && builtin_named(&state, &new_name).is_some() {
         return Err(ApiError::conflict(format!(
             "cannot rename {name:?}: a tool named {new_name:?} already exists"
         )));
     }
-    state
-        .store
-        .put_config(ConfigKind::Tool, &new_name, &to_document(&definition)?)
+    ConfigRepo::new(&state.store)
+        .replace(&name, &new_name, &definition)
         .await?;
-    if renamed {
-        state.store.delete_config(ConfigKind::Tool, &name).await?;
-    }
     state.reload_runtime().await?;
     Ok(Json(definition))
 }
@@ -802,8 +689,10 @@ async fn delete_tool(
         return Err(builtin_is_fixed(&name));
     }
     check_name("tool", &name)?;
-    let _guard = WRITE_LOCK.lock().await;
-    if !state.store.delete_config(ConfigKind::Tool, &name).await? {
+    if !ConfigRepo::<ToolDefinition>::new(&state.store)
+        .delete(&name)
+        .await?
+    {
         return Err(no_tool(&name));
     }
     state.reload_runtime().await?;
@@ -847,11 +736,11 @@ async fn delete_tools(
         }
         check_name("tool", name)?;
     }
-    let _guard = WRITE_LOCK.lock().await;
+    let repo = ConfigRepo::<ToolDefinition>::new(&state.store);
     let mut deleted = Vec::new();
     let mut missing = Vec::new();
     for name in names {
-        if state.store.delete_config(ConfigKind::Tool, &name).await? {
+        if repo.delete(&name).await? {
             deleted.push(name);
         } else {
             missing.push(name);
@@ -941,20 +830,6 @@ fn compile_template(template: &TemplateConfig) -> Result<TemplateStore, ApiError
     Ok(scratch)
 }
 
-async fn stored_template(store: &Store, name: &str) -> Result<Option<TemplateConfig>, ApiError> {
-    store
-        .config(ConfigKind::Template, name)
-        .await?
-        .map(|value| {
-            serde_json::from_value(value).map_err(|error| {
-                ApiError::internal(format!(
-                    "the stored template {name:?} is unreadable: {error}"
-                ))
-            })
-        })
-        .transpose()
-}
-
 /// The prompt templates.
 #[utoipa::path(
     get,
@@ -966,13 +841,12 @@ async fn stored_template(store: &Store, name: &str) -> Result<Option<TemplateCon
     )
 )]
 async fn list_templates(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut templates = Vec::new();
-    for (name, value) in state.store.list_config(ConfigKind::Template).await? {
-        match serde_json::from_value::<TemplateConfig>(value) {
-            Ok(template) => templates.push(template),
-            Err(error) => tracing::warn!(template = %name, "unreadable stored template: {error}"),
-        }
-    }
+    let mut templates: Vec<TemplateConfig> = ConfigRepo::new(&state.store)
+        .list()
+        .await?
+        .into_iter()
+        .map(|(_, template)| template)
+        .collect();
     templates.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Json(json!({ "templates": templates })))
 }
@@ -1001,25 +875,8 @@ async fn create_template(
     ApiJson(template): ApiJson<TemplateConfig>,
 ) -> Result<Response, ApiError> {
     compile_template(&template)?;
-    let _guard = WRITE_LOCK.lock().await;
-    if state
-        .store
-        .config(ConfigKind::Template, &template.name)
-        .await?
-        .is_some()
-    {
-        return Err(ApiError::conflict(format!(
-            "a template named {:?} already exists",
-            template.name
-        )));
-    }
-    state
-        .store
-        .put_config(
-            ConfigKind::Template,
-            &template.name,
-            &to_document(&template)?,
-        )
+    ConfigRepo::new(&state.store)
+        .create(&template.name, &template)
         .await?;
     state.reload_runtime().await?;
     Ok(created(template))
@@ -1043,7 +900,8 @@ async fn get_template(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<TemplateConfig>, ApiError> {
     check_name("template", &name)?;
-    stored_template(&state.store, &name)
+    ConfigRepo::<TemplateConfig>::new(&state.store)
+        .get(&name)
         .await?
         .map(Json)
         .ok_or_else(|| no_template(&name))
@@ -1071,42 +929,9 @@ async fn replace_template(
 ) -> Result<Json<TemplateConfig>, ApiError> {
     check_name("template", &name)?;
     compile_template(&template)?;
-    let _guard = WRITE_LOCK.lock().await;
-    if state
-        .store
-        .config(ConfigKind::Template, &name)
-        .await?
-        .is_none()
-    {
-        return Err(no_template(&name));
-    }
-    let renamed = template.name != name;
-    if renamed
-        && state
-            .store
-            .config(ConfigKind::Template, &template.name)
-            .await?
-            .is_some()
-    {
-        return Err(ApiError::conflict(format!(
-            "cannot rename {name:?}: a template named {:?} already exists",
-            template.name
-        )));
-    }
-    state
-        .store
-        .put_config(
-            ConfigKind::Template,
-            &template.name,
-            &to_document(&template)?,
-        )
+    ConfigRepo::new(&state.store)
+        .replace(&name, &template.name, &template)
         .await?;
-    if renamed {
-        state
-            .store
-            .delete_config(ConfigKind::Template, &name)
-            .await?;
-    }
     state.reload_runtime().await?;
     Ok(Json(template))
 }
@@ -1129,10 +954,8 @@ async fn delete_template(
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name("template", &name)?;
-    let _guard = WRITE_LOCK.lock().await;
-    if !state
-        .store
-        .delete_config(ConfigKind::Template, &name)
+    if !ConfigRepo::<TemplateConfig>::new(&state.store)
+        .delete(&name)
         .await?
     {
         return Err(no_template(&name));
@@ -1159,7 +982,8 @@ async fn template_variables(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     check_name("template", &name)?;
-    let template = stored_template(&state.store, &name)
+    let template = ConfigRepo::<TemplateConfig>::new(&state.store)
+        .get(&name)
         .await?
         .ok_or_else(|| no_template(&name))?;
     let variables = compile_template(&template)?
@@ -1253,7 +1077,6 @@ async fn set_secrets(
     for (name, value) in &pairs {
         check_secret(name, value)?;
     }
-    let _guard = WRITE_LOCK.lock().await;
     for (name, value) in &pairs {
         state.store.put_secret(name, value).await?;
     }
@@ -1284,7 +1107,6 @@ async fn delete_secret(
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name("secret", &name)?;
-    let _guard = WRITE_LOCK.lock().await;
     if !state.store.delete_secret(&name).await? {
         return Err(ApiError::not_found(format!("no secret is named {name:?}")));
     }

@@ -10,8 +10,8 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::context::{ContextPolicy, DEFAULT_THRESHOLD};
-use agentry_core::session::replay;
+use agentry_app::domain::core::context::{ContextPolicy, DEFAULT_THRESHOLD};
+use agentry_app::domain::core::session::replay;
 use agentry_types::{Message, SessionEvent};
 
 use super::infer::parse_session_id;
@@ -162,7 +162,8 @@ async fn session_context(
     let counter = &context.counter;
     let replayed = replay(&events);
     // What the model is sent: the compacted view of the conversation.
-    let messages = agentry_core::context::view(&replayed.messages, replayed.compaction.as_ref());
+    let messages =
+        agentry_app::domain::core::context::view(&replayed.messages, replayed.compaction.as_ref());
     let mut parts = Vec::with_capacity(messages.len() + 1);
     for (index, message) in messages.iter().enumerate() {
         parts.push(ContextPart {
@@ -192,7 +193,8 @@ async fn session_context(
                 .join(", "),
         });
     }
-    let total_tokens = agentry_core::context::request_tokens(counter, &messages, &tools);
+    let total_tokens =
+        agentry_app::domain::core::context::request_tokens(counter, &messages, &tools);
     let policy = ContextPolicy {
         threshold: DEFAULT_THRESHOLD,
         ..ContextPolicy::new(context.window)
@@ -209,7 +211,9 @@ async fn session_context(
         parts,
         compacted_messages: replayed.compaction.as_ref().map_or(0, |c| {
             c.covered
-                .saturating_sub(agentry_core::context::system_prefix(&replayed.messages))
+                .saturating_sub(agentry_app::domain::core::context::system_prefix(
+                    &replayed.messages,
+                ))
         }),
         summary: replayed.compaction.and_then(|c| c.summary),
     }))

@@ -2,7 +2,7 @@
 //! `GET /v1/groups/{id}` (members and transcript), `POST /v1/groups/{id}/messages` (waits for
 //! the exchange's end), `POST /v1/groups/{id}/messages/stream` (SSE) and
 //! `POST /v1/groups/{id}/abort`, and `GET /v1/groups/{id}/stream` (follow it over SSE). `POST /v1/infer` with several `agent_ids` runs the same
-//! exchange ([`infer_group`]). See [`crate::group`] for how an exchange runs and is recorded.
+//! exchange ([`infer_group`]). See [`agentry_app::group`] for how an exchange runs and is recorded.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,13 +22,13 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_types::{RunId, SessionEvent, SessionId};
+use agentry_app::group::{self, GroupInfo, GroupLive, LiveGroups, Started};
+use agentry_types::{GroupEvent, RunEvent, RunId, SessionEvent, SessionId};
 
 use super::config::ApiPath;
 use super::infer::{InferRequest, parse_session_id};
 use crate::authorization::Caller;
 use crate::error::ApiError;
-use crate::group::{self, GroupInfo, Started};
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
 
@@ -171,7 +171,7 @@ async fn get_group(
     let info = group::load(&state, session).await?;
     let mut members = Vec::with_capacity(info.members.len());
     for member in &info.members {
-        let agent = super::agents::stored_agent(&state.store, &member.agent_id).await?;
+        let agent = agentry_app::agents::stored_agent(&state.store, &member.agent_id).await?;
         members.push(json!({
             "agent_id": member.agent_id,
             "nickname": agent.and_then(|agent| agent.nickname),
@@ -181,7 +181,7 @@ async fn get_group(
     // Whether an exchange is going on is read before the transcript: an exchange commits its
     // `finished` before it stops being live, so "not live" always comes with a transcript that
     // holds its end (read the other way round, one could end in between).
-    let live = group::subscribe(session).is_some();
+    let live = state.groups.subscribe(session).is_some();
     let transcript: Vec<Value> = group::group_events(&state, session, 0)
         .await?
         .into_iter()
@@ -271,17 +271,17 @@ async fn abort_group(
     let session = parse_session_id(&id)?;
     group::load(&state, session).await?;
     Ok(Json(
-        json!({"session_id": session, "aborted": group::cancel(session)}),
+        json!({"session_id": session, "aborted": state.groups.cancel(session)}),
     ))
 }
 
 /// Cancels a group's exchange when dropped, if armed (`cancel_on_disconnect`).
-struct CancelOnDrop(Option<SessionId>);
+struct CancelOnDrop(Option<(LiveGroups, SessionId)>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        if let Some(session) = self.0.take() {
-            group::cancel(session);
+        if let Some((groups, session)) = self.0.take() {
+            groups.cancel(session);
         }
     }
 }
@@ -292,7 +292,7 @@ async fn waited(
     started: Started,
     cancel_on_disconnect: bool,
 ) -> Result<Response, ApiError> {
-    let mut guard = CancelOnDrop(cancel_on_disconnect.then_some(session));
+    let mut guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.groups.clone(), session)));
     let run_id = started.run_id;
     let events = group::wait(state, session, started).await;
     guard.0 = None;
@@ -313,7 +313,7 @@ fn streamed(
     let intro = Event::default()
         .event("session")
         .data(json!({"session_id": session, "run_id": started.run_id}).to_string());
-    let guard = CancelOnDrop(cancel_on_disconnect.then_some(session));
+    let guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.groups.clone(), session)));
     let events = follow(
         state,
         session,
@@ -358,13 +358,13 @@ fn follow(
                     last_seq = seq;
                     let live = group::GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
                     ended |= Some(run_id) == target && group::is_end(&live);
-                    if let Some(sse) = group::sse_event(&live) {
+                    if let Some(sse) = sse_event(&live) {
                         yield Ok(sse);
                     }
                 }
             }
             Err(error) => {
-                yield Ok(Event::default().event("error").data(error.body().to_string()));
+                yield Ok(Event::default().event("error").data(ApiError::from(error).body().to_string()));
                 ended = true;
             }
         }
@@ -378,7 +378,7 @@ fn follow(
                             }
                             last_seq = *seq;
                         }
-                        if let Some(sse) = group::sse_event(&live) {
+                        if let Some(sse) = sse_event(&live) {
                             yield Ok(sse);
                         }
                         if group::is_end(&live) {
@@ -394,7 +394,7 @@ fn follow(
                             last_seq = seq;
                             let live = group::GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
                             ended |= Some(run_id) == target && group::is_end(&live);
-                            if let Some(sse) = group::sse_event(&live) {
+                            if let Some(sse) = sse_event(&live) {
                                 yield Ok(sse);
                             }
                         }
@@ -459,7 +459,7 @@ async fn group_stream(
             .ok_or_else(|| ApiError::bad_request("`Last-Event-ID` must be a seq"))?,
         None => query.after,
     };
-    let live = group::subscribe(session);
+    let live = state.groups.subscribe(session);
     Ok(Sse::new(follow(state, session, after, live))
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -472,7 +472,7 @@ async fn group_stream(
 /// `cancel_on_disconnect` cancels the exchange when the client goes away.
 pub(crate) async fn infer_group(
     state: AppState,
-    caller: &crate::auth::Principal,
+    caller: &agentry_app::auth::Principal,
     body: InferRequest,
     stream: bool,
 ) -> Result<Response, ApiError> {
@@ -555,4 +555,55 @@ pub(crate) async fn infer_group(
     } else {
         waited(&state, session, started, body.cancel_on_disconnect).await
     }
+}
+/// The SSE name of a committed group event.
+pub fn sse_name(event: &GroupEvent) -> &'static str {
+    match event {
+        GroupEvent::Round { .. } => "group.round",
+        GroupEvent::Message { .. } => "group.message",
+        GroupEvent::Finished { .. } => "group.finished",
+    }
+}
+
+/// The SSE event for a live group event (committed ones carry their seq as id).
+pub fn sse_event(live: &GroupLive) -> Option<Event> {
+    let event = |name: &str, data: Value| Event::default().event(name).data(data.to_string());
+    Some(match live {
+        GroupLive::Committed {
+            seq,
+            event: committed,
+        } => {
+            let SessionEvent::Group { event: group, .. } = committed else {
+                return None;
+            };
+            event(sse_name(group), json!({"seq": seq, "event": committed})).id(seq.to_string())
+        }
+        GroupLive::Speaking {
+            round,
+            agent_id,
+            name,
+            session_id,
+        } => event(
+            "group.speaking",
+            json!({"round": round, "agent_id": agent_id, "name": name, "session_id": session_id}),
+        ),
+        GroupLive::Member {
+            round,
+            agent_id,
+            event: member,
+        } => match member.as_ref() {
+            RunEvent::TextDelta { text } => event(
+                "group.delta",
+                json!({"round": round, "agent_id": agent_id, "text": text}),
+            ),
+            RunEvent::ThinkingDelta { text } => event(
+                "group.thinking",
+                json!({"round": round, "agent_id": agent_id, "text": text}),
+            ),
+            other => event(
+                "group.member",
+                json!({"round": round, "agent_id": agent_id, "event": other}),
+            ),
+        },
+    })
 }

@@ -23,21 +23,22 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::session::BusyPolicy;
-use agentry_core::{Input, RunLimits, RunRequest};
-use agentry_llm::GenerationParams;
-use agentry_store::NewSession;
+use agentry_app::domain::core::session::BusyPolicy;
+use agentry_app::domain::core::{Input, RunRequest};
+use agentry_app::domain::llm::GenerationParams;
 use agentry_types::{ContentPart, ImageSource, Message, RunEvent, SessionEvent, SessionId};
 
 use super::sse::SseMapper;
+use agentry_app::runs::{RunInput, SessionChoice, Target, start_in_session};
+
 use crate::authorization::Caller;
 use crate::error::ApiError;
-use crate::hub::Subscription;
 use crate::openapi::{
     AbortOutcome, AbortRequest, BadRequest, Conflict, InferOutcome, JsonBodyErrors, NotFound,
     RunStreamEvent,
 };
 use crate::state::AppState;
+use agentry_app::hub::Subscription;
 
 /// The inference routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -134,8 +135,8 @@ pub struct InferRequest {
     /// status `waiting`) until `POST /v1/runs/{run_id}/approvals` decides it; such runs need a
     /// session.
     #[serde(default)]
-    #[schema(value_type = Option<crate::routes::runs::ApprovalPolicyDoc>)]
-    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
+    #[schema(value_type = Option<agentry_app::schema::ApprovalPolicyDoc>)]
+    pub approvals: Option<agentry_app::domain::core::approval::ApprovalPolicy>,
     /// Run as this saved agent (the same as `agent_ids` with one id).
     #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
@@ -149,7 +150,7 @@ pub struct InferRequest {
     /// `summary_tokens`, `enabled`; default: the agent's, else the server's).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
-    pub compaction: Option<agentry_core::context::CompactionSettings>,
+    pub compaction: Option<agentry_app::domain::core::context::CompactionSettings>,
 }
 
 /// Turns message content into parts.
@@ -221,19 +222,12 @@ fn image(url: &str) -> Result<ContentPart, ApiError> {
     ))
 }
 
-/// Where a run goes.
-pub(crate) enum Target {
-    /// A durable run in this session.
-    Session(SessionId),
-    /// An ephemeral run: nothing is stored.
-    Ephemeral,
-}
-
-/// Validates a request (resolving its agent) and turns it into a run request; creates the
-/// session for `"new"`. Shared with the MCP endpoint, which runs agents the same way.
+/// Validates a request and prepares its run through the app (resolving its agent, creating
+/// the session for `"new"`): the request's own rules (one agent, one new user message, `text`
+/// or `messages`) here, the rest in [`agentry_app::runs::prepare`].
 pub(crate) async fn prepare(
     state: &AppState,
-    caller: &crate::auth::Principal,
+    caller: &agentry_app::auth::Principal,
     mut body: InferRequest,
 ) -> Result<(Target, RunRequest, BusyPolicy), ApiError> {
     let agent_id = match (body.agent_id.take(), body.agent_ids.as_deref()) {
@@ -257,61 +251,7 @@ pub(crate) async fn prepare(
             "`max_rounds` is for group chats (several `agent_ids`)",
         ));
     }
-    let mut limits = body.max_tool_rounds.map(|rounds| RunLimits {
-        max_tool_rounds: rounds,
-        ..RunLimits::default()
-    });
-    let mut fallback_models = Vec::new();
-    let mut approvals = body.approvals.take();
-    let mut compaction = body.compaction.take();
-    let mut network = Vec::new();
-    if let Some(user) = &body.user {
-        super::config::check_name("user", user)?;
-    }
-    // The agent the run runs as (`talk_to` refuses to target it).
-    let run_agent = agent_id.clone();
-    if let Some(id) = agent_id {
-        super::config::check_name("agent", &id)?;
-        let agent = super::agents::stored_agent(&state.store, &id)
-            .await?
-            .ok_or_else(|| ApiError::bad_request(format!("no agent {id:?}")))?;
-        let run = agent.resolve(
-            &state.sessions.runtime(),
-            state.tools.skill_roots.as_deref(),
-        )?;
-        compaction = compaction.or(run.compaction);
-        network = run.network;
-        if body.model_id.is_none() {
-            fallback_models = run.fallback_models;
-        }
-        body.model_id = body.model_id.or(Some(run.model));
-        body.tool_ids = body.tool_ids.or(Some(run.tools));
-        body.system = body.system.or(run.system);
-        body.params = body.params.or(Some(run.params));
-        let mut agent_limits = run.limits;
-        if let Some(rounds) = body.max_tool_rounds {
-            agent_limits.max_tool_rounds = rounds;
-        }
-        limits = Some(agent_limits);
-        approvals = match (run.approvals, approvals) {
-            (Some(agent), Some(own)) => Some(agent.merged(&own)),
-            (agent, own) => own.or(agent),
-        };
-    }
-    let mut request = RunRequest {
-        model: body.model_id.clone(),
-        fallback_models,
-        system: body.system.clone(),
-        tools: body.tool_ids.clone(),
-        params: body.params.clone().unwrap_or_default(),
-        limits,
-        approvals,
-        agent_id: run_agent.clone(),
-        compaction,
-        network,
-        user: body.user.clone(),
-        ..RunRequest::default()
-    };
+    let mut system = body.system.take();
     let mut user_turns = Vec::new();
     for message in &body.messages {
         match message.role.as_str() {
@@ -323,7 +263,7 @@ pub(crate) async fn prepare(
                     .ok_or_else(|| {
                         ApiError::bad_request("a system message needs string content")
                     })?;
-                request.system = Some(text.to_owned());
+                system = Some(text.to_owned());
             }
             "user" => user_turns.push(message),
             other => {
@@ -339,7 +279,7 @@ pub(crate) async fn prepare(
             "send one new user message per request; earlier turns come from the session",
         ));
     }
-    request.input = match (user_turns.first(), &body.text) {
+    let input = match (user_turns.first(), &body.text) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request("give `text` or `messages`, not both"));
         }
@@ -355,92 +295,26 @@ pub(crate) async fn prepare(
         }),
         (None, None) => None,
     };
-    // A saved agent remembers: its memories (and the user's) join the system prompt.
-    if let Some(agent) = &run_agent {
-        let message = first_line(&request).unwrap_or_default();
-        request.memory = crate::memory_prompt::memory_block(
-            &state.store,
-            agent,
-            body.user.as_deref(),
-            &message,
-            crate::memory_prompt::DEFAULT_MEMORY_BUDGET,
-        )
-        .await?;
-    }
-    // A `user` key runs only within its limits (the agent it runs as brings its own tools).
-    let named_tools = if run_agent.is_some() {
-        None
-    } else {
-        request.tools.as_deref()
+    let session = match body.session_id.as_deref() {
+        None => SessionChoice::Ephemeral,
+        Some("new") => SessionChoice::New,
+        Some(id) => SessionChoice::Existing(parse_session_id(id)?),
     };
-    caller
-        .check_run(run_agent.as_deref(), request.model.as_deref(), named_tools)
-        .map_err(|message| ApiError::new(StatusCode::FORBIDDEN, "permission_denied", message))?;
-    // Check the model, tools, template and attached files before anything is created (a new
-    // session's id is chosen now, so its workspace is known).
-    let new_id = SessionId::new();
-    let planned = match body.session_id.as_deref() {
-        None => None,
-        Some("new") => Some(new_id),
-        Some(id) => Some(parse_session_id(id)?),
+    let input = RunInput {
+        agent_id,
+        model_id: body.model_id,
+        system,
+        tool_ids: body.tool_ids,
+        params: body.params,
+        max_tool_rounds: body.max_tool_rounds,
+        approvals: body.approvals,
+        compaction: body.compaction,
+        user: body.user,
+        input,
+        session,
     };
-    let mut check = request.clone().with_history(vec![Message::user("")]);
-    check.workspace = planned.and_then(|id| state.sessions.workspace(id));
-    // The policy the run will have: its own, plus the operator's defaults by risk class.
-    let may_ask = state.sessions.runtime().prepare(check)?.approvals.may_ask();
-    let target = match body.session_id.as_deref() {
-        None => Target::Ephemeral,
-        Some("new") => {
-            let mut new = NewSession::with_id(new_id);
-            new.title = first_line(&request);
-            new.owner = caller.owner();
-            let record = state.store.create_session(new).await?;
-            Target::Session(record.id)
-        }
-        Some(id) => {
-            let id = parse_session_id(id)?;
-            let Some(record) = state
-                .store
-                .session(id)
-                .await?
-                .filter(|record| caller.may_see(record.owner.as_deref()))
-            else {
-                return Err(ApiError::not_found(format!("no session {id}")));
-            };
-            if crate::group::info_of(&record.metadata).is_some() {
-                return Err(ApiError::bad_request(format!(
-                    "session {id} is a group chat: name its members in `agent_ids`, or use \
-                     `POST /v1/groups/{id}/messages`"
-                )));
-            }
-            Target::Session(id)
-        }
-    };
-    if body.session_id.is_none() && may_ask {
-        return Err(ApiError::bad_request(
-            "a run whose tool calls may wait for approval needs a session (`session_id`); \
-             tools that run on the host, and the risk classes the operator named \
-             (`agentry serve --approve`), always ask unless the run's `approvals` say otherwise",
-        ));
-    }
-    if matches!(target, Target::Ephemeral) && request.input.is_none() {
-        return Err(ApiError::bad_request(
-            "the request has no input (`text` or `messages`)",
-        ));
-    }
+    let (target, request) = agentry_app::runs::prepare(state, caller, input).await?;
     Ok((target, request, body.policy.unwrap_or(BusyPolicy::Reject)))
-}
-
-fn first_line(request: &RunRequest) -> Option<String> {
-    match &request.input {
-        Some(Input::Text { text }) => Some(text.chars().take(80).collect()),
-        Some(Input::Content { content }) => content.iter().find_map(|part| match part {
-            ContentPart::Text { text } => Some(text.chars().take(80).collect()),
-            _ => None,
-        }),
-        Some(Input::Template { template, .. }) => Some(template.clone()),
-        None => None,
-    }
 }
 
 /// Parses a session id from a client, with a clear error.
@@ -448,20 +322,9 @@ pub fn parse_session_id(id: &str) -> Result<SessionId, ApiError> {
     SessionId::parse(id).map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
-/// Starts the run in its session and hands it to the hub.
-pub(crate) async fn start_in_session(
-    state: &AppState,
-    session: SessionId,
-    request: RunRequest,
-    policy: BusyPolicy,
-) -> Result<Subscription, ApiError> {
-    let stream = state.sessions.send(session, request, policy).await?;
-    Ok(state.hub.adopt(session, stream))
-}
-
 /// Cancels the session's run when dropped, unless disarmed (for `cancel_on_disconnect`).
 struct CancelOnDrop {
-    hub: crate::hub::Hub,
+    hub: agentry_app::hub::Hub,
     session: Option<SessionId>,
 }
 
@@ -856,6 +719,6 @@ async fn abort(
     let session = parse_session_id(id)?;
     crate::authorization::check_session(&state, &caller, session).await?;
     Ok(Json(
-        json!({"session_id": session, "aborted": state.hub.cancel(session) || crate::group::cancel(session)}),
+        json!({"session_id": session, "aborted": state.hub.cancel(session) || state.groups.cancel(session)}),
     ))
 }

@@ -1,7 +1,7 @@
 //! API keys: `GET /v1/api-keys` lists them (never a key itself), `POST` creates one (`admin`
 //! or `user`, with limits) and shows it once, `DELETE /v1/api-keys/{key_id}` revokes one.
 //! Creating the first key (always an admin) turns authentication on for good (see
-//! [`crate::auth`]); revoking takes effect on the next request, and the last active admin key
+//! [`agentry_app::auth`]); revoking takes effect on the next request, and the last active admin key
 //! cannot be revoked over the API (409).
 
 use axum::Json;
@@ -14,12 +14,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::config::{ApiJson, ApiPath};
-use crate::auth::{
-    AuthError, KeyLimits, KeyRole, create_key_with, list_keys, revoke_key_keeping_an_admin,
-};
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound};
 use crate::state::AppState;
+use agentry_app::auth::{
+    AuthError, KeyLimits, KeyRole, create_key_with, list_keys, revoke_key_keeping_an_admin,
+};
 
 /// The API-key routes.
 pub fn routes() -> OpenApiRouter<AppState> {

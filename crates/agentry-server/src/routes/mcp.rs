@@ -15,16 +15,21 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_mcp::{McpServerConfig, ServerStatus, TransportKind, ValueSource};
-use agentry_store::ConfigKind;
+use agentry_app::domain::mcp::{McpServerConfig, ServerStatus, TransportKind, ValueSource};
 
-use super::config::{ApiJson, ApiPath, WRITE_LOCK};
+use super::config::{ApiJson, ApiPath};
 use crate::error::ApiError;
-use crate::mcp::{api_error, save_and_start};
 use crate::openapi::{
     BadGateway, BadRequest, GatewayTimeout, HostCommandsRefused, JsonBodyErrors, NotFound,
 };
 use crate::state::AppState;
+use agentry_app::config::ConfigRepo;
+use agentry_app::mcp_tools::{mcp_error, save_and_start};
+
+/// An MCP manager error as the API reports it.
+fn api_error(error: agentry_app::domain::mcp::McpError) -> ApiError {
+    mcp_error(error).into()
+}
 
 /// How long a registration or restart waits for the server's first connection before it
 /// answers with the status it has then (the server keeps starting in the background).
@@ -159,7 +164,7 @@ fn snake_name<T: Serialize>(value: &T) -> String {
 }
 
 fn check_server_name(name: &str) -> Result<(), ApiError> {
-    agentry_mcp::validate_server_name(name).map_err(api_error)
+    agentry_app::domain::mcp::validate_server_name(name).map_err(api_error)
 }
 
 /// Registers MCP servers.
@@ -191,7 +196,7 @@ async fn register_servers(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    let servers = agentry_mcp::parse_servers_document(&body).map_err(api_error)?;
+    let servers = agentry_app::domain::mcp::parse_servers_document(&body).map_err(api_error)?;
     let stdio = servers
         .iter()
         .find(|(_, config)| config.transport_kind().ok() == Some(TransportKind::Stdio));
@@ -213,10 +218,7 @@ async fn register_servers(
             ));
         }
     }
-    {
-        let _guard = WRITE_LOCK.lock().await;
-        save_and_start(&state.store, &state.mcp, &servers).await?;
-    }
+    save_and_start(&state.store, &state.mcp, &servers).await?;
     let waits = servers
         .keys()
         .map(|name| state.mcp.wait_ready(name, READY_WAIT));
@@ -288,17 +290,17 @@ async fn delete_server(
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_server_name(&name)?;
-    let _guard = WRITE_LOCK.lock().await;
-    let stored = state
-        .store
-        .delete_config(ConfigKind::McpServer, &name)
+    let stored = ConfigRepo::<McpServerConfig>::new(&state.store)
+        .delete(&name)
         .await?;
     let running = state.mcp.remove(&name).await.is_ok();
     state.reload_runtime().await?;
     if stored || running {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(api_error(agentry_mcp::McpError::UnknownServer(name)))
+        Err(api_error(
+            agentry_app::domain::mcp::McpError::UnknownServer(name),
+        ))
     }
 }
 
@@ -329,7 +331,8 @@ async fn restart_server(
         let moved = now.restarts > before.restarts;
         let settled = matches!(
             now.state,
-            agentry_mcp::ServerState::Connected | agentry_mcp::ServerState::Failed
+            agentry_app::domain::mcp::ServerState::Connected
+                | agentry_app::domain::mcp::ServerState::Failed
         );
         if (moved && settled) || tokio::time::Instant::now() >= deadline {
             state.reload_runtime().await?;

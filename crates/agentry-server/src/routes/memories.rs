@@ -15,12 +15,13 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_store::{MemoryKind, MemoryRecord, MemoryScope, NewMemory};
+use agentry_app::domain::store::{MemoryKind, MemoryRecord, MemoryScope, NewMemory};
 
-use super::config::{ApiJson, ApiPath, check_name};
+use super::config::{ApiJson, ApiPath};
 use crate::error::ApiError;
 use crate::openapi::{AgentPath, BadRequest, JsonBodyErrors, NotFound};
 use crate::state::AppState;
+use agentry_app::config::check_name;
 
 /// The memory routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -156,7 +157,7 @@ pub struct MemoryPath {
 
 async fn known_agent(state: &AppState, id: &str) -> Result<(), ApiError> {
     check_name("agent", id)?;
-    match super::agents::stored_agent(&state.store, id).await? {
+    match agentry_app::agents::stored_agent(&state.store, id).await? {
         Some(_) => Ok(()),
         None => Err(ApiError::not_found(format!("no agent {id:?}"))),
     }

@@ -2,7 +2,7 @@
 //! calls at `GET /v1/sessions/{id}/approvals`), `interrupt`, `pause`, `resume` and `abort`.
 //!
 //! The same approval routes list and answer MCP servers' requests for input made during the
-//! run's tool calls (`elicitations`, see [`crate::elicitation`]): those are live, not durable.
+//! run's tool calls (`elicitations`, see [`agentry_app::elicitation`]): those are live, not durable.
 //!
 //! A run is found by its id: first among the runs live or queued in this process, then in the
 //! log (the `run_started` event that names it), so a run waiting for approval or paused is
@@ -20,16 +20,16 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::approval::ApprovalDecision;
-use agentry_mcp::ElicitationAnswer;
-use agentry_types::{ApprovalVerdict, PendingApproval, RunId, SessionEvent, SessionId};
+use agentry_app::domain::core::approval::ApprovalDecision;
+use agentry_app::domain::mcp::ElicitationAnswer;
+use agentry_types::{ApprovalVerdict, PendingApproval, RunId, SessionId};
 
 use super::config::{ApiJson, ApiPath};
 use super::infer::parse_session_id;
-use crate::elicitation::ElicitationError;
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
+use agentry_app::ops::{Op, OpOutcome};
 
 /// The run-control routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -52,32 +52,6 @@ pub struct RunPath {
     /// the session's `run_started` event).
     #[param(pattern = "^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")]
     pub run_id: String,
-}
-
-/// An approval policy: which tool calls wait for a person before they run.
-///
-/// Per tool (`tools`, by name; `default` for the others): `"always"` (every call waits),
-/// `"never"` (the default), or a rule on the arguments: `{"ask_if": MATCHERS}` (wait when one
-/// matches) or `{"allow_if": MATCHERS}` (run at once only when every checked argument matches).
-/// Matchers: `commands` (globs with `*` and `?`, or `re:<regex>`, on `command`/`cmd`/`script`),
-/// `path_prefixes` (on `path`, `file`, `dir`, `*_path`…; normalised, so `src/../etc` is not
-/// under `src`), `domains` (on `url`/`uri`/`urls`; `*.example.com` for subdomains).
-/// `unknown_outcome: "ask"` sends a non-idempotent call whose outcome a crash left unknown to a
-/// person instead of failing it.
-#[derive(Debug, Clone, ToSchema)]
-#[schema(example = json!({"tools": {"exec": {"ask_if": {"commands": ["rm *", "re:^git\\s+push"]}},
-    "write_file": {"allow_if": {"path_prefixes": ["src/"]}}, "fetch": {"allow_if": {"domains": ["docs.rs"]}},
-    "delete_everything": "always"}, "default": "never", "unknown_outcome": "ask"}))]
-pub struct ApprovalPolicyDoc {
-    /// Policies by tool name: `"always"`, `"never"` or a rule.
-    #[schema(value_type = Option<Object>)]
-    pub tools: Option<Value>,
-    /// The policy of tools not named in `tools`: `"always"`, `"never"` or a rule.
-    #[schema(value_type = Option<Object>)]
-    pub default: Option<Value>,
-    /// `interrupt` (default) or `ask`.
-    #[schema(pattern = "^(interrupt|ask)$")]
-    pub unknown_outcome: Option<String>,
 }
 
 /// A tool call waiting for a decision.
@@ -235,30 +209,9 @@ fn parse_run_id(id: &str) -> Result<RunId, ApiError> {
     RunId::parse(id).map_err(|error| ApiError::bad_request(format!("invalid run id: {error}")))
 }
 
-/// The session of `run_id`: a run live or queued here, else the session whose log started it.
+/// The session of `run_id` (see [`agentry_app::App::locate`]).
 pub(crate) async fn locate(state: &AppState, run_id: RunId) -> Result<SessionId, ApiError> {
-    if let Some(session) = state.sessions.session_of_live_run(run_id) {
-        return Ok(session);
-    }
-    let hits = state.store.search(&run_id.to_string(), 50).await?;
-    let mut seen = Vec::new();
-    for hit in hits {
-        if seen.contains(&hit.session_id) {
-            continue;
-        }
-        seen.push(hit.session_id);
-        let events = state.store.events(hit.session_id, 0, usize::MAX).await?;
-        let started_here = events.into_iter().any(|stored| {
-            stored.kind == "run_started"
-                && serde_json::from_value::<SessionEvent>(stored.payload).is_ok_and(
-                    |event| matches!(event, SessionEvent::RunStarted { run_id: id, .. } if id == run_id),
-                )
-        });
-        if started_here {
-            return Ok(hit.session_id);
-        }
-    }
-    Err(ApiError::not_found(format!("no run {run_id}")))
+    Ok(state.app.locate(run_id).await?)
 }
 
 fn pending_json(pending: &[PendingApproval]) -> Vec<Value> {
@@ -274,14 +227,22 @@ async fn waiting_for(
     session: SessionId,
     run_id: RunId,
 ) -> Result<(Vec<PendingApproval>, Vec<Value>), ApiError> {
-    let pending = state
-        .sessions
-        .pending_approvals(session)
-        .await?
-        .filter(|(id, _)| *id == run_id)
-        .map(|(_, pending)| pending)
-        .unwrap_or_default();
+    let pending = state.app.pending_of(session, run_id).await?;
     Ok((pending, state.elicitations.for_run(run_id)))
+}
+
+/// The body of a command's answer: the approval routes' (`DecideOutcome`) or the control
+/// routes' (`RunControl`).
+fn outcome_body(outcome: &OpOutcome) -> Value {
+    let mut body = approvals_body(
+        Some(outcome.run_id),
+        outcome.session_id,
+        outcome.status.as_str(),
+        &outcome.pending,
+        outcome.elicitations.clone(),
+    );
+    body["stream"] = json!(stream_path(outcome.session_id));
+    body
 }
 
 /// The body the approval routes answer with (`ApprovalList`, and `DecideOutcome` less its
@@ -304,10 +265,6 @@ fn approvals_body(
 
 fn stream_path(session: SessionId) -> String {
     format!("/v1/sessions/{session}/stream")
-}
-
-fn announce_running(state: &AppState, session: SessionId) {
-    state.hub.announce(session, "running");
 }
 
 // --- routes ---
@@ -430,25 +387,8 @@ async fn decide(
         return answer_elicitation(&state, run_id, body).await;
     }
     let decisions = decisions_of(body)?;
-    let session = locate(&state, run_id).await?;
-    let decided = state.sessions.decide(session, run_id, decisions).await?;
-    let status = match decided.stream {
-        Some(stream) => {
-            let _subscription = state.hub.adopt(session, stream);
-            announce_running(&state, session);
-            "running"
-        }
-        None => "waiting",
-    };
-    let mut body = approvals_body(
-        Some(run_id),
-        session,
-        status,
-        &decided.pending,
-        state.elicitations.for_run(run_id),
-    );
-    body["stream"] = json!(stream_path(session));
-    Ok(Json(body))
+    let outcome = state.submit(Op::Decide { run_id, decisions }).await?;
+    Ok(Json(outcome_body(&outcome)))
 }
 
 /// Answers one MCP elicitation of a live run: `approve` (with `content` for a form) accepts,
@@ -486,24 +426,14 @@ async fn answer_elicitation(
         }
         None => return Err(ApiError::bad_request("`decision` is required")),
     };
-    let session = locate(state, run_id).await?;
-    state
-        .elicitations
-        .answer(run_id, &id, answer)
-        .await
-        .map_err(|error| match error {
-            ElicitationError::NotFound(_) => ApiError::not_found(error.to_string()),
-            ElicitationError::Invalid(_) => ApiError::bad_request(error.to_string()),
-        })?;
-    let (pending, elicitations) = waiting_for(state, session, run_id).await?;
-    let status = if elicitations.is_empty() && pending.is_empty() {
-        "running"
-    } else {
-        "waiting"
-    };
-    let mut body = approvals_body(Some(run_id), session, status, &pending, elicitations);
-    body["stream"] = json!(stream_path(session));
-    Ok(Json(body))
+    let outcome = state
+        .submit(Op::AnswerElicitation {
+            run_id,
+            elicitation_id: id,
+            answer,
+        })
+        .await?;
+    Ok(Json(outcome_body(&outcome)))
 }
 
 fn decisions_of(body: DecideBody) -> Result<Vec<ApprovalDecision>, ApiError> {
@@ -583,19 +513,8 @@ async fn interrupt(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<Value>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    let session = locate(&state, run_id).await?;
-    let live = state.hub.is_live(session);
-    state.sessions.interrupt(session, run_id).await?;
-    if !live {
-        state.hub.announce(session, "interrupted");
-    }
-    Ok(Json(control(
-        run_id,
-        session,
-        "interrupt",
-        "interrupted",
-        None,
-    )))
+    let outcome = state.submit(Op::Interrupt { run_id }).await?;
+    Ok(Json(control(&outcome, "interrupt", "interrupted")))
 }
 
 /// Pauses a live run at its next safe point: before its next model call, once the round in
@@ -620,28 +539,10 @@ async fn pause(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    let session = match state.sessions.session_of_live_run(run_id) {
-        Some(session) => session,
-        None => {
-            // Known but not live: say why it cannot pause.
-            let session = locate(&state, run_id).await?;
-            let waiting = state
-                .sessions
-                .pending_approvals(session)
-                .await?
-                .is_some_and(|(id, _)| id == run_id);
-            return Err(ApiError::conflict(if waiting {
-                format!("run {run_id} is waiting for approvals, not running")
-            } else {
-                format!("run {run_id} is not running (paused or ended)")
-            })
-            .with_details(json!({"run_id": run_id, "session_id": session})));
-        }
-    };
-    state.sessions.pause(run_id)?;
+    let outcome = state.submit(Op::Pause { run_id }).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(control(run_id, session, "pause", "pausing", None)),
+        Json(control(&outcome, "pause", "pausing")),
     )
         .into_response())
 }
@@ -666,16 +567,8 @@ async fn resume(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<Value>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    let session = locate(&state, run_id).await?;
-    if state.hub.is_live(session) {
-        return Err(ApiError::conflict(format!(
-            "session {session} has a run in progress"
-        )));
-    }
-    let stream = state.sessions.resume_paused(session, run_id).await?;
-    let _subscription = state.hub.adopt(session, stream);
-    announce_running(&state, session);
-    Ok(Json(control(run_id, session, "resume", "running", None)))
+    let outcome = state.submit(Op::Resume { run_id }).await?;
+    Ok(Json(control(&outcome, "resume", "running")))
 }
 
 /// Aborts a run: interrupts it (live, waiting or paused) and drops every message queued in its
@@ -698,37 +591,22 @@ async fn abort(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<Value>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    let session = locate(&state, run_id).await?;
-    let live = state.hub.is_live(session);
-    let dropped = state.sessions.abort(session, run_id).await?;
-    if !live {
-        state.hub.announce(session, "interrupted");
-    }
-    Ok(Json(control(
-        run_id,
-        session,
-        "abort",
-        "interrupted",
-        Some(dropped as u64),
-    )))
+    let outcome = state.submit(Op::Abort { run_id }).await?;
+    Ok(Json(control(&outcome, "abort", "interrupted")))
 }
 
-fn control(
-    run_id: RunId,
-    session: SessionId,
-    action: &str,
-    status: &str,
-    dropped_queued: Option<u64>,
-) -> Value {
+/// The body of a control route's answer: the action taken and the status it leads to
+/// (`pausing` until the round ends).
+fn control(outcome: &OpOutcome, action: &str, status: &str) -> Value {
     let mut body = json!({
-        "run_id": run_id,
-        "session_id": session,
+        "run_id": outcome.run_id,
+        "session_id": outcome.session_id,
         "action": action,
         "status": status,
-        "stream": stream_path(session),
+        "stream": stream_path(outcome.session_id),
     });
-    if let Some(dropped) = dropped_queued {
-        body["dropped_queued"] = json!(dropped);
+    if let Some(dropped) = outcome.dropped_queued {
+        body["dropped_queued"] = json!(dropped as u64);
     }
     body
 }

@@ -3,7 +3,7 @@
 //! - `GET /v1/sandbox/capabilities`: what isolation this host gives, which backend is
 //!   configured, and whether sandboxes are enabled (and why not).
 //! - `/v1/sandboxes`: create (a fresh workspace each, optional environment and limits), list,
-//!   show, delete (close). Registry: [`crate::sandboxes`].
+//!   show, delete (close). Registry: [`agentry_app::sandboxes`].
 //! - `POST /v1/sandboxes/{id}/exec`: run a command (`argv`, or a `command` line for `/bin/sh
 //!   -c`) with optional environment, working directory, stdin and timeout; wait for it (JSON),
 //!   stream it (`"stream": true`: server-sent events `stdout`, `stderr`, then `exit`), or start
@@ -38,7 +38,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use agentry_sandbox::{
+use agentry_app::domain::sandbox::{
     Capabilities, DirEntry, ExecEvent, ExecHandle, ExecRequest, ExitStatus, FileStat, SandboxPool,
     SandboxReport, SandboxSpec,
 };
@@ -50,8 +50,8 @@ use crate::openapi::{
     BadRequest, Conflict, FileTooLarge, Forbidden, JsonBodyErrors, NotFound, SandboxUnavailable,
     TooManyRequests,
 };
-use crate::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Standalone, sandbox_error};
 use crate::state::AppState;
+use agentry_app::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Standalone, sandbox_error};
 
 /// The largest file read or written through the API (bytes).
 pub const FILE_LIMIT: usize = 16 * 1024 * 1024;
@@ -793,7 +793,7 @@ fn parse_id(kind: &str, value: &str) -> Result<Uuid, ApiError> {
 fn sandbox(state: &AppState, id: &str) -> Result<std::sync::Arc<Standalone>, ApiError> {
     pool(state)?;
     let id = parse_id("sandbox", id)?;
-    state.sandboxes.get(id)
+    Ok(state.sandboxes.get(id)?)
 }
 
 fn check_text(what: &str, value: &str, max: usize) -> Result<(), ApiError> {
@@ -1273,7 +1273,7 @@ async fn capabilities(
         allow_host_commands: state.tools.allow_host_commands,
         mcp_stdio: placement(pool.is_some(), state.tools.allow_host_commands),
         command_tools: placement(
-            crate::routes::config::command_sandboxes(&state.tools).is_some(),
+            agentry_app::config::command_sandboxes(&state.tools).is_some(),
             state.tools.allow_host_commands,
         ),
     }))

@@ -16,9 +16,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_core::RunRequest;
-use agentry_core::session::{BusyPolicy, replay};
-use agentry_store::{NewSession, SessionQuery, SessionRecord};
+use agentry_app::domain::core::RunRequest;
+use agentry_app::domain::core::session::{BusyPolicy, replay};
+use agentry_app::domain::store::{NewSession, SessionQuery, SessionRecord};
 use agentry_types::{Message, SessionEvent, SessionId};
 
 use super::infer::{parse_session_id, session_events};
@@ -254,11 +254,11 @@ async fn show(
         "suspended_run": suspended,
         "messages": messages,
         // A sub-agent's session: where it comes from; any session: the sub-agents it started.
-        "delegation": record.metadata.get(crate::delegation::METADATA_KEY),
-        "children": crate::delegation::children(&events),
+        "delegation": record.metadata.get(agentry_app::delegation::METADATA_KEY),
+        "children": agentry_app::delegation::children(&events),
         // A group chat: its members and round limit; a member's session: its group.
-        "group": record.metadata.get(crate::group::METADATA_KEY),
-        "group_member": record.metadata.get(crate::group::MEMBER_KEY),
+        "group": record.metadata.get(agentry_app::group::METADATA_KEY),
+        "group_member": record.metadata.get(agentry_app::group::MEMBER_KEY),
     })))
 }
 
@@ -480,74 +480,24 @@ async fn title(
     let record = session(&state, &id).await?;
     let title = match body.title {
         Some(title) => title,
-        None => generate_title(&state, record.id, body.model_id).await?,
+        None => {
+            agentry_app::titles::generate_title(
+                &state.store,
+                &state.sessions.runtime(),
+                record.id,
+                body.model_id,
+            )
+            .await?
+        }
     };
     state.store.set_title(record.id, &title).await?;
-    state.hub.notify(crate::hub::StatusChange {
+    state.hub.notify(agentry_app::hub::StatusChange {
         session_id: record.id,
-        status: "updated".into(),
+        status: agentry_app::hub::FeedStatus::Updated,
         stop_reason: None,
         title: Some(title.clone()),
     });
     Ok(Json(json!({ "title": title })))
-}
-
-async fn generate_title(
-    state: &AppState,
-    id: SessionId,
-    model: Option<String>,
-) -> Result<String, ApiError> {
-    let events = stored_events(state, id, 0).await?;
-    let excerpt: String = replay(&events)
-        .messages
-        .iter()
-        .filter(|m| matches!(m, Message::User { .. } | Message::Assistant { .. }))
-        .take(4)
-        .map(|m| serde_json::to_string(m).unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("\n")
-        .chars()
-        .take(4000)
-        .collect();
-    if excerpt.is_empty() {
-        return Err(ApiError::bad_request(
-            "the session has no messages to title",
-        ));
-    }
-    let runtime = state.sessions.runtime();
-    let request = RunRequest {
-        model,
-        system: Some(
-            "Write a title of at most six words for this conversation. Answer with the title only."
-                .into(),
-        ),
-        tools: Some(Vec::new()),
-        ..RunRequest::text(excerpt)
-    };
-    let output = runtime.run(request).await?;
-    if let Some(error) = output.error {
-        return Err(ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "model_error",
-            error.message,
-        ));
-    }
-    let title = output
-        .text
-        .trim()
-        .trim_matches('"')
-        .trim()
-        .chars()
-        .take(120)
-        .collect::<String>();
-    if title.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "model_error",
-            "the model returned an empty title",
-        ));
-    }
-    Ok(title)
 }
 
 #[derive(Debug, Deserialize, Default, ToSchema)]
@@ -585,7 +535,9 @@ async fn read(
     let record = session(&state, &id).await?;
     let seq = body.seq.unwrap_or(record.last_seq);
     state.store.mark_read(record.id, seq).await?;
-    state.hub.announce(record.id, "updated");
+    state
+        .hub
+        .announce(record.id, agentry_app::hub::FeedStatus::Updated);
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -7,7 +7,7 @@
 //! typed error), `run.waiting`
 //! (tool calls wait for approval: `{"run_id", "status", "pending"}`) or `run.paused`.
 //! A group session's committed steps are `group.message`, `group.round` and `group.finished`
-//! (see [`crate::group`]).
+//! (see [`agentry_app::group`]).
 //! In a session, every committed step carries its seq as the SSE id, so a client reconnecting
 //! with `Last-Event-ID` receives each later committed event exactly once; deltas carry no id.
 
@@ -120,7 +120,9 @@ impl SseMapper {
             SessionEvent::ApprovalRequested { .. } => vec![named("approval.requested")],
             SessionEvent::ApprovalDecided { .. } => vec![named("approval.decided")],
             SessionEvent::ContextCompacted { .. } => vec![named("context.compacted")],
-            SessionEvent::Group { event, .. } => vec![named(crate::group::sse_name(event))],
+            SessionEvent::Group { event, .. } => {
+                vec![named(crate::routes::groups::sse_name(event))]
+            }
             SessionEvent::RunResumed { .. } => {
                 self.ended = false;
                 vec![named("run.resumed")]

@@ -546,10 +546,10 @@ async fn page_server() -> String {
 
 #[tokio::test]
 async fn an_agents_network_setting_narrows_fetch() {
-    use agentry_core::tool::{FetchConfig, NetworkPolicy};
+    use agentry_tools::{FetchConfig, NetworkPolicy};
     // The operator lets `fetch` reach the test server (on loopback, so named as a private host).
     let server = super::support::start_with(
-        |home| agentry_server::ToolEnvironment {
+        |home| agentry_app::ToolEnvironment {
             workspaces: Some(home.join("workspaces")),
             fetch: FetchConfig {
                 policy: NetworkPolicy::Allow(vec!["127.0.0.1".into()]),

@@ -37,7 +37,7 @@ impl Server {
         let store = agentry_store::Store::open_home(home.path()).await.unwrap();
         // About the configuration API, not about where commands run: no sandbox, and the
         // command tools these tests define run on the host, allowed explicitly.
-        let tools = agentry_server::ToolEnvironment {
+        let tools = agentry_app::ToolEnvironment {
             allow_host_commands: true,
             ..Default::default()
         };

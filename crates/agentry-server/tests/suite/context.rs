@@ -100,7 +100,7 @@ async fn the_next_calls_parts_are_counted_against_the_models_window() {
 #[tokio::test]
 async fn files_named_in_a_message_are_attached_from_the_sessions_workspace() {
     let server = super::support::start_with(
-        |home| agentry_server::state::ToolEnvironment {
+        |home| agentry_app::ToolEnvironment {
             workspaces: Some(home.join("workspaces")),
             ..Default::default()
         },

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use agentry_core::tool::DelegationConfig;
-use agentry_server::ToolEnvironment;
-use agentry_server::delegation::DelegationHandle;
+use agentry_app::ToolEnvironment;
+use agentry_app::delegation::DelegationHandle;
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_tools::DelegationConfig;
 use serde_json::{Value, json};
 
 use super::support::{Received, Server, start, start_with};

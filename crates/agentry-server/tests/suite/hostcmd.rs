@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use agentry_server::ToolEnvironment;
+use agentry_app::ToolEnvironment;
 use agentry_store::ConfigKind;
 use serde_json::{Value, json};
 
@@ -271,7 +271,7 @@ async fn with_host_commands_allowed_a_stdio_server_over_http_needs_an_api_key() 
     assert!(!marker.exists(), "a refused server ran");
 
     // With a key, the operator's client may register one; it runs on the host.
-    let key = agentry_server::auth::create_key(&server.state.store, "operator")
+    let key = agentry_app::auth::create_key(&server.state.store, "operator")
         .await
         .unwrap();
     server.state.auth.refresh();

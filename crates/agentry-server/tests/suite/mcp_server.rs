@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agentry_server::auth::create_key;
+use agentry_app::auth::create_key;
 use agentry_server::{AppState, router};
 use agentry_store::{ConfigKind, SessionQuery, Store};
 use agentry_testkit::mcp::McpServers;
@@ -36,7 +36,7 @@ async fn start(expose_tools: bool) -> McpServer {
         .await
         .unwrap();
     let mut state = AppState::new(store).await.unwrap();
-    state.mcp_expose_tools = expose_tools;
+    state.app.mcp_expose_tools = expose_tools;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = router(state.clone());

@@ -372,7 +372,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
     )
     .unwrap();
     let store = Store::open_home(home.path()).await.unwrap();
-    let imported = agentry_server::mcp::import_servers_file(&store, home.path())
+    let imported = agentry_app::mcp_tools::import_servers_file(&store, home.path())
         .await
         .unwrap();
     assert_eq!(imported, 1);
@@ -407,7 +407,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
         "{\"mcpServers\": {\"x\": {}}}",
     )
     .unwrap();
-    let error = agentry_server::mcp::import_servers_file(&store, home.path())
+    let error = agentry_app::mcp_tools::import_servers_file(&store, home.path())
         .await
         .unwrap_err();
     assert!(error.message.contains("mcp.json"), "{}", error.message);
@@ -462,7 +462,7 @@ async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
     let servers =
         serde_json::from_value(json!({"probe": {"command": python, "args": [script, marker]}}))
             .unwrap();
-    agentry_server::mcp::save_and_start(&server.state.store, &server.state.mcp, &servers)
+    agentry_app::mcp_tools::save_and_start(&server.state.store, &server.state.mcp, &servers)
         .await
         .unwrap();
     let status = server
@@ -536,7 +536,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         .await;
     assert_eq!(status, 201, "{body}");
     // From now on /mcp needs the key: the client sends it from a stored secret.
-    let key = agentry_server::auth::create_key(&server.state.store, "self")
+    let key = agentry_app::auth::create_key(&server.state.store, "self")
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -552,7 +552,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         "anonymous": {"url": endpoint, "connect_timeout_ms": 5000}
     }))
     .unwrap();
-    agentry_server::mcp::save_and_start(&server.state.store, &server.state.mcp, &servers)
+    agentry_app::mcp_tools::save_and_start(&server.state.store, &server.state.mcp, &servers)
         .await
         .unwrap();
 
@@ -573,7 +573,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         Some("2026-07-28"),
         "{status:?}"
     );
-    let tool = agentry_server::mcp_endpoint::agent_tool_name("helper");
+    let tool = agentry_app::mcp_server::agent_tool_name("helper");
     assert!(
         status.tools.contains(&format!("self__{tool}")),
         "{status:?}"

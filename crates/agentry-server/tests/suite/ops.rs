@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use agentry_app::auth::{create_key, revoke_key};
 use agentry_server::ServerConfig;
-use agentry_server::auth::{create_key, revoke_key};
 use agentry_testkit::{Reply, ScriptedTurn};
 use serde_json::json;
 

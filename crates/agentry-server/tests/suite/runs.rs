@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use agentry_server::{AppState, ServerConfig, ToolEnvironment};
+use agentry_app::ToolEnvironment;
+use agentry_server::{AppState, ServerConfig};
 use agentry_store::{ConfigKind, Store};
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 use serde_json::{Value, json};

@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use agentry_server::sandboxes::SandboxRegistry;
-use agentry_server::{ServerConfig, ToolEnvironment};
+use agentry_app::ToolEnvironment;
+use agentry_app::sandboxes::SandboxRegistry;
+use agentry_server::ServerConfig;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -807,7 +808,7 @@ async fn bad_inputs_are_refused_with_clear_errors() {
 #[tokio::test]
 async fn idle_sandboxes_leave_and_the_cap_holds() {
     let server = start_with(native_sandboxes, |state| {
-        state.sandboxes = SandboxRegistry::with_max(Some(state_root(state)), 2);
+        state.app.sandboxes = SandboxRegistry::with_max(Some(state_root(state)), 2);
     })
     .await;
     let (_, capabilities) = server.get("/v1/sandbox/capabilities").await;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use agentry_server::ToolEnvironment;
-use agentry_server::auth::{KeyLimits, KeyRole, create_key, create_key_with};
+use agentry_app::ToolEnvironment;
+use agentry_app::auth::{KeyLimits, KeyRole, create_key, create_key_with};
 use agentry_testkit::{Reply, ScriptedTurn};
 use serde_json::{Value, json};
 
@@ -573,7 +573,7 @@ async fn revoking_keys_never_turns_authentication_off() {
     .await;
     assert_eq!(status, 204);
     // Every key but the admin revoked (and even that one, from the CLI): still locked.
-    agentry_server::auth::revoke_key(&server.state.store, &admin.id)
+    agentry_app::auth::revoke_key(&server.state.store, &admin.id)
         .await
         .unwrap();
     server.state.auth.refresh();

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use std::path::PathBuf;
 
+use agentry_app::ToolEnvironment;
 use agentry_sandbox::{BackendKind, SandboxConfig, SandboxPool, SandboxSpec};
-use agentry_server::{AppState, ToolEnvironment, router};
+use agentry_server::{AppState, router};
 use agentry_store::{ConfigKind, Store};
 use agentry_testkit::MockProvider;
 use eventsource_stream::Eventsource;

@@ -1,6 +1,6 @@
 //! Configuration documents per kind.
 
-use agentry_store::{ConfigKind, StoreError};
+use agentry_store::{ConfigKind, ConfigReplaced, StoreError};
 use serde_json::json;
 
 use super::support::{Harness, both_backends};
@@ -8,7 +8,8 @@ use super::support::{Harness, both_backends};
 both_backends!(
     config_is_kept_per_kind,
     config_names_are_validated,
-    config_lists_in_registration_order
+    config_lists_in_registration_order,
+    config_is_created_once_and_replaced_only_where_it_exists
 );
 
 async fn config_is_kept_per_kind(h: &Harness) {
@@ -185,4 +186,107 @@ async fn config_lists_in_registration_order(h: &Harness) {
         .unwrap();
     assert_eq!(listed[0].1, json!({"name": "zeta", "v": 2}));
     assert_eq!(names(listed), ["zeta", "mid", "alpha"]);
+}
+
+async fn config_is_created_once_and_replaced_only_where_it_exists(h: &Harness) {
+    let store = &h.store;
+    let kind = ConfigKind::Agent;
+    assert!(
+        store
+            .insert_config(kind, "a", &json!({"v": 1}))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .insert_config(kind, "b", &json!({"v": 2}))
+            .await
+            .unwrap()
+    );
+    // A second create of the same name writes nothing.
+    assert!(
+        !store
+            .insert_config(kind, "a", &json!({"v": 9}))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.config(kind, "a").await.unwrap(),
+        Some(json!({"v": 1}))
+    );
+    // The same name under another kind is another document.
+    assert!(
+        store
+            .insert_config(ConfigKind::Model, "a", &json!({}))
+            .await
+            .unwrap()
+    );
+
+    // Replacing what is not there, or renaming onto another's name, writes nothing.
+    assert_eq!(
+        store
+            .replace_config(kind, "zz", "zz", &json!({}))
+            .await
+            .unwrap(),
+        ConfigReplaced::Missing
+    );
+    assert_eq!(
+        store
+            .replace_config(kind, "a", "b", &json!({"v": 3}))
+            .await
+            .unwrap(),
+        ConfigReplaced::NameTaken
+    );
+    assert_eq!(
+        store.config(kind, "a").await.unwrap(),
+        Some(json!({"v": 1}))
+    );
+    assert_eq!(
+        store.config(kind, "b").await.unwrap(),
+        Some(json!({"v": 2}))
+    );
+
+    // In place, then renamed: the document keeps its place in registration order.
+    assert_eq!(
+        store
+            .replace_config(kind, "a", "a", &json!({"v": 4}))
+            .await
+            .unwrap(),
+        ConfigReplaced::Replaced
+    );
+    assert_eq!(
+        store
+            .replace_config(kind, "a", "c", &json!({"v": 5}))
+            .await
+            .unwrap(),
+        ConfigReplaced::Replaced
+    );
+    assert_eq!(store.config(kind, "a").await.unwrap(), None);
+    let registered: Vec<String> = store
+        .list_config_registered(kind)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(registered, ["c", "b"]);
+    assert_eq!(
+        store.config(kind, "c").await.unwrap(),
+        Some(json!({"v": 5}))
+    );
+
+    // Racing creates of one name: exactly one wins.
+    let documents: Vec<_> = (0..8).map(|i| json!({ "i": i })).collect();
+    let wins = futures::future::join_all(
+        documents
+            .iter()
+            .map(|document| store.insert_config(kind, "raced", document)),
+    )
+    .await;
+    assert_eq!(
+        wins.into_iter()
+            .filter(|won| *won.as_ref().unwrap())
+            .count(),
+        1
+    );
 }

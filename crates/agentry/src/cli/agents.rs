@@ -13,13 +13,14 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use agentry_app::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
+use agentry_app::config::ConfigRepo;
+use agentry_app::elicitation::Elicitations;
+use agentry_app::{StoreLog, ToolEnvironment};
 use agentry_core::session::SessionManager;
 use agentry_core::{RunRequest, Runtime};
 use agentry_mcp::McpManager;
-use agentry_server::elicitation::Elicitations;
-use agentry_server::routes::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
-use agentry_server::{StoreLog, ToolEnvironment};
-use agentry_store::{ConfigKind, Store};
+use agentry_store::Store;
 
 use super::data::DataArgs;
 use super::sandbox::SandboxMode;
@@ -160,7 +161,7 @@ impl AddArgs {
     }
 }
 
-fn api(error: agentry_server::ApiError) -> anyhow::Error {
+fn api(error: agentry_app::AppError) -> anyhow::Error {
     anyhow::anyhow!(error.message)
 }
 
@@ -168,14 +169,15 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
     let store = data.open_store().await?;
     match args.command {
         AgentsCommand::List { json } => {
-            for (_, value) in store.list_config(ConfigKind::Agent).await? {
+            for (_, agent) in ConfigRepo::<AgentConfig>::new(&store)
+                .list()
+                .await
+                .map_err(api)?
+            {
                 if json {
-                    println!("{value}");
+                    println!("{}", serde_json::to_string(&agent)?);
                     continue;
                 }
-                let Ok(agent) = serde_json::from_value::<AgentConfig>(value) else {
-                    continue;
-                };
                 let mut line = format!("{}\t{}", agent.id, agent.model_id);
                 if let Some(nickname) = &agent.nickname {
                     line.push_str(&format!("\t{nickname}"));
@@ -208,24 +210,20 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             validate(&store, &runtime, &agent, Some(&roots))
                 .await
                 .map_err(api)?;
-            if !replace
-                && stored_agent(&store, &agent.id)
-                    .await
-                    .map_err(api)?
-                    .is_some()
-            {
-                anyhow::bail!(
-                    "an agent {:?} already exists (--replace to overwrite it)",
-                    agent.id
-                );
+            let repo = ConfigRepo::<AgentConfig>::new(&store);
+            if replace {
+                repo.put(&agent.id, &agent).await.map_err(api)?;
+            } else if let Err(error) = repo.create(&agent.id, &agent).await {
+                anyhow::bail!("{} (--replace to overwrite it)", error.message);
             }
-            store
-                .put_config(ConfigKind::Agent, &agent.id, &serde_json::to_value(&agent)?)
-                .await?;
             eprintln!("saved agent {:?}", agent.id);
         }
         AgentsCommand::Rm { id } => {
-            if !store.delete_config(ConfigKind::Agent, &id).await? {
+            if !ConfigRepo::<AgentConfig>::new(&store)
+                .delete(&id)
+                .await
+                .map_err(api)?
+            {
                 anyhow::bail!("no agent {id:?}");
             }
             eprintln!("deleted agent {id:?}");
@@ -241,7 +239,7 @@ async fn store_runtime(
     environment: &ToolEnvironment,
 ) -> anyhow::Result<Runtime> {
     let http = agentry_llm::http_client(Duration::from_secs(10))?;
-    agentry_server::models::build_runtime(store, &http, mcp, environment)
+    agentry_app::runtime::build_runtime(store, &http, mcp, environment)
         .await
         .map_err(api)
 }
@@ -256,9 +254,10 @@ pub(crate) async fn load(store: &Store, id: &str) -> anyhow::Result<AgentConfig>
 
 /// The sandbox an agent's session needs: none unless it may run commands.
 pub(crate) fn sandbox_mode(agent: &AgentConfig, chosen: Option<SandboxMode>) -> SandboxMode {
-    let runs_commands = agent.tool_ids.iter().any(|name| {
-        name == agentry_core::tool::shell::EXEC || name == agentry_core::tool::shell::TERMINAL
-    });
+    let runs_commands = agent
+        .tool_ids
+        .iter()
+        .any(|name| name == agentry_tools::shell::EXEC || name == agentry_tools::shell::TERMINAL);
     if runs_commands {
         chosen.unwrap_or_default()
     } else {
@@ -304,23 +303,22 @@ pub(crate) async fn session_manager(
     delegation.bind(
         store,
         &manager,
-        &agentry_server::hub::Hub::default(),
+        &agentry_app::hub::Hub::default(),
         environment.skill_roots.clone(),
     );
     Ok((manager, run))
 }
 
-/// A request for `text` as the agent.
-pub(crate) fn request(run: &AgentRun, text: &str) -> RunRequest {
-    RunRequest {
-        model: Some(run.model.clone()),
-        fallback_models: run.fallback_models.clone(),
-        system: run.system.clone(),
-        tools: Some(run.tools.clone()),
-        params: run.params.clone(),
-        limits: Some(run.limits.clone()),
-        approvals: run.approvals.clone(),
-        network: run.network.clone(),
-        ..RunRequest::text(text)
-    }
+/// A request for `text` as the agent, with its memories.
+pub(crate) async fn request(
+    store: &Store,
+    run: &AgentRun,
+    text: &str,
+) -> anyhow::Result<RunRequest> {
+    let mut request = run.request(None);
+    request.input = Some(agentry_core::Input::Text { text: text.into() });
+    agentry_app::memory::remember(store, &mut request)
+        .await
+        .map_err(api)?;
+    Ok(request)
 }

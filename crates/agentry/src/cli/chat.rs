@@ -22,10 +22,11 @@ use agentry_types::{
     ApprovalVerdict, Message, PendingApproval, RunEvent, RunId, SessionId, SuspendStatus,
 };
 
+use agentry_app::ToolEnvironment;
+use agentry_app::agents::AgentRun;
+use agentry_app::elicitation::Elicitations;
 use agentry_mcp::ElicitationAnswer;
-use agentry_server::ToolEnvironment;
-use agentry_server::elicitation::Elicitations;
-use agentry_server::routes::agents::AgentRun;
+use agentry_store::Store;
 
 use super::data::DataArgs;
 use super::output::Printer;
@@ -58,10 +59,10 @@ impl Conversation {
         &mut self,
         text: &str,
         profile: &Profile,
-        agent: Option<&AgentRun>,
+        agent: Option<&(Store, AgentRun)>,
     ) -> anyhow::Result<RunStream> {
         let request = match agent {
-            Some(run) => super::agents::request(run, text),
+            Some((store, run)) => super::agents::request(store, run, text).await?,
             None => profile.request(text),
         };
         Ok(match self {
@@ -123,7 +124,7 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
         let agent = super::agents::load(&store, id).await?;
         if args.ephemeral {
             let (runtime, run) = super::agents::runtime(&store, &agent, &asking).await?;
-            agent_run = Some(run);
+            agent_run = Some((store, run));
             (Conversation::Ephemeral(runtime, Vec::new()), args.profile)
         } else {
             let (manager, run) = super::agents::session_manager(
@@ -135,9 +136,9 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
                 Some(&elicitations),
             )
             .await?;
-            agent_run = Some(run);
             let (session, profile) =
                 open_session(&store, args.session, args.profile, "chat", None).await?;
+            agent_run = Some((store, run));
             eprintln!("session: {session}");
             (Conversation::Session(manager, session), profile)
         }
@@ -387,7 +388,7 @@ async fn answer_elicitation(
         };
         match elicitations.answer(run_id, elicitation_id, answer).await {
             Ok(()) => return Ok(editor),
-            Err(agentry_server::elicitation::ElicitationError::Invalid(why)) => {
+            Err(agentry_app::elicitation::ElicitationError::Invalid(why)) => {
                 eprintln!("{why}");
             }
             // Answered elsewhere, or the call ended.

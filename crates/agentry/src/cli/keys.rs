@@ -4,9 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use agentry_server::auth::{
-    KeyLimits, KeyRole, create_key_with, list_keys, reset_keys, revoke_key,
-};
+use agentry_app::auth::{KeyLimits, KeyRole, create_key_with, list_keys, reset_keys, revoke_key};
 
 use super::data::DataArgs;
 

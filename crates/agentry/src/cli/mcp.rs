@@ -159,7 +159,7 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
         BTreeMap::from([(name, config)])
     };
     let store = data.open_store().await?;
-    let known = agentry_server::models::secrets(&store)
+    let known = agentry_app::runtime::secrets(&store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     for (name, config) in &servers {
@@ -198,7 +198,7 @@ async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
 
 /// Starts one server, prints its status and tools, stops it.
 async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
-    let secrets = agentry_server::models::secrets(store)
+    let secrets = agentry_app::runtime::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     // `agentry mcp check`: the operator, on their own terminal, asked for this server: it runs

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use agentry_server::AppState;
-use agentry_server::mcp_endpoint::{McpServer, identity};
+use agentry_app::App;
+use agentry_app::mcp_server::{McpServer, identity};
 
 use super::data::DataArgs;
 
@@ -33,9 +33,9 @@ pub(crate) struct McpServeArgs {
 
 pub(crate) async fn run(args: McpServeArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
-    agentry_server::mcp::import_servers_file(&store, &data.home()?).await?;
-    let mut state = AppState::new(store).await?;
-    state.mcp_expose_tools = args.expose_tools;
+    agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
+    let mut app = App::new(store).await?;
+    app.mcp_expose_tools = args.expose_tools;
     tracing::info!(
         home = %data.home()?.display(),
         expose_tools = args.expose_tools,
@@ -44,23 +44,22 @@ pub(crate) async fn run(args: McpServeArgs, data: &DataArgs) -> anyhow::Result<E
     // A signal stops serving the way `agentry serve` stops: runs in flight are left to
     // start-up recovery rather than cancelled.
     tokio::spawn({
-        let shutdown = state.shutdown.clone();
+        let shutdown = app.shutdown.clone();
         async move {
             super::serve::wait_for_signal().await;
             shutdown.cancel();
         }
     });
-    let backend = Arc::new(McpServer::new(state.clone()));
-    let served =
-        agentry_mcp::server::serve_stdio(backend, identity(), state.shutdown.clone()).await;
-    state.shutdown.cancel();
+    let backend = Arc::new(McpServer::new(app.clone()));
+    let served = agentry_mcp::server::serve_stdio(backend, identity(), app.shutdown.clone()).await;
+    app.shutdown.cancel();
     let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
-    while state.hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
+    while app.hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    if state.hub.live_runs() > 0 {
+    if app.hub.live_runs() > 0 {
         tracing::warn!(
-            runs = state.hub.live_runs(),
+            runs = app.hub.live_runs(),
             "stopping with runs in flight; they resume at the next `agentry serve`"
         );
     }

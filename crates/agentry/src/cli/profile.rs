@@ -9,18 +9,18 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use agentry_app::ToolEnvironment;
 use agentry_core::skill::Skill;
-use agentry_core::tool::{
-    EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
-    load_definitions, shell_tools, workspace_tools,
-};
 use agentry_core::{RunLimits, Runtime};
 use agentry_llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
 };
 use agentry_mcp::{McpManager, ServerState};
-use agentry_server::ToolEnvironment;
 use agentry_store::{ConfigKind, Store};
+use agentry_tools::{
+    EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
+    load_definitions, shell_tools, workspace_tools,
+};
 
 /// The key of the profile in a session's metadata.
 pub(crate) const METADATA_KEY: &str = "cli_profile";
@@ -211,8 +211,7 @@ impl Profile {
     pub(crate) fn sandbox_mode(&self) -> super::sandbox::SandboxMode {
         let runs_commands = self.tools_file.is_some()
             || self.tools.iter().any(|name| {
-                name == agentry_core::tool::shell::EXEC
-                    || name == agentry_core::tool::shell::TERMINAL
+                name == agentry_tools::shell::EXEC || name == agentry_tools::shell::TERMINAL
             });
         if runs_commands {
             self.sandbox.unwrap_or_default()
@@ -242,6 +241,7 @@ impl Profile {
         // line (`--tool`, `--tools-file`, `--mcp`), `"host": true` included: nothing more to
         // approve by default. `agentry serve`'s runs ask for host tools (`--approve`).
         builder.approval_defaults(agentry_core::tool::ApprovalDefaults::none());
+        builder.network_check(agentry_tools::validate_network_policy);
         let client = self.client()?;
         // The window the provider states, unless one is configured (asked once per run of the
         // CLI, before the run; a failure keeps the known window).
@@ -323,10 +323,10 @@ const MCP_START_WAIT: Duration = Duration::from_secs(60);
 async fn mcp_tools(
     store: &Store,
     names: &[String],
-    elicitations: Option<&agentry_server::elicitation::Elicitations>,
+    elicitations: Option<&agentry_app::elicitation::Elicitations>,
 ) -> anyhow::Result<Vec<Arc<dyn agentry_core::tool::Tool>>> {
     let manager = start_mcp(store, names).await?;
-    Ok(agentry_server::mcp::tools(&manager, elicitations))
+    Ok(agentry_app::mcp_tools::tools(&manager, elicitations))
 }
 
 /// Starts the saved MCP servers `names` (none: an empty manager) and waits until each is
@@ -338,7 +338,7 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
     if names.is_empty() {
         return Ok(manager);
     }
-    let secrets = agentry_server::models::secrets(store)
+    let secrets = agentry_app::runtime::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     for name in names {

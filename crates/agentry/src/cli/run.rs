@@ -9,7 +9,7 @@ use agentry_core::RunStream;
 use agentry_core::session::BusyPolicy;
 use agentry_types::SessionId;
 
-use agentry_server::ToolEnvironment;
+use agentry_app::ToolEnvironment;
 
 use super::agents;
 use super::data::DataArgs;
@@ -100,7 +100,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
     let agent = agents::load(&store, id).await?;
     let stream = if args.ephemeral {
         let (runtime, run) = agents::runtime(&store, &agent, &ToolEnvironment::default()).await?;
-        runtime.stream(agents::request(&run, &args.prompt))?
+        runtime.stream(agents::request(&store, &run, &args.prompt).await?)?
     } else {
         let (manager, run) = agents::session_manager(
             &store,
@@ -123,7 +123,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         manager
             .send(
                 session,
-                agents::request(&run, &args.prompt),
+                agents::request(&store, &run, &args.prompt).await?,
                 args.policy.into(),
             )
             .await?

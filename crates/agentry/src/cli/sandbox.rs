@@ -9,11 +9,11 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use agentry_core::tool::{FetchConfig, NetworkPolicy as FetchPolicy};
+use agentry_app::ToolEnvironment;
 use agentry_sandbox::{
     BackendKind, Capabilities, NetworkPolicy, SandboxConfig, SandboxPool, SandboxSpec, backend,
 };
-use agentry_server::ToolEnvironment;
+use agentry_tools::{FetchConfig, NetworkPolicy as FetchPolicy};
 
 use super::data::DataArgs;
 

@@ -82,7 +82,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     };
     let store = data.open_store().await?;
     let listener = agentry_server::serve::bind(&config, &store).await?;
-    let imported = agentry_server::mcp::import_servers_file(&store, &data.home()?).await?;
+    let imported = agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
     // Standalone sandboxes (`/v1/sandboxes`) never outlive the server that made them: the
     // workspaces a crashed one left behind go (after the bind, so a second server on the same
     // data folder, refused its port, removes nothing).
@@ -111,7 +111,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         allowed_hosts: args.allowed_hosts,
         allowed_origins: args.cors_origins,
     };
-    state.mcp_expose_tools = args.mcp_expose_tools;
+    state.app.mcp_expose_tools = args.mcp_expose_tools;
     let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -145,7 +145,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         println!(
             "mcp: {imported} server(s) imported from {}",
             data.home()?
-                .join(agentry_server::mcp::SERVERS_FILE)
+                .join(agentry_app::mcp_tools::SERVERS_FILE)
                 .display()
         );
     }

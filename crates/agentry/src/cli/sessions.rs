@@ -2,22 +2,21 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
 use agentry_core::session::{SessionManager, replay};
-use agentry_llm::CancellationToken;
 use agentry_store::{NewSession, SessionQuery, Store};
-use agentry_types::{AssistantPart, ContentPart, Message, SessionEvent, SessionId};
+use agentry_types::{AssistantPart, ContentPart, Message, SessionId};
 
 use super::data::DataArgs;
 use super::profile::{METADATA_KEY, Profile};
 use super::run::print_run;
-use agentry_server::StoreLog;
-use agentry_server::elicitation::Elicitations;
+use agentry_app::StoreLog;
+use agentry_app::elicitation::Elicitations;
 
 #[derive(Debug, Args)]
 pub(crate) struct SessionsArgs {
@@ -122,7 +121,7 @@ pub(crate) async fn open_session(
     let mut new = NewSession::new();
     new.title = Some(first_prompt.chars().take(80).collect());
     new.metadata = json!({ METADATA_KEY: flags.to_saved() });
-    new.expires_at = ttl_days.map(|days| now_ms() + days * 24 * 3600 * 1000);
+    new.expires_at = ttl_days.map(|days| agentry_app::clock::now_ms() + days * 24 * 3600 * 1000);
     let record = store.create_session(new).await?;
     Ok((record.id, flags))
 }
@@ -149,13 +148,6 @@ pub(crate) async fn session_manager(
         Some(root) => manager.with_workspaces(root),
         None => manager,
     })
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
@@ -277,7 +269,14 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 Some(title) => title,
                 None => {
                     let profile = profile.over(Profile::from_metadata(&record.metadata));
-                    generate_title(&store, id, &profile).await?
+                    agentry_app::titles::generate_title(
+                        &store,
+                        &profile.runtime(None, None).await?,
+                        id,
+                        None,
+                    )
+                    .await
+                    .map_err(|error| anyhow::anyhow!(error.message))?
                 }
             };
             store.set_title(id, &title).await?;
@@ -340,38 +339,4 @@ fn describe(message: &Message) -> String {
             format!("tool {}: {first}", result.call_id)
         }
     }
-}
-
-/// Asks the model for a short title for the session's start.
-async fn generate_title(store: &Store, id: SessionId, profile: &Profile) -> anyhow::Result<String> {
-    let log = StoreLog::new(store.clone());
-    let events = agentry_core::session::SessionLog::load(&log, id).await?;
-    let excerpt: String = events
-        .iter()
-        .filter_map(|(_, event)| match event {
-            SessionEvent::Message { message, .. } => Some(describe(message)),
-            SessionEvent::AssistantMessage { content, .. } => Some(describe(&Message::Assistant {
-                content: content.clone(),
-            })),
-            _ => None,
-        })
-        .take(4)
-        .collect::<Vec<_>>()
-        .join("\n")
-        .chars()
-        .take(2000)
-        .collect();
-    // A title needs only the model.
-    let runtime = profile.runtime(None, None).await?;
-    let request = agentry_llm::ModelRequest::new(vec![
-        Message::system(
-            "Write a title of at most six words for this conversation. Answer with the title only.",
-        ),
-        Message::user(excerpt),
-    ]);
-    let model = runtime.model_client("default")?;
-    let response = model.complete(request, CancellationToken::new()).await?;
-    let title = response.text().trim().trim_matches('"').trim().to_owned();
-    anyhow::ensure!(!title.is_empty(), "the model returned an empty title");
-    Ok(title.chars().take(120).collect())
 }

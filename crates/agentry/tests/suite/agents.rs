@@ -281,3 +281,56 @@ async fn chat_as_an_agent_keeps_its_prompt_across_turns() {
     assert_eq!(messages[3]["content"], "Who am I?");
     assert!(tools_offered(&mock.requests()[1].body).is_empty());
 }
+
+/// `agentry run --agent` goes through the same agent-to-run path as the HTTP API: the agent's
+/// long-term memories join its system prompt, in a session run and an ephemeral one.
+#[tokio::test]
+async fn a_cli_run_as_an_agent_gets_its_memories() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let added = agentry(
+        home,
+        &[
+            "agents",
+            "add",
+            "--id",
+            "keeper",
+            "--model",
+            "mock",
+            "--system",
+            "You help.",
+        ],
+    )
+    .await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let store = Store::open_home(home).await.unwrap();
+    store
+        .remember(agentry_store::NewMemory {
+            scope: agentry_store::MemoryScope::agent("keeper"),
+            kind: agentry_store::MemoryKind::Preference,
+            text: "The team deploys on Tuesdays only.".into(),
+            source_session: None,
+        })
+        .await
+        .unwrap();
+    store.close().await;
+
+    for extra in [&[][..], &["--ephemeral"][..]] {
+        mock.take_requests();
+        mock.enqueue(Reply::scripted(ScriptedTurn::text("Tuesday.")));
+        let mut args = vec!["run", "--agent", "keeper"];
+        args.extend_from_slice(extra);
+        args.push("When do we deploy?");
+        let output = agentry(home, &args).await;
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let sent = &mock.requests()[0].body;
+        let system = sent["messages"][0]["content"].as_str().unwrap_or_default();
+        assert!(system.starts_with("You help."), "{extra:?}: {system}");
+        assert!(system.contains("<memories>"), "{extra:?}: {system}");
+        assert!(
+            system.contains("The team deploys on Tuesdays only."),
+            "{extra:?}: {system}"
+        );
+    }
+}

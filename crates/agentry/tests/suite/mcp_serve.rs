@@ -263,3 +263,142 @@ async fn stdout_carries_json_rpc_only_and_logs_go_to_stderr() {
     assert!(stderr.contains("serving MCP on stdio"), "{stderr}");
     assert!(mock.requests().is_empty());
 }
+
+/// One saved agent asked the same thing from the three front-ends — `agentry run --agent`,
+/// `agentry mcp serve` and `POST /v1/infer` on `agentry serve` — is one run: the model gets the
+/// same request (the agent's prompt with its memories, its tools, the message) and the session
+/// logs the same events, because all three go through the app's one agent-to-run path.
+#[tokio::test]
+async fn an_agent_runs_alike_from_the_cli_mcp_and_http() {
+    let home = tempfile::tempdir().unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    save_agent(home.path(), &mock).await;
+    let store = Store::open_home(home.path()).await.unwrap();
+    store
+        .remember(agentry_store::NewMemory {
+            scope: agentry_store::MemoryScope::agent("timekeeper"),
+            kind: agentry_store::MemoryKind::Fact,
+            text: "The office clock runs five minutes fast.".into(),
+            source_session: None,
+        })
+        .await
+        .unwrap();
+    store.close().await;
+    let question = "What time is it?";
+    let mut sessions = Vec::new();
+
+    // The CLI.
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noon.")));
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["run", "--agent", "timekeeper", question])
+        .env_remove("AGENTRY_DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let id = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("session: "))
+        .expect("the CLI names its session");
+    sessions.push(SessionId::parse(id.trim()).unwrap());
+
+    // MCP on stdio.
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noon.")));
+    let output = run_client(
+        home.path(),
+        &[],
+        "legacy",
+        json!([{"tool": "ask_timekeeper", "arguments": {"message": question}}]),
+    )
+    .await;
+    let call = &output["calls"][0];
+    assert_eq!(call["result"]["isError"], false, "{call}");
+    let id = call["result"]["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap();
+    sessions.push(SessionId::parse(id).unwrap());
+
+    // HTTP.
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noon.")));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", &format!("127.0.0.1:{port}")])
+        .env_remove("AGENTRY_DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = agentry_llm::http_client(Duration::from_secs(30)).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut ready = false;
+    for _ in 0..200 {
+        if http.get(format!("{base}/readyz")).send().await.is_ok() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "agentry serve did not start");
+    let answer: Value = http
+        .post(format!("{base}/v1/infer"))
+        .json(&json!({"agent_id": "timekeeper", "text": question, "session_id": "new"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["text"], "Noon.", "{answer}");
+    sessions.push(SessionId::parse(answer["session_id"].as_str().unwrap()).unwrap());
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+
+    // The same request reached the model each time.
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 3);
+    let system = requests[0].body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(system.starts_with("You keep time."), "{system}");
+    assert!(
+        system.contains("The office clock runs five minutes fast."),
+        "{system}"
+    );
+    for request in &requests[1..] {
+        assert_eq!(request.body["model"], requests[0].body["model"]);
+        assert_eq!(request.body["messages"], requests[0].body["messages"]);
+        assert_eq!(request.body["tools"], requests[0].body["tools"]);
+    }
+
+    // And each session logged the same events.
+    let store = Store::open_home(home.path()).await.unwrap();
+    let mut logs = Vec::new();
+    for session in &sessions {
+        let kinds: Vec<String> = store
+            .events(*session, 0, usize::MAX)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|event| event.kind)
+            .collect();
+        logs.push(kinds);
+    }
+    store.close().await;
+    assert!(
+        logs[0].contains(&"run_finished".to_owned()),
+        "{:?}",
+        logs[0]
+    );
+    assert_eq!(logs[1], logs[0]);
+    assert_eq!(logs[2], logs[0]);
+}

@@ -1,5 +1,6 @@
 mod agents;
 mod approvals;
+mod boundaries;
 mod chat;
 mod crash;
 mod mcp;

@@ -1,0 +1,649 @@
+//! API keys and the console login.
+//!
+//! Keys look like `agk_<id>_<secret>`. Only a SHA-256 hash is stored (configuration kind
+//! `api_key`), so a database leak reveals no key; the full key is shown once, at creation.
+//! As soon as one key exists, every `/v1` route (and the MCP endpoint `/mcp`) needs
+//! `Authorization: Bearer <key>` or the session cookie a login sets; revoking a key takes
+//! effect on the next request.
+//!
+//! Console logins live in memory for [`LOGIN_TTL`]. Expired ones are swept whenever a login is
+//! added, and at most [`MAX_LOGINS`] are kept (the oldest goes first), so repeated logins cannot
+//! grow the table without bound.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use agentry_store::{ConfigKind, Store, StoreError};
+
+/// The cookie a login sets.
+pub const SESSION_COOKIE: &str = "agentry_session";
+/// The cookie a login over TLS sets (`Secure`, bound to this host and path `/`).
+pub const SECURE_SESSION_COOKIE: &str = "__Host-agentry_session";
+/// Failed logins allowed in [`LOGIN_FAILURE_WINDOW`] before further attempts wait.
+const MAX_LOGIN_FAILURES: usize = 10;
+/// The window failed logins are counted in.
+const LOGIN_FAILURE_WINDOW: Duration = Duration::from_secs(60);
+/// How long a login lasts.
+pub const LOGIN_TTL: Duration = Duration::from_secs(12 * 3600);
+/// How many logins are kept at once; a login beyond that ends the oldest.
+pub const MAX_LOGINS: usize = 10_000;
+/// How long "is auth on" is cached.
+const ENABLED_CACHE: Duration = Duration::from_secs(1);
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyRole {
+    /// Everything: configuration, keys, secrets, every session. Keys made before roles existed
+    /// are admins.
+    #[default]
+    Admin,
+    /// Runs, and only its own sessions, runs and sandboxes; within its limits.
+    User,
+}
+
+/// Which agents, models and tools a `user` key may use (`None`: any).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyLimits {
+    /// The saved agents it may run as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
+    /// The models it may run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// The tools it may name in a run (an allowed agent brings its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+}
+
+impl KeyLimits {
+    /// Most names in one list.
+    const MAX_NAMES: usize = 256;
+
+    fn validate(&self) -> Result<(), AuthError> {
+        for (what, names) in [
+            ("agents", &self.agents),
+            ("models", &self.models),
+            ("tools", &self.tools),
+        ] {
+            let Some(names) = names else { continue };
+            if names.len() > Self::MAX_NAMES
+                || names.iter().any(|name| {
+                    name.is_empty() || name.len() > 128 || name.chars().any(char::is_control)
+                })
+            {
+                return Err(AuthError::InvalidLimits(format!(
+                    "`{what}` lists at most {} names of 1 to 128 characters",
+                    Self::MAX_NAMES
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Who a request comes from, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The key's id; `None` for the operator (a server without keys).
+    pub key_id: Option<String>,
+    /// What it may do.
+    pub role: KeyRole,
+    /// Its limits (a `user` key's).
+    pub limits: KeyLimits,
+}
+
+impl Principal {
+    /// The operator of a server without keys: an admin.
+    pub fn operator() -> Self {
+        Self {
+            key_id: None,
+            role: KeyRole::Admin,
+            limits: KeyLimits::default(),
+        }
+    }
+
+    /// Whether it may do everything.
+    pub fn is_admin(&self) -> bool {
+        self.role == KeyRole::Admin
+    }
+
+    /// The owner its new sessions, runs and sandboxes get.
+    pub fn owner(&self) -> Option<String> {
+        self.key_id.clone()
+    }
+
+    /// Whether it may see something owned by `owner`: an admin sees everything, a user key only
+    /// what it made.
+    pub fn may_see(&self, owner: Option<&str>) -> bool {
+        self.is_admin() || (owner.is_some() && owner == self.key_id.as_deref())
+    }
+
+    /// The owner to filter listings by: `None` (everything) for an admin, its own id otherwise.
+    pub fn owner_filter(&self) -> Option<String> {
+        if self.is_admin() {
+            None
+        } else {
+            // A user key always has an id; an empty filter then matches nothing.
+            Some(self.key_id.clone().unwrap_or_default())
+        }
+    }
+
+    /// Checks that a run as `agent`, on `model`, offered `tools`, stays within the limits.
+    pub fn check_run(
+        &self,
+        agent: Option<&str>,
+        model: Option<&str>,
+        tools: Option<&[String]>,
+    ) -> Result<(), String> {
+        if self.is_admin() {
+            return Ok(());
+        }
+        let allowed = |list: &Option<Vec<String>>, name: &str| {
+            list.as_ref()
+                .is_none_or(|list| list.iter().any(|n| n == name))
+        };
+        if let Some(agent) = agent
+            && !allowed(&self.limits.agents, agent)
+        {
+            return Err(format!("this API key may not run as the agent {agent:?}"));
+        }
+        if let Some(model) = model
+            && !allowed(&self.limits.models, model)
+        {
+            return Err(format!("this API key may not use the model {model:?}"));
+        }
+        if let Some(tools) = tools
+            && self.limits.tools.is_some()
+        {
+            let refused: Vec<&str> = tools
+                .iter()
+                .filter(|tool| !allowed(&self.limits.tools, tool))
+                .map(String::as_str)
+                .collect();
+            if !refused.is_empty() {
+                return Err(format!(
+                    "this API key may not use the tools: {}",
+                    refused.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What is stored for a key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredKey {
+    /// SHA-256 of the whole key, hex.
+    pub hash: String,
+    /// A label for people.
+    #[serde(default)]
+    pub label: String,
+    /// Creation time, Unix ms.
+    pub created_at: u64,
+    /// Revocation time, Unix ms.
+    #[serde(default)]
+    pub revoked_at: Option<u64>,
+    /// What it may do (keys made before roles existed are admins).
+    #[serde(default)]
+    pub role: KeyRole,
+    /// Its limits.
+    #[serde(default)]
+    pub limits: KeyLimits,
+}
+
+/// A key as listed (never the key itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyInfo {
+    /// The key's id (the part after `agk_`).
+    pub id: String,
+    /// Its label.
+    pub label: String,
+    /// Creation time, Unix ms.
+    pub created_at: u64,
+    /// Whether it was revoked.
+    pub revoked: bool,
+    /// What it may do.
+    pub role: KeyRole,
+    /// Its limits.
+    pub limits: KeyLimits,
+}
+
+/// A newly created key: shown once.
+#[derive(Debug, Clone)]
+pub struct NewKey {
+    /// The id.
+    pub id: String,
+    /// The full key to give to clients.
+    pub key: String,
+}
+
+/// Why a key operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No randomness was available.
+    #[error("cannot generate a key: {0}")]
+    Random(String),
+    /// The label is too long or has control characters.
+    #[error("invalid label: {0}")]
+    InvalidLabel(String),
+    /// The limits are malformed.
+    #[error("invalid limits: {0}")]
+    InvalidLimits(String),
+    /// Revoking this key would leave no active admin key.
+    #[error(
+        "{0} is the last active admin key: revoking it would lock everyone out (create another \
+         admin key first, or turn authentication off on the server's machine with \
+         `agentry keys reset`)"
+    )]
+    LastAdmin(String),
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn random_hex(len: usize) -> Result<String, AuthError> {
+    let mut bytes = vec![0u8; len];
+    getrandom::fill(&mut bytes).map_err(|error| AuthError::Random(error.to_string()))?;
+    Ok(hex(&bytes))
+}
+
+fn digest(text: &str) -> String {
+    hex(&Sha256::digest(text.as_bytes()))
+}
+
+/// Compares two equal-length strings without an early exit.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// Creates an admin key.
+pub async fn create_key(store: &Store, label: &str) -> Result<NewKey, AuthError> {
+    create_key_with(store, label, KeyRole::Admin, KeyLimits::default()).await
+}
+
+/// Creates a key with a role and limits. The first key of a store is always an admin (someone
+/// must be able to manage the rest).
+pub async fn create_key_with(
+    store: &Store,
+    label: &str,
+    role: KeyRole,
+    limits: KeyLimits,
+) -> Result<NewKey, AuthError> {
+    limits.validate()?;
+    let role = if list_keys(store).await?.is_empty() {
+        KeyRole::Admin
+    } else {
+        role
+    };
+    if label.chars().count() > 200 || label.chars().any(char::is_control) {
+        return Err(AuthError::InvalidLabel(
+            "at most 200 characters, no control characters".into(),
+        ));
+    }
+    let id = random_hex(6)?;
+    let key = format!("agk_{id}_{}", random_hex(24)?);
+    let stored = StoredKey {
+        hash: digest(&key),
+        label: label.to_owned(),
+        created_at: crate::clock::now_ms(),
+        revoked_at: None,
+        role,
+        limits,
+    };
+    let value =
+        serde_json::to_value(&stored).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+    store.put_config(ConfigKind::ApiKey, &id, &value).await?;
+    Ok(NewKey { id, key })
+}
+
+/// Every key, newest first.
+pub async fn list_keys(store: &Store) -> Result<Vec<KeyInfo>, AuthError> {
+    let mut keys: Vec<KeyInfo> = store
+        .list_config(ConfigKind::ApiKey)
+        .await?
+        .into_iter()
+        .filter_map(|(id, value)| {
+            let stored: StoredKey = serde_json::from_value(value).ok()?;
+            Some(KeyInfo {
+                id,
+                label: stored.label,
+                created_at: stored.created_at,
+                revoked: stored.revoked_at.is_some(),
+                role: stored.role,
+                limits: stored.limits,
+            })
+        })
+        .collect();
+    keys.sort_by_key(|key| std::cmp::Reverse(key.created_at));
+    Ok(keys)
+}
+
+/// Revokes a key unless it is the last active admin key ([`AuthError::LastAdmin`]); false if
+/// there is none with this id. Authentication stays on either way (see [`auth_enabled`]).
+pub async fn revoke_key_keeping_an_admin(store: &Store, id: &str) -> Result<bool, AuthError> {
+    let keys = list_keys(store).await?;
+    let Some(key) = keys.iter().find(|key| key.id == id) else {
+        return Ok(false);
+    };
+    let other_admins = keys
+        .iter()
+        .filter(|other| other.id != id && !other.revoked && other.role == KeyRole::Admin)
+        .count();
+    if !key.revoked && key.role == KeyRole::Admin && other_admins == 0 {
+        return Err(AuthError::LastAdmin(id.to_owned()));
+    }
+    revoke_key(store, id).await
+}
+
+/// Revokes a key; false if there is none with this id.
+pub async fn revoke_key(store: &Store, id: &str) -> Result<bool, AuthError> {
+    let Some(value) = store.config(ConfigKind::ApiKey, id).await? else {
+        return Ok(false);
+    };
+    let Ok(mut stored) = serde_json::from_value::<StoredKey>(value) else {
+        return Ok(false);
+    };
+    stored.revoked_at.get_or_insert_with(crate::clock::now_ms);
+    let value =
+        serde_json::to_value(&stored).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+    store.put_config(ConfigKind::ApiKey, id, &value).await?;
+    Ok(true)
+}
+
+/// Whether any key is active.
+pub async fn any_active_key(store: &Store) -> Result<bool, AuthError> {
+    Ok(list_keys(store).await?.iter().any(|key| !key.revoked))
+}
+
+/// Whether authentication is on: once a key has been created it stays on, whatever is revoked
+/// later; only `agentry keys reset` (which deletes every key, on the server's machine) turns it
+/// off again.
+pub async fn auth_enabled(store: &Store) -> Result<bool, AuthError> {
+    Ok(!store.list_config(ConfigKind::ApiKey).await?.is_empty())
+}
+
+/// Deletes every key: authentication is off afterwards. For the operator only (the CLI).
+pub async fn reset_keys(store: &Store) -> Result<usize, AuthError> {
+    let keys = store.list_config(ConfigKind::ApiKey).await?;
+    for (id, _) in &keys {
+        store.delete_config(ConfigKind::ApiKey, id).await?;
+    }
+    Ok(keys.len())
+}
+
+/// The console logins: token hash → (key id, when it started). Bounded in time and number.
+#[derive(Debug)]
+struct Logins {
+    entries: HashMap<String, (String, Instant)>,
+    ttl: Duration,
+    max: usize,
+}
+
+impl Logins {
+    fn new(ttl: Duration, max: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            ttl,
+            max,
+        }
+    }
+
+    /// Adds a login at `now`: expired logins are swept first, and when the table is still
+    /// full the oldest logins end to make room.
+    fn insert(&mut self, token_hash: String, key_id: String, now: Instant) {
+        let ttl = self.ttl;
+        self.entries
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) <= ttl);
+        while self.entries.len() >= self.max.max(1) {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(hash, _)| hash.clone())
+            else {
+                break;
+            };
+            self.entries.remove(&oldest);
+        }
+        self.entries.insert(token_hash, (key_id, now));
+    }
+
+    /// The key id of a current login; an expired one is removed.
+    fn get(&mut self, token_hash: &str, now: Instant) -> Option<String> {
+        let (id, at) = self.entries.get(token_hash)?;
+        if now.saturating_duration_since(*at) > self.ttl {
+            self.entries.remove(token_hash);
+            return None;
+        }
+        Some(id.clone())
+    }
+
+    fn remove(&mut self, token_hash: &str) {
+        self.entries.remove(token_hash);
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// Checks presented credentials against the store.
+#[derive(Clone)]
+pub struct Authenticator {
+    store: Store,
+    enabled: Arc<Mutex<Option<(Instant, bool)>>>,
+    logins: Arc<Mutex<Logins>>,
+    failed_logins: Arc<Mutex<std::collections::VecDeque<Instant>>>,
+}
+
+impl Authenticator {
+    /// An authenticator over `store`, with logins lasting [`LOGIN_TTL`], at most
+    /// [`MAX_LOGINS`] at once.
+    pub fn new(store: Store) -> Self {
+        Self::with_login_limits(store, LOGIN_TTL, MAX_LOGINS)
+    }
+
+    /// An authenticator whose logins last `ttl`, at most `max` at once.
+    pub fn with_login_limits(store: Store, ttl: Duration, max: usize) -> Self {
+        Self {
+            store,
+            enabled: Arc::default(),
+            logins: Arc::new(Mutex::new(Logins::new(ttl, max))),
+            failed_logins: Arc::default(),
+        }
+    }
+
+    /// Records a failed login.
+    pub fn login_failed(&self) {
+        let mut failed = self
+            .failed_logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        failed.push_back(Instant::now());
+        while failed.len() > MAX_LOGIN_FAILURES {
+            failed.pop_front();
+        }
+    }
+
+    /// How long to wait before the next login attempt, when too many failed lately.
+    pub fn login_throttled(&self) -> Option<Duration> {
+        let mut failed = self
+            .failed_logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while failed
+            .front()
+            .is_some_and(|at| at.elapsed() > LOGIN_FAILURE_WINDOW)
+        {
+            failed.pop_front();
+        }
+        if failed.len() < MAX_LOGIN_FAILURES {
+            return None;
+        }
+        failed
+            .front()
+            .map(|oldest| LOGIN_FAILURE_WINDOW.saturating_sub(oldest.elapsed()))
+    }
+
+    fn logins(&self) -> std::sync::MutexGuard<'_, Logins> {
+        self.logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many logins are held (expired ones may remain until the next login sweeps them).
+    pub fn login_count(&self) -> usize {
+        self.logins().len()
+    }
+
+    /// Whether authentication is on (see [`auth_enabled`]), cached for a second.
+    pub async fn enabled(&self) -> Result<bool, AuthError> {
+        let cached = *self
+            .enabled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, enabled)) = cached
+            && at.elapsed() < ENABLED_CACHE
+        {
+            return Ok(enabled);
+        }
+        let enabled = auth_enabled(&self.store).await?;
+        *self
+            .enabled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((Instant::now(), enabled));
+        Ok(enabled)
+    }
+
+    /// Forgets the cached "is auth on" (after a key is created or revoked here).
+    pub fn refresh(&self) {
+        *self
+            .enabled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// Who presents `presented`, if it is an active key.
+    pub async fn verify_key(&self, presented: &str) -> Result<Option<Principal>, AuthError> {
+        let Some(id) = presented
+            .strip_prefix("agk_")
+            .and_then(|rest| rest.split_once('_'))
+            .map(|(id, _)| id)
+            .filter(|id| id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        else {
+            return Ok(None);
+        };
+        let Some(value) = self.store.config(ConfigKind::ApiKey, id).await? else {
+            return Ok(None);
+        };
+        let Ok(stored) = serde_json::from_value::<StoredKey>(value) else {
+            return Ok(None);
+        };
+        let valid = stored.revoked_at.is_none() && same(&stored.hash, &digest(presented));
+        Ok(valid.then(|| Principal {
+            key_id: Some(id.to_owned()),
+            role: stored.role,
+            limits: stored.limits,
+        }))
+    }
+
+    /// Who the active key `id` is, if it is active.
+    async fn active_key(&self, id: &str) -> Result<Option<Principal>, AuthError> {
+        let Some(value) = self.store.config(ConfigKind::ApiKey, id).await? else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_value::<StoredKey>(value)
+            .ok()
+            .filter(|stored| stored.revoked_at.is_none())
+            .map(|stored| Principal {
+                key_id: Some(id.to_owned()),
+                role: stored.role,
+                limits: stored.limits,
+            }))
+    }
+
+    /// Starts a login for a valid key: the cookie token, or `None` if the key is not valid.
+    pub async fn login(&self, presented: &str) -> Result<Option<String>, AuthError> {
+        let Some(id) = self.verify_key(presented).await?.and_then(|who| who.key_id) else {
+            return Ok(None);
+        };
+        let token = random_hex(32)?;
+        self.logins().insert(digest(&token), id, Instant::now());
+        Ok(Some(token))
+    }
+
+    /// Ends a login.
+    pub fn logout(&self, token: &str) {
+        self.logins().remove(&digest(token));
+    }
+
+    /// Who a login token belongs to, if it is current and its key still active.
+    pub async fn verify_login(&self, token: &str) -> Result<Option<Principal>, AuthError> {
+        let entry = self.logins().get(&digest(token), Instant::now());
+        let Some(id) = entry else {
+            return Ok(None);
+        };
+        self.active_key(&id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_logins_are_swept_when_one_is_added() {
+        let start = Instant::now();
+        let mut logins = Logins::new(Duration::from_secs(60), 100);
+        for n in 0..50 {
+            logins.insert(format!("old{n}"), "k".into(), start);
+        }
+        assert_eq!(logins.len(), 50);
+        // Nobody presents the old tokens again; one later login sweeps them all.
+        let later = start + Duration::from_secs(61);
+        logins.insert("new".into(), "k".into(), later);
+        assert_eq!(logins.len(), 1);
+        assert_eq!(logins.get("new", later).as_deref(), Some("k"));
+        assert_eq!(logins.get("old0", later), None);
+        // An expired login is refused when presented, and removed.
+        assert_eq!(logins.get("new", later + Duration::from_secs(61)), None);
+        assert_eq!(logins.len(), 0);
+    }
+
+    #[test]
+    fn logins_are_capped_and_the_oldest_goes_first() {
+        let start = Instant::now();
+        let mut logins = Logins::new(Duration::from_secs(3600), 3);
+        for n in 0..10u64 {
+            logins.insert(
+                format!("t{n}"),
+                format!("k{n}"),
+                start + Duration::from_secs(n),
+            );
+            assert!(logins.len() <= 3);
+        }
+        assert_eq!(logins.len(), 3);
+        let now = start + Duration::from_secs(10);
+        for n in 0..7 {
+            assert_eq!(logins.get(&format!("t{n}"), now), None, "t{n}");
+        }
+        for n in 7..10 {
+            assert_eq!(logins.get(&format!("t{n}"), now), Some(format!("k{n}")));
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! Live runs and the clients attached to them.
+//!
+//! When the server starts a run it hands the run's event stream to the hub, which forwards every
+//! event to any number of subscribers (a broadcast channel) until the run ends. The run belongs
+//! to the hub, not to the request that started it: it keeps going when every client has gone.
+//! The hub also keeps the current step's partial text, so a client attaching mid-step sees what
+//! has been generated so far.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use agentry_core::RunStream;
+use agentry_core::session::SessionStatus;
+use agentry_types::{RunEvent, RunId, RunStopReason, SessionEvent, SessionId, SuspendStatus};
+
+/// What watches the hub's runs: the HTTP server counts them into its metrics. Every method
+/// defaults to doing nothing.
+pub trait RunObserver: Send + Sync {
+    /// A run was adopted.
+    fn run_started(&self) {}
+    /// One of its events.
+    fn observe(&self, event: &RunEvent) {
+        let _ = event;
+    }
+    /// It ended (finished, failed, suspended or dropped).
+    fn run_ended(&self) {}
+}
+
+/// The observer that does nothing.
+pub(crate) struct Unobserved;
+
+impl RunObserver for Unobserved {}
+
+/// Events a slow subscriber may fall behind by before it must catch up from the log.
+const CHANNEL_CAPACITY: usize = 1024;
+
+/// A live run's fan-out.
+struct LiveRun {
+    run_id: Option<RunId>,
+    sender: broadcast::Sender<Arc<RunEvent>>,
+    cancel: CancellationToken,
+    partial: Arc<Mutex<Partial>>,
+}
+
+/// Text and thinking generated since the last committed step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Partial {
+    /// Answer text so far.
+    pub text: String,
+    /// Reasoning so far.
+    pub thinking: String,
+}
+
+/// What a subscriber gets: the live events, and the partial step at the moment it subscribed.
+pub struct Subscription {
+    /// Live events from now on.
+    pub events: broadcast::Receiver<Arc<RunEvent>>,
+    /// The step in progress when the subscription began.
+    pub partial: Partial,
+}
+
+/// A change of a session's state, for `GET /v1/sessions/events`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StatusChange {
+    /// The session.
+    pub session_id: SessionId,
+    /// What the session's status is now, or `updated` for a title or read change.
+    pub status: FeedStatus,
+    /// Why the last run ended, when one just did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// The new title, when it changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+/// What a status change says: a session's run status, or that something else about it changed.
+/// Serialised as its snake-case name (`running`, `idle`, …, `updated`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedStatus {
+    /// No run in progress.
+    Idle,
+    /// A run is in progress.
+    Running,
+    /// The last run was stopped before it finished.
+    Interrupted,
+    /// The last run failed.
+    Failed,
+    /// A run waits for a person (approvals, an MCP server's question).
+    Waiting,
+    /// A run is paused between rounds.
+    Paused,
+    /// Not the run: the title or the read mark changed.
+    Updated,
+}
+
+impl FeedStatus {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Running => "running",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+            Self::Waiting => "waiting",
+            Self::Paused => "paused",
+            Self::Updated => "updated",
+        }
+    }
+
+    /// The feed status of a session whose last run ended for `reason` (`None`: it never
+    /// reported an end).
+    pub fn after(reason: Option<RunStopReason>) -> Self {
+        match reason {
+            Some(RunStopReason::Error) => Self::Failed,
+            Some(RunStopReason::Cancelled | RunStopReason::Deadline) | None => Self::Interrupted,
+            Some(_) => Self::Idle,
+        }
+    }
+}
+
+impl From<SessionStatus> for FeedStatus {
+    fn from(status: SessionStatus) -> Self {
+        match status {
+            SessionStatus::Idle => Self::Idle,
+            SessionStatus::Running => Self::Running,
+            SessionStatus::Interrupted => Self::Interrupted,
+            SessionStatus::Failed => Self::Failed,
+            SessionStatus::Waiting => Self::Waiting,
+            SessionStatus::Paused => Self::Paused,
+        }
+    }
+}
+
+impl From<SuspendStatus> for FeedStatus {
+    fn from(status: SuspendStatus) -> Self {
+        match status {
+            SuspendStatus::Waiting => Self::Waiting,
+            SuspendStatus::Paused => Self::Paused,
+        }
+    }
+}
+
+/// The live runs, by session. Cheap to clone.
+#[derive(Clone)]
+pub struct Hub {
+    live: Arc<Mutex<HashMap<SessionId, LiveRun>>>,
+    status: broadcast::Sender<StatusChange>,
+    observer: Arc<dyn RunObserver>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self::new(Arc::new(Unobserved))
+    }
+}
+
+impl Hub {
+    /// A hub reporting its runs to `observer`.
+    pub fn new(observer: Arc<dyn RunObserver>) -> Self {
+        Self {
+            live: Arc::default(),
+            status: broadcast::channel(CHANNEL_CAPACITY).0,
+            observer,
+        }
+    }
+
+    /// Subscribes to every session's status changes.
+    pub fn status_changes(&self) -> broadcast::Receiver<StatusChange> {
+        self.status.subscribe()
+    }
+
+    /// Announces a status change.
+    pub fn notify(&self, change: StatusChange) {
+        // Nobody listening is fine.
+        let _ = self.status.send(change);
+    }
+
+    /// Announces that `session`'s status is now `status`, for a change no live run reports
+    /// (a decision, a pause, a read mark, an MCP server asking for input).
+    pub fn announce(&self, session: SessionId, status: FeedStatus) {
+        self.notify(StatusChange {
+            session_id: session,
+            status,
+            stop_reason: None,
+            title: None,
+        });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, LiveRun>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes over `run` (of `session`): its events go to every subscriber until it ends. Returns
+    /// a subscription made before the first event, so the caller misses nothing.
+    pub fn adopt(&self, session: SessionId, run: RunStream) -> Subscription {
+        let (sender, events) = broadcast::channel(CHANNEL_CAPACITY);
+        let partial = Arc::new(Mutex::new(Partial::default()));
+        let cancel = run.cancel_token();
+        self.lock().insert(
+            session,
+            LiveRun {
+                run_id: None,
+                sender: sender.clone(),
+                cancel,
+                partial: Arc::clone(&partial),
+            },
+        );
+        let hub = self.clone();
+        hub.observer.run_started();
+        tokio::spawn(async move {
+            let mut run = run;
+            let mut end = None;
+            let mut suspended = None;
+            while let Some(event) = run.next().await {
+                hub.observe(session, &event, &partial);
+                hub.observer.observe(&event);
+                match &event {
+                    RunEvent::RunFinished { stop_reason, .. }
+                    | RunEvent::RunFailed { stop_reason, .. } => {
+                        end = Some(*stop_reason);
+                        hub.forget(session, &sender);
+                    }
+                    // A run waiting for approval or paused stops here without ending.
+                    RunEvent::RunSuspended { status, .. } => {
+                        suspended = Some(*status);
+                        hub.forget(session, &sender);
+                    }
+                    RunEvent::Committed {
+                        event: SessionEvent::RunPaused { .. },
+                        ..
+                    } => {
+                        suspended = Some(agentry_types::SuspendStatus::Paused);
+                        hub.forget(session, &sender);
+                    }
+                    // In a session, clients see the end as this committed event, which comes
+                    // first. The run is over once its end is out: no longer live for anyone who
+                    // has seen it (abort, delete and continue check this).
+                    RunEvent::Committed {
+                        event: SessionEvent::RunFinished { stop_reason, .. },
+                        ..
+                    } => {
+                        end = Some(*stop_reason);
+                        hub.forget(session, &sender);
+                    }
+                    _ => {}
+                }
+                // No subscriber is fine: the run goes on.
+                let _ = sender.send(Arc::new(event));
+            }
+            hub.observer.run_ended();
+            let status = match (suspended, end) {
+                (Some(status), None) => FeedStatus::from(status),
+                (_, end) => FeedStatus::after(end),
+            };
+            hub.notify(StatusChange {
+                session_id: session,
+                status,
+                stop_reason: end.map(|reason| reason.as_str().to_owned()),
+                title: None,
+            });
+            if let Err(error) = run.finish().await {
+                tracing::error!(%session, "a run ended abnormally: {error}");
+            }
+            hub.forget(session, &sender);
+        });
+        Subscription {
+            events,
+            partial: Partial::default(),
+        }
+    }
+
+    fn observe(&self, session: SessionId, event: &RunEvent, partial: &Mutex<Partial>) {
+        // Never hold `partial` while taking `live`: `subscribe` takes them the other way round.
+        // A continued run (approved, resumed) commits no `run_started`: take its id from here.
+        if let RunEvent::RunStarted { run_id } = event {
+            if let Some(live) = self.lock().get_mut(&session) {
+                live.run_id.get_or_insert(*run_id);
+            }
+            return;
+        }
+        if let RunEvent::Committed {
+            event: SessionEvent::RunStarted { run_id, .. },
+            ..
+        } = event
+        {
+            if let Some(live) = self.lock().get_mut(&session) {
+                live.run_id = Some(*run_id);
+            }
+            self.notify(StatusChange {
+                session_id: session,
+                status: FeedStatus::Running,
+                stop_reason: None,
+                title: None,
+            });
+            return;
+        }
+        let mut partial = partial
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match event {
+            RunEvent::TextDelta { text } => partial.text.push_str(text),
+            RunEvent::ThinkingDelta { text } => partial.thinking.push_str(text),
+            RunEvent::Committed {
+                event: SessionEvent::AssistantMessage { .. },
+                ..
+            } => *partial = Partial::default(),
+            _ => {}
+        }
+    }
+
+    /// Removes `session`'s live run if it is still the one behind `sender`.
+    fn forget(&self, session: SessionId, sender: &broadcast::Sender<Arc<RunEvent>>) {
+        let mut live = self.lock();
+        if live
+            .get(&session)
+            .is_some_and(|run| run.sender.same_channel(sender))
+        {
+            live.remove(&session);
+        }
+    }
+
+    /// Subscribes to the live run of `session`, if one is going.
+    pub fn subscribe(&self, session: SessionId) -> Option<Subscription> {
+        let live = self.lock();
+        let run = live.get(&session)?;
+        let partial = run
+            .partial
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        Some(Subscription {
+            events: run.sender.subscribe(),
+            partial,
+        })
+    }
+
+    /// Cancels the live run of `session`; false if none is going.
+    pub fn cancel(&self, session: SessionId) -> bool {
+        match self.lock().get(&session) {
+            Some(run) => {
+                run.cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The id of the live run of `session`, once it is known.
+    pub fn run_id(&self, session: SessionId) -> Option<RunId> {
+        self.lock().get(&session).and_then(|run| run.run_id)
+    }
+
+    /// Whether `session` has a live run.
+    pub fn is_live(&self, session: SessionId) -> bool {
+        self.lock().contains_key(&session)
+    }
+
+    /// Cancels every live run (shutdown).
+    pub fn cancel_all(&self) {
+        for run in self.lock().values() {
+            run.cancel.cancel();
+        }
+    }
+
+    /// How many runs are live.
+    pub fn live_runs(&self) -> usize {
+        self.lock().len()
+    }
+}

@@ -1,0 +1,159 @@
+//! Agentry's application layer: everything a front-end (the HTTP API, the CLI, the MCP
+//! endpoint and the stdio MCP server) needs below its own parsing and rendering.
+//!
+//! [`App`] owns the store, the session manager, the live-run [`hub::Hub`], the MCP servers, the
+//! standalone sandboxes, the MCP elicitations waiting for a person and the live group exchanges;
+//! nothing lives in a process-wide static. Front-ends parse a request, call the app, and render
+//! what it returns; the app never names HTTP, and its errors are [`AppError`]s that each
+//! front-end maps in one place.
+
+pub mod agents;
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod delegation;
+pub mod elicitation;
+pub mod environment;
+pub mod error;
+pub mod group;
+pub mod hub;
+pub mod mcp_server;
+pub mod mcp_tools;
+pub mod memory;
+pub mod ops;
+pub mod runs;
+pub mod runtime;
+pub mod sandboxes;
+pub mod schema;
+pub mod store_log;
+pub mod titles;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use agentry_core::session::SessionManager;
+use agentry_mcp::McpManager;
+use agentry_store::Store;
+
+/// The layers below, for the front-ends: they parse into and render these crates' types (run
+/// and session events, requests, configurations, errors) but reach them only through the app,
+/// so the app is the one door to the domain and a front-end's manifest names no engine, store
+/// or MCP crate (the boundary test in `crates/agentry/tests` holds this).
+pub mod domain {
+    pub use agentry_core as core;
+    pub use agentry_llm as llm;
+    pub use agentry_mcp as mcp;
+    pub use agentry_sandbox as sandbox;
+    pub use agentry_store as store;
+    pub use agentry_tools as tools;
+}
+
+pub use environment::ToolEnvironment;
+pub use error::{AppError, Failure};
+pub use store_log::StoreLog;
+
+use crate::elicitation::Elicitations;
+use crate::group::LiveGroups;
+use crate::hub::{Hub, RunObserver};
+use crate::runtime::build_runtime;
+use crate::sandboxes::SandboxRegistry;
+
+/// The application. Cheap to clone: every part is shared.
+#[derive(Clone)]
+pub struct App {
+    /// The database: sessions, configuration, secrets.
+    pub store: Store,
+    /// Runs requests in sessions.
+    pub sessions: SessionManager,
+    /// Live runs and the clients attached to them.
+    pub hub: Hub,
+    /// The pooled HTTP client models and HTTP tools share.
+    pub http: reqwest::Client,
+    /// Cancelled when the application shuts down.
+    pub shutdown: CancellationToken,
+    /// The MCP servers, shared by every run.
+    pub mcp: McpManager,
+    /// Whether Agentry's own MCP server (`/mcp`, `agentry mcp serve`) offers the registered
+    /// tools besides the agents.
+    pub mcp_expose_tools: bool,
+    /// The sessions' workspaces and sandboxes.
+    pub tools: ToolEnvironment,
+    /// The standalone sandboxes (made with `tools.sandboxes`' backend).
+    pub sandboxes: SandboxRegistry,
+    /// MCP servers' requests for input waiting for a person, by run.
+    pub elicitations: Elicitations,
+    /// The group exchanges going on.
+    pub groups: LiveGroups,
+}
+
+impl App {
+    /// An app over `store`, with the runtime built from its configuration. The saved MCP
+    /// servers start in the background; the runtime is rebuilt as their tools come and go.
+    pub async fn new(store: Store) -> Result<Self, AppError> {
+        Self::with_tools(store, ToolEnvironment::default()).await
+    }
+
+    /// An app over `store` whose runs work in `tools`' workspaces and sandboxes.
+    pub async fn with_tools(store: Store, tools: ToolEnvironment) -> Result<Self, AppError> {
+        Self::observed(store, tools, Arc::new(hub::Unobserved)).await
+    }
+
+    /// An app whose live runs `observer` watches (the HTTP server's metrics).
+    pub async fn observed(
+        store: Store,
+        mut tools: ToolEnvironment,
+        observer: Arc<dyn RunObserver>,
+    ) -> Result<Self, AppError> {
+        let elicitations = tools
+            .elicitations
+            .get_or_insert_with(Default::default)
+            .clone();
+        let http = agentry_llm::http_client(Duration::from_secs(10))
+            .map_err(|error| AppError::internal(error.to_string()))?;
+        let mcp = McpManager::with_stdio(tools.stdio_policy());
+        mcp_tools::start_saved(&store, &mcp).await?;
+        let runtime = build_runtime(&store, &http, &mcp, &tools).await?;
+        let log = Arc::new(StoreLog::new(store.clone()));
+        let mut sessions = SessionManager::new(runtime, log);
+        if let Some(root) = &tools.workspaces {
+            sessions = sessions.with_workspaces(root.clone());
+        }
+        mcp_tools::rebuild_on_changes(
+            &mcp,
+            store.clone(),
+            http.clone(),
+            tools.clone(),
+            sessions.clone(),
+        );
+        let app = Self {
+            mcp,
+            sessions,
+            store,
+            hub: Hub::new(observer),
+            http,
+            shutdown: CancellationToken::new(),
+            mcp_expose_tools: false,
+            sandboxes: SandboxRegistry::new(tools.sandbox_root.clone()),
+            tools,
+            elicitations,
+            groups: LiveGroups::default(),
+        };
+        app.tools.delegation.bind(
+            &app.store,
+            &app.sessions,
+            &app.hub,
+            app.tools.skill_roots.clone(),
+        );
+        app.elicitations.bind(&app.hub);
+        Ok(app)
+    }
+
+    /// Rebuilds the runtime after a configuration change; new runs use it at once.
+    pub async fn reload_runtime(&self) -> Result<(), AppError> {
+        let runtime = build_runtime(&self.store, &self.http, &self.mcp, &self.tools).await?;
+        self.sessions.set_runtime(runtime);
+        Ok(())
+    }
+}

@@ -1,0 +1,242 @@
+//! The command protocol: what a front-end may ask of a run once it exists. Each front-end
+//! (the HTTP routes under `/v1/runs/{run_id}`, `agentry chat`'s inline approvals, the MCP
+//! endpoint) parses its own input into an [`Op`] and renders the [`OpOutcome`] that
+//! [`App::submit`] returns, so a decision, a pause or an abort does the same thing whichever
+//! front-end sent it: the same checks, the same run continued, the same status on the feed.
+
+use serde_json::{Value, json};
+
+use agentry_core::approval::ApprovalDecision;
+use agentry_mcp::ElicitationAnswer;
+use agentry_types::{PendingApproval, RunId, SessionEvent, SessionId};
+
+use crate::App;
+use crate::elicitation::ElicitationError;
+use crate::error::AppError;
+use crate::hub::FeedStatus;
+
+/// A command about a run.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Decide waiting tool calls (approve, reject, edit); the run goes on once none waits.
+    Decide {
+        /// The run.
+        run_id: RunId,
+        /// One decision per call.
+        decisions: Vec<ApprovalDecision>,
+    },
+    /// Answer an MCP server's request for input made during one of the run's tool calls.
+    AnswerElicitation {
+        /// The run.
+        run_id: RunId,
+        /// The request.
+        elicitation_id: String,
+        /// The answer.
+        answer: ElicitationAnswer,
+    },
+    /// Pause the run between rounds.
+    Pause {
+        /// The run.
+        run_id: RunId,
+    },
+    /// Resume a paused run where it stopped.
+    Resume {
+        /// The run.
+        run_id: RunId,
+    },
+    /// Stop the run (its queued successors still run).
+    Interrupt {
+        /// The run.
+        run_id: RunId,
+    },
+    /// Stop the run and drop the runs queued behind it.
+    Abort {
+        /// The run.
+        run_id: RunId,
+    },
+}
+
+impl Op {
+    /// The run the command is about.
+    pub fn run_id(&self) -> RunId {
+        match self {
+            Self::Decide { run_id, .. }
+            | Self::AnswerElicitation { run_id, .. }
+            | Self::Pause { run_id }
+            | Self::Resume { run_id }
+            | Self::Interrupt { run_id }
+            | Self::Abort { run_id } => *run_id,
+        }
+    }
+}
+
+/// What a command did.
+#[derive(Debug, Clone)]
+pub struct OpOutcome {
+    /// The run.
+    pub run_id: RunId,
+    /// Its session.
+    pub session_id: SessionId,
+    /// The run's status now (`Running` once decided, `Waiting` while calls or questions wait;
+    /// a pause is asked for, so the run is still `Running` until its round ends).
+    pub status: FeedStatus,
+    /// Calls still waiting for a decision.
+    pub pending: Vec<PendingApproval>,
+    /// MCP questions still waiting.
+    pub elicitations: Vec<Value>,
+    /// For an abort: how many queued runs were dropped.
+    pub dropped_queued: Option<usize>,
+}
+
+impl App {
+    /// Carries out `op`. Every front-end's commands about runs come through here.
+    pub async fn submit(&self, op: Op) -> Result<OpOutcome, AppError> {
+        let run_id = op.run_id();
+        match op {
+            Op::Decide { decisions, .. } => {
+                let session = self.locate(run_id).await?;
+                let decided = self.sessions.decide(session, run_id, decisions).await?;
+                let status = match decided.stream {
+                    Some(stream) => {
+                        let _subscription = self.hub.adopt(session, stream);
+                        self.hub.announce(session, FeedStatus::Running);
+                        FeedStatus::Running
+                    }
+                    None => FeedStatus::Waiting,
+                };
+                Ok(OpOutcome {
+                    pending: decided.pending,
+                    elicitations: self.elicitations.for_run(run_id),
+                    ..self.outcome(run_id, session, status)
+                })
+            }
+            Op::AnswerElicitation {
+                elicitation_id,
+                answer,
+                ..
+            } => {
+                let session = self.locate(run_id).await?;
+                self.elicitations
+                    .answer(run_id, &elicitation_id, answer)
+                    .await
+                    .map_err(|error| match error {
+                        ElicitationError::NotFound(_) => AppError::not_found(error.to_string()),
+                        ElicitationError::Invalid(_) => AppError::bad_request(error.to_string()),
+                    })?;
+                let pending = self.pending_of(session, run_id).await?;
+                let elicitations = self.elicitations.for_run(run_id);
+                let status = if elicitations.is_empty() && pending.is_empty() {
+                    FeedStatus::Running
+                } else {
+                    FeedStatus::Waiting
+                };
+                Ok(OpOutcome {
+                    pending,
+                    elicitations,
+                    ..self.outcome(run_id, session, status)
+                })
+            }
+            Op::Pause { .. } => {
+                let Some(session) = self.sessions.session_of_live_run(run_id) else {
+                    // Known but not live: say why it cannot pause.
+                    let session = self.locate(run_id).await?;
+                    let waiting = !self.pending_of(session, run_id).await?.is_empty();
+                    return Err(AppError::conflict(if waiting {
+                        format!("run {run_id} is waiting for approvals, not running")
+                    } else {
+                        format!("run {run_id} is not running (paused or ended)")
+                    })
+                    .with_details(json!({"run_id": run_id, "session_id": session})));
+                };
+                self.sessions.pause(run_id)?;
+                Ok(self.outcome(run_id, session, FeedStatus::Running))
+            }
+            Op::Resume { .. } => {
+                let session = self.locate(run_id).await?;
+                if self.hub.is_live(session) {
+                    return Err(AppError::conflict(format!(
+                        "session {session} has a run in progress"
+                    )));
+                }
+                let stream = self.sessions.resume_paused(session, run_id).await?;
+                let _subscription = self.hub.adopt(session, stream);
+                self.hub.announce(session, FeedStatus::Running);
+                Ok(self.outcome(run_id, session, FeedStatus::Running))
+            }
+            Op::Interrupt { .. } => {
+                let session = self.locate(run_id).await?;
+                let live = self.hub.is_live(session);
+                self.sessions.interrupt(session, run_id).await?;
+                if !live {
+                    self.hub.announce(session, FeedStatus::Interrupted);
+                }
+                Ok(self.outcome(run_id, session, FeedStatus::Interrupted))
+            }
+            Op::Abort { .. } => {
+                let session = self.locate(run_id).await?;
+                let live = self.hub.is_live(session);
+                let dropped = self.sessions.abort(session, run_id).await?;
+                if !live {
+                    self.hub.announce(session, FeedStatus::Interrupted);
+                }
+                Ok(OpOutcome {
+                    dropped_queued: Some(dropped),
+                    ..self.outcome(run_id, session, FeedStatus::Interrupted)
+                })
+            }
+        }
+    }
+
+    fn outcome(&self, run_id: RunId, session_id: SessionId, status: FeedStatus) -> OpOutcome {
+        OpOutcome {
+            run_id,
+            session_id,
+            status,
+            pending: Vec::new(),
+            elicitations: Vec::new(),
+            dropped_queued: None,
+        }
+    }
+
+    /// The calls of `run_id` (in `session`) that wait for a decision.
+    pub async fn pending_of(
+        &self,
+        session: SessionId,
+        run_id: RunId,
+    ) -> Result<Vec<PendingApproval>, AppError> {
+        Ok(self
+            .sessions
+            .pending_approvals(session)
+            .await?
+            .filter(|(id, _)| *id == run_id)
+            .map(|(_, pending)| pending)
+            .unwrap_or_default())
+    }
+
+    /// The session of `run_id`: a run live or queued here, else the session whose log started
+    /// it (so waiting and paused runs are found after a restart).
+    pub async fn locate(&self, run_id: RunId) -> Result<SessionId, AppError> {
+        if let Some(session) = self.sessions.session_of_live_run(run_id) {
+            return Ok(session);
+        }
+        let hits = self.store.search(&run_id.to_string(), 50).await?;
+        let mut seen = Vec::new();
+        for hit in hits {
+            if seen.contains(&hit.session_id) {
+                continue;
+            }
+            seen.push(hit.session_id);
+            let events = self.store.events(hit.session_id, 0, usize::MAX).await?;
+            let started_here = events.into_iter().any(|stored| {
+                stored.kind == "run_started"
+                    && serde_json::from_value::<SessionEvent>(stored.payload).is_ok_and(
+                        |event| matches!(event, SessionEvent::RunStarted { run_id: id, .. } if id == run_id),
+                    )
+            });
+            if started_here {
+                return Ok(hit.session_id);
+            }
+        }
+        Err(AppError::not_found(format!("no run {run_id}")))
+    }
+}

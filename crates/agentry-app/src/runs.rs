@@ -1,0 +1,218 @@
+//! Runs as the application starts them. [`prepare`] turns what a front-end asks for (a
+//! [`RunInput`]: the HTTP API's `POST /v1/infer`, an MCP agent call) into a checked run
+//! request and where it runs, creating the session when asked; [`start_in_session`] hands the
+//! run to the hub. The front-ends only parse their own wire format into a `RunInput`.
+
+use agentry_core::approval::ApprovalPolicy;
+use agentry_core::context::CompactionSettings;
+use agentry_core::session::BusyPolicy;
+use agentry_core::{Input, RunLimits, RunRequest};
+use agentry_llm::GenerationParams;
+use agentry_store::NewSession;
+use agentry_types::{ContentPart, Message, SessionId};
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::{AppError, Failure};
+use crate::hub::Subscription;
+
+/// Which session a run goes to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SessionChoice {
+    /// None: an ephemeral run, nothing stored.
+    #[default]
+    Ephemeral,
+    /// A new session.
+    New,
+    /// This existing session.
+    Existing(SessionId),
+}
+
+/// What a front-end asks to run, before it is checked.
+#[derive(Debug, Clone, Default)]
+pub struct RunInput {
+    /// Run as this saved agent: its settings, under what the fields below say.
+    pub agent_id: Option<String>,
+    /// The model (a request naming its own does not use the agent's fallbacks).
+    pub model_id: Option<String>,
+    /// The system prompt.
+    pub system: Option<String>,
+    /// Exactly these tools (`["*"]`: all); none when neither this nor the agent names any.
+    pub tool_ids: Option<Vec<String>>,
+    /// Generation parameters.
+    pub params: Option<GenerationParams>,
+    /// Tool rounds allowed.
+    pub max_tool_rounds: Option<u32>,
+    /// Which tool calls wait for approval (merged over the agent's, per tool).
+    pub approvals: Option<ApprovalPolicy>,
+    /// How the run compacts its context.
+    pub compaction: Option<CompactionSettings>,
+    /// The user the run is for (their memories join the agent's).
+    pub user: Option<String>,
+    /// The new input.
+    pub input: Option<Input>,
+    /// Where it runs.
+    pub session: SessionChoice,
+}
+
+/// Where a prepared run goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A durable run in this session.
+    Session(SessionId),
+    /// An ephemeral run: nothing is stored.
+    Ephemeral,
+}
+
+/// Checks `input` for `caller` (the agent, model, tools, template and files it names, the
+/// caller's limits, approvals only in sessions) and turns it into a run request; creates the
+/// session for [`SessionChoice::New`]. Nothing is created when a check fails.
+pub async fn prepare(
+    app: &App,
+    caller: &Principal,
+    input: RunInput,
+) -> Result<(Target, RunRequest), AppError> {
+    if let Some(user) = &input.user {
+        crate::config::check_name("user", user)?;
+    }
+    // The agent the run runs as (`talk_to` refuses to target it): its settings, under what the
+    // input itself says.
+    let mut request = match input.agent_id.as_deref() {
+        Some(id) => {
+            crate::config::check_name("agent", id)?;
+            let agent = crate::agents::stored_agent(&app.store, id)
+                .await?
+                .ok_or_else(|| AppError::bad_request(format!("no agent {id:?}")))?;
+            let run = agent.resolve(&app.sessions.runtime(), app.tools.skill_roots.as_deref())?;
+            let mut request = run.request(input.user.clone());
+            if let Some(model) = input.model_id {
+                request.model = Some(model);
+                request.fallback_models.clear();
+            }
+            request.tools = input.tool_ids.or(request.tools);
+            request.system = input.system.or(request.system);
+            if let Some(params) = input.params {
+                request.params = params;
+            }
+            if let (Some(rounds), Some(limits)) = (input.max_tool_rounds, request.limits.as_mut()) {
+                limits.max_tool_rounds = rounds;
+            }
+            request.approvals = match (request.approvals.take(), input.approvals) {
+                (Some(agent), Some(own)) => Some(agent.merged(&own)),
+                (agent, own) => own.or(agent),
+            };
+            request.compaction = input.compaction.or(request.compaction);
+            request
+        }
+        None => RunRequest {
+            model: input.model_id,
+            system: input.system,
+            tools: input.tool_ids,
+            params: input.params.unwrap_or_default(),
+            limits: input.max_tool_rounds.map(|rounds| RunLimits {
+                max_tool_rounds: rounds,
+                ..RunLimits::default()
+            }),
+            approvals: input.approvals,
+            compaction: input.compaction,
+            user: input.user.clone(),
+            ..RunRequest::default()
+        },
+    };
+    request.input = input.input;
+    // A saved agent remembers: its memories (and the user's) join the system prompt.
+    crate::memory::remember(&app.store, &mut request).await?;
+    // A `user` key runs only within its limits (the agent it runs as brings its own tools).
+    let named_tools = if input.agent_id.is_some() {
+        None
+    } else {
+        request.tools.as_deref()
+    };
+    caller
+        .check_run(
+            input.agent_id.as_deref(),
+            request.model.as_deref(),
+            named_tools,
+        )
+        .map_err(|message| AppError::new(Failure::Forbidden, "permission_denied", message))?;
+    // Check the model, tools, template and attached files before anything is created (a new
+    // session's id is chosen now, so its workspace is known).
+    let new_id = SessionId::new();
+    let planned = match input.session {
+        SessionChoice::Ephemeral => None,
+        SessionChoice::New => Some(new_id),
+        SessionChoice::Existing(id) => Some(id),
+    };
+    let mut check = request.clone().with_history(vec![Message::user("")]);
+    check.workspace = planned.and_then(|id| app.sessions.workspace(id));
+    // The policy the run will have: its own, plus the operator's defaults by risk class.
+    let may_ask = app.sessions.runtime().prepare(check)?.approvals.may_ask();
+    let target = match input.session {
+        SessionChoice::Ephemeral => {
+            if may_ask {
+                return Err(AppError::bad_request(
+                    "a run whose tool calls may wait for approval needs a session \
+                     (`session_id`); tools that run on the host, and the risk classes the \
+                     operator named (`agentry serve --approve`), always ask unless the run's \
+                     `approvals` say otherwise",
+                ));
+            }
+            if request.input.is_none() {
+                return Err(AppError::bad_request(
+                    "the request has no input (`text` or `messages`)",
+                ));
+            }
+            Target::Ephemeral
+        }
+        SessionChoice::New => {
+            let mut new = NewSession::with_id(new_id);
+            new.title = first_line(&request);
+            new.owner = caller.owner();
+            let record = app.store.create_session(new).await?;
+            Target::Session(record.id)
+        }
+        SessionChoice::Existing(id) => {
+            let Some(record) = app
+                .store
+                .session(id)
+                .await?
+                .filter(|record| caller.may_see(record.owner.as_deref()))
+            else {
+                return Err(AppError::not_found(format!("no session {id}")));
+            };
+            if crate::group::info_of(&record.metadata).is_some() {
+                return Err(AppError::bad_request(format!(
+                    "session {id} is a group chat: name its members in `agent_ids`, or use \
+                     `POST /v1/groups/{id}/messages`"
+                )));
+            }
+            Target::Session(id)
+        }
+    };
+    Ok((target, request))
+}
+
+/// Starts `request` in `session` (as `policy` says when a run is in progress) and hands it to
+/// the hub; the subscription misses none of its events.
+pub async fn start_in_session(
+    app: &App,
+    session: SessionId,
+    request: RunRequest,
+    policy: BusyPolicy,
+) -> Result<Subscription, AppError> {
+    let stream = app.sessions.send(session, request, policy).await?;
+    Ok(app.hub.adopt(session, stream))
+}
+
+/// The first 80 characters of a request's input text (a template's name for a template input).
+pub fn first_line(request: &RunRequest) -> Option<String> {
+    match &request.input {
+        Some(Input::Text { text }) => Some(text.chars().take(80).collect()),
+        Some(Input::Content { content }) => content.iter().find_map(|part| match part {
+            ContentPart::Text { text } => Some(text.chars().take(80).collect()),
+            _ => None,
+        }),
+        Some(Input::Template { template, .. }) => Some(template.clone()),
+        None => None,
+    }
+}

@@ -1,0 +1,255 @@
+//! Model configurations, and assembling the runtime from what the configuration store holds.
+//!
+//! Models, configured tools and prompt templates live in the store; whenever one changes, the
+//! server builds a new [`Runtime`] from them and hands it to the session manager (runs already
+//! going keep the runtime they started with).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use agentry_core::Runtime;
+use agentry_core::tool::Tool;
+use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
+use agentry_mcp::McpManager;
+use agentry_store::{ConfigKind, Store};
+use agentry_tools::{
+    ShellToolsConfig, StaticSecrets, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
+    shell_tools, workspace_tools,
+};
+
+use crate::config::ConfigRepo;
+use crate::error::AppError;
+
+/// A registered model. Accepts the Python service's field names (`model_id`, `api_protocol`,
+/// `api_base`) as well as Agentry's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The id requests name it by.
+    #[serde(alias = "model_id")]
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    pub id: String,
+    /// The wire protocol.
+    #[serde(alias = "api_protocol", default = "default_protocol")]
+    #[schema(schema_with = crate::schema::protocol_schema)]
+    pub protocol: Protocol,
+    /// Base URL (default: the protocol's public endpoint).
+    #[serde(alias = "api_base", default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The provider's model name.
+    #[schema(pattern = "\\S")]
+    pub model_name: String,
+    /// The name of the secret (see `/v1/env`) holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret: Option<String>,
+    /// Default generation parameters.
+    #[serde(default, alias = "generate_params")]
+    #[schema(value_type = Object)]
+    pub params: GenerationParams,
+    /// The model's context window in tokens (default: the window the provider states — an
+    /// OpenAI-compatible `/models` listing's `max_model_len` / `context_length`, Ollama's
+    /// `num_ctx` — else the model's known window, else 8192). Compaction keeps requests under it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 256)]
+    pub context_window: Option<u32>,
+    /// Whether this is the default model, used when a request names none (default: the first
+    /// model registered is).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
+}
+
+fn default_protocol() -> Protocol {
+    Protocol::OpenAi
+}
+
+/// A stored prompt template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// The template's name.
+    #[serde(alias = "id")]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    pub name: String,
+    /// Its text, with `{{placeholders}}`.
+    #[serde(alias = "content")]
+    pub template: String,
+}
+
+impl ModelConfig {
+    /// The client for this model, its key resolved from `secrets`.
+    pub fn client(
+        &self,
+        secrets: &HashMap<String, String>,
+        http: &reqwest::Client,
+    ) -> Result<HttpModelClient, AppError> {
+        let mut config = ProviderConfig::new(self.protocol, &self.model_name);
+        if let Some(base_url) = &self.base_url {
+            config = config.with_base_url(base_url);
+        }
+        if let Some(name) = &self.api_key_secret {
+            let key = secrets.get(name).ok_or_else(|| {
+                AppError::bad_request(format!(
+                    "model {:?} uses the secret {name:?}, which is not set (POST /v1/env)",
+                    self.id
+                ))
+            })?;
+            config = config.with_api_key(key);
+        }
+        if let Some(tokens) = self.context_window {
+            config = config.with_context_window(u64::from(tokens));
+        }
+        HttpModelClient::with_http_client(config, http.clone())
+            .map_err(|error| AppError::bad_request(format!("model {:?}: {error}", self.id)))
+    }
+}
+
+/// The stored secrets, by name (for building clients and tools inside the process only).
+pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, AppError> {
+    let mut secrets = HashMap::new();
+    for info in store.list_secrets().await? {
+        if let Some(value) = store.reveal_secret(&info.name).await? {
+            secrets.insert(info.name, value);
+        }
+    }
+    Ok(secrets)
+}
+
+/// The built-in tools runs get in `environment`: `current_time`, `delegate` and `talk_to`; the
+/// file tools and `fetch` when sessions have workspaces; `exec` and `terminal` when they also
+/// have sandboxes.
+pub fn builtins(environment: &crate::environment::ToolEnvironment) -> Vec<Arc<dyn Tool>> {
+    let mut tools = builtin_tools();
+    tools.extend(environment.delegation.tools());
+    if environment.workspaces.is_some() {
+        tools.extend(workspace_tools(WorkspaceToolsConfig {
+            fetch: Some(environment.fetch.clone()),
+            ..WorkspaceToolsConfig::default()
+        }));
+        if let Some(sandboxes) = &environment.sandboxes {
+            tools.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
+        }
+    }
+    tools
+}
+
+/// Builds the runtime from the store: every model, the built-in tools (with the file tools when
+/// sessions have workspaces, and `exec` and `terminal` when they also have sandboxes), the
+/// configured tools (command tools in the sandbox), the tools of every connected MCP server,
+/// the skills of every saved agent, every template. Invalid stored entries are skipped with a
+/// warning, so one bad entry cannot take the server down.
+///
+/// The default model is the one marked `default` (the first registered of them, should several
+/// be), else the first registered. Each model's context window is asked of its provider here
+/// (once per model in the process, see [`agentry_llm::window`]), all at once and within
+/// [`agentry_llm::window::DISCOVERY_TIMEOUT`], never on a run's path.
+pub async fn build_runtime(
+    store: &Store,
+    http: &reqwest::Client,
+    mcp: &McpManager,
+    environment: &crate::environment::ToolEnvironment,
+) -> Result<Runtime, AppError> {
+    let secrets = secrets(store).await?;
+    let mut builder = Runtime::builder();
+    builder.approval_defaults(environment.approval_defaults.clone());
+    builder.network_check(agentry_tools::validate_network_policy);
+    let mut models = Vec::new();
+    // In the order they were registered: the first is the default unless one is marked.
+    for (name, value) in store.list_config_registered(ConfigKind::Model).await? {
+        let built = serde_json::from_value::<ModelConfig>(value)
+            .map_err(|error| AppError::bad_request(error.to_string()))
+            .and_then(|model| Ok((model.default, model.client(&secrets, http)?)));
+        match built {
+            Ok((marked, client)) => models.push((name, marked, client)),
+            Err(error) => tracing::warn!(model = %name, "skipping a model: {}", error.message),
+        }
+    }
+    futures::future::join_all(models.iter().map(|(_, _, client)| {
+        client.discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
+    }))
+    .await;
+    let mut marked_default: Option<String> = None;
+    for (name, marked, client) in models {
+        if marked {
+            match &marked_default {
+                None => marked_default = Some(name.clone()),
+                Some(first) => tracing::warn!(
+                    model = %name,
+                    "several models are marked default; {first:?} (registered first) is"
+                ),
+            }
+        }
+        builder.model(name, client);
+    }
+    if let Some(name) = marked_default {
+        builder.default_model(name);
+    }
+    for tool in builtins(environment) {
+        builder.tool_arc(tool)?;
+    }
+    // Command tools run in the session's sandbox when there is one; on the host only when the
+    // operator allows host commands (otherwise they are refused and skipped here).
+    let sandboxes = crate::config::command_sandboxes(environment);
+    let resolver: Arc<dyn agentry_tools::SecretResolver> = Arc::new(StaticSecrets(secrets));
+    for (name, value) in store.list_config(ConfigKind::Tool).await? {
+        let built = serde_json::from_value::<ToolDefinition>(value)
+            .map_err(|error| error.to_string())
+            .and_then(|definition| {
+                definition
+                    .build_in(
+                        http,
+                        Arc::clone(&resolver),
+                        sandboxes,
+                        environment.allow_host_commands,
+                    )
+                    .map_err(|error| error.to_string())
+            });
+        match built {
+            Ok(tool) => {
+                if let Err(error) = builder.tool_arc(tool) {
+                    tracing::warn!(tool = %name, "skipping a tool: {error}");
+                }
+            }
+            Err(error) => tracing::warn!(tool = %name, "skipping a tool: {error}"),
+        }
+    }
+    for tool in crate::mcp_tools::tools(mcp, environment.elicitations.as_ref()) {
+        let name = tool.spec().name.clone();
+        if let Err(error) = builder.tool_arc(tool) {
+            tracing::warn!(tool = %name, "skipping an MCP tool: {error}");
+        }
+    }
+    // The skills of every saved agent (each folder once; a name taken by another tool is
+    // skipped, and running the agent then says so).
+    let mut skill_dirs = std::collections::BTreeSet::new();
+    for (name, agent) in ConfigRepo::<crate::agents::AgentConfig>::new(store)
+        .list()
+        .await?
+    {
+        for path in agent.skills {
+            if !skill_dirs.insert(path.clone()) {
+                continue;
+            }
+            match crate::agents::load_skill(&path, environment.skill_roots.as_deref()) {
+                Ok(skill) => {
+                    let skill_name = skill.name().to_owned();
+                    if builder.tools_contain(&skill_name) {
+                        tracing::warn!(agent = %name, skill = %path, "skipping a skill: a tool is already named {skill_name:?}");
+                    } else if let Err(error) = builder.skill(skill) {
+                        tracing::warn!(agent = %name, skill = %path, "skipping a skill: {error}");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(agent = %name, skill = %path, "skipping a skill: {}", error.message)
+                }
+            }
+        }
+    }
+    for (name, template) in ConfigRepo::<TemplateConfig>::new(store).list().await? {
+        if let Err(error) = builder.template(&template.name, &template.template) {
+            tracing::warn!(template = %name, "skipping a template: {error}");
+        }
+    }
+    Ok(builder.build())
+}

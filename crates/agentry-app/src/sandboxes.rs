@@ -1,0 +1,641 @@
+//! Standalone sandboxes: the ones clients make through `/v1/sandboxes` (an E2B-like surface),
+//! apart from the per-session sandboxes of the built-in tools ([`agentry_sandbox::SandboxPool`]).
+//!
+//! [`SandboxRegistry`] holds them by id (a UUIDv7). Each gets a fresh workspace folder under a
+//! server-owned root, removed when the sandbox closes, and keeps the background processes
+//! started in it ([`Process`]). At most [`MAX_SANDBOXES`] are open at once. A sandbox that closes
+//! by itself (idle timeout, wall-time limit, its agent died) leaves the registry within a second,
+//! its workspace with it. The server closes every one at shutdown ([`SandboxRegistry::close_all`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use crate::clock::now_ms;
+use std::time::{Duration, Instant};
+
+use crate::error::Failure;
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use uuid::Uuid;
+
+use agentry_sandbox::{
+    Backend, ExecEvent, ExecHandle, ExitStatus, Sandbox, SandboxError, SandboxSpec,
+};
+
+use crate::error::AppError;
+
+/// How many standalone sandboxes may exist at once.
+pub const MAX_SANDBOXES: usize = 64;
+
+/// How many background processes may run at once in one sandbox.
+pub const MAX_BACKGROUND: usize = 64;
+
+/// How many finished background processes a sandbox remembers (the oldest are forgotten).
+pub const KEPT_FINISHED: usize = 32;
+
+/// How much of each of stdout and stderr is kept for a command (bytes); the rest is dropped and
+/// the output marked truncated.
+pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// How often closed sandboxes are looked for.
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The API error for a failed sandbox operation: a missing path is a 404, a refused one a 403,
+/// a conflicting one a 409, a full disk or an over-large file a 413, a closed sandbox a 404,
+/// an unavailable backend a 503, a full pool a 429; other failures inside the sandbox are the
+/// request's (400).
+pub fn sandbox_error(error: SandboxError) -> AppError {
+    match error {
+        SandboxError::Unavailable(message) => unavailable(message),
+        SandboxError::Closed { reason } => AppError::new(
+            Failure::NotFound,
+            "sandbox_closed",
+            format!("the sandbox is closed: {reason}"),
+        )
+        .with_details(json!({ "reason": reason })),
+        SandboxError::InvalidRequest(message) => AppError::bad_request(message),
+        SandboxError::TooLarge { limit } => AppError::new(
+            Failure::TooLarge,
+            "file_too_large",
+            format!("the file is larger than {limit} bytes"),
+        )
+        .with_details(json!({ "limit": limit })),
+        SandboxError::Remote { errno, message } => match errno {
+            Some(errno) => errno_error(errno, message),
+            None => AppError::bad_request(message),
+        },
+        SandboxError::Io(error) => match error.raw_os_error() {
+            Some(errno) if kind_status(errno).0 == Failure::TooLarge => {
+                errno_error(errno, error.to_string())
+            }
+            _ => AppError::internal(format!("sandbox io: {error}")),
+        },
+        SandboxError::Setup(message) => AppError::internal(format!("sandbox: {message}")),
+        SandboxError::PoolFull { max } => AppError::new(
+            Failure::TooMany,
+            "too_many_sandboxes",
+            SandboxError::PoolFull { max }.to_string(),
+        )
+        .with_details(json!({ "max_sandboxes": max })),
+    }
+}
+
+/// 503 `sandbox_unavailable`.
+pub fn unavailable(message: impl Into<String>) -> AppError {
+    AppError::new(Failure::Unavailable, "sandbox_unavailable", message)
+}
+
+/// The status and code for an errno from inside a sandbox.
+fn kind_status(errno: i32) -> (Failure, &'static str) {
+    use std::io::ErrorKind;
+    match std::io::Error::from_raw_os_error(errno).kind() {
+        ErrorKind::NotFound | ErrorKind::NotADirectory => (Failure::NotFound, "not_found"),
+        ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => {
+            (Failure::Forbidden, "forbidden")
+        }
+        ErrorKind::AlreadyExists
+        | ErrorKind::DirectoryNotEmpty
+        | ErrorKind::ResourceBusy
+        | ErrorKind::ExecutableFileBusy => (Failure::Conflict, "conflict"),
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge => {
+            (Failure::TooLarge, "no_space")
+        }
+        _ => (Failure::Invalid, "invalid_request"),
+    }
+}
+
+fn errno_error(errno: i32, message: String) -> AppError {
+    let (status, code) = kind_status(errno);
+    AppError::new(status, code, message).with_details(json!({ "errno": errno }))
+}
+
+/// A command's output, kept up to a cap.
+#[derive(Debug, Clone, Default)]
+pub struct CappedOutput {
+    /// The bytes kept.
+    pub bytes: Vec<u8>,
+    /// Whether bytes past the cap were dropped.
+    pub truncated: bool,
+}
+
+impl CappedOutput {
+    /// Appends a chunk, keeping at most `cap` bytes in all.
+    pub fn push(&mut self, chunk: &[u8], cap: usize) {
+        let room = cap.saturating_sub(self.bytes.len());
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        self.bytes
+            .extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
+    }
+
+    /// The bytes as (lossy) UTF-8.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+/// What a background process has printed so far, and how it ended.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessOutput {
+    /// Standard output (the first [`OUTPUT_CAP`] bytes).
+    pub stdout: CappedOutput,
+    /// Standard error (the first [`OUTPUT_CAP`] bytes).
+    pub stderr: CappedOutput,
+    /// How it ended; `None` while it runs.
+    pub exit: Option<ExitStatus>,
+    /// How long it ran (so far), in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// A background process of a standalone sandbox.
+#[derive(Debug)]
+pub struct Process {
+    /// Its id (a UUIDv7).
+    pub id: Uuid,
+    /// What runs.
+    pub argv: Vec<String>,
+    /// When it started, Unix milliseconds.
+    pub started_at: u64,
+    started: Instant,
+    output: Mutex<ProcessOutput>,
+    kill: Notify,
+    done: watch::Sender<bool>,
+}
+
+impl Process {
+    /// Its output so far and, once it ended, its exit.
+    pub fn output(&self) -> ProcessOutput {
+        let mut output = lock(&self.output).clone();
+        if output.exit.is_none() {
+            output.duration_ms = millis(self.started.elapsed());
+        }
+        output
+    }
+
+    /// Whether it still runs.
+    pub fn running(&self) -> bool {
+        !*self.done.borrow()
+    }
+
+    /// Kills it and everything it started.
+    pub fn kill(&self) {
+        self.kill.notify_one();
+    }
+
+    /// Waits up to `limit` for it to end; whether it has.
+    pub async fn wait(&self, limit: Duration) -> bool {
+        let mut done = self.done.subscribe();
+        tokio::time::timeout(limit, done.wait_for(|done| *done))
+            .await
+            .is_ok_and(|result| result.is_ok())
+    }
+
+    /// Collects the handle's events until the command ends, killing it when asked.
+    async fn pump(self: Arc<Self>, mut handle: ExecHandle) {
+        loop {
+            tokio::select! {
+                event = handle.next() => match event {
+                    Some(ExecEvent::Stdout(chunk)) => lock(&self.output).stdout.push(&chunk, OUTPUT_CAP),
+                    Some(ExecEvent::Stderr(chunk)) => lock(&self.output).stderr.push(&chunk, OUTPUT_CAP),
+                    Some(ExecEvent::Exit(status)) => {
+                        self.finish(status);
+                        break;
+                    }
+                    None => {
+                        self.finish(ExitStatus {
+                            code: None,
+                            signal: None,
+                            timed_out: false,
+                            killed: false,
+                            out_of_memory: false,
+                            sandbox_closed: Some("the command's output ended".into()),
+                        });
+                        break;
+                    }
+                },
+                () = self.kill.notified() => handle.kill(),
+            }
+        }
+    }
+
+    fn finish(&self, status: ExitStatus) {
+        {
+            let mut output = lock(&self.output);
+            output.exit = Some(status);
+            output.duration_ms = millis(self.started.elapsed());
+        }
+        self.done.send_replace(true);
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One standalone sandbox.
+#[derive(Debug)]
+pub struct Standalone {
+    /// Its id (a UUIDv7).
+    pub id: Uuid,
+    /// The sandbox.
+    pub sandbox: Sandbox,
+    /// When it was made, Unix milliseconds.
+    pub created_at: u64,
+    /// The specification it was made from (its workspace is the host folder).
+    pub spec: SandboxSpec,
+    /// Who it belongs to (the id of the API key that made it; `None`: the operator).
+    pub owner: Option<String>,
+    processes: Mutex<Processes>,
+}
+
+#[derive(Debug, Default)]
+struct Processes {
+    by_id: BTreeMap<Uuid, Arc<Process>>,
+    /// Background commands being started (counted against [`MAX_BACKGROUND`]).
+    starting: usize,
+}
+
+/// A place for one background process, taken before it starts.
+#[derive(Debug)]
+pub struct BackgroundSlot<'a> {
+    owner: &'a Standalone,
+    used: bool,
+}
+
+impl Drop for BackgroundSlot<'_> {
+    fn drop(&mut self) {
+        if !self.used {
+            let mut processes = lock(&self.owner.processes);
+            processes.starting = processes.starting.saturating_sub(1);
+        }
+    }
+}
+
+impl Standalone {
+    /// The host folder of its workspace.
+    pub fn workspace(&self) -> &Path {
+        &self.spec.workspace
+    }
+
+    /// Takes a place for a background process: 429 when [`MAX_BACKGROUND`] already run.
+    pub fn reserve_background(&self) -> Result<BackgroundSlot<'_>, AppError> {
+        let mut processes = lock(&self.processes);
+        let running = processes.by_id.values().filter(|p| p.running()).count();
+        if running + processes.starting >= MAX_BACKGROUND {
+            return Err(AppError::new(
+                Failure::TooMany,
+                "too_many_processes",
+                format!(
+                    "this sandbox already runs {MAX_BACKGROUND} background processes: kill one first"
+                ),
+            ));
+        }
+        processes.starting += 1;
+        Ok(BackgroundSlot {
+            owner: self,
+            used: false,
+        })
+    }
+
+    /// Adopts a started command as a background process, collecting its output.
+    pub fn adopt(
+        &self,
+        mut slot: BackgroundSlot<'_>,
+        handle: ExecHandle,
+        argv: Vec<String>,
+        started: Instant,
+    ) -> Arc<Process> {
+        let (done, _) = watch::channel(false);
+        let process = Arc::new(Process {
+            id: Uuid::now_v7(),
+            argv,
+            started_at: now_ms().saturating_sub(millis(started.elapsed())),
+            started,
+            output: Mutex::new(ProcessOutput::default()),
+            kill: Notify::new(),
+            done,
+        });
+        tokio::spawn(Arc::clone(&process).pump(handle));
+        let mut processes = lock(&self.processes);
+        slot.used = true;
+        processes.starting = processes.starting.saturating_sub(1);
+        processes.by_id.insert(process.id, Arc::clone(&process));
+        // Forget the oldest finished ones past the number kept.
+        let finished: Vec<Uuid> = processes
+            .by_id
+            .values()
+            .filter(|p| !p.running())
+            .map(|p| p.id)
+            .collect();
+        for id in finished
+            .iter()
+            .take(finished.len().saturating_sub(KEPT_FINISHED))
+        {
+            processes.by_id.remove(id);
+        }
+        process
+    }
+
+    /// The background processes still running, oldest first.
+    pub fn running_processes(&self) -> Vec<Arc<Process>> {
+        lock(&self.processes)
+            .by_id
+            .values()
+            .filter(|p| p.running())
+            .cloned()
+            .collect()
+    }
+
+    /// One background process (running, or finished and still remembered).
+    pub fn process(&self, id: Uuid) -> Option<Arc<Process>> {
+        lock(&self.processes).by_id.get(&id).cloned()
+    }
+}
+
+/// The standalone sandboxes by id. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SandboxRegistry {
+    inner: Arc<RegistryInner>,
+}
+
+#[derive(Debug)]
+struct RegistryInner {
+    /// Where workspaces are made.
+    root: PathBuf,
+    /// How many may be open at once.
+    max: usize,
+    /// Whether `root` is ours (the default under the temporary folder), removed when empty.
+    own_root: bool,
+    slots: Mutex<Slots>,
+    sweeping: AtomicBool,
+}
+
+/// A sandbox being made, counted against the registry's maximum until dropped.
+struct Creating {
+    inner: Arc<RegistryInner>,
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        let mut slots = lock(&self.inner.slots);
+        slots.creating = slots.creating.saturating_sub(1);
+    }
+}
+
+#[derive(Debug, Default)]
+struct Slots {
+    sandboxes: HashMap<Uuid, Arc<Standalone>>,
+    /// Sandboxes being made (counted against [`MAX_SANDBOXES`]).
+    creating: usize,
+}
+
+impl SandboxRegistry {
+    /// A registry making workspaces under `root`; without one, under
+    /// `<temporary folder>/agentry-sandboxes-<pid>`.
+    pub fn new(root: Option<PathBuf>) -> Self {
+        Self::with_max(root, MAX_SANDBOXES)
+    }
+
+    /// A registry allowing `max` open sandboxes (at least one) instead of [`MAX_SANDBOXES`].
+    pub fn with_max(root: Option<PathBuf>, max: usize) -> Self {
+        let own_root = root.is_none();
+        let root = root.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("agentry-sandboxes-{}", std::process::id()))
+        });
+        Self {
+            inner: Arc::new(RegistryInner {
+                root,
+                max: max.max(1),
+                own_root,
+                slots: Mutex::new(Slots::default()),
+                sweeping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// How many sandboxes may be open at once.
+    pub fn max(&self) -> usize {
+        self.inner.max
+    }
+
+    /// The folder workspaces are made in.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// Makes a sandbox with `backend` from `spec`, in a fresh workspace (the spec's workspace is
+    /// replaced). 429 when [`SandboxRegistry::max`] are open.
+    pub async fn create(
+        &self,
+        backend: &Arc<dyn Backend>,
+        spec: SandboxSpec,
+        owner: Option<String>,
+    ) -> Result<Arc<Standalone>, AppError> {
+        self.sweep().await;
+        let place = {
+            let mut slots = lock(&self.inner.slots);
+            let max = self.inner.max;
+            if slots.sandboxes.len() + slots.creating >= max {
+                return Err(AppError::new(
+                    Failure::TooMany,
+                    "too_many_sandboxes",
+                    format!(
+                        "{max} sandboxes are open, the most this server allows: delete one first \
+                         (DELETE /v1/sandboxes/{{id}})"
+                    ),
+                )
+                .with_details(json!({ "max_sandboxes": max })));
+            }
+            slots.creating += 1;
+            Creating {
+                inner: Arc::clone(&self.inner),
+            }
+        };
+        // Made in a task of its own, so a client that goes away cannot leave a half-made
+        // sandbox behind: it is registered (and listed), and closes when idle.
+        let registry = self.clone();
+        let backend = Arc::clone(backend);
+        tokio::spawn(async move {
+            let place = place;
+            let mut spec = spec;
+            let (id, sandbox) = registry.make(&backend, &mut spec).await?;
+            let entry = Arc::new(Standalone {
+                id,
+                sandbox,
+                created_at: now_ms(),
+                spec,
+                owner,
+                processes: Mutex::new(Processes::default()),
+            });
+            lock(&registry.inner.slots)
+                .sandboxes
+                .insert(id, Arc::clone(&entry));
+            drop(place);
+            registry.start_sweeping();
+            Ok(entry)
+        })
+        .await
+        .map_err(|error| AppError::internal(format!("making a sandbox failed: {error}")))?
+    }
+
+    async fn make(
+        &self,
+        backend: &Arc<dyn Backend>,
+        spec: &mut SandboxSpec,
+    ) -> Result<(Uuid, Sandbox), AppError> {
+        let id = Uuid::now_v7();
+        let workspace = self.inner.root.join(id.to_string());
+        let folder = workspace.clone();
+        tokio::task::spawn_blocking(move || std::fs::create_dir_all(folder))
+            .await
+            .map_err(|error| AppError::internal(error.to_string()))?
+            .map_err(|error| {
+                unavailable(format!(
+                    "cannot make the sandbox's workspace {}: {error}",
+                    workspace.display()
+                ))
+            })?;
+        spec.workspace = workspace.clone();
+        match backend.create(spec.clone()).await {
+            Ok(sandbox) => Ok((id, sandbox)),
+            Err(error) => {
+                remove_workspace(workspace).await;
+                Err(match error {
+                    SandboxError::Setup(message) | SandboxError::Unavailable(message) => {
+                        unavailable(format!("cannot make a sandbox: {message}"))
+                    }
+                    SandboxError::Io(error) => {
+                        unavailable(format!("cannot make a sandbox: {error}"))
+                    }
+                    other => sandbox_error(other),
+                })
+            }
+        }
+    }
+
+    /// The open sandbox `id`: 404 when there is none (or it has closed).
+    pub fn get(&self, id: Uuid) -> Result<Arc<Standalone>, AppError> {
+        let entry = lock(&self.inner.slots).sandboxes.get(&id).cloned();
+        match entry {
+            Some(entry) if entry.sandbox.closed_reason().is_none() => Ok(entry),
+            _ => Err(AppError::not_found(format!("no sandbox {id}"))),
+        }
+    }
+
+    /// The open sandboxes, oldest first.
+    pub fn list(&self) -> Vec<Arc<Standalone>> {
+        let mut open: Vec<Arc<Standalone>> = lock(&self.inner.slots)
+            .sandboxes
+            .values()
+            .filter(|entry| entry.sandbox.closed_reason().is_none())
+            .cloned()
+            .collect();
+        open.sort_by_key(|entry| entry.id);
+        open
+    }
+
+    /// How many sandboxes are open.
+    pub fn len(&self) -> usize {
+        self.list().len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Closes sandbox `id` (every process in it) and removes its workspace: 404 when there is
+    /// none.
+    pub async fn remove(&self, id: Uuid) -> Result<(), AppError> {
+        let entry = lock(&self.inner.slots).sandboxes.remove(&id);
+        let Some(entry) = entry else {
+            return Err(AppError::not_found(format!("no sandbox {id}")));
+        };
+        let closed_before = entry.sandbox.closed_reason().is_some();
+        close(&entry).await;
+        if closed_before {
+            return Err(AppError::not_found(format!("no sandbox {id}")));
+        }
+        Ok(())
+    }
+
+    /// Closes every sandbox and removes their workspaces (at shutdown).
+    pub async fn close_all(&self) {
+        let entries: Vec<Arc<Standalone>> = lock(&self.inner.slots)
+            .sandboxes
+            .drain()
+            .map(|(_, entry)| entry)
+            .collect();
+        futures::future::join_all(entries.iter().map(|entry| close(entry))).await;
+        if self.inner.own_root {
+            let root = self.inner.root.clone();
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir(root)).await;
+        }
+    }
+
+    /// Forgets the sandboxes that closed by themselves, removing their workspaces.
+    async fn sweep(&self) {
+        sweep(&self.inner).await;
+    }
+
+    fn start_sweeping(&self) {
+        if self.inner.sweeping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let registry: Weak<RegistryInner> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                let Some(inner) = registry.upgrade() else {
+                    return;
+                };
+                sweep(&inner).await;
+            }
+        });
+    }
+}
+
+async fn sweep(inner: &RegistryInner) {
+    let closed: Vec<Arc<Standalone>> = {
+        let mut slots = lock(&inner.slots);
+        let ids: Vec<Uuid> = slots
+            .sandboxes
+            .values()
+            .filter(|entry| entry.sandbox.closed_reason().is_some())
+            .map(|entry| entry.id)
+            .collect();
+        ids.iter()
+            .filter_map(|id| slots.sandboxes.remove(id))
+            .collect()
+    };
+    for entry in closed {
+        tracing::debug!(sandbox = %entry.id, reason = ?entry.sandbox.closed_reason(), "sandbox closed");
+        close(&entry).await;
+    }
+}
+
+/// Closes a sandbox and removes its workspace.
+async fn close(entry: &Standalone) {
+    entry.sandbox.close().await;
+    remove_workspace(entry.workspace().to_path_buf()).await;
+}
+
+async fn remove_workspace(path: PathBuf) {
+    let shown = path.display().to_string();
+    let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Ok(Err(error)) => {
+            tracing::warn!("cannot remove the sandbox workspace {shown}: {error}");
+        }
+        Err(error) => tracing::warn!("cannot remove the sandbox workspace {shown}: {error}"),
+    }
+}

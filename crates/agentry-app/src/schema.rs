@@ -1,0 +1,48 @@
+//! OpenAPI schemas of the application's types that their Rust shape does not describe: the
+//! approval policy (a type of `agentry-core`, documented by example) and the model protocol.
+//! The types derive `utoipa::ToSchema` so the HTTP API documents them without copies.
+
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+
+/// An approval policy: which tool calls wait for a person before they run.
+///
+/// Per tool (`tools`, by name; `default` for the others): `"always"` (every call waits),
+/// `"never"` (the default), or a rule on the arguments: `{"ask_if": MATCHERS}` (wait when one
+/// matches) or `{"allow_if": MATCHERS}` (run at once only when every checked argument matches).
+/// Matchers: `commands` (globs with `*` and `?`, or `re:<regex>`, on `command`/`cmd`/`script`),
+/// `path_prefixes` (on `path`, `file`, `dir`, `*_path`…; normalised, so `src/../etc` is not
+/// under `src`), `domains` (on `url`/`uri`/`urls`; `*.example.com` for subdomains).
+/// `unknown_outcome: "ask"` sends a non-idempotent call whose outcome a crash left unknown to a
+/// person instead of failing it.
+#[derive(Debug, Clone, ToSchema)]
+#[schema(example = json!({"tools": {"exec": {"ask_if": {"commands": ["rm *", "re:^git\\s+push"]}},
+    "write_file": {"allow_if": {"path_prefixes": ["src/"]}}, "fetch": {"allow_if": {"domains": ["docs.rs"]}},
+    "delete_everything": "always"}, "default": "never", "unknown_outcome": "ask"}))]
+pub struct ApprovalPolicyDoc {
+    /// Policies by tool name: `"always"`, `"never"` or a rule.
+    #[schema(value_type = Option<Object>)]
+    pub tools: Option<Value>,
+    /// The policy of tools not named in `tools`: `"always"`, `"never"` or a rule.
+    #[schema(value_type = Option<Object>)]
+    pub default: Option<Value>,
+    /// `interrupt` (default) or `ask`.
+    #[schema(pattern = "^(interrupt|ask)$")]
+    pub unknown_outcome: Option<String>,
+}
+
+/// The wire protocols a model may use (any spelling `Protocol` parses).
+pub fn protocol_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some([
+            "openai",
+            "openai-compatible",
+            "openai_compatible",
+            "anthropic",
+            "ollama",
+        ]))
+        .description(Some("The wire protocol (default `openai`)."))
+        .into()
+}

@@ -1,0 +1,398 @@
+//! Opening files inside the workspace root, and nowhere else.
+//!
+//! On Linux every open goes through `openat2(2)` relative to a descriptor of the root with
+//! `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`: the kernel resolves the whole path (each `..`,
+//! each symbolic link, absolute or relative, in any component) and fails with `EXDEV` when the
+//! resolution would leave the root, at the moment of the open, so a link swapped in after a
+//! check gains nothing. Folders are created one component at a time with `mkdirat` relative to
+//! a folder opened the same way; writes go to a temporary file created with `O_EXCL |
+//! O_NOFOLLOW` beside the target and renamed over it with `renameat`.
+//!
+//! Elsewhere the workspace tools are not available (they say so).
+
+use std::fs::File;
+
+use crate::tool::ToolError;
+
+/// Whether a write created the file or replaced one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The file did not exist.
+    Created,
+    /// An existing file was replaced.
+    Replaced,
+}
+
+/// The message for a file with several hard links.
+fn hard_link_refusal(display: &str, links: u64) -> ToolError {
+    ToolError::Failed(format!(
+        "{display} has {links} hard links; the workspace tools refuse files with more than one \
+         link, since another link may live outside the workspace"
+    ))
+}
+
+#[cfg(target_os = "linux")]
+pub use linux::Root;
+
+#[cfg(not(target_os = "linux"))]
+pub use unsupported::Root;
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::ffi::OsString;
+    use std::io::Write as _;
+    use std::os::fd::OwnedFd;
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+    use rustix::io::Errno;
+
+    use super::{File, ToolError, Written, hard_link_refusal};
+
+    /// How every path is resolved: beneath the root, no `/proc` magic links.
+    const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+
+    /// Distinguishes temporary files of concurrent writes.
+    static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+    /// An open workspace root.
+    #[derive(Debug)]
+    pub struct Root {
+        dir: OwnedFd,
+        path: PathBuf,
+        /// Who new files and folders belong to: the root folder's owner, when this process runs
+        /// as root and the folder is someone else's (a sandbox's workspace belongs to the
+        /// sandbox's unprivileged uid, which must be able to change what the tools write).
+        owner: Option<(rustix::fs::Uid, rustix::fs::Gid)>,
+    }
+
+    impl Root {
+        /// Opens the workspace root.
+        pub fn open(path: &Path) -> Result<Root, ToolError> {
+            let dir = rustix::fs::open(
+                path,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|errno| {
+                ToolError::Failed(format!("the workspace folder cannot be opened: {errno}"))
+            })?;
+            let owner = rustix::fs::fstat(&dir).ok().and_then(|stat| {
+                let uid = rustix::fs::Uid::from_raw(stat.st_uid);
+                let gid = rustix::fs::Gid::from_raw(stat.st_gid);
+                (rustix::process::geteuid().is_root() && !uid.is_root()).then_some((uid, gid))
+            });
+            Ok(Root {
+                dir,
+                path: path.to_owned(),
+                owner,
+            })
+        }
+
+        /// The root's path on the host.
+        pub fn path(&self) -> &Path {
+            &self.path
+        }
+
+        /// `openat2` relative to the root, retried on `EAGAIN`/`EINTR` (a concurrent rename
+        /// makes the kernel ask for a retry).
+        fn resolve(&self, relative: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+            resolve_at(&self.dir, relative, flags, mode)
+        }
+
+        /// Opens a regular file for reading, refusing folders, devices, FIFOs and files with
+        /// several hard links. Returns the file and its size.
+        pub fn open_read(&self, relative: &Path, display: &str) -> Result<(File, u64), ToolError> {
+            let fd = self
+                .resolve(
+                    relative,
+                    OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK,
+                    Mode::empty(),
+                )
+                .map_err(|errno| fs_error(display, errno))?;
+            let stat = rustix::fs::fstat(&fd).map_err(|errno| fs_error(display, errno))?;
+            match FileType::from_raw_mode(stat.st_mode) {
+                FileType::RegularFile => {}
+                FileType::Directory => {
+                    return Err(ToolError::Failed(format!(
+                        "{display} is a folder, not a file (list_dir lists folders)"
+                    )));
+                }
+                _ => {
+                    return Err(ToolError::Failed(format!(
+                        "{display} is not a regular file"
+                    )));
+                }
+            }
+            let links = link_count(&stat);
+            if links > 1 {
+                return Err(hard_link_refusal(display, links));
+            }
+            Ok((File::from(fd), u64::try_from(stat.st_size).unwrap_or(0)))
+        }
+
+        /// Checks that `relative` is a folder inside the workspace.
+        pub fn check_dir(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
+            self.resolve(relative, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+                .map(drop)
+                .map_err(|errno| match errno {
+                    Errno::NOTDIR => ToolError::Failed(format!("{display} is not a folder")),
+                    errno => fs_error(display, errno),
+                })
+        }
+
+        /// Checks that `relative` exists inside the workspace (any kind of file).
+        pub fn check_inside(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
+            self.resolve(relative, OFlags::PATH, Mode::empty())
+                .map(drop)
+                .map_err(|errno| fs_error(display, errno))
+        }
+
+        /// Writes `bytes` to `relative` atomically: a temporary file beside it, synced, then
+        /// renamed over it. Missing parent folders are created. An existing file keeps its
+        /// permissions; a symbolic link, a folder or a file with several hard links at the
+        /// path is refused.
+        pub fn write_atomic(
+            &self,
+            relative: &Path,
+            display: &str,
+            bytes: &[u8],
+        ) -> Result<Written, ToolError> {
+            let Some(name) = relative.file_name() else {
+                return Err(ToolError::InvalidArguments(format!(
+                    "{display} is not a file path"
+                )));
+            };
+            let parent_path = relative.parent().unwrap_or(Path::new(""));
+            let parent = self.open_dir_creating(parent_path, display)?;
+            let mode = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                    FileType::RegularFile => {
+                        let links = link_count(&stat);
+                        if links > 1 {
+                            return Err(hard_link_refusal(display, links));
+                        }
+                        Some(Mode::from_raw_mode(stat.st_mode) & Mode::from_raw_mode(0o777))
+                    }
+                    FileType::Symlink => {
+                        // Say whether it would have led outside; either way it is not followed.
+                        let target = self.resolve(relative, OFlags::PATH, Mode::empty());
+                        return Err(match target {
+                            Err(Errno::XDEV) => fs_error(display, Errno::XDEV),
+                            _ => ToolError::Failed(format!(
+                                "{display} is a symbolic link; write to the path it points to \
+                                 instead"
+                            )),
+                        });
+                    }
+                    FileType::Directory => {
+                        return Err(ToolError::Failed(format!(
+                            "{display} is a folder, not a file"
+                        )));
+                    }
+                    _ => {
+                        return Err(ToolError::Failed(format!(
+                            "{display} is not a regular file"
+                        )));
+                    }
+                },
+                Err(Errno::NOENT) => None,
+                Err(errno) => return Err(fs_error(display, errno)),
+            };
+            let temp = temp_name(name);
+            let fd = resolve_at(
+                &parent,
+                Path::new(&temp),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(|errno| fs_error(display, errno))?;
+            if let Some((uid, gid)) = self.owner {
+                rustix::fs::fchown(&fd, Some(uid), Some(gid))
+                    .map_err(|errno| fs_error(display, errno))?;
+            }
+            let written = write_and_rename(fd, mode, bytes, &parent, &temp, name);
+            if written.is_err() {
+                // Best effort: the temporary file is ours and useless now.
+                let _ = rustix::fs::unlinkat(&parent, &temp, AtFlags::empty());
+            }
+            written.map_err(|error| {
+                ToolError::Failed(format!("{display} could not be written: {error}"))
+            })?;
+            Ok(if mode.is_some() {
+                Written::Replaced
+            } else {
+                Written::Created
+            })
+        }
+
+        /// Opens the folder `relative`, creating it and its missing parents.
+        fn open_dir_creating(&self, relative: &Path, display: &str) -> Result<OwnedFd, ToolError> {
+            let flags = OFlags::PATH | OFlags::DIRECTORY;
+            match self.resolve(relative, flags, Mode::empty()) {
+                Ok(dir) => return Ok(dir),
+                Err(Errno::NOENT) => {}
+                Err(errno) => return Err(fs_error(display, errno)),
+            }
+            let mut dir = self
+                .resolve(Path::new(""), flags, Mode::empty())
+                .map_err(|errno| fs_error(display, errno))?;
+            let mut current = PathBuf::new();
+            for component in relative.components() {
+                let name = component.as_os_str();
+                current.push(name);
+                match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+                    Ok(()) => {
+                        if let Some((uid, gid)) = self.owner {
+                            rustix::fs::chownat(
+                                &dir,
+                                name,
+                                Some(uid),
+                                Some(gid),
+                                AtFlags::SYMLINK_NOFOLLOW,
+                            )
+                            .map_err(|errno| fs_error(display, errno))?;
+                        }
+                    }
+                    Err(Errno::EXIST) => {}
+                    Err(errno) => return Err(fs_error(display, errno)),
+                }
+                // Re-resolved from the root, so a link planted here is judged like any other.
+                dir = self
+                    .resolve(&current, flags, Mode::empty())
+                    .map_err(|errno| fs_error(display, errno))?;
+            }
+            Ok(dir)
+        }
+    }
+
+    /// The number of hard links (`nlink_t` is `u64` on some targets, `u32` on others).
+    #[allow(clippy::useless_conversion)]
+    fn link_count(stat: &rustix::fs::Stat) -> u64 {
+        u64::from(stat.st_nlink)
+    }
+
+    fn resolve_at(
+        dir: &OwnedFd,
+        relative: &Path,
+        flags: OFlags,
+        mode: Mode,
+    ) -> Result<OwnedFd, Errno> {
+        let path = if relative.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            relative
+        };
+        let mut attempts = 0;
+        loop {
+            match rustix::fs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, RESOLVE) {
+                Err(Errno::AGAIN | Errno::INTR) if attempts < 16 => attempts += 1,
+                other => return other,
+            }
+        }
+    }
+
+    fn write_and_rename(
+        fd: OwnedFd,
+        mode: Option<Mode>,
+        bytes: &[u8],
+        parent: &OwnedFd,
+        temp: &OsString,
+        name: &std::ffi::OsStr,
+    ) -> std::io::Result<()> {
+        if let Some(mode) = mode {
+            rustix::fs::fchmod(&fd, mode)?;
+        }
+        let mut file = File::from(fd);
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        rustix::fs::renameat(parent, temp, parent, name)?;
+        Ok(())
+    }
+
+    /// `.<name>.agentry-<pid>-<n>.tmp`, unique within the process and across processes.
+    fn temp_name(name: &std::ffi::OsStr) -> OsString {
+        let count = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut temp = OsString::from(".");
+        temp.push(name);
+        temp.push(format!(".agentry-{}-{count}.tmp", std::process::id()));
+        temp
+    }
+
+    /// A resolution failure as the model should read it.
+    fn fs_error(display: &str, errno: Errno) -> ToolError {
+        ToolError::Failed(match errno {
+            Errno::XDEV => format!(
+                "{display}: refused: the path leads outside the workspace (through a symbolic \
+                 link or \"..\")"
+            ),
+            Errno::LOOP => format!(
+                "{display}: refused: too many symbolic links, or a link the workspace tools do \
+                 not follow"
+            ),
+            Errno::NOENT => format!("{display}: no such file or folder"),
+            Errno::NOTDIR => format!("{display}: a part of the path is not a folder"),
+            Errno::ISDIR => format!("{display} is a folder, not a file"),
+            Errno::ACCESS | Errno::PERM => format!("{display}: permission denied"),
+            Errno::NAMETOOLONG => format!("{display}: the path is too long"),
+            Errno::NOSYS => "the workspace tools need Linux 5.6 or later (openat2)".to_owned(),
+            errno => format!("{display}: {errno}"),
+        })
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod unsupported {
+    use std::path::Path;
+
+    use super::{File, ToolError, Written};
+
+    /// A workspace root; only Linux has the confined resolution the tools need.
+    #[derive(Debug)]
+    pub struct Root {
+        _private: (),
+    }
+
+    fn unsupported<T>() -> Result<T, ToolError> {
+        Err(ToolError::Failed(
+            "the workspace tools are available on Linux only (they need openat2)".into(),
+        ))
+    }
+
+    impl Root {
+        pub fn open(_path: &Path) -> Result<Root, ToolError> {
+            unsupported()
+        }
+
+        pub fn path(&self) -> &Path {
+            Path::new("")
+        }
+
+        pub fn open_read(
+            &self,
+            _relative: &Path,
+            _display: &str,
+        ) -> Result<(File, u64), ToolError> {
+            unsupported()
+        }
+
+        pub fn check_dir(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn check_inside(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn write_atomic(
+            &self,
+            _relative: &Path,
+            _display: &str,
+            _bytes: &[u8],
+        ) -> Result<Written, ToolError> {
+            unsupported()
+        }
+    }
+}

@@ -1,0 +1,4 @@
+mod shell_tools;
+mod support;
+mod tools;
+mod workspace_tools;
