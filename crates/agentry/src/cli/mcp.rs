@@ -174,7 +174,7 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
         BTreeMap::from([(name, config)])
     };
     let store = data.open_store().await?;
-    let known = agentry_app::runtime::secrets(&store)
+    let known = agentry_app::config::secrets(&store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     for (name, config) in &servers {
@@ -214,7 +214,7 @@ async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
 
 /// Starts one server, prints its status and tools, stops it.
 async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
-    let secrets = agentry_app::runtime::secrets(store)
+    let secrets = agentry_app::config::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     // `agentry mcp check`: the operator, on their own terminal, asked for this server: it runs

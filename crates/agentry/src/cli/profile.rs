@@ -338,7 +338,7 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
     if names.is_empty() {
         return Ok(manager);
     }
-    let secrets = agentry_app::runtime::secrets(store)
+    let secrets = agentry_app::config::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     for name in names {
