@@ -471,3 +471,8 @@ pub async fn validate(
 pub async fn stored_agent(store: &Store, id: &str) -> Result<Option<AgentConfig>, AppError> {
     crate::config::ConfigRepo::new(store).get(id).await
 }
+
+impl crate::config::ConfigDoc for AgentConfig {
+    const KIND: agentry_store::ConfigKind = agentry_store::ConfigKind::Agent;
+    const NOUN: &'static str = "agent";
+}

@@ -602,6 +602,11 @@ impl Authenticator {
     }
 }
 
+impl crate::config::ConfigDoc for StoredKey {
+    const KIND: agentry_store::ConfigKind = agentry_store::ConfigKind::ApiKey;
+    const NOUN: &'static str = "API key";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! Configuration documents: one typed repository ([`ConfigRepo`]) for every kind the store
 //! keeps (models, tools, templates, agents, MCP servers, API keys), the checks every saved name
-//! passes, and the sandboxes configured command tools run in.
+//! passes.
 //!
 //! Uniqueness is the store's: a create is one insert-if-absent statement, a replace (or rename)
 //! one transaction, so two writers — two requests, the CLI and a server, two nodes — cannot
@@ -11,16 +11,13 @@ use std::marker::PhantomData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::collections::HashMap;
 
 use agentry_mcp::McpServerConfig;
 use agentry_store::{ConfigKind, ConfigReplaced, Store};
 use agentry_tools::ToolDefinition;
 
-use crate::agents::AgentConfig;
-use crate::auth::StoredKey;
-use crate::environment::ToolEnvironment;
 use crate::error::AppError;
-use crate::runtime::{ModelConfig, TemplateConfig};
 
 /// A kind of configuration document: how the store files it and what people call it.
 pub trait ConfigDoc: Serialize + DeserializeOwned + Send + Sync {
@@ -30,34 +27,14 @@ pub trait ConfigDoc: Serialize + DeserializeOwned + Send + Sync {
     const NOUN: &'static str;
 }
 
-impl ConfigDoc for ModelConfig {
-    const KIND: ConfigKind = ConfigKind::Model;
-    const NOUN: &'static str = "model";
-}
-
 impl ConfigDoc for ToolDefinition {
     const KIND: ConfigKind = ConfigKind::Tool;
     const NOUN: &'static str = "tool";
 }
 
-impl ConfigDoc for TemplateConfig {
-    const KIND: ConfigKind = ConfigKind::Template;
-    const NOUN: &'static str = "template";
-}
-
-impl ConfigDoc for AgentConfig {
-    const KIND: ConfigKind = ConfigKind::Agent;
-    const NOUN: &'static str = "agent";
-}
-
 impl ConfigDoc for McpServerConfig {
     const KIND: ConfigKind = ConfigKind::McpServer;
     const NOUN: &'static str = "MCP server";
-}
-
-impl ConfigDoc for StoredKey {
-    const KIND: ConfigKind = ConfigKind::ApiKey;
-    const NOUN: &'static str = "API key";
 }
 
 /// The stored documents of one kind, typed. Cheap to make: it holds the store.
@@ -187,10 +164,13 @@ pub fn to_document<T: Serialize>(value: &T) -> Result<Value, AppError> {
     serde_json::to_value(value).map_err(|error| AppError::internal(error.to_string()))
 }
 
-/// The sandboxes command tools run in: the sessions' (when runs have workspaces to run them in).
-pub fn command_sandboxes(tools: &ToolEnvironment) -> Option<&agentry_sandbox::SandboxPool> {
-    tools
-        .sandboxes
-        .as_ref()
-        .filter(|_| tools.workspaces.is_some())
+/// The stored secrets, by name (for building clients and tools inside the process only).
+pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, AppError> {
+    let mut secrets = HashMap::new();
+    for info in store.list_secrets().await? {
+        if let Some(value) = store.reveal_secret(&info.name).await? {
+            secrets.insert(info.name, value);
+        }
+    }
+    Ok(secrets)
 }

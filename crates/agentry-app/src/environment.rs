@@ -51,6 +51,14 @@ pub struct ToolEnvironment {
 }
 
 impl ToolEnvironment {
+    /// The sandboxes command tools run in: the sessions' (when runs have workspaces to run
+    /// them in).
+    pub fn command_sandboxes(&self) -> Option<&SandboxPool> {
+        self.sandboxes
+            .as_ref()
+            .filter(|_| self.workspaces.is_some())
+    }
+
     /// Where the MCP manager starts stdio servers: each in a sandbox of its own when there are
     /// sandboxes (made with their backend and template, so the operator's network policy and
     /// read-only mounts apply), on the host only when host commands are allowed.

@@ -120,7 +120,7 @@ impl App {
         if let Some(root) = &tools.workspaces {
             sessions = sessions.with_workspaces(root.clone());
         }
-        mcp_tools::rebuild_on_changes(
+        runtime::rebuild_on_changes(
             &mcp,
             store.clone(),
             http.clone(),

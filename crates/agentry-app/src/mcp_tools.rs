@@ -15,7 +15,6 @@ use crate::error::Failure;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use agentry_core::session::SessionManager;
 use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput};
 use agentry_mcp::{CallOptions, McpError, McpManager, McpServerConfig, McpToolInfo};
 use agentry_store::{ConfigKind, Store};
@@ -27,9 +26,6 @@ use crate::error::AppError;
 
 /// The name of the file in the data folder whose servers are imported at start-up.
 pub const SERVERS_FILE: &str = "mcp.json";
-
-/// How long a rebuild waits for more tool changes before it runs (a server's start brings several).
-const REBUILD_DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// One tool of an MCP server, as an Agentry tool.
 pub struct McpTool {
@@ -133,7 +129,7 @@ pub fn tools(manager: &McpManager, elicitations: Option<&Elicitations>) -> Vec<A
 /// Starts every server saved in the store (in the background: a server that is slow or down
 /// delays nothing). A stored entry that is invalid is skipped with a warning.
 pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), AppError> {
-    let secrets = crate::runtime::secrets(store).await?;
+    let secrets = crate::config::secrets(store).await?;
     for (name, value) in store.list_config(ConfigKind::McpServer).await? {
         let added = match serde_json::from_value::<McpServerConfig>(value) {
             Ok(config) => manager
@@ -156,7 +152,7 @@ pub async fn save_and_start(
     manager: &McpManager,
     servers: &BTreeMap<String, McpServerConfig>,
 ) -> Result<(), AppError> {
-    let secrets = crate::runtime::secrets(store).await?;
+    let secrets = crate::config::secrets(store).await?;
     for (name, config) in servers {
         config.validate(name).map_err(mcp_error)?;
         // Refused here, before anything is saved or spawned, when it has nowhere to run.
@@ -207,34 +203,6 @@ pub async fn import_servers_file(store: &Store, home: &Path) -> Result<usize, Ap
         ConfigRepo::new(store).put(name, config).await?;
     }
     Ok(servers.len())
-}
-
-/// Rebuilds the runtime whenever the MCP servers' tools change, until the manager is dropped.
-pub(crate) fn rebuild_on_changes(
-    manager: &McpManager,
-    store: Store,
-    http: reqwest::Client,
-    tools: crate::environment::ToolEnvironment,
-    sessions: SessionManager,
-) {
-    let mut changes = manager.subscribe();
-    let weak = manager.downgrade();
-    tokio::spawn(async move {
-        while changes.changed().await.is_ok() {
-            tokio::time::sleep(REBUILD_DEBOUNCE).await;
-            changes.mark_unchanged();
-            let Some(manager) = weak.upgrade() else {
-                break;
-            };
-            match crate::runtime::build_runtime(&store, &http, &manager, &tools).await {
-                Ok(runtime) => sessions.set_runtime(runtime),
-                Err(error) => tracing::warn!(
-                    "could not rebuild the runtime after an MCP change: {}",
-                    error.message
-                ),
-            }
-        }
-    });
 }
 
 /// The API error for an MCP error.

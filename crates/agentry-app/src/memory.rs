@@ -51,7 +51,7 @@ pub async fn remember(store: &Store, request: &mut RunRequest) -> Result<(), App
     let Some(agent) = request.agent_id.as_deref() else {
         return Ok(());
     };
-    let message = crate::runs::first_line(request).unwrap_or_default();
+    let message = crate::titles::first_line(request).unwrap_or_default();
     request.memory = memory_block(
         store,
         agent,

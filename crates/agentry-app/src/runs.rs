@@ -9,7 +9,7 @@ use agentry_core::session::BusyPolicy;
 use agentry_core::{Input, RunLimits, RunRequest};
 use agentry_llm::GenerationParams;
 use agentry_store::NewSession;
-use agentry_types::{ContentPart, Message, SessionId};
+use agentry_types::{Message, SessionId};
 
 use crate::App;
 use crate::auth::Principal;
@@ -166,7 +166,7 @@ pub async fn prepare(
         }
         SessionChoice::New => {
             let mut new = NewSession::with_id(new_id);
-            new.title = first_line(&request);
+            new.title = crate::titles::first_line(&request);
             new.owner = caller.owner();
             let record = app.store.create_session(new).await?;
             Target::Session(record.id)
@@ -202,17 +202,4 @@ pub async fn start_in_session(
 ) -> Result<Subscription, AppError> {
     let stream = app.sessions.send(session, request, policy).await?;
     Ok(app.hub.adopt(session, stream))
-}
-
-/// The first 80 characters of a request's input text (a template's name for a template input).
-pub fn first_line(request: &RunRequest) -> Option<String> {
-    match &request.input {
-        Some(Input::Text { text }) => Some(text.chars().take(80).collect()),
-        Some(Input::Content { content }) => content.iter().find_map(|part| match part {
-            ContentPart::Text { text } => Some(text.chars().take(80).collect()),
-            _ => None,
-        }),
-        Some(Input::Template { template, .. }) => Some(template.clone()),
-        None => None,
-    }
 }

@@ -6,10 +6,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use agentry_core::Runtime;
+use agentry_core::session::SessionManager;
 use agentry_core::tool::Tool;
 use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_mcp::McpManager;
@@ -20,6 +22,7 @@ use agentry_tools::{
 };
 
 use crate::config::ConfigRepo;
+use crate::environment::ToolEnvironment;
 use crate::error::AppError;
 
 /// A registered model. Accepts the Python service's field names (`model_id`, `api_protocol`,
@@ -105,17 +108,6 @@ impl ModelConfig {
     }
 }
 
-/// The stored secrets, by name (for building clients and tools inside the process only).
-pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, AppError> {
-    let mut secrets = HashMap::new();
-    for info in store.list_secrets().await? {
-        if let Some(value) = store.reveal_secret(&info.name).await? {
-            secrets.insert(info.name, value);
-        }
-    }
-    Ok(secrets)
-}
-
 /// The built-in tools runs get in `environment`: `current_time`, `delegate` and `talk_to`; the
 /// file tools and `fetch` when sessions have workspaces; `exec` and `terminal` when they also
 /// have sandboxes.
@@ -150,7 +142,7 @@ pub async fn build_runtime(
     mcp: &McpManager,
     environment: &crate::environment::ToolEnvironment,
 ) -> Result<Runtime, AppError> {
-    let secrets = secrets(store).await?;
+    let secrets = crate::config::secrets(store).await?;
     let mut builder = Runtime::builder();
     builder.approval_defaults(environment.approval_defaults.clone());
     builder.network_check(agentry_tools::validate_network_policy);
@@ -190,7 +182,7 @@ pub async fn build_runtime(
     }
     // Command tools run in the session's sandbox when there is one; on the host only when the
     // operator allows host commands (otherwise they are refused and skipped here).
-    let sandboxes = crate::config::command_sandboxes(environment);
+    let sandboxes = environment.command_sandboxes();
     let resolver: Arc<dyn agentry_tools::SecretResolver> = Arc::new(StaticSecrets(secrets));
     for (name, value) in store.list_config(ConfigKind::Tool).await? {
         let built = serde_json::from_value::<ToolDefinition>(value)
@@ -252,4 +244,45 @@ pub async fn build_runtime(
         }
     }
     Ok(builder.build())
+}
+
+impl crate::config::ConfigDoc for ModelConfig {
+    const KIND: agentry_store::ConfigKind = agentry_store::ConfigKind::Model;
+    const NOUN: &'static str = "model";
+}
+
+impl crate::config::ConfigDoc for TemplateConfig {
+    const KIND: agentry_store::ConfigKind = agentry_store::ConfigKind::Template;
+    const NOUN: &'static str = "template";
+}
+
+/// How long a rebuild waits for more tool changes before it runs (a server's start brings several).
+const REBUILD_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Rebuilds the runtime whenever the MCP servers' tools change, until the manager is dropped.
+pub(crate) fn rebuild_on_changes(
+    manager: &McpManager,
+    store: Store,
+    http: reqwest::Client,
+    tools: ToolEnvironment,
+    sessions: SessionManager,
+) {
+    let mut changes = manager.subscribe();
+    let weak = manager.downgrade();
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            tokio::time::sleep(REBUILD_DEBOUNCE).await;
+            changes.mark_unchanged();
+            let Some(manager) = weak.upgrade() else {
+                break;
+            };
+            match build_runtime(&store, &http, &manager, &tools).await {
+                Ok(runtime) => sessions.set_runtime(runtime),
+                Err(error) => tracing::warn!(
+                    "could not rebuild the runtime after an MCP change: {}",
+                    error.message
+                ),
+            }
+        }
+    });
 }

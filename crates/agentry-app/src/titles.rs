@@ -1,8 +1,9 @@
-//! Session titles a model writes: the one title generator every front-end uses (`POST
+//! Session titles: the first line a new session is titled with ([`first_line`]), and the one
+//! generator of the titles a model writes that every front-end uses (`POST
 //! /v1/sessions/{id}/title`, `agentry sessions title`).
 
 use agentry_core::session::replay;
-use agentry_core::{RunRequest, Runtime};
+use agentry_core::{Input, RunRequest, Runtime};
 use agentry_store::Store;
 use agentry_types::{AssistantPart, ContentPart, Message, SessionId};
 
@@ -78,6 +79,20 @@ pub async fn generate_title(
         ));
     }
     Ok(title)
+}
+
+/// A new session's title until one is written (and the words its memories are chosen by): the
+/// first 80 characters of a request's input text, a template's name for a template input.
+pub fn first_line(request: &RunRequest) -> Option<String> {
+    match &request.input {
+        Some(Input::Text { text }) => Some(text.chars().take(80).collect()),
+        Some(Input::Content { content }) => content.iter().find_map(|part| match part {
+            ContentPart::Text { text } => Some(text.chars().take(80).collect()),
+            _ => None,
+        }),
+        Some(Input::Template { template, .. }) => Some(template.clone()),
+        None => None,
+    }
 }
 
 /// The conversation's first user and assistant messages as `role: text` lines (images and

@@ -39,22 +39,22 @@ impl ApiError {
 
     /// 400 `invalid_request`.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        AppError::bad_request(message).into()
     }
 
     /// 404 `not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        AppError::not_found(message).into()
     }
 
     /// 409 `conflict`.
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
+        AppError::conflict(message).into()
     }
 
     /// 500 `internal`: a bug or a failing dependency, never bad input.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        AppError::internal(message).into()
     }
 
     /// Adds details.

@@ -35,7 +35,7 @@ use agentry_app::domain::store::Store;
 use agentry_app::domain::tools::{SecretResolver, StaticSecrets, ToolDefinition};
 use agentry_types::Message;
 
-use agentry_app::config::{ConfigRepo, check_name, command_sandboxes, to_document};
+use agentry_app::config::{ConfigRepo, check_name, to_document};
 
 use crate::error::ApiError;
 use crate::openapi::{
@@ -117,7 +117,7 @@ pub(crate) fn created<T: Serialize>(value: T) -> Response {
 
 /// Every secret's value, for building clients and tools inside the process only.
 async fn secret_values(store: &Store) -> Result<HashMap<String, String>, ApiError> {
-    Ok(agentry_app::runtime::secrets(store).await?)
+    Ok(agentry_app::config::secrets(store).await?)
 }
 
 // --- models ---
@@ -502,7 +502,7 @@ async fn check_tool(state: &AppState, definition: &ToolDefinition) -> Result<(),
     }
     // A command tool with nowhere to run but the host, when the operator has not allowed host
     // commands, is refused before anything is saved (a typed 403 naming the setting).
-    let sandboxes = command_sandboxes(&state.tools);
+    let sandboxes = state.tools.command_sandboxes();
     if let Some(refusal) =
         definition.host_refusal(sandboxes.is_some(), state.tools.allow_host_commands)
     {

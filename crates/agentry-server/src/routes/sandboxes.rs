@@ -1273,7 +1273,7 @@ async fn capabilities(
         allow_host_commands: state.tools.allow_host_commands,
         mcp_stdio: placement(pool.is_some(), state.tools.allow_host_commands),
         command_tools: placement(
-            agentry_app::config::command_sandboxes(&state.tools).is_some(),
+            state.tools.command_sandboxes().is_some(),
             state.tools.allow_host_commands,
         ),
     }))

@@ -14,6 +14,8 @@ use clap::{Args, Subcommand};
 use agentry_mcp::{McpManager, McpServerConfig, ServerState, ValueSource};
 use agentry_store::{ConfigKind, Store};
 
+use agentry_app::config::ConfigRepo;
+
 use super::data::DataArgs;
 
 #[derive(Debug, Args)]
@@ -91,7 +93,11 @@ pub(crate) async fn mcp(args: McpArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         McpCommand::Rm { name } => {
             agentry_mcp::validate_server_name(&name)?;
             let store = data.open_store().await?;
-            if !store.delete_config(ConfigKind::McpServer, &name).await? {
+            if !saved_servers(&store)
+                .delete(&name)
+                .await
+                .map_err(app_error)?
+            {
                 anyhow::bail!("no MCP server {name:?}");
             }
             eprintln!("removed {name}");
@@ -99,6 +105,15 @@ pub(crate) async fn mcp(args: McpArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         }
         McpCommand::Serve(args) => super::mcp_serve::run(args, data).await,
     }
+}
+
+/// The saved MCP servers.
+fn saved_servers(store: &Store) -> ConfigRepo<McpServerConfig> {
+    ConfigRepo::new(store)
+}
+
+fn app_error(error: agentry_app::AppError) -> anyhow::Error {
+    anyhow::anyhow!(error.message)
 }
 
 fn pairs(values: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
@@ -159,7 +174,7 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
         BTreeMap::from([(name, config)])
     };
     let store = data.open_store().await?;
-    let known = agentry_app::runtime::secrets(&store)
+    let known = agentry_app::config::secrets(&store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     for (name, config) in &servers {
@@ -171,9 +186,10 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
         }
     }
     for (name, config) in &servers {
-        store
-            .put_config(ConfigKind::McpServer, name, &serde_json::to_value(config)?)
-            .await?;
+        saved_servers(&store)
+            .put(name, config)
+            .await
+            .map_err(app_error)?;
         eprintln!("saved MCP server {name}");
     }
     let mut code = ExitCode::SUCCESS;
@@ -189,16 +205,16 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
 
 async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
     agentry_mcp::validate_server_name(name)?;
-    let value = store
-        .config(ConfigKind::McpServer, name)
-        .await?
-        .with_context(|| format!("no MCP server {name:?} (agentry mcp add)"))?;
-    Ok(serde_json::from_value(value)?)
+    saved_servers(store)
+        .get(name)
+        .await
+        .map_err(app_error)?
+        .with_context(|| format!("no MCP server {name:?} (agentry mcp add)"))
 }
 
 /// Starts one server, prints its status and tools, stops it.
 async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
-    let secrets = agentry_app::runtime::secrets(store)
+    let secrets = agentry_app::config::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     // `agentry mcp check`: the operator, on their own terminal, asked for this server: it runs

@@ -16,7 +16,7 @@ use agentry_llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
 };
 use agentry_mcp::{McpManager, ServerState};
-use agentry_store::{ConfigKind, Store};
+use agentry_store::Store;
 use agentry_tools::{
     EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
     load_definitions, shell_tools, workspace_tools,
@@ -338,16 +338,16 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
     if names.is_empty() {
         return Ok(manager);
     }
-    let secrets = agentry_app::runtime::secrets(store)
+    let secrets = agentry_app::config::secrets(store)
         .await
         .map_err(|error| anyhow::anyhow!(error.message))?;
     for name in names {
         agentry_mcp::validate_server_name(name)?;
-        let saved = store
-            .config(ConfigKind::McpServer, name)
-            .await?
+        let config = agentry_app::config::ConfigRepo::<agentry_mcp::McpServerConfig>::new(store)
+            .get(name)
+            .await
+            .map_err(|error| anyhow::anyhow!(error.message))?
             .with_context(|| format!("no saved MCP server {name:?} (agentry mcp add)"))?;
-        let config: agentry_mcp::McpServerConfig = serde_json::from_value(saved)?;
         manager
             .add(name, config, &|secret| secrets.get(secret).cloned())
             .await?;
