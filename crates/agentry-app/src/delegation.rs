@@ -1,4 +1,4 @@
-//! Sub-agents in the server: the `delegate` and `talk_to` tools over the store's saved agents
+//! Sub-agents: the `delegate` and `talk_to` tools over the store's saved agents
 //! and the [`SessionManager`].
 //!
 //! Each child run gets a session of its own whose metadata holds its link

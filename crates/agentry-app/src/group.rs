@@ -1,4 +1,4 @@
-//! Group chat in the server: several saved agents in one session, woken by `@mentions`.
+//! Group chat: several saved agents in one session, woken by `@mentions`.
 //!
 //! A group session's metadata holds `{"group": {"members": [{"agent_id", "session_id"}],
 //! "max_rounds"}}`. Each member has a linked session of its own (metadata `{"group_member":

@@ -9,6 +9,7 @@
 
 pub mod agents;
 pub mod auth;
+pub mod catalogue;
 pub mod clock;
 pub mod config;
 pub mod delegation;
@@ -23,6 +24,7 @@ pub mod memory;
 pub mod ops;
 pub mod runs;
 pub mod runtime;
+pub mod sandbox_requests;
 pub mod sandboxes;
 pub mod schema;
 pub mod store_log;

@@ -1,8 +1,9 @@
-//! The command protocol: what a front-end may ask of a run once it exists. Each front-end
-//! (the HTTP routes under `/v1/runs/{run_id}`, `agentry chat`'s inline approvals, the MCP
-//! endpoint) parses its own input into an [`Op`] and renders the [`OpOutcome`] that
-//! [`App::submit`] returns, so a decision, a pause or an abort does the same thing whichever
-//! front-end sent it: the same checks, the same run continued, the same status on the feed.
+//! The command protocol: what a front-end may ask of a run once it exists. A front-end parses
+//! its own input into an [`Op`] and renders the [`OpOutcome`] that [`App::submit`] returns, so a
+//! decision, a pause or an abort does the same thing whichever front-end sent it: the same
+//! checks, the same run continued, the same status on the feed. The HTTP routes under
+//! `/v1/runs/{run_id}` submit through it; `agentry chat`, which runs without an `App`, still
+//! decides its inline approvals through the session manager.
 
 use serde_json::{Value, json};
 

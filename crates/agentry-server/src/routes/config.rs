@@ -11,8 +11,7 @@
 //! building it and registering it in a scratch registry, a template by compiling it. Every change
 //! rebuilds the runtime, so the next run (and the next direct tool call) sees it at once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -28,13 +27,14 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::domain::core::template::TemplateStore;
-use agentry_app::domain::core::tool::{ResultFormat, ToolError, ToolRegistry};
-use agentry_app::domain::llm::{GenerationParams, LlmError, ModelRequest, Protocol, TimeoutKind};
-use agentry_app::domain::store::Store;
-use agentry_app::domain::tools::{SecretResolver, StaticSecrets, ToolDefinition};
+use agentry_app::domain::core::tool::{ResultFormat, ToolError};
+use agentry_app::domain::llm::{GenerationParams, LlmError, ModelRequest, TimeoutKind};
+use agentry_app::domain::tools::ToolDefinition;
 use agentry_types::Message;
 
+use agentry_app::catalogue::{
+    builtin_named, check_model, check_tool, compile_template, parse_model, unmark_other_defaults,
+};
 use agentry_app::config::{ConfigRepo, check_name, to_document};
 
 use crate::error::ApiError;
@@ -50,7 +50,7 @@ use agentry_app::runtime::{ModelConfig, TemplateConfig};
 pub const MODEL_TEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Tool names that would collide with the static routes under `/v1/tools/`.
-pub const RESERVED_TOOL_NAMES: [&str; 3] = ["call", "batch", "mcp"];
+pub use agentry_app::catalogue::RESERVED_TOOL_NAMES;
 
 /// The configuration routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -115,73 +115,7 @@ pub(crate) fn created<T: Serialize>(value: T) -> Response {
 
 // --- shared checks ---
 
-/// Every secret's value, for building clients and tools inside the process only.
-async fn secret_values(store: &Store) -> Result<HashMap<String, String>, ApiError> {
-    Ok(agentry_app::config::secrets(store).await?)
-}
-
 // --- models ---
-
-/// Reads a model from a request body. Protocol names are taken in every spelling the model
-/// layer accepts (`openai`, `openai-compatible`, `anthropic`, `ollama`), and an unknown one is
-/// named in the error.
-fn parse_model(mut body: Value) -> Result<ModelConfig, ApiError> {
-    if let Some(object) = body.as_object_mut() {
-        for key in ["protocol", "api_protocol"] {
-            let Some(Value::String(name)) = object.get(key) else {
-                continue;
-            };
-            let protocol = name.parse::<Protocol>().map_err(|_| {
-                ApiError::bad_request(format!(
-                    "unknown protocol {name:?}: expected openai, anthropic or ollama"
-                ))
-            })?;
-            object.insert(key.to_owned(), to_document(&protocol)?);
-        }
-    }
-    serde_json::from_value(body)
-        .map_err(|error| ApiError::bad_request(format!("invalid model: {error}")))
-}
-
-/// Checks a model before it is stored: its id, its base URL, its model name, and that a client
-/// can be built (which resolves its key's secret).
-async fn check_model(state: &AppState, model: &ModelConfig) -> Result<(), ApiError> {
-    check_name("model", &model.id)?;
-    if model.model_name.trim().is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "model {:?} needs a model_name",
-            model.id
-        )));
-    }
-    if let Some(base_url) = &model.base_url {
-        let url = reqwest::Url::parse(base_url).map_err(|error| {
-            ApiError::bad_request(format!("invalid base_url {base_url:?}: {error}"))
-        })?;
-        if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
-            return Err(ApiError::bad_request(format!(
-                "invalid base_url {base_url:?}: use an http or https URL"
-            )));
-        }
-    }
-    let secrets = secret_values(&state.store).await?;
-    model.client(&secrets, &state.http)?;
-    Ok(())
-}
-
-/// When `model` is marked default, no other model stays marked (there is one default model).
-async fn unmark_other_defaults(store: &Store, model: &ModelConfig) -> Result<(), ApiError> {
-    if !model.default {
-        return Ok(());
-    }
-    let models = ConfigRepo::<ModelConfig>::new(store);
-    for (name, mut other) in models.list().await? {
-        if name != model.id && other.default {
-            other.default = false;
-            models.put(&name, &other).await?;
-        }
-    }
-    Ok(())
-}
 
 fn no_model(id: &str) -> ApiError {
     ApiError::not_found(format!("no model is registered as {id:?}"))
@@ -354,7 +288,7 @@ async fn test_model(
                 .get(&id)
                 .await?
                 .ok_or_else(|| no_model(&id))?;
-            let secrets = secret_values(&state.store).await?;
+            let secrets = agentry_app::config::secrets(&state.store).await?;
             model.client(&secrets, &state.http)?;
             state.reload_runtime().await?;
             state.sessions.runtime().model_client(&id)?
@@ -471,16 +405,6 @@ impl ToolSummary {
     }
 }
 
-/// The built-in tool `name` of this server's runs (see [`agentry_app::runtime::builtins`]).
-fn builtin_named(
-    state: &AppState,
-    name: &str,
-) -> Option<Arc<dyn agentry_app::domain::core::tool::Tool>> {
-    agentry_app::runtime::builtins(&state.tools)
-        .into_iter()
-        .find(|tool| tool.spec().name == name)
-}
-
 fn builtin_is_fixed(name: &str) -> ApiError {
     ApiError::bad_request(format!(
         "{name:?} is a built-in tool: it cannot be changed or deleted"
@@ -489,43 +413,6 @@ fn builtin_is_fixed(name: &str) -> ApiError {
 
 fn no_tool(name: &str) -> ApiError {
     ApiError::not_found(format!("no configured tool is named {name:?}"))
-}
-
-/// Checks a definition by building it (secrets resolved from the store) and registering it in a
-/// scratch registry, which checks its name and compiles its argument schema.
-async fn check_tool(state: &AppState, definition: &ToolDefinition) -> Result<(), ApiError> {
-    let name = definition.name();
-    if RESERVED_TOOL_NAMES.contains(&name) {
-        return Err(ApiError::bad_request(format!(
-            "{name:?} is reserved (it is a route under /v1/tools/): choose another name"
-        )));
-    }
-    // A command tool with nowhere to run but the host, when the operator has not allowed host
-    // commands, is refused before anything is saved (a typed 403 naming the setting).
-    let sandboxes = state.tools.command_sandboxes();
-    if let Some(refusal) =
-        definition.host_refusal(sandboxes.is_some(), state.tools.allow_host_commands)
-    {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            refusal.code(),
-            format!("command tool {name:?}: {refusal}"),
-        ));
-    }
-    let secrets: Arc<dyn SecretResolver> =
-        Arc::new(StaticSecrets(secret_values(&state.store).await?));
-    let tool = definition
-        .clone()
-        .build_in(
-            &state.http,
-            secrets,
-            sandboxes,
-            state.tools.allow_host_commands,
-        )
-        .map_err(|error| ApiError::bad_request(error.to_string()))?;
-    ToolRegistry::new()
-        .register_arc(tool)
-        .map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
 /// The built-in and configured tools, and the tools of the connected MCP servers.
@@ -819,15 +706,6 @@ async fn call_tool(
 
 fn no_template(name: &str) -> ApiError {
     ApiError::not_found(format!("no template is named {name:?}"))
-}
-
-/// Compiles a template in a scratch store (which also checks its name).
-fn compile_template(template: &TemplateConfig) -> Result<TemplateStore, ApiError> {
-    let mut scratch = TemplateStore::new();
-    scratch
-        .add(&template.name, &template.template)
-        .map_err(|error| ApiError::bad_request(error.to_string()))?;
-    Ok(scratch)
 }
 
 /// The prompt templates.
