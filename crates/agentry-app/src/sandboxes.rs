@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use crate::clock::now_ms;
+use crate::clock::{millis, now_ms};
 use std::time::{Duration, Instant};
 
 use crate::error::Failure;
@@ -233,10 +233,6 @@ impl Process {
         }
         self.done.send_replace(true);
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// One standalone sandbox.

@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 use agentry_app::domain::mcp::{McpServerConfig, ServerStatus, TransportKind, ValueSource};
 
 use super::config::{ApiJson, ApiPath};
+use super::serde_name;
 use crate::error::ApiError;
 use crate::openapi::{
     BadGateway, BadRequest, GatewayTimeout, HostCommandsRefused, JsonBodyErrors, NotFound,
@@ -140,8 +141,8 @@ fn view(state: &AppState, status: ServerStatus) -> McpServerView {
         .map(|config| masked(&config))
         .unwrap_or(Value::Null);
     McpServerView {
-        transport: snake_name(&status.transport),
-        state: snake_name(&status.state),
+        transport: serde_name(&status.transport),
+        state: serde_name(&status.state),
         name: status.name,
         tool_count: status.tool_count,
         tools: status.tools,
@@ -156,13 +157,6 @@ fn view(state: &AppState, status: ServerStatus) -> McpServerView {
 }
 
 /// The snake_case name serde gives a unit enum value.
-fn snake_name<T: Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(Value::String(name)) => name,
-        _ => String::new(),
-    }
-}
-
 fn check_server_name(name: &str) -> Result<(), ApiError> {
     agentry_app::domain::mcp::validate_server_name(name).map_err(api_error)
 }

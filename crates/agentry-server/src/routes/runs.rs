@@ -14,7 +14,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -185,19 +185,22 @@ pub struct DecideOutcome {
     pub stream: String,
 }
 
-/// What a control action did.
-#[derive(Debug, Clone, ToSchema)]
+/// What a control action did: the body the control routes answer with.
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ControlOutcome {
     /// The run.
-    pub run_id: String,
+    #[schema(value_type = String)]
+    pub run_id: RunId,
     /// Its session.
-    pub session_id: String,
+    #[schema(value_type = String)]
+    pub session_id: SessionId,
     /// `interrupt`, `pause`, `resume` or `abort`.
-    pub action: String,
+    pub action: &'static str,
     /// For `pause`: `pausing` (the run stops before its next model call, then `paused`); for
     /// `resume`: `running`; for `interrupt` and `abort`: `interrupted`.
-    pub status: String,
+    pub status: &'static str,
     /// For `abort`: how many queued messages of the session were dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dropped_queued: Option<u64>,
     /// Where to follow the run.
     pub stream: String,
@@ -511,7 +514,7 @@ fn decisions_of(body: DecideBody) -> Result<Vec<ApprovalDecision>, ApiError> {
 async fn interrupt(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ControlOutcome>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
     let outcome = state.submit(Op::Interrupt { run_id }).await?;
     Ok(Json(control(&outcome, "interrupt", "interrupted")))
@@ -565,7 +568,7 @@ async fn pause(
 async fn resume(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ControlOutcome>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
     let outcome = state.submit(Op::Resume { run_id }).await?;
     Ok(Json(control(&outcome, "resume", "running")))
@@ -589,7 +592,7 @@ async fn resume(
 async fn abort(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ControlOutcome>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
     let outcome = state.submit(Op::Abort { run_id }).await?;
     Ok(Json(control(&outcome, "abort", "interrupted")))
@@ -597,16 +600,15 @@ async fn abort(
 
 /// The body of a control route's answer: the action taken and the status it leads to
 /// (`pausing` until the round ends).
-fn control(outcome: &OpOutcome, action: &str, status: &str) -> Value {
-    let mut body = json!({
-        "run_id": outcome.run_id,
-        "session_id": outcome.session_id,
-        "action": action,
-        "status": status,
-        "stream": stream_path(outcome.session_id),
-    });
-    if let Some(dropped) = outcome.dropped_queued {
-        body["dropped_queued"] = json!(dropped as u64);
+fn control(outcome: &OpOutcome, action: &'static str, status: &'static str) -> ControlOutcome {
+    ControlOutcome {
+        run_id: outcome.run_id,
+        session_id: outcome.session_id,
+        action,
+        status,
+        dropped_queued: outcome
+            .dropped_queued
+            .map(|dropped| u64::try_from(dropped).unwrap_or(u64::MAX)),
+        stream: stream_path(outcome.session_id),
     }
-    body
 }

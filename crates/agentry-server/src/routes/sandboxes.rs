@@ -43,6 +43,7 @@ use agentry_app::domain::sandbox::{
 };
 
 use super::config::{ApiJson, ApiPath};
+use super::serde_name;
 use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
@@ -50,6 +51,7 @@ use crate::openapi::{
     TooManyRequests,
 };
 use crate::state::AppState;
+use agentry_app::clock::millis;
 use agentry_app::sandbox_requests::{
     CreateSandboxRequest, ExecBody, check_path, command, sandbox_spec,
 };
@@ -503,13 +505,6 @@ pub struct DirListing {
 // --- conversions ---
 
 /// The snake_case name serde gives a unit enum value.
-fn snake_name<T: Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(name)) => name,
-        _ => String::new(),
-    }
-}
-
 fn host_view(capabilities: &Capabilities) -> HostCapabilities {
     HostCapabilities {
         os: capabilities.os.clone(),
@@ -517,8 +512,8 @@ fn host_view(capabilities: &Capabilities) -> HostCapabilities {
         user_namespaces: capabilities.user_namespaces,
         landlock_abi: capabilities.landlock_abi,
         seccomp: capabilities.seccomp,
-        cgroup: snake_name(&capabilities.cgroup),
-        limits: snake_name(&capabilities.limits),
+        cgroup: serde_name(&capabilities.cgroup),
+        limits: serde_name(&capabilities.limits),
         native_available: capabilities.native_available,
         warnings: capabilities.warnings.clone(),
     }
@@ -541,12 +536,12 @@ fn limits_view(spec: &SandboxSpec) -> LimitsView {
 
 fn report_view(report: &SandboxReport) -> ReportView {
     ReportView {
-        backend: snake_name(&report.backend),
+        backend: serde_name(&report.backend),
         isolated: report.isolated,
         outer_uid: report.outer_uid,
-        limits: snake_name(&report.limits),
+        limits: serde_name(&report.limits),
         network: NetworkView {
-            mode: snake_name(&report.network.mode),
+            mode: serde_name(&report.network.mode),
             allowed_domains: report.network.allowed_domains.clone(),
             allow_private: report.network.allow_private,
             proxy_url: report.network.proxy_url.clone(),
@@ -610,7 +605,7 @@ fn process_detail(process: &Process) -> ProcessDetail {
 fn stat_view(path: &str, stat: &FileStat) -> FileStatView {
     FileStatView {
         path: path.to_owned(),
-        kind: snake_name(&stat.kind),
+        kind: serde_name(&stat.kind),
         size: stat.size,
         mode: stat.mode,
         modified: stat.modified,
@@ -621,7 +616,7 @@ fn stat_view(path: &str, stat: &FileStat) -> FileStatView {
 fn entry_view(entry: &DirEntry) -> DirEntryView {
     DirEntryView {
         name: entry.name.clone(),
-        kind: snake_name(&entry.stat.kind),
+        kind: serde_name(&entry.stat.kind),
         size: entry.stat.size,
         mode: entry.stat.mode,
         modified: entry.stat.modified,
@@ -745,10 +740,6 @@ async fn wait_for(mut running: Foreground) -> ExecResult {
     }
 }
 
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// Turns bytes into text chunk by chunk, holding back a character split across chunks.
 #[derive(Debug, Default)]
 struct Utf8Chunks {
@@ -861,7 +852,7 @@ async fn capabilities(
     };
     Ok(Json(SandboxCapabilities {
         enabled: pool.is_some(),
-        backend: pool.map(|pool| snake_name(&pool.backend().kind())),
+        backend: pool.map(|pool| serde_name(&pool.backend().kind())),
         disabled_reason: pool.is_none().then(|| {
             "this server was started without a sandbox backend (`ToolEnvironment::sandboxes` is \
              not set)"
