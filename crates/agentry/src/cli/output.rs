@@ -1,7 +1,11 @@
 //! Printing a run's events: text for people, JSON lines for programs.
 
 use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
 
+use futures::StreamExt;
+
+use agentry_core::RunStream;
 use agentry_types::{RunEvent, RunStopReason, Usage};
 
 const DIM: &str = "\x1b[2m";
@@ -179,4 +183,28 @@ pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
         | RunStopReason::QuotaExceeded => 3,
         RunStopReason::Cancelled => 130,
     }
+}
+
+/// Prints a run's events (Ctrl-C cancels it) and returns the exit code for how it ended.
+pub(crate) async fn print_run(mut stream: RunStream, json: bool) -> anyhow::Result<ExitCode> {
+    let cancel = stream.cancel_token();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            cancel.cancel();
+        }
+    });
+    let mut printer = Printer::new(json);
+    while let Some(event) = stream.next().await {
+        printer.event(&event)?;
+    }
+    let output = stream.finish().await?;
+    if let Some(note) = &output.note {
+        eprintln!("agentry: stopped: {note}");
+    }
+    if output.suspended.is_some() {
+        // Waiting for approvals or paused: not ended, not failed (the server's
+        // /v1/runs/{run_id} routes or `agentry chat` go on with it).
+        return Ok(ExitCode::from(4));
+    }
+    Ok(ExitCode::from(exit_code(output.stop_reason)))
 }

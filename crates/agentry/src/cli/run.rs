@@ -3,9 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use futures::StreamExt;
 
-use agentry_core::RunStream;
 use agentry_core::session::BusyPolicy;
 use agentry_types::SessionId;
 
@@ -13,7 +11,7 @@ use agentry_app::ToolEnvironment;
 
 use super::agents;
 use super::data::DataArgs;
-use super::output::{Printer, exit_code};
+use super::output::print_run;
 use super::profile::Profile;
 use super::sessions::{open_session, session_manager};
 
@@ -129,28 +127,4 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
             .await?
     };
     print_run(stream, args.json).await
-}
-
-/// Prints a run's events (Ctrl-C cancels it) and returns the exit code for how it ended.
-pub(crate) async fn print_run(mut stream: RunStream, json: bool) -> anyhow::Result<ExitCode> {
-    let cancel = stream.cancel_token();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            cancel.cancel();
-        }
-    });
-    let mut printer = Printer::new(json);
-    while let Some(event) = stream.next().await {
-        printer.event(&event)?;
-    }
-    let output = stream.finish().await?;
-    if let Some(note) = &output.note {
-        eprintln!("agentry: stopped: {note}");
-    }
-    if output.suspended.is_some() {
-        // Waiting for approvals or paused: not ended, not failed (the server's
-        // /v1/runs/{run_id} routes or `agentry chat` go on with it).
-        return Ok(ExitCode::from(4));
-    }
-    Ok(ExitCode::from(exit_code(output.stop_reason)))
 }

@@ -13,8 +13,8 @@ use agentry_store::{NewSession, SessionQuery, Store};
 use agentry_types::{AssistantPart, ContentPart, Message, SessionId};
 
 use super::data::DataArgs;
+use super::output::print_run;
 use super::profile::{METADATA_KEY, Profile};
-use super::run::print_run;
 use agentry_app::StoreLog;
 use agentry_app::elicitation::Elicitations;
 
