@@ -166,31 +166,29 @@ async fn two_agents_using_one_server_share_one_process() {
             .await;
         assert_eq!(status, 201, "{body}");
     }
-    for _ in 0..2 {
+    // One agent after the other: the mock answers from one queue, so two interleaved
+    // conversations could take each other's scripted turns (a run given "done" before its echo).
+    for agent in ["alpha", "beta"] {
         server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
             "everything__echo",
             json!({"message": "hi"}),
         )));
-    }
-    for _ in 0..2 {
         server
             .mock
             .enqueue(Reply::scripted(ScriptedTurn::text("done")));
-    }
-    let runs = ["alpha", "beta"].map(|agent| {
-        server.post(
-            "/v1/infer",
-            json!({"session_id": "new", "agent_ids": [agent], "text": "echo hi"}),
-        )
-    });
-    for (status, body) in futures::future::join_all(runs).await {
+        let (status, body) = server
+            .post(
+                "/v1/infer",
+                json!({"session_id": "new", "agent_ids": [agent], "text": "echo hi"}),
+            )
+            .await;
         assert_eq!(status, 200, "{body}");
         let echoed = body["messages"]
             .as_array()
             .unwrap()
             .iter()
             .any(|message| message.to_string().contains("Echo: hi"));
-        assert!(echoed, "{body}");
+        assert!(echoed, "{agent}: {body}");
     }
     assert_eq!(
         descendants_running(root, &script),
