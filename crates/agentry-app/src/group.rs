@@ -41,7 +41,7 @@ use agentry_types::{ErrorInfo, GroupEvent, RunEvent, RunId, SessionEvent, Sessio
 
 use crate::App;
 use crate::agents::{AgentConfig, stored_agent};
-use crate::error::{AppError, Failure};
+use crate::error::AppError;
 use crate::hub::StatusChange;
 
 /// The key of a group session's members in its metadata.
@@ -189,7 +189,7 @@ pub async fn create(
     for id in ids {
         caller
             .check_run(Some(id), None, None)
-            .map_err(|message| AppError::new(Failure::Forbidden, "permission_denied", message))?;
+            .map_err(AppError::forbidden)?;
     }
     let max_rounds = max_rounds.unwrap_or(group::DEFAULT_MAX_ROUNDS);
     if max_rounds == 0 || max_rounds > MAX_ROUNDS_LIMIT {

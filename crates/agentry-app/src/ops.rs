@@ -89,6 +89,20 @@ pub struct OpOutcome {
     pub dropped_queued: Option<usize>,
 }
 
+impl OpOutcome {
+    /// What a command did to `run_id`, with nothing waiting.
+    fn new(run_id: RunId, session_id: SessionId, status: FeedStatus) -> Self {
+        Self {
+            run_id,
+            session_id,
+            status,
+            pending: Vec::new(),
+            elicitations: Vec::new(),
+            dropped_queued: None,
+        }
+    }
+}
+
 impl App {
     /// Carries out `op`. Every front-end's commands about runs come through here.
     pub async fn submit(&self, op: Op) -> Result<OpOutcome, AppError> {
@@ -108,7 +122,7 @@ impl App {
                 Ok(OpOutcome {
                     pending: decided.pending,
                     elicitations: self.elicitations.for_run(run_id),
-                    ..self.outcome(run_id, session, status)
+                    ..OpOutcome::new(run_id, session, status)
                 })
             }
             Op::AnswerElicitation {
@@ -134,7 +148,7 @@ impl App {
                 Ok(OpOutcome {
                     pending,
                     elicitations,
-                    ..self.outcome(run_id, session, status)
+                    ..OpOutcome::new(run_id, session, status)
                 })
             }
             Op::Pause { .. } => {
@@ -150,7 +164,7 @@ impl App {
                     .with_details(json!({"run_id": run_id, "session_id": session})));
                 };
                 self.sessions.pause(run_id)?;
-                Ok(self.outcome(run_id, session, FeedStatus::Running))
+                Ok(OpOutcome::new(run_id, session, FeedStatus::Running))
             }
             Op::Resume { .. } => {
                 let session = self.locate(run_id).await?;
@@ -162,7 +176,7 @@ impl App {
                 let stream = self.sessions.resume_paused(session, run_id).await?;
                 let _subscription = self.hub.adopt(session, stream);
                 self.hub.announce(session, FeedStatus::Running);
-                Ok(self.outcome(run_id, session, FeedStatus::Running))
+                Ok(OpOutcome::new(run_id, session, FeedStatus::Running))
             }
             Op::Interrupt { .. } => {
                 let session = self.locate(run_id).await?;
@@ -171,7 +185,7 @@ impl App {
                 if !live {
                     self.hub.announce(session, FeedStatus::Interrupted);
                 }
-                Ok(self.outcome(run_id, session, FeedStatus::Interrupted))
+                Ok(OpOutcome::new(run_id, session, FeedStatus::Interrupted))
             }
             Op::Abort { .. } => {
                 let session = self.locate(run_id).await?;
@@ -182,20 +196,9 @@ impl App {
                 }
                 Ok(OpOutcome {
                     dropped_queued: Some(dropped),
-                    ..self.outcome(run_id, session, FeedStatus::Interrupted)
+                    ..OpOutcome::new(run_id, session, FeedStatus::Interrupted)
                 })
             }
-        }
-    }
-
-    fn outcome(&self, run_id: RunId, session_id: SessionId, status: FeedStatus) -> OpOutcome {
-        OpOutcome {
-            run_id,
-            session_id,
-            status,
-            pending: Vec::new(),
-            elicitations: Vec::new(),
-            dropped_queued: None,
         }
     }
 

@@ -13,7 +13,7 @@ use agentry_types::{Message, SessionId};
 
 use crate::App;
 use crate::auth::Principal;
-use crate::error::{AppError, Failure};
+use crate::error::AppError;
 use crate::hub::Subscription;
 
 /// Which session a run goes to.
@@ -120,8 +120,6 @@ pub async fn prepare(
         },
     };
     request.input = input.input;
-    // A saved agent remembers: its memories (and the user's) join the system prompt.
-    crate::memory::remember(&app.store, &mut request).await?;
     // A `user` key runs only within its limits (the agent it runs as brings its own tools).
     let named_tools = if input.agent_id.is_some() {
         None
@@ -134,7 +132,9 @@ pub async fn prepare(
             request.model.as_deref(),
             named_tools,
         )
-        .map_err(|message| AppError::new(Failure::Forbidden, "permission_denied", message))?;
+        .map_err(AppError::forbidden)?;
+    // A saved agent remembers: its memories (and the user's) join the system prompt.
+    crate::memory::remember(&app.store, &mut request).await?;
     // Check the model, tools, template and attached files before anything is created (a new
     // session's id is chosen now, so its workspace is known).
     let new_id = SessionId::new();

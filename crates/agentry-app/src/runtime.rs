@@ -15,7 +15,7 @@ use agentry_core::session::SessionManager;
 use agentry_core::tool::Tool;
 use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_mcp::McpManager;
-use agentry_store::{ConfigKind, Store};
+use agentry_store::Store;
 use agentry_tools::{
     ShellToolsConfig, StaticSecrets, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
     shell_tools, workspace_tools,
@@ -148,12 +148,12 @@ pub async fn build_runtime(
     builder.network_check(agentry_tools::validate_network_policy);
     let mut models = Vec::new();
     // In the order they were registered: the first is the default unless one is marked.
-    for (name, value) in store.list_config_registered(ConfigKind::Model).await? {
-        let built = serde_json::from_value::<ModelConfig>(value)
-            .map_err(|error| AppError::bad_request(error.to_string()))
-            .and_then(|model| Ok((model.default, model.client(&secrets, http)?)));
-        match built {
-            Ok((marked, client)) => models.push((name, marked, client)),
+    for (name, model) in ConfigRepo::<ModelConfig>::new(store)
+        .list_registered()
+        .await?
+    {
+        match model.client(&secrets, http) {
+            Ok(client) => models.push((name, model.default, client)),
             Err(error) => tracing::warn!(model = %name, "skipping a model: {}", error.message),
         }
     }
@@ -184,19 +184,13 @@ pub async fn build_runtime(
     // operator allows host commands (otherwise they are refused and skipped here).
     let sandboxes = environment.command_sandboxes();
     let resolver: Arc<dyn agentry_tools::SecretResolver> = Arc::new(StaticSecrets(secrets));
-    for (name, value) in store.list_config(ConfigKind::Tool).await? {
-        let built = serde_json::from_value::<ToolDefinition>(value)
-            .map_err(|error| error.to_string())
-            .and_then(|definition| {
-                definition
-                    .build_in(
-                        http,
-                        Arc::clone(&resolver),
-                        sandboxes,
-                        environment.allow_host_commands,
-                    )
-                    .map_err(|error| error.to_string())
-            });
+    for (name, definition) in ConfigRepo::<ToolDefinition>::new(store).list().await? {
+        let built = definition.build_in(
+            http,
+            Arc::clone(&resolver),
+            sandboxes,
+            environment.allow_host_commands,
+        );
         match built {
             Ok(tool) => {
                 if let Err(error) = builder.tool_arc(tool) {

@@ -22,6 +22,7 @@ use agentry_core::{RunRequest, Runtime};
 use agentry_mcp::McpManager;
 use agentry_store::Store;
 
+use super::app_error;
 use super::data::DataArgs;
 use super::sandbox::SandboxMode;
 
@@ -161,10 +162,6 @@ impl AddArgs {
     }
 }
 
-fn api(error: agentry_app::AppError) -> anyhow::Error {
-    anyhow::anyhow!(error.message)
-}
-
 pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
     match args.command {
@@ -172,7 +169,7 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             for (_, agent) in ConfigRepo::<AgentConfig>::new(&store)
                 .list()
                 .await
-                .map_err(api)?
+                .map_err(app_error)?
             {
                 if json {
                     println!("{}", serde_json::to_string(&agent)?);
@@ -191,14 +188,14 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
         AgentsCommand::Show { id } => {
             let agent = stored_agent(&store, &id)
                 .await
-                .map_err(api)?
+                .map_err(app_error)?
                 .with_context(|| format!("no agent {id:?}"))?;
             println!("{}", serde_json::to_string_pretty(&agent)?);
         }
         AgentsCommand::Add(add) => {
             let replace = add.replace;
             let agent = add.agent()?;
-            agent.check_shape().map_err(api)?;
+            agent.check_shape().map_err(app_error)?;
             // Only to check the agent's names against the configured tools: nothing runs, so
             // command tools are built as if host commands were allowed.
             let names_only = ToolEnvironment {
@@ -209,10 +206,10 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             let roots = data.skill_roots()?;
             validate(&store, &runtime, &agent, Some(&roots))
                 .await
-                .map_err(api)?;
+                .map_err(app_error)?;
             let repo = ConfigRepo::<AgentConfig>::new(&store);
             if replace {
-                repo.put(&agent.id, &agent).await.map_err(api)?;
+                repo.put(&agent.id, &agent).await.map_err(app_error)?;
             } else if let Err(error) = repo.create(&agent.id, &agent).await {
                 anyhow::bail!("{} (--replace to overwrite it)", error.message);
             }
@@ -222,7 +219,7 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             if !ConfigRepo::<AgentConfig>::new(&store)
                 .delete(&id)
                 .await
-                .map_err(api)?
+                .map_err(app_error)?
             {
                 anyhow::bail!("no agent {id:?}");
             }
@@ -241,14 +238,14 @@ async fn store_runtime(
     let http = agentry_llm::http_client(Duration::from_secs(10))?;
     agentry_app::runtime::build_runtime(store, &http, mcp, environment)
         .await
-        .map_err(api)
+        .map_err(app_error)
 }
 
 /// The saved agent `id`.
 pub(crate) async fn load(store: &Store, id: &str) -> anyhow::Result<AgentConfig> {
     stored_agent(store, id)
         .await
-        .map_err(api)?
+        .map_err(app_error)?
         .with_context(|| format!("no agent {id:?} (agentry agents list)"))
 }
 
@@ -276,7 +273,7 @@ pub(crate) async fn runtime(
     let runtime = store_runtime(store, &mcp, environment).await?;
     let run = agent
         .resolve(&runtime, environment.skill_roots.as_deref())
-        .map_err(api)?;
+        .map_err(app_error)?;
     Ok((runtime, run))
 }
 
@@ -319,6 +316,6 @@ pub(crate) async fn request(
     request.input = Some(agentry_core::Input::Text { text: text.into() });
     agentry_app::memory::remember(store, &mut request)
         .await
-        .map_err(api)?;
+        .map_err(app_error)?;
     Ok(request)
 }

@@ -16,6 +16,7 @@ use agentry_store::{ConfigKind, Store};
 
 use agentry_app::config::ConfigRepo;
 
+use super::app_error;
 use super::data::DataArgs;
 
 #[derive(Debug, Args)]
@@ -112,10 +113,6 @@ fn saved_servers(store: &Store) -> ConfigRepo<McpServerConfig> {
     ConfigRepo::new(store)
 }
 
-fn app_error(error: agentry_app::AppError) -> anyhow::Error {
-    anyhow::anyhow!(error.message)
-}
-
 fn pairs(values: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
     values
         .iter()
@@ -176,7 +173,7 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
     let known = agentry_app::config::secrets(&store)
         .await
-        .map_err(|error| anyhow::anyhow!(error.message))?;
+        .map_err(app_error)?;
     for (name, config) in &servers {
         if let Some(missing) = config
             .secret_names()
@@ -216,7 +213,7 @@ async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
 async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
     let secrets = agentry_app::config::secrets(store)
         .await
-        .map_err(|error| anyhow::anyhow!(error.message))?;
+        .map_err(app_error)?;
     // `agentry mcp check`: the operator, on their own terminal, asked for this server: it runs
     // on the host.
     let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());

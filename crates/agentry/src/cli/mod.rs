@@ -51,6 +51,11 @@ enum Command {
 }
 
 /// Runs the chosen command.
+/// An application error as the CLI reports it: its message, without the stable code.
+pub(crate) fn app_error(error: agentry_app::AppError) -> anyhow::Error {
+    anyhow::anyhow!(error.message)
+}
+
 pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve::run(args, &cli.data).await,

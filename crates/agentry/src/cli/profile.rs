@@ -340,13 +340,13 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
     }
     let secrets = agentry_app::config::secrets(store)
         .await
-        .map_err(|error| anyhow::anyhow!(error.message))?;
+        .map_err(super::app_error)?;
     for name in names {
         agentry_mcp::validate_server_name(name)?;
         let config = agentry_app::config::ConfigRepo::<agentry_mcp::McpServerConfig>::new(store)
             .get(name)
             .await
-            .map_err(|error| anyhow::anyhow!(error.message))?
+            .map_err(super::app_error)?
             .with_context(|| format!("no saved MCP server {name:?} (agentry mcp add)"))?;
         manager
             .add(name, config, &|secret| secrets.get(secret).cloned())

@@ -276,7 +276,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                         None,
                     )
                     .await
-                    .map_err(|error| anyhow::anyhow!(error.message))?
+                    .map_err(super::app_error)?
                 }
             };
             store.set_title(id, &title).await?;
