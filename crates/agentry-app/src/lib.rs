@@ -25,6 +25,7 @@ pub mod ops;
 pub mod runs;
 pub mod runtime;
 pub mod sandbox_requests;
+pub mod sandbox_service;
 pub mod sandboxes;
 pub mod schema;
 pub mod store_log;

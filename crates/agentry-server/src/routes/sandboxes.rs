@@ -19,7 +19,6 @@
 //! the capabilities answers `503 sandboxes_disabled`.
 
 use std::convert::Infallible;
-use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -28,22 +27,15 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use futures::StreamExt;
+use serde::Deserialize;
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use uuid::Uuid;
-
-use agentry_app::domain::sandbox::{
-    Capabilities, DirEntry, ExecEvent, ExecHandle, ExitStatus, FileStat, SandboxPool,
-    SandboxReport, SandboxSpec,
-};
 
 use super::config::{ApiJson, ApiPath};
-use super::serde_name;
 use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
@@ -51,17 +43,12 @@ use crate::openapi::{
     TooManyRequests,
 };
 use crate::state::AppState;
-use agentry_app::clock::millis;
-use agentry_app::sandbox_requests::{
-    CreateSandboxRequest, ExecBody, check_path, command, sandbox_spec,
+use agentry_app::sandbox_requests::{CreateSandboxRequest, ExecBody, check_path};
+use agentry_app::sandbox_service::{
+    BackgroundStarted, CommandOutput, DirListing, ExecResult, FILE_LIMIT, FileStatView,
+    ForegroundCommand, ProcessDetail, ProcessList, SandboxCapabilities, SandboxList, SandboxView,
+    Started, sandbox_view,
 };
-use agentry_app::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Standalone, sandbox_error};
-
-/// The largest file read or written through the API (bytes).
-pub const FILE_LIMIT: usize = 16 * 1024 * 1024;
-
-/// How long killing a background process waits for it to end before answering.
-const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// The sandbox routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -175,207 +162,7 @@ impl ToSchema for Binary {
     }
 }
 
-// --- answers ---
-
-/// What isolation this host gives, as probed.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct HostCapabilities {
-    /// The operating system (`linux`, …).
-    pub os: String,
-    /// The server runs as root (sandboxes then run as an unprivileged outer uid).
-    pub running_as_root: bool,
-    /// User namespaces (with mount, pid, net, ipc and uts namespaces inside) can be made.
-    pub user_namespaces: bool,
-    /// The kernel's Landlock ABI version, if Landlock is enabled.
-    pub landlock_abi: Option<u32>,
-    /// seccomp filters are available.
-    pub seccomp: bool,
-    /// The cgroup interface the server may use: `v2`, `v1` or `none`.
-    pub cgroup: String,
-    /// How a native sandbox's limits are enforced here: `cgroup_v2`, `cgroup_v1` or `rlimit`.
-    pub limits: String,
-    /// The native backend can run here.
-    pub native_available: bool,
-    /// Anything weaker than the full design, in words.
-    pub warnings: Vec<String>,
-}
-
-/// `GET /v1/sandbox/capabilities`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct SandboxCapabilities {
-    /// Whether `/v1/sandboxes` can make sandboxes.
-    pub enabled: bool,
-    /// The configured backend: `native` (isolated) or `local` (no isolation, development
-    /// only); `null` when sandboxes are disabled.
-    pub backend: Option<String>,
-    /// Why sandboxes are disabled.
-    pub disabled_reason: Option<String>,
-    /// How many standalone sandboxes may be open at once.
-    pub max_sandboxes: usize,
-    /// How many are open now.
-    pub open_sandboxes: usize,
-    /// The limits a new sandbox gets unless it asks for others (when enabled).
-    pub default_limits: Option<LimitsView>,
-    /// What the host gives.
-    pub host: HostCapabilities,
-    /// Whether commands may run on the host without isolation (`--allow-host-commands`):
-    /// command tools and stdio MCP servers that say `"host": true`, and all of them when there
-    /// is no sandbox. When `false`, those are refused.
-    pub allow_host_commands: bool,
-    /// Where stdio MCP servers run: `sandbox` (each in a sandbox of its own), `host` (no
-    /// sandbox, host commands allowed) or `refused`.
-    pub mcp_stdio: String,
-    /// Where command tools run: `sandbox` (the session's), `host` (no sandbox, host commands
-    /// allowed) or `refused`.
-    pub command_tools: String,
-}
-
-/// A sandbox's limits.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct LimitsView {
-    /// Memory, bytes.
-    pub memory_bytes: Option<u64>,
-    /// Processes and threads.
-    pub max_processes: Option<u64>,
-    /// CPU share, percent of one core.
-    pub cpu_percent: Option<u32>,
-    /// CPU time per process, seconds.
-    pub cpu_time_secs: Option<u64>,
-    /// Lifetime, seconds.
-    pub wall_time_secs: Option<u64>,
-    /// Idle time before it is closed, seconds.
-    pub idle_timeout_secs: Option<u64>,
-    /// Largest file a process may write, bytes.
-    pub file_size_bytes: Option<u64>,
-    /// Open files per process.
-    pub open_files: Option<u64>,
-    /// Size of `/tmp`, bytes.
-    pub tmp_size_bytes: u64,
-}
-
-/// The policy a native sandbox's agent reports after building it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct PolicyView {
-    /// The namespaces it runs in.
-    pub namespaces: Vec<String>,
-    /// Landlock: `fully_enforced`, `partially_enforced` or `not_enforced`.
-    pub landlock: String,
-    /// A seccomp deny-list is installed.
-    pub seccomp: bool,
-    /// `no_new_privs` is set.
-    pub no_new_privs: bool,
-    /// Every capability is dropped.
-    pub capabilities_dropped: bool,
-    /// Only loopback is up and no proxy runs: nothing outside is reachable.
-    pub network_off: bool,
-    /// The network as the agent set it up: `off`, `allow_list` or `host`.
-    pub network: String,
-    /// Where the bridge to the host's allow-list proxy listens inside, when one runs.
-    pub proxy_bridge: Option<String>,
-}
-
-/// The network a sandbox got.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct NetworkView {
-    /// `off` (loopback only), `allow_list` (loopback plus an HTTP proxy reaching only
-    /// `allowed_domains`) or `host` (local backend: the server's own network, unrestricted).
-    pub mode: String,
-    /// The domains the proxy reaches.
-    pub allowed_domains: Vec<String>,
-    /// The proxy may connect to loopback and private addresses.
-    pub allow_private: bool,
-    /// The proxy's URL as commands see it (also in their `HTTP_PROXY`).
-    pub proxy_url: Option<String>,
-}
-
-/// What one sandbox got.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ReportView {
-    /// `native` or `local`.
-    pub backend: String,
-    /// `false` for the local backend: commands run as plain processes of the server's user.
-    pub isolated: bool,
-    /// The uid its processes have on the host.
-    pub outer_uid: u32,
-    /// How its limits are enforced: `cgroup_v2`, `cgroup_v1` or `rlimit`.
-    pub limits: String,
-    /// The network it got.
-    pub network: NetworkView,
-    /// The policy inside (native only).
-    pub policy: Option<PolicyView>,
-    /// Anything weaker than the full design, in words.
-    pub warnings: Vec<String>,
-}
-
-/// A standalone sandbox.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct SandboxView {
-    /// Its id (UUIDv7).
-    pub id: String,
-    /// When it was made, Unix milliseconds.
-    pub created_at: u64,
-    /// Where its workspace is inside, and commands' default working directory.
-    pub workspace_mount: String,
-    /// What it got: backend, isolation, limits mode, policy, warnings.
-    pub report: ReportView,
-    /// Its limits.
-    pub limits: LimitsView,
-    /// How many background processes run in it.
-    pub running_processes: usize,
-}
-
-/// `GET /v1/sandboxes`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct SandboxList {
-    /// The open sandboxes, oldest first.
-    pub sandboxes: Vec<SandboxView>,
-}
-
-/// What a command printed and how it ended (`POST /v1/sandboxes/{id}/exec`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ExecResult {
-    /// Standard output (UTF-8, invalid bytes replaced), its first 1 MiB.
-    pub stdout: String,
-    /// Standard error, likewise.
-    pub stderr: String,
-    /// Whether stdout went past 1 MiB (the rest is dropped).
-    pub stdout_truncated: bool,
-    /// Whether stderr went past 1 MiB.
-    pub stderr_truncated: bool,
-    /// The exit code, if it exited (127: not found, 126: not executable).
-    pub exit_code: Option<i32>,
-    /// The signal that killed it, if one did.
-    pub signal: Option<i32>,
-    /// Killed because its timeout ran out.
-    pub timed_out: bool,
-    /// Killed on request.
-    pub killed: bool,
-    /// Killed by the sandbox's out-of-memory killer.
-    pub out_of_memory: bool,
-    /// The sandbox went away while it ran; why.
-    pub sandbox_closed: Option<String>,
-    /// How long it ran, milliseconds.
-    pub duration_ms: u64,
-}
-
-/// How a command ended (the `exit` event's data, and a finished background process's `exit`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ExitView {
-    /// The exit code, if it exited.
-    pub exit_code: Option<i32>,
-    /// The signal that killed it, if one did.
-    pub signal: Option<i32>,
-    /// Killed because its timeout ran out.
-    pub timed_out: bool,
-    /// Killed on request.
-    pub killed: bool,
-    /// Killed by the sandbox's out-of-memory killer.
-    pub out_of_memory: bool,
-    /// The sandbox went away while it ran; why.
-    pub sandbox_closed: Option<String>,
-    /// How long it ran, milliseconds.
-    pub duration_ms: u64,
-}
+// --- answers (the rest are agentry_app::sandbox_service's) ---
 
 /// The events of a streamed command.
 #[derive(Debug, Clone, Copy, ToSchema)]
@@ -401,268 +188,6 @@ pub struct ExecStreamEvent {
     pub data: String,
 }
 
-/// A background command started (`202`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct BackgroundStarted {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// The process's id, for `/v1/sandboxes/{id}/processes/{exec_id}`.
-    pub exec_id: String,
-    /// What runs.
-    pub argv: Vec<String>,
-    /// When it started, Unix milliseconds.
-    pub started_at: u64,
-}
-
-/// A background process as listed.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ProcessSummary {
-    /// Its id.
-    pub exec_id: String,
-    /// What runs.
-    pub argv: Vec<String>,
-    /// When it started, Unix milliseconds.
-    pub started_at: u64,
-    /// Whether it still runs.
-    pub running: bool,
-}
-
-/// `GET /v1/sandboxes/{id}/processes`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ProcessList {
-    /// The running background processes, oldest first.
-    pub processes: Vec<ProcessSummary>,
-}
-
-/// A background process: its output so far and its status.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ProcessDetail {
-    /// Its id.
-    pub exec_id: String,
-    /// What runs.
-    pub argv: Vec<String>,
-    /// When it started, Unix milliseconds.
-    pub started_at: u64,
-    /// Whether it still runs.
-    pub running: bool,
-    /// Standard output so far (UTF-8, invalid bytes replaced), its first 1 MiB.
-    pub stdout: String,
-    /// Standard error so far, likewise.
-    pub stderr: String,
-    /// Whether stdout went past 1 MiB.
-    pub stdout_truncated: bool,
-    /// Whether stderr went past 1 MiB.
-    pub stderr_truncated: bool,
-    /// How long it has run (or ran), milliseconds.
-    pub duration_ms: u64,
-    /// How it ended; `null` while it runs.
-    pub exit: Option<ExitView>,
-}
-
-/// Metadata of one path inside the sandbox (symlinks are not followed).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct FileStatView {
-    /// The path asked for.
-    pub path: String,
-    /// `file`, `dir`, `symlink` or `other`.
-    pub kind: String,
-    /// Size, bytes.
-    pub size: u64,
-    /// Permission bits.
-    pub mode: u32,
-    /// Modification time, seconds since the epoch.
-    pub modified: i64,
-    /// A symlink's target.
-    pub symlink_target: Option<String>,
-}
-
-/// One entry of a directory.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct DirEntryView {
-    /// The file name.
-    pub name: String,
-    /// `file`, `dir`, `symlink` or `other`.
-    pub kind: String,
-    /// Size, bytes.
-    pub size: u64,
-    /// Permission bits.
-    pub mode: u32,
-    /// Modification time, seconds since the epoch.
-    pub modified: i64,
-    /// A symlink's target.
-    pub symlink_target: Option<String>,
-}
-
-/// `GET /v1/sandboxes/{id}/files/list`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct DirListing {
-    /// The directory listed.
-    pub path: String,
-    /// Its entries, by name.
-    pub entries: Vec<DirEntryView>,
-}
-
-// --- conversions ---
-
-/// The snake_case name serde gives a unit enum value.
-fn host_view(capabilities: &Capabilities) -> HostCapabilities {
-    HostCapabilities {
-        os: capabilities.os.clone(),
-        running_as_root: capabilities.running_as_root,
-        user_namespaces: capabilities.user_namespaces,
-        landlock_abi: capabilities.landlock_abi,
-        seccomp: capabilities.seccomp,
-        cgroup: serde_name(&capabilities.cgroup),
-        limits: serde_name(&capabilities.limits),
-        native_available: capabilities.native_available,
-        warnings: capabilities.warnings.clone(),
-    }
-}
-
-fn limits_view(spec: &SandboxSpec) -> LimitsView {
-    let limits = &spec.limits;
-    LimitsView {
-        memory_bytes: limits.memory_bytes,
-        max_processes: limits.max_processes,
-        cpu_percent: limits.cpu_percent,
-        cpu_time_secs: limits.cpu_time.map(|time| time.as_secs()),
-        wall_time_secs: limits.wall_time.map(|time| time.as_secs()),
-        idle_timeout_secs: spec.idle_timeout.map(|time| time.as_secs()),
-        file_size_bytes: limits.file_size,
-        open_files: limits.open_files,
-        tmp_size_bytes: limits.tmp_size,
-    }
-}
-
-fn report_view(report: &SandboxReport) -> ReportView {
-    ReportView {
-        backend: serde_name(&report.backend),
-        isolated: report.isolated,
-        outer_uid: report.outer_uid,
-        limits: serde_name(&report.limits),
-        network: NetworkView {
-            mode: serde_name(&report.network.mode),
-            allowed_domains: report.network.allowed_domains.clone(),
-            allow_private: report.network.allow_private,
-            proxy_url: report.network.proxy_url.clone(),
-        },
-        policy: report.policy.as_ref().map(|policy| PolicyView {
-            namespaces: policy.namespaces.clone(),
-            landlock: policy.landlock.clone(),
-            seccomp: policy.seccomp,
-            no_new_privs: policy.no_new_privs,
-            capabilities_dropped: policy.capabilities_dropped,
-            network_off: policy.network_off,
-            network: policy.network.clone(),
-            proxy_bridge: policy.proxy_bridge.clone(),
-        }),
-        warnings: report.warnings.clone(),
-    }
-}
-
-fn sandbox_view(entry: &Standalone) -> SandboxView {
-    SandboxView {
-        id: entry.id.to_string(),
-        created_at: entry.created_at,
-        workspace_mount: entry.spec.workspace_mount.clone(),
-        report: report_view(entry.sandbox.report()),
-        limits: limits_view(&entry.spec),
-        running_processes: entry.running_processes().len(),
-    }
-}
-
-fn exit_view(status: &ExitStatus, duration_ms: u64) -> ExitView {
-    ExitView {
-        exit_code: status.code,
-        signal: status.signal,
-        timed_out: status.timed_out,
-        killed: status.killed,
-        out_of_memory: status.out_of_memory,
-        sandbox_closed: status.sandbox_closed.clone(),
-        duration_ms,
-    }
-}
-
-fn process_detail(process: &Process) -> ProcessDetail {
-    let output = process.output();
-    ProcessDetail {
-        exec_id: process.id.to_string(),
-        argv: process.argv.clone(),
-        started_at: process.started_at,
-        running: output.exit.is_none(),
-        stdout: output.stdout.text(),
-        stderr: output.stderr.text(),
-        stdout_truncated: output.stdout.truncated,
-        stderr_truncated: output.stderr.truncated,
-        duration_ms: output.duration_ms,
-        exit: output
-            .exit
-            .as_ref()
-            .map(|status| exit_view(status, output.duration_ms)),
-    }
-}
-
-fn stat_view(path: &str, stat: &FileStat) -> FileStatView {
-    FileStatView {
-        path: path.to_owned(),
-        kind: serde_name(&stat.kind),
-        size: stat.size,
-        mode: stat.mode,
-        modified: stat.modified,
-        symlink_target: stat.symlink_target.clone(),
-    }
-}
-
-fn entry_view(entry: &DirEntry) -> DirEntryView {
-    DirEntryView {
-        name: entry.name.clone(),
-        kind: serde_name(&entry.stat.kind),
-        size: entry.stat.size,
-        mode: entry.stat.mode,
-        modified: entry.stat.modified,
-        symlink_target: entry.stat.symlink_target.clone(),
-    }
-}
-
-// --- checks ---
-
-/// The pool whose backend makes sandboxes: `503 sandboxes_disabled` without one.
-fn pool(state: &AppState) -> Result<&SandboxPool, ApiError> {
-    state.tools.sandboxes.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "sandboxes_disabled",
-            "this server runs without sandboxes (see GET /v1/sandbox/capabilities)",
-        )
-    })
-}
-
-/// Parses an id of the form the API hands out: a UUIDv7, lowercase and hyphenated.
-fn parse_id(kind: &str, value: &str) -> Result<Uuid, ApiError> {
-    let invalid = || {
-        let shown: String = value.chars().take(64).collect();
-        ApiError::bad_request(format!(
-            "invalid {kind} id {shown:?}: expected a UUIDv7 such as \
-             01890a5d-ac96-774b-bcce-b302099a8057"
-        ))
-    };
-    if value.len() != 36 {
-        return Err(invalid());
-    }
-    let id = Uuid::try_parse(value).map_err(|_| invalid())?;
-    if id.get_version_num() != 7 || id.hyphenated().to_string() != value {
-        return Err(invalid());
-    }
-    Ok(id)
-}
-
-/// The open sandbox a route names: 503 when disabled, 400 for a bad id, 404 when unknown.
-fn sandbox(state: &AppState, id: &str) -> Result<std::sync::Arc<Standalone>, ApiError> {
-    pool(state)?;
-    let id = parse_id("sandbox", id)?;
-    Ok(state.sandboxes.get(id)?)
-}
-
 fn body_rejection(rejection: BytesRejection) -> ApiError {
     let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         "request_too_large"
@@ -672,160 +197,27 @@ fn body_rejection(rejection: BytesRejection) -> ApiError {
     ApiError::new(rejection.status(), code, rejection.body_text())
 }
 
-// --- running commands ---
-
-/// A command a request waits for or streams: killed if the request goes away first.
-struct Foreground {
-    handle: ExecHandle,
-    started: Instant,
-    ended: bool,
-}
-
-impl Drop for Foreground {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.handle.kill();
-        }
-    }
-}
-
-/// Writes `input` to the command's stdin, then closes it.
-fn feed_stdin(handle: &mut ExecHandle, input: Option<String>) {
-    if let (Some(mut pipe), Some(input)) = (handle.take_stdin(), input) {
-        tokio::spawn(async move {
-            // A command that exits without reading it all closes the pipe: not an error.
-            let _ = pipe.write_all(input.as_bytes()).await;
-            let _ = pipe.shutdown().await;
-        });
-    }
-}
-
-/// The status reported when a command's events end without an exit.
-fn lost_exit() -> ExitStatus {
-    ExitStatus {
-        code: None,
-        signal: None,
-        timed_out: false,
-        killed: false,
-        out_of_memory: false,
-        sandbox_closed: Some("the command's output ended without an exit".into()),
-    }
-}
-
-async fn wait_for(mut running: Foreground) -> ExecResult {
-    let mut stdout = CappedOutput::default();
-    let mut stderr = CappedOutput::default();
-    let status = loop {
-        match running.handle.next().await {
-            Some(ExecEvent::Stdout(chunk)) => stdout.push(&chunk, OUTPUT_CAP),
-            Some(ExecEvent::Stderr(chunk)) => stderr.push(&chunk, OUTPUT_CAP),
-            Some(ExecEvent::Exit(status)) => break status,
-            None => break lost_exit(),
-        }
-    };
-    running.ended = true;
-    let duration_ms = millis(running.started.elapsed());
-    ExecResult {
-        stdout: stdout.text(),
-        stderr: stderr.text(),
-        stdout_truncated: stdout.truncated,
-        stderr_truncated: stderr.truncated,
-        exit_code: status.code,
-        signal: status.signal,
-        timed_out: status.timed_out,
-        killed: status.killed,
-        out_of_memory: status.out_of_memory,
-        sandbox_closed: status.sandbox_closed,
-        duration_ms,
-    }
-}
-
-/// Turns bytes into text chunk by chunk, holding back a character split across chunks.
-#[derive(Debug, Default)]
-struct Utf8Chunks {
-    pending: Vec<u8>,
-}
-
-impl Utf8Chunks {
-    fn push(&mut self, bytes: &[u8]) -> String {
-        self.pending.extend_from_slice(bytes);
-        let mut text = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(valid) => {
-                    text.push_str(valid);
-                    self.pending.clear();
-                    return text;
-                }
-                Err(error) => {
-                    let valid = error.valid_up_to();
-                    text.push_str(&String::from_utf8_lossy(
-                        self.pending.get(..valid).unwrap_or_default(),
-                    ));
-                    match error.error_len() {
-                        Some(bad) => {
-                            text.push(char::REPLACEMENT_CHARACTER);
-                            self.pending.drain(..(valid + bad).min(self.pending.len()));
-                        }
-                        None => {
-                            // An incomplete character at the end: wait for the rest.
-                            self.pending.drain(..valid);
-                            return text;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn finish(&mut self) -> String {
-        let rest = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        rest
-    }
+/// A streamed command as server-sent events.
+fn stream_of(command: ForegroundCommand) -> Response {
+    let events = command.output().map(|output| {
+        let event = match output {
+            CommandOutput::Stdout(text) => text_event("stdout", text),
+            CommandOutput::Stderr(text) => text_event("stderr", text),
+            CommandOutput::Exit(exit) => Event::default()
+                .event("exit")
+                .data(serde_json::to_string(&exit).unwrap_or_else(|_| "{}".to_owned())),
+        };
+        Ok::<Event, Infallible>(event)
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 fn text_event(name: &'static str, text: String) -> Event {
     Event::default()
         .event(name)
         .data(json!({ "text": text }).to_string())
-}
-
-fn stream_of(mut running: Foreground) -> Response {
-    let events = async_stream::stream! {
-        let mut stdout = Utf8Chunks::default();
-        let mut stderr = Utf8Chunks::default();
-        let status = loop {
-            match running.handle.next().await {
-                Some(ExecEvent::Stdout(chunk)) => {
-                    let text = stdout.push(&chunk);
-                    if !text.is_empty() {
-                        yield Ok::<Event, Infallible>(text_event("stdout", text));
-                    }
-                }
-                Some(ExecEvent::Stderr(chunk)) => {
-                    let text = stderr.push(&chunk);
-                    if !text.is_empty() {
-                        yield Ok(text_event("stderr", text));
-                    }
-                }
-                Some(ExecEvent::Exit(status)) => break status,
-                None => break lost_exit(),
-            }
-        };
-        running.ended = true;
-        for (name, rest) in [("stdout", stdout.finish()), ("stderr", stderr.finish())] {
-            if !rest.is_empty() {
-                yield Ok(text_event(name, rest));
-            }
-        }
-        let exit = exit_view(&status, millis(running.started.elapsed()));
-        let data = serde_json::to_string(&exit).unwrap_or_else(|_| "{}".to_owned());
-        yield Ok(Event::default().event("exit").data(data));
-    };
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
 }
 
 // --- handlers ---
@@ -845,55 +237,7 @@ fn stream_of(mut running: Foreground) -> Response {
 async fn capabilities(
     State(state): State<AppState>,
 ) -> Result<Json<SandboxCapabilities>, ApiError> {
-    let pool = state.tools.sandboxes.as_ref();
-    let host = match pool {
-        Some(pool) => pool.backend().capabilities().clone(),
-        None => probed().await?,
-    };
-    Ok(Json(SandboxCapabilities {
-        enabled: pool.is_some(),
-        backend: pool.map(|pool| serde_name(&pool.backend().kind())),
-        disabled_reason: pool.is_none().then(|| {
-            "this server was started without a sandbox backend (`ToolEnvironment::sandboxes` is \
-             not set)"
-                .to_owned()
-        }),
-        max_sandboxes: state.sandboxes.max(),
-        open_sandboxes: state.sandboxes.len(),
-        default_limits: pool.map(|pool| limits_view(pool.template())),
-        host: host_view(&host),
-        allow_host_commands: state.tools.allow_host_commands,
-        mcp_stdio: placement(pool.is_some(), state.tools.allow_host_commands),
-        command_tools: placement(
-            state.tools.command_sandboxes().is_some(),
-            state.tools.allow_host_commands,
-        ),
-    }))
-}
-
-/// Where commands without `"host": true` run.
-fn placement(sandbox: bool, allow_host: bool) -> String {
-    match (sandbox, allow_host) {
-        (true, _) => "sandbox",
-        (false, true) => "host",
-        (false, false) => "refused",
-    }
-    .to_owned()
-}
-
-/// The host's capabilities, probed once (the probe starts a short-lived child).
-async fn probed() -> Result<Capabilities, ApiError> {
-    static PROBED: tokio::sync::OnceCell<Capabilities> = tokio::sync::OnceCell::const_new();
-    PROBED
-        .get_or_try_init(|| async {
-            tokio::task::spawn_blocking(Capabilities::probe)
-                .await
-                .map_err(|error| {
-                    ApiError::internal(format!("the capability probe failed: {error}"))
-                })
-        })
-        .await
-        .cloned()
+    Ok(Json(state.sandbox_capabilities().await?))
 }
 
 /// Creates a sandbox.
@@ -932,13 +276,8 @@ async fn create_sandbox(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
-    let pool = pool(&state)?;
-    let spec = sandbox_spec(pool, request)?;
-    let entry = state
-        .sandboxes
-        .create(pool.backend(), spec, caller.owner())
-        .await?;
-    Ok((StatusCode::CREATED, Json(sandbox_view(&entry))).into_response())
+    let view = state.create_sandbox(request, caller.owner()).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
 /// The open sandboxes.
@@ -956,15 +295,7 @@ async fn list_sandboxes(
     State(state): State<AppState>,
     Caller(caller): Caller,
 ) -> Result<Json<SandboxList>, ApiError> {
-    pool(&state)?;
-    let sandboxes = state
-        .sandboxes
-        .list()
-        .iter()
-        .filter(|entry| caller.may_see(entry.owner.as_deref()))
-        .map(|entry| sandbox_view(entry))
-        .collect();
-    Ok(Json(SandboxList { sandboxes }))
+    Ok(Json(state.list_sandboxes(|owner| caller.may_see(owner))?))
 }
 
 /// One sandbox.
@@ -985,7 +316,7 @@ async fn get_sandbox(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxView>, ApiError> {
-    let entry = sandbox(&state, &id)?;
+    let entry = state.sandbox(&id)?;
     Ok(Json(sandbox_view(&entry)))
 }
 
@@ -1007,9 +338,7 @@ async fn delete_sandbox(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    pool(&state)?;
-    let id = parse_id("sandbox", &id)?;
-    state.sandboxes.remove(id).await?;
+    state.close_sandbox(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -1053,41 +382,14 @@ async fn exec(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
-    let entry = sandbox(&state, &id)?;
-    let command = command(body)?;
-    let slot = if command.background {
-        Some(entry.reserve_background()?)
-    } else {
-        None
-    };
-    let argv = command.request.argv.clone();
-    let started = Instant::now();
-    let mut handle = entry
-        .sandbox
-        .exec(command.request)
-        .await
-        .map_err(sandbox_error)?;
-    feed_stdin(&mut handle, command.stdin);
-    if let Some(slot) = slot {
-        let process = entry.adopt(slot, handle, argv, started);
-        let body = BackgroundStarted {
-            sandbox_id: entry.id.to_string(),
-            exec_id: process.id.to_string(),
-            argv: process.argv.clone(),
-            started_at: process.started_at,
-        };
-        return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
-    }
-    let running = Foreground {
-        handle,
-        started,
-        ended: false,
-    };
-    if command.stream {
-        Ok(stream_of(running))
-    } else {
-        Ok(Json(wait_for(running).await).into_response())
-    }
+    Ok(match state.exec_in_sandbox(&id, body).await? {
+        Started::Background(started) => (StatusCode::ACCEPTED, Json(started)).into_response(),
+        Started::Foreground {
+            command,
+            stream: true,
+        } => stream_of(command),
+        Started::Foreground { command, .. } => Json(command.wait().await).into_response(),
+    })
 }
 
 /// The background processes running in a sandbox.
@@ -1108,32 +410,7 @@ async fn list_processes(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
-    let entry = sandbox(&state, &id)?;
-    let processes = entry
-        .running_processes()
-        .iter()
-        .map(|process| ProcessSummary {
-            exec_id: process.id.to_string(),
-            argv: process.argv.clone(),
-            started_at: process.started_at,
-            running: process.running(),
-        })
-        .collect();
-    Ok(Json(ProcessList { processes }))
-}
-
-fn process_of(
-    state: &AppState,
-    id: &str,
-    exec_id: &str,
-) -> Result<std::sync::Arc<Process>, ApiError> {
-    let entry = sandbox(state, id)?;
-    let exec_id = parse_id("process", exec_id)?;
-    entry.process(exec_id).ok_or_else(|| {
-        ApiError::not_found(format!(
-            "no background process {exec_id} in sandbox {id} (finished ones are kept a while)"
-        ))
-    })
+    Ok(Json(state.sandbox_processes(&id)?))
 }
 
 /// A background process: its output so far and its status.
@@ -1154,8 +431,7 @@ async fn get_process(
     State(state): State<AppState>,
     ApiPath((id, exec_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ProcessDetail>, ApiError> {
-    let process = process_of(&state, &id, &exec_id)?;
-    Ok(Json(process_detail(&process)))
+    Ok(Json(state.sandbox_process(&id, &exec_id)?))
 }
 
 /// Kills a background process and everything it started, and waits up to 5 s for its end.
@@ -1176,12 +452,7 @@ async fn kill_process(
     State(state): State<AppState>,
     ApiPath((id, exec_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ProcessDetail>, ApiError> {
-    let process = process_of(&state, &id, &exec_id)?;
-    if process.running() {
-        process.kill();
-        process.wait(KILL_WAIT).await;
-    }
-    Ok(Json(process_detail(&process)))
+    Ok(Json(state.kill_sandbox_process(&id, &exec_id).await?))
 }
 
 /// Reads a regular file (up to 16 MiB) as raw bytes.
@@ -1206,14 +477,8 @@ async fn read_file(
     ApiPath(id): ApiPath<String>,
     query: Result<Query<FileQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let entry = sandbox(&state, &id)?;
     let Query(query) = query?;
-    check_path("`path`", &query.path)?;
-    let bytes = entry
-        .sandbox
-        .read_file(&query.path, FILE_LIMIT as u64)
-        .await
-        .map_err(sandbox_error)?;
+    let bytes = state.read_sandbox_file(&id, &query.path).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
@@ -1244,7 +509,7 @@ async fn write_file(
     query: Result<Query<FileQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let entry = sandbox(&state, &id)?;
+    state.sandbox(&id)?;
     let Query(query) = query?;
     check_path("`path`", &query.path)?;
     let body = body.map_err(|rejection| {
@@ -1258,11 +523,7 @@ async fn write_file(
             body_rejection(rejection)
         }
     })?;
-    entry
-        .sandbox
-        .write_file(&query.path, &body)
-        .await
-        .map_err(sandbox_error)?;
+    state.write_sandbox_file(&id, &query.path, &body).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -1287,14 +548,10 @@ async fn delete_file(
     ApiPath(id): ApiPath<String>,
     query: Result<Query<DeleteQuery>, QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let entry = sandbox(&state, &id)?;
     let Query(query) = query?;
-    check_path("`path`", &query.path)?;
-    entry
-        .sandbox
-        .remove(&query.path, query.recursive)
-        .await
-        .map_err(sandbox_error)?;
+    state
+        .delete_sandbox_file(&id, &query.path, query.recursive)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -1318,17 +575,8 @@ async fn list_files(
     ApiPath(id): ApiPath<String>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<DirListing>, ApiError> {
-    let entry = sandbox(&state, &id)?;
     let Query(query) = query?;
-    let path = query
-        .path
-        .unwrap_or_else(|| entry.spec.workspace_mount.clone());
-    check_path("`path`", &path)?;
-    let entries = entry.sandbox.list(&path).await.map_err(sandbox_error)?;
-    Ok(Json(DirListing {
-        path,
-        entries: entries.iter().map(entry_view).collect(),
-    }))
+    Ok(Json(state.list_sandbox_files(&id, query.path).await?))
 }
 
 /// The metadata of a path (`lstat`: a symlink is described, not followed).
@@ -1351,15 +599,8 @@ async fn stat_file(
     ApiPath(id): ApiPath<String>,
     query: Result<Query<FileQuery>, QueryRejection>,
 ) -> Result<Json<FileStatView>, ApiError> {
-    let entry = sandbox(&state, &id)?;
     let Query(query) = query?;
-    check_path("`path`", &query.path)?;
-    let stat = entry
-        .sandbox
-        .stat(&query.path)
-        .await
-        .map_err(sandbox_error)?;
-    Ok(Json(stat_view(&query.path, &stat)))
+    Ok(Json(state.stat_sandbox_file(&id, &query.path).await?))
 }
 
 /// Makes a directory (and its missing parents with `parents`).
@@ -1384,12 +625,8 @@ async fn make_directory(
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<MkdirRequest>,
 ) -> Result<StatusCode, ApiError> {
-    let entry = sandbox(&state, &id)?;
-    check_path("`path`", &request.path)?;
-    entry
-        .sandbox
-        .mkdir(&request.path, request.parents)
-        .await
-        .map_err(sandbox_error)?;
+    state
+        .make_sandbox_directory(&id, &request.path, request.parents)
+        .await?;
     Ok(StatusCode::CREATED)
 }
