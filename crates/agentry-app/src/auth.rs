@@ -607,6 +607,38 @@ impl crate::config::ConfigDoc for StoredKey {
     const NOUN: &'static str = "API key";
 }
 
+impl crate::App {
+    /// Whether `caller` may see the session `id` (a missing session is left to the caller).
+    pub async fn may_see_session(
+        &self,
+        caller: &Principal,
+        id: agentry_types::SessionId,
+    ) -> Result<bool, crate::error::AppError> {
+        if caller.is_admin() {
+            return Ok(true);
+        }
+        Ok(match self.store.session(id).await? {
+            Some(record) => caller.may_see(record.owner.as_deref()),
+            None => true,
+        })
+    }
+
+    /// 404 for a session `caller` may not see, worded like a missing one.
+    pub async fn check_session_access(
+        &self,
+        caller: &Principal,
+        id: agentry_types::SessionId,
+    ) -> Result<(), crate::error::AppError> {
+        if self.may_see_session(caller, id).await? {
+            Ok(())
+        } else {
+            Err(crate::error::AppError::not_found(format!(
+                "no session {id}"
+            )))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

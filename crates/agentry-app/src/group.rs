@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use futures::Stream;
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -41,8 +42,10 @@ use agentry_types::{ErrorInfo, GroupEvent, RunEvent, RunId, SessionEvent, Sessio
 
 use crate::App;
 use crate::agents::{AgentConfig, stored_agent};
+use crate::auth::Principal;
 use crate::error::AppError;
 use crate::hub::StatusChange;
+use crate::submission::{InferRequest, parse_session_id};
 
 /// The key of a group session's members in its metadata.
 pub const METADATA_KEY: &str = "group";
@@ -863,4 +866,226 @@ pub fn outcome(session: SessionId, run_id: RunId, events: &[(u64, GroupEvent)]) 
         "text": text,
         "messages": messages,
     })
+}
+
+/// A group chat as a client sees it: members, settings, whether an exchange is going on, and
+/// its transcript.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupView {
+    /// The group session.
+    pub session_id: SessionId,
+    /// Its members.
+    pub members: Vec<MemberView>,
+    /// Rounds one message may lead to.
+    pub max_rounds: u32,
+    /// Whether an exchange is going on.
+    pub live: bool,
+    /// Every group event of its log.
+    pub transcript: Vec<TranscriptItem>,
+}
+
+/// A member of a group as a client sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberView {
+    /// The saved agent.
+    pub agent_id: String,
+    /// Its nickname, if it has one.
+    pub nickname: Option<String>,
+    /// The member's own session.
+    pub session_id: SessionId,
+}
+
+/// One committed group event with its seq.
+#[derive(Debug, Clone, Serialize)]
+pub struct TranscriptItem {
+    /// Its seq in the group session's log.
+    pub seq: u64,
+    /// The event.
+    pub event: SessionEvent,
+}
+
+/// The group `session` as a client sees it.
+pub async fn view(state: &App, session: SessionId) -> Result<GroupView, AppError> {
+    let info = load(state, session).await?;
+    let mut members = Vec::with_capacity(info.members.len());
+    for member in &info.members {
+        let agent = stored_agent(&state.store, &member.agent_id).await?;
+        members.push(MemberView {
+            agent_id: member.agent_id.clone(),
+            nickname: agent.and_then(|agent| agent.nickname),
+            session_id: member.session_id,
+        });
+    }
+    // Whether an exchange is going on is read before the transcript: an exchange commits its
+    // `finished` before it stops being live, so "not live" always comes with a transcript that
+    // holds its end (read the other way round, one could end in between).
+    let live = state.groups.subscribe(session).is_some();
+    let transcript = group_events(state, session, 0)
+        .await?
+        .into_iter()
+        .map(|(seq, run_id, event)| TranscriptItem {
+            seq,
+            event: SessionEvent::Group { run_id, event },
+        })
+        .collect();
+    Ok(GroupView {
+        session_id: session,
+        members,
+        max_rounds: info.max_rounds,
+        live,
+        transcript,
+    })
+}
+
+/// A submitted run that names several `agent_ids`: a group chat, posted. A new group session
+/// when `session_id` is absent or `"new"` (with `max_rounds`), else the group session named,
+/// whose members must be the agents named and which `caller` may use. Fields that configure one
+/// run (`model_id`, `tool_ids`, `system`, …) do not apply: each member runs as its saved agent.
+pub async fn submit(
+    state: &App,
+    caller: &Principal,
+    body: &InferRequest,
+) -> Result<(SessionId, Started), AppError> {
+    let ids = body.agent_ids.clone().unwrap_or_default();
+    for (field, given) in [
+        ("model_id", body.model_id.is_some()),
+        ("tool_ids", body.tool_ids.is_some()),
+        ("system", body.system.is_some()),
+        ("max_tool_rounds", body.max_tool_rounds.is_some()),
+        ("params", body.params.is_some()),
+        ("approvals", body.approvals.is_some()),
+        ("compaction", body.compaction.is_some()),
+        ("agent_id", body.agent_id.is_some()),
+    ] {
+        if given {
+            return Err(AppError::bad_request(format!(
+                "`{field}` does not apply to a group chat: each member runs as its saved agent"
+            )));
+        }
+    }
+    let text = match (&body.text, body.messages.as_slice()) {
+        (Some(text), []) => text.clone(),
+        (None, [message]) if message.role == "user" && message.prompt_template.is_none() => {
+            match &message.content {
+                Some(Value::String(text)) if message.images.is_empty() => text.clone(),
+                _ => {
+                    return Err(AppError::bad_request(
+                        "a group chat message is text: `text`, or one user message with string \
+                         content",
+                    ));
+                }
+            }
+        }
+        (Some(_), _) => {
+            return Err(AppError::bad_request("give `text` or `messages`, not both"));
+        }
+        _ => {
+            return Err(AppError::bad_request(
+                "a group chat takes one user message (`text`, or one message in `messages`)",
+            ));
+        }
+    };
+    let session = match body.session_id.as_deref() {
+        None | Some("new") => {
+            if text.trim().is_empty() {
+                return Err(AppError::bad_request("the message is empty"));
+            }
+            let title: String = text.chars().take(80).collect();
+            create(state, caller, &ids, body.max_rounds, Some(title))
+                .await?
+                .0
+        }
+        Some(id) => {
+            let session = parse_session_id(id)?;
+            state.check_session_access(caller, session).await?;
+            let info = load(state, session).await?;
+            let mut members: Vec<&str> = info.members.iter().map(|m| m.agent_id.as_str()).collect();
+            let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
+            members.sort_unstable();
+            named.sort_unstable();
+            if members != named {
+                return Err(AppError::bad_request(format!(
+                    "session {session} is a group of {members:?}, not {named:?}"
+                )));
+            }
+            if body
+                .max_rounds
+                .is_some_and(|rounds| rounds != info.max_rounds)
+            {
+                return Err(AppError::bad_request(
+                    "`max_rounds` is set when the group is created",
+                ));
+            }
+            session
+        }
+    };
+    let started = post(state, session, text, body.user.clone()).await?;
+    Ok((session, started))
+}
+
+/// A group's events for a client following it: its committed group events after `after` from
+/// the log, then, when an exchange is live (`live`: its id and a subscription made before
+/// reading the log), its live events until it ends. A subscriber that fell behind catches up on
+/// committed events from the log; committed events come once each, by seq. A failure to read
+/// the log ends the stream with the error.
+pub fn follow(
+    state: App,
+    session: SessionId,
+    after: u64,
+    live: Option<(RunId, broadcast::Receiver<Arc<GroupLive>>)>,
+) -> impl Stream<Item = Result<Arc<GroupLive>, AppError>> + Send {
+    async_stream::stream! {
+        let mut last_seq = after;
+        let target = live.as_ref().map(|(run_id, _)| *run_id);
+        let mut ended = false;
+        match group_events(&state, session, last_seq).await {
+            Ok(backlog) => {
+                for (seq, run_id, event) in backlog {
+                    last_seq = seq;
+                    let live = GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
+                    ended |= Some(run_id) == target && is_end(&live);
+                    yield Ok(Arc::new(live));
+                }
+            }
+            Err(error) => {
+                yield Err(error);
+                ended = true;
+            }
+        }
+        if let (Some((_, mut events)), false) = (live, ended) {
+            loop {
+                match events.recv().await {
+                    Ok(live) => {
+                        if let GroupLive::Committed { seq, .. } = live.as_ref() {
+                            if *seq <= last_seq {
+                                continue;
+                            }
+                            last_seq = *seq;
+                        }
+                        let end = is_end(&live);
+                        yield Ok(live);
+                        if end {
+                            break;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {
+                        let Ok(missed) = group_events(&state, session, last_seq).await else {
+                            break;
+                        };
+                        let mut ended = false;
+                        for (seq, run_id, event) in missed {
+                            last_seq = seq;
+                            let live = GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
+                            ended |= Some(run_id) == target && is_end(&live);
+                            yield Ok(Arc::new(live));
+                        }
+                        if ended {
+                            break;
+                        }
+                    }
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        }
+    }
 }

@@ -375,3 +375,30 @@ impl Hub {
         self.lock().len()
     }
 }
+
+/// Cancels a session's live run when dropped, unless disarmed: a client that goes away takes
+/// its run with it (`cancel_on_disconnect`).
+pub struct CancelOnDrop {
+    hub: Hub,
+    session: Option<SessionId>,
+}
+
+impl CancelOnDrop {
+    /// A guard over `session`'s run; `None` guards nothing.
+    pub fn new(hub: Hub, session: Option<SessionId>) -> Self {
+        Self { hub, session }
+    }
+
+    /// Lets the run go on after the guard is dropped.
+    pub fn disarm(&mut self) {
+        self.session = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.hub.cancel(session);
+        }
+    }
+}

@@ -8,6 +8,7 @@
 //! front-end maps in one place.
 
 pub mod agents;
+pub mod approvals;
 pub mod auth;
 pub mod catalogue;
 pub mod clock;
@@ -22,13 +23,16 @@ pub mod mcp_server;
 pub mod mcp_tools;
 pub mod memory;
 pub mod ops;
+pub mod outcome;
 pub mod runs;
 pub mod runtime;
 pub mod sandbox_requests;
 pub mod sandbox_service;
 pub mod sandboxes;
 pub mod schema;
+pub mod session_service;
 pub mod store_log;
+pub mod submission;
 pub mod titles;
 
 use std::sync::Arc;

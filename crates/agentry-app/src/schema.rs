@@ -46,3 +46,47 @@ pub fn protocol_schema() -> Schema {
         .description(Some("The wire protocol (default `openai`)."))
         .into()
 }
+
+/// A tool call waiting for a decision.
+#[derive(Debug, Clone, ToSchema)]
+pub struct PendingCall {
+    /// The call as the model asked for it: `id`, `name`, `arguments`.
+    #[schema(value_type = Object)]
+    pub call: Value,
+    /// Why it needs approval.
+    pub reason: String,
+}
+
+/// An MCP server's request for input, made during one of the run's tool calls, waiting for a
+/// person. Answer with `POST /v1/runs/{run_id}/approvals` and `elicitation_id`: `approve` with
+/// `content` (a form's answer, matching `requested_schema`; nothing for a URL request once the
+/// page was visited) or `reject` (declined: the tool goes on without it).
+#[derive(Debug, Clone, ToSchema)]
+pub struct PendingElicitation {
+    /// The request's id.
+    pub elicitation_id: String,
+    /// The run.
+    pub run_id: String,
+    /// Its session.
+    pub session_id: Option<String>,
+    /// The tool call in flight that the request belongs to.
+    pub call_id: String,
+    /// That call's tool.
+    pub tool: String,
+    /// The MCP server asking.
+    pub server: String,
+    /// What it asks, for a person.
+    pub message: String,
+    /// `form` or `url`.
+    #[schema(pattern = "^(form|url)$")]
+    pub mode: String,
+    /// For a form: the JSON Schema of the answer.
+    #[schema(value_type = Option<Object>)]
+    pub requested_schema: Option<Value>,
+    /// For a URL request: the page to visit.
+    pub url: Option<String>,
+    /// For a URL request: the server's id for it.
+    pub elicitation_id_on_server: Option<String>,
+    /// When it was asked (Unix milliseconds).
+    pub created_at_ms: u64,
+}

@@ -90,34 +90,6 @@ fn owned_resource(path: &str) -> Option<Owned> {
     }
 }
 
-/// Whether `caller` may see the session `id` (a missing session is left to the handler).
-pub async fn may_see_session(
-    state: &AppState,
-    caller: &Principal,
-    id: SessionId,
-) -> Result<bool, ApiError> {
-    if caller.is_admin() {
-        return Ok(true);
-    }
-    Ok(match state.store.session(id).await? {
-        Some(record) => caller.may_see(record.owner.as_deref()),
-        None => true,
-    })
-}
-
-/// 404 for a session the caller may not see, worded like a missing one.
-pub async fn check_session(
-    state: &AppState,
-    caller: &Principal,
-    id: SessionId,
-) -> Result<(), ApiError> {
-    if may_see_session(state, caller, id).await? {
-        Ok(())
-    } else {
-        Err(ApiError::not_found(format!("no session {id}")))
-    }
-}
-
 /// The middleware: refuses what the caller's role does not allow (403) and somebody else's
 /// session, run or sandbox (404).
 pub(crate) async fn authorize(
@@ -147,9 +119,15 @@ pub(crate) async fn authorize(
     }
     let visible = match owned_resource(&path) {
         None => Ok(true),
-        Some(Owned::Session(id)) => may_see_session(&state, &caller, id).await,
-        Some(Owned::Run(id)) => match crate::routes::runs::locate(&state, id).await {
-            Ok(session) => may_see_session(&state, &caller, session).await,
+        Some(Owned::Session(id)) => state
+            .may_see_session(&caller, id)
+            .await
+            .map_err(ApiError::from),
+        Some(Owned::Run(id)) => match state.app.locate(id).await {
+            Ok(session) => state
+                .may_see_session(&caller, session)
+                .await
+                .map_err(ApiError::from),
             Err(_) => Ok(true),
         },
         Some(Owned::Sandbox(id)) => Ok(state

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::{Response, ResponseBuilder};
-use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{
     ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
 };
@@ -472,40 +472,6 @@ pub fn tool_definition_schema() -> Schema {
         .into()
 }
 
-/// A message's content: text, or a list of `text` / `image_url` parts.
-pub fn message_content_schema() -> Schema {
-    let part = ObjectBuilder::new()
-        .property(
-            "type",
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .enum_values(Some(["text", "image_url"])),
-        )
-        .required("type")
-        .description(Some(
-            "`{\"type\": \"text\", \"text\": …}` or `{\"type\": \"image_url\", \"image_url\": \
-             {\"url\": …}}` (a `data:` or `http(s)` URL).",
-        ));
-    OneOfBuilder::new()
-        .item(ObjectBuilder::new().schema_type(Type::String))
-        .item(ArrayBuilder::new().items(part))
-        .item(ObjectBuilder::new().schema_type(Type::Null))
-        .description(Some("Text, or a list of parts."))
-        .into()
-}
-
-/// The run policies for a session that is busy.
-#[derive(Debug, Clone, Copy, ToSchema)]
-#[schema(rename_all = "snake_case")]
-pub enum BusyPolicyName {
-    /// Refuse (409), naming the running run.
-    Reject,
-    /// Run after the current run.
-    Enqueue,
-    /// Cancel the current run at its next step, then run.
-    Interrupt,
-}
-
 /// How a direct tool call returns its result.
 #[derive(Debug, Clone, Copy, ToSchema)]
 #[schema(rename_all = "snake_case")]
@@ -514,42 +480,6 @@ pub enum ResultFormatName {
     Text,
     /// The result parsed as JSON.
     Json,
-}
-
-/// What `POST /v1/infer` answers (also for a run that failed, with `502`).
-#[derive(Debug, Clone, ToSchema)]
-pub struct InferOutcome {
-    /// Whether the run ended without an error.
-    pub success: bool,
-    /// The session (absent for an ephemeral run).
-    pub session_id: Option<String>,
-    /// The run.
-    pub run_id: Option<String>,
-    /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `quota_exceeded`, `cancelled` or
-    /// `error`; or, for a run that has not ended, `waiting` (tool calls wait for approval:
-    /// see `pending`) or `paused`.
-    pub stop_reason: String,
-    /// Why a guard stopped the run (for `quota_exceeded`, which quota: `max_output_tokens` or
-    /// `max_tool_calls`).
-    pub note: Option<String>,
-    /// `waiting` or `paused` for a run that has not ended.
-    pub status: Option<String>,
-    /// The calls waiting for approval (`POST /v1/runs/{run_id}/approvals` decides them).
-    #[schema(value_type = Option<Vec<crate::routes::runs::PendingCall>>)]
-    pub pending: Option<Vec<Value>>,
-    /// The final answer's text.
-    pub text: String,
-    /// Token usage.
-    #[schema(value_type = Object)]
-    pub usage: Value,
-    /// Tool rounds taken.
-    pub rounds: u32,
-    /// The messages this run added (user, assistant, tool).
-    #[schema(value_type = Vec<Object>)]
-    pub messages: Vec<Value>,
-    /// The error, when the run failed.
-    #[schema(value_type = Option<Object>)]
-    pub error: Option<Value>,
 }
 
 /// The body of `POST /v1/infer/abort`.
@@ -567,141 +497,6 @@ pub struct AbortOutcome {
     pub session_id: String,
     /// Whether a live run was cancelled.
     pub aborted: bool,
-}
-
-/// A session as listed.
-#[derive(Debug, Clone, ToSchema)]
-pub struct SessionSummary {
-    /// Its id (UUIDv7).
-    pub id: String,
-    /// Its title.
-    pub title: Option<String>,
-    /// `running` while a run is live, else the status the engine last set (`idle`,
-    /// `interrupted`, `failed`, `waiting` — tool calls wait for approval — or `paused`).
-    pub status: String,
-    /// Creation time, Unix milliseconds.
-    pub created_at: u64,
-    /// Time of the last event, Unix milliseconds.
-    pub last_activity: u64,
-    /// The seq of its last event (0: none).
-    pub last_seq: u64,
-    /// The last seq marked read.
-    pub read_seq: u64,
-    /// Whether it has events past `read_seq`.
-    pub unread: bool,
-    /// The session and seq it was forked from.
-    pub parent: Option<SessionParent>,
-    /// When it may be pruned, Unix milliseconds.
-    pub expires_at: Option<u64>,
-}
-
-/// Where a fork branched off.
-#[derive(Debug, Clone, ToSchema)]
-pub struct SessionParent {
-    /// The parent session.
-    pub id: String,
-    /// The last of its events the fork shares.
-    pub seq: u64,
-}
-
-/// `GET /v1/sessions`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct SessionList {
-    /// The sessions, most recent activity first.
-    pub sessions: Vec<SessionSummary>,
-}
-
-/// One search hit.
-#[derive(Debug, Clone, ToSchema)]
-pub struct SearchHit {
-    /// The session.
-    pub session_id: String,
-    /// The matching event.
-    pub seq: u64,
-    /// Text around the match.
-    pub snippet: String,
-}
-
-/// `GET /v1/sessions/search`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct SearchResults {
-    /// The hits.
-    pub hits: Vec<SearchHit>,
-}
-
-/// `GET /v1/sessions/{id}`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct SessionDetail {
-    /// The session.
-    pub session: SessionSummary,
-    /// Its live run, if one is going.
-    pub run_id: Option<String>,
-    /// Its run that stopped without ending, if any: `{"run_id", "status": "waiting" | "paused",
-    /// "pending": [{"call", "reason"}]}` (the calls waiting for approval).
-    #[schema(value_type = Option<Object>)]
-    pub suspended_run: Option<Value>,
-    /// The conversation.
-    #[schema(value_type = Vec<Object>)]
-    pub messages: Vec<Value>,
-    /// For a sub-agent's session, its link: `{"parent_session_id", "parent_run_id", "call_id",
-    /// "depth", "tool", "agent_id"?}`.
-    #[schema(value_type = Option<Object>)]
-    pub delegation: Option<Value>,
-    /// The sub-agents' sessions its `delegate` and `talk_to` calls started, in order: `{"session_id",
-    /// "run_id", "depth", "stop_reason", "agent_id"?, "error"?, "call_id", "tool"}`.
-    #[schema(value_type = Vec<Object>)]
-    pub children: Vec<Value>,
-    /// For a group chat: `{"members": [{"agent_id", "session_id"}], "max_rounds"}` (its
-    /// transcript: `GET /v1/groups/{id}`).
-    #[schema(value_type = Option<Object>)]
-    pub group: Option<Value>,
-    /// For a group member's session: `{"group_session_id", "agent_id"}`.
-    #[schema(value_type = Option<Object>)]
-    pub group_member: Option<Value>,
-}
-
-/// One committed event.
-#[derive(Debug, Clone, ToSchema)]
-pub struct StoredEvent {
-    /// Its position in the session's log.
-    pub seq: u64,
-    /// The event (`run_started`, `message`, `assistant_message`, `tool_call_intent`,
-    /// `tool_call_result`, `approval_requested`, `approval_decided`, `run_paused`,
-    /// `run_resumed`, `run_finished`).
-    #[schema(value_type = Object)]
-    pub event: Value,
-    /// When it was committed (Unix milliseconds): the run trace's clock.
-    pub at: u64,
-}
-
-/// `GET /v1/sessions/{id}/events`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct SessionEvents {
-    /// The events after `after`, in order.
-    pub events: Vec<StoredEvent>,
-}
-
-/// `POST /v1/sessions/{id}/fork`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct ForkOutcome {
-    /// The new session.
-    pub session: SessionSummary,
-}
-
-/// `POST /v1/sessions/{id}/title`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct TitleOutcome {
-    /// The title set.
-    pub title: String,
-}
-
-/// `POST /v1/sessions/{id}/continue`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct ContinueOutcome {
-    /// The session.
-    pub session_id: String,
-    /// Where to follow the run.
-    pub stream: String,
 }
 
 /// `GET /v1/models`.

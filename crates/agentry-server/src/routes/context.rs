@@ -14,10 +14,10 @@ use agentry_app::domain::core::context::{ContextPolicy, DEFAULT_THRESHOLD};
 use agentry_app::domain::core::session::replay;
 use agentry_types::{Message, SessionEvent};
 
-use super::infer::parse_session_id;
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, NotFound, SessionPath};
 use crate::state::AppState;
+use agentry_app::submission::parse_session_id;
 
 /// The context route.
 pub fn routes() -> OpenApiRouter<AppState> {

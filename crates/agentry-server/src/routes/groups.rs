@@ -13,24 +13,23 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::RecvError;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::group::{self, GroupInfo, GroupLive, LiveGroups, Started};
+use agentry_app::group::{self, GroupInfo, GroupLive, GroupView, LiveGroups, Started};
 use agentry_types::{GroupEvent, RunEvent, RunId, SessionEvent, SessionId};
 
 use super::config::ApiPath;
-use super::infer::{InferRequest, parse_session_id};
 use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
+use agentry_app::submission::{InferRequest, parse_session_id};
 
 /// The group chat routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -166,36 +165,9 @@ async fn create_group(
 async fn get_group(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<GroupView>, ApiError> {
     let session = parse_session_id(&id)?;
-    let info = group::load(&state, session).await?;
-    let mut members = Vec::with_capacity(info.members.len());
-    for member in &info.members {
-        let agent = agentry_app::agents::stored_agent(&state.store, &member.agent_id).await?;
-        members.push(json!({
-            "agent_id": member.agent_id,
-            "nickname": agent.and_then(|agent| agent.nickname),
-            "session_id": member.session_id,
-        }));
-    }
-    // Whether an exchange is going on is read before the transcript: an exchange commits its
-    // `finished` before it stops being live, so "not live" always comes with a transcript that
-    // holds its end (read the other way round, one could end in between).
-    let live = state.groups.subscribe(session).is_some();
-    let transcript: Vec<Value> = group::group_events(&state, session, 0)
-        .await?
-        .into_iter()
-        .map(|(seq, run_id, event)| {
-            json!({"seq": seq, "event": SessionEvent::Group { run_id, event }})
-        })
-        .collect();
-    Ok(Json(json!({
-        "session_id": session,
-        "members": members,
-        "max_rounds": info.max_rounds,
-        "live": live,
-        "transcript": transcript,
-    })))
+    Ok(Json(group::view(&state, session).await?))
 }
 
 /// Posts a message to a group and waits for the exchange's end (every round it leads to).
@@ -338,75 +310,21 @@ fn streamed(
     response
 }
 
-/// A group's SSE events: its committed group events after `after` from the log, then, when an
-/// exchange is live (`live`: its id and a subscription made before reading the log), its live
-/// events until it ends. A subscriber that fell behind catches up on committed events from the
-/// log; committed events are sent once each, by seq.
+/// A group's events as server-sent events (see [`group::follow`]).
 fn follow(
     state: AppState,
     session: SessionId,
     after: u64,
-    live: Option<(RunId, broadcast::Receiver<Arc<group::GroupLive>>)>,
+    live: Option<(RunId, broadcast::Receiver<Arc<GroupLive>>)>,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send {
-    async_stream::stream! {
-        let mut last_seq = after;
-        let target = live.as_ref().map(|(run_id, _)| *run_id);
-        let mut ended = false;
-        match group::group_events(&state, session, last_seq).await {
-            Ok(backlog) => {
-                for (seq, run_id, event) in backlog {
-                    last_seq = seq;
-                    let live = group::GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
-                    ended |= Some(run_id) == target && group::is_end(&live);
-                    if let Some(sse) = sse_event(&live) {
-                        yield Ok(sse);
-                    }
-                }
-            }
-            Err(error) => {
-                yield Ok(Event::default().event("error").data(ApiError::from(error).body().to_string()));
-                ended = true;
-            }
+    group::follow(state.app.clone(), session, after, live).filter_map(|item| async move {
+        match item {
+            Ok(live) => sse_event(&live).map(Ok),
+            Err(error) => Some(Ok(Event::default()
+                .event("error")
+                .data(ApiError::from(error).body().to_string()))),
         }
-        if let (Some((_, mut events)), false) = (live, ended) {
-            loop {
-                match events.recv().await {
-                    Ok(live) => {
-                        if let group::GroupLive::Committed { seq, .. } = live.as_ref() {
-                            if *seq <= last_seq {
-                                continue;
-                            }
-                            last_seq = *seq;
-                        }
-                        if let Some(sse) = sse_event(&live) {
-                            yield Ok(sse);
-                        }
-                        if group::is_end(&live) {
-                            break;
-                        }
-                    }
-                    Err(RecvError::Lagged(_)) => {
-                        let Ok(missed) = group::group_events(&state, session, last_seq).await else {
-                            break;
-                        };
-                        let mut ended = false;
-                        for (seq, run_id, event) in missed {
-                            last_seq = seq;
-                            let live = group::GroupLive::Committed { seq, event: SessionEvent::Group { run_id, event } };
-                            ended |= Some(run_id) == target && group::is_end(&live);
-                            if let Some(sse) = sse_event(&live) {
-                                yield Ok(sse);
-                            }
-                        }
-                        if ended {
-                            break;
-                        }
-                    }
-                    Err(RecvError::Closed) => break,
-                }
-            }
-        }
-    }
+    })
 }
 
 /// Where to start following a group's stream.
@@ -465,97 +383,22 @@ async fn group_stream(
         .into_response())
 }
 
-/// `POST /v1/infer` (`stream`: `/v1/infer/stream`) with several `agent_ids`: a group chat. A
-/// new group session when `session_id` is absent or `"new"` (with `max_rounds`), else the group
-/// session named, whose members must be the agents named. Fields that configure one run
-/// (`model_id`, `tool_ids`, `system`, …) do not apply: each member runs as its saved agent;
-/// `cancel_on_disconnect` cancels the exchange when the client goes away.
+/// `POST /v1/infer` (`stream`: `/v1/infer/stream`) with several `agent_ids`: a group chat
+/// ([`group::submit`]); `cancel_on_disconnect` cancels the exchange when the client goes away.
 pub(crate) async fn infer_group(
     state: AppState,
     caller: &agentry_app::auth::Principal,
     body: InferRequest,
     stream: bool,
 ) -> Result<Response, ApiError> {
-    let ids = body.agent_ids.clone().unwrap_or_default();
-    for (field, given) in [
-        ("model_id", body.model_id.is_some()),
-        ("tool_ids", body.tool_ids.is_some()),
-        ("system", body.system.is_some()),
-        ("max_tool_rounds", body.max_tool_rounds.is_some()),
-        ("params", body.params.is_some()),
-        ("approvals", body.approvals.is_some()),
-        ("compaction", body.compaction.is_some()),
-        ("agent_id", body.agent_id.is_some()),
-    ] {
-        if given {
-            return Err(ApiError::bad_request(format!(
-                "`{field}` does not apply to a group chat: each member runs as its saved agent"
-            )));
-        }
-    }
-    let text = match (&body.text, body.messages.as_slice()) {
-        (Some(text), []) => text.clone(),
-        (None, [message]) if message.role == "user" && message.prompt_template.is_none() => {
-            match &message.content {
-                Some(Value::String(text)) if message.images.is_empty() => text.clone(),
-                _ => {
-                    return Err(ApiError::bad_request(
-                        "a group chat message is text: `text`, or one user message with string \
-                         content",
-                    ));
-                }
-            }
-        }
-        (Some(_), _) => {
-            return Err(ApiError::bad_request("give `text` or `messages`, not both"));
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                "a group chat takes one user message (`text`, or one message in `messages`)",
-            ));
-        }
-    };
-    let session = match body.session_id.as_deref() {
-        None | Some("new") => {
-            if text.trim().is_empty() {
-                return Err(ApiError::bad_request("the message is empty"));
-            }
-            let title: String = text.chars().take(80).collect();
-            group::create(&state, caller, &ids, body.max_rounds, Some(title))
-                .await?
-                .0
-        }
-        Some(id) => {
-            let session = parse_session_id(id)?;
-            crate::authorization::check_session(&state, caller, session).await?;
-            let info = group::load(&state, session).await?;
-            let mut members: Vec<&str> = info.members.iter().map(|m| m.agent_id.as_str()).collect();
-            let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
-            members.sort_unstable();
-            named.sort_unstable();
-            if members != named {
-                return Err(ApiError::bad_request(format!(
-                    "session {session} is a group of {members:?}, not {named:?}"
-                )));
-            }
-            if body
-                .max_rounds
-                .is_some_and(|rounds| rounds != info.max_rounds)
-            {
-                return Err(ApiError::bad_request(
-                    "`max_rounds` is set when the group is created",
-                ));
-            }
-            session
-        }
-    };
-    let started = group::post(&state, session, text, body.user.clone()).await?;
+    let (session, started) = group::submit(&state, caller, &body).await?;
     if stream {
         Ok(streamed(state, session, started, body.cancel_on_disconnect))
     } else {
         waited(&state, session, started, body.cancel_on_disconnect).await
     }
 }
+
 /// The SSE name of a committed group event.
 pub fn sse_name(event: &GroupEvent) -> &'static str {
     match event {

@@ -11,24 +11,23 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::domain::core::RunRequest;
-use agentry_app::domain::core::session::{BusyPolicy, replay};
-use agentry_app::domain::store::{NewSession, SessionQuery, SessionRecord};
-use agentry_types::{Message, SessionEvent, SessionId};
+use agentry_app::domain::store::SessionQuery;
+use agentry_app::session_service::{
+    SearchResults, SessionDetail, SessionEvents, SessionList, TitleOutcome,
+};
 
-use super::infer::{parse_session_id, session_events};
+use super::infer::session_events;
 use super::sse::SseMapper;
 use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
-    BadGateway, BadRequest, Conflict, ContinueOutcome, ForkOutcome, JsonBodyErrors, NotFound,
-    PayloadTooLarge, RunStreamEvent, SearchResults, SessionDetail, SessionEvents, SessionList,
-    SessionPath, TitleOutcome,
+    BadGateway, BadRequest, Conflict, JsonBodyErrors, NotFound, PayloadTooLarge, RunStreamEvent,
+    SessionPath,
 };
 use crate::state::AppState;
 
@@ -44,30 +43,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(title))
         .routes(routes!(read))
         .routes(routes!(continue_run))
-}
-
-fn record_json(record: &SessionRecord, live: bool) -> Value {
-    json!({
-        "id": record.id,
-        "title": record.title,
-        "status": if live { "running" } else { record.status.as_str() },
-        "created_at": record.created_at,
-        "last_activity": record.last_activity,
-        "last_seq": record.last_seq,
-        "read_seq": record.read_seq,
-        "unread": record.unread(),
-        "parent": record.parent.map(|(id, seq)| json!({"id": id, "seq": seq})),
-        "expires_at": record.expires_at,
-    })
-}
-
-async fn session(state: &AppState, id: &str) -> Result<SessionRecord, ApiError> {
-    let id = parse_session_id(id)?;
-    state
-        .store
-        .session(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no session {id}")))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -107,25 +82,15 @@ async fn list(
     State(state): State<AppState>,
     Caller(caller): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionList>, ApiError> {
     let Query(query) = query?;
-    if query.limit == 0 || query.limit > 1000 {
-        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
-    }
-    let records = state
-        .store
-        .list_sessions(&SessionQuery {
-            status: query.status,
-            owner: caller.owner_filter(),
-            limit: query.limit,
-            offset: query.offset,
-        })
-        .await?;
-    let sessions: Vec<Value> = records
-        .iter()
-        .map(|record| record_json(record, state.hub.is_live(record.id)))
-        .collect();
-    Ok(Json(json!({ "sessions": sessions })))
+    let query = SessionQuery {
+        status: query.status,
+        owner: caller.owner_filter(),
+        limit: query.limit,
+        offset: query.offset,
+    };
+    Ok(Json(state.list_sessions(&query).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -161,52 +126,14 @@ async fn search(
     State(state): State<AppState>,
     Caller(caller): Caller,
     query: Result<Query<SearchQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SearchResults>, ApiError> {
     let Query(query) = query?;
-    let hits = state
-        .store
-        .search_owned(
-            &query.q,
-            query.limit.clamp(1, 200),
-            caller.owner_filter().as_deref(),
-        )
-        .await?;
-    let hits: Vec<Value> = hits
-        .into_iter()
-        .map(|hit| json!({"session_id": hit.session_id, "seq": hit.seq, "snippet": hit.snippet}))
-        .collect();
-    Ok(Json(json!({ "hits": hits })))
-}
-
-async fn stored_events(
-    state: &AppState,
-    id: SessionId,
-    after: u64,
-) -> Result<Vec<(u64, SessionEvent)>, ApiError> {
-    Ok(timed_events(state, id, after)
-        .await?
-        .into_iter()
-        .map(|(seq, event, _)| (seq, event))
-        .collect())
-}
-
-/// The same, each with its commit time (Unix milliseconds).
-async fn timed_events(
-    state: &AppState,
-    id: SessionId,
-    after: u64,
-) -> Result<Vec<(u64, SessionEvent, u64)>, ApiError> {
-    let stored = state.store.events(id, after, usize::MAX).await?;
-    stored
-        .into_iter()
-        .map(|record| {
-            serde_json::from_value(record.payload)
-                .map(|event| (record.seq, event, record.created_at))
-                .map_err(|error| {
-                    ApiError::internal(format!("event {} is unreadable: {error}", record.seq))
-                })
-        })
-        .collect()
+    let owner = caller.owner_filter();
+    Ok(Json(
+        state
+            .search_sessions(&query.q, query.limit, owner.as_deref())
+            .await?,
+    ))
 }
 
 /// A session and its conversation.
@@ -225,41 +152,9 @@ async fn timed_events(
 async fn show(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let record = session(&state, &id).await?;
-    let events = stored_events(&state, record.id, 0).await?;
-    let replayed = replay(&events);
-    let live = state.hub.is_live(record.id);
-    // A run that stopped without ending: waiting for approvals, or paused.
-    let suspended = replayed
-        .in_flight
-        .as_ref()
-        .filter(|run| !live && (run.awaiting_approval() || run.paused))
-        .map(|run| {
-            let pending: Vec<Value> = run
-                .undecided()
-                .iter()
-                .map(|p| json!({"call": p.call, "reason": p.reason}))
-                .collect();
-            json!({
-                "run_id": run.run_id,
-                "status": if run.awaiting_approval() { "waiting" } else { "paused" },
-                "pending": pending,
-            })
-        });
-    let messages: Vec<Message> = replayed.messages;
-    Ok(Json(json!({
-        "session": record_json(&record, live),
-        "run_id": state.hub.run_id(record.id),
-        "suspended_run": suspended,
-        "messages": messages,
-        // A sub-agent's session: where it comes from; any session: the sub-agents it started.
-        "delegation": record.metadata.get(agentry_app::delegation::METADATA_KEY),
-        "children": agentry_app::delegation::children(&events),
-        // A group chat: its members and round limit; a member's session: its group.
-        "group": record.metadata.get(agentry_app::group::METADATA_KEY),
-        "group_member": record.metadata.get(agentry_app::group::MEMBER_KEY),
-    })))
+) -> Result<Json<SessionDetail>, ApiError> {
+    let record = state.session_record(&id).await?;
+    Ok(Json(state.session_detail(record).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -289,16 +184,10 @@ async fn events(
     State(state): State<AppState>,
     Path(id): Path<String>,
     query: Result<Query<EventsQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionEvents>, ApiError> {
     let Query(query) = query?;
-    let record = session(&state, &id).await?;
-    // With their commit time: the run trace's clock.
-    let events: Vec<Value> = timed_events(&state, record.id, query.after)
-        .await?
-        .into_iter()
-        .map(|(seq, event, at)| json!({"seq": seq, "event": event, "at": at}))
-        .collect();
-    Ok(Json(json!({ "events": events })))
+    let record = state.session_record(&id).await?;
+    Ok(Json(state.session_events(record.id, query.after).await?))
 }
 
 /// Attaches to a session: its committed events after `Last-Event-ID` (or `?after=`), the
@@ -329,7 +218,7 @@ async fn stream(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
-    let record = session(&state, &id).await?;
+    let record = state.session_record(&id).await?;
     let after = match headers.get("last-event-id") {
         Some(value) => value
             .to_str()
@@ -341,7 +230,7 @@ async fn stream(
     // Subscribe before reading the log, so nothing falls between the two; the mapper drops
     // what was already sent by seq.
     let live = state.hub.subscribe(record.id);
-    let backlog = stored_events(&state, record.id, after).await?;
+    let backlog = state.logged_events(record.id, after).await?;
     let mut mapper = SseMapper::new(true, after);
     let mut first: Vec<Event> = Vec::new();
     for (seq, event) in &backlog {
@@ -400,7 +289,7 @@ struct ForkBody {
     params(SessionPath),
     request_body = Option<ForkBody>,
     responses(
-        (status = 201, description = "The new session.", body = ForkOutcome,
+        (status = 201, description = "The new session.", body = agentry_app::session_service::ForkOutcome,
          links(
              ("get_session" = (operation_id = "get_session", parameters(("id" = "$response.body#/session/id")))),
              ("session_events" = (operation_id = "session_events", parameters(("id" = "$response.body#/session/id")))),
@@ -423,25 +312,12 @@ async fn fork(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body: ForkBody = optional_json(body)?;
-    let record = session(&state, &id).await?;
-    let at = body.at_seq.unwrap_or(record.last_seq);
-    let mut new = NewSession::new();
-    new.title = record.title.as_ref().map(|title| format!("{title} (fork)"));
-    new.metadata = record.metadata.clone();
+    let record = state.session_record(&id).await?;
     // The fork belongs to whoever forked it (a user key can fork only its own sessions).
-    new.owner = caller.owner().or_else(|| record.owner.clone());
-    let fork = state.store.fork_session(record.id, at, new).await?;
-    // A fork taken mid-run must not look like a crashed run to recover.
-    let events = stored_events(&state, fork.id, 0).await?;
-    if replay(&events).in_flight.is_some() {
-        state.store.set_status(fork.id, "interrupted").await?;
-    }
-    let fork = state.store.session(fork.id).await?.unwrap_or(fork);
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"session": record_json(&fork, false)})),
-    )
-        .into_response())
+    let fork = state
+        .fork_session(&record, body.at_seq, caller.owner())
+        .await?;
+    Ok((StatusCode::CREATED, Json(fork)).into_response())
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -475,29 +351,14 @@ async fn title(
     State(state): State<AppState>,
     Path(id): Path<String>,
     body: Result<Json<TitleBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TitleOutcome>, ApiError> {
     let Json(body) = body?;
-    let record = session(&state, &id).await?;
-    let title = match body.title {
-        Some(title) => title,
-        None => {
-            agentry_app::titles::generate_title(
-                &state.store,
-                &state.sessions.runtime(),
-                record.id,
-                body.model_id,
-            )
-            .await?
-        }
-    };
-    state.store.set_title(record.id, &title).await?;
-    state.hub.notify(agentry_app::hub::StatusChange {
-        session_id: record.id,
-        status: agentry_app::hub::FeedStatus::Updated,
-        stop_reason: None,
-        title: Some(title.clone()),
-    });
-    Ok(Json(json!({ "title": title })))
+    let record = state.session_record(&id).await?;
+    Ok(Json(
+        state
+            .retitle_session(record.id, body.title, body.model_id)
+            .await?,
+    ))
 }
 
 #[derive(Debug, Deserialize, Default, ToSchema)]
@@ -532,12 +393,8 @@ async fn read(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
     let body: ReadBody = optional_json(body)?;
-    let record = session(&state, &id).await?;
-    let seq = body.seq.unwrap_or(record.last_seq);
-    state.store.mark_read(record.id, seq).await?;
-    state
-        .hub
-        .announce(record.id, agentry_app::hub::FeedStatus::Updated);
+    let record = state.session_record(&id).await?;
+    state.mark_session_read(&record, body.seq).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -550,7 +407,7 @@ async fn read(
     operation_id = "continue_session",
     params(SessionPath),
     responses(
-        (status = 202, description = "The run started.", body = ContinueOutcome),
+        (status = 202, description = "The run started.", body = agentry_app::session_service::ContinueOutcome),
         BadRequest,
         NotFound,
         Conflict,
@@ -560,29 +417,9 @@ async fn continue_run(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let record = session(&state, &id).await?;
-    if state.hub.is_live(record.id) {
-        return Err(ApiError::conflict(format!(
-            "session {} has a run in progress",
-            record.id
-        )));
-    }
-    let stream = match state.sessions.resume(record.id).await? {
-        Some(stream) => stream,
-        None => {
-            if record.last_seq == 0 {
-                return Err(ApiError::bad_request(
-                    "the session is empty: nothing to continue",
-                ));
-            }
-            state
-                .sessions
-                .send(record.id, RunRequest::default(), BusyPolicy::Reject)
-                .await?
-        }
-    };
-    state.hub.adopt(record.id, stream);
-    Ok((StatusCode::ACCEPTED, Json(json!({"session_id": record.id, "stream": format!("/v1/sessions/{}/stream", record.id)}))).into_response())
+    let record = state.session_record(&id).await?;
+    let outcome = state.continue_session(&record).await?;
+    Ok((StatusCode::ACCEPTED, Json(outcome)).into_response())
 }
 
 /// Deletes a session (its forks keep the events they share).
@@ -603,14 +440,8 @@ async fn remove(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let record = session(&state, &id).await?;
-    if state.hub.is_live(record.id) {
-        return Err(ApiError::conflict(format!(
-            "session {} has a run in progress; abort it first",
-            record.id
-        )));
-    }
-    state.store.delete_session(record.id).await?;
+    let record = state.session_record(&id).await?;
+    state.delete_session(record.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -40,7 +40,7 @@ async fn feed(
                             let seen = match visible.get(&change.session_id) {
                                 Some(seen) => *seen,
                                 None => {
-                                    let seen = crate::authorization::may_see_session(&state, &caller, change.session_id)
+                                    let seen = state.may_see_session(&caller, change.session_id)
                                         .await
                                         .unwrap_or(false);
                                     visible.insert(change.session_id, seen);

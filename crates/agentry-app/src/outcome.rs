@@ -1,0 +1,216 @@
+//! How a run ended, for a client that waits for it: [`App::run_to_end`] runs a prepared request
+//! (ephemeral, or in its session through the hub) and answers a [`RunOutcome`]: the final
+//! text, usage, the messages the run added, and its error; or, for a run that stopped without
+//! ending (tool calls wait for approval, or it was paused), the calls to decide.
+
+use serde::Serialize;
+use tokio::sync::broadcast::error::RecvError;
+use utoipa::ToSchema;
+
+use agentry_core::RunRequest;
+use agentry_core::session::BusyPolicy;
+use agentry_types::{
+    ErrorInfo, Message, PendingApproval, RunEvent, RunId, SessionEvent, SessionId, SuspendStatus,
+    Usage,
+};
+
+use crate::App;
+use crate::error::AppError;
+use crate::hub::CancelOnDrop;
+use crate::runs::{Target, start_in_session};
+
+/// How a run ended (also for a run that failed), or why it stopped without ending.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RunOutcome {
+    /// Why a guard stopped the run (for `quota_exceeded`, which quota: `max_output_tokens` or
+    /// `max_tool_calls`).
+    pub note: Option<String>,
+    /// Whether the run ended without an error.
+    pub success: bool,
+    /// The session (absent for an ephemeral run).
+    #[schema(value_type = Option<String>)]
+    pub session_id: Option<SessionId>,
+    /// The run.
+    #[schema(value_type = Option<String>)]
+    pub run_id: Option<RunId>,
+    /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `quota_exceeded`, `cancelled` or
+    /// `error`; or, for a run that has not ended, `waiting` (tool calls wait for approval:
+    /// see `pending`) or `paused`.
+    pub stop_reason: String,
+    /// `waiting` or `paused` for a run that has not ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub status: Option<SuspendStatus>,
+    /// The calls waiting for approval (`POST /v1/runs/{run_id}/approvals` decides them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<crate::schema::PendingCall>>)]
+    pub pending: Option<Vec<PendingApproval>>,
+    /// The final answer's text.
+    pub text: String,
+    /// Token usage.
+    #[schema(value_type = Object)]
+    pub usage: Usage,
+    /// Tool rounds taken.
+    pub rounds: u32,
+    /// The messages this run added (user, assistant, tool).
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Vec<Message>,
+    /// The error, when the run failed.
+    #[schema(value_type = Option<Object>)]
+    pub error: Option<ErrorInfo>,
+}
+
+impl RunOutcome {
+    /// Whether the run failed (its model call failed): a bad gateway over HTTP. Guards that
+    /// stop a run are not failures.
+    pub fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+}
+
+impl App {
+    /// Runs a prepared request and waits for its end. A session run keeps going if the caller
+    /// stops waiting (the future is dropped) unless `cancel_on_drop`.
+    pub async fn run_to_end(
+        &self,
+        target: Target,
+        request: RunRequest,
+        policy: BusyPolicy,
+        cancel_on_drop: bool,
+    ) -> Result<RunOutcome, AppError> {
+        let session = match target {
+            Target::Ephemeral => {
+                let output = self.sessions.runtime().run(request).await?;
+                return Ok(RunOutcome {
+                    note: output.note,
+                    success: output.error.is_none(),
+                    session_id: None,
+                    run_id: Some(output.run_id),
+                    stop_reason: output.stop_reason.as_str().to_owned(),
+                    status: None,
+                    pending: None,
+                    text: output.text,
+                    usage: output.usage,
+                    rounds: output.rounds,
+                    messages: output.state.messages,
+                    error: output.error,
+                });
+            }
+            Target::Session(session) => session,
+        };
+        let mut subscription = start_in_session(self, session, request, policy).await?;
+        let mut guard = CancelOnDrop::new(self.hub.clone(), cancel_on_drop.then_some(session));
+        let mut run_id = None;
+        let mut end = None;
+        loop {
+            match subscription.events.recv().await {
+                Ok(event) => match event.as_ref() {
+                    RunEvent::Committed {
+                        event: SessionEvent::RunStarted { run_id: id, .. },
+                        ..
+                    } => run_id = Some(*id),
+                    RunEvent::RunFinished { .. }
+                    | RunEvent::RunFailed { .. }
+                    | RunEvent::RunSuspended { .. } => {
+                        end = Some(event);
+                        break;
+                    }
+                    _ => {}
+                },
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            }
+        }
+        guard.disarm();
+        let Some(end) = end else {
+            return Err(AppError::internal("the run ended without a final event"));
+        };
+        let (messages, note) = self.run_messages(session, run_id).await?;
+        let mut outcome = RunOutcome {
+            note,
+            success: true,
+            session_id: Some(session),
+            run_id,
+            stop_reason: String::new(),
+            status: None,
+            pending: None,
+            text: String::new(),
+            usage: Usage::default(),
+            rounds: 0,
+            messages,
+            error: None,
+        };
+        match end.as_ref() {
+            RunEvent::RunFinished {
+                stop_reason,
+                text,
+                usage,
+                rounds,
+            } => {
+                outcome.stop_reason = stop_reason.as_str().to_owned();
+                outcome.text.clone_from(text);
+                outcome.usage = *usage;
+                outcome.rounds = *rounds;
+            }
+            RunEvent::RunFailed {
+                stop_reason,
+                error,
+                usage,
+                rounds,
+            } => {
+                outcome.success = false;
+                outcome.stop_reason = stop_reason.as_str().to_owned();
+                outcome.error = Some(error.clone());
+                outcome.usage = *usage;
+                outcome.rounds = *rounds;
+            }
+            RunEvent::RunSuspended {
+                run_id: suspended,
+                status,
+                pending,
+                usage,
+                rounds,
+            } => {
+                // Not ended: the run waits for approvals or was paused. `stop_reason` says
+                // which, and `pending` lists the calls to decide.
+                outcome.run_id = Some(*suspended);
+                outcome.stop_reason = status.as_str().to_owned();
+                outcome.status = Some(*status);
+                outcome.pending = Some(pending.clone());
+                outcome.usage = *usage;
+                outcome.rounds = *rounds;
+                outcome.note = None;
+            }
+            _ => return Err(AppError::internal("unexpected final event")),
+        }
+        Ok(outcome)
+    }
+
+    /// The messages a session's run added (user, assistant, tool), and its end's note.
+    async fn run_messages(
+        &self,
+        session: SessionId,
+        run_id: Option<RunId>,
+    ) -> Result<(Vec<Message>, Option<String>), AppError> {
+        let events = self.store.events(session, 0, usize::MAX).await?;
+        let mut note = None;
+        let messages = events
+            .into_iter()
+            .filter_map(|stored| serde_json::from_value::<SessionEvent>(stored.payload).ok())
+            .filter(|event| Some(event.run_id()) == run_id)
+            .filter_map(|event| match event {
+                SessionEvent::RunFinished { note: end_note, .. } => {
+                    note = end_note;
+                    None
+                }
+                SessionEvent::Message { message, .. } => Some(message),
+                SessionEvent::AssistantMessage { content, .. } => {
+                    Some(Message::Assistant { content })
+                }
+                SessionEvent::ToolCallResult { result, .. } => Some(Message::Tool(result)),
+                _ => None,
+            })
+            .collect();
+        Ok((messages, note))
+    }
+}
