@@ -11,6 +11,7 @@ pub mod agents;
 pub mod approvals;
 pub mod auth;
 pub mod catalogue;
+pub mod catalogue_service;
 pub mod clock;
 pub mod config;
 pub mod delegation;

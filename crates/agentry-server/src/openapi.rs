@@ -499,85 +499,12 @@ pub struct AbortOutcome {
     pub aborted: bool,
 }
 
-/// `GET /v1/models`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct ModelList {
-    /// The registered models, by id.
-    pub models: Vec<agentry_app::runtime::ModelConfig>,
-}
-
-/// `POST /v1/models/{id}/test`: a provider that fails is reported here, not as an error.
-#[derive(Debug, Clone, ToSchema)]
-pub struct ModelTestOutcome {
-    /// Whether the model answered.
-    pub ok: bool,
-    /// How long it took.
-    pub latency_ms: u64,
-    /// The model that answered.
-    pub model: Option<String>,
-    /// Why it failed.
-    #[schema(value_type = Option<Object>)]
-    pub error: Option<Value>,
-}
-
-/// A tool as listed.
-#[derive(Debug, Clone, ToSchema)]
-pub struct ToolInfo {
-    /// Its name.
-    pub name: String,
-    /// What it does.
-    pub description: String,
-    /// JSON Schema of its arguments.
-    #[schema(value_type = Object)]
-    pub parameters: Value,
-    /// `builtin`, `http`, `command` or `mcp`.
-    pub kind: String,
-    /// Whether calling it twice with the same arguments is harmless.
-    pub idempotent: bool,
-    /// What it can do: `read_only`, `writes_files`, `runs_commands`, `network` or `agents`
-    /// (absent for a configured tool the runtime could not load).
-    #[schema(nullable = false)]
-    pub risk: Option<String>,
-    /// Whether it runs on the host, outside any sandbox (such tools ask for approval by default).
-    pub runs_on_host: bool,
-}
-
-/// `GET /v1/tools`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct ToolList {
-    /// Built-in and configured tools, by name.
-    pub tools: Vec<ToolInfo>,
-}
-
-/// `DELETE /v1/tools/batch`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct DeletedTools {
-    /// The tools deleted.
-    pub deleted: Vec<String>,
-    /// Names with no configured tool.
-    pub missing: Vec<String>,
-}
-
 /// `POST /v1/tools/call`.
 #[derive(Debug, Clone, ToSchema)]
 pub struct ToolCallOutcome {
     /// The result: its text as a string (`format: text`), or its JSON (`format: json`).
     #[schema(value_type = Object)]
     pub result: Value,
-}
-
-/// `GET /v1/prompt-templates`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct TemplateList {
-    /// The templates, by name.
-    pub templates: Vec<agentry_app::runtime::TemplateConfig>,
-}
-
-/// `GET /v1/prompt-templates/{name}/variables`.
-#[derive(Debug, Clone, ToSchema)]
-pub struct TemplateVariables {
-    /// The variables the template reads.
-    pub variables: Vec<String>,
 }
 
 /// A secret as listed: never its value.

@@ -11,8 +11,7 @@
 //! building it and registering it in a scratch registry, a template by compiling it. Every change
 //! rebuilds the runtime, so the next run (and the next direct tool call) sees it at once.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -27,30 +26,19 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::domain::core::tool::{ResultFormat, ToolError};
-use agentry_app::domain::llm::{GenerationParams, LlmError, ModelRequest, TimeoutKind};
-use agentry_app::domain::tools::ToolDefinition;
-use agentry_types::Message;
-
-use agentry_app::catalogue::{
-    builtin_named, check_model, check_tool, compile_template, parse_model, unmark_other_defaults,
+use agentry_app::catalogue_service::{
+    DeletedTools, ModelList, ModelTestOutcome, TemplateList, TemplateVariables, ToolList,
 };
-use agentry_app::config::{ConfigRepo, check_name, to_document};
+use agentry_app::domain::core::tool::ResultFormat;
+use agentry_app::domain::tools::ToolDefinition;
+use agentry_app::runtime::{ModelConfig, TemplateConfig};
 
 use crate::error::ApiError;
 use crate::openapi::{
-    BadGateway, BadRequest, Conflict, DeletedTools, GatewayTimeout, HostCommandsRefused,
-    JsonBodyErrors, ModelList, ModelPath, ModelTestOutcome, NamePath, NotFound, SecretList,
-    SecretsSet, TemplateList, TemplateVariables, ToolCallOutcome, ToolDefinitionSchema, ToolList,
+    BadGateway, BadRequest, Conflict, GatewayTimeout, HostCommandsRefused, JsonBodyErrors,
+    ModelPath, NamePath, NotFound, SecretList, SecretsSet, ToolCallOutcome, ToolDefinitionSchema,
 };
 use crate::state::AppState;
-use agentry_app::runtime::{ModelConfig, TemplateConfig};
-
-/// How long a model connection test may take.
-pub const MODEL_TEST_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Tool names that would collide with the static routes under `/v1/tools/`.
-pub use agentry_app::catalogue::RESERVED_TOOL_NAMES;
 
 /// The configuration routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -113,13 +101,7 @@ pub(crate) fn created<T: Serialize>(value: T) -> Response {
     (StatusCode::CREATED, Json(value)).into_response()
 }
 
-// --- shared checks ---
-
 // --- models ---
-
-fn no_model(id: &str) -> ApiError {
-    ApiError::not_found(format!("no model is registered as {id:?}"))
-}
 
 /// The registered models.
 #[utoipa::path(
@@ -131,15 +113,8 @@ fn no_model(id: &str) -> ApiError {
         (status = 200, description = "The models, by id.", body = ModelList),
     )
 )]
-async fn list_models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut models: Vec<ModelConfig> = ConfigRepo::new(&state.store)
-        .list()
-        .await?
-        .into_iter()
-        .map(|(_, model)| model)
-        .collect();
-    models.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok(Json(json!({ "models": models })))
+async fn list_models(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
+    Ok(Json(state.models().await?))
 }
 
 /// Registers a model, after checking it (id, base URL, model name, and that a client can be
@@ -166,14 +141,7 @@ async fn create_model(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    let model = parse_model(body)?;
-    check_model(&state, &model).await?;
-    ConfigRepo::new(&state.store)
-        .create(&model.id, &model)
-        .await?;
-    unmark_other_defaults(&state.store, &model).await?;
-    state.reload_runtime().await?;
-    Ok(created(model))
+    Ok(created(state.create_model(body).await?))
 }
 
 /// A registered model.
@@ -193,12 +161,7 @@ async fn get_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ModelConfig>, ApiError> {
-    check_name("model", &id)?;
-    ConfigRepo::new(&state.store)
-        .get(&id)
-        .await?
-        .map(Json)
-        .ok_or_else(|| no_model(&id))
+    Ok(Json(state.model(&id).await?))
 }
 
 /// Replaces a model (renames it if the body's id differs).
@@ -221,15 +184,7 @@ async fn replace_model(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Json<ModelConfig>, ApiError> {
-    check_name("model", &id)?;
-    let model = parse_model(body)?;
-    check_model(&state, &model).await?;
-    ConfigRepo::new(&state.store)
-        .replace(&id, &model.id, &model)
-        .await?;
-    unmark_other_defaults(&state.store, &model).await?;
-    state.reload_runtime().await?;
-    Ok(Json(model))
+    Ok(Json(state.replace_model(&id, body).await?))
 }
 
 /// Deletes a model.
@@ -249,14 +204,7 @@ async fn delete_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    check_name("model", &id)?;
-    if !ConfigRepo::<ModelConfig>::new(&state.store)
-        .delete(&id)
-        .await?
-    {
-        return Err(no_model(&id));
-    }
-    state.reload_runtime().await?;
+    state.delete_model(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -277,143 +225,11 @@ async fn delete_model(
 async fn test_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("model", &id)?;
-    let client = match state.sessions.runtime().model_client(&id) {
-        Ok(client) => client,
-        Err(_) => {
-            // Not in the runtime: unknown, or stored but unusable (say why), or stored by a
-            // writer whose reload this runtime predates.
-            let model = ConfigRepo::<ModelConfig>::new(&state.store)
-                .get(&id)
-                .await?
-                .ok_or_else(|| no_model(&id))?;
-            let secrets = agentry_app::config::secrets(&state.store).await?;
-            model.client(&secrets, &state.http)?;
-            state.reload_runtime().await?;
-            state.sessions.runtime().model_client(&id)?
-        }
-    };
-    let request = ModelRequest::new(vec![Message::user("ping")]).with_params(GenerationParams {
-        max_tokens: Some(1),
-        ..GenerationParams::default()
-    });
-    let cancel = state.shutdown.child_token();
-    let started = Instant::now();
-    let outcome =
-        tokio::time::timeout(MODEL_TEST_TIMEOUT, client.complete(request, cancel.clone())).await;
-    let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let body = match outcome {
-        Ok(Ok(response)) => json!({"ok": true, "latency_ms": latency_ms, "model": response.model}),
-        Ok(Err(error)) => json!({"ok": false, "latency_ms": latency_ms, "error": error.info()}),
-        Err(_) => {
-            cancel.cancel();
-            let error = LlmError::Timeout {
-                kind: TimeoutKind::Total,
-                after: MODEL_TEST_TIMEOUT,
-            };
-            json!({"ok": false, "latency_ms": latency_ms, "error": error.info()})
-        }
-    };
-    Ok(Json(body))
+) -> Result<Json<ModelTestOutcome>, ApiError> {
+    Ok(Json(state.test_model(&id).await?))
 }
 
 // --- tools ---
-
-/// A tool as listed.
-#[derive(Debug, Clone, Serialize)]
-struct ToolSummary {
-    name: String,
-    description: String,
-    parameters: Value,
-    kind: &'static str,
-    idempotent: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    risk: Option<&'static str>,
-    runs_on_host: bool,
-}
-
-impl ToolSummary {
-    /// Fills in the risk of the runtime's tool of this name.
-    fn with_risk(mut self, runtime: &agentry_app::domain::core::Runtime) -> Self {
-        if let Some(tool) = runtime.tools().get(&self.name) {
-            let risk = tool.risk();
-            self.risk = Some(risk.class.as_str());
-            self.runs_on_host = risk.host;
-        }
-        self
-    }
-
-    fn of_definition(definition: &ToolDefinition) -> Self {
-        match definition {
-            ToolDefinition::Http {
-                name,
-                description,
-                parameters,
-                idempotent,
-                ..
-            } => Self {
-                name: name.clone(),
-                description: description.clone(),
-                parameters: parameters.clone(),
-                kind: "http",
-                idempotent: *idempotent,
-                risk: None,
-                runs_on_host: false,
-            },
-            ToolDefinition::Command {
-                name,
-                description,
-                parameters,
-                idempotent,
-                ..
-            } => Self {
-                name: name.clone(),
-                description: description.clone(),
-                parameters: parameters.clone(),
-                kind: "command",
-                idempotent: *idempotent,
-                risk: None,
-                runs_on_host: false,
-            },
-        }
-    }
-
-    fn of_mcp(info: agentry_app::domain::mcp::McpToolInfo) -> Self {
-        Self {
-            name: info.name,
-            description: info.description,
-            parameters: info.input_schema,
-            kind: "mcp",
-            idempotent: info.idempotent,
-            risk: None,
-            runs_on_host: false,
-        }
-    }
-
-    fn of_builtin(tool: &dyn agentry_app::domain::core::tool::Tool) -> Self {
-        let spec = tool.spec();
-        Self {
-            name: spec.name.clone(),
-            description: spec.description.clone(),
-            parameters: spec.parameters.clone(),
-            kind: "builtin",
-            idempotent: tool.idempotent(),
-            risk: Some(tool.risk().class.as_str()),
-            runs_on_host: tool.risk().host,
-        }
-    }
-}
-
-fn builtin_is_fixed(name: &str) -> ApiError {
-    ApiError::bad_request(format!(
-        "{name:?} is a built-in tool: it cannot be changed or deleted"
-    ))
-}
-
-fn no_tool(name: &str) -> ApiError {
-    ApiError::not_found(format!("no configured tool is named {name:?}"))
-}
 
 /// The built-in and configured tools, and the tools of the connected MCP servers.
 #[utoipa::path(
@@ -425,25 +241,8 @@ fn no_tool(name: &str) -> ApiError {
         (status = 200, description = "The tools, by name.", body = ToolList),
     )
 )]
-async fn list_tools(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut tools: Vec<ToolSummary> = agentry_app::runtime::builtins(&state.tools)
-        .iter()
-        .map(|tool| ToolSummary::of_builtin(tool.as_ref()))
-        .collect();
-    for (_, definition) in ConfigRepo::<ToolDefinition>::new(&state.store)
-        .list()
-        .await?
-    {
-        tools.push(ToolSummary::of_definition(&definition));
-    }
-    tools.extend(state.mcp.tools().into_iter().map(ToolSummary::of_mcp));
-    tools.sort_by(|a, b| a.name.cmp(&b.name));
-    let runtime = state.sessions.runtime();
-    let tools: Vec<ToolSummary> = tools
-        .into_iter()
-        .map(|tool| tool.with_risk(&runtime))
-        .collect();
-    Ok(Json(json!({ "tools": tools })))
+async fn list_tools(State(state): State<AppState>) -> Result<Json<ToolList>, ApiError> {
+    Ok(Json(state.tool_list().await?))
 }
 
 /// A built-in or MCP tool's summary, or a configured tool's definition.
@@ -463,20 +262,7 @@ async fn get_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(tool) = builtin_named(&state, &name) {
-        return Ok(Json(to_document(&ToolSummary::of_builtin(tool.as_ref()))?));
-    }
-    check_name("tool", &name)?;
-    if let Some(info) = state.mcp.tools().into_iter().find(|info| info.name == name) {
-        return Ok(Json(to_document(
-            &ToolSummary::of_mcp(info).with_risk(&state.sessions.runtime()),
-        )?));
-    }
-    let definition = ConfigRepo::<ToolDefinition>::new(&state.store)
-        .get(&name)
-        .await?
-        .ok_or_else(|| no_tool(&name))?;
-    Ok(Json(to_document(&definition)?))
+    Ok(Json(state.tool_document(&name).await?))
 }
 
 /// Configures a tool, after building it and checking its name and argument schema.
@@ -502,17 +288,7 @@ async fn create_tool(
     State(state): State<AppState>,
     ApiJson(definition): ApiJson<ToolDefinition>,
 ) -> Result<Response, ApiError> {
-    check_tool(&state, &definition).await?;
-    let name = definition.name().to_owned();
-    if builtin_named(&state, &name).is_some() {
-        return Err(ApiError::conflict(format!(
-            "a tool named {name:?} already exists"
-        )));
-    }
-    ConfigRepo::new(&state.store)
-        .create(&name, &definition)
-        .await?;
-    state.reload_runtime().await?;
+    state.create_tool(&definition).await?;
     Ok(created(definition))
 }
 
@@ -537,21 +313,7 @@ async fn replace_tool(
     ApiPath(name): ApiPath<String>,
     ApiJson(definition): ApiJson<ToolDefinition>,
 ) -> Result<Json<ToolDefinition>, ApiError> {
-    if builtin_named(&state, &name).is_some() {
-        return Err(builtin_is_fixed(&name));
-    }
-    check_name("tool", &name)?;
-    check_tool(&state, &definition).await?;
-    let new_name = definition.name().to_owned();
-    if new_name != name && builtin_named(&state, &new_name).is_some() {
-        return Err(ApiError::conflict(format!(
-            "cannot rename {name:?}: a tool named {new_name:?} already exists"
-        )));
-    }
-    ConfigRepo::new(&state.store)
-        .replace(&name, &new_name, &definition)
-        .await?;
-    state.reload_runtime().await?;
+    state.replace_tool(&name, &definition).await?;
     Ok(Json(definition))
 }
 
@@ -572,17 +334,7 @@ async fn delete_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if builtin_named(&state, &name).is_some() {
-        return Err(builtin_is_fixed(&name));
-    }
-    check_name("tool", &name)?;
-    if !ConfigRepo::<ToolDefinition>::new(&state.store)
-        .delete(&name)
-        .await?
-    {
-        return Err(no_tool(&name));
-    }
-    state.reload_runtime().await?;
+    state.delete_tool(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -610,33 +362,8 @@ struct DeleteTools {
 async fn delete_tools(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<DeleteTools>,
-) -> Result<Json<Value>, ApiError> {
-    let mut seen = BTreeSet::new();
-    let names: Vec<String> = body
-        .ids
-        .into_iter()
-        .filter(|name| seen.insert(name.clone()))
-        .collect();
-    for name in &names {
-        if builtin_named(&state, name).is_some() {
-            return Err(builtin_is_fixed(name));
-        }
-        check_name("tool", name)?;
-    }
-    let repo = ConfigRepo::<ToolDefinition>::new(&state.store);
-    let mut deleted = Vec::new();
-    let mut missing = Vec::new();
-    for name in names {
-        if repo.delete(&name).await? {
-            deleted.push(name);
-        } else {
-            missing.push(name);
-        }
-    }
-    if !deleted.is_empty() {
-        state.reload_runtime().await?;
-    }
-    Ok(Json(json!({"deleted": deleted, "missing": missing})))
+) -> Result<Json<DeletedTools>, ApiError> {
+    Ok(Json(state.delete_tools(body.ids).await?))
 }
 
 /// The body of `POST /v1/tools/call`.
@@ -660,9 +387,6 @@ fn empty_object() -> Value {
     json!({})
 }
 
-/// The start of the message `format_output` gives a result that holds no JSON.
-const NOT_JSON: &str = "the tool's result is not JSON";
-
 /// Runs a tool directly. An unknown tool is 404, invalid arguments 400, a result that is not
 /// JSON when JSON was asked for 400, a failing tool 502, a timeout 504.
 #[utoipa::path(
@@ -683,30 +407,13 @@ async fn call_tool(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CallTool>,
 ) -> Result<Json<Value>, ApiError> {
-    let runtime = state.sessions.runtime();
-    match runtime
+    let result = state
         .call_tool(&body.tool_id, body.arguments, body.format)
-        .await
-    {
-        Ok(result) => Ok(Json(json!({ "result": result }))),
-        Err(ToolError::Failed(message))
-            if body.format == ResultFormat::Json && message.starts_with(NOT_JSON) =>
-        {
-            Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "result_not_json",
-                message,
-            ))
-        }
-        Err(error) => Err(error.into()),
-    }
+        .await?;
+    Ok(Json(json!({ "result": result })))
 }
 
 // --- prompt templates ---
-
-fn no_template(name: &str) -> ApiError {
-    ApiError::not_found(format!("no template is named {name:?}"))
-}
 
 /// The prompt templates.
 #[utoipa::path(
@@ -718,15 +425,8 @@ fn no_template(name: &str) -> ApiError {
         (status = 200, description = "The templates, by name.", body = TemplateList),
     )
 )]
-async fn list_templates(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut templates: Vec<TemplateConfig> = ConfigRepo::new(&state.store)
-        .list()
-        .await?
-        .into_iter()
-        .map(|(_, template)| template)
-        .collect();
-    templates.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Json(json!({ "templates": templates })))
+async fn list_templates(State(state): State<AppState>) -> Result<Json<TemplateList>, ApiError> {
+    Ok(Json(state.templates().await?))
 }
 
 /// Stores a prompt template, after compiling it.
@@ -752,11 +452,7 @@ async fn create_template(
     State(state): State<AppState>,
     ApiJson(template): ApiJson<TemplateConfig>,
 ) -> Result<Response, ApiError> {
-    compile_template(&template)?;
-    ConfigRepo::new(&state.store)
-        .create(&template.name, &template)
-        .await?;
-    state.reload_runtime().await?;
+    state.create_template(&template).await?;
     Ok(created(template))
 }
 
@@ -777,12 +473,7 @@ async fn get_template(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<TemplateConfig>, ApiError> {
-    check_name("template", &name)?;
-    ConfigRepo::<TemplateConfig>::new(&state.store)
-        .get(&name)
-        .await?
-        .map(Json)
-        .ok_or_else(|| no_template(&name))
+    Ok(Json(state.template(&name).await?))
 }
 
 /// Replaces a prompt template (renames it if the body's name differs).
@@ -805,12 +496,7 @@ async fn replace_template(
     ApiPath(name): ApiPath<String>,
     ApiJson(template): ApiJson<TemplateConfig>,
 ) -> Result<Json<TemplateConfig>, ApiError> {
-    check_name("template", &name)?;
-    compile_template(&template)?;
-    ConfigRepo::new(&state.store)
-        .replace(&name, &template.name, &template)
-        .await?;
-    state.reload_runtime().await?;
+    state.replace_template(&name, &template).await?;
     Ok(Json(template))
 }
 
@@ -831,14 +517,7 @@ async fn delete_template(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    check_name("template", &name)?;
-    if !ConfigRepo::<TemplateConfig>::new(&state.store)
-        .delete(&name)
-        .await?
-    {
-        return Err(no_template(&name));
-    }
-    state.reload_runtime().await?;
+    state.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -858,16 +537,8 @@ async fn delete_template(
 async fn template_variables(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("template", &name)?;
-    let template = ConfigRepo::<TemplateConfig>::new(&state.store)
-        .get(&name)
-        .await?
-        .ok_or_else(|| no_template(&name))?;
-    let variables = compile_template(&template)?
-        .variables(&template.name)
-        .map_err(|error| ApiError::internal(error.to_string()))?;
-    Ok(Json(json!({ "variables": variables })))
+) -> Result<Json<TemplateVariables>, ApiError> {
+    Ok(Json(state.template_variables(&name).await?))
 }
 
 // --- secrets ---
@@ -885,16 +556,6 @@ struct SetSecrets {
     /// Several secrets: `{"NAME": "value", …}`.
     #[serde(default)]
     vars: Option<BTreeMap<String, String>>,
-}
-
-fn check_secret(name: &str, value: &str) -> Result<(), ApiError> {
-    check_name("secret", name)?;
-    if value.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "secret {name:?} needs a non-empty value"
-        )));
-    }
-    Ok(())
 }
 
 /// The secrets, masked: never a value.
@@ -952,13 +613,7 @@ async fn set_secrets(
             ));
         }
     };
-    for (name, value) in &pairs {
-        check_secret(name, value)?;
-    }
-    for (name, value) in &pairs {
-        state.store.put_secret(name, value).await?;
-    }
-    state.reload_runtime().await?;
+    state.set_secrets(&pairs).await?;
     if single {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
@@ -984,10 +639,6 @@ async fn delete_secret(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    check_name("secret", &name)?;
-    if !state.store.delete_secret(&name).await? {
-        return Err(ApiError::not_found(format!("no secret is named {name:?}")));
-    }
-    state.reload_runtime().await?;
+    state.delete_secret(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
