@@ -257,6 +257,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "owners",
         sql: include_str!("../migrations/sqlite/0004_owners.sql"),
     },
+    Migration {
+        version: 5,
+        name: "runs",
+        sql: include_str!("../migrations/sqlite/0005_runs.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -280,10 +285,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "owners",
         sql: include_str!("../migrations/postgres/0004_owners.sql"),
     },
+    Migration {
+        version: 5,
+        name: "runs",
+        sql: include_str!("../migrations/postgres/0005_runs.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

@@ -16,6 +16,8 @@
 //!   Deleting a parent copies the referenced part into its forks first, so they keep working.
 //! - **Memories** ([`Store::remember`]): facts, preferences and decisions per agent (and user),
 //!   de-duplicated and searchable through SQLite FTS5 or PostgreSQL full-text search.
+//! - **The run queue** ([`Store::enqueue_run`], [`Store::claim_runs`]): background runs as
+//!   durable records that workers claim under leases fenced by an epoch.
 //! - **Configuration** documents by [`ConfigKind`] and name, and **secrets** sealed with
 //!   XChaCha20-Poly1305 under a [`SecretKey`] kept outside the database.
 //!
@@ -31,6 +33,7 @@ mod db;
 mod error;
 mod memory;
 mod model;
+mod runs;
 mod secret;
 mod store;
 
@@ -44,6 +47,7 @@ pub use model::{
     Backend, ConfigKind, ConfigReplaced, NewEvent, NewSession, SearchHit, SecretInfo, SessionQuery,
     SessionRecord, StoredEvent,
 };
+pub use runs::{Enqueued, Lease, NewRun, RunQuery, RunRecord, RunState};
 pub use secret::SecretKey;
 pub use store::{Durability, Store, StoreOptions};
 

@@ -6,6 +6,7 @@ mod invalid;
 mod memories;
 mod open;
 mod prune;
+mod runs;
 mod search;
 mod secrets;
 mod sessions;
