@@ -25,6 +25,7 @@ pub mod mcp_tools;
 pub mod memory;
 pub mod ops;
 pub mod outcome;
+pub mod queue;
 pub mod runs;
 pub mod runtime;
 pub mod sandbox_requests;
@@ -94,6 +95,8 @@ pub struct App {
     pub elicitations: Elicitations,
     /// The group exchanges going on.
     pub groups: LiveGroups,
+    /// The run queue's worker state in this process (settings, runs held, waiters).
+    pub queue: Arc<queue::QueueState>,
 }
 
 impl App {
@@ -147,6 +150,7 @@ impl App {
             tools,
             elicitations,
             groups: LiveGroups::default(),
+            queue: Arc::default(),
         };
         app.tools.delegation.bind(
             &app.store,

@@ -113,7 +113,8 @@ impl App {
                 let decided = self.sessions.decide(session, run_id, decisions).await?;
                 let status = match decided.stream {
                     Some(stream) => {
-                        let _subscription = self.hub.adopt(session, stream);
+                        let subscription = self.hub.adopt(session, stream);
+                        self.track_continued(run_id, session, subscription);
                         self.hub.announce(session, FeedStatus::Running);
                         FeedStatus::Running
                     }
@@ -174,7 +175,8 @@ impl App {
                     )));
                 }
                 let stream = self.sessions.resume_paused(session, run_id).await?;
-                let _subscription = self.hub.adopt(session, stream);
+                let subscription = self.hub.adopt(session, stream);
+                self.track_continued(run_id, session, subscription);
                 self.hub.announce(session, FeedStatus::Running);
                 Ok(OpOutcome::new(run_id, session, FeedStatus::Running))
             }
@@ -183,6 +185,7 @@ impl App {
                 let live = self.hub.is_live(session);
                 self.sessions.interrupt(session, run_id).await?;
                 if !live {
+                    self.cancelled_while_stopped(run_id).await?;
                     self.hub.announce(session, FeedStatus::Interrupted);
                 }
                 Ok(OpOutcome::new(run_id, session, FeedStatus::Interrupted))
@@ -192,6 +195,7 @@ impl App {
                 let live = self.hub.is_live(session);
                 let dropped = self.sessions.abort(session, run_id).await?;
                 if !live {
+                    self.cancelled_while_stopped(run_id).await?;
                     self.hub.announce(session, FeedStatus::Interrupted);
                 }
                 Ok(OpOutcome {
@@ -222,6 +226,10 @@ impl App {
     pub async fn locate(&self, run_id: RunId) -> Result<SessionId, AppError> {
         if let Some(session) = self.sessions.session_of_live_run(run_id) {
             return Ok(session);
+        }
+        // A background run, queued or not, names its session.
+        if let Some(record) = self.store.run_record(run_id).await? {
+            return Ok(record.session_id);
         }
         let hits = self.store.search(&run_id.to_string(), 50).await?;
         let mut seen = Vec::new();

@@ -98,9 +98,24 @@ impl App {
             }
             Target::Session(session) => session,
         };
-        let mut subscription = start_in_session(self, session, request, policy).await?;
+        let subscription = start_in_session(self, session, request, policy).await?;
+        self.follow_to_end(session, None, subscription, cancel_on_drop)
+            .await
+    }
+
+    /// Follows a session's live run from `subscription` to its end (or its suspension) and
+    /// answers its outcome; `known` is the run's id when the caller knows it (else the run's
+    /// start names it). With `cancel_on_drop`, the run is cancelled if the caller stops
+    /// waiting.
+    pub async fn follow_to_end(
+        &self,
+        session: SessionId,
+        known: Option<RunId>,
+        mut subscription: crate::hub::Subscription,
+        cancel_on_drop: bool,
+    ) -> Result<RunOutcome, AppError> {
         let mut guard = CancelOnDrop::new(self.hub.clone(), cancel_on_drop.then_some(session));
-        let mut run_id = None;
+        let mut run_id = known;
         let mut end = None;
         loop {
             match subscription.events.recv().await {
@@ -184,6 +199,64 @@ impl App {
             _ => return Err(AppError::internal("unexpected final event")),
         }
         Ok(outcome)
+    }
+
+    /// How a run of `session` ended, read from the log: `None` while it has not (it never
+    /// started, or it is still in flight).
+    pub async fn logged_outcome(
+        &self,
+        session: SessionId,
+        run_id: RunId,
+    ) -> Result<Option<RunOutcome>, AppError> {
+        let events = self.store.events(session, 0, usize::MAX).await?;
+        let finished = events
+            .into_iter()
+            .filter_map(|stored| serde_json::from_value::<SessionEvent>(stored.payload).ok())
+            .find_map(|event| match event {
+                SessionEvent::RunFinished {
+                    run_id: id,
+                    stop_reason,
+                    usage,
+                    rounds,
+                    error,
+                    note,
+                } if id == run_id => Some((stop_reason, usage, rounds, error, note)),
+                _ => None,
+            });
+        let Some((stop_reason, usage, rounds, error, note)) = finished else {
+            return Ok(None);
+        };
+        let (messages, _) = self.run_messages(session, Some(run_id)).await?;
+        let text = messages
+            .iter()
+            .rev()
+            .find_map(|message| match message {
+                Message::Assistant { content } => Some(
+                    content
+                        .iter()
+                        .filter_map(|part| match part {
+                            agentry_types::AssistantPart::Text { text } => Some(text.as_str()),
+                            _ => None,
+                        })
+                        .collect::<String>(),
+                ),
+                _ => None,
+            })
+            .unwrap_or_default();
+        Ok(Some(RunOutcome {
+            note,
+            success: error.is_none(),
+            session_id: Some(session),
+            run_id: Some(run_id),
+            stop_reason: stop_reason.as_str().to_owned(),
+            status: None,
+            pending: None,
+            text,
+            usage,
+            rounds,
+            messages,
+            error,
+        }))
     }
 
     /// The messages a session's run added (user, assistant, tool), and its end's note.

@@ -4,7 +4,7 @@
 //! and `arguments`, `session_id` where `"new"` creates one, `max_tool_rounds`). Several
 //! `agent_ids` make a group chat ([`crate::group`]).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
@@ -20,7 +20,7 @@ use crate::error::AppError;
 use crate::runs::{RunInput, SessionChoice, Target};
 
 /// A message of an inference request.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InferMessage {
     /// `user` or `system`.
@@ -52,7 +52,7 @@ fn user_role() -> String {
 }
 
 /// An inference request.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InferRequest {
     /// The model id (default: the first registered model).

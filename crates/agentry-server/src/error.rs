@@ -92,7 +92,21 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::error!(code = self.code, "{}", self.message);
         }
-        (self.status, Json(self.body())).into_response()
+        let retry_after = (self.status == StatusCode::TOO_MANY_REQUESTS)
+            .then(|| {
+                self.details
+                    .as_ref()
+                    .and_then(|details| details.get("retry_after_secs"))
+                    .and_then(serde_json::Value::as_u64)
+            })
+            .flatten();
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 

@@ -92,6 +92,8 @@ pub async fn serve(
         }
         Err(error) => tracing::error!("start-up recovery failed: {error}"),
     }
+    // The background-run worker: claims queued runs (and runs whose worker died) from now on.
+    state.start_worker();
     let shutdown = state.shutdown.clone();
     let hub = state.hub.clone();
     let mcp = state.mcp.clone();

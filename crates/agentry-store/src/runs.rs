@@ -513,6 +513,27 @@ impl Store {
         })
     }
 
+    /// The run an owner submitted with an idempotency key.
+    pub async fn run_by_idempotency_key(
+        &self,
+        owner: Option<&str>,
+        key: &str,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        check_key(key)?;
+        with_reader!(self, |pool, d| {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                run_columns!(),
+                " FROM runs WHERE COALESCE(owner, '') = COALESCE($1, '') AND idempotency_key = $2"
+            ))
+            .bind(owner)
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
+            row.as_ref().map(run_from_row).transpose()
+        })
+    }
+
     /// Queued runs, newest first.
     pub async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
         with_reader!(self, |pool, d| {

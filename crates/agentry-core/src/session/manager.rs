@@ -333,6 +333,18 @@ impl SessionManager {
         request: RunRequest,
         policy: BusyPolicy,
     ) -> Result<RunStream, SessionError> {
+        self.send_as(session, request, policy, RunId::new()).await
+    }
+
+    /// [`SessionManager::send`] with the run's id chosen by the caller (a run queue that named
+    /// the run when it was submitted). The id must be new.
+    pub async fn send_as(
+        &self,
+        session: SessionId,
+        request: RunRequest,
+        policy: BusyPolicy,
+        run_id: RunId,
+    ) -> Result<RunStream, SessionError> {
         // Reject bad requests (unknown model or tools, template errors, files that cannot be
         // attached) before queueing.
         let mut check = request.clone().with_history(vec![Message::user("")]);
@@ -353,7 +365,6 @@ impl SessionManager {
                 }
                 BusyPolicy::Enqueue | BusyPolicy::Interrupt => None,
             };
-        let run_id = RunId::new();
         let cancel = CancellationToken::new();
         let control = if guard.is_some() {
             self.register(session, run_id, cancel.clone())

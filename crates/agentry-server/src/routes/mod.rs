@@ -6,6 +6,7 @@
 //! [`crate::openapi`]).
 
 pub mod agents;
+pub mod background;
 pub mod config;
 pub mod context;
 pub mod groups;
@@ -44,6 +45,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(infer::routes())
         .merge(sessions::routes())
         .merge(runs::routes())
+        .merge(background::routes())
         .merge(config::routes())
         .merge(agents::routes())
         .merge(memories::routes())

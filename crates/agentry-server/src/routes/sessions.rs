@@ -227,10 +227,20 @@ async fn stream(
             .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be a seq number"))?,
         None => query.after,
     };
+    attach(state, record.id, after).await
+}
+
+/// A session's events as server-sent events: the log's after `after`, the current step's
+/// partial text, then live events until the run ends (at once when none is live).
+pub(crate) async fn attach(
+    state: AppState,
+    session: agentry_types::SessionId,
+    after: u64,
+) -> Result<Response, ApiError> {
     // Subscribe before reading the log, so nothing falls between the two; the mapper drops
     // what was already sent by seq.
-    let live = state.hub.subscribe(record.id);
-    let backlog = state.logged_events(record.id, after).await?;
+    let live = state.hub.subscribe(session);
+    let backlog = state.logged_events(session, after).await?;
     let mut mapper = SseMapper::new(true, after);
     let mut first: Vec<Event> = Vec::new();
     for (seq, event) in &backlog {
@@ -253,13 +263,8 @@ async fn stream(
                         .data(json!({"text": subscription.partial.text}).to_string()),
                 );
             }
-            let rest = session_events::<()>(
-                state.clone(),
-                record.id,
-                subscription,
-                mapper.last_seq,
-                None,
-            );
+            let rest =
+                session_events::<()>(state.clone(), session, subscription, mapper.last_seq, None);
             Box::pin(futures::stream::iter(first.into_iter().map(Ok)).chain(rest))
         }
         _ => Box::pin(futures::stream::iter(first.into_iter().map(Ok))),

@@ -1,4 +1,5 @@
 mod agents;
+mod background;
 mod config;
 mod console;
 mod context;

@@ -34,8 +34,43 @@ pub(crate) struct ServeArgs {
     /// `none`. Default: `host`.
     #[arg(long = "approve", value_name = "CLASS", value_parser = parse_approval_class)]
     approve: Vec<ApprovalClass>,
+    /// Background runs (`POST /v1/runs`) this process runs at once; more wait in the queue.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_concurrent_runs: u32,
+    /// Background runs that may wait in the queue; more are refused with 429.
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    max_queued_runs: u64,
+    /// How long a worker's lease on a background run lasts unless renewed (every third of it),
+    /// seconds: a run whose process died is taken over by another after this long.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    lease_secs: u64,
     #[command(flatten)]
     sandbox: super::sandbox::SandboxArgs,
+}
+
+/// Holds the data folder's `serve.lock` for as long as the returned file lives; refuses when
+/// another process holds it.
+fn lock_data_folder(home: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let path = home.join("serve.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another `agentry serve` is using the data folder {} (it holds {}): two servers on \
+             one SQLite folder would run the same sessions twice; stop it, use another \
+             `--data` folder, or share a PostgreSQL database between nodes",
+            home.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(error)) => {
+            Err(error).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
 }
 
 /// One value of `--approve`.
@@ -81,6 +116,12 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         ..ServerConfig::default()
     };
     let store = data.open_store().await?;
+    // Two servers on one SQLite data folder would each resume, queue and run the same
+    // sessions: the second refuses to start (PostgreSQL nodes share through leases instead).
+    let _folder_lock = match store.backend() {
+        agentry_store::Backend::Sqlite => Some(lock_data_folder(&data.home()?)?),
+        agentry_store::Backend::Postgres => None,
+    };
     let listener = agentry_server::serve::bind(&config, &store).await?;
     let imported = agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
     // Standalone sandboxes (`/v1/sandboxes`) never outlive the server that made them: the
@@ -112,6 +153,12 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         allowed_origins: args.cors_origins,
     };
     state.app.mcp_expose_tools = args.mcp_expose_tools;
+    state.set_queue_settings(agentry_app::queue::QueueSettings {
+        max_concurrent: args.max_concurrent_runs as usize,
+        max_queued: args.max_queued_runs,
+        lease: std::time::Duration::from_secs(args.lease_secs),
+        ..agentry_app::queue::QueueSettings::default()
+    });
     let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;

@@ -5,6 +5,7 @@ mod chat;
 mod crash;
 mod mcp;
 mod mcp_serve;
+mod queue;
 mod run;
 mod sandbox;
 mod serve;

@@ -1,0 +1,600 @@
+//! Background runs on the store's run queue.
+//!
+//! [`App::submit_background`] checks a submitted run exactly as `/v1/infer` does
+//! ([`App::prepare_submission`]: agent, model, tools, limits; a session is created for it),
+//! honours an idempotency key (the same key and body return the same run; the same key with
+//! another body is a conflict), refuses with `queue_full` (429) when the queue holds its maximum,
+//! and stores the run `queued`. Nothing is created for a request that fails a check.
+//!
+//! [`RunWorker`] is the process's worker: it claims runs while it has room under
+//! `max_concurrent` (highest priority first, oldest first), starts each in its session under
+//! the run's own id through the hub (so clients follow it like any run), renews the lease while
+//! it goes, stops it if the lease is lost or a cancel is asked for, and settles it fenced by
+//! the lease: `succeeded`, `failed`, `cancelled`, or `waiting` / `paused` when it stopped for a
+//! person (the command that continues it, [`App::submit`], takes it from there). A run whose
+//! worker died is claimed again when its lease expires and resumes from its log.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
+use utoipa::ToSchema;
+
+use agentry_core::RunRequest;
+use agentry_core::session::BusyPolicy;
+use agentry_store::{Enqueued, Lease, NewRun, RunQuery, RunRecord, RunState};
+use agentry_types::{RunId, SessionId, SuspendStatus};
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::{AppError, Failure};
+use crate::outcome::RunOutcome;
+use crate::runs::Target;
+use crate::submission::InferRequest;
+
+/// How the process's worker runs the queue.
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    /// This worker's name in leases (unique per process).
+    pub worker: String,
+    /// Runs this process runs at once; more wait in the queue.
+    pub max_concurrent: usize,
+    /// Runs that may wait in the queue; more are refused with 429.
+    pub max_queued: u64,
+    /// How long a lease lasts unless renewed (a third of it between renewals).
+    pub lease: Duration,
+    /// How often the worker looks for runs other processes queued.
+    pub poll: Duration,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            worker: format!("{}-{}", std::process::id(), RunId::new()),
+            max_concurrent: 64,
+            max_queued: 10_000,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_millis(250),
+        }
+    }
+}
+
+/// A background run as clients see it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RunView {
+    /// The run (its id in the session's log too).
+    #[schema(value_type = String)]
+    pub run_id: RunId,
+    /// Its session.
+    #[schema(value_type = String)]
+    pub session_id: SessionId,
+    /// The saved agent it runs as.
+    pub agent_id: Option<String>,
+    /// `queued`, `running`, `waiting` (tool calls wait for approval), `paused`, `succeeded`,
+    /// `failed` or `cancelled`.
+    #[schema(value_type = String)]
+    pub state: RunState,
+    /// Higher runs first.
+    pub priority: i64,
+    /// How many times a worker started it (more than 1: a worker died under it).
+    pub attempt: u64,
+    /// A cancel was asked for.
+    pub cancel_requested: bool,
+    /// When it was submitted, Unix milliseconds.
+    pub created_at: u64,
+    /// When a worker first started it.
+    pub started_at: Option<u64>,
+    /// When it ended.
+    pub finished_at: Option<u64>,
+    /// How it ended, or why it stopped (the body `POST /v1/infer` answers).
+    #[schema(value_type = Option<RunOutcome>)]
+    pub outcome: Option<serde_json::Value>,
+    /// Where to follow it.
+    pub stream: String,
+}
+
+impl From<RunRecord> for RunView {
+    fn from(record: RunRecord) -> Self {
+        Self {
+            run_id: record.id,
+            session_id: record.session_id,
+            agent_id: record.agent_id,
+            state: record.state,
+            priority: record.priority,
+            attempt: record.attempt,
+            cancel_requested: record.cancel_requested,
+            created_at: record.created_at,
+            started_at: record.started_at,
+            finished_at: record.finished_at,
+            outcome: record.outcome,
+            stream: format!("/v1/runs/{}/stream", record.id),
+        }
+    }
+}
+
+/// `GET /v1/runs`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RunList {
+    /// The runs, newest first.
+    pub runs: Vec<RunView>,
+}
+
+/// What the queue stores of a run: the checked request and what to do when its session is busy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct QueuedRequest {
+    request: RunRequest,
+    policy: BusyPolicy,
+}
+
+/// A claimed run, started or found ended.
+enum Claimed {
+    /// Live in the hub.
+    Live(crate::hub::Subscription),
+    /// It had ended before the claim.
+    Ended(RunOutcome),
+}
+
+/// What the worker shares with the app: the runs it holds, and a signal for waiters.
+#[derive(Debug, Default)]
+pub struct QueueState {
+    settings: Mutex<QueueSettings>,
+    active: Mutex<HashSet<RunId>>,
+    /// Woken when a run of this process settles, and when a run is submitted here.
+    changed: Notify,
+}
+
+impl QueueState {
+    fn settings(&self) -> QueueSettings {
+        self.settings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn active(&self) -> std::sync::MutexGuard<'_, HashSet<RunId>> {
+        self.active.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// 429 `queue_full`.
+fn queue_full(max_queued: u64) -> AppError {
+    AppError::new(
+        Failure::TooMany,
+        "queue_full",
+        format!("the run queue holds its maximum of {max_queued} runs; try again later"),
+    )
+    .with_details(serde_json::json!({ "max_queued": max_queued, "retry_after_secs": 1 }))
+}
+
+/// The digest that tells a retried submission from another one reusing its key.
+fn digest(body: &InferRequest) -> Result<String, AppError> {
+    let bytes = serde_json::to_vec(body)
+        .map_err(|error| AppError::internal(format!("cannot digest the request: {error}")))?;
+    Ok(Sha256::digest(&bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect())
+}
+
+/// The queue state a run that stopped is in.
+fn state_of(outcome: &RunOutcome) -> RunState {
+    match outcome.status {
+        Some(SuspendStatus::Waiting) => RunState::Waiting,
+        Some(SuspendStatus::Paused) => RunState::Paused,
+        None if outcome.stop_reason == "cancelled" => RunState::Cancelled,
+        None if outcome.failed() => RunState::Failed,
+        None => RunState::Succeeded,
+    }
+}
+
+impl App {
+    /// The queue's settings (this process's worker).
+    pub fn queue_settings(&self) -> QueueSettings {
+        self.queue.settings()
+    }
+
+    /// Sets how the worker runs the queue (before [`App::start_worker`]).
+    pub fn set_queue_settings(&self, settings: QueueSettings) {
+        *self
+            .queue
+            .settings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = settings;
+    }
+
+    /// Checks and queues a run for `caller`; see the module's documentation. Returns the run
+    /// and whether this call created it (`false`: an earlier submission with the same key).
+    pub async fn submit_background(
+        &self,
+        caller: &Principal,
+        mut body: InferRequest,
+        idempotency_key: Option<String>,
+        priority: i64,
+    ) -> Result<(RunView, bool), AppError> {
+        if body.is_group() {
+            return Err(AppError::bad_request(
+                "a group chat cannot run in the background: use `POST /v1/infer` or \
+                 `/v1/groups`",
+            ));
+        }
+        if body.cancel_on_disconnect {
+            return Err(AppError::bad_request(
+                "`cancel_on_disconnect` does not apply to a background run: cancel it with \
+                 `POST /v1/runs/{run_id}/cancel`",
+            ));
+        }
+        if !(-100..=100).contains(&priority) {
+            return Err(AppError::bad_request(
+                "`priority` must be between -100 and 100",
+            ));
+        }
+        // A background run is durable: without a session it gets a new one.
+        if body.session_id.is_none() {
+            body.session_id = Some("new".into());
+        }
+        let digest = digest(&body)?;
+        let owner = caller.owner();
+        let settings = self.queue.settings();
+        // A retried submission finds its run before anything new is created.
+        if let Some(key) = &idempotency_key
+            && let Some(record) = self.run_by_key(owner.as_deref(), key).await?
+        {
+            if record.request_digest != digest {
+                return Err(AppError::conflict(format!(
+                    "the idempotency key {key:?} was used for another request"
+                )));
+            }
+            return Ok((record.into(), false));
+        }
+        if self.store.queued_runs().await? >= settings.max_queued {
+            return Err(queue_full(settings.max_queued));
+        }
+        let agent_id = body
+            .agent_id
+            .clone()
+            .or_else(|| body.agent_ids.as_ref().and_then(|ids| ids.first().cloned()));
+        let (target, request, policy) = self.prepare_submission(caller, body).await?;
+        let Target::Session(session) = target else {
+            return Err(AppError::internal("a background run has no session"));
+        };
+        let stored = serde_json::to_value(QueuedRequest { request, policy })
+            .map_err(|error| AppError::internal(format!("cannot store the request: {error}")))?;
+        let run = NewRun {
+            id: RunId::new(),
+            session_id: session,
+            agent_id,
+            owner,
+            priority,
+            idempotency_key,
+            request_digest: digest,
+            request: stored,
+        };
+        let (record, created) = match self.store.enqueue_run(&run, settings.max_queued).await? {
+            Enqueued::Created(record) => (record, true),
+            Enqueued::Existing(record) => (record, false),
+            Enqueued::QueueFull { max_queued } => return Err(queue_full(max_queued)),
+        };
+        self.queue.changed.notify_waiters();
+        Ok((record.into(), created))
+    }
+
+    async fn run_by_key(
+        &self,
+        owner: Option<&str>,
+        key: &str,
+    ) -> Result<Option<RunRecord>, AppError> {
+        Ok(self.store.run_by_idempotency_key(owner, key).await?)
+    }
+
+    /// A background run.
+    pub async fn background_run(&self, run_id: RunId) -> Result<RunView, AppError> {
+        Ok(self.queued_record(run_id).await?.into())
+    }
+
+    async fn queued_record(&self, run_id: RunId) -> Result<RunRecord, AppError> {
+        self.store
+            .run_record(run_id)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no background run {run_id}")))
+    }
+
+    /// Background runs, newest first.
+    pub async fn background_runs(&self, query: &RunQuery) -> Result<RunList, AppError> {
+        if query.limit == 0 || query.limit > 1000 {
+            return Err(AppError::bad_request("`limit` must be between 1 and 1000"));
+        }
+        let runs = self.store.list_runs(query).await?;
+        Ok(RunList {
+            runs: runs.into_iter().map(RunView::from).collect(),
+        })
+    }
+
+    /// Waits up to `timeout` for a background run to stop (end, or wait for a person), then
+    /// answers it as it is.
+    pub async fn wait_for_run(
+        &self,
+        run_id: RunId,
+        timeout: Duration,
+    ) -> Result<RunView, AppError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let poll = self.queue.settings().poll;
+        loop {
+            // Listen before reading, so a change in between is not missed.
+            let changed = self.queue.changed.notified();
+            let record = self.queued_record(run_id).await?;
+            let stopped = record.state.is_final()
+                || matches!(record.state, RunState::Waiting | RunState::Paused);
+            if stopped || tokio::time::Instant::now() >= deadline {
+                return Ok(record.into());
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = self.shutdown.cancelled() => return Ok(record.into()),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for a queued run to be started by a worker; answers it as it is.
+    pub async fn wait_until_started(
+        &self,
+        run_id: RunId,
+        timeout: Duration,
+    ) -> Result<RunView, AppError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let poll = self.queue.settings().poll;
+        loop {
+            let changed = self.queue.changed.notified();
+            let record = self.queued_record(run_id).await?;
+            // Started here: the hub has it (a worker elsewhere: its log will).
+            let started = record.state != RunState::Queued
+                && (self.hub.run_id(record.session_id) == Some(run_id)
+                    || record.state != RunState::Running
+                    || record.worker.as_deref() != Some(self.queue.settings().worker.as_str()));
+            if started || tokio::time::Instant::now() >= deadline {
+                return Ok(record.into());
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep(poll.min(Duration::from_millis(50))) => {}
+                _ = self.shutdown.cancelled() => return Ok(record.into()),
+            }
+        }
+    }
+
+    /// Cancels a background run: a queued one at once; a running one is interrupted (here, or
+    /// by its worker when it next renews its lease); a waiting or paused one ends cancelled.
+    pub async fn cancel_background(&self, run_id: RunId) -> Result<RunView, AppError> {
+        let record = self
+            .store
+            .cancel_run(run_id)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no background run {run_id}")))?;
+        match record.state {
+            RunState::Running if self.hub.run_id(record.session_id) == Some(run_id) => {
+                self.hub.cancel(record.session_id);
+            }
+            RunState::Waiting | RunState::Paused => {
+                self.sessions.interrupt(record.session_id, run_id).await?;
+                self.store
+                    .set_run_state(run_id, RunState::Cancelled, None)
+                    .await?;
+                self.hub
+                    .announce(record.session_id, crate::hub::FeedStatus::Interrupted);
+            }
+            _ => {}
+        }
+        self.queue.changed.notify_waiters();
+        self.background_run(run_id).await
+    }
+
+    /// Starts the process's worker (at most one per app): it runs until the app shuts down.
+    pub fn start_worker(&self) -> tokio::task::JoinHandle<()> {
+        let app = self.clone();
+        tokio::spawn(async move { app.work().await })
+    }
+
+    async fn work(self) {
+        loop {
+            let settings = self.queue.settings();
+            let room = settings
+                .max_concurrent
+                .saturating_sub(self.queue.active().len());
+            if room > 0 {
+                match self
+                    .store
+                    .claim_runs(&settings.worker, room, settings.lease)
+                    .await
+                {
+                    Ok(claimed) => {
+                        for record in claimed {
+                            self.queue.active().insert(record.id);
+                            let app = self.clone();
+                            let settings = settings.clone();
+                            tokio::spawn(async move {
+                                let run_id = record.id;
+                                app.execute(record, &settings).await;
+                                app.queue.active().remove(&run_id);
+                                app.queue.changed.notify_waiters();
+                            });
+                        }
+                    }
+                    Err(error) => tracing::warn!("claiming queued runs failed: {error}"),
+                }
+            }
+            let changed = self.queue.changed.notified();
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                _ = changed => {}
+                _ = tokio::time::sleep(settings.poll) => {}
+            }
+        }
+    }
+
+    /// Runs one claimed run to where it stops, then settles it under its lease.
+    async fn execute(&self, record: RunRecord, settings: &QueueSettings) {
+        let Some(lease) = record.lease() else {
+            return;
+        };
+        let session = record.session_id;
+        let settle = |state: RunState, outcome: Option<serde_json::Value>| {
+            let lease = lease.clone();
+            async move {
+                match self.store.settle_run(&lease, state, outcome.as_ref()).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(run = %lease.run_id, "the run's lease was lost before it settled")
+                    }
+                    Err(error) => {
+                        tracing::error!(run = %lease.run_id, "settling the run failed: {error}")
+                    }
+                }
+            }
+        };
+        if record.cancel_requested {
+            settle(RunState::Cancelled, None).await;
+            return;
+        }
+        let subscription = match self.start_claimed(&record).await {
+            Ok(Claimed::Live(subscription)) => subscription,
+            Ok(Claimed::Ended(outcome)) => {
+                // A worker died after the run ended but before it settled: the log says how.
+                let state = state_of(&outcome);
+                settle(state, serde_json::to_value(&outcome).ok()).await;
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(run = %record.id, "a queued run could not start: {}", error.message);
+                let outcome = serde_json::json!({
+                    "success": false,
+                    "run_id": record.id,
+                    "session_id": session,
+                    "stop_reason": "error",
+                    "error": {"code": error.code, "message": error.message},
+                });
+                settle(RunState::Failed, Some(outcome)).await;
+                return;
+            }
+        };
+        let renewer = self.renew_while_running(lease.clone(), session, settings.lease);
+        let outcome = tokio::select! {
+            outcome = self.follow_to_end(session, Some(record.id), subscription, false) => outcome,
+            () = renewer => {
+                // The lease is lost: another worker owns the run now; stop ours.
+                self.hub.cancel(session);
+                return;
+            }
+        };
+        match outcome {
+            Ok(outcome) => {
+                let state = state_of(&outcome);
+                let value = serde_json::to_value(&outcome).ok();
+                settle(state, value).await;
+            }
+            Err(error) => {
+                tracing::warn!(run = %record.id, "following a queued run failed: {}", error.message);
+                settle(RunState::Failed, None).await;
+            }
+        }
+    }
+
+    /// Starts (or, after a worker died, resumes) a claimed run in its session; a run that
+    /// already ended (its worker died before settling it) is answered from the log.
+    async fn start_claimed(&self, record: &RunRecord) -> Result<Claimed, AppError> {
+        let session = record.session_id;
+        if self.hub.run_id(session) == Some(record.id)
+            && let Some(subscription) = self.hub.subscribe(session)
+        {
+            // Already live here (resumed at start-up).
+            return Ok(Claimed::Live(subscription));
+        }
+        if record.attempt > 1 {
+            if let Some(outcome) = self.logged_outcome(session, record.id).await? {
+                return Ok(Claimed::Ended(outcome));
+            }
+            if let Some(stream) = self.sessions.resume(session).await? {
+                return Ok(Claimed::Live(self.hub.adopt(session, stream)));
+            }
+        }
+        let queued: QueuedRequest =
+            serde_json::from_value(record.request.clone()).map_err(|error| {
+                AppError::internal(format!("the stored request is unreadable: {error}"))
+            })?;
+        let stream = self
+            .sessions
+            .send_as(session, queued.request, queued.policy, record.id)
+            .await?;
+        Ok(Claimed::Live(self.hub.adopt(session, stream)))
+    }
+
+    /// Renews `lease` every third of its length; returns when it cannot (the lease was lost)
+    /// or a cancel was asked for (after cancelling the run). Runs until dropped otherwise.
+    async fn renew_while_running(&self, lease: Lease, session: SessionId, length: Duration) {
+        let every = length / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            match self.store.renew_lease(&lease, length).await {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(error) => {
+                    tracing::warn!(run = %lease.run_id, "renewing a lease failed: {error}")
+                }
+            }
+            if let Ok(Some(record)) = self.store.run_record(lease.run_id).await
+                && record.cancel_requested
+            {
+                self.hub.cancel(session);
+            }
+        }
+    }
+
+    /// After a command ended a run that waited for a person or was paused (interrupt, abort):
+    /// if it is a background run, its record says it was cancelled.
+    pub(crate) async fn cancelled_while_stopped(&self, run_id: RunId) -> Result<(), AppError> {
+        if self
+            .store
+            .set_run_state(run_id, RunState::Cancelled, None)
+            .await?
+        {
+            self.queue.changed.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// After a command continued a run that waited for a person (or was paused): if it is a
+    /// background run, its record follows it to its end.
+    pub(crate) fn track_continued(
+        &self,
+        run_id: RunId,
+        session: SessionId,
+        subscription: crate::hub::Subscription,
+    ) {
+        let app = self.clone();
+        tokio::spawn(async move {
+            match app.store.run_record(run_id).await {
+                Ok(Some(record)) if !record.state.is_final() => {}
+                _ => return,
+            }
+            let _ = app
+                .store
+                .set_run_state(run_id, RunState::Running, None)
+                .await;
+            app.queue.changed.notify_waiters();
+            if let Ok(outcome) = app
+                .follow_to_end(session, Some(run_id), subscription, false)
+                .await
+            {
+                let value = serde_json::to_value(&outcome).ok();
+                let _ = app
+                    .store
+                    .set_run_state(run_id, state_of(&outcome), value.as_ref())
+                    .await;
+                app.queue.changed.notify_waiters();
+            }
+        });
+    }
+}

@@ -1,0 +1,157 @@
+//! The run queue across processes: a second `agentry serve` on one SQLite data folder refuses
+//! to start and says why; a background run whose server is killed (`kill -9`) mid-run is taken
+//! over after its lease by the next server, and ends once.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(home: &Path, port: u16, extra: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home)
+        .args(["serve", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("AGENTRY_DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the server's first line (it listens from then on).
+async fn listening(child: &mut tokio::process::Child) {
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first.starts_with("Agentry is listening"), "{first}");
+    // Keep reading so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+}
+
+#[tokio::test]
+async fn a_second_server_on_one_sqlite_folder_refuses_to_start_and_says_why() {
+    let home = tempfile::tempdir().unwrap();
+    let mut first = serve(home.path(), free_port(), &[]);
+    listening(&mut first).await;
+    let second = serve(home.path(), free_port(), &[])
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("another `agentry serve` is using the data folder")
+            && stderr.contains("PostgreSQL"),
+        "{stderr}"
+    );
+    // The first still serves.
+    assert!(first.try_wait().unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_killed_servers_background_run_is_taken_over_after_its_lease_and_ends_once() {
+    let home = tempfile::tempdir().unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    // The first model call hangs long enough for the kill; later ones answer.
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("never seen")).delay_headers(Duration::from_secs(30)),
+    );
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text(
+        "finished after the crash",
+    )));
+    let http = agentry_llm::http_client(Duration::from_secs(30)).unwrap();
+
+    let port = free_port();
+    let mut first = serve(home.path(), port, &["--lease-secs", "3"]);
+    listening(&mut first).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let created = http
+        .post(format!("{base}/v1/models"))
+        .json(&json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    let run: Value = http
+        .post(format!("{base}/v1/runs"))
+        .json(&json!({"text": "survive"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    // Wait until the model call is in flight, then kill the server outright.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while mock.request_count() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(mock.request_count(), 1);
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+
+    let port = free_port();
+    let mut second = serve(home.path(), port, &["--lease-secs", "3"]);
+    listening(&mut second).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let done: Value = http
+        .get(format!("{base}/v1/runs/{run_id}/wait?timeout_secs=25"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 2, "claimed again after the lease: {done}");
+    assert_eq!(
+        done["outcome"]["text"], "finished after the crash",
+        "{done}"
+    );
+    // One run in the log, started once and finished once.
+    let session = done["session_id"].as_str().unwrap();
+    let events: Value = http
+        .get(format!("{base}/v1/sessions/{session}/events"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "run_started").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "run_finished").count(),
+        1,
+        "{kinds:?}"
+    );
+}
