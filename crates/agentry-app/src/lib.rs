@@ -31,6 +31,7 @@ pub mod runtime;
 pub mod sandbox_requests;
 pub mod sandbox_service;
 pub mod sandboxes;
+pub mod schedules;
 pub mod schema;
 pub mod session_service;
 pub mod store_log;

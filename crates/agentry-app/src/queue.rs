@@ -73,6 +73,8 @@ pub struct RunView {
     pub session_id: SessionId,
     /// The saved agent it runs as.
     pub agent_id: Option<String>,
+    /// The schedule that fired it.
+    pub schedule_id: Option<String>,
     /// `queued`, `running`, `waiting` (tool calls wait for approval), `paused`, `succeeded`,
     /// `failed` or `cancelled`.
     #[schema(value_type = String)]
@@ -102,6 +104,7 @@ impl From<RunRecord> for RunView {
             run_id: record.id,
             session_id: record.session_id,
             agent_id: record.agent_id,
+            schedule_id: record.schedule_id,
             state: record.state,
             priority: record.priority,
             attempt: record.attempt,
@@ -210,9 +213,22 @@ impl App {
     pub async fn submit_background(
         &self,
         caller: &Principal,
+        body: InferRequest,
+        idempotency_key: Option<String>,
+        priority: i64,
+    ) -> Result<(RunView, bool), AppError> {
+        self.submit_queued(caller, body, idempotency_key, priority, None)
+            .await
+    }
+
+    /// [`App::submit_background`] for a run a schedule fires.
+    pub(crate) async fn submit_queued(
+        &self,
+        caller: &Principal,
         mut body: InferRequest,
         idempotency_key: Option<String>,
         priority: i64,
+        schedule_id: Option<String>,
     ) -> Result<(RunView, bool), AppError> {
         if body.is_group() {
             return Err(AppError::bad_request(
@@ -269,6 +285,7 @@ impl App {
             owner,
             priority,
             idempotency_key,
+            schedule_id,
             request_digest: digest,
             request: stored,
         };
@@ -400,6 +417,7 @@ impl App {
 
     async fn work(self) {
         loop {
+            self.fire_due_schedules().await;
             let settings = self.queue.settings();
             let room = settings
                 .max_concurrent

@@ -82,6 +82,8 @@ pub fn document_json() -> Result<&'static str, ApiError> {
         (name = "auth", description = "API keys and console logins."),
         (name = "sandboxes", description = "Standalone sandboxes: create, run commands (waiting, \
                                             streamed or in the background), files, close."),
+        (name = "schedules", description = "Schedules: a cron expression in a time zone, or an \
+                                             interval, and the background run each fire submits."),
         (name = "groups", description = "Group chats: several saved agents in one session, woken \
                                          by @mentions, rounds of replies in parallel."),
     ),

@@ -17,7 +17,8 @@
 //! - **Memories** ([`Store::remember`]): facts, preferences and decisions per agent (and user),
 //!   de-duplicated and searchable through SQLite FTS5 or PostgreSQL full-text search.
 //! - **The run queue** ([`Store::enqueue_run`], [`Store::claim_runs`]): background runs as
-//!   durable records that workers claim under leases fenced by an epoch.
+//!   durable records that workers claim under leases fenced by an epoch; **schedules**
+//!   ([`Store::due_schedules`], [`Store::advance_schedule`]) that submit runs to it.
 //! - **Configuration** documents by [`ConfigKind`] and name, and **secrets** sealed with
 //!   XChaCha20-Poly1305 under a [`SecretKey`] kept outside the database.
 //!
@@ -34,6 +35,7 @@ mod error;
 mod memory;
 mod model;
 mod runs;
+mod schedules;
 mod secret;
 mod store;
 
@@ -48,6 +50,7 @@ pub use model::{
     SessionRecord, StoredEvent,
 };
 pub use runs::{Enqueued, Lease, NewRun, RunQuery, RunRecord, RunState};
+pub use schedules::{NewSchedule, ScheduleRecord};
 pub use secret::SecretKey;
 pub use store::{Durability, Store, StoreOptions};
 

@@ -93,6 +93,8 @@ pub struct NewRun {
     pub priority: i64,
     /// A client's key for the submission: the same key (per owner) returns the same run.
     pub idempotency_key: Option<String>,
+    /// The schedule that fired it.
+    pub schedule_id: Option<String>,
     /// A digest of what was submitted, to tell a retried submission from another one that
     /// reuses its key.
     pub request_digest: String,
@@ -125,6 +127,8 @@ pub struct RunRecord {
     pub lease_epoch: u64,
     /// The submission's idempotency key.
     pub idempotency_key: Option<String>,
+    /// The schedule that fired it.
+    pub schedule_id: Option<String>,
     /// The digest of what was submitted.
     pub request_digest: String,
     /// What to run.
@@ -188,6 +192,8 @@ pub struct RunQuery {
     pub state: Option<RunState>,
     /// Only this key's.
     pub owner: Option<String>,
+    /// Only runs this schedule fired.
+    pub schedule_id: Option<String>,
     /// Only runs enqueued at or after this time, Unix milliseconds.
     pub created_after: Option<u64>,
     /// Only runs enqueued before this time.
@@ -201,8 +207,8 @@ pub struct RunQuery {
 macro_rules! run_columns {
     () => {
         "id, session_id, agent_id, owner, state, priority, attempt, worker, lease_until, \
-         lease_epoch, idempotency_key, request_digest, request, outcome, cancel_requested, \
-         created_at, started_at, finished_at"
+         lease_epoch, idempotency_key, schedule_id, request_digest, request, outcome, \
+         cancel_requested, created_at, started_at, finished_at"
     };
 }
 
@@ -222,6 +228,7 @@ fn run_from_row(row: &impl RowExt) -> Result<RunRecord, StoreError> {
         lease_until: row.opt_int("lease_until")?.map(from_db),
         lease_epoch: from_db(row.int("lease_epoch")?),
         idempotency_key: row.opt_text("idempotency_key")?,
+        schedule_id: row.opt_text("schedule_id")?,
         request_digest: row.text("request_digest")?,
         request: from_json_text(&row.text("request")?)?,
         outcome: row
@@ -330,8 +337,8 @@ impl Store {
             }
             let row = sqlx::query(concat!(
                 "INSERT INTO runs (id, session_id, agent_id, owner, state, priority, \
-                 idempotency_key, request_digest, request, created_at) \
-                 VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9) RETURNING ",
+                 idempotency_key, request_digest, request, created_at, schedule_id) \
+                 VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10) RETURNING ",
                 run_columns!()
             ))
             .bind(run.id.to_string())
@@ -343,6 +350,7 @@ impl Store {
             .bind(&run.request_digest)
             .bind(&request)
             .bind(now)
+            .bind(run.schedule_id.as_deref())
             .fetch_one(&mut *tx)
             .await?;
             Ok(Enqueued::Created(run_from_row(&row)?))
@@ -543,7 +551,7 @@ impl Store {
                 " FROM runs WHERE ($1 IS NULL OR session_id = $1) \
                  AND ($2 IS NULL OR agent_id = $2) AND ($3 IS NULL OR state = $3) \
                  AND ($4 IS NULL OR owner = $4) AND ($5 IS NULL OR created_at >= $5) \
-                 AND ($6 IS NULL OR created_at < $6) \
+                 AND ($6 IS NULL OR created_at < $6) AND ($9 IS NULL OR schedule_id = $9) \
                  ORDER BY created_at DESC, id DESC LIMIT $7 OFFSET $8"
             ))
             .bind(query.session_id.map(|id| id.to_string()))
@@ -554,6 +562,7 @@ impl Store {
             .bind(query.created_before.map(to_db))
             .bind(to_db(query.limit as u64))
             .bind(to_db(query.offset as u64))
+            .bind(query.schedule_id.as_deref())
             .fetch_all(pool)
             .await?;
             rows.iter().map(run_from_row).collect()

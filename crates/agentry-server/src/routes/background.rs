@@ -132,6 +132,9 @@ struct ListQuery {
     /// Only runs in this state.
     #[param(pattern = "^(queued|running|waiting|paused|succeeded|failed|cancelled)$")]
     state: Option<String>,
+    /// Only runs this schedule fired.
+    #[param(max_length = 64)]
+    schedule_id: Option<String>,
     /// Only runs submitted at or after this time (Unix milliseconds).
     created_after: Option<u64>,
     /// Only runs submitted before this time (Unix milliseconds).
@@ -187,6 +190,7 @@ async fn list(
         agent_id: query.agent_id,
         state: run_state,
         owner: caller.owner_filter(),
+        schedule_id: query.schedule_id,
         created_after: query.created_after,
         created_before: query.created_before,
         limit: query.limit,

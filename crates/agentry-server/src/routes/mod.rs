@@ -17,6 +17,7 @@ pub mod memories;
 pub mod ops;
 pub mod runs;
 pub mod sandboxes;
+pub mod schedules;
 pub mod sessions;
 pub mod sse;
 pub mod status;
@@ -46,6 +47,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(sessions::routes())
         .merge(runs::routes())
         .merge(background::routes())
+        .merge(schedules::routes())
         .merge(config::routes())
         .merge(agents::routes())
         .merge(memories::routes())

@@ -14,6 +14,7 @@ mod openapi;
 mod ops;
 mod runs;
 mod sandboxes;
+mod schedules;
 mod security;
 mod sessions;
 mod support;

@@ -29,6 +29,7 @@ fn new_run(session: agentry_types::SessionId, key: Option<&str>, digest: &str) -
         owner: None,
         priority: 0,
         idempotency_key: key.map(str::to_owned),
+        schedule_id: None,
         request_digest: digest.into(),
         request: json!({"text": digest}),
     }

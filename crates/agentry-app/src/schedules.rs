@@ -1,0 +1,523 @@
+//! Schedules: a cron expression in an IANA time zone (`croner`, `chrono-tz`) or an interval,
+//! and the run each fire submits to the queue ([`crate::queue`]).
+//!
+//! A schedule is checked when saved: the expression and the zone parse, the run body passes the
+//! same checks a submitted run does (without creating anything). The worker's loop fires due
+//! schedules ([`App::fire_due_schedules`]): each fire submits the run with the idempotency key
+//! `schedule:<id>:<slot>`, so a slot is submitted once however many processes see it due and
+//! whatever restarts happen in between, and moves the schedule to its next slot (a compare-and-
+//! set on the fire time it saw). After downtime the missed slots follow the schedule's
+//! `catch_up`: `skip` them, or run `once` for the latest. When the previous fire's run is still
+//! queued or running, `overlap` says what happens: `skip` the slot, `queue` the new run anyway,
+//! or `cancel` the previous one. A run that waits for a person (an approval) does not count as
+//! running: it waits durably in its own session and never holds back the later slots.
+
+use std::str::FromStr;
+
+use chrono::{TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::Cron;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use agentry_store::{NewSchedule, RunQuery, RunState, ScheduleRecord};
+use agentry_types::RunId;
+
+use crate::App;
+use crate::auth::{KeyLimits, KeyRole, Principal};
+use crate::clock::now_ms;
+use crate::error::AppError;
+use crate::queue::RunList;
+use crate::submission::InferRequest;
+
+/// How late a slot may be found and still count as on time (not missed during downtime).
+const ON_TIME: u64 = 60_000;
+
+/// The longest interval: a year.
+const MAX_INTERVAL_SECS: u64 = 366 * 24 * 3600;
+
+/// What to do with the slots missed while no process ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CatchUp {
+    /// Skip them: the schedule goes on from the next slot.
+    #[default]
+    Skip,
+    /// Run once for them (the latest), then go on.
+    Once,
+}
+
+/// What to do when a slot comes while the previous fire's run is still queued or running.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlap {
+    /// Skip this slot.
+    #[default]
+    Skip,
+    /// Submit the run anyway: it waits in the queue (and for its session) like any other.
+    Queue,
+    /// Cancel the previous run, then submit.
+    Cancel,
+}
+
+impl CatchUp {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::Once => "once",
+        }
+    }
+}
+
+impl Overlap {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::Queue => "queue",
+            Self::Cancel => "cancel",
+        }
+    }
+}
+
+/// The body of `POST /v1/schedules` and `PUT /v1/schedules/{id}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRequest {
+    /// A name for people (default: the expression or the interval).
+    #[serde(default)]
+    #[schema(max_length = 100)]
+    pub name: Option<String>,
+    /// A cron expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with
+    /// seconds first; names (`MON`, `JAN`), ranges, steps, lists, `L`, `W` and `#`. Give this or
+    /// `interval_secs`.
+    #[serde(default)]
+    #[schema(max_length = 200)]
+    pub cron: Option<String>,
+    /// The IANA time zone the expression is read in (default `UTC`), e.g. `Europe/Paris`.
+    #[serde(default)]
+    #[schema(max_length = 64)]
+    pub timezone: Option<String>,
+    /// Seconds between fires (1 to a year), counted from the schedule's creation. Give this or
+    /// `cron`.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 31_622_400)]
+    pub interval_secs: Option<u64>,
+    /// The run each fire submits: the body of `POST /v1/runs` (without `session_id` each run
+    /// gets a new session).
+    pub run: InferRequest,
+    /// Whether it fires (default `true`).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// After downtime: `skip` the missed slots (default) or run `once` for them.
+    #[serde(default)]
+    pub catch_up: CatchUp,
+    /// When the previous run still goes: `skip` the slot (default), `queue` the run, or
+    /// `cancel` the previous.
+    #[serde(default)]
+    pub overlap: Overlap,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+/// A schedule as clients see it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ScheduleView {
+    /// Its id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its cron expression.
+    pub cron: Option<String>,
+    /// The time zone of the expression.
+    pub timezone: String,
+    /// Its interval, seconds.
+    pub interval_secs: Option<u64>,
+    /// What each fire submits.
+    #[schema(value_type = Object)]
+    pub run: serde_json::Value,
+    /// Whether it fires.
+    pub enabled: bool,
+    /// `skip` or `once`.
+    pub catch_up: String,
+    /// `skip`, `queue` or `cancel`.
+    pub overlap: String,
+    /// The next fire times, Unix milliseconds (up to 5; empty when disabled or over).
+    pub next_fires: Vec<u64>,
+    /// When it last fired.
+    pub last_fire_at: Option<u64>,
+    /// The run it last submitted.
+    #[schema(value_type = Option<String>)]
+    pub last_run_id: Option<RunId>,
+    /// When it was created, Unix milliseconds.
+    pub created_at: u64,
+    /// When it was last changed.
+    pub updated_at: u64,
+}
+
+/// `GET /v1/schedules`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ScheduleList {
+    /// The schedules, oldest first.
+    pub schedules: Vec<ScheduleView>,
+}
+
+/// When a schedule fires.
+enum Timing {
+    Cron(Box<Cron>, Tz),
+    Interval { every_ms: u64, anchor: u64 },
+}
+
+impl Timing {
+    fn of(
+        cron: Option<&str>,
+        timezone: &str,
+        interval_secs: Option<u64>,
+        anchor: u64,
+    ) -> Result<Self, AppError> {
+        let zone = Tz::from_str(timezone).map_err(|_| {
+            AppError::bad_request(format!(
+                "unknown time zone {timezone:?}: give an IANA name such as `Europe/Paris` or `UTC`"
+            ))
+        })?;
+        match (cron, interval_secs) {
+            (Some(expression), None) => {
+                if expression.len() > 200 {
+                    return Err(AppError::bad_request("the cron expression is too long"));
+                }
+                let parsed = Cron::from_str(expression).map_err(|error| {
+                    AppError::bad_request(format!(
+                        "invalid cron expression {expression:?}: {error}"
+                    ))
+                })?;
+                Ok(Self::Cron(Box::new(parsed), zone))
+            }
+            (None, Some(secs)) if (1..=MAX_INTERVAL_SECS).contains(&secs) => Ok(Self::Interval {
+                every_ms: secs * 1000,
+                anchor,
+            }),
+            (None, Some(_)) => Err(AppError::bad_request(
+                "`interval_secs` must be between 1 and 31622400 (a year)",
+            )),
+            _ => Err(AppError::bad_request(
+                "give a `cron` expression or an `interval_secs`, one of them",
+            )),
+        }
+    }
+
+    fn of_record(record: &ScheduleRecord) -> Result<Self, AppError> {
+        Self::of(
+            record.cron.as_deref(),
+            &record.timezone,
+            record.interval_secs,
+            record.created_at,
+        )
+    }
+
+    /// The first slot strictly after `after` (Unix milliseconds).
+    fn next_after(&self, after: u64) -> Option<u64> {
+        match self {
+            Self::Interval { every_ms, anchor } => {
+                let steps = after.saturating_sub(*anchor) / every_ms + 1;
+                Some(anchor.saturating_add(steps.saturating_mul(*every_ms)))
+            }
+            Self::Cron(cron, zone) => {
+                let millis = i64::try_from(after).ok()?;
+                let start = zone.timestamp_millis_opt(millis).single()?;
+                let next = cron.find_next_occurrence(&start, false).ok()?;
+                u64::try_from(next.with_timezone(&Utc).timestamp_millis()).ok()
+            }
+        }
+    }
+
+    /// The latest slot at or before `now`, starting from the slot `from` (itself due).
+    fn latest_due(&self, from: u64, now: u64) -> u64 {
+        match self {
+            Self::Interval { every_ms, .. } => {
+                let steps = now.saturating_sub(from) / every_ms;
+                from.saturating_add(steps.saturating_mul(*every_ms))
+            }
+            Self::Cron(..) => {
+                let mut latest = from;
+                // Bounded: a second-by-second schedule down for a day stops looking here.
+                for _ in 0..100_000 {
+                    match self.next_after(latest) {
+                        Some(next) if next <= now => latest = next,
+                        _ => break,
+                    }
+                }
+                latest
+            }
+        }
+    }
+
+    fn next_fires(&self, after: u64, count: usize) -> Vec<u64> {
+        let mut fires = Vec::with_capacity(count);
+        let mut at = after;
+        while fires.len() < count {
+            match self.next_after(at) {
+                Some(next) => {
+                    fires.push(next);
+                    at = next;
+                }
+                None => break,
+            }
+        }
+        fires
+    }
+}
+
+fn view(record: ScheduleRecord) -> ScheduleView {
+    let next_fires = match (record.enabled, record.next_fire_at) {
+        (true, Some(next)) => {
+            let mut fires = vec![next];
+            if let Ok(timing) = Timing::of_record(&record) {
+                fires.extend(timing.next_fires(next, 4));
+            }
+            fires
+        }
+        _ => Vec::new(),
+    };
+    ScheduleView {
+        id: record.id,
+        name: record.name,
+        cron: record.cron,
+        timezone: record.timezone,
+        interval_secs: record.interval_secs,
+        run: record.request,
+        enabled: record.enabled,
+        catch_up: record.catch_up,
+        overlap: record.overlap,
+        next_fires,
+        last_fire_at: record.last_fire_at,
+        last_run_id: record.last_run_id,
+        created_at: record.created_at,
+        updated_at: record.updated_at,
+    }
+}
+
+fn no_schedule(id: &str) -> AppError {
+    AppError::not_found(format!("no schedule {id:?}"))
+}
+
+impl App {
+    /// Checks a schedule's settings and its run; answers what to store.
+    async fn checked_schedule(
+        &self,
+        caller: &Principal,
+        id: String,
+        request: ScheduleRequest,
+        anchor: u64,
+    ) -> Result<NewSchedule, AppError> {
+        let timezone = request.timezone.unwrap_or_else(|| "UTC".to_owned());
+        let timing = Timing::of(
+            request.cron.as_deref(),
+            &timezone,
+            request.interval_secs,
+            anchor,
+        )?;
+        if request.run.is_group() {
+            return Err(AppError::bad_request(
+                "a schedule's run is one agent's (a group chat cannot run in the background)",
+            ));
+        }
+        if request.run.cancel_on_disconnect {
+            return Err(AppError::bad_request(
+                "`cancel_on_disconnect` does not apply to a scheduled run",
+            ));
+        }
+        // The run's own checks, creating nothing: as an ephemeral run (approvals need a
+        // session, so they are checked when it fires).
+        let mut dry = request.run.clone();
+        dry.approvals = None;
+        dry.policy = None;
+        if let Some(session) = dry.session_id.take()
+            && session != "new"
+        {
+            let session = crate::submission::parse_session_id(&session)?;
+            self.check_session_access(caller, session).await?;
+            if self.store.session(session).await?.is_none() {
+                return Err(AppError::not_found(format!("no session {session}")));
+            }
+        }
+        self.prepare_submission(caller, dry).await?;
+        let name = request
+            .name
+            .unwrap_or_else(|| match (&request.cron, request.interval_secs) {
+                (Some(cron), _) => format!("{cron} ({timezone})"),
+                (None, Some(secs)) => format!("every {secs} s"),
+                (None, None) => "schedule".to_owned(),
+            });
+        if name.chars().count() > 100 || name.trim().is_empty() {
+            return Err(AppError::bad_request(
+                "a schedule's name has 1 to 100 characters",
+            ));
+        }
+        let run = serde_json::to_value(&request.run)
+            .map_err(|error| AppError::internal(format!("cannot store the run: {error}")))?;
+        let next_fire_at = if request.enabled {
+            timing.next_after(now_ms())
+        } else {
+            None
+        };
+        Ok(NewSchedule {
+            id,
+            name,
+            owner: caller.owner(),
+            cron: request.cron,
+            timezone,
+            interval_secs: request.interval_secs,
+            request: run,
+            enabled: request.enabled,
+            catch_up: request.catch_up.as_str().to_owned(),
+            overlap: request.overlap.as_str().to_owned(),
+            next_fire_at,
+        })
+    }
+
+    /// Creates a schedule.
+    pub async fn create_schedule(
+        &self,
+        caller: &Principal,
+        request: ScheduleRequest,
+    ) -> Result<ScheduleView, AppError> {
+        let schedule = self
+            .checked_schedule(caller, RunId::new().to_string(), request, now_ms())
+            .await?;
+        Ok(view(self.store.create_schedule(&schedule).await?))
+    }
+
+    /// Replaces a schedule's settings (its history stays); its next fire is counted anew.
+    pub async fn replace_schedule(
+        &self,
+        caller: &Principal,
+        id: &str,
+        request: ScheduleRequest,
+    ) -> Result<ScheduleView, AppError> {
+        let existing = self.stored_schedule(id).await?;
+        let schedule = self
+            .checked_schedule(caller, existing.id, request, existing.created_at)
+            .await?;
+        let updated = self
+            .store
+            .update_schedule(&schedule)
+            .await?
+            .ok_or_else(|| no_schedule(id))?;
+        Ok(view(updated))
+    }
+
+    async fn stored_schedule(&self, id: &str) -> Result<ScheduleRecord, AppError> {
+        if id.len() > 64 {
+            return Err(AppError::bad_request(
+                "a schedule id has at most 64 characters",
+            ));
+        }
+        self.store
+            .schedule(id)
+            .await?
+            .ok_or_else(|| no_schedule(id))
+    }
+
+    /// One schedule.
+    pub async fn schedule(&self, id: &str) -> Result<ScheduleView, AppError> {
+        Ok(view(self.stored_schedule(id).await?))
+    }
+
+    /// Every schedule, oldest first.
+    pub async fn schedules(&self) -> Result<ScheduleList, AppError> {
+        let records = self.store.list_schedules(None).await?;
+        Ok(ScheduleList {
+            schedules: records.into_iter().map(view).collect(),
+        })
+    }
+
+    /// Deletes a schedule (the runs it fired stay).
+    pub async fn delete_schedule(&self, id: &str) -> Result<(), AppError> {
+        if !self.store.delete_schedule(id).await? {
+            return Err(no_schedule(id));
+        }
+        Ok(())
+    }
+
+    /// The runs a schedule fired, newest first.
+    pub async fn schedule_runs(&self, id: &str, limit: usize) -> Result<RunList, AppError> {
+        let schedule = self.stored_schedule(id).await?;
+        self.background_runs(&RunQuery {
+            schedule_id: Some(schedule.id),
+            limit,
+            ..RunQuery::default()
+        })
+        .await
+    }
+
+    /// Fires every schedule due now (see the module's documentation). Failures are logged; a
+    /// schedule whose run cannot be submitted moves on to its next slot.
+    pub async fn fire_due_schedules(&self) {
+        let now = now_ms();
+        let due = match self.store.due_schedules(now).await {
+            Ok(due) => due,
+            Err(error) => {
+                tracing::warn!("reading due schedules failed: {error}");
+                return;
+            }
+        };
+        for schedule in due {
+            if let Err(error) = self.fire(&schedule, now).await {
+                tracing::warn!(schedule = %schedule.id, "a schedule could not fire: {}", error.message);
+            }
+        }
+    }
+
+    async fn fire(&self, schedule: &ScheduleRecord, now: u64) -> Result<(), AppError> {
+        let Some(slot) = schedule.next_fire_at else {
+            return Ok(());
+        };
+        let timing = Timing::of_record(schedule)?;
+        let latest = timing.latest_due(slot, now);
+        let on_time = now.saturating_sub(latest) <= ON_TIME;
+        let mut fire = on_time || schedule.catch_up == CatchUp::Once.as_str();
+        if fire
+            && let Some(previous) = schedule.last_run_id
+            && let Some(record) = self.store.run_record(previous).await?
+            && matches!(record.state, RunState::Queued | RunState::Running)
+        {
+            match schedule.overlap.as_str() {
+                "queue" => {}
+                "cancel" => {
+                    self.cancel_background(previous).await?;
+                }
+                _ => fire = false,
+            }
+        }
+        let mut fired = None;
+        if fire {
+            let body: InferRequest =
+                serde_json::from_value(schedule.request.clone()).map_err(|error| {
+                    AppError::internal(format!("the stored run is unreadable: {error}"))
+                })?;
+            let owner = Principal {
+                key_id: schedule.owner.clone(),
+                role: KeyRole::Admin,
+                limits: KeyLimits::default(),
+            };
+            let key = format!("schedule:{}:{latest}", schedule.id);
+            match self
+                .submit_queued(&owner, body, Some(key), 0, Some(schedule.id.clone()))
+                .await
+            {
+                Ok((run, _)) => fired = Some(run.run_id),
+                Err(error) => tracing::warn!(
+                    schedule = %schedule.id,
+                    "a scheduled run was refused: {}",
+                    error.message
+                ),
+            }
+        }
+        let next = timing.next_after(latest.max(now));
+        self.store
+            .advance_schedule(&schedule.id, slot, next, fired)
+            .await?;
+        Ok(())
+    }
+}

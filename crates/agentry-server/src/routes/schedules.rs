@@ -1,0 +1,184 @@
+//! Schedules: `/v1/schedules` (create, list), `/v1/schedules/{id}` (get, replace, delete) and
+//! `/v1/schedules/{id}/runs` (the runs it fired). Admin keys only. How schedules fire is
+//! [`agentry_app::schedules`]'.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use agentry_app::queue::RunList;
+use agentry_app::schedules::{ScheduleList, ScheduleRequest, ScheduleView};
+
+use super::config::{ApiJson, ApiPath};
+use crate::authorization::Caller;
+use crate::error::ApiError;
+use crate::openapi::{BadRequest, JsonBodyErrors, NotFound};
+use crate::state::AppState;
+
+/// The schedule routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(show, replace, remove))
+        .routes(routes!(runs))
+}
+
+/// The schedule a route acts on.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SchedulePath {
+    /// Its id.
+    #[param(max_length = 64)]
+    pub id: String,
+}
+
+/// Creates a schedule: a cron expression in a time zone, or an interval, and the run each fire
+/// submits to the queue. The expression, the zone and the run are checked first; nothing is
+/// stored when one fails.
+#[utoipa::path(
+    post,
+    path = "/v1/schedules",
+    tag = "schedules",
+    operation_id = "create_schedule",
+    request_body = ScheduleRequest,
+    responses(
+        (status = 201, description = "Created, with its next fire times.", body = ScheduleView,
+         links(
+             ("get_schedule" = (operation_id = "get_schedule", parameters(("id" = "$response.body#/id")))),
+             ("schedule_runs" = (operation_id = "schedule_runs", parameters(("id" = "$response.body#/id")))),
+             ("delete_schedule" = (operation_id = "delete_schedule", parameters(("id" = "$response.body#/id")))),
+         )),
+        JsonBodyErrors,
+        NotFound,
+    )
+)]
+async fn create(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiJson(request): ApiJson<ScheduleRequest>,
+) -> Result<Response, ApiError> {
+    let schedule = state.create_schedule(&caller, request).await?;
+    Ok((StatusCode::CREATED, Json(schedule)).into_response())
+}
+
+/// The schedules, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/schedules",
+    tag = "schedules",
+    operation_id = "list_schedules",
+    responses((status = 200, description = "The schedules.", body = ScheduleList))
+)]
+async fn list(State(state): State<AppState>) -> Result<Json<ScheduleList>, ApiError> {
+    Ok(Json(state.schedules().await?))
+}
+
+/// A schedule, with its next fire times.
+#[utoipa::path(
+    get,
+    path = "/v1/schedules/{id}",
+    tag = "schedules",
+    operation_id = "get_schedule",
+    params(SchedulePath),
+    responses(
+        (status = 200, description = "The schedule.", body = ScheduleView),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn show(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SchedulePath>,
+) -> Result<Json<ScheduleView>, ApiError> {
+    Ok(Json(state.schedule(&path.id).await?))
+}
+
+/// Replaces a schedule's settings (enable or disable it with `enabled`); its next fire is
+/// counted anew, its history stays.
+#[utoipa::path(
+    put,
+    path = "/v1/schedules/{id}",
+    tag = "schedules",
+    operation_id = "replace_schedule",
+    params(SchedulePath),
+    request_body = ScheduleRequest,
+    responses(
+        (status = 200, description = "Replaced.", body = ScheduleView),
+        JsonBodyErrors,
+        NotFound,
+    )
+)]
+async fn replace(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(path): ApiPath<SchedulePath>,
+    ApiJson(request): ApiJson<ScheduleRequest>,
+) -> Result<Json<ScheduleView>, ApiError> {
+    Ok(Json(
+        state.replace_schedule(&caller, &path.id, request).await?,
+    ))
+}
+
+/// Deletes a schedule (the runs it fired stay).
+#[utoipa::path(
+    delete,
+    path = "/v1/schedules/{id}",
+    tag = "schedules",
+    operation_id = "delete_schedule",
+    params(SchedulePath),
+    responses(
+        (status = 204, description = "Deleted."),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn remove(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SchedulePath>,
+) -> Result<StatusCode, ApiError> {
+    state.delete_schedule(&path.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// How many runs to list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct RunsQuery {
+    /// At most this many.
+    #[serde(default = "default_limit")]
+    #[param(default = 100, minimum = 1, maximum = 1000)]
+    limit: usize,
+}
+
+fn default_limit() -> usize {
+    100
+}
+
+/// The runs a schedule fired, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/schedules/{id}/runs",
+    tag = "schedules",
+    operation_id = "schedule_runs",
+    params(SchedulePath, RunsQuery),
+    responses(
+        (status = 200, description = "Its runs.", body = RunList),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn runs(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SchedulePath>,
+    query: Result<Query<RunsQuery>, QueryRejection>,
+) -> Result<Json<RunList>, ApiError> {
+    let Query(query) = query?;
+    Ok(Json(state.schedule_runs(&path.id, query.limit).await?))
+}
