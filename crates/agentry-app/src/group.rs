@@ -956,6 +956,7 @@ pub async fn submit(
         ("approvals", body.approvals.is_some()),
         ("compaction", body.compaction.is_some()),
         ("agent_id", body.agent_id.is_some()),
+        ("webhook_url", body.webhook_url.is_some()),
     ] {
         if given {
             return Err(AppError::bad_request(format!(

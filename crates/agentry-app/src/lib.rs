@@ -37,6 +37,7 @@ pub mod session_service;
 pub mod store_log;
 pub mod submission;
 pub mod titles;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;

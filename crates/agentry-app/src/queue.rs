@@ -48,6 +48,8 @@ pub struct QueueSettings {
     pub lease: Duration,
     /// How often the worker looks for runs other processes queued.
     pub poll: Duration,
+    /// How webhooks are delivered.
+    pub webhooks: crate::webhooks::WebhookSettings,
 }
 
 impl Default for QueueSettings {
@@ -58,6 +60,7 @@ impl Default for QueueSettings {
             max_queued: 10_000,
             lease: Duration::from_secs(30),
             poll: Duration::from_millis(250),
+            webhooks: crate::webhooks::WebhookSettings::default(),
         }
     }
 }
@@ -147,6 +150,9 @@ pub struct QueueState {
     active: Mutex<HashSet<RunId>>,
     /// Woken when a run of this process settles, and when a run is submitted here.
     changed: Notify,
+    /// The client webhooks go out with: no redirects (a signed delivery goes where it was
+    /// addressed, nowhere else).
+    webhook_client: std::sync::OnceLock<reqwest::Client>,
 }
 
 impl QueueState {
@@ -159,6 +165,20 @@ impl QueueState {
 
     fn active(&self) -> std::sync::MutexGuard<'_, HashSet<RunId>> {
         self.active.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the worker and the waiters.
+    pub(crate) fn notify(&self) {
+        self.changed.notify_waiters();
+    }
+
+    pub(crate) fn webhook_client(&self) -> &reqwest::Client {
+        self.webhook_client.get_or_init(|| {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap_or_default()
+        })
     }
 }
 
@@ -247,6 +267,10 @@ impl App {
                 "`priority` must be between -100 and 100",
             ));
         }
+        let webhook_url = body.webhook_url.take();
+        if let Some(url) = &webhook_url {
+            self.check_webhook(url).await?;
+        }
         // A background run is durable: without a session it gets a new one.
         if body.session_id.is_none() {
             body.session_id = Some("new".into());
@@ -286,6 +310,7 @@ impl App {
             priority,
             idempotency_key,
             schedule_id,
+            webhook_url,
             request_digest: digest,
             request: stored,
         };
@@ -418,6 +443,7 @@ impl App {
     async fn work(self) {
         loop {
             self.fire_due_schedules().await;
+            self.deliver_due_webhooks().await;
             let settings = self.queue.settings();
             let room = settings
                 .max_concurrent
@@ -463,7 +489,7 @@ impl App {
             let lease = lease.clone();
             async move {
                 match self.store.settle_run(&lease, state, outcome.as_ref()).await {
-                    Ok(true) => {}
+                    Ok(true) => self.tell_webhook(lease.run_id).await,
                     Ok(false) => {
                         tracing::warn!(run = %lease.run_id, "the run's lease was lost before it settled")
                     }

@@ -206,12 +206,14 @@ impl Timing {
         }
     }
 
+    /// A stored schedule's timing; an interval steps from its next slot (or, with none, from
+    /// its creation), so every later slot keeps the same alignment.
     fn of_record(record: &ScheduleRecord) -> Result<Self, AppError> {
         Self::of(
             record.cron.as_deref(),
             &record.timezone,
             record.interval_secs,
-            record.created_at,
+            record.next_fire_at.unwrap_or(record.created_at),
         )
     }
 
@@ -329,9 +331,13 @@ impl App {
         }
         // The run's own checks, creating nothing: as an ephemeral run (approvals need a
         // session, so they are checked when it fires).
+        if let Some(url) = &request.run.webhook_url {
+            self.check_webhook(url).await?;
+        }
         let mut dry = request.run.clone();
         dry.approvals = None;
         dry.policy = None;
+        dry.webhook_url = None;
         if let Some(session) = dry.session_id.take()
             && session != "new"
         {

@@ -122,6 +122,11 @@ pub struct InferRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub compaction: Option<agentry_core::context::CompactionSettings>,
+    /// Background runs only (`POST /v1/runs`): where to POST, signed, when the run stops
+    /// (`http(s)`; see `POST /v1/webhook-secret`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 2048)]
+    pub webhook_url: Option<String>,
 }
 
 /// Turns message content into parts.
@@ -209,6 +214,11 @@ impl App {
         caller: &Principal,
         mut body: InferRequest,
     ) -> Result<(Target, RunRequest, BusyPolicy), AppError> {
+        if body.webhook_url.is_some() {
+            return Err(AppError::bad_request(
+                "`webhook_url` is for background runs: submit with `POST /v1/runs`",
+            ));
+        }
         let agent_id = match (body.agent_id.take(), body.agent_ids.as_deref()) {
             (None, None | Some([])) => None,
             (None, Some([id])) => Some(id.clone()),

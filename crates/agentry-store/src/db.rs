@@ -262,6 +262,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "runs",
         sql: include_str!("../migrations/sqlite/0005_runs.sql"),
     },
+    Migration {
+        version: 6,
+        name: "webhooks",
+        sql: include_str!("../migrations/sqlite/0006_webhooks.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -290,10 +295,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "runs",
         sql: include_str!("../migrations/postgres/0005_runs.sql"),
     },
+    Migration {
+        version: 6,
+        name: "webhooks",
+        sql: include_str!("../migrations/postgres/0006_webhooks.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

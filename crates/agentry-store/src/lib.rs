@@ -18,7 +18,8 @@
 //!   de-duplicated and searchable through SQLite FTS5 or PostgreSQL full-text search.
 //! - **The run queue** ([`Store::enqueue_run`], [`Store::claim_runs`]): background runs as
 //!   durable records that workers claim under leases fenced by an epoch; **schedules**
-//!   ([`Store::due_schedules`], [`Store::advance_schedule`]) that submit runs to it.
+//!   ([`Store::due_schedules`], [`Store::advance_schedule`]) that submit runs to it; and the
+//!   **webhook outbox** ([`Store::enqueue_delivery`], [`Store::claim_deliveries`]).
 //! - **Configuration** documents by [`ConfigKind`] and name, and **secrets** sealed with
 //!   XChaCha20-Poly1305 under a [`SecretKey`] kept outside the database.
 //!
@@ -38,6 +39,7 @@ mod runs;
 mod schedules;
 mod secret;
 mod store;
+mod webhooks;
 
 pub use db::SCHEMA_VERSION;
 pub use error::StoreError;
@@ -53,5 +55,6 @@ pub use runs::{Enqueued, Lease, NewRun, RunQuery, RunRecord, RunState};
 pub use schedules::{NewSchedule, ScheduleRecord};
 pub use secret::SecretKey;
 pub use store::{Durability, Store, StoreOptions};
+pub use webhooks::{AttemptOutcome, AttemptRecord, DeliveryRecord};
 
 pub use agentry_types::SessionId;

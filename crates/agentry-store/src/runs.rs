@@ -95,6 +95,8 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     /// The schedule that fired it.
     pub schedule_id: Option<String>,
+    /// Where to tell when it stops.
+    pub webhook_url: Option<String>,
     /// A digest of what was submitted, to tell a retried submission from another one that
     /// reuses its key.
     pub request_digest: String,
@@ -129,6 +131,8 @@ pub struct RunRecord {
     pub idempotency_key: Option<String>,
     /// The schedule that fired it.
     pub schedule_id: Option<String>,
+    /// Where to tell when it stops.
+    pub webhook_url: Option<String>,
     /// The digest of what was submitted.
     pub request_digest: String,
     /// What to run.
@@ -207,8 +211,8 @@ pub struct RunQuery {
 macro_rules! run_columns {
     () => {
         "id, session_id, agent_id, owner, state, priority, attempt, worker, lease_until, \
-         lease_epoch, idempotency_key, schedule_id, request_digest, request, outcome, \
-         cancel_requested, created_at, started_at, finished_at"
+         lease_epoch, idempotency_key, schedule_id, webhook_url, request_digest, request, \
+         outcome, cancel_requested, created_at, started_at, finished_at"
     };
 }
 
@@ -229,6 +233,7 @@ fn run_from_row(row: &impl RowExt) -> Result<RunRecord, StoreError> {
         lease_epoch: from_db(row.int("lease_epoch")?),
         idempotency_key: row.opt_text("idempotency_key")?,
         schedule_id: row.opt_text("schedule_id")?,
+        webhook_url: row.opt_text("webhook_url")?,
         request_digest: row.text("request_digest")?,
         request: from_json_text(&row.text("request")?)?,
         outcome: row
@@ -337,8 +342,9 @@ impl Store {
             }
             let row = sqlx::query(concat!(
                 "INSERT INTO runs (id, session_id, agent_id, owner, state, priority, \
-                 idempotency_key, request_digest, request, created_at, schedule_id) \
-                 VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10) RETURNING ",
+                 idempotency_key, request_digest, request, created_at, schedule_id, \
+                 webhook_url) \
+                 VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11) RETURNING ",
                 run_columns!()
             ))
             .bind(run.id.to_string())
@@ -351,6 +357,7 @@ impl Store {
             .bind(&request)
             .bind(now)
             .bind(run.schedule_id.as_deref())
+            .bind(run.webhook_url.as_deref())
             .fetch_one(&mut *tx)
             .await?;
             Ok(Enqueued::Created(run_from_row(&row)?))

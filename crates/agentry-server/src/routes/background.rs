@@ -20,6 +20,7 @@ use agentry_app::approvals::parse_run_id;
 use agentry_app::domain::store::{RunQuery, RunState};
 use agentry_app::queue::{RunList, RunView};
 use agentry_app::submission::{InferRequest, parse_session_id};
+use agentry_app::webhooks::{DeliveryList, WebhookSecret};
 
 use super::config::ApiPath;
 use super::runs::RunPath;
@@ -42,6 +43,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(wait))
         .routes(routes!(stream))
         .routes(routes!(cancel))
+        .routes(routes!(webhooks))
+        .routes(routes!(rotate_secret))
 }
 
 /// Where a submitted run goes in the queue.
@@ -338,4 +341,39 @@ async fn cancel(
 ) -> Result<Json<RunView>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
     Ok(Json(state.cancel_background(run_id).await?))
+}
+
+/// A background run's webhook deliveries, each with its attempts (status, error, duration).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{run_id}/webhooks",
+    tag = "runs",
+    operation_id = "run_webhooks",
+    params(RunPath),
+    responses(
+        (status = 200, description = "The deliveries, oldest first.", body = DeliveryList),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn webhooks(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<RunPath>,
+) -> Result<Json<DeliveryList>, ApiError> {
+    let run_id = parse_run_id(&path.run_id)?;
+    Ok(Json(state.run_webhooks(run_id).await?))
+}
+
+/// Makes a new webhook signing secret and shows it this once; the previous one stops signing
+/// at once. Receivers verify `webhook-signature` (Standard Webhooks) with it.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook-secret",
+    tag = "runs",
+    operation_id = "rotate_webhook_secret",
+    responses((status = 201, description = "The new secret (not shown again).", body = WebhookSecret))
+)]
+async fn rotate_secret(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let secret = state.rotate_webhook_secret().await?;
+    Ok((StatusCode::CREATED, Json(secret)).into_response())
 }

@@ -18,3 +18,4 @@ mod schedules;
 mod security;
 mod sessions;
 mod support;
+mod webhooks;

@@ -30,6 +30,7 @@ fn new_run(session: agentry_types::SessionId, key: Option<&str>, digest: &str) -
         priority: 0,
         idempotency_key: key.map(str::to_owned),
         schedule_id: None,
+        webhook_url: None,
         request_digest: digest.into(),
         request: json!({"text": digest}),
     }

@@ -44,6 +44,10 @@ pub(crate) struct ServeArgs {
     /// seconds: a run whose process died is taken over by another after this long.
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
     lease_secs: u64,
+    /// Let background runs' webhooks reach loopback and private addresses (refused by default,
+    /// so a run cannot make this server call into its own network).
+    #[arg(long)]
+    webhook_allow_private: bool,
     #[command(flatten)]
     sandbox: super::sandbox::SandboxArgs,
 }
@@ -157,6 +161,10 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         max_concurrent: args.max_concurrent_runs as usize,
         max_queued: args.max_queued_runs,
         lease: std::time::Duration::from_secs(args.lease_secs),
+        webhooks: agentry_app::webhooks::WebhookSettings {
+            allow_private: args.webhook_allow_private,
+            ..agentry_app::webhooks::WebhookSettings::default()
+        },
         ..agentry_app::queue::QueueSettings::default()
     });
     let shutdown = state.shutdown.clone();

@@ -1,0 +1,387 @@
+//! Webhooks: a background run that names a `webhook_url` has it told when the run stops —
+//! `run.succeeded`, `run.failed`, `run.cancelled`, or `run.waiting` / `run.paused` when a person
+//! is needed — by a POST signed the Standard Webhooks way: `webhook-id` (one per run, event and
+//! URL, for good), `webhook-timestamp` and `webhook-signature` (`v1,` and the base64
+//! HMAC-SHA256 of `id.timestamp.body` under the server's signing secret, which
+//! [`App::rotate_webhook_secret`] makes and shows once).
+//!
+//! Deliveries go through the store's outbox ([`agentry_store::Store::enqueue_delivery`]): the
+//! worker's loop claims due ones, sends them without following redirects, and retries a failed
+//! one with exponential backoff up to a number of attempts; a restart resumes them with the same
+//! ids. A URL must be `http(s)` without credentials, and may not reach loopback or private
+//! addresses unless the server allows it (`--webhook-allow-private`): an IP literal is checked
+//! when the run is submitted, a name when it is resolved for each attempt.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde::Serialize;
+use sha2::Sha256;
+use utoipa::ToSchema;
+
+use agentry_store::{AttemptOutcome, AttemptRecord, DeliveryRecord, RunState};
+use agentry_types::RunId;
+
+use crate::App;
+use crate::clock::{millis, now_ms};
+use crate::error::AppError;
+use crate::queue::RunView;
+
+/// The secret's name in the store (sealed like every secret).
+const SECRET_NAME: &str = "AGENTRY_WEBHOOK_SECRET";
+
+/// How long a claimed delivery is held before another process may try it.
+const HOLD_MS: u64 = 60_000;
+
+/// How delivery behaves.
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    /// URLs may reach loopback and private addresses.
+    pub allow_private: bool,
+    /// The wait before the second attempt; it doubles for each later one (at most an hour).
+    pub backoff: Duration,
+    /// Attempts before a delivery is given up.
+    pub max_attempts: u32,
+    /// How long one attempt may take.
+    pub timeout: Duration,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        Self {
+            allow_private: false,
+            backoff: Duration::from_secs(5),
+            max_attempts: 8,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `POST /v1/webhook-secret`: the new signing secret, shown this once.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WebhookSecret {
+    /// `whsec_` and the base64 of 32 random bytes: verify `webhook-signature` with it.
+    pub secret: String,
+}
+
+/// One attempt of a delivery.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AttemptView {
+    /// 1, 2, 3…
+    pub attempt: u32,
+    /// When, Unix milliseconds.
+    pub at: u64,
+    /// The receiver's HTTP status.
+    pub status: Option<u16>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// How long it took.
+    pub duration_ms: u64,
+}
+
+/// A webhook delivery of a run.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DeliveryView {
+    /// Its `webhook-id`.
+    pub id: String,
+    /// `run.succeeded`, `run.failed`, `run.cancelled`, `run.waiting` or `run.paused`.
+    pub event: String,
+    /// Where it goes.
+    pub url: String,
+    /// `pending`, `delivered` or `failed`.
+    pub state: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// When it is tried next (pending), Unix milliseconds.
+    pub next_attempt_at: Option<u64>,
+    /// When it was delivered.
+    pub delivered_at: Option<u64>,
+    /// Every attempt.
+    pub log: Vec<AttemptView>,
+}
+
+/// `GET /v1/runs/{run_id}/webhooks`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DeliveryList {
+    /// The run's deliveries, oldest first.
+    pub deliveries: Vec<DeliveryView>,
+}
+
+fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_private(IpAddr::V4(v4));
+            }
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || (v6.segments()[0] & 0xfe00) == 0xfc00
+                || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+/// Checks a webhook URL as submitted (see the module's documentation).
+pub fn check_webhook_url(url: &str, allow_private: bool) -> Result<(), AppError> {
+    if url.len() > 2048 {
+        return Err(AppError::bad_request(
+            "`webhook_url` has at most 2048 characters",
+        ));
+    }
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|error| AppError::bad_request(format!("`webhook_url` is not a URL: {error}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(AppError::bad_request("`webhook_url` must be http or https"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(AppError::bad_request(
+            "`webhook_url` may not carry credentials: the signature authenticates the server",
+        ));
+    }
+    let private = match parsed.host() {
+        None => return Err(AppError::bad_request("`webhook_url` has no host")),
+        Some(url::Host::Ipv4(ip)) => is_private(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => is_private(IpAddr::V6(ip)),
+        Some(url::Host::Domain(name)) => {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            name == "localhost" || name.ends_with(".localhost")
+        }
+    };
+    if private && !allow_private {
+        return Err(AppError::bad_request(
+            "`webhook_url` reaches a loopback or private address: allow it with \
+             `agentry serve --webhook-allow-private`",
+        ));
+    }
+    Ok(())
+}
+
+/// The Standard Webhooks signature of a message: `v1,` and the base64 HMAC-SHA256 of
+/// `id.timestamp.body` under the secret's key (the base64 after `whsec_`).
+pub fn sign(secret: &str, id: &str, timestamp: u64, body: &str) -> Result<String, AppError> {
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret.trim_start_matches("whsec_"))
+        .map_err(|_| AppError::internal("the webhook secret is not base64"))?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key)
+        .map_err(|_| AppError::internal("the webhook secret is unusable"))?;
+    mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
+    Ok(format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    ))
+}
+
+impl App {
+    /// Makes a new signing secret (the old one stops signing at once) and answers it: it is not
+    /// shown again.
+    pub async fn rotate_webhook_secret(&self) -> Result<WebhookSecret, AppError> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|error| AppError::internal(format!("no randomness: {error}")))?;
+        let secret = format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        );
+        self.store.put_secret(SECRET_NAME, &secret).await?;
+        Ok(WebhookSecret { secret })
+    }
+
+    async fn webhook_secret(&self) -> Result<Option<String>, AppError> {
+        Ok(self.store.reveal_secret(SECRET_NAME).await?)
+    }
+
+    /// Checks a submitted run's webhook: the URL, and that a signing secret exists.
+    pub(crate) async fn check_webhook(&self, url: &str) -> Result<(), AppError> {
+        check_webhook_url(url, self.queue_settings().webhooks.allow_private)?;
+        if self.webhook_secret().await?.is_none() {
+            return Err(AppError::bad_request(
+                "no webhook signing secret yet: make one with `POST /v1/webhook-secret` (it is \
+                 shown once) before submitting runs with a `webhook_url`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// After a background run stopped: its webhook (if it names one) hears of it.
+    pub(crate) async fn tell_webhook(&self, run_id: RunId) {
+        let record = match self.store.run_record(run_id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(run = %run_id, "reading a run for its webhook failed: {error}");
+                return;
+            }
+        };
+        let Some(url) = record.webhook_url.clone() else {
+            return;
+        };
+        let event = match record.state {
+            RunState::Queued | RunState::Running => return,
+            state => format!("run.{}", state.as_str()),
+        };
+        let payload = serde_json::json!({
+            "type": event,
+            "timestamp": now_ms(),
+            "data": RunView::from(record),
+        });
+        let id = format!("msg_{}", RunId::new());
+        match self
+            .store
+            .enqueue_delivery(&id, run_id, &event, &url, &payload)
+            .await
+        {
+            Ok(_) => self.queue.notify(),
+            Err(error) => {
+                tracing::warn!(run = %run_id, "queueing a webhook delivery failed: {error}");
+            }
+        }
+    }
+
+    /// Sends the deliveries due now (the worker's loop calls it).
+    pub(crate) async fn deliver_due_webhooks(&self) {
+        let claimed = match self.store.claim_deliveries(16, HOLD_MS).await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::warn!("claiming webhook deliveries failed: {error}");
+                return;
+            }
+        };
+        for delivery in claimed {
+            let app = self.clone();
+            tokio::spawn(async move { app.deliver(delivery).await });
+        }
+    }
+
+    async fn deliver(&self, delivery: DeliveryRecord) {
+        let settings = self.queue_settings().webhooks;
+        let attempt = delivery.attempts + 1;
+        let started = Instant::now();
+        let at = now_ms();
+        let result = self.send(&delivery, &settings).await;
+        let duration_ms = millis(started.elapsed());
+        let (status, error, delivered) = match result {
+            Ok(status) if (200..300).contains(&status) => (Some(status), None, true),
+            Ok(status) => (
+                Some(status),
+                Some(format!("the receiver answered {status}")),
+                false,
+            ),
+            Err(error) => (None, Some(error), false),
+        };
+        let outcome = if delivered {
+            AttemptOutcome::Delivered
+        } else if attempt >= settings.max_attempts {
+            AttemptOutcome::GaveUp
+        } else {
+            let doubled = settings
+                .backoff
+                .saturating_mul(1u32 << (attempt - 1).min(16))
+                .min(Duration::from_secs(3600));
+            AttemptOutcome::RetryAt(now_ms().saturating_add(millis(doubled)))
+        };
+        let record = AttemptRecord {
+            attempt,
+            at,
+            status,
+            error,
+            duration_ms,
+        };
+        if let Err(error) = self
+            .store
+            .record_attempt(&delivery.id, &record, outcome)
+            .await
+        {
+            tracing::warn!(delivery = %delivery.id, "logging a webhook attempt failed: {error}");
+        }
+    }
+
+    /// One attempt: the receiver's status, or why there was none.
+    async fn send(
+        &self,
+        delivery: &DeliveryRecord,
+        settings: &WebhookSettings,
+    ) -> Result<u16, String> {
+        let url = reqwest::Url::parse(&delivery.url).map_err(|error| error.to_string())?;
+        if !settings.allow_private
+            && let Some(host) = url.host_str()
+        {
+            let port = url.port_or_known_default().unwrap_or(443);
+            let addresses = tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|error| format!("cannot resolve {host}: {error}"))?;
+            for address in addresses {
+                if is_private(address.ip()) {
+                    return Err(format!(
+                        "{host} resolves to a private address ({}): refused",
+                        address.ip()
+                    ));
+                }
+            }
+        }
+        let secret = self
+            .webhook_secret()
+            .await
+            .map_err(|error| error.message)?
+            .ok_or("no webhook signing secret")?;
+        let body = serde_json::to_string(&delivery.payload).map_err(|error| error.to_string())?;
+        let timestamp = now_ms() / 1000;
+        let signature =
+            sign(&secret, &delivery.id, timestamp, &body).map_err(|error| error.message)?;
+        let response = self
+            .queue
+            .webhook_client()
+            .post(url)
+            .timeout(settings.timeout)
+            .header("content-type", "application/json")
+            .header("webhook-id", &delivery.id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body)
+            .send()
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(response.status().as_u16())
+    }
+
+    /// A background run's webhook deliveries, with every attempt.
+    pub async fn run_webhooks(&self, run_id: RunId) -> Result<DeliveryList, AppError> {
+        self.background_run(run_id).await?;
+        let deliveries = self
+            .store
+            .deliveries_of_run(run_id)
+            .await?
+            .into_iter()
+            .map(|(delivery, attempts)| DeliveryView {
+                next_attempt_at: (delivery.state == "pending").then_some(delivery.next_attempt_at),
+                id: delivery.id,
+                event: delivery.event,
+                url: delivery.url,
+                state: delivery.state,
+                attempts: delivery.attempts,
+                delivered_at: delivery.delivered_at,
+                log: attempts
+                    .into_iter()
+                    .map(|attempt| AttemptView {
+                        attempt: attempt.attempt,
+                        at: attempt.at,
+                        status: attempt.status,
+                        error: attempt.error,
+                        duration_ms: attempt.duration_ms,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(DeliveryList { deliveries })
+    }
+}

@@ -1,0 +1,226 @@
+//! Webhooks: a real HTTP receiver in the test gets the run's outcome, signed the Standard
+//! Webhooks way; a receiver failing twice gets the same delivery id a third time; a restart in
+//! between keeps the one delivery id; bad URLs are refused with nothing stored.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentry_app::queue::QueueSettings;
+use agentry_app::webhooks::{WebhookSettings, sign};
+use agentry_testkit::{Reply, ScriptedTurn};
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+
+use super::support::{Server, host_commands, start_with};
+
+/// What the receiver got: (webhook-id, webhook-timestamp, webhook-signature, body).
+type Received = Arc<Mutex<Vec<(String, String, String, String)>>>;
+
+/// A receiver on loopback answering `statuses` in turn (then 200).
+async fn receiver(statuses: Vec<u16>) -> (String, Received) {
+    let received: Received = Arc::default();
+    let answers = Arc::new(Mutex::new(statuses.into_iter()));
+    let log = received.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let log = log.clone();
+            let answers = answers.clone();
+            async move {
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .unwrap_or_default()
+                };
+                log.lock().unwrap().push((
+                    header("webhook-id"),
+                    header("webhook-timestamp"),
+                    header("webhook-signature"),
+                    String::from_utf8(body.to_vec()).unwrap(),
+                ));
+                let status = answers.lock().unwrap().next().unwrap_or(200);
+                StatusCode::from_u16(status).unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, received)
+}
+
+fn settings(allow_private: bool) -> QueueSettings {
+    QueueSettings {
+        poll: Duration::from_millis(50),
+        webhooks: WebhookSettings {
+            allow_private,
+            backoff: Duration::from_millis(100),
+            ..WebhookSettings::default()
+        },
+        ..QueueSettings::default()
+    }
+}
+
+async fn start(allow_private: bool) -> Server {
+    let server = start_with(host_commands, |_| {}).await;
+    server.state.set_queue_settings(settings(allow_private));
+    server.state.start_worker();
+    server
+}
+
+async fn secret(server: &Server) -> String {
+    let (status, body) = server.post("/v1/webhook-secret", json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    let secret = body["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    secret
+}
+
+async fn until(check: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_signed_webhook_is_retried_until_the_receiver_takes_it() {
+    let server = start(true).await;
+    let secret = secret(&server).await;
+    let (url, received) = receiver(vec![500, 503]).await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("hooked")));
+    let (status, run) = server
+        .post(
+            "/v1/runs",
+            json!({"text": "x", "model_id": "mock", "webhook_url": url}),
+        )
+        .await;
+    assert_eq!(status, 202, "{run}");
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    until(|| received.lock().unwrap().len() >= 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = received.lock().unwrap().clone();
+    assert_eq!(got.len(), 3, "two failures, then delivered: {got:#?}");
+    let ids: std::collections::BTreeSet<&str> = got.iter().map(|g| g.0.as_str()).collect();
+    assert_eq!(ids.len(), 1, "one delivery id for every attempt");
+    for (id, timestamp, signature, body) in &got {
+        let expected = sign(&secret, id, timestamp.parse().unwrap(), body).unwrap();
+        assert_eq!(signature, &expected, "the signature verifies");
+        let body: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["type"], "run.succeeded");
+        assert_eq!(body["data"]["run_id"], run_id.as_str());
+        assert_eq!(body["data"]["outcome"]["text"], "hooked");
+    }
+    // A wrong secret does not verify.
+    let (id, timestamp, signature, body) = &got[0];
+    let other = "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    assert_ne!(
+        signature,
+        &sign(other, id, timestamp.parse().unwrap(), body).unwrap()
+    );
+
+    let (status, log) = server.get(&format!("/v1/runs/{run_id}/webhooks")).await;
+    assert_eq!(status, 200, "{log}");
+    let delivery = &log["deliveries"][0];
+    assert_eq!(delivery["state"], "delivered", "{log}");
+    assert_eq!(delivery["attempts"], 3);
+    assert_eq!(delivery["id"], got[0].0.as_str());
+    let statuses: Vec<Value> = delivery["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["status"].clone())
+        .collect();
+    assert_eq!(statuses, vec![json!(500), json!(503), json!(200)]);
+}
+
+#[tokio::test]
+async fn a_restart_between_attempts_keeps_the_one_delivery_id() {
+    let server = start_with(host_commands, |_| {}).await;
+    server.state.set_queue_settings(QueueSettings {
+        webhooks: WebhookSettings {
+            allow_private: true,
+            backoff: Duration::from_millis(600),
+            ..WebhookSettings::default()
+        },
+        ..settings(true)
+    });
+    server.state.start_worker();
+    secret(&server).await;
+    let (url, received) = receiver(vec![500]).await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("restart")));
+    let (_, run) = server
+        .post(
+            "/v1/runs",
+            json!({"text": "x", "model_id": "mock", "webhook_url": url}),
+        )
+        .await;
+    until(|| !received.lock().unwrap().is_empty()).await;
+    // The process stops after the first (failed) attempt; another starts on the same data.
+    server.state.shutdown.cancel();
+    let store = agentry_store::Store::open_home(server.home.path())
+        .await
+        .unwrap();
+    let next = agentry_app::App::with_tools(store, host_commands(server.home.path()))
+        .await
+        .unwrap();
+    next.set_queue_settings(settings(true));
+    next.start_worker();
+    until(|| received.lock().unwrap().len() >= 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = received.lock().unwrap().clone();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert_eq!(got[0].0, got[1].0, "the same delivery id after the restart");
+    let run_id: agentry_types::RunId = run["run_id"].as_str().unwrap().parse().unwrap();
+    let log = next.run_webhooks(run_id).await.unwrap();
+    assert_eq!(log.deliveries.len(), 1);
+    assert_eq!(log.deliveries[0].state, "delivered");
+    assert_eq!(log.deliveries[0].attempts, 2);
+}
+
+#[tokio::test]
+async fn bad_webhook_urls_are_refused_and_nothing_is_stored() {
+    let server = start(false).await;
+    let body = |url: &str| json!({"text": "x", "model_id": "mock", "webhook_url": url});
+    // No secret yet.
+    let (status, answer) = server
+        .post("/v1/runs", body("https://example.com/hook"))
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("webhook-secret")
+    );
+    secret(&server).await;
+    for url in [
+        "ftp://example.com/hook",
+        "not a url",
+        "http://user:pw@example.com/hook",
+        "http://127.0.0.1:9/hook",
+        "http://10.1.2.3/hook",
+        "http://[::1]/hook",
+        "http://localhost/hook",
+        "http://169.254.169.254/latest/meta-data",
+    ] {
+        let (status, answer) = server.post("/v1/runs", body(url)).await;
+        assert_eq!(status, 400, "{url}: {answer}");
+    }
+    // Not for a run the client waits for.
+    let (status, answer) = server
+        .post("/v1/infer", body("https://example.com/hook"))
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    let (_, listed) = server.get("/v1/runs").await;
+    assert_eq!(listed["runs"], json!([]));
+    let (_, sessions) = server.get("/v1/sessions").await;
+    assert_eq!(sessions["sessions"], json!([]));
+}

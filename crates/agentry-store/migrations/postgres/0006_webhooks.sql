@@ -1,0 +1,35 @@
+-- Webhooks: a background run may name a URL that hears when it stops. Each (run, event, URL)
+-- gets one delivery with one id for good, kept in this outbox until it is delivered or given
+-- up, so a restart neither loses nor duplicates it; every attempt is logged.
+
+ALTER TABLE runs ADD COLUMN webhook_url TEXT;
+
+CREATE TABLE webhook_deliveries (
+    id              TEXT PRIMARY KEY NOT NULL,
+    run_id          TEXT NOT NULL,
+    event           TEXT NOT NULL,
+    url             TEXT NOT NULL,
+    payload         TEXT NOT NULL,
+    -- pending, delivered, failed
+    state           TEXT NOT NULL DEFAULT 'pending',
+    attempts        BIGINT NOT NULL DEFAULT 0,
+    next_attempt_at BIGINT NOT NULL,
+    last_status     BIGINT,
+    last_error      TEXT,
+    created_at      BIGINT NOT NULL,
+    delivered_at    BIGINT,
+    UNIQUE (run_id, event, url)
+);
+
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at)
+    WHERE state = 'pending';
+
+CREATE TABLE webhook_attempts (
+    delivery_id TEXT NOT NULL REFERENCES webhook_deliveries (id) ON DELETE CASCADE,
+    attempt     BIGINT NOT NULL,
+    at          BIGINT NOT NULL,
+    status      BIGINT,
+    error       TEXT,
+    duration_ms BIGINT NOT NULL,
+    PRIMARY KEY (delivery_id, attempt)
+);
