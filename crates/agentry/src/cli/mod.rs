@@ -10,6 +10,7 @@ mod output;
 mod profile;
 mod run;
 mod sandbox;
+mod schedules;
 mod serve;
 mod sessions;
 
@@ -44,6 +45,8 @@ enum Command {
     Sessions(sessions::SessionsArgs),
     /// Manage the API keys of `agentry serve`.
     Keys(keys::KeysArgs),
+    /// Schedules `agentry serve` fires: list, add, show, rm, runs.
+    Schedules(schedules::SchedulesArgs),
     /// MCP servers: add, list, remove, restart; `mcp serve` offers Agentry's agents over stdio.
     Mcp(mcp::McpArgs),
     /// Say what isolation this host gives sandboxes (namespaces, Landlock, seccomp, cgroups).
@@ -64,6 +67,7 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agents(args) => agents::agents(args, &cli.data).await,
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
+        Command::Schedules(args) => schedules::schedules(args, &cli.data).await,
         Command::Mcp(args) => mcp::mcp(args, &cli.data).await,
         Command::Doctor(args) => sandbox::doctor(args, &cli.data).await,
     }

@@ -155,3 +155,98 @@ async fn a_killed_servers_background_run_is_taken_over_after_its_lease_and_ends_
         "{kinds:?}"
     );
 }
+
+/// `agentry` on a data folder, waiting for it to end: (exit code, stdout, stderr).
+async fn agentry(home: &Path, args: &[&str]) -> (i32, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("AGENTRY_DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn schedules_are_added_listed_checked_and_removed_from_the_cli() {
+    let home = tempfile::tempdir().unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    let store = agentry_store::Store::open_home(home.path()).await.unwrap();
+    store
+        .put_config(
+            agentry_store::ConfigKind::Model,
+            "m",
+            &json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "x"}),
+        )
+        .await
+        .unwrap();
+    store.close().await;
+    let (code, id, stderr) = agentry(
+        home.path(),
+        &[
+            "schedules",
+            "add",
+            "--cron",
+            "0 9 * * MON-FRI",
+            "--timezone",
+            "Europe/Paris",
+            "--model",
+            "m",
+            "--name",
+            "standup",
+            "Summarise yesterday.",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let id = id.trim().to_owned();
+    assert!(stderr.contains("standup"), "{stderr}");
+    let (code, listed, _) = agentry(home.path(), &["schedules", "list"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        listed.contains(&id) && listed.contains("Europe/Paris"),
+        "{listed}"
+    );
+    let (code, shown, _) = agentry(home.path(), &["schedules", "show", &id]).await;
+    assert_eq!(code, 0);
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["next_fires"].as_array().unwrap().len(), 5);
+    // Bad input: a clear message, nothing stored.
+    for args in [
+        vec![
+            "schedules",
+            "add",
+            "--cron",
+            "61 * * * *",
+            "--model",
+            "m",
+            "x",
+        ],
+        vec![
+            "schedules",
+            "add",
+            "--cron",
+            "0 9 * * *",
+            "--timezone",
+            "Mars/Base",
+            "--model",
+            "m",
+            "x",
+        ],
+        vec!["schedules", "add", "--every", "60", "--model", "nope", "x"],
+    ] {
+        let (code, _, stderr) = agentry(home.path(), &args).await;
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(!stderr.is_empty());
+    }
+    let (code, _, stderr) = agentry(home.path(), &["schedules", "rm", &id]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let (_, listed, _) = agentry(home.path(), &["schedules", "list"]).await;
+    assert!(listed.trim().is_empty(), "{listed}");
+}
