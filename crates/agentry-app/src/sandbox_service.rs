@@ -22,20 +22,13 @@ use crate::clock::millis;
 use crate::error::{AppError, Failure};
 use crate::sandbox_requests::{CreateSandboxRequest, ExecBody, check_path, command, sandbox_spec};
 use crate::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Standalone, sandbox_error};
+use crate::schema::serde_name;
 
 /// The largest file read or written through the API (bytes).
 pub const FILE_LIMIT: usize = 16 * 1024 * 1024;
 
 /// How long killing a background process waits for it to end before answering.
 const KILL_WAIT: Duration = Duration::from_secs(5);
-
-/// The snake_case name serde gives a unit enum value.
-fn serde_name<T: Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(name)) => name,
-        _ => String::new(),
-    }
-}
 
 // --- answers ---
 

@@ -90,3 +90,12 @@ pub struct PendingElicitation {
     /// When it was asked (Unix milliseconds).
     pub created_at_ms: u64,
 }
+
+/// The name serde gives a unit enum value (`"native"`, `"connected"`, …); empty for anything
+/// else. Views show the domain's enums by these names.
+pub fn serde_name<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        _ => String::new(),
+    }
+}

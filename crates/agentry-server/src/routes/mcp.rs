@@ -3,38 +3,25 @@
 //! prompts.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde::Deserialize;
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::domain::mcp::{McpServerConfig, ServerStatus, TransportKind, ValueSource};
+use agentry_app::mcp_service::{McpServerList, McpServerView};
 
 use super::config::{ApiJson, ApiPath};
-use super::serde_name;
 use crate::error::ApiError;
 use crate::openapi::{
     BadGateway, BadRequest, GatewayTimeout, HostCommandsRefused, JsonBodyErrors, NotFound,
 };
 use crate::state::AppState;
-use agentry_app::config::ConfigRepo;
-use agentry_app::mcp_tools::{mcp_error, save_and_start};
-
-/// An MCP manager error as the API reports it.
-fn api_error(error: agentry_app::domain::mcp::McpError) -> ApiError {
-    mcp_error(error).into()
-}
-
-/// How long a registration or restart waits for the server's first connection before it
-/// answers with the status it has then (the server keeps starting in the background).
-const READY_WAIT: Duration = Duration::from_secs(30);
 
 /// The MCP routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -58,50 +45,6 @@ pub struct ServerPath {
     pub name: String,
 }
 
-/// A server: its status, tools and configuration (header values and environment values shown
-/// only as the name of the secret they come from, or masked).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct McpServerView {
-    /// The name.
-    pub name: String,
-    /// `stdio` or `streamable_http`.
-    pub transport: String,
-    /// `starting`, `connected`, `restarting`, `failed` or `stopped`.
-    pub state: String,
-    /// How many tools it offers.
-    pub tool_count: usize,
-    /// Its tools' Agentry names (`<server>__<tool>`).
-    pub tools: Vec<String>,
-    /// The last error.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    /// How many times it has been restarted.
-    pub restarts: u32,
-    /// The process id (stdio, while running; for a sandboxed server, the host pid of its
-    /// sandbox's first process).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    /// A stdio server running in a sandbox of its own (`false`: on the host, or not stdio).
-    pub sandboxed: bool,
-    /// The protocol revision agreed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub protocol_version: Option<String>,
-    /// The server's own name and version.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
-    pub server_info: Option<Value>,
-    /// The configuration, secrets masked.
-    #[schema(value_type = Object)]
-    pub config: Value,
-}
-
-/// Several servers.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct McpServerList {
-    /// The servers, by name.
-    pub servers: Vec<McpServerView>,
-}
-
 /// The body of `POST /v1/mcp-servers/{name}/resources/read`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -121,44 +64,6 @@ pub struct GetPromptRequest {
     /// Its arguments.
     #[serde(default)]
     pub arguments: BTreeMap<String, String>,
-}
-
-/// Masks a configuration for display: literal environment and header values become `***`.
-fn masked(config: &McpServerConfig) -> Value {
-    let mut shown = config.clone();
-    for value in shown.env.values_mut().chain(shown.headers.values_mut()) {
-        if let ValueSource::Literal(text) = value {
-            *text = "***".into();
-        }
-    }
-    serde_json::to_value(shown).unwrap_or(Value::Null)
-}
-
-fn view(state: &AppState, status: ServerStatus) -> McpServerView {
-    let config = state
-        .mcp
-        .config(&status.name)
-        .map(|config| masked(&config))
-        .unwrap_or(Value::Null);
-    McpServerView {
-        transport: serde_name(&status.transport),
-        state: serde_name(&status.state),
-        name: status.name,
-        tool_count: status.tool_count,
-        tools: status.tools,
-        last_error: status.last_error,
-        restarts: status.restarts,
-        pid: status.pid,
-        sandboxed: status.sandboxed,
-        protocol_version: status.protocol_version,
-        server_info: status.server_info,
-        config,
-    }
-}
-
-/// The snake_case name serde gives a unit enum value.
-fn check_server_name(name: &str) -> Result<(), ApiError> {
-    agentry_app::domain::mcp::validate_server_name(name).map_err(api_error)
 }
 
 /// Registers MCP servers.
@@ -190,40 +95,13 @@ async fn register_servers(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    let servers = agentry_app::domain::mcp::parse_servers_document(&body).map_err(api_error)?;
-    let stdio = servers
-        .iter()
-        .find(|(_, config)| config.transport_kind().ok() == Some(TransportKind::Stdio));
-    if let Some((name, _)) = stdio.filter(|_| state.tools.allow_host_commands) {
-        let keys = state
-            .auth
-            .enabled()
-            .await
-            .map_err(|error| ApiError::internal(error.to_string()))?;
-        if !keys {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "api_key_required",
-                format!(
-                    "MCP server {name:?} is a stdio server, and this server allows host commands \
-                     (--allow-host-commands): registering one over HTTP needs an API key, and \
-                     none exists (create one with `agentry keys create`)"
-                ),
-            ));
-        }
-    }
-    save_and_start(&state.store, &state.mcp, &servers).await?;
-    let waits = servers
-        .keys()
-        .map(|name| state.mcp.wait_ready(name, READY_WAIT));
-    let statuses = futures::future::join_all(waits).await;
-    // The tools are usable as soon as the answer arrives.
-    state.reload_runtime().await?;
-    let mut views = Vec::new();
-    for status in statuses {
-        views.push(view(&state, status.map_err(api_error)?));
-    }
-    Ok((StatusCode::CREATED, Json(McpServerList { servers: views })).into_response())
+    let keys_exist = state
+        .auth
+        .enabled()
+        .await
+        .map_err(|error| ApiError::internal(error.to_string()))?;
+    let servers = state.register_mcp_servers(&body, keys_exist).await?;
+    Ok((StatusCode::CREATED, Json(servers)).into_response())
 }
 
 /// Every MCP server with its status.
@@ -235,13 +113,7 @@ async fn register_servers(
     responses((status = 200, description = "Every server, by name.", body = McpServerList))
 )]
 async fn list_servers(State(state): State<AppState>) -> Json<McpServerList> {
-    let servers = state
-        .mcp
-        .statuses()
-        .into_iter()
-        .map(|status| view(&state, status))
-        .collect();
-    Json(McpServerList { servers })
+    Json(state.mcp_servers())
 }
 
 /// One MCP server with its status.
@@ -261,9 +133,7 @@ async fn get_server(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<McpServerView>, ApiError> {
-    check_server_name(&name)?;
-    let status = state.mcp.status(&name).map_err(api_error)?;
-    Ok(Json(view(&state, status)))
+    Ok(Json(state.mcp_server(&name)?))
 }
 
 /// Stops and deletes an MCP server; its tools leave the runtime.
@@ -283,19 +153,8 @@ async fn delete_server(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    check_server_name(&name)?;
-    let stored = ConfigRepo::<McpServerConfig>::new(&state.store)
-        .delete(&name)
-        .await?;
-    let running = state.mcp.remove(&name).await.is_ok();
-    state.reload_runtime().await?;
-    if stored || running {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(api_error(
-            agentry_app::domain::mcp::McpError::UnknownServer(name),
-        ))
-    }
+    state.delete_mcp_server(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Restarts an MCP server (a new process or connection) and waits up to 30 s for it.
@@ -315,25 +174,7 @@ async fn restart_server(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<McpServerView>, ApiError> {
-    check_server_name(&name)?;
-    let before = state.mcp.status(&name).map_err(api_error)?;
-    state.mcp.restart(&name).map_err(api_error)?;
-    // Wait for the restart to be under way, then for its outcome.
-    let deadline = tokio::time::Instant::now() + READY_WAIT;
-    loop {
-        let now = state.mcp.status(&name).map_err(api_error)?;
-        let moved = now.restarts > before.restarts;
-        let settled = matches!(
-            now.state,
-            agentry_app::domain::mcp::ServerState::Connected
-                | agentry_app::domain::mcp::ServerState::Failed
-        );
-        if (moved && settled) || tokio::time::Instant::now() >= deadline {
-            state.reload_runtime().await?;
-            return Ok(Json(view(&state, now)));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Ok(Json(state.restart_mcp_server(&name).await?))
 }
 
 /// The server's resources (`resources/list`).
@@ -355,9 +196,7 @@ async fn list_resources(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    check_server_name(&name)?;
-    let resources = state.mcp.list_resources(&name).await.map_err(api_error)?;
-    Ok(Json(json!({ "resources": resources })))
+    Ok(Json(state.mcp_resources(&name).await?))
 }
 
 /// Reads one resource (`resources/read`).
@@ -381,16 +220,7 @@ async fn read_resource(
     ApiPath(name): ApiPath<String>,
     ApiJson(request): ApiJson<ReadResourceRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    check_server_name(&name)?;
-    if request.uri.trim().is_empty() || request.uri.len() > 4096 {
-        return Err(ApiError::bad_request("uri must have 1 to 4096 characters"));
-    }
-    let contents = state
-        .mcp
-        .read_resource(&name, &request.uri)
-        .await
-        .map_err(api_error)?;
-    Ok(Json(contents))
+    Ok(Json(state.read_mcp_resource(&name, &request.uri).await?))
 }
 
 /// The server's prompts (`prompts/list`).
@@ -412,9 +242,7 @@ async fn list_prompts(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    check_server_name(&name)?;
-    let prompts = state.mcp.list_prompts(&name).await.map_err(api_error)?;
-    Ok(Json(json!({ "prompts": prompts })))
+    Ok(Json(state.mcp_prompts(&name).await?))
 }
 
 /// Renders one prompt (`prompts/get`).
@@ -438,16 +266,9 @@ async fn get_prompt(
     ApiPath(name): ApiPath<String>,
     ApiJson(request): ApiJson<GetPromptRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    check_server_name(&name)?;
-    if request.name.trim().is_empty() || request.name.len() > 256 {
-        return Err(ApiError::bad_request(
-            "a prompt name has 1 to 256 characters",
-        ));
-    }
-    let rendered = state
-        .mcp
-        .get_prompt(&name, &request.name, request.arguments)
-        .await
-        .map_err(api_error)?;
-    Ok(Json(rendered))
+    Ok(Json(
+        state
+            .mcp_prompt(&name, &request.name, request.arguments)
+            .await?,
+    ))
 }

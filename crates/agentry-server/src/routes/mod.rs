@@ -31,14 +31,6 @@ use crate::state::AppState;
 /// The largest request body accepted (bytes).
 pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-/// The name serde gives a unit variant (`"native"`, `"connected"`, …); empty for anything else.
-pub(crate) fn serde_name<T: serde::Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(name)) => name,
-        _ => String::new(),
-    }
-}
-
 /// The routes registered with their OpenAPI operations: the router and its document together.
 pub fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
