@@ -5,7 +5,7 @@
 //! An agent is checked against the runtime when it is saved, and resolved against the runtime
 //! of the moment when it runs ([`AgentConfig::resolve`]): a model, tool or template removed
 //! since is a clear 400 then. Skills are folders on the server's disk; the runtime registers the
-//! skills of every saved agent ([`crate::runtime::build_runtime`]).
+//! skills of every saved agent ((`runtime::build_runtime`)).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -15,11 +15,6 @@ use crate::error::AppError;
 use crate::ops::{Op, OpOutcome};
 use crate::schema::{PendingCall, PendingElicitation};
 
-/// Parses a run id from a client, with a clear error.
-pub fn parse_run_id(id: &str) -> Result<RunId, AppError> {
-    RunId::parse(id).map_err(|error| AppError::bad_request(format!("invalid run id: {error}")))
-}
-
 /// Where to follow a session's runs.
 pub fn stream_path(session: SessionId) -> String {
     format!("/v1/sessions/{session}/stream")

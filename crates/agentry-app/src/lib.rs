@@ -21,6 +21,7 @@ pub mod environment;
 pub mod error;
 pub mod group;
 pub mod hub;
+pub mod ids;
 pub mod mcp_server;
 pub mod mcp_service;
 pub mod mcp_tools;

@@ -49,7 +49,7 @@ pub struct QueueSettings {
     /// How often the worker looks for runs other processes queued.
     pub poll: Duration,
     /// How webhooks are delivered.
-    pub webhooks: crate::webhooks::WebhookSettings,
+    pub webhooks: WebhookSettings,
 }
 
 impl Default for QueueSettings {
@@ -60,7 +60,31 @@ impl Default for QueueSettings {
             max_queued: 10_000,
             lease: Duration::from_secs(30),
             poll: Duration::from_millis(250),
-            webhooks: crate::webhooks::WebhookSettings::default(),
+            webhooks: WebhookSettings::default(),
+        }
+    }
+}
+
+/// How delivery behaves.
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    /// URLs may reach loopback and private addresses.
+    pub allow_private: bool,
+    /// The wait before the second attempt; it doubles for each later one (at most an hour).
+    pub backoff: Duration,
+    /// Attempts before a delivery is given up.
+    pub max_attempts: u32,
+    /// How long one attempt may take.
+    pub timeout: Duration,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        Self {
+            allow_private: false,
+            backoff: Duration::from_secs(5),
+            max_attempts: 8,
+            timeout: Duration::from_secs(10),
         }
     }
 }

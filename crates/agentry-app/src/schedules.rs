@@ -341,7 +341,7 @@ impl App {
         if let Some(session) = dry.session_id.take()
             && session != "new"
         {
-            let session = crate::submission::parse_session_id(&session)?;
+            let session = crate::ids::parse_session_id(&session)?;
             self.check_session_access(caller, session).await?;
             if self.store.session(session).await?.is_none() {
                 return Err(AppError::not_found(format!("no session {session}")));

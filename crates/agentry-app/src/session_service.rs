@@ -192,7 +192,7 @@ pub struct ContinueOutcome {
 impl App {
     /// The session `id` names: 400 for a bad id, 404 when unknown.
     pub async fn session_record(&self, id: &str) -> Result<SessionRecord, AppError> {
-        let id = crate::submission::parse_session_id(id)?;
+        let id = crate::ids::parse_session_id(id)?;
         self.store
             .session(id)
             .await?

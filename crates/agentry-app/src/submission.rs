@@ -17,6 +17,8 @@ use agentry_types::{ContentPart, ImageSource, SessionId};
 use crate::App;
 use crate::auth::Principal;
 use crate::error::AppError;
+use crate::group::Started;
+use crate::ids::parse_session_id;
 use crate::runs::{RunInput, SessionChoice, Target};
 
 /// A message of an inference request.
@@ -307,11 +309,6 @@ impl App {
     }
 }
 
-/// Parses a session id from a client, with a clear error.
-pub fn parse_session_id(id: &str) -> Result<SessionId, AppError> {
-    SessionId::parse(id).map_err(|error| AppError::bad_request(error.to_string()))
-}
-
 /// A message's content: text, or a list of `text` / `image_url` parts.
 pub fn message_content_schema() -> Schema {
     let part = ObjectBuilder::new()
@@ -344,4 +341,95 @@ pub enum BusyPolicyName {
     Enqueue,
     /// Cancel the current run at its next step, then run.
     Interrupt,
+}
+
+impl App {
+    /// A submitted run that names several `agent_ids`: a group chat, posted. A new group session
+    /// when `session_id` is absent or `"new"` (with `max_rounds`), else the group session named,
+    /// whose members must be the agents named and which `caller` may use. Fields that configure one
+    /// run (`model_id`, `tool_ids`, `system`, …) do not apply: each member runs as its saved agent.
+    pub async fn submit_group(
+        &self,
+        caller: &Principal,
+        body: &InferRequest,
+    ) -> Result<(SessionId, Started), AppError> {
+        let state = self;
+        let ids = body.agent_ids.clone().unwrap_or_default();
+        for (field, given) in [
+            ("model_id", body.model_id.is_some()),
+            ("tool_ids", body.tool_ids.is_some()),
+            ("system", body.system.is_some()),
+            ("max_tool_rounds", body.max_tool_rounds.is_some()),
+            ("params", body.params.is_some()),
+            ("approvals", body.approvals.is_some()),
+            ("compaction", body.compaction.is_some()),
+            ("agent_id", body.agent_id.is_some()),
+            ("webhook_url", body.webhook_url.is_some()),
+        ] {
+            if given {
+                return Err(AppError::bad_request(format!(
+                    "`{field}` does not apply to a group chat: each member runs as its saved agent"
+                )));
+            }
+        }
+        let text = match (&body.text, body.messages.as_slice()) {
+            (Some(text), []) => text.clone(),
+            (None, [message]) if message.role == "user" && message.prompt_template.is_none() => {
+                match &message.content {
+                    Some(Value::String(text)) if message.images.is_empty() => text.clone(),
+                    _ => {
+                        return Err(AppError::bad_request(
+                            "a group chat message is text: `text`, or one user message with string \
+                             content",
+                        ));
+                    }
+                }
+            }
+            (Some(_), _) => {
+                return Err(AppError::bad_request("give `text` or `messages`, not both"));
+            }
+            _ => {
+                return Err(AppError::bad_request(
+                    "a group chat takes one user message (`text`, or one message in `messages`)",
+                ));
+            }
+        };
+        let session = match body.session_id.as_deref() {
+            None | Some("new") => {
+                if text.trim().is_empty() {
+                    return Err(AppError::bad_request("the message is empty"));
+                }
+                let title: String = text.chars().take(80).collect();
+                crate::group::create(state, caller, &ids, body.max_rounds, Some(title))
+                    .await?
+                    .0
+            }
+            Some(id) => {
+                let session = parse_session_id(id)?;
+                state.check_session_access(caller, session).await?;
+                let info = crate::group::load(state, session).await?;
+                let mut members: Vec<&str> =
+                    info.members.iter().map(|m| m.agent_id.as_str()).collect();
+                let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
+                members.sort_unstable();
+                named.sort_unstable();
+                if members != named {
+                    return Err(AppError::bad_request(format!(
+                        "session {session} is a group of {members:?}, not {named:?}"
+                    )));
+                }
+                if body
+                    .max_rounds
+                    .is_some_and(|rounds| rounds != info.max_rounds)
+                {
+                    return Err(AppError::bad_request(
+                        "`max_rounds` is set when the group is created",
+                    ));
+                }
+                session
+            }
+        };
+        let started = crate::group::post(state, session, text, body.user.clone()).await?;
+        Ok((session, started))
+    }
 }

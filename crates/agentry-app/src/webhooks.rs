@@ -27,37 +27,13 @@ use agentry_types::RunId;
 use crate::App;
 use crate::clock::{millis, now_ms};
 use crate::error::AppError;
-use crate::queue::RunView;
+use crate::queue::{RunView, WebhookSettings};
 
 /// The secret's name in the store (sealed like every secret).
 const SECRET_NAME: &str = "AGENTRY_WEBHOOK_SECRET";
 
 /// How long a claimed delivery is held before another process may try it.
 const HOLD_MS: u64 = 60_000;
-
-/// How delivery behaves.
-#[derive(Debug, Clone)]
-pub struct WebhookSettings {
-    /// URLs may reach loopback and private addresses.
-    pub allow_private: bool,
-    /// The wait before the second attempt; it doubles for each later one (at most an hour).
-    pub backoff: Duration,
-    /// Attempts before a delivery is given up.
-    pub max_attempts: u32,
-    /// How long one attempt may take.
-    pub timeout: Duration,
-}
-
-impl Default for WebhookSettings {
-    fn default() -> Self {
-        Self {
-            allow_private: false,
-            backoff: Duration::from_secs(5),
-            max_attempts: 8,
-            timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// `POST /v1/webhook-secret`: the new signing secret, shown this once.
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_app::context_report::ContextReport;
-use agentry_app::submission::parse_session_id;
+use agentry_app::ids::parse_session_id;
 
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, NotFound, SessionPath};

@@ -29,7 +29,8 @@ use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
-use agentry_app::submission::{InferRequest, parse_session_id};
+use agentry_app::ids::parse_session_id;
+use agentry_app::submission::InferRequest;
 
 /// The group chat routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -384,14 +385,14 @@ async fn group_stream(
 }
 
 /// `POST /v1/infer` (`stream`: `/v1/infer/stream`) with several `agent_ids`: a group chat
-/// ([`group::submit`]); `cancel_on_disconnect` cancels the exchange when the client goes away.
+/// ([`agentry_app::App::submit_group`]); `cancel_on_disconnect` cancels the exchange when the client goes away.
 pub(crate) async fn infer_group(
     state: AppState,
     caller: &agentry_app::auth::Principal,
     body: InferRequest,
     stream: bool,
 ) -> Result<Response, ApiError> {
-    let (session, started) = group::submit(&state, caller, &body).await?;
+    let (session, started) = state.submit_group(caller, &body).await?;
     if stream {
         Ok(streamed(state, session, started, body.cancel_on_disconnect))
     } else {

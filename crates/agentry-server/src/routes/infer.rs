@@ -22,9 +22,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_app::hub::{CancelOnDrop, Subscription};
+use agentry_app::ids::parse_session_id;
 use agentry_app::outcome::RunOutcome;
 use agentry_app::runs::{Target, start_in_session};
-use agentry_app::submission::{InferRequest, parse_session_id};
+use agentry_app::submission::InferRequest;
 use agentry_types::{SessionEvent, SessionId};
 
 use super::sse::SseMapper;

@@ -19,11 +19,10 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::approvals::{
-    ApprovalList, ControlOutcome, DecideBody, DecideOutcome, parse_run_id,
-};
+use agentry_app::approvals::{ApprovalList, ControlOutcome, DecideBody, DecideOutcome};
+use agentry_app::ids::parse_run_id;
+use agentry_app::ids::parse_session_id;
 use agentry_app::ops::Op;
-use agentry_app::submission::parse_session_id;
 
 use super::config::{ApiJson, ApiPath};
 use crate::error::ApiError;

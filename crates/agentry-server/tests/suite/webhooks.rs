@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentry_app::queue::QueueSettings;
-use agentry_app::webhooks::{WebhookSettings, sign};
+use agentry_app::queue::WebhookSettings;
+use agentry_app::webhooks::sign;
 use agentry_testkit::{Reply, ScriptedTurn};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};

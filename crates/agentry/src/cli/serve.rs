@@ -161,9 +161,9 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         max_concurrent: args.max_concurrent_runs as usize,
         max_queued: args.max_queued_runs,
         lease: std::time::Duration::from_secs(args.lease_secs),
-        webhooks: agentry_app::webhooks::WebhookSettings {
+        webhooks: agentry_app::queue::WebhookSettings {
             allow_private: args.webhook_allow_private,
-            ..agentry_app::webhooks::WebhookSettings::default()
+            ..agentry_app::queue::WebhookSettings::default()
         },
         ..agentry_app::queue::QueueSettings::default()
     });
