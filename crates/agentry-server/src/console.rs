@@ -53,6 +53,8 @@ const ASSETS: &[Asset] = assets! {
     "js/chat.js" => "text/javascript; charset=utf-8",
     "js/settings.js" => "text/javascript; charset=utf-8",
     "js/trace.js" => "text/javascript; charset=utf-8",
+    "js/runs.js" => "text/javascript; charset=utf-8",
+    "js/schedules.js" => "text/javascript; charset=utf-8",
 };
 
 /// Each asset's ETag (a hash of its bytes), in `ASSETS`' order: computed once, at the first

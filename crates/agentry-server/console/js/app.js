@@ -7,6 +7,8 @@ import { Sidebar } from "./sidebar.js";
 import { ChatView } from "./chat.js";
 import { SettingsView } from "./settings.js";
 import { TraceView } from "./trace.js";
+import { RunsView } from "./runs.js";
+import { SchedulesView } from "./schedules.js";
 
 /** Status changes (`status` events with the feed's data) and other app-wide news. */
 export const bus = new EventTarget();
@@ -101,6 +103,8 @@ function route() {
   clear(main);
   if (section === "settings") view = new SettingsView(main, arg || "models");
   else if (section === "trace") view = new TraceView(main, arg);
+  else if (section === "runs") view = new RunsView(main, arg);
+  else if (section === "schedules") view = new SchedulesView(main);
   else view = new ChatView(main, arg || null, sidebar);
   if (sidebar) sidebar.select(section === "chat" || !section ? arg || null : null);
 }
