@@ -131,7 +131,8 @@ impl App {
         let mcp = McpManager::with_stdio(tools.stdio_policy());
         mcp_tools::start_saved(&store, &mcp).await?;
         let runtime = build_runtime(&store, &http, &mcp, &tools).await?;
-        let log = Arc::new(StoreLog::new(store.clone()));
+        let queue = Arc::new(queue::QueueState::default());
+        let log = Arc::new(StoreLog::fenced(store.clone(), queue.fences.clone()));
         let mut sessions = SessionManager::new(runtime, log);
         if let Some(root) = &tools.workspaces {
             sessions = sessions.with_workspaces(root.clone());
@@ -155,7 +156,7 @@ impl App {
             tools,
             elicitations,
             groups: LiveGroups::default(),
-            queue: Arc::default(),
+            queue,
         };
         app.tools.delegation.bind(
             &app.store,

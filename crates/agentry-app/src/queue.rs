@@ -174,6 +174,8 @@ pub struct QueueState {
     active: Mutex<HashSet<RunId>>,
     /// Woken when a run of this process settles, and when a run is submitted here.
     changed: Notify,
+    /// The leases this worker holds: the session log fences each run's appends with its own.
+    pub(crate) fences: crate::store_log::LeaseFences,
     /// The client webhooks go out with: no redirects (a signed delivery goes where it was
     /// addressed, nowhere else).
     webhook_client: std::sync::OnceLock<reqwest::Client>,
@@ -508,7 +510,6 @@ impl App {
         let Some(lease) = record.lease() else {
             return;
         };
-        let session = record.session_id;
         let settle = |state: RunState, outcome: Option<serde_json::Value>| {
             let lease = lease.clone();
             async move {
@@ -527,7 +528,26 @@ impl App {
             settle(RunState::Cancelled, None).await;
             return;
         }
-        let subscription = match self.start_claimed(&record).await {
+        // Every append of the run from here on carries the lease: a takeover fences us out.
+        self.queue.fences.hold(lease.clone());
+        self.follow_claimed(&record, &lease, settings, &settle)
+            .await;
+        self.queue.fences.release(record.id);
+    }
+
+    /// Starts a claimed run, follows it to where it stops and settles it.
+    async fn follow_claimed<F, Fut>(
+        &self,
+        record: &RunRecord,
+        lease: &Lease,
+        settings: &QueueSettings,
+        settle: &F,
+    ) where
+        F: Fn(RunState, Option<serde_json::Value>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let session = record.session_id;
+        let subscription = match self.start_claimed(record).await {
             Ok(Claimed::Live(subscription)) => subscription,
             Ok(Claimed::Ended(outcome)) => {
                 // A worker died after the run ended but before it settled: the log says how.

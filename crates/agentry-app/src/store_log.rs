@@ -1,23 +1,59 @@
 //! The session log on `agentry-store`: the engine's [`SessionLog`] trait implemented over the
-//! SQLite / PostgreSQL event store.
+//! SQLite / PostgreSQL event store. The events of a run a queue worker holds under a lease are
+//! appended fenced by it ([`LeaseFences`]): a worker whose lease was taken over writes nothing
+//! more.
 
 use agentry_core::session::{LogError, SessionLog, SessionStatus};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use agentry_store::{
-    MemoryKind, MemoryScope, NewEvent, NewMemory, NewSession, SessionQuery, Store, StoreError,
+    Lease, MemoryKind, MemoryScope, NewEvent, NewMemory, NewSession, SessionQuery, Store,
+    StoreError,
 };
-use agentry_types::{SessionEvent, SessionId};
+use agentry_types::{RunId, SessionEvent, SessionId};
 use futures::future::BoxFuture;
+
+/// The leases this process's worker holds, by run: the fence for each run's appends.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseFences(Arc<Mutex<HashMap<RunId, Lease>>>);
+
+impl LeaseFences {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Lease>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// From now on the run's appends are fenced by `lease`.
+    pub fn hold(&self, lease: Lease) {
+        self.lock().insert(lease.run_id, lease);
+    }
+
+    /// The run's appends are no longer fenced (its worker let it go).
+    pub fn release(&self, run: RunId) {
+        self.lock().remove(&run);
+    }
+
+    fn of(&self, run: RunId) -> Option<Lease> {
+        self.lock().get(&run).cloned()
+    }
+}
 
 /// The engine's session log, stored in the database.
 #[derive(Clone)]
 pub struct StoreLog {
     store: Store,
+    fences: LeaseFences,
 }
 
 impl StoreLog {
     /// The log over `store`.
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self::fenced(store, LeaseFences::default())
+    }
+
+    /// The log over `store` whose appends for the runs in `fences` are fenced by their leases.
+    pub fn fenced(store: Store, fences: LeaseFences) -> Self {
+        Self { store, fences }
     }
 
     /// Stores the memories a compaction found as its agent's (and user's) long-term memories,
@@ -93,14 +129,17 @@ impl SessionLog for StoreLog {
                 })?;
                 records.push(NewEvent::new(event.kind(), payload));
             }
-            let stored = self
-                .store
-                .append(session, None, &records)
-                .await
-                .map_err(|error| match error {
-                    StoreError::NotFound(_) => LogError::NotFound(session),
-                    other => storage(other),
-                })?;
+            let fence = events
+                .first()
+                .and_then(|event| self.fences.of(event.run_id()));
+            let appended = match &fence {
+                Some(lease) => self.store.append_fenced(session, &records, lease).await,
+                None => self.store.append(session, None, &records).await,
+            };
+            let stored = appended.map_err(|error| match error {
+                StoreError::NotFound(_) => LogError::NotFound(session),
+                other => storage(other),
+            })?;
             self.remember_compaction_memories(session, &events).await;
             Ok(stored.last().map_or(0, |event| event.seq))
         })
@@ -167,5 +206,90 @@ impl SessionLog for StoreLog {
             let sessions = self.store.list_sessions(&query).await.map_err(storage)?;
             Ok(sessions.into_iter().map(|record| record.id).collect())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use agentry_core::session::SessionLog;
+    use agentry_store::{Enqueued, NewRun, Store};
+    use agentry_types::{Message, RunId, SessionEvent};
+
+    use super::{LeaseFences, StoreLog};
+
+    #[tokio::test]
+    async fn a_runs_appends_are_fenced_by_the_lease_its_worker_holds() {
+        let home = tempfile::tempdir().unwrap();
+        let store = Store::open_home(home.path()).await.unwrap();
+        let fences = LeaseFences::default();
+        let log = StoreLog::fenced(store.clone(), fences.clone());
+        let session = agentry_types::SessionId::new();
+        log.create(session).await.unwrap();
+        let run = RunId::new();
+        let queued = NewRun {
+            id: run,
+            session_id: session,
+            agent_id: None,
+            owner: None,
+            priority: 0,
+            idempotency_key: None,
+            schedule_id: None,
+            webhook_url: None,
+            request_digest: "d".into(),
+            request: serde_json::json!({}),
+        };
+        assert!(matches!(
+            store.enqueue_run(&queued, 10).await.unwrap(),
+            Enqueued::Created(_)
+        ));
+        let old = store
+            .claim_runs("old", 1, Duration::from_millis(1))
+            .await
+            .unwrap()
+            .remove(0)
+            .lease()
+            .unwrap();
+        fences.hold(old);
+        let message = |text: &str| {
+            vec![SessionEvent::Message {
+                run_id: run,
+                message: Message::user(text),
+            }]
+        };
+        log.append(session, message("while the lease holds"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Another worker takes the run over: this one's next append is refused.
+        store
+            .claim_runs("new", 1, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let error = log
+            .append(session, message("after the takeover"))
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("stale lease"), "{error}");
+        // Another run's events are not fenced by this lease.
+        let other = vec![SessionEvent::Message {
+            run_id: RunId::new(),
+            message: Message::user("another run"),
+        }];
+        log.append(session, other).await.unwrap();
+        let texts: Vec<String> = log
+            .load(session)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, event)| serde_json::to_string(&event).unwrap())
+            .collect();
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        assert!(
+            texts
+                .iter()
+                .all(|text| !text.contains("after the takeover"))
+        );
     }
 }

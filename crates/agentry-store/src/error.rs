@@ -42,6 +42,9 @@ pub enum StoreError {
     /// The database holds a value this build cannot read (a malformed id or JSON document).
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
+    /// A write fenced by a run's lease came from a worker that no longer holds it.
+    #[error("stale lease: {0}")]
+    StaleLease(String),
 }
 
 impl StoreError {
@@ -49,7 +52,7 @@ impl StoreError {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::NotFound(_) => ErrorCode::NotFound,
-            Self::Conflict(_) => ErrorCode::Conflict,
+            Self::Conflict(_) | Self::StaleLease(_) => ErrorCode::Conflict,
             Self::InvalidInput(_) => ErrorCode::InvalidRequest,
             Self::Database(error) if is_transient(error) => ErrorCode::Connection,
             Self::Database(_) | Self::Io { .. } | Self::Corrupt(_) => ErrorCode::Internal,

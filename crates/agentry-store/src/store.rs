@@ -475,6 +475,30 @@ impl Store {
         expected_last_seq: Option<u64>,
         events: &[NewEvent],
     ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.append_with(session, expected_last_seq, events, None)
+            .await
+    }
+
+    /// [`Store::append`] by the holder of a queued run's lease: refused
+    /// ([`StoreError::StaleLease`], nothing written) unless the lease is still the worker's — in
+    /// the same transaction, so a claim by another worker is ordered before or after it, never
+    /// in between (on PostgreSQL the run's row is locked for the append).
+    pub async fn append_fenced(
+        &self,
+        session: SessionId,
+        events: &[NewEvent],
+        lease: &crate::Lease,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.append_with(session, None, events, Some(lease)).await
+    }
+
+    async fn append_with(
+        &self,
+        session: SessionId,
+        expected_last_seq: Option<u64>,
+        events: &[NewEvent],
+        lease: Option<&crate::Lease>,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
@@ -487,6 +511,20 @@ impl Store {
         let now = now_millis();
         let key = session.to_string();
         let last = in_write_tx!(self, |tx, d| {
+            if let Some(lease) = lease {
+                let held = sqlx::query(d.lease_check_sql())
+                    .bind(lease.run_id.to_string())
+                    .bind(&lease.worker)
+                    .bind(to_db(lease.epoch))
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if held.is_none() {
+                    return Err(StoreError::StaleLease(format!(
+                        "run {} is no longer leased to {} (epoch {}): another worker took it over",
+                        lease.run_id, lease.worker, lease.epoch
+                    )));
+                }
+            }
             // Updating the session row first locks it: concurrent appends to this session wait
             // here, then see the new last_seq.
             let row = match expected_last_seq {

@@ -19,6 +19,7 @@ both_backends!(
     runs_are_listed_by_session_agent_and_state,
     five_hundred_runs_claimed_by_eight_workers_each_exactly_once,
     one_key_submitted_twenty_times_at_once_makes_one_run,
+    a_stale_owners_append_is_refused,
 );
 
 fn new_run(session: agentry_types::SessionId, key: Option<&str>, digest: &str) -> NewRun {
@@ -479,4 +480,69 @@ async fn one_key_submitted_twenty_times_at_once_makes_one_run(h: &Harness) {
     assert_eq!(created, 1);
     assert_eq!(ids.len(), 1);
     assert_eq!(h.store.queued_runs().await.unwrap(), 1);
+}
+
+async fn a_stale_owners_append_is_refused(h: &Harness) {
+    let session = new_session(&h.store, "fenced").await;
+    created(
+        h.store
+            .enqueue_run(&new_run(session, None, "f"), 10)
+            .await
+            .unwrap(),
+    );
+    let first = h
+        .store
+        .claim_runs("old", 1, Duration::from_millis(1))
+        .await
+        .unwrap()
+        .remove(0)
+        .lease()
+        .unwrap();
+    let event = |n: u32| vec![agentry_store::NewEvent::new("note", json!({"n": n}))];
+    // The owner writes.
+    h.store
+        .append_fenced(session, &event(1), &first)
+        .await
+        .unwrap();
+    // Its lease expires and another worker claims the run.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = h
+        .store
+        .claim_runs("new", 1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0)
+        .lease()
+        .unwrap();
+    assert_eq!(second.epoch, first.epoch + 1);
+    // The old owner is refused, and writes nothing; the new one writes.
+    let error = h
+        .store
+        .append_fenced(session, &event(2), &first)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::StaleLease(_)), "{error}");
+    h.store
+        .append_fenced(session, &event(3), &second)
+        .await
+        .unwrap();
+    let log = h.store.events(session, 0, 100).await.unwrap();
+    let written: Vec<u64> = log
+        .iter()
+        .map(|e| e.payload["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(written, vec![1, 3]);
+    // A settled run fences every further write too.
+    assert!(
+        h.store
+            .settle_run(&second, RunState::Succeeded, None)
+            .await
+            .unwrap()
+    );
+    let error = h
+        .store
+        .append_fenced(session, &event(4), &second)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::StaleLease(_)), "{error}");
 }
