@@ -115,6 +115,11 @@ pub struct AgentLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 86400)]
     pub wall_time_secs: Option<u64>,
+    /// Background runs of this agent running at once, across every worker; more wait in the
+    /// queue, in priority order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max_concurrent_runs: Option<u32>,
 }
 
 /// What running as an agent means for one run, resolved against a runtime.
@@ -295,6 +300,14 @@ impl AgentConfig {
                 return Err(AppError::bad_request(format!(
                     "`limits.wall_time_secs` is 1 to {MAX_WALL_TIME_SECS}"
                 )));
+            }
+            if limits
+                .max_concurrent_runs
+                .is_some_and(|runs| runs == 0 || runs > 10_000)
+            {
+                return Err(AppError::bad_request(
+                    "`limits.max_concurrent_runs` is 1 to 10000",
+                ));
             }
         }
         Ok(())

@@ -326,6 +326,13 @@ impl App {
         let Target::Session(session) = target else {
             return Err(AppError::internal("a background run has no session"));
         };
+        let agent_limit = match &agent_id {
+            Some(id) => crate::agents::stored_agent(&self.store, id)
+                .await?
+                .and_then(|agent| agent.limits)
+                .and_then(|limits| limits.max_concurrent_runs),
+            None => None,
+        };
         let stored = serde_json::to_value(QueuedRequest { request, policy })
             .map_err(|error| AppError::internal(format!("cannot store the request: {error}")))?;
         let run = NewRun {
@@ -337,6 +344,7 @@ impl App {
             idempotency_key,
             schedule_id,
             webhook_url,
+            agent_limit,
             request_digest: digest,
             request: stored,
         };

@@ -237,6 +237,7 @@ mod tests {
             idempotency_key: None,
             schedule_id: None,
             webhook_url: None,
+            agent_limit: None,
             request_digest: "d".into(),
             request: serde_json::json!({}),
         };

@@ -97,6 +97,8 @@ pub struct NewRun {
     pub schedule_id: Option<String>,
     /// Where to tell when it stops.
     pub webhook_url: Option<String>,
+    /// At most this many runs of its agent may run at once (across every worker).
+    pub agent_limit: Option<u32>,
     /// A digest of what was submitted, to tell a retried submission from another one that
     /// reuses its key.
     pub request_digest: String,
@@ -216,6 +218,21 @@ macro_rules! run_columns {
     };
 }
 
+/// The runs a worker may claim now (`$3`: now), best first: queued ones and running ones whose
+/// lease expired, within their agent's limit.
+macro_rules! claimable {
+    () => {
+        "SELECT id FROM (SELECT id, priority, created_at, agent_limit, \
+         ROW_NUMBER() OVER (PARTITION BY agent_id ORDER BY priority DESC, created_at, id) \
+         AS place, (SELECT COUNT(*) FROM runs busy WHERE busy.agent_id = candidate.agent_id \
+         AND busy.state = 'running' AND busy.lease_until >= $3) AS busy \
+         FROM runs candidate WHERE state = 'queued' \
+         OR (state = 'running' AND lease_until < $3)) ranked \
+         WHERE agent_limit IS NULL OR place + busy <= agent_limit \
+         ORDER BY priority DESC, created_at, id"
+    };
+}
+
 fn run_from_row(row: &impl RowExt) -> Result<RunRecord, StoreError> {
     let state = row.text("state")?;
     Ok(RunRecord {
@@ -277,25 +294,30 @@ impl Dialect {
     }
 
     /// The claim statement: the oldest claimable runs by priority, made `running` under a new
-    /// lease. `$1` worker, `$2` lease expiry, `$3` now, `$4` how many.
+    /// lease, none beyond its agent's limit (runs of a limited agent are ranked within the
+    /// agent, and one is claimable while its rank plus the agent's running runs stays within
+    /// the limit). `$1` worker, `$2` lease expiry, `$3` now, `$4` how many.
     fn claim_sql(self) -> &'static str {
         match self {
             Self::Sqlite => concat!(
                 "UPDATE runs SET state = 'running', worker = $1, lease_until = $2, \
                  lease_epoch = lease_epoch + 1, attempt = attempt + 1, \
-                 started_at = COALESCE(started_at, $3) \
-                 WHERE id IN (SELECT id FROM runs WHERE state = 'queued' \
-                 OR (state = 'running' AND lease_until < $3) \
-                 ORDER BY priority DESC, created_at, id LIMIT $4) RETURNING ",
+                 started_at = COALESCE(started_at, $3) WHERE id IN (",
+                claimable!(),
+                " LIMIT $4) RETURNING ",
                 run_columns!()
             ),
             Self::Postgres => concat!(
                 "UPDATE runs SET state = 'running', worker = $1, lease_until = $2, \
                  lease_epoch = lease_epoch + 1, attempt = attempt + 1, \
-                 started_at = COALESCE(started_at, $3) \
-                 WHERE id IN (SELECT id FROM runs WHERE state = 'queued' \
-                 OR (state = 'running' AND lease_until < $3) \
-                 ORDER BY priority DESC, created_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) RETURNING ",
+                 started_at = COALESCE(started_at, $3) WHERE id IN (\
+                 SELECT id FROM runs WHERE id IN (",
+                claimable!(),
+                // Checked again here, on the locked row: a run another worker claimed since
+                // this statement's snapshot is skipped, not claimed twice.
+                ") AND (state = 'queued' OR (state = 'running' AND lease_until < $3)) \
+                 ORDER BY priority DESC, created_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                 RETURNING ",
                 run_columns!()
             ),
         }
@@ -358,8 +380,8 @@ impl Store {
             let row = sqlx::query(concat!(
                 "INSERT INTO runs (id, session_id, agent_id, owner, state, priority, \
                  idempotency_key, request_digest, request, created_at, schedule_id, \
-                 webhook_url) \
-                 VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11) RETURNING ",
+                 webhook_url, agent_limit) \
+                 VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11, $12) RETURNING ",
                 run_columns!()
             ))
             .bind(run.id.to_string())
@@ -373,6 +395,7 @@ impl Store {
             .bind(now)
             .bind(run.schedule_id.as_deref())
             .bind(run.webhook_url.as_deref())
+            .bind(run.agent_limit.map(i64::from))
             .fetch_one(&mut *tx)
             .await?;
             Ok(Enqueued::Created(run_from_row(&row)?))

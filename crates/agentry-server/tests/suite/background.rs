@@ -365,3 +365,45 @@ async fn five_hundred_concurrent_submissions_run_each_exactly_once() {
     let (_, listed) = server.get("/v1/runs?limit=1000&state=succeeded").await;
     assert_eq!(listed["runs"].as_array().unwrap().len(), 500);
 }
+
+#[tokio::test]
+async fn an_agents_limit_runs_its_background_runs_one_at_a_time() {
+    let server = start_queue(8, 100).await;
+    let (status, agent) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "single", "model_id": "mock", "limits": {"max_concurrent_runs": 1}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{agent}");
+    server.mock.set_fallback(
+        Reply::scripted(ScriptedTurn::text("one at a time"))
+            .delay_headers(Duration::from_millis(300)),
+    );
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let (status, _, run) = submit(
+            &server,
+            json!({"text": format!("job {i}"), "agent_id": "single"}),
+            None,
+        )
+        .await;
+        assert_eq!(status, 202, "{run}");
+        ids.push(run["run_id"].as_str().unwrap().to_owned());
+    }
+    let mut most = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, running) = server.get("/v1/runs?state=running").await;
+        most = most.max(running["runs"].as_array().unwrap().len());
+        let (_, done) = server.get("/v1/runs?state=succeeded").await;
+        if done["runs"].as_array().unwrap().len() == 3 || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(most, 1, "never more than one run of the agent at once");
+    for id in &ids {
+        assert_eq!(wait(&server, id).await["state"], "succeeded");
+    }
+}

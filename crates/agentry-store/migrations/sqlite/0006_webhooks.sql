@@ -3,6 +3,8 @@
 -- up, so a restart neither loses nor duplicates it; every attempt is logged.
 
 ALTER TABLE runs ADD COLUMN webhook_url TEXT;
+-- At most this many runs of its agent run at once (the agent's `limits.max_concurrent_runs`).
+ALTER TABLE runs ADD COLUMN agent_limit INTEGER;
 
 CREATE TABLE webhook_deliveries (
     id              TEXT PRIMARY KEY NOT NULL,

@@ -20,6 +20,7 @@ both_backends!(
     five_hundred_runs_claimed_by_eight_workers_each_exactly_once,
     one_key_submitted_twenty_times_at_once_makes_one_run,
     a_stale_owners_append_is_refused,
+    an_agents_limit_holds_its_runs_in_the_queue,
 );
 
 fn new_run(session: agentry_types::SessionId, key: Option<&str>, digest: &str) -> NewRun {
@@ -32,6 +33,7 @@ fn new_run(session: agentry_types::SessionId, key: Option<&str>, digest: &str) -
         idempotency_key: key.map(str::to_owned),
         schedule_id: None,
         webhook_url: None,
+        agent_limit: None,
         request_digest: digest.into(),
         request: json!({"text": digest}),
     }
@@ -545,4 +547,56 @@ async fn a_stale_owners_append_is_refused(h: &Harness) {
         .await
         .unwrap_err();
     assert!(matches!(error, StoreError::StaleLease(_)), "{error}");
+}
+
+async fn an_agents_limit_holds_its_runs_in_the_queue(h: &Harness) {
+    let session = new_session(&h.store, "limits").await;
+    let limited = |digest: &str| {
+        let mut run = new_run(session, None, digest);
+        run.agent_id = Some("a".into());
+        run.agent_limit = Some(1);
+        run
+    };
+    let a1 = created(h.store.enqueue_run(&limited("a1"), 10).await.unwrap());
+    let a2 = created(h.store.enqueue_run(&limited("a2"), 10).await.unwrap());
+    let mut other = new_run(session, None, "b");
+    other.agent_id = Some("b".into());
+    let b = created(h.store.enqueue_run(&other, 10).await.unwrap());
+    let claimed = h
+        .store
+        .claim_runs("w", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let ids: BTreeSet<RunId> = claimed.iter().map(|r| r.id).collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from([a1.id, b.id]),
+        "one run of `a` at a time"
+    );
+    assert!(
+        h.store
+            .claim_runs("w2", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "a2 waits while a1 runs, whichever worker asks"
+    );
+    let lease = claimed
+        .iter()
+        .find(|r| r.id == a1.id)
+        .unwrap()
+        .lease()
+        .unwrap();
+    assert!(
+        h.store
+            .settle_run(&lease, RunState::Succeeded, None)
+            .await
+            .unwrap()
+    );
+    let next = h
+        .store
+        .claim_runs("w", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(next.iter().map(|r| r.id).collect::<Vec<_>>(), vec![a2.id]);
 }

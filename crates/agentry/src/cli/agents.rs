@@ -104,6 +104,9 @@ struct AddArgs {
     /// The run's deadline in seconds.
     #[arg(long)]
     wall_time_secs: Option<u64>,
+    /// Background runs of this agent running at once (more wait in the queue).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_concurrent_runs: Option<u32>,
     /// A registered model that summarises old turns when the context window fills up
     /// (without one they are dropped).
     #[arg(long)]
@@ -133,6 +136,7 @@ impl AddArgs {
             max_tokens: self.max_tokens,
             max_tool_calls: self.max_tool_calls,
             wall_time_secs: self.wall_time_secs,
+            max_concurrent_runs: self.max_concurrent_runs,
         };
         Ok(AgentConfig {
             id: self.id.context("--id is required")?,
