@@ -395,24 +395,10 @@ impl App {
         run_id: RunId,
         timeout: Duration,
     ) -> Result<RunView, AppError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let poll = self.queue.settings().poll;
-        loop {
-            // Listen before reading, so a change in between is not missed.
-            let changed = self.queue.changed.notified();
-            let record = self.queued_record(run_id).await?;
-            let stopped = record.state.is_final()
-                || matches!(record.state, RunState::Waiting | RunState::Paused);
-            if stopped || tokio::time::Instant::now() >= deadline {
-                return Ok(record.into());
-            }
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep(poll) => {}
-                _ = tokio::time::sleep_until(deadline) => {}
-                _ = self.shutdown.cancelled() => return Ok(record.into()),
-            }
-        }
+        self.wait_until(run_id, timeout, |_, record| {
+            record.state.is_final() || matches!(record.state, RunState::Waiting | RunState::Paused)
+        })
+        .await
     }
 
     /// Waits up to `timeout` for a queued run to be started by a worker; answers it as it is.
@@ -421,22 +407,37 @@ impl App {
         run_id: RunId,
         timeout: Duration,
     ) -> Result<RunView, AppError> {
+        self.wait_until(run_id, timeout, |app, record| {
+            // Started here: the hub has it (a worker elsewhere: its log will).
+            record.state != RunState::Queued
+                && (app.hub.run_id(record.session_id) == Some(record.id)
+                    || record.state != RunState::Running
+                    || record.worker.as_deref() != Some(app.queue.settings().worker.as_str()))
+        })
+        .await
+    }
+
+    /// Reads a run until `done` says so or `timeout` passes, woken by this process's changes
+    /// and polling for other processes'; answers the run as it is then.
+    async fn wait_until(
+        &self,
+        run_id: RunId,
+        timeout: Duration,
+        done: impl Fn(&App, &RunRecord) -> bool,
+    ) -> Result<RunView, AppError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let poll = self.queue.settings().poll;
         loop {
+            // Listen before reading, so a change in between is not missed.
             let changed = self.queue.changed.notified();
             let record = self.queued_record(run_id).await?;
-            // Started here: the hub has it (a worker elsewhere: its log will).
-            let started = record.state != RunState::Queued
-                && (self.hub.run_id(record.session_id) == Some(run_id)
-                    || record.state != RunState::Running
-                    || record.worker.as_deref() != Some(self.queue.settings().worker.as_str()));
-            if started || tokio::time::Instant::now() >= deadline {
+            if done(self, &record) || tokio::time::Instant::now() >= deadline {
                 return Ok(record.into());
             }
             tokio::select! {
                 _ = changed => {}
-                _ = tokio::time::sleep(poll.min(Duration::from_millis(50))) => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
                 _ = self.shutdown.cancelled() => return Ok(record.into()),
             }
         }

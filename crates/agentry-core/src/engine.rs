@@ -612,18 +612,7 @@ impl RunState {
         self.messages
             .iter()
             .rev()
-            .find_map(|message| match message {
-                Message::Assistant { content } => Some(
-                    content
-                        .iter()
-                        .filter_map(|part| match part {
-                            agentry_types::AssistantPart::Text { text } => Some(text.as_str()),
-                            _ => None,
-                        })
-                        .collect::<String>(),
-                ),
-                _ => None,
-            })
+            .find_map(Message::answer_text)
             .unwrap_or_default()
     }
 }

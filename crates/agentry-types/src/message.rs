@@ -33,6 +33,22 @@ pub enum Message {
 }
 
 impl Message {
+    /// An assistant message's answer: its text parts joined (`None` for other roles).
+    pub fn answer_text(&self) -> Option<String> {
+        match self {
+            Self::Assistant { content } => Some(
+                content
+                    .iter()
+                    .filter_map(|part| match part {
+                        AssistantPart::Text { text } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        }
+    }
+
     /// A system message.
     pub fn system(text: impl Into<String>) -> Self {
         Self::System { text: text.into() }
