@@ -310,14 +310,7 @@ async fn stream(
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let run_id = parse_run_id(&path.run_id)?;
-    let after = match headers.get("last-event-id") {
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be a seq number"))?,
-        None => query.after,
-    };
+    let after = super::sse::resume_after(&headers, query.after)?;
     let run = state.wait_until_started(run_id, START_WAIT).await?;
     super::sessions::attach(state, run.session_id, after).await
 }

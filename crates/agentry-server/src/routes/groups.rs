@@ -370,14 +370,7 @@ async fn group_stream(
     let Query(query) = query?;
     let session = parse_session_id(&id)?;
     group::load(&state, session).await?;
-    let after = match headers.get("last-event-id") {
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-            .ok_or_else(|| ApiError::bad_request("`Last-Event-ID` must be a seq"))?,
-        None => query.after,
-    };
+    let after = super::sse::resume_after(&headers, query.after)?;
     let live = state.groups.subscribe(session);
     Ok(Sse::new(follow(state, session, after, live))
         .keep_alive(KeepAlive::default())

@@ -219,14 +219,7 @@ async fn stream(
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let record = state.session_record(&id).await?;
-    let after = match headers.get("last-event-id") {
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be a seq number"))?,
-        None => query.after,
-    };
+    let after = super::sse::resume_after(&headers, query.after)?;
     attach(state, record.id, after).await
 }
 

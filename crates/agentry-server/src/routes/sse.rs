@@ -11,10 +11,25 @@
 //! In a session, every committed step carries its seq as the SSE id, so a client reconnecting
 //! with `Last-Event-ID` receives each later committed event exactly once; deltas carry no id.
 
+use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use serde_json::{Value, json};
 
 use agentry_types::{RunEvent, SessionEvent};
+
+/// Where a reconnecting client resumes: its `Last-Event-ID` (a seq), else `after`.
+pub(crate) fn resume_after(headers: &HeaderMap, after: u64) -> Result<u64, crate::error::ApiError> {
+    match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                crate::error::ApiError::bad_request("Last-Event-ID must be a seq number")
+            }),
+        None => Ok(after),
+    }
+}
 
 /// Turns run events into SSE events.
 #[derive(Debug, Clone)]
