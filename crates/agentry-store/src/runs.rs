@@ -415,6 +415,20 @@ impl Store {
             return Ok(Vec::new());
         }
         let now = now_millis();
+        // Most looks find nothing: a read says so without taking the write lock.
+        let claimable = with_reader!(self, |pool, d| {
+            sqlx::query(
+                "SELECT 1 AS found FROM runs WHERE state = 'queued' \
+                 OR (state = 'running' AND lease_until < $1) LIMIT 1",
+            )
+            .bind(to_db(now))
+            .fetch_optional(pool)
+            .await?
+            .is_some()
+        });
+        if !claimable {
+            return Ok(Vec::new());
+        }
         let until = to_db(now.saturating_add(millis(lease_for)));
         let mut claimed = in_write_tx!(self, |tx, d| {
             let rows = sqlx::query(d.claim_sql())

@@ -151,6 +151,20 @@ impl Store {
         hold_ms: u64,
     ) -> Result<Vec<DeliveryRecord>, StoreError> {
         let now = now_millis();
+        // Most looks find nothing: a read says so without taking the write lock.
+        let due = with_reader!(self, |pool, d| {
+            sqlx::query(
+                "SELECT 1 AS found FROM webhook_deliveries WHERE state = 'pending' \
+                 AND next_attempt_at <= $1 LIMIT 1",
+            )
+            .bind(to_db(now))
+            .fetch_optional(pool)
+            .await?
+            .is_some()
+        });
+        if !due {
+            return Ok(Vec::new());
+        }
         in_write_tx!(self, |tx, d| {
             let rows = sqlx::query(d.claim_deliveries_sql())
                 .bind(to_db(now.saturating_add(hold_ms)))
