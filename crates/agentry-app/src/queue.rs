@@ -293,15 +293,16 @@ impl App {
                 "`priority` must be between -100 and 100",
             ));
         }
-        let webhook_url = body.webhook_url.take();
-        if let Some(url) = &webhook_url {
-            self.check_webhook(url).await?;
-        }
         // A background run is durable: without a session it gets a new one.
         if body.session_id.is_none() {
             body.session_id = Some("new".into());
         }
+        // The digest covers the whole submission, its webhook included.
         let digest = digest(&body)?;
+        let webhook_url = body.webhook_url.take();
+        if let Some(url) = &webhook_url {
+            self.check_webhook(url).await?;
+        }
         let owner = caller.owner();
         let settings = self.queue.settings();
         // A retried submission finds its run before anything new is created.
