@@ -208,6 +208,9 @@ impl QueueState {
     }
 }
 
+/// How often a wait for a run looks at the database for changes made by other processes.
+const OTHERS_POLL: Duration = Duration::from_millis(500);
+
 /// 429 `queue_full`.
 fn queue_full(max_queued: u64) -> AppError {
     AppError::new(
@@ -427,7 +430,8 @@ impl App {
         done: impl Fn(&App, &RunRecord) -> bool,
     ) -> Result<RunView, AppError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let poll = self.queue.settings().poll;
+        // This process's changes wake the wait at once; the poll is for other processes'.
+        let poll = self.queue.settings().poll.max(OTHERS_POLL);
         loop {
             // Listen before reading, so a change in between is not missed.
             let changed = self.queue.changed.notified();
@@ -558,7 +562,11 @@ impl App {
     {
         let session = record.session_id;
         let subscription = match self.start_claimed(record).await {
-            Ok(Claimed::Live(subscription)) => subscription,
+            Ok(Claimed::Live(subscription)) => {
+                // Streams waiting for it to start can attach now.
+                self.queue.notify();
+                subscription
+            }
             Ok(Claimed::Ended(outcome)) => {
                 // A worker died after the run ended but before it settled: the log says how.
                 let state = state_of(&outcome);
