@@ -14,8 +14,8 @@
 //! person (the command that continues it, [`App::submit`], takes it from there). A run whose
 //! worker died is claimed again when its lease expires and resumes from its log.
 
-use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -174,6 +174,8 @@ pub struct QueueState {
     active: Mutex<HashSet<RunId>>,
     /// Woken when a run of this process settles, and when a run is submitted here.
     changed: Notify,
+    /// Who waits for which run: only a run's own waiters wake when it changes.
+    watchers: Mutex<HashMap<RunId, Arc<Notify>>>,
     /// The leases this worker holds: the session log fences each run's appends with its own.
     pub(crate) fences: crate::store_log::LeaseFences,
     /// The client webhooks go out with: no redirects (a signed delivery goes where it was
@@ -193,9 +195,38 @@ impl QueueState {
         self.active.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Wakes the worker and the waiters.
+    /// Wakes the worker.
     pub(crate) fn notify(&self) {
         self.changed.notify_waiters();
+    }
+
+    /// Run `run` changed here: wakes the worker and the run's own waiters.
+    pub(crate) fn touched(&self, run: RunId) {
+        self.changed.notify_waiters();
+        if let Some(watch) = self.watchers().get(&run) {
+            watch.notify_waiters();
+        }
+    }
+
+    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Arc<Notify>>> {
+        self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What wakes a waiter for `run`.
+    fn watch(&self, run: RunId) -> Arc<Notify> {
+        Arc::clone(self.watchers().entry(run).or_default())
+    }
+
+    /// A waiter for `run` is done: the entry goes with its last waiter.
+    fn unwatch(&self, run: RunId, watch: Arc<Notify>) {
+        let mut watchers = self.watchers();
+        drop(watch);
+        if watchers
+            .get(&run)
+            .is_some_and(|left| Arc::strong_count(left) == 1)
+        {
+            watchers.remove(&run);
+        }
     }
 
     pub(crate) fn webhook_client(&self) -> &reqwest::Client {
@@ -357,7 +388,7 @@ impl App {
             Enqueued::Existing(record) => (record, false),
             Enqueued::QueueFull { max_queued } => return Err(queue_full(max_queued)),
         };
-        self.queue.changed.notify_waiters();
+        self.queue.touched(record.id);
         Ok((record.into(), created))
     }
 
@@ -429,12 +460,26 @@ impl App {
         timeout: Duration,
         done: impl Fn(&App, &RunRecord) -> bool,
     ) -> Result<RunView, AppError> {
+        let watch = self.queue.watch(run_id);
+        let waited = self.wait_on(run_id, timeout, done, &watch).await;
+        self.queue.unwatch(run_id, watch);
+        waited
+    }
+
+    async fn wait_on(
+        &self,
+        run_id: RunId,
+        timeout: Duration,
+        done: impl Fn(&App, &RunRecord) -> bool,
+        watch: &Notify,
+    ) -> Result<RunView, AppError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        // This process's changes wake the wait at once; the poll is for other processes'.
+        // This process's changes to the run wake the wait at once; the poll is for other
+        // processes'.
         let poll = self.queue.settings().poll.max(OTHERS_POLL);
         loop {
             // Listen before reading, so a change in between is not missed.
-            let changed = self.queue.changed.notified();
+            let changed = watch.notified();
             let record = self.queued_record(run_id).await?;
             if done(self, &record) || tokio::time::Instant::now() >= deadline {
                 return Ok(record.into());
@@ -457,20 +502,28 @@ impl App {
             .await?
             .ok_or_else(|| AppError::not_found(format!("no background run {run_id}")))?;
         match record.state {
+            // Queued: cancelled at once, never run.
+            RunState::Cancelled if record.started_at.is_none() => {
+                self.tell_webhook(run_id).await;
+            }
             RunState::Running if self.hub.run_id(record.session_id) == Some(run_id) => {
                 self.hub.cancel(record.session_id);
             }
             RunState::Waiting | RunState::Paused => {
                 self.sessions.interrupt(record.session_id, run_id).await?;
-                self.store
+                if self
+                    .store
                     .set_run_state(run_id, RunState::Cancelled, None)
-                    .await?;
+                    .await?
+                {
+                    self.tell_webhook(run_id).await;
+                }
                 self.hub
                     .announce(record.session_id, crate::hub::FeedStatus::Interrupted);
             }
             _ => {}
         }
-        self.queue.changed.notify_waiters();
+        self.queue.touched(run_id);
         self.background_run(run_id).await
     }
 
@@ -503,7 +556,7 @@ impl App {
                                 let run_id = record.id;
                                 app.execute(record, &settings).await;
                                 app.queue.active().remove(&run_id);
-                                app.queue.changed.notify_waiters();
+                                app.queue.touched(run_id);
                             });
                         }
                     }
@@ -564,7 +617,7 @@ impl App {
         let subscription = match self.start_claimed(record).await {
             Ok(Claimed::Live(subscription)) => {
                 // Streams waiting for it to start can attach now.
-                self.queue.notify();
+                self.queue.touched(record.id);
                 subscription
             }
             Ok(Claimed::Ended(outcome)) => {
@@ -666,7 +719,8 @@ impl App {
             .set_run_state(run_id, RunState::Cancelled, None)
             .await?
         {
-            self.queue.changed.notify_waiters();
+            self.tell_webhook(run_id).await;
+            self.queue.touched(run_id);
         }
         Ok(())
     }
@@ -689,17 +743,20 @@ impl App {
                 .store
                 .set_run_state(run_id, RunState::Running, None)
                 .await;
-            app.queue.changed.notify_waiters();
+            app.queue.touched(run_id);
             if let Ok(outcome) = app
                 .follow_to_end(session, Some(run_id), subscription, false)
                 .await
             {
                 let value = serde_json::to_value(&outcome).ok();
-                let _ = app
+                if let Ok(true) = app
                     .store
                     .set_run_state(run_id, state_of(&outcome), value.as_ref())
-                    .await;
-                app.queue.changed.notify_waiters();
+                    .await
+                {
+                    app.tell_webhook(run_id).await;
+                }
+                app.queue.touched(run_id);
             }
         });
     }

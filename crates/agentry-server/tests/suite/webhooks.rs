@@ -225,3 +225,52 @@ async fn bad_webhook_urls_are_refused_and_nothing_is_stored() {
     let (_, sessions) = server.get("/v1/sessions").await;
     assert_eq!(sessions["sessions"], json!([]));
 }
+
+#[tokio::test]
+async fn a_run_that_waits_for_a_person_is_told_twice_waiting_then_its_end() {
+    let server = start(true).await;
+    secret(&server).await;
+    let (url, received) = receiver(vec![]).await;
+    let (status, tool) = server
+        .post(
+            "/v1/tools",
+            json!({"kind": "command", "name": "echo", "program": "/bin/sh", "args": ["-c", "cat"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{tool}");
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "echo",
+        json!({"text": "hi"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("approved and done")));
+    let (_, run) = server
+        .post(
+            "/v1/runs",
+            json!({"text": "echo", "model_id": "mock", "tool_ids": ["echo"], "webhook_url": url,
+                   "approvals": {"tools": {"echo": "always"}}}),
+        )
+        .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    until(|| !received.lock().unwrap().is_empty()).await;
+    let first: Value = serde_json::from_str(&received.lock().unwrap()[0].3).unwrap();
+    assert_eq!(first["type"], "run.waiting", "{first}");
+    let call_id = first["data"]["outcome"]["pending"][0]["call"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, decided) = server
+        .post(
+            &format!("/v1/runs/{run_id}/approvals"),
+            json!({"call_id": call_id, "decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{decided}");
+    until(|| received.lock().unwrap().len() >= 2).await;
+    let got = received.lock().unwrap().clone();
+    let second: Value = serde_json::from_str(&got[1].3).unwrap();
+    assert_eq!(second["type"], "run.succeeded", "{second}");
+    assert_eq!(second["data"]["outcome"]["text"], "approved and done");
+    assert_ne!(got[0].0, got[1].0, "one delivery id per event");
+}
