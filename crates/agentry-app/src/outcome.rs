@@ -208,25 +208,22 @@ impl App {
         session: SessionId,
         run_id: RunId,
     ) -> Result<Option<RunOutcome>, AppError> {
-        let events = self.store.events(session, 0, usize::MAX).await?;
-        let finished = events
-            .into_iter()
-            .filter_map(|stored| serde_json::from_value::<SessionEvent>(stored.payload).ok())
-            .find_map(|event| match event {
-                SessionEvent::RunFinished {
-                    run_id: id,
-                    stop_reason,
-                    usage,
-                    rounds,
-                    error,
-                    note,
-                } if id == run_id => Some((stop_reason, usage, rounds, error, note)),
-                _ => None,
-            });
-        let Some((stop_reason, usage, rounds, error, note)) = finished else {
+        let events = self.logged(session).await?;
+        let finished = events.iter().find_map(|event| match event {
+            SessionEvent::RunFinished {
+                run_id: id,
+                stop_reason,
+                usage,
+                rounds,
+                error,
+                ..
+            } if *id == run_id => Some((*stop_reason, *usage, *rounds, error.clone())),
+            _ => None,
+        });
+        let Some((stop_reason, usage, rounds, error)) = finished else {
             return Ok(None);
         };
-        let (messages, _) = self.run_messages(session, Some(run_id)).await?;
+        let (messages, note) = messages_of(events, Some(run_id));
         let text = messages
             .iter()
             .rev()
@@ -254,25 +251,38 @@ impl App {
         session: SessionId,
         run_id: Option<RunId>,
     ) -> Result<(Vec<Message>, Option<String>), AppError> {
-        let events = self.store.events(session, 0, usize::MAX).await?;
-        let mut note = None;
-        let messages = events
+        Ok(messages_of(self.logged(session).await?, run_id))
+    }
+
+    /// A session's events as the log holds them (unreadable ones skipped).
+    async fn logged(&self, session: SessionId) -> Result<Vec<SessionEvent>, AppError> {
+        Ok(self
+            .store
+            .events(session, 0, usize::MAX)
+            .await?
             .into_iter()
             .filter_map(|stored| serde_json::from_value::<SessionEvent>(stored.payload).ok())
-            .filter(|event| Some(event.run_id()) == run_id)
-            .filter_map(|event| match event {
-                SessionEvent::RunFinished { note: end_note, .. } => {
-                    note = end_note;
-                    None
-                }
-                SessionEvent::Message { message, .. } => Some(message),
-                SessionEvent::AssistantMessage { content, .. } => {
-                    Some(Message::Assistant { content })
-                }
-                SessionEvent::ToolCallResult { result, .. } => Some(Message::Tool(result)),
-                _ => None,
-            })
-            .collect();
-        Ok((messages, note))
+            .collect())
     }
+}
+
+/// The messages a run added (user, assistant, tool), and its end's note, from its session's
+/// events.
+fn messages_of(events: Vec<SessionEvent>, run_id: Option<RunId>) -> (Vec<Message>, Option<String>) {
+    let mut note = None;
+    let messages = events
+        .into_iter()
+        .filter(|event| Some(event.run_id()) == run_id)
+        .filter_map(|event| match event {
+            SessionEvent::RunFinished { note: end_note, .. } => {
+                note = end_note;
+                None
+            }
+            SessionEvent::Message { message, .. } => Some(message),
+            SessionEvent::AssistantMessage { content, .. } => Some(Message::Assistant { content }),
+            SessionEvent::ToolCallResult { result, .. } => Some(Message::Tool(result)),
+            _ => None,
+        })
+        .collect();
+    (messages, note)
 }

@@ -442,12 +442,13 @@ impl App {
         run_id: RunId,
         timeout: Duration,
     ) -> Result<RunView, AppError> {
+        let worker = self.queue.settings().worker;
         self.wait_until(run_id, timeout, |app, record| {
             // Started here: the hub has it (a worker elsewhere: its log will).
             record.state != RunState::Queued
                 && (app.hub.run_id(record.session_id) == Some(record.id)
                     || record.state != RunState::Running
-                    || record.worker.as_deref() != Some(app.queue.settings().worker.as_str()))
+                    || record.worker.as_deref() != Some(worker.as_str()))
         })
         .await
     }
@@ -577,11 +578,16 @@ impl App {
         let Some(lease) = record.lease() else {
             return;
         };
+        let has_webhook = record.webhook_url.is_some();
         let settle = |state: RunState, outcome: Option<serde_json::Value>| {
             let lease = lease.clone();
             async move {
                 match self.store.settle_run(&lease, state, outcome.as_ref()).await {
-                    Ok(true) => self.tell_webhook(lease.run_id).await,
+                    // Only a run that names a webhook reads its record again for it.
+                    Ok(true) if has_webhook => {
+                        self.tell_webhook(lease.run_id).await;
+                    }
+                    Ok(true) => {}
                     Ok(false) => {
                         tracing::warn!(run = %lease.run_id, "the run's lease was lost before it settled")
                     }

@@ -197,20 +197,9 @@ pub struct ExecResult {
     pub stdout_truncated: bool,
     /// Whether stderr went past 1 MiB.
     pub stderr_truncated: bool,
-    /// The exit code, if it exited (127: not found, 126: not executable).
-    pub exit_code: Option<i32>,
-    /// The signal that killed it, if one did.
-    pub signal: Option<i32>,
-    /// Killed because its timeout ran out.
-    pub timed_out: bool,
-    /// Killed on request.
-    pub killed: bool,
-    /// Killed by the sandbox's out-of-memory killer.
-    pub out_of_memory: bool,
-    /// The sandbox went away while it ran; why.
-    pub sandbox_closed: Option<String>,
-    /// How long it ran, milliseconds.
-    pub duration_ms: u64,
+    /// How it ended (exit code 127: not found, 126: not executable).
+    #[serde(flatten)]
+    pub exit: ExitView,
 }
 
 /// How a command ended (the `exit` event's data, and a finished background process's `exit`).
@@ -519,19 +508,12 @@ impl ForegroundCommand {
             }
         };
         self.ended = true;
-        let exit = exit_view(&status, millis(self.started.elapsed()));
         ExecResult {
             stdout: stdout.text(),
             stderr: stderr.text(),
             stdout_truncated: stdout.truncated,
             stderr_truncated: stderr.truncated,
-            exit_code: exit.exit_code,
-            signal: exit.signal,
-            timed_out: exit.timed_out,
-            killed: exit.killed,
-            out_of_memory: exit.out_of_memory,
-            sandbox_closed: exit.sandbox_closed,
-            duration_ms: exit.duration_ms,
+            exit: exit_view(&status, millis(self.started.elapsed())),
         }
     }
 

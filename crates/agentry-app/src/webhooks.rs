@@ -85,27 +85,10 @@ pub struct DeliveryList {
     pub deliveries: Vec<DeliveryView>,
 }
 
+/// Loopback, private, link-local and other non-public addresses, judged as the sandboxes'
+/// network proxy and `fetch` judge them.
 fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_documentation()
-                || v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_private(IpAddr::V4(v4));
-            }
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || (v6.segments()[0] & 0xfe00) == 0xfc00
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
-        }
-    }
+    !agentry_sandbox::is_public_address(ip)
 }
 
 /// Checks a webhook URL as submitted (see the module's documentation).
