@@ -97,6 +97,26 @@ fn storage(error: StoreError) -> LogError {
     LogError::Storage(error.to_string())
 }
 
+/// The events as the store keeps them.
+fn records_of(events: &[SessionEvent]) -> Result<Vec<NewEvent>, LogError> {
+    events
+        .iter()
+        .map(|event| {
+            serde_json::to_value(event)
+                .map(|payload| NewEvent::new(event.kind(), payload))
+                .map_err(|error| LogError::Storage(format!("cannot encode an event: {error}")))
+        })
+        .collect()
+}
+
+/// An append's error as the engine sees it.
+fn append_error(session: SessionId) -> impl Fn(StoreError) -> LogError {
+    move |error| match error {
+        StoreError::NotFound(_) => LogError::NotFound(session),
+        other => storage(other),
+    }
+}
+
 impl SessionLog for StoreLog {
     fn create(&self, session: SessionId) -> BoxFuture<'_, Result<(), LogError>> {
         Box::pin(async move {
@@ -122,13 +142,7 @@ impl SessionLog for StoreLog {
         events: Vec<SessionEvent>,
     ) -> BoxFuture<'_, Result<u64, LogError>> {
         Box::pin(async move {
-            let mut records = Vec::with_capacity(events.len());
-            for event in &events {
-                let payload = serde_json::to_value(event).map_err(|error| {
-                    LogError::Storage(format!("cannot encode an event: {error}"))
-                })?;
-                records.push(NewEvent::new(event.kind(), payload));
-            }
+            let records = records_of(&events)?;
             let fence = events
                 .first()
                 .and_then(|event| self.fences.of(event.run_id()));
@@ -136,10 +150,28 @@ impl SessionLog for StoreLog {
                 Some(lease) => self.store.append_fenced(session, &records, lease).await,
                 None => self.store.append(session, None, &records).await,
             };
-            let stored = appended.map_err(|error| match error {
-                StoreError::NotFound(_) => LogError::NotFound(session),
-                other => storage(other),
-            })?;
+            let stored = appended.map_err(append_error(session))?;
+            self.remember_compaction_memories(session, &events).await;
+            Ok(stored.last().map_or(0, |event| event.seq))
+        })
+    }
+
+    fn append_with_status(
+        &self,
+        session: SessionId,
+        events: Vec<SessionEvent>,
+        status: SessionStatus,
+    ) -> BoxFuture<'_, Result<u64, LogError>> {
+        Box::pin(async move {
+            let records = records_of(&events)?;
+            let fence = events
+                .first()
+                .and_then(|event| self.fences.of(event.run_id()));
+            let stored = self
+                .store
+                .append_and_set_status(session, &records, status.as_str(), fence.as_ref())
+                .await
+                .map_err(append_error(session))?;
             self.remember_compaction_memories(session, &events).await;
             Ok(stored.last().map_or(0, |event| event.seq))
         })

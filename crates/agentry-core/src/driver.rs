@@ -321,11 +321,10 @@ impl Driver {
         if let Some(journal) = &self.journal {
             match journal
                 .log
-                .append(journal.session, vec![paused.clone()])
+                .append_with_status(journal.session, vec![paused.clone()], SessionStatus::Paused)
                 .await
             {
                 Ok(seq) => {
-                    self.set_status(SessionStatus::Paused).await;
                     self.events
                         .send(RunEvent::Committed { seq, event: paused })
                         .await;
@@ -671,22 +670,19 @@ impl Driver {
                 error: error.clone(),
                 note: note.clone(),
             };
-            // Commit the end, record the session's status, and only then report the commit: a
-            // client that sees the end also sees the new status. (Status after the append: a
-            // crash in between leaves a finished run marked running, which recovery simply
-            // closes.)
-            match journal.log.append(journal.session, vec![end.clone()]).await {
+            // Commit the end with the session's status, and only then report the commit: a
+            // client that sees the end also sees the new status.
+            let status = match reason {
+                RunStopReason::Error => SessionStatus::Failed,
+                RunStopReason::Cancelled | RunStopReason::Deadline => SessionStatus::Interrupted,
+                _ => SessionStatus::Idle,
+            };
+            match journal
+                .log
+                .append_with_status(journal.session, vec![end.clone()], status)
+                .await
+            {
                 Ok(seq) => {
-                    let status = match reason {
-                        RunStopReason::Error => SessionStatus::Failed,
-                        RunStopReason::Cancelled | RunStopReason::Deadline => {
-                            SessionStatus::Interrupted
-                        }
-                        _ => SessionStatus::Idle,
-                    };
-                    if let Err(error) = journal.log.set_status(journal.session, status).await {
-                        tracing::error!(session = %journal.session, "could not record the session's status: {error}");
-                    }
                     self.events
                         .send(RunEvent::Committed { seq, event: end })
                         .await;

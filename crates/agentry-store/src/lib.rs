@@ -33,6 +33,7 @@
 mod config;
 mod db;
 mod error;
+mod group_commit;
 mod memory;
 mod model;
 mod runs;
@@ -43,6 +44,7 @@ mod webhooks;
 
 pub use db::SCHEMA_VERSION;
 pub use error::StoreError;
+pub use group_commit::CommitCounts;
 pub use memory::{
     MAX_MEMORY_CHARS, MAX_MEMORY_LIMIT, MemoryKind, MemoryRecord, MemoryScope, NewMemory,
     normalize_memory,

@@ -13,6 +13,7 @@ use crate::db::{
     ACQUIRE_TIMEOUT, BUSY_TIMEOUT, Db, RowExt, from_db, in_read_tx, in_write_tx, to_db,
     with_reader, with_writer,
 };
+use crate::group_commit::{CommitCounts, GroupWriter, POSTGRES_IN_FLIGHT, Write};
 use crate::model::{now_millis, truncate, validate_event_kind, validate_status};
 use crate::{
     Backend, NewEvent, NewSession, SearchHit, SecretKey, SessionQuery, SessionRecord, StoreError,
@@ -20,15 +21,23 @@ use crate::{
 };
 
 /// How hard SQLite works to keep a committed transaction (PostgreSQL follows the server's own
-/// `synchronous_commit` setting).
+/// `synchronous_commit` setting). The store always runs SQLite in WAL mode, so neither setting
+/// can corrupt the database; they differ in what a crash can take back. An append is answered
+/// only after its transaction committed, in both.
+///
+/// | setting | process crash (kill -9, panic, OOM) | power loss / kernel crash | cost |
+/// |---|---|---|---|
+/// | `Normal` (`synchronous = NORMAL`) | nothing committed is lost | the last commits before the loss may be rolled back (the database stays consistent) | an fsync per WAL checkpoint, none per commit |
+/// | `Full` (`synchronous = FULL`) | nothing committed is lost | nothing committed is lost | an fsync per commit (group commit shares it among the writes of a batch) |
+///
+/// `OFF` is not offered: a power loss could corrupt the file. `EXTRA` adds nothing in WAL mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// `synchronous = NORMAL` (the default): in WAL mode a committed event survives a crash of
-    /// the process, but the last transactions may be lost if the machine loses power.
+    /// `synchronous = NORMAL` (the default): a committed event survives a crash of the
+    /// process; the last transactions may be lost if the machine loses power.
     #[default]
     Normal,
-    /// `synchronous = FULL`: every commit is synced to disk, so it also survives power loss; each
-    /// append costs an fsync.
+    /// `synchronous = FULL`: every commit is synced to disk, so it also survives power loss.
     Full,
 }
 
@@ -73,6 +82,8 @@ pub struct Store {
 pub(crate) struct Inner {
     pub(crate) db: Db,
     pub(crate) key: SecretKey,
+    /// Where appends and status changes go: the group-commit writer task.
+    writer: GroupWriter,
 }
 
 impl std::fmt::Debug for Store {
@@ -132,6 +143,11 @@ impl Store {
     /// in `home/secret.key` (created on first use, mode 0600). Creates `home` (mode 0700) if it
     /// does not exist.
     pub async fn open_home(home: &Path) -> Result<Store, StoreError> {
+        Self::open_home_with(home, Durability::default()).await
+    }
+
+    /// [`Store::open_home`] with SQLite's [`Durability`].
+    pub async fn open_home_with(home: &Path, durability: Durability) -> Result<Store, StoreError> {
         let home = home.to_path_buf();
         let (home, key) = tokio::task::spawn_blocking(move || {
             if !home.is_dir() {
@@ -152,7 +168,9 @@ impl Store {
         .await
         .map_err(|e| StoreError::io("opening the home folder", std::io::Error::other(e)))??;
         let connect = SqliteConnectOptions::new().filename(home.join("agentry.db"));
-        Self::connect_sqlite(connect, StoreOptions::new(key)).await
+        let mut options = StoreOptions::new(key);
+        options.durability = durability;
+        Self::connect_sqlite(connect, options).await
     }
 
     async fn connect_sqlite(
@@ -193,14 +211,28 @@ impl Store {
     }
 
     async fn finish_open(db: Db, key: SecretKey) -> Result<Store, StoreError> {
+        let in_flight = match db {
+            Db::Sqlite { .. } => 1,
+            Db::Postgres(_) => POSTGRES_IN_FLIGHT,
+        };
         let store = Store {
-            inner: Arc::new(Inner { db, key }),
+            inner: Arc::new_cyclic(|inner| Inner {
+                db,
+                key,
+                writer: GroupWriter::start(inner.clone(), in_flight),
+            }),
         };
         if let Err(error) = crate::db::migrate(&store).await {
             store.close().await;
             return Err(error);
         }
         Ok(store)
+    }
+
+    /// How many appends and status changes this store committed, in how many transactions:
+    /// under concurrent load group commit puts many writes in one transaction.
+    pub fn commit_counts(&self) -> CommitCounts {
+        self.inner.writer.counts()
     }
 
     /// Which database this store runs on.
@@ -389,8 +421,18 @@ impl Store {
     /// `interrupted`, `failed`, …), 1 to 32 characters of `a-z` and `_`.
     pub async fn set_status(&self, id: SessionId, status: &str) -> Result<(), StoreError> {
         validate_status(status)?;
-        self.update_session(id, "UPDATE sessions SET status = $2 WHERE id = $1", status)
-            .await
+        self.inner
+            .writer
+            .write(Write {
+                session: id,
+                expected_last_seq: None,
+                events: Vec::new(),
+                lease: None,
+                status: Some(status.to_owned()),
+                now: now_millis(),
+            })
+            .await?;
+        Ok(())
     }
 
     async fn update_session(
@@ -475,7 +517,7 @@ impl Store {
         expected_last_seq: Option<u64>,
         events: &[NewEvent],
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        self.append_with(session, expected_last_seq, events, None)
+        self.append_with(session, expected_last_seq, events, None, None)
             .await
     }
 
@@ -489,7 +531,22 @@ impl Store {
         events: &[NewEvent],
         lease: &crate::Lease,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        self.append_with(session, None, events, Some(lease)).await
+        self.append_with(session, None, events, Some(lease), None)
+            .await
+    }
+
+    /// [`Store::append`] (fenced by `lease` when given) and [`Store::set_status`] in one
+    /// transaction: the events and the session's new status commit together.
+    pub async fn append_and_set_status(
+        &self,
+        session: SessionId,
+        events: &[NewEvent],
+        status: &str,
+        lease: Option<&crate::Lease>,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        validate_status(status)?;
+        self.append_with(session, None, events, lease, Some(status))
+            .await
     }
 
     async fn append_with(
@@ -498,92 +555,30 @@ impl Store {
         expected_last_seq: Option<u64>,
         events: &[NewEvent],
         lease: Option<&crate::Lease>,
+        status: Option<&str>,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        if events.is_empty() {
+        if events.is_empty() && status.is_none() {
             return Ok(Vec::new());
         }
-        let mut payloads = Vec::with_capacity(events.len());
+        let mut rows = Vec::with_capacity(events.len());
         for event in events {
             validate_event_kind(&event.kind)?;
-            payloads.push(to_json_text(&event.payload)?);
+            rows.push((event.kind.clone(), to_json_text(&event.payload)?));
         }
-        let count = to_db(events.len() as u64);
         let now = now_millis();
-        let key = session.to_string();
-        let last = in_write_tx!(self, |tx, d| {
-            if let Some(lease) = lease {
-                let held = sqlx::query(d.lease_check_sql())
-                    .bind(lease.run_id.to_string())
-                    .bind(&lease.worker)
-                    .bind(to_db(lease.epoch))
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                if held.is_none() {
-                    return Err(StoreError::StaleLease(format!(
-                        "run {} is no longer leased to {} (epoch {}): another worker took it over",
-                        lease.run_id, lease.worker, lease.epoch
-                    )));
-                }
-            }
-            // Updating the session row first locks it: concurrent appends to this session wait
-            // here, then see the new last_seq.
-            let row = match expected_last_seq {
-                Some(expected) => {
-                    sqlx::query(
-                        "UPDATE sessions SET last_seq = last_seq + $2, last_activity = $3 \
-                     WHERE id = $1 AND last_seq = $4 RETURNING last_seq",
-                    )
-                    .bind(&key)
-                    .bind(count)
-                    .bind(to_db(now))
-                    .bind(to_db(expected))
-                    .fetch_optional(&mut *tx)
-                    .await?
-                }
-                None => {
-                    sqlx::query(
-                        "UPDATE sessions SET last_seq = last_seq + $2, last_activity = $3 \
-                     WHERE id = $1 RETURNING last_seq",
-                    )
-                    .bind(&key)
-                    .bind(count)
-                    .bind(to_db(now))
-                    .fetch_optional(&mut *tx)
-                    .await?
-                }
-            };
-            let Some(row) = row else {
-                let current = sqlx::query("SELECT last_seq FROM sessions WHERE id = $1")
-                    .bind(&key)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                return Err(match current {
-                    None => not_found(session),
-                    Some(row) => StoreError::Conflict(format!(
-                        "session {session} is at seq {}, not the expected {}",
-                        row.int("last_seq")?,
-                        expected_last_seq.unwrap_or_default()
-                    )),
-                });
-            };
-            let last = row.int("last_seq")?;
-            let first = last - count + 1;
-            for ((seq, event), payload) in (first..).zip(events).zip(&payloads) {
-                sqlx::query(
-                    "INSERT INTO events (session_id, seq, kind, payload, created_at) \
-                     VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(&key)
-                .bind(seq)
-                .bind(&event.kind)
-                .bind(payload)
-                .bind(to_db(now))
-                .execute(&mut *tx)
-                .await?;
-            }
-            last
-        });
-        let first = from_db(last) + 1 - events.len() as u64;
+        let last = self
+            .inner
+            .writer
+            .write(Write {
+                session,
+                expected_last_seq,
+                events: rows,
+                lease: lease.cloned(),
+                status: status.map(str::to_owned),
+                now,
+            })
+            .await?;
+        let first = last + 1 - events.len() as u64;
         Ok((first..)
             .zip(events)
             .map(|(seq, event)| StoredEvent {
@@ -937,6 +932,26 @@ fn snippet(text: &str, needle: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The setting reaches the connection that commits: NORMAL is 1, FULL is 2.
+    #[tokio::test]
+    async fn durability_sets_sqlites_synchronous_on_the_writer() {
+        for (durability, expected) in [(Durability::Normal, 1), (Durability::Full, 2)] {
+            let home = tempfile::tempdir().unwrap();
+            let store = Store::open_home_with(home.path(), durability)
+                .await
+                .unwrap();
+            let Db::Sqlite { writer, .. } = &store.inner.db else {
+                panic!("open_home opens SQLite");
+            };
+            let row = sqlx::query("PRAGMA synchronous")
+                .fetch_one(writer)
+                .await
+                .unwrap();
+            assert_eq!(row.int("synchronous").unwrap(), expected, "{durability:?}");
+            store.close().await;
+        }
+    }
 
     #[test]
     fn like_escaping_and_json_spelling() {

@@ -85,6 +85,22 @@ pub trait SessionLog: Send + Sync + 'static {
         status: SessionStatus,
     ) -> BoxFuture<'_, Result<(), LogError>>;
 
+    /// Appends events and records the session's new status; returns the seq of the last event.
+    /// A durable log does both in one transaction (one commit, and nobody sees the events
+    /// without the status); the default does one after the other.
+    fn append_with_status(
+        &self,
+        session: SessionId,
+        events: Vec<SessionEvent>,
+        status: SessionStatus,
+    ) -> BoxFuture<'_, Result<u64, LogError>> {
+        Box::pin(async move {
+            let last = self.append(session, events).await?;
+            self.set_status(session, status).await?;
+            Ok(last)
+        })
+    }
+
     /// Sessions whose status is `status`.
     fn sessions_with_status(
         &self,

@@ -500,8 +500,9 @@ impl SessionManager {
                 .into_iter()
                 .map(|message| SessionEvent::Message { run_id, message }),
         );
-        let last = log.append(session, records.clone()).await?;
-        log.set_status(session, SessionStatus::Running).await?;
+        let last = log
+            .append_with_status(session, records.clone(), SessionStatus::Running)
+            .await?;
         let first = last + 1 - (records.len() as u64).min(last + 1);
         for (offset, event) in records.into_iter().enumerate() {
             sink.send(RunEvent::Committed {
@@ -579,14 +580,14 @@ impl SessionManager {
                 log.set_status(session, SessionStatus::Paused).await?;
                 return Ok(None);
             }
-            log.append(
+            log.append_with_status(
                 session,
                 vec![SessionEvent::RunResumed {
                     run_id: in_flight.run_id,
                 }],
+                SessionStatus::Running,
             )
             .await?;
-            log.set_status(session, SessionStatus::Running).await?;
         }
         let mut messages = replayed.messages;
         let compaction = replayed.compaction;
@@ -830,10 +831,9 @@ impl SessionManager {
             });
         }
         records.push(SessionEvent::RunResumed { run_id });
-        self.inner.log.append(session, records).await?;
         self.inner
             .log
-            .set_status(session, SessionStatus::Running)
+            .append_with_status(session, records, SessionStatus::Running)
             .await?;
         state.workspace = self.workspace(session);
         Ok(Decided {
@@ -881,9 +881,12 @@ impl SessionManager {
             });
         }
         let log = &self.inner.log;
-        log.append(session, vec![SessionEvent::RunResumed { run_id }])
-            .await?;
-        log.set_status(session, SessionStatus::Running).await?;
+        log.append_with_status(
+            session,
+            vec![SessionEvent::RunResumed { run_id }],
+            SessionStatus::Running,
+        )
+        .await?;
         let mut state = self.resumed_state(&in_flight, replayed.messages, replayed.compaction);
         state.workspace = self.workspace(session);
         Ok(self.spawn_continued(session, slot, guard, state))
@@ -908,7 +911,7 @@ impl SessionManager {
             "after the process that ran it stopped"
         };
         let log = &self.inner.log;
-        log.append(
+        log.append_with_status(
             session,
             vec![SessionEvent::RunFinished {
                 run_id,
@@ -918,9 +921,9 @@ impl SessionManager {
                 error: None,
                 note: Some(format!("the run was interrupted {how}")),
             }],
+            SessionStatus::Interrupted,
         )
         .await?;
-        log.set_status(session, SessionStatus::Interrupted).await?;
         Ok(true)
     }
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use agentry_store::NewEvent;
+use agentry_store::{NewEvent, SessionId, StoreError};
 use serde_json::json;
 
 use super::support::{Harness, both_backends, new_session};
@@ -10,6 +10,7 @@ use super::support::{Harness, both_backends, new_session};
 both_backends!(
     fifty_appenders_to_one_session_leave_no_gaps,
     two_hundred_sessions_append_concurrently,
+    concurrent_writes_share_commits_and_bad_ones_are_refused_alone,
 );
 
 async fn fifty_appenders_to_one_session_leave_no_gaps(h: &Harness) {
@@ -90,4 +91,89 @@ async fn two_hundred_sessions_append_concurrently(h: &Harness) {
         assert_eq!(log[5].payload, json!({"session": i, "round": 2, "part": 1}));
     }
     assert_eq!(h.event_rows().await, 1200);
+}
+
+/// Group commit: writes sent at once share transactions; a write that cannot apply (an unknown
+/// session, a stale expected seq) is refused alone while the rest of its batch commits; events
+/// and a status sent together land together.
+async fn concurrent_writes_share_commits_and_bad_ones_are_refused_alone(h: &Harness) {
+    let mut ids = Vec::new();
+    for i in 0..100 {
+        ids.push(new_session(&h.store, &format!("g{i}")).await);
+    }
+    let before = h.store.commit_counts();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, id) in ids.iter().copied().enumerate() {
+        let store = h.store.clone();
+        tasks.spawn(async move {
+            let events = [NewEvent::new("note", json!({"session": i}))];
+            let stored = if i % 2 == 0 {
+                store
+                    .append_and_set_status(id, &events, "running", None)
+                    .await
+            } else {
+                store.append(id, Some(0), &events).await
+            };
+            ("good", stored.map(|stored| stored[0].seq))
+        });
+    }
+    for (i, stale) in ids.iter().copied().enumerate().take(20) {
+        let store = h.store.clone();
+        tasks.spawn(async move {
+            let events = [NewEvent::new("note", json!({"stale": i}))];
+            (
+                "stale",
+                store.append(stale, Some(7), &events).await.map(|_| 0),
+            )
+        });
+        let store = h.store.clone();
+        tasks.spawn(async move {
+            let events = [NewEvent::new("note", json!({"unknown": i}))];
+            let unknown = SessionId::new();
+            (
+                "unknown",
+                store.append(unknown, None, &events).await.map(|_| 0),
+            )
+        });
+    }
+    let mut good = 0;
+    while let Some(result) = tasks.join_next().await {
+        match result.unwrap() {
+            ("good", seq) => {
+                assert_eq!(seq.unwrap(), 1);
+                good += 1;
+            }
+            ("stale", refused) => {
+                assert!(
+                    matches!(refused, Err(StoreError::Conflict(_))),
+                    "{refused:?}"
+                )
+            }
+            (_, refused) => {
+                assert!(
+                    matches!(refused, Err(StoreError::NotFound(_))),
+                    "{refused:?}"
+                )
+            }
+        }
+    }
+    assert_eq!(good, 100);
+    let after = h.store.commit_counts();
+    assert_eq!(
+        after.writes - before.writes,
+        100,
+        "refused writes are not counted"
+    );
+    assert!(
+        after.commits - before.commits < 100,
+        "100 writes sent at once took {} commits",
+        after.commits - before.commits
+    );
+    for (i, id) in ids.iter().copied().enumerate() {
+        let log = h.store.events(id, 0, 10).await.unwrap();
+        assert_eq!(log.len(), 1, "session {i}: {log:?}");
+        assert_eq!(log[0].payload, json!({"session": i}));
+        let status = h.store.session(id).await.unwrap().unwrap().status;
+        assert_eq!(status, if i % 2 == 0 { "running" } else { "idle" });
+    }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use agentry_store::{SecretKey, Store, StoreOptions};
+use agentry_store::{Durability, SecretKey, Store, StoreOptions};
 
 /// Data folder and database flags, shared by every command.
 #[derive(Debug, Clone, Args)]
@@ -16,6 +16,18 @@ pub(crate) struct DataArgs {
     /// Use this database instead of the embedded SQLite (`postgres://…`).
     #[arg(long, global = true, env = "AGENTRY_DATABASE_URL", value_name = "URL")]
     database_url: Option<String>,
+    /// How SQLite keeps a commit: `normal` survives a crash of the process (the last commits
+    /// may be lost if the machine loses power), `full` also survives power loss at the cost of
+    /// an fsync per commit. PostgreSQL follows its server's `synchronous_commit`.
+    #[arg(
+        long,
+        global = true,
+        env = "AGENTRY_SQLITE_SYNC",
+        value_enum,
+        default_value = "normal",
+        value_name = "MODE"
+    )]
+    sqlite_sync: SqliteSync,
     /// Another folder saved agents' skill folders may be in, beside `<data folder>/skills`
     /// (repeatable; `AGENTRY_SKILL_ROOTS` takes a `:`-separated list).
     #[arg(
@@ -26,6 +38,24 @@ pub(crate) struct DataArgs {
         value_name = "DIR"
     )]
     skill_roots: Vec<PathBuf>,
+}
+
+/// SQLite's `synchronous` setting, as the command line spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SqliteSync {
+    /// `synchronous = NORMAL`.
+    Normal,
+    /// `synchronous = FULL`.
+    Full,
+}
+
+impl SqliteSync {
+    fn durability(self) -> Durability {
+        match self {
+            Self::Normal => Durability::Normal,
+            Self::Full => Durability::Full,
+        }
+    }
 }
 
 impl DataArgs {
@@ -55,9 +85,11 @@ impl DataArgs {
                 std::fs::create_dir_all(&home)
                     .with_context(|| format!("cannot create {}", home.display()))?;
                 let key = SecretKey::load_or_create(&home.join("secret.key"))?;
-                Ok(Store::connect(url, StoreOptions::new(key)).await?)
+                let mut options = StoreOptions::new(key);
+                options.durability = self.sqlite_sync.durability();
+                Ok(Store::connect(url, options).await?)
             }
-            None => Ok(Store::open_home(&home).await?),
+            None => Ok(Store::open_home_with(&home, self.sqlite_sync.durability()).await?),
         }
     }
 }
