@@ -109,8 +109,8 @@ fn records_of(events: &[SessionEvent]) -> Result<Vec<NewEvent>, LogError> {
         .collect()
 }
 
-/// An append's error as the engine sees it.
-fn append_error(session: SessionId) -> impl Fn(StoreError) -> LogError {
+/// A store error as the engine sees it: an unknown session is its own kind.
+fn log_error(session: SessionId) -> impl Fn(StoreError) -> LogError {
     move |error| match error {
         StoreError::NotFound(_) => LogError::NotFound(session),
         other => storage(other),
@@ -150,7 +150,7 @@ impl SessionLog for StoreLog {
                 Some(lease) => self.store.append_fenced(session, &records, lease).await,
                 None => self.store.append(session, None, &records).await,
             };
-            let stored = appended.map_err(append_error(session))?;
+            let stored = appended.map_err(log_error(session))?;
             self.remember_compaction_memories(session, &events).await;
             Ok(stored.last().map_or(0, |event| event.seq))
         })
@@ -171,7 +171,7 @@ impl SessionLog for StoreLog {
                 .store
                 .append_and_set_status(session, &records, status.as_str(), fence.as_ref())
                 .await
-                .map_err(append_error(session))?;
+                .map_err(log_error(session))?;
             self.remember_compaction_memories(session, &events).await;
             Ok(stored.last().map_or(0, |event| event.seq))
         })
@@ -182,20 +182,12 @@ impl SessionLog for StoreLog {
         session: SessionId,
     ) -> BoxFuture<'_, Result<Vec<(u64, SessionEvent)>, LogError>> {
         Box::pin(async move {
-            if self
-                .store
-                .session(session)
-                .await
-                .map_err(storage)?
-                .is_none()
-            {
-                return Err(LogError::NotFound(session));
-            }
+            // An unknown session is the store's NotFound: no separate existence check.
             let stored = self
                 .store
                 .events(session, 0, usize::MAX)
                 .await
-                .map_err(storage)?;
+                .map_err(log_error(session))?;
             stored
                 .into_iter()
                 .map(|event| {

@@ -10,10 +10,15 @@
 //! - `background`: `POST /v1/runs` then `GET /v1/runs/{id}/wait` (queued, claimed under a lease,
 //!   committed, settled), timed from submission to the answer of the wait.
 //!
+//! `RUNS_BENCH_ONLY="sqlite durable 20"` runs only the rows whose "backend scenario clients"
+//! contains it (for profiling one of them).
+//!
 //! Each at 1, 20 and 200 concurrent clients, on SQLite and (when `AGENTRY_TEST_DATABASE_URL`
-//! names one, in a fresh schema) PostgreSQL, where it also counts committed transactions per
-//! run (`pg_stat_database.xact_commit`, every statement of the run included). The last line
-//! gives durable and background throughput at 20 clients as a share of stateless.
+//! names one, in a fresh schema) PostgreSQL. Per run it counts the session-log writes (appends
+//! and status changes) and the group commits that carried them (`Store::commit_counts`), and on
+//! PostgreSQL every committed transaction (`pg_stat_database.xact_commit`: reads, the queue's
+//! claims, leases and settles included). The last line gives durable and background throughput
+//! at 20 clients as a share of stateless.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -184,11 +189,19 @@ async fn backend(
     shares: &mut Vec<String>,
 ) {
     let mock = MockProvider::start().await.unwrap();
-    let url = serve(store, &mock).await;
+    let url = serve(store.clone(), &mock).await;
+    let only = std::env::var("RUNS_BENCH_ONLY").unwrap_or_default();
     for scenario in [Scenario::Stateless, Scenario::Durable, Scenario::Background] {
         for (clients, total) in [(1, 200), (20, 1000), (200, 1000)] {
+            if !format!("{label} {} {clients}", scenario.name()).contains(&only) {
+                continue;
+            }
             let before = pg.map(commits);
+            let log_before = store.commit_counts();
             let cell = load(&url, &mock, scenario, clients, total).await;
+            let log = store.commit_counts();
+            let writes = (log.writes - log_before.writes) as f64 / total as f64;
+            let log_commits = (log.commits - log_before.commits) as f64 / total as f64;
             let per_run = match (pg, before) {
                 (Some(pg), Some(before)) => {
                     format!("{:.1}", (commits(pg) - before) as f64 / total as f64)
@@ -196,7 +209,7 @@ async fn backend(
                 _ => "–".to_owned(),
             };
             println!(
-                "| {label:<10} | {:<10} | {clients:>7} | {:>8.0} | {:>8.2} | {:>8.2} | {per_run:>11} |",
+                "| {label:<10} | {:<10} | {clients:>7} | {:>8.0} | {:>8.2} | {:>8.2} | {writes:>10.1} | {log_commits:>11.2} | {per_run:>9} |",
                 scenario.name(),
                 cell.runs_per_sec,
                 cell.p50.as_secs_f64() * 1e3,
@@ -227,10 +240,10 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         println!(
-            "| backend    | scenario   | clients |   runs/s |  p50 ms  |  p99 ms  | commits/run |"
+            "| backend    | scenario   | clients |   runs/s |  p50 ms  |  p99 ms  | writes/run | commits/run | xacts/run |"
         );
         println!(
-            "|------------|------------|---------|----------|----------|----------|-------------|"
+            "|------------|------------|---------|----------|----------|----------|------------|-------------|-----------|"
         );
         let mut shares = Vec::new();
         let home = tempfile::tempdir().unwrap();

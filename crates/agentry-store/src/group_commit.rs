@@ -53,6 +53,18 @@ pub(crate) struct Write {
     pub(crate) status: Option<String>,
     /// The time the events are stamped with, Unix milliseconds.
     pub(crate) now: u64,
+    /// Create the session with these columns, instead of writing to it.
+    pub(crate) create: Option<NewRow>,
+}
+
+/// The columns of a session to create (status `idle`, no events), already validated.
+#[derive(Debug)]
+pub(crate) struct NewRow {
+    pub(crate) title: Option<String>,
+    pub(crate) expires_at: Option<u64>,
+    /// JSON text.
+    pub(crate) metadata: String,
+    pub(crate) owner: Option<String>,
 }
 
 /// A write waiting in the queue, with where its answer goes: the session's last seq after the
@@ -203,66 +215,149 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
 
 /// One transaction for `batch`: the outer error when it could not commit, else each write's
 /// own result.
+///
+/// Three kinds of statement, whatever the batch's size: one read of the leases the writes are
+/// fenced by, one multi-row `UPDATE … FROM (VALUES …)` of the session rows per round (a round
+/// holds each session at most once; a session's second write in the batch goes in the second
+/// round, after the first), and one multi-row `INSERT` of the events per 500 rows.
 async fn apply(
     store: &Store,
     batch: &[Pending],
 ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
-    let mut results = Vec::with_capacity(batch.len());
+    let mut results: Vec<Option<Result<u64, StoreError>>> = batch.iter().map(|_| None).collect();
+    let keys: Vec<String> = batch
+        .iter()
+        .map(|pending| pending.write.session.to_string())
+        .collect();
+    let rounds = rounds_of(batch);
+    // One creation per id goes to the database; a second one in the same batch is a conflict.
+    let mut creating = std::collections::HashSet::new();
+    let mut creates = Vec::new();
+    for (index, pending) in batch.iter().enumerate() {
+        if pending.write.create.is_none() {
+            continue;
+        }
+        if creating.insert(pending.write.session) {
+            creates.push(index);
+        } else {
+            results[index] = Some(Err(StoreError::Conflict(format!(
+                "session {} already exists",
+                keys[index]
+            ))));
+        }
+    }
     in_write_tx!(store, |tx, d| {
-        let mut rows: Vec<(&str, i64, &str, &str, i64)> = Vec::new();
-        let keys: Vec<String> = batch
+        // New sessions first, so that a write to one later in the batch finds it.
+        if !creates.is_empty() {
+            let mut insert = sqlx::query(sqlx::AssertSqlSafe(create_sql(creates.len())));
+            for index in &creates {
+                let write = &batch[*index].write;
+                let Some(new) = &write.create else { continue };
+                insert = insert
+                    .bind(&keys[*index])
+                    .bind(new.title.as_deref())
+                    .bind(to_db(write.now))
+                    .bind(new.expires_at.map(to_db))
+                    .bind(new.metadata.as_str())
+                    .bind(new.owner.as_deref());
+            }
+            let mut created = std::collections::HashSet::new();
+            for row in insert.fetch_all(&mut *tx).await? {
+                created.insert(row.text("id")?);
+            }
+            for index in creates {
+                results[index] = Some(if created.contains(&keys[index]) {
+                    Ok(0)
+                } else {
+                    Err(StoreError::Conflict(format!(
+                        "session {} already exists",
+                        keys[index]
+                    )))
+                });
+            }
+        }
+        // The fences: every leased write's run must still be running under its lease.
+        let leased: Vec<&Lease> = batch
             .iter()
-            .map(|pending| pending.write.session.to_string())
+            .filter_map(|pending| pending.write.lease.as_ref())
             .collect();
-        for (Pending { write, .. }, key) in batch.iter().zip(&keys) {
-            if let Some(lease) = &write.lease {
-                let held = sqlx::query(d.lease_check_sql())
-                    .bind(lease.run_id.to_string())
-                    .bind(&lease.worker)
-                    .bind(to_db(lease.epoch))
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                if held.is_none() {
-                    results.push(Err(StoreError::StaleLease(format!(
+        if !leased.is_empty() {
+            let mut check = sqlx::query(sqlx::AssertSqlSafe(d.leases_held_sql(leased.len())));
+            for lease in &leased {
+                check = check.bind(lease.run_id.to_string());
+            }
+            let mut held = std::collections::HashSet::new();
+            for row in check.fetch_all(&mut *tx).await? {
+                if let Some(worker) = row.opt_text("worker")? {
+                    held.insert((row.text("id")?, worker, row.int("lease_epoch")?));
+                }
+            }
+            for (index, pending) in batch.iter().enumerate() {
+                let Some(lease) = &pending.write.lease else {
+                    continue;
+                };
+                let key = (
+                    lease.run_id.to_string(),
+                    lease.worker.clone(),
+                    to_db(lease.epoch),
+                );
+                if !held.contains(&key) {
+                    results[index] = Some(Err(StoreError::StaleLease(format!(
                         "run {} is no longer leased to {} (epoch {}): another worker took it over",
                         lease.run_id, lease.worker, lease.epoch
                     ))));
-                    continue;
                 }
             }
-            let count = to_db(write.events.len() as u64);
-            // Updating the session row first locks it: concurrent appends to this session from
-            // another connection wait here, then see the new last_seq.
-            let row = sqlx::query(d.append_update_sql())
-                .bind(key)
-                .bind(count)
-                .bind(to_db(write.now))
-                .bind(write.expected_last_seq.map(to_db))
-                .bind(write.status.as_deref())
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(row) = row else {
-                let current = sqlx::query("SELECT last_seq FROM sessions WHERE id = $1")
-                    .bind(key)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                results.push(Err(match current {
-                    None => StoreError::NotFound(format!("session {}", write.session)),
-                    Some(row) => StoreError::Conflict(format!(
-                        "session {} is at seq {}, not the expected {}",
-                        write.session,
-                        row.int("last_seq")?,
-                        write.expected_last_seq.unwrap_or_default()
-                    )),
-                }));
+        }
+        // The session rows, round by round. Updating a row locks it: another connection's
+        // append to the same session waits, then sees the new last_seq.
+        let mut rows: Vec<(&str, i64, &str, &str, i64)> = Vec::new();
+        for round in rounds {
+            let round: Vec<usize> = round
+                .into_iter()
+                .filter(|index| results[*index].is_none())
+                .collect();
+            if round.is_empty() {
                 continue;
-            };
-            let last = row.int("last_seq")?;
-            let first = last - count + 1;
-            for (seq, (kind, payload)) in (first..).zip(&write.events) {
-                rows.push((key, seq, kind, payload, to_db(write.now)));
             }
-            results.push(Ok(from_db(last)));
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(d.append_update_sql(round.len())));
+            for index in &round {
+                let write = &batch[*index].write;
+                update = update
+                    .bind(&keys[*index])
+                    .bind(to_db(write.events.len() as u64))
+                    .bind(to_db(write.now))
+                    .bind(write.expected_last_seq.map(to_db))
+                    .bind(write.status.as_deref());
+            }
+            let mut last_seqs = std::collections::HashMap::new();
+            for row in update.fetch_all(&mut *tx).await? {
+                last_seqs.insert(row.text("id")?, row.int("last_seq")?);
+            }
+            for index in round {
+                let write = &batch[index].write;
+                let Some(last) = last_seqs.get(&keys[index]).copied() else {
+                    let current = sqlx::query("SELECT last_seq FROM sessions WHERE id = $1")
+                        .bind(&keys[index])
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    results[index] = Some(Err(match current {
+                        None => StoreError::NotFound(format!("session {}", write.session)),
+                        Some(row) => StoreError::Conflict(format!(
+                            "session {} is at seq {}, not the expected {}",
+                            write.session,
+                            row.int("last_seq")?,
+                            write.expected_last_seq.unwrap_or_default()
+                        )),
+                    }));
+                    continue;
+                };
+                let first = last - to_db(write.events.len() as u64) + 1;
+                for (seq, (kind, payload)) in (first..).zip(&write.events) {
+                    rows.push((&keys[index], seq, kind, payload, to_db(write.now)));
+                }
+                results[index] = Some(Ok(from_db(last)));
+            }
         }
         for chunk in rows.chunks(ROWS_PER_INSERT) {
             // Only placeholders vary, no value is spelled into the text.
@@ -278,28 +373,109 @@ async fn apply(
             insert.execute(&mut *tx).await?;
         }
     });
-    Ok(results)
+    Ok(results
+        .into_iter()
+        .map(|result| result.unwrap_or_else(|| Err(closed())))
+        .collect())
+}
+
+/// The batch's writes (creations aside) in rounds: each round names each session at most once, and a session's
+/// writes fall in successive rounds in their order.
+fn rounds_of(batch: &[Pending]) -> Vec<Vec<usize>> {
+    let mut seen: std::collections::HashMap<SessionId, usize> = std::collections::HashMap::new();
+    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    for (index, pending) in batch.iter().enumerate() {
+        if pending.write.create.is_some() {
+            continue;
+        }
+        let round = seen.entry(pending.write.session).or_insert(0);
+        if rounds.len() <= *round {
+            rounds.push(Vec::new());
+        }
+        rounds[*round].push(index);
+        *round += 1;
+    }
+    rounds
+}
+
+/// `INSERT INTO sessions …` for `rows` new sessions, each given as `(id, title, now,
+/// expires_at, metadata, owner)`; an id that exists is skipped. Returns the `id` of each row
+/// inserted.
+fn create_sql(rows: usize) -> String {
+    let values = (0..rows)
+        .map(|row| {
+            let p = row * 6;
+            format!(
+                "(${}, ${}, 'idle', ${}, ${}, 0, 0, ${}, ${}, ${})",
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 3,
+                p + 4,
+                p + 5,
+                p + 6
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "INSERT INTO sessions (id, title, status, created_at, last_activity, last_seq, \
+         read_seq, expires_at, metadata, owner) VALUES {values} \
+         ON CONFLICT (id) DO NOTHING RETURNING id"
+    )
+}
+
+/// `$first, $first + 1, …` for `count` parameters, each with `cast` after it.
+fn placeholders(first: usize, count: usize, casts: &[&str]) -> String {
+    (0..count)
+        .map(|offset| {
+            format!(
+                "${}{}",
+                first + offset,
+                casts.get(offset).copied().unwrap_or("")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Dialect {
-    /// Advances a session's `last_seq` by `$2` events stamped `$3` (the activity time moves only
-    /// when there are events), only while `last_seq` is `$4` when that is given, and sets its
-    /// status to `$5` when that is given; returns the new `last_seq`.
-    fn append_update_sql(self) -> &'static str {
-        match self {
-            Self::Sqlite => {
-                "UPDATE sessions SET last_seq = last_seq + $2, \
-                 last_activity = CASE WHEN $2 > 0 THEN $3 ELSE last_activity END, \
-                 status = COALESCE($5, status) \
-                 WHERE id = $1 AND ($4 IS NULL OR last_seq = $4) RETURNING last_seq"
-            }
-            Self::Postgres => {
-                "UPDATE sessions SET last_seq = last_seq + $2, \
-                 last_activity = CASE WHEN $2::BIGINT > 0 THEN $3 ELSE last_activity END, \
-                 status = COALESCE($5::TEXT, status) \
-                 WHERE id = $1 AND ($4::BIGINT IS NULL OR last_seq = $4) RETURNING last_seq"
-            }
-        }
+    /// For `writes` session rows at once, each given as `(id, count, now, expected, status)`:
+    /// advances `last_seq` by `count` events stamped `now` (the activity time moves only when
+    /// there are events), only while `last_seq` is `expected` when that is given, and sets the
+    /// status when that is given; returns `id, last_seq` of each row it changed.
+    fn append_update_sql(self, writes: usize) -> String {
+        let casts: &[&str] = match self {
+            Self::Sqlite => &[],
+            Self::Postgres => &["::TEXT", "::BIGINT", "::BIGINT", "::BIGINT", "::TEXT"],
+        };
+        let values = (0..writes)
+            .map(|write| format!("({})", placeholders(write * 5 + 1, 5, casts)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "UPDATE sessions SET last_seq = sessions.last_seq + v.column2, \
+             last_activity = CASE WHEN v.column2 > 0 THEN v.column3 \
+             ELSE sessions.last_activity END, \
+             status = COALESCE(v.column5, sessions.status) \
+             FROM (VALUES {values}) AS v \
+             WHERE sessions.id = v.column1 \
+             AND (v.column4 IS NULL OR sessions.last_seq = v.column4) \
+             RETURNING sessions.id AS id, sessions.last_seq AS last_seq"
+        )
+    }
+
+    /// `id, worker, lease_epoch` of those of `runs` runs (`$1…`) that are running; on
+    /// PostgreSQL their rows are locked against a claim until the transaction ends.
+    fn leases_held_sql(self, runs: usize) -> String {
+        let lock = match self {
+            Self::Sqlite => "",
+            Self::Postgres => " FOR SHARE",
+        };
+        format!(
+            "SELECT id, worker, lease_epoch FROM runs WHERE state = 'running' AND id IN ({}){lock}",
+            placeholders(1, runs, &[])
+        )
     }
 }
 
@@ -312,14 +488,9 @@ fn insert_sql(rows: usize) -> String {
         if row > 0 {
             sql.push_str(", ");
         }
-        sql.push_str(&format!(
-            "(${}, ${}, ${}, ${}, ${})",
-            base + 1,
-            base + 2,
-            base + 3,
-            base + 4,
-            base + 5
-        ));
+        sql.push('(');
+        sql.push_str(&placeholders(base + 1, 5, &[]));
+        sql.push(')');
     }
     sql
 }

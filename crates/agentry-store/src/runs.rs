@@ -278,21 +278,6 @@ fn millis(duration: Duration) -> u64 {
 }
 
 impl Dialect {
-    /// Whether a lease is still its worker's: `$1` run, `$2` worker, `$3` epoch. PostgreSQL
-    /// locks the row until the transaction ends, so a claim waits for the fenced write.
-    pub(crate) fn lease_check_sql(self) -> &'static str {
-        match self {
-            Self::Sqlite => {
-                "SELECT 1 AS held FROM runs WHERE id = $1 AND worker = $2 AND lease_epoch = $3 \
-                 AND state = 'running'"
-            }
-            Self::Postgres => {
-                "SELECT 1 AS held FROM runs WHERE id = $1 AND worker = $2 AND lease_epoch = $3 \
-                 AND state = 'running' FOR SHARE"
-            }
-        }
-    }
-
     /// The claim statement: the oldest claimable runs by priority, made `running` under a new
     /// lease, none beyond its agent's limit (runs of a limited agent are ranked within the
     /// agent, and one is claimable while its rank plus the agent's running runs stays within

@@ -13,7 +13,7 @@ use crate::db::{
     ACQUIRE_TIMEOUT, BUSY_TIMEOUT, Db, RowExt, from_db, in_read_tx, in_write_tx, to_db,
     with_reader, with_writer,
 };
-use crate::group_commit::{CommitCounts, GroupWriter, POSTGRES_IN_FLIGHT, Write};
+use crate::group_commit::{CommitCounts, GroupWriter, NewRow, POSTGRES_IN_FLIGHT, Write};
 use crate::model::{now_millis, truncate, validate_event_kind, validate_status};
 use crate::{
     Backend, NewEvent, NewSession, SearchHit, SecretKey, SessionQuery, SessionRecord, StoreError,
@@ -277,24 +277,23 @@ impl Store {
         }
         let metadata = to_json_text(&new.metadata)?;
         let now = now_millis();
-        let id = new.id.to_string();
-        let result = with_writer!(self, |pool, d| {
-            sqlx::query(
-                "INSERT INTO sessions (id, title, status, created_at, last_activity, last_seq, \
-                 read_seq, expires_at, metadata, owner) \
-                 VALUES ($1, $2, 'idle', $3, $3, 0, 0, $4, $5, $6)",
-            )
-            .bind(&id)
-            .bind(new.title.as_deref())
-            .bind(to_db(now))
-            .bind(new.expires_at.map(to_db))
-            .bind(&metadata)
-            .bind(new.owner.as_deref())
-            .execute(pool)
-            .await
-            .map(|_| ())
-        });
-        result.map_err(|e| unique_is_conflict(e, || format!("session {id} already exists")))?;
+        self.inner
+            .writer
+            .write(Write {
+                session: new.id,
+                expected_last_seq: None,
+                events: Vec::new(),
+                lease: None,
+                status: None,
+                now,
+                create: Some(NewRow {
+                    title: new.title.clone(),
+                    expires_at: new.expires_at,
+                    metadata,
+                    owner: new.owner.clone(),
+                }),
+            })
+            .await?;
         Ok(SessionRecord {
             id: new.id,
             title: new.title,
@@ -430,6 +429,7 @@ impl Store {
                 lease: None,
                 status: Some(status.to_owned()),
                 now: now_millis(),
+                create: None,
             })
             .await?;
         Ok(())
@@ -576,6 +576,7 @@ impl Store {
                 lease: lease.cloned(),
                 status: status.map(str::to_owned),
                 now,
+                create: None,
             })
             .await?;
         let first = last + 1 - events.len() as u64;

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use agentry_store::{NewEvent, SessionId, StoreError};
+use agentry_store::{NewEvent, NewSession, SessionId, StoreError};
 use serde_json::json;
 
 use super::support::{Harness, both_backends, new_session};
@@ -97,10 +97,34 @@ async fn two_hundred_sessions_append_concurrently(h: &Harness) {
 /// session, a stale expected seq) is refused alone while the rest of its batch commits; events
 /// and a status sent together land together.
 async fn concurrent_writes_share_commits_and_bad_ones_are_refused_alone(h: &Harness) {
-    let mut ids = Vec::new();
-    for i in 0..100 {
-        ids.push(new_session(&h.store, &format!("g{i}")).await);
+    // Creations go through the same writer: concurrent ones share commits too, and an id that
+    // exists is a conflict for that creation alone.
+    let ids: Vec<SessionId> = (0..100).map(|_| SessionId::new()).collect();
+    let before = h.store.commit_counts();
+    let mut creations = tokio::task::JoinSet::new();
+    for (i, id) in ids.iter().copied().enumerate() {
+        for attempt in 0..if i < 5 { 2 } else { 1 } {
+            let store = h.store.clone();
+            creations.spawn(async move {
+                let mut new = NewSession::with_id(id);
+                new.title = Some(format!("g{i}.{attempt}"));
+                store.create_session(new).await
+            });
+        }
     }
+    let (mut created, mut conflicts) = (0, 0);
+    while let Some(result) = creations.join_next().await {
+        match result.unwrap() {
+            Ok(_) => created += 1,
+            Err(StoreError::Conflict(_)) => conflicts += 1,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!((created, conflicts), (100, 5));
+    let after = h.store.commit_counts();
+    assert_eq!(after.writes - before.writes, 100);
+    assert!(after.commits - before.commits < 100, "{after:?}");
+
     let before = h.store.commit_counts();
     let mut tasks = tokio::task::JoinSet::new();
     for (i, id) in ids.iter().copied().enumerate() {
