@@ -92,6 +92,11 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub network: Option<agentry_core::network::NetworkPolicy>,
+    /// Where its background runs report their end when the run names no `webhook_url` of its
+    /// own: signed and delivered like any run's webhook, under the same rules (http or https,
+    /// no loopback or private address unless the server allows them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_url: Option<String>,
 }
 
 /// The limits of an agent's runs. A run that reaches one stops with a clear stop reason:
@@ -204,6 +209,10 @@ impl AgentConfig {
     /// Checks the fields that need no runtime.
     pub fn check_shape(&self) -> Result<(), AppError> {
         check_name("agent", &self.id)?;
+        if let Some(url) = &self.webhook_url {
+            // Where it may point is the server's to say, at saving and at each submission.
+            crate::webhooks::check_webhook_url(url, true)?;
+        }
         if self
             .nickname
             .as_ref()
@@ -478,6 +487,24 @@ pub async fn validate(
             })?;
     }
     Ok(())
+}
+
+impl crate::App {
+    /// Checks an agent before it is saved: [`validate`] against this app's store, runtime and
+    /// skill folders, and its default webhook against the server's webhook rules.
+    pub async fn validate_agent(&self, agent: &AgentConfig) -> Result<(), AppError> {
+        validate(
+            &self.store,
+            &self.sessions.runtime(),
+            agent,
+            self.tools.skill_roots.as_deref(),
+        )
+        .await?;
+        if let Some(url) = &agent.webhook_url {
+            self.check_webhook(url).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The stored agent named `id`.

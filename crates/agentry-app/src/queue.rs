@@ -333,7 +333,19 @@ impl App {
         }
         // The digest covers the whole submission, its webhook included.
         let digest = digest(&body)?;
-        let webhook_url = body.webhook_url.take();
+        let agent_id = body
+            .agent_id
+            .clone()
+            .or_else(|| body.agent_ids.as_ref().and_then(|ids| ids.first().cloned()));
+        let agent = match &agent_id {
+            Some(id) => crate::agents::stored_agent(&self.store, id).await?,
+            None => None,
+        };
+        // The run's own webhook, else its agent's default.
+        let webhook_url = body
+            .webhook_url
+            .take()
+            .or_else(|| agent.as_ref().and_then(|agent| agent.webhook_url.clone()));
         if let Some(url) = &webhook_url {
             self.check_webhook(url).await?;
         }
@@ -353,21 +365,13 @@ impl App {
         if self.store.queued_runs().await? >= settings.max_queued {
             return Err(queue_full(settings.max_queued));
         }
-        let agent_id = body
-            .agent_id
-            .clone()
-            .or_else(|| body.agent_ids.as_ref().and_then(|ids| ids.first().cloned()));
         let (target, request, policy) = self.prepare_submission(caller, body).await?;
         let Target::Session(session) = target else {
             return Err(AppError::internal("a background run has no session"));
         };
-        let agent_limit = match &agent_id {
-            Some(id) => crate::agents::stored_agent(&self.store, id)
-                .await?
-                .and_then(|agent| agent.limits)
-                .and_then(|limits| limits.max_concurrent_runs),
-            None => None,
-        };
+        let agent_limit = agent
+            .and_then(|agent| agent.limits)
+            .and_then(|limits| limits.max_concurrent_runs);
         let stored = serde_json::to_value(QueuedRequest { request, policy })
             .map_err(|error| AppError::internal(format!("cannot store the request: {error}")))?;
         let run = NewRun {

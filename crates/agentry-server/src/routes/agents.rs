@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::agents::{AgentConfig, stored_agent, validate};
+use agentry_app::agents::{AgentConfig, stored_agent};
 use agentry_app::config::{ConfigRepo, check_name};
 
 use super::config::{ApiJson, ApiPath, created};
@@ -67,13 +67,7 @@ async fn create_agent(
     State(state): State<AppState>,
     ApiJson(agent): ApiJson<AgentConfig>,
 ) -> Result<Response, ApiError> {
-    validate(
-        &state.store,
-        &state.sessions.runtime(),
-        &agent,
-        state.tools.skill_roots.as_deref(),
-    )
-    .await?;
+    state.validate_agent(&agent).await?;
     ConfigRepo::new(&state.store)
         .create(&agent.id, &agent)
         .await?;
@@ -131,13 +125,7 @@ async fn replace_agent(
     if agent.id != id {
         return Err(ApiError::bad_request("the body's id must be the path's id"));
     }
-    validate(
-        &state.store,
-        &state.sessions.runtime(),
-        &agent,
-        state.tools.skill_roots.as_deref(),
-    )
-    .await?;
+    state.validate_agent(&agent).await?;
     let repo = ConfigRepo::<AgentConfig>::new(&state.store);
     let Some(old) = repo.get(&id).await? else {
         return Err(no_agent(&id));

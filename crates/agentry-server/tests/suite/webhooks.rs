@@ -274,3 +274,74 @@ async fn a_run_that_waits_for_a_person_is_told_twice_waiting_then_its_end() {
     assert_eq!(second["data"]["outcome"]["text"], "approved and done");
     assert_ne!(got[0].0, got[1].0, "one delivery id per event");
 }
+
+/// An agent's default webhook hears of its background runs that name none; a run's own
+/// `webhook_url` goes first; a private default is refused when saved unless the server allows
+/// private webhooks.
+#[tokio::test]
+async fn an_agents_default_webhook_hears_of_runs_that_name_none() {
+    let strict = start(false).await;
+    secret(&strict).await;
+    let (url, _) = receiver(vec![]).await;
+    let (status, body) = strict
+        .post(
+            "/v1/agents",
+            json!({"id": "hooked", "model_id": "mock", "webhook_url": url}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("private"),
+        "{body}"
+    );
+    let (status, body) = strict
+        .post(
+            "/v1/agents",
+            json!({"id": "hooked", "model_id": "mock", "webhook_url": "ftp://example.com/x"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+
+    let server = start(true).await;
+    secret(&server).await;
+    let (default_url, by_default) = receiver(vec![]).await;
+    let (own_url, by_own) = receiver(vec![]).await;
+    let (status, body) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "hooked", "model_id": "mock", "webhook_url": default_url}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    for text in ["first", "second"] {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text(text)));
+    }
+    let (status, run) = server
+        .post("/v1/runs", json!({"text": "x", "agent_id": "hooked"}))
+        .await;
+    assert_eq!(status, 202, "{run}");
+    until(|| by_default.lock().unwrap().len() == 1).await;
+    let (status, own) = server
+        .post(
+            "/v1/runs",
+            json!({"text": "y", "agent_id": "hooked", "webhook_url": own_url}),
+        )
+        .await;
+    assert_eq!(status, 202, "{own}");
+    until(|| by_own.lock().unwrap().len() == 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let defaulted: Value = serde_json::from_str(&by_default.lock().unwrap()[0].3).unwrap();
+    assert_eq!(defaulted["data"]["run_id"], run["run_id"]);
+    assert_eq!(
+        by_default.lock().unwrap().len(),
+        1,
+        "the run's own webhook went first"
+    );
+    let owned: Value = serde_json::from_str(&by_own.lock().unwrap()[0].3).unwrap();
+    assert_eq!(owned["data"]["run_id"], own["run_id"]);
+}

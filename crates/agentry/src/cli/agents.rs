@@ -160,8 +160,9 @@ impl AddArgs {
                     summary_model: Some(model),
                     ..Default::default()
                 }),
-            // A narrower network is set in an agent file (`--file`).
+            // A narrower network and a default webhook are set in an agent file (`--file`).
             network: None,
+            webhook_url: None,
         })
     }
 }
