@@ -36,7 +36,12 @@ pub(crate) struct Unobserved;
 impl RunObserver for Unobserved {}
 
 /// Events a slow subscriber may fall behind by before it must catch up from the log.
-const CHANNEL_CAPACITY: usize = 1024;
+/// (A live run's channel allocates all its slots up front: 256 keeps an idle streaming run
+/// small, and at 50 ms between deltas is still minutes of slack.)
+const CHANNEL_CAPACITY: usize = 256;
+
+/// Status changes of every session a feed subscriber may fall behind by.
+const STATUS_CAPACITY: usize = 1024;
 
 /// A live run's fan-out.
 struct LiveRun {
@@ -165,7 +170,7 @@ impl Hub {
     pub fn new(observer: Arc<dyn RunObserver>) -> Self {
         Self {
             live: Arc::default(),
-            status: broadcast::channel(CHANNEL_CAPACITY).0,
+            status: broadcast::channel(STATUS_CAPACITY).0,
             observer,
         }
     }

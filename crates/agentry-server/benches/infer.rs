@@ -45,7 +45,11 @@ async fn server(mock: &MockProvider) -> (String, tempfile::TempDir) {
     let state = AppState::new(store).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
+    tokio::spawn(async move {
+        axum::serve(listener, router(state).into_make_service())
+            .await
+            .unwrap()
+    });
     (url, home)
 }
 

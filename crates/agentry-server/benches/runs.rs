@@ -10,6 +10,11 @@
 //! - `background`: `POST /v1/runs` then `GET /v1/runs/{id}/wait` (queued, claimed under a lease,
 //!   committed, settled), timed from submission to the answer of the wait.
 //!
+//! Then `streams`: 1,000 streaming runs at once (`POST /v1/infer/stream` in new sessions on
+//! SQLite), each answer paced by the mock at 50 ms between its SSE events. The server runs in a
+//! child process (this binary again), so its peak RSS is Agentry's alone; the ideal is the time
+//! one paced answer takes straight from the mock.
+//!
 //! `RUNS_BENCH_ONLY="sqlite durable 20"` runs only the rows whose "backend scenario clients"
 //! contains it (for profiling one of them).
 //!
@@ -27,7 +32,7 @@ use std::time::{Duration, Instant};
 use agentry_app::queue::QueueSettings;
 use agentry_server::{AppState, router};
 use agentry_store::{ConfigKind, Store, StoreOptions};
-use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_testkit::{Chunking, MockProvider, Reply, ScriptedTurn};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -76,7 +81,11 @@ async fn serve(store: Store, mock: &MockProvider) -> String {
     state.start_worker();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
+    tokio::spawn(async move {
+        axum::serve(listener, router(state).into_make_service())
+            .await
+            .unwrap()
+    });
     url
 }
 
@@ -233,11 +242,155 @@ async fn backend(
     }
 }
 
+/// Runs concurrently, events apart, for the streams table.
+const STREAMS: usize = 1000;
+const PACE: Duration = Duration::from_millis(50);
+
+/// The answer each stream gets, word by word: 14 words, 18 SSE events.
+fn paced_answer() -> Reply {
+    Reply::scripted(
+        ScriptedTurn::text(
+            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
+        )
+        .with_usage(30, 14),
+    )
+    .chunked(Chunking::SseEvents)
+    .paced(PACE)
+}
+
+/// The child: serves Agentry on SQLite with the mock at `mock_url`, prints its address, and
+/// runs until killed.
+async fn serve_child(mock_url: String) {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open_home(home.path()).await.unwrap();
+    store
+        .put_config(
+            ConfigKind::Model,
+            "mock",
+            &json!({"id": "mock", "protocol": "openai", "base_url": mock_url, "model_name": "m"}),
+        )
+        .await
+        .unwrap();
+    let state = AppState::new(store).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("http://{}", listener.local_addr().unwrap());
+    axum::serve(listener, router(state).into_make_service())
+        .await
+        .unwrap();
+}
+
+/// A process's `VmRSS` or `VmHWM` (peak), in MiB.
+fn memory_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with(field)).unwrap();
+    let kib: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib / 1024.0
+}
+
+/// The streams table: 1,000 paced streaming runs at once against a child server.
+async fn streams() {
+    use std::io::BufRead;
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_fallback(paced_answer());
+    let http = agentry_llm::http_client(Duration::from_secs(120)).unwrap();
+    // The ideal: one paced answer straight from the mock.
+    let begun = Instant::now();
+    let direct = http
+        .post(format!("{}/chat/completions", mock.openai_base_url()))
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let ideal = begun.elapsed();
+    assert!(direct.ends_with(b"data: [DONE]\n\n"));
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("RUNS_BENCH_SERVE", mock.openai_base_url())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut url = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    let url = url.trim().to_owned();
+    let pid = child.id();
+    // Warm up, then the idle baseline.
+    for _ in 0..5 {
+        stream_once(&http, &url).await;
+    }
+    let idle = memory_mib(pid, "VmRSS");
+    let started = Instant::now();
+    let mut latencies: Vec<Duration> = futures::stream::iter(0..STREAMS)
+        .map(|_| {
+            let http = http.clone();
+            let url = url.clone();
+            async move {
+                let begun = Instant::now();
+                stream_once(&http, &url).await;
+                begun.elapsed()
+            }
+        })
+        .buffer_unordered(STREAMS)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    latencies.sort();
+    let peak = memory_mib(pid, "VmHWM");
+    child.kill().unwrap();
+    let _ = child.wait();
+    let p50 = percentile(&latencies, 0.5);
+    let p99 = percentile(&latencies, 0.99);
+    println!();
+    println!(
+        "| streams | ideal s | p50 s | p99 s | p99 / ideal | all done s | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
+    );
+    println!(
+        "|---------|---------|-------|-------|-------------|------------|---------------------|---------------------|----------------|"
+    );
+    println!(
+        "| {STREAMS:>7} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>10.2} | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
+        ideal.as_secs_f64(),
+        p50.as_secs_f64(),
+        p99.as_secs_f64(),
+        p99.as_secs_f64() / ideal.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        (peak - idle) * 1024.0 / STREAMS as f64,
+    );
+}
+
+/// One streaming run in a new session, read to its end.
+async fn stream_once(http: &reqwest::Client, url: &str) {
+    let response = http
+        .post(format!("{url}/v1/infer/stream"))
+        .json(&json!({"text": "Count.", "model_id": "mock", "session_id": "new"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    let body = response.bytes().await.unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("event: run.finished"), "{body}");
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
+    if let Ok(mock_url) = std::env::var("RUNS_BENCH_SERVE") {
+        runtime.block_on(serve_child(mock_url));
+        return;
+    }
+    let only = std::env::var("RUNS_BENCH_ONLY").unwrap_or_default();
+    if only == "streams" {
+        runtime.block_on(streams());
+        return;
+    }
     runtime.block_on(async {
         println!(
             "| backend    | scenario   | clients |   runs/s |  p50 ms  |  p99 ms  | writes/run | commits/run | xacts/run |"
@@ -274,5 +427,8 @@ fn main() {
             "throughput at 20 clients, as a share of stateless: {}",
             shares.join(", ")
         );
+        if only.is_empty() {
+            streams().await;
+        }
     });
 }

@@ -100,7 +100,9 @@ pub async fn serve(
     let sandboxes = state.sandboxes.clone();
     let pool = state.tools.sandboxes.clone();
     let app = router(state);
-    axum::serve(listener, app)
+    // One router for every connection: `into_make_service` hands each a cheap clone, where
+    // serving the `Router` itself would rebuild every route's service stack per connection.
+    axum::serve(listener, app.into_make_service())
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
     let deadline = tokio::time::Instant::now() + config.shutdown_grace;

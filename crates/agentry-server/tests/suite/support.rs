@@ -153,7 +153,9 @@ pub async fn start_with(
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = router(state.clone());
     tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
+        axum::serve(listener, app.into_make_service())
+            .await
+            .unwrap();
     });
     Server {
         url,

@@ -43,6 +43,9 @@ pub enum Chunking {
     Every(usize),
     /// Cuts at these byte offsets (unsorted, duplicate and out-of-range offsets are ignored).
     At(Vec<usize>),
+    /// One write per server-sent event: cuts after every blank line (`\n\n`), so with
+    /// [`Reply::paced`] each event of a streamed reply arrives `pace` after the previous one.
+    SseEvents,
     /// Writes of seeded pseudo-random sizes between 1 and `max` bytes (`max` 0 behaves as 1).
     Random {
         /// Seed for the size sequence; the same seed gives the same cuts.
@@ -55,9 +58,12 @@ pub enum Chunking {
 impl Chunking {
     /// The byte offsets, strictly inside `0..len` and increasing, where a body of `len` bytes
     /// is cut.
+    ///
+    /// [`Chunking::SseEvents`] cuts where the body's events end, which its length alone does not
+    /// tell: it has no offsets here.
     pub fn cut_offsets(&self, len: usize) -> Vec<usize> {
         match self {
-            Chunking::Whole => Vec::new(),
+            Chunking::Whole | Chunking::SseEvents => Vec::new(),
             Chunking::Every(n) => (1..len.div_ceil((*n).max(1)))
                 .map(|k| k * (*n).max(1))
                 .collect(),
@@ -90,7 +96,16 @@ impl Chunking {
     fn split(&self, body: &Bytes) -> Vec<Bytes> {
         let mut chunks = Vec::new();
         let mut start = 0;
-        for cut in self.cut_offsets(body.len()) {
+        let cuts = match self {
+            Chunking::SseEvents => body
+                .windows(2)
+                .enumerate()
+                .filter(|(at, pair)| pair == b"\n\n" && at + 2 < body.len())
+                .map(|(at, _)| at + 2)
+                .collect(),
+            _ => self.cut_offsets(body.len()),
+        };
+        for cut in cuts {
             chunks.push(body.slice(start..cut));
             start = cut;
         }
@@ -379,5 +394,19 @@ mod tests {
         let chunks = Chunking::Every(2).split(&body);
         assert_eq!(chunks.len(), body.len().div_ceil(2));
         assert_eq!(chunks.concat(), body.to_vec());
+    }
+
+    #[test]
+    fn sse_events_are_one_write_each() {
+        let body = Bytes::from_static(b"data: a\n\ndata: b\n\ndata: [DONE]\n\n");
+        let chunks = Chunking::SseEvents.split(&body);
+        assert_eq!(
+            chunks,
+            vec![
+                Bytes::from_static(b"data: a\n\n"),
+                Bytes::from_static(b"data: b\n\n"),
+                Bytes::from_static(b"data: [DONE]\n\n"),
+            ]
+        );
     }
 }
