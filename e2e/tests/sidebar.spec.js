@@ -9,9 +9,9 @@ function item(page, id) {
 test("statuses change live and unread sessions are marked", async ({ page, env, script }) => {
   await open(page, env, "#/chat");
   // A run started elsewhere (the API): the sidebar shows it running, then done, unread.
-  // Long and slow enough (about a second) that the sidebar shows it running before it ends,
-  // however loaded the machine.
-  await script.enqueue(slowText("A background answer that takes a little while to write out, one piece after another, so that anyone watching the sidebar sees the session running before it is done.", 150));
+  // Long and slow enough (about 4 s: some 175 pieces of 40 bytes, 25 ms apart) that the sidebar
+  // shows it running before it ends, however loaded the machine.
+  await script.enqueue(slowText("A background answer that takes a little while to write out, one piece after another, so that anyone watching the sidebar sees the session running before it is done.", 25));
   const started = fetch(`${env.server.url}/v1/infer/stream`, {
     method: "POST", headers: { "content-type": "application/json" },
     body: JSON.stringify({ session_id: "new", model_id: "mock", text: "Background work" }),

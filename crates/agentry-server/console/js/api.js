@@ -43,7 +43,7 @@ export const del = (path) => api("DELETE", path);
  * Opens an SSE stream and calls onEvent(name, data, id) for each event until it ends, the
  * signal aborts, or it fails. Resolves when the stream is over.
  */
-export async function stream(method, path, body, onEvent, { signal, lastEventId } = {}) {
+export async function stream(method, path, body, onEvent, { signal, lastEventId, onOpen } = {}) {
   const headers = { accept: "text/event-stream" };
   if (body !== undefined) headers["content-type"] = "application/json";
   if (lastEventId) headers["last-event-id"] = String(lastEventId);
@@ -53,6 +53,7 @@ export async function stream(method, path, body, onEvent, { signal, lastEventId 
   });
   if (response.status === 401) unauthorized();
   if (!response.ok) throw new ApiError(response.status, await parse(response));
+  if (onOpen) onOpen();
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   let event = { name: "message", data: [], id: null };

@@ -79,14 +79,18 @@ async function follow() {
       await stream("GET", "/v1/sessions/events", undefined, (name, data) => {
         if (name === "session.status") bus.dispatchEvent(new CustomEvent("status", { detail: data }));
         if (name === "session.lagged") bus.dispatchEvent(new CustomEvent("refresh"));
-      }, { signal });
+      }, {
+        signal,
+        // Subscribed: list the sessions again, so one that changed before the feed was open
+        // (between the first listing and now) is not missed until its next change.
+        onOpen: () => bus.dispatchEvent(new CustomEvent("refresh")),
+      });
     } catch (error) {
       if (signal.aborted) return;
       if (error.status === 401) return;
     }
     if (signal.aborted) return;
     await new Promise((resolve) => setTimeout(resolve, 1500));
-    bus.dispatchEvent(new CustomEvent("refresh"));
   }
 }
 

@@ -22,6 +22,8 @@ export class Sidebar {
     this.current = null;
     this.query = "";
     this.matches = null;
+    /** Feed changes received while a listing is on its way (see `load`). */
+    this.arriving = null;
     this.search = h("input", { type: "search", testid: "session-search", placeholder: "Search sessions (Ctrl+K)", "aria-label": "Search sessions",
       oninput: () => this.filter() });
     this.list = h("nav", { class: "list", "aria-label": "Sessions" });
@@ -35,11 +37,17 @@ export class Sidebar {
   }
 
   async load() {
+    // Changes the feed brings while the list is on its way are newer than it: applied again
+    // after it.
+    const arrived = [];
+    this.arriving = arrived;
     try {
       const data = await get("/v1/sessions?limit=200");
       this.sessions.clear();
       for (const session of data.sessions || []) this.sessions.set(session.id, session);
     } catch { /* the status feed retries */ }
+    if (this.arriving === arrived) this.arriving = null;
+    for (const change of arrived) this.onStatus(change);
     this.render();
   }
 
@@ -57,6 +65,7 @@ export class Sidebar {
    * session is listed straight away and its details (title, whether it is a linked sub-session)
    * are filled in when they arrive, so a later change never loses to an earlier one's fetch. */
   onStatus(change) {
+    if (this.arriving) this.arriving.push(change);
     const id = change.session_id;
     let session = this.sessions.get(id);
     if (!session) {
