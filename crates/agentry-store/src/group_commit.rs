@@ -440,29 +440,61 @@ fn placeholders(first: usize, count: usize, casts: &[&str]) -> String {
 }
 
 impl Dialect {
-    /// For `writes` session rows at once, each given as `(id, count, now, expected, status)`:
+    /// For `writes` session rows at once (distinct), each given as `(id, count, now, expected,
+    /// status)`:
     /// advances `last_seq` by `count` events stamped `now` (the activity time moves only when
     /// there are events), only while `last_seq` is `expected` when that is given, and sets the
     /// status when that is given; returns `id, last_seq` of each row it changed.
     fn append_update_sql(self, writes: usize) -> String {
-        let casts: &[&str] = match self {
-            Self::Sqlite => &[],
-            Self::Postgres => &["::TEXT", "::BIGINT", "::BIGINT", "::BIGINT", "::TEXT"],
-        };
-        let values = (0..writes)
-            .map(|write| format!("({})", placeholders(write * 5 + 1, 5, casts)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!(
-            "UPDATE sessions SET last_seq = sessions.last_seq + v.column2, \
-             last_activity = CASE WHEN v.column2 > 0 THEN v.column3 \
-             ELSE sessions.last_activity END, \
-             status = COALESCE(v.column5, sessions.status) \
-             FROM (VALUES {values}) AS v \
-             WHERE sessions.id = v.column1 \
-             AND (v.column4 IS NULL OR sessions.last_seq = v.column4) \
-             RETURNING sessions.id AS id, sessions.last_seq AS last_seq"
-        )
+        match self {
+            // SQLite looks each row of the VALUES up by the primary key.
+            Self::Sqlite => {
+                let values = (0..writes)
+                    .map(|write| format!("({})", placeholders(write * 5 + 1, 5, &[])))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!(
+                    "UPDATE sessions SET last_seq = sessions.last_seq + v.column2, \
+                     last_activity = CASE WHEN v.column2 > 0 THEN v.column3 \
+                     ELSE sessions.last_activity END, \
+                     status = COALESCE(v.column5, sessions.status) \
+                     FROM (VALUES {values}) AS v \
+                     WHERE sessions.id = v.column1 \
+                     AND (v.column4 IS NULL OR sessions.last_seq = v.column4) \
+                     RETURNING sessions.id AS id, sessions.last_seq AS last_seq"
+                )
+            }
+            // PostgreSQL may join an UPDATE … FROM (VALUES …) by scanning every session (a hash
+            // join, while the table's statistics lag its growth), so each row is its own
+            // UPDATE by primary key, all in one statement of data-modifying CTEs.
+            Self::Postgres => {
+                let updates = (0..writes)
+                    .map(|write| {
+                        let p = write * 5;
+                        format!(
+                            "u{write} AS (UPDATE sessions SET last_seq = last_seq + ${count}::BIGINT, \
+                             last_activity = CASE WHEN ${count}::BIGINT > 0 THEN ${now}::BIGINT \
+                             ELSE last_activity END, \
+                             status = COALESCE(${status}::TEXT, status) \
+                             WHERE id = ${id}::TEXT \
+                             AND (${expected}::BIGINT IS NULL OR last_seq = ${expected}::BIGINT) \
+                             RETURNING id, last_seq)",
+                            id = p + 1,
+                            count = p + 2,
+                            now = p + 3,
+                            expected = p + 4,
+                            status = p + 5,
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let selects = (0..writes)
+                    .map(|write| format!("SELECT id, last_seq FROM u{write}"))
+                    .collect::<Vec<_>>()
+                    .join(" UNION ALL ");
+                format!("WITH {updates} {selects}")
+            }
+        }
     }
 
     /// `id, worker, lease_epoch` of those of `runs` runs (`$1…`) that are running; on
@@ -497,7 +529,99 @@ fn insert_sql(rows: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::insert_sql;
+    use super::{Dialect, insert_sql};
+    use sqlx::{AssertSqlSafe, Connection, Row};
+
+    /// A batch's UPDATE finds its sessions through the primary key, not by scanning the table,
+    /// even before PostgreSQL has statistics for it (a young, fast-growing table).
+    #[tokio::test]
+    async fn the_batch_update_uses_the_primary_key_on_postgres() {
+        let url = std::env::var("AGENTRY_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned());
+        let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
+        let schema = format!("plan_{}", std::process::id());
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; \
+             SET search_path = {schema}; \
+             CREATE TABLE sessions (id TEXT PRIMARY KEY, status TEXT NOT NULL, \
+               last_activity BIGINT NOT NULL, last_seq BIGINT NOT NULL); \
+             INSERT INTO sessions SELECT 's' || g, 'idle', g, 0 \
+               FROM generate_series(1, 20000) g;"
+        )))
+        .execute(&mut db)
+        .await
+        .unwrap();
+        let writes = 60;
+        let sql = format!("EXPLAIN {}", Dialect::Postgres.append_update_sql(writes));
+        let mut explain = sqlx::query(AssertSqlSafe(sql));
+        for write in 0..writes {
+            explain = explain
+                .bind(format!("s{}", write * 300 + 1))
+                .bind(1_i64)
+                .bind(5_i64)
+                .bind(None::<i64>)
+                .bind(None::<String>);
+        }
+        let plan: Vec<String> = explain
+            .fetch_all(&mut db)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<String, _>(0))
+            .collect();
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&mut db)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan on sessions"), "{plan}");
+        assert!(plan.contains("sessions_pkey"), "{plan}");
+    }
+
+    /// SQLite looks the batch's sessions up by the primary key too.
+    #[tokio::test]
+    async fn the_batch_update_uses_the_primary_key_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("plan.db"))
+            .create_if_missing(true);
+        let mut db = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE sessions (id TEXT PRIMARY KEY, status TEXT NOT NULL, \
+             last_activity INTEGER NOT NULL, last_seq INTEGER NOT NULL); \
+             WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000) \
+             INSERT INTO sessions SELECT 's' || n, 'idle', n, 0 FROM g;",
+        )
+        .execute(&mut db)
+        .await
+        .unwrap();
+        let writes = 60;
+        let sql = format!(
+            "EXPLAIN QUERY PLAN {}",
+            Dialect::Sqlite.append_update_sql(writes)
+        );
+        let mut explain = sqlx::query(AssertSqlSafe(sql));
+        for write in 0..writes {
+            explain = explain
+                .bind(format!("s{}", write * 300 + 1))
+                .bind(1_i64)
+                .bind(5_i64)
+                .bind(None::<i64>)
+                .bind(None::<String>);
+        }
+        let plan: Vec<String> = explain
+            .fetch_all(&mut db)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<String, _>("detail"))
+            .collect();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("SCAN sessions"), "{plan}");
+        assert!(plan.contains("SEARCH sessions"), "{plan}");
+    }
 
     #[test]
     fn insert_statement_numbers_its_parameters_row_by_row() {
