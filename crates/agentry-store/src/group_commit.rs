@@ -311,7 +311,7 @@ async fn apply(
         }
         // The session rows, round by round. Updating a row locks it: another connection's
         // append to the same session waits, then sees the new last_seq.
-        let mut rows: Vec<(&str, i64, &str, &str, i64)> = Vec::new();
+        let mut rows: Vec<EventRow<'_>> = Vec::new();
         for round in rounds {
             let round: Vec<usize> = round
                 .into_iter()
@@ -320,20 +320,24 @@ async fn apply(
             if round.is_empty() {
                 continue;
             }
-            let mut update = sqlx::query(sqlx::AssertSqlSafe(d.append_update_sql(round.len())));
-            for index in &round {
-                let write = &batch[*index].write;
-                update = update
-                    .bind(&keys[*index])
-                    .bind(to_db(write.events.len() as u64))
-                    .bind(to_db(write.now))
-                    .bind(write.expected_last_seq.map(to_db))
-                    .bind(write.status.as_deref());
-            }
-            let mut last_seqs = std::collections::HashMap::new();
-            for row in update.fetch_all(&mut *tx).await? {
-                last_seqs.insert(row.text("id")?, row.int("last_seq")?);
-            }
+            let advances: Vec<Advance<'_>> = round
+                .iter()
+                .map(|index| {
+                    let write = &batch[*index].write;
+                    Advance {
+                        id: &keys[*index],
+                        count: to_db(write.events.len() as u64),
+                        now: to_db(write.now),
+                        expected: write.expected_last_seq.map(to_db),
+                        status: write.status.as_deref(),
+                    }
+                })
+                .collect();
+            let last_seqs: std::collections::HashMap<String, i64> =
+                BatchStatements::advance(&mut *tx, &advances)
+                    .await?
+                    .into_iter()
+                    .collect();
             for index in round {
                 let write = &batch[index].write;
                 let Some(last) = last_seqs.get(&keys[index]).copied() else {
@@ -354,23 +358,19 @@ async fn apply(
                 };
                 let first = last - to_db(write.events.len() as u64) + 1;
                 for (seq, (kind, payload)) in (first..).zip(&write.events) {
-                    rows.push((&keys[index], seq, kind, payload, to_db(write.now)));
+                    rows.push(EventRow {
+                        session: &keys[index],
+                        seq,
+                        kind,
+                        payload,
+                        created_at: to_db(write.now),
+                    });
                 }
                 results[index] = Some(Ok(from_db(last)));
             }
         }
-        for chunk in rows.chunks(ROWS_PER_INSERT) {
-            // Only placeholders vary, no value is spelled into the text.
-            let mut insert = sqlx::query(sqlx::AssertSqlSafe(insert_sql(chunk.len())));
-            for (key, seq, kind, payload, created_at) in chunk {
-                insert = insert
-                    .bind(*key)
-                    .bind(*seq)
-                    .bind(*kind)
-                    .bind(*payload)
-                    .bind(*created_at);
-            }
-            insert.execute(&mut *tx).await?;
+        if !rows.is_empty() {
+            BatchStatements::insert_events(&mut *tx, &rows).await?;
         }
     });
     Ok(results
@@ -396,6 +396,163 @@ fn rounds_of(batch: &[Pending]) -> Vec<Vec<usize>> {
         *round += 1;
     }
     rounds
+}
+
+/// One session row a round advances.
+struct Advance<'a> {
+    id: &'a str,
+    /// Events appended.
+    count: i64,
+    /// Their time, Unix milliseconds.
+    now: i64,
+    /// Only while `last_seq` is this, when given.
+    expected: Option<i64>,
+    /// The new status, when given.
+    status: Option<&'a str>,
+}
+
+/// One event row to insert.
+struct EventRow<'a> {
+    session: &'a str,
+    seq: i64,
+    kind: &'a str,
+    payload: &'a str,
+    created_at: i64,
+}
+
+/// A batch's two big statements, as each backend spells them best.
+trait BatchStatements {
+    /// Advances each row's `last_seq` by its count (the activity time moves only when there
+    /// are events; the status is set when given), only while `last_seq` is its `expected`
+    /// when that is given. The rows name distinct sessions. Returns `(id, last_seq)` of each
+    /// row changed.
+    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError>;
+
+    /// Inserts the events.
+    async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError>;
+}
+
+/// SQLite: multi-row statements (it looks each row of the VALUES up by the primary key).
+impl BatchStatements for sqlx::SqliteConnection {
+    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut update = sqlx::query(sqlx::AssertSqlSafe(sqlite_advance_sql(rows.len())));
+        for row in rows {
+            update = update
+                .bind(row.id)
+                .bind(row.count)
+                .bind(row.now)
+                .bind(row.expected)
+                .bind(row.status);
+        }
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in update.fetch_all(&mut *self).await? {
+            changed.push((row.text("id")?, row.int("last_seq")?));
+        }
+        Ok(changed)
+    }
+
+    async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
+        for chunk in rows.chunks(ROWS_PER_INSERT) {
+            // Only placeholders vary, no value is spelled into the text.
+            let mut insert = sqlx::query(sqlx::AssertSqlSafe(insert_sql(chunk.len())));
+            for row in chunk {
+                insert = insert
+                    .bind(row.session)
+                    .bind(row.seq)
+                    .bind(row.kind)
+                    .bind(row.payload)
+                    .bind(row.created_at);
+            }
+            insert.execute(&mut *self).await?;
+        }
+        Ok(())
+    }
+}
+
+/// PostgreSQL: each session found by its primary key; the events travel as arrays, so the
+/// insert's text (and its prepared plan) is the same whatever the batch's size.
+impl BatchStatements for sqlx::PgConnection {
+    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut update = sqlx::query(sqlx::AssertSqlSafe(postgres_advance_sql(rows.len())));
+        for row in rows {
+            update = update
+                .bind(row.id)
+                .bind(row.count)
+                .bind(row.now)
+                .bind(row.expected)
+                .bind(row.status);
+        }
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in update.fetch_all(&mut *self).await? {
+            changed.push((row.text("id")?, row.int("last_seq")?));
+        }
+        Ok(changed)
+    }
+
+    async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO events (session_id, seq, kind, payload, created_at) \
+             SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[])",
+        )
+        .bind(rows.iter().map(|row| row.session).collect::<Vec<_>>())
+        .bind(rows.iter().map(|row| row.seq).collect::<Vec<_>>())
+        .bind(rows.iter().map(|row| row.kind).collect::<Vec<_>>())
+        .bind(rows.iter().map(|row| row.payload).collect::<Vec<_>>())
+        .bind(rows.iter().map(|row| row.created_at).collect::<Vec<_>>())
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+}
+
+/// PostgreSQL's advance for `rows` rows, each `(id, count, now, expected, status)`. A join with
+/// the rows (`UPDATE … FROM (VALUES …)` or `unnest`) is planned as a hash join over every
+/// session while the table's statistics lag its growth, so each row is its own `UPDATE` by
+/// primary key, all in one statement of data-modifying CTEs.
+fn postgres_advance_sql(rows: usize) -> String {
+    let updates = (0..rows)
+        .map(|row| {
+            let p = row * 5;
+            format!(
+                "u{row} AS (UPDATE sessions SET last_seq = last_seq + ${count}::BIGINT, \
+                 last_activity = CASE WHEN ${count}::BIGINT > 0 THEN ${now}::BIGINT \
+                 ELSE last_activity END, \
+                 status = COALESCE(${status}::TEXT, status) \
+                 WHERE id = ${id}::TEXT \
+                 AND (${expected}::BIGINT IS NULL OR last_seq = ${expected}::BIGINT) \
+                 RETURNING id, last_seq)",
+                id = p + 1,
+                count = p + 2,
+                now = p + 3,
+                expected = p + 4,
+                status = p + 5,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let selects = (0..rows)
+        .map(|row| format!("SELECT id, last_seq FROM u{row}"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    format!("WITH {updates} {selects}")
+}
+
+/// SQLite's advance for `rows` rows, each `(id, count, now, expected, status)`.
+fn sqlite_advance_sql(rows: usize) -> String {
+    let values = (0..rows)
+        .map(|row| format!("({})", placeholders(row * 5 + 1, 5, &[])))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "UPDATE sessions SET last_seq = sessions.last_seq + v.column2, \
+         last_activity = CASE WHEN v.column2 > 0 THEN v.column3 \
+         ELSE sessions.last_activity END, \
+         status = COALESCE(v.column5, sessions.status) \
+         FROM (VALUES {values}) AS v \
+         WHERE sessions.id = v.column1 \
+         AND (v.column4 IS NULL OR sessions.last_seq = v.column4) \
+         RETURNING sessions.id AS id, sessions.last_seq AS last_seq"
+    )
 }
 
 /// `INSERT INTO sessions …` for `rows` new sessions, each given as `(id, title, now,
@@ -440,63 +597,6 @@ fn placeholders(first: usize, count: usize, casts: &[&str]) -> String {
 }
 
 impl Dialect {
-    /// For `writes` session rows at once (distinct), each given as `(id, count, now, expected,
-    /// status)`:
-    /// advances `last_seq` by `count` events stamped `now` (the activity time moves only when
-    /// there are events), only while `last_seq` is `expected` when that is given, and sets the
-    /// status when that is given; returns `id, last_seq` of each row it changed.
-    fn append_update_sql(self, writes: usize) -> String {
-        match self {
-            // SQLite looks each row of the VALUES up by the primary key.
-            Self::Sqlite => {
-                let values = (0..writes)
-                    .map(|write| format!("({})", placeholders(write * 5 + 1, 5, &[])))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                format!(
-                    "UPDATE sessions SET last_seq = sessions.last_seq + v.column2, \
-                     last_activity = CASE WHEN v.column2 > 0 THEN v.column3 \
-                     ELSE sessions.last_activity END, \
-                     status = COALESCE(v.column5, sessions.status) \
-                     FROM (VALUES {values}) AS v \
-                     WHERE sessions.id = v.column1 \
-                     AND (v.column4 IS NULL OR sessions.last_seq = v.column4) \
-                     RETURNING sessions.id AS id, sessions.last_seq AS last_seq"
-                )
-            }
-            // PostgreSQL may join an UPDATE … FROM (VALUES …) by scanning every session (a hash
-            // join, while the table's statistics lag its growth), so each row is its own
-            // UPDATE by primary key, all in one statement of data-modifying CTEs.
-            Self::Postgres => {
-                let updates = (0..writes)
-                    .map(|write| {
-                        let p = write * 5;
-                        format!(
-                            "u{write} AS (UPDATE sessions SET last_seq = last_seq + ${count}::BIGINT, \
-                             last_activity = CASE WHEN ${count}::BIGINT > 0 THEN ${now}::BIGINT \
-                             ELSE last_activity END, \
-                             status = COALESCE(${status}::TEXT, status) \
-                             WHERE id = ${id}::TEXT \
-                             AND (${expected}::BIGINT IS NULL OR last_seq = ${expected}::BIGINT) \
-                             RETURNING id, last_seq)",
-                            id = p + 1,
-                            count = p + 2,
-                            now = p + 3,
-                            expected = p + 4,
-                            status = p + 5,
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let selects = (0..writes)
-                    .map(|write| format!("SELECT id, last_seq FROM u{write}"))
-                    .collect::<Vec<_>>()
-                    .join(" UNION ALL ");
-                format!("WITH {updates} {selects}")
-            }
-        }
-    }
-
     /// `id, worker, lease_epoch` of those of `runs` runs (`$1…`) that are running; on
     /// PostgreSQL their rows are locked against a claim until the transaction ends.
     fn leases_held_sql(self, runs: usize) -> String {
@@ -529,7 +629,7 @@ fn insert_sql(rows: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Dialect, insert_sql};
+    use super::{insert_sql, postgres_advance_sql, sqlite_advance_sql};
     use sqlx::{AssertSqlSafe, Connection, Row};
 
     /// A batch's UPDATE finds its sessions through the primary key, not by scanning the table,
@@ -552,7 +652,7 @@ mod tests {
         .await
         .unwrap();
         let writes = 60;
-        let sql = format!("EXPLAIN {}", Dialect::Postgres.append_update_sql(writes));
+        let sql = format!("EXPLAIN {}", postgres_advance_sql(writes));
         let mut explain = sqlx::query(AssertSqlSafe(sql));
         for write in 0..writes {
             explain = explain
@@ -598,10 +698,7 @@ mod tests {
         .await
         .unwrap();
         let writes = 60;
-        let sql = format!(
-            "EXPLAIN QUERY PLAN {}",
-            Dialect::Sqlite.append_update_sql(writes)
-        );
+        let sql = format!("EXPLAIN QUERY PLAN {}", sqlite_advance_sql(writes));
         let mut explain = sqlx::query(AssertSqlSafe(sql));
         for write in 0..writes {
             explain = explain
