@@ -117,13 +117,22 @@ impl App {
         let mut guard = CancelOnDrop::new(self.hub.clone(), cancel_on_drop.then_some(session));
         let mut run_id = known;
         let mut end = None;
+        // The run's committed steps as they went by: when the subscription saw the run start
+        // and missed nothing, they are the run's whole record and the log need not be read.
+        let mut committed = Vec::new();
+        let mut whole = false;
         loop {
             match subscription.events.recv().await {
                 Ok(event) => match event.as_ref() {
                     RunEvent::Committed {
                         event: SessionEvent::RunStarted { run_id: id, .. },
                         ..
-                    } => run_id = Some(*id),
+                    } => {
+                        run_id = Some(*id);
+                        whole = committed.is_empty();
+                        committed.push(event);
+                    }
+                    RunEvent::Committed { .. } => committed.push(event),
                     RunEvent::RunFinished { .. }
                     | RunEvent::RunFailed { .. }
                     | RunEvent::RunSuspended { .. } => {
@@ -132,7 +141,10 @@ impl App {
                     }
                     _ => {}
                 },
-                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Lagged(_)) => {
+                    whole = false;
+                    continue;
+                }
                 Err(RecvError::Closed) => break,
             }
         }
@@ -140,7 +152,15 @@ impl App {
         let Some(end) = end else {
             return Err(AppError::internal("the run ended without a final event"));
         };
-        let (messages, note) = self.run_messages(session, run_id).await?;
+        let (messages, note) = if whole {
+            let events = committed.iter().filter_map(|event| match event.as_ref() {
+                RunEvent::Committed { event, .. } => Some(event.clone()),
+                _ => None,
+            });
+            messages_of(events, run_id)
+        } else {
+            self.run_messages(session, run_id).await?
+        };
         let mut outcome = RunOutcome {
             note,
             success: true,
@@ -268,7 +288,10 @@ impl App {
 
 /// The messages a run added (user, assistant, tool), and its end's note, from its session's
 /// events.
-fn messages_of(events: Vec<SessionEvent>, run_id: Option<RunId>) -> (Vec<Message>, Option<String>) {
+fn messages_of(
+    events: impl IntoIterator<Item = SessionEvent>,
+    run_id: Option<RunId>,
+) -> (Vec<Message>, Option<String>) {
     let mut note = None;
     let messages = events
         .into_iter()
