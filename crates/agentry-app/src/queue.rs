@@ -274,6 +274,51 @@ fn state_of(outcome: &RunOutcome) -> RunState {
 }
 
 impl App {
+    /// At start-up: resumes the runs a stop left in flight, except background runs that are
+    /// `running` in the queue. Those belong to the queue: a worker claims each once its lease
+    /// expires (here, or on another node if that node is alive and still holds it, never
+    /// both) and resumes it fenced by its new lease. Returns how many runs were resumed.
+    pub async fn recover_at_start(&self) -> usize {
+        let sessions = match self.sessions.interrupted_sessions().await {
+            Ok(sessions) => sessions,
+            Err(error) => {
+                tracing::error!("start-up recovery failed: {error}");
+                return 0;
+            }
+        };
+        let mut resumed = 0;
+        for session in sessions {
+            let query = RunQuery {
+                session_id: Some(session),
+                state: Some(RunState::Running),
+                limit: 1,
+                ..RunQuery::default()
+            };
+            match self.store.list_runs(&query).await {
+                Ok(runs) if !runs.is_empty() => {
+                    tracing::info!(%session, run = %runs[0].id, "an interrupted background run is left to the queue");
+                    continue;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    // Unknown: leave it; resuming a run another node holds would interleave.
+                    tracing::error!(%session, "start-up recovery skipped the session: {error}");
+                    continue;
+                }
+            }
+            match self.sessions.recover_session(session).await {
+                Ok(Some(stream)) => {
+                    tracing::info!(%session, "resuming a run interrupted by the last shutdown");
+                    self.hub.adopt(session, stream);
+                    resumed += 1;
+                }
+                Ok(None) => {}
+                Err(error) => tracing::error!(%session, "could not resume the session: {error}"),
+            }
+        }
+        resumed
+    }
+
     /// The queue's settings (this process's worker).
     pub fn queue_settings(&self) -> QueueSettings {
         self.queue.settings()

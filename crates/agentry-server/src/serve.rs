@@ -83,15 +83,7 @@ pub async fn serve(
     state: AppState,
     config: &ServerConfig,
 ) -> Result<(), ServeError> {
-    match state.sessions.recover().await {
-        Ok(recovered) => {
-            for (session, stream) in recovered {
-                tracing::info!(%session, "resuming a run interrupted by the last shutdown");
-                state.hub.adopt(session, stream);
-            }
-        }
-        Err(error) => tracing::error!("start-up recovery failed: {error}"),
-    }
+    state.recover_at_start().await;
     // The background-run worker: claims queued runs (and runs whose worker died) from now on.
     state.start_worker();
     let shutdown = state.shutdown.clone();

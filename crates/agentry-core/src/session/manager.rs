@@ -968,17 +968,30 @@ impl SessionManager {
     /// running). Call once at start-up, before accepting new work.
     pub async fn recover(&self) -> Result<Vec<(SessionId, RunStream)>, SessionError> {
         let mut resumed = Vec::new();
-        for session in self
-            .inner
-            .log
-            .sessions_with_status(SessionStatus::Running)
-            .await?
-        {
-            if let Some(stream) = self.resume_from_log(session, false).await? {
+        for session in self.interrupted_sessions().await? {
+            if let Some(stream) = self.recover_session(session).await? {
                 resumed.push((session, stream));
             }
         }
         Ok(resumed)
+    }
+
+    /// The sessions [`SessionManager::recover`] would resume: marked running in the log.
+    pub async fn interrupted_sessions(&self) -> Result<Vec<SessionId>, SessionError> {
+        Ok(self
+            .inner
+            .log
+            .sessions_with_status(SessionStatus::Running)
+            .await?)
+    }
+
+    /// Resumes one interrupted session as [`SessionManager::recover`] does (`None` when its
+    /// log shows no run in flight after all).
+    pub async fn recover_session(
+        &self,
+        session: SessionId,
+    ) -> Result<Option<RunStream>, SessionError> {
+        self.resume_from_log(session, false).await
     }
 
     fn resumed_state(

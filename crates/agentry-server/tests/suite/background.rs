@@ -407,3 +407,94 @@ async fn an_agents_limit_runs_its_background_runs_one_at_a_time() {
         assert_eq!(wait(&server, id).await["state"], "succeeded");
     }
 }
+
+/// Start-up recovery resumes a run a stop left in flight, but not a background run that is
+/// `running` in the queue: another node may hold its lease, and resuming it here would
+/// interleave two drivers in one session. The queue's worker resumes it, fenced, once the lease
+/// expires.
+#[tokio::test]
+async fn start_up_recovery_leaves_running_background_runs_to_the_queue() {
+    use agentry_store::{NewEvent, NewRun, NewSession};
+    use agentry_types::{RunId, SessionId};
+    let server = start_with(host_commands, |_| {}).await;
+    let store = server.state.store.clone();
+    // A real run's start, to copy into two sessions that a crash left mid-run.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("first")));
+    let (status, done) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "model_id": "mock", "text": "Hello"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    let model_session: SessionId = done["session_id"].as_str().unwrap().parse().unwrap();
+    let started: Vec<NewEvent> = store
+        .events(model_session, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|event| event.kind == "run_started" || event.kind == "message")
+        .map(|event| {
+            let mut payload = event.payload;
+            payload["run_id"] = json!(RunId::new().to_string());
+            NewEvent::new(event.kind, payload)
+        })
+        .collect();
+    assert_eq!(started.len(), 2, "{started:?}");
+    let interrupted = || async {
+        let session = store.create_session(NewSession::new()).await.unwrap().id;
+        store
+            .append_and_set_status(session, &started, "running", None)
+            .await
+            .unwrap();
+        session
+    };
+    let queued = interrupted().await;
+    let plain = interrupted().await;
+    // The background run is running under another node's live lease.
+    store
+        .enqueue_run(
+            &NewRun {
+                id: RunId::new(),
+                session_id: queued,
+                agent_id: None,
+                owner: None,
+                priority: 0,
+                idempotency_key: None,
+                schedule_id: None,
+                webhook_url: None,
+                agent_limit: None,
+                request_digest: "d".into(),
+                request: json!({}),
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    let claimed = store
+        .claim_runs("other-node", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("resumed")));
+    assert_eq!(server.state.recover_at_start().await, 1);
+    assert!(!server.state.hub.is_live(queued), "left to the queue");
+    // The plain one was resumed and ends; the queued one's log is untouched.
+    for _ in 0..200 {
+        if store.session(plain).await.unwrap().unwrap().status == "idle" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(store.session(plain).await.unwrap().unwrap().status, "idle");
+    assert_eq!(store.events(queued, 0, 100).await.unwrap().len(), 2);
+    assert_eq!(
+        store.session(queued).await.unwrap().unwrap().status,
+        "running"
+    );
+}
