@@ -216,10 +216,11 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
 /// One transaction for `batch`: the outer error when it could not commit, else each write's
 /// own result.
 ///
-/// Three kinds of statement, whatever the batch's size: one read of the leases the writes are
-/// fenced by, one multi-row `UPDATE … FROM (VALUES …)` of the session rows per round (a round
-/// holds each session at most once; a session's second write in the batch goes in the second
-/// round, after the first), and one multi-row `INSERT` of the events per 500 rows.
+/// A few statements whatever the batch's size: one insert of the new sessions, one read of
+/// the leases the writes are fenced by, one statement advancing the session rows per round (a
+/// round holds each session at most once; a session's second write in the batch goes in the
+/// second round, after the first), and the events' insert ([`BatchStatements`] spells the last
+/// two per backend).
 async fn apply(
     store: &Store,
     batch: &[Pending],
