@@ -433,11 +433,12 @@ trait BatchStatements {
     async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError>;
 }
 
-/// SQLite: multi-row statements (it looks each row of the VALUES up by the primary key).
-impl BatchStatements for sqlx::SqliteConnection {
-    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
-        let mut update = sqlx::query(sqlx::AssertSqlSafe(sqlite_advance_sql(rows.len())));
-        for row in rows {
+/// The body of [`BatchStatements::advance`] on either connection: the statement `$sql` builds
+/// for the rows, each bound `(id, count, now, expected, status)`.
+macro_rules! advance_rows {
+    ($connection:ident, $sql:ident, $rows:ident) => {{
+        let mut update = sqlx::query(sqlx::AssertSqlSafe($sql($rows.len())));
+        for row in $rows {
             update = update
                 .bind(row.id)
                 .bind(row.count)
@@ -445,11 +446,18 @@ impl BatchStatements for sqlx::SqliteConnection {
                 .bind(row.expected)
                 .bind(row.status);
         }
-        let mut changed = Vec::with_capacity(rows.len());
-        for row in update.fetch_all(&mut *self).await? {
+        let mut changed = Vec::with_capacity($rows.len());
+        for row in update.fetch_all(&mut *$connection).await? {
             changed.push((row.text("id")?, row.int("last_seq")?));
         }
         Ok(changed)
+    }};
+}
+
+/// SQLite: multi-row statements (it looks each row of the VALUES up by the primary key).
+impl BatchStatements for sqlx::SqliteConnection {
+    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
+        advance_rows!(self, sqlite_advance_sql, rows)
     }
 
     async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
@@ -474,20 +482,7 @@ impl BatchStatements for sqlx::SqliteConnection {
 /// insert's text (and its prepared plan) is the same whatever the batch's size.
 impl BatchStatements for sqlx::PgConnection {
     async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
-        let mut update = sqlx::query(sqlx::AssertSqlSafe(postgres_advance_sql(rows.len())));
-        for row in rows {
-            update = update
-                .bind(row.id)
-                .bind(row.count)
-                .bind(row.now)
-                .bind(row.expected)
-                .bind(row.status);
-        }
-        let mut changed = Vec::with_capacity(rows.len());
-        for row in update.fetch_all(&mut *self).await? {
-            changed.push((row.text("id")?, row.int("last_seq")?));
-        }
-        Ok(changed)
+        advance_rows!(self, postgres_advance_sql, rows)
     }
 
     async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
