@@ -93,6 +93,35 @@ impl StoreLog {
     }
 }
 
+impl StoreLog {
+    /// Appends `events` (with the session's new `status`, when given, in the same commit),
+    /// fenced by the lease of their run when this process's worker holds one; returns the seq
+    /// of the last event.
+    async fn write(
+        &self,
+        session: SessionId,
+        events: &[SessionEvent],
+        status: Option<SessionStatus>,
+    ) -> Result<u64, LogError> {
+        let records = records_of(events)?;
+        let fence = events
+            .first()
+            .and_then(|event| self.fences.of(event.run_id()));
+        let stored = match (status, &fence) {
+            (Some(status), fence) => {
+                self.store
+                    .append_and_set_status(session, &records, status.as_str(), fence.as_ref())
+                    .await
+            }
+            (None, Some(lease)) => self.store.append_fenced(session, &records, lease).await,
+            (None, None) => self.store.append(session, None, &records).await,
+        }
+        .map_err(log_error(session))?;
+        self.remember_compaction_memories(session, events).await;
+        Ok(stored.last().map_or(0, |event| event.seq))
+    }
+}
+
 fn storage(error: StoreError) -> LogError {
     LogError::Storage(error.to_string())
 }
@@ -120,19 +149,15 @@ fn log_error(session: SessionId) -> impl Fn(StoreError) -> LogError {
 impl SessionLog for StoreLog {
     fn create(&self, session: SessionId) -> BoxFuture<'_, Result<(), LogError>> {
         Box::pin(async move {
-            if self
+            // A session that exists already is fine: creating it is the check.
+            match self
                 .store
-                .session(session)
+                .create_session(NewSession::with_id(session))
                 .await
-                .map_err(storage)?
-                .is_none()
             {
-                self.store
-                    .create_session(NewSession::with_id(session))
-                    .await
-                    .map_err(storage)?;
+                Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+                Err(error) => Err(storage(error)),
             }
-            Ok(())
         })
     }
 
@@ -141,19 +166,7 @@ impl SessionLog for StoreLog {
         session: SessionId,
         events: Vec<SessionEvent>,
     ) -> BoxFuture<'_, Result<u64, LogError>> {
-        Box::pin(async move {
-            let records = records_of(&events)?;
-            let fence = events
-                .first()
-                .and_then(|event| self.fences.of(event.run_id()));
-            let appended = match &fence {
-                Some(lease) => self.store.append_fenced(session, &records, lease).await,
-                None => self.store.append(session, None, &records).await,
-            };
-            let stored = appended.map_err(log_error(session))?;
-            self.remember_compaction_memories(session, &events).await;
-            Ok(stored.last().map_or(0, |event| event.seq))
-        })
+        Box::pin(async move { self.write(session, &events, None).await })
     }
 
     fn append_with_status(
@@ -162,19 +175,7 @@ impl SessionLog for StoreLog {
         events: Vec<SessionEvent>,
         status: SessionStatus,
     ) -> BoxFuture<'_, Result<u64, LogError>> {
-        Box::pin(async move {
-            let records = records_of(&events)?;
-            let fence = events
-                .first()
-                .and_then(|event| self.fences.of(event.run_id()));
-            let stored = self
-                .store
-                .append_and_set_status(session, &records, status.as_str(), fence.as_ref())
-                .await
-                .map_err(log_error(session))?;
-            self.remember_compaction_memories(session, &events).await;
-            Ok(stored.last().map_or(0, |event| event.seq))
-        })
+        Box::pin(async move { self.write(session, &events, Some(status)).await })
     }
 
     fn load(

@@ -536,7 +536,7 @@ fn postgres_advance_sql(rows: usize) -> String {
 /// SQLite's advance for `rows` rows, each `(id, count, now, expected, status)`.
 fn sqlite_advance_sql(rows: usize) -> String {
     let values = (0..rows)
-        .map(|row| format!("({})", placeholders(row * 5 + 1, 5, &[])))
+        .map(|row| format!("({})", placeholders(row * 5 + 1, 5)))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
@@ -578,16 +578,10 @@ fn create_sql(rows: usize) -> String {
     )
 }
 
-/// `$first, $first + 1, …` for `count` parameters, each with `cast` after it.
-fn placeholders(first: usize, count: usize, casts: &[&str]) -> String {
+/// `$first, $first + 1, …` for `count` parameters.
+fn placeholders(first: usize, count: usize) -> String {
     (0..count)
-        .map(|offset| {
-            format!(
-                "${}{}",
-                first + offset,
-                casts.get(offset).copied().unwrap_or("")
-            )
-        })
+        .map(|offset| format!("${}", first + offset))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -602,7 +596,7 @@ impl Dialect {
         };
         format!(
             "SELECT id, worker, lease_epoch FROM runs WHERE state = 'running' AND id IN ({}){lock}",
-            placeholders(1, runs, &[])
+            placeholders(1, runs)
         )
     }
 }
@@ -617,7 +611,7 @@ fn insert_sql(rows: usize) -> String {
             sql.push_str(", ");
         }
         sql.push('(');
-        sql.push_str(&placeholders(base + 1, 5, &[]));
+        sql.push_str(&placeholders(base + 1, 5));
         sql.push(')');
     }
     sql
@@ -627,6 +621,23 @@ fn insert_sql(rows: usize) -> String {
 mod tests {
     use super::{insert_sql, postgres_advance_sql, sqlite_advance_sql};
     use sqlx::{AssertSqlSafe, Connection, Row};
+
+    /// `$query` with `$writes` advance rows bound: sessions spread over the table, one event
+    /// each, no expected seq, no status.
+    macro_rules! bind_spread_writes {
+        ($query:expr, $writes:expr) => {{
+            let mut query = $query;
+            for write in 0..$writes {
+                query = query
+                    .bind(format!("s{}", write * 300 + 1))
+                    .bind(1_i64)
+                    .bind(5_i64)
+                    .bind(None::<i64>)
+                    .bind(None::<String>);
+            }
+            query
+        }};
+    }
 
     /// A batch's UPDATE finds its sessions through the primary key, not by scanning the table,
     /// even before PostgreSQL has statistics for it (a young, fast-growing table).
@@ -649,15 +660,7 @@ mod tests {
         .unwrap();
         let writes = 60;
         let sql = format!("EXPLAIN {}", postgres_advance_sql(writes));
-        let mut explain = sqlx::query(AssertSqlSafe(sql));
-        for write in 0..writes {
-            explain = explain
-                .bind(format!("s{}", write * 300 + 1))
-                .bind(1_i64)
-                .bind(5_i64)
-                .bind(None::<i64>)
-                .bind(None::<String>);
-        }
+        let explain = bind_spread_writes!(sqlx::query(AssertSqlSafe(sql)), writes);
         let plan: Vec<String> = explain
             .fetch_all(&mut db)
             .await
@@ -695,15 +698,7 @@ mod tests {
         .unwrap();
         let writes = 60;
         let sql = format!("EXPLAIN QUERY PLAN {}", sqlite_advance_sql(writes));
-        let mut explain = sqlx::query(AssertSqlSafe(sql));
-        for write in 0..writes {
-            explain = explain
-                .bind(format!("s{}", write * 300 + 1))
-                .bind(1_i64)
-                .bind(5_i64)
-                .bind(None::<i64>)
-                .bind(None::<String>);
-        }
+        let explain = bind_spread_writes!(sqlx::query(AssertSqlSafe(sql)), writes);
         let plan: Vec<String> = explain
             .fetch_all(&mut db)
             .await

@@ -166,7 +166,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         while matches!(stdin.read(&mut buffer).await, Ok(n) if n > 0) {}
     };
     tokio::select! {
-        served = axum::serve(listener, app) => served?,
+        served = axum::serve(listener, app.into_make_service()) => served?,
         () = stdin_closed => {}
         _ = tokio::signal::ctrl_c() => {}
     }

@@ -91,8 +91,8 @@ impl MockProvider {
             .fallback(handle)
             .with_state(Arc::clone(&shared));
         let shutdown = CancellationToken::new();
-        let server =
-            axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let server = axum::serve(listener, app.into_make_service())
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         tokio::spawn(async move {
             if let Err(error) = server.await {
                 tracing::warn!(%error, "agentry-testkit: mock provider server failed");
