@@ -22,6 +22,7 @@ pub mod error;
 pub mod group;
 pub mod hub;
 pub mod ids;
+pub mod linglong;
 pub mod mcp_server;
 pub mod mcp_service;
 pub mod mcp_tools;

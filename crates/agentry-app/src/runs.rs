@@ -49,6 +49,8 @@ pub struct RunInput {
     pub compaction: Option<CompactionSettings>,
     /// The user the run is for (their memories join the agent's).
     pub user: Option<String>,
+    /// Earlier conversation, for an ephemeral run only (a session's comes from its log).
+    pub history: Vec<Message>,
     /// The new input.
     pub input: Option<Input>,
     /// Where it runs.
@@ -74,6 +76,11 @@ pub async fn prepare(
 ) -> Result<(Target, RunRequest), AppError> {
     if let Some(user) = &input.user {
         crate::config::check_name("user", user)?;
+    }
+    if !input.history.is_empty() && input.session != SessionChoice::Ephemeral {
+        return Err(AppError::bad_request(
+            "a session's conversation comes from its log: send only the new message",
+        ));
     }
     // The agent the run runs as (`talk_to` refuses to target it): its settings, under what the
     // input itself says.
@@ -120,6 +127,7 @@ pub async fn prepare(
         },
     };
     request.input = input.input;
+    request.history = input.history;
     // A `user` key runs only within its limits (the agent it runs as brings its own tools).
     let named_tools = if input.agent_id.is_some() {
         None
@@ -157,7 +165,7 @@ pub async fn prepare(
                      `approvals` say otherwise",
                 ));
             }
-            if request.input.is_none() {
+            if request.input.is_none() && request.history.is_empty() {
                 return Err(AppError::bad_request(
                     "the request has no input (`text` or `messages`)",
                 ));

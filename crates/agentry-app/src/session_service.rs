@@ -373,6 +373,19 @@ impl App {
         &self,
         record: &SessionRecord,
     ) -> Result<ContinueOutcome, AppError> {
+        self.continue_followed(record).await?;
+        Ok(ContinueOutcome {
+            session_id: record.id,
+            stream: crate::approvals::stream_path(record.id),
+        })
+    }
+
+    /// [`App::continue_session`], answering a subscription that misses none of the run's
+    /// events.
+    pub async fn continue_followed(
+        &self,
+        record: &SessionRecord,
+    ) -> Result<crate::hub::Subscription, AppError> {
         if self.hub.is_live(record.id) {
             return Err(AppError::conflict(format!(
                 "session {} has a run in progress",
@@ -392,11 +405,7 @@ impl App {
                     .await?
             }
         };
-        self.hub.adopt(record.id, stream);
-        Ok(ContinueOutcome {
-            session_id: record.id,
-            stream: crate::approvals::stream_path(record.id),
-        })
+        Ok(self.hub.adopt(record.id, stream))
     }
 
     /// Deletes a session that has no live run (its forks keep the events they share).

@@ -176,7 +176,7 @@ fn content_parts(message: &InferMessage) -> Result<Vec<ContentPart>, AppError> {
     Ok(parts)
 }
 
-fn image(url: &str) -> Result<ContentPart, AppError> {
+pub(crate) fn image(url: &str) -> Result<ContentPart, AppError> {
     if let Some(rest) = url.strip_prefix("data:") {
         let (media_type, data) = rest
             .split_once(";base64,")
@@ -301,6 +301,7 @@ impl App {
             approvals: body.approvals,
             compaction: body.compaction,
             user: body.user,
+            history: Vec::new(),
             input,
             session,
         };

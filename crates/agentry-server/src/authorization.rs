@@ -103,7 +103,13 @@ pub(crate) async fn authorize(
     if caller.is_admin() {
         return next.run(request).await;
     }
-    let path = request.uri().path().to_owned();
+    // The seed's API (`/linglong/v1/…`) is the same API in other shapes: the same rules.
+    let full = request.uri().path();
+    let path = full
+        .strip_prefix(crate::routes::linglong::PREFIX)
+        .filter(|rest| rest.starts_with("/v1/"))
+        .unwrap_or(full)
+        .to_owned();
     let is_api =
         path.starts_with("/v1/") || path == "/metrics" || path == crate::mcp_endpoint::MCP_PATH;
     if is_api && !user_may(request.method(), &path) {

@@ -12,6 +12,7 @@ pub mod context;
 pub mod groups;
 pub mod infer;
 pub mod keys;
+pub mod linglong;
 pub mod mcp;
 pub mod memories;
 pub mod ops;
@@ -60,6 +61,7 @@ pub fn router(state: AppState) -> Router {
     let (documented, _) = documented().split_for_parts();
     let routes = documented
         .merge(status::routes())
+        .merge(linglong::routes())
         .merge(crate::mcp_endpoint::routes(&state))
         .merge(crate::console::routes())
         .fallback(ops::not_found)

@@ -7,6 +7,7 @@ mod delegation;
 mod groups;
 mod hostcmd;
 mod infer;
+mod linglong;
 mod mcp_server;
 mod mcp_servers;
 mod memories;

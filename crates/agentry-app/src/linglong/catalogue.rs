@@ -1,0 +1,414 @@
+//! The seed's catalogue and session routes in its shapes, over Agentry's own services: models
+//! (`{"model_id", "api_base", "model_name", "api_key", "model_type", "api_protocol",
+//! "generate_params"}`), prompt templates (`{"template_id", "content"}`), tools (`{"tool_id",
+//! "tool_type", "name", "description", "parameters"}`, a direct call answering `{"result"}`),
+//! and sessions (the index entries, a conversation as `{"meta", "messages"}`, a title).
+//!
+//! Differences, on purpose: an `api_key` is kept as a sealed secret (`<MODEL>_API_KEY`) and
+//! listed as `"***"`, never in clear; sessions are Agentry's (UUID ids); checks are Agentry's
+//! (a model's URL and name are checked before it is saved).
+
+use serde_json::{Map, Value, json};
+
+use agentry_core::tool::ResultFormat;
+use agentry_store::SessionQuery;
+use agentry_types::{AssistantPart, ContentPart, ImageSource, Message, SessionId, Thinking};
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::AppError;
+use crate::runtime::{ModelConfig, TemplateConfig};
+
+/// What the seed lists for a model.
+fn model_entry(model: &ModelConfig) -> Value {
+    json!({
+        "model_id": model.id,
+        "api_base": model.base_url.clone().unwrap_or_else(|| model.protocol.default_base_url().to_owned()),
+        "model_name": model.model_name,
+        "api_key": if model.api_key_secret.is_some() { "***" } else { "" },
+        "model_type": "llm",
+        "api_protocol": model.protocol.name(),
+        "generate_params": serde_json::to_value(&model.params).unwrap_or_else(|_| json!({})),
+    })
+}
+
+/// A field the seed requires, as its message names it.
+fn required<'a>(body: &'a Map<String, Value>, field: &str) -> Result<&'a Value, AppError> {
+    body.get(field)
+        .filter(|value| !value.is_null())
+        .ok_or_else(|| AppError::bad_request(format!("Missing required field: {field}")))
+}
+
+/// A string field.
+fn text<'a>(body: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>, AppError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(_) => Err(AppError::bad_request(format!("`{field}` must be a string"))),
+    }
+}
+
+/// The name of the secret a model's inline key is kept in.
+fn key_secret(model_id: &str) -> String {
+    let id: String = model_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{id}_API_KEY")
+}
+
+/// Checks the body has `fields` only.
+fn known_fields(body: &Map<String, Value>, fields: &[&str]) -> Result<(), AppError> {
+    match body.keys().find(|key| !fields.contains(&key.as_str())) {
+        Some(key) => Err(AppError::bad_request(format!(
+            "unknown field `{key}` (expected one of {})",
+            fields.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn object(body: Value) -> Result<Map<String, Value>, AppError> {
+    match body {
+        Value::Object(map) => Ok(map),
+        _ => Err(AppError::bad_request("the body must be a JSON object")),
+    }
+}
+
+const MODEL_FIELDS: &[&str] = &[
+    "model_id",
+    "api_base",
+    "model_name",
+    "api_key",
+    "model_type",
+    "api_protocol",
+    "generate_params",
+];
+
+impl App {
+    /// `GET /v1/models`: `{"models": [...]}`.
+    pub async fn seed_models(&self) -> Result<Value, AppError> {
+        let models = self.models().await?.models;
+        Ok(json!({"models": models.iter().map(model_entry).collect::<Vec<_>>()}))
+    }
+
+    /// `POST /v1/models` (registers, replacing a model of that id: 201) and
+    /// `PUT /v1/models/{id}` (`Some(id)`: that model, which must exist, renamed if the body's
+    /// id differs: 200). Answers the HTTP status and the body.
+    pub async fn seed_save_model(
+        &self,
+        existing: Option<&str>,
+        body: Value,
+    ) -> Result<(u16, Value), AppError> {
+        let body = object(body)?;
+        known_fields(&body, MODEL_FIELDS)?;
+        for field in ["model_id", "api_base", "model_name"] {
+            required(&body, field)?;
+        }
+        let id = text(&body, "model_id")?.unwrap_or_default().to_owned();
+        if let Some(model_type) = text(&body, "model_type")?
+            && !matches!(model_type, "llm" | "vlm")
+        {
+            return Err(AppError::bad_request("`model_type` must be llm or vlm"));
+        }
+        let mut config = json!({
+            "id": id,
+            "protocol": text(&body, "api_protocol")?.unwrap_or("openai"),
+            "base_url": text(&body, "api_base")?,
+            "model_name": text(&body, "model_name")?,
+        });
+        if let Some(params) = body.get("generate_params").filter(|p| !p.is_null()) {
+            config["params"] = params.clone();
+        }
+        let key = text(&body, "api_key")?.filter(|key| !key.is_empty() && *key != "***");
+        let secret = key_secret(&id);
+        let keeps_secret = match existing {
+            Some(old) => self
+                .model(old)
+                .await?
+                .api_key_secret
+                .filter(|_| text(&body, "api_key").ok().flatten() == Some("***")),
+            None => None,
+        };
+        if let Some(key) = key {
+            self.set_secrets(&[(secret.clone(), key.to_owned())])
+                .await?;
+            config["api_key_secret"] = json!(secret);
+        } else if let Some(kept) = keeps_secret {
+            config["api_key_secret"] = json!(kept);
+        }
+        let (status, code) = match existing {
+            Some(old) => {
+                self.replace_model(old, config).await?;
+                ("updated", 200)
+            }
+            None => {
+                match self.model(&id).await {
+                    Ok(_) => self.replace_model(&id, config).await?,
+                    Err(_) => self.create_model(config).await?,
+                };
+                ("registered", 201)
+            }
+        };
+        Ok((code, json!({"status": status, "model_id": id})))
+    }
+
+    /// `DELETE /v1/models/{id}`.
+    pub async fn seed_delete_model(&self, id: &str) -> Result<Value, AppError> {
+        self.delete_model(id).await?;
+        Ok(json!({"status": "deleted", "model_id": id}))
+    }
+
+    /// `GET /v1/prompt-templates`: `{"templates": [{"template_id", "content"}]}`.
+    pub async fn seed_templates(&self) -> Result<Value, AppError> {
+        let templates = self.templates().await?.templates;
+        Ok(json!({"templates": templates
+            .iter()
+            .map(|t| json!({"template_id": t.name, "content": t.template}))
+            .collect::<Vec<_>>()}))
+    }
+
+    /// `POST /v1/prompt-templates` and `PUT /v1/prompt-templates/{id}`.
+    pub async fn seed_save_template(
+        &self,
+        existing: Option<&str>,
+        body: Value,
+    ) -> Result<Value, AppError> {
+        let body = object(body)?;
+        known_fields(&body, &["template_id", "content"])?;
+        let name = match existing {
+            Some(old) => text(&body, "template_id")?.unwrap_or(old).to_owned(),
+            None => {
+                required(&body, "template_id")?;
+                text(&body, "template_id")?.unwrap_or_default().to_owned()
+            }
+        };
+        if existing.is_none() {
+            required(&body, "content")?;
+        }
+        let template = TemplateConfig {
+            name: name.clone(),
+            template: text(&body, "content")?.unwrap_or_default().to_owned(),
+        };
+        match existing {
+            Some(old) => {
+                self.replace_template(old, &template).await?;
+                Ok(json!({"status": "updated", "template_id": name}))
+            }
+            None => {
+                self.create_template(&template).await?;
+                Ok(json!({"status": "created", "template_id": name}))
+            }
+        }
+    }
+
+    /// `DELETE /v1/prompt-templates/{id}`.
+    pub async fn seed_delete_template(&self, id: &str) -> Result<Value, AppError> {
+        self.delete_template(id).await?;
+        Ok(json!({"status": "deleted", "template_id": id}))
+    }
+
+    /// `GET /v1/tools`: `{"tools": [...]}`, each tool's id its name.
+    pub async fn seed_tools(&self) -> Result<Value, AppError> {
+        let tools = self.tool_list().await?.tools;
+        Ok(json!({"tools": tools.iter().map(|tool| json!({
+            "tool_id": tool.name,
+            "tool_type": match tool.kind { "mcp" => "mcp", _ => "function" },
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+            "builtin": tool.kind == "builtin",
+        })).collect::<Vec<_>>()}))
+    }
+
+    /// `POST /v1/tools/call`: `{"tool_id", "arguments", "format"?}` → `{"result"}` (the result's
+    /// text, or with `"format": "json"` the result parsed).
+    pub async fn seed_call_tool(&self, body: Value) -> Result<Value, AppError> {
+        let body = object(body)?;
+        known_fields(&body, &["tool_id", "arguments", "format"])?;
+        let tool = text(&body, "tool_id")?
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| AppError::bad_request("Missing required field: tool_id"))?;
+        let arguments = match body.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(Value::Object(arguments)) => Value::Object(arguments.clone()),
+            Some(_) => {
+                return Err(AppError::bad_request(
+                    "Field 'arguments' must be a JSON object",
+                ));
+            }
+        };
+        let format = match text(&body, "format")? {
+            None | Some("text") => ResultFormat::Text,
+            Some("json") => ResultFormat::Json,
+            Some(other) => {
+                return Err(AppError::bad_request(format!(
+                    "`format` must be text or json, not {other:?}"
+                )));
+            }
+        };
+        let result = self.call_tool(tool, arguments, format).await?;
+        Ok(json!({"result": result}))
+    }
+
+    /// `GET /v1/sessions`: `{"sessions": [{"session_id", "title", "created_at",
+    /// "last_inference_at", "status"}]}`, the caller's, most recent first.
+    pub async fn seed_sessions(&self, caller: &Principal) -> Result<Value, AppError> {
+        let query = SessionQuery {
+            status: None,
+            owner: caller.owner_filter(),
+            limit: 1000,
+            offset: 0,
+        };
+        let sessions = self.list_sessions(&query).await?.sessions;
+        Ok(json!({"sessions": sessions.iter().map(|s| json!({
+            "session_id": s.id,
+            "title": s.title.clone().unwrap_or_else(|| s.id.to_string()),
+            "created_at": seed_time(s.created_at),
+            "last_inference_at": seed_time(s.last_activity),
+            "status": s.status,
+        })).collect::<Vec<_>>()}))
+    }
+
+    /// `GET /v1/sessions/{id}`: `{"meta": {...}, "messages": [turns]}`.
+    pub async fn seed_session(&self, caller: &Principal, id: &str) -> Result<Value, AppError> {
+        let record = self.session_record(id).await?;
+        self.check_session_access(caller, record.id).await?;
+        let detail = self.session_detail(record.clone()).await?;
+        let timestamp = seed_time(record.last_activity);
+        let messages: Vec<Value> = detail
+            .messages
+            .iter()
+            .map(|message| seed_turn(message, &timestamp))
+            .collect();
+        Ok(json!({
+            "meta": {
+                "session_id": record.id,
+                "title": record.title,
+                "created_at": seed_time(record.created_at),
+                "updated_at": timestamp,
+                "turn_count": messages.len(),
+            },
+            "messages": messages,
+        }))
+    }
+
+    /// `DELETE /v1/sessions/{id}`.
+    pub async fn seed_delete_session(
+        &self,
+        caller: &Principal,
+        id: &str,
+    ) -> Result<Value, AppError> {
+        let session = self.seed_session_id(caller, id).await?;
+        self.delete_session(session).await?;
+        Ok(json!({"status": "deleted", "session_id": session}))
+    }
+
+    /// `POST /v1/sessions/{id}/generate-title`: `{"title"?}` sets it, else the default model
+    /// writes one → `{"status": "success", "session_id", "title"}`.
+    pub async fn seed_generate_title(
+        &self,
+        caller: &Principal,
+        id: &str,
+        body: Value,
+    ) -> Result<Value, AppError> {
+        let session = self.seed_session_id(caller, id).await?;
+        let body = match body {
+            Value::Null => Map::new(),
+            other => object(other)?,
+        };
+        known_fields(&body, &["title", "model_id"])?;
+        let title = text(&body, "title")?
+            .map(str::trim)
+            .filter(|title| !title.is_empty())
+            .map(str::to_owned);
+        let model = text(&body, "model_id")?.map(str::to_owned);
+        let outcome = self.retitle_session(session, title, model).await?;
+        Ok(json!({"status": "success", "session_id": session, "title": outcome.title}))
+    }
+
+    async fn seed_session_id(&self, caller: &Principal, id: &str) -> Result<SessionId, AppError> {
+        let session = crate::ids::parse_session_id(id)?;
+        self.check_session_access(caller, session).await?;
+        Ok(session)
+    }
+}
+
+/// Unix milliseconds as the seed writes times (`%Y-%m-%dT%H:%M:%S`, UTC here).
+fn seed_time(millis: u64) -> String {
+    i64::try_from(millis)
+        .ok()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|time| time.format("%Y-%m-%dT%H:%M:%S").to_string())
+        .unwrap_or_default()
+}
+
+/// A message of the conversation as the seed's turn.
+fn seed_turn(message: &Message, timestamp: &str) -> Value {
+    match message {
+        Message::System { text } => {
+            json!({"role": "system", "content": text, "timestamp": timestamp})
+        }
+        Message::User { content } => {
+            let mut text = String::new();
+            let mut images = Vec::new();
+            for part in content {
+                match part {
+                    ContentPart::Text { text: piece } => text.push_str(piece),
+                    ContentPart::Image { source } => images.push(match source {
+                        ImageSource::Url { url } => url.clone(),
+                        ImageSource::Base64 { media_type, data } => {
+                            format!("data:{media_type};base64,{data}")
+                        }
+                    }),
+                    ContentPart::Audio { .. } => {}
+                }
+            }
+            let mut turn = json!({"role": "user", "content": text, "timestamp": timestamp});
+            if !images.is_empty() {
+                turn["images"] = json!(images);
+            }
+            turn
+        }
+        Message::Assistant { content } => {
+            let mut text = String::new();
+            let mut thinking = String::new();
+            let mut calls = Vec::new();
+            for part in content {
+                match part {
+                    AssistantPart::Text { text: piece } => text.push_str(piece),
+                    AssistantPart::Thinking(Thinking::Text { text: piece, .. }) => {
+                        thinking.push_str(piece);
+                    }
+                    AssistantPart::Thinking(Thinking::Redacted { .. }) => {}
+                    AssistantPart::ToolCall(call) => calls.push(json!({
+                        "id": call.id,
+                        "name": call.name,
+                        "arguments": call.arguments.to_string(),
+                    })),
+                }
+            }
+            let mut turn = json!({"role": "assistant", "content": text, "timestamp": timestamp});
+            if !thinking.is_empty() {
+                turn["thinking"] = json!(thinking);
+            }
+            if !calls.is_empty() {
+                turn["tool_calls"] = json!(calls);
+            }
+            turn
+        }
+        Message::Tool(result) => json!({
+            "role": "tool",
+            "content": result.text_content(),
+            "name": result.name.clone().unwrap_or_default(),
+            "tool_use_id": result.call_id,
+            "timestamp": timestamp,
+        }),
+    }
+}

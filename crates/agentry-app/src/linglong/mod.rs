@@ -1,0 +1,277 @@
+//! The seed system's API (Linglong, the Python agent service whose README Agentry implements),
+//! in its own shapes, for the clients and scripts built on it. The HTTP server serves it under
+//! `/linglong` (`/linglong/v1/infer`, …), so a seed client works by changing only its server
+//! URL; Agentry's own `/v1` keeps its richer shapes.
+//!
+//! - [`request`]: the seed's inference request and its conversation (stateless multi-turn
+//!   histories with tool calls and results, or a message for a session).
+//! - [`frames`]: a run's events as the seed's stream messages, and its answer's turns.
+//! - here: [`App::seed_start`] checks and starts a run (or continues a session's), and
+//!   [`SeedStart::frames`] / [`App::seed_infer`] give what the seed's two inference routes
+//!   answer.
+
+pub mod catalogue;
+pub mod frames;
+pub mod request;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use agentry_core::session::BusyPolicy;
+use agentry_types::{RunEvent, SessionEvent, SessionId};
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::AppError;
+use crate::hub::Subscription;
+use crate::runs::{RunInput, SessionChoice, Target, start_in_session};
+use frames::{SeedFrames, merge_turns};
+use request::{DEFAULT_MAX_TOOL_ROUNDS, SeedInferRequest};
+
+/// A seed run that has started: its session (none when stateless) and its events.
+pub struct SeedStart {
+    /// The session it runs in.
+    pub session_id: Option<SessionId>,
+    /// The tool rounds it may take (for the seed's message when it takes them all).
+    pub max_tool_rounds: u32,
+    /// Its events, to its end.
+    pub events: BoxStream<'static, Arc<RunEvent>>,
+}
+
+impl std::fmt::Debug for SeedStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeedStart")
+            .field("session_id", &self.session_id)
+            .field("max_tool_rounds", &self.max_tool_rounds)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the seed's `/v1/infer` answers: `{"success", "messages", "session_id"?, "error"?,
+/// "error_code"?, "stat"?}`; a run that failed is an HTTP 500 there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedAnswer {
+    /// Whether the run ended without an error.
+    pub success: bool,
+    /// The body.
+    pub body: Value,
+}
+
+impl SeedStart {
+    /// The seed's stream messages: the run's, then (for a session) `{"session_id"}`. A run
+    /// whose events end before its end (the server is shutting down) ends with `{"error"}`.
+    pub fn frames(self) -> BoxStream<'static, Value> {
+        let SeedStart {
+            session_id,
+            max_tool_rounds,
+            mut events,
+        } = self;
+        async_stream::stream! {
+            let mut frames = SeedFrames::new(session_id.is_some(), max_tool_rounds);
+            while let Some(event) = events.next().await {
+                for frame in frames.map(&event) {
+                    yield frame;
+                }
+                if frames.ended {
+                    break;
+                }
+            }
+            if !frames.ended {
+                yield json!({"error": "the run stopped before its end (the server is shutting down)"});
+            } else if let Some(session) = session_id {
+                yield json!({"session_id": session});
+            }
+        }
+        .boxed()
+    }
+}
+
+impl App {
+    /// Checks a seed inference request and starts its run: stateless, in a new session, in
+    /// the session named, or (`continue`) the session's interrupted run going on.
+    pub async fn seed_start(
+        &self,
+        caller: &Principal,
+        body: SeedInferRequest,
+    ) -> Result<SeedStart, AppError> {
+        let agent_id = match body.agent_ids.as_slice() {
+            [] => None,
+            [id] => Some(id.clone()),
+            _ => {
+                return Err(AppError::bad_request(
+                    "group chats (several `agent_ids`) are served by Agentry's own \
+                     POST /v1/infer",
+                ));
+            }
+        };
+        if body.continue_run {
+            return self.seed_continue(caller, &body).await;
+        }
+        let session = match body.session_id.as_deref() {
+            None | Some("") => SessionChoice::Ephemeral,
+            Some("new") => SessionChoice::New,
+            Some(id) => SessionChoice::Existing(crate::ids::parse_session_id(id)?),
+        };
+        let conversation = body.conversation(session == SessionChoice::Ephemeral)?;
+        let max_tool_rounds = match (&agent_id, body.max_tool_rounds) {
+            (_, Some(rounds)) => Some(rounds),
+            (None, None) => Some(DEFAULT_MAX_TOOL_ROUNDS),
+            (Some(_), None) => None,
+        };
+        let input = RunInput {
+            agent_id,
+            model_id: body.model_id,
+            system: conversation.system,
+            tool_ids: (!body.tool_ids.is_empty()).then_some(body.tool_ids),
+            max_tool_rounds,
+            history: conversation.history,
+            input: conversation.input,
+            session,
+            ..RunInput::default()
+        };
+        let (target, request) = crate::runs::prepare(self, caller, input).await?;
+        let max_tool_rounds = request
+            .limits
+            .as_ref()
+            .map_or(DEFAULT_MAX_TOOL_ROUNDS, |limits| limits.max_tool_rounds);
+        match target {
+            Target::Ephemeral => {
+                let run = self.sessions.runtime().stream(request)?;
+                Ok(SeedStart {
+                    session_id: None,
+                    max_tool_rounds,
+                    events: run.map(Arc::new).boxed(),
+                })
+            }
+            Target::Session(session) => {
+                let subscription =
+                    start_in_session(self, session, request, BusyPolicy::Reject).await?;
+                Ok(SeedStart {
+                    session_id: Some(session),
+                    max_tool_rounds,
+                    events: self.followed(session, subscription),
+                })
+            }
+        }
+    }
+
+    /// `continue: true`: the named session's interrupted run goes on (or the model goes on
+    /// from its history).
+    async fn seed_continue(
+        &self,
+        caller: &Principal,
+        body: &SeedInferRequest,
+    ) -> Result<SeedStart, AppError> {
+        if body.text.is_some() || !body.messages.is_empty() {
+            return Err(AppError::bad_request(
+                "`continue` goes on with the session as it is: send no new message",
+            ));
+        }
+        let id = body
+            .session_id
+            .as_deref()
+            .filter(|id| *id != "new")
+            .ok_or_else(|| AppError::bad_request("`continue` needs the `session_id` to go on"))?;
+        let record = self.session_record(id).await?;
+        self.check_session_access(caller, record.id).await?;
+        let subscription = self.continue_followed(&record).await?;
+        Ok(SeedStart {
+            session_id: Some(record.id),
+            max_tool_rounds: body.max_tool_rounds.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS),
+            events: self.followed(record.id, subscription),
+        })
+    }
+
+    /// A session run's events from `subscription` to its end: live, and read again from the
+    /// log when the subscriber fell behind (committed steps are never lost; deltas may be).
+    fn followed(
+        &self,
+        session: SessionId,
+        subscription: Subscription,
+    ) -> BoxStream<'static, Arc<RunEvent>> {
+        let store = self.store.clone();
+        let mut events = subscription.events;
+        async_stream::stream! {
+            let mut last_seq = 0;
+            loop {
+                match events.recv().await {
+                    Ok(event) => {
+                        if let RunEvent::Committed { seq, .. } = event.as_ref() {
+                            last_seq = last_seq.max(*seq);
+                        }
+                        let terminal = event.is_terminal();
+                        yield event;
+                        if terminal {
+                            break;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {
+                        let Ok(stored) = store.events(session, last_seq, usize::MAX).await else {
+                            break;
+                        };
+                        for record in stored {
+                            last_seq = record.seq;
+                            if let Ok(event) = serde_json::from_value::<SessionEvent>(record.payload) {
+                                yield Arc::new(RunEvent::Committed { seq: record.seq, event });
+                            }
+                        }
+                    }
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        }
+        .boxed()
+    }
+
+    /// The seed's `/v1/infer`: runs the request to its end and answers the seed's body, the
+    /// turns merged from the same messages its stream would have sent.
+    pub async fn seed_infer(
+        &self,
+        caller: &Principal,
+        body: SeedInferRequest,
+    ) -> Result<SeedAnswer, AppError> {
+        let SeedStart {
+            session_id,
+            max_tool_rounds,
+            mut events,
+        } = self.seed_start(caller, body).await?;
+        let mut frames = SeedFrames::new(session_id.is_some(), max_tool_rounds);
+        let mut sent = Vec::new();
+        while let Some(event) = events.next().await {
+            sent.extend(frames.map(&event));
+            if frames.ended {
+                break;
+            }
+        }
+        let timestamp = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S").to_string();
+        let (turns, stat) = merge_turns(&sent, &timestamp);
+        let mut body = json!({"success": true, "messages": turns});
+        if let Some(session) = session_id {
+            body["session_id"] = json!(session);
+        }
+        let error = match (&frames.error, frames.ended) {
+            (Some(error), _) => Some((error.text.clone(), error.code.clone())),
+            (None, true) => None,
+            (None, false) => Some((
+                "Error: the run stopped before its end (the server is shutting down)".to_owned(),
+                "INTERRUPTED".to_owned(),
+            )),
+        };
+        if let Some((text, code)) = &error {
+            body["success"] = json!(false);
+            body["error"] = json!(text);
+            body["error_code"] = json!(code);
+        }
+        if let Some(stat) = stat {
+            body["stat"] = stat;
+        }
+        Ok(SeedAnswer {
+            success: error.is_none(),
+            body,
+        })
+    }
+}

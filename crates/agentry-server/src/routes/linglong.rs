@@ -1,0 +1,237 @@
+//! The seed system's API (Linglong's README) under `/linglong`: a seed client works by changing
+//! only its server URL to `http://host:port/linglong`. Parse, hand to the app
+//! ([`agentry_app::linglong`]), render in the seed's shapes:
+//!
+//! - `POST /linglong/v1/infer` answers `{"success", "messages", "session_id"?, "error"?,
+//!   "error_code"?, "stat"?}` (500 when the run failed, as the seed does);
+//! - `POST /linglong/v1/infer/stream` sends `data: <message JSON>` per stream message,
+//!   `data: {"session_id"}` for a session, and `data: [DONE]` last (header `X-Session-Id`);
+//! - `POST /linglong/v1/infer/abort`, the models, tools, prompt templates and sessions routes of
+//!   its README.
+//!
+//! Errors are the seed's `{"error": "<message>"}` (with an `error_code`), with Agentry's
+//! statuses. Bodies are read as JSON whatever their content type, as the seed reads them. These
+//! routes are not in Agentry's OpenAPI document: the seed's README is their reference.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use agentry_app::error::AppError;
+use agentry_app::linglong::request::SeedInferRequest;
+
+use crate::authorization::Caller;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Where the seed's API is served.
+pub const PREFIX: &str = "/linglong";
+
+/// The seed's routes, under [`PREFIX`].
+pub fn routes() -> Router<AppState> {
+    let v1 = Router::new()
+        .route("/infer", post(infer))
+        .route("/infer/stream", post(infer_stream))
+        .route("/infer/abort", post(abort))
+        .route("/models", get(models).post(create_model))
+        .route("/models/{id}", put(update_model).delete(delete_model))
+        .route("/prompt-templates", get(templates).post(create_template))
+        .route(
+            "/prompt-templates/{id}",
+            put(update_template).delete(delete_template),
+        )
+        .route("/tools", get(tools))
+        .route("/tools/call", post(call_tool))
+        .route("/sessions", get(sessions))
+        .route("/sessions/{id}", get(session).delete(delete_session))
+        .route("/sessions/{id}/generate-title", post(generate_title));
+    Router::new().nest(&format!("{PREFIX}/v1"), v1)
+}
+
+/// An error in the seed's shape: `{"error": "<message>", "error_code": "<code>"}`.
+struct SeedError(ApiError);
+
+impl From<AppError> for SeedError {
+    fn from(error: AppError) -> Self {
+        Self(ApiError::from(error))
+    }
+}
+
+impl IntoResponse for SeedError {
+    fn into_response(self) -> Response {
+        let status = self.0.status;
+        let body = json!({"error": self.0.message, "error_code": self.0.code.to_uppercase()});
+        (status, Json(body)).into_response()
+    }
+}
+
+type Answer = Result<Response, SeedError>;
+
+/// The body as JSON (`null` when empty), whatever its content type.
+fn json_body(body: &Bytes) -> Result<Value, SeedError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body)
+        .map_err(|error| AppError::bad_request(format!("Invalid JSON body: {error}")).into())
+}
+
+fn infer_request(body: &Bytes) -> Result<SeedInferRequest, SeedError> {
+    serde_json::from_value(json_body(body)?).map_err(|error| {
+        AppError::bad_request(format!("Invalid inference request: {error}")).into()
+    })
+}
+
+fn ok(body: Value) -> Answer {
+    Ok(Json(body).into_response())
+}
+
+async fn infer(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
+    let request = infer_request(&body)?;
+    let answer = state.seed_infer(&caller, request).await?;
+    let status = if answer.success {
+        StatusCode::OK
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    Ok((status, Json(answer.body)).into_response())
+}
+
+async fn infer_stream(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    body: Bytes,
+) -> Answer {
+    let request = infer_request(&body)?;
+    let start = state.seed_start(&caller, request).await?;
+    let session = start.session_id;
+    let lines = start
+        .frames()
+        .map(|frame| Ok::<_, std::convert::Infallible>(Bytes::from(format!("data: {frame}\n\n"))))
+        .chain(futures::stream::once(async {
+            Ok(Bytes::from_static(b"data: [DONE]\n\n"))
+        }));
+    let mut response = axum::body::Body::from_stream(lines).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    if let Some(session) = session
+        && let Ok(value) = HeaderValue::from_str(&session.to_string())
+    {
+        headers.insert("x-session-id", value);
+    }
+    Ok(response)
+}
+
+/// `{"session_id", "forced"?}`: cancels the session's live run.
+async fn abort(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
+    let body = json_body(&body)?;
+    let id = body
+        .get("session_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| AppError::bad_request("Missing required field: session_id"))?;
+    let session = agentry_app::ids::parse_session_id(id)?;
+    state.check_session_access(&caller, session).await?;
+    let aborted = state.hub.cancel(session) || state.groups.cancel(session);
+    ok(json!({"status": if aborted { "aborted" } else { "idle" }, "session_id": session}))
+}
+
+async fn models(State(state): State<AppState>) -> Answer {
+    ok(state.seed_models().await?)
+}
+
+async fn create_model(State(state): State<AppState>, body: Bytes) -> Answer {
+    let (status, body) = state.seed_save_model(None, json_body(&body)?).await?;
+    Ok((
+        StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+        Json(body),
+    )
+        .into_response())
+}
+
+async fn update_model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    let (status, body) = state.seed_save_model(Some(&id), json_body(&body)?).await?;
+    Ok((
+        StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+        Json(body),
+    )
+        .into_response())
+}
+
+async fn delete_model(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
+    ok(state.seed_delete_model(&id).await?)
+}
+
+async fn templates(State(state): State<AppState>) -> Answer {
+    ok(state.seed_templates().await?)
+}
+
+async fn create_template(State(state): State<AppState>, body: Bytes) -> Answer {
+    let body = state.seed_save_template(None, json_body(&body)?).await?;
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn update_template(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    ok(state
+        .seed_save_template(Some(&id), json_body(&body)?)
+        .await?)
+}
+
+async fn delete_template(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
+    ok(state.seed_delete_template(&id).await?)
+}
+
+async fn tools(State(state): State<AppState>) -> Answer {
+    ok(state.seed_tools().await?)
+}
+
+async fn call_tool(State(state): State<AppState>, body: Bytes) -> Answer {
+    ok(state.seed_call_tool(json_body(&body)?).await?)
+}
+
+async fn sessions(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
+    ok(state.seed_sessions(&caller).await?)
+}
+
+async fn session(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    ok(state.seed_session(&caller, &id).await?)
+}
+
+async fn delete_session(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    ok(state.seed_delete_session(&caller, &id).await?)
+}
+
+async fn generate_title(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    ok(state
+        .seed_generate_title(&caller, &id, json_body(&body)?)
+        .await?)
+}
