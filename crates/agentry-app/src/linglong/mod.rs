@@ -6,13 +6,19 @@
 //! - [`request`]: the seed's inference request and its conversation (stateless multi-turn
 //!   histories with tool calls and results, or a message for a session).
 //! - [`frames`]: a run's events as the seed's stream messages, and its answer's turns.
+//! - [`catalogue`], [`tools`], [`env`], [`mcp`]: the seed's configuration routes over
+//!   Agentry's services (models, templates, tools and Python function tools, sessions, keys,
+//!   MCP servers).
 //! - here: [`App::seed_start`] checks and starts a run (or continues a session's), and
 //!   [`SeedStart::frames`] / [`App::seed_infer`] give what the seed's two inference routes
 //!   answer.
 
 pub mod catalogue;
+pub mod env;
 pub mod frames;
+pub mod mcp;
 pub mod request;
+pub mod tools;
 
 use std::sync::Arc;
 
@@ -126,7 +132,7 @@ impl App {
             agent_id,
             model_id: body.model_id,
             system: conversation.system,
-            tool_ids: (!body.tool_ids.is_empty()).then_some(body.tool_ids),
+            tool_ids: (!body.tool_ids.is_empty()).then(|| self.seed_tool_names(&body.tool_ids)),
             max_tool_rounds,
             history: conversation.history,
             input: conversation.input,
@@ -157,6 +163,17 @@ impl App {
                 })
             }
         }
+    }
+
+    /// The tools seed ids name: the seed calls a function tool `function-<name>`.
+    fn seed_tool_names(&self, ids: &[String]) -> Vec<String> {
+        let runtime = self.sessions.runtime();
+        ids.iter()
+            .map(|id| match runtime.tools().get(id) {
+                Some(_) => id.clone(),
+                None => tools::tool_name(id).to_owned(),
+            })
+            .collect()
     }
 
     /// `continue: true`: the named session's interrupted run goes on (or the model goes on
@@ -273,5 +290,22 @@ impl App {
             success: error.is_none(),
             body,
         })
+    }
+}
+
+/// `GET /v1/setup`: the seed's `op=hello` (the default) — who answers and where its API is. The
+/// seed's installer export and update push (`op=export`, `op=push`) copy its Python sources;
+/// Agentry is one binary (`cargo install`, or the release archive), so they are refused.
+pub fn seed_setup(op: Option<&str>) -> Result<Value, AppError> {
+    match op {
+        None | Some("" | "hello") => Ok(json!({
+            "status": "ok",
+            "name": "agentry",
+            "version": env!("CARGO_PKG_VERSION"),
+            "api": "/linglong/v1",
+        })),
+        Some(other) => Err(AppError::bad_request(format!(
+            "op={other} is not served: Agentry installs as one binary (only op=hello)"
+        ))),
     }
 }

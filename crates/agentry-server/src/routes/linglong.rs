@@ -6,18 +6,18 @@
 //!   "error_code"?, "stat"?}` (500 when the run failed, as the seed does);
 //! - `POST /linglong/v1/infer/stream` sends `data: <message JSON>` per stream message,
 //!   `data: {"session_id"}` for a session, and `data: [DONE]` last (header `X-Session-Id`);
-//! - `POST /linglong/v1/infer/abort`, the models, tools, prompt templates and sessions routes of
-//!   its README.
+//! - `POST /linglong/v1/infer/abort`, and the models, tools (Python function tools included),
+//!   MCP servers, prompt templates, env (keys), sessions and setup routes of its README.
 //!
 //! Errors are the seed's `{"error": "<message>"}` (with an `error_code`), with Agentry's
 //! statuses. Bodies are read as JSON whatever their content type, as the seed reads them. These
 //! routes are not in Agentry's OpenAPI document: the seed's README is their reference.
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -45,8 +45,17 @@ pub fn routes() -> Router<AppState> {
             "/prompt-templates/{id}",
             put(update_template).delete(delete_template),
         )
-        .route("/tools", get(tools))
+        .route("/tools", get(tools).post(create_tool))
+        .route("/tools/{id}", put(update_tool).delete(delete_tool))
+        .route("/tools/batch", delete(delete_tools))
         .route("/tools/call", post(call_tool))
+        .route("/tools/mcp", post(register_mcp))
+        .route("/mcp-servers", get(mcp_servers))
+        .route("/mcp-servers/{name}", delete(delete_mcp_server))
+        .route("/env", get(env).post(set_env))
+        .route("/env/detect", post(detect_env))
+        .route("/env/{key}", delete(delete_env))
+        .route("/setup", get(setup))
         .route("/sessions", get(sessions))
         .route("/sessions/{id}", get(session).delete(delete_session))
         .route("/sessions/{id}/generate-title", post(generate_title));
@@ -234,4 +243,68 @@ async fn generate_title(
     ok(state
         .seed_generate_title(&caller, &id, json_body(&body)?)
         .await?)
+}
+
+async fn create_tool(State(state): State<AppState>, body: Bytes) -> Answer {
+    let body = state.seed_save_tool(None, json_body(&body)?).await?;
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn update_tool(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Answer {
+    ok(state.seed_save_tool(Some(&id), json_body(&body)?).await?)
+}
+
+async fn delete_tool(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
+    ok(state.seed_delete_tool(&id).await?)
+}
+
+async fn delete_tools(State(state): State<AppState>, body: Bytes) -> Answer {
+    ok(state.seed_delete_tools(json_body(&body)?).await?)
+}
+
+async fn register_mcp(State(state): State<AppState>, body: Bytes) -> Answer {
+    let keys_exist = state
+        .auth
+        .enabled()
+        .await
+        .map_err(|error| AppError::internal(error.to_string()))?;
+    ok(state
+        .seed_register_mcp(json_body(&body)?, keys_exist)
+        .await?)
+}
+
+async fn mcp_servers(State(state): State<AppState>) -> Answer {
+    ok(state.seed_mcp_servers())
+}
+
+async fn delete_mcp_server(State(state): State<AppState>, Path(name): Path<String>) -> Answer {
+    ok(state.seed_delete_mcp_server(&name).await?)
+}
+
+async fn env(State(state): State<AppState>) -> Answer {
+    ok(state.seed_env().await?)
+}
+
+async fn set_env(State(state): State<AppState>, body: Bytes) -> Answer {
+    ok(state.seed_set_env(json_body(&body)?).await?)
+}
+
+async fn delete_env(State(state): State<AppState>, Path(key): Path<String>) -> Answer {
+    ok(state.seed_delete_env(&key).await?)
+}
+
+async fn detect_env(State(state): State<AppState>) -> Answer {
+    ok(state.seed_detect_env().await?)
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct SetupQuery {
+    op: Option<String>,
+}
+
+async fn setup(
+    query: Result<Query<SetupQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let Query(query) = query.map_err(|error| AppError::bad_request(error.body_text()))?;
+    ok(agentry_app::linglong::seed_setup(query.op.as_deref())?)
 }

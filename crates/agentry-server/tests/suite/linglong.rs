@@ -648,3 +648,222 @@ print(json.dumps({{"streamed": streamed, "direct": direct}}))
     assert_eq!(direct["stat"]["completion_tokens"], 6);
     server.mock.check_protocol().unwrap();
 }
+
+#[tokio::test]
+async fn a_python_function_tool_registers_and_runs_out_of_process() {
+    let server = start().await;
+    let folder = tempfile::tempdir().unwrap();
+    let file = folder.path().join("math_tools.py");
+    std::fs::write(
+        &file,
+        "import math\n\ndef add(a, b):\n    return a + b\n\ndef explode(**arguments):\n    raise ValueError('no luck')\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let tool = |name: &str, function: &str| {
+        json!({"tool_type": "function", "name": name, "description": "Adds two numbers.",
+               "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                              "required": ["a", "b"]},
+               "function_file_path": path, "function_name": function})
+    };
+    let (status, body) = server.post("/linglong/v1/tools", tool("add", "add")).await;
+    assert_eq!(
+        (status, &body),
+        (201, &json!({"status": "registered", "tool_id": "add"}))
+    );
+    let (status, body) = server
+        .post(
+            "/linglong/v1/tools/call",
+            json!({"tool_id": "add", "arguments": {"a": 2, "b": 3}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"], "5");
+    // The seed's id for it (`function-<name>`) works in a run; the model sees the result.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "add",
+        json!({"a": 20, "b": 22}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("42.")));
+    let (status, body) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "text": "Add", "tool_ids": ["function-add"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"][1]["content"], "42");
+    // An exception fails the call with its message.
+    let (status, _) = server
+        .post("/linglong/v1/tools", tool("explode", "explode"))
+        .await;
+    assert_eq!(status, 201);
+    let (status, body) = server
+        .post(
+            "/linglong/v1/tools/call",
+            json!({"tool_id": "explode", "arguments": {"a": 1, "b": 2}}),
+        )
+        .await;
+    assert!(status >= 400, "{status} {body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("no luck"),
+        "{body}"
+    );
+    // Listed, replaced, deleted one by one and in a batch.
+    let (_, tools) = server.get("/linglong/v1/tools").await;
+    assert!(
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["tool_id"] == "add")
+    );
+    let (status, body) = server
+        .raw(
+            reqwest::Method::DELETE,
+            "/linglong/v1/tools/batch",
+            &json!({"tool_ids": ["explode", "nope", "current_time"]}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"deleted": ["explode"], "not_found": ["nope"], "skipped": ["current_time"]})
+    );
+    let (status, body) = server
+        .raw(
+            reqwest::Method::DELETE,
+            "/linglong/v1/tools/function-add",
+            "",
+        )
+        .await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"status": "deleted", "tool_id": "function-add"}))
+    );
+    // Bad definitions: typed 400s, nothing saved.
+    for (mut body, expected) in [
+        (tool("x", "missing"), "no top-level function"),
+        (tool("x", "not a name"), "identifier"),
+        (json!({"tool_type": "mcp", "name": "x"}), "/v1/tools/mcp"),
+    ] {
+        let (status, answer) = server.post("/linglong/v1/tools", body.clone()).await;
+        assert_eq!(status, 400, "{body} → {answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains(expected),
+            "{answer}"
+        );
+        body["function_file_path"] = json!("relative.py");
+        if body["tool_type"] == "function" {
+            let (status, answer) = server.post("/linglong/v1/tools", body).await;
+            assert_eq!(status, 400);
+            assert!(
+                answer["error"].as_str().unwrap().contains("absolute"),
+                "{answer}"
+            );
+        }
+    }
+    let (_, tools) = server.get("/linglong/v1/tools").await;
+    assert!(!tools.to_string().contains("\"x\""));
+}
+
+#[tokio::test]
+async fn function_tools_never_run_on_the_host_unasked() {
+    let server =
+        super::support::start_with(|_| agentry_app::ToolEnvironment::default(), |_| {}).await;
+    let folder = tempfile::tempdir().unwrap();
+    let file = folder.path().join("f.py");
+    std::fs::write(&file, "def f():\n    return 1\n").unwrap();
+    let (status, body) = server
+        .post(
+            "/linglong/v1/tools",
+            json!({"tool_type": "function", "name": "f", "description": "d",
+                   "parameters": {"type": "object", "properties": {}},
+                   "function_file_path": file.display().to_string(), "function_name": "f"}),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("host"), "{body}");
+}
+
+#[tokio::test]
+async fn env_holds_sealed_keys_and_detect_names_what_is_used() {
+    let server = start().await;
+    let (status, body) = server
+        .post(
+            "/linglong/v1/env",
+            json!({"key": "SEARCH_TOKEN", "value": "abcdefghijklmnopqrstuvwxyz"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["env"]["SEARCH_TOKEN"], "…wxyz");
+    assert!(!body.to_string().contains("abcdefgh"));
+    let (status, _) = server
+        .post(
+            "/linglong/v1/models",
+            json!({"model_id": "gpt", "api_base": "https://api.example.com/v1",
+                   "model_name": "gpt-x", "api_key": "sk-0123456789abcdefghij"}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let (status, detected) = server.post("/linglong/v1/env/detect", json!({})).await;
+    assert_eq!(status, 200, "{detected}");
+    assert!(
+        detected["keys"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("GPT_API_KEY")),
+        "{detected}"
+    );
+    let (_, env) = server.get("/linglong/v1/env").await;
+    assert!(env["env"].get("GPT_API_KEY").is_some(), "{env}");
+    let (status, body) = server
+        .raw(reqwest::Method::DELETE, "/linglong/v1/env/SEARCH_TOKEN", "")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["env"].get("SEARCH_TOKEN").is_none(), "{body}");
+    let (status, body) = server.post("/linglong/v1/env", json!({"value": "v"})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("Missing required field: key"))
+    );
+    let (status, hello) = server.get("/linglong/v1/setup").await;
+    assert_eq!(status, 200, "{hello}");
+    assert_eq!(hello["name"], "agentry");
+    assert_eq!(hello["api"], "/linglong/v1");
+    let (status, _) = server.get("/linglong/v1/setup?op=export").await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn mcp_servers_register_list_and_delete_in_the_seeds_shapes() {
+    let server = super::support::start_sandboxed().await;
+    let spec = super::support::mcp_servers().everything();
+    let document =
+        json!({"mcpServers": {"everything": {"command": spec.program, "args": spec.args}}});
+    let (status, body) = server.post("/linglong/v1/tools/mcp", document).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["registered_servers"], json!(["everything"]));
+    assert!(
+        body["registered_tools"].as_array().unwrap().len() >= 3,
+        "{body}"
+    );
+    let (_, listed) = server.get("/linglong/v1/mcp-servers").await;
+    assert!(listed["mcpServers"]["everything"].is_object(), "{listed}");
+    let (status, body) = server
+        .raw(
+            reqwest::Method::DELETE,
+            "/linglong/v1/mcp-servers/everything",
+            "",
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["server_name"], "everything");
+    assert!(!body["deleted_tools"].as_array().unwrap().is_empty());
+    let (status, body) = server
+        .post("/linglong/v1/tools/mcp", json!({"servers": {}}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+}
