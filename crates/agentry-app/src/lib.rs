@@ -42,6 +42,7 @@ pub mod store_log;
 pub mod submission;
 pub mod titles;
 pub mod webhooks;
+pub mod workspace_files;
 
 use std::sync::Arc;
 use std::time::Duration;

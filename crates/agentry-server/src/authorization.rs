@@ -53,6 +53,7 @@ fn user_may(method: &Method, path: &str) -> bool {
         "/v1/sandbox/capabilities" => read,
         "/v1/auth/login" | "/v1/auth/logout" | "/v1/auth/status" => true,
         _ if under("/v1/sessions")
+            || under("/v1/workspace")
             || under("/v1/runs")
             || under("/v1/groups")
             || under("/v1/sandboxes") =>

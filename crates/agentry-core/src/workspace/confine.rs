@@ -23,6 +23,32 @@ pub enum Written {
     Replaced,
 }
 
+/// What a folder entry is, judged without following it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A folder.
+    Dir,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A device, FIFO or socket.
+    Other,
+}
+
+/// A folder entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its name.
+    pub name: std::ffi::OsString,
+    /// What it is.
+    pub kind: EntryKind,
+    /// Its size in bytes.
+    pub size: u64,
+    /// When it was last modified, Unix milliseconds.
+    pub modified_ms: u64,
+}
+
 /// The message for a file with several hard links.
 fn hard_link_refusal(display: &str, links: u64) -> ToolError {
     ToolError::Failed(format!(
@@ -40,7 +66,6 @@ pub use unsupported::Root;
 #[cfg(target_os = "linux")]
 mod linux {
     use std::ffi::OsString;
-    use std::io::Write as _;
     use std::os::fd::OwnedFd;
     use std::path::{Path, PathBuf};
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,7 +73,9 @@ mod linux {
     use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
     use rustix::io::Errno;
 
-    use super::{File, ToolError, Written, hard_link_refusal};
+    use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+
+    use super::{Entry, EntryKind, File, ToolError, Written, hard_link_refusal};
 
     /// How every path is resolved: beneath the root, no `/proc` magic links.
     const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
@@ -159,6 +186,107 @@ mod linux {
             display: &str,
             bytes: &[u8],
         ) -> Result<Written, ToolError> {
+            let mut reader = bytes;
+            self.write_atomic_from(relative, display, &mut reader, true)
+                .map(|(written, _)| written)
+        }
+
+        /// The entries of the folder `relative` (not `.` and `..`), each judged without following
+        /// it: a symbolic link is listed as a link, never as what it points to.
+        pub fn list_dir(&self, relative: &Path, display: &str) -> Result<Vec<Entry>, ToolError> {
+            let fd = self
+                .resolve(relative, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+                .map_err(|errno| fs_error(display, errno))?;
+            let dir = rustix::fs::Dir::read_from(&fd).map_err(|errno| fs_error(display, errno))?;
+            let mut entries = Vec::new();
+            for entry in dir {
+                let entry = entry.map_err(|errno| fs_error(display, errno))?;
+                let name = entry.file_name().to_bytes();
+                if name == b"." || name == b".." {
+                    continue;
+                }
+                let Ok(stat) =
+                    rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+                else {
+                    // Gone since the listing began.
+                    continue;
+                };
+                entries.push(Entry::of(
+                    std::ffi::OsStr::from_bytes(name).to_owned(),
+                    &stat,
+                ));
+            }
+            Ok(entries)
+        }
+
+        /// What `relative` is, judged without following a last symbolic link.
+        pub fn entry(&self, relative: &Path, display: &str) -> Result<Entry, ToolError> {
+            let (parent, name) = self.parent_of(relative, display)?;
+            let stat = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|errno| fs_error(display, errno))?;
+            Ok(Entry::of(name.to_owned(), &stat))
+        }
+
+        /// Creates the folder `relative` (its parent must exist); an existing entry is an error.
+        pub fn create_dir(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
+            let (parent, name) = self.parent_of(relative, display)?;
+            rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)).map_err(|errno| {
+                match errno {
+                    Errno::EXIST => ToolError::Failed(format!("{display} already exists")),
+                    errno => fs_error(display, errno),
+                }
+            })?;
+            self.chown_at(&parent, name, display)
+        }
+
+        /// Renames `from` to `to` (both inside the workspace); an existing `to` is an error,
+        /// never replaced. A symbolic link is renamed itself, not what it points to.
+        pub fn rename(
+            &self,
+            from: &Path,
+            from_display: &str,
+            to: &Path,
+            to_display: &str,
+        ) -> Result<(), ToolError> {
+            let (from_parent, from_name) = self.parent_of(from, from_display)?;
+            let (to_parent, to_name) = self.parent_of(to, to_display)?;
+            rustix::fs::renameat_with(
+                &from_parent,
+                from_name,
+                &to_parent,
+                to_name,
+                rustix::fs::RenameFlags::NOREPLACE,
+            )
+            .map_err(|errno| match errno {
+                Errno::EXIST => ToolError::Failed(format!("{to_display} already exists")),
+                Errno::INVAL => {
+                    ToolError::Failed(format!("cannot move {from_display} into itself"))
+                }
+                errno => fs_error(from_display, errno),
+            })
+        }
+
+        /// Removes `relative`: a file or a link (never what a link points to), or a folder
+        /// with everything in it. The root itself cannot be removed.
+        pub fn remove(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
+            if relative.as_os_str().is_empty() {
+                return Err(ToolError::InvalidArguments(
+                    "the workspace root cannot be removed".into(),
+                ));
+            }
+            let (parent, name) = self.parent_of(relative, display)?;
+            remove_at(&parent, name).map_err(|errno| fs_error(display, errno))
+        }
+
+        /// Writes what `reader` gives to `relative` atomically (see [`Root::write_atomic`]);
+        /// with `replace` false an existing file is an error. Answers the bytes written.
+        pub fn write_atomic_from(
+            &self,
+            relative: &Path,
+            display: &str,
+            reader: &mut dyn std::io::Read,
+            replace: bool,
+        ) -> Result<(Written, u64), ToolError> {
             let Some(name) = relative.file_name() else {
                 return Err(ToolError::InvalidArguments(format!(
                     "{display} is not a file path"
@@ -200,6 +328,9 @@ mod linux {
                 Err(Errno::NOENT) => None,
                 Err(errno) => return Err(fs_error(display, errno)),
             };
+            if mode.is_some() && !replace {
+                return Err(ToolError::Failed(format!("{display} already exists")));
+            }
             let temp = temp_name(name);
             let fd = resolve_at(
                 &parent,
@@ -212,19 +343,64 @@ mod linux {
                 rustix::fs::fchown(&fd, Some(uid), Some(gid))
                     .map_err(|errno| fs_error(display, errno))?;
             }
-            let written = write_and_rename(fd, mode, bytes, &parent, &temp, name);
+            let written = copy_and_rename(fd, mode, reader, &parent, &temp, name, replace);
             if written.is_err() {
                 // Best effort: the temporary file is ours and useless now.
                 let _ = rustix::fs::unlinkat(&parent, &temp, AtFlags::empty());
             }
-            written.map_err(|error| {
-                ToolError::Failed(format!("{display} could not be written: {error}"))
+            let bytes = written.map_err(|error| match error.raw_os_error() {
+                Some(code) if code == Errno::EXIST.raw_os_error() => {
+                    ToolError::Failed(format!("{display} already exists"))
+                }
+                _ => ToolError::Failed(format!("{display} could not be written: {error}")),
             })?;
-            Ok(if mode.is_some() {
+            let kind = if mode.is_some() {
                 Written::Replaced
             } else {
                 Written::Created
-            })
+            };
+            Ok((kind, bytes))
+        }
+
+        /// The parent folder of `relative` (resolved beneath the root) and its last name.
+        fn parent_of<'a>(
+            &self,
+            relative: &'a Path,
+            display: &str,
+        ) -> Result<(OwnedFd, &'a std::ffi::OsStr), ToolError> {
+            let Some(name) = relative.file_name() else {
+                return Err(ToolError::InvalidArguments(format!(
+                    "{display} names the workspace root"
+                )));
+            };
+            let parent = self
+                .resolve(
+                    relative.parent().unwrap_or(Path::new("")),
+                    OFlags::PATH | OFlags::DIRECTORY,
+                    Mode::empty(),
+                )
+                .map_err(|errno| fs_error(display, errno))?;
+            Ok((parent, name))
+        }
+
+        /// Gives `name` in `parent` to the root's owner, when files must be theirs.
+        fn chown_at(
+            &self,
+            parent: &OwnedFd,
+            name: &std::ffi::OsStr,
+            display: &str,
+        ) -> Result<(), ToolError> {
+            if let Some((uid, gid)) = self.owner {
+                rustix::fs::chownat(
+                    parent,
+                    name,
+                    Some(uid),
+                    Some(gid),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .map_err(|errno| fs_error(display, errno))?;
+            }
+            Ok(())
         }
 
         /// Opens the folder `relative`, creating it and its missing parents.
@@ -267,6 +443,30 @@ mod linux {
         }
     }
 
+    impl Entry {
+        /// An entry named `name` with the status `stat` (taken without following it).
+        /// (`st_mtime_nsec`'s type differs between targets.)
+        #[allow(clippy::useless_conversion)]
+        fn of(name: OsString, stat: &rustix::fs::Stat) -> Entry {
+            let kind = match FileType::from_raw_mode(stat.st_mode) {
+                FileType::RegularFile => EntryKind::File,
+                FileType::Directory => EntryKind::Dir,
+                FileType::Symlink => EntryKind::Symlink,
+                _ => EntryKind::Other,
+            };
+            let seconds = u64::try_from(stat.st_mtime).unwrap_or(0);
+            let nanos = u64::try_from(stat.st_mtime_nsec).unwrap_or(0);
+            Entry {
+                name,
+                kind,
+                size: u64::try_from(stat.st_size).unwrap_or(0),
+                modified_ms: seconds
+                    .saturating_mul(1000)
+                    .saturating_add(nanos / 1_000_000),
+            }
+        }
+    }
+
     /// The number of hard links (`nlink_t` is `u64` on some targets, `u32` on others).
     #[allow(clippy::useless_conversion)]
     fn link_count(stat: &rustix::fs::Stat) -> u64 {
@@ -293,23 +493,64 @@ mod linux {
         }
     }
 
-    fn write_and_rename(
+    /// Copies `reader` into the temporary file, syncs it, and renames it over `name` (or, with
+    /// `replace` false, to `name` only if nothing is there). Answers the bytes copied.
+    fn copy_and_rename(
         fd: OwnedFd,
         mode: Option<Mode>,
-        bytes: &[u8],
+        reader: &mut dyn std::io::Read,
         parent: &OwnedFd,
         temp: &OsString,
         name: &std::ffi::OsStr,
-    ) -> std::io::Result<()> {
+        replace: bool,
+    ) -> std::io::Result<u64> {
         if let Some(mode) = mode {
             rustix::fs::fchmod(&fd, mode)?;
         }
         let mut file = File::from(fd);
-        file.write_all(bytes)?;
+        let bytes = std::io::copy(reader, &mut file)?;
         file.sync_all()?;
         drop(file);
-        rustix::fs::renameat(parent, temp, parent, name)?;
-        Ok(())
+        if replace {
+            rustix::fs::renameat(parent, temp, parent, name)?;
+        } else {
+            rustix::fs::renameat_with(
+                parent,
+                temp,
+                parent,
+                name,
+                rustix::fs::RenameFlags::NOREPLACE,
+            )?;
+        }
+        Ok(bytes)
+    }
+
+    /// Removes `name` in `dir`: a folder with everything in it, anything else by unlinking it
+    /// (a symbolic link itself, never what it points to). Each folder is opened by one name
+    /// relative to its parent, without following links, so nothing outside is reached.
+    fn remove_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> Result<(), Errno> {
+        let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+            return rustix::fs::unlinkat(dir, name, AtFlags::empty());
+        }
+        let child = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&child)? {
+            let entry = entry?;
+            let bytes = entry.file_name().to_bytes();
+            if bytes != b"." && bytes != b".." {
+                names.push(OsString::from_vec(bytes.to_vec()));
+            }
+        }
+        for entry in names {
+            remove_at(&child, &entry)?;
+        }
+        rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
     }
 
     /// `.<name>.agentry-<pid>-<n>.tmp`, unique within the process and across processes.
@@ -347,7 +588,7 @@ mod linux {
 mod unsupported {
     use std::path::Path;
 
-    use super::{File, ToolError, Written};
+    use super::{Entry, File, ToolError, Written};
 
     /// A workspace root; only Linux has the confined resolution the tools need.
     #[derive(Debug)]
@@ -392,6 +633,42 @@ mod unsupported {
             _display: &str,
             _bytes: &[u8],
         ) -> Result<Written, ToolError> {
+            unsupported()
+        }
+
+        pub fn list_dir(&self, _relative: &Path, _display: &str) -> Result<Vec<Entry>, ToolError> {
+            unsupported()
+        }
+
+        pub fn entry(&self, _relative: &Path, _display: &str) -> Result<Entry, ToolError> {
+            unsupported()
+        }
+
+        pub fn create_dir(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn rename(
+            &self,
+            _from: &Path,
+            _from_display: &str,
+            _to: &Path,
+            _to_display: &str,
+        ) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn remove(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn write_atomic_from(
+            &self,
+            _relative: &Path,
+            _display: &str,
+            _reader: &mut dyn std::io::Read,
+            _replace: bool,
+        ) -> Result<(Written, u64), ToolError> {
             unsupported()
         }
     }

@@ -20,7 +20,7 @@ mod attach;
 mod confine;
 
 pub use attach::{Attachment, read_attachment};
-pub use confine::{Root, Written};
+pub use confine::{Entry, EntryKind, Root, Written};
 
 /// How many leading bytes decide whether a file is binary.
 pub const BINARY_SNIFF_BYTES: usize = 8 * 1024;

@@ -20,3 +20,4 @@ mod security;
 mod sessions;
 mod support;
 mod webhooks;
+mod workspace_files;

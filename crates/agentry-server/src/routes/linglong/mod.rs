@@ -7,7 +7,8 @@
 //! - `POST /linglong/v1/infer/stream` sends `data: <message JSON>` per stream message,
 //!   `data: {"session_id"}` for a session, and `data: [DONE]` last (header `X-Session-Id`);
 //! - `POST /linglong/v1/infer/abort`, and the models, tools (Python function tools included),
-//!   MCP servers, prompt templates, env (keys), sessions and setup routes of its README.
+//!   MCP servers, prompt templates, env (keys), sessions and setup routes of its README;
+//! - its workspace file manager ([`workspace`]).
 //!
 //! Errors are the seed's `{"error": "<message>"}` (with an `error_code`), with Agentry's
 //! statuses. Bodies are read as JSON whatever their content type, as the seed reads them. These
@@ -24,6 +25,8 @@ use serde_json::{Value, json};
 
 use agentry_app::error::AppError;
 use agentry_app::linglong::request::SeedInferRequest;
+
+mod workspace;
 
 use crate::authorization::Caller;
 use crate::error::ApiError;
@@ -56,6 +59,7 @@ pub fn routes() -> Router<AppState> {
         .route("/env/detect", post(detect_env))
         .route("/env/{key}", delete(delete_env))
         .route("/setup", get(setup))
+        .merge(workspace::routes())
         .route("/sessions", get(sessions))
         .route("/sessions/{id}", get(session).delete(delete_session))
         .route("/sessions/{id}/generate-title", post(generate_title));
@@ -63,7 +67,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// An error in the seed's shape: `{"error": "<message>", "error_code": "<code>"}`.
-struct SeedError(ApiError);
+pub(super) struct SeedError(ApiError);
 
 impl From<AppError> for SeedError {
     fn from(error: AppError) -> Self {
@@ -79,10 +83,10 @@ impl IntoResponse for SeedError {
     }
 }
 
-type Answer = Result<Response, SeedError>;
+pub(super) type Answer = Result<Response, SeedError>;
 
 /// The body as JSON (`null` when empty), whatever its content type.
-fn json_body(body: &Bytes) -> Result<Value, SeedError> {
+pub(super) fn json_body(body: &Bytes) -> Result<Value, SeedError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
@@ -96,7 +100,7 @@ fn infer_request(body: &Bytes) -> Result<SeedInferRequest, SeedError> {
     })
 }
 
-fn ok(body: Value) -> Answer {
+pub(super) fn ok(body: Value) -> Answer {
     Ok(Json(body).into_response())
 }
 

@@ -1,0 +1,753 @@
+//! A session's workspace as people manage it (the seed's workspace routes; later the console's
+//! Files panel and `agentry files`): list a folder a page at a time, read a file, create a
+//! folder, rename, duplicate, delete, and upload large files in chunks.
+//!
+//! Every path is relative to the workspace root and resolved inside it by the kernel
+//! ([`Root`]: `openat2` with `RESOLVE_BENEATH`), so `..`, absolute paths and symbolic links
+//! pointing out are refused; a link is listed, renamed or deleted as itself, never followed.
+//!
+//! Uploads: `init` checks the size against [`WorkspaceLimits::max_upload_bytes`] and the
+//! workspace's use against its quota, and plans fixed-size chunks; its plan is kept on disk
+//! (`<workspaces>/.uploads/<id>/plan.json`, outside every workspace), so an upload survives a
+//! dropped connection or a restart of the server: `status` says which chunks arrived, a chunk
+//! may be sent again, in any order. A chunk is written beside its final name and renamed when
+//! it is complete. `complete` joins the chunks into a temporary file beside the target and
+//! renames it over the target: the file appears whole or not at all. Uploads left unfinished
+//! for a day are swept.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use agentry_core::tool::ToolError;
+use agentry_core::workspace::{Entry, EntryKind, Root, display_path, relative_path};
+use agentry_types::SessionId;
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::{AppError, Failure};
+
+/// How long an unfinished upload is kept.
+const UPLOAD_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The most entries one listing page holds.
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+/// Limits on what people put in workspaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceLimits {
+    /// The largest file one upload may bring.
+    pub max_upload_bytes: u64,
+    /// The most one workspace may hold, uploads included.
+    pub quota_bytes: u64,
+    /// The size of an upload's chunks (the last may be shorter).
+    pub chunk_bytes: u64,
+}
+
+impl Default for WorkspaceLimits {
+    fn default() -> Self {
+        Self {
+            max_upload_bytes: 4 << 30,
+            quota_bytes: 20 << 30,
+            chunk_bytes: 8 << 20,
+        }
+    }
+}
+
+/// A file or folder as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileEntry {
+    /// Its name.
+    pub name: String,
+    /// Its path, relative to the workspace root.
+    pub path: String,
+    /// Whether it is a folder.
+    pub is_dir: bool,
+    /// Bytes (0 for a folder).
+    pub size: u64,
+    /// Last modified, Unix milliseconds.
+    pub modified: u64,
+    /// Text, by its name.
+    pub is_text: bool,
+    /// An image, by its name.
+    pub is_image: bool,
+    /// Audio, by its name.
+    pub is_audio: bool,
+    /// Video, by its name.
+    pub is_video: bool,
+    /// Whether it is a symbolic link (never followed).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub is_symlink: bool,
+    /// Its media type, by its name (none for a folder).
+    pub mime_type: Option<String>,
+}
+
+/// A page of a folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Listing {
+    /// The entries of the page.
+    pub files: Vec<FileEntry>,
+    /// Whether later pages follow.
+    pub has_more: bool,
+    /// Entries in the folder (after the name filter).
+    pub total: usize,
+}
+
+/// How a listing is sorted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sort {
+    /// Folders first, then by name, ignoring case.
+    #[default]
+    Name,
+    /// Most recently modified first.
+    Recent,
+}
+
+/// A file opened for reading.
+#[derive(Debug)]
+pub struct OpenedFile {
+    /// The file.
+    pub file: std::fs::File,
+    /// Its size.
+    pub size: u64,
+    /// Its name.
+    pub name: String,
+    /// Its media type, by its name.
+    pub mime_type: String,
+}
+
+/// An upload's plan, as stored and as answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadPlan {
+    /// Its id.
+    pub upload_id: String,
+    /// The session whose workspace it goes to.
+    pub session_id: SessionId,
+    /// Where it goes, relative to the workspace root.
+    pub target_path: String,
+    /// The file's name as the client gave it.
+    pub file_name: String,
+    /// Its size.
+    pub file_size: u64,
+    /// The size of each chunk (the last may be shorter).
+    pub chunk_size: u64,
+    /// How many chunks.
+    pub chunk_count: u64,
+    /// Who started it (an API key's id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+impl UploadPlan {
+    /// The size chunk `n` must have.
+    pub fn chunk_len(&self, n: u64) -> Option<u64> {
+        (n < self.chunk_count).then(|| {
+            let start = n * self.chunk_size;
+            self.chunk_size.min(self.file_size - start)
+        })
+    }
+}
+
+/// Where an upload is: its plan and the chunks that arrived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UploadStatus {
+    /// The plan.
+    #[serde(flatten)]
+    pub plan: UploadPlan,
+    /// The chunks received whole, by number.
+    pub received: Vec<u64>,
+    /// The chunks still to send.
+    pub missing: Vec<u64>,
+}
+
+fn tool_error(error: ToolError) -> AppError {
+    match error {
+        ToolError::InvalidArguments(message) => AppError::bad_request(message),
+        ToolError::Failed(message) if message.contains("no such file") => {
+            AppError::not_found(message)
+        }
+        ToolError::Failed(message) if message.contains("already exists") => {
+            AppError::conflict(message)
+        }
+        ToolError::Failed(message) => AppError::bad_request(message),
+        other => AppError::internal(other.to_string()),
+    }
+}
+
+fn io_error(error: std::io::Error) -> AppError {
+    AppError::internal(format!("workspace storage: {error}"))
+}
+
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, AppError> + Send + 'static,
+) -> Result<T, AppError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| AppError::internal(format!("a file task failed: {error}")))?
+}
+
+/// A file or folder name for a new entry: one component, no separators or NULs.
+fn check_name(name: &str) -> Result<(), AppError> {
+    let bad = name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.len() > 255
+        || name.contains(['/', '\\', '\0']);
+    if bad {
+        return Err(AppError::bad_request(format!("invalid name {name:?}")));
+    }
+    Ok(())
+}
+
+fn media_type(name: &str) -> Option<String> {
+    mime_guess::from_path(name)
+        .first()
+        .map(|mime| mime.essence_str().to_owned())
+}
+
+fn file_entry(relative: &Path, entry: &Entry) -> FileEntry {
+    let name = entry.name.to_string_lossy().into_owned();
+    let is_dir = entry.kind == EntryKind::Dir;
+    let mime = (!is_dir).then(|| media_type(&name)).flatten();
+    let top = mime
+        .as_deref()
+        .and_then(|m| m.split('/').next())
+        .unwrap_or("");
+    let is_text = !is_dir
+        && (top == "text"
+            || mime.as_deref().is_some_and(|m| {
+                m.ends_with("json")
+                    || m.ends_with("xml")
+                    || m.ends_with("javascript")
+                    || m.ends_with("yaml")
+                    || m.ends_with("toml")
+            }));
+    FileEntry {
+        path: display_path(&relative.join(&entry.name)),
+        is_dir,
+        size: if is_dir { 0 } else { entry.size },
+        modified: entry.modified_ms,
+        is_text,
+        is_image: top == "image",
+        is_audio: top == "audio",
+        is_video: top == "video",
+        is_symlink: entry.kind == EntryKind::Symlink,
+        mime_type: mime,
+        name,
+    }
+}
+
+/// The entry at `relative` as listed.
+fn entry_at(root: &Root, relative: &Path) -> Result<FileEntry, AppError> {
+    let display = display_path(relative);
+    let entry = root.entry(relative, &display).map_err(tool_error)?;
+    Ok(file_entry(
+        relative.parent().unwrap_or(Path::new("")),
+        &entry,
+    ))
+}
+
+/// Bytes the workspace holds (files only, links not followed).
+fn usage(root: &Root, relative: &Path) -> Result<u64, AppError> {
+    let mut total = 0;
+    for entry in root
+        .list_dir(relative, &display_path(relative))
+        .map_err(tool_error)?
+    {
+        match entry.kind {
+            EntryKind::Dir => total += usage(root, &relative.join(&entry.name))?,
+            EntryKind::File => total += entry.size,
+            _ => {}
+        }
+    }
+    Ok(total)
+}
+
+/// `name (n).ext`, the first `n` from 1 that is free in `parent`.
+fn duplicate_name(root: &Root, parent: &Path, name: &str) -> Result<PathBuf, AppError> {
+    let (stem, extension) = match name.rfind('.') {
+        Some(0) | None => (name, ""),
+        Some(dot) => (&name[..dot], &name[dot..]),
+    };
+    for n in 1..10_000 {
+        let candidate = parent.join(format!("{stem} ({n}){extension}"));
+        if root.entry(&candidate, "").is_err() {
+            return Ok(candidate);
+        }
+    }
+    Err(AppError::conflict(format!(
+        "no free name for a copy of {name:?}"
+    )))
+}
+
+/// Copies the file or folder `from` to `to` (which must not exist).
+fn copy_entry(root: &Root, from: &Path, to: &Path) -> Result<(), AppError> {
+    let from_display = display_path(from);
+    let entry = root.entry(from, &from_display).map_err(tool_error)?;
+    match entry.kind {
+        EntryKind::File => {
+            let (mut file, _) = root.open_read(from, &from_display).map_err(tool_error)?;
+            root.write_atomic_from(to, &display_path(to), &mut file, false)
+                .map_err(tool_error)?;
+        }
+        EntryKind::Dir => {
+            root.create_dir(to, &display_path(to)).map_err(tool_error)?;
+            for child in root.list_dir(from, &from_display).map_err(tool_error)? {
+                copy_entry(root, &from.join(&child.name), &to.join(&child.name))?;
+            }
+        }
+        // Links and special files are not copied (a copy of a link could point anywhere).
+        _ => {}
+    }
+    Ok(())
+}
+
+impl App {
+    /// The workspace of `session` for `caller`: its folder (made if missing) and the path.
+    async fn workspace_of(
+        &self,
+        caller: &Principal,
+        session: &str,
+    ) -> Result<(Root, SessionId), AppError> {
+        let session = self.session_record(session).await?.id;
+        self.check_session_access(caller, session).await?;
+        let folder = self.sessions.workspace(session).ok_or_else(|| {
+            AppError::new(
+                Failure::Unavailable,
+                "workspaces_off",
+                "sessions have no workspaces on this server",
+            )
+        })?;
+        std::fs::create_dir_all(&folder).map_err(io_error)?;
+        let root = Root::open(&folder).map_err(tool_error)?;
+        Ok((root, session))
+    }
+
+    /// The folder of uploads in progress, outside every workspace.
+    fn uploads_folder(&self) -> Result<PathBuf, AppError> {
+        let workspaces = self.tools.workspaces.as_ref().ok_or_else(|| {
+            AppError::new(
+                Failure::Unavailable,
+                "workspaces_off",
+                "sessions have no workspaces on this server",
+            )
+        })?;
+        Ok(workspaces.join(".uploads"))
+    }
+
+    /// A page of the folder `path` of `session`'s workspace.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn workspace_list(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+        page: usize,
+        page_size: usize,
+        sort: Sort,
+        name_filter: Option<String>,
+    ) -> Result<Listing, AppError> {
+        if page == 0 || page_size == 0 || page_size > MAX_PAGE_SIZE {
+            return Err(AppError::bad_request(format!(
+                "`page` counts from 1 and `page_size` is 1 to {MAX_PAGE_SIZE}"
+            )));
+        }
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), path).map_err(tool_error)?;
+        blocking(move || {
+            let mut entries: Vec<FileEntry> = root
+                .list_dir(&relative, &display_path(&relative))
+                .map_err(tool_error)?
+                .iter()
+                .map(|entry| file_entry(&relative, entry))
+                .collect();
+            if let Some(filter) = name_filter.filter(|f| !f.is_empty()) {
+                let filter = filter.to_lowercase();
+                entries.retain(|entry| entry.name.to_lowercase().contains(&filter));
+            }
+            match sort {
+                Sort::Name => entries.sort_by(|a, b| {
+                    b.is_dir
+                        .cmp(&a.is_dir)
+                        .then_with(|| a.name.to_lowercase().cmp(&b.name.to_lowercase()))
+                }),
+                Sort::Recent => entries.sort_by(|a, b| {
+                    b.modified
+                        .cmp(&a.modified)
+                        .then_with(|| a.name.cmp(&b.name))
+                }),
+            }
+            let total = entries.len();
+            let start = (page - 1).saturating_mul(page_size).min(total);
+            let end = start.saturating_add(page_size).min(total);
+            Ok(Listing {
+                files: entries[start..end].to_vec(),
+                has_more: end < total,
+                total,
+            })
+        })
+        .await
+    }
+
+    /// Opens the file `path` of `session`'s workspace for reading.
+    pub async fn workspace_open(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+    ) -> Result<OpenedFile, AppError> {
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), path).map_err(tool_error)?;
+        blocking(move || {
+            let display = display_path(&relative);
+            let (file, size) = root.open_read(&relative, &display).map_err(tool_error)?;
+            let name = relative
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let mime_type =
+                media_type(&name).unwrap_or_else(|| "application/octet-stream".to_owned());
+            Ok(OpenedFile {
+                file,
+                size,
+                name,
+                mime_type,
+            })
+        })
+        .await
+    }
+
+    /// Creates the folder `name` in `parent`.
+    pub async fn workspace_mkdir(
+        &self,
+        caller: &Principal,
+        session: &str,
+        parent: &str,
+        name: &str,
+    ) -> Result<FileEntry, AppError> {
+        check_name(name)?;
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), parent)
+            .map_err(tool_error)?
+            .join(name);
+        blocking(move || {
+            root.create_dir(&relative, &display_path(&relative))
+                .map_err(tool_error)?;
+            entry_at(&root, &relative)
+        })
+        .await
+    }
+
+    /// Renames `path` to `new_name` in the same folder (an existing name is a conflict).
+    pub async fn workspace_rename(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+        new_name: &str,
+    ) -> Result<FileEntry, AppError> {
+        check_name(new_name)?;
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let from = relative_path(root.path(), path).map_err(tool_error)?;
+        if from.as_os_str().is_empty() {
+            return Err(AppError::bad_request(
+                "the workspace root cannot be renamed",
+            ));
+        }
+        let to = from.with_file_name(new_name);
+        blocking(move || {
+            root.rename(&from, &display_path(&from), &to, &display_path(&to))
+                .map_err(tool_error)?;
+            entry_at(&root, &to)
+        })
+        .await
+    }
+
+    /// Copies `path` beside itself as `name (n).ext`.
+    pub async fn workspace_duplicate(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+    ) -> Result<FileEntry, AppError> {
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let from = relative_path(root.path(), path).map_err(tool_error)?;
+        let Some(name) = from.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            return Err(AppError::bad_request(
+                "the workspace root cannot be duplicated",
+            ));
+        };
+        blocking(move || {
+            let parent = from.parent().unwrap_or(Path::new("")).to_owned();
+            let to = duplicate_name(&root, &parent, &name)?;
+            copy_entry(&root, &from, &to)?;
+            entry_at(&root, &to)
+        })
+        .await
+    }
+
+    /// Deletes `path` (a folder with everything in it; a link itself, never its target).
+    pub async fn workspace_delete(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+    ) -> Result<String, AppError> {
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), path).map_err(tool_error)?;
+        blocking(move || {
+            let display = display_path(&relative);
+            root.remove(&relative, &display).map_err(tool_error)?;
+            Ok(display)
+        })
+        .await
+    }
+
+    /// Plans an upload of `file_size` bytes to `target_path` in `session`'s workspace.
+    pub async fn upload_init(
+        &self,
+        caller: &Principal,
+        session: &str,
+        target_path: &str,
+        file_name: &str,
+        file_size: u64,
+        limits: WorkspaceLimits,
+    ) -> Result<UploadPlan, AppError> {
+        let (root, session) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), target_path).map_err(tool_error)?;
+        let Some(name) = relative.file_name() else {
+            return Err(AppError::bad_request("`target_path` must name a file"));
+        };
+        check_name(&name.to_string_lossy())?;
+        if file_size > limits.max_upload_bytes {
+            return Err(AppError::new(
+                Failure::TooLarge,
+                "upload_too_large",
+                format!(
+                    "{file_size} bytes is over the upload limit of {} bytes",
+                    limits.max_upload_bytes
+                ),
+            ));
+        }
+        let uploads = self.uploads_folder()?;
+        let owner = caller.owner();
+        let file_name = file_name.to_owned();
+        blocking(move || {
+            if let Ok(entry) = root.entry(&relative, "")
+                && entry.kind == EntryKind::Dir
+            {
+                return Err(AppError::conflict(format!(
+                    "{} is a folder",
+                    display_path(&relative)
+                )));
+            }
+            let used = usage(&root, Path::new(""))?;
+            if used.saturating_add(file_size) > limits.quota_bytes {
+                return Err(AppError::new(
+                    Failure::TooLarge,
+                    "quota_exceeded",
+                    format!(
+                        "the workspace holds {used} bytes; {file_size} more would pass its quota \
+                         of {} bytes",
+                        limits.quota_bytes
+                    ),
+                ));
+            }
+            sweep_uploads(&uploads);
+            let chunk_size = limits.chunk_bytes.max(1);
+            let plan = UploadPlan {
+                upload_id: uuid::Uuid::new_v4().simple().to_string(),
+                session_id: session,
+                target_path: display_path(&relative),
+                file_name,
+                file_size,
+                chunk_size,
+                chunk_count: file_size.div_ceil(chunk_size),
+                owner,
+            };
+            let folder = uploads.join(&plan.upload_id);
+            std::fs::create_dir_all(&folder).map_err(io_error)?;
+            let text =
+                serde_json::to_vec(&plan).map_err(|error| AppError::internal(error.to_string()))?;
+            std::fs::write(folder.join("plan.json"), text).map_err(io_error)?;
+            Ok(plan)
+        })
+        .await
+    }
+}
+
+/// Removes uploads left unfinished longer than [`UPLOAD_TTL`].
+fn sweep_uploads(uploads: &Path) {
+    let Ok(entries) = std::fs::read_dir(uploads) else {
+        return;
+    };
+    let now = SystemTime::now();
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|modified| now.duration_since(modified).ok())
+            .is_some_and(|age| age > UPLOAD_TTL);
+        if old {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// An upload id as made by `init`: 32 lowercase hex digits.
+fn check_upload_id(id: &str) -> Result<(), AppError> {
+    if id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(AppError::not_found(format!("no upload {id:?}")))
+    }
+}
+
+/// The chunk numbers whose file is whole.
+fn received_chunks(folder: &Path, plan: &UploadPlan) -> Vec<u64> {
+    (0..plan.chunk_count)
+        .filter(|n| {
+            std::fs::metadata(folder.join(n.to_string()))
+                .is_ok_and(|meta| Some(meta.len()) == plan.chunk_len(*n))
+        })
+        .collect()
+}
+
+impl App {
+    /// An upload's folder and plan, when `caller` started it.
+    fn upload_of(&self, caller: &Principal, id: &str) -> Result<(PathBuf, UploadPlan), AppError> {
+        check_upload_id(id)?;
+        let folder = self.uploads_folder()?.join(id);
+        let missing = || AppError::not_found(format!("no upload {id:?}"));
+        let text = std::fs::read(folder.join("plan.json")).map_err(|_| missing())?;
+        let plan: UploadPlan = serde_json::from_slice(&text)
+            .map_err(|error| AppError::internal(format!("upload {id}: {error}")))?;
+        if !caller.may_see(plan.owner.as_deref()) {
+            return Err(missing());
+        }
+        Ok((folder, plan))
+    }
+
+    /// Which chunks of an upload arrived.
+    pub async fn upload_status(
+        &self,
+        caller: &Principal,
+        id: &str,
+    ) -> Result<UploadStatus, AppError> {
+        let (folder, plan) = self.upload_of(caller, id)?;
+        blocking(move || {
+            let received = received_chunks(&folder, &plan);
+            let missing = (0..plan.chunk_count)
+                .filter(|n| !received.contains(n))
+                .collect();
+            Ok(UploadStatus {
+                plan,
+                received,
+                missing,
+            })
+        })
+        .await
+    }
+
+    /// Receives chunk `n` of an upload from `body`; it must bring exactly the chunk's size. A
+    /// chunk sent again replaces the earlier one. Answers the bytes received.
+    pub async fn upload_chunk<E: std::fmt::Display>(
+        &self,
+        caller: &Principal,
+        id: &str,
+        n: u64,
+        body: impl futures::Stream<Item = Result<bytes::Bytes, E>>,
+    ) -> Result<u64, AppError> {
+        use futures::StreamExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        let (folder, plan) = self.upload_of(caller, id)?;
+        let expected = plan
+            .chunk_len(n)
+            .ok_or_else(|| AppError::not_found(format!("upload {id} has no chunk {n}")))?;
+        let part = folder.join(format!("{n}.{}.part", uuid::Uuid::new_v4().simple()));
+        let mut file = tokio::fs::File::create(&part).await.map_err(io_error)?;
+        let mut received = 0_u64;
+        let mut body = std::pin::pin!(body);
+        let outcome = async {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|error| {
+                    AppError::bad_request(format!("the chunk was interrupted: {error}"))
+                })?;
+                received += chunk.len() as u64;
+                if received > expected {
+                    return Err(AppError::bad_request(format!(
+                        "chunk {n} is {expected} bytes; more arrived"
+                    )));
+                }
+                file.write_all(&chunk).await.map_err(io_error)?;
+            }
+            if received != expected {
+                return Err(AppError::bad_request(format!(
+                    "chunk {n} is {expected} bytes; {received} arrived"
+                )));
+            }
+            file.sync_all().await.map_err(io_error)?;
+            tokio::fs::rename(&part, folder.join(n.to_string()))
+                .await
+                .map_err(io_error)
+        }
+        .await;
+        if outcome.is_err() {
+            let _ = tokio::fs::remove_file(&part).await;
+        }
+        outcome.map(|()| received)
+    }
+
+    /// Joins an upload's chunks into its target, which appears whole (replacing a file of that
+    /// name) or not at all, and forgets the upload.
+    pub async fn upload_complete(
+        &self,
+        caller: &Principal,
+        id: &str,
+    ) -> Result<UploadPlan, AppError> {
+        let (folder, plan) = self.upload_of(caller, id)?;
+        let (root, _) = self
+            .workspace_of(caller, &plan.session_id.to_string())
+            .await?;
+        blocking(move || {
+            let received = received_chunks(&folder, &plan);
+            if received.len() as u64 != plan.chunk_count {
+                return Err(AppError::conflict(format!(
+                    "upload {} is missing chunks: {} of {} arrived",
+                    plan.upload_id,
+                    received.len(),
+                    plan.chunk_count
+                )));
+            }
+            let mut reader: Box<dyn Read> = Box::new(std::io::empty());
+            for n in 0..plan.chunk_count {
+                let file = std::fs::File::open(folder.join(n.to_string())).map_err(io_error)?;
+                reader = Box::new(reader.chain(file));
+            }
+            let relative = PathBuf::from(&plan.target_path);
+            let (_, written) = root
+                .write_atomic_from(&relative, &plan.target_path, &mut reader, true)
+                .map_err(tool_error)?;
+            if written != plan.file_size {
+                return Err(AppError::internal(format!(
+                    "upload {}: {written} bytes joined, {} planned",
+                    plan.upload_id, plan.file_size
+                )));
+            }
+            let _ = std::fs::remove_dir_all(&folder);
+            Ok(plan)
+        })
+        .await
+    }
+
+    /// Cancels an upload: its chunks are removed.
+    pub async fn upload_cancel(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
+        let (folder, _) = self.upload_of(caller, id)?;
+        blocking(move || std::fs::remove_dir_all(&folder).map_err(io_error)).await
+    }
+}

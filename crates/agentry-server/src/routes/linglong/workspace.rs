@@ -1,0 +1,370 @@
+//! The seed's workspace file manager under `/linglong/v1/workspace`, over a session's
+//! workspace (`session_id`, or `workspace_id` in an upload's start): list, content and download
+//! (single HTTP ranges), thumbnail (the file itself, as the seed serves it), mkdir, rename,
+//! duplicate, delete, and chunked uploads (`upload/init`, `PUT upload/{id}/chunk/{n}`, `GET
+//! upload/{id}` to resume, `upload/{id}/complete`, `DELETE upload/{id}`). Paths are relative to
+//! the workspace root; what answers them is [`agentry_app::workspace_files`].
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use agentry_app::error::AppError;
+use agentry_app::workspace_files::{OpenedFile, Sort, WorkspaceLimits};
+
+use super::{Answer, SeedError, json_body, ok};
+use crate::authorization::Caller;
+use crate::state::AppState;
+
+/// The workspace routes, under `/linglong/v1`.
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/workspace/list", get(list))
+        .route("/workspace/content", get(content))
+        .route("/workspace/download", get(download))
+        .route("/workspace/thumbnail", get(content))
+        .route("/workspace/mkdir", post(mkdir))
+        .route("/workspace/rename", post(rename))
+        .route("/workspace/duplicate", post(duplicate))
+        .route("/workspace/delete", delete(remove))
+        .route("/workspace/upload/init", post(upload_init))
+        .route(
+            "/workspace/upload/{id}",
+            get(upload_status).delete(upload_cancel),
+        )
+        .route("/workspace/upload/{id}/chunk/{n}", put(upload_chunk))
+        .route("/workspace/upload/{id}/complete", post(upload_complete))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    session_id: String,
+    #[serde(default)]
+    path: String,
+    #[serde(default = "first_page")]
+    page: usize,
+    #[serde(default = "default_page_size")]
+    page_size: usize,
+    #[serde(default)]
+    sort: Sort,
+    #[serde(default)]
+    name_filter: Option<String>,
+    /// The seed's switch to leave the workspace; only `1` (stay inside) is accepted.
+    #[serde(default)]
+    restrict: Option<String>,
+}
+
+fn first_page() -> usize {
+    1
+}
+
+fn default_page_size() -> usize {
+    50
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileQuery {
+    session_id: String,
+    path: String,
+    #[serde(default)]
+    restrict: Option<String>,
+}
+
+fn query<T: serde::de::DeserializeOwned>(
+    query: Result<Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, SeedError> {
+    query
+        .map(|Query(query)| query)
+        .map_err(|error| AppError::bad_request(error.body_text()).into())
+}
+
+/// The seed's `restrict=0` would read outside the workspace: refused.
+fn stay_inside(restrict: Option<&str>) -> Result<(), SeedError> {
+    match restrict {
+        None | Some("1" | "true") => Ok(()),
+        Some(_) => Err(AppError::bad_request(
+            "`restrict` must be 1: files outside the workspace are not served",
+        )
+        .into()),
+    }
+}
+
+async fn list(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    raw: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(raw)?;
+    stay_inside(q.restrict.as_deref())?;
+    let listing = state
+        .workspace_list(
+            &caller,
+            &q.session_id,
+            &q.path,
+            q.page,
+            q.page_size,
+            q.sort,
+            q.name_filter,
+        )
+        .await?;
+    Ok(Json(listing).into_response())
+}
+
+/// A single `bytes=` range of a file of `size` bytes: `None` for the whole file, `Err` when
+/// it cannot be satisfied.
+fn byte_range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(value) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let parsed = http_range_header::parse_range_header(value).map_err(|_| ())?;
+    let ranges = parsed.validate(size).map_err(|_| ())?;
+    match ranges.as_slice() {
+        [range] => Ok(Some((*range.start(), *range.end()))),
+        // Several ranges: the whole file (multipart answers are not made).
+        _ => Ok(None),
+    }
+}
+
+/// A file's bytes, whole or one range of them.
+fn file_response(headers: &HeaderMap, opened: OpenedFile, attachment: bool) -> Response {
+    use std::io::{Seek as _, SeekFrom};
+    let OpenedFile {
+        mut file,
+        size,
+        name,
+        mime_type,
+    } = opened;
+    let range = match byte_range(headers, size) {
+        Ok(range) => range,
+        Err(()) => {
+            return (
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                [(header::CONTENT_RANGE, format!("bytes */{size}"))],
+            )
+                .into_response();
+        }
+    };
+    let (status, start, length) = match range {
+        Some((start, end)) => (StatusCode::PARTIAL_CONTENT, start, end - start + 1),
+        None => (StatusCode::OK, 0, size),
+    };
+    if start > 0 && file.seek(SeekFrom::Start(start)).is_err() {
+        return SeedError::from(AppError::internal("the file cannot be read")).into_response();
+    }
+    let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), length);
+    let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(reader)).into_response();
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&mime_type) {
+        headers.insert(header::CONTENT_TYPE, value);
+    }
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if status == StatusCode::PARTIAL_CONTENT
+        && let Ok(value) =
+            HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + length - 1))
+    {
+        headers.insert(header::CONTENT_RANGE, value);
+    }
+    if attachment {
+        let ascii: String = name
+            .chars()
+            .filter(char::is_ascii)
+            .map(|c| {
+                if matches!(c, '"' | '\\' | '\r' | '\n') {
+                    '_'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let ascii = if ascii.is_empty() {
+            "download".to_owned()
+        } else {
+            ascii
+        };
+        if let Ok(value) = HeaderValue::from_str(&format!(
+            "attachment; filename=\"{ascii}\"; filename*=UTF-8''{}",
+            percent_encoded(&name)
+        )) {
+            headers.insert(header::CONTENT_DISPOSITION, value);
+        }
+    }
+    response
+}
+
+async fn content(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    raw: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(raw)?;
+    stay_inside(q.restrict.as_deref())?;
+    let opened = state
+        .workspace_open(&caller, &q.session_id, &q.path)
+        .await?;
+    Ok(file_response(&headers, opened, false))
+}
+
+async fn download(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    raw: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(raw)?;
+    stay_inside(q.restrict.as_deref())?;
+    let opened = state
+        .workspace_open(&caller, &q.session_id, &q.path)
+        .await?;
+    Ok(file_response(&headers, opened, true))
+}
+
+/// A required string field of a JSON body.
+fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, SeedError> {
+    body.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| AppError::bad_request(format!("Missing '{name}' field")).into())
+}
+
+async fn mkdir(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
+    let body = json_body(&body)?;
+    let entry = state
+        .workspace_mkdir(
+            &caller,
+            field(&body, "session_id")?,
+            field(&body, "parent_path")?,
+            field(&body, "name")?,
+        )
+        .await?;
+    Ok(Json(entry).into_response())
+}
+
+async fn rename(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
+    let body = json_body(&body)?;
+    let entry = state
+        .workspace_rename(
+            &caller,
+            field(&body, "session_id")?,
+            field(&body, "path")?,
+            field(&body, "new_name")?,
+        )
+        .await?;
+    Ok(Json(entry).into_response())
+}
+
+async fn duplicate(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
+    let body = json_body(&body)?;
+    let entry = state
+        .workspace_duplicate(&caller, field(&body, "session_id")?, field(&body, "path")?)
+        .await?;
+    Ok(Json(entry).into_response())
+}
+
+async fn remove(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
+    let body = json_body(&body)?;
+    let path = state
+        .workspace_delete(&caller, field(&body, "session_id")?, field(&body, "path")?)
+        .await?;
+    ok(json!({"status": "deleted", "path": path}))
+}
+
+async fn upload_init(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
+    let body = json_body(&body)?;
+    let session = body
+        .get("session_id")
+        .or_else(|| body.get("workspace_id"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| AppError::bad_request("INVALID_REQUEST: missing field workspace_id"))?;
+    let file_name = field(&body, "file_name")?;
+    let file_size = body
+        .get("file_size")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| AppError::bad_request("INVALID_REQUEST: missing field file_size"))?;
+    let target = field(&body, "target_path")?;
+    let target = match body.get("target_dir_path").and_then(Value::as_str) {
+        Some(dir) if !dir.is_empty() => format!("{}/{target}", dir.trim_end_matches('/')),
+        _ => target.to_owned(),
+    };
+    let limits = WorkspaceLimits::default();
+    let plan = state
+        .upload_init(&caller, session, &target, file_name, file_size, limits)
+        .await?;
+    let chunks: Vec<Value> = (0..plan.chunk_count)
+        .map(|n| {
+            json!({"parallel_id": n, "offset": n * plan.chunk_size,
+                   "size": plan.chunk_len(n).unwrap_or(0)})
+        })
+        .collect();
+    ok(json!({
+        "upload_id": plan.upload_id,
+        "parallel_size": plan.chunk_size,
+        "parallel_max_threads": 4,
+        "chunk_count": plan.chunk_count,
+        "chunks": chunks,
+        "path": plan.target_path,
+    }))
+}
+
+async fn upload_status(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    let status = state.upload_status(&caller, &id).await?;
+    Ok(Json(status).into_response())
+}
+
+async fn upload_chunk(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path((id, n)): Path<(String, u64)>,
+    body: Body,
+) -> Answer {
+    let received = state
+        .upload_chunk(&caller, &id, n, body.into_data_stream())
+        .await?;
+    ok(json!({"upload_id": id, "parallel_id": n, "received": received, "status": "uploaded"}))
+}
+
+async fn upload_complete(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    let plan = state.upload_complete(&caller, &id).await?;
+    ok(
+        json!({"upload_id": plan.upload_id, "file_name": plan.file_name,
+              "file_size": plan.file_size, "path": plan.target_path, "status": "completed"}),
+    )
+}
+
+async fn upload_cancel(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    state.upload_cancel(&caller, &id).await?;
+    ok(json!({"upload_id": id, "status": "cancelled"}))
+}
+
+/// `name` percent-encoded for `filename*` (RFC 8187: unreserved characters kept).
+fn percent_encoded(name: &str) -> String {
+    let mut out = String::new();
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,458 @@
+//! The seed's workspace file manager (`/linglong/v1/workspace/…`) over a session's workspace:
+//! listing, reading with ranges, folder and file changes, paths confined to the workspace, and a
+//! 50 MB chunked upload interrupted twice and resumed.
+
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::{Value, json};
+use sha2::Digest as _;
+
+use super::support::{Server, host_commands, start_with};
+
+/// A server whose sessions have workspaces, and one session: its id and workspace folder.
+async fn with_session() -> (Server, String, std::path::PathBuf) {
+    let server = start_with(
+        |home| agentry_app::ToolEnvironment {
+            workspaces: Some(home.join("workspaces")),
+            ..host_commands(home)
+        },
+        |_| {},
+    )
+    .await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Hi.")));
+    let (status, body) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "text": "Hello", "session_id": "new"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let session = body["session_id"].as_str().unwrap().to_owned();
+    let folder = server
+        .state
+        .sessions
+        .workspace(session.parse().unwrap())
+        .unwrap();
+    std::fs::create_dir_all(&folder).unwrap();
+    (server, session, folder)
+}
+
+async fn get_raw(server: &Server, path: &str, range: Option<&str>) -> reqwest::Response {
+    let mut request = server.http.get(format!("{}{path}", server.url));
+    if let Some(range) = range {
+        request = request.header("range", range);
+    }
+    request.send().await.unwrap()
+}
+
+async fn send(server: &Server, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
+    server.raw(method, path, &body.to_string()).await
+}
+
+#[tokio::test]
+async fn files_are_listed_read_and_changed_in_the_seeds_shapes() {
+    let (server, session, folder) = with_session().await;
+    std::fs::create_dir_all(folder.join("src")).unwrap();
+    std::fs::write(folder.join("src/main.py"), "print('hello world')\n").unwrap();
+    std::fs::write(folder.join("notes.md"), "# Notes\n").unwrap();
+    std::fs::write(folder.join("photo.png"), b"\x89PNG\r\n\x1a\nfake").unwrap();
+    let list = |query: &str| format!("/linglong/v1/workspace/list?session_id={session}&{query}");
+    let (status, page) = server.get(&list("path=")).await;
+    assert_eq!(status, 200, "{page}");
+    let names: Vec<&str> = page["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["src", "notes.md", "photo.png"], "{page}");
+    assert_eq!(page["total"], 3);
+    assert_eq!(page["has_more"], false);
+    let src = &page["files"][0];
+    assert_eq!(
+        (src["is_dir"].as_bool(), src["path"].as_str()),
+        (Some(true), Some("src"))
+    );
+    assert_eq!(page["files"][2]["is_image"], true);
+    assert_eq!(page["files"][1]["is_text"], true);
+    assert!(page["files"][1]["modified"].as_u64().unwrap() > 1_700_000_000_000);
+    // Pages and the name filter.
+    let (_, first) = server.get(&list("path=.&page=1&page_size=2")).await;
+    assert_eq!(
+        (
+            first["files"].as_array().unwrap().len(),
+            first["has_more"].as_bool()
+        ),
+        (2, Some(true))
+    );
+    let (_, filtered) = server.get(&list("path=&name_filter=NOTE")).await;
+    assert_eq!(filtered["files"][0]["name"], "notes.md");
+    assert_eq!(filtered["total"], 1);
+    let (_, inner) = server.get(&list("path=src")).await;
+    assert_eq!(inner["files"][0]["path"], "src/main.py");
+    assert_eq!(inner["files"][0]["size"], 21);
+
+    // Content, whole and by range; download names the file.
+    let content = format!("/linglong/v1/workspace/content?session_id={session}&path=src/main.py");
+    let whole = get_raw(&server, &content, None).await;
+    assert_eq!(whole.status().as_u16(), 200);
+    assert_eq!(whole.headers()["accept-ranges"], "bytes");
+    assert_eq!(whole.text().await.unwrap(), "print('hello world')\n");
+    let part = get_raw(&server, &content, Some("bytes=7-11")).await;
+    assert_eq!(part.status().as_u16(), 206);
+    assert_eq!(part.headers()["content-range"], "bytes 7-11/21");
+    assert_eq!(part.text().await.unwrap(), "hello");
+    let tail = get_raw(&server, &content, Some("bytes=-6")).await;
+    assert_eq!(tail.text().await.unwrap(), "rld')\n");
+    let beyond = get_raw(&server, &content, Some("bytes=100-200")).await;
+    assert_eq!(beyond.status().as_u16(), 416);
+    assert_eq!(beyond.headers()["content-range"], "bytes */21");
+    let download = get_raw(
+        &server,
+        &format!("/linglong/v1/workspace/download?session_id={session}&path=notes.md"),
+        None,
+    )
+    .await;
+    assert_eq!(download.status().as_u16(), 200);
+    assert!(
+        download.headers()["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment; filename=\"notes.md\"")
+    );
+
+    // Folder, rename, duplicate (a file and a folder), delete.
+    let (status, made) = server
+        .post(
+            "/linglong/v1/workspace/mkdir",
+            json!({"session_id": session, "parent_path": "src", "name": "lib"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{made}");
+    assert_eq!(
+        (made["path"].as_str(), made["is_dir"].as_bool()),
+        (Some("src/lib"), Some(true))
+    );
+    assert!(folder.join("src/lib").is_dir());
+    let (status, renamed) = server
+        .post(
+            "/linglong/v1/workspace/rename",
+            json!({"session_id": session, "path": "notes.md", "new_name": "README.md"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{renamed}");
+    assert_eq!(renamed["path"], "README.md");
+    assert!(folder.join("README.md").is_file() && !folder.join("notes.md").exists());
+    let (status, copy) = server
+        .post(
+            "/linglong/v1/workspace/duplicate",
+            json!({"session_id": session, "path": "README.md"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{copy}");
+    assert_eq!(copy["name"], "README (1).md");
+    assert_eq!(
+        std::fs::read(folder.join("README (1).md")).unwrap(),
+        b"# Notes\n"
+    );
+    let (status, copy) = server
+        .post(
+            "/linglong/v1/workspace/duplicate",
+            json!({"session_id": session, "path": "src"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{copy}");
+    assert_eq!(copy["name"], "src (1)");
+    assert_eq!(
+        std::fs::read_to_string(folder.join("src (1)/main.py")).unwrap(),
+        "print('hello world')\n"
+    );
+    let (status, body) = send(
+        &server,
+        reqwest::Method::DELETE,
+        "/linglong/v1/workspace/delete",
+        json!({"session_id": session, "path": "src (1)"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"status": "deleted", "path": "src (1)"}))
+    );
+    assert!(!folder.join("src (1)").exists());
+}
+
+#[tokio::test]
+async fn paths_never_leave_the_workspace() {
+    let (server, session, folder) = with_session().await;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "host secret").unwrap();
+    std::os::unix::fs::symlink(outside.path(), folder.join("escape")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.txt"),
+        folder.join("secret-link"),
+    )
+    .unwrap();
+    std::fs::write(folder.join("a.txt"), "a").unwrap();
+    std::fs::write(folder.join("b.txt"), "b").unwrap();
+    for path in [
+        "../../../etc/passwd",
+        "/etc/passwd",
+        "escape/secret.txt",
+        "secret-link",
+        "a.txt%00",
+    ] {
+        let response = get_raw(
+            &server,
+            &format!("/linglong/v1/workspace/content?session_id={session}&path={path}"),
+            None,
+        )
+        .await;
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        assert!((400..500).contains(&status), "{path}: {status} {text}");
+        assert!(!text.contains("host secret"), "{path}");
+    }
+    let (status, _) = server
+        .get(&format!(
+            "/linglong/v1/workspace/list?session_id={session}&path=escape"
+        ))
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = server
+        .get(&format!(
+            "/linglong/v1/workspace/list?session_id={session}&path=&restrict=0"
+        ))
+        .await;
+    assert_eq!(status, 400);
+    // A link is listed as a link and deleted as itself; what it points to stays.
+    let (_, page) = server
+        .get(&format!(
+            "/linglong/v1/workspace/list?session_id={session}&path="
+        ))
+        .await;
+    let link = page["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "escape")
+        .unwrap();
+    assert_eq!(
+        (link["is_symlink"].as_bool(), link["is_dir"].as_bool()),
+        (Some(true), Some(false))
+    );
+    let (status, _) = send(
+        &server,
+        reqwest::Method::DELETE,
+        "/linglong/v1/workspace/delete",
+        json!({"session_id": session, "path": "escape"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(outside.path().join("secret.txt").exists());
+    assert!(!folder.join("escape").exists());
+    // Names are one component; a rename never replaces; the root stays.
+    for (body, status) in [
+        (
+            json!({"session_id": session, "path": "a.txt", "new_name": "../x"}),
+            400,
+        ),
+        (
+            json!({"session_id": session, "path": "a.txt", "new_name": "b.txt"}),
+            409,
+        ),
+        (
+            json!({"session_id": session, "path": "", "new_name": "x"}),
+            400,
+        ),
+        (
+            json!({"session_id": session, "path": "nope.txt", "new_name": "x"}),
+            404,
+        ),
+    ] {
+        let (got, answer) = server
+            .post("/linglong/v1/workspace/rename", body.clone())
+            .await;
+        assert_eq!(got, status, "{body} → {answer}");
+        assert!(answer["error"].is_string());
+    }
+    assert_eq!(std::fs::read_to_string(folder.join("b.txt")).unwrap(), "b");
+    let (status, _) = send(
+        &server,
+        reqwest::Method::DELETE,
+        "/linglong/v1/workspace/delete",
+        json!({"session_id": session, "path": "."}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(folder.join("a.txt").exists());
+    // Another session's id that does not exist: 404.
+    let (status, _) = server
+        .get("/linglong/v1/workspace/list?session_id=0190a9a8-0000-7000-8000-000000000000&path=")
+        .await;
+    assert_eq!(status, 404);
+}
+
+/// Sends `bytes` as chunk `n`.
+async fn put_chunk(server: &Server, id: &str, n: u64, bytes: Vec<u8>) -> (u16, Value) {
+    let response = server
+        .http
+        .put(format!(
+            "{}/linglong/v1/workspace/upload/{id}/chunk/{n}",
+            server.url
+        ))
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_50_mb_upload_interrupted_twice_resumes_and_appears_whole() {
+    let (server, session, folder) = with_session().await;
+    let size: usize = 50 * 1000 * 1000;
+    let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    let (status, plan) = server
+        .post(
+            "/linglong/v1/workspace/upload/init",
+            json!({"workspace_id": session, "file_name": "big.bin", "file_size": size,
+                   "target_path": "big.bin", "target_dir_path": "data"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{plan}");
+    let id = plan["upload_id"].as_str().unwrap().to_owned();
+    let chunks = plan["chunks"].as_array().unwrap().clone();
+    assert_eq!(plan["chunk_count"].as_u64().unwrap() as usize, chunks.len());
+    assert!(chunks.len() >= 5, "{plan}");
+    let slice = |chunk: &Value| {
+        let offset = chunk["offset"].as_u64().unwrap() as usize;
+        let len = chunk["size"].as_u64().unwrap() as usize;
+        data[offset..offset + len].to_vec()
+    };
+    // The first chunks arrive, in any order.
+    for n in [1, 0, 2] {
+        let (status, body) = put_chunk(&server, &id, n, slice(&chunks[n as usize])).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["status"], "uploaded");
+    }
+    // Interrupted once: half a chunk, then the connection ends.
+    let half = slice(&chunks[3])[..1000].to_vec();
+    let (status, _) = put_chunk(&server, &id, 3, half).await;
+    assert_eq!(status, 400);
+    // Interrupted again: the body fails mid-way.
+    let third = slice(&chunks[4]);
+    let failing = futures::stream::iter(vec![
+        Ok::<_, std::io::Error>(third[..4096].to_vec()),
+        Err(std::io::Error::other("the network went away")),
+    ]);
+    let interrupted = server
+        .http
+        .put(format!(
+            "{}/linglong/v1/workspace/upload/{id}/chunk/4",
+            server.url
+        ))
+        .body(reqwest::Body::wrap_stream(failing))
+        .send()
+        .await;
+    if let Ok(response) = interrupted {
+        assert_ne!(response.status().as_u16(), 200);
+    }
+    // Nothing of the file is visible yet; the upload knows what is missing.
+    assert!(!folder.join("data/big.bin").exists());
+    let (status, state) = server
+        .get(&format!("/linglong/v1/workspace/upload/{id}"))
+        .await;
+    assert_eq!(status, 200, "{state}");
+    assert_eq!(state["received"], json!([0, 1, 2]));
+    let missing: Vec<u64> = state["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    let (status, early) = server
+        .post(
+            &format!("/linglong/v1/workspace/upload/{id}/complete"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 409, "{early}");
+    // Resumed: the missing chunks, then complete.
+    for n in missing {
+        let (status, body) = put_chunk(&server, &id, n, slice(&chunks[n as usize])).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, done) = server
+        .post(
+            &format!("/linglong/v1/workspace/upload/{id}/complete"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["path"], "data/big.bin");
+    let written = std::fs::read(folder.join("data/big.bin")).unwrap();
+    assert_eq!(written.len(), size);
+    assert_eq!(sha2::Sha256::digest(&written), sha2::Sha256::digest(&data));
+    // No temporary file is left beside it, and the upload is gone.
+    let names: Vec<String> = std::fs::read_dir(folder.join("data"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["big.bin"]);
+    let (status, _) = server
+        .get(&format!("/linglong/v1/workspace/upload/{id}"))
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn uploads_past_the_limits_or_with_bad_chunks_are_refused() {
+    let (server, session, _folder) = with_session().await;
+    let init = |size: u64, target: &str| json!({"workspace_id": session, "file_name": "f", "file_size": size, "target_path": target});
+    let (status, body) = server
+        .post(
+            "/linglong/v1/workspace/upload/init",
+            init(1 << 40, "huge.bin"),
+        )
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error_code"], "UPLOAD_TOO_LARGE");
+    for target in ["../x", "/etc/x", ""] {
+        let (status, body) = server
+            .post("/linglong/v1/workspace/upload/init", init(10, target))
+            .await;
+        assert_eq!(status, 400, "{target}: {body}");
+    }
+    let (_, plan) = server
+        .post("/linglong/v1/workspace/upload/init", init(10, "small.txt"))
+        .await;
+    let id = plan["upload_id"].as_str().unwrap().to_owned();
+    let (status, _) = put_chunk(&server, &id, 0, vec![b'x'; 11]).await;
+    assert_eq!(status, 400);
+    let (status, _) = put_chunk(&server, &id, 1, vec![b'x'; 10]).await;
+    assert_eq!(status, 404);
+    let (status, _) = put_chunk(
+        &server,
+        "0123456789abcdef0123456789abcdef",
+        0,
+        vec![b'x'; 10],
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, body) = send(
+        &server,
+        reqwest::Method::DELETE,
+        &format!("/linglong/v1/workspace/upload/{id}"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"upload_id": id, "status": "cancelled"}))
+    );
+    let (status, _) = put_chunk(&server, &id, 0, vec![b'x'; 10]).await;
+    assert_eq!(status, 404);
+}
