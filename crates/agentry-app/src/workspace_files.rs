@@ -1,6 +1,8 @@
 //! A session's workspace as people manage it (the seed's workspace routes; later the console's
-//! Files panel and `agentry files`): list a folder a page at a time, read a file, create a
-//! folder, rename, duplicate, delete, and upload large files in chunks.
+//! Files panel and `agentry files`): list a folder a page at a time, read a file, download a
+//! folder as a zip archive (written as it is sent), search names and contents (`.gitignore`d
+//! and hidden entries skipped, at most [`MAX_SEARCH_RESULTS`]), create a folder, rename,
+//! duplicate, delete, and upload large files in chunks.
 //!
 //! Every path is relative to the workspace root and resolved inside it by the kernel
 //! ([`Root`]: `openat2` with `RESOLVE_BENEATH`), so `..`, absolute paths and symbolic links
@@ -749,5 +751,235 @@ impl App {
     pub async fn upload_cancel(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
         let (folder, _) = self.upload_of(caller, id)?;
         blocking(move || std::fs::remove_dir_all(&folder).map_err(io_error)).await
+    }
+}
+
+/// The most results one search answers.
+pub const MAX_SEARCH_RESULTS: usize = 500;
+
+/// The most bytes of one file a content search reads.
+const SEARCH_READ_BYTES: u64 = 4 << 20;
+
+/// What a download brings: a file, or a folder as a zip stream.
+#[derive(Debug)]
+pub enum Download {
+    /// A file.
+    File(OpenedFile),
+    /// A folder: its name and its zip archive, as it is written.
+    Folder {
+        /// The folder's name (the archive is `<name>.zip`).
+        name: String,
+        /// The archive's bytes.
+        archive: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, std::io::Error>>,
+    },
+}
+
+/// Sends what is written to it over a channel, in pieces of 64 KiB.
+struct ChannelWriter {
+    sender: tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>,
+    buffer: Vec<u8>,
+}
+
+impl ChannelWriter {
+    const PIECE: usize = 64 * 1024;
+
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let piece = bytes::Bytes::from(std::mem::take(&mut self.buffer));
+        self.sender
+            .blocking_send(Ok(piece))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client left"))
+    }
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buffer.extend_from_slice(bytes);
+        if self.buffer.len() >= Self::PIECE {
+            self.send()?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
+/// Adds the folder `relative` to `zip` under `prefix` (files and folders; links and special
+/// files are left out).
+fn zip_folder<W: std::io::Write>(
+    root: &Root,
+    relative: &Path,
+    prefix: &str,
+    zip: &mut zip::ZipWriter<zip::write::StreamWriter<W>>,
+) -> Result<(), AppError> {
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .large_file(true);
+    let zip_error = |error: zip::result::ZipError| AppError::internal(format!("zip: {error}"));
+    let mut entries = root
+        .list_dir(relative, &display_path(relative))
+        .map_err(tool_error)?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for entry in entries {
+        let name = format!("{prefix}{}", entry.name.to_string_lossy());
+        let path = relative.join(&entry.name);
+        match entry.kind {
+            EntryKind::Dir => {
+                zip.add_directory(format!("{name}/"), options)
+                    .map_err(zip_error)?;
+                zip_folder(root, &path, &format!("{name}/"), zip)?;
+            }
+            EntryKind::File => {
+                let (mut file, _) = root
+                    .open_read(&path, &display_path(&path))
+                    .map_err(tool_error)?;
+                zip.start_file(name, options).map_err(zip_error)?;
+                std::io::copy(&mut file, zip).map_err(io_error)?;
+            }
+            EntryKind::Symlink | EntryKind::Other => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether `text` holds the query: `a|b` any of the terms, `a b` all of them (literal,
+/// case-sensitive).
+fn holds(text: &str, query: &str) -> bool {
+    if query.contains('|') {
+        query
+            .split('|')
+            .map(str::trim)
+            .filter(|term| !term.is_empty())
+            .any(|term| text.contains(term))
+    } else {
+        query.split_whitespace().all(|term| text.contains(term))
+    }
+}
+
+/// Searches below `relative`: names holding `name_filter` (ignoring case), files holding
+/// `query`; `.gitignore`d and hidden entries skipped, links not followed, at most
+/// [`MAX_SEARCH_RESULTS`].
+fn search(
+    root: &Root,
+    relative: &Path,
+    query: Option<&str>,
+    name_filter: Option<&str>,
+) -> Result<Vec<FileEntry>, AppError> {
+    root.check_dir(relative, &display_path(relative))
+        .map_err(tool_error)?;
+    let filter = name_filter.map(str::to_lowercase);
+    let walk = ignore::WalkBuilder::new(root.path().join(relative))
+        .follow_links(false)
+        .require_git(false)
+        .build();
+    let mut found = Vec::new();
+    for entry in walk.flatten() {
+        if found.len() >= MAX_SEARCH_RESULTS {
+            break;
+        }
+        if entry.depth() == 0 {
+            continue;
+        }
+        let Ok(path) = entry.path().strip_prefix(root.path()) else {
+            continue;
+        };
+        let name = entry.file_name().to_string_lossy().to_lowercase();
+        if filter
+            .as_ref()
+            .is_some_and(|filter| !name.contains(filter.as_str()))
+        {
+            continue;
+        }
+        let Ok(listed) = root.entry(path, "") else {
+            continue;
+        };
+        if let Some(query) = query {
+            if listed.kind != EntryKind::File {
+                continue;
+            }
+            let Ok((file, _)) = root.open_read(path, "") else {
+                continue;
+            };
+            let mut head = Vec::new();
+            if file.take(SEARCH_READ_BYTES).read_to_end(&mut head).is_err()
+                || head[..head.len().min(agentry_core::workspace::BINARY_SNIFF_BYTES)].contains(&0)
+                || !holds(&String::from_utf8_lossy(&head), query)
+            {
+                continue;
+            }
+        }
+        found.push(file_entry(path.parent().unwrap_or(Path::new("")), &listed));
+    }
+    Ok(found)
+}
+
+impl App {
+    /// A file, or a folder as a zip archive written as it is sent.
+    pub async fn workspace_download(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+    ) -> Result<Download, AppError> {
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), path).map_err(tool_error)?;
+        let display = display_path(&relative);
+        let is_dir = relative.as_os_str().is_empty()
+            || root.entry(&relative, &display).map_err(tool_error)?.kind == EntryKind::Dir;
+        if !is_dir {
+            return Ok(Download::File(
+                self.workspace_open(caller, session, path).await?,
+            ));
+        }
+        root.check_dir(&relative, &display).map_err(tool_error)?;
+        let name = relative.file_name().map_or_else(
+            || "workspace".to_owned(),
+            |name| name.to_string_lossy().into_owned(),
+        );
+        let (sender, archive) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let writer = ChannelWriter {
+                sender: sender.clone(),
+                buffer: Vec::new(),
+            };
+            let mut zip = zip::ZipWriter::new_stream(writer);
+            let written = zip_folder(&root, &relative, "", &mut zip).and_then(|()| {
+                let mut writer = zip
+                    .finish()
+                    .map_err(|error| AppError::internal(format!("zip: {error}")))?
+                    .into_inner();
+                std::io::Write::flush(&mut writer).map_err(io_error)
+            });
+            if let Err(error) = written {
+                // The client sees the archive end with an error (its download fails).
+                let _ = sender.blocking_send(Err(std::io::Error::other(error.message)));
+            }
+        });
+        Ok(Download::Folder { name, archive })
+    }
+
+    /// Searches `session`'s workspace below `path` (see [`search`]).
+    pub async fn workspace_search(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+        query: Option<String>,
+        name_filter: Option<String>,
+    ) -> Result<Vec<FileEntry>, AppError> {
+        let query = query.filter(|q| !q.trim().is_empty());
+        let name_filter = name_filter.filter(|f| !f.is_empty());
+        if query.is_none() && name_filter.is_none() {
+            return Err(AppError::bad_request(
+                "Missing 'query' or 'name_filter' parameter",
+            ));
+        }
+        let (root, _) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), path).map_err(tool_error)?;
+        blocking(move || search(&root, &relative, query.as_deref(), name_filter.as_deref())).await
     }
 }

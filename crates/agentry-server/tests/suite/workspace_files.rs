@@ -456,3 +456,110 @@ async fn uploads_past_the_limits_or_with_bad_chunks_are_refused() {
     let (status, _) = put_chunk(&server, &id, 0, vec![b'x'; 10]).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn a_folder_downloads_as_a_zip_equal_to_it() {
+    let (server, session, folder) = with_session().await;
+    std::fs::create_dir_all(folder.join("project/src/deep")).unwrap();
+    std::fs::create_dir_all(folder.join("project/empty")).unwrap();
+    std::fs::write(folder.join("project/README.md"), "# Project\n").unwrap();
+    std::fs::write(folder.join("project/src/main.rs"), "fn main() {}\n").unwrap();
+    let big: Vec<u8> = (0..300_000).map(|i: u32| (i % 253) as u8).collect();
+    std::fs::write(folder.join("project/src/deep/data.bin"), &big).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", folder.join("project/link")).unwrap();
+    let response = get_raw(
+        &server,
+        &format!("/linglong/v1/workspace/download?session_id={session}&path=project"),
+        None,
+    )
+    .await;
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.headers()["content-type"], "application/zip");
+    assert!(
+        response.headers()["content-disposition"]
+            .to_str()
+            .unwrap()
+            .contains("project.zip")
+    );
+    let archive = response.bytes().await.unwrap();
+    // Read back by Python's zipfile: every name with its bytes' SHA-256.
+    let mut reader = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import hashlib, io, json, sys, zipfile\n\
+             z = zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read()))\n\
+             assert z.testzip() is None\n\
+             print(json.dumps({i.filename: hashlib.sha256(z.read(i)).hexdigest() for i in z.infolist()}))",
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = reader.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, &archive)
+        .await
+        .unwrap();
+    drop(stdin);
+    let output = reader.wait_with_output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let sha = |bytes: &[u8]| format!("{:x}", sha2::Sha256::digest(bytes));
+    assert_eq!(
+        listed,
+        json!({
+            "README.md": sha(b"# Project\n"),
+            "empty/": sha(b""),
+            "src/": sha(b""),
+            "src/deep/": sha(b""),
+            "src/deep/data.bin": sha(&big),
+            "src/main.rs": sha(b"fn main() {}\n"),
+        }),
+        "the link is left out, everything else is there"
+    );
+}
+
+#[tokio::test]
+async fn search_respects_gitignore_and_is_capped() {
+    let (server, session, folder) = with_session().await;
+    std::fs::create_dir_all(folder.join("src")).unwrap();
+    std::fs::create_dir_all(folder.join("build")).unwrap();
+    std::fs::write(folder.join(".gitignore"), "build/\n").unwrap();
+    std::fs::write(folder.join("src/alpha.py"), "needle and thread\n").unwrap();
+    std::fs::write(folder.join("src/beta.py"), "only thread\n").unwrap();
+    std::fs::write(folder.join("build/alpha.py"), "needle and thread\n").unwrap();
+    std::fs::write(folder.join("src/blob.bin"), b"needle\0binary").unwrap();
+    let search =
+        |query: &str| format!("/linglong/v1/workspace/search?session_id={session}&path=&{query}");
+    let paths = |found: &Value| -> Vec<String> {
+        let mut paths: Vec<String> = found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().to_owned())
+            .collect();
+        paths.sort();
+        paths
+    };
+    let (status, found) = server.get(&search("query=needle")).await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(paths(&found), ["src/alpha.py"]);
+    let (_, found) = server.get(&search("query=needle%20thread")).await;
+    assert_eq!(paths(&found), ["src/alpha.py"]);
+    let (_, found) = server.get(&search("query=needle%7Conly")).await;
+    assert_eq!(paths(&found), ["src/alpha.py", "src/beta.py"]);
+    let (_, found) = server.get(&search("name_filter=BETA")).await;
+    assert_eq!(paths(&found), ["src/beta.py"]);
+    let (status, _) = server.get(&search("")).await;
+    assert_eq!(status, 400);
+    std::fs::create_dir_all(folder.join("many")).unwrap();
+    for n in 0..600 {
+        std::fs::write(folder.join(format!("many/f{n}.txt")), "x").unwrap();
+    }
+    let (_, found) = server.get(&search("name_filter=.txt")).await;
+    assert_eq!(found.as_array().unwrap().len(), 500);
+}

@@ -1,6 +1,6 @@
 //! The seed's workspace file manager under `/linglong/v1/workspace`, over a session's
 //! workspace (`session_id`, or `workspace_id` in an upload's start): list, content and download
-//! (single HTTP ranges), thumbnail (the file itself, as the seed serves it), mkdir, rename,
+//! (single HTTP ranges; a folder downloads as a zip archive), search, thumbnail (the file itself, as the seed serves it), mkdir, rename,
 //! duplicate, delete, and chunked uploads (`upload/init`, `PUT upload/{id}/chunk/{n}`, `GET
 //! upload/{id}` to resume, `upload/{id}/complete`, `DELETE upload/{id}`). Paths are relative to
 //! the workspace root; what answers them is [`agentry_app::workspace_files`].
@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use agentry_app::error::AppError;
-use agentry_app::workspace_files::{OpenedFile, Sort, WorkspaceLimits};
+use agentry_app::workspace_files::{Download, OpenedFile, Sort, WorkspaceLimits};
 
 use super::{Answer, SeedError, json_body, ok};
 use crate::authorization::Caller;
@@ -27,6 +27,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/workspace/list", get(list))
         .route("/workspace/content", get(content))
         .route("/workspace/download", get(download))
+        .route("/workspace/search", get(search))
         .route("/workspace/thumbnail", get(content))
         .route("/workspace/mkdir", post(mkdir))
         .route("/workspace/rename", post(rename))
@@ -133,7 +134,7 @@ fn byte_range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> 
 }
 
 /// A file's bytes, whole or one range of them.
-fn file_response(headers: &HeaderMap, opened: OpenedFile, attachment: bool) -> Response {
+fn file_response(headers: &HeaderMap, opened: OpenedFile, as_attachment: bool) -> Response {
     use std::io::{Seek as _, SeekFrom};
     let OpenedFile {
         mut file,
@@ -173,31 +174,34 @@ fn file_response(headers: &HeaderMap, opened: OpenedFile, attachment: bool) -> R
     {
         headers.insert(header::CONTENT_RANGE, value);
     }
-    if attachment {
-        let ascii: String = name
-            .chars()
-            .filter(char::is_ascii)
-            .map(|c| {
-                if matches!(c, '"' | '\\' | '\r' | '\n') {
-                    '_'
-                } else {
-                    c
-                }
-            })
-            .collect();
-        let ascii = if ascii.is_empty() {
-            "download".to_owned()
-        } else {
-            ascii
-        };
-        if let Ok(value) = HeaderValue::from_str(&format!(
-            "attachment; filename=\"{ascii}\"; filename*=UTF-8''{}",
-            percent_encoded(&name)
-        )) {
-            headers.insert(header::CONTENT_DISPOSITION, value);
-        }
+    if as_attachment && let Ok(value) = HeaderValue::from_str(&attachment(&name)) {
+        headers.insert(header::CONTENT_DISPOSITION, value);
     }
     response
+}
+
+/// `Content-Disposition` for a download named `name`: an ASCII fallback and the UTF-8 name.
+fn attachment(name: &str) -> String {
+    let ascii: String = name
+        .chars()
+        .filter(char::is_ascii)
+        .map(|c| {
+            if matches!(c, '"' | '\\' | '\r' | '\n') {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    let ascii = if ascii.is_empty() {
+        "download".to_owned()
+    } else {
+        ascii
+    };
+    format!(
+        "attachment; filename=\"{ascii}\"; filename*=UTF-8''{}",
+        percent_encoded(name)
+    )
 }
 
 async fn content(
@@ -222,10 +226,52 @@ async fn download(
 ) -> Answer {
     let q = query(raw)?;
     stay_inside(q.restrict.as_deref())?;
-    let opened = state
-        .workspace_open(&caller, &q.session_id, &q.path)
+    match state
+        .workspace_download(&caller, &q.session_id, &q.path)
+        .await?
+    {
+        Download::File(opened) => Ok(file_response(&headers, opened, true)),
+        Download::Folder { name, archive } => {
+            let stream = futures::stream::unfold(archive, |mut archive| async move {
+                archive.recv().await.map(|piece| (piece, archive))
+            });
+            let mut response = Body::from_stream(stream).into_response();
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/zip"),
+            );
+            if let Ok(value) = HeaderValue::from_str(&attachment(&format!("{name}.zip"))) {
+                headers.insert(header::CONTENT_DISPOSITION, value);
+            }
+            Ok(response)
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchQuery {
+    session_id: String,
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    query: Option<String>,
+    #[serde(default)]
+    name_filter: Option<String>,
+}
+
+/// The seed's answer: a bare array of entries.
+async fn search(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    raw: Result<Query<SearchQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(raw)?;
+    let found = state
+        .workspace_search(&caller, &q.session_id, &q.path, q.query, q.name_filter)
         .await?;
-    Ok(file_response(&headers, opened, true))
+    Ok(Json(found).into_response())
 }
 
 /// A required string field of a JSON body.
