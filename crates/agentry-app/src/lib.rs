@@ -41,6 +41,7 @@ pub mod session_service;
 pub mod store_log;
 pub mod submission;
 pub mod titles;
+pub mod tus;
 pub mod webhooks;
 pub mod workspace_files;
 

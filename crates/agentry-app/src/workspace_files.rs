@@ -310,7 +310,7 @@ fn copy_entry(root: &Root, from: &Path, to: &Path) -> Result<(), AppError> {
 
 impl App {
     /// The workspace of `session` for `caller`: its folder (made if missing) and the path.
-    async fn workspace_of(
+    pub(crate) async fn workspace_of(
         &self,
         caller: &Principal,
         session: &str,
@@ -330,7 +330,7 @@ impl App {
     }
 
     /// The folder of uploads in progress, outside every workspace.
-    fn uploads_folder(&self) -> Result<PathBuf, AppError> {
+    pub(crate) fn uploads_folder(&self) -> Result<PathBuf, AppError> {
         let workspaces = self.tools.workspaces.as_ref().ok_or_else(|| {
             AppError::new(
                 Failure::Unavailable,
@@ -521,65 +521,82 @@ impl App {
     ) -> Result<UploadPlan, AppError> {
         let (root, session) = self.workspace_of(caller, session).await?;
         let relative = relative_path(root.path(), target_path).map_err(tool_error)?;
-        let Some(name) = relative.file_name() else {
-            return Err(AppError::bad_request("`target_path` must name a file"));
+        let uploads = self.uploads_folder()?;
+        let target_path = check_upload(root, relative, file_size, limits).await?;
+        let chunk_size = limits.chunk_bytes.max(1);
+        let plan = UploadPlan {
+            upload_id: uuid::Uuid::new_v4().simple().to_string(),
+            session_id: session,
+            target_path,
+            file_name: file_name.to_owned(),
+            file_size,
+            chunk_size,
+            chunk_count: file_size.div_ceil(chunk_size),
+            owner: caller.owner(),
         };
-        check_name(&name.to_string_lossy())?;
-        if file_size > limits.max_upload_bytes {
+        let folder = uploads.join(&plan.upload_id);
+        let text =
+            serde_json::to_vec(&plan).map_err(|error| AppError::internal(error.to_string()))?;
+        blocking(move || {
+            std::fs::create_dir_all(&folder).map_err(io_error)?;
+            std::fs::write(folder.join("plan.json"), text).map_err(io_error)
+        })
+        .await?;
+        Ok(plan)
+    }
+}
+
+/// Checks an upload of `size` bytes to `relative` (a file name, within the size limit and the
+/// workspace's quota, not a folder) and sweeps old uploads. Answers the target as shown.
+pub(crate) async fn check_upload(
+    root: Root,
+    relative: PathBuf,
+    size: u64,
+    limits: WorkspaceLimits,
+) -> Result<String, AppError> {
+    let Some(name) = relative.file_name() else {
+        return Err(AppError::bad_request(
+            "the upload's target must name a file",
+        ));
+    };
+    check_name(&name.to_string_lossy())?;
+    if size > limits.max_upload_bytes {
+        return Err(AppError::new(
+            Failure::TooLarge,
+            "upload_too_large",
+            format!(
+                "{size} bytes is over the upload limit of {} bytes",
+                limits.max_upload_bytes
+            ),
+        ));
+    }
+    blocking(move || {
+        if let Ok(entry) = root.entry(&relative, "")
+            && entry.kind == EntryKind::Dir
+        {
+            return Err(AppError::conflict(format!(
+                "{} is a folder",
+                display_path(&relative)
+            )));
+        }
+        let used = usage(&root, Path::new(""))?;
+        if used.saturating_add(size) > limits.quota_bytes {
             return Err(AppError::new(
                 Failure::TooLarge,
-                "upload_too_large",
+                "quota_exceeded",
                 format!(
-                    "{file_size} bytes is over the upload limit of {} bytes",
-                    limits.max_upload_bytes
+                    "the workspace holds {used} bytes; {size} more would pass its quota of {} \
+                     bytes",
+                    limits.quota_bytes
                 ),
             ));
         }
-        let uploads = self.uploads_folder()?;
-        let owner = caller.owner();
-        let file_name = file_name.to_owned();
-        blocking(move || {
-            if let Ok(entry) = root.entry(&relative, "")
-                && entry.kind == EntryKind::Dir
-            {
-                return Err(AppError::conflict(format!(
-                    "{} is a folder",
-                    display_path(&relative)
-                )));
-            }
-            let used = usage(&root, Path::new(""))?;
-            if used.saturating_add(file_size) > limits.quota_bytes {
-                return Err(AppError::new(
-                    Failure::TooLarge,
-                    "quota_exceeded",
-                    format!(
-                        "the workspace holds {used} bytes; {file_size} more would pass its quota \
-                         of {} bytes",
-                        limits.quota_bytes
-                    ),
-                ));
-            }
+        if let Some(uploads) = root.path().parent().map(|parent| parent.join(".uploads")) {
             sweep_uploads(&uploads);
-            let chunk_size = limits.chunk_bytes.max(1);
-            let plan = UploadPlan {
-                upload_id: uuid::Uuid::new_v4().simple().to_string(),
-                session_id: session,
-                target_path: display_path(&relative),
-                file_name,
-                file_size,
-                chunk_size,
-                chunk_count: file_size.div_ceil(chunk_size),
-                owner,
-            };
-            let folder = uploads.join(&plan.upload_id);
-            std::fs::create_dir_all(&folder).map_err(io_error)?;
-            let text =
-                serde_json::to_vec(&plan).map_err(|error| AppError::internal(error.to_string()))?;
-            std::fs::write(folder.join("plan.json"), text).map_err(io_error)?;
-            Ok(plan)
-        })
-        .await
-    }
+        }
+        Ok(display_path(&relative))
+    })
+    .await
 }
 
 /// Removes uploads left unfinished longer than [`UPLOAD_TTL`].
@@ -621,10 +638,15 @@ fn received_chunks(folder: &Path, plan: &UploadPlan) -> Vec<u64> {
 }
 
 impl App {
+    /// The folder of the upload `id` (chunked or tus), after checking the id's form.
+    pub(crate) fn upload_folder(&self, id: &str) -> Result<PathBuf, AppError> {
+        check_upload_id(id)?;
+        Ok(self.uploads_folder()?.join(id))
+    }
+
     /// An upload's folder and plan, when `caller` started it.
     fn upload_of(&self, caller: &Principal, id: &str) -> Result<(PathBuf, UploadPlan), AppError> {
-        check_upload_id(id)?;
-        let folder = self.uploads_folder()?.join(id);
+        let folder = self.upload_folder(id)?;
         let missing = || AppError::not_found(format!("no upload {id:?}"));
         let text = std::fs::read(folder.join("plan.json")).map_err(|_| missing())?;
         let plan: UploadPlan = serde_json::from_slice(&text)

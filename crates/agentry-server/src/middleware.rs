@@ -34,6 +34,10 @@ pub fn apply(routes: Router<AppState>, state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), authenticate))
         .layer(from_fn_with_state(state.clone(), track))
         .layer(cors)
+        // tus discovery is an `OPTIONS` the CORS layer must not take for a preflight.
+        .layer(axum::middleware::from_fn(
+            crate::routes::linglong::tus::discovery,
+        ))
         .layer(from_fn_with_state(
             state.clone(),
             crate::access::check_access,

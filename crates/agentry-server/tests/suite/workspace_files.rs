@@ -563,3 +563,184 @@ async fn search_respects_gitignore_and_is_capped() {
     let (_, found) = server.get(&search("name_filter=.txt")).await;
     assert_eq!(found.as_array().unwrap().len(), 500);
 }
+
+/// tus 1.0 through a real client (`tuspy` from PyPI, with checksums): a 50 MB upload stopped
+/// twice and resumed by new uploaders from the server's offset.
+#[tokio::test]
+async fn a_tus_client_uploads_resumes_and_the_file_appears_whole() {
+    let (server, session, folder) = with_session().await;
+    let source = tempfile::tempdir().unwrap();
+    let size: usize = 50 * 1000 * 1000;
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 % 241) as u8).collect();
+    std::fs::write(source.path().join("big.bin"), &data).unwrap();
+    let script = r#"
+import json, sys
+from tusclient import client
+url, session, path = sys.argv[1:4]
+tus = client.TusClient(url)
+meta = {"session_id": session, "target_path": "uploads/big.bin"}
+first = tus.uploader(path, chunk_size=4_000_000, metadata=meta, upload_checksum=True)
+first.upload(stop_at=12_000_000)
+second = tus.uploader(path, chunk_size=4_000_000, url=first.url, upload_checksum=True)
+resumed_once = second.offset
+second.upload(stop_at=28_000_000)
+third = tus.uploader(path, chunk_size=4_000_000, url=first.url, upload_checksum=True)
+resumed_twice = third.offset
+third.upload()
+print(json.dumps({"url": first.url, "resumed": [resumed_once, resumed_twice], "offset": third.offset}))
+"#;
+    let python = super::support::mcp_servers().python();
+    let output = tokio::process::Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .arg(format!("{}/linglong/v1/workspace/tus", server.url))
+        .arg(&session)
+        .arg(source.path().join("big.bin"))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        report["resumed"],
+        json!([12_000_000, 28_000_000]),
+        "{report}"
+    );
+    assert_eq!(report["offset"], size);
+    let written = std::fs::read(folder.join("uploads/big.bin")).unwrap();
+    assert_eq!(written.len(), size);
+    assert_eq!(sha2::Sha256::digest(&written), sha2::Sha256::digest(&data));
+    // The finished upload still answers its offset.
+    let url = report["url"].as_str().unwrap().to_owned();
+    let head = server
+        .http
+        .head(&url)
+        .header("tus-resumable", "1.0.0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status().as_u16(), 200);
+    assert_eq!(head.headers()["upload-offset"], size.to_string().as_str());
+}
+
+#[tokio::test]
+async fn tus_speaks_the_protocol_and_refuses_what_it_must() {
+    let (server, session, folder) = with_session().await;
+    let base = format!("{}/linglong/v1/workspace/tus", server.url);
+    let discovered = server
+        .http
+        .request(reqwest::Method::OPTIONS, &base)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(discovered.status().as_u16(), 204, "{discovered:?}");
+    assert_eq!(
+        discovered.headers()["tus-version"],
+        "1.0.0",
+        "{discovered:?}"
+    );
+    assert_eq!(
+        discovered.headers()["tus-extension"],
+        "creation,termination,checksum"
+    );
+    // No version: 412.
+    let refused = server
+        .http
+        .post(&base)
+        .header("upload-length", "5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 412);
+    use base64::Engine as _;
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let created = server
+        .http
+        .post(&base)
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", "10")
+        .header(
+            "upload-metadata",
+            format!("session_id {},target_path {}", b64(&session), b64("t.txt")),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    assert_eq!(created.headers()["tus-resumable"], "1.0.0");
+    let location = created.headers()["location"].to_str().unwrap().to_owned();
+    let url = format!("{}{location}", server.url);
+    let patch = |offset: u64, body: &'static [u8], checksum: Option<String>| {
+        let mut request = server
+            .http
+            .patch(&url)
+            .header("tus-resumable", "1.0.0")
+            .header("content-type", "application/offset+octet-stream")
+            .header("upload-offset", offset.to_string())
+            .body(body);
+        if let Some(checksum) = checksum {
+            request = request.header("upload-checksum", checksum);
+        }
+        request.send()
+    };
+    let response = patch(
+        0,
+        b"hello",
+        Some("sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAA=".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status().as_u16(), 460, "a wrong checksum");
+    let sha1 = {
+        use sha1::Digest as _;
+        base64::engine::general_purpose::STANDARD.encode(sha1::Sha1::digest(b"hello"))
+    };
+    let response = patch(0, b"hello", Some(format!("sha1 {sha1}")))
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 204);
+    assert_eq!(response.headers()["upload-offset"], "5");
+    let response = patch(0, b"again", None).await.unwrap();
+    assert_eq!(response.status().as_u16(), 409, "a stale offset");
+    assert!(
+        !folder.join("t.txt").exists(),
+        "nothing visible before the end"
+    );
+    let response = patch(5, b"world", None).await.unwrap();
+    assert_eq!(response.status().as_u16(), 204);
+    assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"helloworld");
+    // Termination, and an upload past the workspace.
+    let response = server
+        .http
+        .delete(&url)
+        .header("tus-resumable", "1.0.0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 204);
+    let gone = server
+        .http
+        .head(&url)
+        .header("tus-resumable", "1.0.0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status().as_u16(), 404);
+    let outside = server
+        .http
+        .post(&base)
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", "1")
+        .header(
+            "upload-metadata",
+            format!("session_id {},target_path {}", b64(&session), b64("../x")),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(outside.status().as_u16(), 400);
+}

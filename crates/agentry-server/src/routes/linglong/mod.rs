@@ -8,7 +8,7 @@
 //!   `data: {"session_id"}` for a session, and `data: [DONE]` last (header `X-Session-Id`);
 //! - `POST /linglong/v1/infer/abort`, and the models, tools (Python function tools included),
 //!   MCP servers, prompt templates, env (keys), sessions and setup routes of its README;
-//! - its workspace file manager ([`workspace`]).
+//! - its workspace file manager ([`workspace`]), whose uploads also speak tus 1.0 ([`tus`]).
 //!
 //! Errors are the seed's `{"error": "<message>"}` (with an `error_code`), with Agentry's
 //! statuses. Bodies are read as JSON whatever their content type, as the seed reads them. These
@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use agentry_app::error::AppError;
 use agentry_app::linglong::request::SeedInferRequest;
 
+pub(crate) mod tus;
 mod workspace;
 
 use crate::authorization::Caller;
@@ -60,6 +61,7 @@ pub fn routes() -> Router<AppState> {
         .route("/env/{key}", delete(delete_env))
         .route("/setup", get(setup))
         .merge(workspace::routes())
+        .merge(tus::routes())
         .route("/sessions", get(sessions))
         .route("/sessions/{id}", get(session).delete(delete_session))
         .route("/sessions/{id}/generate-title", post(generate_title));

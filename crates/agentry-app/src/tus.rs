@@ -1,0 +1,343 @@
+//! Resumable uploads into a session's workspace by the tus 1.0 protocol (core, creation,
+//! termination and checksum), so standard upload clients (tus-js-client, tuspy, Uppy) work:
+//! the HTTP layer maps its requests to [`App::tus_create`], [`App::tus_offset`],
+//! [`App::tus_patch`] and [`App::tus_terminate`].
+//!
+//! An upload names its session and where the file goes in `Upload-Metadata` (`session_id` or
+//! `workspace_id`, and `target_path`, else `filename`), and is checked like a chunked upload
+//! (size limit, quota, a path inside the workspace). Its bytes collect outside every workspace
+//! (`<workspaces>/.uploads/<id>/data`, beside `tus.json`), so the file appears in the workspace
+//! only when the last byte arrives, whole (streamed into a temporary file beside the target and
+//! renamed over it). A PATCH is taken whole or not at all: its body is written to a part file,
+//! checked against `Upload-Checksum` (`sha1` or `sha256`) when given, then appended; a client
+//! whose connection broke asks the offset (`HEAD`) and sends the rest again.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt as _;
+
+use agentry_core::workspace::relative_path;
+use agentry_types::SessionId;
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::{AppError, Failure};
+use crate::workspace_files::WorkspaceLimits;
+
+/// The protocol version served.
+pub const TUS_VERSION: &str = "1.0.0";
+
+/// The extensions served.
+pub const TUS_EXTENSIONS: &str = "creation,termination,checksum";
+
+/// The checksum algorithms `Upload-Checksum` may name.
+pub const TUS_CHECKSUMS: &str = "sha1,sha256";
+
+/// A tus upload as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TusUpload {
+    /// Its id.
+    pub upload_id: String,
+    /// The session whose workspace it goes to.
+    pub session_id: SessionId,
+    /// Where, relative to the workspace root.
+    pub target_path: String,
+    /// Its length.
+    pub length: u64,
+    /// Whether the last byte arrived and the file is in place.
+    #[serde(default)]
+    pub completed: bool,
+    /// Who made it (an API key's id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+/// `Upload-Metadata`: comma-separated `key base64(value)` pairs (a key may come alone).
+pub fn parse_metadata(header: &str) -> Result<Vec<(String, String)>, AppError> {
+    let mut pairs = Vec::new();
+    for item in header
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let mut parts = item.split(' ').filter(|part| !part.is_empty());
+        let key = parts.next().unwrap_or_default();
+        let value = match parts.next() {
+            Some(encoded) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|_| {
+                        AppError::bad_request(format!("Upload-Metadata: {key} is not base64"))
+                    })?;
+                String::from_utf8(bytes).map_err(|_| {
+                    AppError::bad_request(format!("Upload-Metadata: {key} is not UTF-8"))
+                })?
+            }
+            None => String::new(),
+        };
+        if parts.next().is_some() || key.is_empty() {
+            return Err(AppError::bad_request(format!(
+                "Upload-Metadata: {item:?} is not `key base64value`"
+            )));
+        }
+        pairs.push((key.to_owned(), value));
+    }
+    Ok(pairs)
+}
+
+/// Checks `Upload-Checksum` (`<algorithm> <base64 digest>`) against the digest of the file `data`: `Ok(false)`
+/// on a mismatch.
+fn checksum_matches(header: &str, data: &Path) -> Result<bool, AppError> {
+    let (algorithm, encoded) = header
+        .trim()
+        .split_once(' ')
+        .ok_or_else(|| AppError::bad_request("Upload-Checksum is `<algorithm> <base64>`"))?;
+    let expected = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|_| AppError::bad_request("Upload-Checksum's digest is not base64"))?;
+    let actual = match algorithm {
+        "sha1" => {
+            let mut hasher = <sha1::Sha1 as sha1::Digest>::new();
+            each_piece(data, |piece| sha1::Digest::update(&mut hasher, piece))?;
+            sha1::Digest::finalize(hasher).to_vec()
+        }
+        "sha256" => {
+            let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+            each_piece(data, |piece| sha2::Digest::update(&mut hasher, piece))?;
+            sha2::Digest::finalize(hasher).to_vec()
+        }
+        other => {
+            return Err(AppError::bad_request(format!(
+                "Upload-Checksum: {other} is not supported ({TUS_CHECKSUMS})"
+            )));
+        }
+    };
+    Ok(actual == expected)
+}
+
+/// Reads the file at `path` in pieces, handing each to `take`.
+fn each_piece(path: &Path, mut take: impl FnMut(&[u8])) -> Result<(), AppError> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path).map_err(io_error)?;
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let read = file.read(&mut buffer).map_err(io_error)?;
+        if read == 0 {
+            return Ok(());
+        }
+        take(&buffer[..read]);
+    }
+}
+
+fn io_error(error: std::io::Error) -> AppError {
+    AppError::internal(format!("upload storage: {error}"))
+}
+
+impl App {
+    /// The folder of the tus upload `id` and its record, when `caller` made it.
+    fn tus_of(&self, caller: &Principal, id: &str) -> Result<(PathBuf, TusUpload), AppError> {
+        let folder = self.upload_folder(id)?;
+        let missing = || AppError::not_found(format!("no upload {id:?}"));
+        let text = std::fs::read(folder.join("tus.json")).map_err(|_| missing())?;
+        let upload: TusUpload = serde_json::from_slice(&text)
+            .map_err(|error| AppError::internal(format!("upload {id}: {error}")))?;
+        if !caller.may_see(upload.owner.as_deref()) {
+            return Err(missing());
+        }
+        Ok((folder, upload))
+    }
+
+    /// Creation: an upload of `length` bytes described by `Upload-Metadata`. Answers its id.
+    pub async fn tus_create(
+        &self,
+        caller: &Principal,
+        length: u64,
+        metadata: &str,
+        limits: WorkspaceLimits,
+    ) -> Result<TusUpload, AppError> {
+        let metadata = parse_metadata(metadata)?;
+        let value = |key: &str| {
+            metadata
+                .iter()
+                .find(|(name, _)| name == key)
+                .map(|(_, value)| value.as_str())
+        };
+        let session = value("session_id")
+            .or_else(|| value("workspace_id"))
+            .ok_or_else(|| {
+                AppError::bad_request("Upload-Metadata needs the session (`session_id`)")
+            })?;
+        let target = value("target_path")
+            .or_else(|| value("filename"))
+            .ok_or_else(|| {
+                AppError::bad_request("Upload-Metadata needs `target_path` (or `filename`)")
+            })?;
+        let (root, session) = self.workspace_of(caller, session).await?;
+        let relative = relative_path(root.path(), target)
+            .map_err(|error| AppError::bad_request(error.to_string()))?;
+        let uploads = self.uploads_folder()?;
+        let owner = caller.owner();
+        let check = crate::workspace_files::check_upload(root, relative.clone(), length, limits);
+        let target_path = check.await?;
+        let upload = TusUpload {
+            upload_id: uuid::Uuid::new_v4().simple().to_string(),
+            session_id: session,
+            target_path,
+            length,
+            completed: false,
+            owner,
+        };
+        let folder = uploads.join(&upload.upload_id);
+        tokio::fs::create_dir_all(&folder).await.map_err(io_error)?;
+        tokio::fs::File::create(folder.join("data"))
+            .await
+            .map_err(io_error)?;
+        self.save_tus(&folder, &upload).await?;
+        Ok(upload)
+    }
+
+    async fn save_tus(&self, folder: &Path, upload: &TusUpload) -> Result<(), AppError> {
+        let text =
+            serde_json::to_vec(upload).map_err(|error| AppError::internal(error.to_string()))?;
+        let temp = folder.join("tus.json.tmp");
+        tokio::fs::write(&temp, text).await.map_err(io_error)?;
+        tokio::fs::rename(&temp, folder.join("tus.json"))
+            .await
+            .map_err(io_error)
+    }
+
+    /// `HEAD`: the bytes received so far, and the length.
+    pub async fn tus_offset(&self, caller: &Principal, id: &str) -> Result<(u64, u64), AppError> {
+        let (folder, upload) = self.tus_of(caller, id)?;
+        if upload.completed {
+            return Ok((upload.length, upload.length));
+        }
+        let offset = tokio::fs::metadata(folder.join("data"))
+            .await
+            .map_err(io_error)?
+            .len();
+        Ok((offset, upload.length))
+    }
+
+    /// `PATCH` at `offset` (which must be the bytes received so far) with `body`; with a
+    /// checksum the body must match it. The last byte puts the file in place. Answers the new
+    /// offset.
+    pub async fn tus_patch<E: std::fmt::Display>(
+        &self,
+        caller: &Principal,
+        id: &str,
+        offset: u64,
+        checksum: Option<String>,
+        body: impl futures::Stream<Item = Result<bytes::Bytes, E>>,
+    ) -> Result<u64, AppError> {
+        use futures::StreamExt as _;
+        let (folder, mut upload) = self.tus_of(caller, id)?;
+        let data = folder.join("data");
+        let (current, _) = self.tus_offset(caller, id).await?;
+        if upload.completed || offset != current {
+            return Err(AppError::conflict(format!(
+                "Upload-Offset is {offset}, the upload is at {current}"
+            )));
+        }
+        let room = upload.length - current;
+        let part = folder.join(format!("patch.{}", uuid::Uuid::new_v4().simple()));
+        let outcome = async {
+            let mut file = tokio::fs::File::create(&part).await.map_err(io_error)?;
+            let mut received = 0_u64;
+            let mut body = std::pin::pin!(body);
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|error| {
+                    AppError::bad_request(format!("the upload was interrupted: {error}"))
+                })?;
+                received += chunk.len() as u64;
+                if received > room {
+                    return Err(AppError::bad_request(format!(
+                        "the upload is {} bytes; more arrived",
+                        upload.length
+                    )));
+                }
+                file.write_all(&chunk).await.map_err(io_error)?;
+            }
+            file.sync_all().await.map_err(io_error)?;
+            drop(file);
+            if let Some(header) = &checksum {
+                let part = part.clone();
+                let header = header.clone();
+                let matches = tokio::task::spawn_blocking(move || checksum_matches(&header, &part))
+                    .await
+                    .map_err(|error| AppError::internal(error.to_string()))??;
+                if !matches {
+                    return Err(AppError::new(
+                        Failure::Invalid,
+                        "checksum_mismatch",
+                        "the body does not match Upload-Checksum",
+                    ));
+                }
+            }
+            let mut source = tokio::fs::File::open(&part).await.map_err(io_error)?;
+            let mut target = tokio::fs::OpenOptions::new()
+                .append(true)
+                .open(&data)
+                .await
+                .map_err(io_error)?;
+            tokio::io::copy(&mut source, &mut target)
+                .await
+                .map_err(io_error)?;
+            target.sync_all().await.map_err(io_error)?;
+            Ok(current + received)
+        }
+        .await;
+        let _ = tokio::fs::remove_file(&part).await;
+        let offset = outcome?;
+        if offset == upload.length {
+            let (root, _) = self
+                .workspace_of(caller, &upload.session_id.to_string())
+                .await?;
+            let target = PathBuf::from(&upload.target_path);
+            let display = upload.target_path.clone();
+            let source = data.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut file = std::fs::File::open(&source).map_err(io_error)?;
+                root.write_atomic_from(&target, &display, &mut file, true)
+                    .map_err(|error| AppError::internal(error.to_string()))
+            })
+            .await
+            .map_err(|error| AppError::internal(error.to_string()))??;
+            upload.completed = true;
+            self.save_tus(&folder, &upload).await?;
+            let _ = tokio::fs::remove_file(&data).await;
+        }
+        Ok(offset)
+    }
+
+    /// Termination: the upload and what it received are removed.
+    pub async fn tus_terminate(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
+        let (folder, _) = self.tus_of(caller, id)?;
+        tokio::fs::remove_dir_all(&folder).await.map_err(io_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_pairs_are_decoded_and_bad_ones_refused() {
+        let pairs = parse_metadata("filename d29ybGRfZG9taW5hdGlvbl9wbGFuLnBkZg==,is_confidential")
+            .unwrap();
+        assert_eq!(
+            pairs,
+            vec![
+                (
+                    "filename".to_owned(),
+                    "world_domination_plan.pdf".to_owned()
+                ),
+                ("is_confidential".to_owned(), String::new()),
+            ]
+        );
+        assert!(parse_metadata("filename !!!").is_err());
+        assert!(parse_metadata("a b c").is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! tus 1.0 (core, creation, termination, checksum) at `/linglong/v1/workspace/tus`, over the
+//! app's [`agentry_app::tus`]: `OPTIONS` says what is served ([`discovery`]), `POST` creates an upload
+//! (`Upload-Length`, `Upload-Metadata` naming `session_id` and `target_path`), `HEAD` answers
+//! its offset, `PATCH` (`application/offset+octet-stream` at `Upload-Offset`, with an optional
+//! `Upload-Checksum`) appends, `DELETE` removes it. Every answer carries `Tus-Resumable`; a
+//! request without the version it speaks is a 412.
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::extract::{Path, State};
+use axum::http::Method;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{head, post};
+
+use agentry_app::error::AppError;
+use agentry_app::tus::{TUS_CHECKSUMS, TUS_EXTENSIONS, TUS_VERSION};
+use agentry_app::workspace_files::WorkspaceLimits;
+
+use super::SeedError;
+use crate::authorization::Caller;
+use crate::state::AppState;
+
+/// Where uploads are created; an upload is `<this>/<id>`.
+const TUS_PATH: &str = "/linglong/v1/workspace/tus";
+
+/// The tus routes, under `/linglong/v1`.
+pub(super) fn routes() -> Router<AppState> {
+    Router::new().route("/workspace/tus", post(create)).route(
+        "/workspace/tus/{id}",
+        head(offset).patch(patch).delete(terminate),
+    )
+}
+
+/// An answer with `Tus-Resumable` (and more headers).
+fn answer(status: StatusCode, headers: &[(&'static str, String)]) -> Response {
+    let mut response = (status, Body::empty()).into_response();
+    let map = response.headers_mut();
+    map.insert("tus-resumable", HeaderValue::from_static(TUS_VERSION));
+    for (name, value) in headers {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            map.insert(*name, value);
+        }
+    }
+    response
+}
+
+/// An error, with `Tus-Resumable`; a checksum mismatch is tus's 460.
+fn failed(error: AppError) -> Response {
+    let mismatch = error.code == "checksum_mismatch";
+    let mut response = SeedError::from(error).into_response();
+    if mismatch && let Ok(status) = StatusCode::from_u16(460) {
+        *response.status_mut() = status;
+    }
+    response
+        .headers_mut()
+        .insert("tus-resumable", HeaderValue::from_static(TUS_VERSION));
+    response
+}
+
+/// Whether the request speaks tus 1.0.0 (`Tus-Resumable`).
+fn speaks_tus(headers: &HeaderMap) -> bool {
+    headers.get("tus-resumable").and_then(|v| v.to_str().ok()) == Some(TUS_VERSION)
+}
+
+/// The answer to a request that does not: 412, naming the version served.
+fn other_version() -> Response {
+    answer(
+        StatusCode::PRECONDITION_FAILED,
+        &[("tus-version", TUS_VERSION.to_owned())],
+    )
+}
+
+/// A header as a number.
+fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn not_a_number(name: &str) -> Response {
+    failed(AppError::bad_request(format!("{name} must be a number")))
+}
+
+fn text(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// tus discovery (`OPTIONS` on the tus paths, not a browser's CORS preflight, which names
+/// `Access-Control-Request-Method`). A middleware outside the CORS layer, which would otherwise
+/// answer every `OPTIONS` itself.
+pub(crate) async fn discovery(request: Request, next: Next) -> Response {
+    let is_discovery = request.method() == Method::OPTIONS
+        && request.uri().path().starts_with(TUS_PATH)
+        && !request
+            .headers()
+            .contains_key("access-control-request-method");
+    if is_discovery {
+        return discover();
+    }
+    next.run(request).await
+}
+
+fn discover() -> Response {
+    let limits = WorkspaceLimits::default();
+    answer(
+        StatusCode::NO_CONTENT,
+        &[
+            ("tus-version", TUS_VERSION.to_owned()),
+            ("tus-extension", TUS_EXTENSIONS.to_owned()),
+            ("tus-max-size", limits.max_upload_bytes.to_string()),
+            ("tus-checksum-algorithm", TUS_CHECKSUMS.to_owned()),
+        ],
+    )
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+) -> Response {
+    if !speaks_tus(&headers) {
+        return other_version();
+    }
+    let Some(length) = number(&headers, "upload-length") else {
+        return not_a_number("Upload-Length");
+    };
+    let metadata = text(&headers, "upload-metadata").unwrap_or_default();
+    match state
+        .tus_create(&caller, length, &metadata, WorkspaceLimits::default())
+        .await
+    {
+        Ok(upload) => answer(
+            StatusCode::CREATED,
+            &[("location", format!("{TUS_PATH}/{}", upload.upload_id))],
+        ),
+        Err(error) => failed(error),
+    }
+}
+
+async fn offset(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !speaks_tus(&headers) {
+        return other_version();
+    }
+    match state.tus_offset(&caller, &id).await {
+        Ok((offset, length)) => answer(
+            StatusCode::OK,
+            &[
+                ("upload-offset", offset.to_string()),
+                ("upload-length", length.to_string()),
+                ("cache-control", "no-store".to_owned()),
+            ],
+        ),
+        Err(error) => failed(error),
+    }
+}
+
+async fn patch(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if !speaks_tus(&headers) {
+        return other_version();
+    }
+    if text(&headers, "content-type").as_deref() != Some("application/offset+octet-stream") {
+        return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &[]);
+    }
+    let Some(offset) = number(&headers, "upload-offset") else {
+        return not_a_number("Upload-Offset");
+    };
+    let checksum = text(&headers, "upload-checksum");
+    match state
+        .tus_patch(&caller, &id, offset, checksum, body.into_data_stream())
+        .await
+    {
+        Ok(offset) => answer(
+            StatusCode::NO_CONTENT,
+            &[("upload-offset", offset.to_string())],
+        ),
+        Err(error) => failed(error),
+    }
+}
+
+async fn terminate(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !speaks_tus(&headers) {
+        return other_version();
+    }
+    match state.tus_terminate(&caller, &id).await {
+        Ok(()) => answer(StatusCode::NO_CONTENT, &[]),
+        Err(error) => failed(error),
+    }
+}
