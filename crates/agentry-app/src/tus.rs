@@ -18,7 +18,6 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt as _;
 
-use agentry_core::workspace::relative_path;
 use agentry_types::SessionId;
 
 use crate::App;
@@ -174,13 +173,14 @@ impl App {
             .ok_or_else(|| {
                 AppError::bad_request("Upload-Metadata needs `target_path` (or `filename`)")
             })?;
-        let (root, session) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), target)
-            .map_err(|error| AppError::bad_request(error.to_string()))?;
+        let (workspace, session) = self.workspace_of(caller, session).await?;
         let uploads = self.uploads_folder()?;
         let owner = caller.owner();
-        let check = crate::workspace_files::check_upload(root, relative.clone(), length, limits);
-        let target_path = check.await?;
+        let target = target.to_owned();
+        let target_path =
+            tokio::task::spawn_blocking(move || workspace.check_upload(&target, length, limits))
+                .await
+                .map_err(|error| AppError::internal(error.to_string()))??;
         let upload = TusUpload {
             upload_id: uuid::Uuid::new_v4().simple().to_string(),
             session_id: session,
@@ -292,16 +292,14 @@ impl App {
         let _ = tokio::fs::remove_file(&part).await;
         let offset = outcome?;
         if offset == upload.length {
-            let (root, _) = self
+            let (workspace, _) = self
                 .workspace_of(caller, &upload.session_id.to_string())
                 .await?;
-            let target = PathBuf::from(&upload.target_path);
-            let display = upload.target_path.clone();
+            let (target, length) = (upload.target_path.clone(), upload.length);
             let source = data.clone();
             tokio::task::spawn_blocking(move || {
                 let mut file = std::fs::File::open(&source).map_err(io_error)?;
-                root.write_atomic_from(&target, &display, &mut file, true)
-                    .map_err(|error| AppError::internal(error.to_string()))
+                workspace.put(&target, &mut file, length, WorkspaceLimits::default())
             })
             .await
             .map_err(|error| AppError::internal(error.to_string()))??;

@@ -308,13 +308,243 @@ fn copy_entry(root: &Root, from: &Path, to: &Path) -> Result<(), AppError> {
     Ok(())
 }
 
+/// A workspace folder, opened: what the file manager does, on the calling thread (it blocks;
+/// the app's `workspace_*` methods run it off the async threads, `agentry files` directly).
+#[derive(Debug)]
+pub struct Workspace {
+    root: Root,
+}
+
+impl Workspace {
+    /// Opens the workspace at `folder`, making it if missing.
+    pub fn open(folder: &Path) -> Result<Self, AppError> {
+        std::fs::create_dir_all(folder).map_err(io_error)?;
+        Ok(Self {
+            root: Root::open(folder).map_err(tool_error)?,
+        })
+    }
+
+    /// `path` checked and made relative to the root.
+    fn relative(&self, path: &str) -> Result<PathBuf, AppError> {
+        relative_path(self.root.path(), path).map_err(tool_error)
+    }
+
+    /// A page of the folder `path`.
+    pub fn list(
+        &self,
+        path: &str,
+        page: usize,
+        page_size: usize,
+        sort: Sort,
+        name_filter: Option<&str>,
+    ) -> Result<Listing, AppError> {
+        if page == 0 || page_size == 0 || page_size > MAX_PAGE_SIZE {
+            return Err(AppError::bad_request(format!(
+                "`page` counts from 1 and `page_size` is 1 to {MAX_PAGE_SIZE}"
+            )));
+        }
+        let relative = self.relative(path)?;
+        let mut entries: Vec<FileEntry> = self
+            .root
+            .list_dir(&relative, &display_path(&relative))
+            .map_err(tool_error)?
+            .iter()
+            .map(|entry| file_entry(&relative, entry))
+            .collect();
+        if let Some(filter) = name_filter.filter(|f| !f.is_empty()) {
+            let filter = filter.to_lowercase();
+            entries.retain(|entry| entry.name.to_lowercase().contains(&filter));
+        }
+        match sort {
+            Sort::Name => entries.sort_by(|a, b| {
+                b.is_dir
+                    .cmp(&a.is_dir)
+                    .then_with(|| a.name.to_lowercase().cmp(&b.name.to_lowercase()))
+            }),
+            Sort::Recent => entries.sort_by(|a, b| {
+                b.modified
+                    .cmp(&a.modified)
+                    .then_with(|| a.name.cmp(&b.name))
+            }),
+        }
+        let total = entries.len();
+        let start = (page - 1).saturating_mul(page_size).min(total);
+        let end = start.saturating_add(page_size).min(total);
+        Ok(Listing {
+            files: entries[start..end].to_vec(),
+            has_more: end < total,
+            total,
+        })
+    }
+
+    /// Opens the file `path` for reading.
+    pub fn open_file(&self, path: &str) -> Result<OpenedFile, AppError> {
+        let relative = self.relative(path)?;
+        let display = display_path(&relative);
+        let (file, size) = self
+            .root
+            .open_read(&relative, &display)
+            .map_err(tool_error)?;
+        let name = relative
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mime_type = media_type(&name).unwrap_or_else(|| "application/octet-stream".to_owned());
+        Ok(OpenedFile {
+            file,
+            size,
+            name,
+            mime_type,
+        })
+    }
+
+    /// Creates the folder `name` in `parent`.
+    pub fn mkdir(&self, parent: &str, name: &str) -> Result<FileEntry, AppError> {
+        check_name(name)?;
+        let relative = self.relative(parent)?.join(name);
+        self.root
+            .create_dir(&relative, &display_path(&relative))
+            .map_err(tool_error)?;
+        entry_at(&self.root, &relative)
+    }
+
+    /// Renames `path` to `new_name` in the same folder (an existing name is a conflict).
+    pub fn rename(&self, path: &str, new_name: &str) -> Result<FileEntry, AppError> {
+        check_name(new_name)?;
+        let from = self.relative(path)?;
+        if from.as_os_str().is_empty() {
+            return Err(AppError::bad_request(
+                "the workspace root cannot be renamed",
+            ));
+        }
+        let to = from.with_file_name(new_name);
+        self.root
+            .rename(&from, &display_path(&from), &to, &display_path(&to))
+            .map_err(tool_error)?;
+        entry_at(&self.root, &to)
+    }
+
+    /// Copies `path` beside itself as `name (n).ext`.
+    pub fn duplicate(&self, path: &str) -> Result<FileEntry, AppError> {
+        let from = self.relative(path)?;
+        let Some(name) = from.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            return Err(AppError::bad_request(
+                "the workspace root cannot be duplicated",
+            ));
+        };
+        let parent = from.parent().unwrap_or(Path::new("")).to_owned();
+        let to = duplicate_name(&self.root, &parent, &name)?;
+        copy_entry(&self.root, &from, &to)?;
+        entry_at(&self.root, &to)
+    }
+
+    /// Deletes `path` (a folder with everything in it; a link itself, never its target).
+    /// Answers the path as shown.
+    pub fn delete(&self, path: &str) -> Result<String, AppError> {
+        let relative = self.relative(path)?;
+        let display = display_path(&relative);
+        self.root.remove(&relative, &display).map_err(tool_error)?;
+        Ok(display)
+    }
+
+    /// Checks that `size` bytes may go to `target` (a file name, within the size limit and the
+    /// quota, not a folder) and sweeps old uploads. Answers the target as shown.
+    pub fn check_upload(
+        &self,
+        target: &str,
+        size: u64,
+        limits: WorkspaceLimits,
+    ) -> Result<String, AppError> {
+        let relative = self.relative(target)?;
+        let Some(name) = relative.file_name() else {
+            return Err(AppError::bad_request(
+                "the upload's target must name a file",
+            ));
+        };
+        check_name(&name.to_string_lossy())?;
+        if size > limits.max_upload_bytes {
+            return Err(AppError::new(
+                Failure::TooLarge,
+                "upload_too_large",
+                format!(
+                    "{size} bytes is over the upload limit of {} bytes",
+                    limits.max_upload_bytes
+                ),
+            ));
+        }
+        if let Ok(entry) = self.root.entry(&relative, "")
+            && entry.kind == EntryKind::Dir
+        {
+            return Err(AppError::conflict(format!(
+                "{} is a folder",
+                display_path(&relative)
+            )));
+        }
+        let used = usage(&self.root, Path::new(""))?;
+        if used.saturating_add(size) > limits.quota_bytes {
+            return Err(AppError::new(
+                Failure::TooLarge,
+                "quota_exceeded",
+                format!(
+                    "the workspace holds {used} bytes; {size} more would pass its quota of {} \
+                     bytes",
+                    limits.quota_bytes
+                ),
+            ));
+        }
+        if let Some(uploads) = self.root.path().parent().map(|p| p.join(".uploads")) {
+            sweep_uploads(&uploads);
+        }
+        Ok(display_path(&relative))
+    }
+
+    /// Writes `size` bytes from `reader` to `target` (checked as an upload), replacing a file
+    /// there; the file appears whole or not at all.
+    pub fn put(
+        &self,
+        target: &str,
+        reader: &mut dyn Read,
+        size: u64,
+        limits: WorkspaceLimits,
+    ) -> Result<FileEntry, AppError> {
+        let shown = self.check_upload(target, size, limits)?;
+        let relative = PathBuf::from(&shown);
+        let mut limited = reader.take(size);
+        let (_, written) = self
+            .root
+            .write_atomic_from(&relative, &shown, &mut limited, true)
+            .map_err(tool_error)?;
+        if written != size {
+            return Err(AppError::bad_request(format!(
+                "{shown}: {written} bytes arrived, {size} were announced"
+            )));
+        }
+        entry_at(&self.root, &relative)
+    }
+
+    /// Searches below `path` (see [`search`]).
+    pub fn search(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        name_filter: Option<&str>,
+    ) -> Result<Vec<FileEntry>, AppError> {
+        if query.is_none() && name_filter.is_none() {
+            return Err(AppError::bad_request(
+                "Missing 'query' or 'name_filter' parameter",
+            ));
+        }
+        search(&self.root, &self.relative(path)?, query, name_filter)
+    }
+}
+
 impl App {
-    /// The workspace of `session` for `caller`: its folder (made if missing) and the path.
+    /// The workspace of `session` for `caller` (made if missing).
     pub(crate) async fn workspace_of(
         &self,
         caller: &Principal,
         session: &str,
-    ) -> Result<(Root, SessionId), AppError> {
+    ) -> Result<(Workspace, SessionId), AppError> {
         let session = self.session_record(session).await?.id;
         self.check_session_access(caller, session).await?;
         let folder = self.sessions.workspace(session).ok_or_else(|| {
@@ -324,9 +554,8 @@ impl App {
                 "sessions have no workspaces on this server",
             )
         })?;
-        std::fs::create_dir_all(&folder).map_err(io_error)?;
-        let root = Root::open(&folder).map_err(tool_error)?;
-        Ok((root, session))
+        let workspace = blocking(move || Workspace::open(&folder)).await?;
+        Ok((workspace, session))
     }
 
     /// The folder of uploads in progress, outside every workspace.
@@ -353,46 +582,9 @@ impl App {
         sort: Sort,
         name_filter: Option<String>,
     ) -> Result<Listing, AppError> {
-        if page == 0 || page_size == 0 || page_size > MAX_PAGE_SIZE {
-            return Err(AppError::bad_request(format!(
-                "`page` counts from 1 and `page_size` is 1 to {MAX_PAGE_SIZE}"
-            )));
-        }
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), path).map_err(tool_error)?;
-        blocking(move || {
-            let mut entries: Vec<FileEntry> = root
-                .list_dir(&relative, &display_path(&relative))
-                .map_err(tool_error)?
-                .iter()
-                .map(|entry| file_entry(&relative, entry))
-                .collect();
-            if let Some(filter) = name_filter.filter(|f| !f.is_empty()) {
-                let filter = filter.to_lowercase();
-                entries.retain(|entry| entry.name.to_lowercase().contains(&filter));
-            }
-            match sort {
-                Sort::Name => entries.sort_by(|a, b| {
-                    b.is_dir
-                        .cmp(&a.is_dir)
-                        .then_with(|| a.name.to_lowercase().cmp(&b.name.to_lowercase()))
-                }),
-                Sort::Recent => entries.sort_by(|a, b| {
-                    b.modified
-                        .cmp(&a.modified)
-                        .then_with(|| a.name.cmp(&b.name))
-                }),
-            }
-            let total = entries.len();
-            let start = (page - 1).saturating_mul(page_size).min(total);
-            let end = start.saturating_add(page_size).min(total);
-            Ok(Listing {
-                files: entries[start..end].to_vec(),
-                has_more: end < total,
-                total,
-            })
-        })
-        .await
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.list(&path, page, page_size, sort, name_filter.as_deref())).await
     }
 
     /// Opens the file `path` of `session`'s workspace for reading.
@@ -402,25 +594,9 @@ impl App {
         session: &str,
         path: &str,
     ) -> Result<OpenedFile, AppError> {
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), path).map_err(tool_error)?;
-        blocking(move || {
-            let display = display_path(&relative);
-            let (file, size) = root.open_read(&relative, &display).map_err(tool_error)?;
-            let name = relative
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let mime_type =
-                media_type(&name).unwrap_or_else(|| "application/octet-stream".to_owned());
-            Ok(OpenedFile {
-                file,
-                size,
-                name,
-                mime_type,
-            })
-        })
-        .await
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.open_file(&path)).await
     }
 
     /// Creates the folder `name` in `parent`.
@@ -431,20 +607,12 @@ impl App {
         parent: &str,
         name: &str,
     ) -> Result<FileEntry, AppError> {
-        check_name(name)?;
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), parent)
-            .map_err(tool_error)?
-            .join(name);
-        blocking(move || {
-            root.create_dir(&relative, &display_path(&relative))
-                .map_err(tool_error)?;
-            entry_at(&root, &relative)
-        })
-        .await
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (parent, name) = (parent.to_owned(), name.to_owned());
+        blocking(move || workspace.mkdir(&parent, &name)).await
     }
 
-    /// Renames `path` to `new_name` in the same folder (an existing name is a conflict).
+    /// Renames `path` to `new_name` in the same folder.
     pub async fn workspace_rename(
         &self,
         caller: &Principal,
@@ -452,61 +620,33 @@ impl App {
         path: &str,
         new_name: &str,
     ) -> Result<FileEntry, AppError> {
-        check_name(new_name)?;
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let from = relative_path(root.path(), path).map_err(tool_error)?;
-        if from.as_os_str().is_empty() {
-            return Err(AppError::bad_request(
-                "the workspace root cannot be renamed",
-            ));
-        }
-        let to = from.with_file_name(new_name);
-        blocking(move || {
-            root.rename(&from, &display_path(&from), &to, &display_path(&to))
-                .map_err(tool_error)?;
-            entry_at(&root, &to)
-        })
-        .await
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (path, new_name) = (path.to_owned(), new_name.to_owned());
+        blocking(move || workspace.rename(&path, &new_name)).await
     }
 
-    /// Copies `path` beside itself as `name (n).ext`.
+    /// Copies `path` beside itself.
     pub async fn workspace_duplicate(
         &self,
         caller: &Principal,
         session: &str,
         path: &str,
     ) -> Result<FileEntry, AppError> {
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let from = relative_path(root.path(), path).map_err(tool_error)?;
-        let Some(name) = from.file_name().map(|n| n.to_string_lossy().into_owned()) else {
-            return Err(AppError::bad_request(
-                "the workspace root cannot be duplicated",
-            ));
-        };
-        blocking(move || {
-            let parent = from.parent().unwrap_or(Path::new("")).to_owned();
-            let to = duplicate_name(&root, &parent, &name)?;
-            copy_entry(&root, &from, &to)?;
-            entry_at(&root, &to)
-        })
-        .await
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.duplicate(&path)).await
     }
 
-    /// Deletes `path` (a folder with everything in it; a link itself, never its target).
+    /// Deletes `path`.
     pub async fn workspace_delete(
         &self,
         caller: &Principal,
         session: &str,
         path: &str,
     ) -> Result<String, AppError> {
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), path).map_err(tool_error)?;
-        blocking(move || {
-            let display = display_path(&relative);
-            root.remove(&relative, &display).map_err(tool_error)?;
-            Ok(display)
-        })
-        .await
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.delete(&path)).await
     }
 
     /// Plans an upload of `file_size` bytes to `target_path` in `session`'s workspace.
@@ -519,10 +659,11 @@ impl App {
         file_size: u64,
         limits: WorkspaceLimits,
     ) -> Result<UploadPlan, AppError> {
-        let (root, session) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), target_path).map_err(tool_error)?;
+        let (workspace, session) = self.workspace_of(caller, session).await?;
         let uploads = self.uploads_folder()?;
-        let target_path = check_upload(root, relative, file_size, limits).await?;
+        let target = target_path.to_owned();
+        let target_path =
+            blocking(move || workspace.check_upload(&target, file_size, limits)).await?;
         let chunk_size = limits.chunk_bytes.max(1);
         let plan = UploadPlan {
             upload_id: uuid::Uuid::new_v4().simple().to_string(),
@@ -544,59 +685,6 @@ impl App {
         .await?;
         Ok(plan)
     }
-}
-
-/// Checks an upload of `size` bytes to `relative` (a file name, within the size limit and the
-/// workspace's quota, not a folder) and sweeps old uploads. Answers the target as shown.
-pub(crate) async fn check_upload(
-    root: Root,
-    relative: PathBuf,
-    size: u64,
-    limits: WorkspaceLimits,
-) -> Result<String, AppError> {
-    let Some(name) = relative.file_name() else {
-        return Err(AppError::bad_request(
-            "the upload's target must name a file",
-        ));
-    };
-    check_name(&name.to_string_lossy())?;
-    if size > limits.max_upload_bytes {
-        return Err(AppError::new(
-            Failure::TooLarge,
-            "upload_too_large",
-            format!(
-                "{size} bytes is over the upload limit of {} bytes",
-                limits.max_upload_bytes
-            ),
-        ));
-    }
-    blocking(move || {
-        if let Ok(entry) = root.entry(&relative, "")
-            && entry.kind == EntryKind::Dir
-        {
-            return Err(AppError::conflict(format!(
-                "{} is a folder",
-                display_path(&relative)
-            )));
-        }
-        let used = usage(&root, Path::new(""))?;
-        if used.saturating_add(size) > limits.quota_bytes {
-            return Err(AppError::new(
-                Failure::TooLarge,
-                "quota_exceeded",
-                format!(
-                    "the workspace holds {used} bytes; {size} more would pass its quota of {} \
-                     bytes",
-                    limits.quota_bytes
-                ),
-            ));
-        }
-        if let Some(uploads) = root.path().parent().map(|parent| parent.join(".uploads")) {
-            sweep_uploads(&uploads);
-        }
-        Ok(display_path(&relative))
-    })
-    .await
 }
 
 /// Removes uploads left unfinished longer than [`UPLOAD_TTL`].
@@ -735,7 +823,7 @@ impl App {
         id: &str,
     ) -> Result<UploadPlan, AppError> {
         let (folder, plan) = self.upload_of(caller, id)?;
-        let (root, _) = self
+        let (workspace, _) = self
             .workspace_of(caller, &plan.session_id.to_string())
             .await?;
         blocking(move || {
@@ -753,16 +841,12 @@ impl App {
                 let file = std::fs::File::open(folder.join(n.to_string())).map_err(io_error)?;
                 reader = Box::new(reader.chain(file));
             }
-            let relative = PathBuf::from(&plan.target_path);
-            let (_, written) = root
-                .write_atomic_from(&relative, &plan.target_path, &mut reader, true)
-                .map_err(tool_error)?;
-            if written != plan.file_size {
-                return Err(AppError::internal(format!(
-                    "upload {}: {written} bytes joined, {} planned",
-                    plan.upload_id, plan.file_size
-                )));
-            }
+            workspace.put(
+                &plan.target_path,
+                &mut reader,
+                plan.file_size,
+                WorkspaceLimits::default(),
+            )?;
             let _ = std::fs::remove_dir_all(&folder);
             Ok(plan)
         })
@@ -947,17 +1031,26 @@ impl App {
         session: &str,
         path: &str,
     ) -> Result<Download, AppError> {
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), path).map_err(tool_error)?;
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let relative = workspace.relative(path)?;
         let display = display_path(&relative);
         let is_dir = relative.as_os_str().is_empty()
-            || root.entry(&relative, &display).map_err(tool_error)?.kind == EntryKind::Dir;
+            || workspace
+                .root
+                .entry(&relative, &display)
+                .map_err(tool_error)?
+                .kind
+                == EntryKind::Dir;
         if !is_dir {
+            let path = path.to_owned();
             return Ok(Download::File(
-                self.workspace_open(caller, session, path).await?,
+                blocking(move || workspace.open_file(&path)).await?,
             ));
         }
-        root.check_dir(&relative, &display).map_err(tool_error)?;
+        workspace
+            .root
+            .check_dir(&relative, &display)
+            .map_err(tool_error)?;
         let name = relative.file_name().map_or_else(
             || "workspace".to_owned(),
             |name| name.to_string_lossy().into_owned(),
@@ -969,7 +1062,7 @@ impl App {
                 buffer: Vec::new(),
             };
             let mut zip = zip::ZipWriter::new_stream(writer);
-            let written = zip_folder(&root, &relative, "", &mut zip).and_then(|()| {
+            let written = zip_folder(&workspace.root, &relative, "", &mut zip).and_then(|()| {
                 let mut writer = zip
                     .finish()
                     .map_err(|error| AppError::internal(format!("zip: {error}")))?
@@ -995,13 +1088,8 @@ impl App {
     ) -> Result<Vec<FileEntry>, AppError> {
         let query = query.filter(|q| !q.trim().is_empty());
         let name_filter = name_filter.filter(|f| !f.is_empty());
-        if query.is_none() && name_filter.is_none() {
-            return Err(AppError::bad_request(
-                "Missing 'query' or 'name_filter' parameter",
-            ));
-        }
-        let (root, _) = self.workspace_of(caller, session).await?;
-        let relative = relative_path(root.path(), path).map_err(tool_error)?;
-        blocking(move || search(&root, &relative, query.as_deref(), name_filter.as_deref())).await
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.search(&path, query.as_deref(), name_filter.as_deref())).await
     }
 }

@@ -3,6 +3,7 @@
 mod agents;
 mod chat;
 mod data;
+mod files;
 mod keys;
 mod mcp;
 mod mcp_serve;
@@ -43,6 +44,8 @@ enum Command {
     Agents(agents::AgentsArgs),
     /// Inspect and manage saved sessions.
     Sessions(sessions::SessionsArgs),
+    /// A session's workspace files: ls, get, put, rm.
+    Files(files::FilesArgs),
     /// Manage the API keys of `agentry serve`.
     Keys(keys::KeysArgs),
     /// Schedules `agentry serve` fires: list, add, show, rm, runs.
@@ -66,6 +69,7 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Chat(args) => chat::chat(args, &cli.data).await,
         Command::Agents(args) => agents::agents(args, &cli.data).await,
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
+        Command::Files(args) => files::files(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
         Command::Schedules(args) => schedules::schedules(args, &cli.data).await,
         Command::Mcp(args) => mcp::mcp(args, &cli.data).await,

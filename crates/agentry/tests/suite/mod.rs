@@ -3,6 +3,7 @@ mod approvals;
 mod boundaries;
 mod chat;
 mod crash;
+mod files;
 mod mcp;
 mod mcp_serve;
 mod queue;
