@@ -2,7 +2,7 @@
 //! Files panel and `agentry files`): list a folder a page at a time, read a file, download a
 //! folder as a zip archive (written as it is sent), search names and contents (`.gitignore`d
 //! and hidden entries skipped, at most [`MAX_SEARCH_RESULTS`]), create a folder, rename,
-//! duplicate, delete, and upload large files in chunks.
+//! duplicate, move or copy several entries, delete, and upload large files in chunks.
 //!
 //! Every path is relative to the workspace root and resolved inside it by the kernel
 //! ([`Root`]: `openat2` with `RESOLVE_BENEATH`), so `..`, absolute paths and symbolic links
@@ -106,6 +106,27 @@ pub enum Sort {
     Name,
     /// Most recently modified first.
     Recent,
+}
+
+/// What a move or copy of several entries did: each entry moved (or copied), or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Transfer {
+    /// The entries at their new place.
+    pub done: Vec<FileEntry>,
+    /// The entries that stayed, each with why.
+    pub errors: Vec<TransferError>,
+}
+
+/// Why one entry of a move or copy stayed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TransferError {
+    /// The entry, as the request named it.
+    pub path: String,
+    /// Why.
+    pub error: String,
+    /// Whether an entry of that name is already at the destination.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub conflict: bool,
 }
 
 /// A file opened for reading.
@@ -398,6 +419,23 @@ impl Workspace {
         })
     }
 
+    /// The folders directly in `path` (hidden ones left out), by name: what a folder picker
+    /// shows. Links are not followed, so a link to a folder is not one here.
+    pub fn children(&self, path: &str) -> Result<Vec<FileEntry>, AppError> {
+        let relative = self.relative(path)?;
+        let mut folders: Vec<FileEntry> = self
+            .root
+            .list_dir(&relative, &display_path(&relative))
+            .map_err(tool_error)?
+            .iter()
+            .filter(|entry| entry.kind == EntryKind::Dir)
+            .filter(|entry| !entry.name.to_string_lossy().starts_with('.'))
+            .map(|entry| file_entry(&relative, entry))
+            .collect();
+        folders.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(folders)
+    }
+
     /// Creates the folder `name` in `parent`.
     pub fn mkdir(&self, parent: &str, name: &str) -> Result<FileEntry, AppError> {
         check_name(name)?;
@@ -435,6 +473,73 @@ impl Workspace {
         let parent = from.parent().unwrap_or(Path::new("")).to_owned();
         let to = duplicate_name(&self.root, &parent, &name)?;
         copy_entry(&self.root, &from, &to)?;
+        entry_at(&self.root, &to)
+    }
+
+    /// Moves (or, with `copy`, copies) each of `paths` into the folder `dest_dir`; an entry
+    /// of the same name there is a conflict unless `overwrite` (then it is replaced). Each
+    /// entry succeeds or fails alone.
+    pub fn transfer(
+        &self,
+        paths: &[String],
+        dest_dir: &str,
+        overwrite: bool,
+        copy: bool,
+    ) -> Result<Transfer, AppError> {
+        let dest = self.relative(dest_dir)?;
+        self.root
+            .check_dir(&dest, &display_path(&dest))
+            .map_err(|_| {
+                AppError::bad_request(format!("Destination is not a directory: {dest_dir}"))
+            })?;
+        let mut transfer = Transfer::default();
+        for path in paths {
+            let outcome = self.transfer_one(path, &dest, overwrite, copy);
+            match outcome {
+                Ok(entry) => transfer.done.push(entry),
+                Err(error) => transfer.errors.push(TransferError {
+                    path: path.clone(),
+                    conflict: error.failure == Failure::Conflict,
+                    error: error.message,
+                }),
+            }
+        }
+        Ok(transfer)
+    }
+
+    fn transfer_one(
+        &self,
+        path: &str,
+        dest: &Path,
+        overwrite: bool,
+        copy: bool,
+    ) -> Result<FileEntry, AppError> {
+        let from = self.relative(path)?;
+        let Some(name) = from.file_name() else {
+            return Err(AppError::bad_request("the workspace root cannot be moved"));
+        };
+        let to = dest.join(name);
+        if to == from {
+            return Err(AppError::bad_request("Source and target are the same path"));
+        }
+        if overwrite && self.root.entry(&to, "").is_ok() {
+            self.root
+                .remove(&to, &display_path(&to))
+                .map_err(tool_error)?;
+        }
+        if copy {
+            if self.root.entry(&to, "").is_ok() {
+                return Err(AppError::conflict(format!(
+                    "Target already exists: {}",
+                    display_path(&to)
+                )));
+            }
+            copy_entry(&self.root, &from, &to)?;
+        } else {
+            self.root
+                .rename(&from, &display_path(&from), &to, &display_path(&to))
+                .map_err(tool_error)?;
+        }
         entry_at(&self.root, &to)
     }
 
@@ -599,6 +704,18 @@ impl App {
         blocking(move || workspace.open_file(&path)).await
     }
 
+    /// The folders directly in `path` of `session`'s workspace.
+    pub async fn workspace_children(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+    ) -> Result<Vec<FileEntry>, AppError> {
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.children(&path)).await
+    }
+
     /// Creates the folder `name` in `parent`.
     pub async fn workspace_mkdir(
         &self,
@@ -635,6 +752,22 @@ impl App {
         let (workspace, _) = self.workspace_of(caller, session).await?;
         let path = path.to_owned();
         blocking(move || workspace.duplicate(&path)).await
+    }
+
+    /// Moves (or copies) `paths` into `dest_dir` (see [`Workspace::transfer`]).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn workspace_transfer(
+        &self,
+        caller: &Principal,
+        session: &str,
+        paths: Vec<String>,
+        dest_dir: &str,
+        overwrite: bool,
+        copy: bool,
+    ) -> Result<Transfer, AppError> {
+        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let dest_dir = dest_dir.to_owned();
+        blocking(move || workspace.transfer(&paths, &dest_dir, overwrite, copy)).await
     }
 
     /// Deletes `path`.

@@ -744,3 +744,112 @@ async fn tus_speaks_the_protocol_and_refuses_what_it_must() {
         .unwrap();
     assert_eq!(outside.status().as_u16(), 400);
 }
+
+#[tokio::test]
+async fn the_folder_picker_lists_folders_inside_the_workspace_only() {
+    let (server, session, folder) = with_session().await;
+    for dir in ["src/lib", "docs", ".git"] {
+        std::fs::create_dir_all(folder.join(dir)).unwrap();
+    }
+    std::fs::write(folder.join("README.md"), "x").unwrap();
+    std::os::unix::fs::symlink("/etc", folder.join("etc-link")).unwrap();
+    let (status, children) = server
+        .get(&format!(
+            "/linglong/v1/workspace/children?session_id={session}&path="
+        ))
+        .await;
+    assert_eq!(status, 200, "{children}");
+    assert_eq!(
+        children,
+        json!([{"name": "docs", "path": "docs"}, {"name": "src", "path": "src"}])
+    );
+    let (status, tree) = server
+        .get(&format!(
+            "/linglong/v1/workspace/tree?session_id={session}&path=src"
+        ))
+        .await;
+    assert_eq!(status, 200, "{tree}");
+    assert_eq!(
+        tree,
+        json!([{"name": "src", "path": "src", "is_root": true,
+                "children": [{"name": "lib", "path": "src/lib", "is_root": false}]}])
+    );
+    for path in ["/", "..", "etc-link"] {
+        let (status, _) = server
+            .get(&format!(
+                "/linglong/v1/workspace/children?session_id={session}&path={path}"
+            ))
+            .await;
+        assert_eq!(status, 400, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn entries_move_and_copy_each_on_its_own() {
+    let (server, session, folder) = with_session().await;
+    std::fs::create_dir_all(folder.join("in/sub")).unwrap();
+    std::fs::create_dir_all(folder.join("out")).unwrap();
+    std::fs::write(folder.join("in/a.txt"), "a").unwrap();
+    std::fs::write(folder.join("in/sub/b.txt"), "b").unwrap();
+    std::fs::write(folder.join("out/a.txt"), "old").unwrap();
+    let (status, moved) = server
+        .post(
+            "/linglong/v1/workspace/move",
+            json!({"session_id": session, "paths": ["in/a.txt", "in/sub", "in/none"], "dest_dir": "out"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{moved}");
+    assert_eq!(moved["moved"][0]["path"], "out/sub");
+    let errors = moved["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{moved}");
+    assert_eq!(errors[0]["path"], "in/a.txt");
+    assert_eq!(errors[0]["conflict"], true);
+    assert!(folder.join("out/sub/b.txt").is_file() && !folder.join("in/sub").exists());
+    assert_eq!(
+        std::fs::read_to_string(folder.join("out/a.txt")).unwrap(),
+        "old"
+    );
+    let (status, moved) = server
+        .post(
+            "/linglong/v1/workspace/move",
+            json!({"session_id": session, "paths": ["in/a.txt"], "dest_dir": "out", "overwrite": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{moved}");
+    assert_eq!(moved["errors"], json!([]));
+    assert_eq!(
+        std::fs::read_to_string(folder.join("out/a.txt")).unwrap(),
+        "a"
+    );
+    let (status, copied) = server
+        .post(
+            "/linglong/v1/workspace/copy",
+            json!({"session_id": session, "paths": ["out/sub"], "dest_dir": "in"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{copied}");
+    assert_eq!(copied["copied"][0]["path"], "in/sub");
+    assert_eq!(
+        std::fs::read_to_string(folder.join("in/sub/b.txt")).unwrap(),
+        "b"
+    );
+    assert!(folder.join("out/sub/b.txt").is_file());
+    // A folder into itself, a destination that is not a folder, paths out.
+    let (_, into) = server
+        .post(
+            "/linglong/v1/workspace/move",
+            json!({"session_id": session, "paths": ["out"], "dest_dir": "out/sub"}),
+        )
+        .await;
+    assert_eq!(into["errors"].as_array().unwrap().len(), 1, "{into}");
+    for body in [
+        json!({"session_id": session, "paths": ["in/sub"], "dest_dir": "out/a.txt"}),
+        json!({"session_id": session, "paths": ["in/sub"], "dest_dir": "../.."}),
+        json!({"session_id": session, "paths": [], "dest_dir": "out"}),
+    ] {
+        let (status, answer) = server
+            .post("/linglong/v1/workspace/move", body.clone())
+            .await;
+        assert_eq!(status, 400, "{body} → {answer}");
+    }
+}

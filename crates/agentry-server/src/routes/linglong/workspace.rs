@@ -1,6 +1,7 @@
 //! The seed's workspace file manager under `/linglong/v1/workspace`, over a session's
 //! workspace (`session_id`, or `workspace_id` in an upload's start): list, content and download
-//! (single HTTP ranges; a folder downloads as a zip archive), search, thumbnail (the file itself, as the seed serves it), mkdir, rename,
+//! (single HTTP ranges; a folder downloads as a zip archive), search, children and tree (the
+//! folder picker, inside the workspace), thumbnail, move and copy (the file itself, as the seed serves it), mkdir, rename,
 //! duplicate, delete, and chunked uploads (`upload/init`, `PUT upload/{id}/chunk/{n}`, `GET
 //! upload/{id}` to resume, `upload/{id}/complete`, `DELETE upload/{id}`). Paths are relative to
 //! the workspace root; what answers them is [`agentry_app::workspace_files`].
@@ -28,10 +29,14 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/workspace/content", get(content))
         .route("/workspace/download", get(download))
         .route("/workspace/search", get(search))
+        .route("/workspace/children", get(children))
+        .route("/workspace/tree", get(tree))
         .route("/workspace/thumbnail", get(content))
         .route("/workspace/mkdir", post(mkdir))
         .route("/workspace/rename", post(rename))
         .route("/workspace/duplicate", post(duplicate))
+        .route("/workspace/move", post(move_entries))
+        .route("/workspace/copy", post(copy_entries))
         .route("/workspace/delete", delete(remove))
         .route("/workspace/upload/init", post(upload_init))
         .route(
@@ -274,6 +279,58 @@ async fn search(
     Ok(Json(found).into_response())
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FolderQuery {
+    session_id: String,
+    #[serde(default)]
+    path: String,
+}
+
+/// The seed's folder picker: `[{"name", "path"}]` for the folders in `path` (here inside the
+/// workspace only; the seed's browsed the whole host).
+async fn children(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    raw: Result<Query<FolderQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(raw)?;
+    let folders = state
+        .workspace_children(&caller, &q.session_id, &q.path)
+        .await?;
+    let shown: Vec<Value> = folders
+        .iter()
+        .map(|folder| json!({"name": folder.name, "path": folder.path}))
+        .collect();
+    ok(Value::Array(shown))
+}
+
+/// The seed's tree: the folder `path` with the folders directly in it,
+/// `[{"name", "path", "is_root": true, "children": [{"name", "path", "is_root": false}]}]`.
+async fn tree(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    raw: Result<Query<FolderQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(raw)?;
+    let folders = state
+        .workspace_children(&caller, &q.session_id, &q.path)
+        .await?;
+    let path = q.path.trim_matches('/');
+    let name = path
+        .rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(".");
+    let children: Vec<Value> = folders
+        .iter()
+        .map(|folder| json!({"name": folder.name, "path": folder.path, "is_root": false}))
+        .collect();
+    ok(
+        json!([{"name": name, "path": if path.is_empty() { "." } else { path }, "is_root": true, "children": children}]),
+    )
+}
+
 /// A required string field of a JSON body.
 fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, SeedError> {
     body.get(name)
@@ -313,6 +370,48 @@ async fn duplicate(State(state): State<AppState>, Caller(caller): Caller, body: 
         .workspace_duplicate(&caller, field(&body, "session_id")?, field(&body, "path")?)
         .await?;
     Ok(Json(entry).into_response())
+}
+
+/// `{"session_id", "paths", "dest_dir", "overwrite"?}` → `{"<done>": [entries], "errors":
+/// [{"path", "error", "conflict"?}]}`, 200 even when every entry failed (as the seed).
+async fn transfer(state: AppState, caller: Caller, body: Bytes, copy: bool) -> Answer {
+    let Caller(caller) = caller;
+    let body = json_body(&body)?;
+    let paths: Vec<String> = body
+        .get("paths")
+        .and_then(Value::as_array)
+        .filter(|paths| !paths.is_empty())
+        .and_then(|paths| {
+            paths
+                .iter()
+                .map(|p| p.as_str().map(str::to_owned))
+                .collect()
+        })
+        .ok_or_else(|| AppError::bad_request("Missing or invalid 'paths' field (must be array)"))?;
+    let overwrite = body
+        .get("overwrite")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let transfer = state
+        .workspace_transfer(
+            &caller,
+            field(&body, "session_id")?,
+            paths,
+            field(&body, "dest_dir")?,
+            overwrite,
+            copy,
+        )
+        .await?;
+    let done = if copy { "copied" } else { "moved" };
+    ok(json!({done: transfer.done, "errors": transfer.errors}))
+}
+
+async fn move_entries(State(state): State<AppState>, caller: Caller, body: Bytes) -> Answer {
+    transfer(state, caller, body, false).await
+}
+
+async fn copy_entries(State(state): State<AppState>, caller: Caller, body: Bytes) -> Answer {
+    transfer(state, caller, body, true).await
 }
 
 async fn remove(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
