@@ -10,7 +10,8 @@
 //! only when the last byte arrives, whole (streamed into a temporary file beside the target and
 //! renamed over it). A PATCH is taken whole or not at all: its body is written to a part file,
 //! checked against `Upload-Checksum` (`sha1` or `sha256`) when given, then appended; a client
-//! whose connection broke asks the offset (`HEAD`) and sends the rest again.
+//! whose connection broke asks the offset (`HEAD`) and sends the rest again. One PATCH at a time
+//! per upload (a lock file; a second is a 409).
 
 use std::path::{Path, PathBuf};
 
@@ -114,6 +115,50 @@ fn checksum_matches(header: &str, data: &Path) -> Result<bool, AppError> {
         }
     };
     Ok(actual == expected)
+}
+
+/// How long a PATCH's lock may stand before it counts as left by a crash.
+const STALE_LOCK: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// One PATCH at a time per upload: a lock file made with `O_EXCL`, removed when dropped.
+struct PatchLock(PathBuf);
+
+impl PatchLock {
+    fn take(folder: &Path) -> Result<Self, AppError> {
+        let path = folder.join("patch.lock");
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(_) => return Ok(Self(path)),
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let stale = std::fs::metadata(&path)
+                        .and_then(|meta| meta.modified())
+                        .ok()
+                        .and_then(|at| at.elapsed().ok())
+                        .is_some_and(|age| age > STALE_LOCK);
+                    if !stale {
+                        return Err(AppError::conflict(
+                            "another PATCH of this upload is in progress",
+                        ));
+                    }
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(error) => return Err(io_error(error)),
+            }
+        }
+        Err(AppError::conflict(
+            "another PATCH of this upload is in progress",
+        ))
+    }
+}
+
+impl Drop for PatchLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Reads the file at `path` in pieces, handing each to `take`.
@@ -235,6 +280,7 @@ impl App {
         use futures::StreamExt as _;
         let (folder, mut upload) = self.tus_of(caller, id)?;
         let data = folder.join("data");
+        let _lock = PatchLock::take(&folder)?;
         let (current, _) = self.tus_offset(caller, id).await?;
         if upload.completed || offset != current {
             return Err(AppError::conflict(format!(

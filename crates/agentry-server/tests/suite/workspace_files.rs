@@ -853,3 +853,77 @@ async fn entries_move_and_copy_each_on_its_own() {
         assert_eq!(status, 400, "{body} → {answer}");
     }
 }
+
+/// Two PATCHes of one tus upload at once: the second is refused while the first goes on.
+#[tokio::test]
+async fn one_tus_patch_at_a_time() {
+    use base64::Engine as _;
+    let (server, session, folder) = with_session().await;
+    let base = format!("{}/linglong/v1/workspace/tus", server.url);
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let created = server
+        .http
+        .post(&base)
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", "8")
+        .header(
+            "upload-metadata",
+            format!(
+                "session_id {},target_path {}",
+                b64(&session),
+                b64("two.txt")
+            ),
+        )
+        .send()
+        .await
+        .unwrap();
+    let location = created.headers()["location"].to_str().unwrap().to_owned();
+    let url = format!("{}{location}", server.url);
+    let id = location.rsplit('/').next().unwrap().to_owned();
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let body = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|piece| (piece, receiver))
+    });
+    let first = {
+        let request = server
+            .http
+            .patch(&url)
+            .header("tus-resumable", "1.0.0")
+            .header("content-type", "application/offset+octet-stream")
+            .header("upload-offset", "0")
+            .body(reqwest::Body::wrap_stream(body));
+        tokio::spawn(request.send())
+    };
+    sender.send(Ok(b"fire".to_vec())).await.unwrap();
+    let lock = folder
+        .parent()
+        .unwrap()
+        .join(".uploads")
+        .join(&id)
+        .join("patch.lock");
+    for _ in 0..100 {
+        if lock.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(lock.exists(), "the first PATCH holds the lock");
+    let second = server
+        .http
+        .patch(&url)
+        .header("tus-resumable", "1.0.0")
+        .header("content-type", "application/offset+octet-stream")
+        .header("upload-offset", "0")
+        .body("fire")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status().as_u16(), 409);
+    sender.send(Ok(b"wood".to_vec())).await.unwrap();
+    drop(sender);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status().as_u16(), 204);
+    assert_eq!(first.headers()["upload-offset"], "8");
+    assert_eq!(std::fs::read(folder.join("two.txt")).unwrap(), b"firewood");
+    assert!(!lock.exists());
+}

@@ -1,8 +1,8 @@
 //! The seed's workspace file manager under `/linglong/v1/workspace`, over a session's
 //! workspace (`session_id`, or `workspace_id` in an upload's start): list, content and download
 //! (single HTTP ranges; a folder downloads as a zip archive), search, children and tree (the
-//! folder picker, inside the workspace), thumbnail, move and copy (the file itself, as the seed serves it), mkdir, rename,
-//! duplicate, delete, and chunked uploads (`upload/init`, `PUT upload/{id}/chunk/{n}`, `GET
+//! folder picker, inside the workspace), thumbnail (the file itself, as the seed serves it),
+//! mkdir, rename, duplicate, move and copy, delete, and chunked uploads (`upload/init`, `PUT upload/{id}/chunk/{n}`, `GET
 //! upload/{id}` to resume, `upload/{id}/complete`, `DELETE upload/{id}`). Paths are relative to
 //! the workspace root; what answers them is [`agentry_app::workspace_files`].
 
