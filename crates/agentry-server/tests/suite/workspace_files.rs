@@ -627,6 +627,29 @@ print(json.dumps({"url": first.url, "resumed": [resumed_once, resumed_twice], "o
     assert_eq!(head.headers()["upload-offset"], size.to_string().as_str());
 }
 
+/// Creates a tus upload of `length` bytes to `target` in `session`'s workspace.
+async fn tus_create(
+    server: &Server,
+    session: &str,
+    length: u64,
+    target: &str,
+) -> reqwest::Response {
+    use base64::Engine as _;
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    server
+        .http
+        .post(format!("{}/linglong/v1/workspace/tus", server.url))
+        .header("tus-resumable", "1.0.0")
+        .header("upload-length", length.to_string())
+        .header(
+            "upload-metadata",
+            format!("session_id {},target_path {}", b64(session), b64(target)),
+        )
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn tus_speaks_the_protocol_and_refuses_what_it_must() {
     let (server, session, folder) = with_session().await;
@@ -656,20 +679,7 @@ async fn tus_speaks_the_protocol_and_refuses_what_it_must() {
         .await
         .unwrap();
     assert_eq!(refused.status().as_u16(), 412);
-    use base64::Engine as _;
-    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    let created = server
-        .http
-        .post(&base)
-        .header("tus-resumable", "1.0.0")
-        .header("upload-length", "10")
-        .header(
-            "upload-metadata",
-            format!("session_id {},target_path {}", b64(&session), b64("t.txt")),
-        )
-        .send()
-        .await
-        .unwrap();
+    let created = tus_create(&server, &session, 10, "t.txt").await;
     assert_eq!(created.status().as_u16(), 201);
     assert_eq!(created.headers()["tus-resumable"], "1.0.0");
     let location = created.headers()["location"].to_str().unwrap().to_owned();
@@ -696,6 +706,7 @@ async fn tus_speaks_the_protocol_and_refuses_what_it_must() {
     .unwrap();
     assert_eq!(response.status().as_u16(), 460, "a wrong checksum");
     let sha1 = {
+        use base64::Engine as _;
         use sha1::Digest as _;
         base64::engine::general_purpose::STANDARD.encode(sha1::Sha1::digest(b"hello"))
     };
@@ -730,18 +741,7 @@ async fn tus_speaks_the_protocol_and_refuses_what_it_must() {
         .await
         .unwrap();
     assert_eq!(gone.status().as_u16(), 404);
-    let outside = server
-        .http
-        .post(&base)
-        .header("tus-resumable", "1.0.0")
-        .header("upload-length", "1")
-        .header(
-            "upload-metadata",
-            format!("session_id {},target_path {}", b64(&session), b64("../x")),
-        )
-        .send()
-        .await
-        .unwrap();
+    let outside = tus_create(&server, &session, 1, "../x").await;
     assert_eq!(outside.status().as_u16(), 400);
 }
 
@@ -857,26 +857,8 @@ async fn entries_move_and_copy_each_on_its_own() {
 /// Two PATCHes of one tus upload at once: the second is refused while the first goes on.
 #[tokio::test]
 async fn one_tus_patch_at_a_time() {
-    use base64::Engine as _;
     let (server, session, folder) = with_session().await;
-    let base = format!("{}/linglong/v1/workspace/tus", server.url);
-    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    let created = server
-        .http
-        .post(&base)
-        .header("tus-resumable", "1.0.0")
-        .header("upload-length", "8")
-        .header(
-            "upload-metadata",
-            format!(
-                "session_id {},target_path {}",
-                b64(&session),
-                b64("two.txt")
-            ),
-        )
-        .send()
-        .await
-        .unwrap();
+    let created = tus_create(&server, &session, 8, "two.txt").await;
     let location = created.headers()["location"].to_str().unwrap().to_owned();
     let url = format!("{}{location}", server.url);
     let id = location.rsplit('/').next().unwrap().to_owned();
