@@ -117,6 +117,17 @@ fn checksum_matches(header: &str, data: &Path) -> Result<bool, AppError> {
     Ok(actual == expected)
 }
 
+/// The bytes of `upload` received so far (all of them once it is complete).
+async fn received(folder: &Path, upload: &TusUpload) -> Result<u64, AppError> {
+    if upload.completed {
+        return Ok(upload.length);
+    }
+    let data = tokio::fs::metadata(folder.join("data"))
+        .await
+        .map_err(io_error)?;
+    Ok(data.len())
+}
+
 /// How long a PATCH's lock may stand before it counts as left by a crash.
 const STALE_LOCK: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -256,14 +267,7 @@ impl App {
     /// `HEAD`: the bytes received so far, and the length.
     pub async fn tus_offset(&self, caller: &Principal, id: &str) -> Result<(u64, u64), AppError> {
         let (folder, upload) = self.tus_of(caller, id)?;
-        if upload.completed {
-            return Ok((upload.length, upload.length));
-        }
-        let offset = tokio::fs::metadata(folder.join("data"))
-            .await
-            .map_err(io_error)?
-            .len();
-        Ok((offset, upload.length))
+        Ok((received(&folder, &upload).await?, upload.length))
     }
 
     /// `PATCH` at `offset` (which must be the bytes received so far) with `body`; with a
@@ -281,7 +285,7 @@ impl App {
         let (folder, mut upload) = self.tus_of(caller, id)?;
         let data = folder.join("data");
         let _lock = PatchLock::take(&folder)?;
-        let (current, _) = self.tus_offset(caller, id).await?;
+        let current = received(&folder, &upload).await?;
         if upload.completed || offset != current {
             return Err(AppError::conflict(format!(
                 "Upload-Offset is {offset}, the upload is at {current}"

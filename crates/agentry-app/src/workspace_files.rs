@@ -597,8 +597,8 @@ impl Workspace {
                 ),
             ));
         }
-        if let Some(uploads) = self.root.path().parent().map(|p| p.join(".uploads")) {
-            sweep_uploads(&uploads);
+        if let Some(workspaces) = self.root.path().parent() {
+            sweep_uploads(&uploads_in(workspaces));
         }
         Ok(display_path(&relative))
     }
@@ -672,7 +672,7 @@ impl App {
                 "sessions have no workspaces on this server",
             )
         })?;
-        Ok(workspaces.join(".uploads"))
+        Ok(uploads_in(workspaces))
     }
 
     /// A page of the folder `path` of `session`'s workspace.
@@ -818,6 +818,12 @@ impl App {
         .await?;
         Ok(plan)
     }
+}
+
+/// Where uploads in progress are kept, beside the sessions' workspaces in `workspaces` (a
+/// session id is a UUID, never `.uploads`).
+fn uploads_in(workspaces: &Path) -> PathBuf {
+    workspaces.join(".uploads")
 }
 
 /// Removes uploads left unfinished longer than [`UPLOAD_TTL`].

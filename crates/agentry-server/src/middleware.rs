@@ -34,9 +34,9 @@ pub fn apply(routes: Router<AppState>, state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), authenticate))
         .layer(from_fn_with_state(state.clone(), track))
         .layer(cors)
-        // tus discovery is an `OPTIONS` the CORS layer must not take for a preflight.
+        // tus: its discovery is an `OPTIONS` the CORS layer must not take for a preflight.
         .layer(axum::middleware::from_fn(
-            crate::routes::linglong::tus::discovery,
+            crate::routes::linglong::tus::gate,
         ))
         .layer(from_fn_with_state(
             state.clone(),

@@ -1,9 +1,9 @@
 //! tus 1.0 (core, creation, termination, checksum) at `/linglong/v1/workspace/tus`, over the
-//! app's [`agentry_app::tus`]: `OPTIONS` says what is served ([`discovery`]), `POST` creates an upload
+//! app's [`agentry_app::tus`]: `OPTIONS` says what is served ([`gate`]), `POST` creates an upload
 //! (`Upload-Length`, `Upload-Metadata` naming `session_id` and `target_path`), `HEAD` answers
 //! its offset, `PATCH` (`application/offset+octet-stream` at `Upload-Offset`, with an optional
 //! `Upload-Checksum`) appends, `DELETE` removes it. Every answer carries `Tus-Resumable`; a
-//! request without the version it speaks is a 412.
+//! request without the version it speaks is a 412 ([`gate`]).
 
 use axum::Router;
 use axum::body::Body;
@@ -60,19 +60,6 @@ fn failed(error: AppError) -> Response {
     response
 }
 
-/// Whether the request speaks tus 1.0.0 (`Tus-Resumable`).
-fn speaks_tus(headers: &HeaderMap) -> bool {
-    headers.get("tus-resumable").and_then(|v| v.to_str().ok()) == Some(TUS_VERSION)
-}
-
-/// The answer to a request that does not: 412, naming the version served.
-fn other_version() -> Response {
-    answer(
-        StatusCode::PRECONDITION_FAILED,
-        &[("tus-version", TUS_VERSION.to_owned())],
-    )
-}
-
 /// A header as a number.
 fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers
@@ -92,17 +79,26 @@ fn text(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// tus discovery (`OPTIONS` on the tus paths, not a browser's CORS preflight, which names
-/// `Access-Control-Request-Method`). A middleware outside the CORS layer, which would otherwise
-/// answer every `OPTIONS` itself.
-pub(crate) async fn discovery(request: Request, next: Next) -> Response {
-    let is_discovery = request.method() == Method::OPTIONS
-        && request.uri().path().starts_with(TUS_PATH)
-        && !request
-            .headers()
-            .contains_key("access-control-request-method");
-    if is_discovery {
+/// What every tus request passes first, as a middleware outside the CORS layer (which would
+/// otherwise answer every `OPTIONS` as a preflight): discovery (`OPTIONS` on the tus paths that
+/// is not a browser's preflight, which names `Access-Control-Request-Method`) is answered here,
+/// and any other request that does not speak tus 1.0.0 (`Tus-Resumable`) is a 412.
+pub(crate) async fn gate(request: Request, next: Next) -> Response {
+    if !request.uri().path().starts_with(TUS_PATH) {
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    if request.method() == Method::OPTIONS {
+        if headers.contains_key("access-control-request-method") {
+            return next.run(request).await;
+        }
         return discover();
+    }
+    if headers.get("tus-resumable").and_then(|v| v.to_str().ok()) != Some(TUS_VERSION) {
+        return answer(
+            StatusCode::PRECONDITION_FAILED,
+            &[("tus-version", TUS_VERSION.to_owned())],
+        );
     }
     next.run(request).await
 }
@@ -120,50 +116,53 @@ fn discover() -> Response {
     )
 }
 
+/// An app outcome as a tus answer.
+fn respond(outcome: Result<Response, AppError>) -> Response {
+    outcome.unwrap_or_else(failed)
+}
+
 async fn create(
     State(state): State<AppState>,
     Caller(caller): Caller,
     headers: HeaderMap,
 ) -> Response {
-    if !speaks_tus(&headers) {
-        return other_version();
-    }
     let Some(length) = number(&headers, "upload-length") else {
         return not_a_number("Upload-Length");
     };
     let metadata = text(&headers, "upload-metadata").unwrap_or_default();
-    match state
-        .tus_create(&caller, length, &metadata, WorkspaceLimits::default())
-        .await
-    {
-        Ok(upload) => answer(
-            StatusCode::CREATED,
-            &[("location", format!("{TUS_PATH}/{}", upload.upload_id))],
-        ),
-        Err(error) => failed(error),
-    }
+    respond(
+        state
+            .tus_create(&caller, length, &metadata, WorkspaceLimits::default())
+            .await
+            .map(|upload| {
+                answer(
+                    StatusCode::CREATED,
+                    &[("location", format!("{TUS_PATH}/{}", upload.upload_id))],
+                )
+            }),
+    )
 }
 
 async fn offset(
     State(state): State<AppState>,
     Caller(caller): Caller,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if !speaks_tus(&headers) {
-        return other_version();
-    }
-    match state.tus_offset(&caller, &id).await {
-        Ok((offset, length)) => answer(
-            StatusCode::OK,
-            &[
-                ("upload-offset", offset.to_string()),
-                ("upload-length", length.to_string()),
-                ("cache-control", "no-store".to_owned()),
-            ],
-        ),
-        Err(error) => failed(error),
-    }
+    respond(
+        state
+            .tus_offset(&caller, &id)
+            .await
+            .map(|(offset, length)| {
+                answer(
+                    StatusCode::OK,
+                    &[
+                        ("upload-offset", offset.to_string()),
+                        ("upload-length", length.to_string()),
+                        ("cache-control", "no-store".to_owned()),
+                    ],
+                )
+            }),
+    )
 }
 
 async fn patch(
@@ -173,9 +172,6 @@ async fn patch(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if !speaks_tus(&headers) {
-        return other_version();
-    }
     if text(&headers, "content-type").as_deref() != Some("application/offset+octet-stream") {
         return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, &[]);
     }
@@ -183,29 +179,28 @@ async fn patch(
         return not_a_number("Upload-Offset");
     };
     let checksum = text(&headers, "upload-checksum");
-    match state
-        .tus_patch(&caller, &id, offset, checksum, body.into_data_stream())
-        .await
-    {
-        Ok(offset) => answer(
-            StatusCode::NO_CONTENT,
-            &[("upload-offset", offset.to_string())],
-        ),
-        Err(error) => failed(error),
-    }
+    respond(
+        state
+            .tus_patch(&caller, &id, offset, checksum, body.into_data_stream())
+            .await
+            .map(|offset| {
+                answer(
+                    StatusCode::NO_CONTENT,
+                    &[("upload-offset", offset.to_string())],
+                )
+            }),
+    )
 }
 
 async fn terminate(
     State(state): State<AppState>,
     Caller(caller): Caller,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if !speaks_tus(&headers) {
-        return other_version();
-    }
-    match state.tus_terminate(&caller, &id).await {
-        Ok(()) => answer(StatusCode::NO_CONTENT, &[]),
-        Err(error) => failed(error),
-    }
+    respond(
+        state
+            .tus_terminate(&caller, &id)
+            .await
+            .map(|()| answer(StatusCode::NO_CONTENT, &[])),
+    )
 }
