@@ -12,6 +12,10 @@ pub struct ToolEnvironment {
     /// The folder holding one workspace per session (`<folder>/<session id>`). `None`: runs
     /// have no workspace and the file tools are not offered.
     pub workspaces: Option<PathBuf>,
+    /// What tools change in the workspaces, turn by turn (`<workspaces>/.journal`): made with
+    /// the app when there are workspaces ([`crate::App::observed`]); the `undo` tool and
+    /// revoking turns use it.
+    pub file_journal: Option<Arc<agentry_core::workspace::journal::FileJournal>>,
     /// The sandboxes the `exec` and `terminal` tools and command tools run in (one per session
     /// workspace); also what `/v1/sandboxes` creates sandboxes with. `None`: no sandbox, and
     /// those tools are not offered.

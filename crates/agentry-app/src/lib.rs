@@ -41,6 +41,7 @@ pub mod session_service;
 pub mod store_log;
 pub mod submission;
 pub mod titles;
+pub mod turn_files;
 pub mod tus;
 pub mod webhooks;
 pub mod workspace_files;
@@ -51,6 +52,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use agentry_core::session::SessionManager;
+use agentry_core::workspace::journal::{FileJournal, JournalConfig};
 use agentry_mcp::McpManager;
 use agentry_store::Store;
 
@@ -131,6 +133,14 @@ impl App {
             .clone();
         let http = agentry_llm::http_client(Duration::from_secs(10))
             .map_err(|error| AppError::internal(error.to_string()))?;
+        if let Some(root) = &tools.workspaces
+            && tools.file_journal.is_none()
+        {
+            tools.file_journal = Some(Arc::new(FileJournal::new(
+                root.join(".journal"),
+                JournalConfig::default(),
+            )));
+        }
         let mcp = McpManager::with_stdio(tools.stdio_policy());
         mcp_tools::start_saved(&store, &mcp).await?;
         let runtime = build_runtime(&store, &http, &mcp, &tools).await?;
@@ -138,7 +148,8 @@ impl App {
         let log = Arc::new(StoreLog::fenced(store.clone(), queue.fences.clone()));
         let mut sessions = SessionManager::new(runtime, log);
         if let Some(root) = &tools.workspaces {
-            sessions = sessions.with_workspaces(root.clone());
+            sessions =
+                sessions.with_workspaces_journalled(root.clone(), tools.file_journal.clone());
         }
         runtime::rebuild_on_changes(
             &mcp,

@@ -450,7 +450,8 @@ fn step_message(agent: &str, event: &SessionEvent) -> Option<String> {
         | SessionEvent::ApprovalDecided { .. }
         | SessionEvent::RunPaused { .. }
         | SessionEvent::RunResumed { .. }
-        | SessionEvent::Group { .. } => return None,
+        | SessionEvent::Group { .. }
+        | SessionEvent::Revoked { .. } => return None,
     })
 }
 

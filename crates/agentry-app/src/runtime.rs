@@ -109,8 +109,8 @@ impl ModelConfig {
 }
 
 /// The built-in tools runs get in `environment`: `current_time`, `delegate` and `talk_to`; the
-/// file tools and `fetch` when sessions have workspaces; `exec` and `terminal` when they also
-/// have sandboxes.
+/// file tools and `fetch` when sessions have workspaces (and `undo` with their file journal);
+/// `exec` and `terminal` when they also have sandboxes.
 pub fn builtins(environment: &crate::environment::ToolEnvironment) -> Vec<Arc<dyn Tool>> {
     let mut tools = builtin_tools();
     tools.extend(environment.delegation.tools());
@@ -121,6 +121,9 @@ pub fn builtins(environment: &crate::environment::ToolEnvironment) -> Vec<Arc<dy
         }));
         if let Some(sandboxes) = &environment.sandboxes {
             tools.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
+        }
+        if let Some(journal) = &environment.file_journal {
+            tools.push(agentry_tools::undo_tool(Arc::clone(journal)));
         }
     }
     tools

@@ -416,6 +416,7 @@ impl App {
             )));
         }
         self.store.delete_session(id).await?;
+        self.forget_file_journal(id).await;
         Ok(())
     }
 }

@@ -28,8 +28,10 @@ use crate::engine::{Phase, RunState, Step, ToolOutcome};
 pub use crate::events::EventSink;
 use crate::session::{LogError, SessionLog, SessionStatus};
 use crate::tool::{
-    CANCEL_GRACE, ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry, result_for_model,
+    CANCEL_GRACE, RiskClass, ToolContext, ToolEffect, ToolError, ToolOutput, ToolRegistry,
+    result_for_model,
 };
+use crate::workspace::journal::{FileJournal, RoundMark};
 
 /// How long cancelled tools get to stop on their own before their tasks are aborted: the
 /// registry's own grace for a cancelled tool, plus a margin to report the result.
@@ -155,6 +157,7 @@ pub struct Driver {
     cancel: CancellationToken,
     pause: Option<CancellationToken>,
     journal: Option<Journal>,
+    files: Option<Arc<FileJournal>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -183,6 +186,7 @@ impl Driver {
             cancel,
             pause: None,
             journal: None,
+            files: None,
         }
     }
 
@@ -205,6 +209,14 @@ impl Driver {
     #[must_use]
     pub fn journal(mut self, journal: Journal) -> Self {
         self.journal = Some(journal);
+        self
+    }
+
+    /// Sets the file journal that records what the run's tools change in its workspace (only
+    /// with a session [`journal`](Self::journal): changes are kept per session).
+    #[must_use]
+    pub fn files(mut self, files: Option<Arc<FileJournal>>) -> Self {
+        self.files = files;
         self
     }
 
@@ -497,6 +509,7 @@ impl Driver {
         let round_cancel = self.cancel.child_token();
         let finished = Arc::new(Mutex::new(Vec::new()));
         let log_failure = Arc::new(Mutex::new(None));
+        let mark = self.mark_files(state, &calls).await;
         let guard = {
             let run = self.run_round(state, calls, &round_cancel, &finished, &log_failure);
             tokio::pin!(run);
@@ -509,6 +522,9 @@ impl Driver {
             }
             guard
         };
+        if let Some(mark) = mark {
+            self.record_files(state.run_id, mark).await;
+        }
         let outcomes = std::mem::take(&mut *lock(&finished));
         state.on_tool_results(outcomes);
         if let Some(error) = lock(&log_failure).take() {
@@ -518,6 +534,59 @@ impl Driver {
             Guarded::Done(()) => {}
             Guarded::Cancelled => state.cancel(),
             Guarded::Expired => state.expire(),
+        }
+    }
+
+    /// Scans the workspace before a round that may change it (a call of a tool that is not
+    /// read-only), when the run's changes are journalled. A failing scan is logged: the round
+    /// runs anyway, unjournalled.
+    async fn mark_files(
+        &self,
+        state: &RunState,
+        calls: &[ToolCall],
+    ) -> Option<(Arc<FileJournal>, agentry_types::SessionId, RoundMark)> {
+        let (files, journal, workspace) = (
+            self.files.as_ref()?,
+            self.journal.as_ref()?,
+            state.workspace.clone()?,
+        );
+        let writes = calls.iter().any(|call| {
+            self.tools
+                .get(&call.name)
+                .is_some_and(|tool| tool.risk().class != RiskClass::ReadOnly)
+        });
+        if !writes {
+            return None;
+        }
+        let (files, session) = (Arc::clone(files), journal.session);
+        let scanning = Arc::clone(&files);
+        let mark =
+            tokio::task::spawn_blocking(move || scanning.before_round(session, &workspace)).await;
+        match mark {
+            Ok(Ok(mark)) => Some((files, session, mark)),
+            Ok(Err(error)) => {
+                tracing::warn!(%session, "the file journal skips a round: {error}");
+                None
+            }
+            Err(error) => {
+                tracing::error!(%session, "the file journal's scan crashed: {error}");
+                None
+            }
+        }
+    }
+
+    /// Records what the round changed (see [`Self::mark_files`]).
+    async fn record_files(
+        &self,
+        run_id: agentry_types::RunId,
+        (files, session, mark): (Arc<FileJournal>, agentry_types::SessionId, RoundMark),
+    ) {
+        let recorded =
+            tokio::task::spawn_blocking(move || files.after_round(session, run_id, mark)).await;
+        match recorded {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%session, "the file journal missed a round: {error}"),
+            Err(error) => tracing::error!(%session, "the file journal's scan crashed: {error}"),
         }
     }
 

@@ -34,4 +34,6 @@ pub use http::{
     EnvSecrets, HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver, StaticSecrets,
 };
 pub use shell::{ShellToolsConfig, shell_tools};
-pub use workspace::{FetchConfig, WorkspaceToolsConfig, validate_network_policy, workspace_tools};
+pub use workspace::{
+    FetchConfig, WorkspaceToolsConfig, undo_tool, validate_network_policy, workspace_tools,
+};

@@ -166,6 +166,21 @@ pub enum SessionEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
     },
+    /// Turns were revoked: from here on the conversation is what it was after event
+    /// `after_seq`. The revoked events stay in the log (for audit) but are no longer part of
+    /// the conversation.
+    Revoked {
+        /// The first revoked turn (the run its user message started).
+        run_id: RunId,
+        /// The last event kept.
+        after_seq: u64,
+        /// The revoked runs, oldest first.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        runs: Vec<RunId>,
+        /// Whether the files those runs changed were put back.
+        #[serde(default)]
+        files_restored: bool,
+    },
     /// Group chat: one step of a group session's transcript (see [`GroupEvent`]). A group
     /// session holds only these; each member's own turns run in the member's linked session.
     Group {
@@ -208,6 +223,7 @@ impl SessionEvent {
             Self::RunResumed { .. } => "run_resumed",
             Self::ContextCompacted { .. } => "context_compacted",
             Self::Group { .. } => "group",
+            Self::Revoked { .. } => "revoked",
             Self::RunFinished { .. } => "run_finished",
         }
     }
@@ -226,6 +242,7 @@ impl SessionEvent {
             | Self::RunResumed { run_id }
             | Self::ContextCompacted { run_id, .. }
             | Self::Group { run_id, .. }
+            | Self::Revoked { run_id, .. }
             | Self::RunFinished { run_id, .. } => *run_id,
         }
     }

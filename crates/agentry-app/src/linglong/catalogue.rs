@@ -282,10 +282,23 @@ impl App {
         self.check_session_access(caller, record.id).await?;
         let detail = self.session_detail(record.clone()).await?;
         let timestamp = seed_time(record.last_activity);
+        // A user message carries the time it was sent: the key that names its turn (revoke,
+        // file journals).
+        let events = self.session_events(record.id, 0).await?.events;
+        let mut user_times = crate::turn_files::user_message_times(&events).into_iter();
         let messages: Vec<Value> = detail
             .messages
             .iter()
-            .map(|message| seed_turn(message, &timestamp))
+            .map(|message| match message {
+                Message::User { .. } => {
+                    let sent = user_times
+                        .next()
+                        .and_then(crate::turn_files::turn_time)
+                        .unwrap_or_else(|| timestamp.clone());
+                    seed_turn(message, &sent)
+                }
+                _ => seed_turn(message, &timestamp),
+            })
             .collect();
         Ok(json!({
             "meta": {

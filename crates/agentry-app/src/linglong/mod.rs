@@ -16,6 +16,7 @@
 pub mod catalogue;
 pub mod env;
 pub mod frames;
+pub mod journal;
 pub mod mcp;
 pub mod request;
 pub mod tools;

@@ -22,6 +22,7 @@ use crate::driver::{Driver, Journal};
 use crate::engine::{Phase, RunLimits, RunState};
 use crate::events::EventSink;
 use crate::runtime::{EVENT_BUFFER, RunError, RunRequest, RunStream, Runtime};
+use crate::workspace::journal::{FileJournal, JournalConfig};
 
 /// The result given to a non-idempotent tool call that was running when the process stopped.
 pub const OUTCOME_UNKNOWN: &str = "interrupted: the process stopped while this tool call was \
@@ -169,6 +170,8 @@ struct Inner {
     controls: Mutex<HashMap<RunId, Control>>,
     /// Where each session's workspace lives (`<root>/<session id>`), if anywhere.
     workspaces: Option<PathBuf>,
+    /// What tools change in the workspaces, turn by turn (with workspaces only).
+    files: Option<Arc<FileJournal>>,
     /// How many runs may wait behind each session's current run.
     max_queued: std::sync::atomic::AtomicUsize,
 }
@@ -183,6 +186,7 @@ impl SessionManager {
                 slots: Mutex::new(HashMap::new()),
                 controls: Mutex::new(HashMap::new()),
                 workspaces: None,
+                files: None,
                 max_queued: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_QUEUED_RUNS),
             }),
         }
@@ -190,14 +194,28 @@ impl SessionManager {
 
     /// Gives every session a workspace folder, `<root>/<session id>` (made on first use by the
     /// tools that need it): runs that name no workspace of their own get their session's, and
-    /// so do runs resumed after a crash.
+    /// so do runs resumed after a crash. What tools change there is journalled per turn under
+    /// `<root>/.journal` (see [`FileJournal`]).
     #[must_use]
     pub fn with_workspaces(self, root: PathBuf) -> Self {
+        let journal = FileJournal::new(root.join(".journal"), JournalConfig::default());
+        self.with_workspaces_journalled(root, Some(Arc::new(journal)))
+    }
+
+    /// [`Self::with_workspaces`] with this file journal (shared with the tools that use it,
+    /// such as `undo`), or without one (`None`).
+    #[must_use]
+    pub fn with_workspaces_journalled(
+        self,
+        root: PathBuf,
+        journal: Option<Arc<FileJournal>>,
+    ) -> Self {
         let inner = Inner {
             runtime: std::sync::RwLock::new(self.runtime()),
             log: Arc::clone(&self.inner.log),
             slots: Mutex::new(HashMap::new()),
             controls: Mutex::new(HashMap::new()),
+            files: journal,
             workspaces: Some(root),
             max_queued: std::sync::atomic::AtomicUsize::new(self.max_queued_runs()),
         };
@@ -229,6 +247,11 @@ impl SessionManager {
             .workspaces
             .as_ref()
             .map(|root| root.join(session.to_string()))
+    }
+
+    /// The file journal of the sessions' workspaces, if there is one.
+    pub fn file_journal(&self) -> Option<Arc<FileJournal>> {
+        self.inner.files.clone()
     }
 
     /// The runtime new runs use.
@@ -540,6 +563,7 @@ impl SessionManager {
             .summarizer(summarizer)
             .pause(pause)
             .journal(journal)
+            .files(self.inner.files.clone())
             .run(state)
             .await
     }

@@ -15,4 +15,4 @@ pub use log::{LogError, MemoryLog, SessionLog, SessionStatus};
 pub use manager::{
     BusyPolicy, DEFAULT_MAX_QUEUED_RUNS, SessionError, SessionManager, WeakSessionManager,
 };
-pub use replay::{InFlight, Replay, replay};
+pub use replay::{InFlight, Replay, effective_events, replay};

@@ -93,14 +93,37 @@ impl InFlight {
     }
 }
 
-/// Rebuilds a session from its events.
+/// The events that make up the session's conversation now: those a later
+/// [`SessionEvent::Revoked`] cut off are left out (so are the revocations themselves).
+pub fn effective_events(events: &[(u64, SessionEvent)]) -> Vec<&(u64, SessionEvent)> {
+    let mut kept: Vec<&(u64, SessionEvent)> = Vec::with_capacity(events.len());
+    for entry in events {
+        match &entry.1 {
+            SessionEvent::Revoked { after_seq, .. } => kept.retain(|(seq, _)| seq <= after_seq),
+            _ => kept.push(entry),
+        }
+    }
+    kept
+}
+
+/// Rebuilds a session from its events (what revoked turns did is left out: see
+/// [`effective_events`]).
 pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
     let mut replay = Replay::default();
+    let last_seq = events.last().map_or(0, |(seq, _)| *seq);
+    let revoked = events
+        .iter()
+        .any(|(_, event)| matches!(event, SessionEvent::Revoked { .. }));
+    let effective: Vec<&(u64, SessionEvent)> = if revoked {
+        effective_events(events)
+    } else {
+        events.iter().collect()
+    };
     let mut intents: BTreeMap<String, (usize, ToolCall, bool)> = BTreeMap::new();
     let mut order = 0usize;
     let mut round_calls: Vec<ToolCall> = Vec::new();
     let mut round_results: BTreeSet<String> = BTreeSet::new();
-    for (seq, event) in events {
+    for (seq, event) in effective.into_iter() {
         replay.last_seq = *seq;
         match event {
             SessionEvent::RunStarted {
@@ -246,7 +269,8 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 intents.clear();
             }
             // A group session's transcript: its members' turns run in their own sessions.
-            SessionEvent::Group { .. } => {}
+            // Revocations were applied by `effective_events`.
+            SessionEvent::Group { .. } | SessionEvent::Revoked { .. } => {}
             SessionEvent::ContextCompacted {
                 covered,
                 summary,
@@ -261,6 +285,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
             }
         }
     }
+    replay.last_seq = last_seq;
     if let Some(run) = replay.in_flight.as_mut() {
         run.unanswered = round_calls
             .into_iter()

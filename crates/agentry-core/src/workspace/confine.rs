@@ -47,6 +47,20 @@ pub struct Entry {
     pub size: u64,
     /// When it was last modified, Unix milliseconds.
     pub modified_ms: u64,
+    /// What changes whenever its content or metadata may have changed.
+    pub stamp: Stamp,
+}
+
+/// What changes when a file may have changed: its inode and its modification and status-change
+/// times in nanoseconds (a write in place moves them, a replacing rename changes the inode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Stamp {
+    /// The inode number.
+    pub inode: u64,
+    /// Last modification, nanoseconds since the Unix epoch.
+    pub modified_ns: i128,
+    /// Last status change, nanoseconds since the Unix epoch.
+    pub changed_ns: i128,
 }
 
 /// The message for a file with several hard links.
@@ -75,7 +89,7 @@ mod linux {
 
     use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
 
-    use super::{Entry, EntryKind, File, ToolError, Written, hard_link_refusal};
+    use super::{Entry, EntryKind, File, Stamp, ToolError, Written, hard_link_refusal};
 
     /// How every path is resolved: beneath the root, no `/proc` magic links.
     const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
@@ -278,6 +292,49 @@ mod linux {
             remove_at(&parent, name).map_err(|errno| fs_error(display, errno))
         }
 
+        /// Removes the folder `relative` only when it is empty (a folder with anything in it is
+        /// an error that says so).
+        pub fn remove_empty_dir(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
+            let (parent, name) = self.parent_of(relative, display)?;
+            rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR).map_err(|errno| match errno {
+                Errno::NOTEMPTY | Errno::EXIST => {
+                    ToolError::Failed(format!("{display} is a folder that is not empty"))
+                }
+                errno => fs_error(display, errno),
+            })
+        }
+
+        /// Where the symbolic link `relative` points (the link itself, never followed).
+        pub fn read_link(&self, relative: &Path, display: &str) -> Result<PathBuf, ToolError> {
+            let (parent, name) = self.parent_of(relative, display)?;
+            let target = rustix::fs::readlinkat(&parent, name, Vec::new())
+                .map_err(|errno| fs_error(display, errno))?;
+            Ok(PathBuf::from(OsString::from_vec(target.into_bytes())))
+        }
+
+        /// Creates the symbolic link `relative` pointing to `target` (its parent folders are
+        /// made); an existing entry is an error. Nothing is followed: opening through the link
+        /// later is judged like any other path.
+        pub fn create_symlink(
+            &self,
+            relative: &Path,
+            display: &str,
+            target: &Path,
+        ) -> Result<(), ToolError> {
+            let Some(name) = relative.file_name() else {
+                return Err(ToolError::InvalidArguments(format!(
+                    "{display} names the workspace root"
+                )));
+            };
+            let parent =
+                self.open_dir_creating(relative.parent().unwrap_or(Path::new("")), display)?;
+            rustix::fs::symlinkat(target, &parent, name).map_err(|errno| match errno {
+                Errno::EXIST => ToolError::Failed(format!("{display} already exists")),
+                errno => fs_error(display, errno),
+            })?;
+            self.chown_at(&parent, name, display)
+        }
+
         /// Writes what `reader` gives to `relative` atomically (see [`Root::write_atomic`]);
         /// with `replace` false an existing file is an error. Answers the bytes written.
         pub fn write_atomic_from(
@@ -456,6 +513,7 @@ mod linux {
             };
             let seconds = u64::try_from(stat.st_mtime).unwrap_or(0);
             let nanos = u64::try_from(stat.st_mtime_nsec).unwrap_or(0);
+            let ns = |seconds: i128, nanos: i128| seconds * 1_000_000_000 + nanos;
             Entry {
                 name,
                 kind,
@@ -463,6 +521,11 @@ mod linux {
                 modified_ms: seconds
                     .saturating_mul(1000)
                     .saturating_add(nanos / 1_000_000),
+                stamp: Stamp {
+                    inode: u64::from(stat.st_ino),
+                    modified_ns: ns(stat.st_mtime.into(), stat.st_mtime_nsec as i128),
+                    changed_ns: ns(stat.st_ctime.into(), stat.st_ctime_nsec as i128),
+                },
             }
         }
     }
@@ -659,6 +722,23 @@ mod unsupported {
         }
 
         pub fn remove(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn remove_empty_dir(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn read_link(&self, _relative: &Path, _display: &str) -> Result<PathBuf, ToolError> {
+            unsupported()
+        }
+
+        pub fn create_symlink(
+            &self,
+            _relative: &Path,
+            _display: &str,
+            _target: &Path,
+        ) -> Result<(), ToolError> {
             unsupported()
         }
 

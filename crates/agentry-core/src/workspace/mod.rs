@@ -10,7 +10,8 @@
 //! since another link may live outside the workspace.
 //!
 //! The file tools (`read_file`, `write_file`, … in the `agentry-tools` crate) and `<file>`
-//! references in user messages ([`file_refs`](crate::file_refs)) both go through it.
+//! references in user messages ([`file_refs`](crate::file_refs)) both go through it, and so
+//! does the per-turn [`journal`] of what tools changed.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -18,9 +19,10 @@ use crate::tool::ToolError;
 
 mod attach;
 mod confine;
+pub mod journal;
 
 pub use attach::{Attachment, read_attachment};
-pub use confine::{Entry, EntryKind, Root, Written};
+pub use confine::{Entry, EntryKind, Root, Stamp, Written};
 
 /// How many leading bytes decide whether a file is binary.
 pub const BINARY_SNIFF_BYTES: usize = 8 * 1024;

@@ -1,5 +1,5 @@
 //! Session routes: list, search, inspect, stream (attach at any time), fork, title, read,
-//! continue, delete.
+//! continue, delete; what each turn changed in the workspace, and revoking turns.
 
 use std::convert::Infallible;
 
@@ -27,7 +27,7 @@ use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
     BadGateway, BadRequest, Conflict, JsonBodyErrors, NotFound, PayloadTooLarge, RunStreamEvent,
-    SessionPath,
+    ServiceUnavailable, SessionPath,
 };
 use crate::state::AppState;
 
@@ -43,6 +43,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(title))
         .routes(routes!(read))
         .routes(routes!(continue_run))
+        .routes(routes!(file_turns))
+        .routes(routes!(file_turn_diff))
+        .routes(routes!(revoke))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -441,6 +444,120 @@ async fn remove(
     let record = state.session_record(&id).await?;
     state.delete_session(record.id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The turns whose tools changed files in the session's workspace.
+#[derive(Debug, serde::Serialize, ToSchema)]
+struct FileTurns {
+    /// The session.
+    session_id: String,
+    /// The turns, oldest first.
+    turns: Vec<agentry_app::turn_files::FileTurn>,
+}
+
+/// Lists the turns of a session whose tools changed files in its workspace, with the paths
+/// each changed (the per-turn file journal).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/file-journals",
+    tag = "sessions",
+    operation_id = "session_file_turns",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "The turns, oldest first.", body = FileTurns),
+        BadRequest,
+        NotFound,
+        ServiceUnavailable,
+    )
+)]
+async fn file_turns(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Result<Json<FileTurns>, ApiError> {
+    let turns = state.file_turns(&caller, &id).await?;
+    Ok(Json(FileTurns {
+        session_id: id,
+        turns,
+    }))
+}
+
+/// A turn's file changes with their contents and unified diffs.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/file-journals/{turn}",
+    tag = "sessions",
+    operation_id = "session_file_turn_diff",
+    params(
+        SessionPath,
+        ("turn" = String, Path, description = "The turn: its run id, or its user message's time (ISO 8601)."),
+    ),
+    responses(
+        (status = 200, description = "The turn's changes.", body = agentry_app::turn_files::TurnDiff),
+        BadRequest,
+        NotFound,
+        ServiceUnavailable,
+    )
+)]
+async fn file_turn_diff(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path((id, turn)): Path<(String, String)>,
+) -> Result<Json<agentry_app::turn_files::TurnDiff>, ApiError> {
+    Ok(Json(state.file_turn_diff(&caller, &id, &turn).await?))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct RevokeBody {
+    /// The first turn to revoke, by its run id.
+    #[serde(default)]
+    run_id: Option<String>,
+    /// Or by the time of its user message (ISO 8601, as the seed's clients send it).
+    #[serde(default)]
+    timestamp: Option<String>,
+    /// Overwrite files someone changed since those turns (default: such a conflict is a 409
+    /// and nothing is done).
+    #[serde(default, alias = "forced")]
+    force: bool,
+    /// Leave the files as they are: only the conversation goes back.
+    #[serde(default)]
+    keep_files: bool,
+}
+
+/// Revokes a turn and every later one: the files their tools changed are put back (created
+/// ones removed, deleted ones restored) and the conversation goes back to before the turn's
+/// user message. The revoked events stay in the log (a `revoked` event marks the cut).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/revoke",
+    tag = "sessions",
+    operation_id = "revoke_session_turn",
+    params(SessionPath),
+    request_body = RevokeBody,
+    responses(
+        (status = 200, description = "Revoked.", body = agentry_app::turn_files::RevokeOutcome),
+        BadRequest,
+        PayloadTooLarge,
+        NotFound,
+        Conflict,
+        ServiceUnavailable,
+    )
+)]
+async fn revoke(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<Json<agentry_app::turn_files::RevokeOutcome>, ApiError> {
+    let body: RevokeBody = optional_json(body)?;
+    let request = agentry_app::turn_files::RevokeRequest {
+        run_id: body.run_id,
+        timestamp: body.timestamp,
+        force: body.force,
+        keep_files: body.keep_files,
+    };
+    Ok(Json(state.revoke_turn(&caller, &id, request).await?))
 }
 
 /// A JSON body that may be left out entirely (an empty body means the defaults); a body that is

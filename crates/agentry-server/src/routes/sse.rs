@@ -135,6 +135,8 @@ impl SseMapper {
             SessionEvent::ApprovalRequested { .. } => vec![named("approval.requested")],
             SessionEvent::ApprovalDecided { .. } => vec![named("approval.decided")],
             SessionEvent::ContextCompacted { .. } => vec![named("context.compacted")],
+            // Turns were revoked: the conversation is again what it was after `after_seq`.
+            SessionEvent::Revoked { .. } => vec![named("session.revoked")],
             SessionEvent::Group { event, .. } => {
                 vec![named(crate::routes::groups::sse_name(event))]
             }

@@ -13,6 +13,7 @@ mod mcp_servers;
 mod memories;
 mod openapi;
 mod ops;
+mod revoke;
 mod runs;
 mod sandboxes;
 mod schedules;

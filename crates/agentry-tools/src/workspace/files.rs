@@ -26,6 +26,12 @@ const LISTED_MATCHES: usize = 10;
 fn open(context: &ToolContext, path: &str) -> Result<(Root, PathBuf, String), ToolError> {
     let workspace = workspace_of(context)?;
     let relative = relative_path(&workspace, path)?;
+    // A session's workspace is made on first use, by whichever tool comes first.
+    if !workspace.exists() {
+        std::fs::create_dir_all(&workspace).map_err(|error| {
+            ToolError::Failed(format!("the workspace folder cannot be made: {error}"))
+        })?;
+    }
     let root = Root::open(&workspace)?;
     let display = display_path(&relative);
     Ok((root, relative, display))

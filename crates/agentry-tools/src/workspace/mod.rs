@@ -10,6 +10,8 @@
 //!   `.gitignore`.
 //! - `search`: a regex or literal search over the workspace's files (the `grep` crates, walking
 //!   with `ignore`), results as `path:line: text`.
+//! - `undo`: puts back the file changes of the session's latest turn that changed files (the
+//!   per-turn file journal, [`agentry_core::workspace::journal`]); offered when there is one.
 //! - `fetch`: an HTTP GET under a [`NetworkPolicy`](crate::NetworkPolicy) (off unless
 //!   configured), HTML reduced to text.
 //!
@@ -26,6 +28,7 @@ use agentry_core::tool::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 mod fetch;
 mod files;
 mod search;
+mod undo;
 
 pub use fetch::{FetchConfig, validate_network_policy};
 
@@ -39,6 +42,8 @@ pub const EDIT_FILE: &str = "edit_file";
 pub const LIST_DIR: &str = "list_dir";
 /// The name of the `search` tool.
 pub const SEARCH: &str = "search";
+/// The name of the `undo` tool.
+pub const UNDO: &str = "undo";
 /// The name of the `fetch` tool.
 pub const FETCH: &str = "fetch";
 
@@ -95,6 +100,11 @@ pub fn workspace_tools(config: WorkspaceToolsConfig) -> Vec<Arc<dyn Tool>> {
         ));
     }
     tools
+}
+
+/// The `undo` tool over a session file journal, ready to register.
+pub fn undo_tool(journal: Arc<agentry_core::workspace::journal::FileJournal>) -> Arc<dyn Tool> {
+    Arc::new(undo::undo(journal).with_risk(ToolRisk::of(RiskClass::WritesFiles)))
 }
 
 /// The workspace root of a call, or the error saying there is none.

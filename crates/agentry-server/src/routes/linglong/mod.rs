@@ -8,6 +8,8 @@
 //!   `data: {"session_id"}` for a session, and `data: [DONE]` last (header `X-Session-Id`);
 //! - `POST /linglong/v1/infer/abort`, and the models, tools (Python function tools included),
 //!   MCP servers, prompt templates, env (keys), sessions and setup routes of its README;
+//! - its file journals and revoke (a conflict is its `409 {"error": "JournalConflict",
+//!   "message", "files", "can_force": true}`);
 //! - its workspace file manager ([`workspace`]), whose uploads also speak tus 1.0 ([`tus`]).
 //!
 //! Errors are the seed's `{"error": "<message>"}` (with an `error_code`), with Agentry's
@@ -64,7 +66,13 @@ pub fn routes() -> Router<AppState> {
         .merge(tus::routes())
         .route("/sessions", get(sessions))
         .route("/sessions/{id}", get(session).delete(delete_session))
-        .route("/sessions/{id}/generate-title", post(generate_title));
+        .route("/sessions/{id}/generate-title", post(generate_title))
+        .route("/sessions/{id}/revoke", post(revoke))
+        .route("/sessions/{id}/file-journals", get(file_journals))
+        .route(
+            "/sessions/{id}/file-journals/{turn}",
+            get(file_journal_diff),
+        );
     Router::new().nest(&format!("{PREFIX}/v1"), v1)
 }
 
@@ -249,6 +257,48 @@ async fn generate_title(
     ok(state
         .seed_generate_title(&caller, &id, json_body(&body)?)
         .await?)
+}
+
+async fn revoke(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    match state.seed_revoke(&caller, &id, json_body(&body)?).await {
+        Ok(body) => ok(body),
+        Err(error) if error.code == "journal_conflict" => {
+            let files = error
+                .details
+                .as_ref()
+                .and_then(|details| details.get("files").cloned())
+                .unwrap_or_else(|| json!([]));
+            let body = json!({
+                "error": "JournalConflict",
+                "message": error.message,
+                "files": files,
+                "can_force": true,
+            });
+            Ok((StatusCode::CONFLICT, Json(body)).into_response())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn file_journals(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    ok(state.seed_file_journals(&caller, &id).await?)
+}
+
+async fn file_journal_diff(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path((id, turn)): Path<(String, String)>,
+) -> Answer {
+    ok(state.seed_file_journal_diff(&caller, &id, &turn).await?)
 }
 
 async fn create_tool(State(state): State<AppState>, body: Bytes) -> Answer {
