@@ -40,6 +40,7 @@ pub mod schema;
 pub mod session_service;
 pub mod store_log;
 pub mod submission;
+pub mod terminals;
 pub mod titles;
 pub mod turn_files;
 pub mod tus;
@@ -101,6 +102,8 @@ pub struct App {
     pub tools: ToolEnvironment,
     /// The standalone sandboxes (made with `tools.sandboxes`' backend).
     pub sandboxes: SandboxRegistry,
+    /// The open PTY terminals in sessions' sandboxes.
+    pub terminals: terminals::Terminals,
     /// MCP servers' requests for input waiting for a person, by run.
     pub elicitations: Elicitations,
     /// The group exchanges going on.
@@ -167,6 +170,7 @@ impl App {
             shutdown: CancellationToken::new(),
             mcp_expose_tools: false,
             sandboxes: SandboxRegistry::new(tools.sandbox_root.clone()),
+            terminals: terminals::Terminals::default(),
             tools,
             elicitations,
             groups: LiveGroups::default(),

@@ -39,6 +39,7 @@ mod proxy;
 mod report;
 mod sandbox;
 mod sys;
+mod tty;
 
 pub use backend::{Backend, LocalBackend, NativeBackend, backend};
 pub use error::{Result, SandboxError};
@@ -53,3 +54,4 @@ pub use report::{
     NetworkReport, SandboxReport,
 };
 pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExecStdout, ExitStatus, Sandbox};
+pub use tty::{TtyProcess, TtySize};

@@ -79,13 +79,16 @@ pub(crate) struct Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Op {
-    /// Start a command. Descriptors: stdin (if `stdin`), stdout, stderr.
+    /// Start a command. Descriptors: stdin (if `stdin`), stdout, stderr. With `tty` the three
+    /// are a pseudo-terminal's slave, which becomes the command's controlling terminal.
     Exec {
         exec: u64,
         argv: Vec<String>,
         env: Vec<(String, String)>,
         cwd: Option<String>,
         stdin: bool,
+        #[serde(default)]
+        tty: bool,
     },
     /// Kill a command and every process it started, daemons included.
     Kill { exec: u64 },

@@ -289,7 +289,7 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    fn touch(&self) {
+    pub(crate) fn touch(&self) {
         *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
@@ -413,6 +413,7 @@ impl Sandbox {
             env: req.env.into_iter().collect(),
             cwd: req.cwd.clone(),
             stdin: req.stdin,
+            tty: false,
         };
         if let Err(e) = conn.request(op, &fds).await {
             conn.forget_exit(exec);
@@ -451,6 +452,53 @@ impl Sandbox {
             stdin: stdin_tx,
             control: control_tx,
         })
+    }
+
+    /// Starts a command on a new pseudo-terminal of `size` (an interactive shell, a REPL, a
+    /// full-screen program): it is the command's controlling terminal and its stdin, stdout and
+    /// stderr; `TERM` is `xterm-256color` unless the request sets it. The request's timeout
+    /// does not apply (a terminal lives until it is killed or its program exits).
+    pub async fn exec_tty(
+        &self,
+        req: ExecRequest,
+        size: crate::tty::TtySize,
+    ) -> Result<crate::tty::TtyProcess> {
+        if req.argv.is_empty() {
+            return Err(SandboxError::InvalidRequest("empty argv".into()));
+        }
+        self.inner.touch();
+        let conn = self.inner.conn.clone();
+        let (master, slave) = crate::tty::open_pair(size)?;
+        let exec = conn.next_id();
+        let exit_rx = conn.register_exit(exec);
+        let mut env = req.env;
+        env.entry("TERM".into())
+            .or_insert_with(|| "xterm-256color".into());
+        let op = Op::Exec {
+            exec,
+            argv: req.argv,
+            env: env.into_iter().collect(),
+            cwd: req.cwd,
+            stdin: true,
+            tty: true,
+        };
+        self.inner
+            .running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let inner = self.inner.clone();
+        let on_exit = Box::new(move || {
+            inner
+                .running
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            inner.touch();
+        });
+        let started = crate::tty::start(conn, exec, op, master, slave, exit_rx, on_exit).await;
+        if started.is_err() {
+            self.inner
+                .running
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        started
     }
 
     /// Runs a command to the end and collects its output.

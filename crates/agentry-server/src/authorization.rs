@@ -56,7 +56,8 @@ fn user_may(method: &Method, path: &str) -> bool {
             || under("/v1/workspace")
             || under("/v1/runs")
             || under("/v1/groups")
-            || under("/v1/sandboxes") =>
+            || under("/v1/sandboxes")
+            || under("/v1/terminals") =>
         {
             true
         }

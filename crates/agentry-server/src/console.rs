@@ -4,7 +4,8 @@
 //! Every asset is served with its content type, a strong `ETag` (a hash of its bytes, so a
 //! reload costs a 304), `Cache-Control: no-cache` (always revalidated: a new binary is seen at
 //! once), `X-Content-Type-Options: nosniff`, and the page with a strict Content-Security-Policy
-//! (`'self'` only: no inline script, nothing from elsewhere). The console's routes need no
+//! (`'self'` only: no inline script, nothing from elsewhere; `<style>` elements only with the
+//! page's per-response nonce). The console's routes need no
 //! authentication — the page shows a login form when the API asks for a key — and are not in
 //! the OpenAPI document.
 
@@ -18,10 +19,15 @@ use axum::routing::get;
 use sha2::{Digest, Sha256};
 
 /// What the console page may load: only its own assets, its own API, `data:`/`blob:` images
-/// (attachments), and styles from its own stylesheet.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
-     img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
-     frame-ancestors 'none'; form-action 'self'";
+/// (attachments), styles from its own stylesheets, and `<style>` elements carrying the page's
+/// nonce (the terminal panel's renderer, xterm.js, makes such elements for its theme; the page
+/// stamps the nonce on them as they are created). `{nonce}` is replaced per response.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self' 'nonce-{nonce}'; img-src 'self' data: blob:; connect-src 'self'; \
+     object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'";
+
+/// Where the page carries its nonce (`<meta name="csp-nonce" content="…">`).
+const NONCE_SLOT: &str = "{{CSP_NONCE}}";
 
 /// One embedded file.
 struct Asset {
@@ -55,6 +61,10 @@ const ASSETS: &[Asset] = assets! {
     "js/trace.js" => "text/javascript; charset=utf-8",
     "js/runs.js" => "text/javascript; charset=utf-8",
     "js/schedules.js" => "text/javascript; charset=utf-8",
+    "js/terminal.js" => "text/javascript; charset=utf-8",
+    "vendor/xterm/xterm.mjs" => "text/javascript; charset=utf-8",
+    "vendor/xterm/addon-fit.mjs" => "text/javascript; charset=utf-8",
+    "vendor/xterm/xterm.css" => "text/css; charset=utf-8",
 };
 
 /// Each asset's ETag (a hash of its bytes), in `ASSETS`' order: computed once, at the first
@@ -106,6 +116,9 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
         )
             .into_response();
     };
+    if asset.path == "index.html" {
+        return page(asset);
+    }
     let etag = ETAGS.get(index).map_or("", String::as_str);
     let fresh = request
         .get(header::IF_NONE_MATCH)
@@ -125,16 +138,38 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    if asset.path == "index.html" {
-        headers.insert(
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-        );
-        headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-        headers.insert(
-            header::REFERRER_POLICY,
-            HeaderValue::from_static("same-origin"),
-        );
+    response
+}
+
+/// The page, with a fresh nonce in its CSP and in its `csp-nonce` meta element (so never a
+/// 304: each response differs).
+fn page(asset: &Asset) -> Response {
+    let mut bytes = [0u8; 18];
+    if getrandom::fill(&mut bytes).is_err() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "no randomness for the page's nonce",
+        )
+            .into_response();
     }
+    let nonce: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    let body = asset.body.replace(NONCE_SLOT, &nonce);
+    let policy = CONTENT_SECURITY_POLICY.replace("{nonce}", &nonce);
+    let mut response = ([(header::CONTENT_TYPE, asset.content_type)], body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    if let Ok(policy) = HeaderValue::from_str(&policy) {
+        headers.insert(header::CONTENT_SECURITY_POLICY, policy);
+    }
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
     response
 }

@@ -90,6 +90,7 @@ pub async fn serve(
     let hub = state.hub.clone();
     let mcp = state.mcp.clone();
     let sandboxes = state.sandboxes.clone();
+    let terminals = state.terminals.clone();
     let pool = state.tools.sandboxes.clone();
     let app = router(state);
     // One router for every connection: `into_make_service` hands each a cheap clone, where
@@ -110,6 +111,7 @@ pub async fn serve(
     // MCP servers' processes and sessions end with us, not when the OS gets to them.
     mcp.shutdown().await;
     // Sandboxes too: every process in them is killed, standalone workspaces are removed.
+    terminals.close_all();
     sandboxes.close_all().await;
     if let Some(pool) = pool {
         pool.close_all().await;

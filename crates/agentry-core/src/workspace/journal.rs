@@ -221,14 +221,14 @@ struct Manifest {
 /// The state of the workspace before a round, to compare with after it.
 #[derive(Debug)]
 pub struct RoundMark {
-    manifest: Manifest,
+    manifest: Arc<Manifest>,
 }
 
 /// A session's journal state in memory.
 #[derive(Debug, Default)]
 struct SessionState {
     /// The latest scan, whose hashes the next scan reuses.
-    manifest: Option<Manifest>,
+    manifest: Option<Arc<Manifest>>,
     /// The turns, oldest first (loaded on first use).
     turns: Option<Vec<TurnFiles>>,
     /// Contents kept since the last collection, which may have become garbage.
@@ -317,10 +317,11 @@ impl FileJournal {
         let manifest = self.scan(
             session,
             workspace,
-            state.manifest.as_ref(),
+            state.manifest.as_deref(),
             &mut state.fresh,
         )?;
-        state.manifest = Some(manifest.clone());
+        let manifest = Arc::new(manifest);
+        state.manifest = Some(Arc::clone(&manifest));
         Ok(RoundMark { manifest })
     }
 
@@ -337,25 +338,42 @@ impl FileJournal {
         let mut state = locked(&state);
         let after = self.scan(session, &before.workspace, Some(&before), &mut state.fresh)?;
         let mut changed = BTreeMap::new();
-        let paths: BTreeSet<&String> = before.entries.keys().chain(after.entries.keys()).collect();
-        for path in paths {
-            let was = before
-                .entries
-                .get(path)
-                .map_or(FileState::Absent, |e| e.state.clone());
-            let now = after
-                .entries
-                .get(path)
-                .map_or(FileState::Absent, |e| e.state.clone());
+        // Both scans are sorted by path: one merged pass finds what differs.
+        let mut was_entries = before.entries.iter().peekable();
+        let mut now_entries = after.entries.iter().peekable();
+        loop {
+            let order = match (was_entries.peek(), now_entries.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((a, _)), Some((b, _))) => a.cmp(b),
+            };
+            let (path, was, now) = match order {
+                std::cmp::Ordering::Equal => match (was_entries.next(), now_entries.next()) {
+                    (Some((_, was)), Some((_, now))) if was.state == now.state => continue,
+                    (Some((path, was)), Some((_, now))) => {
+                        (path, was.state.clone(), now.state.clone())
+                    }
+                    _ => break,
+                },
+                std::cmp::Ordering::Less => match was_entries.next() {
+                    Some((path, was)) => (path, was.state.clone(), FileState::Absent),
+                    None => break,
+                },
+                std::cmp::Ordering::Greater => match now_entries.next() {
+                    Some((path, now)) => (path, FileState::Absent, now.state.clone()),
+                    None => break,
+                },
+            };
             let put_back_by_undo = state.undone.get(path.as_str()) == Some(&now);
-            if was != now && !put_back_by_undo {
+            if !put_back_by_undo {
                 changed.insert(path.clone(), (was, now));
             }
         }
         state.undone.clear();
         let count = changed.len();
         let workspace = after.workspace.clone();
-        state.manifest = Some(after);
+        state.manifest = Some(Arc::new(after));
         if changed.is_empty() {
             return Ok(0);
         }

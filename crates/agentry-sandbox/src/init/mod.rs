@@ -513,8 +513,9 @@ fn handle(
             env,
             cwd,
             stdin,
+            tty,
         } => (
-            spawn_exec(sock, cfg, execs, exec, argv, env, cwd, stdin, fds),
+            spawn_exec(sock, cfg, execs, exec, argv, env, cwd, stdin, tty, fds),
             None,
         ),
         Op::Kill { exec } => {
@@ -703,6 +704,7 @@ fn spawn_exec(
     env: Vec<(String, String)>,
     cwd: Option<String>,
     stdin: bool,
+    tty: bool,
     fds: Vec<OwnedFd>,
 ) -> Result<ReplyBody, RemoteError> {
     let want = if stdin { 3 } else { 2 };
@@ -756,6 +758,7 @@ fn spawn_exec(
                 sock,
                 exec,
                 local,
+                tty,
                 &cfg.rlimits,
                 fds,
                 &argv[0],
@@ -777,6 +780,7 @@ fn exec_reaper(
     sock: &OwnedFd,
     exec: u64,
     local: bool,
+    tty: bool,
     rlimits: &Rlimits,
     fds: Vec<OwnedFd>,
     name: &str,
@@ -795,7 +799,7 @@ fn exec_reaper(
         Err(_) => return 1,
         Ok(ForkResult::Child) => {
             apply_command_rlimits(rlimits);
-            let code = exec_child(local, &fds, name, prog, argv, env, dir);
+            let code = exec_child(local, tty, &fds, name, prog, argv, env, dir);
             // SAFETY: leaving the forked child after a failed exec.
             unsafe { libc::_exit(code) }
         }
@@ -824,8 +828,10 @@ fn exec_reaper(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn exec_child(
     local: bool,
+    tty: bool,
     fds: &[OwnedFd],
     name: &str,
     prog: Option<CString>,
@@ -854,6 +860,12 @@ fn exec_child(
         };
         libc::dup2(stdout, 1);
         libc::dup2(stderr, 2);
+    }
+    if tty {
+        // SAFETY: an ioctl on this process's own stdin, which is the terminal's slave; after
+        // `setsid` above the process leads a session without a terminal, so this gives it one
+        // (job control, ^C as SIGINT, SIGWINCH on resize).
+        unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) };
     }
     // The agent blocks SIGCHLD and Rust ignores SIGPIPE: commands get a clean slate.
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);

@@ -7,3 +7,4 @@ mod local;
 mod native_basic;
 mod net_proxy;
 mod resources;
+mod tty;

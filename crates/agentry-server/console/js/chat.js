@@ -4,6 +4,7 @@
 
 import { get, post, stream, ApiError } from "./api.js";
 import { h, clear, toast, errorText, json } from "./dom.js";
+import { TerminalPanel } from "./terminal.js";
 import { markdown, safeUrl } from "./markdown.js";
 import { bus } from "./app.js";
 
@@ -443,8 +444,23 @@ export class ChatView {
     if (sessionId) this.load();
   }
 
+  /** Opens (the first time: loads) or hides the session's terminal panel. */
+  toggleTerminal() {
+    if (!this.sessionId) return;
+    if (!this.terminals) {
+      this.terminals = new TerminalPanel(this.sessionId);
+      this.terminalSlot.append(this.terminals.el);
+      this.terminalSlot.classList.remove("hidden");
+      this.terminals.load();
+      return;
+    }
+    this.terminalSlot.classList.toggle("hidden");
+    if (!this.terminalSlot.classList.contains("hidden") && this.terminals.current) this.terminals.show(this.terminals.current);
+  }
+
   close() {
     this.closed = true;
+    if (this.terminals) this.terminals.destroy();
     bus.removeEventListener("status", this.onStatus);
     document.removeEventListener("keydown", this.onKey);
     document.removeEventListener("click", this.onClick);
@@ -454,6 +470,9 @@ export class ChatView {
   build() {
     this.title = h("h1", {}, this.sessionId ? "…" : "New chat");
     this.traceLink = h("a", { testid: "open-trace", href: this.sessionId ? `#/trace/${this.sessionId}` : "#/chat", class: this.sessionId ? "" : "hidden" }, "Trace");
+    this.terminalButton = h("button", { testid: "open-terminal", class: this.sessionId ? "" : "hidden",
+      title: "A real shell in this session's sandbox", onclick: () => this.toggleTerminal() }, "Terminal");
+    this.terminalSlot = h("div", { class: "terminal-slot hidden" });
     this.transcriptEl = h("div", { class: "transcript", role: "log", "aria-live": "polite" },
       this.sessionId ? null : h("div", { class: "empty" }, h("h2", {}, "What should we work on?"), h("p", {}, "Pick a model or an agent, then write below. Ctrl+Enter sends, Esc stops.")));
     this.transcript = new Transcript(this.transcriptEl, this);
@@ -473,8 +492,9 @@ export class ChatView {
     this.sendButton = h("button", { class: "primary", testid: "send", onclick: () => this.send(), title: "Send (Ctrl+Enter)" }, "Send");
     this.stopButton = h("button", { class: "danger hidden", testid: "stop", onclick: () => this.stop(), title: "Stop (Esc)" }, "Stop");
     this.root.append(h("div", { class: "chat", testid: "chat" },
-      h("div", { class: "chat-head" }, this.title, this.traceLink),
+      h("div", { class: "chat-head" }, this.title, this.terminalButton, this.traceLink),
       this.transcriptEl,
+      this.terminalSlot,
       h("div", { class: "composer" },
         h("div", { class: "options" }, this.picker,
           h("div", { class: "tool-picker", testid: "tool-picker" }, this.toolButton, this.toolMenu),
@@ -740,6 +760,7 @@ export class ChatView {
     history.replaceState(null, "", `#/chat/${id}`);
     this.traceLink.href = `#/trace/${id}`;
     this.traceLink.classList.remove("hidden");
+    this.terminalButton.classList.remove("hidden");
     this.title.textContent = "New chat";
     if (this.sidebar) {
       // Its status comes from the status feed, which may already have reported it.

@@ -22,6 +22,7 @@ pub mod schedules;
 pub mod sessions;
 pub mod sse;
 pub mod status;
+pub mod terminals;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -49,6 +50,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(sandboxes::routes())
         .merge(groups::routes())
         .merge(keys::routes())
+        .merge(terminals::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.

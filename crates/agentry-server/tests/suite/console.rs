@@ -45,6 +45,26 @@ async fn the_page_and_every_asset_it_references_are_served_embedded() {
     assert_eq!(headers["x-content-type-options"], "nosniff");
     assert_eq!(headers["x-frame-options"], "DENY");
     let html = page.text().await.unwrap();
+    // `<style>` elements need the page's nonce: in the CSP and the page, fresh per response.
+    let nonce = csp
+        .split("'nonce-")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .unwrap()
+        .to_owned();
+    assert!(nonce.len() >= 24, "{csp}");
+    assert!(
+        html.contains(&format!("<meta name=\"csp-nonce\" content=\"{nonce}\">")),
+        "{html}"
+    );
+    let again = server
+        .http
+        .get(format!("{}/", server.url))
+        .send()
+        .await
+        .unwrap();
+    let policy = again.headers()["content-security-policy"].to_str().unwrap();
+    assert!(!policy.contains(&nonce), "{policy}");
 
     // Every file the page and its modules name is embedded and served with its type.
     let mut referenced: Vec<String> = Vec::new();
@@ -77,7 +97,7 @@ async fn the_page_and_every_asset_it_references_are_served_embedded() {
             .unwrap()
             .to_owned();
         let expected = match path.rsplit('.').next().unwrap() {
-            "js" => "text/javascript; charset=utf-8",
+            "js" | "mjs" => "text/javascript; charset=utf-8",
             "css" => "text/css; charset=utf-8",
             "svg" => "image/svg+xml",
             other => panic!("unexpected asset type {other}"),
@@ -85,10 +105,15 @@ async fn the_page_and_every_asset_it_references_are_served_embedded() {
         assert_eq!(kind, expected, "{path}");
         let body = response.text().await.unwrap();
         assert!(!body.trim().is_empty(), "{path} is empty");
-        // Modules import their siblings: `from "./x.js"`.
+        // Modules import their siblings (`from "./x.js"`) and vendored modules
+        // (`from "../vendor/…"`).
         for piece in body.split("from \"./").skip(1) {
             let name = piece.split('"').next().unwrap();
             referenced.push(format!("/console/js/{name}"));
+        }
+        for piece in body.split("from \"../").skip(1) {
+            let name = piece.split('"').next().unwrap();
+            referenced.push(format!("/console/{name}"));
         }
     }
     let embedded: Vec<&str> = agentry_server::console::asset_paths().collect();

@@ -20,5 +20,6 @@ mod schedules;
 mod security;
 mod sessions;
 mod support;
+mod terminals;
 mod webhooks;
 mod workspace_files;

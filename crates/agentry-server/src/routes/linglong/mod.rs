@@ -8,6 +8,11 @@
 //!   `data: {"session_id"}` for a session, and `data: [DONE]` last (header `X-Session-Id`);
 //! - `POST /linglong/v1/infer/abort`, and the models, tools (Python function tools included),
 //!   MCP servers, prompt templates, env (keys), sessions and setup routes of its README;
+//! - its terminals: `GET /v1/terminals` (`{"terminals": [{"terminal_id", "session_id"}]}`),
+//!   `DELETE /v1/terminals/{id}` (a terminal's id, or a session's, with or without `:auto`),
+//!   and `WS /v1/terminals/ws?terminal_id=<session>[:auto]&cols&rows` (the session's terminal,
+//!   made when it has none; `{"__terminal_id"}` first, output as text frames, `{"__resize":
+//!   true, "cols", "rows"}` resizes, anything else is keystrokes);
 //! - its file journals and revoke (a conflict is its `409 {"error": "JournalConflict",
 //!   "message", "files", "can_force": true}`);
 //! - its workspace file manager ([`workspace`]), whose uploads also speak tus 1.0 ([`tus`]).
@@ -72,7 +77,10 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/sessions/{id}/file-journals/{turn}",
             get(file_journal_diff),
-        );
+        )
+        .route("/terminals", get(terminals))
+        .route("/terminals/ws", get(terminal_socket))
+        .route("/terminals/{id}", delete(close_terminal));
     Router::new().nest(&format!("{PREFIX}/v1"), v1)
 }
 
@@ -299,6 +307,87 @@ async fn file_journal_diff(
     Path((id, turn)): Path<(String, String)>,
 ) -> Answer {
     ok(state.seed_file_journal_diff(&caller, &id, &turn).await?)
+}
+
+async fn terminals(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
+    let listed = state.list_terminals(&caller, None).await?;
+    let terminals: Vec<Value> = listed
+        .into_iter()
+        .map(|t| json!({"terminal_id": t.terminal_id, "session_id": t.session_id}))
+        .collect();
+    ok(json!({"terminals": terminals}))
+}
+
+async fn close_terminal(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    let missing = || AppError::not_found(format!("Terminal not found: {id}"));
+    if state.terminal(&caller, &id).await.is_ok() {
+        state.close_terminal(&caller, &id).await?;
+        return ok(json!({"status": "deleted", "terminal_id": id}));
+    }
+    // A session's terminal, named by the session (`<session>:auto` or bare).
+    let session = id.strip_suffix(":auto").unwrap_or(&id);
+    let listed = state
+        .list_terminals(&caller, Some(session))
+        .await
+        .map_err(|_| missing())?;
+    if listed.is_empty() {
+        return Err(missing().into());
+    }
+    for terminal in listed {
+        state.close_terminal(&caller, &terminal.terminal_id).await?;
+    }
+    ok(json!({"status": "deleted", "terminal_id": id}))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct TerminalSocketQuery {
+    terminal_id: Option<String>,
+    cols: Option<u16>,
+    rows: Option<u16>,
+    /// The seed's workspace folder: a session's workspace is its own here.
+    #[allow(dead_code)]
+    workspace: Option<String>,
+}
+
+async fn terminal_socket(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    query: Result<Query<TerminalSocketQuery>, axum::extract::rejection::QueryRejection>,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Answer {
+    let Query(query) = query.map_err(|rejection| AppError::bad_request(rejection.body_text()))?;
+    let Some(named) = query.terminal_id else {
+        return Err(
+            AppError::bad_request("Failed to create terminal: terminal_id is required").into(),
+        );
+    };
+    let session = named.split(':').next().unwrap_or_default();
+    let terminal = state
+        .session_terminal(&caller, session, query.cols, query.rows)
+        .await?;
+    let upgrade = upgrade.map_err(|rejection| {
+        AppError::bad_request(format!(
+            "this is a WebSocket endpoint ({})",
+            rejection.body_text()
+        ))
+    })?;
+    let attachment = terminal.attach();
+    let shutdown = state.shutdown.clone();
+    Ok(upgrade.on_upgrade(move |socket| {
+        crate::routes::terminals::socket_loop(
+            socket,
+            attachment,
+            crate::routes::terminals::Flavour::Seed { hello: true },
+            shutdown,
+        )
+    }))
 }
 
 async fn create_tool(State(state): State<AppState>, body: Bytes) -> Answer {

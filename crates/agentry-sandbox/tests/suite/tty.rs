@@ -1,0 +1,109 @@
+//! Commands on a pseudo-terminal: a REPL sees a terminal, is driven by keystrokes, follows a
+//! resize, takes ^C as an interrupt, and ends with its exit code.
+
+use std::time::Duration;
+
+use agentry_sandbox::{Backend, ExecRequest, SandboxSpec, TtyProcess, TtySize};
+
+use super::common::{local, native};
+
+/// Reads until `needle` shows up (or ten seconds pass); answers everything read.
+async fn read_until(tty: &TtyProcess, seen: &mut String, needle: &str) {
+    let mut buf = vec![0u8; 4096];
+    let wait = async {
+        while !seen.contains(needle) {
+            let read = tty.read(&mut buf).await.unwrap();
+            assert!(read > 0, "the terminal ended before {needle:?}: {seen:?}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..read]));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("no {needle:?} in {seen:?}"));
+}
+
+async fn drive_python(backend: std::sync::Arc<dyn Backend>) {
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = backend.create(SandboxSpec::new(dir.path())).await.unwrap();
+    let tty = sandbox
+        .exec_tty(
+            ExecRequest::new(["/usr/bin/python3", "-i", "-q"]),
+            TtySize {
+                cols: 100,
+                rows: 30,
+            },
+        )
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    read_until(&tty, &mut seen, ">>> ").await;
+    tty.write_all(
+        b"import os, sys; print(sys.stdin.isatty(), os.get_terminal_size(), os.environ['TERM'])\n",
+    )
+    .await
+    .unwrap();
+    read_until(&tty, &mut seen, "xterm-256color").await;
+    assert!(
+        seen.contains("True os.terminal_size(columns=100, lines=30)"),
+        "{seen}"
+    );
+    tty.resize(TtySize {
+        cols: 132,
+        rows: 43,
+    })
+    .unwrap();
+    seen.clear();
+    tty.write_all(b"print(os.get_terminal_size())\n")
+        .await
+        .unwrap();
+    read_until(&tty, &mut seen, "columns=132, lines=43").await;
+    // ^C interrupts what runs, and the REPL goes on.
+    seen.clear();
+    tty.write_all(b"import time; time.sleep(30)\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tty.write_all(b"\x03").await.unwrap();
+    read_until(&tty, &mut seen, "KeyboardInterrupt").await;
+    tty.write_all(b"6 * 7\n").await.unwrap();
+    read_until(&tty, &mut seen, "42").await;
+    tty.write_all(b"exit(3)\n").await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), tty.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code, Some(3), "{status:?}");
+    let mut rest = vec![0u8; 4096];
+    while tty.read(&mut rest).await.unwrap() > 0 {}
+    sandbox.close().await;
+}
+
+#[tokio::test]
+async fn a_repl_on_a_terminal_in_the_native_sandbox() {
+    drive_python(native()).await;
+}
+
+#[tokio::test]
+async fn a_repl_on_a_terminal_in_the_local_backend() {
+    drive_python(local()).await;
+}
+
+/// A terminal killed on request ends, and says so.
+#[tokio::test]
+async fn a_killed_terminal_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = native().create(SandboxSpec::new(dir.path())).await.unwrap();
+    let tty = sandbox
+        .exec_tty(
+            ExecRequest::new(["/bin/bash", "--norc", "-i"]),
+            TtySize::default(),
+        )
+        .await
+        .unwrap();
+    tty.kill();
+    let status = tokio::time::timeout(Duration::from_secs(10), tty.wait())
+        .await
+        .unwrap();
+    assert!(status.killed, "{status:?}");
+    assert!(tty.exit_status().is_some());
+    sandbox.close().await;
+}
