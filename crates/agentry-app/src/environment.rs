@@ -16,6 +16,9 @@ pub struct ToolEnvironment {
     /// the app when there are workspaces ([`crate::App::observed`]); the `undo` tool and
     /// revoking turns use it.
     pub file_journal: Option<Arc<agentry_core::workspace::journal::FileJournal>>,
+    /// The open PTY terminals in sessions' sandboxes: the `terminal` tool's and those people
+    /// open through the API (one registry, so either can be watched and typed into).
+    pub terminals: agentry_tools::PtyTerminals,
     /// The sandboxes the `exec` and `terminal` tools and command tools run in (one per session
     /// workspace); also what `/v1/sandboxes` creates sandboxes with. `None`: no sandbox, and
     /// those tools are not offered.

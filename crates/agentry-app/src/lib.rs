@@ -102,8 +102,6 @@ pub struct App {
     pub tools: ToolEnvironment,
     /// The standalone sandboxes (made with `tools.sandboxes`' backend).
     pub sandboxes: SandboxRegistry,
-    /// The open PTY terminals in sessions' sandboxes.
-    pub terminals: terminals::Terminals,
     /// MCP servers' requests for input waiting for a person, by run.
     pub elicitations: Elicitations,
     /// The group exchanges going on.
@@ -170,7 +168,6 @@ impl App {
             shutdown: CancellationToken::new(),
             mcp_expose_tools: false,
             sandboxes: SandboxRegistry::new(tools.sandbox_root.clone()),
-            terminals: terminals::Terminals::default(),
             tools,
             elicitations,
             groups: LiveGroups::default(),

@@ -120,7 +120,11 @@ pub fn builtins(environment: &crate::environment::ToolEnvironment) -> Vec<Arc<dy
             ..WorkspaceToolsConfig::default()
         }));
         if let Some(sandboxes) = &environment.sandboxes {
-            tools.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
+            tools.extend(shell_tools(
+                sandboxes.clone(),
+                environment.terminals.clone(),
+                ShellToolsConfig::default(),
+            ));
         }
         if let Some(journal) = &environment.file_journal {
             tools.push(agentry_tools::undo_tool(Arc::clone(journal)));

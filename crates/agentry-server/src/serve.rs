@@ -90,7 +90,7 @@ pub async fn serve(
     let hub = state.hub.clone();
     let mcp = state.mcp.clone();
     let sandboxes = state.sandboxes.clone();
-    let terminals = state.terminals.clone();
+    let terminals = state.tools.terminals.clone();
     let pool = state.tools.sandboxes.clone();
     let app = router(state);
     // One router for every connection: `into_make_service` hands each a cheap clone, where

@@ -33,7 +33,7 @@ pub use definition::{HeaderDefinition, HostRefusal, ToolDefinition, load_definit
 pub use http::{
     EnvSecrets, HeaderValueSource, HttpTool, HttpToolConfig, SecretResolver, StaticSecrets,
 };
-pub use shell::{ShellToolsConfig, shell_tools};
+pub use shell::{PtyTerminals, ShellToolsConfig, shell_tools};
 pub use workspace::{
     FetchConfig, WorkspaceToolsConfig, undo_tool, validate_network_policy, workspace_tools,
 };

@@ -30,7 +30,7 @@ class TerminalTab {
     this.id = info.terminal_id;
     this.closed = false;
     this.retry = 0;
-    this.label = h("span", {}, info.command ? info.command[0].split("/").pop() : "shell");
+    this.label = h("span", { title: (info.command || []).join(" ") }, info.label || "shell");
     this.state = h("span", { class: "terminal-state", testid: "terminal-state" }, "connecting…");
     this.tab = h("div", { class: "terminal-tab", role: "tab", testid: "terminal-tab", dataset: { terminal: this.id },
       onclick: () => panel.show(this) },

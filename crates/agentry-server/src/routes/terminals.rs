@@ -27,7 +27,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::terminals::{Attachment, TerminalInfo};
+use agentry_app::terminals::{Attachment, PtyTerminal, TerminalInfo, info};
 
 use crate::authorization::Caller;
 use crate::error::ApiError;
@@ -135,7 +135,12 @@ async fn open(
             body.command,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(terminal.info())).into_response())
+    Ok((StatusCode::CREATED, Json(shown(&terminal)?)).into_response())
+}
+
+/// A terminal as the API shows it.
+fn shown(terminal: &PtyTerminal) -> Result<TerminalInfo, ApiError> {
+    info(terminal).ok_or_else(|| ApiError::internal("a terminal outside any session".to_owned()))
 }
 
 /// A terminal's path parameter.
@@ -164,7 +169,8 @@ async fn show(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TerminalInfo>, ApiError> {
-    Ok(Json(state.terminal(&caller, &id).await?.info()))
+    let terminal = state.terminal(&caller, &id).await?;
+    Ok(Json(shown(&terminal)?))
 }
 
 /// Closes a terminal: its program and everything it started are killed.
@@ -231,15 +237,15 @@ pub(crate) async fn socket_loop(
 ) {
     let (mut sink, mut stream) = socket.split();
     let terminal = std::sync::Arc::clone(&attachment.terminal);
-    let info = terminal.info();
+    let size = terminal.size();
     let hello = match flavour {
         Flavour::Agentry => Some(json!({
             "type": "attached",
-            "terminal_id": info.terminal_id,
-            "cols": info.cols,
-            "rows": info.rows,
+            "terminal_id": terminal.id(),
+            "cols": size.cols,
+            "rows": size.rows,
         })),
-        Flavour::Seed { hello: true } => Some(json!({"__terminal_id": info.terminal_id})),
+        Flavour::Seed { hello: true } => Some(json!({"__terminal_id": terminal.id()})),
         Flavour::Seed { hello: false } => None,
     };
     if let Some(hello) = hello
@@ -316,10 +322,7 @@ pub(crate) async fn socket_loop(
 }
 
 /// A text frame from the client: a resize, an input message, or keystrokes.
-async fn control(
-    terminal: &agentry_app::terminals::Terminal,
-    text: &str,
-) -> Result<(), agentry_app::error::AppError> {
+async fn control(terminal: &PtyTerminal, text: &str) -> Result<(), String> {
     if text.starts_with('{')
         && let Ok(Value::Object(message)) = serde_json::from_str::<Value>(text)
     {
@@ -332,16 +335,24 @@ async fn control(
         let kind = message.get("type").and_then(Value::as_str);
         if kind == Some("resize") || message.contains_key("__resize") {
             if let (Some(cols), Some(rows)) = (number("cols"), number("rows")) {
-                terminal.resize(cols, rows)?;
+                terminal
+                    .resize(cols, rows)
+                    .map_err(|error| error.to_string())?;
             }
             return Ok(());
         }
         if kind == Some("input") {
             let data = message.get("data").and_then(Value::as_str).unwrap_or("");
-            return terminal.input(data.as_bytes()).await;
+            return terminal
+                .input(data.as_bytes())
+                .await
+                .map_err(|error| error.to_string());
         }
     }
-    terminal.input(text.as_bytes()).await
+    terminal
+        .input(text.as_bytes())
+        .await
+        .map_err(|error| error.to_string())
 }
 
 /// Turns byte chunks into text without splitting a character across two frames (an

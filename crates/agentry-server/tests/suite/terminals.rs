@@ -357,3 +357,52 @@ async fn the_seeds_terminal_socket() {
         .close_all()
         .await;
 }
+
+/// The agent's `terminal` tool runs on the same terminals: listed under its session, and a
+/// person attaching sees what it ran and can type into it.
+#[tokio::test]
+async fn the_agents_terminal_is_listed_and_can_be_watched() {
+    let server = server().await;
+    server.mock.enqueue(agentry_testkit::Reply::scripted(
+        agentry_testkit::ScriptedTurn::tool_call(
+            "terminal",
+            json!({"input": "cd /tmp && echo agent-$((6 * 7))"}),
+        ),
+    ));
+    server.mock.enqueue(agentry_testkit::Reply::scripted(
+        agentry_testkit::ScriptedTurn::text("done"),
+    ));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "model_id": "mock", "text": "work", "tool_ids": ["terminal"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let session = body["session_id"].as_str().unwrap().to_owned();
+    let sent = server.mock.requests()[1].body.to_string();
+    assert!(sent.contains("agent-42\\n[exit code 0]"), "{sent}");
+
+    let (_, listed) = server
+        .get(&format!("/v1/terminals?session_id={session}"))
+        .await;
+    let terminals = listed["terminals"].as_array().unwrap();
+    assert_eq!(terminals.len(), 1, "{listed}");
+    assert_eq!(terminals[0]["opened_by"], "agent");
+    assert_eq!(terminals[0]["label"], "agent: main");
+    let id = terminals[0]["terminal_id"].as_str().unwrap().to_owned();
+    let mut socket = connect(&server, &format!("/v1/terminals/{id}/ws")).await;
+    let mut seen = String::new();
+    read_until(&mut socket, &mut seen, "agent-42").await;
+    // A person's keystrokes go to the same shell (its directory is the agent's).
+    send(&mut socket, "echo person-in-$PWD\n").await;
+    read_until(&mut socket, &mut seen, "person-in-/tmp").await;
+    server
+        .state
+        .tools
+        .sandboxes
+        .clone()
+        .unwrap()
+        .close_all()
+        .await;
+}

@@ -5,7 +5,8 @@
 //!   a long-lived process (a server, a watcher) whose output goes to a log file.
 //! - `terminal`: persistent shells that keep their state (working directory, variables,
 //!   functions, background jobs) across calls; several per session, by name; output read until
-//!   the command finishes or goes quiet.
+//!   the command finishes or goes quiet. They run on real terminals ([`pty`]) that people can
+//!   attach to.
 //!
 //! Both run in the sandbox of the run's workspace ([`SandboxPool::get`]): made on first use,
 //! shared by every call of the session, closed when idle. Without a workspace they refuse to
@@ -17,9 +18,12 @@ use std::time::Duration;
 
 use agentry_sandbox::{Sandbox, SandboxPool};
 
+pub use pty::PtyTerminals;
+
 use agentry_core::tool::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 
 mod exec;
+pub mod pty;
 mod terminal;
 
 /// The name of the `exec` tool.
@@ -58,8 +62,13 @@ impl Default for ShellToolsConfig {
     }
 }
 
-/// The shell tools (`exec`, `terminal`) over `sandboxes`, ready to register.
-pub fn shell_tools(sandboxes: SandboxPool, config: ShellToolsConfig) -> Vec<Arc<dyn Tool>> {
+/// The shell tools (`exec`, `terminal`) over `sandboxes`, ready to register; `terminal`'s
+/// shells are registered in `terminals` (where people can attach to them).
+pub fn shell_tools(
+    sandboxes: SandboxPool,
+    terminals: PtyTerminals,
+    config: ShellToolsConfig,
+) -> Vec<Arc<dyn Tool>> {
     let config = Arc::new(config);
     vec![
         Arc::new(
@@ -67,7 +76,8 @@ pub fn shell_tools(sandboxes: SandboxPool, config: ShellToolsConfig) -> Vec<Arc<
                 .with_risk(ToolRisk::of(RiskClass::RunsCommands)),
         ),
         Arc::new(
-            terminal::terminal(sandboxes, config).with_risk(ToolRisk::of(RiskClass::RunsCommands)),
+            terminal::terminal(sandboxes, terminals, config)
+                .with_risk(ToolRisk::of(RiskClass::RunsCommands)),
         ),
     ]
 }

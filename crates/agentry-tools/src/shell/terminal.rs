@@ -1,10 +1,14 @@
-//! The `terminal` tool: persistent shells in the session's sandbox.
+//! The `terminal` tool: persistent shells in the session's sandbox, on real terminals (PTYs)
+//! that people can attach to as well (`/v1/terminals`, the console's terminal panel).
 //!
-//! Each terminal is one `bash -s` reading commands from a pipe, its stderr merged into its
-//! stdout. After the input of a call the tool sends a marker command printing a fresh nonce and
-//! `$?`; output is read until that marker comes back (the command finished, with that exit
-//! code), the output goes quiet for `wait_secs`, or the shell ends. A command still running
-//! keeps its place: the next call (with no input) reads on.
+//! Each terminal is a bash on a PTY, registered in the shared [`PtyTerminals`] under the
+//! session, with the terminal's echo and bash's line editing, prompts and history expansion
+//! off, so what comes back is what the commands printed. After the input of a call the tool
+//! sends a marker command printing a fresh nonce and `$?`; output is read until that marker
+//! comes back (the command finished, with that exit code), the output goes quiet for
+//! `wait_secs`, or the shell ends. A command still running keeps its place: the next call (with
+//! no input) reads on. What the model is sent has escape sequences and carriage returns taken
+//! out.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -12,13 +16,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentry_sandbox::{ExecEvent, ExecRequest, ExitStatus, SandboxPool};
+use agentry_sandbox::{ExecRequest, ExitStatus, SandboxPool, TtySize};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt as _;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
+use tokio::sync::broadcast::error::RecvError;
 
 use super::exec::sandbox_error;
+use super::pty::{Opener, PtyTerminal, PtyTerminals};
 use super::{ShellToolsConfig, TERMINAL, head_and_tail, sandbox_for, shell};
 use agentry_core::tool::{FunctionTool, ToolContext, ToolError, ToolOutput};
 
@@ -30,6 +35,15 @@ const MAX_WAIT: Duration = Duration::from_secs(300);
 const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// How long one call may read, however chatty the command.
 const MAX_READ: Duration = Duration::from_secs(600);
+/// What the shell prints once the terminal's echo is off and it is about to start.
+const READY: &[u8] = b"\x1eready\x1e\n";
+/// How long a new shell may take to say it is ready.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// The agent's terminals are wide, so that long lines do not wrap.
+const SIZE: TtySize = TtySize {
+    cols: 200,
+    rows: 50,
+};
 
 /// Arguments of `terminal`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -61,10 +75,10 @@ struct Buffer {
 
 /// One persistent shell.
 struct Terminal {
-    stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
+    pty: Arc<PtyTerminal>,
+    registry: PtyTerminals,
     buffer: Mutex<Buffer>,
     changed: Notify,
-    kill: mpsc::UnboundedSender<()>,
     /// Markers sent whose command has not finished yet.
     pending: Mutex<Vec<String>>,
     last_used: Mutex<Instant>,
@@ -86,6 +100,12 @@ impl Terminal {
             .last_used
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+        self.pty.touch();
+    }
+
+    /// Kills the shell and takes its terminal off the shared registry.
+    fn close(&self) {
+        self.registry.close(self.pty.id());
     }
 
     fn idle_for(&self) -> Duration {
@@ -99,7 +119,11 @@ impl Terminal {
 type Terminals = Arc<Mutex<HashMap<(PathBuf, String), Arc<Terminal>>>>;
 
 /// The `terminal` tool.
-pub(super) fn terminal(sandboxes: SandboxPool, config: Arc<ShellToolsConfig>) -> FunctionTool {
+pub(super) fn terminal(
+    sandboxes: SandboxPool,
+    registry: PtyTerminals,
+    config: Arc<ShellToolsConfig>,
+) -> FunctionTool {
     let terminals: Terminals = Arc::default();
     FunctionTool::new(
         TERMINAL,
@@ -113,7 +137,13 @@ pub(super) fn terminal(sandboxes: SandboxPool, config: Arc<ShellToolsConfig>) ->
             let sandboxes = sandboxes.clone();
             let config = Arc::clone(&config);
             let terminals = Arc::clone(&terminals);
-            async move { call(&sandboxes, &config, &terminals, arguments, context).await }
+            let registry = registry.clone();
+            async move {
+                call(
+                    &sandboxes, &registry, &config, &terminals, arguments, context,
+                )
+                .await
+            }
         },
     )
     .with_timeout(MAX_READ + Duration::from_secs(30))
@@ -129,6 +159,7 @@ fn valid_name(name: &str) -> bool {
 
 async fn call(
     sandboxes: &SandboxPool,
+    registry: &PtyTerminals,
     config: &ShellToolsConfig,
     terminals: &Terminals,
     arguments: TerminalArguments,
@@ -166,7 +197,7 @@ async fn call(
         let removed = lock(terminals).remove(&key);
         return Ok(ToolOutput::text(match removed {
             Some(terminal) => {
-                let _ = terminal.kill.send(());
+                terminal.close();
                 format!("terminal {name:?} closed")
             }
             None => format!("there is no terminal {name:?}"),
@@ -185,7 +216,7 @@ async fn call(
                     ended_text(&status)
                 );
                 lock(terminals).remove(&key);
-                open(sandboxes, config, terminals, key, &context).await?
+                open(sandboxes, registry, config, terminals, key, &context).await?
             }
         },
         None => {
@@ -199,7 +230,7 @@ async fn call(
                      with close=true"
                 )));
             }
-            open(sandboxes, config, terminals, key, &context).await?
+            open(sandboxes, registry, config, terminals, key, &context).await?
         }
     };
     terminal.touch();
@@ -207,20 +238,19 @@ async fn call(
         Some(input) => {
             let marker = format!("__agentry_done_{:016x}", fastrand::u64(..));
             let script = format!("{input}\nprintf '\\n%s:%s\\n' '{marker}' \"$?\"\n");
-            let mut stdin = terminal.stdin.lock().await;
-            let Some(pipe) = stdin.as_mut() else {
-                return Err(ToolError::Failed("the terminal's input is closed".into()));
-            };
-            pipe.write_all(script.as_bytes())
+            lock(&terminal.pending).push(marker);
+            terminal
+                .pty
+                .input(script.as_bytes())
                 .await
                 .map_err(|error| ToolError::Failed(format!("the shell is gone: {error}")))?;
-            lock(&terminal.pending).push(marker);
             true
         }
         None => false,
     };
     let started = Instant::now();
     let (output, finished) = read(&terminal, wait, &context).await?;
+    let output = plain(&output);
     terminal.touch();
     let (text, cut) = head_and_tail(&output, config.max_output_bytes);
     let mut result = notes;
@@ -240,6 +270,7 @@ async fn call(
         Finished::Exit(code) => format!("[exit code {code}]"),
         Finished::ShellEnded(status) => {
             lock(terminals).retain(|_, t| !Arc::ptr_eq(t, &terminal));
+            terminal.close();
             format!(
                 "[the shell ended ({}); the next call starts a new one]",
                 ended_text(&status)
@@ -275,59 +306,63 @@ fn ended_text(status: &ExitStatus) -> String {
     }
 }
 
-/// Starts a shell for `key` and the tasks that read its output and close it when idle.
+/// Starts a shell for `key` on a terminal in the session's sandbox, and the tasks that read its
+/// output and close it when idle.
 async fn open(
     sandboxes: &SandboxPool,
+    registry: &PtyTerminals,
     config: &ShellToolsConfig,
     terminals: &Terminals,
     key: (PathBuf, String),
     context: &ToolContext,
 ) -> Result<Arc<Terminal>, ToolError> {
     let sandbox = sandbox_for(sandboxes, context).await?;
-    let mut request = ExecRequest::new([shell(), "--noprofile", "--norc", "-s"]).with_stdin();
-    if shell() == "/bin/sh" {
-        request.argv = vec![shell().to_owned(), "-s".to_owned()];
-    }
-    request.env.insert("TERM".into(), "dumb".into());
-    request.env.insert("PS1".into(), String::new());
-    let mut handle = sandbox.exec(request).await.map_err(sandbox_error)?;
-    let Some(mut stdin) = handle.take_stdin() else {
-        return Err(ToolError::Failed("the shell got no input pipe".into()));
+    // The terminal's echo goes off before the shell reads anything, then the shell starts
+    // without line editing (it would echo), prompts or history expansion.
+    let start = if shell() == "/bin/sh" {
+        "exec /bin/sh".to_owned()
+    } else {
+        "exec /bin/bash --norc --noprofile --noediting +H".to_owned()
     };
-    // Everything the shell and its commands print goes to one stream, in order.
-    stdin
-        .write_all(b"exec 2>&1\n")
+    let script = format!("stty -echo; printf '\\036ready\\036\\n'; {start}");
+    let mut request = ExecRequest::new(["/bin/sh", "-c", &script]);
+    for (name, value) in [
+        ("PS1", ""),
+        ("PS2", ""),
+        ("PAGER", "cat"),
+        ("GIT_PAGER", "cat"),
+    ] {
+        request.env.insert(name.into(), value.into());
+    }
+    let session = context.caller.as_ref().and_then(|caller| caller.session);
+    let pty = registry
+        .open(
+            &sandbox,
+            session,
+            Opener::Agent(key.1.clone()),
+            request,
+            SIZE,
+        )
         .await
-        .map_err(|error| ToolError::Failed(format!("the shell is gone: {error}")))?;
-    let (kill_tx, mut kill_rx) = mpsc::unbounded_channel();
+        .map_err(sandbox_error)?;
+    let (_, mut feed) = pty.follow();
     let terminal = Arc::new(Terminal {
-        stdin: tokio::sync::Mutex::new(Some(stdin)),
+        pty,
+        registry: registry.clone(),
         buffer: Mutex::new(Buffer::default()),
         changed: Notify::new(),
-        kill: kill_tx,
         pending: Mutex::new(Vec::new()),
         last_used: Mutex::new(Instant::now()),
     });
     let reader = Arc::downgrade(&terminal);
     tokio::spawn(async move {
-        let mut kill_open = true;
         loop {
-            let event = tokio::select! {
-                event = handle.next() => event,
-                signal = kill_rx.recv(), if kill_open => {
-                    match signal {
-                        Some(()) => handle.kill(),
-                        None => kill_open = false,
-                    }
-                    continue;
-                }
-            };
+            let received = feed.recv().await;
             let Some(terminal) = reader.upgrade() else {
-                handle.kill();
                 return;
             };
-            match event {
-                Some(ExecEvent::Stdout(chunk) | ExecEvent::Stderr(chunk)) => {
+            match received {
+                Ok(chunk) => {
                     let mut buffer = terminal.buffer();
                     buffer.data.extend_from_slice(&chunk);
                     if buffer.data.len() > MAX_BUFFERED {
@@ -336,13 +371,11 @@ async fn open(
                         buffer.dropped += excess as u64;
                     }
                 }
-                Some(ExecEvent::Exit(status)) => {
-                    terminal.buffer().ended = Some(status);
-                    terminal.changed.notify_waiters();
-                    return;
+                Err(RecvError::Lagged(missed)) => {
+                    terminal.buffer().dropped += missed;
                 }
-                None => {
-                    terminal.buffer().ended = Some(ExitStatus {
+                Err(RecvError::Closed) => {
+                    let status = terminal.pty.ended().await.unwrap_or(ExitStatus {
                         code: None,
                         signal: None,
                         timed_out: false,
@@ -350,6 +383,7 @@ async fn open(
                         out_of_memory: false,
                         sandbox_closed: Some("its output ended".into()),
                     });
+                    terminal.buffer().ended = Some(status);
                     terminal.changed.notify_waiters();
                     return;
                 }
@@ -357,10 +391,11 @@ async fn open(
             terminal.changed.notify_waiters();
         }
     });
+    ready(&terminal, context).await?;
     // Closes the terminal once unused for the idle timeout (it would keep its sandbox alive).
     let watched = Arc::downgrade(&terminal);
     let idle = config.terminal_idle_timeout;
-    let registry = Arc::downgrade(terminals);
+    let local = Arc::downgrade(terminals);
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(idle.min(Duration::from_secs(30))).await;
@@ -370,10 +405,11 @@ async fn open(
             if terminal.ended().is_some() {
                 return;
             }
-            if terminal.idle_for() >= idle {
-                let _ = terminal.kill.send(());
-                if let Some(registry) = registry.upgrade() {
-                    lock(&registry).retain(|_, t| !Arc::ptr_eq(t, &terminal));
+            // A person attached keeps it open.
+            if terminal.idle_for() >= idle && terminal.pty.clients() == 0 {
+                terminal.close();
+                if let Some(local) = local.upgrade() {
+                    lock(&local).retain(|_, t| !Arc::ptr_eq(t, &terminal));
                 }
                 return;
             }
@@ -381,6 +417,58 @@ async fn open(
     });
     lock(terminals).insert(key, Arc::clone(&terminal));
     Ok(terminal)
+}
+
+/// Waits for a new shell's ready line, and drops it (and anything before it).
+async fn ready(terminal: &Terminal, context: &ToolContext) -> Result<(), ToolError> {
+    let started = Instant::now();
+    loop {
+        let notified = terminal.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let mut buffer = terminal.buffer();
+            let data = std::mem::take(&mut buffer.data);
+            let text = data
+                .iter()
+                .copied()
+                .filter(|&byte| byte != b'\r')
+                .collect::<Vec<u8>>();
+            if let Some(at) = find(&text, READY) {
+                buffer.data = text[at + READY.len()..].to_vec();
+                return Ok(());
+            }
+            buffer.data = data;
+            if let Some(status) = &buffer.ended {
+                return Err(ToolError::Failed(format!(
+                    "the shell could not start ({})",
+                    ended_text(status)
+                )));
+            }
+        }
+        let Some(left) = START_TIMEOUT.checked_sub(started.elapsed()) else {
+            terminal.close();
+            return Err(ToolError::Failed("the shell did not start in time".into()));
+        };
+        tokio::select! {
+            biased;
+            () = context.cancel.cancelled() => {
+                terminal.close();
+                return Err(ToolError::Cancelled);
+            }
+            () = &mut notified => {}
+            () = tokio::time::sleep(left) => {}
+        }
+    }
+}
+
+/// What a terminal printed, as text for the model: escape sequences (colours, cursor moves,
+/// titles) and carriage returns taken out.
+fn plain(output: &[u8]) -> Vec<u8> {
+    strip_ansi_escapes::strip(output)
+        .into_iter()
+        .filter(|&byte| byte != b'\r')
+        .collect()
 }
 
 enum Finished {

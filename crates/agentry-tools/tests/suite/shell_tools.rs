@@ -5,15 +5,17 @@
 
 use std::fs;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_core::RunRequest;
 use agentry_core::tool::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use agentry_sandbox::{BackendKind, SandboxConfig, SandboxPool, SandboxSpec};
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_tools::shell::pty::Opener;
 use agentry_tools::{
-    CommandTool, CommandToolConfig, ShellToolsConfig, WorkspaceToolsConfig, shell_tools,
-    workspace_tools,
+    CommandTool, CommandToolConfig, PtyTerminals, ShellToolsConfig, WorkspaceToolsConfig,
+    shell_tools, workspace_tools,
 };
 use agentry_types::{RunStopReason, ToolResultPart};
 use anyhow::{Context as _, Result, bail, ensure};
@@ -55,6 +57,7 @@ struct Fixture {
     workspace: PathBuf,
     pool: SandboxPool,
     registry: ToolRegistry,
+    terminals: PtyTerminals,
 }
 
 impl Fixture {
@@ -72,7 +75,8 @@ impl Fixture {
         fs::create_dir(&workspace)?;
         let pool = pool()?;
         let mut registry = ToolRegistry::default();
-        for tool in shell_tools(pool.clone(), config) {
+        let terminals = PtyTerminals::default();
+        for tool in shell_tools(pool.clone(), terminals.clone(), config) {
             registry.register_arc(tool)?;
         }
         for tool in workspace_tools(WorkspaceToolsConfig::default()) {
@@ -83,6 +87,7 @@ impl Fixture {
             workspace,
             pool,
             registry,
+            terminals,
         })
     }
 
@@ -297,6 +302,48 @@ async fn terminal_keeps_state_between_calls() -> Result<()> {
     Ok(())
 }
 
+/// The agent's terminals are real terminals in the shared registry: programs see a TTY, what
+/// they print reaches a person following the terminal (colours and all) while escape sequences
+/// never reach the model, a person's keystrokes reach the same shell, and closing it takes it
+/// off the registry.
+#[tokio::test]
+async fn the_agents_terminals_are_ptys_people_can_follow() -> Result<()> {
+    let f = Fixture::new()?;
+    let text = f
+        .text(
+            "terminal",
+            json!({"input": "[ -t 0 ] && [ -t 1 ] && echo on-a-tty; printf '\\033[1;31mred\\033[0m\\n'; stty size"}),
+        )
+        .await?;
+    assert_eq!(text, "on-a-tty\nred\n50 200\n[exit code 0]");
+    let listed = f.terminals.all();
+    ensure!(listed.len() == 1, "{listed:?}");
+    let pty = Arc::clone(&listed[0]);
+    ensure!(*pty.opener() == Opener::Agent("main".into()));
+    let (scrollback, mut feed) = pty.follow();
+    let shown = String::from_utf8_lossy(&scrollback).into_owned();
+    ensure!(shown.contains("\x1b[1;31mred\x1b[0m"), "{shown:?}");
+    f.text("terminal", json!({"input": "echo for-the-person"}))
+        .await?;
+    let mut seen = String::new();
+    while !seen.contains("for-the-person") {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), feed.recv())
+            .await?
+            .context("the terminal's feed ended")?;
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    pty.input(b"export FROM_PERSON=typed\n").await?;
+    let text = f
+        .text("terminal", json!({"input": "echo $FROM_PERSON"}))
+        .await?;
+    assert_eq!(text, "typed\n[exit code 0]");
+    f.text("terminal", json!({"close": true})).await?;
+    ensure!(f.terminals.all().is_empty());
+    ensure!(pty.ended().await.is_some());
+    f.pool.close_all().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn terminal_returns_while_a_command_runs_and_reads_on() -> Result<()> {
     let f = Fixture::new()?;
@@ -448,7 +495,11 @@ async fn a_model_runs_commands_in_its_sandbox() -> Result<()> {
         )));
         mock.enqueue(Reply::scripted(ScriptedTurn::text("42.")));
         let mut builder = builder(&mock, protocol);
-        for tool in shell_tools(pool.clone(), ShellToolsConfig::default()) {
+        for tool in shell_tools(
+            pool.clone(),
+            PtyTerminals::default(),
+            ShellToolsConfig::default(),
+        ) {
             builder.tool_arc(tool)?;
         }
         builder.limits(limits());

@@ -257,7 +257,11 @@ impl Profile {
                 ..WorkspaceToolsConfig::default()
             }));
             if let Some(sandboxes) = sandboxes {
-                available.extend(shell_tools(sandboxes.clone(), ShellToolsConfig::default()));
+                available.extend(shell_tools(
+                    sandboxes.clone(),
+                    environment.terminals.clone(),
+                    ShellToolsConfig::default(),
+                ));
             }
         }
         for name in &self.tools {
