@@ -60,9 +60,12 @@ async fn main() {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = router(state.clone());
     tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service())
-            .await
-            .unwrap()
+        axum::serve(
+            agentry_server::without_delay(listener),
+            app.into_make_service(),
+        )
+        .await
+        .unwrap()
     });
     let http = reqwest::Client::new();
     // A session (its workspace) to work in.
@@ -189,7 +192,9 @@ async fn main() {
         "{}/v1/terminals/{terminal}/ws",
         url.replacen("http", "ws", 1)
     );
-    let (mut socket, _) = tokio_tungstenite::connect_async(ws).await.unwrap();
+    let (mut socket, _) = tokio_tungstenite::connect_async_with_config(ws, None, true)
+        .await
+        .unwrap();
     // Raw mode: no line buffering, no echo by the terminal itself (cat's own output comes back).
     let _attached = socket.next().await;
     let mut samples = Vec::new();

@@ -46,9 +46,12 @@ async fn server(mock: &MockProvider) -> (String, tempfile::TempDir) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
-        axum::serve(listener, router(state).into_make_service())
-            .await
-            .unwrap()
+        axum::serve(
+            agentry_server::without_delay(listener),
+            router(state).into_make_service(),
+        )
+        .await
+        .unwrap()
     });
     (url, home)
 }

@@ -82,9 +82,12 @@ async fn serve(store: Store, mock: &MockProvider) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
-        axum::serve(listener, router(state).into_make_service())
-            .await
-            .unwrap()
+        axum::serve(
+            agentry_server::without_delay(listener),
+            router(state).into_make_service(),
+        )
+        .await
+        .unwrap()
     });
     url
 }
@@ -274,9 +277,12 @@ async fn serve_child(mock_url: String) {
     let state = AppState::new(store).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("http://{}", listener.local_addr().unwrap());
-    axum::serve(listener, router(state).into_make_service())
-        .await
-        .unwrap();
+    axum::serve(
+        agentry_server::without_delay(listener),
+        router(state).into_make_service(),
+    )
+    .await
+    .unwrap();
 }
 
 /// A process's `VmRSS` or `VmHWM` (peak), in MiB.

@@ -22,5 +22,5 @@ pub mod state;
 
 pub use error::ApiError;
 pub use routes::router;
-pub use serve::{ServeError, ServerConfig, serve};
+pub use serve::{ServeError, ServerConfig, serve, without_delay};
 pub use state::AppState;

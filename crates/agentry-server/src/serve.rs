@@ -74,6 +74,20 @@ pub async fn bind(
         })
 }
 
+/// `listener` with Nagle's algorithm off on every connection it accepts: a stream's small
+/// writes (SSE deltas, terminal output) leave at once instead of waiting up to a delayed ACK
+/// (about 40 ms) behind the previous one.
+pub fn without_delay(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt as _;
+    listener.tap_io(|stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY not set: {error}");
+        }
+    })
+}
+
 /// Serves until `state.shutdown` is cancelled. Runs that were in flight when the process last
 /// stopped are resumed first. On shutdown the server stops accepting connections and gives live
 /// runs `shutdown_grace` to finish; runs still going then stay in flight in the log and resume
@@ -95,7 +109,7 @@ pub async fn serve(
     let app = router(state);
     // One router for every connection: `into_make_service` hands each a cheap clone, where
     // serving the `Router` itself would rebuild every route's service stack per connection.
-    axum::serve(listener, app.into_make_service())
+    axum::serve(without_delay(listener), app.into_make_service())
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
     let deadline = tokio::time::Instant::now() + config.shutdown_grace;

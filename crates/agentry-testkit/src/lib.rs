@@ -29,6 +29,7 @@
 
 mod error;
 mod fixture;
+pub mod folder;
 pub mod mcp;
 mod mock;
 mod protocol;

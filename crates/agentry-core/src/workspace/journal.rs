@@ -915,36 +915,9 @@ fn put_back(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
     use std::fs;
 
-    /// Everything in `dir` (not following links): path → what it is, contents included.
-    fn tree(dir: &Path) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        let mut stack = vec![dir.to_owned()];
-        while let Some(folder) = stack.pop() {
-            for entry in fs::read_dir(&folder).unwrap() {
-                let entry = entry.unwrap();
-                let path = entry.path();
-                let name = path
-                    .strip_prefix(dir)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                let kind = entry.file_type().unwrap();
-                let what = if kind.is_dir() {
-                    stack.push(path.clone());
-                    "dir".to_owned()
-                } else if kind.is_symlink() {
-                    format!("link -> {}", fs::read_link(&path).unwrap().display())
-                } else {
-                    format!("file {:?}", fs::read(&path).unwrap())
-                };
-                out.insert(name, what);
-            }
-        }
-        out
-    }
+    use agentry_testkit::folder::snapshot as tree;
 
     fn setup() -> (tempfile::TempDir, PathBuf, FileJournal, SessionId) {
         let temp = tempfile::tempdir().unwrap();

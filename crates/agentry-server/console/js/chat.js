@@ -54,7 +54,7 @@ class Transcript {
     this.clearEmpty();
     switch (event.type) {
       case "run_started": this.runId = event.run_id; this.removeNotices(); break;
-      case "message": this.userMessage(seq, event.message); break;
+      case "message": this.userMessage(seq, event.message, event.run_id); break;
       case "assistant_message": this.assistantMessage(seq, event); break;
       case "tool_call_intent": this.capsule(event.call.id, event.call.name, event.call.arguments, event.run_id); break;
       case "tool_call_result": this.toolResult(event); break;
@@ -64,7 +64,9 @@ class Transcript {
       case "run_resumed": this.removeNotices(); break;
       case "context_compacted": this.compacted(event); break;
       case "group": this.groupEvent(event.event); break;
-      case "run_finished": this.runFinished(event); break;
+      case "run_finished": this.runFinished(event); this.view.scheduleTurnFiles(); break;
+      // Turns were revoked (here or in another tab): show the conversation as it now is.
+      case "revoked": this.view.reload(); break;
       default: break;
     }
     this.scroll();
@@ -101,7 +103,7 @@ class Transcript {
     return el;
   }
 
-  userMessage(seq, message) {
+  userMessage(seq, message, runId) {
     if (!message || message.role !== "user") return;
     this.lastUserSeq = seq;
     const images = (message.content || []).filter((p) => p.type === "image");
@@ -113,7 +115,12 @@ class Transcript {
           return src && /^(data:image\/|https?:)/.test(src) ? h("img", { class: "attachment", src, alt: "attached image" }) : null;
         })),
       h("div", { class: "actions" },
-        h("button", { testid: "fork", title: "Fork the session from this message", onclick: () => this.view.fork(seq) }, "Fork")));
+        h("button", { testid: "fork", title: "Fork the session from this message", onclick: () => this.view.fork(seq) }, "Fork"),
+        runId ? h("button", { testid: "turn-files", class: "hidden", title: "What this turn changed in the workspace",
+          onclick: () => this.view.toggleTurnFiles(el, runId) }, "Changes") : null,
+        runId ? h("button", { testid: "revoke", title: "Take back this message and everything after it, and put back the files they changed",
+          onclick: () => this.view.revoke(runId, textOf(message.content)) }, "Revoke") : null));
+    if (runId) el.dataset.runId = runId;
     this.root.append(el);
   }
 
@@ -418,6 +425,19 @@ class Transcript {
   }
 }
 
+/** The events that make up the conversation now: what a later `revoked` cut off is left out. */
+function effective(events) {
+  const kept = [];
+  for (const item of events) {
+    if (item.event.type === "revoked") {
+      while (kept.length && kept[kept.length - 1].seq > item.event.after_seq) kept.pop();
+      continue;
+    }
+    kept.push(item);
+  }
+  return kept;
+}
+
 export class ChatView {
   constructor(root, sessionId, sidebar) {
     this.root = root;
@@ -593,7 +613,8 @@ export class ChatView {
       this.title.textContent = detail.session.title || "Untitled";
       if (detail.group) this.becomeGroup(detail.group);
       if (this.sidebar) this.sidebar.upsert(detail.session);
-      for (const item of events.events || []) this.transcript.committed(item.seq, item.event);
+      for (const item of effective(events.events || [])) this.transcript.committed(item.seq, item.event);
+      if (events.events && events.events.length) this.transcript.lastSeq = events.events[events.events.length - 1].seq;
       if (!(events.events || []).length) this.transcriptEl.append(h("div", { class: "empty" }, "This session is empty."));
       const status = detail.session.status;
       if (status === "running") this.attach();
@@ -612,6 +633,72 @@ export class ChatView {
     this.templatePicker.classList.add("hidden");
     const names = (group.members || []).map((m) => `@${m.nickname || m.name || m.agent_id || m.id || m}`);
     this.input.placeholder = `Message the group (${[...names, "@all"].join(", ")})`;
+  }
+
+  /** Shows the transcript again from the log (after a revocation). */
+  reload() {
+    if (this.closed || !this.sessionId || this.reloading) return;
+    this.reloading = true;
+    if (this.controller) this.controller.abort();
+    clear(this.transcriptEl);
+    this.transcript = new Transcript(this.transcriptEl, this);
+    this.load().finally(() => { this.reloading = false; });
+  }
+
+  /** [`markTurnFiles`] soon, once for a burst of finished runs. */
+  scheduleTurnFiles() {
+    if (this.turnFilesTimer || !this.sessionId) return;
+    this.turnFilesTimer = setTimeout(() => { this.turnFilesTimer = null; if (!this.closed) this.markTurnFiles(); }, 200);
+  }
+
+  /** Reveals "Changes" on the messages whose turn changed files in the workspace. */
+  async markTurnFiles() {
+    let journal;
+    try { journal = await get(`/v1/sessions/${this.sessionId}/file-journals`); } catch { return; }
+    for (const turn of journal.turns || []) {
+      const message = this.transcriptEl.querySelector(`[data-testid=message][data-run-id="${turn.run_id}"]`);
+      const button = message && message.querySelector("[data-testid=turn-files]");
+      if (button && turn.files.length) {
+        button.classList.remove("hidden");
+        button.textContent = `Changes (${turn.files.length})`;
+      }
+    }
+  }
+
+  /** Shows (or hides) a turn's file changes as diffs under its message. */
+  async toggleTurnFiles(message, runId) {
+    const open = message.querySelector(".turn-files");
+    if (open) { open.remove(); return; }
+    try {
+      const diff = await get(`/v1/sessions/${this.sessionId}/file-journals/${encodeURIComponent(runId)}`);
+      const line = (text) => h("span", { class: text.startsWith("+") && !text.startsWith("+++") ? "add"
+        : text.startsWith("-") && !text.startsWith("---") ? "del" : text.startsWith("@@") ? "hunk" : "" }, `${text}\n`);
+      message.append(h("div", { class: "turn-files", testid: "turn-diff" },
+        (diff.files || []).map((file) => h("details", { open: true, dataset: { path: file.path } },
+          h("summary", {}, h("strong", {}, file.path), ` — ${file.change_type}${file.kind !== "file" ? ` ${file.kind}` : ""}`),
+          file.diff ? h("pre", { class: "diff" }, file.diff.split("\n").filter((t, i, all) => t || i < all.length - 1).map(line))
+            : h("div", { class: "hint" }, file.binary ? "binary or large file" : "")))));
+    } catch (error) { toast(errorText(error), "error"); }
+  }
+
+  /** Revokes a turn (and every later one): the files go back, the conversation too. */
+  async revoke(runId, text) {
+    if (!confirm("Take back this message and everything after it? The files those turns changed are put back as they were.")) return;
+    let outcome;
+    try {
+      outcome = await post(`/v1/sessions/${this.sessionId}/revoke`, { run_id: runId });
+    } catch (error) {
+      const conflict = error.status === 409 && error.body && error.body.error && error.body.error.code === "journal_conflict";
+      if (!conflict) { toast(errorText(error), "error"); return; }
+      const files = (error.body.error.details && error.body.error.details.files) || [];
+      if (!confirm(`These files were changed since: ${files.join(", ")}. Put them back anyway (their changes are lost)?`)) return;
+      try { outcome = await post(`/v1/sessions/${this.sessionId}/revoke`, { run_id: runId, force: true }); } catch (again) { toast(errorText(again), "error"); return; }
+    }
+    const restored = outcome.files ? outcome.files.restored.length + outcome.files.removed.length : 0;
+    toast(`Revoked ${outcome.removed_count} message(s)${restored ? `, ${restored} file change(s) undone` : ""}.`);
+    // As the seed does: the revoked message goes back to the composer, to edit and send again.
+    if (!this.input.value) this.input.value = text || "";
+    this.reload();
   }
 
   /** Shows what waits in the session (calls and elicitations), e.g. after a reload. */

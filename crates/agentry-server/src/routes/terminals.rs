@@ -203,16 +203,25 @@ async fn attach(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let terminal = state.terminal(&caller, &id).await?;
+    Ok(serve_socket(&state, &terminal, upgrade, Flavour::Agentry)?)
+}
+
+/// Upgrades to the WebSocket `terminal` is driven through (400 without an upgrade).
+pub(crate) fn serve_socket(
+    state: &AppState,
+    terminal: &std::sync::Arc<PtyTerminal>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    flavour: Flavour,
+) -> Result<Response, agentry_app::error::AppError> {
     let upgrade = upgrade.map_err(|rejection| {
-        ApiError::bad_request(format!(
+        agentry_app::error::AppError::bad_request(format!(
             "this is a WebSocket endpoint ({}): connect with `Upgrade: websocket`",
             rejection.body_text()
         ))
     })?;
     let attachment = terminal.attach();
     let shutdown = state.shutdown.clone();
-    Ok(upgrade
-        .on_upgrade(move |socket| socket_loop(socket, attachment, Flavour::Agentry, shutdown)))
+    Ok(upgrade.on_upgrade(move |socket| socket_loop(socket, attachment, flavour, shutdown)))
 }
 
 /// Whose frames a socket speaks.
@@ -222,10 +231,7 @@ pub(crate) enum Flavour {
     Agentry,
     /// The seed's: `{"__terminal_id"}` first, then output as text frames (UTF-8), no exit
     /// message.
-    Seed {
-        /// Whether the first frame is sent (always, for the seed).
-        hello: bool,
-    },
+    Seed,
 }
 
 /// Serves one attachment until the client leaves, the program ends or the server stops.
@@ -239,27 +245,25 @@ pub(crate) async fn socket_loop(
     let terminal = std::sync::Arc::clone(&attachment.terminal);
     let size = terminal.size();
     let hello = match flavour {
-        Flavour::Agentry => Some(json!({
+        Flavour::Agentry => json!({
             "type": "attached",
             "terminal_id": terminal.id(),
             "cols": size.cols,
             "rows": size.rows,
-        })),
-        Flavour::Seed { hello: true } => Some(json!({"__terminal_id": terminal.id()})),
-        Flavour::Seed { hello: false } => None,
+        }),
+        Flavour::Seed => json!({"__terminal_id": terminal.id()}),
     };
-    if let Some(hello) = hello
-        && sink
-            .send(Message::Text(hello.to_string().into()))
-            .await
-            .is_err()
+    if sink
+        .send(Message::Text(hello.to_string().into()))
+        .await
+        .is_err()
     {
         return;
     }
     let mut text = Utf8Carry::default();
     let frame = |bytes: axum::body::Bytes, text: &mut Utf8Carry| match flavour {
         Flavour::Agentry => Some(Message::Binary(bytes)),
-        Flavour::Seed { .. } => text.push(&bytes).map(|t| Message::Text(Utf8Bytes::from(t))),
+        Flavour::Seed => text.push(&bytes).map(|t| Message::Text(Utf8Bytes::from(t))),
     };
     let scrollback = std::mem::take(&mut attachment.scrollback);
     if !scrollback.is_empty()

@@ -3,52 +3,14 @@
 //! conversation cut), conflicts, the seed's shapes, and the `undo` tool.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use agentry_testkit::{Reply, ScriptedTurn};
 use serde_json::{Value, json};
 
-use super::support::{Server, native_sandboxes, start_with};
+use super::support::{Server, start_with_workspaces};
 
-/// Everything in `dir` (links not followed): path → kind and contents.
-fn tree(dir: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(folder) = stack.pop() {
-        for entry in std::fs::read_dir(&folder).unwrap() {
-            let entry = entry.unwrap();
-            let path = entry.path();
-            let name = path
-                .strip_prefix(dir)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            let kind = entry.file_type().unwrap();
-            let what = if kind.is_dir() {
-                stack.push(path.clone());
-                "dir".to_owned()
-            } else if kind.is_symlink() {
-                format!("link {:?}", std::fs::read_link(&path).unwrap())
-            } else {
-                format!("file {:?}", std::fs::read(&path).unwrap())
-            };
-            out.insert(name, what);
-        }
-    }
-    out
-}
-
-/// A server whose sessions have workspaces and native sandboxes.
-async fn server() -> Server {
-    start_with(
-        |home| agentry_app::ToolEnvironment {
-            workspaces: Some(home.join("workspaces")),
-            ..native_sandboxes(home)
-        },
-        |_| {},
-    )
-    .await
-}
+use agentry_testkit::folder::snapshot as tree;
 
 /// Runs one turn of `session` ("new" for a new one) that makes `calls` rounds, then answers.
 async fn turn(server: &Server, session: &str, text: &str, rounds: Vec<ScriptedTurn>) -> String {
@@ -124,7 +86,7 @@ async fn two_turns(server: &Server) -> (String, PathBuf, BTreeMap<String, String
 /// for byte, and the conversation (what the model is sent next) no longer holds the turn.
 #[tokio::test]
 async fn a_revoked_turn_restores_the_files_and_the_conversation() {
-    let server = server().await;
+    let server = start_with_workspaces().await;
     let (session, workspace, after_first) = two_turns(&server).await;
     assert_ne!(tree(&workspace), after_first);
     assert!(!workspace.join("keep.txt").exists());
@@ -245,14 +207,7 @@ async fn a_revoked_turn_restores_the_files_and_the_conversation() {
         .await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "unknown_turn", "{body}");
-    server
-        .state
-        .tools
-        .sandboxes
-        .clone()
-        .unwrap()
-        .close_all()
-        .await;
+    server.close_sandboxes().await;
 }
 
 /// The seed's routes: user messages carry their own times, which are the turn keys; a file
@@ -260,7 +215,7 @@ async fn a_revoked_turn_restores_the_files_and_the_conversation() {
 /// is a 400.
 #[tokio::test]
 async fn seed_revoke_by_timestamp_with_a_conflict_then_forced() {
-    let server = server().await;
+    let server = start_with_workspaces().await;
     let (session, workspace, after_first) = two_turns(&server).await;
     let (status, shown) = server
         .get(&format!("/linglong/v1/sessions/{session}"))
@@ -347,21 +302,14 @@ async fn seed_revoke_by_timestamp_with_a_conflict_then_forced() {
         .get(&format!("/linglong/v1/sessions/{session}/file-journals"))
         .await;
     assert_eq!(keys["turn_keys"], json!([]), "{keys}");
-    server
-        .state
-        .tools
-        .sandboxes
-        .clone()
-        .unwrap()
-        .close_all()
-        .await;
+    server.close_sandboxes().await;
 }
 
 /// The `undo` tool puts back what the latest turn that changed files did, within a run, and
 /// leaves the conversation alone.
 #[tokio::test]
 async fn the_undo_tool_puts_the_latest_turns_files_back() {
-    let server = server().await;
+    let server = start_with_workspaces().await;
     let (session, workspace, after_first) = two_turns(&server).await;
     turn(
         &server,
@@ -396,12 +344,5 @@ async fn the_undo_tool_puts_the_latest_turns_files_back() {
     let sent = server.mock.requests().last().unwrap().body.to_string();
     assert!(sent.contains("nothing to undo"), "{sent}");
     server.mock.check_protocol().unwrap();
-    server
-        .state
-        .tools
-        .sandboxes
-        .clone()
-        .unwrap()
-        .close_all()
-        .await;
+    server.close_sandboxes().await;
 }

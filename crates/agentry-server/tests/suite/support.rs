@@ -116,6 +116,19 @@ pub fn native_sandboxes(home: &std::path::Path) -> ToolEnvironment {
     }
 }
 
+/// A server whose sessions have workspaces and native sandboxes (file, shell and terminal
+/// tools; terminals).
+pub async fn start_with_workspaces() -> Server {
+    start_with(
+        |home| ToolEnvironment {
+            workspaces: Some(home.join("workspaces")),
+            ..native_sandboxes(home)
+        },
+        |_| {},
+    )
+    .await
+}
+
 /// A server like [`start`] whose tools come from `tools` (given the home folder), and whose
 /// state `adjust` may change before it serves.
 pub async fn start_with(
@@ -167,6 +180,13 @@ pub async fn start_with(
 }
 
 impl Server {
+    /// Closes the sessions' sandboxes (a test's last step, so nothing outlives it).
+    pub async fn close_sandboxes(&self) {
+        if let Some(pool) = &self.state.tools.sandboxes {
+            pool.close_all().await;
+        }
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let response = self
             .http

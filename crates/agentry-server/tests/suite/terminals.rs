@@ -9,21 +9,10 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use super::support::{Server, native_sandboxes, start_with};
+use super::support::{Server, start_with_workspaces};
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn server() -> Server {
-    start_with(
-        |home| agentry_app::ToolEnvironment {
-            workspaces: Some(home.join("workspaces")),
-            ..native_sandboxes(home)
-        },
-        |_| {},
-    )
-    .await
-}
 
 async fn new_session(server: &Server) -> String {
     server.mock.enqueue(agentry_testkit::Reply::scripted(
@@ -79,7 +68,7 @@ async fn send(socket: &mut Socket, text: &str) {
 /// resize, a dropped connection re-attached with its scrollback, and the program's end.
 #[tokio::test]
 async fn an_interactive_program_is_driven_through_the_websocket() {
-    let server = server().await;
+    let server = start_with_workspaces().await;
     let session = new_session(&server).await;
     let (status, opened) = server
         .post(
@@ -157,21 +146,14 @@ async fn an_interactive_program_is_driven_through_the_websocket() {
     assert_eq!(status, 200, "{shown}");
     assert_eq!(shown["alive"], false, "{shown}");
     assert_eq!(shown["exit_code"], 5, "{shown}");
-    server
-        .state
-        .tools
-        .sandboxes
-        .clone()
-        .unwrap()
-        .close_all()
-        .await;
+    server.close_sandboxes().await;
 }
 
 /// Several terminals per session; closing one kills its program; bad requests are refused;
 /// a page of another origin cannot open the socket.
 #[tokio::test]
 async fn terminals_are_listed_closed_and_guarded() {
-    let server = server().await;
+    let server = start_with_workspaces().await;
     let session = new_session(&server).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -267,21 +249,14 @@ async fn terminals_are_listed_closed_and_guarded() {
         }
         other => panic!("a foreign origin was let in: {other:?}"),
     }
-    server
-        .state
-        .tools
-        .sandboxes
-        .clone()
-        .unwrap()
-        .close_all()
-        .await;
+    server.close_sandboxes().await;
 }
 
 /// The seed's terminal socket: the session's one terminal (made on first use), its id first,
 /// output as text frames, `{"__resize"}`; listed and deleted by the session's id.
 #[tokio::test]
 async fn the_seeds_terminal_socket() {
-    let server = server().await;
+    let server = start_with_workspaces().await;
     let session = new_session(&server).await;
     let path = format!("/linglong/v1/terminals/ws?terminal_id={session}:auto&cols=100&rows=30");
     let mut socket = connect(&server, &path).await;
@@ -348,21 +323,14 @@ async fn the_seeds_terminal_socket() {
     assert_eq!(listed["terminals"], json!([]), "{listed}");
     let (status, missing) = server.get("/linglong/v1/terminals/ws").await;
     assert_eq!(status, 400, "{missing}");
-    server
-        .state
-        .tools
-        .sandboxes
-        .clone()
-        .unwrap()
-        .close_all()
-        .await;
+    server.close_sandboxes().await;
 }
 
 /// The agent's `terminal` tool runs on the same terminals: listed under its session, and a
 /// person attaching sees what it ran and can type into it.
 #[tokio::test]
 async fn the_agents_terminal_is_listed_and_can_be_watched() {
-    let server = server().await;
+    let server = start_with_workspaces().await;
     server.mock.enqueue(agentry_testkit::Reply::scripted(
         agentry_testkit::ScriptedTurn::tool_call(
             "terminal",
@@ -397,12 +365,5 @@ async fn the_agents_terminal_is_listed_and_can_be_watched() {
     // A person's keystrokes go to the same shell (its directory is the agent's).
     send(&mut socket, "echo person-in-$PWD\n").await;
     read_until(&mut socket, &mut seen, "person-in-/tmp").await;
-    server
-        .state
-        .tools
-        .sandboxes
-        .clone()
-        .unwrap()
-        .close_all()
-        .await;
+    server.close_sandboxes().await;
 }

@@ -372,22 +372,10 @@ async fn terminal_socket(
     let terminal = state
         .session_terminal(&caller, session, query.cols, query.rows)
         .await?;
-    let upgrade = upgrade.map_err(|rejection| {
-        AppError::bad_request(format!(
-            "this is a WebSocket endpoint ({})",
-            rejection.body_text()
-        ))
-    })?;
-    let attachment = terminal.attach();
-    let shutdown = state.shutdown.clone();
-    Ok(upgrade.on_upgrade(move |socket| {
-        crate::routes::terminals::socket_loop(
-            socket,
-            attachment,
-            crate::routes::terminals::Flavour::Seed { hello: true },
-            shutdown,
-        )
-    }))
+    let flavour = crate::routes::terminals::Flavour::Seed;
+    Ok(crate::routes::terminals::serve_socket(
+        &state, &terminal, upgrade, flavour,
+    )?)
 }
 
 async fn create_tool(State(state): State<AppState>, body: Bytes) -> Answer {
