@@ -294,7 +294,12 @@ impl App {
         let room = upload.length - current;
         let part = folder.join(format!("patch.{}", uuid::Uuid::new_v4().simple()));
         let outcome = async {
-            let mut file = tokio::fs::File::create(&part).await.map_err(io_error)?;
+            // Gathered a mebibyte at a time: each write to a tokio file is a trip to a blocking
+            // thread, and the body comes in pieces of a few KiB.
+            let mut file = tokio::io::BufWriter::with_capacity(
+                1024 * 1024,
+                tokio::fs::File::create(&part).await.map_err(io_error)?,
+            );
             let mut received = 0_u64;
             let mut body = std::pin::pin!(body);
             while let Some(chunk) = body.next().await {
@@ -310,7 +315,8 @@ impl App {
                 }
                 file.write_all(&chunk).await.map_err(io_error)?;
             }
-            file.sync_all().await.map_err(io_error)?;
+            file.flush().await.map_err(io_error)?;
+            file.get_ref().sync_all().await.map_err(io_error)?;
             drop(file);
             if let Some(header) = &checksum {
                 let part = part.clone();
@@ -326,13 +332,16 @@ impl App {
                     ));
                 }
             }
-            let mut source = tokio::fs::File::open(&part).await.map_err(io_error)?;
+            let mut source = tokio::io::BufReader::with_capacity(
+                1024 * 1024,
+                tokio::fs::File::open(&part).await.map_err(io_error)?,
+            );
             let mut target = tokio::fs::OpenOptions::new()
                 .append(true)
                 .open(&data)
                 .await
                 .map_err(io_error)?;
-            tokio::io::copy(&mut source, &mut target)
+            tokio::io::copy_buf(&mut source, &mut target)
                 .await
                 .map_err(io_error)?;
             target.sync_all().await.map_err(io_error)?;

@@ -12,10 +12,11 @@
 //! workspace's use against its quota, and plans fixed-size chunks; its plan is kept on disk
 //! (`<workspaces>/.uploads/<id>/plan.json`, outside every workspace), so an upload survives a
 //! dropped connection or a restart of the server: `status` says which chunks arrived, a chunk
-//! may be sent again, in any order. A chunk is written beside its final name and renamed when
-//! it is complete. `complete` joins the chunks into a temporary file beside the target and
-//! renames it over the target: the file appears whole or not at all. Uploads left unfinished
-//! for a day are swept.
+//! may be sent again, in any order. Every chunk is written at its offset in the upload's one
+//! data file (`<id>/data`), synced, and only then marked received (`<n>.done`). `complete`
+//! moves the data file over the target in one rename (a copy when the workspace is on another
+//! file system): the file appears whole or not at all, and its bytes are written once. Uploads
+//! left unfinished for a day are swept.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -627,6 +628,27 @@ impl Workspace {
         entry_at(&self.root, &relative)
     }
 
+    /// Puts the file at `source` (outside the workspace, on the same file system: an upload's
+    /// data) at `target` whole, by a rename (replacing a file of that name), or by a copy when
+    /// the rename cannot cross file systems. The size limit and quota are checked first.
+    pub fn install(
+        &self,
+        target: &str,
+        source: &Path,
+        limits: WorkspaceLimits,
+    ) -> Result<FileEntry, AppError> {
+        let size = std::fs::metadata(source).map_err(io_error)?.len();
+        let shown = self.check_upload(target, size, limits)?;
+        let relative = PathBuf::from(&shown);
+        match self.root.install(source, &relative, &shown) {
+            Ok(()) => entry_at(&self.root, &relative),
+            Err(_) => {
+                let mut file = std::fs::File::open(source).map_err(io_error)?;
+                self.put(target, &mut file, size, limits)
+            }
+        }
+    }
+
     /// Searches below `path` (see [`search`]).
     pub fn search(
         &self,
@@ -854,14 +876,19 @@ fn check_upload_id(id: &str) -> Result<(), AppError> {
     }
 }
 
-/// The chunk numbers whose file is whole.
+/// The chunks marked received (written whole and synced).
 fn received_chunks(folder: &Path, plan: &UploadPlan) -> Vec<u64> {
     (0..plan.chunk_count)
-        .filter(|n| {
-            std::fs::metadata(folder.join(n.to_string()))
-                .is_ok_and(|meta| Some(meta.len()) == plan.chunk_len(*n))
-        })
+        .filter(|n| folder.join(format!("{n}.done")).exists())
         .collect()
+}
+
+/// How much of an upload's body is gathered before one write.
+const UPLOAD_BLOCK: usize = 1024 * 1024;
+
+/// Where an upload's bytes collect, each chunk at its offset, outside every workspace.
+fn upload_data(folder: &Path) -> PathBuf {
+    folder.join("data")
 }
 
 impl App {
@@ -915,43 +942,69 @@ impl App {
         body: impl futures::Stream<Item = Result<bytes::Bytes, E>>,
     ) -> Result<u64, AppError> {
         use futures::StreamExt as _;
-        use tokio::io::AsyncWriteExt as _;
         let (folder, plan) = self.upload_of(caller, id)?;
         let expected = plan
             .chunk_len(n)
             .ok_or_else(|| AppError::not_found(format!("upload {id} has no chunk {n}")))?;
-        let part = folder.join(format!("{n}.{}.part", uuid::Uuid::new_v4().simple()));
-        let mut file = tokio::fs::File::create(&part).await.map_err(io_error)?;
+        let offset = n * plan.chunk_size;
+        let done = folder.join(format!("{n}.done"));
+        // Sent again: it is not received until it has arrived whole again.
+        let _ = tokio::fs::remove_file(&done).await;
+        let data = upload_data(&folder);
+        let file = blocking(move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&data)
+                .map(std::sync::Arc::new)
+                .map_err(io_error)
+        })
+        .await?;
+        // The body comes in pieces of a few KiB; they are written at the chunk's place in the
+        // upload's one data file a mebibyte at a time, each write on a blocking thread.
+        let write = |bytes: Vec<u8>, at: u64| {
+            let file = std::sync::Arc::clone(&file);
+            blocking(move || {
+                std::os::unix::fs::FileExt::write_all_at(&*file, &bytes, at).map_err(io_error)
+            })
+        };
         let mut received = 0_u64;
+        let mut pending: Vec<u8> = Vec::with_capacity(UPLOAD_BLOCK);
         let mut body = std::pin::pin!(body);
-        let outcome = async {
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|error| {
-                    AppError::bad_request(format!("the chunk was interrupted: {error}"))
-                })?;
-                received += chunk.len() as u64;
-                if received > expected {
-                    return Err(AppError::bad_request(format!(
-                        "chunk {n} is {expected} bytes; more arrived"
-                    )));
-                }
-                file.write_all(&chunk).await.map_err(io_error)?;
-            }
-            if received != expected {
+        while let Some(piece) = body.next().await {
+            let piece = piece.map_err(|error| {
+                AppError::bad_request(format!("the chunk was interrupted: {error}"))
+            })?;
+            if received + piece.len() as u64 > expected {
                 return Err(AppError::bad_request(format!(
-                    "chunk {n} is {expected} bytes; {received} arrived"
+                    "chunk {n} is {expected} bytes; more arrived"
                 )));
             }
-            file.sync_all().await.map_err(io_error)?;
-            tokio::fs::rename(&part, folder.join(n.to_string()))
-                .await
-                .map_err(io_error)
+            pending.extend_from_slice(&piece);
+            received += piece.len() as u64;
+            if pending.len() >= UPLOAD_BLOCK {
+                let at = offset + received - pending.len() as u64;
+                write(
+                    std::mem::replace(&mut pending, Vec::with_capacity(UPLOAD_BLOCK)),
+                    at,
+                )
+                .await?;
+            }
         }
-        .await;
-        if outcome.is_err() {
-            let _ = tokio::fs::remove_file(&part).await;
+        if received != expected {
+            return Err(AppError::bad_request(format!(
+                "chunk {n} is {expected} bytes; {received} arrived"
+            )));
         }
-        outcome.map(|()| received)
+        if !pending.is_empty() {
+            let at = offset + received - pending.len() as u64;
+            write(pending, at).await?;
+        }
+        let synced = std::sync::Arc::clone(&file);
+        blocking(move || synced.sync_data().map_err(io_error)).await?;
+        tokio::fs::write(&done, b"").await.map_err(io_error)?;
+        Ok(received)
     }
 
     /// Joins an upload's chunks into its target, which appears whole (replacing a file of that
@@ -975,17 +1028,15 @@ impl App {
                     plan.chunk_count
                 )));
             }
-            let mut reader: Box<dyn Read> = Box::new(std::io::empty());
-            for n in 0..plan.chunk_count {
-                let file = std::fs::File::open(folder.join(n.to_string())).map_err(io_error)?;
-                reader = Box::new(reader.chain(file));
+            let data = upload_data(&folder);
+            let length = std::fs::metadata(&data).map(|meta| meta.len()).unwrap_or(0);
+            if length != plan.file_size {
+                return Err(AppError::conflict(format!(
+                    "upload {} holds {length} bytes, not the {} announced",
+                    plan.upload_id, plan.file_size
+                )));
             }
-            workspace.put(
-                &plan.target_path,
-                &mut reader,
-                plan.file_size,
-                WorkspaceLimits::default(),
-            )?;
+            workspace.install(&plan.target_path, &data, WorkspaceLimits::default())?;
             let _ = std::fs::remove_dir_all(&folder);
             Ok(plan)
         })

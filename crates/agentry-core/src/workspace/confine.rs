@@ -292,6 +292,60 @@ mod linux {
             remove_at(&parent, name).map_err(|errno| fs_error(display, errno))
         }
 
+        /// Moves the file `source` (a path outside the workspace, on the same file system) to
+        /// `relative` in one rename, replacing a file there; its parent folders are made. A
+        /// folder or a link at `relative` is refused; so is a `source` that is not a regular
+        /// file with one link. Fails with the OS's error when the rename would cross file
+        /// systems (the caller copies instead).
+        pub fn install(
+            &self,
+            source: &Path,
+            relative: &Path,
+            display: &str,
+        ) -> Result<(), ToolError> {
+            let Some(name) = relative.file_name() else {
+                return Err(ToolError::InvalidArguments(format!(
+                    "{display} is not a file path"
+                )));
+            };
+            let (Some(source_dir), Some(source_name)) = (source.parent(), source.file_name())
+            else {
+                return Err(ToolError::InvalidArguments(
+                    "the file to install has no folder".into(),
+                ));
+            };
+            let from = rustix::fs::open(
+                source_dir,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|errno| fs_error(display, errno))?;
+            let stat = rustix::fs::statat(&from, source_name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|errno| fs_error(display, errno))?;
+            if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
+                || link_count(&stat) != 1
+            {
+                return Err(ToolError::Failed(format!(
+                    "the file to put at {display} is not a plain file"
+                )));
+            }
+            let parent =
+                self.open_dir_creating(relative.parent().unwrap_or(Path::new("")), display)?;
+            match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(existing)
+                    if FileType::from_raw_mode(existing.st_mode) != FileType::RegularFile =>
+                {
+                    return Err(ToolError::Failed(format!(
+                        "{display} exists and is not a file"
+                    )));
+                }
+                _ => {}
+            }
+            rustix::fs::renameat(&from, source_name, &parent, name)
+                .map_err(|errno| fs_error(display, errno))?;
+            self.chown_at(&parent, name, display)
+        }
+
         /// Removes the folder `relative` only when it is empty (a folder with anything in it is
         /// an error that says so).
         pub fn remove_empty_dir(&self, relative: &Path, display: &str) -> Result<(), ToolError> {
@@ -571,7 +625,7 @@ mod linux {
             rustix::fs::fchmod(&fd, mode)?;
         }
         let mut file = File::from(fd);
-        let bytes = std::io::copy(reader, &mut file)?;
+        let bytes = copy_in_blocks(reader, &mut file)?;
         file.sync_all()?;
         drop(file);
         if replace {
@@ -586,6 +640,24 @@ mod linux {
             )?;
         }
         Ok(bytes)
+    }
+
+    /// Copies `reader` into `file` a mebibyte at a time (`std::io::copy` from a `dyn Read` goes
+    /// 8 KiB at a time: a large upload becomes tens of thousands of small writes).
+    fn copy_in_blocks(reader: &mut dyn std::io::Read, file: &mut File) -> std::io::Result<u64> {
+        use std::io::Write as _;
+        let mut buffer = vec![0u8; 1024 * 1024];
+        let mut copied = 0u64;
+        loop {
+            let read = match reader.read(&mut buffer) {
+                Ok(0) => return Ok(copied),
+                Ok(read) => read,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(error),
+            };
+            file.write_all(&buffer[..read])?;
+            copied += read as u64;
+        }
     }
 
     /// Removes `name` in `dir`: a folder with everything in it, anything else by unlinking it
@@ -726,6 +798,15 @@ mod unsupported {
         }
 
         pub fn remove_empty_dir(&self, _relative: &Path, _display: &str) -> Result<(), ToolError> {
+            unsupported()
+        }
+
+        pub fn install(
+            &self,
+            _source: &Path,
+            _relative: &Path,
+            _display: &str,
+        ) -> Result<(), ToolError> {
             unsupported()
         }
 
