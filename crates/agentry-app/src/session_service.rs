@@ -276,7 +276,16 @@ impl App {
     /// and groups.
     pub async fn session_detail(&self, record: SessionRecord) -> Result<SessionDetail, AppError> {
         let events = self.logged_events(record.id, 0).await?;
-        let replayed = replay(&events);
+        self.session_detail_of(record, &events)
+    }
+
+    /// [`App::session_detail`] from the session's events, already read.
+    pub(crate) fn session_detail_of(
+        &self,
+        record: SessionRecord,
+        events: &[(u64, SessionEvent)],
+    ) -> Result<SessionDetail, AppError> {
+        let replayed = replay(events);
         let live = self.hub.is_live(record.id);
         // A run that stopped without ending: waiting for approvals, or paused.
         let suspended_run = replayed
@@ -299,7 +308,7 @@ impl App {
             suspended_run,
             messages: replayed.messages,
             delegation: field(crate::delegation::METADATA_KEY),
-            children: crate::delegation::children(&events),
+            children: crate::delegation::children(events),
             group: field(crate::group::METADATA_KEY),
             group_member: field(crate::group::MEMBER_KEY),
         })

@@ -24,6 +24,7 @@ use crate::App;
 use crate::auth::Principal;
 use crate::error::{AppError, Failure};
 use crate::hub::FeedStatus;
+use crate::session_service::StoredEvent;
 
 /// The largest file whose text a diff shows (larger ones are only said to differ).
 const MAX_DIFF_BYTES: usize = 1024 * 1024;
@@ -177,12 +178,17 @@ fn names_time(given: &str, millis: u64) -> bool {
     }
 }
 
-/// The turns of the conversation as it stands, oldest first.
-fn turns_of(events: &[crate::session_service::StoredEvent]) -> Vec<Turn> {
-    let pairs: Vec<(u64, SessionEvent)> = events
+/// The events with their seqs, as replay takes them.
+pub(crate) fn numbered(events: &[StoredEvent]) -> Vec<(u64, SessionEvent)> {
+    events
         .iter()
         .map(|stored| (stored.seq, stored.event.clone()))
-        .collect();
+        .collect()
+}
+
+/// The turns of the conversation as it stands, oldest first.
+fn turns_of(events: &[StoredEvent]) -> Vec<Turn> {
+    let pairs = numbered(events);
     let at = |seq: u64| {
         events
             .binary_search_by_key(&seq, |stored| stored.seq)
@@ -217,11 +223,8 @@ fn turns_of(events: &[crate::session_service::StoredEvent]) -> Vec<Turn> {
 
 /// When each user message of the conversation as it stands was sent (Unix ms), in order: the
 /// seed's message timestamps, which name a turn to revoke.
-pub(crate) fn user_message_times(events: &[crate::session_service::StoredEvent]) -> Vec<u64> {
-    let pairs: Vec<(u64, SessionEvent)> = events
-        .iter()
-        .map(|stored| (stored.seq, stored.event.clone()))
-        .collect();
+pub(crate) fn user_message_times(events: &[StoredEvent]) -> Vec<u64> {
+    let pairs = numbered(events);
     let times: std::collections::HashMap<u64, u64> = events
         .iter()
         .map(|stored| (stored.seq, stored.at))
@@ -448,10 +451,7 @@ impl App {
             .map(|turn| turn.run_id)
             .collect();
         let after_seq = chosen.seq.saturating_sub(1);
-        let pairs: Vec<(u64, SessionEvent)> = events
-            .iter()
-            .map(|stored| (stored.seq, stored.event.clone()))
-            .collect();
+        let pairs = numbered(&events);
         let before = agentry_core::session::replay(&pairs).messages.len();
         let files = match self.sessions.file_journal() {
             None => None,

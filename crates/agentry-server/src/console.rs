@@ -74,11 +74,7 @@ static ETAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
         .iter()
         .map(|asset| {
             let digest = Sha256::digest(asset.body.as_bytes());
-            let hex: String = digest[..12]
-                .iter()
-                .map(|byte| format!("{byte:02x}"))
-                .collect();
-            format!("\"{hex}\"")
+            format!("\"{}\"", hex(&digest[..12]))
         })
         .collect()
 });
@@ -133,12 +129,23 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
     if let Ok(value) = HeaderValue::from_str(etag) {
         headers.insert(header::ETAG, value);
     }
+    always_revalidated(headers);
+    response
+}
+
+/// What every console response carries: revalidate on every use (a new binary is seen at
+/// once), and no content sniffing.
+fn always_revalidated(headers: &mut HeaderMap) {
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    response
+}
+
+/// Bytes as lowercase hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// The page, with a fresh nonce in its CSP and in its `csp-nonce` meta element (so never a
@@ -153,16 +160,12 @@ fn page(asset: &Asset) -> Response {
         )
             .into_response();
     }
-    let nonce: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    let nonce = hex(&bytes);
     let body = asset.body.replace(NONCE_SLOT, &nonce);
     let policy = CONTENT_SECURITY_POLICY.replace("{nonce}", &nonce);
     let mut response = ([(header::CONTENT_TYPE, asset.content_type)], body).into_response();
     let headers = response.headers_mut();
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
+    always_revalidated(headers);
     if let Ok(policy) = HeaderValue::from_str(&policy) {
         headers.insert(header::CONTENT_SECURITY_POLICY, policy);
     }

@@ -280,11 +280,12 @@ impl App {
     pub async fn seed_session(&self, caller: &Principal, id: &str) -> Result<Value, AppError> {
         let record = self.session_record(id).await?;
         self.check_session_access(caller, record.id).await?;
-        let detail = self.session_detail(record.clone()).await?;
-        let timestamp = seed_time(record.last_activity);
-        // A user message carries the time it was sent: the key that names its turn (revoke,
-        // file journals).
+        // The log is read once: for the conversation, and for when each user message was sent
+        // (the key that names its turn: revoke, file journals).
         let events = self.session_events(record.id, 0).await?.events;
+        let numbered = crate::turn_files::numbered(&events);
+        let detail = self.session_detail_of(record.clone(), &numbered)?;
+        let timestamp = seed_time(record.last_activity);
         let mut user_times = crate::turn_files::user_message_times(&events).into_iter();
         let messages: Vec<Value> = detail
             .messages
