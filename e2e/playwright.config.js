@@ -23,7 +23,9 @@ export default defineConfig({
     launchOptions: {
       executablePath: process.env.AGENTRY_CHROMIUM || "/usr/bin/chromium",
       // Chromium's own sandbox needs privileges a root CI container does not give.
-      args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+      // A fake microphone (a tone) that needs no permission prompt, for the recording test.
+      args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"],
     },
     trace: "retain-on-failure",
   },

@@ -92,6 +92,14 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub network: Option<agentry_core::network::NetworkPolicy>,
+    /// The vision model that describes images for it when its model is not labelled
+    /// `vision` (default: the model labelled `read-image`, if any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision_model_id: Option<String>,
+    /// The speech model that transcribes audio for it when its model is not labelled `audio`
+    /// (default: the model labelled `speech`, if any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speech_model_id: Option<String>,
     /// Where its background runs report their end when the run names no `webhook_url` of its
     /// own: signed and delivered like any run's webhook, under the same rules (http or https,
     /// no loopback or private address unless the server allows them).
@@ -150,6 +158,10 @@ pub struct AgentRun {
     pub compaction: Option<agentry_core::context::CompactionSettings>,
     /// Its narrowing of the `fetch` tool's network policy (none: the server's policy).
     pub network: Vec<agentry_core::network::NetworkPolicy>,
+    /// The vision model that describes images for it.
+    pub vision_model: Option<String>,
+    /// The speech model that transcribes audio for it.
+    pub speech_model: Option<String>,
 }
 
 impl AgentRun {
@@ -170,6 +182,8 @@ impl AgentRun {
             agent_id: Some(self.agent_id.clone()),
             compaction: self.compaction.clone(),
             network: self.network.clone(),
+            vision_model: self.vision_model.clone(),
+            speech_model: self.speech_model.clone(),
             user,
             ..RunRequest::default()
         }
@@ -183,6 +197,14 @@ const MAX_LIST: usize = 32;
 const MAX_WALL_TIME_SECS: u64 = 24 * 3600;
 
 impl AgentConfig {
+    /// Every model it names: its own, its fallbacks, its vision and speech models.
+    pub fn models(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.model_id)
+            .chain(&self.fallback_model_ids)
+            .chain(&self.vision_model_id)
+            .chain(&self.speech_model_id)
+    }
+
     /// The tool-round limit, from `limits` or the older top-level field.
     pub fn tool_round_limit(&self) -> Option<u32> {
         self.limits
@@ -329,7 +351,7 @@ impl AgentConfig {
         runtime: &Runtime,
         skill_roots: Option<&[PathBuf]>,
     ) -> Result<AgentRun, AppError> {
-        for model in std::iter::once(&self.model_id).chain(&self.fallback_model_ids) {
+        for model in self.models() {
             if runtime.model_client(model).is_err() {
                 return Err(AppError::bad_request(format!(
                     "agent {:?} uses the model {model:?}, which is not registered \
@@ -408,6 +430,8 @@ impl AgentConfig {
             approvals: self.approvals.clone(),
             compaction: self.compaction.clone(),
             network: self.network.iter().cloned().collect(),
+            vision_model: self.vision_model_id.clone(),
+            speech_model: self.speech_model_id.clone(),
         })
     }
 }
@@ -447,7 +471,7 @@ pub async fn validate(
             )));
         }
     }
-    for model in std::iter::once(&agent.model_id).chain(&agent.fallback_model_ids) {
+    for model in agent.models() {
         if runtime.model_client(model).is_err() {
             return Err(AppError::bad_request(format!(
                 "agent {:?} uses the model {model:?}, which is not registered (POST /v1/models)",

@@ -63,6 +63,18 @@ pub async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError>
             )));
         }
     }
+    if model.labels.len() > 32
+        || model.labels.iter().any(|label| {
+            label.chars().count() > 64
+                || label
+                    .chars()
+                    .any(|c| c.is_control() || c.is_whitespace() || c == ',')
+        })
+    {
+        return Err(AppError::bad_request(
+            "at most 32 labels, each of 1 to 64 characters without spaces or commas",
+        ));
+    }
     let secrets = crate::config::secrets(&app.store).await?;
     model.client(&secrets, &app.http)?;
     Ok(())

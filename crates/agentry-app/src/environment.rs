@@ -19,6 +19,9 @@ pub struct ToolEnvironment {
     /// The open PTY terminals in sessions' sandboxes: the `terminal` tool's and those people
     /// open through the API (one registry, so either can be watched and typed into).
     pub terminals: agentry_tools::PtyTerminals,
+    /// Image descriptions and audio transcripts made for models that cannot take them, kept
+    /// across rebuilt runtimes.
+    pub media_cache: Arc<agentry_core::media::MediaCache>,
     /// The sandboxes the `exec` and `terminal` tools and command tools run in (one per session
     /// workspace); also what `/v1/sandboxes` creates sandboxes with. `None`: no sandbox, and
     /// those tools are not offered.

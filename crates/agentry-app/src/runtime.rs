@@ -61,6 +61,48 @@ pub struct ModelConfig {
     /// model registered is).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default: bool,
+    /// What the model can do and is for, as labels (a list, or one string separated by commas
+    /// or spaces): `vision` (takes images), `audio` (takes audio), `thinking` (reasons),
+    /// `summary` (writes compaction summaries and titles when nothing else is named),
+    /// `read-image` (describes images for models without `vision`), `speech` (transcribes
+    /// audio for models without `audio`, through `/audio/transcriptions`), or any label of
+    /// your own; a request may name a model by a label.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "labels_from_list_or_text"
+    )]
+    #[schema(value_type = Vec<String>)]
+    pub labels: Vec<String>,
+}
+
+/// Labels as a list, or as one string separated by commas (also `，`) or white space, as the
+/// seed's console sends them.
+fn labels_from_list_or_text<'de, D>(deserializer: D) -> Result<Vec<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Labels {
+        List(Vec<String>),
+        Text(String),
+    }
+    let labels = match Labels::deserialize(deserializer)? {
+        Labels::List(list) => list,
+        Labels::Text(text) => text
+            .split(|c: char| c == ',' || c == '，' || c.is_whitespace())
+            .map(str::to_owned)
+            .collect(),
+    };
+    let mut unique: Vec<String> = Vec::new();
+    for label in labels {
+        let label = label.trim();
+        if !label.is_empty() && !unique.iter().any(|l| l == label) {
+            unique.push(label.to_owned());
+        }
+    }
+    Ok(unique)
 }
 
 fn default_protocol() -> Protocol {
@@ -160,16 +202,21 @@ pub async fn build_runtime(
         .await?
     {
         match model.client(&secrets, http) {
-            Ok(client) => models.push((name, model.default, client)),
+            Ok(client) => models.push((name, model.default, model.labels, client)),
             Err(error) => tracing::warn!(model = %name, "skipping a model: {}", error.message),
         }
     }
-    futures::future::join_all(models.iter().map(|(_, _, client)| {
+    futures::future::join_all(models.iter().map(|(_, _, _, client)| {
         client.discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
     }))
     .await;
     let mut marked_default: Option<String> = None;
-    for (name, marked, client) in models {
+    let mut summary_model = None;
+    for (name, marked, labels, client) in models {
+        if summary_model.is_none() && labels.iter().any(|l| l == agentry_core::media::SUMMARY) {
+            summary_model = Some(name.clone());
+        }
+        builder.model_labels(name.clone(), labels);
         if marked {
             match &marked_default {
                 None => marked_default = Some(name.clone()),
@@ -184,6 +231,14 @@ pub async fn build_runtime(
     if let Some(name) = marked_default {
         builder.default_model(name);
     }
+    // A model labelled `summary` writes compaction summaries unless a run names another.
+    if let Some(model) = summary_model {
+        builder.compaction(agentry_core::context::CompactionSettings {
+            summary_model: Some(model),
+            ..Default::default()
+        });
+    }
+    builder.media_cache(Arc::clone(&environment.media_cache));
     for tool in builtins(environment) {
         builder.tool_arc(tool)?;
     }

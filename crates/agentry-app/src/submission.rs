@@ -36,6 +36,11 @@ pub struct InferMessage {
     /// Images: `data:` URLs or `http(s)` URLs.
     #[serde(default)]
     pub images: Vec<String>,
+    /// Audio: base64 bytes (WAV) or a `data:audio/<format>;base64,` URL. Passed to models
+    /// labelled `audio`; for others transcribed by the speech model (the agent's, else the one
+    /// labelled `speech`) when there is one.
+    #[serde(default)]
+    pub audio: Option<String>,
     /// A prompt template to render as this message.
     #[serde(default)]
     pub prompt_template: Option<String>,
@@ -156,9 +161,25 @@ fn content_parts(message: &InferMessage) -> Result<Vec<ContentPart>, AppError> {
                             })?;
                         parts.push(image(url)?);
                     }
+                    Some("input_audio") => {
+                        let (Some(data), Some(format)) = (
+                            item.pointer("/input_audio/data").and_then(Value::as_str),
+                            item.pointer("/input_audio/format").and_then(Value::as_str),
+                        ) else {
+                            return Err(AppError::bad_request(
+                                "an audio part needs `input_audio.data` (base64) and \
+                                 `input_audio.format`",
+                            ));
+                        };
+                        let part = audio_format(format)
+                            .and_then(|format| base64_audio(format, data))
+                            .map_err(AppError::bad_request)?;
+                        parts.push(part);
+                    }
                     other => {
                         return Err(AppError::bad_request(format!(
-                            "unknown content part type {other:?} (expected text or image_url)"
+                            "unknown content part type {other:?} (expected text, image_url or \
+                             input_audio)"
                         )));
                     }
                 }
@@ -173,7 +194,56 @@ fn content_parts(message: &InferMessage) -> Result<Vec<ContentPart>, AppError> {
     for url in &message.images {
         parts.push(image(url)?);
     }
+    if let Some(audio) = &message.audio {
+        parts.push(audio_part(audio).map_err(AppError::bad_request)?);
+    }
     Ok(parts)
+}
+
+/// Audio as the seed sends it: base64 bytes (WAV), or a `data:audio/<format>;base64,` URL
+/// (`audio/mpeg` is `mp3`, `audio/x-wav` is `wav`, codec parameters are dropped).
+pub(crate) fn audio_part(audio: &str) -> Result<ContentPart, String> {
+    let (format, data) = match audio.strip_prefix("data:") {
+        Some(rest) => {
+            let (media_type, data) = rest
+                .split_once(";base64,")
+                .ok_or("an audio data URL must be base64")?;
+            let media_type = media_type.split(';').next().unwrap_or_default();
+            let format = media_type
+                .strip_prefix("audio/")
+                .ok_or("an audio data URL must have an audio/ media type")?;
+            (audio_format(format.trim_start_matches("x-"))?, data)
+        }
+        None => ("wav".to_owned(), audio),
+    };
+    base64_audio(format, data)
+}
+
+/// A format name as a file extension (`mpeg` is `mp3`), checked.
+fn audio_format(format: &str) -> Result<String, String> {
+    let format = match format.to_ascii_lowercase().as_str() {
+        "mpeg" => "mp3".to_owned(),
+        other => other.to_owned(),
+    };
+    if format.is_empty() || format.len() > 16 || !format.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
+        return Err(format!("unknown audio format {format:?}"));
+    }
+    Ok(format)
+}
+
+fn base64_audio(format: String, data: &str) -> Result<ContentPart, String> {
+    let valid = !data.is_empty()
+        && data
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+    if !valid {
+        return Err("audio must be base64".into());
+    }
+    Ok(ContentPart::Audio {
+        format,
+        data: data.to_owned(),
+    })
 }
 
 pub(crate) fn image(url: &str) -> Result<ContentPart, AppError> {
@@ -317,12 +387,13 @@ pub fn message_content_schema() -> Schema {
             "type",
             ObjectBuilder::new()
                 .schema_type(Type::String)
-                .enum_values(Some(["text", "image_url"])),
+                .enum_values(Some(["text", "image_url", "input_audio"])),
         )
         .required("type")
         .description(Some(
-            "`{\"type\": \"text\", \"text\": …}` or `{\"type\": \"image_url\", \"image_url\": \
-             {\"url\": …}}` (a `data:` or `http(s)` URL).",
+            "`{\"type\": \"text\", \"text\": …}`, `{\"type\": \"image_url\", \"image_url\": \
+             {\"url\": …}}` (a `data:` or `http(s)` URL) or `{\"type\": \"input_audio\", \
+             \"input_audio\": {\"data\": <base64>, \"format\": \"wav\"}}`.",
         ));
     OneOfBuilder::new()
         .item(ObjectBuilder::new().schema_type(Type::String))
@@ -377,7 +448,11 @@ impl App {
             (Some(text), []) => text.clone(),
             (None, [message]) if message.role == "user" && message.prompt_template.is_none() => {
                 match &message.content {
-                    Some(Value::String(text)) if message.images.is_empty() => text.clone(),
+                    Some(Value::String(text))
+                        if message.images.is_empty() && message.audio.is_none() =>
+                    {
+                        text.clone()
+                    }
                     _ => {
                         return Err(AppError::bad_request(
                             "a group chat message is text: `text`, or one user message with string \

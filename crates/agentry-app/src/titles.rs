@@ -22,7 +22,7 @@ const EXCERPT_CHARS: usize = 4000;
 /// The longest title kept (characters).
 const MAX_TITLE_CHARS: usize = 120;
 
-/// Asks `model` (default: the runtime's default model) for a title of `session`, written from
+/// Asks `model` (default: the model labelled `summary`, else the runtime's default model) for a title of `session`, written from
 /// the start of its conversation (forks included). A session with no messages is a bad request;
 /// a model that fails or answers nothing is an upstream failure (`model_error`).
 pub async fn generate_title(
@@ -49,6 +49,12 @@ pub async fn generate_title(
             "the session has no messages to title",
         ));
     }
+    // The model named, else the one labelled `summary`, else the default.
+    let model = model.or_else(|| {
+        runtime
+            .labelled(agentry_core::media::SUMMARY)
+            .map(str::to_owned)
+    });
     let request = RunRequest {
         model,
         system: Some(INSTRUCTION.into()),

@@ -236,6 +236,9 @@ pub struct RunState {
     /// The user the run is for (memories found while compacting are theirs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The models that describe images and transcribe audio for the run's model.
+    #[serde(default, skip_serializing_if = "crate::media::MediaRoute::is_empty")]
+    pub media: crate::media::MediaRoute,
     /// Where the run is.
     pub phase: Phase,
 }
@@ -273,6 +276,7 @@ impl RunState {
             overflow_retried: false,
             memory: None,
             user: None,
+            media: crate::media::MediaRoute::default(),
             phase: Phase::CallModel,
         }
     }

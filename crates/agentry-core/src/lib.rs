@@ -22,6 +22,7 @@ pub mod fallback;
 pub mod file_refs;
 pub mod group;
 pub mod loop_guard;
+pub mod media;
 pub mod network;
 pub mod repair;
 pub mod runtime;

@@ -20,6 +20,7 @@ use crate::driver::Driver;
 use crate::engine::{Phase, RunLimits, RunState};
 use crate::events::EventSink;
 use crate::fallback::FallbackModelClient;
+use crate::media::{MediaAdapter, MediaCache, MediaRoute};
 use crate::network::NetworkCheck;
 use crate::skill::Skill;
 use crate::template::{TemplateError, TemplateStore};
@@ -140,6 +141,16 @@ pub struct RunRequest {
     /// The user the run is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The vision model that describes images when the run's model is not labelled
+    /// [`vision`](crate::media::VISION) (default: the model labelled
+    /// [`read-image`](crate::media::READ_IMAGE), if any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision_model: Option<String>,
+    /// The speech model that transcribes audio when the run's model is not labelled
+    /// [`audio`](crate::media::AUDIO) (default: the model labelled
+    /// [`speech`](crate::media::SPEECH), if any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speech_model: Option<String>,
 }
 
 impl RunRequest {
@@ -335,6 +346,8 @@ pub struct Runtime {
 
 struct Inner {
     models: BTreeMap<String, Arc<dyn ModelClient>>,
+    labels: BTreeMap<String, Vec<String>>,
+    media_cache: Arc<MediaCache>,
     default_model: Option<String>,
     tools: ToolRegistry,
     templates: TemplateStore,
@@ -348,6 +361,8 @@ struct Inner {
 #[derive(Default)]
 pub struct RuntimeBuilder {
     models: BTreeMap<String, Arc<dyn ModelClient>>,
+    labels: BTreeMap<String, Vec<String>>,
+    media_cache: Option<Arc<MediaCache>>,
     default_model: Option<String>,
     tools: ToolRegistry,
     templates: TemplateStore,
@@ -368,6 +383,22 @@ impl RuntimeBuilder {
         let id = id.into();
         self.default_model.get_or_insert_with(|| id.clone());
         self.models.insert(id, client);
+        self
+    }
+
+    /// Labels the model registered as `id` with what it can do ([`crate::media::VISION`],
+    /// [`crate::media::AUDIO`], …) and what it is for ([`crate::media::READ_IMAGE`],
+    /// [`crate::media::SPEECH`], [`crate::media::SUMMARY`]); a request may also name a model by
+    /// a label (the first model, by id, that carries it).
+    pub fn model_labels(&mut self, id: impl Into<String>, labels: Vec<String>) -> &mut Self {
+        self.labels.insert(id.into(), labels);
+        self
+    }
+
+    /// Shares the cache of image descriptions and transcripts (default: a new one), so a
+    /// rebuilt runtime does not describe the same images again.
+    pub fn media_cache(&mut self, cache: Arc<MediaCache>) -> &mut Self {
+        self.media_cache = Some(cache);
         self
     }
 
@@ -445,6 +476,8 @@ impl RuntimeBuilder {
         Runtime {
             inner: Arc::new(Inner {
                 models: builder.models,
+                labels: builder.labels,
+                media_cache: builder.media_cache.unwrap_or_default(),
                 default_model: builder.default_model,
                 tools: builder.tools,
                 templates: builder.templates,
@@ -524,17 +557,100 @@ impl Runtime {
         self.model(id)
     }
 
-    /// The client a run calls: its model, wrapped with its fallback models when it has any.
+    /// The client a run calls: its model, wrapped with its fallback models when it has any,
+    /// and with the models that describe images and transcribe audio for it when its
+    /// [`MediaRoute`] names any.
     pub fn client_for(&self, state: &RunState) -> Result<Arc<dyn ModelClient>, RunError> {
         let primary = self.model(&state.model)?;
-        if state.fallback_models.is_empty() {
-            return Ok(primary);
+        let client = if state.fallback_models.is_empty() {
+            primary
+        } else {
+            let mut models = vec![(state.model.clone(), primary)];
+            for id in &state.fallback_models {
+                models.push((id.clone(), self.model(id)?));
+            }
+            Arc::new(FallbackModelClient::new(models))
+        };
+        if state.media.is_empty() {
+            return Ok(client);
         }
-        let mut models = vec![(state.model.clone(), primary)];
-        for id in &state.fallback_models {
-            models.push((id.clone(), self.model(id)?));
+        let stand_in = |id: &Option<String>| -> Result<_, RunError> {
+            id.as_ref()
+                .map(|id| Ok((id.clone(), self.model(id)?)))
+                .transpose()
+        };
+        Ok(Arc::new(MediaAdapter::new(
+            client,
+            stand_in(&state.media.describe_images)?,
+            stand_in(&state.media.transcribe_audio)?,
+            Arc::clone(&self.inner.media_cache),
+        )))
+    }
+
+    /// The labels of the model registered as `id` (empty when it has none or is unknown).
+    pub fn model_labels(&self, id: &str) -> &[String] {
+        let id = self.resolve_model_id(id).unwrap_or(id);
+        self.inner.labels.get(id).map_or(&[], Vec::as_slice)
+    }
+
+    /// The first model, by id, labelled `label`.
+    pub fn labelled(&self, label: &str) -> Option<&str> {
+        self.inner
+            .labels
+            .iter()
+            .find(|(id, labels)| {
+                self.inner.models.contains_key(*id) && labels.iter().any(|l| l == label)
+            })
+            .map(|(id, _)| id.as_str())
+    }
+
+    /// The id of the model `name` means: the model registered under it, else the first model
+    /// labelled so.
+    pub fn resolve_model_id<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        if self.inner.models.contains_key(name) {
+            Some(name)
+        } else {
+            self.labelled(name)
         }
-        Ok(Arc::new(FallbackModelClient::new(models)))
+    }
+
+    /// Which models stand in for `model` on images and audio: `vision_model` / `speech_model`
+    /// when named (each must be registered), else the models labelled `read-image` and
+    /// `speech`; none for what `model` takes itself.
+    pub fn media_route(
+        &self,
+        model: &str,
+        vision_model: Option<&str>,
+        speech_model: Option<&str>,
+    ) -> Result<MediaRoute, RunError> {
+        let labels = self.model_labels(model);
+        let pick = |named: Option<&str>, label: &str| -> Result<Option<String>, RunError> {
+            match named {
+                Some(id) => {
+                    self.model(id)?;
+                    Ok(Some(id.to_owned()))
+                }
+                None => Ok(self.labelled(label).map(str::to_owned)),
+            }
+        };
+        let describe_images = if crate::media::sees_images(labels) {
+            None
+        } else {
+            pick(vision_model, crate::media::READ_IMAGE)?
+        };
+        let transcribe_audio = if crate::media::hears_audio(labels) {
+            None
+        } else {
+            pick(speech_model, crate::media::SPEECH)?
+        };
+        // A model never stands in for itself.
+        let resolved = self.resolve_model_id(model);
+        let other =
+            |id: Option<String>| id.filter(|id| Some(id.as_str()) != resolved && id != model);
+        Ok(MediaRoute {
+            describe_images: other(describe_images),
+            transcribe_audio: other(transcribe_audio),
+        })
     }
 
     /// The context policy of runs on `model` (`None` when compaction is off or the model is
@@ -561,9 +677,8 @@ impl Runtime {
     }
 
     pub(crate) fn model(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
-        self.inner
-            .models
-            .get(id)
+        self.resolve_model_id(id)
+            .and_then(|id| self.inner.models.get(id))
             .cloned()
             .ok_or_else(|| RunError::UnknownModel(id.to_owned()))
     }
@@ -660,6 +775,11 @@ impl Runtime {
         state.fallback_models = request.fallback_models;
         state.agent_id = request.agent_id;
         state.network = request.network;
+        state.media = self.media_route(
+            &state.model,
+            request.vision_model.as_deref(),
+            request.speech_model.as_deref(),
+        )?;
         Ok(state)
     }
 }

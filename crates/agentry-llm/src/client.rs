@@ -42,6 +42,30 @@ pub trait ModelClient: Send + Sync + 'static {
     fn context(&self) -> crate::tokens::ModelContext {
         crate::tokens::ModelContext::unknown()
     }
+
+    /// Turns speech into text (a speech model: OpenAI's `POST /audio/transcriptions`, which
+    /// Whisper servers, vLLM and LocalAI speak too). By default the client cannot.
+    fn transcribe(
+        &self,
+        clip: AudioClip,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<String, LlmError>> {
+        let _ = (clip, cancel);
+        Box::pin(async {
+            Err(LlmError::Configuration(
+                "this model client does not transcribe audio".into(),
+            ))
+        })
+    }
+}
+
+/// Audio to transcribe: its container format (`wav`, `mp3`, `webm`, …) and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AudioClip {
+    /// The container format, as a file extension.
+    pub format: String,
+    /// The encoded audio.
+    pub bytes: Bytes,
 }
 
 /// Drains a model stream, returning the final response.
@@ -455,6 +479,119 @@ impl ModelClient for HttpModelClient {
                 attempt += 1;
             }
         })
+    }
+
+    fn transcribe(
+        &self,
+        clip: AudioClip,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<String, LlmError>> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            if inner.config.protocol != Protocol::OpenAi {
+                return Err(LlmError::Configuration(format!(
+                    "{} models do not transcribe audio; register the speech model with the \
+                     openai protocol (POST /audio/transcriptions)",
+                    inner.config.protocol.name()
+                )));
+            }
+            let transport = &inner.config.transport;
+            let total = transport.total_timeout;
+            let deadline = total.map(|total| Instant::now() + total);
+            let mut attempt = 0;
+            loop {
+                let result = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => Err(LlmError::Cancelled),
+                    result = until_deadline(deadline, total, inner.transcribe_once(&clip)) => result,
+                };
+                let failure = match result {
+                    Ok(text) => return Ok(text),
+                    Err(error) => error,
+                };
+                if matches!(failure, LlmError::Cancelled)
+                    || inner
+                        .backoff(attempt, &failure, deadline, &cancel)
+                        .await
+                        .is_err()
+                {
+                    return Err(if cancel.is_cancelled() {
+                        LlmError::Cancelled
+                    } else {
+                        failure
+                    });
+                }
+                attempt += 1;
+            }
+        })
+    }
+}
+
+/// The largest transcription answer read.
+const MAX_TRANSCRIPT_BYTES: usize = 4 * 1024 * 1024;
+
+impl Inner {
+    /// One transcription attempt: the clip as a multipart upload, the `text` of the answer.
+    async fn transcribe_once(&self, clip: &AudioClip) -> Result<String, LlmError> {
+        let url = format!(
+            "{}/audio/transcriptions",
+            self.config.base_url.trim_end_matches('/')
+        );
+        let format = clip.format.to_ascii_lowercase();
+        let file = reqwest::multipart::Part::stream(reqwest::Body::from(clip.bytes.clone()))
+            .file_name(format!("audio.{format}"))
+            .mime_str(&format!("audio/{format}"))
+            .map_err(|_| LlmError::Configuration(format!("invalid audio format {format:?}")))?;
+        let form = reqwest::multipart::Form::new()
+            .text("model", self.config.model.clone())
+            .text("response_format", "json")
+            .part("file", file);
+        let mut headers = self.headers.clone();
+        headers.remove(reqwest::header::CONTENT_TYPE);
+        let transport = &self.config.transport;
+        let sent = self.http.post(&url).headers(headers).multipart(form).send();
+        let response = match tokio::time::timeout(transport.first_byte_timeout, sent).await {
+            Err(_) => {
+                return Err(LlmError::Timeout {
+                    kind: crate::TimeoutKind::FirstByte,
+                    after: transport.first_byte_timeout,
+                });
+            }
+            Ok(Err(error)) => return Err(request_error(&error, transport)),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = read_body(response, transport.idle_timeout, MAX_TRANSCRIPT_BYTES).await?;
+        if !status.is_success() {
+            return Err(error_from_response(
+                self.config.protocol,
+                status.as_u16(),
+                &headers,
+                &body,
+            ));
+        }
+        transcript_text(&body)
+    }
+}
+
+/// The text of a transcription answer (`{"text": …}`; a plain-text body as it is).
+fn transcript_text(body: &[u8]) -> Result<String, LlmError> {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(object)) => match object.get("text") {
+            Some(serde_json::Value::String(text)) => Ok(text.trim().to_owned()),
+            _ => Err(LlmError::MalformedResponse {
+                detail: "the transcription answer has no `text`".into(),
+                raw: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+            }),
+        },
+        _ => match std::str::from_utf8(body) {
+            Ok(text) if !text.trim_start().starts_with(['{', '[']) => Ok(text.trim().to_owned()),
+            _ => Err(LlmError::MalformedResponse {
+                detail: "the transcription answer is neither JSON with `text` nor text".into(),
+                raw: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+            }),
+        },
     }
 }
 

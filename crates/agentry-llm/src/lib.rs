@@ -29,7 +29,9 @@ pub mod tokens;
 pub mod transport;
 pub mod window;
 
-pub use client::{HttpModelClient, ModelClient, ModelStream, collect_response, encode_request};
+pub use client::{
+    AudioClip, HttpModelClient, ModelClient, ModelStream, collect_response, encode_request,
+};
 pub use config::{ApiKey, OpenAiOptions, ProviderConfig};
 pub use decode::decode_stream;
 pub use error::{LlmError, ProviderError, RAW_BODY_LIMIT, TimeoutKind};

@@ -19,11 +19,11 @@ use axum::routing::get;
 use sha2::{Digest, Sha256};
 
 /// What the console page may load: only its own assets, its own API, `data:`/`blob:` images
-/// (attachments), styles from its own stylesheets, and `<style>` elements carrying the page's
+/// and audio (attachments, recordings), styles from its own stylesheets, and `<style>` elements carrying the page's
 /// nonce (the terminal panel's renderer, xterm.js, makes such elements for its theme; the page
 /// stamps the nonce on them as they are created). `{nonce}` is replaced per response.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
-     style-src 'self' 'nonce-{nonce}'; img-src 'self' data: blob:; connect-src 'self'; \
+     style-src 'self' 'nonce-{nonce}'; img-src 'self' data: blob:; media-src 'self' data: blob:; connect-src 'self'; \
      object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'";
 
 /// Where the page carries its nonce (`<meta name="csp-nonce" content="…">`).
@@ -62,6 +62,7 @@ const ASSETS: &[Asset] = assets! {
     "js/runs.js" => "text/javascript; charset=utf-8",
     "js/schedules.js" => "text/javascript; charset=utf-8",
     "js/terminal.js" => "text/javascript; charset=utf-8",
+    "js/recorder.js" => "text/javascript; charset=utf-8",
     "vendor/xterm/xterm.mjs" => "text/javascript; charset=utf-8",
     "vendor/xterm/addon-fit.mjs" => "text/javascript; charset=utf-8",
     "vendor/xterm/xterm.css" => "text/css; charset=utf-8",

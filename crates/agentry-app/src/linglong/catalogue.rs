@@ -1,5 +1,5 @@
 //! The seed's catalogue and session routes in its shapes, over Agentry's own services: models
-//! (`{"model_id", "api_base", "model_name", "api_key", "model_type", "api_protocol",
+//! (`{"model_id", "api_base", "model_name", "api_key", "model_type", "api_protocol", "labels",
 //! "generate_params"}`), prompt templates (`{"template_id", "content"}`), tools (`{"tool_id",
 //! "tool_type", "name", "description", "parameters"}`, a direct call answering `{"result"}`),
 //! and sessions (the index entries, a conversation as `{"meta", "messages"}`, a title).
@@ -26,7 +26,8 @@ fn model_entry(model: &ModelConfig) -> Value {
         "api_base": model.base_url.clone().unwrap_or_else(|| model.protocol.default_base_url().to_owned()),
         "model_name": model.model_name,
         "api_key": if model.api_key_secret.is_some() { "***" } else { "" },
-        "model_type": "llm",
+        "model_type": if agentry_core::media::sees_images(&model.labels) { "vlm" } else { "llm" },
+        "labels": model.labels,
         "api_protocol": model.protocol.name(),
         "generate_params": serde_json::to_value(&model.params).unwrap_or_else(|_| json!({})),
     })
@@ -89,6 +90,7 @@ const MODEL_FIELDS: &[&str] = &[
     "model_type",
     "api_protocol",
     "generate_params",
+    "labels",
 ];
 
 impl App {
@@ -125,6 +127,31 @@ impl App {
         });
         if let Some(params) = body.get("generate_params").filter(|p| !p.is_null()) {
             config["params"] = params.clone();
+        }
+        // Labels as a list or one string; the older `model_type: "vlm"` is the `vlm` label.
+        let mut labels = match body.get("labels") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(text)) => vec![Value::String(text.clone())],
+            Some(Value::Array(list)) => list.clone(),
+            Some(_) => {
+                return Err(AppError::bad_request(
+                    "`labels` must be a list of strings or a string",
+                ));
+            }
+        };
+        if text(&body, "model_type")? == Some("vlm") {
+            labels.push(json!(agentry_core::media::VLM));
+        }
+        if !labels.is_empty() {
+            let text: Vec<String> = labels
+                .iter()
+                .map(|label| {
+                    label.as_str().map(str::to_owned).ok_or_else(|| {
+                        AppError::bad_request("`labels` must be a list of strings or a string")
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            config["labels"] = json!(text.join(","));
         }
         let key = text(&body, "api_key")?.filter(|key| !key.is_empty() && *key != "***");
         let secret = key_secret(&id);

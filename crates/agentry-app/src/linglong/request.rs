@@ -322,32 +322,7 @@ fn user_input(message: &SeedMessage) -> Result<Input, String> {
     Ok(Input::Content { content })
 }
 
-/// Audio as the seed sends it: base64 bytes (WAV), or a `data:audio/<format>;base64,` URL.
-fn audio_part(audio: &str) -> Result<ContentPart, String> {
-    let (format, data) = match audio.strip_prefix("data:") {
-        Some(rest) => {
-            let (media_type, data) = rest
-                .split_once(";base64,")
-                .ok_or("an audio data URL must be base64")?;
-            let format = media_type
-                .strip_prefix("audio/")
-                .ok_or("an audio data URL must have an audio/ media type")?;
-            (format.trim_start_matches("x-").to_owned(), data)
-        }
-        None => ("wav".to_owned(), audio),
-    };
-    let valid = !data.is_empty()
-        && data
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
-    if !valid {
-        return Err("audio must be base64".into());
-    }
-    Ok(ContentPart::Audio {
-        format,
-        data: data.to_owned(),
-    })
-}
+use crate::submission::audio_part;
 
 /// An assistant turn: its reasoning, text and tool calls (ids made up where the client gave
 /// none, arguments parsed from JSON text).

@@ -1088,6 +1088,10 @@ impl SessionManager {
             overflow_retried: false,
             memory: None,
             user: None,
+            // The log does not record the run's own stand-ins: the runtime's labelled ones.
+            media: runtime
+                .media_route(&in_flight.model, None, None)
+                .unwrap_or_default(),
             phase,
         }
     }

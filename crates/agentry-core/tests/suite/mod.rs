@@ -4,6 +4,7 @@ mod engine;
 mod features;
 mod file_refs;
 mod guards;
+mod media;
 mod quotas;
 mod sessions;
 mod skills;

@@ -2,9 +2,10 @@
 // agent, tools, template, images), tool capsules, inline approvals and MCP elicitations,
 // nested sub-agent progress, stop / continue / retry / fork.
 
-import { get, post, stream, ApiError } from "./api.js";
+import { get, post, del, stream, ApiError } from "./api.js";
 import { h, clear, toast, errorText, json } from "./dom.js";
 import { TerminalPanel } from "./terminal.js";
+import { Recorder, MAX_SECONDS } from "./recorder.js";
 import { markdown, safeUrl } from "./markdown.js";
 import { bus } from "./app.js";
 
@@ -107,13 +108,15 @@ class Transcript {
     if (!message || message.role !== "user") return;
     this.lastUserSeq = seq;
     const images = (message.content || []).filter((p) => p.type === "image");
+    const audio = (message.content || []).filter((p) => p.type === "audio" && /^[a-z0-9]{1,16}$/.test(p.format || ""));
     const el = h("div", { class: "message", testid: "message", dataset: { role: "user", seq: String(seq) } },
       h("div", { class: "bubble" },
         h("div", { class: "message-text", testid: "message-text" }, textOf(message.content)),
         images.map((img) => {
           const src = img.source && (img.source.url || (img.source.data && `data:${img.source.media_type};base64,${img.source.data}`));
           return src && /^(data:image\/|https?:)/.test(src) ? h("img", { class: "attachment", src, alt: "attached image" }) : null;
-        })),
+        }),
+        audio.map((part) => h("audio", { class: "attachment", testid: "message-audio", controls: true, src: `data:audio/${part.format};base64,${part.data}` }))),
       h("div", { class: "actions" },
         h("button", { testid: "fork", title: "Fork the session from this message", onclick: () => this.view.fork(seq) }, "Fork"),
         runId ? h("button", { testid: "turn-files", class: "hidden", title: "What this turn changed in the workspace",
@@ -446,6 +449,7 @@ export class ChatView {
     this.controller = null;
     this.sending = false;
     this.images = [];
+    this.audio = null;
     this.closed = false;
     this.build();
     this.onStatus = (event) => this.statusChanged(event.detail);
@@ -478,6 +482,50 @@ export class ChatView {
     if (!this.terminalSlot.classList.contains("hidden") && this.terminals.current) this.terminals.show(this.terminals.current);
   }
 
+  /** Edits the title in place: Enter saves it, Escape (or leaving the field) keeps the old one. */
+  rename() {
+    if (!this.sessionId || this.title.querySelector("input")) return;
+    const old = this.title.textContent;
+    const input = h("input", { testid: "title-input", "aria-label": "Session title", value: old === "…" ? "" : old, maxlength: 200 });
+    let done = false;
+    const finish = async (save) => {
+      if (done) return;
+      done = true;
+      const title = input.value.trim();
+      this.title.textContent = save && title ? title : old;
+      if (!save || !title || title === old) return;
+      try {
+        await post(`/v1/sessions/${this.sessionId}/title`, { title });
+        if (this.sidebar) this.sidebar.upsert({ id: this.sessionId, title });
+      } catch (error) {
+        this.title.textContent = old;
+        toast(errorText(error), "error");
+      }
+    };
+    input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") { event.preventDefault(); finish(true); }
+      if (event.key === "Escape") { event.preventDefault(); event.stopPropagation(); finish(false); }
+    });
+    input.addEventListener("blur", () => finish(false));
+    clear(this.title).append(input);
+    input.focus();
+    input.select();
+  }
+
+  /** Deletes the session (after a confirmation) and goes back to a new chat. */
+  async deleteSession() {
+    if (!this.sessionId || !confirm("Delete this session? Its conversation and log are removed.")) return;
+    try {
+      await del(`/v1/sessions/${this.sessionId}`);
+    } catch (error) {
+      toast(errorText(error), "error");
+      return;
+    }
+    if (this.sidebar) this.sidebar.remove(this.sessionId);
+    toast("Session deleted.");
+    location.hash = "#/chat";
+  }
+
   close() {
     this.closed = true;
     if (this.terminals) this.terminals.destroy();
@@ -493,6 +541,10 @@ export class ChatView {
     this.terminalButton = h("button", { testid: "open-terminal", class: this.sessionId ? "" : "hidden",
       title: "A real shell in this session's sandbox", onclick: () => this.toggleTerminal() }, "Terminal");
     this.terminalSlot = h("div", { class: "terminal-slot hidden" });
+    this.renameButton = h("button", { testid: "rename-session", class: this.sessionId ? "" : "hidden", title: "Rename this session",
+      onclick: () => this.rename() }, "Rename");
+    this.deleteButton = h("button", { testid: "delete-session", class: `danger${this.sessionId ? "" : " hidden"}`, title: "Delete this session and its log",
+      onclick: () => this.deleteSession() }, "Delete");
     this.transcriptEl = h("div", { class: "transcript", role: "log", "aria-live": "polite" },
       this.sessionId ? null : h("div", { class: "empty" }, h("h2", {}, "What should we work on?"), h("p", {}, "Pick a model or an agent, then write below. Ctrl+Enter sends, Esc stops.")));
     this.transcript = new Transcript(this.transcriptEl, this);
@@ -512,14 +564,16 @@ export class ChatView {
     this.sendButton = h("button", { class: "primary", testid: "send", onclick: () => this.send(), title: "Send (Ctrl+Enter)" }, "Send");
     this.stopButton = h("button", { class: "danger hidden", testid: "stop", onclick: () => this.stop(), title: "Stop (Esc)" }, "Stop");
     this.root.append(h("div", { class: "chat", testid: "chat" },
-      h("div", { class: "chat-head" }, this.title, this.terminalButton, this.traceLink),
+      h("div", { class: "chat-head" }, this.title, this.renameButton, this.deleteButton, this.terminalButton, this.traceLink),
       this.transcriptEl,
       this.terminalSlot,
       h("div", { class: "composer" },
         h("div", { class: "options" }, this.picker,
           h("div", { class: "tool-picker", testid: "tool-picker" }, this.toolButton, this.toolMenu),
           this.templatePicker,
-          h("button", { type: "button", onclick: () => this.attach_.click(), title: "Attach images" }, "Attach"), this.attach_),
+          h("button", { type: "button", onclick: () => this.attach_.click(), title: "Attach images" }, "Attach"), this.attach_,
+          this.recordButton = h("button", { type: "button", testid: "record", title: "Record a voice message (sent to models that take audio, else transcribed by the speech model)",
+            onclick: () => this.toggleRecording() }, "Record")),
         this.vars, this.thumbs,
         h("div", { class: "input-row" }, this.input, this.stopButton, this.sendButton),
         h("div", { class: "hint" }, "Ctrl+Enter to send · Esc to stop · paste images"))));
@@ -578,6 +632,49 @@ export class ChatView {
         this.vars.append(h("input", { dataset: { var: variable }, placeholder: variable, "aria-label": variable }));
       }
     } catch (error) { toast(errorText(error), "error"); }
+  }
+
+  /** Starts recording from the microphone, or stops and attaches the take. */
+  async toggleRecording() {
+    if (this.recorder) {
+      const recorder = this.recorder;
+      this.recorder = null;
+      clearInterval(this.recordTimer);
+      this.recordButton.textContent = "Record";
+      this.recordButton.classList.remove("recording");
+      try {
+        this.setAudio(await recorder.stop());
+      } catch (error) {
+        toast(`The recording failed: ${errorText(error)}`, "error");
+      }
+      return;
+    }
+    const recorder = new Recorder();
+    try {
+      await recorder.start();
+    } catch (error) {
+      toast(`Cannot record: ${errorText(error)}`, "error");
+      return;
+    }
+    this.recorder = recorder;
+    this.recordButton.classList.add("recording");
+    const tick = () => {
+      const seconds = recorder.elapsed();
+      this.recordButton.textContent = `Stop ${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
+      if (seconds >= MAX_SECONDS) this.toggleRecording();
+    };
+    tick();
+    this.recordTimer = setInterval(tick, 500);
+  }
+
+  /** Attaches a recording (a data: URL), replacing any earlier one; `null` removes it. */
+  setAudio(url) {
+    this.audio = url;
+    this.thumbs.querySelector("[data-testid=audio-attachment]")?.remove();
+    if (!url) return;
+    this.thumbs.append(h("span", { class: "audio-chip", testid: "audio-attachment" },
+      h("audio", { controls: true, src: url }),
+      h("button", { type: "button", testid: "remove-audio", title: "Remove the recording", onclick: () => this.setAudio(null) }, "×")));
   }
 
   paste(event) {
@@ -786,12 +883,13 @@ export class ChatView {
       const args = {};
       this.vars.querySelectorAll("input[data-var]").forEach((i) => { args[i.dataset.var] = i.value; });
       body.messages = [{ role: "user", prompt_template: template, arguments: args, images: this.images }];
-    } else if (this.images.length) {
+    } else if (this.images.length || this.audio) {
       body.messages = [{ role: "user", content: text, images: this.images }];
     } else {
       body.text = text;
     }
-    return { body, empty: !text && !template && !this.images.length };
+    if (this.audio && body.messages) body.messages[0].audio = this.audio;
+    return { body, empty: !text && !template && !this.images.length && !this.audio };
   }
 
   async send() {
@@ -807,6 +905,7 @@ export class ChatView {
     const sentText = this.input.value;
     this.input.value = "";
     this.images = [];
+    this.audio = null;
     clear(this.thumbs);
     try {
       await stream("POST", "/v1/infer/stream", body, (name, data) => {
@@ -848,6 +947,8 @@ export class ChatView {
     this.traceLink.href = `#/trace/${id}`;
     this.traceLink.classList.remove("hidden");
     this.terminalButton.classList.remove("hidden");
+    this.renameButton.classList.remove("hidden");
+    this.deleteButton.classList.remove("hidden");
     this.title.textContent = "New chat";
     if (this.sidebar) {
       // Its status comes from the status feed, which may already have reported it.

@@ -1,9 +1,11 @@
-// Settings: models (with a connection test), tools (with a call test), MCP servers, skills,
-// prompt templates, agents, secrets (write-only), API keys, sandbox capabilities.
+// Settings: models (with a connection test, edit and copy), tools (with a call test, edit),
+// MCP servers, skills, prompt templates (edit), agents (edit), secrets (write-only), API keys,
+// sandbox capabilities.
 // Each form's inputs are named after the API body's fields; list fields take comma-separated
-// text, object fields JSON.
+// text, object fields JSON. Editing fills the form from the saved entry and saves it with PUT,
+// keeping the fields the form does not show.
 
-import { get, post, del } from "./api.js";
+import { get, post, put, del } from "./api.js";
 import { h, clear, toast, errorText, json, time } from "./dom.js";
 
 const SECTIONS = [
@@ -39,6 +41,63 @@ function parseJson(text, what) {
   if (!text) return undefined;
   try { return JSON.parse(text); } catch { throw new Error(`${what} must be JSON`); }
 }
+
+/** The label known to the runtime, and what it means (shown as hints and badges). */
+const MODEL_LABELS = {
+  vision: "takes images", audio: "takes audio", thinking: "reasons before answering",
+  summary: "writes summaries and titles", "read-image": "describes images for models without vision",
+  speech: "transcribes audio for models without audio",
+};
+
+/**
+ * Fills `el` (a form) with `values` for editing the entry `editing` (or, without it, for a new
+ * entry such as a copy), and retitles its card. The original entry is kept on the form, so a
+ * save keeps what the form does not show.
+ */
+function fill(el, values, editing, heading) {
+  for (const input of el.querySelectorAll("[name]")) {
+    const value = values[input.name];
+    if (input.type === "checkbox") input.checked = Boolean(value);
+    else if (value === undefined || value === null) input.value = "";
+    else if (Array.isArray(value)) input.value = value.join(", ");
+    else if (typeof value === "object") input.value = JSON.stringify(value, null, 2);
+    else input.value = String(value);
+  }
+  el.original = values;
+  if (editing) el.dataset.editing = editing; else delete el.dataset.editing;
+  // An entry keeps its id while edited (a copy is a new entry, under a new id).
+  for (const input of el.querySelectorAll("input[name=id], input[name=name]")) input.readOnly = Boolean(editing);
+  const card = el.closest(".card");
+  const title = card?.querySelector("h3");
+  if (title) title.textContent = heading;
+  el.querySelector("[data-testid=save]").textContent = editing ? "Save changes" : "Save";
+  card?.querySelector("[data-testid=cancel-edit]")?.classList.remove("hidden");
+  card?.scrollIntoView({ block: "center" });
+  el.querySelector("[name]:not([readonly])")?.focus();
+}
+
+/** A card holding `formEl` under `heading`, with a Cancel that empties the form again. */
+function formCard(heading, formEl, reload, ...extra) {
+  return h("div", { class: "card" }, h("h3", {}, heading), ...extra, formEl,
+    h("button", { class: "hidden", type: "button", testid: "cancel-edit", onclick: () => reload() }, "Cancel editing"));
+}
+
+/** The saved entry with the form's values over it; a field set to `undefined` is dropped. */
+function merged(el, values) {
+  const body = { ...(el.original || {}), ...values };
+  for (const key of Object.keys(body)) if (body[key] === undefined) delete body[key];
+  return body;
+}
+
+/** POST a new entry to `collection`, or PUT the one being edited. */
+async function saveEntry(el, collection, body) {
+  const editing = el.dataset.editing;
+  if (editing) return put(`${collection}/${encodeURIComponent(editing)}`, body);
+  return post(collection, body);
+}
+
+/** Whether a tool is one of the configured ones (an HTTP or command tool), which may be edited. */
+const configured = (tool) => !["builtin", "mcp", "skill"].includes(tool.kind);
 
 function row(id, meta, ...actions) {
   return h("div", { class: "row", testid: "row", dataset: { id } }, h("span", { class: "id" }, id), h("span", { class: "meta" }, meta), ...actions);
@@ -79,7 +138,8 @@ export class SettingsView {
     const { models } = await get("/v1/models");
     root.append(h("div", { class: "card" }, h("div", { class: "rows" }, models.length ? models.map((m) => {
       const result = h("span", { class: "result", testid: "test-result" });
-      return row(m.id, `${m.default ? "default · " : ""}${m.protocol} · ${m.model_name}${m.base_url ? ` · ${m.base_url}` : ""}${m.context_window ? ` · ${m.context_window} tokens` : ""}`,
+      return row(m.id, h("span", {}, `${m.default ? "default · " : ""}${m.protocol} · ${m.model_name}${m.base_url ? ` · ${m.base_url}` : ""}${m.context_window ? ` · ${m.context_window} tokens` : ""}`,
+        (m.labels || []).map((label) => h("span", { class: "badge", testid: "model-label", title: MODEL_LABELS[label] || "your label" }, label))),
         result,
         h("button", { testid: "test", onclick: async () => {
           result.textContent = "testing…";
@@ -93,26 +153,31 @@ export class SettingsView {
             result.textContent = errorText(error);
           }
         } }, "Test"),
+        h("button", { testid: "edit", onclick: () => fill(modelForm, m, m.id, `Edit model ${m.id}`) }, "Edit"),
+        h("button", { testid: "copy", title: "A new model with these settings", onclick: () => fill(modelForm, { ...m, id: `${m.id}-copy`, default: false }, null, `Copy of ${m.id}`) }, "Copy"),
         deleteButton(`/v1/models/${encodeURIComponent(m.id)}`, reload, `model ${m.id}`));
     }) : h("p", { class: "muted" }, "No model yet."))));
-    root.append(h("div", { class: "card" }, h("h3", {}, "Add a model"), form("model-form", [
+    const modelForm = form("model-form", [
       field("Id", h("input", { name: "id", required: true, placeholder: "gpt" })),
       field("Protocol", h("select", { name: "protocol" }, ["openai", "anthropic", "ollama"].map((p) => h("option", { value: p }, p)))),
       field("Model name", h("input", { name: "model_name", required: true, placeholder: "gpt-4.1-mini" })),
       field("Base URL", h("input", { name: "base_url", placeholder: "https://api.openai.com/v1" })),
       field("API key secret (a secret's name)", h("input", { name: "api_key_secret", placeholder: "OPENAI_API_KEY" })),
       field("Context window (tokens; empty: what the provider states, else the known one)", h("input", { name: "context_window", type: "number", min: 256 })),
+      field("Labels (comma-separated: vision, audio, thinking, summary, read-image, speech, or your own)", h("input", { name: "labels", testid: "model-labels", placeholder: "vision, thinking" }), true),
       field("Default model (used when a run names none; else the first registered)", h("input", { name: "default", type: "checkbox" })),
-    ], async (v) => {
-      const body = { id: v.id, protocol: v.protocol, model_name: v.model_name };
-      if (v.base_url) body.base_url = v.base_url;
-      if (v.api_key_secret) body.api_key_secret = v.api_key_secret;
-      if (v.context_window) body.context_window = Number(v.context_window);
-      if (v.default) body.default = true;
-      await post("/v1/models", body);
-      toast(`Model ${v.id} added.`);
+    ], async (v, el) => {
+      const body = merged(el, {
+        id: v.id, protocol: v.protocol, model_name: v.model_name,
+        base_url: v.base_url || undefined, api_key_secret: v.api_key_secret || undefined,
+        context_window: v.context_window ? Number(v.context_window) : undefined,
+        default: v.default || undefined, labels: list(v.labels),
+      });
+      await saveEntry(el, "/v1/models", body);
+      toast(el.dataset.editing ? `Model ${v.id} saved.` : `Model ${v.id} added.`);
       reload();
-    })));
+    });
+    root.append(formCard("Add a model", modelForm, reload));
   }
 
   async tools(root, reload) {
@@ -136,19 +201,25 @@ export class SettingsView {
       return h("div", { class: "row", testid: "row", dataset: { id: tool.name } },
         h("span", { class: "id" }, tool.name), h("span", { class: "meta", title: tool.description }, `${tool.kind} · ${tool.description || ""}`),
         h("button", { testid: "call", onclick: () => box.classList.toggle("hidden") }, "Call"),
-        tool.kind === "builtin" || tool.kind === "mcp" || tool.kind === "skill" ? null : deleteButton(`/v1/tools/${encodeURIComponent(tool.name)}`, reload, `tool ${tool.name}`),
+        configured(tool) ? h("button", { testid: "edit", onclick: async () => {
+          try {
+            const definition = await get(`/v1/tools/${encodeURIComponent(tool.name)}`);
+            fill(toolForm, { definition }, tool.name, `Edit tool ${tool.name}`);
+          } catch (error) { toast(errorText(error), "error"); }
+        } }, "Edit") : null,
+        configured(tool) ? deleteButton(`/v1/tools/${encodeURIComponent(tool.name)}`, reload, `tool ${tool.name}`) : null,
         box);
     }))));
-    root.append(h("div", { class: "card" }, h("h3", {}, "Add a tool"),
-      h("p", { class: "muted" }, "An HTTP endpoint or a command, as the API's tool definition (JSON)."),
-      form("tool-form", [
-        field("Definition", h("textarea", { name: "definition", rows: 6, placeholder: '{"name": "weather", "description": "…", "kind": "http", "url": "https://…", "parameters": {"type": "object", "properties": {}}}' }), true),
-      ], async (v) => {
-        const definition = parseJson(v.definition, "The definition");
-        await post("/v1/tools", definition);
-        toast(`Tool ${definition.name} added.`);
-        reload();
-      })));
+    const toolForm = form("tool-form", [
+      field("Definition", h("textarea", { name: "definition", rows: 8, placeholder: '{"name": "weather", "description": "…", "kind": "http", "url": "https://…", "parameters": {"type": "object", "properties": {}}}' }), true),
+    ], async (v, el) => {
+      const definition = parseJson(v.definition, "The definition");
+      await saveEntry(el, "/v1/tools", definition);
+      toast(el.dataset.editing ? `Tool ${definition.name} saved.` : `Tool ${definition.name} added.`);
+      reload();
+    });
+    root.append(formCard("Add a tool", toolForm, reload,
+      h("p", { class: "muted" }, "An HTTP endpoint or a command, as the API's tool definition (JSON).")));
   }
 
   async mcp(root, reload) {
@@ -189,25 +260,33 @@ export class SettingsView {
   async templates(root, reload) {
     const { templates } = await get("/v1/prompt-templates");
     root.append(h("div", { class: "card" }, h("div", { class: "rows" }, templates.length ? templates.map((t) =>
-      row(t.name, (t.template || "").slice(0, 120), deleteButton(`/v1/prompt-templates/${encodeURIComponent(t.name)}`, reload, `template ${t.name}`)))
+      row(t.name, (t.template || "").slice(0, 120),
+        h("button", { testid: "edit", onclick: () => fill(templateForm, t, t.name, `Edit template ${t.name}`) }, "Edit"),
+        deleteButton(`/v1/prompt-templates/${encodeURIComponent(t.name)}`, reload, `template ${t.name}`)))
       : h("p", { class: "muted" }, "No template yet."))));
-    root.append(h("div", { class: "card" }, h("h3", {}, "Add a template"), h("p", { class: "muted" }, "Jinja syntax: {{ variable }}; the chat asks for each variable."), form("template-form", [
+    const templateForm = form("template-form", [
       field("Name", h("input", { name: "name", required: true, placeholder: "review" })),
       field("Template", h("textarea", { name: "template", required: true, rows: 5, placeholder: "Review this {{ language }} code:\n{{ code }}" }), true),
-    ], async (v) => {
-      await post("/v1/prompt-templates", { name: v.name, template: v.template });
-      toast(`Template ${v.name} added.`);
+    ], async (v, el) => {
+      await saveEntry(el, "/v1/prompt-templates", { name: v.name, template: v.template });
+      toast(el.dataset.editing ? `Template ${v.name} saved.` : `Template ${v.name} added.`);
       reload();
-    })));
+    });
+    root.append(formCard("Add a template", templateForm, reload,
+      h("p", { class: "muted" }, "Jinja syntax: {{ variable }}; the chat asks for each variable.")));
   }
 
   async agents(root, reload) {
     const [{ agents }, { models }] = await Promise.all([get("/v1/agents"), get("/v1/models")]);
     root.append(h("div", { class: "card" }, h("div", { class: "rows" }, agents.length ? agents.map((a) =>
       row(a.id, `${a.nickname ? `@${a.nickname} · ` : ""}${a.model_id}${(a.tool_ids || []).length ? ` · tools: ${a.tool_ids.join(", ")}` : ""}${(a.labels || []).length ? ` · ${a.labels.join(", ")}` : ""}`,
+        h("button", { testid: "edit", onclick: () => fill(agentForm,
+          { ...a, max_tool_rounds: a.limits?.max_tool_rounds ?? a.max_tool_rounds }, a.id, `Edit agent ${a.id}`) }, "Edit"),
         deleteButton(`/v1/agents/${encodeURIComponent(a.id)}`, reload, `agent ${a.id}`)))
       : h("p", { class: "muted" }, "No agent yet."))));
-    root.append(h("div", { class: "card" }, h("h3", {}, "Add an agent"), form("agent-form", [
+    const standIn = (name, label) => h("select", { name },
+      h("option", { value: "" }, `the model labelled ${label}, if any`), models.map((m) => h("option", { value: m.id }, m.id)));
+    const agentForm = form("agent-form", [
       field("Id", h("input", { name: "id", required: true, placeholder: "researcher" })),
       field("Nickname", h("input", { name: "nickname", placeholder: "res" })),
       field("Model", h("select", { name: "model_id", required: true }, models.map((m) => h("option", { value: m.id }, m.id)))),
@@ -218,19 +297,30 @@ export class SettingsView {
       field("MCP servers (comma-separated)", h("input", { name: "mcp_servers" })),
       field("Max tool rounds", h("input", { name: "max_tool_rounds", type: "number", min: 1 })),
       field("System prompt", h("textarea", { name: "system", rows: 4 }), true),
+      field("Vision model (describes images when its model cannot see them)", standIn("vision_model_id", "read-image")),
+      field("Speech model (transcribes audio when its model cannot hear it)", standIn("speech_model_id", "speech")),
       field("Approvals (JSON)", h("textarea", { name: "approvals", rows: 3, placeholder: '{"tools": {"exec": "always"}}' }), true),
-    ], async (v) => {
-      const body = { id: v.id, model_id: v.model_id, tool_ids: list(v.tool_ids), labels: list(v.labels),
-        fallback_model_ids: list(v.fallback_model_ids), skills: list(v.skills), mcp_servers: list(v.mcp_servers) };
-      if (v.nickname) body.nickname = v.nickname;
-      if (v.system) body.system = v.system;
-      if (v.max_tool_rounds) body.max_tool_rounds = Number(v.max_tool_rounds);
-      const approvals = parseJson(v.approvals, "Approvals");
-      if (approvals) body.approvals = approvals;
-      await post("/v1/agents", body);
-      toast(`Agent ${v.id} added.`);
+    ], async (v, el) => {
+      const rounds = v.max_tool_rounds ? Number(v.max_tool_rounds) : undefined;
+      const original = el.original || {};
+      const body = merged(el, { id: v.id, model_id: v.model_id, tool_ids: list(v.tool_ids), labels: list(v.labels),
+        fallback_model_ids: list(v.fallback_model_ids), skills: list(v.skills), mcp_servers: list(v.mcp_servers),
+        nickname: v.nickname || undefined, system: v.system || undefined,
+        vision_model_id: v.vision_model_id || undefined, speech_model_id: v.speech_model_id || undefined,
+        approvals: parseJson(v.approvals, "Approvals") });
+      // The round limit lives in `limits` when the saved agent keeps it there.
+      if (original.limits) {
+        body.limits = { ...original.limits, max_tool_rounds: rounds };
+        if (rounds === undefined) delete body.limits.max_tool_rounds;
+        delete body.max_tool_rounds;
+      } else if (rounds === undefined) delete body.max_tool_rounds;
+      else body.max_tool_rounds = rounds;
+      delete body.system_prompt;
+      await saveEntry(el, "/v1/agents", body);
+      toast(el.dataset.editing ? `Agent ${v.id} saved.` : `Agent ${v.id} added.`);
       reload();
-    })));
+    });
+    root.append(formCard("Add an agent", agentForm, reload));
   }
 
   async secrets(root, reload) {

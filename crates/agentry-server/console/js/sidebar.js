@@ -130,6 +130,13 @@ export class Sidebar {
     clear(this.list).append(...(items.length ? items : [h("p", { class: "muted", style: "padding: 8px" }, query ? "No session matches." : "No sessions yet.")]));
   }
 
+  /** Forgets a deleted session. */
+  remove(id) {
+    this.sessions.delete(id);
+    if (this.current === id) this.current = null;
+    this.render();
+  }
+
   /** Adds or updates one session (the chat view made it). */
   upsert(session) {
     const known = this.sessions.get(session.id) || {};

@@ -328,7 +328,8 @@ struct TitleBody {
     #[serde(default)]
     #[schema(max_length = 1000)]
     title: Option<String>,
-    /// The model that writes the title (default: the first registered).
+    /// The model that writes the title (default: the model labelled `summary`, else the
+    /// default model).
     #[serde(default)]
     model_id: Option<String>,
 }

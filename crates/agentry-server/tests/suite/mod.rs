@@ -10,6 +10,7 @@ mod infer;
 mod linglong;
 mod mcp_server;
 mod mcp_servers;
+mod media;
 mod memories;
 mod openapi;
 mod ops;

@@ -111,6 +111,14 @@ struct AddArgs {
     /// (without one they are dropped).
     #[arg(long)]
     summary_model: Option<String>,
+    /// A registered model that describes images when the agent's model cannot see them
+    /// (default: the model labelled `read-image`).
+    #[arg(long)]
+    vision_model: Option<String>,
+    /// A registered speech model that transcribes audio when the agent's model cannot hear it
+    /// (default: the model labelled `speech`).
+    #[arg(long)]
+    speech_model: Option<String>,
     /// Replace an agent with the same id instead of refusing.
     #[arg(long)]
     replace: bool,
@@ -163,6 +171,8 @@ impl AddArgs {
             // A narrower network and a default webhook are set in an agent file (`--file`).
             network: None,
             webhook_url: None,
+            vision_model_id: self.vision_model,
+            speech_model_id: self.speech_model,
         })
     }
 }
