@@ -63,6 +63,8 @@ const ASSETS: &[Asset] = assets! {
     "js/schedules.js" => "text/javascript; charset=utf-8",
     "js/terminal.js" => "text/javascript; charset=utf-8",
     "js/recorder.js" => "text/javascript; charset=utf-8",
+    "js/files.js" => "text/javascript; charset=utf-8",
+    "js/resize.js" => "text/javascript; charset=utf-8",
     "vendor/xterm/xterm.mjs" => "text/javascript; charset=utf-8",
     "vendor/xterm/addon-fit.mjs" => "text/javascript; charset=utf-8",
     "vendor/xterm/xterm.css" => "text/css; charset=utf-8",

@@ -9,6 +9,7 @@ import { SettingsView } from "./settings.js";
 import { TraceView } from "./trace.js";
 import { RunsView } from "./runs.js";
 import { SchedulesView } from "./schedules.js";
+import { resizable } from "./resize.js";
 
 /** Status changes (`status` events with the feed's data) and other app-wide news. */
 export const bus = new EventTarget();
@@ -32,6 +33,14 @@ applyTheme(initialTheme());
 document.getElementById("theme-toggle").addEventListener("click", () => {
   applyTheme(document.documentElement.dataset.theme === "dark" ? "light" : "dark");
 });
+
+// --- the sidebar's width: dragged by its handle, remembered ---
+{
+  const handle = document.getElementById("sidebar-resize");
+  const layout = document.querySelector(".layout");
+  resizable(handle, { key: "agentry.sidebar.width", initial: 290, min: 200, max: () => Math.max(240, window.innerWidth * 0.5),
+    edge: "left", apply: (width) => layout.style.setProperty("--sidebar-width", `${width}px`) });
+}
 
 // --- narrow screens: the sidebar slides in ---
 document.getElementById("menu").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));

@@ -6,6 +6,8 @@ import { get, post, del, stream, ApiError } from "./api.js";
 import { h, clear, toast, errorText, json } from "./dom.js";
 import { TerminalPanel } from "./terminal.js";
 import { Recorder, MAX_SECONDS } from "./recorder.js";
+import { FilesPanel } from "./files.js";
+import { resizable } from "./resize.js";
 import { markdown, safeUrl } from "./markdown.js";
 import { bus } from "./app.js";
 
@@ -468,6 +470,25 @@ export class ChatView {
     if (sessionId) this.load();
   }
 
+  /** Opens (the first time: loads) or hides the session's Files panel. */
+  toggleFiles() {
+    if (!this.sessionId) return;
+    if (!this.files) {
+      this.files = new FilesPanel(this.sessionId);
+      const handle = h("div", { class: "resize-handle", testid: "files-resize", "aria-label": "Resize the Files panel" });
+      resizable(handle, { key: "agentry.files.width", initial: 420, min: 260, max: () => Math.max(320, window.innerWidth - 520),
+        edge: "right", apply: (width) => this.filesSlot.style.setProperty("width", `${width}px`) });
+      this.filesSlot.append(handle, this.files.el);
+      this.filesSlot.classList.remove("hidden");
+      this.filesButton.classList.add("active");
+      this.files.load();
+      return;
+    }
+    this.filesSlot.classList.toggle("hidden");
+    this.filesButton.classList.toggle("active", !this.filesSlot.classList.contains("hidden"));
+    if (!this.filesSlot.classList.contains("hidden")) this.files.refresh();
+  }
+
   /** Opens (the first time: loads) or hides the session's terminal panel. */
   toggleTerminal() {
     if (!this.sessionId) return;
@@ -529,6 +550,7 @@ export class ChatView {
   close() {
     this.closed = true;
     if (this.terminals) this.terminals.destroy();
+    if (this.files) this.files.destroy();
     bus.removeEventListener("status", this.onStatus);
     document.removeEventListener("keydown", this.onKey);
     document.removeEventListener("click", this.onClick);
@@ -541,6 +563,9 @@ export class ChatView {
     this.terminalButton = h("button", { testid: "open-terminal", class: this.sessionId ? "" : "hidden",
       title: "A real shell in this session's sandbox", onclick: () => this.toggleTerminal() }, "Terminal");
     this.terminalSlot = h("div", { class: "terminal-slot hidden" });
+    this.filesButton = h("button", { testid: "open-files", class: this.sessionId ? "" : "hidden",
+      title: "This session's workspace: browse, preview, upload, download", onclick: () => this.toggleFiles() }, "Files");
+    this.filesSlot = h("aside", { class: "files-slot hidden" });
     this.renameButton = h("button", { testid: "rename-session", class: this.sessionId ? "" : "hidden", title: "Rename this session",
       onclick: () => this.rename() }, "Rename");
     this.deleteButton = h("button", { testid: "delete-session", class: `danger${this.sessionId ? "" : " hidden"}`, title: "Delete this session and its log",
@@ -563,8 +588,8 @@ export class ChatView {
     this.attach_ = h("input", { type: "file", accept: "image/*", multiple: true, testid: "attach", class: "hidden", onchange: () => this.addFiles(this.attach_.files) });
     this.sendButton = h("button", { class: "primary", testid: "send", onclick: () => this.send(), title: "Send (Ctrl+Enter)" }, "Send");
     this.stopButton = h("button", { class: "danger hidden", testid: "stop", onclick: () => this.stop(), title: "Stop (Esc)" }, "Stop");
-    this.root.append(h("div", { class: "chat", testid: "chat" },
-      h("div", { class: "chat-head" }, this.title, this.renameButton, this.deleteButton, this.terminalButton, this.traceLink),
+    this.root.append(h("div", { class: "chat-area" }, h("div", { class: "chat", testid: "chat" },
+      h("div", { class: "chat-head" }, this.title, this.renameButton, this.deleteButton, this.filesButton, this.terminalButton, this.traceLink),
       this.transcriptEl,
       this.terminalSlot,
       h("div", { class: "composer" },
@@ -576,7 +601,7 @@ export class ChatView {
             onclick: () => this.toggleRecording() }, "Record")),
         this.vars, this.thumbs,
         h("div", { class: "input-row" }, this.input, this.stopButton, this.sendButton),
-        h("div", { class: "hint" }, "Ctrl+Enter to send · Esc to stop · paste images"))));
+        h("div", { class: "hint" }, "Ctrl+Enter to send · Esc to stop · paste images"))), this.filesSlot));
   }
 
   async loadPickers() {
@@ -947,6 +972,7 @@ export class ChatView {
     this.traceLink.href = `#/trace/${id}`;
     this.traceLink.classList.remove("hidden");
     this.terminalButton.classList.remove("hidden");
+    this.filesButton.classList.remove("hidden");
     this.renameButton.classList.remove("hidden");
     this.deleteButton.classList.remove("hidden");
     this.title.textContent = "New chat";
