@@ -1,8 +1,15 @@
 // A small Markdown renderer that builds DOM nodes (never HTML strings, so nothing the model
 // writes can inject markup): fenced code with highlighting, headings, lists, quotes, tables,
-// paragraphs; inline code, bold, italics, strike-through and http(s) links.
+// paragraphs; inline code, bold, italics, strike-through and http(s) links; math (`$…$`,
+// `\(…\)`, `$$…$$`, `\[…\]`) and ```mermaid diagrams as placeholders that rich.js renders.
 
 import { h } from "./dom.js";
+import { typeset } from "./rich.js";
+
+/** A formula's placeholder: its TeX as text until KaTeX has drawn it. */
+function math(tex, display) {
+  return h(display ? "div" : "span", { class: `math${display ? " math-block" : ""}`, dataset: { tex, display: display ? "block" : "inline" } }, tex);
+}
 
 const KEYWORDS = new Set((
   "as async await break case catch class const continue def default defer del do elif else enum " +
@@ -45,7 +52,9 @@ export function safeUrl(url) {
 /** Inline Markdown into nodes. */
 export function inline(text) {
   const out = document.createDocumentFragment();
-  const pattern = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*]+)\*\*|__([^_]+)__|~~([^~]+)~~|\*([^*\s][^*]*)\*|(?<![\w])_([^_\s][^_]*)_(?![\w])|\[([^\]]+)\]\(([^)\s]+)\)|(https?:\/\/[^\s<>()]+[^\s<>().,;:!?'"])/g;
+  // Math: `$…$` whose `$`s hug the formula and are not followed by a digit (so "$5 and $6" is
+  // money), or `\(…\)`.
+  const pattern = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*]+)\*\*|__([^_]+)__|~~([^~]+)~~|\*([^*\s][^*]*)\*|(?<![\w])_([^_\s][^_]*)_(?![\w])|\[([^\]]+)\]\(([^)\s]+)\)|(https?:\/\/[^\s<>()]+[^\s<>().,;:!?'"])|(?<![\\$\w])\$(?![\s$])([^$\n]*?[^\s\\$])\$(?![\d$])|\\\(([\s\S]+?)\\\)/g;
   let last = 0;
   for (const m of text.matchAll(pattern)) {
     if (m.index > last) out.append(text.slice(last, m.index));
@@ -59,6 +68,8 @@ export function inline(text) {
     } else if (m[10] !== undefined) {
       const href = safeUrl(m[10]);
       out.append(href ? h("a", { href, target: "_blank", rel: "noopener noreferrer" }, m[10]) : m[10]);
+    } else if (m[11] !== undefined || m[12] !== undefined) {
+      out.append(math((m[11] ?? m[12]).trim(), false));
     }
     last = m.index + m[0].length;
   }
@@ -70,8 +81,15 @@ function tableRow(line) {
   return line.replace(/^\s*\|/, "").replace(/\|\s*$/, "").split("|").map((cell) => cell.trim());
 }
 
-/** Markdown text into a fragment of block nodes. An unclosed code fence (mid-stream) still renders. */
+/** Markdown text into a fragment of block nodes (math and diagrams drawn as they are ready). */
 export function markdown(text) {
+  const out = blocks(text);
+  typeset(out);
+  return out;
+}
+
+/** Markdown text into block nodes. An unclosed code fence (mid-stream) still renders. */
+function blocks(text) {
   const out = document.createDocumentFragment();
   const lines = String(text || "").replace(/\r\n/g, "\n").split("\n");
   let i = 0;
@@ -94,8 +112,36 @@ export function markdown(text) {
       while (i < lines.length && !lines[i].trim().startsWith(fence[1])) { code.push(lines[i]); i += 1; }
       i += 1;
       const lang = fence[2] || "";
-      out.append(h("pre", { dataset: lang ? { lang } : {} }, h("code", {}, highlight(code.join("\n"), lang))));
+      const closed = i <= lines.length;
+      if (lang.toLowerCase() === "mermaid" && closed && code.join("").trim()) {
+        out.append(h("div", { class: "diagram", dataset: { source: code.join("\n") } }, h("pre", {}, h("code", {}, code.join("\n")))));
+      } else {
+        out.append(h("pre", { dataset: lang ? { lang } : {} }, h("code", {}, highlight(code.join("\n"), lang))));
+      }
       continue;
+    }
+    // Display math: `$$…$$` or `\[…\]`, on one line or over several.
+    const display = line.match(/^\s*(\$\$|\\\[)(.*)$/);
+    if (display) {
+      const close = display[1] === "$$" ? "$$" : "\\]";
+      const rest = display[2];
+      const end = rest.indexOf(close);
+      if (end >= 0 && rest.slice(end + close.length).trim() === "") {
+        flush();
+        if (rest.slice(0, end).trim()) out.append(math(rest.slice(0, end).trim(), true));
+        i += 1;
+        continue;
+      }
+      let j = i + 1;
+      while (j < lines.length && !lines[j].includes(close)) j += 1;
+      if (j < lines.length && lines[j].trim().endsWith(close) && end < 0) {
+        flush();
+        const last = lines[j].trim();
+        const tex = [rest, ...lines.slice(i + 1, j), last.slice(0, last.length - close.length)].join("\n").trim();
+        if (tex) out.append(math(tex, true));
+        i = j + 1;
+        continue;
+      }
     }
     const heading = line.match(/^(#{1,6})\s+(.*)$/);
     if (heading) {
@@ -109,7 +155,7 @@ export function markdown(text) {
       flush();
       const quoted = [];
       while (i < lines.length && /^\s*>/.test(lines[i])) { quoted.push(lines[i].replace(/^\s*>\s?/, "")); i += 1; }
-      out.append(h("blockquote", {}, markdown(quoted.join("\n"))));
+      out.append(h("blockquote", {}, blocks(quoted.join("\n"))));
       continue;
     }
     if (/^\s*\|.*\|\s*$/.test(line) && i + 1 < lines.length && /^\s*\|?\s*:?-{2,}/.test(lines[i + 1])) {

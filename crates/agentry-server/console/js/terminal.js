@@ -9,19 +9,8 @@ import { h, clear, toast, errorText } from "./dom.js";
 
 const THEME = { background: "#1e1e1e", foreground: "#e6e6e6", cursor: "#e6e6e6" };
 
-// The page's CSP admits `<style>` elements only with its nonce, and xterm.js makes some for its
-// theme: stamp the nonce on every one when it is created (before it is inserted, when it counts).
-const NONCE = document.querySelector('meta[name="csp-nonce"]')?.content;
-if (NONCE && !Document.prototype.createElement.stampsNonce) {
-  const create = Document.prototype.createElement;
-  const stamped = function (name, options) {
-    const element = create.call(this, name, options);
-    if (String(name).toLowerCase() === "style") element.setAttribute("nonce", NONCE);
-    return element;
-  };
-  stamped.stampsNonce = true;
-  Document.prototype.createElement = stamped;
-}
+// xterm.js makes `<style>` elements for its theme: nonce.js stamps the page's nonce on them.
+import "./nonce.js";
 
 /** One terminal: its xterm view and the socket that drives it. */
 class TerminalTab {
