@@ -78,3 +78,24 @@ test("every settings section renders", async ({ page, env, script }) => {
   await expect(page.locator("input[data-var=language]")).toBeVisible();
   await expect(page.locator("input[data-var=code]")).toBeVisible();
 });
+
+test("a skill folder is registered in settings and removed", async ({ page, env }) => {
+  const { mkdirSync, writeFileSync, realpathSync } = await import("node:fs");
+  const folder = `${env.server.home}/skills/tidy`;
+  mkdirSync(folder, { recursive: true });
+  writeFileSync(`${folder}/SKILL.md`, "---\nname: tidy\ndescription: Tidies folders.\n---\nSort everything.\n");
+  await open(page, env, "#/settings/skills");
+  const form = page.getByTestId("skill-form");
+  await form.locator("[name=path]").fill("/no/such/folder");
+  await form.getByTestId("save").click();
+  await expect(form.getByTestId("form-error")).not.toBeEmpty();
+  await form.locator("[name=path]").fill(folder);
+  await form.getByTestId("save").click();
+  const row = page.locator('[data-testid=row][data-id="tidy"]');
+  await expect(row).toContainText("Tidies folders.");
+  expect((await env.api.get("/v1/skills")).skills).toEqual([{ name: "tidy", description: "Tidies folders.", path: realpathSync(folder) }]);
+  page.once("dialog", (dialog) => dialog.accept());
+  await row.getByTestId("delete").click();
+  await expect(row).toHaveCount(0);
+  expect((await env.api.get("/v1/skills")).skills).toEqual([]);
+});

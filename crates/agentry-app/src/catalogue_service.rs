@@ -64,7 +64,7 @@ pub struct ToolInfo {
     /// JSON Schema of its arguments.
     #[schema(value_type = Object)]
     pub parameters: Value,
-    /// `builtin`, `http`, `command` or `mcp`.
+    /// `builtin`, `http`, `command`, `mcp` or `skill` (a registered skill, `/v1/skills`).
     pub kind: &'static str,
     /// Whether calling it twice with the same arguments is harmless.
     pub idempotent: bool,
@@ -328,8 +328,19 @@ impl App {
             tools.push(ToolInfo::of_definition(&definition));
         }
         tools.extend(self.mcp.tools().into_iter().map(ToolInfo::of_mcp));
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
         let runtime = self.sessions.runtime();
+        for (_, skill) in ConfigRepo::<crate::skills::SkillConfig>::new(&self.store)
+            .list()
+            .await?
+        {
+            if let Some(tool) = runtime.tools().get(&skill.name) {
+                tools.push(ToolInfo {
+                    kind: "skill",
+                    ..ToolInfo::of_builtin(tool.as_ref())
+                });
+            }
+        }
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
         let tools = tools
             .into_iter()
             .map(|tool| tool.with_risk(&runtime))

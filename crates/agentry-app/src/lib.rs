@@ -38,6 +38,7 @@ pub mod sandboxes;
 pub mod schedules;
 pub mod schema;
 pub mod session_service;
+pub mod skills;
 pub mod store_log;
 pub mod submission;
 pub mod terminals;

@@ -268,9 +268,27 @@ pub async fn build_runtime(
             tracing::warn!(tool = %name, "skipping an MCP tool: {error}");
         }
     }
-    // The skills of every saved agent (each folder once; a name taken by another tool is
-    // skipped, and running the agent then says so).
+    // The registered skills, then those of every saved agent (each folder once; a name taken by
+    // another tool is skipped, and running the agent then says so).
     let mut skill_dirs = std::collections::BTreeSet::new();
+    let mut skill_names = std::collections::BTreeMap::new();
+    for (name, registered) in ConfigRepo::<crate::skills::SkillConfig>::new(store)
+        .list()
+        .await?
+    {
+        match crate::agents::load_skill(&registered.path, environment.skill_roots.as_deref()) {
+            Ok(skill) => {
+                let (skill_name, dir) = (skill.name().to_owned(), skill.dir().to_owned());
+                match builder.skill(skill) {
+                    Ok(_) => {
+                        skill_names.insert(dir, skill_name);
+                    }
+                    Err(error) => tracing::warn!(skill = %name, "skipping a skill: {error}"),
+                }
+            }
+            Err(error) => tracing::warn!(skill = %name, "skipping a skill: {}", error.message),
+        }
+    }
     for (name, agent) in ConfigRepo::<crate::agents::AgentConfig>::new(store)
         .list()
         .await?
@@ -282,7 +300,9 @@ pub async fn build_runtime(
             match crate::agents::load_skill(&path, environment.skill_roots.as_deref()) {
                 Ok(skill) => {
                     let skill_name = skill.name().to_owned();
-                    if builder.tools_contain(&skill_name) {
+                    if skill_names.get(skill.dir()) == Some(&skill_name) {
+                        // Registered on its own already.
+                    } else if builder.tools_contain(&skill_name) {
                         tracing::warn!(agent = %name, skill = %path, "skipping a skill: a tool is already named {skill_name:?}");
                     } else if let Err(error) = builder.skill(skill) {
                         tracing::warn!(agent = %name, skill = %path, "skipping a skill: {error}");

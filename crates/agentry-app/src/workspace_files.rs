@@ -214,6 +214,96 @@ async fn blocking<T: Send + 'static>(
         .map_err(|error| AppError::internal(format!("a file task failed: {error}")))?
 }
 
+/// A thumbnail: an image scaled to fit a square, PNG when it has transparency, else JPEG.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thumbnail {
+    /// The encoded picture.
+    pub bytes: Vec<u8>,
+    /// `image/png` or `image/jpeg`.
+    pub mime_type: &'static str,
+    /// Its width and height.
+    pub width: u32,
+    /// Its height.
+    pub height: u32,
+}
+
+/// The largest image file made into a thumbnail (it is read whole to be decoded).
+pub const MAX_THUMBNAIL_SOURCE: u64 = 64 << 20;
+
+/// The sides of a thumbnail a request may ask for.
+pub const THUMBNAIL_EDGES: std::ops::RangeInclusive<u32> = 16..=1024;
+
+/// Decodes an image (PNG, JPEG, GIF, WebP, BMP; within limits on its size and memory) and
+/// scales it to fit `edge`×`edge`, keeping its proportions (never enlarging it).
+pub fn thumbnail_of(opened: OpenedFile, edge: u32) -> Result<Thumbnail, AppError> {
+    use image::ImageFormat;
+    if !THUMBNAIL_EDGES.contains(&edge) {
+        return Err(AppError::bad_request(format!(
+            "a thumbnail is {} to {} pixels",
+            THUMBNAIL_EDGES.start(),
+            THUMBNAIL_EDGES.end()
+        )));
+    }
+    if opened.size > MAX_THUMBNAIL_SOURCE {
+        return Err(AppError::new(
+            Failure::TooLarge,
+            "image_too_large",
+            format!(
+                "{} is {} bytes; thumbnails are made of images up to {MAX_THUMBNAIL_SOURCE}",
+                opened.name, opened.size
+            ),
+        ));
+    }
+    let not_an_image = |detail: String| {
+        AppError::new(
+            Failure::Invalid,
+            "not_an_image",
+            format!("{} has no thumbnail: {detail}", opened.name),
+        )
+    };
+    let mut reader = image::ImageReader::new(std::io::BufReader::new(&opened.file))
+        .with_guessed_format()
+        .map_err(|error| not_an_image(error.to_string()))?;
+    if reader.format().is_none() {
+        return Err(not_an_image(
+            "not a PNG, JPEG, GIF, WebP or BMP image".into(),
+        ));
+    }
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(16_384);
+    limits.max_image_height = Some(16_384);
+    limits.max_alloc = Some(512 << 20);
+    reader.limits(limits);
+    let picture = reader
+        .decode()
+        .map_err(|error| not_an_image(error.to_string()))?;
+    let scaled = if picture.width() > edge || picture.height() > edge {
+        picture.thumbnail(edge, edge)
+    } else {
+        picture
+    };
+    let (width, height) = (scaled.width(), scaled.height());
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    let (written, mime_type) = if scaled.color().has_alpha() {
+        (
+            scaled.to_rgba8().write_to(&mut bytes, ImageFormat::Png),
+            "image/png",
+        )
+    } else {
+        (
+            scaled.to_rgb8().write_to(&mut bytes, ImageFormat::Jpeg),
+            "image/jpeg",
+        )
+    };
+    written.map_err(|error| AppError::internal(format!("cannot encode a thumbnail: {error}")))?;
+    Ok(Thumbnail {
+        bytes: bytes.into_inner(),
+        mime_type,
+        width,
+        height,
+    })
+}
+
 /// A file or folder name for a new entry: one component, no separators or NULs.
 fn check_name(name: &str) -> Result<(), AppError> {
     let bad = name.is_empty()
@@ -724,6 +814,35 @@ impl App {
         let (workspace, _) = self.workspace_of(caller, session).await?;
         let path = path.to_owned();
         blocking(move || workspace.open_file(&path)).await
+    }
+
+    /// A thumbnail of the image at `path` of `session`'s workspace (see [`thumbnail_of`]), with
+    /// its ETag (the file's size and time and the size asked). When `cached` (an
+    /// `If-None-Match`) holds that ETag the picture is not made again: `None`.
+    pub async fn workspace_thumbnail(
+        &self,
+        caller: &Principal,
+        session: &str,
+        path: &str,
+        edge: u32,
+        cached: Option<String>,
+    ) -> Result<(String, Option<Thumbnail>), AppError> {
+        let opened = self.workspace_open(caller, session, path).await?;
+        blocking(move || {
+            let modified = opened
+                .file
+                .metadata()
+                .and_then(|metadata| metadata.modified())
+                .ok()
+                .and_then(|time| time.duration_since(SystemTime::UNIX_EPOCH).ok())
+                .map_or(0, |since| since.as_nanos());
+            let etag = format!("\"t{}-{modified}-{edge}\"", opened.size);
+            if cached.is_some_and(|tags| tags.split(',').any(|tag| tag.trim() == etag)) {
+                return Ok((etag, None));
+            }
+            Ok((etag, Some(thumbnail_of(opened, edge)?)))
+        })
+        .await
     }
 
     /// The folders directly in `path` of `session`'s workspace.

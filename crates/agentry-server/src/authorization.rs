@@ -62,7 +62,11 @@ fn user_may(method: &Method, path: &str) -> bool {
             true
         }
         // The catalogue, read-only (an agent's memories are the admin's).
-        _ if under("/v1/models") || under("/v1/tools") || under("/v1/prompt-templates") => {
+        _ if under("/v1/models")
+            || under("/v1/tools")
+            || under("/v1/prompt-templates")
+            || under("/v1/skills") =>
+        {
             read && !path.ends_with("/test")
         }
         _ if under("/v1/agents") => read && !path.ends_with("/memories"),

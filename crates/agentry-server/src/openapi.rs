@@ -78,6 +78,7 @@ pub fn document_json() -> Result<&'static str, ApiError> {
         (name = "models", description = "Registered models."),
         (name = "tools", description = "Built-in and configured tools, and direct calls."),
         (name = "prompt-templates", description = "Named prompt templates."),
+        (name = "skills", description = "Skill folders registered on their own."),
         (name = "secrets", description = "Write-only secrets (`/v1/env`)."),
         (name = "auth", description = "API keys and console logins."),
         (name = "sandboxes", description = "Standalone sandboxes: create, run commands (waiting, \

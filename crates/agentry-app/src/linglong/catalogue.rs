@@ -241,17 +241,26 @@ impl App {
         Ok(json!({"status": "deleted", "template_id": id}))
     }
 
-    /// `GET /v1/tools`: `{"tools": [...]}`, each tool's id its name.
+    /// `GET /v1/tools`: `{"tools": [...]}`, each tool's id its name (a skill's
+    /// `skill-<name>`, with its `skill_dir`).
     pub async fn seed_tools(&self) -> Result<Value, AppError> {
         let tools = self.tool_list().await?.tools;
-        Ok(json!({"tools": tools.iter().map(|tool| json!({
-            "tool_id": tool.name,
-            "tool_type": match tool.kind { "mcp" => "mcp", _ => "function" },
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-            "builtin": tool.kind == "builtin",
-        })).collect::<Vec<_>>()}))
+        let skills = self.skills().await?.skills;
+        Ok(json!({"tools": tools.iter().map(|tool| {
+            let mut entry = json!({
+                "tool_id": tool.name,
+                "tool_type": match tool.kind { "mcp" => "mcp", "skill" => "skill", _ => "function" },
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+                "builtin": tool.kind == "builtin",
+            });
+            if let Some(skill) = skills.iter().find(|s| tool.kind == "skill" && s.name == tool.name) {
+                entry["tool_id"] = json!(format!("skill-{}", skill.name));
+                entry["skill_dir"] = json!(skill.path);
+            }
+            entry
+        }).collect::<Vec<_>>()}))
     }
 
     /// `POST /v1/tools/call`: `{"tool_id", "arguments", "format"?}` → `{"result"}` (the result's

@@ -139,9 +139,12 @@ fn string<'a>(body: &'a Map<String, Value>, field: &str) -> Result<&'a str, AppE
     }
 }
 
-/// A seed tool id as Agentry names the tool: the seed names function tools `function-<name>`.
+/// A seed tool id as Agentry names the tool: the seed names function tools `function-<name>`
+/// and skills `skill-<name>`.
 pub fn tool_name(id: &str) -> &str {
-    id.strip_prefix("function-").unwrap_or(id)
+    id.strip_prefix("function-")
+        .or_else(|| id.strip_prefix("skill-"))
+        .unwrap_or(id)
 }
 
 impl App {
@@ -206,10 +209,29 @@ impl App {
         }
     }
 
-    /// `DELETE /v1/tools/{id}`.
+    /// `DELETE /v1/tools/{id}` (a skill's id unregisters it).
     pub async fn seed_delete_tool(&self, id: &str) -> Result<Value, AppError> {
-        self.delete_tool(tool_name(id)).await?;
+        match id.strip_prefix("skill-") {
+            Some(skill) => self.delete_skill(skill).await?,
+            None => self.delete_tool(tool_name(id)).await?,
+        }
         Ok(json!({"status": "deleted", "tool_id": id}))
+    }
+
+    /// `POST /v1/tools/skill` with `{"skill_dir"}`: 201 `{"status": "registered", "tool_id":
+    /// "skill-<name>"}` (a skill of that name is replaced, as the seed does).
+    pub async fn seed_register_skill(&self, body: Value) -> Result<Value, AppError> {
+        let Value::Object(body) = body else {
+            return Err(AppError::bad_request("the body must be a JSON object"));
+        };
+        if let Some(key) = body.keys().find(|key| key.as_str() != "skill_dir") {
+            return Err(AppError::bad_request(format!(
+                "unknown field `{key}` (expected skill_dir)"
+            )));
+        }
+        let dir = string(&body, "skill_dir")?;
+        let registered = self.register_skill(dir.trim()).await?;
+        Ok(json!({"status": "registered", "tool_id": format!("skill-{}", registered.skill.name)}))
     }
 
     /// `DELETE /v1/tools/batch` with `{"tool_ids": [...]}`: `{"deleted", "not_found",

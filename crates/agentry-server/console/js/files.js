@@ -268,7 +268,8 @@ export class FilesPanel {
 
   tile(entry) {
     const picture = entry.is_image
-      ? h("img", { loading: "lazy", alt: entry.name, src: `${BASE}/thumbnail?${qs({ session_id: this.sessionId, path: entry.path })}` })
+      ? h("img", { loading: "lazy", alt: entry.name, src: `${BASE}/thumbnail?${qs({ session_id: this.sessionId, path: entry.path, size: 160 })}`,
+        onerror: (event) => event.target.replaceWith(icon(entry)) })
       : icon(entry);
     return h("div", { class: "file-tile", testid: "file", role: "button", tabindex: "0", dataset: { path: entry.path, dir: String(entry.is_dir) },
       onclick: () => this.activate(entry), onkeydown: (event) => { if (event.key === "Enter") this.activate(entry); } },

@@ -245,16 +245,23 @@ export class SettingsView {
     })));
   }
 
-  async skills(root) {
-    const [{ agents }, { tools }] = await Promise.all([get("/v1/agents"), get("/v1/tools")]);
-    const skillTools = (tools || []).filter((t) => t.kind === "skill");
+  async skills(root, reload) {
+    const [{ agents }, { skills }] = await Promise.all([get("/v1/agents"), get("/v1/skills")]);
     const withSkills = (agents || []).filter((a) => (a.skills || []).length);
     root.append(h("div", { class: "card" },
-      h("p", { class: "muted" }, "A skill is a folder holding SKILL.md (name, description, instructions). Give an agent skill folders in its settings; the model sees each skill's name and description and opens it when needed."),
+      h("p", { class: "muted" }, "A skill is a folder holding SKILL.md (name, description, instructions). Register a folder here to offer it to any run by its name, or give an agent skill folders in its settings; the model sees each skill's name and description and opens it when needed."),
       h("div", { class: "rows" },
-        skillTools.map((t) => row(t.name, t.description || "")),
+        skills.map((s) => row(s.name, `${s.description} · ${s.path}`,
+          deleteButton(`/v1/skills/${encodeURIComponent(s.name)}`, reload, `skill ${s.name}`))),
         withSkills.map((a) => row(a.id, `agent skills: ${a.skills.join(", ")}`)),
-        !skillTools.length && !withSkills.length ? h("p", { class: "muted" }, "No skill yet.") : null)));
+        !skills.length && !withSkills.length ? h("p", { class: "muted" }, "No skill yet.") : null)));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Register a skill folder"), form("skill-form", [
+      field("Folder on the server (inside the data folder's skills, or a --skill-root)", h("input", { name: "path", required: true, placeholder: "/home/me/.agentry/skills/summarise" }), true),
+    ], async (v) => {
+      const skill = await post("/v1/skills", { path: v.path });
+      toast(`Skill ${skill.name} registered.`);
+      reload();
+    })));
   }
 
   async templates(root, reload) {

@@ -5,6 +5,7 @@
 //! - `/v1/tools`: the built-in tools and the ones defined by configuration ([`ToolDefinition`],
 //!   HTTP endpoints and commands), a batch delete, and direct calls (`/v1/tools/call`).
 //! - `/v1/prompt-templates`: named prompt templates and the variables each reads.
+//! - `/v1/skills`: skill folders on the server registered on their own, offered to runs by name.
 //! - `/v1/env`: secrets, write-only: listings show a masked form, never a value.
 //!
 //! Every input is checked before anything is written: a model by building its client, a tool by
@@ -32,6 +33,7 @@ use agentry_app::catalogue_service::{
 use agentry_app::domain::core::tool::ResultFormat;
 use agentry_app::domain::tools::ToolDefinition;
 use agentry_app::runtime::{ModelConfig, TemplateConfig};
+use agentry_app::skills::{SkillConfig, SkillList};
 
 use crate::error::ApiError;
 use crate::openapi::{
@@ -53,6 +55,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_templates, create_template))
         .routes(routes!(get_template, replace_template, delete_template))
         .routes(routes!(template_variables))
+        .routes(routes!(list_skills, register_skill))
+        .routes(routes!(delete_skill))
         .routes(routes!(list_secrets, set_secrets))
         .routes(routes!(delete_secret))
 }
@@ -411,6 +415,81 @@ async fn call_tool(
         .call_tool(&body.tool_id, body.arguments, body.format)
         .await?;
     Ok(Json(json!({ "result": result })))
+}
+
+// --- skills ---
+
+/// The registered skills.
+#[utoipa::path(
+    get,
+    path = "/v1/skills",
+    tag = "skills",
+    operation_id = "list_skills",
+    responses(
+        (status = 200, description = "The registered skills, by name.", body = SkillList),
+    )
+)]
+async fn list_skills(State(state): State<AppState>) -> Result<Json<SkillList>, ApiError> {
+    Ok(Json(state.skills().await?))
+}
+
+/// A skill folder to register.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct SkillBody {
+    /// The folder holding `SKILL.md`, inside the server's skill roots (`<data folder>/skills`
+    /// or a `--skill-root`).
+    #[schema(min_length = 1, max_length = 4096)]
+    path: String,
+}
+
+/// Registers a skill folder: its `SKILL.md` names and describes it, and runs are offered it by
+/// that name (a skill of the same name is replaced).
+#[utoipa::path(
+    post,
+    path = "/v1/skills",
+    tag = "skills",
+    operation_id = "register_skill",
+    request_body = SkillBody,
+    responses(
+        (status = 201, description = "Registered.", body = SkillConfig,
+         links(("delete_skill" = (operation_id = "delete_skill", parameters(("name" = "$response.body#/name")))))),
+        (status = 200, description = "Registered again, replacing the skill of that name.", body = SkillConfig),
+        JsonBodyErrors,
+        Conflict,
+    )
+)]
+async fn register_skill(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<SkillBody>,
+) -> Result<Response, ApiError> {
+    let registered = state.register_skill(&body.path).await?;
+    Ok(if registered.replaced {
+        Json(registered.skill).into_response()
+    } else {
+        created(registered.skill)
+    })
+}
+
+/// Unregisters a skill (its folder stays).
+#[utoipa::path(
+    delete,
+    path = "/v1/skills/{name}",
+    tag = "skills",
+    operation_id = "delete_skill",
+    params(NamePath),
+    responses(
+        (status = 204, description = "Unregistered."),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn delete_skill(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    state.delete_skill(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 // --- prompt templates ---

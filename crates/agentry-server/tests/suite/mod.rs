@@ -20,6 +20,7 @@ mod sandboxes;
 mod schedules;
 mod security;
 mod sessions;
+mod skills;
 mod support;
 mod terminals;
 mod webhooks;

@@ -909,3 +909,69 @@ async fn one_tus_patch_at_a_time() {
     assert_eq!(std::fs::read(folder.join("two.txt")).unwrap(), b"firewood");
     assert!(!lock.exists());
 }
+
+#[tokio::test]
+async fn thumbnails_are_scaled_images_cached_until_the_file_changes() {
+    let (server, session, folder) = with_session().await;
+    // A wide transparent PNG and an opaque JPEG.
+    let png = image::RgbaImage::from_fn(600, 300, |x, _| image::Rgba([(x % 256) as u8, 0, 0, 128]));
+    png.save(folder.join("wide.png")).unwrap();
+    let jpeg = image::RgbImage::from_fn(500, 1000, |_, y| image::Rgb([0, (y % 256) as u8, 0]));
+    jpeg.save(folder.join("tall.jpg")).unwrap();
+    std::fs::write(folder.join("notes.md"), "# Notes\n").unwrap();
+    let url = |path: &str, extra: &str| {
+        format!("/linglong/v1/workspace/thumbnail?session_id={session}&path={path}{extra}")
+    };
+
+    let response = get_raw(&server, &url("wide.png", ""), None).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "image/png");
+    let etag = response.headers()["etag"].to_str().unwrap().to_owned();
+    let made = image::load_from_memory(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!((made.width(), made.height()), (256, 128));
+    assert!(made.color().has_alpha());
+
+    let response = get_raw(&server, &url("tall.jpg", "&size=100"), None).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "image/jpeg");
+    let made = image::load_from_memory(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!((made.width(), made.height()), (50, 100));
+
+    // Asked again with its ETag: not made again; once the file changes, made anew.
+    let again = server
+        .http
+        .get(format!("{}{}", server.url, url("wide.png", "")))
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    image::RgbaImage::from_pixel(40, 20, image::Rgba([0, 0, 255, 255]))
+        .save(folder.join("wide.png"))
+        .unwrap();
+    let changed = server
+        .http
+        .get(format!("{}{}", server.url, url("wide.png", "")))
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(changed.status(), 200);
+    let made = image::load_from_memory(&changed.bytes().await.unwrap()).unwrap();
+    // Never enlarged.
+    assert_eq!((made.width(), made.height()), (40, 20));
+
+    // Not an image, a size out of range, a path out of the workspace: refused.
+    for (path, extra, status) in [
+        ("notes.md", "", 400),
+        ("wide.png", "&size=5", 400),
+        ("wide.png", "&size=5000", 400),
+        ("../wide.png", "", 400),
+        ("missing.png", "", 404),
+    ] {
+        let response = get_raw(&server, &url(path, extra), None).await;
+        assert_eq!(response.status(), status, "{path}{extra}");
+        let body: Value = response.json().await.unwrap();
+        assert!(body["error"].is_string(), "{body}");
+    }
+}

@@ -61,6 +61,7 @@ pub fn routes() -> Router<AppState> {
         .route("/tools/batch", delete(delete_tools))
         .route("/tools/call", post(call_tool))
         .route("/tools/mcp", post(register_mcp))
+        .route("/tools/skill", post(register_skill))
         .route("/mcp-servers", get(mcp_servers))
         .route("/mcp-servers/{name}", delete(delete_mcp_server))
         .route("/env", get(env).post(set_env))
@@ -404,6 +405,11 @@ async fn register_mcp(State(state): State<AppState>, body: Bytes) -> Answer {
     ok(state
         .seed_register_mcp(json_body(&body)?, keys_exist)
         .await?)
+}
+
+async fn register_skill(State(state): State<AppState>, body: Bytes) -> Answer {
+    let body = state.seed_register_skill(json_body(&body)?).await?;
+    Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 async fn mcp_servers(State(state): State<AppState>) -> Answer {

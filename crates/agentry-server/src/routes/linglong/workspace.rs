@@ -1,7 +1,7 @@
 //! The seed's workspace file manager under `/linglong/v1/workspace`, over a session's
 //! workspace (`session_id`, or `workspace_id` in an upload's start): list, content and download
 //! (single HTTP ranges; a folder downloads as a zip archive), search, children and tree (the
-//! folder picker, inside the workspace), thumbnail (the file itself, as the seed serves it),
+//! folder picker, inside the workspace), thumbnail (the image scaled to `size`, PNG or JPEG),
 //! mkdir, rename, duplicate, move and copy, delete, and chunked uploads (`upload/init`, `PUT upload/{id}/chunk/{n}`, `GET
 //! upload/{id}` to resume, `upload/{id}/complete`, `DELETE upload/{id}`). Paths are relative to
 //! the workspace root; what answers them is [`agentry_app::workspace_files`].
@@ -33,7 +33,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/workspace/search", get(search))
         .route("/workspace/children", get(children))
         .route("/workspace/tree", get(tree))
-        .route("/workspace/thumbnail", get(content))
+        .route("/workspace/thumbnail", get(thumbnail))
         .route("/workspace/mkdir", post(mkdir))
         .route("/workspace/rename", post(rename))
         .route("/workspace/duplicate", post(duplicate))
@@ -226,6 +226,61 @@ async fn content(
         .workspace_open(&caller, &q.session_id, &q.path)
         .await?;
     Ok(file_response(&headers, opened, false))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ThumbnailQuery {
+    session_id: String,
+    path: String,
+    /// The longest side, in pixels (default 256).
+    #[serde(default = "default_edge")]
+    size: u32,
+    #[serde(default)]
+    restrict: Option<String>,
+}
+
+fn default_edge() -> u32 {
+    256
+}
+
+/// An image scaled down to `size` pixels on its longer side (PNG or JPEG), cached by the
+/// client until the file changes (its ETag is the file's size and time and the size asked).
+async fn thumbnail(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    raw: Result<Query<ThumbnailQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(raw)?;
+    stay_inside(q.restrict.as_deref())?;
+    let cached = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let (etag, made) = state
+        .workspace_thumbnail(&caller, &q.session_id, &q.path, q.size, cached)
+        .await?;
+    let mut response = match made {
+        None => StatusCode::NOT_MODIFIED.into_response(),
+        Some(made) => {
+            let mut response = Body::from(made.bytes).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(made.mime_type),
+            );
+            response
+        }
+    };
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&etag) {
+        headers.insert(header::ETAG, value);
+    }
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-cache"),
+    );
+    Ok(response)
 }
 
 async fn download(
