@@ -227,6 +227,10 @@ pub struct Thumbnail {
     pub height: u32,
 }
 
+/// Where pasted files go, relative to a session's workspace (the seed's `paste-dir`): a chat
+/// uploads a pasted picture or document there, then names it with `<file>pasted/…</file>`.
+pub const PASTE_FOLDER: &str = "pasted";
+
 /// The largest image file made into a thumbnail (it is read whole to be decoded).
 pub const MAX_THUMBNAIL_SOURCE: u64 = 64 << 20;
 

@@ -975,3 +975,55 @@ async fn thumbnails_are_scaled_images_cached_until_the_file_changes() {
         assert!(body["error"].is_string(), "{body}");
     }
 }
+
+#[tokio::test]
+async fn pasted_files_go_to_the_paste_folder_and_are_named_in_messages() {
+    let (server, session, folder) = with_session().await;
+    let (status, body) = server.get("/linglong/v1/workspace/paste-dir").await;
+    assert_eq!((status, &body), (200, &json!({"path": "pasted"})));
+    let pixel = image_bytes();
+    let target = format!("{}/shot.png", body["path"].as_str().unwrap());
+    let (status, plan) = server
+        .post(
+            "/linglong/v1/workspace/upload/init",
+            json!({"session_id": session, "file_name": "shot.png", "file_size": pixel.len(), "target_path": target}),
+        )
+        .await;
+    assert_eq!(status, 200, "{plan}");
+    let id = plan["upload_id"].as_str().unwrap().to_owned();
+    let (status, _) = put_chunk(&server, &id, 0, pixel.clone()).await;
+    assert_eq!(status, 200);
+    let (status, done) = server
+        .post(
+            &format!("/linglong/v1/workspace/upload/{id}/complete"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        std::fs::read(folder.join("pasted/shot.png")).unwrap(),
+        pixel
+    );
+    // The message names it, as the seed's console does: the model gets the picture.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("A red dot.")));
+    let (status, body) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "session_id": session, "text": "What is <file>pasted/shot.png</file>?"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let sent = server.mock.requests().last().unwrap().body.to_string();
+    assert!(sent.contains("data:image/png;base64,"), "{sent}");
+}
+
+/// A 1×1 PNG.
+fn image_bytes() -> Vec<u8> {
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    image::RgbImage::from_pixel(1, 1, image::Rgb([255, 0, 0]))
+        .write_to(&mut bytes, image::ImageFormat::Png)
+        .unwrap();
+    bytes.into_inner()
+}

@@ -2,6 +2,7 @@
 //! workspace (`session_id`, or `workspace_id` in an upload's start): list, content and download
 //! (single HTTP ranges; a folder downloads as a zip archive), search, children and tree (the
 //! folder picker, inside the workspace), thumbnail (the image scaled to `size`, PNG or JPEG),
+//! paste-dir (where pasted files go: `pasted`, inside the workspace),
 //! mkdir, rename, duplicate, move and copy, delete, and chunked uploads (`upload/init`, `PUT upload/{id}/chunk/{n}`, `GET
 //! upload/{id}` to resume, `upload/{id}/complete`, `DELETE upload/{id}`). Paths are relative to
 //! the workspace root; what answers them is [`agentry_app::workspace_files`].
@@ -34,6 +35,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/workspace/children", get(children))
         .route("/workspace/tree", get(tree))
         .route("/workspace/thumbnail", get(thumbnail))
+        .route("/workspace/paste-dir", get(paste_dir))
         .route("/workspace/mkdir", post(mkdir))
         .route("/workspace/rename", post(rename))
         .route("/workspace/duplicate", post(duplicate))
@@ -226,6 +228,12 @@ async fn content(
         .workspace_open(&caller, &q.session_id, &q.path)
         .await?;
     Ok(file_response(&headers, opened, false))
+}
+
+/// The seed's `paste-dir`: `{"path"}`, where pasted files are uploaded before a message names
+/// them (relative to the session's workspace, where `<file>` looks; the seed answered `/tmp`).
+async fn paste_dir() -> Answer {
+    ok(json!({"path": agentry_app::workspace_files::PASTE_FOLDER}))
 }
 
 #[derive(Debug, Deserialize)]
