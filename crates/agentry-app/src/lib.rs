@@ -46,6 +46,7 @@ pub mod titles;
 pub mod turn_files;
 pub mod tus;
 pub mod webhooks;
+pub mod workflows;
 pub mod workspace_files;
 
 use std::sync::Arc;
@@ -109,6 +110,8 @@ pub struct App {
     pub groups: LiveGroups,
     /// The run queue's worker state in this process (settings, runs held, waiters).
     pub queue: Arc<queue::QueueState>,
+    /// The workflow runs driven by this process.
+    pub workflows: Arc<workflows::LiveWorkflows>,
 }
 
 impl App {
@@ -173,6 +176,7 @@ impl App {
             elicitations,
             groups: LiveGroups::default(),
             queue,
+            workflows: Arc::default(),
         };
         app.tools.delegation.bind(
             &app.store,

@@ -79,6 +79,8 @@ pub fn document_json() -> Result<&'static str, ApiError> {
         (name = "tools", description = "Built-in and configured tools, and direct calls."),
         (name = "prompt-templates", description = "Named prompt templates."),
         (name = "skills", description = "Skill folders registered on their own."),
+        (name = "workflows", description = "Workflows: durable graphs of tools, agents, fan-outs, \
+                                            approvals, timers and signals, and their runs."),
         (name = "secrets", description = "Write-only secrets (`/v1/env`)."),
         (name = "auth", description = "API keys and console logins."),
         (name = "sandboxes", description = "Standalone sandboxes: create, run commands (waiting, \

@@ -98,6 +98,10 @@ pub async fn serve(
     config: &ServerConfig,
 ) -> Result<(), ServeError> {
     state.recover_at_start().await;
+    let workflows = state.resume_workflows().await;
+    if workflows > 0 {
+        tracing::info!(workflows, "resumed unfinished workflow runs");
+    }
     // The background-run worker: claims queued runs (and runs whose worker died) from now on.
     state.start_worker();
     let shutdown = state.shutdown.clone();

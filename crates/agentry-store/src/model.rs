@@ -226,11 +226,15 @@ pub enum ConfigKind {
     Agent,
     /// An API key of the HTTP server (its hash, never the key).
     ApiKey,
+    /// A workflow definition.
+    Workflow,
+    /// A workflow run's document (its state and every step's).
+    WorkflowRun,
 }
 
 impl ConfigKind {
     /// Every kind.
-    pub const ALL: [ConfigKind; 7] = [
+    pub const ALL: [ConfigKind; 9] = [
         Self::Model,
         Self::Tool,
         Self::McpServer,
@@ -238,6 +242,8 @@ impl ConfigKind {
         Self::Template,
         Self::Agent,
         Self::ApiKey,
+        Self::Workflow,
+        Self::WorkflowRun,
     ];
 
     /// The kind's stable name (`model`, `tool`, `mcp_server`, `skill`, `template`, `agent`,
@@ -251,6 +257,8 @@ impl ConfigKind {
             Self::Template => "template",
             Self::Agent => "agent",
             Self::ApiKey => "api_key",
+            Self::Workflow => "workflow",
+            Self::WorkflowRun => "workflow_run",
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod sessions;
 pub mod sse;
 pub mod status;
 pub mod terminals;
+pub mod workflows;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -51,6 +52,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(groups::routes())
         .merge(keys::routes())
         .merge(terminals::routes())
+        .merge(workflows::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.

@@ -24,4 +24,5 @@ mod skills;
 mod support;
 mod terminals;
 mod webhooks;
+mod workflows;
 mod workspace_files;

@@ -14,6 +14,7 @@ mod sandbox;
 mod schedules;
 mod serve;
 mod sessions;
+mod workflows;
 
 use std::process::ExitCode;
 
@@ -50,6 +51,8 @@ enum Command {
     Keys(keys::KeysArgs),
     /// Schedules `agentry serve` fires: list, add, show, rm, runs.
     Schedules(schedules::SchedulesArgs),
+    /// Workflows: list, show, add (JSON or YAML), rm, run (followed step by step), runs, status.
+    Workflows(workflows::WorkflowsArgs),
     /// MCP servers: add, list, remove, restart; `mcp serve` offers Agentry's agents over stdio.
     Mcp(mcp::McpArgs),
     /// Say what isolation this host gives sandboxes (namespaces, Landlock, seccomp, cgroups).
@@ -72,6 +75,7 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Files(args) => files::files(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
         Command::Schedules(args) => schedules::schedules(args, &cli.data).await,
+        Command::Workflows(args) => workflows::workflows(args, &cli.data).await,
         Command::Mcp(args) => mcp::mcp(args, &cli.data).await,
         Command::Doctor(args) => sandbox::doctor(args, &cli.data).await,
     }

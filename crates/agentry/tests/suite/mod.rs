@@ -11,3 +11,4 @@ mod run;
 mod sandbox;
 mod serve;
 mod sessions;
+mod workflows;

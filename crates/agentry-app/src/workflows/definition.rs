@@ -1,0 +1,741 @@
+//! A workflow as data: its steps (`tool`, `agent`, `workflow`, `map`, `loop`, `approval`,
+//! `wait`, `signal`), how
+//! they depend on each other (`needs`; by default the step before), when each runs (`when`, an
+//! expression), their retry policy, and the templates that carry data between them
+//! (`{{ input.x }}`, `{{ steps.fetch.output.items }}`). Expressions and templates are
+//! minijinja's (the engine prompt templates use), strict about undefined names; a string that
+//! is one `{{ … }}` keeps the value's JSON type. A definition is checked whole before it is
+//! stored: every problem is named by its path (`steps[2].needs[0]`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::error::AppError;
+
+/// Most steps one workflow may have.
+pub const MAX_STEPS: usize = 200;
+/// Most items one `map` step may fan out over.
+pub const MAX_MAP_ITEMS: usize = 10_000;
+/// The longest durable timer or approval timeout: thirty days.
+pub const MAX_WAIT_SECS: u64 = 30 * 24 * 3600;
+
+/// A stored workflow definition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowDefinition {
+    /// The id it is started by.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    pub id: String,
+    /// What it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Its version: set by the server, 1 at creation and one more at each replacement. A run
+    /// keeps the definition it started with.
+    #[serde(default)]
+    pub version: u32,
+    /// The JSON Schema its input must match (default: any object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub input_schema: Option<Value>,
+    /// The steps, in order (a step needs the one before unless it says what it `needs`).
+    #[schema(value_type = Vec<Object>)]
+    pub steps: Vec<StepDefinition>,
+    /// The workflow's output, a template over `input` and `steps` (default: the last step's
+    /// output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+}
+
+/// One step as written: its common fields and its kind's own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepDefinition {
+    /// Its id (what later steps name it by).
+    pub id: String,
+    /// `tool`, `agent`, `map`, `approval`, `wait` or `signal`.
+    pub kind: String,
+    /// The steps it waits for (default: the step before; `[]`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs: Option<Vec<String>>,
+    /// An expression: the step runs only when it is true, else it is skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// How often it is tried, and how long between tries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+    /// The longest one attempt may take, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    /// The kind's fields.
+    #[serde(flatten)]
+    pub fields: Map<String, Value>,
+}
+
+/// Retries of a failed step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Attempts in all (1: no retry).
+    pub attempts: u32,
+    /// Seconds before the second attempt; doubled for each later one.
+    #[serde(default = "default_backoff")]
+    pub backoff_secs: f64,
+}
+
+fn default_backoff() -> f64 {
+    1.0
+}
+
+/// What a step does, by kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepKind {
+    /// Calls a tool directly with templated arguments.
+    Tool(ToolStep),
+    /// Runs a saved agent on a templated prompt, in a session of its own (a background run).
+    Agent(AgentStep),
+    /// Fans out over a list: its `step` (a tool or agent step) once per item (`item`, `index`),
+    /// at most `concurrency` at once; the output is the outputs in the items' order.
+    Map {
+        /// An expression giving the list.
+        items: String,
+        /// How many items run at once.
+        concurrency: usize,
+        /// What runs per item.
+        step: Box<StepKind>,
+    },
+    /// Runs a saved workflow (a sub-workflow) with a templated input; its output is the step's.
+    Workflow {
+        /// The workflow's id.
+        workflow: String,
+        /// Its input (a template).
+        input: Value,
+    },
+    /// Repeats its `step` (a tool, agent or workflow step; `iteration` counts from 0 and
+    /// `last` is the previous output) until `until` is true of the latest output (`last`),
+    /// at most `max` times; the output is the last iteration's. Not meeting `until` in `max`
+    /// iterations fails the step.
+    Loop {
+        /// Most iterations.
+        max: u32,
+        /// An expression over `last` (and `iteration`).
+        until: String,
+        /// What each iteration runs.
+        step: Box<StepKind>,
+    },
+    /// Waits for a person's decision (`POST …/approve`); a rejection fails the step.
+    Approval {
+        /// What the person is asked (a template).
+        message: String,
+        /// Seconds before `on_timeout` decides.
+        timeout_secs: Option<u64>,
+        /// What a timeout decides: `approve` or `reject` (default).
+        approve_on_timeout: bool,
+    },
+    /// A durable timer.
+    Wait {
+        /// How long, in seconds.
+        seconds: u64,
+    },
+    /// Waits for a signal of this name (`POST …/signal`); its payload is the output.
+    Signal {
+        /// The signal's name.
+        name: String,
+    },
+}
+
+/// A `tool` step.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolStep {
+    /// The tool's name.
+    pub tool: String,
+    /// Its arguments: a template (strings inside are rendered).
+    #[serde(default = "empty_object")]
+    pub arguments: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+/// An `agent` step.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentStep {
+    /// The saved agent.
+    pub agent: String,
+    /// What it is asked (a template).
+    pub prompt: String,
+    /// When set, the answer must be JSON matching this schema; it becomes the step's output.
+    #[serde(default)]
+    pub output_schema: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MapFields {
+    items: String,
+    #[serde(default = "default_concurrency")]
+    concurrency: usize,
+    step: Map<String, Value>,
+}
+
+fn default_concurrency() -> usize {
+    4
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkflowFields {
+    workflow: String,
+    #[serde(default = "empty_object")]
+    input: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoopFields {
+    max: u32,
+    until: String,
+    step: Map<String, Value>,
+}
+
+/// The kinds a `map` or `loop` runs per item or iteration.
+const INNER_KINDS: [&str; 3] = ["tool", "agent", "workflow"];
+
+/// The inner step of a `map` or `loop`.
+fn inner_step(step: &Map<String, Value>, path: &str) -> Result<StepKind, AppError> {
+    let kind = step
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if !INNER_KINDS.contains(&kind.as_str()) {
+        return Err(invalid(
+            &format!("{path}.step.kind"),
+            "a map or loop runs a tool, agent or workflow step",
+        ));
+    }
+    let mut fields = step.clone();
+    fields.remove("kind");
+    kind_of(&kind, &fields, &format!("{path}.step"))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalFields {
+    message: String,
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+    #[serde(default)]
+    on_timeout: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitFields {
+    seconds: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignalFields {
+    name: String,
+}
+
+/// A definition problem, named by its path.
+fn invalid(path: &str, message: impl std::fmt::Display) -> AppError {
+    AppError::new(
+        crate::error::Failure::Invalid,
+        "invalid_workflow",
+        format!("{path}: {message}"),
+    )
+}
+
+/// Parses a kind's own fields.
+fn kind_of(kind: &str, fields: &Map<String, Value>, path: &str) -> Result<StepKind, AppError> {
+    let parse = |what: &'static str| {
+        move |error: serde_json::Error| invalid(path, format!("a {what} step: {error}"))
+    };
+    let value = Value::Object(fields.clone());
+    Ok(match kind {
+        "tool" => StepKind::Tool(serde_json::from_value(value).map_err(parse("tool"))?),
+        "agent" => StepKind::Agent(serde_json::from_value(value).map_err(parse("agent"))?),
+        "map" => {
+            let map: MapFields = serde_json::from_value(value).map_err(parse("map"))?;
+            if map.concurrency == 0 || map.concurrency > 1000 {
+                return Err(invalid(&format!("{path}.concurrency"), "is 1 to 1000"));
+            }
+            let step = inner_step(&map.step, path)?;
+            StepKind::Map {
+                items: map.items,
+                concurrency: map.concurrency,
+                step: Box::new(step),
+            }
+        }
+        "workflow" => {
+            let workflow: WorkflowFields =
+                serde_json::from_value(value).map_err(parse("workflow"))?;
+            if !workflow.input.is_object() && !workflow.input.is_string() {
+                return Err(invalid(
+                    &format!("{path}.input"),
+                    "the input is an object (or one template giving one)",
+                ));
+            }
+            StepKind::Workflow {
+                workflow: workflow.workflow,
+                input: workflow.input,
+            }
+        }
+        "loop" => {
+            let looped: LoopFields = serde_json::from_value(value).map_err(parse("loop"))?;
+            if looped.max == 0 || looped.max > 100 {
+                return Err(invalid(&format!("{path}.max"), "is 1 to 100"));
+            }
+            let step = inner_step(&looped.step, path)?;
+            StepKind::Loop {
+                max: looped.max,
+                until: looped.until,
+                step: Box::new(step),
+            }
+        }
+        "approval" => {
+            let approval: ApprovalFields =
+                serde_json::from_value(value).map_err(parse("approval"))?;
+            let approve_on_timeout = match approval.on_timeout.as_deref() {
+                None | Some("reject") => false,
+                Some("approve") => true,
+                Some(other) => {
+                    return Err(invalid(
+                        &format!("{path}.on_timeout"),
+                        format!("is approve or reject, not {other:?}"),
+                    ));
+                }
+            };
+            if approval
+                .timeout_secs
+                .is_some_and(|secs| secs == 0 || secs > MAX_WAIT_SECS)
+            {
+                return Err(invalid(
+                    &format!("{path}.timeout_secs"),
+                    format!("is 1 to {MAX_WAIT_SECS}"),
+                ));
+            }
+            StepKind::Approval {
+                message: approval.message,
+                timeout_secs: approval.timeout_secs,
+                approve_on_timeout,
+            }
+        }
+        "wait" => {
+            let wait: WaitFields = serde_json::from_value(value).map_err(parse("wait"))?;
+            if wait.seconds > MAX_WAIT_SECS {
+                return Err(invalid(
+                    &format!("{path}.seconds"),
+                    format!("is at most {MAX_WAIT_SECS}"),
+                ));
+            }
+            StepKind::Wait {
+                seconds: wait.seconds,
+            }
+        }
+        "signal" => {
+            let signal: SignalFields = serde_json::from_value(value).map_err(parse("signal"))?;
+            crate::config::check_name("signal", &signal.name)
+                .map_err(|error| invalid(&format!("{path}.name"), error.message))?;
+            StepKind::Signal { name: signal.name }
+        }
+        other => {
+            return Err(invalid(
+                &format!("{path}.kind"),
+                format!(
+                    "unknown kind {other:?} (tool, agent, workflow, map, loop, approval, wait \
+                     or signal)"
+                ),
+            ));
+        }
+    })
+}
+
+impl StepDefinition {
+    /// The step's kind, parsed.
+    pub fn step_kind(&self, index: usize) -> Result<StepKind, AppError> {
+        kind_of(&self.kind, &self.fields, &format!("steps[{index}]"))
+    }
+}
+
+/// The expression and template engine: strict about undefined names, bounded by fuel.
+pub fn environment() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.set_fuel(Some(100_000));
+    env
+}
+
+/// The expression inside a string that is exactly one `{{ … }}`, if it is.
+fn whole_expression(text: &str) -> Option<&str> {
+    let inner = text.trim().strip_prefix("{{")?.strip_suffix("}}")?;
+    (!inner.contains("{{") && !inner.contains("}}")).then_some(inner.trim())
+}
+
+/// Checks every template string in `value` compiles.
+fn check_templates(
+    env: &minijinja::Environment<'_>,
+    value: &Value,
+    path: &str,
+) -> Result<(), AppError> {
+    match value {
+        Value::String(text) => match whole_expression(text) {
+            Some(expression) => env
+                .compile_expression(expression)
+                .map(|_| ())
+                .map_err(|error| invalid(path, format!("the expression does not parse: {error}"))),
+            None => env
+                .template_from_str(text)
+                .map(|_| ())
+                .map_err(|error| invalid(path, format!("the template does not parse: {error}"))),
+        },
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| check_templates(env, item, &format!("{path}[{i}]"))),
+        Value::Object(fields) => fields
+            .iter()
+            .try_for_each(|(key, item)| check_templates(env, item, &format!("{path}.{key}"))),
+        _ => Ok(()),
+    }
+}
+
+/// Renders every template string in `value` against `context` (a whole `{{ … }}` keeps the
+/// value's JSON type).
+pub fn render(
+    env: &minijinja::Environment<'_>,
+    value: &Value,
+    context: &Value,
+) -> Result<Value, String> {
+    match value {
+        Value::String(text) => match whole_expression(text) {
+            Some(expression) => evaluate(env, expression, context),
+            None if text.contains("{{") || text.contains("{%") => env
+                .render_str(
+                    text,
+                    minijinja::Value::from(minijinja::value::Serde(context)),
+                )
+                .map(Value::String)
+                .map_err(|error| error.to_string()),
+            None => Ok(value.clone()),
+        },
+        Value::Array(items) => items
+            .iter()
+            .map(|item| render(env, item, context))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(key, item)| render(env, item, context).map(|value| (key.clone(), value)))
+            .collect::<Result<Map<_, _>, _>>()
+            .map(Value::Object),
+        _ => Ok(value.clone()),
+    }
+}
+
+/// Evaluates an expression to JSON.
+pub fn evaluate(
+    env: &minijinja::Environment<'_>,
+    expression: &str,
+    context: &Value,
+) -> Result<Value, String> {
+    let compiled = env
+        .compile_expression(expression)
+        .map_err(|error| error.to_string())?;
+    let value = compiled
+        .eval(minijinja::Value::from(minijinja::value::Serde(context)))
+        .map_err(|error| error.to_string())?;
+    serde_json::to_value(&value).map_err(|error| error.to_string())
+}
+
+/// Whether an expression's value counts as true (minijinja's truthiness).
+pub fn truthy(
+    env: &minijinja::Environment<'_>,
+    expression: &str,
+    context: &Value,
+) -> Result<bool, String> {
+    let compiled = env
+        .compile_expression(expression)
+        .map_err(|error| error.to_string())?;
+    compiled
+        .eval(minijinja::Value::from(minijinja::value::Serde(context)))
+        .map(|value| value.is_true())
+        .map_err(|error| error.to_string())
+}
+
+impl WorkflowDefinition {
+    /// Checks the definition whole: ids, kinds and their fields, dependencies (known, no
+    /// cycle), expressions, templates and the input schema. `known_tool` and `known_agent` say
+    /// whether a tool or agent exists.
+    pub fn check(
+        &self,
+        known_tool: impl Fn(&str) -> bool,
+        known_agent: impl Fn(&str) -> bool,
+        known_workflow: impl Fn(&str) -> bool,
+    ) -> Result<(), AppError> {
+        crate::config::check_name("workflow", &self.id)
+            .map_err(|error| invalid("id", error.message))?;
+        if self.steps.is_empty() {
+            return Err(invalid("steps", "a workflow needs at least one step"));
+        }
+        if self.steps.len() > MAX_STEPS {
+            return Err(invalid("steps", format!("at most {MAX_STEPS} steps")));
+        }
+        if let Some(schema) = &self.input_schema {
+            jsonschema::validator_for(schema).map_err(|error| {
+                invalid("input_schema", format!("not a valid JSON Schema: {error}"))
+            })?;
+        }
+        let env = environment();
+        let mut ids = BTreeMap::new();
+        for (index, step) in self.steps.iter().enumerate() {
+            let path = format!("steps[{index}]");
+            crate::config::check_name("step", &step.id)
+                .map_err(|error| invalid(&format!("{path}.id"), error.message))?;
+            if ids.insert(step.id.as_str(), index).is_some() {
+                return Err(invalid(
+                    &format!("{path}.id"),
+                    format!("{:?} is used twice", step.id),
+                ));
+            }
+            let kind = step.step_kind(index)?;
+            check_kind(
+                &env,
+                &kind,
+                &path,
+                &Known {
+                    tool: &known_tool,
+                    agent: &known_agent,
+                    workflow: &known_workflow,
+                    this: &self.id,
+                },
+            )?;
+            if let Some(when) = &step.when {
+                env.compile_expression(when).map_err(|error| {
+                    invalid(
+                        &format!("{path}.when"),
+                        format!("the expression does not parse: {error}"),
+                    )
+                })?;
+            }
+            if let Some(retry) = &step.retry
+                && (retry.attempts == 0
+                    || retry.attempts > 20
+                    || !(0.0..=3600.0).contains(&retry.backoff_secs))
+            {
+                return Err(invalid(
+                    &format!("{path}.retry"),
+                    "attempts are 1 to 20, backoff_secs 0 to 3600",
+                ));
+            }
+            if step
+                .timeout_secs
+                .is_some_and(|secs| secs == 0 || secs > MAX_WAIT_SECS)
+            {
+                return Err(invalid(
+                    &format!("{path}.timeout_secs"),
+                    format!("is 1 to {MAX_WAIT_SECS}"),
+                ));
+            }
+        }
+        for (index, step) in self.steps.iter().enumerate() {
+            for (n, need) in self.needs_of(index).iter().enumerate() {
+                if !ids.contains_key(need.as_str()) {
+                    return Err(invalid(
+                        &format!("steps[{index}].needs[{n}]"),
+                        format!("no step is called {need:?}"),
+                    ));
+                }
+                if need == &step.id {
+                    return Err(invalid(
+                        &format!("steps[{index}].needs[{n}]"),
+                        "a step cannot need itself",
+                    ));
+                }
+            }
+        }
+        if let Some(cycle) = self.cycle() {
+            return Err(invalid(
+                "steps",
+                format!(
+                    "the steps depend on each other in a cycle: {}",
+                    cycle.join(" → ")
+                ),
+            ));
+        }
+        if let Some(output) = &self.output {
+            check_templates(&env, output, "output")?;
+        }
+        Ok(())
+    }
+
+    /// The ids a step waits for.
+    pub fn needs_of(&self, index: usize) -> Vec<String> {
+        match &self.steps[index].needs {
+            Some(needs) => needs.clone(),
+            None if index == 0 => Vec::new(),
+            None => vec![self.steps[index - 1].id.clone()],
+        }
+    }
+
+    /// A dependency cycle, if there is one (ids in order).
+    fn cycle(&self) -> Option<Vec<String>> {
+        let index: BTreeMap<&str, usize> = self
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, step)| (step.id.as_str(), i))
+            .collect();
+        // 0: unvisited, 1: on the path, 2: done.
+        let mut marks = vec![0u8; self.steps.len()];
+        let mut path = Vec::new();
+        fn visit(
+            definition: &WorkflowDefinition,
+            index: &BTreeMap<&str, usize>,
+            at: usize,
+            marks: &mut [u8],
+            path: &mut Vec<usize>,
+        ) -> Option<Vec<String>> {
+            marks[at] = 1;
+            path.push(at);
+            for need in definition.needs_of(at) {
+                let Some(&next) = index.get(need.as_str()) else {
+                    continue;
+                };
+                if marks[next] == 1 {
+                    let start = path.iter().position(|&i| i == next).unwrap_or(0);
+                    let mut cycle: Vec<String> = path[start..]
+                        .iter()
+                        .map(|&i| definition.steps[i].id.clone())
+                        .collect();
+                    cycle.push(definition.steps[next].id.clone());
+                    return Some(cycle);
+                }
+                if marks[next] == 0
+                    && let Some(cycle) = visit(definition, index, next, marks, path)
+                {
+                    return Some(cycle);
+                }
+            }
+            path.pop();
+            marks[at] = 2;
+            None
+        }
+        (0..self.steps.len()).find_map(|at| {
+            if marks[at] == 0 {
+                visit(self, &index, at, &mut marks, &mut path)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// The steps no other step needs (the workflow's ends).
+    pub fn ends(&self) -> BTreeSet<String> {
+        let needed: BTreeSet<String> = (0..self.steps.len())
+            .flat_map(|i| self.needs_of(i))
+            .collect();
+        self.steps
+            .iter()
+            .filter(|step| !needed.contains(&step.id))
+            .map(|step| step.id.clone())
+            .collect()
+    }
+}
+
+/// What exists, for a definition's check.
+struct Known<'a> {
+    tool: &'a dyn Fn(&str) -> bool,
+    agent: &'a dyn Fn(&str) -> bool,
+    workflow: &'a dyn Fn(&str) -> bool,
+    /// The workflow being checked (it may run itself, to a depth limit).
+    this: &'a str,
+}
+
+fn check_kind(
+    env: &minijinja::Environment<'_>,
+    kind: &StepKind,
+    path: &str,
+    known: &Known<'_>,
+) -> Result<(), AppError> {
+    match kind {
+        StepKind::Tool(tool) => {
+            if !(known.tool)(&tool.tool) {
+                return Err(invalid(
+                    &format!("{path}.tool"),
+                    format!("no tool is called {:?}", tool.tool),
+                ));
+            }
+            if !tool.arguments.is_object() && !tool.arguments.is_string() {
+                return Err(invalid(
+                    &format!("{path}.arguments"),
+                    "arguments are an object (or one template giving one)",
+                ));
+            }
+            check_templates(env, &tool.arguments, &format!("{path}.arguments"))
+        }
+        StepKind::Agent(agent) => {
+            if !(known.agent)(&agent.agent) {
+                return Err(invalid(
+                    &format!("{path}.agent"),
+                    format!("no agent is called {:?}", agent.agent),
+                ));
+            }
+            if let Some(schema) = &agent.output_schema {
+                jsonschema::validator_for(schema).map_err(|error| {
+                    invalid(
+                        &format!("{path}.output_schema"),
+                        format!("not a valid JSON Schema: {error}"),
+                    )
+                })?;
+            }
+            check_templates(
+                env,
+                &Value::String(agent.prompt.clone()),
+                &format!("{path}.prompt"),
+            )
+        }
+        StepKind::Map { items, step, .. } => {
+            env.compile_expression(items).map_err(|error| {
+                invalid(
+                    &format!("{path}.items"),
+                    format!("the expression does not parse: {error}"),
+                )
+            })?;
+            check_kind(env, step, &format!("{path}.step"), known)
+        }
+        StepKind::Loop { until, step, .. } => {
+            env.compile_expression(until).map_err(|error| {
+                invalid(
+                    &format!("{path}.until"),
+                    format!("the expression does not parse: {error}"),
+                )
+            })?;
+            check_kind(env, step, &format!("{path}.step"), known)
+        }
+        StepKind::Workflow { workflow, input } => {
+            if workflow != known.this && !(known.workflow)(workflow) {
+                return Err(invalid(
+                    &format!("{path}.workflow"),
+                    format!("no workflow is called {workflow:?}"),
+                ));
+            }
+            check_templates(env, input, &format!("{path}.input"))
+        }
+        StepKind::Approval { message, .. } => check_templates(
+            env,
+            &Value::String(message.clone()),
+            &format!("{path}.message"),
+        ),
+        StepKind::Wait { .. } | StepKind::Signal { .. } => Ok(()),
+    }
+}

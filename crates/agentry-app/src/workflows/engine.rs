@@ -1,0 +1,844 @@
+//! The driver of one workflow run: starts ready steps, records each transition in the run's
+//! document, retries failures by policy, wakes timers, takes decisions, signals and a cancel
+//! from its inbox, and ends the run (see the module docs of [`super`]).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use tokio::task::JoinSet;
+
+use agentry_core::tool::ResultFormat;
+
+use super::definition::{
+    AgentStep, MAX_MAP_ITEMS, StepKind, ToolStep, environment, evaluate, render, truthy,
+};
+use super::{Decision, Message, StepRun, StepState, WorkflowRun, WorkflowState};
+use crate::App;
+use crate::auth::Principal;
+use crate::clock::now_ms;
+use crate::config::ConfigRepo;
+
+/// What one attempt of a step gave.
+struct Attempt {
+    step: String,
+    result: Result<Value, String>,
+    sessions: Vec<String>,
+}
+
+/// Starts the driver of `run_id` unless one runs in this process.
+pub(super) fn spawn(app: App, run_id: String) {
+    let Some(inbox) = app.workflows.register(&run_id) else {
+        return;
+    };
+    tokio::spawn(async move {
+        if let Err(error) = drive(&app, &run_id, inbox).await {
+            tracing::error!(run = %run_id, "a workflow run's driver stopped: {error}");
+        }
+        app.workflows.unregister(&run_id);
+    });
+}
+
+/// What templates and expressions see: `input`, and each step's `output` and `state`.
+fn context(run: &WorkflowRun) -> Value {
+    let steps: Map<String, Value> = run
+        .steps
+        .iter()
+        .map(|(id, step)| {
+            (
+                id.clone(),
+                json!({
+                    "output": step.output.clone().unwrap_or(Value::Null),
+                    "state": step.state,
+                    "error": step.error,
+                }),
+            )
+        })
+        .collect();
+    json!({"input": run.input, "steps": steps, "workflow": {"run_id": run.run_id, "id": run.workflow_id}})
+}
+
+async fn save(app: &App, run: &mut WorkflowRun) -> Result<(), String> {
+    run.updated_at = now_ms();
+    ConfigRepo::new(&app.store)
+        .put(&run.run_id, &*run)
+        .await
+        .map_err(|error| error.message)
+}
+
+async fn drive(
+    app: &App,
+    run_id: &str,
+    mut inbox: tokio::sync::mpsc::UnboundedReceiver<Message>,
+) -> Result<(), String> {
+    let Some(mut run) = ConfigRepo::<WorkflowRun>::new(&app.store)
+        .get(run_id)
+        .await
+        .map_err(|error| error.message)?
+    else {
+        return Err("its document is gone".into());
+    };
+    let env = environment();
+    let mut tasks: JoinSet<Attempt> = JoinSet::new();
+    // Steps a crash left running start again (an agent step re-attaches to its run).
+    for step in run.steps.values_mut() {
+        if step.state == StepState::Running {
+            step.state = StepState::Pending;
+            step.attempts = step.attempts.saturating_sub(1);
+        }
+    }
+    loop {
+        if run.state.is_final() {
+            return Ok(());
+        }
+        // Start (or settle) every step whose dependencies are done.
+        let mut changed = false;
+        let now = now_ms();
+        for index in 0..run.definition.steps.len() {
+            let definition = run.definition.steps[index].clone();
+            let id = definition.id.clone();
+            let Some(state) = run.steps.get(&id).map(|step| step.state) else {
+                continue;
+            };
+            if state != StepState::Pending {
+                continue;
+            }
+            if run.steps[&id].wake_at.is_some_and(|at| at > now) {
+                continue;
+            }
+            let needs = run.definition.needs_of(index);
+            let ready = needs.iter().all(|need| {
+                run.steps.get(need).is_some_and(|step| {
+                    matches!(step.state, StepState::Succeeded | StepState::Skipped)
+                })
+            });
+            if !ready {
+                continue;
+            }
+            let scope = context(&run);
+            let kind = match definition.step_kind(index) {
+                Ok(kind) => kind,
+                Err(error) => {
+                    fail_step(&mut run, &id, error.message);
+                    changed = true;
+                    continue;
+                }
+            };
+            if let Some(when) = &definition.when {
+                match truthy(&env, when, &scope) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        let step = step_mut(&mut run, &id);
+                        step.state = StepState::Skipped;
+                        step.finished_at = Some(now);
+                        changed = true;
+                        continue;
+                    }
+                    Err(error) => {
+                        fail_step(&mut run, &id, format!("`when`: {error}"));
+                        changed = true;
+                        continue;
+                    }
+                }
+            }
+            changed = true;
+            let attempt = {
+                let step = step_mut(&mut run, &id);
+                step.attempts += 1;
+                step.started_at = Some(now);
+                step.wake_at = None;
+                step.error = None;
+                step.attempts
+            };
+            match kind {
+                StepKind::Approval {
+                    message,
+                    timeout_secs,
+                    ..
+                } => {
+                    let message = match render(&env, &Value::String(message), &scope) {
+                        Ok(Value::String(text)) => text,
+                        Ok(other) => other.to_string(),
+                        Err(error) => {
+                            fail_step(&mut run, &id, format!("`message`: {error}"));
+                            continue;
+                        }
+                    };
+                    let step = step_mut(&mut run, &id);
+                    step.state = StepState::Waiting;
+                    step.message = Some(message);
+                    step.wake_at = timeout_secs.map(|secs| now + secs * 1000);
+                }
+                StepKind::Wait { seconds } => {
+                    let step = step_mut(&mut run, &id);
+                    step.state = StepState::Waiting;
+                    step.wake_at = Some(now + seconds * 1000);
+                }
+                StepKind::Signal { name } => {
+                    let queued = run
+                        .signals
+                        .get_mut(&name)
+                        .and_then(|queue| (!queue.is_empty()).then(|| queue.remove(0)));
+                    let step = step_mut(&mut run, &id);
+                    match queued {
+                        Some(payload) => succeed(step, payload),
+                        None => step.state = StepState::Waiting,
+                    }
+                }
+                kind => {
+                    step_mut(&mut run, &id).state = StepState::Running;
+                    let timeout = definition.timeout_secs.map(Duration::from_secs);
+                    let step_id = id.clone();
+                    let job = Job {
+                        app: app.clone(),
+                        run_id: run.run_id.clone(),
+                        step: id.clone(),
+                        attempt,
+                        scope,
+                    };
+                    tasks.spawn(async move {
+                        let work = job.run(kind);
+                        match timeout {
+                            Some(limit) => match tokio::time::timeout(limit, work).await {
+                                Ok(attempt) => attempt,
+                                Err(_) => Attempt {
+                                    step: step_id,
+                                    result: Err(format!("timed out after {}s", limit.as_secs())),
+                                    sessions: Vec::new(),
+                                },
+                            },
+                            None => work.await,
+                        }
+                    });
+                }
+            }
+        }
+        // A failed step fails the workflow: the rest is cancelled.
+        if let Some((id, error)) = run
+            .steps
+            .iter()
+            .find(|(_, step)| step.state == StepState::Failed)
+            .map(|(id, step)| (id.clone(), step.error.clone().unwrap_or_default()))
+        {
+            tasks.abort_all();
+            finish(&mut run, WorkflowState::Failed);
+            run.error = Some(format!("step {id:?} failed: {error}"));
+            return save(app, &mut run).await;
+        }
+        let running = run
+            .steps
+            .values()
+            .any(|step| step.state == StepState::Running);
+        let waiting = run
+            .steps
+            .values()
+            .any(|step| step.state == StepState::Waiting);
+        let pending = run
+            .steps
+            .values()
+            .any(|step| step.state == StepState::Pending);
+        if !running && !waiting && !pending {
+            let output = match &run.definition.output {
+                Some(template) => render(&env, template, &context(&run)),
+                None => Ok(last_output(&run)),
+            };
+            match output {
+                Ok(output) => {
+                    run.output = Some(output);
+                    finish(&mut run, WorkflowState::Succeeded);
+                }
+                Err(error) => {
+                    run.error = Some(format!("output: {error}"));
+                    finish(&mut run, WorkflowState::Failed);
+                }
+            }
+            return save(app, &mut run).await;
+        }
+        run.state = if running || (pending && !waiting) {
+            WorkflowState::Running
+        } else {
+            WorkflowState::Waiting
+        };
+        if changed {
+            save(app, &mut run).await?;
+        }
+        // Sleep until a step ends, a message arrives, or the next wake-up time.
+        let next_wake = run
+            .steps
+            .values()
+            .filter(|step| matches!(step.state, StepState::Waiting | StepState::Pending))
+            .filter_map(|step| step.wake_at)
+            .min();
+        let sleep = next_wake.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
+        tokio::select! {
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                let Ok(done) = done else { continue };
+                record(&mut run, done);
+                save(app, &mut run).await?;
+            }
+            message = inbox.recv() => {
+                let Some(message) = message else { return Ok(()) };
+                if take(app, &mut run, message, &mut tasks).await {
+                    return save(app, &mut run).await;
+                }
+                save(app, &mut run).await?;
+            }
+            _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))), if sleep.is_some() => {
+                wake(&mut run);
+                save(app, &mut run).await?;
+            }
+            _ = app.shutdown.cancelled() => return Ok(()),
+        }
+    }
+}
+
+fn step_mut<'a>(run: &'a mut WorkflowRun, id: &str) -> &'a mut StepRun {
+    run.steps
+        .entry(id.to_owned())
+        .or_insert_with(StepRun::pending)
+}
+
+fn succeed(step: &mut StepRun, output: Value) {
+    step.state = StepState::Succeeded;
+    step.output = Some(output);
+    step.finished_at = Some(now_ms());
+    step.wake_at = None;
+}
+
+fn fail_step(run: &mut WorkflowRun, id: &str, error: String) {
+    let step = step_mut(run, id);
+    step.state = StepState::Failed;
+    step.error = Some(error);
+    step.finished_at = Some(now_ms());
+}
+
+fn finish(run: &mut WorkflowRun, state: WorkflowState) {
+    let now = now_ms();
+    for step in run.steps.values_mut() {
+        if !step.state.is_final() {
+            step.state = StepState::Cancelled;
+            step.finished_at = Some(now);
+        }
+    }
+    run.state = state;
+    run.finished_at = Some(now);
+}
+
+/// The output of the workflow's one end step, or every end step's output by id.
+fn last_output(run: &WorkflowRun) -> Value {
+    let ends = run.definition.ends();
+    let outputs: Map<String, Value> = ends
+        .iter()
+        .map(|id| {
+            (
+                id.clone(),
+                run.steps
+                    .get(id)
+                    .and_then(|step| step.output.clone())
+                    .unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    match outputs.len() {
+        1 => outputs
+            .into_iter()
+            .next()
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null),
+        _ => Value::Object(outputs),
+    }
+}
+
+/// Records an attempt's end: success, a retry (after its backoff), or a failure.
+fn record(run: &mut WorkflowRun, done: Attempt) {
+    let policy = run
+        .definition
+        .steps
+        .iter()
+        .find(|step| step.id == done.step)
+        .and_then(|step| step.retry);
+    let step = step_mut(run, &done.step);
+    step.sessions.extend(done.sessions);
+    match done.result {
+        Ok(output) => succeed(step, output),
+        Err(error) => {
+            let attempts = policy.map_or(1, |policy| policy.attempts);
+            if step.attempts < attempts {
+                let backoff = policy.map_or(1.0, |policy| policy.backoff_secs)
+                    * 2f64.powi(step.attempts.saturating_sub(1) as i32);
+                step.state = StepState::Pending;
+                step.error = Some(error);
+                step.wake_at = Some(now_ms() + (backoff * 1000.0) as u64);
+            } else {
+                step.state = StepState::Failed;
+                step.error = Some(error);
+                step.finished_at = Some(now_ms());
+            }
+        }
+    }
+}
+
+/// Timers that are due: a `wait` ends, an approval's timeout decides, a retry becomes ready.
+fn wake(run: &mut WorkflowRun) {
+    let now = now_ms();
+    let approve_on_timeout: Vec<(String, bool)> = run
+        .definition
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(index, step)| match step.step_kind(index) {
+            Ok(StepKind::Approval {
+                approve_on_timeout, ..
+            }) => Some((step.id.clone(), approve_on_timeout)),
+            _ => None,
+        })
+        .collect();
+    let kinds: Vec<(String, String)> = run
+        .definition
+        .steps
+        .iter()
+        .map(|step| (step.id.clone(), step.kind.clone()))
+        .collect();
+    for (id, kind) in kinds {
+        let step = step_mut(run, &id);
+        if step.state != StepState::Waiting || step.wake_at.is_none_or(|at| at > now) {
+            continue;
+        }
+        match kind.as_str() {
+            "wait" => succeed(step, json!({"waited_until": now})),
+            "approval" => {
+                let approve = approve_on_timeout
+                    .iter()
+                    .any(|(step, approve)| step == &id && *approve);
+                decide(step, approve, None, true);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn decide(step: &mut StepRun, approved: bool, comment: Option<String>, timed_out: bool) {
+    let decision = Decision {
+        approved,
+        comment,
+        at: now_ms(),
+        timed_out,
+    };
+    if approved {
+        let output = json!({"approved": true, "comment": decision.comment});
+        step.decision = Some(decision);
+        succeed(step, output);
+    } else {
+        step.state = StepState::Failed;
+        step.error = Some(match (&decision.comment, timed_out) {
+            (_, true) => "no decision before the timeout".to_owned(),
+            (Some(comment), false) => format!("rejected: {comment}"),
+            (None, false) => "rejected".to_owned(),
+        });
+        step.decision = Some(decision);
+        step.finished_at = Some(now_ms());
+    }
+}
+
+/// Takes a message; `true` when it ended the run (a cancel).
+async fn take(
+    app: &App,
+    run: &mut WorkflowRun,
+    message: Message,
+    tasks: &mut JoinSet<Attempt>,
+) -> bool {
+    match message {
+        Message::Decide {
+            step,
+            approved,
+            comment,
+        } => {
+            let step = step_mut(run, &step);
+            if step.state == StepState::Waiting {
+                decide(step, approved, comment, false);
+            }
+            false
+        }
+        Message::Signal { name, payload } => {
+            let waiting = run
+                .definition
+                .steps
+                .iter()
+                .enumerate()
+                .find(|(index, step)| {
+                    run.steps.get(&step.id).map(|s| s.state) == Some(StepState::Waiting)
+                        && matches!(step.step_kind(*index), Ok(StepKind::Signal { name: ref n }) if *n == name)
+                })
+                .map(|(_, step)| step.id.clone());
+            match waiting {
+                Some(id) => succeed(step_mut(run, &id), payload),
+                None => run.signals.entry(name).or_default().push(payload),
+            }
+            false
+        }
+        Message::Cancel => {
+            tasks.abort_all();
+            // Agent steps' runs are stopped too.
+            for run_id in running_runs(app, run).await {
+                if let Err(error) = app.cancel_background(run_id).await {
+                    tracing::warn!("cannot cancel a workflow step's run: {}", error.message);
+                }
+            }
+            // Sub-workflows started by this run are cancelled too.
+            if let Ok(children) = ConfigRepo::<WorkflowRun>::new(&app.store).list().await {
+                for (_, child) in children {
+                    if child.parent.as_deref() == Some(run.run_id.as_str())
+                        && !child.state.is_final()
+                    {
+                        app.workflows.send(&child.run_id, Message::Cancel);
+                    }
+                }
+            }
+            finish(run, WorkflowState::Cancelled);
+            true
+        }
+    }
+}
+
+/// The background runs of the steps running now (found by their idempotency keys' prefix).
+async fn running_runs(app: &App, run: &WorkflowRun) -> Vec<agentry_types::RunId> {
+    let prefix = format!("workflow:{}:", run.run_id);
+    let mut ids = Vec::new();
+    for state in [
+        agentry_store::RunState::Running,
+        agentry_store::RunState::Queued,
+        agentry_store::RunState::Waiting,
+    ] {
+        let query = agentry_store::RunQuery {
+            state: Some(state),
+            limit: 1000,
+            ..agentry_store::RunQuery::default()
+        };
+        if let Ok(runs) = app.store.list_runs(&query).await {
+            ids.extend(
+                runs.into_iter()
+                    .filter(|record| {
+                        record
+                            .idempotency_key
+                            .as_deref()
+                            .is_some_and(|key| key.contains(&prefix))
+                    })
+                    .map(|record| record.id),
+            );
+        }
+    }
+    ids
+}
+
+/// One attempt of a running step.
+struct Job {
+    app: App,
+    run_id: String,
+    step: String,
+    attempt: u32,
+    scope: Value,
+}
+
+impl Job {
+    async fn run(&self, kind: StepKind) -> Attempt {
+        let mut sessions = Vec::new();
+        let result = self.kind(&kind, &self.scope, "", &mut sessions).await;
+        Attempt {
+            step: self.step.clone(),
+            result,
+            sessions,
+        }
+    }
+
+    /// Runs one kind; `slot` names the map item or loop iteration it runs for (`""`, `"3"`,
+    /// `"3.1"`…), which keys its background run or sub-workflow.
+    async fn kind(
+        &self,
+        kind: &StepKind,
+        scope: &Value,
+        slot: &str,
+        sessions: &mut Vec<String>,
+    ) -> Result<Value, String> {
+        let nested = |index: usize| {
+            if slot.is_empty() {
+                index.to_string()
+            } else {
+                format!("{slot}.{index}")
+            }
+        };
+        match kind {
+            StepKind::Tool(tool) => self.tool(tool, scope).await,
+            StepKind::Agent(agent) => self.agent(agent, scope, slot, sessions).await,
+            StepKind::Workflow { workflow, input } => {
+                self.workflow(workflow, input, scope, slot).await
+            }
+            StepKind::Loop { max, until, step } => {
+                let env = environment();
+                let mut last = Value::Null;
+                for iteration in 0..*max as usize {
+                    let mut scope = scope.clone();
+                    scope["iteration"] = json!(iteration);
+                    scope["last"] = last.clone();
+                    let mut iteration_sessions = Vec::new();
+                    last = Box::pin(self.kind(
+                        step,
+                        &scope,
+                        &nested(iteration),
+                        &mut iteration_sessions,
+                    ))
+                    .await
+                    .map_err(|error| format!("iteration {iteration}: {error}"))?;
+                    sessions.extend(iteration_sessions);
+                    scope["last"] = last.clone();
+                    if truthy(&env, until, &scope).map_err(|error| format!("`until`: {error}"))? {
+                        return Ok(last);
+                    }
+                }
+                Err(format!("`until` was not true after {max} iterations"))
+            }
+            StepKind::Map {
+                items,
+                concurrency,
+                step,
+            } => {
+                let env = environment();
+                let list = match evaluate(&env, items, scope)? {
+                    Value::Array(list) => list,
+                    other => {
+                        return Err(format!("`items` gave {}, not a list", kind_name(&other)));
+                    }
+                };
+                if list.len() > MAX_MAP_ITEMS {
+                    return Err(format!(
+                        "`items` has {} items; at most {MAX_MAP_ITEMS}",
+                        list.len()
+                    ));
+                }
+                let results: Vec<(Result<Value, String>, Vec<String>)> =
+                    futures::stream::iter(list.into_iter().enumerate())
+                        .map(|(index, value)| {
+                            let mut scope = scope.clone();
+                            scope["item"] = value;
+                            scope["index"] = json!(index);
+                            async move {
+                                let mut sessions = Vec::new();
+                                let result = Box::pin(self.kind(
+                                    step,
+                                    &scope,
+                                    &nested(index),
+                                    &mut sessions,
+                                ))
+                                .await;
+                                (result, sessions)
+                            }
+                        })
+                        .buffered(*concurrency)
+                        .collect()
+                        .await;
+                let mut outputs = Vec::with_capacity(results.len());
+                for (index, (result, item_sessions)) in results.into_iter().enumerate() {
+                    sessions.extend(item_sessions);
+                    outputs.push(result.map_err(|error| format!("item {index}: {error}"))?);
+                }
+                Ok(Value::Array(outputs))
+            }
+            StepKind::Approval { .. } | StepKind::Wait { .. } | StepKind::Signal { .. } => {
+                Err("this kind of step waits; it is not run".into())
+            }
+        }
+    }
+
+    async fn tool(&self, tool: &ToolStep, scope: &Value) -> Result<Value, String> {
+        let env = environment();
+        let arguments =
+            render(&env, &tool.arguments, scope).map_err(|e| format!("`arguments`: {e}"))?;
+        if !arguments.is_object() {
+            return Err("`arguments` must give an object".into());
+        }
+        let result = self
+            .app
+            .call_tool(&tool.tool, arguments, ResultFormat::Text)
+            .await
+            .map_err(|error| error.message)?;
+        // A result that is JSON is kept as JSON, so later steps can reach into it.
+        Ok(match &result {
+            Value::String(text) => serde_json::from_str(text.trim()).unwrap_or(result),
+            _ => result,
+        })
+    }
+
+    async fn agent(
+        &self,
+        agent: &AgentStep,
+        scope: &Value,
+        slot: &str,
+        sessions: &mut Vec<String>,
+    ) -> Result<Value, String> {
+        let env = environment();
+        let prompt = match render(&env, &Value::String(agent.prompt.clone()), scope)
+            .map_err(|e| format!("`prompt`: {e}"))?
+        {
+            Value::String(text) => text,
+            other => other.to_string(),
+        };
+        let key = match slot {
+            "" => format!("workflow:{}:{}:{}", self.run_id, self.step, self.attempt),
+            slot => format!(
+                "workflow:{}:{}:{}:{slot}",
+                self.run_id, self.step, self.attempt
+            ),
+        };
+        let body: crate::submission::InferRequest = serde_json::from_value(
+            json!({"agent_id": agent.agent, "text": prompt, "session_id": "new"}),
+        )
+        .map_err(|error| error.to_string())?;
+        let (view, _) = self
+            .app
+            .submit_background(&Principal::operator(), body, Some(key), 0)
+            .await
+            .map_err(|error| error.message)?;
+        sessions.push(view.session_id.to_string());
+        let view = loop {
+            let view = self
+                .app
+                .wait_for_run(view.run_id, Duration::from_secs(30))
+                .await
+                .map_err(|error| error.message)?;
+            if view.state.is_final() {
+                break view;
+            }
+        };
+        let outcome = view.outcome.unwrap_or(Value::Null);
+        if view.state != agentry_store::RunState::Succeeded {
+            let error = outcome
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .or_else(|| outcome.get("stop_reason").and_then(Value::as_str))
+                .unwrap_or("the agent's run did not succeed");
+            return Err(format!("agent {:?}: {error}", agent.agent));
+        }
+        let text = outcome
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let Some(schema) = &agent.output_schema else {
+            return Ok(Value::String(text));
+        };
+        let parsed = parse_json_answer(&text)
+            .ok_or_else(|| format!("agent {:?} answered no JSON: {text:.200}", agent.agent))?;
+        let validator = jsonschema::validator_for(schema).map_err(|error| error.to_string())?;
+        if let Some(error) = validator.iter_errors(&parsed).next() {
+            return Err(format!(
+                "agent {:?}: the answer does not match the output schema at {}: {error}",
+                agent.agent,
+                error.instance_path()
+            ));
+        }
+        Ok(parsed)
+    }
+}
+
+impl Job {
+    /// A sub-workflow: started once under an id derived from this step's attempt and slot (so
+    /// a resumed parent finds it again), then followed until it ends.
+    async fn workflow(
+        &self,
+        workflow: &str,
+        input: &Value,
+        scope: &Value,
+        slot: &str,
+    ) -> Result<Value, String> {
+        let env = environment();
+        let input = render(&env, input, scope).map_err(|e| format!("`input`: {e}"))?;
+        let child = child_id(&self.run_id, &self.step, self.attempt, slot);
+        let operator = Principal::operator();
+        let exists = ConfigRepo::<WorkflowRun>::new(&self.app.store)
+            .get(&child)
+            .await
+            .map_err(|error| error.message)?
+            .is_some();
+        if !exists {
+            let depth = ConfigRepo::<WorkflowRun>::new(&self.app.store)
+                .get(&self.run_id)
+                .await
+                .map_err(|error| error.message)?
+                .map_or(0, |parent| parent.depth)
+                + 1;
+            self.app
+                .start_workflow_run(
+                    &operator,
+                    workflow,
+                    input,
+                    Some((self.run_id.clone(), depth, child.clone())),
+                )
+                .await
+                .map_err(|error| format!("workflow {workflow:?}: {}", error.message))?;
+        } else {
+            // After a restart: make sure the child goes on too.
+            spawn(self.app.clone(), child.clone());
+        }
+        loop {
+            let run = self
+                .app
+                .workflow_run(&operator, &child)
+                .await
+                .map_err(|error| error.message)?;
+            match run.state {
+                WorkflowState::Succeeded => return Ok(run.output.unwrap_or(Value::Null)),
+                WorkflowState::Failed | WorkflowState::Cancelled => {
+                    return Err(format!(
+                        "workflow {workflow:?} (run {child}) {}: {}",
+                        if run.state == WorkflowState::Failed {
+                            "failed"
+                        } else {
+                            "was cancelled"
+                        },
+                        run.error.unwrap_or_default()
+                    ));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
+
+/// The id of the sub-workflow run a step's attempt (and slot) starts: a hash of them, in a
+/// UUID's shape.
+fn child_id(run: &str, step: &str, attempt: u32, slot: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{run}\0{step}\0{attempt}\0{slot}").as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// JSON in an answer: the whole text, or the first fenced code block.
+fn parse_json_answer(text: &str) -> Option<Value> {
+    let trimmed = text.trim();
+    if let Ok(value) = serde_json::from_str(trimmed) {
+        return Some(value);
+    }
+    let start = trimmed.find("```")?;
+    let rest = &trimmed[start + 3..];
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_alphanumeric());
+    let end = rest.find("```")?;
+    serde_json::from_str(rest[..end].trim()).ok()
+}
+
+fn kind_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,610 @@
+//! Workflows: durable graphs of tools, agents, fan-outs, approvals, timers and signals.
+//!
+//! A definition ([`definition::WorkflowDefinition`]) is stored like an agent (`/v1/workflows`),
+//! versioned; a run ([`WorkflowRun`]) pins the definition it started with and is kept in the
+//! store as one document, written at every step transition (a step starting, ending, waiting,
+//! retried). One driver task per live run ([`engine`]) starts the steps whose dependencies are
+//! done, as many at once as are ready; agent steps are background runs on the run queue (their
+//! idempotency key names the run, step and attempt, so a driver resumed after a crash finds the
+//! run it had started instead of starting another). At start-up every unfinished run is resumed
+//! from its document: finished steps are not run again; a step that was running is run again
+//! (a tool step) or re-attached (an agent step). Approvals, signals and cancellations reach
+//! the driver through the process's registry; a timer is a wake-up time in the document.
+
+pub mod definition;
+mod engine;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use utoipa::ToSchema;
+
+use crate::App;
+use crate::auth::Principal;
+use crate::config::{ConfigRepo, check_name};
+use crate::error::{AppError, Failure};
+
+pub use definition::WorkflowDefinition;
+
+impl crate::config::ConfigDoc for WorkflowDefinition {
+    const KIND: agentry_store::ConfigKind = agentry_store::ConfigKind::Workflow;
+    const NOUN: &'static str = "workflow";
+}
+
+impl crate::config::ConfigDoc for WorkflowRun {
+    const KIND: agentry_store::ConfigKind = agentry_store::ConfigKind::WorkflowRun;
+    const NOUN: &'static str = "workflow run";
+}
+
+/// Where a workflow run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkflowState {
+    /// Steps are running.
+    Running,
+    /// Nothing runs: steps wait for a person, a timer or a signal.
+    Waiting,
+    /// Every step ended well.
+    Succeeded,
+    /// A step failed (after its retries).
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl WorkflowState {
+    /// Whether the run has ended.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// Where a step is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StepState {
+    /// Not started (its dependencies are not done, or it waits to be retried).
+    Pending,
+    /// Running.
+    Running,
+    /// Waiting for a person, a timer or a signal.
+    Waiting,
+    /// Done, with its output.
+    Succeeded,
+    /// Failed (after its retries).
+    Failed,
+    /// Not run: its `when` was false.
+    Skipped,
+    /// Not run, or stopped: the workflow was cancelled or failed elsewhere.
+    Cancelled,
+}
+
+impl StepState {
+    /// Whether the step has ended.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            Self::Succeeded | Self::Failed | Self::Skipped | Self::Cancelled
+        )
+    }
+}
+
+/// A person's decision on an approval step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Decision {
+    /// Approved or not.
+    pub approved: bool,
+    /// Why, if they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    /// When (Unix milliseconds).
+    pub at: u64,
+    /// `true` when the timeout decided.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+}
+
+/// One step of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StepRun {
+    /// Where it is.
+    pub state: StepState,
+    /// Attempts started.
+    pub attempts: u32,
+    /// When the latest attempt started (Unix milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// Not before this time (a retry's backoff, a timer's end, an approval's timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_at: Option<u64>,
+    /// Its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What an approval step asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// An approval's decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// The sessions an agent step (or its map items) ran in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<String>,
+}
+
+impl StepRun {
+    fn pending() -> Self {
+        Self {
+            state: StepState::Pending,
+            attempts: 0,
+            started_at: None,
+            finished_at: None,
+            wake_at: None,
+            output: None,
+            error: None,
+            message: None,
+            decision: None,
+            sessions: Vec::new(),
+        }
+    }
+}
+
+/// A run of a workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowRun {
+    /// Its id.
+    pub run_id: String,
+    /// The workflow's id.
+    pub workflow_id: String,
+    /// The version it runs.
+    pub version: u32,
+    /// Where it is.
+    pub state: WorkflowState,
+    /// Its input.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// Each step, by id.
+    pub steps: BTreeMap<String, StepRun>,
+    /// Its output, once it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Signals received that no step has taken yet, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(value_type = Object)]
+    pub signals: BTreeMap<String, Vec<Value>>,
+    /// The run that started it as a step (a sub-workflow), and how deep it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// 0 for a run started by someone; one more per sub-workflow level.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub depth: u32,
+    /// Who started it (a user key's id; none for an admin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// When it was started, updated and ended (Unix milliseconds).
+    pub created_at: u64,
+    /// Last change.
+    pub updated_at: u64,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// The definition it runs (pinned at start).
+    #[schema(value_type = Object)]
+    pub definition: WorkflowDefinition,
+}
+
+/// `GET /v1/workflows`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WorkflowList {
+    /// The workflows, by id.
+    pub workflows: Vec<WorkflowDefinition>,
+}
+
+/// `GET /v1/workflow-runs`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WorkflowRunList {
+    /// The runs, newest first.
+    pub runs: Vec<WorkflowRun>,
+}
+
+/// What reaches a live run's driver.
+#[derive(Debug, Clone)]
+pub(crate) enum Message {
+    /// A person decided an approval step.
+    Decide {
+        step: String,
+        approved: bool,
+        comment: Option<String>,
+    },
+    /// A signal arrived.
+    Signal { name: String, payload: Value },
+    /// Stop.
+    Cancel,
+}
+
+/// The live runs of this process: each driver's inbox.
+#[derive(Default)]
+pub struct LiveWorkflows {
+    drivers: Mutex<HashMap<String, mpsc::UnboundedSender<Message>>>,
+}
+
+impl std::fmt::Debug for LiveWorkflows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveWorkflows").finish_non_exhaustive()
+    }
+}
+
+impl LiveWorkflows {
+    fn send(&self, run: &str, message: Message) -> bool {
+        let drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);
+        drivers
+            .get(run)
+            .is_some_and(|inbox| inbox.send(message).is_ok())
+    }
+
+    /// Registers a driver; `None` when one already drives this run.
+    fn register(&self, run: &str) -> Option<mpsc::UnboundedReceiver<Message>> {
+        let mut drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);
+        if drivers.get(run).is_some_and(|inbox| !inbox.is_closed()) {
+            return None;
+        }
+        let (inbox, messages) = mpsc::unbounded_channel();
+        drivers.insert(run.to_owned(), inbox);
+        Some(messages)
+    }
+
+    fn unregister(&self, run: &str) {
+        self.drivers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(run);
+    }
+}
+
+fn is_zero(depth: &u32) -> bool {
+    *depth == 0
+}
+
+/// How deep sub-workflows may nest.
+pub const MAX_DEPTH: u32 = 8;
+
+fn no_workflow(id: &str) -> AppError {
+    AppError::not_found(format!("no workflow {id:?} (POST /v1/workflows)"))
+}
+
+fn no_run(id: &str) -> AppError {
+    AppError::not_found(format!("no workflow run {id:?}"))
+}
+
+impl App {
+    /// Checks a definition against the runtime (its tools) and the saved agents.
+    async fn check_workflow(&self, definition: &WorkflowDefinition) -> Result<(), AppError> {
+        let runtime = self.sessions.runtime();
+        let agents: Vec<String> = ConfigRepo::<crate::agents::AgentConfig>::new(&self.store)
+            .list()
+            .await?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        let workflows: Vec<String> = ConfigRepo::<WorkflowDefinition>::new(&self.store)
+            .list()
+            .await?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        definition.check(
+            |tool| runtime.tools().contains(tool),
+            |agent| agents.iter().any(|name| name == agent),
+            |workflow| workflows.iter().any(|name| name == workflow),
+        )
+    }
+
+    /// Stores a new workflow (version 1).
+    pub async fn create_workflow(
+        &self,
+        mut definition: WorkflowDefinition,
+    ) -> Result<WorkflowDefinition, AppError> {
+        definition.version = 1;
+        self.check_workflow(&definition).await?;
+        ConfigRepo::new(&self.store)
+            .create(&definition.id, &definition)
+            .await?;
+        Ok(definition)
+    }
+
+    /// Replaces a workflow: its next version (runs going on keep theirs).
+    pub async fn replace_workflow(
+        &self,
+        id: &str,
+        mut definition: WorkflowDefinition,
+    ) -> Result<WorkflowDefinition, AppError> {
+        let old = self.workflow(id).await?;
+        if definition.id != id {
+            return Err(AppError::bad_request(format!(
+                "the body's id {:?} is not {id:?}",
+                definition.id
+            )));
+        }
+        definition.version = old.version + 1;
+        self.check_workflow(&definition).await?;
+        ConfigRepo::new(&self.store).put(id, &definition).await?;
+        Ok(definition)
+    }
+
+    /// A workflow.
+    pub async fn workflow(&self, id: &str) -> Result<WorkflowDefinition, AppError> {
+        check_name("workflow", id)?;
+        ConfigRepo::new(&self.store)
+            .get(id)
+            .await?
+            .ok_or_else(|| no_workflow(id))
+    }
+
+    /// The workflows.
+    pub async fn workflows(&self) -> Result<WorkflowList, AppError> {
+        let workflows = ConfigRepo::<WorkflowDefinition>::new(&self.store)
+            .list()
+            .await?
+            .into_iter()
+            .map(|(_, definition)| definition)
+            .collect();
+        Ok(WorkflowList { workflows })
+    }
+
+    /// Deletes a workflow (its runs stay).
+    pub async fn delete_workflow(&self, id: &str) -> Result<(), AppError> {
+        check_name("workflow", id)?;
+        if !ConfigRepo::<WorkflowDefinition>::new(&self.store)
+            .delete(id)
+            .await?
+        {
+            return Err(no_workflow(id));
+        }
+        Ok(())
+    }
+
+    /// Starts a run of workflow `id` with `input` (checked against its input schema); it goes
+    /// on in the background.
+    pub async fn start_workflow(
+        &self,
+        caller: &Principal,
+        id: &str,
+        input: Value,
+    ) -> Result<WorkflowRun, AppError> {
+        self.start_workflow_run(caller, id, input, None).await
+    }
+
+    /// Starts a run; `child` names the parent run, the depth and the child's id (a
+    /// sub-workflow step's, derived from its parent, so a resumed parent finds it again).
+    pub(crate) async fn start_workflow_run(
+        &self,
+        caller: &Principal,
+        id: &str,
+        input: Value,
+        child: Option<(String, u32, String)>,
+    ) -> Result<WorkflowRun, AppError> {
+        let definition = self.workflow(id).await?;
+        if child
+            .as_ref()
+            .is_some_and(|(_, depth, _)| *depth > MAX_DEPTH)
+        {
+            return Err(AppError::bad_request(format!(
+                "sub-workflows nest at most {MAX_DEPTH} deep"
+            )));
+        }
+        if !input.is_object() {
+            return Err(AppError::bad_request("a workflow's input is a JSON object"));
+        }
+        if let Some(schema) = &definition.input_schema {
+            let validator = jsonschema::validator_for(schema).map_err(|error| {
+                AppError::internal(format!("the stored input schema is invalid: {error}"))
+            })?;
+            if let Some(error) = validator.iter_errors(&input).next() {
+                return Err(AppError::new(
+                    Failure::Invalid,
+                    "invalid_input",
+                    format!("input{}: {error}", error.instance_path()),
+                ));
+            }
+        }
+        let now = crate::clock::now_ms();
+        let (parent, depth, run_id) = match child {
+            Some((parent, depth, run_id)) => (Some(parent), depth, run_id),
+            None => (None, 0, uuid::Uuid::new_v4().to_string()),
+        };
+        let run = WorkflowRun {
+            run_id,
+            parent,
+            depth,
+            workflow_id: definition.id.clone(),
+            version: definition.version,
+            state: WorkflowState::Running,
+            input,
+            steps: definition
+                .steps
+                .iter()
+                .map(|step| (step.id.clone(), StepRun::pending()))
+                .collect(),
+            output: None,
+            error: None,
+            signals: BTreeMap::new(),
+            owner: caller.owner(),
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+            definition,
+        };
+        ConfigRepo::new(&self.store)
+            .create(&run.run_id, &run)
+            .await?;
+        engine::spawn(self.clone(), run.run_id.clone());
+        Ok(run)
+    }
+
+    /// A run, as its document says now.
+    pub async fn workflow_run(
+        &self,
+        caller: &Principal,
+        run_id: &str,
+    ) -> Result<WorkflowRun, AppError> {
+        // Run ids are UUIDs; anything else names no run.
+        if uuid::Uuid::parse_str(run_id).is_err() {
+            return Err(no_run(run_id));
+        }
+        let run = ConfigRepo::<WorkflowRun>::new(&self.store)
+            .get(run_id)
+            .await?
+            .filter(|run| caller.may_see(run.owner.as_deref()))
+            .ok_or_else(|| no_run(run_id))?;
+        Ok(run)
+    }
+
+    /// The caller's runs, newest first (of one workflow, when named).
+    pub async fn workflow_runs(
+        &self,
+        caller: &Principal,
+        workflow: Option<&str>,
+    ) -> Result<WorkflowRunList, AppError> {
+        let mut runs: Vec<WorkflowRun> = ConfigRepo::<WorkflowRun>::new(&self.store)
+            .list()
+            .await?
+            .into_iter()
+            .map(|(_, run)| run)
+            .filter(|run| caller.may_see(run.owner.as_deref()))
+            .filter(|run| workflow.is_none_or(|id| run.workflow_id == id))
+            .collect();
+        runs.sort_by_key(|run| std::cmp::Reverse(run.created_at));
+        Ok(WorkflowRunList { runs })
+    }
+
+    /// Sends `message` to a live run of the caller's: 409 when it has ended.
+    async fn tell(
+        &self,
+        caller: &Principal,
+        run_id: &str,
+        message: Message,
+    ) -> Result<WorkflowRun, AppError> {
+        let run = self.workflow_run(caller, run_id).await?;
+        if run.state.is_final() {
+            return Err(AppError::conflict(format!(
+                "the workflow run has ended ({})",
+                serde_json::to_value(run.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            )));
+        }
+        if !self.workflows.send(run_id, message.clone()) {
+            // Its driver is not running here (it ended between the read and now, or the
+            // process restarted): start one, then deliver.
+            engine::spawn(self.clone(), run_id.to_owned());
+            tokio::task::yield_now().await;
+            if !self.workflows.send(run_id, message) {
+                return Err(AppError::new(
+                    Failure::Unavailable,
+                    "workflow_unavailable",
+                    "the workflow run is not live on this server; try again",
+                ));
+            }
+        }
+        Ok(run)
+    }
+
+    /// Decides the approval step `step` of a run.
+    pub async fn decide_workflow_step(
+        &self,
+        caller: &Principal,
+        run_id: &str,
+        step: &str,
+        approved: bool,
+        comment: Option<String>,
+    ) -> Result<(), AppError> {
+        let run = self.workflow_run(caller, run_id).await?;
+        let Some(state) = run.steps.get(step) else {
+            return Err(AppError::not_found(format!(
+                "the workflow has no step {step:?}"
+            )));
+        };
+        let index = run.definition.steps.iter().position(|s| s.id == step);
+        let is_approval = index.is_some_and(|i| run.definition.steps[i].kind == "approval");
+        if !is_approval {
+            return Err(AppError::bad_request(format!(
+                "step {step:?} is not an approval"
+            )));
+        }
+        if state.state != StepState::Waiting {
+            return Err(AppError::conflict(format!(
+                "step {step:?} is not waiting for a decision"
+            )));
+        }
+        self.tell(
+            caller,
+            run_id,
+            Message::Decide {
+                step: step.to_owned(),
+                approved,
+                comment,
+            },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Sends the signal `name` with `payload` to a run (kept until a step waits for it).
+    pub async fn signal_workflow(
+        &self,
+        caller: &Principal,
+        run_id: &str,
+        name: &str,
+        payload: Value,
+    ) -> Result<(), AppError> {
+        check_name("signal", name)?;
+        self.tell(
+            caller,
+            run_id,
+            Message::Signal {
+                name: name.to_owned(),
+                payload,
+            },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Cancels a run: running steps are stopped (agent steps' runs cancelled), the rest not run.
+    pub async fn cancel_workflow(&self, caller: &Principal, run_id: &str) -> Result<(), AppError> {
+        self.tell(caller, run_id, Message::Cancel).await.map(|_| ())
+    }
+
+    /// At start-up: every unfinished run goes on. Returns how many.
+    pub async fn resume_workflows(&self) -> usize {
+        let runs = match ConfigRepo::<WorkflowRun>::new(&self.store).list().await {
+            Ok(runs) => runs,
+            Err(error) => {
+                tracing::error!("cannot list workflow runs: {}", error.message);
+                return 0;
+            }
+        };
+        let mut resumed = 0;
+        for (_, run) in runs {
+            if !run.state.is_final() {
+                engine::spawn(self.clone(), run.run_id);
+                resumed += 1;
+            }
+        }
+        resumed
+    }
+}

@@ -1,0 +1,333 @@
+//! The workflow routes: `/v1/workflows` (definitions: list, save, get, replace as a new
+//! version, delete; start a run) and `/v1/workflow-runs` (list, get with every step's state,
+//! approve or reject a waiting step, send a signal, cancel). What a workflow is and how it runs
+//! lives in [`agentry_app::workflows`].
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use agentry_app::workflows::{WorkflowDefinition, WorkflowList, WorkflowRun, WorkflowRunList};
+
+use super::config::{ApiJson, ApiPath, created};
+use crate::authorization::Caller;
+use crate::error::ApiError;
+use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NamePath, NotFound};
+use crate::state::AppState;
+
+/// The workflow routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_workflows, create_workflow))
+        .routes(routes!(get_workflow, replace_workflow, delete_workflow))
+        .routes(routes!(start_run))
+        .routes(routes!(list_runs))
+        .routes(routes!(get_run))
+        .routes(routes!(approve_step))
+        .routes(routes!(signal_run))
+        .routes(routes!(cancel_run))
+}
+
+/// A workflow run named in a path.
+#[derive(Debug, Clone, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct RunPath {
+    /// The run's id.
+    #[allow(dead_code)]
+    id: String,
+}
+
+/// The workflows.
+#[utoipa::path(
+    get,
+    path = "/v1/workflows",
+    tag = "workflows",
+    operation_id = "list_workflows",
+    responses((status = 200, description = "The workflows, by id.", body = WorkflowList))
+)]
+async fn list_workflows(State(state): State<AppState>) -> Result<Json<WorkflowList>, ApiError> {
+    Ok(Json(state.workflows().await?))
+}
+
+/// Saves a workflow (version 1), after checking it whole: problems are named by their path.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows",
+    tag = "workflows",
+    operation_id = "create_workflow",
+    request_body = WorkflowDefinition,
+    responses(
+        (status = 201, description = "Saved.", body = WorkflowDefinition,
+         links(
+             ("get_workflow" = (operation_id = "get_workflow", parameters(("name" = "$response.body#/id")))),
+             ("start_workflow" = (operation_id = "start_workflow", parameters(("name" = "$response.body#/id")))),
+         )),
+        JsonBodyErrors,
+        Conflict,
+    )
+)]
+async fn create_workflow(
+    State(state): State<AppState>,
+    ApiJson(definition): ApiJson<WorkflowDefinition>,
+) -> Result<Response, ApiError> {
+    Ok(created(state.create_workflow(definition).await?))
+}
+
+/// A workflow.
+#[utoipa::path(
+    get,
+    path = "/v1/workflows/{name}",
+    tag = "workflows",
+    operation_id = "get_workflow",
+    params(NamePath),
+    responses(
+        (status = 200, description = "The workflow.", body = WorkflowDefinition),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn get_workflow(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<WorkflowDefinition>, ApiError> {
+    Ok(Json(state.workflow(&name).await?))
+}
+
+/// Replaces a workflow with its next version (runs going on keep theirs).
+#[utoipa::path(
+    put,
+    path = "/v1/workflows/{name}",
+    tag = "workflows",
+    operation_id = "replace_workflow",
+    params(NamePath),
+    request_body = WorkflowDefinition,
+    responses(
+        (status = 200, description = "Replaced.", body = WorkflowDefinition),
+        JsonBodyErrors,
+        NotFound,
+    )
+)]
+async fn replace_workflow(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(definition): ApiJson<WorkflowDefinition>,
+) -> Result<Json<WorkflowDefinition>, ApiError> {
+    Ok(Json(state.replace_workflow(&name, definition).await?))
+}
+
+/// Deletes a workflow (its runs stay).
+#[utoipa::path(
+    delete,
+    path = "/v1/workflows/{name}",
+    tag = "workflows",
+    operation_id = "delete_workflow",
+    params(NamePath),
+    responses((status = 204, description = "Deleted."), BadRequest, NotFound)
+)]
+async fn delete_workflow(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    state.delete_workflow(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// How a run starts.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    /// The input (checked against the workflow's input schema).
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    input: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// Starts a run; it goes on in the background (202 with the run).
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{name}/runs",
+    tag = "workflows",
+    operation_id = "start_workflow",
+    params(NamePath),
+    request_body = StartBody,
+    responses(
+        (status = 202, description = "Started.", body = WorkflowRun,
+         links(("get_workflow_run" = (operation_id = "get_workflow_run", parameters(("id" = "$response.body#/run_id")))))),
+        JsonBodyErrors,
+        NotFound,
+    )
+)]
+async fn start_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<StartBody>,
+) -> Result<Response, ApiError> {
+    let run = state.start_workflow(&caller, &name, body.input).await?;
+    Ok((StatusCode::ACCEPTED, Json(run)).into_response())
+}
+
+/// Which runs to list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct RunsQuery {
+    /// Only the runs of this workflow.
+    #[param(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    workflow_id: Option<String>,
+}
+
+/// The caller's workflow runs, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/workflow-runs",
+    tag = "workflows",
+    operation_id = "list_workflow_runs",
+    params(RunsQuery),
+    responses((status = 200, description = "The runs.", body = WorkflowRunList), BadRequest)
+)]
+async fn list_runs(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    query: Result<Query<RunsQuery>, QueryRejection>,
+) -> Result<Json<WorkflowRunList>, ApiError> {
+    let Query(query) = query?;
+    Ok(Json(
+        state
+            .workflow_runs(&caller, query.workflow_id.as_deref())
+            .await?,
+    ))
+}
+
+/// A run: its state, every step's state, attempts, times, output and error.
+#[utoipa::path(
+    get,
+    path = "/v1/workflow-runs/{id}",
+    tag = "workflows",
+    operation_id = "get_workflow_run",
+    params(RunPath),
+    responses((status = 200, description = "The run.", body = WorkflowRun), NotFound)
+)]
+async fn get_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<WorkflowRun>, ApiError> {
+    Ok(Json(state.workflow_run(&caller, &id).await?))
+}
+
+/// A decision on an approval step.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    /// The approval step's id.
+    step: String,
+    /// Approve (default) or reject.
+    #[serde(default = "yes")]
+    approved: bool,
+    /// Why.
+    #[serde(default)]
+    #[schema(max_length = 4000)]
+    comment: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Approves or rejects a waiting approval step (a rejection fails it).
+#[utoipa::path(
+    post,
+    path = "/v1/workflow-runs/{id}/approve",
+    tag = "workflows",
+    operation_id = "approve_workflow_step",
+    params(RunPath),
+    request_body = ApproveBody,
+    responses(
+        (status = 202, description = "Taken; the run goes on."),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn approve_step(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<ApproveBody>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .decide_workflow_step(&caller, &id, &body.step, body.approved, body.comment)
+        .await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// A signal.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct SignalBody {
+    /// Its name (what a `signal` step waits for).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    name: String,
+    /// What it carries (the step's output).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    payload: Value,
+}
+
+/// Sends a signal to a run: the step waiting for it takes it, else it is kept for the first
+/// step that will.
+#[utoipa::path(
+    post,
+    path = "/v1/workflow-runs/{id}/signal",
+    tag = "workflows",
+    operation_id = "signal_workflow_run",
+    params(RunPath),
+    request_body = SignalBody,
+    responses(
+        (status = 202, description = "Taken."),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+    )
+)]
+async fn signal_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<SignalBody>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .signal_workflow(&caller, &id, &body.name, body.payload)
+        .await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// Cancels a run.
+#[utoipa::path(
+    post,
+    path = "/v1/workflow-runs/{id}/cancel",
+    tag = "workflows",
+    operation_id = "cancel_workflow_run",
+    params(RunPath),
+    responses((status = 202, description = "Cancelling."), NotFound, Conflict)
+)]
+async fn cancel_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    state.cancel_workflow(&caller, &id).await?;
+    Ok(StatusCode::ACCEPTED)
+}

@@ -1,0 +1,473 @@
+//! Workflows: definitions checked whole, data flowing between steps, parallel branches, `when`,
+//! `map` in order, retries, an agent step on the run queue, an approval, a timer and a signal
+//! surviving a restart, cancel.
+
+use std::time::Duration;
+
+use agentry_app::auth::Principal;
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+use super::support::{Server, host_commands, start};
+
+/// A command tool that answers its arguments (what `cat` reads on stdin).
+async fn add_echo(server: &Server) {
+    let (status, body) = server
+        .post(
+            "/v1/tools",
+            json!({"kind": "command", "name": "echo", "description": "Echoes its arguments.",
+                   "program": "/bin/sh", "args": ["-c", "cat"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+async fn save(server: &Server, definition: Value) {
+    let (status, body) = server.post("/v1/workflows", definition).await;
+    assert_eq!(status, 201, "{body}");
+}
+
+async fn start_run(server: &Server, workflow: &str, input: Value) -> String {
+    let (status, run) = server
+        .post(
+            &format!("/v1/workflows/{workflow}/runs"),
+            json!({"input": input}),
+        )
+        .await;
+    assert_eq!(status, 202, "{run}");
+    run["run_id"].as_str().unwrap().to_owned()
+}
+
+/// Polls the run until `done` says so (at most 20 s).
+async fn until(server: &Server, run: &str, done: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..400 {
+        let (status, body) = server.get(&format!("/v1/workflow-runs/{run}")).await;
+        assert_eq!(status, 200, "{body}");
+        if done(&body) {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the workflow run never got there");
+}
+
+fn ended(run: &Value) -> bool {
+    matches!(
+        run["state"].as_str(),
+        Some("succeeded" | "failed" | "cancelled")
+    )
+}
+
+#[tokio::test]
+async fn data_flows_branches_run_in_parallel_when_skips_and_map_keeps_order() {
+    let server = start().await;
+    add_echo(&server).await;
+    save(
+        &server,
+        json!({
+            "id": "flow",
+            "input_schema": {"type": "object", "required": ["values"],
+                             "properties": {"values": {"type": "array", "items": {"type": "integer"}}}},
+            "steps": [
+                {"id": "first", "kind": "tool", "tool": "echo",
+                 "arguments": {"values": "{{ input['values'] }}", "label": "start"}},
+                {"id": "each", "kind": "map", "needs": ["first"], "concurrency": 2,
+                 "items": "steps.first.output['values']",
+                 "step": {"kind": "tool", "tool": "echo", "arguments": {"n": "{{ item * 10 }}", "i": "{{ index }}"}}},
+                {"id": "left", "kind": "tool", "tool": "slow", "needs": ["first"]},
+                {"id": "right", "kind": "tool", "tool": "slow", "needs": ["first"]},
+                {"id": "never", "kind": "tool", "tool": "echo", "needs": ["first"],
+                 "when": "input['values'] | length > 5"},
+                {"id": "join", "kind": "tool", "tool": "echo", "needs": ["each", "left", "right", "never"],
+                 "arguments": {"total": "{{ steps.each.output | map(attribute='n') | sum }}",
+                               "label": "{{ steps.first.output.label }}-joined",
+                               "slept": "{{ steps.left.output.slept and steps.right.output.slept }}"}}
+            ],
+            "output": {"total": "{{ steps.join.output.total }}", "label": "{{ steps.join.output.label }}"}
+        }),
+    )
+    .await;
+    let (_, saved) = server.get("/v1/workflows/flow").await;
+    assert_eq!(saved["version"], 1);
+
+    // Input that does not match the schema is refused, and no run is made.
+    let (status, body) = server
+        .post(
+            "/v1/workflows/flow/runs",
+            json!({"input": {"values": "no"}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (_, runs) = server.get("/v1/workflow-runs").await;
+    assert_eq!(runs["runs"], json!([]));
+
+    let id = start_run(&server, "flow", json!({"values": [1, 2, 3]})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["output"], json!({"total": 60, "label": "start-joined"}));
+    assert_eq!(
+        run["steps"]["each"]["output"],
+        json!([{"n": 10, "i": 0}, {"n": 20, "i": 1}, {"n": 30, "i": 2}])
+    );
+    assert_eq!(run["steps"]["join"]["output"]["slept"], true);
+    assert_eq!(run["steps"]["never"]["state"], "skipped");
+    // The two branches after `first` overlapped in time.
+    let span = |step: &str| {
+        (
+            run["steps"][step]["started_at"].as_u64().unwrap(),
+            run["steps"][step]["finished_at"].as_u64().unwrap(),
+        )
+    };
+    let (left, right) = (span("left"), span("right"));
+    assert!(left.0 < right.1 && right.0 < left.1, "{left:?} {right:?}");
+    // `join` started only after every step it needs had ended.
+    let join = span("join");
+    for step in ["each", "left", "right"] {
+        assert!(span(step).1 <= join.0, "{step}");
+    }
+    assert_eq!(run["version"], 1);
+    let (_, runs) = server.get("/v1/workflow-runs?workflow_id=flow").await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
+    let server = start().await;
+    add_echo(&server).await;
+    let echo = |id: &str| json!({"id": id, "kind": "tool", "tool": "echo"});
+    let cases = [
+        (
+            json!([echo("a"), {"id": "b", "kind": "tool", "tool": "echo", "needs": ["ghost"]}]),
+            "steps[1].needs[0]",
+        ),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "echo", "needs": ["b"]}, {"id": "b", "kind": "tool", "tool": "echo", "needs": ["a"]}]),
+            "cycle",
+        ),
+        (json!([echo("a"), echo("a")]), "steps[1].id"),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "echo", "when": "1 +"}]),
+            "steps[0].when",
+        ),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "nope"}]),
+            "steps[0].tool",
+        ),
+        (json!([{"id": "a", "kind": "teleport"}]), "steps[0].kind"),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "echo", "arguments": {"x": "{{ ("}}]),
+            "steps[0].arguments.x",
+        ),
+        (
+            json!([{"id": "a", "kind": "agent", "agent": "nobody", "prompt": "hi"}]),
+            "steps[0].agent",
+        ),
+        (
+            json!([{"id": "a", "kind": "map", "items": "input.list", "concurrency": 0, "step": {"kind": "tool", "tool": "echo"}}]),
+            "steps[0].concurrency",
+        ),
+        (
+            json!([{"id": "a", "kind": "map", "items": "input.list", "step": {"kind": "wait", "seconds": 1}}]),
+            "steps[0].step.kind",
+        ),
+        (
+            json!([{"id": "a", "kind": "wait", "seconds": 1, "extra": true}]),
+            "steps[0]",
+        ),
+        (json!([]), "steps"),
+    ];
+    for (steps, path) in cases {
+        let (status, body) = server
+            .post("/v1/workflows", json!({"id": "bad", "steps": steps}))
+            .await;
+        assert_eq!(status, 400, "{steps}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(path), "{path} not in {message}");
+    }
+    let (status, body) = server
+        .post(
+            "/v1/workflows",
+            json!({"id": "bad", "input_schema": {"type": 7}, "steps": [echo("a")]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (_, list) = server.get("/v1/workflows").await;
+    assert_eq!(list["workflows"], json!([]));
+}
+
+#[tokio::test]
+async fn a_step_is_retried_by_its_policy_and_a_failure_fails_the_run() {
+    let server = start().await;
+    add_echo(&server).await;
+    let counter = server.home.path().join("tries");
+    let script = format!(
+        "n=$(cat {0} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {0}; \
+         if [ $n -lt 3 ]; then echo not yet >&2; exit 1; fi; echo \"{{\\\"tries\\\": $n}}\"",
+        counter.display()
+    );
+    let (status, body) = server
+        .post(
+            "/v1/tools",
+            json!({"kind": "command", "name": "flaky", "description": "Fails twice.",
+                   "program": "/bin/sh", "args": ["-c", script]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    save(
+        &server,
+        json!({"id": "retry", "steps": [
+            {"id": "try", "kind": "tool", "tool": "flaky", "retry": {"attempts": 3, "backoff_secs": 0.05}}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "retry", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"]["try"]["attempts"], 3);
+    assert_eq!(run["output"], json!({"tries": 3}));
+
+    // Without enough attempts: the step fails, the run fails, and what follows never runs.
+    std::fs::remove_file(&counter).unwrap();
+    save(
+        &server,
+        json!({"id": "fail", "steps": [
+            {"id": "try", "kind": "tool", "tool": "flaky", "retry": {"attempts": 2, "backoff_secs": 0.01}},
+            {"id": "after", "kind": "tool", "tool": "echo"}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "fail", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "failed", "{run:#}");
+    assert_eq!(run["steps"]["try"]["state"], "failed");
+    assert_eq!(run["steps"]["try"]["attempts"], 2);
+    assert!(
+        run["error"].as_str().unwrap().contains("\"try\""),
+        "{run:#}"
+    );
+    assert_eq!(run["steps"]["after"]["state"], "cancelled");
+    // An ended run takes no more messages.
+    let (status, _) = server
+        .post(&format!("/v1/workflow-runs/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 409);
+
+    // A long timer, cancelled.
+    save(
+        &server,
+        json!({"id": "sleepy", "steps": [{"id": "nap", "kind": "wait", "seconds": 3600}]}),
+    )
+    .await;
+    let id = start_run(&server, "sleepy", json!({})).await;
+    until(&server, &id, |run| run["state"] == "waiting").await;
+    let (status, body) = server
+        .post(&format!("/v1/workflow-runs/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "cancelled");
+    assert_eq!(run["steps"]["nap"]["state"], "cancelled");
+    let (status, _) = server.get("/v1/workflow-runs/00000000-nope").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
+    let server = start().await;
+    server.state.start_worker();
+    add_echo(&server).await;
+    let (status, body) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "writer", "model_id": "mock", "system": "You write."}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    save(
+        &server,
+        json!({"id": "publish", "steps": [
+            {"id": "draft", "kind": "agent", "agent": "writer", "prompt": "Write about {{ input.topic }}."},
+            {"id": "review", "kind": "approval", "message": "Publish this? {{ steps.draft.output }}"},
+            {"id": "pause", "kind": "wait", "seconds": 1},
+            {"id": "feedback", "kind": "signal", "name": "feedback"},
+            {"id": "final", "kind": "tool", "tool": "echo",
+             "arguments": {"text": "{{ steps.draft.output }}", "note": "{{ steps.feedback.output.note }}",
+                           "approved": "{{ steps.review.output.approved }}"}}
+        ]}),
+    )
+    .await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Cats sleep a lot.")));
+    let id = start_run(&server, "publish", json!({"topic": "cats"})).await;
+    let run = until(&server, &id, |run| {
+        run["steps"]["review"]["state"] == "waiting"
+    })
+    .await;
+    assert_eq!(run["state"], "waiting");
+    assert_eq!(run["steps"]["draft"]["output"], "Cats sleep a lot.");
+    assert_eq!(
+        run["steps"]["review"]["message"],
+        "Publish this? Cats sleep a lot."
+    );
+    // The agent ran in a session of its own, on the model, with the rendered prompt.
+    let session = run["steps"]["draft"]["sessions"][0].as_str().unwrap();
+    let (status, _) = server.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, 200);
+    assert!(
+        server.mock.requests()[0]
+            .body
+            .to_string()
+            .contains("Write about cats.")
+    );
+    // A decision on a step that is not an approval, or an unknown step, is refused.
+    let (status, _) = server
+        .post(
+            &format!("/v1/workflow-runs/{id}/approve"),
+            json!({"step": "pause"}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = server
+        .post(
+            &format!("/v1/workflow-runs/{id}/approve"),
+            json!({"step": "ghost"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+
+    // The process stops while the approval waits; another starts on the same data.
+    server.state.shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let store = agentry_store::Store::open_home(server.home.path())
+        .await
+        .unwrap();
+    let second = agentry_app::App::with_tools(store, host_commands(server.home.path()))
+        .await
+        .unwrap();
+    assert_eq!(second.resume_workflows().await, 1);
+    let operator = Principal::operator();
+    let wait = |app: agentry_app::App, run: String, done: fn(&Value) -> bool| async move {
+        for _ in 0..400 {
+            let view = serde_json::to_value(
+                app.workflow_run(&Principal::operator(), &run)
+                    .await
+                    .unwrap(),
+            )
+            .unwrap();
+            if done(&view) {
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("never got there");
+    };
+    // The signal comes early: it is kept until the step waits for it.
+    second
+        .signal_workflow(&operator, &id, "feedback", json!({"note": "shorter"}))
+        .await
+        .unwrap();
+    second
+        .decide_workflow_step(&operator, &id, "review", true, Some("ok".into()))
+        .await
+        .unwrap();
+    let run = wait(second.clone(), id.clone(), |run| {
+        run["state"] == "succeeded"
+    })
+    .await;
+    assert_eq!(
+        run["output"],
+        json!({"text": "Cats sleep a lot.", "note": "shorter", "approved": true})
+    );
+    assert_eq!(run["steps"]["review"]["decision"]["comment"], "ok");
+    // The timer ran its second, after the approval.
+    let waited = run["steps"]["pause"]["finished_at"].as_u64().unwrap()
+        - run["steps"]["pause"]["started_at"].as_u64().unwrap();
+    assert!(waited >= 1000, "{waited}");
+    // The agent step was not run again: the model was asked once.
+    assert_eq!(server.mock.requests().len(), 1);
+    second.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_loop_repeats_until_its_condition_and_a_sub_workflow_runs_as_a_step() {
+    let server = start().await;
+    add_echo(&server).await;
+    save(
+        &server,
+        json!({"id": "double", "steps": [
+            {"id": "calc", "kind": "tool", "tool": "echo", "arguments": {"value": "{{ input.n * 2 }}"}}
+        ], "output": "{{ steps.calc.output.value }}"}),
+    )
+    .await;
+    save(
+        &server,
+        json!({"id": "grow", "steps": [
+            {"id": "grow", "kind": "loop", "max": 10, "until": "last >= 20",
+             "step": {"kind": "workflow", "workflow": "double",
+                      "input": {"n": "{{ last if last is not none else input.start }}"}}}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "grow", json!({"start": 3})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    // 3 → 6 → 12 → 24: three iterations, each a run of `double` started by this one.
+    assert_eq!(run["output"], 24);
+    let (_, children) = server.get("/v1/workflow-runs?workflow_id=double").await;
+    let children = children["runs"].as_array().unwrap();
+    assert_eq!(children.len(), 3, "{children:#?}");
+    assert!(children.iter().all(|child| child["parent"] == id.as_str()
+        && child["depth"] == 1
+        && child["state"] == "succeeded"));
+    let mut outputs: Vec<u64> = children
+        .iter()
+        .map(|c| c["output"].as_u64().unwrap())
+        .collect();
+    outputs.sort_unstable();
+    assert_eq!(outputs, [6, 12, 24]);
+
+    // A loop whose condition never holds fails its step when it reaches its maximum.
+    save(
+        &server,
+        json!({"id": "endless", "steps": [
+            {"id": "spin", "kind": "loop", "max": 2, "until": "false",
+             "step": {"kind": "tool", "tool": "echo", "arguments": {"i": "{{ iteration }}"}}}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "endless", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "failed");
+    assert!(
+        run["steps"]["spin"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("after 2 iterations"),
+        "{run:#}"
+    );
+
+    for (steps, path) in [
+        (
+            json!([{"id": "a", "kind": "workflow", "workflow": "ghost"}]),
+            "steps[0].workflow",
+        ),
+        (
+            json!([{"id": "a", "kind": "loop", "max": 0, "until": "true", "step": {"kind": "tool", "tool": "echo"}}]),
+            "steps[0].max",
+        ),
+        (
+            json!([{"id": "a", "kind": "loop", "max": 2, "until": "1 +", "step": {"kind": "tool", "tool": "echo"}}]),
+            "steps[0].until",
+        ),
+    ] {
+        let (status, body) = server
+            .post("/v1/workflows", json!({"id": "bad", "steps": steps}))
+            .await;
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(path),
+            "{body}"
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! `agentry workflows`: definitions from YAML and JSON files, runs followed in the terminal,
+//! and the examples in `examples/workflows` run against the mock model.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use agentry_store::{ConfigKind, Store};
+use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+async fn agentry(home: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A data folder with a model on the mock and the agents the examples use.
+async fn home_with_agents(mock: &MockProvider) -> tempfile::TempDir {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open_home(home.path()).await.unwrap();
+    store
+        .put_config(
+            ConfigKind::Model,
+            "mock",
+            &json!({"id": "mock", "protocol": "openai", "base_url": mock.openai_base_url(),
+                    "model_name": "m"}),
+        )
+        .await
+        .unwrap();
+    for agent in ["analyst", "writer", "summariser"] {
+        store
+            .put_config(
+                ConfigKind::Agent,
+                agent,
+                &json!({"id": agent, "model_id": "mock", "system": format!("You are the {agent}.")}),
+            )
+            .await
+            .unwrap();
+    }
+    store.close().await;
+    home
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workflows")
+}
+
+#[tokio::test]
+async fn the_example_workflows_run_against_the_mock_model() {
+    let mock = MockProvider::start().await.unwrap();
+    // Every agent answers the same JSON: the hot-spot step checks it against its schema.
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text(
+        r#"{"hotspots": [{"service": "database", "monthly_cost": 1200, "why": "idle replicas"}]}"#,
+    )));
+    let home = home_with_agents(&mock).await;
+    let home = home.path();
+
+    let cost = examples().join("cost-report.yaml");
+    let out = agentry(
+        home,
+        &[
+            "workflows",
+            "run",
+            cost.to_str().unwrap(),
+            "--input",
+            "account=acme",
+            "--yes",
+        ],
+    )
+    .await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for step in ["billing", "metrics", "logs", "hotspots", "report", "review"] {
+        assert!(
+            stderr.contains(&format!("✓ {step}  succeeded")),
+            "{step}: {stderr}"
+        );
+    }
+    let output: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(output["hotspots"][0]["service"], "database");
+    assert_eq!(output["approved_by_reviewer"], true);
+    // Five agent calls: three in parallel, the analysis, the report.
+    assert_eq!(mock.requests().len(), 5);
+    assert!(
+        mock.requests()
+            .iter()
+            .any(|r| r.body.to_string().contains("billing for account acme"))
+    );
+
+    let map = examples().join("map-reduce.yaml");
+    let out = agentry(
+        home,
+        &[
+            "workflows",
+            "run",
+            map.to_str().unwrap(),
+            "--input-json",
+            r#"{"documents": ["alpha", "beta", "gamma"]}"#,
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let output: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(output["per_document"].as_array().unwrap().len(), 3);
+    // Three summaries and the combination.
+    assert_eq!(mock.requests().len(), 9);
+    let combined = mock.requests()[8].body.to_string();
+    assert!(combined.contains("Combine these 3 summaries"), "{combined}");
+
+    let out = agentry(home, &["workflows", "list"]).await;
+    let list = text(&out.stdout);
+    assert!(
+        list.contains("cost-report\tv1") && list.contains("map-reduce\tv1"),
+        "{list}"
+    );
+
+    // No terminal and no --yes: the run stays waiting for a person, exit code 3.
+    let out = agentry(
+        home,
+        &[
+            "workflows",
+            "run",
+            "cost-report",
+            "--input",
+            "account=other",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("waits for a person"));
+    let out = agentry(home, &["workflows", "runs", "cost-report"]).await;
+    let runs = text(&out.stdout);
+    assert_eq!(runs.lines().count(), 2, "{runs}");
+    assert!(
+        runs.lines().next().unwrap().contains("\twaiting\t"),
+        "{runs}"
+    );
+
+    // A bad file is refused, naming the problem.
+    let bad = home.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "id: bad\nsteps:\n  - {id: a, kind: tool, tool: nope}\n",
+    )
+    .unwrap();
+    let out = agentry(home, &["workflows", "add", bad.to_str().unwrap()]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("steps[0].tool"),
+        "{}",
+        text(&out.stderr)
+    );
+}
