@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use crate::error::AppError;
 
 /// Most steps one workflow may have.
-pub const MAX_STEPS: usize = 200;
+pub const MAX_STEPS: usize = 1000;
 /// Most items one `map` step may fan out over.
 pub const MAX_MAP_ITEMS: usize = 10_000;
 /// The longest durable timer or approval timeout: thirty days.

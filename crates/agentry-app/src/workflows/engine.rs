@@ -63,7 +63,9 @@ async fn save(app: &App, run: &mut WorkflowRun) -> Result<(), String> {
     ConfigRepo::new(&app.store)
         .put(&run.run_id, &*run)
         .await
-        .map_err(|error| error.message)
+        .map_err(|error| error.message)?;
+    app.workflows.changed(&run.run_id);
+    Ok(())
 }
 
 async fn drive(

@@ -235,10 +235,12 @@ pub(crate) enum Message {
     Cancel,
 }
 
-/// The live runs of this process: each driver's inbox.
+/// The live runs of this process: each driver's inbox, and a change counter per run that
+/// followers (the SSE stream) wait on.
 #[derive(Default)]
 pub struct LiveWorkflows {
     drivers: Mutex<HashMap<String, mpsc::UnboundedSender<Message>>>,
+    changes: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
 }
 
 impl std::fmt::Debug for LiveWorkflows {
@@ -271,6 +273,29 @@ impl LiveWorkflows {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(run);
+        // Followers see the last change, then their channel closes.
+        self.changed(run);
+        self.changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(run);
+    }
+
+    /// Tells followers that the run's document changed.
+    pub(crate) fn changed(&self, run: &str) {
+        let changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = changes.get(run) {
+            sender.send_modify(|count| *count += 1);
+        }
+    }
+
+    /// A receiver that changes whenever the run's document does (while it is driven here).
+    pub fn subscribe(&self, run: &str) -> tokio::sync::watch::Receiver<u64> {
+        let mut changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        changes
+            .entry(run.to_owned())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .subscribe()
     }
 }
 
@@ -587,6 +612,34 @@ impl App {
     /// Cancels a run: running steps are stopped (agent steps' runs cancelled), the rest not run.
     pub async fn cancel_workflow(&self, caller: &Principal, run_id: &str) -> Result<(), AppError> {
         self.tell(caller, run_id, Message::Cancel).await.map(|_| ())
+    }
+
+    /// Runs a failed or cancelled run again from where it stopped: its failed and cancelled
+    /// steps start over (with their attempts counted afresh), the steps that succeeded keep
+    /// their outputs. 409 for a run that has not ended or that succeeded.
+    pub async fn retry_workflow(
+        &self,
+        caller: &Principal,
+        run_id: &str,
+    ) -> Result<WorkflowRun, AppError> {
+        let mut run = self.workflow_run(caller, run_id).await?;
+        if !matches!(run.state, WorkflowState::Failed | WorkflowState::Cancelled) {
+            return Err(AppError::conflict(
+                "only a failed or cancelled run can be retried",
+            ));
+        }
+        for step in run.steps.values_mut() {
+            if matches!(step.state, StepState::Failed | StepState::Cancelled) {
+                *step = StepRun::pending();
+            }
+        }
+        run.state = WorkflowState::Running;
+        run.error = None;
+        run.finished_at = None;
+        run.updated_at = crate::clock::now_ms();
+        ConfigRepo::new(&self.store).put(run_id, &run).await?;
+        engine::spawn(self.clone(), run_id.to_owned());
+        Ok(run)
     }
 
     /// At start-up: every unfinished run goes on. Returns how many.

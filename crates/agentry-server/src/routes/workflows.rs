@@ -1,6 +1,7 @@
 //! The workflow routes: `/v1/workflows` (definitions: list, save, get, replace as a new
 //! version, delete; start a run) and `/v1/workflow-runs` (list, get with every step's state,
-//! approve or reject a waiting step, send a signal, cancel). What a workflow is and how it runs
+//! follow as server-sent events, approve or reject a waiting step, send a signal, cancel,
+//! retry from the failed steps). What a workflow is and how it runs
 //! lives in [`agentry_app::workflows`].
 
 use axum::Json;
@@ -33,6 +34,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(approve_step))
         .routes(routes!(signal_run))
         .routes(routes!(cancel_run))
+        .routes(routes!(retry_run))
+        .routes(routes!(stream_run))
 }
 
 /// A workflow run named in a path.
@@ -330,4 +333,78 @@ async fn cancel_run(
 ) -> Result<StatusCode, ApiError> {
     state.cancel_workflow(&caller, &id).await?;
     Ok(StatusCode::ACCEPTED)
+}
+
+/// Runs a failed or cancelled run again from its failed and cancelled steps (the steps that
+/// succeeded keep their outputs).
+#[utoipa::path(
+    post,
+    path = "/v1/workflow-runs/{id}/retry",
+    tag = "workflows",
+    operation_id = "retry_workflow_run",
+    params(RunPath),
+    responses(
+        (status = 202, description = "Running again.", body = WorkflowRun),
+        NotFound,
+        Conflict,
+    )
+)]
+async fn retry_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let run = state.retry_workflow(&caller, &id).await?;
+    Ok((StatusCode::ACCEPTED, Json(run)).into_response())
+}
+
+/// Follows a run: an `event: run` with the whole run (every step's state, output and error)
+/// now and at each change, until it ends.
+#[utoipa::path(
+    get,
+    path = "/v1/workflow-runs/{id}/stream",
+    tag = "workflows",
+    operation_id = "stream_workflow_run",
+    params(RunPath),
+    responses(
+        (status = 200, description = "Server-sent events: `run`, the run as `GET` shows it.",
+         content_type = "text/event-stream", body = String),
+        NotFound,
+    )
+)]
+async fn stream_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    // An unknown run is a 404 before the stream opens.
+    state.workflow_run(&caller, &id).await?;
+    let mut changes = state.workflows.subscribe(&id);
+    let events = async_stream::stream! {
+        let mut last: Option<Value> = None;
+        loop {
+            let Ok(run) = state.workflow_run(&caller, &id).await else { break };
+            let ended = run.state.is_final();
+            let Ok(view) = serde_json::to_value(&run) else { break };
+            if last.as_ref() != Some(&view) {
+                yield Ok::<_, std::convert::Infallible>(
+                    Event::default().event("run").data(view.to_string()),
+                );
+                last = Some(view);
+            }
+            if ended {
+                break;
+            }
+            // A change here, or a look every second (another process may drive the run).
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                _ = state.shutdown.cancelled() => break,
+            }
+        }
+    };
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }

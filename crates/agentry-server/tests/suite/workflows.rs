@@ -471,3 +471,65 @@ async fn a_loop_repeats_until_its_condition_and_a_sub_workflow_runs_as_a_step() 
         );
     }
 }
+
+#[tokio::test]
+async fn a_run_is_followed_as_events_and_retried_from_its_failed_step() {
+    let server = start().await;
+    add_echo(&server).await;
+    let gate = server.home.path().join("gate");
+    let script = format!("test -e {} && cat", gate.display());
+    let (status, body) = server
+        .post(
+            "/v1/tools",
+            json!({"kind": "command", "name": "gated", "description": "Fails until the gate exists.",
+                   "program": "/bin/sh", "args": ["-c", script]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    save(
+        &server,
+        json!({"id": "gated", "steps": [
+            {"id": "one", "kind": "tool", "tool": "echo", "arguments": {"n": 1}},
+            {"id": "two", "kind": "tool", "tool": "gated", "arguments": {"n": 2}},
+            {"id": "three", "kind": "tool", "tool": "echo", "arguments": {"n": "{{ steps.two.output.n + 1 }}"}}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "gated", json!({})).await;
+    // Followed as server-sent events until it ends: each event is the whole run.
+    let mut stream = server
+        .sse(&format!("/v1/workflow-runs/{id}/stream"), None, None)
+        .await;
+    let mut states = Vec::new();
+    while let Some(event) = stream.next().await {
+        assert_eq!(event.name, "run");
+        states.push(event.data["state"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        states.last().map(String::as_str),
+        Some("failed"),
+        "{states:?}"
+    );
+    let (_, run) = server.get(&format!("/v1/workflow-runs/{id}")).await;
+    assert_eq!(run["steps"]["one"]["state"], "succeeded");
+    assert_eq!(run["steps"]["two"]["state"], "failed");
+    let first_one = run["steps"]["one"]["finished_at"].clone();
+
+    // Retried: the failed step and what follows run; the step that succeeded is kept.
+    std::fs::write(&gate, "").unwrap();
+    let (status, body) = server
+        .post(&format!("/v1/workflow-runs/{id}/retry"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["output"], json!({"n": 3}));
+    assert_eq!(run["steps"]["one"]["finished_at"], first_one);
+    // A run that succeeded is not retried.
+    let (status, _) = server
+        .post(&format!("/v1/workflow-runs/{id}/retry"), json!({}))
+        .await;
+    assert_eq!(status, 409);
+    let (status, _) = server.get("/v1/workflow-runs/not-a-run/stream").await;
+    assert_eq!(status, 404);
+}
