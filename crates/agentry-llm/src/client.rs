@@ -445,39 +445,14 @@ impl ModelClient for HttpModelClient {
         let body = self.request_body(&request, false);
         Box::pin(async move {
             let body = serialize(&body?)?;
-            let transport = &inner.config.transport;
-            let total = transport.total_timeout;
-            let deadline = total.map(|total| Instant::now() + total);
-            let mut attempt = 0;
-            loop {
-                let attempt_result = async {
+            let idle = inner.config.transport.idle_timeout;
+            inner
+                .with_retries(&cancel, || async {
                     let response = inner.send(body.clone()).await?;
-                    let bytes = read_body(response, transport.idle_timeout, MAX_BODY_BYTES).await?;
+                    let bytes = read_body(response, idle, MAX_BODY_BYTES).await?;
                     decode_whole(inner.config.protocol, &bytes)
-                };
-                let result = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => Err(LlmError::Cancelled),
-                    result = until_deadline(deadline, total, attempt_result) => result,
-                };
-                let failure = match result {
-                    Ok(response) => return Ok(response),
-                    Err(error) => error,
-                };
-                if matches!(failure, LlmError::Cancelled)
-                    || inner
-                        .backoff(attempt, &failure, deadline, &cancel)
-                        .await
-                        .is_err()
-                {
-                    return Err(if cancel.is_cancelled() {
-                        LlmError::Cancelled
-                    } else {
-                        failure
-                    });
-                }
-                attempt += 1;
-            }
+                })
+                .await
         })
     }
 
@@ -495,35 +470,52 @@ impl ModelClient for HttpModelClient {
                     inner.config.protocol.name()
                 )));
             }
-            let transport = &inner.config.transport;
-            let total = transport.total_timeout;
-            let deadline = total.map(|total| Instant::now() + total);
-            let mut attempt = 0;
-            loop {
-                let result = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => Err(LlmError::Cancelled),
-                    result = until_deadline(deadline, total, inner.transcribe_once(&clip)) => result,
-                };
-                let failure = match result {
-                    Ok(text) => return Ok(text),
-                    Err(error) => error,
-                };
-                if matches!(failure, LlmError::Cancelled)
-                    || inner
-                        .backoff(attempt, &failure, deadline, &cancel)
-                        .await
-                        .is_err()
-                {
-                    return Err(if cancel.is_cancelled() {
-                        LlmError::Cancelled
-                    } else {
-                        failure
-                    });
-                }
-                attempt += 1;
-            }
+            inner
+                .with_retries(&cancel, || inner.transcribe_once(&clip))
+                .await
         })
+    }
+}
+
+impl Inner {
+    /// Makes `attempt` until it succeeds, the retry policy gives up, the total timeout passes
+    /// or `cancel` fires (one non-streamed call: a whole answer, or a transcript).
+    async fn with_retries<T, F, Fut>(
+        &self,
+        cancel: &CancellationToken,
+        mut attempt: F,
+    ) -> Result<T, LlmError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, LlmError>>,
+    {
+        let total = self.config.transport.total_timeout;
+        let deadline = total.map(|total| Instant::now() + total);
+        let mut tries = 0;
+        loop {
+            let result = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Err(LlmError::Cancelled),
+                result = until_deadline(deadline, total, attempt()) => result,
+            };
+            let failure = match result {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            if matches!(failure, LlmError::Cancelled)
+                || self
+                    .backoff(tries, &failure, deadline, cancel)
+                    .await
+                    .is_err()
+            {
+                return Err(if cancel.is_cancelled() {
+                    LlmError::Cancelled
+                } else {
+                    failure
+                });
+            }
+            tries += 1;
+        }
     }
 }
 

@@ -67,6 +67,7 @@ const ASSETS: &[Asset] = assets! {
     "js/resize.js" => "text/javascript; charset=utf-8",
     "js/nonce.js" => "text/javascript; charset=utf-8",
     "js/rich.js" => "text/javascript; charset=utf-8",
+    "js/workflows.js" => "text/javascript; charset=utf-8",
     "vendor/katex/katex.min.js" => "text/javascript; charset=utf-8",
     "vendor/mermaid/mermaid.min.js" => "text/javascript; charset=utf-8",
     "vendor/xterm/xterm.mjs" => "text/javascript; charset=utf-8",

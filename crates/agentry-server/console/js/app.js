@@ -9,6 +9,7 @@ import { SettingsView } from "./settings.js";
 import { TraceView } from "./trace.js";
 import { RunsView } from "./runs.js";
 import { SchedulesView } from "./schedules.js";
+import { WorkflowsView } from "./workflows.js";
 import { resizable } from "./resize.js";
 
 /** Status changes (`status` events with the feed's data) and other app-wide news. */
@@ -118,6 +119,7 @@ function route() {
   else if (section === "trace") view = new TraceView(main, arg);
   else if (section === "runs") view = new RunsView(main, arg);
   else if (section === "schedules") view = new SchedulesView(main);
+  else if (section === "workflows") view = new WorkflowsView(main, arg);
   else view = new ChatView(main, arg || null, sidebar);
   if (sidebar) sidebar.select(section === "chat" || !section ? arg || null : null);
 }
