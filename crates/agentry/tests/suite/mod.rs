@@ -6,6 +6,7 @@ mod crash;
 mod files;
 mod mcp;
 mod mcp_serve;
+mod processes;
 mod queue;
 mod run;
 mod sandbox;

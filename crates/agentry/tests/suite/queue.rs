@@ -3,49 +3,12 @@
 //! over after its lease by the next server, and ends once.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn serve(home: &Path, port: u16, extra: &[&str]) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home)
-        .args(["serve", &format!("127.0.0.1:{port}")])
-        .args(extra)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("AGENTRY_DATABASE_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
-
-/// Waits for the server's first line (it listens from then on).
-async fn listening(child: &mut tokio::process::Child) {
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(first.starts_with("Agentry is listening"), "{first}");
-    // Keep reading so the server never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
-}
+use super::processes::{free_port, listening, serve};
 
 #[tokio::test]
 async fn a_second_server_on_one_sqlite_folder_refuses_to_start_and_says_why() {

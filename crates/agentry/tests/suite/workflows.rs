@@ -162,3 +162,111 @@ async fn the_example_workflows_run_against_the_mock_model() {
         text(&out.stderr)
     );
 }
+
+/// Polls a workflow run on `base` until `done` says so (at most `secs`).
+async fn run_until(base: &str, run: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+    let http = agentry_llm::http_client(std::time::Duration::from_secs(10)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let view: Value = http
+            .get(format!("{base}/v1/workflow-runs/{run}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if done(&view) {
+            return view;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never got there: {view:#}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_workflow_killed_mid_way_resumes_after_a_restart_and_no_step_runs_twice() {
+    use super::processes::{free_port, listening, serve};
+    let home = tempfile::tempdir().unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("done")));
+    let http = agentry_llm::http_client(std::time::Duration::from_secs(30)).unwrap();
+    let port = free_port();
+    let mut first = serve(home.path(), port, &[]);
+    listening(&mut first).await;
+    let base = format!("http://127.0.0.1:{port}");
+    for (path, body) in [
+        (
+            "/v1/models",
+            json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "x"}),
+        ),
+        ("/v1/agents", json!({"id": "w", "model_id": "m"})),
+    ] {
+        let status = http
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status.as_u16(), 201, "{path}");
+    }
+    // Twenty steps: ten agent steps, a three-second timer, nine more agent steps.
+    let mut steps: Vec<Value> = (0..10)
+        .map(|i| json!({"id": format!("a{i}"), "kind": "agent", "agent": "w", "prompt": format!("step {i}")}))
+        .collect();
+    steps.push(json!({"id": "pause", "kind": "wait", "seconds": 3}));
+    steps.extend((10..19).map(|i| {
+        json!({"id": format!("a{i}"), "kind": "agent", "agent": "w", "prompt": format!("step {i}")})
+    }));
+    let status = http
+        .post(format!("{base}/v1/workflows"))
+        .json(&json!({"id": "twenty", "steps": steps}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status.as_u16(), 201);
+    let run: Value = http
+        .post(format!("{base}/v1/workflows/twenty/runs"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    run_until(&base, &run_id, 30, |run| {
+        run["steps"]["pause"]["state"] == "waiting"
+    })
+    .await;
+    assert_eq!(mock.request_count(), 10);
+
+    // kill -9 while the timer runs, then another server on the same data folder.
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let port = free_port();
+    let mut second = serve(home.path(), port, &[]);
+    listening(&mut second).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let done = run_until(&base, &run_id, 60, |run| {
+        matches!(
+            run["state"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        )
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done:#}");
+    // Nineteen agent steps, each asked once: none of the first ten ran again.
+    assert_eq!(mock.request_count(), 19);
+    for i in 0..19 {
+        assert_eq!(done["steps"][format!("a{i}")]["attempts"], 1, "a{i}");
+    }
+    let waited = done["steps"]["pause"]["finished_at"].as_u64().unwrap()
+        - done["steps"]["pause"]["started_at"].as_u64().unwrap();
+    assert!(waited >= 3000, "{waited}");
+}
