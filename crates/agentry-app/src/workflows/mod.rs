@@ -299,6 +299,13 @@ impl LiveWorkflows {
     }
 }
 
+/// The JSON Schema of a workflow definition (`GET /v1/workflow-schema`), for editors and
+/// checks before saving; the server checks more (dependencies, expressions, what exists).
+pub fn workflow_schema() -> Result<Value, AppError> {
+    serde_json::from_str(include_str!("schema.json"))
+        .map_err(|error| AppError::internal(format!("the workflow schema is not JSON: {error}")))
+}
+
 fn is_zero(depth: &u32) -> bool {
     *depth == 0
 }
@@ -659,5 +666,52 @@ impl App {
             }
         }
         resumed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// Whether `definition` matches the published schema.
+    fn valid(definition: &serde_json::Value) -> bool {
+        let schema = super::workflow_schema().unwrap();
+        jsonschema::validator_for(&schema)
+            .unwrap()
+            .is_valid(definition)
+    }
+
+    #[test]
+    fn the_published_schema_takes_what_the_server_takes_and_refuses_what_it_refuses() {
+        let good = json!({"id": "all", "input_schema": {"type": "object"}, "steps": [
+            {"id": "t", "kind": "tool", "tool": "echo", "arguments": {"x": "{{ input.x }}"}, "needs": []},
+            {"id": "a", "kind": "agent", "agent": "w", "prompt": "hi", "output_schema": {"type": "object"},
+             "retry": {"attempts": 2, "backoff_secs": 0.5}, "timeout_secs": 60},
+            {"id": "s", "kind": "workflow", "workflow": "other", "input": {"n": 1}, "when": "true"},
+            {"id": "m", "kind": "map", "items": "input.list", "concurrency": 3,
+             "step": {"kind": "agent", "agent": "w", "prompt": "{{ item }}"}},
+            {"id": "l", "kind": "loop", "max": 3, "until": "last", "step": {"kind": "tool", "tool": "echo"}},
+            {"id": "p", "kind": "approval", "message": "ok?", "timeout_secs": 60, "on_timeout": "approve"},
+            {"id": "w", "kind": "wait", "seconds": 1},
+            {"id": "g", "kind": "signal", "name": "go"}
+        ], "output": "{{ steps.g.output }}"});
+        assert!(valid(&good));
+        // And the server's parser takes it too.
+        let parsed: super::WorkflowDefinition = serde_json::from_value(good.clone()).unwrap();
+        for (index, step) in parsed.steps.iter().enumerate() {
+            step.step_kind(index).unwrap();
+        }
+        for bad in [
+            json!({"id": "x", "steps": []}),
+            json!({"id": "x", "steps": [{"id": "a", "kind": "teleport"}]}),
+            json!({"id": "x", "steps": [{"id": "a", "kind": "agent", "agent": "w"}]}),
+            json!({"id": "x", "steps": [{"id": "a", "kind": "wait", "seconds": 1, "extra": true}]}),
+            json!({"id": "x", "steps": [{"id": "a", "kind": "map", "items": "x", "step": {"kind": "wait", "seconds": 1}}]}),
+            json!({"id": "x", "steps": [{"id": "a", "kind": "loop", "max": 0, "until": "true", "step": {"kind": "tool", "tool": "t"}}]}),
+            json!({"id": "bad id!", "steps": [{"id": "a", "kind": "wait", "seconds": 1}]}),
+            json!({"id": "x", "unknown": 1, "steps": [{"id": "a", "kind": "wait", "seconds": 1}]}),
+        ] {
+            assert!(!valid(&bad), "{bad}");
+        }
     }
 }

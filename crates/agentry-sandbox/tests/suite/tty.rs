@@ -52,11 +52,23 @@ async fn drive_python(backend: std::sync::Arc<dyn Backend>) {
         rows: 43,
     })
     .unwrap();
-    seen.clear();
-    tty.write_all(b"print(os.get_terminal_size())\n")
-        .await
-        .unwrap();
-    read_until(&tty, &mut seen, "columns=132, lines=43").await;
+    // The size reaches the program as soon as the backend passes it on (the local backend
+    // relays it): ask until it shows, a bounded number of times.
+    let mut followed = false;
+    for _ in 0..50 {
+        seen.clear();
+        tty.write_all(b"print(os.get_terminal_size())\n")
+            .await
+            .unwrap();
+        read_until(&tty, &mut seen, "lines=").await;
+        read_until(&tty, &mut seen, ">>> ").await;
+        if seen.contains("columns=132, lines=43") {
+            followed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(followed, "the resize never reached the program: {seen}");
     // ^C interrupts what runs, and the REPL goes on.
     seen.clear();
     tty.write_all(b"import time; time.sleep(30)\n")

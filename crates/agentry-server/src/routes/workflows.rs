@@ -27,6 +27,7 @@ use crate::state::AppState;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_workflows, create_workflow))
+        .routes(routes!(workflow_schema))
         .routes(routes!(get_workflow, replace_workflow, delete_workflow))
         .routes(routes!(start_run))
         .routes(routes!(list_runs))
@@ -45,6 +46,18 @@ struct RunPath {
     /// The run's id.
     #[allow(dead_code)]
     id: String,
+}
+
+/// The JSON Schema of a workflow definition (what an editor can check before saving).
+#[utoipa::path(
+    get,
+    path = "/v1/workflow-schema",
+    tag = "workflows",
+    operation_id = "workflow_schema",
+    responses((status = 200, description = "The schema (JSON Schema 2020-12).", body = Object))
+)]
+async fn workflow_schema() -> Result<Json<Value>, ApiError> {
+    Ok(Json(agentry_app::workflows::workflow_schema()?))
 }
 
 /// The workflows.

@@ -193,6 +193,10 @@ async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
     assert_eq!(status, 400, "{body}");
     let (_, list) = server.get("/v1/workflows").await;
     assert_eq!(list["workflows"], json!([]));
+    // The published schema, for editors.
+    let (status, schema) = server.get("/v1/workflow-schema").await;
+    assert_eq!(status, 200);
+    assert_eq!(schema["title"], "Agentry workflow");
 }
 
 #[tokio::test]

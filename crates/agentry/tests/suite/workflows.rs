@@ -66,6 +66,19 @@ async fn the_example_workflows_run_against_the_mock_model() {
     let home = home_with_agents(&mock).await;
     let home = home.path();
 
+    // Both examples match the published schema.
+    let schema = agentry_app::workflows::workflow_schema().unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for example in ["cost-report.yaml", "map-reduce.yaml"] {
+        let text = std::fs::read_to_string(examples().join(example)).unwrap();
+        let definition: Value = serde_norway::from_str(&text).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&definition)
+            .map(|error| format!("{}: {error}", error.instance_path()))
+            .collect();
+        assert!(errors.is_empty(), "{example}: {errors:?}");
+    }
+
     let cost = examples().join("cost-report.yaml");
     let out = agentry(
         home,
