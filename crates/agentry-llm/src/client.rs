@@ -223,33 +223,39 @@ fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap
 impl Inner {
     /// Sends one attempt and checks the status.
     async fn send(&self, body: Bytes) -> Result<reqwest::Response, LlmError> {
-        let transport = &self.config.transport;
         let request = self
             .http
             .post(&self.endpoint)
             .headers(self.headers.clone())
-            .body(body)
-            .send();
-        let response = match tokio::time::timeout(transport.first_byte_timeout, request).await {
-            Err(_) => {
-                return Err(LlmError::Timeout {
-                    kind: crate::TimeoutKind::FirstByte,
-                    after: transport.first_byte_timeout,
-                });
-            }
-            Ok(Err(error)) => return Err(request_error(&error, transport)),
-            Ok(Ok(response)) => response,
-        };
+            .body(body);
+        self.dispatch(&self.endpoint, request).await
+    }
+
+    /// Sends `request` (to `url`) within the first-byte timeout and checks the status: a
+    /// redirect or an error status is a typed error.
+    async fn dispatch(
+        &self,
+        url: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, LlmError> {
+        let transport = &self.config.transport;
+        let response =
+            match tokio::time::timeout(transport.first_byte_timeout, request.send()).await {
+                Err(_) => {
+                    return Err(LlmError::Timeout {
+                        kind: crate::TimeoutKind::FirstByte,
+                        after: transport.first_byte_timeout,
+                    });
+                }
+                Ok(Err(error)) => return Err(request_error(&error, transport)),
+                Ok(Ok(response)) => response,
+            };
         let status = response.status();
         if status.is_success() {
             return Ok(response);
         }
         if status.is_redirection() {
-            return Err(redirect_error(
-                self.config.protocol,
-                &self.endpoint,
-                &response,
-            ));
+            return Err(redirect_error(self.config.protocol, url, &response));
         }
         let headers = response.headers().clone();
         let body = read_body(response, transport.idle_timeout, 64 * 1024)
@@ -540,30 +546,10 @@ impl Inner {
             .part("file", file);
         let mut headers = self.headers.clone();
         headers.remove(reqwest::header::CONTENT_TYPE);
-        let transport = &self.config.transport;
-        let sent = self.http.post(&url).headers(headers).multipart(form).send();
-        let response = match tokio::time::timeout(transport.first_byte_timeout, sent).await {
-            Err(_) => {
-                return Err(LlmError::Timeout {
-                    kind: crate::TimeoutKind::FirstByte,
-                    after: transport.first_byte_timeout,
-                });
-            }
-            Ok(Err(error)) => return Err(request_error(&error, transport)),
-            Ok(Ok(response)) => response,
-        };
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = read_body(response, transport.idle_timeout, MAX_TRANSCRIPT_BYTES).await?;
-        if !status.is_success() {
-            return Err(error_from_response(
-                self.config.protocol,
-                status.as_u16(),
-                &headers,
-                &body,
-            ));
-        }
-        transcript_text(&body)
+        let request = self.http.post(&url).headers(headers).multipart(form);
+        let response = self.dispatch(&url, request).await?;
+        let idle = self.config.transport.idle_timeout;
+        transcript_text(&read_body(response, idle, MAX_TRANSCRIPT_BYTES).await?)
     }
 }
 

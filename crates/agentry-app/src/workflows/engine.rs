@@ -97,17 +97,19 @@ async fn drive(
         let mut changed = false;
         let now = now_ms();
         for index in 0..run.definition.steps.len() {
+            // Only a pending step whose time has come goes further (checked before any copy:
+            // this runs at every turn of the loop, over every step).
+            let due = run
+                .steps
+                .get(&run.definition.steps[index].id)
+                .is_some_and(|step| {
+                    step.state == StepState::Pending && step.wake_at.is_none_or(|at| at <= now)
+                });
+            if !due {
+                continue;
+            }
             let definition = run.definition.steps[index].clone();
             let id = definition.id.clone();
-            let Some(state) = run.steps.get(&id).map(|step| step.state) else {
-                continue;
-            };
-            if state != StepState::Pending {
-                continue;
-            }
-            if run.steps[&id].wake_at.is_some_and(|at| at > now) {
-                continue;
-            }
             let needs = run.definition.needs_of(index);
             let ready = needs.iter().all(|need| {
                 run.steps.get(need).is_some_and(|step| {
