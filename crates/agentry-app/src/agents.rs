@@ -105,6 +105,29 @@ pub struct AgentConfig {
     /// no loopback or private address unless the server allows them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_url: Option<String>,
+    /// Whose workspace its runs work in: `"session"` (default: each session its own folder)
+    /// or `"agent"` (one folder for all its sessions and its stateless runs, so what one
+    /// conversation writes the next one finds; the file routes reach it by `agent_id`).
+    #[serde(default, skip_serializing_if = "WorkspaceScope::is_session")]
+    pub workspace: WorkspaceScope,
+}
+
+/// Whose workspace an agent's runs work in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceScope {
+    /// Each session its own.
+    #[default]
+    Session,
+    /// One for the agent, shared by its sessions and stateless runs.
+    Agent,
+}
+
+impl WorkspaceScope {
+    /// Whether it is the default, each session its own.
+    pub fn is_session(&self) -> bool {
+        *self == Self::Session
+    }
 }
 
 /// The limits of an agent's runs. A run that reaches one stops with a clear stop reason:

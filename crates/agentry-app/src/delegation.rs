@@ -164,6 +164,9 @@ impl SubRuns for DelegationHandle {
                     Ok(run) => {
                         // Its memories come along (the most recent: the task is not known yet).
                         let mut request = run.request(None);
+                        if agent.workspace == crate::agents::WorkspaceScope::Agent {
+                            request.workspace = manager.shared_workspace(&agent.id);
+                        }
                         match crate::memory::remember(&store, &mut request).await {
                             Ok(()) => Ok(request),
                             Err(error) => Err(error.message),
@@ -233,6 +236,19 @@ impl SubRuns for DelegationHandle {
             }
             new.metadata = json!({ METADATA_KEY: link });
             let record = store.create_session(new).await.map_err(failed)?;
+            // An agent with one workspace: the child's session works in it, resumed or not.
+            if let Some(agent) = &link.agent_id
+                && request.workspace.is_some()
+                && request.workspace == manager.shared_workspace(agent)
+            {
+                let (sessions, agent, session) = (manager.clone(), agent.clone(), record.id);
+                tokio::task::spawn_blocking(move || sessions.share_workspace(session, &agent))
+                    .await
+                    .map_err(|_| failed("linking a workspace crashed"))?
+                    .map_err(|error| {
+                        failed(format!("cannot link the agent's workspace: {error}"))
+                    })?;
+            }
             match manager.send(record.id, request, BusyPolicy::Reject).await {
                 Ok(stream) => {
                     let cancel = stream.cancel_token();

@@ -84,12 +84,17 @@ pub async fn prepare(
     }
     // The agent the run runs as (`talk_to` refuses to target it): its settings, under what the
     // input itself says.
+    // The agent whose one workspace the run works in, when its sessions share one.
+    let mut shared_workspace = None;
     let mut request = match input.agent_id.as_deref() {
         Some(id) => {
             crate::config::check_name("agent", id)?;
             let agent = crate::agents::stored_agent(&app.store, id)
                 .await?
                 .ok_or_else(|| AppError::bad_request(format!("no agent {id:?}")))?;
+            if agent.workspace == crate::agents::WorkspaceScope::Agent {
+                shared_workspace = Some(agent.id.clone());
+            }
             let run = agent.resolve(&app.sessions.runtime(), app.tools.skill_roots.as_deref())?;
             let mut request = run.request(input.user.clone());
             if let Some(model) = input.model_id {
@@ -151,8 +156,13 @@ pub async fn prepare(
         SessionChoice::New => Some(new_id),
         SessionChoice::Existing(id) => Some(id),
     };
+    let shared_folder = shared_workspace
+        .as_deref()
+        .and_then(|agent| app.sessions.shared_workspace(agent));
     let mut check = request.clone().with_history(vec![Message::user("")]);
-    check.workspace = planned.and_then(|id| app.sessions.workspace(id));
+    check.workspace = shared_folder
+        .clone()
+        .or_else(|| planned.and_then(|id| app.sessions.workspace(id)));
     // The policy the run will have: its own, plus the operator's defaults by risk class.
     let may_ask = app.sessions.runtime().prepare(check)?.approvals.may_ask();
     let target = match input.session {
@@ -170,6 +180,8 @@ pub async fn prepare(
                     "the request has no input (`text` or `messages`)",
                 ));
             }
+            // A stateless run of an agent with one workspace works in it.
+            request.workspace = shared_folder;
             Target::Ephemeral
         }
         SessionChoice::New => {
@@ -197,7 +209,28 @@ pub async fn prepare(
             Target::Session(id)
         }
     };
+    if let (Target::Session(session), Some(agent)) = (target, &shared_workspace) {
+        share_workspace(app, session, agent).await?;
+    }
     Ok((target, request))
+}
+
+/// Makes `session`'s workspace `agent`'s shared one (a session that already has a workspace of
+/// its own keeps it).
+pub(crate) async fn share_workspace(
+    app: &App,
+    session: SessionId,
+    agent: &str,
+) -> Result<(), AppError> {
+    let sessions = app.sessions.clone();
+    let agent = agent.to_owned();
+    tokio::task::spawn_blocking(move || sessions.share_workspace(session, &agent))
+        .await
+        .map_err(|_| AppError::internal("linking a workspace crashed"))?
+        .map_err(|error| {
+            AppError::internal(format!("cannot link the agent's workspace: {error}"))
+        })?;
+    Ok(())
 }
 
 /// Starts `request` in `session` (as `policy` says when a run is in progress) and hands it to

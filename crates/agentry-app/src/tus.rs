@@ -3,8 +3,9 @@
 //! the HTTP layer maps its requests to [`App::tus_create`], [`App::tus_offset`],
 //! [`App::tus_patch`] and [`App::tus_terminate`].
 //!
-//! An upload names its session and where the file goes in `Upload-Metadata` (`session_id` or
-//! `workspace_id`, and `target_path`, else `filename`), and is checked like a chunked upload
+//! An upload names its workspace and where the file goes in `Upload-Metadata` (`session_id`
+//! or `workspace_id`, or `agent_id` for an agent's shared workspace, and `target_path`, else
+//! `filename`), and is checked like a chunked upload
 //! (size limit, quota, a path inside the workspace). Its bytes collect outside every workspace
 //! (`<workspaces>/.uploads/<id>/data`, beside `tus.json`), so the file appears in the workspace
 //! only when the last byte arrives, whole (streamed into a temporary file beside the target and
@@ -24,7 +25,7 @@ use agentry_types::SessionId;
 use crate::App;
 use crate::auth::Principal;
 use crate::error::{AppError, Failure};
-use crate::workspace_files::WorkspaceLimits;
+use crate::workspace_files::{WorkspaceLimits, WorkspaceRef};
 
 /// The protocol version served.
 pub const TUS_VERSION: &str = "1.0.0";
@@ -35,13 +36,24 @@ pub const TUS_EXTENSIONS: &str = "creation,termination,checksum";
 /// The checksum algorithms `Upload-Checksum` may name.
 pub const TUS_CHECKSUMS: &str = "sha1,sha256";
 
+impl TusUpload {
+    /// The workspace it goes to.
+    pub fn workspace(&self) -> WorkspaceRef {
+        WorkspaceRef::stored(self.session_id, self.agent_id.as_deref())
+    }
+}
+
 /// A tus upload as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TusUpload {
     /// Its id.
     pub upload_id: String,
     /// The session whose workspace it goes to.
-    pub session_id: SessionId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<SessionId>,
+    /// The agent whose shared workspace it goes to (instead of a session's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
     /// Where, relative to the workspace root.
     pub target_path: String,
     /// Its length.
@@ -219,17 +231,18 @@ impl App {
                 .find(|(name, _)| name == key)
                 .map(|(_, value)| value.as_str())
         };
-        let session = value("session_id")
-            .or_else(|| value("workspace_id"))
-            .ok_or_else(|| {
-                AppError::bad_request("Upload-Metadata needs the session (`session_id`)")
-            })?;
+        let target_workspace = WorkspaceRef::from_ids(
+            value("session_id")
+                .or_else(|| value("workspace_id"))
+                .map(str::to_owned),
+            value("agent_id").map(str::to_owned),
+        )?;
         let target = value("target_path")
             .or_else(|| value("filename"))
             .ok_or_else(|| {
                 AppError::bad_request("Upload-Metadata needs `target_path` (or `filename`)")
             })?;
-        let (workspace, session) = self.workspace_of(caller, session).await?;
+        let (workspace, workspace_owner) = self.workspace_of(caller, &target_workspace).await?;
         let uploads = self.uploads_folder()?;
         let owner = caller.owner();
         let target = target.to_owned();
@@ -239,7 +252,8 @@ impl App {
                 .map_err(|error| AppError::internal(error.to_string()))??;
         let upload = TusUpload {
             upload_id: uuid::Uuid::new_v4().simple().to_string(),
-            session_id: session,
+            session_id: workspace_owner.session(),
+            agent_id: workspace_owner.agent(),
             target_path,
             length,
             completed: false,
@@ -351,9 +365,7 @@ impl App {
         let _ = tokio::fs::remove_file(&part).await;
         let offset = outcome?;
         if offset == upload.length {
-            let (workspace, _) = self
-                .workspace_of(caller, &upload.session_id.to_string())
-                .await?;
+            let (workspace, _) = self.workspace_of(caller, &upload.workspace()).await?;
             let (target, length) = (upload.target_path.clone(), upload.length);
             let source = data.clone();
             tokio::task::spawn_blocking(move || {

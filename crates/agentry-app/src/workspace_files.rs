@@ -149,7 +149,11 @@ pub struct UploadPlan {
     /// Its id.
     pub upload_id: String,
     /// The session whose workspace it goes to.
-    pub session_id: SessionId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<SessionId>,
+    /// The agent whose shared workspace it goes to (instead of a session's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
     /// Where it goes, relative to the workspace root.
     pub target_path: String,
     /// The file's name as the client gave it.
@@ -165,7 +169,73 @@ pub struct UploadPlan {
     pub owner: Option<String>,
 }
 
+/// Whose workspace a file request names, as it named it (a session by id, or an agent with a
+/// shared workspace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceRef {
+    /// A session's (`session_id`).
+    Session(String),
+    /// An agent's shared one (`agent_id`).
+    Agent(String),
+}
+
+impl WorkspaceRef {
+    /// The workspace an upload in progress recorded: its agent's, else its session's.
+    pub fn stored(session: Option<SessionId>, agent: Option<&str>) -> Self {
+        match (agent, session) {
+            (Some(agent), _) => Self::Agent(agent.to_owned()),
+            (None, session) => Self::Session(session.map(|id| id.to_string()).unwrap_or_default()),
+        }
+    }
+
+    /// From a request's `session_id` and `agent_id`: exactly one of them.
+    pub fn from_ids(session: Option<String>, agent: Option<String>) -> Result<Self, AppError> {
+        match (session, agent) {
+            (Some(session), None) => Ok(Self::Session(session)),
+            (None, Some(agent)) => Ok(Self::Agent(agent)),
+            (Some(_), Some(_)) => Err(AppError::bad_request(
+                "name one workspace: `session_id` or `agent_id`, not both",
+            )),
+            (None, None) => Err(AppError::bad_request(
+                "name the workspace: `session_id` (a session's) or `agent_id` (an agent's shared one)",
+            )),
+        }
+    }
+}
+
+/// Whose a workspace is, once found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceOwner {
+    /// This session's.
+    Session(SessionId),
+    /// This agent's, shared by its sessions.
+    Agent(String),
+}
+
+impl WorkspaceOwner {
+    /// The session, when it is a session's.
+    pub fn session(&self) -> Option<SessionId> {
+        match self {
+            Self::Session(session) => Some(*session),
+            Self::Agent(_) => None,
+        }
+    }
+
+    /// The agent, when it is an agent's.
+    pub fn agent(&self) -> Option<String> {
+        match self {
+            Self::Session(_) => None,
+            Self::Agent(agent) => Some(agent.clone()),
+        }
+    }
+}
+
 impl UploadPlan {
+    /// The workspace it goes to.
+    pub fn workspace(&self) -> WorkspaceRef {
+        WorkspaceRef::stored(self.session_id, self.agent_id.as_deref())
+    }
+
     /// The size chunk `n` must have.
     pub fn chunk_len(&self, n: u64) -> Option<u64> {
         (n < self.chunk_count).then(|| {
@@ -760,23 +830,47 @@ impl Workspace {
 }
 
 impl App {
-    /// The workspace of `session` for `caller` (made if missing).
+    /// The workspace `target` names, for `caller` (made if missing), and whose it is.
     pub(crate) async fn workspace_of(
         &self,
         caller: &Principal,
-        session: &str,
-    ) -> Result<(Workspace, SessionId), AppError> {
-        let session = self.session_record(session).await?.id;
-        self.check_session_access(caller, session).await?;
-        let folder = self.sessions.workspace(session).ok_or_else(|| {
+        target: &WorkspaceRef,
+    ) -> Result<(Workspace, WorkspaceOwner), AppError> {
+        let off = || {
             AppError::new(
                 Failure::Unavailable,
                 "workspaces_off",
                 "sessions have no workspaces on this server",
             )
-        })?;
+        };
+        let (folder, owner) = match target {
+            WorkspaceRef::Session(session) => {
+                let session = self.session_record(session).await?.id;
+                self.check_session_access(caller, session).await?;
+                let folder = self.sessions.workspace(session).ok_or_else(off)?;
+                (folder, WorkspaceOwner::Session(session))
+            }
+            WorkspaceRef::Agent(agent) => {
+                crate::config::check_name("agent", agent)?;
+                // Those who may run as the agent share its workspace.
+                caller
+                    .check_run(Some(agent), None, None)
+                    .map_err(AppError::forbidden)?;
+                let saved = crate::agents::stored_agent(&self.store, agent)
+                    .await?
+                    .ok_or_else(|| AppError::not_found(format!("no agent {agent:?}")))?;
+                if saved.workspace != crate::agents::WorkspaceScope::Agent {
+                    return Err(AppError::bad_request(format!(
+                        "agent {agent:?} has no workspace of its own: each of its sessions has \
+                         one (name the session), or set its `workspace` to \"agent\""
+                    )));
+                }
+                let folder = self.sessions.shared_workspace(agent).ok_or_else(off)?;
+                (folder, WorkspaceOwner::Agent(saved.id))
+            }
+        };
         let workspace = blocking(move || Workspace::open(&folder)).await?;
-        Ok((workspace, session))
+        Ok((workspace, owner))
     }
 
     /// The folder of uploads in progress, outside every workspace.
@@ -796,14 +890,14 @@ impl App {
     pub async fn workspace_list(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
         page: usize,
         page_size: usize,
         sort: Sort,
         name_filter: Option<String>,
     ) -> Result<Listing, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let path = path.to_owned();
         blocking(move || workspace.list(&path, page, page_size, sort, name_filter.as_deref())).await
     }
@@ -812,10 +906,10 @@ impl App {
     pub async fn workspace_open(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
     ) -> Result<OpenedFile, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let path = path.to_owned();
         blocking(move || workspace.open_file(&path)).await
     }
@@ -826,12 +920,12 @@ impl App {
     pub async fn workspace_thumbnail(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
         edge: u32,
         cached: Option<String>,
     ) -> Result<(String, Option<Thumbnail>), AppError> {
-        let opened = self.workspace_open(caller, session, path).await?;
+        let opened = self.workspace_open(caller, target, path).await?;
         blocking(move || {
             let modified = opened
                 .file
@@ -853,10 +947,10 @@ impl App {
     pub async fn workspace_children(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
     ) -> Result<Vec<FileEntry>, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let path = path.to_owned();
         blocking(move || workspace.children(&path)).await
     }
@@ -865,11 +959,11 @@ impl App {
     pub async fn workspace_mkdir(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         parent: &str,
         name: &str,
     ) -> Result<FileEntry, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let (parent, name) = (parent.to_owned(), name.to_owned());
         blocking(move || workspace.mkdir(&parent, &name)).await
     }
@@ -878,11 +972,11 @@ impl App {
     pub async fn workspace_rename(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
         new_name: &str,
     ) -> Result<FileEntry, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let (path, new_name) = (path.to_owned(), new_name.to_owned());
         blocking(move || workspace.rename(&path, &new_name)).await
     }
@@ -891,10 +985,10 @@ impl App {
     pub async fn workspace_duplicate(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
     ) -> Result<FileEntry, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let path = path.to_owned();
         blocking(move || workspace.duplicate(&path)).await
     }
@@ -904,13 +998,13 @@ impl App {
     pub async fn workspace_transfer(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         paths: Vec<String>,
         dest_dir: &str,
         overwrite: bool,
         copy: bool,
     ) -> Result<Transfer, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let dest_dir = dest_dir.to_owned();
         blocking(move || workspace.transfer(&paths, &dest_dir, overwrite, copy)).await
     }
@@ -919,10 +1013,10 @@ impl App {
     pub async fn workspace_delete(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
     ) -> Result<String, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let path = path.to_owned();
         blocking(move || workspace.delete(&path)).await
     }
@@ -931,13 +1025,13 @@ impl App {
     pub async fn upload_init(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         target_path: &str,
         file_name: &str,
         file_size: u64,
         limits: WorkspaceLimits,
     ) -> Result<UploadPlan, AppError> {
-        let (workspace, session) = self.workspace_of(caller, session).await?;
+        let (workspace, owner) = self.workspace_of(caller, target).await?;
         let uploads = self.uploads_folder()?;
         let target = target_path.to_owned();
         let target_path =
@@ -945,7 +1039,8 @@ impl App {
         let chunk_size = limits.chunk_bytes.max(1);
         let plan = UploadPlan {
             upload_id: uuid::Uuid::new_v4().simple().to_string(),
-            session_id: session,
+            session_id: owner.session(),
+            agent_id: owner.agent(),
             target_path,
             file_name: file_name.to_owned(),
             file_size,
@@ -1138,9 +1233,7 @@ impl App {
         id: &str,
     ) -> Result<UploadPlan, AppError> {
         let (folder, plan) = self.upload_of(caller, id)?;
-        let (workspace, _) = self
-            .workspace_of(caller, &plan.session_id.to_string())
-            .await?;
+        let (workspace, _) = self.workspace_of(caller, &plan.workspace()).await?;
         blocking(move || {
             let received = received_chunks(&folder, &plan);
             if received.len() as u64 != plan.chunk_count {
@@ -1341,10 +1434,10 @@ impl App {
     pub async fn workspace_download(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
     ) -> Result<Download, AppError> {
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let relative = workspace.relative(path)?;
         let display = display_path(&relative);
         let is_dir = relative.as_os_str().is_empty()
@@ -1394,14 +1487,14 @@ impl App {
     pub async fn workspace_search(
         &self,
         caller: &Principal,
-        session: &str,
+        target: &WorkspaceRef,
         path: &str,
         query: Option<String>,
         name_filter: Option<String>,
     ) -> Result<Vec<FileEntry>, AppError> {
         let query = query.filter(|q| !q.trim().is_empty());
         let name_filter = name_filter.filter(|f| !f.is_empty());
-        let (workspace, _) = self.workspace_of(caller, session).await?;
+        let (workspace, _) = self.workspace_of(caller, target).await?;
         let path = path.to_owned();
         blocking(move || workspace.search(&path, query.as_deref(), name_filter.as_deref())).await
     }

@@ -3,7 +3,7 @@
 //! resume (between rounds), interrupt and abort.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use agentry_types::{
@@ -31,6 +31,10 @@ pub const OUTCOME_UNKNOWN: &str = "interrupted: the process stopped while this t
 /// How many runs may wait behind a session's current run by default
 /// ([`SessionManager::set_max_queued_runs`]).
 pub const DEFAULT_MAX_QUEUED_RUNS: usize = 16;
+
+/// The folder under the workspaces root holding shared workspaces (an agent's), beside the
+/// sessions' own (a session id is a UUID, never this name).
+pub const SHARED_WORKSPACES: &str = "agents";
 
 /// What to do with a new message for a session whose run is still in progress.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,6 +251,41 @@ impl SessionManager {
             .workspaces
             .as_ref()
             .map(|root| root.join(session.to_string()))
+    }
+
+    /// The workspace folder shared under `name` (`<root>/agents/<name>`, for an agent whose
+    /// sessions share one), when the manager gives sessions workspaces. `name` must be one
+    /// plain path component (an agent id).
+    pub fn shared_workspace(&self, name: &str) -> Option<PathBuf> {
+        let plain =
+            !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
+        self.inner
+            .workspaces
+            .as_ref()
+            .filter(|_| plain)
+            .map(|root| root.join(SHARED_WORKSPACES).join(name))
+    }
+
+    /// Makes `session`'s workspace the shared folder `name` (see [`Self::shared_workspace`]):
+    /// `<root>/<session id>` becomes a link to it, so the session's runs, their sandbox, the
+    /// ones resumed after a crash and the file routes all work there. A session whose
+    /// workspace already exists keeps it (`Ok(false)`); `Ok(true)` when linked now (or already
+    /// linked there).
+    pub fn share_workspace(&self, session: SessionId, name: &str) -> std::io::Result<bool> {
+        let (Some(own), Some(shared)) = (self.workspace(session), self.shared_workspace(name))
+        else {
+            return Ok(false);
+        };
+        std::fs::create_dir_all(&shared)?;
+        // Relative, so the data folder can move.
+        let target = Path::new(SHARED_WORKSPACES).join(name);
+        match std::os::unix::fs::symlink(&target, &own) {
+            Ok(()) => Ok(true),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                Ok(std::fs::read_link(&own).is_ok_and(|linked| linked == target))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// The file journal of the sessions' workspaces, if there is one.

@@ -288,7 +288,7 @@ export class SettingsView {
     root.append(h("div", { class: "card" }, h("div", { class: "rows" }, agents.length ? agents.map((a) =>
       row(a.id, `${a.nickname ? `@${a.nickname} · ` : ""}${a.model_id}${(a.tool_ids || []).length ? ` · tools: ${a.tool_ids.join(", ")}` : ""}${(a.labels || []).length ? ` · ${a.labels.join(", ")}` : ""}`,
         h("button", { testid: "edit", onclick: () => fill(agentForm,
-          { ...a, max_tool_rounds: a.limits?.max_tool_rounds ?? a.max_tool_rounds }, a.id, `Edit agent ${a.id}`) }, "Edit"),
+          { ...a, max_tool_rounds: a.limits?.max_tool_rounds ?? a.max_tool_rounds, workspace: a.workspace || "session" }, a.id, `Edit agent ${a.id}`) }, "Edit"),
         deleteButton(`/v1/agents/${encodeURIComponent(a.id)}`, reload, `agent ${a.id}`)))
       : h("p", { class: "muted" }, "No agent yet."))));
     const standIn = (name, label) => h("select", { name },
@@ -306,6 +306,8 @@ export class SettingsView {
       field("System prompt", h("textarea", { name: "system", rows: 4 }), true),
       field("Vision model (describes images when its model cannot see them)", standIn("vision_model_id", "read-image")),
       field("Speech model (transcribes audio when its model cannot hear it)", standIn("speech_model_id", "speech")),
+      field("Workspace", h("select", { name: "workspace" },
+        h("option", { value: "session" }, "one per session"), h("option", { value: "agent" }, "one for the agent, shared by its sessions"))),
       field("Approvals (JSON)", h("textarea", { name: "approvals", rows: 3, placeholder: '{"tools": {"exec": "always"}}' }), true),
     ], async (v, el) => {
       const rounds = v.max_tool_rounds ? Number(v.max_tool_rounds) : undefined;
@@ -314,6 +316,7 @@ export class SettingsView {
         fallback_model_ids: list(v.fallback_model_ids), skills: list(v.skills), mcp_servers: list(v.mcp_servers),
         nickname: v.nickname || undefined, system: v.system || undefined,
         vision_model_id: v.vision_model_id || undefined, speech_model_id: v.speech_model_id || undefined,
+        workspace: v.workspace === "agent" ? "agent" : undefined,
         approvals: parseJson(v.approvals, "Approvals") });
       // The round limit lives in `limits` when the saved agent keeps it there.
       if (original.limits) {

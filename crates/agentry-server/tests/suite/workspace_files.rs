@@ -1027,3 +1027,219 @@ fn image_bytes() -> Vec<u8> {
         .unwrap();
     bytes.into_inner()
 }
+
+/// An agent whose sessions share one workspace: what a run of one session writes (with the
+/// file tools, and with a command in the sandbox) a run of another session and a stateless run
+/// find; the file routes reach it by `agent_id` (uploads too) and by any of its sessions.
+#[tokio::test]
+async fn an_agents_sessions_share_its_workspace() {
+    let server = super::support::start_with_workspaces().await;
+    let agent = json!({"id": "scribe", "model_id": "mock", "workspace": "agent",
+                       "tool_ids": ["write_file", "exec"]});
+    let (status, body) = server.post("/v1/agents", agent).await;
+    assert_eq!(status, 201, "{body}");
+    let (_, body) = server.get("/v1/agents/scribe").await;
+    assert_eq!(body["workspace"], "agent", "{body}");
+
+    // A run in a new session writes a file.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "write_file",
+        json!({"path": "notes.txt", "content": "from the first session\n"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("written")));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"agent_id": "scribe", "text": "write", "session_id": "new"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["session_id"].as_str().unwrap().to_owned();
+
+    // A run in another session finds it, in the sandbox too.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "exec",
+        json!({"command": "cp notes.txt copy.txt"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("copied")));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"agent_id": "scribe", "text": "copy", "session_id": "new"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let second = body["session_id"].as_str().unwrap().to_owned();
+    assert_ne!(first, second);
+    let shared = server.state.sessions.shared_workspace("scribe").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(shared.join("copy.txt")).unwrap(),
+        "from the first session\n"
+    );
+
+    // A stateless run of the agent works there as well.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "write_file",
+        json!({"path": "stateless.txt", "content": "no session\n"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("done")));
+    let (status, body) = server
+        .post("/v1/infer", json!({"agent_id": "scribe", "text": "again"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(shared.join("stateless.txt").is_file());
+
+    // The file routes: by agent, and by each session, the same folder.
+    let names = |listing: &Value| -> Vec<String> {
+        let mut names: Vec<String> = listing["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let expected = vec!["copy.txt", "notes.txt", "stateless.txt"];
+    for query in [
+        "agent_id=scribe".to_owned(),
+        format!("session_id={first}"),
+        format!("session_id={second}"),
+    ] {
+        let (status, listing) = server
+            .get(&format!("/linglong/v1/workspace/list?{query}"))
+            .await;
+        assert_eq!(status, 200, "{query}: {listing}");
+        assert_eq!(names(&listing), expected, "{query}");
+    }
+    // An upload by agent lands in the shared folder.
+    let (status, plan) = send(
+        &server,
+        reqwest::Method::POST,
+        "/linglong/v1/workspace/upload/init",
+        json!({"agent_id": "scribe", "file_name": "up.bin", "file_size": 3, "target_path": "up.bin"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{plan}");
+    let id = plan["upload_id"].as_str().unwrap();
+    let response = server
+        .http
+        .put(format!(
+            "{}/linglong/v1/workspace/upload/{id}/chunk/0",
+            server.url
+        ))
+        .body(b"abc".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (status, body) = send(
+        &server,
+        reqwest::Method::POST,
+        &format!("/linglong/v1/workspace/upload/{id}/complete"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(std::fs::read(shared.join("up.bin")).unwrap(), b"abc");
+    let (status, body) = server
+        .get(&format!(
+            "/linglong/v1/workspace/content?session_id={first}&path=up.bin"
+        ))
+        .await;
+    assert_eq!((status, body), (200, json!("abc")));
+
+    // Bad references: both, neither, an unknown agent, an agent without a shared workspace.
+    let (status, body) = server
+        .get(&format!(
+            "/linglong/v1/workspace/list?agent_id=scribe&session_id={first}"
+        ))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = server.get("/linglong/v1/workspace/list?path=").await;
+    assert_eq!(status, 400);
+    let (status, _) = server
+        .get("/linglong/v1/workspace/list?agent_id=nobody")
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = server
+        .post("/v1/agents", json!({"id": "plain", "model_id": "mock"}))
+        .await;
+    assert_eq!(status, 201);
+    let (status, body) = server
+        .get("/linglong/v1/workspace/list?agent_id=plain")
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "odd", "model_id": "mock", "workspace": "team"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+}
+
+/// An agent with a shared workspace, asked by another through `talk_to`, works in its own
+/// shared folder (its child session's workspace links there), not in the caller's.
+#[tokio::test]
+async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
+    let server = super::support::start_with_workspaces().await;
+    for agent in [
+        json!({"id": "scribe", "model_id": "mock", "workspace": "agent", "tool_ids": ["write_file"]}),
+        json!({"id": "boss", "model_id": "mock", "tool_ids": ["talk_to"]}),
+    ] {
+        let (status, body) = server.post("/v1/agents", agent).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "talk_to",
+        json!({"agents": ["scribe"], "message": "Write it down."}),
+    )));
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "write_file",
+        json!({"path": "minutes.txt", "content": "noted\n"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Noted.")));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("The scribe noted it.")));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"agent_id": "boss", "text": "Minutes, please.", "session_id": "new"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"], "The scribe noted it.", "{body}");
+    let shared = server.state.sessions.shared_workspace("scribe").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(shared.join("minutes.txt")).unwrap(),
+        "noted\n"
+    );
+    let boss = body["session_id"].as_str().unwrap();
+    let boss_folder = server
+        .state
+        .sessions
+        .workspace(boss.parse().unwrap())
+        .unwrap();
+    assert!(!boss_folder.join("minutes.txt").exists());
+    let (_, shown) = server.get(&format!("/v1/sessions/{boss}")).await;
+    let child = shown["children"][0]["session_id"].as_str().unwrap();
+    let child_folder = server
+        .state
+        .sessions
+        .workspace(child.parse().unwrap())
+        .unwrap();
+    assert_eq!(
+        std::fs::canonicalize(child_folder).unwrap(),
+        std::fs::canonicalize(&shared).unwrap()
+    );
+}

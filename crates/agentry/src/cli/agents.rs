@@ -13,7 +13,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use agentry_app::agents::{AgentConfig, AgentLimits, AgentRun, stored_agent, validate};
+use agentry_app::agents::{
+    AgentConfig, AgentLimits, AgentRun, WorkspaceScope, stored_agent, validate,
+};
 use agentry_app::config::ConfigRepo;
 use agentry_app::elicitation::Elicitations;
 use agentry_app::{StoreLog, ToolEnvironment};
@@ -119,6 +121,9 @@ struct AddArgs {
     /// (default: the model labelled `speech`).
     #[arg(long)]
     speech_model: Option<String>,
+    /// One workspace for all its sessions (and stateless runs) instead of one per session.
+    #[arg(long)]
+    shared_workspace: bool,
     /// Replace an agent with the same id instead of refusing.
     #[arg(long)]
     replace: bool,
@@ -173,6 +178,11 @@ impl AddArgs {
             webhook_url: None,
             vision_model_id: self.vision_model,
             speech_model_id: self.speech_model,
+            workspace: if self.shared_workspace {
+                WorkspaceScope::Agent
+            } else {
+                WorkspaceScope::Session
+            },
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The seed's workspace file manager under `/linglong/v1/workspace`, over a session's
-//! workspace (`session_id`, or `workspace_id` in an upload's start): list, content and download
+//! workspace (`session_id`, or `workspace_id` in an upload's start) or an agent's shared one
+//! (`agent_id`): list, content and download
 //! (single HTTP ranges; a folder downloads as a zip archive), search, children and tree (the
 //! folder picker, inside the workspace), thumbnail (the image scaled to `size`, PNG or JPEG),
 //! paste-dir (where pasted files go: `pasted`, inside the workspace),
@@ -17,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use agentry_app::error::AppError;
-use agentry_app::workspace_files::{Download, OpenedFile, Sort, WorkspaceLimits};
+use agentry_app::workspace_files::{Download, OpenedFile, Sort, WorkspaceLimits, WorkspaceRef};
 
 use super::{Answer, SeedError, json_body, ok};
 use crate::authorization::Caller;
@@ -54,7 +55,11 @@ pub(super) fn routes() -> Router<AppState> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
-    session_id: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    /// An agent's shared workspace instead of a session's.
+    #[serde(default)]
+    agent_id: Option<String>,
     #[serde(default)]
     path: String,
     #[serde(default = "first_page")]
@@ -81,10 +86,22 @@ fn default_page_size() -> usize {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileQuery {
-    session_id: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    /// An agent's shared workspace instead of a session's.
+    #[serde(default)]
+    agent_id: Option<String>,
     path: String,
     #[serde(default)]
     restrict: Option<String>,
+}
+
+/// The workspace a query names: `session_id`, or `agent_id` for an agent's shared one.
+fn workspace_target(
+    session: &Option<String>,
+    agent: &Option<String>,
+) -> Result<WorkspaceRef, SeedError> {
+    Ok(WorkspaceRef::from_ids(session.clone(), agent.clone())?)
 }
 
 fn query<T: serde::de::DeserializeOwned>(
@@ -116,7 +133,7 @@ async fn list(
     let listing = state
         .workspace_list(
             &caller,
-            &q.session_id,
+            &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
             q.page,
             q.page_size,
@@ -225,7 +242,11 @@ async fn content(
     let q = query(raw)?;
     stay_inside(q.restrict.as_deref())?;
     let opened = state
-        .workspace_open(&caller, &q.session_id, &q.path)
+        .workspace_open(
+            &caller,
+            &workspace_target(&q.session_id, &q.agent_id)?,
+            &q.path,
+        )
         .await?;
     Ok(file_response(&headers, opened, false))
 }
@@ -239,7 +260,11 @@ async fn paste_dir() -> Answer {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ThumbnailQuery {
-    session_id: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    /// An agent's shared workspace instead of a session's.
+    #[serde(default)]
+    agent_id: Option<String>,
     path: String,
     /// The longest side, in pixels (default 256).
     #[serde(default = "default_edge")]
@@ -267,7 +292,13 @@ async fn thumbnail(
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let (etag, made) = state
-        .workspace_thumbnail(&caller, &q.session_id, &q.path, q.size, cached)
+        .workspace_thumbnail(
+            &caller,
+            &workspace_target(&q.session_id, &q.agent_id)?,
+            &q.path,
+            q.size,
+            cached,
+        )
         .await?;
     let mut response = match made {
         None => StatusCode::NOT_MODIFIED.into_response(),
@@ -300,7 +331,11 @@ async fn download(
     let q = query(raw)?;
     stay_inside(q.restrict.as_deref())?;
     match state
-        .workspace_download(&caller, &q.session_id, &q.path)
+        .workspace_download(
+            &caller,
+            &workspace_target(&q.session_id, &q.agent_id)?,
+            &q.path,
+        )
         .await?
     {
         Download::File(opened) => Ok(file_response(&headers, opened, true)),
@@ -325,7 +360,11 @@ async fn download(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SearchQuery {
-    session_id: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    /// An agent's shared workspace instead of a session's.
+    #[serde(default)]
+    agent_id: Option<String>,
     #[serde(default)]
     path: String,
     #[serde(default)]
@@ -342,7 +381,13 @@ async fn search(
 ) -> Answer {
     let q = query(raw)?;
     let found = state
-        .workspace_search(&caller, &q.session_id, &q.path, q.query, q.name_filter)
+        .workspace_search(
+            &caller,
+            &workspace_target(&q.session_id, &q.agent_id)?,
+            &q.path,
+            q.query,
+            q.name_filter,
+        )
         .await?;
     Ok(Json(found).into_response())
 }
@@ -350,7 +395,11 @@ async fn search(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FolderQuery {
-    session_id: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    /// An agent's shared workspace instead of a session's.
+    #[serde(default)]
+    agent_id: Option<String>,
     #[serde(default)]
     path: String,
 }
@@ -364,7 +413,11 @@ async fn children(
 ) -> Answer {
     let q = query(raw)?;
     let folders = state
-        .workspace_children(&caller, &q.session_id, &q.path)
+        .workspace_children(
+            &caller,
+            &workspace_target(&q.session_id, &q.agent_id)?,
+            &q.path,
+        )
         .await?;
     let shown: Vec<Value> = folders
         .iter()
@@ -382,7 +435,11 @@ async fn tree(
 ) -> Answer {
     let q = query(raw)?;
     let folders = state
-        .workspace_children(&caller, &q.session_id, &q.path)
+        .workspace_children(
+            &caller,
+            &workspace_target(&q.session_id, &q.agent_id)?,
+            &q.path,
+        )
         .await?;
     let path = q.path.trim_matches('/');
     let name = path
@@ -399,6 +456,18 @@ async fn tree(
     )
 }
 
+/// The workspace a JSON body names: `session_id`, or `agent_id` for an agent's shared one.
+fn body_target(body: &Value) -> Result<WorkspaceRef, SeedError> {
+    let text = |name: &str| body.get(name).and_then(Value::as_str).map(str::to_owned);
+    if text("session_id").is_none() && text("agent_id").is_none() {
+        return Err(AppError::bad_request("Missing 'session_id' field").into());
+    }
+    Ok(WorkspaceRef::from_ids(
+        text("session_id"),
+        text("agent_id"),
+    )?)
+}
+
 /// A required string field of a JSON body.
 fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, SeedError> {
     body.get(name)
@@ -411,7 +480,7 @@ async fn mkdir(State(state): State<AppState>, Caller(caller): Caller, body: Byte
     let entry = state
         .workspace_mkdir(
             &caller,
-            field(&body, "session_id")?,
+            &body_target(&body)?,
             field(&body, "parent_path")?,
             field(&body, "name")?,
         )
@@ -424,7 +493,7 @@ async fn rename(State(state): State<AppState>, Caller(caller): Caller, body: Byt
     let entry = state
         .workspace_rename(
             &caller,
-            field(&body, "session_id")?,
+            &body_target(&body)?,
             field(&body, "path")?,
             field(&body, "new_name")?,
         )
@@ -435,7 +504,7 @@ async fn rename(State(state): State<AppState>, Caller(caller): Caller, body: Byt
 async fn duplicate(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let body = json_body(&body)?;
     let entry = state
-        .workspace_duplicate(&caller, field(&body, "session_id")?, field(&body, "path")?)
+        .workspace_duplicate(&caller, &body_target(&body)?, field(&body, "path")?)
         .await?;
     Ok(Json(entry).into_response())
 }
@@ -463,7 +532,7 @@ async fn transfer(state: AppState, caller: Caller, body: Bytes, copy: bool) -> A
     let transfer = state
         .workspace_transfer(
             &caller,
-            field(&body, "session_id")?,
+            &body_target(&body)?,
             paths,
             field(&body, "dest_dir")?,
             overwrite,
@@ -485,7 +554,7 @@ async fn copy_entries(State(state): State<AppState>, caller: Caller, body: Bytes
 async fn remove(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let body = json_body(&body)?;
     let path = state
-        .workspace_delete(&caller, field(&body, "session_id")?, field(&body, "path")?)
+        .workspace_delete(&caller, &body_target(&body)?, field(&body, "path")?)
         .await?;
     ok(json!({"status": "deleted", "path": path}))
 }
@@ -495,8 +564,13 @@ async fn upload_init(State(state): State<AppState>, Caller(caller): Caller, body
     let session = body
         .get("session_id")
         .or_else(|| body.get("workspace_id"))
-        .and_then(Value::as_str)
-        .ok_or_else(|| AppError::bad_request("INVALID_REQUEST: missing field workspace_id"))?;
+        .and_then(Value::as_str);
+    let agent = body.get("agent_id").and_then(Value::as_str);
+    if session.is_none() && agent.is_none() {
+        return Err(AppError::bad_request("INVALID_REQUEST: missing field workspace_id").into());
+    }
+    let target_workspace =
+        WorkspaceRef::from_ids(session.map(str::to_owned), agent.map(str::to_owned))?;
     let file_name = field(&body, "file_name")?;
     let file_size = body
         .get("file_size")
@@ -509,7 +583,14 @@ async fn upload_init(State(state): State<AppState>, Caller(caller): Caller, body
     };
     let limits = WorkspaceLimits::default();
     let plan = state
-        .upload_init(&caller, session, &target, file_name, file_size, limits)
+        .upload_init(
+            &caller,
+            &target_workspace,
+            &target,
+            file_name,
+            file_size,
+            limits,
+        )
         .await?;
     let chunks: Vec<Value> = (0..plan.chunk_count)
         .map(|n| {
