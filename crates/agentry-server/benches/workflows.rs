@@ -49,7 +49,10 @@ async fn finish(state: &AppState, run_id: &str) -> WorkflowRun {
         if run.state.is_final() {
             return run;
         }
-        let _ = tokio::time::timeout(Duration::from_millis(50), changes.changed()).await;
+        // Until its driver stops (the change channel closes), reading the run only then: a
+        // read at every change would cost the run as much as it measures.
+        let stopped = async { while changes.changed().await.is_ok() {} };
+        let _ = tokio::time::timeout(Duration::from_secs(1), stopped).await;
     }
 }
 

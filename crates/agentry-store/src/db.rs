@@ -267,6 +267,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "webhooks",
         sql: include_str!("../migrations/sqlite/0006_webhooks.sql"),
     },
+    Migration {
+        version: 7,
+        name: "workflow events",
+        sql: include_str!("../migrations/sqlite/0007_workflow_events.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -300,10 +305,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "webhooks",
         sql: include_str!("../migrations/postgres/0006_webhooks.sql"),
     },
+    Migration {
+        version: 7,
+        name: "workflow events",
+        sql: include_str!("../migrations/postgres/0007_workflow_events.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

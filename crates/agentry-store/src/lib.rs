@@ -20,6 +20,9 @@
 //!   durable records that workers claim under leases fenced by an epoch; **schedules**
 //!   ([`Store::due_schedules`], [`Store::advance_schedule`]) that submit runs to it; and the
 //!   **webhook outbox** ([`Store::enqueue_delivery`], [`Store::claim_deliveries`]).
+//! - **Workflow step events** ([`Store::append_workflow_events`]): each transition of a
+//!   workflow run's steps, numbered per run (a number taken refuses the batch: one driver per
+//!   run), read back after the run's snapshot.
 //! - **Configuration** documents by [`ConfigKind`] and name, and **secrets** sealed with
 //!   XChaCha20-Poly1305 under a [`SecretKey`] kept outside the database.
 //!
@@ -41,6 +44,7 @@ mod schedules;
 mod secret;
 mod store;
 mod webhooks;
+mod workflow_events;
 
 pub use db::SCHEMA_VERSION;
 pub use error::StoreError;

@@ -58,12 +58,73 @@ fn context(run: &WorkflowRun) -> Value {
     json!({"input": run.input, "steps": steps, "workflow": {"run_id": run.run_id, "id": run.workflow_id}})
 }
 
-async fn save(app: &App, run: &mut WorkflowRun) -> Result<(), String> {
+/// The run-level fields whose change makes the driver write the whole document (rare: the
+/// run starts waiting, is signalled, ends); step transitions are events.
+#[derive(Debug, Clone, PartialEq)]
+struct Header {
+    state: WorkflowState,
+    output: Option<Value>,
+    error: Option<String>,
+    signals: std::collections::BTreeMap<String, Vec<Value>>,
+    finished_at: Option<u64>,
+}
+
+impl Header {
+    fn of(run: &WorkflowRun) -> Self {
+        Self {
+            state: run.state,
+            output: run.output.clone(),
+            error: run.error.clone(),
+            signals: run.signals.clone(),
+            finished_at: run.finished_at,
+        }
+    }
+}
+
+/// What the driver has recorded of its run.
+struct Book {
+    /// The run-level fields as last written.
+    header: Header,
+    /// The number the next step event gets.
+    next_seq: u64,
+}
+
+/// Records what changed since the last call: the changed steps as events (one small row
+/// each, in one transaction), or, when the run itself changed, the whole document as a new
+/// snapshot naming the last event it includes. Another driver having appended first (a second
+/// process on the same run) stops this one.
+async fn save(app: &App, run: &mut WorkflowRun, book: &mut Book) -> Result<(), String> {
     run.updated_at = now_ms();
-    ConfigRepo::new(&app.store)
-        .put(&run.run_id, &*run)
-        .await
-        .map_err(|error| error.message)?;
+    let header = Header::of(run);
+    if header != book.header || run.state.is_final() {
+        run.seq = book.next_seq - 1;
+        run.dirty.clear();
+        ConfigRepo::new(&app.store)
+            .put(&run.run_id, &*run)
+            .await
+            .map_err(|error| error.message)?;
+        book.header = header;
+    } else if !run.dirty.is_empty() {
+        let at = run.updated_at;
+        let events = std::mem::take(&mut run.dirty)
+            .into_iter()
+            .filter_map(|step| {
+                let state = run.steps.get(&step)?.clone();
+                serde_json::to_value(super::StepEvent {
+                    step,
+                    run: state,
+                    at,
+                })
+                .ok()
+            })
+            .collect::<Vec<_>>();
+        app.store
+            .append_workflow_events(&run.run_id, book.next_seq, &events)
+            .await
+            .map_err(|error| error.to_string())?;
+        book.next_seq += events.len() as u64;
+        run.seq = book.next_seq - 1;
+    }
     app.workflows.changed(&run.run_id);
     Ok(())
 }
@@ -73,20 +134,25 @@ async fn drive(
     run_id: &str,
     mut inbox: tokio::sync::mpsc::UnboundedReceiver<Message>,
 ) -> Result<(), String> {
-    let Some(mut run) = ConfigRepo::<WorkflowRun>::new(&app.store)
-        .get(run_id)
+    let Some(mut run) = app
+        .stored_workflow_run(run_id)
         .await
         .map_err(|error| error.message)?
     else {
         return Err("its document is gone".into());
     };
+    let mut book = Book {
+        header: Header::of(&run),
+        next_seq: run.seq + 1,
+    };
     let env = environment();
     let mut tasks: JoinSet<Attempt> = JoinSet::new();
     // Steps a crash left running start again (an agent step re-attaches to its run).
-    for step in run.steps.values_mut() {
+    for (id, step) in run.steps.iter_mut() {
         if step.state == StepState::Running {
             step.state = StepState::Pending;
             step.attempts = step.attempts.saturating_sub(1);
+            run.dirty.insert(id.clone());
         }
     }
     loop {
@@ -227,7 +293,7 @@ async fn drive(
             tasks.abort_all();
             finish(&mut run, WorkflowState::Failed);
             run.error = Some(format!("step {id:?} failed: {error}"));
-            return save(app, &mut run).await;
+            return save(app, &mut run, &mut book).await;
         }
         let running = run
             .steps
@@ -256,7 +322,7 @@ async fn drive(
                     finish(&mut run, WorkflowState::Failed);
                 }
             }
-            return save(app, &mut run).await;
+            return save(app, &mut run, &mut book).await;
         }
         run.state = if running || (pending && !waiting) {
             WorkflowState::Running
@@ -264,7 +330,7 @@ async fn drive(
             WorkflowState::Waiting
         };
         if changed {
-            save(app, &mut run).await?;
+            save(app, &mut run, &mut book).await?;
         }
         // Sleep until a step ends, a message arrives, or the next wake-up time.
         let next_wake = run
@@ -278,25 +344,29 @@ async fn drive(
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 let Ok(done) = done else { continue };
                 record(&mut run, done);
-                save(app, &mut run).await?;
+                save(app, &mut run, &mut book).await?;
             }
             message = inbox.recv() => {
                 let Some(message) = message else { return Ok(()) };
                 if take(app, &mut run, message, &mut tasks).await {
-                    return save(app, &mut run).await;
+                    return save(app, &mut run, &mut book).await;
                 }
-                save(app, &mut run).await?;
+                save(app, &mut run, &mut book).await?;
             }
             _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))), if sleep.is_some() => {
                 wake(&mut run);
-                save(app, &mut run).await?;
+                save(app, &mut run, &mut book).await?;
             }
             _ = app.shutdown.cancelled() => return Ok(()),
         }
     }
 }
 
+/// The step `id`, marked changed (the next save records it).
 fn step_mut<'a>(run: &'a mut WorkflowRun, id: &str) -> &'a mut StepRun {
+    if !run.dirty.contains(id) {
+        run.dirty.insert(id.to_owned());
+    }
     run.steps
         .entry(id.to_owned())
         .or_insert_with(StepRun::pending)
@@ -404,10 +474,13 @@ fn wake(run: &mut WorkflowRun) {
         .map(|step| (step.id.clone(), step.kind.clone()))
         .collect();
     for (id, kind) in kinds {
-        let step = step_mut(run, &id);
-        if step.state != StepState::Waiting || step.wake_at.is_none_or(|at| at > now) {
+        let due = run.steps.get(&id).is_some_and(|step| {
+            step.state == StepState::Waiting && step.wake_at.is_some_and(|at| at <= now)
+        });
+        if !due {
             continue;
         }
+        let step = step_mut(run, &id);
         match kind.as_str() {
             "wait" => succeed(step, json!({"waited_until": now})),
             "approval" => {

@@ -1,9 +1,12 @@
 //! Workflows: durable graphs of tools, agents, fan-outs, approvals, timers and signals.
 //!
 //! A definition ([`definition::WorkflowDefinition`]) is stored like an agent (`/v1/workflows`),
-//! versioned; a run ([`WorkflowRun`]) pins the definition it started with and is kept in the
-//! store as one document, written at every step transition (a step starting, ending, waiting,
-//! retried). One driver task per live run ([`engine`]) starts the steps whose dependencies are
+//! versioned; a run ([`WorkflowRun`]) pins the definition it started with. Each step
+//! transition (a step starting, ending, waiting, retried) is one small event in the store
+//! (`workflow_events`, numbered per run: a second driver of the run is refused its first
+//! append), so a step costs a row, not a rewrite of the run; the run's document is a snapshot
+//! written when the run itself changes (starts, waits, is signalled, ends), naming the last
+//! event it holds (`seq`). The run as read is the snapshot with the later events applied. One driver task per live run ([`engine`]) starts the steps whose dependencies are
 //! done, as many at once as are ready; agent steps are background runs on the run queue (their
 //! idempotency key names the run, step and attempt, so a driver resumed after a crash finds the
 //! run it had started instead of starting another). At start-up every unfinished run is resumed
@@ -204,6 +207,40 @@ pub struct WorkflowRun {
     /// The definition it runs (pinned at start).
     #[schema(value_type = Object)]
     pub definition: WorkflowDefinition,
+    /// The last step event the stored document includes: later step transitions are events in
+    /// the store, applied when the run is read.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub seq: u64,
+    /// Steps changed since the driver last recorded the run.
+    #[serde(skip)]
+    pub(crate) dirty: std::collections::BTreeSet<String>,
+}
+
+/// One step transition as the store keeps it: the step's whole new state.
+#[derive(Debug, Serialize, Deserialize)]
+struct StepEvent {
+    /// The step.
+    step: String,
+    /// Its state after the transition.
+    run: StepRun,
+    /// When (Unix milliseconds).
+    at: u64,
+}
+
+impl WorkflowRun {
+    /// Applies the step event number `seq`.
+    fn apply(&mut self, seq: u64, event: Value) -> Result<(), AppError> {
+        let event: StepEvent = serde_json::from_value(event).map_err(|error| {
+            AppError::internal(format!(
+                "workflow run {}: event {seq} is unreadable: {error}",
+                self.run_id
+            ))
+        })?;
+        self.steps.insert(event.step, event.run);
+        self.updated_at = self.updated_at.max(event.at);
+        self.seq = seq;
+        Ok(())
+    }
 }
 
 /// `GET /v1/workflows`.
@@ -308,6 +345,10 @@ pub fn workflow_schema() -> Result<Value, AppError> {
 
 fn is_zero(depth: &u32) -> bool {
     *depth == 0
+}
+
+fn is_zero_u64(seq: &u64) -> bool {
+    *seq == 0
 }
 
 /// How deep sub-workflows may nest.
@@ -478,6 +519,8 @@ impl App {
             updated_at: now,
             finished_at: None,
             definition,
+            seq: 0,
+            dirty: Default::default(),
         };
         ConfigRepo::new(&self.store)
             .create(&run.run_id, &run)
@@ -496,12 +539,38 @@ impl App {
         if uuid::Uuid::parse_str(run_id).is_err() {
             return Err(no_run(run_id));
         }
-        let run = ConfigRepo::<WorkflowRun>::new(&self.store)
-            .get(run_id)
+        let run = self
+            .stored_workflow_run(run_id)
             .await?
             .filter(|run| caller.may_see(run.owner.as_deref()))
             .ok_or_else(|| no_run(run_id))?;
         Ok(run)
+    }
+
+    /// A run as stored: its document with the step events after it applied (an ended run's
+    /// document holds them all).
+    pub(crate) async fn stored_workflow_run(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<WorkflowRun>, AppError> {
+        let Some(mut run) = ConfigRepo::<WorkflowRun>::new(&self.store)
+            .get(run_id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        self.catch_up(&mut run).await?;
+        Ok(Some(run))
+    }
+
+    /// Applies the step events stored after `run`'s document.
+    async fn catch_up(&self, run: &mut WorkflowRun) -> Result<(), AppError> {
+        if !run.state.is_final() {
+            for (seq, event) in self.store.workflow_events(&run.run_id, run.seq).await? {
+                run.apply(seq, event)?;
+            }
+        }
+        Ok(())
     }
 
     /// The caller's runs, newest first (of one workflow, when named).
@@ -518,6 +587,9 @@ impl App {
             .filter(|run| caller.may_see(run.owner.as_deref()))
             .filter(|run| workflow.is_none_or(|id| run.workflow_id == id))
             .collect();
+        for run in &mut runs {
+            self.catch_up(run).await?;
+        }
         runs.sort_by_key(|run| std::cmp::Reverse(run.created_at));
         Ok(WorkflowRunList { runs })
     }

@@ -128,6 +128,21 @@ async fn data_flows_branches_run_in_parallel_when_skips_and_map_keeps_order() {
     assert_eq!(run["version"], 1);
     let (_, runs) = server.get("/v1/workflow-runs?workflow_id=flow").await;
     assert_eq!(runs["runs"].as_array().unwrap().len(), 1);
+    // Each step's transitions are events in the store (started, then ended), in order; the
+    // ended run's document includes them all.
+    let events = server.state.store.workflow_events(&id, 0).await.unwrap();
+    let of = |step: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|(_, event)| event["step"] == step)
+            .map(|(_, event)| event["run"]["state"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(of("left"), ["running", "succeeded"], "{events:?}");
+    assert_eq!(of("never"), ["skipped"]);
+    let seqs: Vec<u64> = events.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(run["seq"], seqs.len() as u64);
 }
 
 #[tokio::test]

@@ -11,3 +11,4 @@ mod search;
 mod secrets;
 mod sessions;
 mod support;
+mod workflow_events;
