@@ -141,17 +141,22 @@ pub fn sign(secret: &str, id: &str, timestamp: u64, body: &str) -> Result<String
     ))
 }
 
+/// A new Standard Webhooks secret: `whsec_` and 32 random bytes in base64.
+pub fn new_secret() -> Result<String, AppError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|error| AppError::internal(format!("no randomness: {error}")))?;
+    Ok(format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    ))
+}
+
 impl App {
     /// Makes a new signing secret (the old one stops signing at once) and answers it: it is not
     /// shown again.
     pub async fn rotate_webhook_secret(&self) -> Result<WebhookSecret, AppError> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes)
-            .map_err(|error| AppError::internal(format!("no randomness: {error}")))?;
-        let secret = format!(
-            "whsec_{}",
-            base64::engine::general_purpose::STANDARD.encode(bytes)
-        );
+        let secret = new_secret()?;
         self.store.put_secret(SECRET_NAME, &secret).await?;
         Ok(WebhookSecret { secret })
     }

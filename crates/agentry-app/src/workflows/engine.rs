@@ -847,7 +847,8 @@ impl Job {
                     &operator,
                     workflow,
                     input,
-                    Some((self.run_id.clone(), depth, child.clone())),
+                    Some((self.run_id.clone(), depth)),
+                    Some(child.clone()),
                 )
                 .await
                 .map_err(|error| format!("workflow {workflow:?}: {}", error.message))?;

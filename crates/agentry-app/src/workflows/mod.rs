@@ -16,6 +16,7 @@
 
 pub mod definition;
 mod engine;
+pub mod triggers;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
@@ -457,23 +458,23 @@ impl App {
         id: &str,
         input: Value,
     ) -> Result<WorkflowRun, AppError> {
-        self.start_workflow_run(caller, id, input, None).await
+        self.start_workflow_run(caller, id, input, None, None).await
     }
 
-    /// Starts a run; `child` names the parent run, the depth and the child's id (a
-    /// sub-workflow step's, derived from its parent, so a resumed parent finds it again).
+    /// Starts a run; `parent` names the parent run and the depth (a sub-workflow step's), and
+    /// `run_id` the run's id when it is derived (from the parent's step, so a resumed parent
+    /// finds it again; from a trigger's delivery, so a delivery starts one run): 409 when a
+    /// run has that id already.
     pub(crate) async fn start_workflow_run(
         &self,
         caller: &Principal,
         id: &str,
         input: Value,
-        child: Option<(String, u32, String)>,
+        parent: Option<(String, u32)>,
+        run_id: Option<String>,
     ) -> Result<WorkflowRun, AppError> {
         let definition = self.workflow(id).await?;
-        if child
-            .as_ref()
-            .is_some_and(|(_, depth, _)| *depth > MAX_DEPTH)
-        {
+        if parent.as_ref().is_some_and(|(_, depth)| *depth > MAX_DEPTH) {
             return Err(AppError::bad_request(format!(
                 "sub-workflows nest at most {MAX_DEPTH} deep"
             )));
@@ -494,10 +495,11 @@ impl App {
             }
         }
         let now = crate::clock::now_ms();
-        let (parent, depth, run_id) = match child {
-            Some((parent, depth, run_id)) => (Some(parent), depth, run_id),
-            None => (None, 0, uuid::Uuid::new_v4().to_string()),
+        let (parent, depth) = match parent {
+            Some((parent, depth)) => (Some(parent), depth),
+            None => (None, 0),
         };
+        let run_id = run_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let run = WorkflowRun {
             run_id,
             parent,

@@ -10,6 +10,7 @@ pub mod background;
 pub mod config;
 pub mod context;
 pub mod groups;
+pub mod hooks;
 pub mod infer;
 pub mod keys;
 pub mod linglong;
@@ -65,6 +66,7 @@ pub fn router(state: AppState) -> Router {
     let (documented, _) = documented().split_for_parts();
     let routes = documented
         .merge(status::routes())
+        .merge(hooks::routes())
         .merge(linglong::routes())
         .merge(crate::mcp_endpoint::routes(&state))
         .merge(crate::console::routes())

@@ -15,6 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use agentry_app::workflows::triggers::TriggerSecret;
 use agentry_app::workflows::{WorkflowDefinition, WorkflowList, WorkflowRun, WorkflowRunList};
 
 use super::config::{ApiJson, ApiPath, created};
@@ -29,6 +30,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_workflows, create_workflow))
         .routes(routes!(workflow_schema))
         .routes(routes!(get_workflow, replace_workflow, delete_workflow))
+        .routes(routes!(create_trigger, delete_trigger))
         .routes(routes!(start_run))
         .routes(routes!(list_runs))
         .routes(routes!(get_run))
@@ -152,6 +154,46 @@ async fn delete_workflow(
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     state.delete_workflow(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Makes the workflow's trigger secret, or a new one (the old one stops working at once):
+/// deliveries to `POST /hooks/workflows/{name}` signed with it (Standard Webhooks), or carrying
+/// it as a bearer token, start runs. Shown once.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{name}/trigger",
+    tag = "workflows",
+    operation_id = "create_workflow_trigger",
+    params(NamePath),
+    responses(
+        (status = 201, description = "The trigger's path and secret.", body = TriggerSecret),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn create_trigger(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let trigger = state.create_workflow_trigger(&name).await?;
+    Ok((StatusCode::CREATED, Json(trigger)).into_response())
+}
+
+/// Removes the workflow's trigger: its URL accepts nothing from now on.
+#[utoipa::path(
+    delete,
+    path = "/v1/workflows/{name}/trigger",
+    tag = "workflows",
+    operation_id = "delete_workflow_trigger",
+    params(NamePath),
+    responses((status = 204, description = "Removed."), BadRequest, NotFound)
+)]
+async fn delete_trigger(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    state.delete_workflow_trigger(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

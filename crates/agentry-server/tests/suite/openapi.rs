@@ -18,9 +18,12 @@ type Route = (String, String);
 /// Paths served but left out of the document on purpose: `/mcp` is the MCP endpoint (JSON-RPC
 /// over streamable HTTP, `agentry_server::mcp_endpoint`), whose protocol the MCP specification
 /// describes rather than OpenAPI; `mcp_server.rs` tests it, its authentication included.
-const NOT_DOCUMENTED: [(&str, &str); 4] = [
+const NOT_DOCUMENTED: [(&str, &str); 5] = [
     // Agentry as an MCP server: the MCP specification describes it.
     ("POST", "/mcp"),
+    // A workflow's trigger URL: called by other systems with a signature, not an API key
+    // (workflows.rs tests it).
+    ("POST", "/hooks/workflows/{id}"),
     // A terminal's WebSocket: OpenAPI cannot describe its frames (terminals.rs tests it).
     ("GET", "/v1/terminals/{id}/ws"),
     // The web console's page and assets: not API operations (the console suite tests them).

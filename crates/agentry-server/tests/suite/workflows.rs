@@ -552,3 +552,118 @@ async fn a_run_is_followed_as_events_and_retried_from_its_failed_step() {
     let (status, _) = server.get("/v1/workflow-runs/not-a-run/stream").await;
     assert_eq!(status, 404);
 }
+
+/// A workflow's trigger URL: a secret made (and remade), deliveries signed the Standard
+/// Webhooks way or carrying the secret as a bearer token start runs with the body as input,
+/// the same delivery twice starts one run, and what is not authenticated starts nothing.
+#[tokio::test]
+async fn a_trigger_url_starts_runs_once_per_delivery() {
+    let server = start().await;
+    add_echo(&server).await;
+    save(
+        &server,
+        json!({"id": "hooked", "input_schema": {"type": "object", "required": ["order"]},
+               "steps": [{"id": "say", "kind": "tool", "tool": "echo",
+                          "arguments": {"order": "{{ input.order }}"}}]}),
+    )
+    .await;
+    let hook = format!("{}/hooks/workflows/hooked", server.url);
+    let post = |headers: Vec<(&'static str, String)>, body: &'static str| {
+        let mut request = server.http.post(&hook).body(body);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            (
+                status,
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
+            )
+        }
+    };
+    // No trigger yet: nothing is accepted.
+    let (status, _) = post(vec![("authorization", "Bearer whsec_x".into())], "{}").await;
+    assert_eq!(status, 401);
+    let (status, _) = server.post("/v1/workflows/ghost/trigger", json!({})).await;
+    assert_eq!(status, 404);
+    let (status, made) = server.post("/v1/workflows/hooked/trigger", json!({})).await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(made["path"], "/hooks/workflows/hooked");
+    let secret = made["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"));
+
+    // A signed delivery starts a run; the same delivery again answers the same run.
+    let body = r#"{"order": 42}"#;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signed = |id: &str, at: u64| {
+        vec![
+            ("webhook-id", id.to_owned()),
+            ("webhook-timestamp", at.to_string()),
+            (
+                "webhook-signature",
+                agentry_app::webhooks::sign(&secret, id, at, body).unwrap(),
+            ),
+        ]
+    };
+    let (status, first) = post(signed("msg_1", now), body).await;
+    assert_eq!(status, 202, "{first}");
+    let run = first["run_id"].as_str().unwrap().to_owned();
+    let (status, again) = post(signed("msg_1", now), body).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["run_id"], run.as_str());
+    let done = until(&server, &run, ended).await;
+    assert_eq!(done["state"], "succeeded", "{done:#}");
+    assert_eq!(done["input"], json!({"order": 42}));
+    assert_eq!(done["steps"]["say"]["output"]["order"], 42);
+    // Another delivery id is another run.
+    let (status, second) = post(signed("msg_2", now), body).await;
+    assert_eq!(status, 202);
+    assert_ne!(second["run_id"], run.as_str());
+
+    // Refused: a stale timestamp, a signature over another body, a wrong bearer token, none.
+    let (status, _) = post(signed("msg_3", now - 600), body).await;
+    assert_eq!(status, 401);
+    let mut forged = signed("msg_4", now);
+    forged[2].1 = agentry_app::webhooks::sign(&secret, "msg_4", now, "{}").unwrap();
+    let (status, _) = post(forged, body).await;
+    assert_eq!(status, 401);
+    let (status, _) = post(vec![("authorization", "Bearer whsec_AAAA".into())], body).await;
+    assert_eq!(status, 401);
+    let (status, _) = post(vec![], body).await;
+    assert_eq!(status, 401);
+    // The secret as a bearer token, idempotent by `Idempotency-Key`; bad input is a 400.
+    let bearer = |key: &str| {
+        vec![
+            ("authorization", format!("Bearer {secret}")),
+            ("idempotency-key", key.to_owned()),
+        ]
+    };
+    let (status, third) = post(bearer("k1"), body).await;
+    assert_eq!(status, 202, "{third}");
+    let (status, repeat) = post(bearer("k1"), body).await;
+    assert_eq!((status, &repeat["run_id"]), (200, &third["run_id"]));
+    let (status, _) = post(bearer("k2"), "[1, 2]").await;
+    assert_eq!(status, 400);
+    let (status, _) = post(bearer("k3"), r#"{"no_order": 1}"#).await;
+    assert_eq!(status, 400);
+    let (_, runs) = server.get("/v1/workflow-runs?workflow_id=hooked").await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 3);
+
+    // A new secret replaces the old; a deleted trigger accepts nothing.
+    let (_, remade) = server.post("/v1/workflows/hooked/trigger", json!({})).await;
+    assert_ne!(remade["secret"].as_str().unwrap(), secret);
+    let (status, _) = post(bearer("k4"), body).await;
+    assert_eq!(status, 401);
+    let (status, _) = server
+        .raw(reqwest::Method::DELETE, "/v1/workflows/hooked/trigger", "")
+        .await;
+    assert_eq!(status, 204);
+    let fresh = remade["secret"].as_str().unwrap().to_owned();
+    let (status, _) = post(vec![("authorization", format!("Bearer {fresh}"))], body).await;
+    assert_eq!(status, 401);
+}
