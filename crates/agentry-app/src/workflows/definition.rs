@@ -170,8 +170,21 @@ pub struct AgentStep {
     /// What it is asked (a template).
     pub prompt: String,
     /// When set, the answer must be JSON matching this schema; it becomes the step's output.
+    /// The prompt then ends with the schema and an instruction to answer with JSON only.
     #[serde(default)]
     pub output_schema: Option<Value>,
+    /// How many times an answer that is not JSON matching `output_schema` is sent back to the
+    /// agent, in the same session, with what is wrong (default 1, at most 5; 0: none), before
+    /// the attempt fails.
+    #[serde(default = "default_repairs")]
+    pub repair_attempts: u32,
+}
+
+/// The most repairs of a structured answer an agent step may ask for.
+pub const MAX_REPAIRS: u32 = 5;
+
+fn default_repairs() -> u32 {
+    1
 }
 
 #[derive(Deserialize)]
@@ -688,6 +701,12 @@ fn check_kind(
                 return Err(invalid(
                     &format!("{path}.agent"),
                     format!("no agent is called {:?}", agent.agent),
+                ));
+            }
+            if agent.repair_attempts > MAX_REPAIRS {
+                return Err(invalid(
+                    &format!("{path}.repair_attempts"),
+                    format!("at most {MAX_REPAIRS}"),
                 ));
             }
             if let Some(schema) = &agent.output_schema {

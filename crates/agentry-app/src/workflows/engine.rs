@@ -765,16 +765,94 @@ impl Job {
                 self.run_id, self.step, self.attempt
             ),
         };
-        let body: crate::submission::InferRequest = serde_json::from_value(
-            json!({"agent_id": agent.agent, "text": prompt, "session_id": "new"}),
-        )
-        .map_err(|error| error.to_string())?;
+        let Some(schema) = &agent.output_schema else {
+            let (_, text) = self
+                .agent_turn(
+                    agent,
+                    json!({"text": prompt, "session_id": "new"}),
+                    key,
+                    sessions,
+                )
+                .await?;
+            return Ok(Value::String(text));
+        };
+        let validator = jsonschema::validator_for(schema).map_err(|error| error.to_string())?;
+        let schema_text = serde_json::to_string_pretty(schema).map_err(|e| e.to_string())?;
+        let prompt = format!(
+            "{prompt}\n\nAnswer with only a JSON value, no other text, that matches this JSON \
+             Schema:\n```json\n{schema_text}\n```"
+        );
+        let (session, mut text) = self
+            .agent_turn(
+                agent,
+                json!({"text": prompt, "session_id": "new"}),
+                key.clone(),
+                sessions,
+            )
+            .await?;
+        // A wrong answer goes back to the agent, in its session, with what is wrong.
+        let mut repairs = 0;
+        loop {
+            let problem = match parse_json_answer(&text) {
+                None => format!("it is not JSON: {text:.200}"),
+                Some(parsed) => {
+                    let wrong = validator.iter_errors(&parsed).next().map(|error| {
+                        format!(
+                            "it does not match the schema at {:?}: {error}",
+                            error.instance_path().to_string()
+                        )
+                    });
+                    match wrong {
+                        None => return Ok(parsed),
+                        Some(problem) => problem,
+                    }
+                }
+            };
+            if repairs >= agent.repair_attempts {
+                return Err(format!(
+                    "agent {:?}: the answer cannot be used ({} repair{} asked): {problem}",
+                    agent.agent,
+                    repairs,
+                    if repairs == 1 { "" } else { "s" }
+                ));
+            }
+            repairs += 1;
+            let ask = format!(
+                "Your answer cannot be used: {problem}. Answer again with only the JSON value \
+                 that matches the schema."
+            );
+            (_, text) = self
+                .agent_turn(
+                    agent,
+                    json!({"text": ask, "session_id": session}),
+                    format!("{key}:repair{repairs}"),
+                    sessions,
+                )
+                .await?;
+        }
+    }
+
+    /// One turn of an agent step as a background run (`body`'s `text` in its `session_id`)
+    /// under the idempotency key `key`, followed to its end: its session and answer.
+    async fn agent_turn(
+        &self,
+        agent: &AgentStep,
+        mut body: Value,
+        key: String,
+        sessions: &mut Vec<String>,
+    ) -> Result<(String, String), String> {
+        body["agent_id"] = Value::String(agent.agent.clone());
+        let body: crate::submission::InferRequest =
+            serde_json::from_value(body).map_err(|error| error.to_string())?;
         let (view, _) = self
             .app
             .submit_background(&Principal::operator(), body, Some(key), 0)
             .await
             .map_err(|error| error.message)?;
-        sessions.push(view.session_id.to_string());
+        let session = view.session_id.to_string();
+        if !sessions.contains(&session) {
+            sessions.push(session.clone());
+        }
         let view = loop {
             let view = self
                 .app
@@ -799,20 +877,7 @@ impl Job {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        let Some(schema) = &agent.output_schema else {
-            return Ok(Value::String(text));
-        };
-        let parsed = parse_json_answer(&text)
-            .ok_or_else(|| format!("agent {:?} answered no JSON: {text:.200}", agent.agent))?;
-        let validator = jsonschema::validator_for(schema).map_err(|error| error.to_string())?;
-        if let Some(error) = validator.iter_errors(&parsed).next() {
-            return Err(format!(
-                "agent {:?}: the answer does not match the output schema at {}: {error}",
-                agent.agent,
-                error.instance_path()
-            ));
-        }
-        Ok(parsed)
+        Ok((session, text))
     }
 }
 

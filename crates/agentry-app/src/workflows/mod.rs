@@ -759,7 +759,7 @@ mod tests {
     fn the_published_schema_takes_what_the_server_takes_and_refuses_what_it_refuses() {
         let good = json!({"id": "all", "input_schema": {"type": "object"}, "steps": [
             {"id": "t", "kind": "tool", "tool": "echo", "arguments": {"x": "{{ input.x }}"}, "needs": []},
-            {"id": "a", "kind": "agent", "agent": "w", "prompt": "hi", "output_schema": {"type": "object"},
+            {"id": "a", "kind": "agent", "agent": "w", "prompt": "hi", "output_schema": {"type": "object"}, "repair_attempts": 2,
              "retry": {"attempts": 2, "backoff_secs": 0.5}, "timeout_secs": 60},
             {"id": "s", "kind": "workflow", "workflow": "other", "input": {"n": 1}, "when": "true"},
             {"id": "m", "kind": "map", "items": "input.list", "concurrency": 3,
@@ -779,6 +779,7 @@ mod tests {
             json!({"id": "x", "steps": []}),
             json!({"id": "x", "steps": [{"id": "a", "kind": "teleport"}]}),
             json!({"id": "x", "steps": [{"id": "a", "kind": "agent", "agent": "w"}]}),
+            json!({"id": "x", "steps": [{"id": "a", "kind": "agent", "agent": "w", "prompt": "p", "repair_attempts": 6}]}),
             json!({"id": "x", "steps": [{"id": "a", "kind": "wait", "seconds": 1, "extra": true}]}),
             json!({"id": "x", "steps": [{"id": "a", "kind": "map", "items": "x", "step": {"kind": "wait", "seconds": 1}}]}),
             json!({"id": "x", "steps": [{"id": "a", "kind": "loop", "max": 0, "until": "true", "step": {"kind": "tool", "tool": "t"}}]}),

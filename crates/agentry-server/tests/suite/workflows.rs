@@ -667,3 +667,93 @@ async fn a_trigger_url_starts_runs_once_per_delivery() {
     let (status, _) = post(vec![("authorization", format!("Bearer {fresh}"))], body).await;
     assert_eq!(status, 401);
 }
+
+/// An agent step with an output schema: the prompt carries the schema; an answer that is not
+/// JSON, then one that misses a required field, goes back to the agent in the same session
+/// with what is wrong, until it fits (the output is the parsed JSON); past its repairs, the
+/// attempt fails with the last problem.
+#[tokio::test]
+async fn a_structured_answer_is_repaired_in_the_same_session() {
+    let server = start().await;
+    server.state.start_worker();
+    let (status, body) = server
+        .post("/v1/agents", json!({"id": "analyst", "model_id": "mock"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let schema = json!({"type": "object", "required": ["total"],
+                        "properties": {"total": {"type": "number"}}});
+    save(
+        &server,
+        json!({"id": "tally", "steps": [
+            {"id": "count", "kind": "agent", "agent": "analyst", "prompt": "Add 2 and 3.",
+             "output_schema": schema, "repair_attempts": 2}
+        ]}),
+    )
+    .await;
+    for answer in [
+        "The total is five.",
+        r#"{"sum": 5}"#,
+        "```json\n{\"total\": 5}\n```",
+    ] {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text(answer)));
+    }
+    let id = start_run(&server, "tally", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"]["count"]["output"], json!({"total": 5}));
+    // One session: three turns, the complaints naming what was wrong.
+    assert_eq!(
+        run["steps"]["count"]["sessions"].as_array().unwrap().len(),
+        1
+    );
+    let requests = server.mock.requests();
+    assert_eq!(requests.len(), 3);
+    let first = requests[0].body.to_string();
+    assert!(
+        first.contains("Add 2 and 3.") && first.contains("required"),
+        "{first}"
+    );
+    let second = requests[1].body.to_string();
+    assert!(
+        second.contains("The total is five.") && second.contains("it is not JSON"),
+        "{second}"
+    );
+    let third = requests[2].body.to_string();
+    assert!(
+        third.contains("does not match the schema") && third.contains("total"),
+        "{third}"
+    );
+
+    // With no repairs left the attempt fails with the last problem.
+    save(
+        &server,
+        json!({"id": "strict", "steps": [
+            {"id": "count", "kind": "agent", "agent": "analyst", "prompt": "Add.",
+             "output_schema": schema, "repair_attempts": 0}
+        ]}),
+    )
+    .await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("five")));
+    let id = start_run(&server, "strict", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "failed", "{run:#}");
+    let error = run["steps"]["count"]["error"].as_str().unwrap();
+    assert!(error.contains("it is not JSON"), "{error}");
+    // More repairs than allowed is refused at saving, with the path.
+    let (status, body) = server
+        .post(
+            "/v1/workflows",
+            json!({"id": "greedy", "steps": [{"id": "a", "kind": "agent", "agent": "analyst",
+                   "prompt": "x", "repair_attempts": 9}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.to_string().contains("steps[0].repair_attempts"),
+        "{body}"
+    );
+}
