@@ -2,7 +2,11 @@
 //! and the run each fire submits to the queue ([`crate::queue`]).
 //!
 //! A schedule is checked when saved: the expression and the zone parse, the run body passes the
-//! same checks a submitted run does (without creating anything). The worker's loop fires due
+//! same checks a submitted run does (without creating anything). Instead of a run, a schedule
+//! may start a workflow (`workflow`: its id and input, checked against its input schema): each
+//! fire starts a workflow run whose id is derived from the schedule and the slot, so a slot
+//! starts one run whatever restarts happen; `overlap` then looks at the previous workflow run
+//! (`queue` starts the new one beside it: workflow runs do not queue). The worker's loop fires due
 //! schedules ([`App::fire_due_schedules`]): each fire submits the run with the idempotency key
 //! `schedule:<id>:<slot>`, so a slot is submitted once however many processes see it due and
 //! whatever restarts happen in between, and moves the schedule to its next slot (a compare-and-
@@ -103,8 +107,12 @@ pub struct ScheduleRequest {
     #[schema(minimum = 1, maximum = 31_622_400)]
     pub interval_secs: Option<u64>,
     /// The run each fire submits: the body of `POST /v1/runs` (without `session_id` each run
-    /// gets a new session).
-    pub run: InferRequest,
+    /// gets a new session). Give this or `workflow`.
+    #[serde(default)]
+    pub run: Option<InferRequest>,
+    /// The workflow each fire starts instead of a run.
+    #[serde(default)]
+    pub workflow: Option<ScheduledWorkflow>,
     /// Whether it fires (default `true`).
     #[serde(default = "enabled")]
     pub enabled: bool,
@@ -121,6 +129,39 @@ fn enabled() -> bool {
     true
 }
 
+/// The workflow a schedule starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduledWorkflow {
+    /// The saved workflow.
+    #[schema(max_length = 64)]
+    pub workflow_id: String,
+    /// Its input (checked against its input schema when saved and at each fire).
+    #[serde(default = "empty_input")]
+    #[schema(value_type = Object)]
+    pub input: serde_json::Value,
+}
+
+fn empty_input() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
+}
+
+/// The workflow a stored schedule starts, if it starts one.
+fn stored_workflow(request: &serde_json::Value) -> Option<ScheduledWorkflow> {
+    serde_json::from_value(request.get("workflow")?.clone()).ok()
+}
+
+/// The workflow run id of a schedule's slot: the same slot, the same run (a time-ordered id
+/// whose time is the slot's, its other bits from the schedule and the slot).
+fn slot_run_id(schedule: &str, slot: u64) -> Result<RunId, AppError> {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("schedule\0{schedule}\0{slot}").as_bytes());
+    let mut bytes = [0u8; 10];
+    bytes.copy_from_slice(&digest[..10]);
+    let uuid = uuid::Builder::from_unix_timestamp_millis(slot, &bytes).into_uuid();
+    RunId::parse(&uuid.to_string()).map_err(|error| AppError::internal(error.to_string()))
+}
+
 /// A schedule as clients see it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ScheduleView {
@@ -134,9 +175,13 @@ pub struct ScheduleView {
     pub timezone: String,
     /// Its interval, seconds.
     pub interval_secs: Option<u64>,
-    /// What each fire submits.
-    #[schema(value_type = Object)]
-    pub run: serde_json::Value,
+    /// What each fire submits (a run's body), unless it starts a workflow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub run: Option<serde_json::Value>,
+    /// The workflow each fire starts (`workflow_id`, `input`), if it starts one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<ScheduledWorkflow>,
     /// Whether it fires.
     pub enabled: bool,
     /// `skip` or `once`.
@@ -287,7 +332,10 @@ fn view(record: ScheduleRecord) -> ScheduleView {
         cron: record.cron,
         timezone: record.timezone,
         interval_secs: record.interval_secs,
-        run: record.request,
+        workflow: stored_workflow(&record.request),
+        run: stored_workflow(&record.request)
+            .is_none()
+            .then_some(record.request),
         enabled: record.enabled,
         catch_up: record.catch_up,
         overlap: record.overlap,
@@ -309,32 +357,45 @@ impl App {
         &self,
         caller: &Principal,
         id: String,
-        request: ScheduleRequest,
+        mut request: ScheduleRequest,
         anchor: u64,
     ) -> Result<NewSchedule, AppError> {
-        let timezone = request.timezone.unwrap_or_else(|| "UTC".to_owned());
+        let timezone = request.timezone.take().unwrap_or_else(|| "UTC".to_owned());
         let timing = Timing::of(
             request.cron.as_deref(),
             &timezone,
             request.interval_secs,
             anchor,
         )?;
-        if request.run.is_group() {
+        let run = match (request.run.take(), request.workflow.take()) {
+            (Some(run), None) => run,
+            (None, Some(workflow)) => {
+                return self
+                    .checked_workflow_schedule(caller, id, timing, timezone, request, workflow)
+                    .await;
+            }
+            _ => {
+                return Err(AppError::bad_request(
+                    "a schedule fires a `run` or starts a `workflow`: give one of them",
+                ));
+            }
+        };
+        if run.is_group() {
             return Err(AppError::bad_request(
                 "a schedule's run is one agent's (a group chat cannot run in the background)",
             ));
         }
-        if request.run.cancel_on_disconnect {
+        if run.cancel_on_disconnect {
             return Err(AppError::bad_request(
                 "`cancel_on_disconnect` does not apply to a scheduled run",
             ));
         }
         // The run's own checks, creating nothing: as an ephemeral run (approvals need a
         // session, so they are checked when it fires).
-        if let Some(url) = &request.run.webhook_url {
+        if let Some(url) = &run.webhook_url {
             self.check_webhook(url).await?;
         }
-        let mut dry = request.run.clone();
+        let mut dry = run.clone();
         dry.approvals = None;
         dry.policy = None;
         dry.webhook_url = None;
@@ -360,7 +421,7 @@ impl App {
                 "a schedule's name has 1 to 100 characters",
             ));
         }
-        let run = serde_json::to_value(&request.run)
+        let stored = serde_json::to_value(&run)
             .map_err(|error| AppError::internal(format!("cannot store the run: {error}")))?;
         let next_fire_at = if request.enabled {
             timing.next_after(now_ms())
@@ -374,12 +435,98 @@ impl App {
             cron: request.cron,
             timezone,
             interval_secs: request.interval_secs,
-            request: run,
+            request: stored,
             enabled: request.enabled,
             catch_up: request.catch_up.as_str().to_owned(),
             overlap: request.overlap.as_str().to_owned(),
             next_fire_at,
         })
+    }
+
+    /// The rest of [`Self::checked_schedule`] for a schedule that starts a workflow: the
+    /// workflow exists and takes the input.
+    async fn checked_workflow_schedule(
+        &self,
+        caller: &Principal,
+        id: String,
+        timing: Timing,
+        timezone: String,
+        request: ScheduleRequest,
+        workflow: ScheduledWorkflow,
+    ) -> Result<NewSchedule, AppError> {
+        let definition = self.workflow(&workflow.workflow_id).await?;
+        definition.check_input(&workflow.input)?;
+        let name = request
+            .name
+            .unwrap_or_else(|| match (&request.cron, request.interval_secs) {
+                (Some(cron), _) => format!("{} at {cron} ({timezone})", workflow.workflow_id),
+                (None, Some(secs)) => format!("{} every {secs} s", workflow.workflow_id),
+                (None, None) => workflow.workflow_id.clone(),
+            });
+        if name.chars().count() > 100 || name.trim().is_empty() {
+            return Err(AppError::bad_request(
+                "a schedule's name has 1 to 100 characters",
+            ));
+        }
+        let stored = serde_json::json!({ "workflow": workflow });
+        Ok(NewSchedule {
+            id,
+            name,
+            owner: caller.owner(),
+            cron: request.cron,
+            timezone,
+            interval_secs: request.interval_secs,
+            request: stored,
+            enabled: request.enabled,
+            catch_up: request.catch_up.as_str().to_owned(),
+            overlap: request.overlap.as_str().to_owned(),
+            next_fire_at: if request.enabled {
+                timing.next_after(now_ms())
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Starts a workflow schedule's run for `slot` (once per slot: its id comes from the slot),
+    /// after `overlap` had its say about the previous one. The run started, if any.
+    async fn fire_workflow(
+        &self,
+        schedule: &ScheduleRecord,
+        workflow: ScheduledWorkflow,
+        slot: u64,
+    ) -> Result<Option<RunId>, AppError> {
+        let owner = Principal {
+            key_id: schedule.owner.clone(),
+            role: KeyRole::Admin,
+            limits: KeyLimits::default(),
+        };
+        if let Some(previous) = schedule.last_run_id
+            && let Some(run) = self.stored_workflow_run(&previous.to_string()).await?
+            && !run.state.is_final()
+        {
+            match schedule.overlap.as_str() {
+                "queue" => {}
+                "cancel" => self.cancel_workflow(&owner, &run.run_id).await?,
+                _ => return Ok(None),
+            }
+        }
+        let run_id = slot_run_id(&schedule.id, slot)?;
+        match self
+            .start_workflow_run(
+                &owner,
+                &workflow.workflow_id,
+                workflow.input,
+                None,
+                Some(run_id.to_string()),
+            )
+            .await
+        {
+            Ok(_) => Ok(Some(run_id)),
+            // Started before a restart: the slot's run exists.
+            Err(error) if error.failure == crate::error::Failure::Conflict => Ok(Some(run_id)),
+            Err(error) => Err(error),
+        }
     }
 
     /// Creates a schedule.
@@ -482,7 +629,30 @@ impl App {
         let timing = Timing::of_record(schedule)?;
         let latest = timing.latest_due(slot, now);
         let on_time = now.saturating_sub(latest) <= ON_TIME;
-        let mut fire = on_time || schedule.catch_up == CatchUp::Once.as_str();
+        let fire = on_time || schedule.catch_up == CatchUp::Once.as_str();
+        if let Some(workflow) = stored_workflow(&schedule.request) {
+            let fired = if fire {
+                match self.fire_workflow(schedule, workflow, latest).await {
+                    Ok(fired) => fired,
+                    Err(error) => {
+                        tracing::warn!(
+                            schedule = %schedule.id,
+                            "a scheduled workflow was refused: {}",
+                            error.message
+                        );
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let next = timing.next_after(latest.max(now));
+            self.store
+                .advance_schedule(&schedule.id, slot, next, fired)
+                .await?;
+            return Ok(());
+        }
+        let mut fire = fire;
         if fire
             && let Some(previous) = schedule.last_run_id
             && let Some(record) = self.store.run_record(previous).await?

@@ -2,6 +2,7 @@
 //! document, retries failures by policy, wakes timers, takes decisions, signals and a cancel
 //! from its inbox, and ends the run (see the module docs of [`super`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -39,23 +40,35 @@ pub(super) fn spawn(app: App, run_id: String) {
     });
 }
 
-/// What templates and expressions see: `input`, and each step's `output` and `state`.
+/// What templates and expressions see of a step: its `output`, `state` and `error`.
+fn view(step: &StepRun) -> Value {
+    json!({
+        "output": step.output.clone().unwrap_or(Value::Null),
+        "state": step.state,
+        "error": step.error,
+    })
+}
+
+/// What templates and expressions see: `input`, and each step's view.
 fn context(run: &WorkflowRun) -> Value {
     let steps: Map<String, Value> = run
         .steps
         .iter()
-        .map(|(id, step)| {
-            (
-                id.clone(),
-                json!({
-                    "output": step.output.clone().unwrap_or(Value::Null),
-                    "state": step.state,
-                    "error": step.error,
-                }),
-            )
-        })
+        .map(|(id, step)| (id.clone(), view(step)))
         .collect();
     json!({"input": run.input, "steps": steps, "workflow": {"run_id": run.run_id, "id": run.workflow_id}})
+}
+
+/// The context with the steps changed since the last call brought up to date: shared with the
+/// steps that run (copied only when one still holds the previous one), so starting a step
+/// costs what changed, not the whole run.
+fn refreshed(run: &mut WorkflowRun, scope: &mut Arc<Value>) -> Arc<Value> {
+    for id in std::mem::take(&mut run.stale) {
+        if let Some(step) = run.steps.get(&id) {
+            Arc::make_mut(scope)["steps"][id.as_str()] = view(step);
+        }
+    }
+    Arc::clone(scope)
 }
 
 /// The run-level fields whose change makes the driver write the whole document (rare: the
@@ -146,6 +159,7 @@ async fn drive(
         next_seq: run.seq + 1,
     };
     let env = environment();
+    let mut shared_scope = Arc::new(context(&run));
     let mut tasks: JoinSet<Attempt> = JoinSet::new();
     // Steps a crash left running start again (an agent step re-attaches to its run).
     for (id, step) in run.steps.iter_mut() {
@@ -153,6 +167,7 @@ async fn drive(
             step.state = StepState::Pending;
             step.attempts = step.attempts.saturating_sub(1);
             run.dirty.insert(id.clone());
+            run.stale.insert(id.clone());
         }
     }
     loop {
@@ -185,7 +200,7 @@ async fn drive(
             if !ready {
                 continue;
             }
-            let scope = context(&run);
+            let scope = refreshed(&mut run, &mut shared_scope);
             let kind = match definition.step_kind(index) {
                 Ok(kind) => kind,
                 Err(error) => {
@@ -366,6 +381,9 @@ async fn drive(
 fn step_mut<'a>(run: &'a mut WorkflowRun, id: &str) -> &'a mut StepRun {
     if !run.dirty.contains(id) {
         run.dirty.insert(id.to_owned());
+    }
+    if !run.stale.contains(id) {
+        run.stale.insert(id.to_owned());
     }
     run.steps
         .entry(id.to_owned())
@@ -613,7 +631,7 @@ struct Job {
     run_id: String,
     step: String,
     attempt: u32,
-    scope: Value,
+    scope: Arc<Value>,
 }
 
 impl Job {

@@ -33,6 +33,28 @@ use crate::error::{AppError, Failure};
 
 pub use definition::WorkflowDefinition;
 
+impl WorkflowDefinition {
+    /// Checks a run's input: a JSON object that its input schema takes.
+    pub fn check_input(&self, input: &Value) -> Result<(), AppError> {
+        if !input.is_object() {
+            return Err(AppError::bad_request("a workflow's input is a JSON object"));
+        }
+        if let Some(schema) = &self.input_schema {
+            let validator = jsonschema::validator_for(schema).map_err(|error| {
+                AppError::internal(format!("the stored input schema is invalid: {error}"))
+            })?;
+            if let Some(error) = validator.iter_errors(input).next() {
+                return Err(AppError::new(
+                    Failure::Invalid,
+                    "invalid_input",
+                    format!("input{}: {error}", error.instance_path()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl crate::config::ConfigDoc for WorkflowDefinition {
     const KIND: agentry_store::ConfigKind = agentry_store::ConfigKind::Workflow;
     const NOUN: &'static str = "workflow";
@@ -215,6 +237,9 @@ pub struct WorkflowRun {
     /// Steps changed since the driver last recorded the run.
     #[serde(skip)]
     pub(crate) dirty: std::collections::BTreeSet<String>,
+    /// Steps changed since the driver last refreshed what templates see of them.
+    #[serde(skip)]
+    pub(crate) stale: std::collections::BTreeSet<String>,
 }
 
 /// One step transition as the store keeps it: the step's whole new state.
@@ -479,21 +504,7 @@ impl App {
                 "sub-workflows nest at most {MAX_DEPTH} deep"
             )));
         }
-        if !input.is_object() {
-            return Err(AppError::bad_request("a workflow's input is a JSON object"));
-        }
-        if let Some(schema) = &definition.input_schema {
-            let validator = jsonschema::validator_for(schema).map_err(|error| {
-                AppError::internal(format!("the stored input schema is invalid: {error}"))
-            })?;
-            if let Some(error) = validator.iter_errors(&input).next() {
-                return Err(AppError::new(
-                    Failure::Invalid,
-                    "invalid_input",
-                    format!("input{}: {error}", error.instance_path()),
-                ));
-            }
-        }
+        definition.check_input(&input)?;
         let now = crate::clock::now_ms();
         let (parent, depth) = match parent {
             Some((parent, depth)) => (Some(parent), depth),
@@ -523,6 +534,7 @@ impl App {
             definition,
             seq: 0,
             dirty: Default::default(),
+            stale: Default::default(),
         };
         ConfigRepo::new(&self.store)
             .create(&run.run_id, &run)

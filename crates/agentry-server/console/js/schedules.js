@@ -84,7 +84,9 @@ export class SchedulesView {
       h("td", {}, timing(schedule)),
       h("td", { testid: "schedule-next" }, next(schedule)),
       h("td", {}, time(schedule.last_fire_at)),
-      h("td", {}, h("a", { href: `#/runs/schedule=${encodeURIComponent(schedule.id)}`, testid: "schedule-runs" }, "Runs")),
+      h("td", {}, schedule.workflow
+        ? h("a", { href: "#/workflows", testid: "schedule-runs" }, `Workflow ${schedule.workflow.workflow_id}`)
+        : h("a", { href: `#/runs/schedule=${encodeURIComponent(schedule.id)}`, testid: "schedule-runs" }, "Runs")),
       h("td", {}, h("button", { testid: "schedule-delete", onclick: async () => {
         try {
           await del(`/v1/schedules/${encodeURIComponent(schedule.id)}`);

@@ -757,3 +757,81 @@ async fn a_structured_answer_is_repaired_in_the_same_session() {
         "{body}"
     );
 }
+
+/// A schedule that starts a workflow: checked when saved (the workflow exists, the input fits,
+/// a run or a workflow but not both); each slot starts one workflow run with the schedule's
+/// input, also when the slot is seen due again after a crash.
+#[tokio::test]
+async fn a_schedule_starts_a_workflow_once_per_slot() {
+    let server = start().await;
+    add_echo(&server).await;
+    save(
+        &server,
+        json!({"id": "nightly", "input_schema": {"type": "object", "required": ["region"]},
+               "steps": [{"id": "bill", "kind": "tool", "tool": "echo",
+                          "arguments": {"region": "{{ input.region }}"}}]}),
+    )
+    .await;
+    let workflow = json!({"workflow_id": "nightly", "input": {"region": "eu"}});
+    let (status, made) = server
+        .post(
+            "/v1/schedules",
+            json!({"cron": "0 2 * * *", "timezone": "Europe/Paris", "workflow": workflow}),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(made["workflow"], workflow);
+    assert!(made.get("run").is_none(), "{made}");
+    assert_eq!(made["name"], "nightly at 0 2 * * * (Europe/Paris)");
+    for (bad, status_expected) in [
+        (
+            json!({"interval_secs": 60, "workflow": {"workflow_id": "ghost"}}),
+            404,
+        ),
+        (
+            json!({"interval_secs": 60, "workflow": {"workflow_id": "nightly", "input": {}}}),
+            400,
+        ),
+        (
+            json!({"interval_secs": 60, "workflow": workflow, "run": {"text": "x", "model_id": "mock"}}),
+            400,
+        ),
+        (json!({"interval_secs": 60}), 400),
+    ] {
+        let (status, body) = server.post("/v1/schedules", bad.clone()).await;
+        assert_eq!(status, status_expected, "{bad}: {body}");
+    }
+    let (_, all) = server.get("/v1/schedules").await;
+    assert_eq!(all["schedules"].as_array().unwrap().len(), 1);
+
+    // A slot due now (fired by hand, as the worker's loop does).
+    let slot = agentry_app::clock::now_ms() - 100;
+    let schedule = agentry_store::NewSchedule {
+        id: agentry_types::RunId::new().to_string(),
+        name: "due".into(),
+        owner: None,
+        cron: None,
+        timezone: "UTC".into(),
+        interval_secs: Some(3600),
+        request: json!({"workflow": workflow}),
+        enabled: true,
+        catch_up: "skip".into(),
+        overlap: "skip".into(),
+        next_fire_at: Some(slot),
+    };
+    server.state.store.create_schedule(&schedule).await.unwrap();
+    server.state.fire_due_schedules().await;
+    let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
+    let run = shown["last_run_id"].as_str().unwrap().to_owned();
+    let done = until(&server, &run, ended).await;
+    assert_eq!(done["state"], "succeeded", "{done:#}");
+    assert_eq!(done["steps"]["bill"]["output"]["region"], "eu");
+    // The process died before moving the schedule on: the same slot again starts nothing new.
+    server.state.store.update_schedule(&schedule).await.unwrap();
+    server.state.fire_due_schedules().await;
+    let (_, runs) = server.get("/v1/workflow-runs?workflow_id=nightly").await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "{runs:#}");
+    let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
+    assert_eq!(shown["last_run_id"], run.as_str());
+    assert!(shown["next_fires"][0].as_u64().unwrap() > slot + 3_000_000);
+}

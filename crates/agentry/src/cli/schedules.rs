@@ -8,7 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use agentry_app::App;
 use agentry_app::auth::Principal;
-use agentry_app::schedules::{CatchUp, Overlap, ScheduleRequest, ScheduleView};
+use agentry_app::schedules::{CatchUp, Overlap, ScheduleRequest, ScheduleView, ScheduledWorkflow};
 use agentry_app::submission::InferRequest;
 
 use super::app_error;
@@ -45,10 +45,19 @@ enum SchedulesCommand {
     /// List the schedules with their next fire.
     List,
     /// Add a schedule: a cron expression (`--cron`, read in `--timezone`) or an interval
-    /// (`--every`), and the message each fire sends (to `--agent`, or `--model`).
+    /// (`--every`), and the message each fire sends (to `--agent`, or `--model`) or the
+    /// workflow each fire starts (`--workflow`, with `--input KEY=VALUE`).
     Add {
         /// The message each run starts with.
-        text: String,
+        #[arg(required_unless_present = "workflow", conflicts_with = "workflow")]
+        text: Option<String>,
+        /// Start this saved workflow at each fire instead of a run.
+        #[arg(long, conflicts_with_all = ["agent", "model"])]
+        workflow: Option<String>,
+        /// An input of the workflow, `KEY=VALUE` (the value read as JSON when it is JSON;
+        /// repeatable).
+        #[arg(long = "input", value_name = "KEY=VALUE", requires = "workflow")]
+        inputs: Vec<String>,
         /// A cron expression: 5 fields, or 6 with seconds first.
         #[arg(long, conflicts_with = "every")]
         cron: Option<String>,
@@ -130,6 +139,8 @@ pub(crate) async fn schedules(args: SchedulesArgs, data: &DataArgs) -> anyhow::R
         }
         SchedulesCommand::Add {
             text,
+            workflow,
+            inputs,
             cron,
             timezone,
             every,
@@ -140,17 +151,30 @@ pub(crate) async fn schedules(args: SchedulesArgs, data: &DataArgs) -> anyhow::R
             overlap,
             disabled,
         } => {
-            let run: InferRequest = serde_json::from_value(serde_json::json!({
-                "text": text,
-                "agent_id": agent,
-                "model_id": model,
-            }))?;
+            let (run, workflow) = match workflow {
+                Some(workflow_id) => (
+                    None,
+                    Some(ScheduledWorkflow {
+                        workflow_id,
+                        input: super::workflows::input(&inputs, None)?,
+                    }),
+                ),
+                None => {
+                    let run: InferRequest = serde_json::from_value(serde_json::json!({
+                        "text": text,
+                        "agent_id": agent,
+                        "model_id": model,
+                    }))?;
+                    (Some(run), None)
+                }
+            };
             let request = ScheduleRequest {
                 name,
                 cron,
                 timezone: Some(timezone),
                 interval_secs: every,
                 run,
+                workflow,
                 enabled: !disabled,
                 catch_up: match catch_up {
                     CatchUpArg::Skip => CatchUp::Skip,

@@ -91,7 +91,7 @@ fn read_definition(path: &Path) -> anyhow::Result<WorkflowDefinition> {
 }
 
 /// The input from `KEY=VALUE` pairs or one JSON object.
-fn input(inputs: &[String], json: Option<&str>) -> anyhow::Result<Value> {
+pub(crate) fn input(inputs: &[String], json: Option<&str>) -> anyhow::Result<Value> {
     if let Some(json) = json {
         let value: Value = serde_json::from_str(json).context("--input-json is not JSON")?;
         anyhow::ensure!(value.is_object(), "--input-json must be a JSON object");

@@ -149,7 +149,51 @@ async fn schedules_are_added_listed_checked_and_removed_from_the_cli() {
         )
         .await
         .unwrap();
+    store
+        .put_config(
+            agentry_store::ConfigKind::Workflow,
+            "nightly",
+            &json!({"id": "nightly", "input_schema": {"type": "object", "required": ["region"]},
+                    "steps": [{"id": "pause", "kind": "wait", "seconds": 1}]}),
+        )
+        .await
+        .unwrap();
     store.close().await;
+    // A schedule that starts a workflow, its input from `--input`.
+    let (code, workflow_schedule, stderr) = agentry(
+        home.path(),
+        &[
+            "schedules",
+            "add",
+            "--every",
+            "3600",
+            "--workflow",
+            "nightly",
+            "--input",
+            "region=eu",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let (_, shown, _) = agentry(
+        home.path(),
+        &["schedules", "show", workflow_schedule.trim()],
+    )
+    .await;
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(
+        shown["workflow"],
+        json!({"workflow_id": "nightly", "input": {"region": "eu"}})
+    );
+    let (code, _, stderr) = agentry(
+        home.path(),
+        &["schedules", "add", "--every", "60", "--workflow", "nightly"],
+    )
+    .await;
+    assert_eq!(code, 1, "an input the schema refuses: {stderr}");
+    assert!(stderr.contains("region"), "{stderr}");
+    let (code, _, _) = agentry(home.path(), &["schedules", "rm", workflow_schedule.trim()]).await;
+    assert_eq!(code, 0);
     let (code, id, stderr) = agentry(
         home.path(),
         &[
