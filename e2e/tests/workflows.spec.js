@@ -47,6 +47,13 @@ test("a workflow starts from its form, changes live, and is approved inline", as
   expect(JSON.stringify(requests[0].body.messages)).toContain("Write about cats.");
   expect(await page.evaluate(() => window.__violations)).toEqual([]);
   await shot(page, "workflow-run-succeeded");
+  // A click on a step's node: the approval's card comes into view; the agent step's opens its
+  // session.
+  await graph.locator('svg g.node[id*="-n1-"]').first().click();
+  await expect(review).toHaveClass(/focused/);
+  const session = await page.locator('[data-testid=workflow-step][data-id="draft"] [data-testid=step-session]').getAttribute("href");
+  await graph.locator('svg g.node[id*="-n0-"]').first().click();
+  await expect(page).toHaveURL(new RegExp(`${session.replace(/[/#]/g, "\\$&")}$`));
 
   // The run is listed on the page.
   await page.goto(`${env.server.url}/#/workflows`);

@@ -14,6 +14,7 @@
 //! (a tool step) or re-attached (an agent step). Approvals, signals and cancellations reach
 //! the driver through the process's registry; a timer is a wake-up time in the document.
 
+mod builder;
 pub mod definition;
 mod engine;
 pub mod triggers;

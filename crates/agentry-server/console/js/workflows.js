@@ -1,6 +1,7 @@
 // The Workflows page: the saved workflows, each with a start form made from its input schema,
 // and their runs; a run's page draws the graph (a mermaid flowchart, steps coloured by state)
-// and lists every step — state, attempts, time, output, error, the sessions its agents ran in —
+// (a click on a step's node opens its agent session, or its card) and lists every step —
+// state, attempts, time, output, error, the sessions its agents ran in —
 // live from the run's event stream, with approvals and signals answered inline, cancel and
 // retry.
 
@@ -127,7 +128,7 @@ export class WorkflowsView {
 
   /** A run's page, kept live from its event stream. */
   async showRun(id) {
-    this.graph = h("div", { class: "workflow-graph", testid: "workflow-graph" });
+    this.graph = h("div", { class: "workflow-graph", testid: "workflow-graph", onclick: (event) => this.openNode(event) });
     this.steps = h("div", { class: "workflow-steps" });
     this.head = h("div", { class: "workflow-head" });
     clear(this.root).append(h("a", { href: "#/workflows" }, "← Workflows"), this.head, this.graph, this.steps);
@@ -163,6 +164,24 @@ export class WorkflowsView {
       typeset(this.graph);
     }
     clear(this.steps).append(...run.definition.steps.map((definition) => this.renderStep(definition, run.steps[definition.id] || { state: "pending", attempts: 0 })));
+  }
+
+  /** A click on a step's node in the graph: its agent session when it has one, else its card. */
+  openNode(event) {
+    const node = event.target.closest?.("g.node");
+    const match = node && /(?:^|-)n(\d+)-\d+$/.exec(node.id || "");
+    const definition = match && this.run?.definition.steps[Number(match[1])];
+    if (!definition) return;
+    const session = (this.run.steps[definition.id]?.sessions || [])[0];
+    if (session) {
+      location.hash = `#/chat/${session}`;
+      return;
+    }
+    const card = this.steps.querySelector(`[data-testid=workflow-step][data-id="${CSS.escape(definition.id)}"]`);
+    if (!card) return;
+    card.scrollIntoView({ block: "center" });
+    card.classList.add("focused");
+    setTimeout(() => card.classList.remove("focused"), 1500);
   }
 
   renderStep(definition, step) {

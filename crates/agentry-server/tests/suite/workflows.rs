@@ -835,3 +835,43 @@ async fn a_schedule_starts_a_workflow_once_per_slot() {
     assert_eq!(shown["last_run_id"], run.as_str());
     assert!(shown["next_fires"][0].as_u64().unwrap() > slot + 3_000_000);
 }
+
+/// A workflow built from Rust is saved, checked and run like a document.
+#[tokio::test]
+async fn a_workflow_built_from_rust_runs() {
+    use agentry_app::workflows::WorkflowDefinition;
+    use agentry_app::workflows::definition::StepDefinition;
+    let server = start().await;
+    add_echo(&server).await;
+    let built = WorkflowDefinition::new("built")
+        .step(StepDefinition::tool(
+            "first",
+            "echo",
+            json!({"n": "{{ input.n }}"}),
+        ))
+        .step(
+            StepDefinition::tool(
+                "double",
+                "echo",
+                json!({"twice": "{{ steps.first.output.n * 2 }}"}),
+            )
+            .retry(2, 0.1),
+        );
+    let saved = server.state.create_workflow(built).await.unwrap();
+    assert_eq!(saved.version, 1);
+    // Checked the same way: an unknown tool is refused with its path.
+    let error = server
+        .state
+        .create_workflow(WorkflowDefinition::new("broken").step(StepDefinition::tool(
+            "a",
+            "ghost",
+            json!({}),
+        )))
+        .await
+        .unwrap_err();
+    assert!(error.message.contains("steps[0]"), "{}", error.message);
+    let id = start_run(&server, "built", json!({"n": 21})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"]["double"]["output"]["twice"], 42);
+}
