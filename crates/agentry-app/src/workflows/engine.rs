@@ -14,7 +14,7 @@ use agentry_core::tool::ResultFormat;
 use super::definition::{
     AgentStep, MAX_MAP_ITEMS, StepKind, ToolStep, environment, evaluate, render, truthy,
 };
-use super::{Decision, Message, StepRun, StepState, WorkflowRun, WorkflowState};
+use super::{Decision, Message, StepRun, StepState, WorkflowEvent, WorkflowRun, WorkflowState};
 use crate::App;
 use crate::auth::Principal;
 use crate::clock::now_ms;
@@ -102,41 +102,51 @@ struct Book {
     next_seq: u64,
 }
 
-/// Records what changed since the last call: the changed steps as events (one small row
-/// each, in one transaction), or, when the run itself changed, the whole document as a new
-/// snapshot naming the last event it includes. Another driver having appended first (a second
-/// process on the same run) stops this one.
+/// Records what changed since the last call: each changed step as an event, and a change of
+/// the run itself as one more, appended in one transaction; when the run itself changed, the
+/// whole document is written again as a snapshot naming the last event it includes. Another
+/// driver having appended first (a second process on the same run) stops this one.
 async fn save(app: &App, run: &mut WorkflowRun, book: &mut Book) -> Result<(), String> {
     run.updated_at = now_ms();
+    let at = run.updated_at;
     let header = Header::of(run);
-    if header != book.header || run.state.is_final() {
-        run.seq = book.next_seq - 1;
-        run.dirty.clear();
-        ConfigRepo::new(&app.store)
-            .put(&run.run_id, &*run)
-            .await
-            .map_err(|error| error.message)?;
-        book.header = header;
-    } else if !run.dirty.is_empty() {
-        let at = run.updated_at;
-        let events = std::mem::take(&mut run.dirty)
-            .into_iter()
-            .filter_map(|step| {
-                let state = run.steps.get(&step)?.clone();
-                serde_json::to_value(super::StepEvent {
-                    step,
-                    run: state,
-                    at,
-                })
-                .ok()
+    let run_changed = header != book.header || run.state.is_final();
+    let mut events = std::mem::take(&mut run.dirty)
+        .into_iter()
+        .filter_map(|step| {
+            let state = run.steps.get(&step)?.clone();
+            serde_json::to_value(WorkflowEvent::Step {
+                step,
+                run: state,
+                at,
             })
-            .collect::<Vec<_>>();
+            .ok()
+        })
+        .collect::<Vec<_>>();
+    if run_changed {
+        let event = WorkflowEvent::Run {
+            state: run.state,
+            output: run.output.clone(),
+            error: run.error.clone(),
+            finished_at: run.finished_at,
+            at,
+        };
+        events.push(serde_json::to_value(event).map_err(|error| error.to_string())?);
+    }
+    if !events.is_empty() {
         app.store
             .append_workflow_events(&run.run_id, book.next_seq, &events)
             .await
             .map_err(|error| error.to_string())?;
         book.next_seq += events.len() as u64;
         run.seq = book.next_seq - 1;
+    }
+    if run_changed {
+        ConfigRepo::new(&app.store)
+            .put(&run.run_id, &*run)
+            .await
+            .map_err(|error| error.message)?;
+        book.header = header;
     }
     app.workflows.changed(&run.run_id);
     Ok(())

@@ -4,9 +4,10 @@
 //! versioned; a run ([`WorkflowRun`]) pins the definition it started with. Each step
 //! transition (a step starting, ending, waiting, retried) is one small event in the store
 //! (`workflow_events`, numbered per run: a second driver of the run is refused its first
-//! append), so a step costs a row, not a rewrite of the run; the run's document is a snapshot
-//! written when the run itself changes (starts, waits, is signalled, ends), naming the last
-//! event it holds (`seq`). The run as read is the snapshot with the later events applied. One driver task per live run ([`engine`]) starts the steps whose dependencies are
+//! append), so a step costs a row, not a rewrite of the run; a change of the run itself
+//! (waiting, signalled, ended) is an event too, and then the run's document is rewritten as a
+//! snapshot naming the last event it holds (`seq`). The run as read is the snapshot with the
+//! later events applied; its stream sends the events as they come ([`WorkflowEvent`]). One driver task per live run ([`engine`]) starts the steps whose dependencies are
 //! done, as many at once as are ready; agent steps are background runs on the run queue (their
 //! idempotency key names the run, step and attempt, so a driver resumed after a crash finds the
 //! run it had started instead of starting another). At start-up every unfinished run is resumed
@@ -243,28 +244,68 @@ pub struct WorkflowRun {
     pub(crate) stale: std::collections::BTreeSet<String>,
 }
 
-/// One step transition as the store keeps it: the step's whole new state.
-#[derive(Debug, Serialize, Deserialize)]
-struct StepEvent {
-    /// The step.
-    step: String,
-    /// Its state after the transition.
-    run: StepRun,
-    /// When (Unix milliseconds).
-    at: u64,
+/// One change of a run, as the store keeps it and its stream sends it (`type`: `step` or
+/// `run`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkflowEvent {
+    /// A step's whole new state.
+    Step {
+        /// The step.
+        step: String,
+        /// Its state after the change.
+        run: StepRun,
+        /// When (Unix milliseconds).
+        at: u64,
+    },
+    /// The run's own new state (it started waiting, was signalled, ended).
+    Run {
+        /// Where it is.
+        state: WorkflowState,
+        /// Its output, once it succeeded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<Object>)]
+        output: Option<Value>,
+        /// Why it failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// When it ended.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finished_at: Option<u64>,
+        /// When (Unix milliseconds).
+        at: u64,
+    },
 }
 
 impl WorkflowRun {
-    /// Applies the step event number `seq`.
+    /// Applies the event number `seq`.
     fn apply(&mut self, seq: u64, event: Value) -> Result<(), AppError> {
-        let event: StepEvent = serde_json::from_value(event).map_err(|error| {
+        let event: WorkflowEvent = serde_json::from_value(event).map_err(|error| {
             AppError::internal(format!(
                 "workflow run {}: event {seq} is unreadable: {error}",
                 self.run_id
             ))
         })?;
-        self.steps.insert(event.step, event.run);
-        self.updated_at = self.updated_at.max(event.at);
+        let at = match event {
+            WorkflowEvent::Step { step, run, at } => {
+                self.steps.insert(step, run);
+                at
+            }
+            WorkflowEvent::Run {
+                state,
+                output,
+                error,
+                finished_at,
+                at,
+            } => {
+                self.state = state;
+                self.output = output;
+                self.error = error;
+                self.finished_at = finished_at;
+                at
+            }
+        };
+        self.updated_at = self.updated_at.max(at);
         self.seq = seq;
         Ok(())
     }

@@ -135,8 +135,15 @@ export class WorkflowsView {
     this.controller = new AbortController();
     const signal = this.controller.signal;
     try {
+      // The whole run first, then each change: a step's new state, or the run's own.
       await stream("GET", `/v1/workflow-runs/${encodeURIComponent(id)}/stream`, undefined, (name, data) => {
-        if (name === "run") this.renderRun(data);
+        if (name === "run" && data.definition) this.renderRun(data);
+        else if (name === "run" && this.run) {
+          const { state, output, error, finished_at } = data;
+          this.renderRun({ ...this.run, state, output, error, finished_at });
+        } else if (name === "step" && this.run) {
+          this.renderRun({ ...this.run, steps: { ...this.run.steps, [data.step]: data.run } });
+        }
       }, { signal });
     } catch (error) {
       if (!signal.aborted) this.root.append(h("div", { class: "form-error", role: "alert" }, errorText(error)));

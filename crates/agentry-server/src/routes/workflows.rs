@@ -413,8 +413,11 @@ async fn retry_run(
     Ok((StatusCode::ACCEPTED, Json(run)).into_response())
 }
 
-/// Follows a run: an `event: run` with the whole run (every step's state, output and error)
-/// now and at each change, until it ends.
+/// Follows a run: first an `event: run` with the whole run (as `GET` shows it), then each change
+/// as it is recorded — `event: step` (`{"type": "step", "step", "run": the step's new state,
+/// "at"}`) and `event: run` (`{"type": "run", "state", "output"?, "error"?, "finished_at"?,
+/// "at"}`) — each with its number as the SSE id, until the run ends. With `Last-Event-ID`, only
+/// the changes after that number come (no whole run first).
 #[utoipa::path(
     get,
     path = "/v1/workflow-runs/{id}/stream",
@@ -422,8 +425,10 @@ async fn retry_run(
     operation_id = "stream_workflow_run",
     params(RunPath),
     responses(
-        (status = 200, description = "Server-sent events: `run`, the run as `GET` shows it.",
+        (status = 200, description = "Server-sent events: `run` (the whole run first, then the \
+         run's own changes) and `step` (a step's new state), numbered.",
          content_type = "text/event-stream", body = String),
+        BadRequest,
         NotFound,
     )
 )]
@@ -431,22 +436,37 @@ async fn stream_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     // An unknown run is a 404 before the stream opens.
-    state.workflow_run(&caller, &id).await?;
-    let mut changes = state.workflows.subscribe(&id);
+    let run = state.workflow_run(&caller, &id).await?;
+    let resume = super::sse::resume_after(&headers, u64::MAX)?;
     let events = async_stream::stream! {
-        let mut last: Option<Value> = None;
-        loop {
-            let Ok(run) = state.workflow_run(&caller, &id).await else { break };
-            let ended = run.state.is_final();
-            let Ok(view) = serde_json::to_value(&run) else { break };
-            if last.as_ref() != Some(&view) {
-                yield Ok::<_, std::convert::Infallible>(
-                    Event::default().event("run").data(view.to_string()),
-                );
-                last = Some(view);
+        let mut changes = state.workflows.subscribe(&id);
+        let mut seq = if resume == u64::MAX || resume > run.seq {
+            let Ok(view) = serde_json::to_value(&run) else { return };
+            yield Ok::<_, std::convert::Infallible>(
+                Event::default().event("run").id(run.seq.to_string()).data(view.to_string()),
+            );
+            run.seq
+        } else {
+            resume
+        };
+        let mut ended = run.state.is_final() && seq >= run.seq;
+        while !ended {
+            let Ok(recorded) = state.store.workflow_events(&id, seq).await else { break };
+            for (number, event) in recorded {
+                let kind = event["type"].as_str().unwrap_or("step").to_owned();
+                if kind == "run"
+                    && event["state"]
+                        .as_str()
+                        .is_some_and(|s| matches!(s, "succeeded" | "failed" | "cancelled"))
+                {
+                    ended = true;
+                }
+                yield Ok(Event::default().event(kind).id(number.to_string()).data(event.to_string()));
+                seq = number;
             }
             if ended {
                 break;

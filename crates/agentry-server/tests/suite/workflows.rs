@@ -51,6 +51,34 @@ async fn until(server: &Server, run: &str, done: impl Fn(&Value) -> bool) -> Val
     panic!("the workflow run never got there");
 }
 
+/// Every event of a run's stream until it ends: name, number and data.
+async fn sse_events(server: &Server, run: &str, after: Option<u64>) -> Vec<(String, u64, Value)> {
+    use eventsource_stream::Eventsource as _;
+    use futures::StreamExt as _;
+    let mut request = server
+        .http
+        .get(format!("{}/v1/workflow-runs/{run}/stream", server.url));
+    if let Some(after) = after {
+        request = request.header("last-event-id", after.to_string());
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream().eventsource();
+    let mut events = Vec::new();
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .unwrap()
+    {
+        let event = event.unwrap();
+        events.push((
+            event.event,
+            event.id.parse().unwrap(),
+            serde_json::from_str(&event.data).unwrap(),
+        ));
+    }
+    events
+}
+
 fn ended(run: &Value) -> bool {
     matches!(
         run["state"].as_str(),
@@ -515,20 +543,55 @@ async fn a_run_is_followed_as_events_and_retried_from_its_failed_step() {
     )
     .await;
     let id = start_run(&server, "gated", json!({})).await;
-    // Followed as server-sent events until it ends: each event is the whole run.
-    let mut stream = server
-        .sse(&format!("/v1/workflow-runs/{id}/stream"), None, None)
-        .await;
-    let mut states = Vec::new();
-    while let Some(event) = stream.next().await {
-        assert_eq!(event.name, "run");
-        states.push(event.data["state"].as_str().unwrap().to_owned());
-    }
+    // Followed as server-sent events until it ends: the whole run first, then each change,
+    // numbered (a step's new state, the run's own).
+    // (From the first change on, whenever the stream is opened: `Last-Event-ID: 0`.)
+    let fresh = sse_events(&server, &id, None).await;
+    assert_eq!(fresh[0].0, "run");
+    assert!(fresh[0].2["definition"].is_object(), "{:?}", fresh[0]);
+    let events = sse_events(&server, &id, Some(0)).await;
+    assert_eq!(events[0].1, 1, "{events:?}");
+    let (last_name, _, last) = events.last().unwrap();
     assert_eq!(
-        states.last().map(String::as_str),
-        Some("failed"),
-        "{states:?}"
+        (last_name.as_str(), last["state"].as_str()),
+        ("run", Some("failed"))
     );
+    let steps: Vec<(String, String)> = events
+        .iter()
+        .filter(|(name, _, _)| name == "step")
+        .map(|(_, _, data)| {
+            (
+                data["step"].as_str().unwrap().to_owned(),
+                data["run"]["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        steps.contains(&("two".into(), "failed".into())),
+        "{steps:?}"
+    );
+    let numbers: Vec<u64> = events.iter().map(|(_, id, _)| *id).collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{numbers:?}");
+    // Reconnecting after a number: only the changes after it, no whole run first.
+    let middle = numbers[numbers.len() / 2];
+    let resumed = sse_events(&server, &id, Some(middle)).await;
+    let resumed_numbers: Vec<u64> = resumed.iter().map(|(_, id, _)| *id).collect();
+    assert_eq!(
+        resumed_numbers,
+        numbers
+            .iter()
+            .copied()
+            .filter(|n| *n > middle)
+            .collect::<Vec<_>>()
+    );
+    let refused = server
+        .http
+        .get(format!("{}/v1/workflow-runs/{id}/stream", server.url))
+        .header("last-event-id", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
     let (_, run) = server.get(&format!("/v1/workflow-runs/{id}")).await;
     assert_eq!(run["steps"]["one"]["state"], "succeeded");
     assert_eq!(run["steps"]["two"]["state"], "failed");
