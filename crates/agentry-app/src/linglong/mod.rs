@@ -16,6 +16,7 @@
 pub mod catalogue;
 pub mod env;
 pub mod frames;
+pub mod group;
 pub mod journal;
 pub mod mcp;
 pub mod request;
@@ -47,6 +48,8 @@ pub struct SeedStart {
     pub max_tool_rounds: u32,
     /// Its events, to its end.
     pub events: BoxStream<'static, Arc<RunEvent>>,
+    /// A group chat's exchange instead (`events` is then empty).
+    pub group: Option<group::SeedGroup>,
 }
 
 impl std::fmt::Debug for SeedStart {
@@ -76,7 +79,11 @@ impl SeedStart {
             session_id,
             max_tool_rounds,
             mut events,
+            group,
         } = self;
+        if let Some(group) = group {
+            return group_frames(group);
+        }
         async_stream::stream! {
             let mut frames = SeedFrames::new(session_id.is_some(), max_tool_rounds);
             while let Some(event) = events.next().await {
@@ -97,9 +104,38 @@ impl SeedStart {
     }
 }
 
+/// A group exchange's stream messages, then `{"session_id"}` (or `{"error"}` when its events
+/// end before its end).
+fn group_frames(group: group::SeedGroup) -> BoxStream<'static, Value> {
+    let group::SeedGroup {
+        session_id,
+        mut events,
+        names,
+    } = group;
+    async_stream::stream! {
+        let mut frames = group::GroupFrames::new(names);
+        while let Some(live) = events.next().await {
+            let Ok(live) = live else { break };
+            for frame in frames.map(&live) {
+                yield frame;
+            }
+            if frames.ended {
+                break;
+            }
+        }
+        if frames.ended {
+            yield json!({"session_id": session_id});
+        } else {
+            yield json!({"error": "the group chat stopped before its end (the server is shutting down)"});
+        }
+    }
+    .boxed()
+}
+
 impl App {
     /// Checks a seed inference request and starts its run: stateless, in a new session, in
-    /// the session named, or (`continue`) the session's interrupted run going on.
+    /// the session named, or (`continue`) the session's interrupted run going on; or, naming
+    /// several agents, a group chat's exchange.
     pub async fn seed_start(
         &self,
         caller: &Principal,
@@ -109,10 +145,13 @@ impl App {
             [] => None,
             [id] => Some(id.clone()),
             _ => {
-                return Err(AppError::bad_request(
-                    "group chats (several `agent_ids`) are served by Agentry's own \
-                     POST /v1/infer",
-                ));
+                let group = self.seed_group_start(caller, &body).await?;
+                return Ok(SeedStart {
+                    session_id: Some(group.session_id),
+                    max_tool_rounds: DEFAULT_MAX_TOOL_ROUNDS,
+                    events: futures::stream::empty().boxed(),
+                    group: Some(group),
+                });
             }
         };
         if body.continue_run {
@@ -152,6 +191,7 @@ impl App {
                     session_id: None,
                     max_tool_rounds,
                     events: run.map(Arc::new).boxed(),
+                    group: None,
                 })
             }
             Target::Session(session) => {
@@ -161,6 +201,7 @@ impl App {
                     session_id: Some(session),
                     max_tool_rounds,
                     events: self.followed(session, subscription),
+                    group: None,
                 })
             }
         }
@@ -201,6 +242,7 @@ impl App {
             session_id: Some(record.id),
             max_tool_rounds: body.max_tool_rounds.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS),
             events: self.followed(record.id, subscription),
+            group: None,
         })
     }
 
@@ -256,7 +298,11 @@ impl App {
             session_id,
             max_tool_rounds,
             mut events,
+            group,
         } = self.seed_start(caller, body).await?;
+        if let Some(group) = group {
+            return Ok(seed_group_answer(group).await);
+        }
         let mut frames = SeedFrames::new(session_id.is_some(), max_tool_rounds);
         let mut sent = Vec::new();
         while let Some(event) = events.next().await {
@@ -291,6 +337,48 @@ impl App {
             success: error.is_none(),
             body,
         })
+    }
+}
+
+/// The seed's `/v1/infer` answer for a group exchange: every member's turns (grouped by member,
+/// in the order they first spoke), `success: false` with the first member's error when one
+/// failed.
+async fn seed_group_answer(group: group::SeedGroup) -> SeedAnswer {
+    let group::SeedGroup {
+        session_id,
+        mut events,
+        names,
+    } = group;
+    let mut frames = group::GroupFrames::new(names);
+    let mut sent = Vec::new();
+    while let Some(Ok(live)) = events.next().await {
+        sent.extend(frames.map(&live));
+        if frames.ended {
+            break;
+        }
+    }
+    let timestamp = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S").to_string();
+    let (turns, stat) = group::group_turns(&sent, &timestamp);
+    let mut body = json!({"success": true, "messages": turns, "session_id": session_id});
+    let error = match (frames.errors.first(), frames.ended) {
+        (Some(error), _) => Some((error.text.clone(), error.code.clone())),
+        (None, true) => None,
+        (None, false) => Some((
+            "Error: the group chat stopped before its end (the server is shutting down)".to_owned(),
+            "INTERRUPTED".to_owned(),
+        )),
+    };
+    if let Some((text, code)) = &error {
+        body["success"] = json!(false);
+        body["error"] = json!(text);
+        body["error_code"] = json!(code);
+    }
+    if let Some(stat) = stat {
+        body["stat"] = stat;
+    }
+    SeedAnswer {
+        success: error.is_none(),
+        body,
     }
 }
 

@@ -49,7 +49,7 @@ pub struct SeedInferRequest {
     /// Let an interrupted session run go on (`session_id` names it, no new message).
     #[serde(default, rename = "continue")]
     pub continue_run: bool,
-    /// Run as this saved agent (one id; the seed's group chats are not served here).
+    /// Run as this saved agent (one id), or a group chat of these agents (several).
     #[serde(default)]
     pub agent_ids: Vec<String>,
     /// A working folder on the server; refused (runs use their session's workspace).

@@ -843,3 +843,132 @@ async fn infer_stream_with_cancel_on_disconnect_cancels_the_exchange() {
     assert_eq!(last["event"]["event"]["kind"], "finished", "{last}");
     assert_eq!(last["event"]["event"]["stop_reason"], "cancelled");
 }
+
+/// The seed's API naming several agents: a group chat answered in the seed's shapes — each
+/// member's turn carries its `agent_id` and nickname, turns grouped by member, a mention wakes
+/// only the member named, the stream's messages carry the member too and end with the session
+/// and `[DONE]`; one-agent fields are refused.
+#[tokio::test]
+async fn the_seeds_infer_naming_several_agents_is_a_group_chat() {
+    let group = setup().await;
+    let server = &group.server;
+    group.alice.enqueue(text("Alice says hi."));
+    group.bob.enqueue(text("Bob says hi."));
+    group.carol.enqueue(text("Carol says hi."));
+    let (status, answer) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"agent_ids": ["alice", "bob", "carol"], "session_id": "new",
+                   "messages": [{"role": "user", "content": "Good morning, team."}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["success"], true, "{answer}");
+    let mut turns: Vec<(String, String, String)> = answer["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|turn| {
+            assert_eq!(turn["role"], "assistant", "{turn}");
+            (
+                turn["agent_id"].as_str().unwrap().to_owned(),
+                turn["name"].as_str().unwrap().to_owned(),
+                turn["content"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    turns.sort();
+    assert_eq!(
+        turns,
+        vec![
+            ("alice".into(), "Alice".into(), "Alice says hi.".into()),
+            ("bob".into(), "Bob".into(), "Bob says hi.".into()),
+            ("carol".into(), "Carol".into(), "Carol says hi.".into()),
+        ]
+    );
+    let session = answer["session_id"].as_str().unwrap().to_owned();
+    let (status, _) = server.get(&format!("/v1/groups/{session}")).await;
+    assert_eq!(status, 200);
+
+    // Streamed, in the same group: a mention wakes only Bob.
+    group.bob.enqueue(text("Only Bob."));
+    let response = server
+        .http
+        .post(format!("{}/linglong/v1/infer/stream", server.url))
+        .json(
+            &json!({"agent_ids": ["alice", "bob", "carol"], "session_id": session,
+                      "text": "@bob just you"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.unwrap();
+    let data: Vec<&str> = body
+        .split("\n\n")
+        .filter(|event| !event.is_empty())
+        .map(|event| event.strip_prefix("data: ").unwrap())
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"));
+    let frames: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|frame| serde_json::from_str(frame).unwrap())
+        .collect();
+    assert_eq!(frames.last().unwrap()["session_id"], session.as_str());
+    let said: String = frames
+        .iter()
+        .filter(|frame| frame["role"] == "assistant")
+        .map(|frame| {
+            assert_eq!(
+                (frame["agent_id"].as_str(), frame["name"].as_str()),
+                (Some("bob"), Some("Bob"))
+            );
+            frame["content"].as_str().unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(said, "Only Bob.");
+    assert_eq!(group.counts(), [1, 2, 1]);
+
+    // A member that fails says so in its own turn; the others' turns stand.
+    group.alice.enqueue(text("Alice again."));
+    group.bob.enqueue(Reply::error(
+        400,
+        json!({"error": {"message": "bob's model refuses", "type": "invalid_request_error"}}),
+    ));
+    let (status, answer) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"agent_ids": ["alice", "bob", "carol"], "session_id": session,
+                   "text": "@alice @bob status?"}),
+        )
+        .await;
+    assert_eq!(status, 500, "{answer}");
+    assert_eq!(answer["success"], false);
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("bob's model refuses"),
+        "{answer}"
+    );
+    let turns = answer["messages"].as_array().unwrap();
+    let of = |agent: &str| {
+        turns
+            .iter()
+            .find(|turn| turn["agent_id"] == agent)
+            .map(|turn| turn["content"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(of("alice").as_deref(), Some("Alice again."));
+    assert!(of("bob").unwrap().starts_with("Error:"), "{answer}");
+
+    // One agent's fields, and `continue`, do not apply to a group.
+    for body in [
+        json!({"agent_ids": ["alice", "bob"], "text": "x", "model_id": "m-alice"}),
+        json!({"agent_ids": ["alice", "bob"], "session_id": session, "continue": true}),
+        json!({"agent_ids": ["alice", "ghost"], "text": "x"}),
+    ] {
+        let (status, answer) = server.post("/linglong/v1/infer", body.clone()).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer["error"].is_string(), "{answer}");
+    }
+}
