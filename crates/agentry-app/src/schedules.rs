@@ -352,27 +352,29 @@ fn no_schedule(id: &str) -> AppError {
 }
 
 impl App {
-    /// Checks a schedule's settings and its run; answers what to store.
+    /// Checks a schedule's settings and its run or workflow; answers what to store.
     async fn checked_schedule(
         &self,
         caller: &Principal,
         id: String,
-        mut request: ScheduleRequest,
+        request: ScheduleRequest,
         anchor: u64,
     ) -> Result<NewSchedule, AppError> {
-        let timezone = request.timezone.take().unwrap_or_else(|| "UTC".to_owned());
+        let timezone = request.timezone.unwrap_or_else(|| "UTC".to_owned());
         let timing = Timing::of(
             request.cron.as_deref(),
             &timezone,
             request.interval_secs,
             anchor,
         )?;
-        let run = match (request.run.take(), request.workflow.take()) {
-            (Some(run), None) => run,
+        // What each fire does, as stored, and what it starts (for the default name).
+        let (stored, subject) = match (request.run, request.workflow) {
+            (Some(run), None) => (self.checked_scheduled_run(caller, run).await?, None),
             (None, Some(workflow)) => {
-                return self
-                    .checked_workflow_schedule(caller, id, timing, timezone, request, workflow)
-                    .await;
+                let definition = self.workflow(&workflow.workflow_id).await?;
+                definition.check_input(&workflow.input)?;
+                let subject = workflow.workflow_id.clone();
+                (serde_json::json!({ "workflow": workflow }), Some(subject))
             }
             _ => {
                 return Err(AppError::bad_request(
@@ -380,49 +382,21 @@ impl App {
                 ));
             }
         };
-        if run.is_group() {
-            return Err(AppError::bad_request(
-                "a schedule's run is one agent's (a group chat cannot run in the background)",
-            ));
-        }
-        if run.cancel_on_disconnect {
-            return Err(AppError::bad_request(
-                "`cancel_on_disconnect` does not apply to a scheduled run",
-            ));
-        }
-        // The run's own checks, creating nothing: as an ephemeral run (approvals need a
-        // session, so they are checked when it fires).
-        if let Some(url) = &run.webhook_url {
-            self.check_webhook(url).await?;
-        }
-        let mut dry = run.clone();
-        dry.approvals = None;
-        dry.policy = None;
-        dry.webhook_url = None;
-        if let Some(session) = dry.session_id.take()
-            && session != "new"
-        {
-            let session = crate::ids::parse_session_id(&session)?;
-            self.check_session_access(caller, session).await?;
-            if self.store.session(session).await?.is_none() {
-                return Err(AppError::not_found(format!("no session {session}")));
-            }
-        }
-        self.prepare_submission(caller, dry).await?;
-        let name = request
-            .name
-            .unwrap_or_else(|| match (&request.cron, request.interval_secs) {
-                (Some(cron), _) => format!("{cron} ({timezone})"),
-                (None, Some(secs)) => format!("every {secs} s"),
-                (None, None) => "schedule".to_owned(),
-            });
+        let when = match (&request.cron, request.interval_secs) {
+            (Some(cron), _) => format!("{cron} ({timezone})"),
+            (None, Some(secs)) => format!("every {secs} s"),
+            (None, None) => "schedule".to_owned(),
+        };
+        let name = request.name.unwrap_or_else(|| match subject {
+            Some(subject) if request.cron.is_some() => format!("{subject} at {when}"),
+            Some(subject) => format!("{subject} {when}"),
+            None => when,
+        });
         if name.chars().count() > 100 || name.trim().is_empty() {
             return Err(AppError::bad_request(
                 "a schedule's name has 1 to 100 characters",
             ));
         }
-        let stored = serde_json::to_value(&run)
-            .map_err(|error| AppError::internal(format!("cannot store the run: {error}")))?;
         let next_fire_at = if request.enabled {
             timing.next_after(now_ms())
         } else {
@@ -443,49 +417,42 @@ impl App {
         })
     }
 
-    /// The rest of [`Self::checked_schedule`] for a schedule that starts a workflow: the
-    /// workflow exists and takes the input.
-    async fn checked_workflow_schedule(
+    /// A scheduled run's own checks, creating nothing (as an ephemeral run: approvals need a
+    /// session, so they are checked when it fires); the run as stored.
+    async fn checked_scheduled_run(
         &self,
         caller: &Principal,
-        id: String,
-        timing: Timing,
-        timezone: String,
-        request: ScheduleRequest,
-        workflow: ScheduledWorkflow,
-    ) -> Result<NewSchedule, AppError> {
-        let definition = self.workflow(&workflow.workflow_id).await?;
-        definition.check_input(&workflow.input)?;
-        let name = request
-            .name
-            .unwrap_or_else(|| match (&request.cron, request.interval_secs) {
-                (Some(cron), _) => format!("{} at {cron} ({timezone})", workflow.workflow_id),
-                (None, Some(secs)) => format!("{} every {secs} s", workflow.workflow_id),
-                (None, None) => workflow.workflow_id.clone(),
-            });
-        if name.chars().count() > 100 || name.trim().is_empty() {
+        run: InferRequest,
+    ) -> Result<serde_json::Value, AppError> {
+        if run.is_group() {
             return Err(AppError::bad_request(
-                "a schedule's name has 1 to 100 characters",
+                "a schedule's run is one agent's (a group chat cannot run in the background)",
             ));
         }
-        let stored = serde_json::json!({ "workflow": workflow });
-        Ok(NewSchedule {
-            id,
-            name,
-            owner: caller.owner(),
-            cron: request.cron,
-            timezone,
-            interval_secs: request.interval_secs,
-            request: stored,
-            enabled: request.enabled,
-            catch_up: request.catch_up.as_str().to_owned(),
-            overlap: request.overlap.as_str().to_owned(),
-            next_fire_at: if request.enabled {
-                timing.next_after(now_ms())
-            } else {
-                None
-            },
-        })
+        if run.cancel_on_disconnect {
+            return Err(AppError::bad_request(
+                "`cancel_on_disconnect` does not apply to a scheduled run",
+            ));
+        }
+        if let Some(url) = &run.webhook_url {
+            self.check_webhook(url).await?;
+        }
+        let mut dry = run.clone();
+        dry.approvals = None;
+        dry.policy = None;
+        dry.webhook_url = None;
+        if let Some(session) = dry.session_id.take()
+            && session != "new"
+        {
+            let session = crate::ids::parse_session_id(&session)?;
+            self.check_session_access(caller, session).await?;
+            if self.store.session(session).await?.is_none() {
+                return Err(AppError::not_found(format!("no session {session}")));
+            }
+        }
+        self.prepare_submission(caller, dry).await?;
+        serde_json::to_value(&run)
+            .map_err(|error| AppError::internal(format!("cannot store the run: {error}")))
     }
 
     /// Starts a workflow schedule's run for `slot` (once per slot: its id comes from the slot),

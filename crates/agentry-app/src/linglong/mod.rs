@@ -311,32 +311,54 @@ impl App {
                 break;
             }
         }
-        let timestamp = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S").to_string();
-        let (turns, stat) = merge_turns(&sent, &timestamp);
-        let mut body = json!({"success": true, "messages": turns});
-        if let Some(session) = session_id {
-            body["session_id"] = json!(session);
-        }
-        let error = match (&frames.error, frames.ended) {
-            (Some(error), _) => Some((error.text.clone(), error.code.clone())),
-            (None, true) => None,
-            (None, false) => Some((
-                "Error: the run stopped before its end (the server is shutting down)".to_owned(),
-                "INTERRUPTED".to_owned(),
-            )),
-        };
-        if let Some((text, code)) = &error {
-            body["success"] = json!(false);
-            body["error"] = json!(text);
-            body["error_code"] = json!(code);
-        }
-        if let Some(stat) = stat {
-            body["stat"] = stat;
-        }
-        Ok(SeedAnswer {
-            success: error.is_none(),
-            body,
-        })
+        let (turns, stat) = merge_turns(&sent, &answer_time());
+        Ok(seed_answer(
+            turns,
+            stat,
+            session_id,
+            frames.error.as_ref(),
+            frames.ended,
+        ))
+    }
+}
+
+/// When an answer's turns happened, as the seed writes it.
+fn answer_time() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S").to_string()
+}
+
+/// The seed's `/v1/infer` body: `success: false` with the error (and its code) when the run
+/// failed (`error`) or stopped before its end (not `ended`).
+fn seed_answer(
+    turns: Vec<Value>,
+    stat: Option<Value>,
+    session_id: Option<SessionId>,
+    error: Option<&frames::SeedError>,
+    ended: bool,
+) -> SeedAnswer {
+    let mut body = json!({"success": true, "messages": turns});
+    if let Some(session) = session_id {
+        body["session_id"] = json!(session);
+    }
+    let error = match (error, ended) {
+        (Some(error), _) => Some((error.text.clone(), error.code.clone())),
+        (None, true) => None,
+        (None, false) => Some((
+            "Error: the run stopped before its end (the server is shutting down)".to_owned(),
+            "INTERRUPTED".to_owned(),
+        )),
+    };
+    if let Some((text, code)) = &error {
+        body["success"] = json!(false);
+        body["error"] = json!(text);
+        body["error_code"] = json!(code);
+    }
+    if let Some(stat) = stat {
+        body["stat"] = stat;
+    }
+    SeedAnswer {
+        success: error.is_none(),
+        body,
     }
 }
 
@@ -357,29 +379,14 @@ async fn seed_group_answer(group: group::SeedGroup) -> SeedAnswer {
             break;
         }
     }
-    let timestamp = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S").to_string();
-    let (turns, stat) = group::group_turns(&sent, &timestamp);
-    let mut body = json!({"success": true, "messages": turns, "session_id": session_id});
-    let error = match (frames.errors.first(), frames.ended) {
-        (Some(error), _) => Some((error.text.clone(), error.code.clone())),
-        (None, true) => None,
-        (None, false) => Some((
-            "Error: the group chat stopped before its end (the server is shutting down)".to_owned(),
-            "INTERRUPTED".to_owned(),
-        )),
-    };
-    if let Some((text, code)) = &error {
-        body["success"] = json!(false);
-        body["error"] = json!(text);
-        body["error_code"] = json!(code);
-    }
-    if let Some(stat) = stat {
-        body["stat"] = stat;
-    }
-    SeedAnswer {
-        success: error.is_none(),
-        body,
-    }
+    let (turns, stat) = group::group_turns(&sent, &answer_time());
+    seed_answer(
+        turns,
+        stat,
+        Some(session_id),
+        frames.errors.first(),
+        frames.ended,
+    )
 }
 
 /// `GET /v1/setup`: the seed's `op=hello` (the default) — who answers and where its API is. The
