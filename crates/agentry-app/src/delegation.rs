@@ -241,13 +241,9 @@ impl SubRuns for DelegationHandle {
                 && request.workspace.is_some()
                 && request.workspace == manager.shared_workspace(agent)
             {
-                let (sessions, agent, session) = (manager.clone(), agent.clone(), record.id);
-                tokio::task::spawn_blocking(move || sessions.share_workspace(session, &agent))
+                crate::runs::share_workspace(&manager, record.id, agent)
                     .await
-                    .map_err(|_| failed("linking a workspace crashed"))?
-                    .map_err(|error| {
-                        failed(format!("cannot link the agent's workspace: {error}"))
-                    })?;
+                    .map_err(|error| failed(error.message))?;
             }
             match manager.send(record.id, request, BusyPolicy::Reject).await {
                 Ok(stream) => {

@@ -210,7 +210,7 @@ pub async fn prepare(
         }
     };
     if let (Target::Session(session), Some(agent)) = (target, &shared_workspace) {
-        share_workspace(app, session, agent).await?;
+        share_workspace(&app.sessions, session, agent).await?;
     }
     Ok((target, request))
 }
@@ -218,11 +218,11 @@ pub async fn prepare(
 /// Makes `session`'s workspace `agent`'s shared one (a session that already has a workspace of
 /// its own keeps it).
 pub(crate) async fn share_workspace(
-    app: &App,
+    sessions: &agentry_core::session::SessionManager,
     session: SessionId,
     agent: &str,
 ) -> Result<(), AppError> {
-    let sessions = app.sessions.clone();
+    let sessions = sessions.clone();
     let agent = agent.to_owned();
     tokio::task::spawn_blocking(move || sessions.share_workspace(session, &agent))
         .await

@@ -289,6 +289,7 @@ async fn drive(
                         run_id: run.run_id.clone(),
                         step: id.clone(),
                         attempt,
+                        depth: run.depth,
                         scope,
                     };
                     tasks.spawn(async move {
@@ -641,6 +642,8 @@ struct Job {
     run_id: String,
     step: String,
     attempt: u32,
+    /// How deep the run is (its sub-workflows are one deeper).
+    depth: u32,
     scope: Arc<Value>,
 }
 
@@ -929,18 +932,12 @@ impl Job {
             .map_err(|error| error.message)?
             .is_some();
         if !exists {
-            let depth = ConfigRepo::<WorkflowRun>::new(&self.app.store)
-                .get(&self.run_id)
-                .await
-                .map_err(|error| error.message)?
-                .map_or(0, |parent| parent.depth)
-                + 1;
             self.app
                 .start_workflow_run(
                     &operator,
                     workflow,
                     input,
-                    Some((self.run_id.clone(), depth)),
+                    Some((self.run_id.clone(), self.depth + 1)),
                     Some(child.clone()),
                 )
                 .await
@@ -974,20 +971,9 @@ impl Job {
     }
 }
 
-/// The id of the sub-workflow run a step's attempt (and slot) starts: a hash of them, in a
-/// UUID's shape.
+/// The id of the sub-workflow run a step's attempt (and slot) starts.
 fn child_id(run: &str, step: &str, attempt: u32, slot: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("{run}\0{step}\0{attempt}\0{slot}").as_bytes());
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    super::derived_run_id(&[run, step, &attempt.to_string(), slot])
 }
 
 /// JSON in an answer: the whole text, or the first fenced code block.

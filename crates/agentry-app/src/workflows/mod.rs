@@ -411,6 +411,23 @@ pub fn workflow_schema() -> Result<Value, AppError> {
         .map_err(|error| AppError::internal(format!("the workflow schema is not JSON: {error}")))
 }
 
+/// A run id derived from `parts` (a hash of them, in a UUID's shape): the same parts, the same
+/// id, so whatever starts a run from them (a sub-workflow step's attempt, a trigger's
+/// delivery) finds it again instead of starting another.
+pub(crate) fn derived_run_id(parts: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(parts.join("\0").as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 fn is_zero(depth: &u32) -> bool {
     *depth == 0
 }

@@ -121,12 +121,7 @@ fn authenticate(
 
 /// The run id a delivery key stands for: the same key, the same run.
 fn run_id_of(workflow: &str, key: &str) -> String {
-    let digest = Sha256::digest(format!("trigger\0{workflow}\0{key}").as_bytes());
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Builder::from_random_bytes(bytes)
-        .into_uuid()
-        .to_string()
+    super::derived_run_id(&["trigger", workflow, key])
 }
 
 impl App {
