@@ -415,12 +415,15 @@ fn fail_step(run: &mut WorkflowRun, id: &str, error: String) {
     step.finished_at = Some(now_ms());
 }
 
+/// Ends the run: the steps not ended are cancelled (each recorded as a step event, so a reader
+/// that applies the events before the final snapshot is written sees them ended too).
 fn finish(run: &mut WorkflowRun, state: WorkflowState) {
     let now = now_ms();
-    for step in run.steps.values_mut() {
+    for (id, step) in run.steps.iter_mut() {
         if !step.state.is_final() {
             step.state = StepState::Cancelled;
             step.finished_at = Some(now);
+            run.dirty.insert(id.clone());
         }
     }
     run.state = state;
