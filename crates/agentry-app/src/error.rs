@@ -163,6 +163,12 @@ impl From<SessionError> for AppError {
             SessionError::Log(agentry_core::session::LogError::NotFound(session)) => {
                 Self::not_found(format!("no session {session}"))
             }
+            SessionError::Log(agentry_core::session::LogError::Held { session, reason }) => {
+                Self::conflict(format!(
+                    "session {session} has a run in progress on another node ({reason})"
+                ))
+                .with_details(json!({"session_id": session}))
+            }
             SessionError::NoSuchRun { session, run_id } => Self::not_found(format!(
                 "run {run_id} is not in progress, waiting or paused in session {session}"
             ))

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod catalogue;
 pub mod catalogue_service;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod context_report;
 pub mod delegation;
@@ -148,8 +149,17 @@ impl App {
         }
         let mcp = McpManager::with_stdio(tools.stdio_policy());
         mcp_tools::start_saved(&store, &mcp).await?;
+        // The configuration's generation before the runtime is built from it: a change made
+        // by another node from now on is seen by the configuration watch.
+        let generation = store.config_generation().await?;
         let runtime = build_runtime(&store, &http, &mcp, &tools).await?;
         let queue = Arc::new(queue::QueueState::default());
+        queue
+            .config_generation
+            .store(generation, std::sync::atomic::Ordering::Relaxed);
+        // This process's writes carry its name: a session it runs is its own until the run
+        // stops, and no other process writes to it meanwhile.
+        store.set_worker(&queue.worker());
         let log = Arc::new(StoreLog::fenced(store.clone(), queue.fences.clone()));
         let mut sessions = SessionManager::new(runtime, log);
         if let Some(root) = &tools.workspaces {

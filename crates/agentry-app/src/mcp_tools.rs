@@ -145,6 +145,41 @@ pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), AppE
     Ok(())
 }
 
+/// Makes `manager` run exactly the servers saved in the store (another node added, changed or
+/// removed some): a new or changed server is (re)started, one no longer saved is stopped, the
+/// rest are left running.
+pub async fn sync_saved(store: &Store, manager: &McpManager) -> Result<(), AppError> {
+    let secrets = crate::config::secrets(store).await?;
+    let mut saved = std::collections::HashSet::new();
+    for (name, value) in store.list_config(ConfigKind::McpServer).await? {
+        saved.insert(name.clone());
+        let config = match serde_json::from_value::<McpServerConfig>(value) {
+            Ok(config) => config,
+            Err(error) => {
+                tracing::warn!(mcp_server = %name, "a saved MCP server is unreadable: {error}");
+                continue;
+            }
+        };
+        if manager.config(&name).is_ok_and(|running| running == config) {
+            continue;
+        }
+        if let Err(error) = manager
+            .add(&name, config, &|secret| secrets.get(secret).cloned())
+            .await
+        {
+            tracing::warn!(mcp_server = %name, "not starting a saved MCP server: {error}");
+        }
+    }
+    for name in manager.names() {
+        if !saved.contains(&name)
+            && let Err(error) = manager.remove(&name).await
+        {
+            tracing::warn!(mcp_server = %name, "cannot stop an MCP server no longer saved: {error}");
+        }
+    }
+    Ok(())
+}
+
 /// Saves servers in the store and (re)starts them in `manager`; validation of all of them comes
 /// first, so a bad one saves nothing.
 pub async fn save_and_start(

@@ -8,13 +8,14 @@
 //!
 //! [`RunWorker`] is the process's worker: it claims runs while it has room under
 //! `max_concurrent` (highest priority first, oldest first), starts each in its session under
-//! the run's own id through the hub (so clients follow it like any run), renews the lease while
-//! it goes, stops it if the lease is lost or a cancel is asked for, and settles it fenced by
+//! the run's own id through the hub (so clients follow it like any run), has the node's
+//! heartbeat ([`crate::cluster`]) renew the lease while it goes, stops it if the lease is lost
+//! or a cancel is asked for (on any node), and settles it fenced by
 //! the lease: `succeeded`, `failed`, `cancelled`, or `waiting` / `paused` when it stopped for a
 //! person (the command that continues it, [`App::submit`], takes it from there). A run whose
 //! worker died is claimed again when its lease expires and resumes from its log.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use utoipa::ToSchema;
 
 use agentry_core::RunRequest;
 use agentry_core::session::BusyPolicy;
-use agentry_store::{Enqueued, Lease, NewRun, RunQuery, RunRecord, RunState};
+use agentry_store::{Enqueued, NewRun, RunQuery, RunRecord, RunState};
 use agentry_types::{RunId, SessionId, SuspendStatus};
 
 use crate::App;
@@ -38,13 +39,18 @@ use crate::submission::InferRequest;
 /// How the process's worker runs the queue.
 #[derive(Debug, Clone)]
 pub struct QueueSettings {
-    /// This worker's name in leases (unique per process).
+    /// This process's name in leases (unique per process: a node's incarnation).
     pub worker: String,
+    /// The node's id in the cluster (`--node-id`), unique among live nodes.
+    pub node_id: String,
+    /// Where other nodes reach this one (`host:port`).
+    pub address: String,
     /// Runs this process runs at once; more wait in the queue.
     pub max_concurrent: usize,
     /// Runs that may wait in the queue; more are refused with 429.
     pub max_queued: u64,
-    /// How long a lease lasts unless renewed (a third of it between renewals).
+    /// How long a lease lasts unless renewed; the node's heartbeat renews all its leases
+    /// every quarter of it. A node dead this long has its runs taken by others.
     pub lease: Duration,
     /// How often the worker looks for runs other processes queued.
     pub poll: Duration,
@@ -54,11 +60,14 @@ pub struct QueueSettings {
 
 impl Default for QueueSettings {
     fn default() -> Self {
+        let worker = format!("{}-{}", std::process::id(), RunId::new());
         Self {
-            worker: format!("{}-{}", std::process::id(), RunId::new()),
+            node_id: worker.clone(),
+            worker,
+            address: String::new(),
             max_concurrent: 64,
             max_queued: 10_000,
-            lease: Duration::from_secs(30),
+            lease: DEFAULT_LEASE,
             poll: Duration::from_millis(250),
             webhooks: WebhookSettings::default(),
         }
@@ -112,6 +121,8 @@ pub struct RunView {
     pub attempt: u64,
     /// A cancel was asked for.
     pub cancel_requested: bool,
+    /// The process running it, while it runs (`<node id>/<process>` on `agentry serve`).
+    pub worker: Option<String>,
     /// When it was submitted, Unix milliseconds.
     pub created_at: u64,
     /// When a worker first started it.
@@ -136,6 +147,7 @@ impl From<RunRecord> for RunView {
             priority: record.priority,
             attempt: record.attempt,
             cancel_requested: record.cancel_requested,
+            worker: record.worker.filter(|_| record.state == RunState::Running),
             created_at: record.created_at,
             started_at: record.started_at,
             finished_at: record.finished_at,
@@ -167,11 +179,26 @@ enum Claimed {
     Ended(RunOutcome),
 }
 
+/// A run this process's worker holds.
+#[derive(Debug, Clone)]
+struct Held {
+    session: SessionId,
+    /// Cancelled when another node took the run over.
+    lost: tokio_util::sync::CancellationToken,
+}
+
 /// What the worker shares with the app: the runs it holds, and a signal for waiters.
 #[derive(Debug, Default)]
 pub struct QueueState {
     settings: Mutex<QueueSettings>,
-    active: Mutex<HashSet<RunId>>,
+    active: Mutex<HashMap<RunId, Held>>,
+    /// The configuration's generation the runtime was last built from.
+    pub(crate) config_generation: std::sync::atomic::AtomicU64,
+    /// Cancelled when the node leaves the cluster: its heartbeat stops.
+    pub(crate) left: tokio_util::sync::CancellationToken,
+    /// The incarnation this node had before it restarted under the same id (its sessions are
+    /// this process's to resume).
+    pub(crate) previous: Mutex<Option<String>>,
     /// Woken when a run of this process settles, and when a run is submitted here.
     changed: Notify,
     /// Who waits for which run: only a run's own waiters wake when it changes.
@@ -184,6 +211,15 @@ pub struct QueueState {
 }
 
 impl QueueState {
+    /// This process's worker name (its incarnation).
+    pub(crate) fn worker(&self) -> String {
+        self.settings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .worker
+            .clone()
+    }
+
     fn settings(&self) -> QueueSettings {
         self.settings
             .lock()
@@ -191,8 +227,30 @@ impl QueueState {
             .clone()
     }
 
-    fn active(&self) -> std::sync::MutexGuard<'_, HashSet<RunId>> {
+    fn active(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Held>> {
         self.active.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The runs this process holds, with their sessions.
+    pub(crate) fn held(&self) -> HashMap<RunId, SessionId> {
+        self.active()
+            .iter()
+            .map(|(run, held)| (*run, held.session))
+            .collect()
+    }
+
+    /// Another node took `run` over: its follower here stops.
+    pub(crate) fn lose(&self, run: RunId) {
+        if let Some(held) = self.active().get(&run) {
+            held.lost.cancel();
+        }
+    }
+
+    /// Every run held here is lost (another process took this node's id).
+    pub(crate) fn lose_all(&self) {
+        for held in self.active().values() {
+            held.lost.cancel();
+        }
     }
 
     /// Wakes the worker.
@@ -239,6 +297,9 @@ impl QueueState {
     }
 }
 
+/// How long a lease lasts by default: a node dead this long has its runs taken over.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(4);
+
 /// How often a wait for a run looks at the database for changes made by other processes.
 const OTHERS_POLL: Duration = Duration::from_millis(500);
 
@@ -274,41 +335,47 @@ fn state_of(outcome: &RunOutcome) -> RunState {
 }
 
 impl App {
-    /// At start-up: resumes the runs a stop left in flight, except background runs that are
-    /// `running` in the queue. Those belong to the queue: a worker claims each once its lease
-    /// expires (here, or on another node if that node is alive and still holds it, never
-    /// both) and resumes it fenced by its new lease. Returns how many runs were resumed.
+    /// At start-up: resumes the runs a stop left in flight — the running sessions that no
+    /// live process holds any more ([`App::resume_orphaned`]; on SQLite, whose folder only this
+    /// process may serve, every running session). Background runs that are `running` in the
+    /// queue are left to it: a worker claims each once its lease expires (here, or on another
+    /// node, never both) and resumes it fenced by its new lease. Returns how many runs were
+    /// resumed.
     pub async fn recover_at_start(&self) -> usize {
-        let sessions = match self.sessions.interrupted_sessions().await {
+        let exclusive = self.store.backend() == agentry_store::Backend::Sqlite;
+        self.resume_orphaned(exclusive).await
+    }
+
+    /// Takes the running sessions whose process is gone (a dead or stopped node, this node's
+    /// previous incarnation; with `exclusive`, any) and resumes their runs here. Returns how
+    /// many runs were resumed.
+    pub(crate) async fn resume_orphaned(&self, exclusive: bool) -> usize {
+        let worker = self.queue.worker();
+        let previous = self
+            .queue
+            .previous
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let sessions = match self
+            .store
+            .claim_orphaned_sessions(&worker, previous.as_deref(), exclusive)
+            .await
+        {
             Ok(sessions) => sessions,
             Err(error) => {
-                tracing::error!("start-up recovery failed: {error}");
+                tracing::error!("looking for interrupted runs failed: {error}");
                 return 0;
             }
         };
         let mut resumed = 0;
         for session in sessions {
-            let query = RunQuery {
-                session_id: Some(session),
-                state: Some(RunState::Running),
-                limit: 1,
-                ..RunQuery::default()
-            };
-            match self.store.list_runs(&query).await {
-                Ok(runs) if !runs.is_empty() => {
-                    tracing::info!(%session, run = %runs[0].id, "an interrupted background run is left to the queue");
-                    continue;
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    // Unknown: leave it; resuming a run another node holds would interleave.
-                    tracing::error!(%session, "start-up recovery skipped the session: {error}");
-                    continue;
-                }
+            if self.hub.is_live(session) {
+                continue;
             }
             match self.sessions.recover_session(session).await {
                 Ok(Some(stream)) => {
-                    tracing::info!(%session, "resuming a run interrupted by the last shutdown");
+                    tracing::info!(%session, "resuming a run whose process stopped");
                     self.hub.adopt(session, stream);
                     resumed += 1;
                 }
@@ -326,6 +393,7 @@ impl App {
 
     /// Sets how the worker runs the queue (before [`App::start_worker`]).
     pub fn set_queue_settings(&self, settings: QueueSettings) {
+        self.store.set_worker(&settings.worker);
         *self
             .queue
             .settings
@@ -577,8 +645,12 @@ impl App {
         self.background_run(run_id).await
     }
 
-    /// Starts the process's worker (at most one per app): it runs until the app shuts down.
+    /// Starts the process's worker (at most one per app), with the node's heartbeat (which
+    /// renews the worker's leases) and the configuration watch: they run until the app shuts
+    /// down.
     pub fn start_worker(&self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.clone().keep_membership());
+        tokio::spawn(self.clone().watch_configuration());
         let app = self.clone();
         tokio::spawn(async move { app.work().await })
     }
@@ -599,12 +671,18 @@ impl App {
                 {
                     Ok(claimed) => {
                         for record in claimed {
-                            self.queue.active().insert(record.id);
+                            let lost = tokio_util::sync::CancellationToken::new();
+                            self.queue.active().insert(
+                                record.id,
+                                Held {
+                                    session: record.session_id,
+                                    lost: lost.clone(),
+                                },
+                            );
                             let app = self.clone();
-                            let settings = settings.clone();
                             tokio::spawn(async move {
                                 let run_id = record.id;
-                                app.execute(record, &settings).await;
+                                app.execute(record, lost).await;
                                 app.queue.active().remove(&run_id);
                                 app.queue.touched(run_id);
                             });
@@ -622,8 +700,9 @@ impl App {
         }
     }
 
-    /// Runs one claimed run to where it stops, then settles it under its lease.
-    async fn execute(&self, record: RunRecord, settings: &QueueSettings) {
+    /// Runs one claimed run to where it stops, then settles it under its lease; stops when
+    /// `lost` says another node took it over.
+    async fn execute(&self, record: RunRecord, lost: tokio_util::sync::CancellationToken) {
         let Some(lease) = record.lease() else {
             return;
         };
@@ -652,8 +731,7 @@ impl App {
         }
         // Every append of the run from here on carries the lease: a takeover fences us out.
         self.queue.fences.hold(lease.clone());
-        self.follow_claimed(&record, &lease, settings, &settle)
-            .await;
+        self.follow_claimed(&record, &lost, &settle).await;
         self.queue.fences.release(record.id);
     }
 
@@ -661,8 +739,7 @@ impl App {
     async fn follow_claimed<F, Fut>(
         &self,
         record: &RunRecord,
-        lease: &Lease,
-        settings: &QueueSettings,
+        lost: &tokio_util::sync::CancellationToken,
         settle: &F,
     ) where
         F: Fn(RunState, Option<serde_json::Value>) -> Fut,
@@ -694,11 +771,12 @@ impl App {
                 return;
             }
         };
-        let renewer = self.renew_while_running(lease.clone(), session, settings.lease);
+        // The node's heartbeat renews the lease; it says when the run was lost or cancelled.
         let outcome = tokio::select! {
             outcome = self.follow_to_end(session, Some(record.id), subscription, false) => outcome,
-            () = renewer => {
-                // The lease is lost: another worker owns the run now; stop ours.
+            () = lost.cancelled() => {
+                // The lease is lost: another node owns the run now (its writes here were
+                // refused already); stop ours.
                 self.hub.cancel(session);
                 return;
             }
@@ -743,27 +821,6 @@ impl App {
             .send_as(session, queued.request, queued.policy, record.id)
             .await?;
         Ok(Claimed::Live(self.hub.adopt(session, stream)))
-    }
-
-    /// Renews `lease` every third of its length; returns when it cannot (the lease was lost)
-    /// or a cancel was asked for (after cancelling the run). Runs until dropped otherwise.
-    async fn renew_while_running(&self, lease: Lease, session: SessionId, length: Duration) {
-        let every = length / 3;
-        loop {
-            tokio::time::sleep(every).await;
-            match self.store.renew_lease(&lease, length).await {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(error) => {
-                    tracing::warn!(run = %lease.run_id, "renewing a lease failed: {error}")
-                }
-            }
-            if let Ok(Some(record)) = self.store.run_record(lease.run_id).await
-                && record.cancel_requested
-            {
-                self.hub.cancel(session);
-            }
-        }
     }
 
     /// After a command ended a run that waited for a person or was paused (interrupt, abort):

@@ -142,6 +142,7 @@ fn records_of(events: &[SessionEvent]) -> Result<Vec<NewEvent>, LogError> {
 fn log_error(session: SessionId) -> impl Fn(StoreError) -> LogError {
     move |error| match error {
         StoreError::NotFound(_) => LogError::NotFound(session),
+        StoreError::StaleLease(reason) => LogError::Held { session, reason },
         other => storage(other),
     }
 }
@@ -297,8 +298,14 @@ mod tests {
             .append(session, message("after the takeover"))
             .await
             .unwrap_err();
-        assert!(error.to_string().contains("stale lease"), "{error}");
-        // Another run's events are not fenced by this lease.
+        assert!(
+            matches!(&error, agentry_core::session::LogError::Held { reason, .. }
+                if reason.contains("no longer leased")),
+            "{error}"
+        );
+        // The session is the new worker's now: a write of its process goes through (another
+        // run's events are not fenced by the old lease).
+        store.set_worker("new");
         let other = vec![SessionEvent::Message {
             run_id: RunId::new(),
             message: Message::user("another run"),

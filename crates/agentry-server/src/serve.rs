@@ -47,6 +47,9 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
+    /// The node cannot join the cluster (another live node has its id).
+    #[error("cannot join the cluster: {0}")]
+    Cluster(String),
     /// Serving failed.
     #[error("the server failed: {0}")]
     Io(#[from] std::io::Error),
@@ -97,6 +100,12 @@ pub async fn serve(
     state: AppState,
     config: &ServerConfig,
 ) -> Result<(), ServeError> {
+    // A node of the cluster first (refused while another live process has its id): the runs it
+    // resumes and claims carry its leases.
+    state
+        .join_cluster()
+        .await
+        .map_err(|error| ServeError::Cluster(error.message))?;
     state.recover_at_start().await;
     let workflows = state.resume_workflows().await;
     if workflows > 0 {
@@ -105,6 +114,7 @@ pub async fn serve(
     // The background-run worker: claims queued runs (and runs whose worker died) from now on.
     state.start_worker();
     let shutdown = state.shutdown.clone();
+    let app_state = state.app.clone();
     let hub = state.hub.clone();
     let mcp = state.mcp.clone();
     let sandboxes = state.sandboxes.clone();
@@ -123,9 +133,12 @@ pub async fn serve(
     if hub.live_runs() > 0 {
         tracing::warn!(
             runs = hub.live_runs(),
-            "stopping with runs in flight; they resume at the next start"
+            "stopping with runs in flight; background runs go to another node now, the others \
+             resume at the next start"
         );
     }
+    // Leaving lets this node's background runs go at once: another node claims them now.
+    app_state.leave_cluster().await;
     // MCP servers' processes and sessions end with us, not when the OS gets to them.
     mcp.shutdown().await;
     // Sandboxes too: every process in them is killed, standalone workspaces are removed.

@@ -272,6 +272,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "workflow events",
         sql: include_str!("../migrations/sqlite/0007_workflow_events.sql"),
     },
+    Migration {
+        version: 8,
+        name: "cluster",
+        sql: include_str!("../migrations/sqlite/0008_cluster.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -310,10 +315,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "workflow events",
         sql: include_str!("../migrations/postgres/0007_workflow_events.sql"),
     },
+    Migration {
+        version: 8,
+        name: "cluster",
+        sql: include_str!("../migrations/postgres/0008_cluster.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

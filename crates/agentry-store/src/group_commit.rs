@@ -51,6 +51,9 @@ pub(crate) struct Write {
     pub(crate) lease: Option<Lease>,
     /// The session's new status, already validated.
     pub(crate) status: Option<String>,
+    /// The process writing (its incarnation): a session another process is running refuses
+    /// the write, and a write that sets `running` makes the session this process's.
+    pub(crate) worker: Option<Arc<str>>,
     /// The time the events are stamped with, Unix milliseconds.
     pub(crate) now: u64,
     /// Create the session with these columns, instead of writing to it.
@@ -331,6 +334,7 @@ async fn apply(
                         now: to_db(write.now),
                         expected: write.expected_last_seq.map(to_db),
                         status: write.status.as_deref(),
+                        worker: write.worker.as_deref(),
                     }
                 })
                 .collect();
@@ -342,12 +346,24 @@ async fn apply(
             for index in round {
                 let write = &batch[index].write;
                 let Some(last) = last_seqs.get(&keys[index]).copied() else {
-                    let current = sqlx::query("SELECT last_seq FROM sessions WHERE id = $1")
-                        .bind(&keys[index])
-                        .fetch_optional(&mut *tx)
-                        .await?;
+                    let current =
+                        sqlx::query("SELECT last_seq, worker FROM sessions WHERE id = $1")
+                            .bind(&keys[index])
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                    let held_by =
+                        |row: &_| -> Result<Option<String>, StoreError> {
+                            let worker = RowExt::opt_text(row, "worker")?;
+                            Ok(worker
+                                .filter(|worker| Some(worker.as_str()) != write.worker.as_deref()))
+                        };
                     results[index] = Some(Err(match current {
                         None => StoreError::NotFound(format!("session {}", write.session)),
+                        Some(row) if held_by(&row)?.is_some() => StoreError::StaleLease(format!(
+                            "session {} is running in another process ({})",
+                            write.session,
+                            held_by(&row)?.unwrap_or_default()
+                        )),
                         Some(row) => StoreError::Conflict(format!(
                             "session {} is at seq {}, not the expected {}",
                             write.session,
@@ -410,6 +426,8 @@ struct Advance<'a> {
     expected: Option<i64>,
     /// The new status, when given.
     status: Option<&'a str>,
+    /// The process writing.
+    worker: Option<&'a str>,
 }
 
 /// One event row to insert.
@@ -434,7 +452,7 @@ trait BatchStatements {
 }
 
 /// The body of [`BatchStatements::advance`] on either connection: the statement `$sql` builds
-/// for the rows, each bound `(id, count, now, expected, status)`.
+/// for the rows, each bound `(id, count, now, expected, status, worker)`.
 macro_rules! advance_rows {
     ($connection:ident, $sql:ident, $rows:ident) => {{
         let mut update = sqlx::query(sqlx::AssertSqlSafe($sql($rows.len())));
@@ -444,7 +462,8 @@ macro_rules! advance_rows {
                 .bind(row.count)
                 .bind(row.now)
                 .bind(row.expected)
-                .bind(row.status);
+                .bind(row.status)
+                .bind(row.worker);
         }
         let mut changed = Vec::with_capacity($rows.len());
         for row in update.fetch_all(&mut *$connection).await? {
@@ -501,27 +520,31 @@ impl BatchStatements for sqlx::PgConnection {
     }
 }
 
-/// PostgreSQL's advance for `rows` rows, each `(id, count, now, expected, status)`. A join with
+/// PostgreSQL's advance for `rows` rows, each `(id, count, now, expected, status, worker)`. A join with
 /// the rows (`UPDATE … FROM (VALUES …)` or `unnest`) is planned as a hash join over every
 /// session while the table's statistics lag its growth, so each row is its own `UPDATE` by
 /// primary key, all in one statement of data-modifying CTEs.
 fn postgres_advance_sql(rows: usize) -> String {
     let updates = (0..rows)
         .map(|row| {
-            let p = row * 5;
+            let p = row * 6;
             format!(
                 "u{row} AS (UPDATE sessions SET last_seq = last_seq + ${count}::BIGINT, \
                  last_activity = CASE WHEN ${count}::BIGINT > 0 THEN ${now}::BIGINT \
                  ELSE last_activity END, \
-                 status = COALESCE(${status}::TEXT, status) \
+                 status = COALESCE(${status}::TEXT, status), \
+                 worker = CASE WHEN ${status}::TEXT IS NULL THEN worker \
+                 WHEN ${status}::TEXT = 'running' THEN ${worker}::TEXT ELSE NULL END \
                  WHERE id = ${id}::TEXT \
                  AND (${expected}::BIGINT IS NULL OR last_seq = ${expected}::BIGINT) \
+                 AND (worker IS NULL OR worker = ${worker}::TEXT) \
                  RETURNING id, last_seq)",
                 id = p + 1,
                 count = p + 2,
                 now = p + 3,
                 expected = p + 4,
                 status = p + 5,
+                worker = p + 6,
             )
         })
         .collect::<Vec<_>>()
@@ -533,20 +556,23 @@ fn postgres_advance_sql(rows: usize) -> String {
     format!("WITH {updates} {selects}")
 }
 
-/// SQLite's advance for `rows` rows, each `(id, count, now, expected, status)`.
+/// SQLite's advance for `rows` rows, each `(id, count, now, expected, status, worker)`.
 fn sqlite_advance_sql(rows: usize) -> String {
     let values = (0..rows)
-        .map(|row| format!("({})", placeholders(row * 5 + 1, 5)))
+        .map(|row| format!("({})", placeholders(row * 6 + 1, 6)))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
         "UPDATE sessions SET last_seq = sessions.last_seq + v.column2, \
          last_activity = CASE WHEN v.column2 > 0 THEN v.column3 \
          ELSE sessions.last_activity END, \
-         status = COALESCE(v.column5, sessions.status) \
+         status = COALESCE(v.column5, sessions.status), \
+         worker = CASE WHEN v.column5 IS NULL THEN sessions.worker \
+         WHEN v.column5 = 'running' THEN v.column6 ELSE NULL END \
          FROM (VALUES {values}) AS v \
          WHERE sessions.id = v.column1 \
          AND (v.column4 IS NULL OR sessions.last_seq = v.column4) \
+         AND (sessions.worker IS NULL OR sessions.worker = v.column6) \
          RETURNING sessions.id AS id, sessions.last_seq AS last_seq"
     )
 }
@@ -633,7 +659,8 @@ mod tests {
                     .bind(1_i64)
                     .bind(5_i64)
                     .bind(None::<i64>)
-                    .bind(None::<String>);
+                    .bind(None::<String>)
+                    .bind(Some("worker"));
             }
             query
         }};
@@ -651,8 +678,8 @@ mod tests {
             "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; \
              SET search_path = {schema}; \
              CREATE TABLE sessions (id TEXT PRIMARY KEY, status TEXT NOT NULL, \
-               last_activity BIGINT NOT NULL, last_seq BIGINT NOT NULL); \
-             INSERT INTO sessions SELECT 's' || g, 'idle', g, 0 \
+               last_activity BIGINT NOT NULL, last_seq BIGINT NOT NULL, worker TEXT); \
+             INSERT INTO sessions SELECT 's' || g, 'idle', g, 0, NULL \
                FROM generate_series(1, 20000) g;"
         )))
         .execute(&mut db)
@@ -689,9 +716,9 @@ mod tests {
             .unwrap();
         sqlx::raw_sql(
             "CREATE TABLE sessions (id TEXT PRIMARY KEY, status TEXT NOT NULL, \
-             last_activity INTEGER NOT NULL, last_seq INTEGER NOT NULL); \
+             last_activity INTEGER NOT NULL, last_seq INTEGER NOT NULL, worker TEXT); \
              WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000) \
-             INSERT INTO sessions SELECT 's' || n, 'idle', n, 0 FROM g;",
+             INSERT INTO sessions SELECT 's' || n, 'idle', n, 0, NULL FROM g;",
         )
         .execute(&mut db)
         .await

@@ -23,6 +23,9 @@
 //! - **Workflow step events** ([`Store::append_workflow_events`]): each transition of a
 //!   workflow run's steps, numbered per run (a number taken refuses the batch: one driver per
 //!   run), read back after the run's snapshot.
+//! - **The cluster** ([`Store::join_cluster`], [`Store::heartbeat`]): the nodes sharing the
+//!   database, each with a heartbeat that also renews its runs' leases, and the configuration's
+//!   generation every node watches to rebuild after a change.
 //! - **Configuration** documents by [`ConfigKind`] and name, and **secrets** sealed with
 //!   XChaCha20-Poly1305 under a [`SecretKey`] kept outside the database.
 //!
@@ -33,6 +36,7 @@
 //! event survives a crash of the process; [`Durability::Full`] makes it survive power loss too,
 //! at the cost of an fsync per commit. PostgreSQL follows the server's settings.
 
+mod cluster;
 mod config;
 mod db;
 mod error;
@@ -46,6 +50,7 @@ mod store;
 mod webhooks;
 mod workflow_events;
 
+pub use cluster::{NodeBeat, NodeRecord, RenewedLease, check_node_id};
 pub use db::SCHEMA_VERSION;
 pub use error::StoreError;
 pub use group_commit::CommitCounts;

@@ -423,9 +423,26 @@ impl Store {
                 .bind(to_db(limit as u64))
                 .fetch_all(&mut *tx)
                 .await?;
-            rows.iter()
+            let claimed = rows
+                .iter()
                 .map(run_from_row)
-                .collect::<Result<Vec<_>, StoreError>>()?
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            // The runs' sessions are the worker's now (a run taken over from a dead worker
+            // takes its session with it), unless a live process runs them.
+            for run in &claimed {
+                sqlx::query(
+                    "UPDATE sessions SET worker = $1 WHERE id = $2 \
+                     AND (worker IS NULL OR worker = $1 OR worker NOT IN \
+                     (SELECT incarnation FROM nodes WHERE stopped_at IS NULL \
+                      AND heartbeat_at + lease_ms >= $3))",
+                )
+                .bind(worker)
+                .bind(run.session_id.to_string())
+                .bind(to_db(now))
+                .execute(&mut *tx)
+                .await?;
+            }
+            claimed
         });
         claimed.sort_by(|a, b| {
             b.priority

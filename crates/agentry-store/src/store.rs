@@ -84,6 +84,8 @@ pub(crate) struct Inner {
     pub(crate) key: SecretKey,
     /// Where appends and status changes go: the group-commit writer task.
     writer: GroupWriter,
+    /// The process writing through this store ([`Store::set_worker`]).
+    worker: std::sync::RwLock<Option<Arc<str>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -202,6 +204,25 @@ impl Store {
         connect: PgConnectOptions,
         options: StoreOptions,
     ) -> Result<Store, StoreError> {
+        // A server that does not answer is said at once: the pool would retry for its whole
+        // acquire timeout.
+        let probe = {
+            use sqlx::ConnectOptions as _;
+            tokio::time::timeout(Duration::from_secs(10), connect.connect()).await
+        };
+        match probe {
+            Ok(Ok(connection)) => {
+                use sqlx::Connection as _;
+                let _ = connection.close().await;
+            }
+            Ok(Err(error)) => return Err(StoreError::Database(error)),
+            Err(_) => {
+                return Err(StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "cannot connect to PostgreSQL: no answer within 10 s",
+                ))));
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -220,6 +241,7 @@ impl Store {
                 db,
                 key,
                 writer: GroupWriter::start(inner.clone(), in_flight),
+                worker: std::sync::RwLock::new(None),
             }),
         };
         if let Err(error) = crate::db::migrate(&store).await {
@@ -269,6 +291,28 @@ impl Store {
 
     // --- sessions ---
 
+    /// Names the process writing through this store (a node's incarnation, the worker name of
+    /// its leases). A session becomes the process's when one of its writes sets it `running`,
+    /// and stays so until a write sets another status: meanwhile writes from any other process
+    /// are refused ([`StoreError::StaleLease`]), so two processes never interleave a session's
+    /// run. A process that names none writes only to sessions no process holds.
+    pub fn set_worker(&self, worker: &str) {
+        *self
+            .inner
+            .worker
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::from(worker));
+    }
+
+    /// The process writing through this store.
+    pub fn worker(&self) -> Option<Arc<str>> {
+        self.inner
+            .worker
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Creates a session with status `idle` and no events. An id that exists already is a
     /// [`StoreError::Conflict`].
     pub async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
@@ -285,6 +329,7 @@ impl Store {
                 events: Vec::new(),
                 lease: None,
                 status: None,
+                worker: self.worker(),
                 now,
                 create: Some(NewRow {
                     title: new.title.clone(),
@@ -428,6 +473,7 @@ impl Store {
                 events: Vec::new(),
                 lease: None,
                 status: Some(status.to_owned()),
+                worker: self.worker(),
                 now: now_millis(),
                 create: None,
             })
@@ -575,6 +621,10 @@ impl Store {
                 events: rows,
                 lease: lease.cloned(),
                 status: status.map(str::to_owned),
+                // A leased run writes as its lease's worker.
+                worker: lease
+                    .map(|lease| Arc::from(lease.worker.as_str()))
+                    .or_else(|| self.worker()),
                 now,
                 create: None,
             })

@@ -16,6 +16,15 @@ pub enum LogError {
     /// No session has this id.
     #[error("no session {0}")]
     NotFound(SessionId),
+    /// Another process is running the session (a node of the cluster): this one may not
+    /// write to it.
+    #[error("session {session} is being run by another process ({reason})")]
+    Held {
+        /// The session.
+        session: SessionId,
+        /// What the store said.
+        reason: String,
+    },
     /// The storage failed; the message says how.
     #[error("session storage failed: {0}")]
     Storage(String),

@@ -312,6 +312,12 @@ async fn stream(
     let run_id = parse_run_id(&path.run_id)?;
     let after = super::sse::resume_after(&headers, query.after)?;
     let run = state.wait_until_started(run_id, START_WAIT).await?;
+    let path = format!("/v1/runs/{run_id}/stream?after={after}");
+    if let Some(relayed) =
+        super::sessions::relay_stream(&state, run.session_id, &path, &headers).await?
+    {
+        return Ok(relayed);
+    }
     super::sessions::attach(state, run.session_id, after).await
 }
 

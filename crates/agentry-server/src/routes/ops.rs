@@ -1,4 +1,4 @@
-//! Operations: liveness, readiness, the OpenAPI document, and the JSON 404.
+//! Operations: liveness, readiness, the cluster's nodes, the OpenAPI document, and the JSON 404.
 
 use axum::Json;
 use axum::extract::State;
@@ -17,6 +17,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
+        .routes(routes!(cluster))
         .routes(routes!(openapi_json))
 }
 
@@ -62,6 +63,22 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         "schema_version": version,
         "live_runs": state.hub.live_runs(),
     })))
+}
+
+/// The nodes sharing this server's database: each one's address, version, state (`alive`,
+/// `dead`: no heartbeat within its lease, its runs go to the others; `stopped`), last heartbeat,
+/// runs and load.
+#[utoipa::path(
+    get,
+    path = "/v1/cluster",
+    tag = "operations",
+    operation_id = "cluster",
+    responses((status = 200, description = "The cluster.", body = agentry_app::cluster::ClusterView))
+)]
+async fn cluster(
+    State(state): State<AppState>,
+) -> Result<Json<agentry_app::cluster::ClusterView>, ApiError> {
+    Ok(Json(state.cluster().await?))
 }
 
 /// This API's OpenAPI 3.1 document.

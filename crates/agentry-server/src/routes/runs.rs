@@ -9,10 +9,13 @@
 //! found after a restart too. Every action goes through the `SessionManager`; a run that goes on
 //! (approved, resumed) is handed to the hub like any other and streams to the session's
 //! subscribers (`GET /v1/sessions/{id}/stream`).
+//!
+//! `interrupt`, `pause` and `abort` act on a live run: when it is live on another node of the
+//! cluster, the request goes to that node ([`crate::relay`]).
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -148,14 +151,34 @@ async fn decide(
 async fn interrupt(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
-) -> Result<Json<ControlOutcome>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
+    if let Some(relayed) = on_owner(&state, run_id, &headers, "interrupt").await? {
+        return Ok(relayed);
+    }
     let outcome = state.submit(Op::Interrupt { run_id }).await?;
-    Ok(Json(ControlOutcome::new(
-        &outcome,
-        "interrupt",
-        "interrupted",
-    )))
+    Ok(Json(ControlOutcome::new(&outcome, "interrupt", "interrupted")).into_response())
+}
+
+/// The answer of the node `run_id` is live on, asked to `action` it, when that is another node.
+async fn on_owner(
+    state: &AppState,
+    run_id: agentry_types::RunId,
+    headers: &HeaderMap,
+    action: &str,
+) -> Result<Option<Response>, ApiError> {
+    if crate::relay::was_relayed(headers) {
+        return Ok(None);
+    }
+    let Some(address) = state.remote_run_owner(run_id).await? else {
+        return Ok(None);
+    };
+    let node = state.queue_settings().node_id;
+    let path = format!("/v1/runs/{run_id}/{action}");
+    Ok(Some(
+        crate::relay::forward(&address, &node, Method::POST, &path, headers, Vec::new()).await?,
+    ))
 }
 
 /// Pauses a live run at its next safe point: before its next model call, once the round in
@@ -178,8 +201,12 @@ async fn interrupt(
 async fn pause(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
+    if let Some(relayed) = on_owner(&state, run_id, &headers, "pause").await? {
+        return Ok(relayed);
+    }
     let outcome = state.submit(Op::Pause { run_id }).await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -230,8 +257,12 @@ async fn resume(
 async fn abort(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
-) -> Result<Json<ControlOutcome>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
+    if let Some(relayed) = on_owner(&state, run_id, &headers, "abort").await? {
+        return Ok(relayed);
+    }
     let outcome = state.submit(Op::Abort { run_id }).await?;
-    Ok(Json(ControlOutcome::new(&outcome, "abort", "interrupted")))
+    Ok(Json(ControlOutcome::new(&outcome, "abort", "interrupted")).into_response())
 }

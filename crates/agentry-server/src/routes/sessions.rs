@@ -223,7 +223,43 @@ async fn stream(
     let Query(query) = query?;
     let record = state.session_record(&id).await?;
     let after = super::sse::resume_after(&headers, query.after)?;
+    let path = format!("/v1/sessions/{}/stream?after={after}", record.id);
+    if let Some(relayed) = relay_stream(&state, record.id, &path, &headers).await? {
+        return Ok(relayed);
+    }
     attach(state, record.id, after).await
+}
+
+/// A session's stream (`path` on the other node) from the node its run is live on, when that
+/// is another node of the cluster (its live deltas are there); `None` when the run is here,
+/// nowhere, or the request was forwarded already.
+pub(crate) async fn relay_stream(
+    state: &AppState,
+    session: agentry_types::SessionId,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Option<Response>, ApiError> {
+    if crate::relay::was_relayed(headers) {
+        return Ok(None);
+    }
+    let Some(address) = state.remote_owner(session).await? else {
+        return Ok(None);
+    };
+    let node = state.queue_settings().node_id;
+    match crate::relay::forward(
+        &address,
+        &node,
+        axum::http::Method::GET,
+        path,
+        headers,
+        Vec::new(),
+    )
+    .await
+    {
+        Ok(response) if response.status().is_success() => Ok(Some(response)),
+        // The node went away meanwhile: follow the log here instead.
+        Ok(_) | Err(_) => Ok(None),
+    }
 }
 
 /// A session's events as server-sent events: the log's after `after`, the current step's
@@ -263,11 +299,57 @@ pub(crate) async fn attach(
                 session_events::<()>(state.clone(), session, subscription, mapper.last_seq, None);
             Box::pin(futures::stream::iter(first.into_iter().map(Ok)).chain(rest))
         }
+        None if !mapper.ended && state.store.session_worker(session).await?.is_some() => {
+            // Running in another process (a node that died, before another takes it over):
+            // follow the log until the run stops or comes here.
+            let rest = tail(state.clone(), session, mapper);
+            Box::pin(futures::stream::iter(first.into_iter().map(Ok)).chain(rest))
+        }
         _ => Box::pin(futures::stream::iter(first.into_iter().map(Ok))),
     };
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// How often a stream following a run in another process reads the log.
+const TAIL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A session's committed events as its run in another process writes them, read from the log
+/// every [`TAIL_POLL`]; live from the hub once the run comes to this node; until the run stops.
+fn tail(
+    state: AppState,
+    session: agentry_types::SessionId,
+    mut mapper: SseMapper,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+    async_stream::stream! {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(TAIL_POLL) => {}
+                () = state.shutdown.cancelled() => break,
+            }
+            let Ok(running) = state.store.session_worker(session).await else { break };
+            let Ok(events) = state.logged_events(session, mapper.last_seq).await else { break };
+            for (seq, event) in &events {
+                for sse in mapper.committed(*seq, event) {
+                    yield Ok(sse);
+                }
+            }
+            if mapper.ended || running.is_none() {
+                break;
+            }
+            if let Some(subscription) = state.hub.subscribe(session) {
+                // This node took the run over: its live events from here.
+                let rest = session_events::<()>(
+                    state.clone(), session, subscription, mapper.last_seq, None,
+                );
+                for await event in rest {
+                    yield event;
+                }
+                break;
+            }
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, Default, ToSchema)]

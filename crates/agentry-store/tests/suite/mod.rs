@@ -1,3 +1,4 @@
+mod cluster;
 mod concurrency;
 mod config;
 mod events;

@@ -40,10 +40,18 @@ pub(crate) struct ServeArgs {
     /// Background runs that may wait in the queue; more are refused with 429.
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     max_queued_runs: u64,
-    /// How long a worker's lease on a background run lasts unless renewed (every third of it),
-    /// seconds: a run whose process died is taken over by another after this long.
-    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    /// How long a node's lease lasts unless its heartbeat (every quarter of it) renews it,
+    /// seconds: a node dead this long is taken for dead, and its background runs go to the
+    /// other nodes on the database.
+    #[arg(long, value_name = "SECS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=3600))]
     lease_secs: u64,
+    /// This node's id among the nodes sharing a PostgreSQL database (default: the host's name
+    /// and the port). Two live nodes cannot share one.
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// Where the other nodes reach this one (default: the address it listens on).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise_addr: Option<String>,
     /// Let background runs' webhooks reach loopback and private addresses (refused by default,
     /// so a run cannot make this server call into its own network).
     #[arg(long)]
@@ -127,6 +135,13 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         agentry_store::Backend::Postgres => None,
     };
     let listener = agentry_server::serve::bind(&config, &store).await?;
+    let address = listener.local_addr()?;
+    let node_id = match args.node_id {
+        Some(id) => id,
+        None => format!("{}-{}", host_name(), address.port()),
+    };
+    agentry_store::check_node_id(&node_id)
+        .map_err(|error| anyhow::anyhow!("--node-id: {error}"))?;
     let imported = agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
     // Standalone sandboxes (`/v1/sandboxes`) never outlive the server that made them: the
     // workspaces a crashed one left behind go (after the bind, so a second server on the same
@@ -158,6 +173,13 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     };
     state.app.mcp_expose_tools = args.mcp_expose_tools;
     state.set_queue_settings(agentry_app::queue::QueueSettings {
+        // This process: the node's id and a new incarnation.
+        worker: format!("{node_id}/{}", agentry_types::RunId::new()),
+        node_id: node_id.clone(),
+        address: args
+            .advertise_addr
+            .clone()
+            .unwrap_or_else(|| address.to_string()),
         max_concurrent: args.max_concurrent_runs as usize,
         max_queued: args.max_queued_runs,
         lease: std::time::Duration::from_secs(args.lease_secs),
@@ -167,18 +189,28 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         },
         ..agentry_app::queue::QueueSettings::default()
     });
+    // Refused here, before anything is announced, while another live node has this id.
+    state
+        .join_cluster()
+        .await
+        .map_err(|error| anyhow::anyhow!("cannot join the cluster: {}", error.message))?;
     let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         shutdown.cancel();
     });
-    let address = listener.local_addr()?;
     println!("Agentry is listening on http://{address}");
     println!(
         "data: {} ({})",
         data.home()?.display(),
         store.backend().as_str()
     );
+    if store.backend() == agentry_store::Backend::Postgres {
+        println!(
+            "node: {node_id} (a node dead {} s has its background runs taken by the others)",
+            args.lease_secs
+        );
+    }
     println!("{sandbox_line}");
     println!("{fetch_line}");
     println!(
@@ -211,6 +243,26 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     serve(listener, state, &config).await?;
     eprintln!("agentry: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// This machine's name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else `localhost`),
+/// reduced to the characters a node id may hold.
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let name: String = name
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        .take(100)
+        .collect();
+    if name.is_empty() {
+        "localhost".to_owned()
+    } else {
+        name
+    }
 }
 
 /// What `--approve` makes ask for a person's approval, for the start-up banner.

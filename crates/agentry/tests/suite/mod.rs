@@ -2,6 +2,7 @@ mod agents;
 mod approvals;
 mod boundaries;
 mod chat;
+mod cluster;
 mod crash;
 mod files;
 mod mcp;

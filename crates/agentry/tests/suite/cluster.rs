@@ -1,0 +1,765 @@
+//! Several `agentry serve` nodes on one PostgreSQL database (a fresh database per test): any
+//! node takes any request; a killed node's runs finish on the others, each tool call executed
+//! at most once and every committed event kept; a node paused past its lease is fenced out and
+//! rejoins; a client on one node streams and controls a run live on another; configuration
+//! made on one node is used on the others; a schedule fires once per slot; and the bad starts
+//! (a taken node id, a newer schema, an unreachable database) are refused with a clear error.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentry_testkit::{Chunking, MockProvider, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use super::processes::free_port;
+
+/// The PostgreSQL server the tests use (`AGENTRY_TEST_DATABASE_URL`, as the store's tests).
+fn base_url() -> String {
+    std::env::var("AGENTRY_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned())
+}
+
+async fn psql(url: &str, sql: &str) -> String {
+    let output = tokio::process::Command::new("psql")
+        .args([url, "-Atqc", sql])
+        .output()
+        .await
+        .expect("psql runs");
+    assert!(
+        output.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A fresh database, dropped with the value.
+struct Database {
+    name: String,
+    url: String,
+}
+
+impl Database {
+    async fn new() -> Self {
+        let name = format!("cluster_{}", uuid_hex());
+        psql(&base_url(), &format!("CREATE DATABASE {name}")).await;
+        let base = base_url();
+        let url = match base.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => panic!("unexpected database URL {base}"),
+        };
+        Self { name, url }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args([
+                &base_url(),
+                "-Atqc",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            ])
+            .output();
+    }
+}
+
+fn uuid_hex() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+/// One node: its process, its port, what it printed.
+struct Node {
+    id: String,
+    port: u16,
+    child: tokio::process::Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Node {
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id().unwrap() as i32
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`) to the node's process.
+    fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+/// The nodes' data folders share one secret key, as the nodes of a cluster must.
+struct Homes {
+    root: tempfile::TempDir,
+}
+
+impl Homes {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let key = root.path().join("secret.key");
+        agentry_store::SecretKey::load_or_create(&key).unwrap();
+        Self { root }
+    }
+
+    fn home(&self, id: &str) -> std::path::PathBuf {
+        let home = self.root.path().join(id);
+        if !home.exists() {
+            std::fs::create_dir_all(&home).unwrap();
+            std::fs::copy(self.root.path().join("secret.key"), home.join("secret.key")).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                home.join("secret.key"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .unwrap();
+        }
+        home
+    }
+}
+
+fn spawn(home: &Path, url: &str, id: &str, port: u16, extra: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home)
+        .args(["--database-url", url])
+        .args(["serve", &format!("127.0.0.1:{port}"), "--node-id", id])
+        .args(["--lease-secs", "2", "--approve", "none", "--sandbox", "off"])
+        .args(["--allow-domain", "127.0.0.1", "--allow-private"])
+        .args(extra)
+        .env_remove("OPENAI_API_KEY")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Starts node `id` and waits until it listens; everything it prints is kept.
+async fn start(homes: &Homes, db: &Database, id: &str, extra: &[&str]) -> Node {
+    let port = free_port();
+    let mut child = spawn(&homes.home(id), &db.url, id, port, extra);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+        .await
+        .expect("the node starts")
+        .unwrap();
+    assert!(
+        first
+            .as_deref()
+            .is_some_and(|line| line.starts_with("Agentry is listening")),
+        "{first:?}"
+    );
+    let out = Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stdout.next_line().await {
+            out.lock().unwrap().push(line);
+        }
+    });
+    let err = Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            err.lock().unwrap().push(line);
+        }
+    });
+    Node {
+        id: id.into(),
+        port,
+        child,
+        log,
+    }
+}
+
+async fn get(node: &Node, path: &str) -> Value {
+    agentry_llm::http_client(Duration::from_secs(60))
+        .unwrap()
+        .get(format!("{}{path}", node.base()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn post(node: &Node, path: &str, body: Value) -> (u16, Value) {
+    let response = agentry_llm::http_client(Duration::from_secs(60))
+        .unwrap()
+        .post(format!("{}{path}", node.base()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Registers the mock as model `m` on `node`.
+async fn add_model(node: &Node, mock: &MockProvider) {
+    let (status, body) = post(
+        node,
+        "/v1/models",
+        json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "x"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// An HTTP server counting the requests to each path: the non-idempotent tool's effect.
+async fn counter() -> (u16, Arc<Mutex<HashMap<String, u32>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let counted = Arc::clone(&hits);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let counted = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let mut buffer = vec![0_u8; 4096];
+                let Ok(read) = socket.read(&mut buffer).await else {
+                    return;
+                };
+                let request = String::from_utf8_lossy(&buffer[..read]).into_owned();
+                if let Some(path) = request.split_whitespace().nth(1) {
+                    *counted.lock().unwrap().entry(path.to_owned()).or_default() += 1;
+                }
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 4\r\nconnection: close\r\n\r\ndone")
+                    .await;
+            });
+        }
+    });
+    (port, hits)
+}
+
+/// Waits for a background run to stop, asking `node`.
+async fn wait_run(node: &Node, run: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let view = get(node, &format!("/v1/runs/{run}/wait?timeout_secs=10")).await;
+        let state = view["state"].as_str().unwrap_or_default().to_owned();
+        if ["succeeded", "failed", "cancelled", "waiting", "paused"].contains(&state.as_str()) {
+            return view;
+        }
+        assert!(Instant::now() < deadline, "run {run} did not stop: {view}");
+    }
+}
+
+/// The kinds of a session's committed events.
+async fn kinds(node: &Node, session: &str) -> Vec<String> {
+    let events = get(node, &format!("/v1/sessions/{session}/events")).await;
+    events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"]["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_thirty_runs_finish_on_the_others_each_call_run_at_most_once() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let (hits_port, hits) = counter().await;
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+        start(&homes, &db, "c", &[]).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    let cluster = get(&nodes[1], "/v1/cluster").await;
+    let alive: Vec<&str> = cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|node| node["state"] == "alive")
+        .map(|node| node["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(alive, vec!["a", "b", "c"], "{cluster}");
+    // Each run calls the counting tool once (its own path), then answers slowly: the answers
+    // are still being written when node a is killed.
+    for n in 0..30 {
+        mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+            "fetch",
+            json!({"url": format!("http://127.0.0.1:{hits_port}/call/{n}")}),
+        )));
+    }
+    mock.set_fallback(
+        Reply::scripted(ScriptedTurn::text("finished")).delay_headers(Duration::from_millis(1500)),
+    );
+    // Wait until the configuration reached every node (a second at most).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut runs = Vec::new();
+    for n in 0..30 {
+        let node = &nodes[n % 3];
+        let (status, run) = post(
+            node,
+            "/v1/runs",
+            json!({"text": format!("run {n}"), "model_id": "m", "tool_ids": ["fetch"]}),
+        )
+        .await;
+        assert_eq!(status, 202, "{run}");
+        runs.push(run["run_id"].as_str().unwrap().to_owned());
+    }
+    // Every run is under way (its tool called, its answer pending) before the kill.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while hits.lock().unwrap().len() < 30 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cluster = get(&nodes[1], "/v1/cluster").await;
+    assert_eq!(cluster["nodes"][0]["id"], "a", "{cluster}");
+    let held_by_a = cluster["nodes"][0]["running_runs"].as_u64().unwrap_or(0);
+    let [mut a, b, c] = nodes;
+    a.child.start_kill().unwrap();
+    a.child.wait().await.unwrap();
+    let killed = Instant::now();
+    for run in &runs {
+        let done = wait_run(&b, run).await;
+        assert_eq!(done["state"], "succeeded", "{done}\n--- b ---\n{}", b.log());
+        assert_eq!(done["outcome"]["text"], "finished", "{done}");
+        // One run in its log: started once, finished once, whatever node ended it.
+        let session = done["session_id"].as_str().unwrap();
+        let kinds = kinds(&c, session).await;
+        assert_eq!(
+            kinds.iter().filter(|k| *k == "run_started").count(),
+            1,
+            "{kinds:?}"
+        );
+        assert_eq!(
+            kinds.iter().filter(|k| *k == "run_finished").count(),
+            1,
+            "{kinds:?}"
+        );
+    }
+    let taken_over = {
+        let mut count = 0;
+        for run in &runs {
+            if get(&c, &format!("/v1/runs/{run}")).await["attempt"] == 2 {
+                count += 1;
+            }
+        }
+        count
+    };
+    assert!(
+        held_by_a > 0 && taken_over > 0,
+        "node a held {held_by_a} runs, {taken_over} were taken over"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(40),
+        "the runs took {:?} to finish after the kill",
+        killed.elapsed()
+    );
+    // The counting tool ran once per call, never twice.
+    let hits = hits.lock().unwrap().clone();
+    assert_eq!(hits.len(), 30, "{hits:?}");
+    assert!(hits.values().all(|count| *count == 1), "{hits:?}");
+    // The dead node is seen as dead.
+    let cluster = get(&b, "/v1/cluster").await;
+    let a_state = cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["id"] == "a")
+        .map(|node| node["state"].clone());
+    assert_eq!(a_state, Some(json!("dead")), "{cluster}");
+}
+
+/// The node id of the process running a background run (`<node>/<process>`), once it runs.
+async fn owner_of(node: &Node, run: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = get(node, &format!("/v1/runs/{run}")).await;
+        if let Some(worker) = view["worker"].as_str() {
+            return worker.split('/').next().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "run {run} never started: {view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A server-sent event stream, read to its end: each event's name, id and data.
+async fn read_stream(node: &Node, path: &str) -> Vec<(String, Option<u64>, Value)> {
+    let body = agentry_llm::http_client(Duration::from_secs(60))
+        .unwrap()
+        .get(format!("{}{path}", node.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    body.split("\n\n")
+        .filter_map(|block| {
+            let mut name = None;
+            let mut id = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(value) = line.strip_prefix("event: ") {
+                    name = Some(value.to_owned());
+                } else if let Some(value) = line.strip_prefix("id: ") {
+                    id = value.parse().ok();
+                } else if let Some(value) = line.strip_prefix("data: ") {
+                    data.push_str(value);
+                }
+            }
+            Some((
+                name?,
+                id,
+                serde_json::from_str(&data).unwrap_or(Value::Null),
+            ))
+        })
+        .collect()
+}
+
+fn streamed_text(events: &[(String, Option<u64>, Value)]) -> String {
+    events
+        .iter()
+        .filter(|(name, _, _)| name == "delta.text")
+        .map(|(_, _, data)| data["text"].as_str().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_any_node_streams_and_controls_a_run_live_on_another() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+        start(&homes, &db, "c", &[]).await,
+    ];
+    // Configuration made on one node is used on every other one within a second.
+    add_model(&nodes[2], &mock).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("ready")));
+    let (status, answer) = post(
+        &nodes[0],
+        "/v1/infer",
+        json!({"model_id": "m", "text": "hello"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+
+    // A run streaming slowly: every node streams it, the two that do not run it included.
+    let words: Vec<String> = (0..12).map(|n| format!("w{n} ")).collect();
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text(words.concat()))
+            .chunked(Chunking::SseEvents)
+            .paced(Duration::from_millis(120)),
+    );
+    let (status, run) = post(
+        &nodes[0],
+        "/v1/runs",
+        json!({"model_id": "m", "text": "stream"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{run}");
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let owner = owner_of(&nodes[1], &run_id).await;
+    let path = format!("/v1/runs/{run_id}/stream");
+    let (on_a, on_b, on_c) = tokio::join!(
+        read_stream(&nodes[0], &path),
+        read_stream(&nodes[1], &path),
+        read_stream(&nodes[2], &path)
+    );
+    for (name, events) in [("a", &on_a), ("b", &on_b), ("c", &on_c)] {
+        // Every delta, in order, and the committed events with the owner's ids, none missing.
+        assert_eq!(
+            streamed_text(events),
+            words.concat(),
+            "node {name} (the run is on {owner}): {events:?}"
+        );
+        let ids: Vec<u64> = events.iter().filter_map(|(_, id, _)| *id).collect();
+        let owner_ids: Vec<u64> = match owner.as_str() {
+            "a" => &on_a,
+            "b" => &on_b,
+            _ => &on_c,
+        }
+        .iter()
+        .filter_map(|(_, id, _)| *id)
+        .collect();
+        assert_eq!(ids, owner_ids, "node {name}");
+        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{ids:?}");
+        assert!(
+            events.iter().any(|(name, _, _)| name == "run.finished"),
+            "node {name}: {events:?}"
+        );
+    }
+
+    // An interrupt sent to a node that does not run the run stops it.
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("x ".repeat(200)))
+            .chunked(Chunking::SseEvents)
+            .paced(Duration::from_millis(100)),
+    );
+    let (_, run) = post(
+        &nodes[1],
+        "/v1/runs",
+        json!({"model_id": "m", "text": "long"}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let owner = owner_of(&nodes[1], &run_id).await;
+    let other = nodes.iter().find(|node| node.id != owner).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, interrupted) =
+        post(other, &format!("/v1/runs/{run_id}/interrupt"), json!({})).await;
+    assert_eq!(status, 200, "{interrupted}");
+    let done = wait_run(other, &run_id).await;
+    assert_eq!(done["state"], "cancelled", "{done}");
+
+    // An approval sent to a node that did not run the run continues it.
+    // (The model answers slowly, so the run is seen running on its node first.)
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::tool_call(
+            "fetch",
+            json!({"url": "http://127.0.0.1:9/never"}),
+        ))
+        .delay_headers(Duration::from_millis(1000)),
+    );
+    let (_, run) = post(
+        &nodes[2],
+        "/v1/runs",
+        json!({"model_id": "m", "text": "ask", "tool_ids": ["fetch"],
+               "approvals": {"tools": {"fetch": "always"}}}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let owner = owner_of(&nodes[2], &run_id).await;
+    let waiting = wait_run(&nodes[2], &run_id).await;
+    assert_eq!(waiting["state"], "waiting", "{waiting}");
+    let approvals = get(&nodes[0], &format!("/v1/runs/{run_id}/approvals")).await;
+    let call = approvals["pending"][0]["call"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let other = nodes.iter().find(|node| node.id != owner).unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("rejected, fine")));
+    let (status, decided) = post(
+        other,
+        &format!("/v1/runs/{run_id}/approvals"),
+        json!({"call_id": call, "decision": "reject", "reason": "not now"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{decided}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let view = wait_run(&nodes[0], &run_id).await;
+        if view["state"] != "waiting" || Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["outcome"]["text"], "rejected, fine", "{done}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_lease_is_fenced_out_and_rejoins() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The first answer trickles (the pause catches it mid-way); the one after the takeover
+    // comes at once.
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("slow ".repeat(40)))
+            .chunked(Chunking::SseEvents)
+            .paced(Duration::from_millis(100)),
+    );
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("taken over")));
+    let (_, run) = post(
+        &nodes[0],
+        "/v1/runs",
+        json!({"model_id": "m", "text": "pause me"}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let owner = owner_of(&nodes[0], &run_id).await;
+    let (paused, other) = if owner == "a" {
+        (&nodes[0], &nodes[1])
+    } else {
+        (&nodes[1], &nodes[0])
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    paused.signal("STOP");
+    let done = wait_run(other, &run_id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 2, "{done}");
+    assert_eq!(done["outcome"]["text"], "taken over", "{done}");
+    let cluster = get(other, "/v1/cluster").await;
+    let state_of = |cluster: &Value, id: &str| {
+        cluster["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|node| node["id"] == id)
+            .map(|node| node["state"].clone())
+    };
+    assert_eq!(
+        state_of(&cluster, &paused.id),
+        Some(json!("dead")),
+        "{cluster}"
+    );
+    // It wakes up: whatever it still tries to write for the run is refused; it joins again.
+    paused.signal("CONT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let cluster = get(other, "/v1/cluster").await;
+        if state_of(&cluster, &paused.id) == Some(json!("alive")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{cluster}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let session = done["session_id"].as_str().unwrap();
+    let kinds = kinds(other, session).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "run_finished").count(),
+        1,
+        "{kinds:?}"
+    );
+    let events = get(other, &format!("/v1/sessions/{session}/events")).await;
+    let texts: Vec<String> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"]["message"]["content"].as_array().cloned())
+        .flatten()
+        .filter_map(|part| part["text"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        !texts.iter().any(|text| text.starts_with("slow")),
+        "the paused node's answer was refused: {texts:?}"
+    );
+    // The woken node serves again.
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("back")));
+    let (status, answer) = post(paused, "/v1/infer", json!({"model_id": "m", "text": "hi"})).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_fires_once_per_slot_with_three_nodes() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("tick")));
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+        start(&homes, &db, "c", &[]).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (status, schedule) = post(
+        &nodes[1],
+        "/v1/schedules",
+        json!({"interval_secs": 1, "run": {"text": "tick", "model_id": "m"}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{schedule}");
+    let id = schedule["id"].as_str().unwrap();
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let removed = agentry_llm::http_client(Duration::from_secs(10))
+        .unwrap()
+        .delete(format!("{}/v1/schedules/{id}", nodes[2].base()))
+        .send()
+        .await
+        .unwrap();
+    assert!(removed.status().is_success(), "{}", removed.status());
+    let elapsed = started.elapsed().as_secs_f64();
+    let runs = get(&nodes[0], &format!("/v1/runs?schedule_id={id}&limit=100")).await;
+    let runs = runs["runs"].as_array().unwrap();
+    // One run per one-second slot, whichever nodes saw it due: never more than the slots.
+    assert!(!runs.is_empty());
+    assert!(
+        (runs.len() as f64) <= elapsed.ceil() + 1.0,
+        "{} runs in {elapsed:.1} s: {runs:#?}",
+        runs.len()
+    );
+    let mut sessions: Vec<&str> = runs
+        .iter()
+        .map(|run| run["session_id"].as_str().unwrap())
+        .collect();
+    sessions.sort_unstable();
+    sessions.dedup();
+    assert_eq!(sessions.len(), runs.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_starts_are_refused_with_a_clear_error() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let first = start(&homes, &db, "same", &[]).await;
+    // Two live nodes with one id.
+    let output = spawn(&homes.home("other"), &db.url, "same", free_port(), &[])
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("another live node holds the id \"same\""),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"));
+    drop(first);
+    // A database a newer Agentry migrated.
+    psql(
+        &db.url,
+        "INSERT INTO agentry_migrations (version, applied_at) VALUES (999, 0)",
+    )
+    .await;
+    let output = spawn(&homes.home("newer"), &db.url, "newer", free_port(), &[])
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("newer than this build"), "{stderr}");
+    // A database nobody answers for.
+    let output = spawn(
+        &homes.home("unreachable"),
+        &format!("postgres://root@127.0.0.1:{}/nothing", free_port()),
+        "lonely",
+        free_port(),
+        &[],
+    )
+    .wait_with_output()
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.to_lowercase().contains("connect"), "{stderr}");
+}
