@@ -54,6 +54,9 @@ pub struct NodeView {
     pub max_runs: u64,
     /// Its machine's one-minute load average at its last heartbeat.
     pub load: Option<f64>,
+    /// The volume its sessions' workspaces are on: nodes on one volume take over each other's
+    /// runs.
+    pub workspaces_volume: Option<String>,
 }
 
 /// `GET /v1/cluster`.
@@ -85,6 +88,7 @@ fn view(record: NodeRecord, this: &str, now: u64) -> NodeView {
         lease_ms: record.lease_ms,
         running_runs: record.running_runs,
         max_runs: record.max_runs,
+        workspaces_volume: record.volume,
     }
 }
 
@@ -108,6 +112,7 @@ impl App {
             running_runs: self.hub.live_runs() as u64,
             max_runs: settings.max_concurrent as u64,
             load_milli: load_milli(),
+            volume: settings.volume.clone(),
         }
     }
 

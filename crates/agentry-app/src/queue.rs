@@ -45,6 +45,9 @@ pub struct QueueSettings {
     pub node_id: String,
     /// Where other nodes reach this one (`host:port`).
     pub address: String,
+    /// The volume the sessions' workspaces are on (nodes on one volume share their files):
+    /// runs of dead nodes are taken over only from nodes on the same one.
+    pub volume: Option<String>,
     /// Runs this process runs at once; more wait in the queue.
     pub max_concurrent: usize,
     /// Runs that may wait in the queue; more are refused with 429.
@@ -65,6 +68,7 @@ impl Default for QueueSettings {
             node_id: worker.clone(),
             worker,
             address: String::new(),
+            volume: None,
             max_concurrent: 64,
             max_queued: 10_000,
             lease: DEFAULT_LEASE,
@@ -394,6 +398,9 @@ impl App {
     /// Sets how the worker runs the queue (before [`App::start_worker`]).
     pub fn set_queue_settings(&self, settings: QueueSettings) {
         self.store.set_worker(&settings.worker);
+        if let Some(volume) = &settings.volume {
+            self.store.set_volume(volume);
+        }
         *self
             .queue
             .settings

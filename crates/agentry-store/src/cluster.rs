@@ -45,6 +45,8 @@ pub struct NodeBeat {
     pub max_runs: u64,
     /// The machine's one-minute load average, in thousandths.
     pub load_milli: Option<u64>,
+    /// The volume its sessions' workspaces are on.
+    pub volume: Option<String>,
 }
 
 /// A node as the database has it.
@@ -70,6 +72,8 @@ pub struct NodeRecord {
     pub max_runs: u64,
     /// The machine's load average then, in thousandths.
     pub load_milli: Option<u64>,
+    /// The volume its sessions' workspaces are on.
+    pub volume: Option<String>,
     /// When it stopped cleanly.
     pub stopped_at: Option<u64>,
 }
@@ -114,22 +118,22 @@ fn millis(duration: Duration) -> u64 {
 
 /// Inserts the node, or takes its row over when it is this incarnation's, stopped, or dead.
 /// Binds: 1 id, 2 incarnation, 3 address, 4 version, 5 now, 6 lease_ms, 7 running, 8 max,
-/// 9 load.
+/// 9 load, 10 volume.
 const JOIN_SQL: &str = "INSERT INTO nodes (id, incarnation, address, version, started_at, \
-     heartbeat_at, lease_ms, running_runs, max_runs, load_milli, stopped_at) \
-     VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $9, NULL) \
+     heartbeat_at, lease_ms, running_runs, max_runs, load_milli, volume, stopped_at) \
+     VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $9, $10, NULL) \
      ON CONFLICT (id) DO UPDATE SET incarnation = excluded.incarnation, \
      address = excluded.address, version = excluded.version, started_at = excluded.started_at, \
      heartbeat_at = excluded.heartbeat_at, lease_ms = excluded.lease_ms, \
      running_runs = excluded.running_runs, max_runs = excluded.max_runs, \
-     load_milli = excluded.load_milli, stopped_at = NULL \
+     load_milli = excluded.load_milli, volume = excluded.volume, stopped_at = NULL \
      WHERE nodes.incarnation = excluded.incarnation OR nodes.stopped_at IS NOT NULL \
      OR nodes.heartbeat_at + nodes.lease_ms < excluded.heartbeat_at";
 
 macro_rules! node_columns {
     () => {
         "id, incarnation, address, version, started_at, heartbeat_at, lease_ms, running_runs, \
-         max_runs, load_milli, stopped_at"
+         max_runs, load_milli, volume, stopped_at"
     };
 }
 
@@ -145,6 +149,7 @@ fn node_from_row<R: RowExt>(row: &R) -> Result<NodeRecord, StoreError> {
         running_runs: from_db(row.int("running_runs")?),
         max_runs: from_db(row.int("max_runs")?),
         load_milli: row.opt_int("load_milli")?.map(from_db),
+        volume: row.opt_text("volume")?,
         stopped_at: row.opt_int("stopped_at")?.map(from_db),
     })
 }
@@ -175,6 +180,7 @@ impl Store {
                 .bind(to_db(node.running_runs))
                 .bind(to_db(node.max_runs))
                 .bind(node.load_milli.map(to_db))
+                .bind(node.volume.as_deref())
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
@@ -191,7 +197,8 @@ impl Store {
     }
 
     /// Hands `worker` the running sessions whose process is gone, for it to resume their
-    /// runs: those of nodes that are dead or stopped, those of `previous` (this node's
+    /// runs: those of nodes that are dead or stopped (on this store's workspace volume, when
+    /// it has one: elsewhere their files are not here), those of `previous` (this node's
     /// incarnation before a restart), and with `exclusive` (no other process can be writing:
     /// SQLite's folder lock) every running session.
     /// Sessions whose run is a background run are left to the run queue, which takes them
@@ -208,7 +215,8 @@ impl Store {
                 "UPDATE sessions SET worker = $1 \
                  WHERE status = 'running' \
                  AND ($3 OR worker = $4 OR worker IN (SELECT incarnation FROM nodes \
-                      WHERE stopped_at IS NOT NULL OR heartbeat_at + lease_ms < $2)) \
+                      WHERE (stopped_at IS NOT NULL OR heartbeat_at + lease_ms < $2) \
+                      AND (CAST($5 AS TEXT) IS NULL OR COALESCE(volume, '') = $5))) \
                  AND NOT EXISTS (SELECT 1 FROM runs \
                       WHERE runs.session_id = sessions.id AND runs.state = 'running') \
                  RETURNING id",
@@ -217,6 +225,7 @@ impl Store {
             .bind(now)
             .bind(exclusive)
             .bind(previous)
+            .bind(self.volume().as_deref().map(str::to_owned))
             .fetch_all(pool)
             .await?
             .iter()
@@ -270,6 +279,7 @@ impl Store {
                     .bind(to_db(node.running_runs))
                     .bind(to_db(node.max_runs))
                     .bind(node.load_milli.map(to_db))
+                    .bind(node.volume.as_deref())
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();

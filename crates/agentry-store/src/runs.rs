@@ -227,7 +227,9 @@ macro_rules! claimable {
          AS place, (SELECT COUNT(*) FROM runs busy WHERE busy.agent_id = candidate.agent_id \
          AND busy.state = 'running' AND busy.lease_until >= $3) AS busy \
          FROM runs candidate WHERE state = 'queued' \
-         OR (state = 'running' AND lease_until < $3)) ranked \
+         OR (state = 'running' AND lease_until < $3 AND (CAST($5 AS TEXT) IS NULL \
+             OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.incarnation = candidate.worker \
+             AND COALESCE(n.volume, '') <> CAST($5 AS TEXT))))) ranked \
          WHERE agent_limit IS NULL OR place + busy <= agent_limit \
          ORDER BY priority DESC, created_at, id"
     };
@@ -281,7 +283,8 @@ impl Dialect {
     /// The claim statement: the oldest claimable runs by priority, made `running` under a new
     /// lease, none beyond its agent's limit (runs of a limited agent are ranked within the
     /// agent, and one is claimable while its rank plus the agent's running runs stays within
-    /// the limit). `$1` worker, `$2` lease expiry, `$3` now, `$4` how many.
+    /// the limit); a run whose lease expired only from a node on the same workspace volume
+    /// (`$5`, when known). `$1` worker, `$2` lease expiry, `$3` now, `$4` how many.
     fn claim_sql(self) -> &'static str {
         match self {
             Self::Sqlite => concat!(
@@ -421,6 +424,7 @@ impl Store {
                 .bind(until)
                 .bind(to_db(now))
                 .bind(to_db(limit as u64))
+                .bind(self.volume().as_deref().map(str::to_owned))
                 .fetch_all(&mut *tx)
                 .await?;
             let claimed = rows

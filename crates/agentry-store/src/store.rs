@@ -86,6 +86,8 @@ pub(crate) struct Inner {
     writer: GroupWriter,
     /// The process writing through this store ([`Store::set_worker`]).
     worker: std::sync::RwLock<Option<Arc<str>>>,
+    /// The volume of this process's workspaces ([`Store::set_volume`]).
+    volume: std::sync::RwLock<Option<Arc<str>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -242,6 +244,7 @@ impl Store {
                 key,
                 writer: GroupWriter::start(inner.clone(), in_flight),
                 worker: std::sync::RwLock::new(None),
+                volume: std::sync::RwLock::new(None),
             }),
         };
         if let Err(error) = crate::db::migrate(&store).await {
@@ -302,6 +305,26 @@ impl Store {
             .worker
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::from(worker));
+    }
+
+    /// Names the volume this process's session workspaces are on: runs and sessions of dead
+    /// nodes are taken over only from nodes on the same one ([`Store::claim_runs`],
+    /// [`Store::claim_orphaned_sessions`]). Unnamed: no such check.
+    pub fn set_volume(&self, volume: &str) {
+        *self
+            .inner
+            .volume
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::from(volume));
+    }
+
+    /// The volume this process's session workspaces are on.
+    pub fn volume(&self) -> Option<Arc<str>> {
+        self.inner
+            .volume
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The process writing through this store.

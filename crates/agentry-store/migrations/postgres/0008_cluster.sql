@@ -15,6 +15,9 @@ CREATE TABLE nodes (
     max_runs      BIGINT NOT NULL DEFAULT 0,
     -- The machine's load average over a minute, in thousandths (NULL: unknown).
     load_milli    BIGINT,
+    -- The volume its sessions' workspaces are on (the id in `<workspaces>/.agentry-volume`):
+    -- a node takes over the runs of a dead node only on the same volume, where their files are.
+    volume        TEXT,
     -- Set when the node stopped cleanly.
     stopped_at    BIGINT
 );

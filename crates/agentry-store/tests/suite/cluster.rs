@@ -18,6 +18,7 @@ both_backends!(
     a_running_session_belongs_to_its_process_until_it_stops,
     the_running_sessions_of_a_dead_node_are_handed_over_once,
     a_node_that_leaves_lets_its_runs_go_at_once,
+    runs_move_only_between_nodes_on_one_workspace_volume,
     the_configuration_generation_moves_with_every_change,
 );
 
@@ -31,6 +32,7 @@ fn beat(id: &str, incarnation: &str, lease: Duration) -> NodeBeat {
         running_runs: 0,
         max_runs: 8,
         load_milli: Some(250),
+        volume: Some("shared".into()),
     }
 }
 
@@ -313,4 +315,79 @@ async fn the_configuration_generation_moves_with_every_change(h: &Harness) {
         .await
         .unwrap();
     assert_eq!(h.store.config_generation().await.unwrap(), after_delete);
+}
+
+async fn runs_move_only_between_nodes_on_one_workspace_volume(h: &Harness) {
+    let dying = h.reopen().await.unwrap();
+    dying.set_worker("d-1");
+    let mut node = beat("d", "d-1", Duration::from_millis(300));
+    node.volume = Some("left".into());
+    dying.join_cluster(&node).await.unwrap();
+    let session = new_session(&dying, "files").await;
+    dying
+        .append_and_set_status(session, &note(1), "running", None)
+        .await
+        .unwrap();
+    let queued = new_session(&dying, "queued").await;
+    let run = NewRun {
+        id: RunId::new(),
+        session_id: queued,
+        agent_id: None,
+        owner: None,
+        priority: 0,
+        idempotency_key: None,
+        schedule_id: None,
+        webhook_url: None,
+        agent_limit: None,
+        request_digest: "d".into(),
+        request: json!({}),
+    };
+    dying.enqueue_run(&run, 10).await.unwrap();
+    assert_eq!(
+        dying
+            .claim_runs("d-1", 1, Duration::from_millis(300))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A node whose workspaces are on another volume leaves them: their files are not there.
+    let elsewhere = h.reopen().await.unwrap();
+    elsewhere.set_volume("right");
+    assert!(
+        elsewhere
+            .claim_orphaned_sessions("e-1", None, false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        elsewhere
+            .claim_runs("e-1", 1, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // One on the same volume takes both.
+    let beside = h.reopen().await.unwrap();
+    beside.set_volume("left");
+    assert_eq!(
+        beside
+            .claim_orphaned_sessions("s-1", None, false)
+            .await
+            .unwrap(),
+        vec![session]
+    );
+    assert_eq!(
+        beside
+            .claim_runs("s-1", 1, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    for store in [dying, elsewhere, beside] {
+        store.close().await;
+    }
 }

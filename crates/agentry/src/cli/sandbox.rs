@@ -160,6 +160,11 @@ pub(crate) struct SandboxArgs {
     /// refused. With it, registering a stdio MCP server over HTTP needs an API key.
     #[arg(long = "allow-host-commands", env = "AGENTRY_ALLOW_HOST_COMMANDS")]
     pub(crate) allow_host_commands: bool,
+    /// The folder sessions' workspaces live in (default: `workspaces` in the data folder). On
+    /// a cluster, give every node the same shared folder (a network or shared volume): a node
+    /// takes over a dead node's runs only when their workspaces are on its volume.
+    #[arg(long = "workspaces", value_name = "DIR", env = "AGENTRY_WORKSPACES")]
+    pub(crate) workspaces: Option<std::path::PathBuf>,
 }
 
 impl SandboxArgs {
@@ -180,7 +185,13 @@ impl SandboxArgs {
         }
         let network = self.network.sandbox_policy()?;
         let fetch = self.network.fetch_config()?;
-        let mut tools = environment_with(self.mode, network, self.ro_mounts.clone(), home)?;
+        let mut tools = environment_with(
+            self.mode,
+            network,
+            self.ro_mounts.clone(),
+            home,
+            self.workspaces.as_deref(),
+        )?;
         tools.fetch = fetch;
         tools.allow_host_commands = self.allow_host_commands;
         Ok(tools)
@@ -212,19 +223,31 @@ pub(crate) fn environment(
     network: NetworkPolicy,
     home: &Path,
 ) -> anyhow::Result<ToolEnvironment> {
-    environment_with(mode, network, Vec::new(), home)
+    environment_with(mode, network, Vec::new(), home, None)
 }
 
-/// [`environment`], with `ro_mounts` shown read-only in every sandbox; sandboxed stdio MCP
-/// servers get their workspaces under `home/mcp-workspaces`.
+/// [`environment`], with `ro_mounts` shown read-only in every sandbox and the workspaces in
+/// `workspaces` when given; sandboxed stdio MCP servers get their workspaces under
+/// `home/mcp-workspaces`.
 fn environment_with(
     mode: SandboxMode,
     network: NetworkPolicy,
     ro_mounts: Vec<std::path::PathBuf>,
     home: &Path,
+    workspaces: Option<&Path>,
 ) -> anyhow::Result<ToolEnvironment> {
     {
-        let workspaces = home.join("workspaces");
+        let workspaces = match workspaces {
+            Some(folder) => {
+                anyhow::ensure!(
+                    folder.is_absolute(),
+                    "--workspaces {}: the path must be absolute",
+                    folder.display()
+                );
+                folder.to_path_buf()
+            }
+            None => home.join("workspaces"),
+        };
         std::fs::create_dir_all(&workspaces)
             .with_context(|| format!("cannot create {}", workspaces.display()))?;
         let kind = match mode {
@@ -267,6 +290,45 @@ fn environment_with(
             ..ToolEnvironment::default()
         })
     }
+}
+
+/// The id of the volume `workspaces` is on: `.agentry-volume` in it, made once. Nodes that see
+/// the same id share their sessions' files.
+pub(crate) fn workspace_volume(workspaces: &Path) -> anyhow::Result<String> {
+    let marker = workspaces.join(".agentry-volume");
+    let fresh = agentry_types::RunId::new().to_string();
+    // Created exclusively: two nodes starting on a new shared folder agree on the first id.
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+    {
+        Ok(mut file) => {
+            use std::io::Write as _;
+            file.write_all(fresh.as_bytes())
+                .with_context(|| format!("cannot write {}", marker.display()))?;
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot create {}", marker.display()));
+        }
+    }
+    // A reader racing the writer may see it empty for a moment.
+    for _ in 0..50 {
+        let id = std::fs::read_to_string(&marker)
+            .with_context(|| format!("cannot read {}", marker.display()))?;
+        let id = id.trim();
+        if !id.is_empty() {
+            anyhow::ensure!(
+                id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+                "{} does not hold a volume id",
+                marker.display()
+            );
+            return Ok(id.to_owned());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    anyhow::bail!("{} stays empty", marker.display())
 }
 
 /// `agentry doctor` arguments.

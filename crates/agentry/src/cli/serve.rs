@@ -152,6 +152,10 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
             .with_context(|| format!("cannot clean {}", stale.display()))?;
     }
     let mut tools = args.sandbox.environment(&data.home()?)?;
+    let volume = match &tools.workspaces {
+        Some(folder) => Some(super::sandbox::workspace_volume(folder)?),
+        None => None,
+    };
     tools.approval_defaults = approval_defaults(&args.approve);
     tools.skill_roots = Some(data.skill_roots()?);
     let sandbox_line = match &tools.sandboxes {
@@ -176,6 +180,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         // This process: the node's id and a new incarnation.
         worker: format!("{node_id}/{}", agentry_types::RunId::new()),
         node_id: node_id.clone(),
+        volume: volume.clone(),
         address: args
             .advertise_addr
             .clone()

@@ -133,11 +133,17 @@ impl Homes {
 }
 
 fn spawn(home: &Path, url: &str, id: &str, port: u16, extra: &[&str]) -> tokio::process::Child {
+    // Every node's workspaces on one shared folder (beside the data folders), as a cluster's
+    // nodes must have to take over each other's runs.
+    let shared = home.parent().unwrap().join("workspaces");
     tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
         .arg("--home")
         .arg(home)
+        .arg("serve")
+        .arg("--workspaces")
+        .arg(&shared)
         .args(["--database-url", url])
-        .args(["serve", &format!("127.0.0.1:{port}"), "--node-id", id])
+        .args([&format!("127.0.0.1:{port}"), "--node-id", id])
         .args(["--lease-secs", "2", "--approve", "none", "--sandbox", "off"])
         .args(["--allow-domain", "127.0.0.1", "--allow-private"])
         .args(extra)
@@ -762,4 +768,188 @@ async fn bad_starts_are_refused_with_a_clear_error() {
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.to_lowercase().contains("connect"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_whose_node_is_killed_goes_on_on_another() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("hello")));
+    let (status, first) = post(
+        &nodes[0],
+        "/v1/infer",
+        json!({"session_id": "new", "model_id": "m", "text": "hi"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    let session = first["session_id"].as_str().unwrap().to_owned();
+    // The next turn, on node a, waits on its model when a is killed.
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("never seen")).delay_headers(Duration::from_secs(30)),
+    );
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("after the failover")));
+    let url = format!("{}/v1/infer", nodes[0].base());
+    let body = json!({"session_id": session, "model_id": "m", "text": "and now?"});
+    let pending = tokio::spawn(async move {
+        agentry_llm::http_client(Duration::from_secs(60))
+            .unwrap()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mock.request_count() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let [mut a, b] = nodes;
+    a.child.start_kill().unwrap();
+    a.child.wait().await.unwrap();
+    assert!(
+        pending.await.unwrap().is_err(),
+        "the client's connection died with a"
+    );
+    // Node b takes the session over once a's lease runs out and finishes the turn.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let detail = get(&b, &format!("/v1/sessions/{session}")).await;
+        if detail["session"]["status"] == "idle" || detail["status"] == "idle" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{detail}\n--- b ---\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kinds = kinds(&b, &session).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "run_started").count(),
+        2,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "run_finished").count(),
+        2,
+        "{kinds:?}"
+    );
+    let events = get(&b, &format!("/v1/sessions/{session}/events")).await;
+    assert!(
+        events.to_string().contains("after the failover"),
+        "{events}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_with_sigterm_finishes_its_run_and_its_clients_resume_elsewhere() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let words: Vec<String> = (0..25).map(|n| format!("w{n} ")).collect();
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text(words.concat()))
+            .chunked(Chunking::SseEvents)
+            .paced(Duration::from_millis(100)),
+    );
+    let (_, run) = post(
+        &nodes[0],
+        "/v1/runs",
+        json!({"model_id": "m", "text": "go"}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let owner = owner_of(&nodes[1], &run_id).await;
+    let (stopping, other) = if owner == "a" {
+        (&nodes[0], &nodes[1])
+    } else {
+        (&nodes[1], &nodes[0])
+    };
+    // A client follows the run through the other node; the owner is told to stop meanwhile.
+    let path = format!("/v1/runs/{run_id}/stream");
+    let reading = read_stream(other, &path);
+    let stopping_pid = stopping.pid();
+    let stop = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &stopping_pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    let (first, ()) = tokio::join!(reading, stop);
+    // Its stream may end early (the owner went away): it resumes from the last id it has,
+    // on the node still up, and nothing is missing.
+    let last = first.iter().filter_map(|(_, id, _)| *id).max().unwrap_or(0);
+    let rest = if first.iter().any(|(name, _, _)| name == "run.finished") {
+        Vec::new()
+    } else {
+        read_stream(other, &format!("{path}?after={last}")).await
+    };
+    let done = wait_run(other, &run_id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 1, "finished by its own node: {done}");
+    let ids: Vec<u64> = first
+        .iter()
+        .chain(rest.iter())
+        .filter_map(|(_, id, _)| *id)
+        .collect();
+    let session = done["session_id"].as_str().unwrap();
+    let logged: Vec<u64> = get(other, &format!("/v1/sessions/{session}/events")).await["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["event"]["type"] != "usage")
+        .map(|event| event["seq"].as_u64().unwrap())
+        .collect();
+    for seq in &logged {
+        assert!(
+            ids.contains(seq),
+            "seq {seq} missing: {ids:?} of {logged:?}"
+        );
+    }
+    assert!(
+        first
+            .iter()
+            .chain(rest.iter())
+            .any(|(name, _, _)| name == "run.finished")
+    );
+    // The stopped node exits cleanly and is seen as stopped; restarted, it joins again.
+    let [mut a, mut b] = nodes;
+    let stopped = if owner == "a" { &mut a } else { &mut b };
+    let status = tokio::time::timeout(Duration::from_secs(20), stopped.child.wait())
+        .await
+        .expect("the node stops within its grace")
+        .unwrap();
+    assert!(status.success(), "{status}\n{}", stopped.log());
+    let up = if owner == "a" { &b } else { &a };
+    let cluster = get(up, "/v1/cluster").await;
+    let state = cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["id"] == owner.as_str())
+        .map(|node| node["state"].clone());
+    assert_eq!(state, Some(json!("stopped")), "{cluster}");
+    let again = start(&homes, &db, &owner, &[]).await;
+    let cluster = get(&again, "/v1/cluster").await;
+    let state = cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["id"] == owner.as_str())
+        .map(|node| node["state"].clone());
+    assert_eq!(state, Some(json!("alive")), "{cluster}");
 }
