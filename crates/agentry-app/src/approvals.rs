@@ -113,7 +113,7 @@ impl ControlOutcome {
 }
 
 /// A decision on one waiting call.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionBody {
     /// The call's id (`pending[].call.id`).
@@ -135,7 +135,7 @@ pub struct DecisionBody {
 
 /// `POST /v1/runs/{run_id}/approvals`: one decision, or several in `decisions`; or the answer
 /// to one MCP elicitation (`elicitation_id`, `decision` `approve` with `content`, or `reject`).
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecideBody {
     /// Several decisions, committed together.

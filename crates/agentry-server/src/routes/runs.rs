@@ -125,11 +125,24 @@ async fn session_approvals(
 async fn decide(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<DecideBody>,
-) -> Result<Json<DecideOutcome>, ApiError> {
+) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
+    // An MCP server's question waits in the memory of the node running the call: the answer
+    // goes there. (Decisions on waiting calls are durable: any node takes them.)
+    if body.elicitation_id.is_some()
+        && !crate::relay::was_relayed(&headers)
+        && let Some(address) = state.remote_run_owner(run_id).await?
+    {
+        let node = state.queue_settings().node_id;
+        let json = serde_json::to_vec(&body)
+            .map_err(|error| ApiError::internal(format!("cannot relay the answer: {error}")))?;
+        let path = format!("/v1/runs/{run_id}/approvals");
+        return crate::relay::forward(&address, &node, Method::POST, &path, &headers, json).await;
+    }
     let outcome = state.submit(body.into_op(run_id)?).await?;
-    Ok(Json(outcome.into()))
+    Ok(Json(DecideOutcome::from(outcome)).into_response())
 }
 
 /// Interrupts a run: a live run's current step is cancelled (the model call and the tools in
