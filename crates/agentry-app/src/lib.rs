@@ -28,6 +28,7 @@ pub mod mcp_server;
 pub mod mcp_service;
 pub mod mcp_tools;
 pub mod memory;
+pub mod openai_compat;
 pub mod ops;
 pub mod outcome;
 pub mod queue;

@@ -116,6 +116,13 @@ pub(crate) async fn authorize(
         .filter(|rest| rest.starts_with("/v1/"))
         .unwrap_or(full)
         .to_owned();
+    // The OpenAI-compatible API: a chat completion is a run, its models the catalogue.
+    let path = match path.strip_prefix(crate::routes::openai::PREFIX) {
+        Some("/chat/completions") => "/v1/infer".to_owned(),
+        Some("/models") => "/v1/models".to_owned(),
+        Some(_) => "/v1/openai".to_owned(),
+        None => path,
+    };
     let is_api =
         path.starts_with("/v1/") || path == "/metrics" || path == crate::mcp_endpoint::MCP_PATH;
     if is_api && !user_may(request.method(), &path) {

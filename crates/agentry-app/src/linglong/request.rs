@@ -145,14 +145,28 @@ impl SeedInferRequest {
         if self.text.is_some() && !self.messages.is_empty() {
             return Err(AppError::bad_request("give `text` or `messages`, not both"));
         }
-        let mut conversation = SeedConversation::default();
         if let Some(text) = &self.text {
-            conversation.input = Some(Input::Text { text: text.clone() });
-            return Ok(conversation);
+            return Ok(SeedConversation {
+                input: Some(Input::Text { text: text.clone() }),
+                ..SeedConversation::default()
+            });
         }
+        conversation_of(&self.messages, stateless)
+    }
+}
+
+/// Reads OpenAI-shaped `messages` (the seed's, and OpenAI's own chat completions): the system
+/// prompt, the earlier turns (tool calls paired with their results) and the new user turn —
+/// the whole conversation when `stateless`, else a system prompt and one user turn at most.
+pub(crate) fn conversation_of(
+    messages: &[SeedMessage],
+    stateless: bool,
+) -> Result<SeedConversation, AppError> {
+    {
+        let mut conversation = SeedConversation::default();
         let mut turns = Vec::new();
         let mut open_calls: Vec<ToolCall> = Vec::new();
-        for (index, message) in self.messages.iter().enumerate() {
+        for (index, message) in messages.iter().enumerate() {
             let at = |problem: &str| AppError::bad_request(format!("messages[{index}]: {problem}"));
             match message.role.as_str() {
                 "system" => {

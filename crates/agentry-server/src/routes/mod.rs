@@ -16,6 +16,7 @@ pub mod keys;
 pub mod linglong;
 pub mod mcp;
 pub mod memories;
+pub mod openai;
 pub mod ops;
 pub mod runs;
 pub mod sandboxes;
@@ -68,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .merge(status::routes())
         .merge(hooks::routes())
         .merge(linglong::routes())
+        .merge(openai::routes())
         .merge(crate::mcp_endpoint::routes(&state))
         .merge(crate::console::routes())
         .fallback(ops::not_found)

@@ -12,6 +12,7 @@ mod mcp_server;
 mod mcp_servers;
 mod media;
 mod memories;
+mod openai_compat;
 mod openapi;
 mod ops;
 mod revoke;

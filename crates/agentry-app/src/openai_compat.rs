@@ -1,0 +1,550 @@
+//! Agentry as an OpenAI-compatible server (`/openai/v1`): the models and saved agents as
+//! OpenAI models, and chat completions answered by Agentry runs.
+//!
+//! A chat completion is a run: its `model` names a registered model, or a saved agent as
+//! `agent:<id>` (whose own tools then run inside Agentry; only the answer comes back). The
+//! request's `messages` are the conversation (system, user, assistant turns with their tool
+//! calls, tool results), read as the seed's API reads them
+//! ([`crate::linglong::request::conversation_of`]). Stateless by default: nothing is stored. A
+//! request may name a session instead (`x-agentry-session-id: new` or a session id, answered in
+//! the same header): its run is durable, and only the system prompt and the last user message
+//! of `messages` are used — the earlier turns come from the session.
+//!
+//! Errors come in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`, see
+//! [`OpenAiError`]).
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use agentry_core::RunRequest;
+use agentry_llm::GenerationParams;
+use agentry_types::{RunEvent, Usage};
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::{AppError, Failure};
+use crate::ids::parse_session_id;
+use crate::linglong::request::{SeedMessage, conversation_of};
+use crate::outcome::RunOutcome;
+use crate::runs::{RunInput, SessionChoice, Target};
+
+/// The prefix naming a saved agent as a model.
+pub const AGENT_PREFIX: &str = "agent:";
+
+/// An error in OpenAI's shape, with its HTTP status.
+#[derive(Debug, Clone)]
+pub struct OpenAiError {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body: `{"error": {"message", "type", "param", "code"}}`.
+    pub body: Value,
+}
+
+impl OpenAiError {
+    fn new(
+        status: u16,
+        kind: &str,
+        code: Option<&str>,
+        param: Option<&str>,
+        message: String,
+    ) -> Self {
+        Self {
+            status,
+            body: json!({"error": {"message": message, "type": kind, "param": param, "code": code}}),
+        }
+    }
+
+    /// `404 model_not_found`.
+    fn unknown_model(model: &str) -> Self {
+        Self::new(
+            404,
+            "invalid_request_error",
+            Some("model_not_found"),
+            Some("model"),
+            format!(
+                "The model `{model}` does not exist: name a registered model, or a saved agent \
+                 as `agent:<id>` (GET /openai/v1/models lists both)"
+            ),
+        )
+    }
+
+    /// A 400 about `param`.
+    fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self::new(
+            400,
+            "invalid_request_error",
+            None,
+            Some(param),
+            message.into(),
+        )
+    }
+}
+
+impl From<AppError> for OpenAiError {
+    fn from(error: AppError) -> Self {
+        let (status, kind) = match error.failure {
+            Failure::Invalid => (400, "invalid_request_error"),
+            Failure::Unauthenticated => (401, "authentication_error"),
+            Failure::Forbidden => (403, "permission_error"),
+            Failure::NotFound => (404, "invalid_request_error"),
+            Failure::Conflict => (409, "invalid_request_error"),
+            Failure::TooLarge => (413, "invalid_request_error"),
+            Failure::TooMany => (429, "rate_limit_error"),
+            Failure::Upstream => (502, "api_error"),
+            Failure::Unavailable => (503, "api_error"),
+            Failure::Timeout => (504, "api_error"),
+            Failure::Internal => (500, "api_error"),
+        };
+        Self::new(status, kind, Some(error.code), None, error.message)
+    }
+}
+
+/// `stream_options` of a chat completion.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `POST /openai/v1/chat/completions`. Fields OpenAI defines that Agentry does not use
+/// (`logprobs`, `seed`, `metadata`, `store`, …) are accepted and ignored, as OpenAI-compatible
+/// servers do.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// A registered model's id, or `agent:<id>`.
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<Value>,
+    /// Stream chunks as server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// What the stream adds.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Tools the client runs itself (not supported yet: refused).
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Output bound (older name).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Output bound.
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    /// Stop sequences: a string or a list.
+    #[serde(default)]
+    pub stop: Option<Value>,
+    /// Choices asked for: only 1.
+    #[serde(default)]
+    pub n: Option<u32>,
+    /// Reasoning effort (`low`, `medium`, `high`).
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
+    /// The end user: a saved agent's memories about them join its prompt.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// A checked chat completion, ready to run.
+#[derive(Debug)]
+pub struct ChatRun {
+    /// Where it runs.
+    pub target: Target,
+    /// The run.
+    pub request: RunRequest,
+    /// The `model` as the client named it (answered back).
+    pub model: String,
+    /// Usage goes in the stream's last chunk.
+    pub include_usage: bool,
+}
+
+/// One OpenAI message as the seed's conversation reader takes it (`developer` is `system`).
+fn seed_message(index: usize, message: &Value) -> Result<SeedMessage, OpenAiError> {
+    let param = format!("messages[{index}]");
+    let object = message
+        .as_object()
+        .ok_or_else(|| OpenAiError::invalid(&param, format!("{param} must be an object")))?;
+    let role = object
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| OpenAiError::invalid(&param, format!("{param} needs a `role`")))?;
+    let role = if role == "developer" { "system" } else { role };
+    let text = |key: &str| object.get(key).and_then(Value::as_str).map(str::to_owned);
+    Ok(SeedMessage {
+        role: role.to_owned(),
+        content: object.get("content").cloned(),
+        name: text("name"),
+        tool_calls: object.get("tool_calls").and_then(Value::as_array).cloned(),
+        tool_call_id: text("tool_call_id"),
+        thinking: text("reasoning_content"),
+        ..SeedMessage::default()
+    })
+}
+
+/// The stop sequences of `stop`: a string or a list of strings.
+fn stop_sequences(stop: Option<&Value>) -> Result<Vec<String>, OpenAiError> {
+    match stop {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(one)) => Ok(vec![one.clone()]),
+        Some(Value::Array(many)) if many.len() <= 4 => many
+            .iter()
+            .map(|item| {
+                item.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| OpenAiError::invalid("stop", "`stop` holds strings"))
+            })
+            .collect(),
+        Some(_) => Err(OpenAiError::invalid(
+            "stop",
+            "`stop` is a string or a list of at most 4 strings",
+        )),
+    }
+}
+
+impl App {
+    /// `GET /openai/v1/models`: every registered model, then every saved agent as
+    /// `agent:<id>`.
+    pub async fn openai_models(&self, caller: &Principal) -> Result<Value, OpenAiError> {
+        let mut data = Vec::new();
+        for (id, value) in self
+            .store
+            .list_config(agentry_store::ConfigKind::Model)
+            .await
+            .map_err(AppError::from)?
+        {
+            let _ = value;
+            if caller.check_run(None, Some(&id), None).is_ok() {
+                data.push(
+                    json!({"id": id, "object": "model", "created": 0, "owned_by": "agentry"}),
+                );
+            }
+        }
+        for (id, _) in self
+            .store
+            .list_config(agentry_store::ConfigKind::Agent)
+            .await
+            .map_err(AppError::from)?
+        {
+            if caller.check_run(Some(&id), None, None).is_ok() {
+                data.push(
+                    json!({"id": format!("{AGENT_PREFIX}{id}"), "object": "model",
+                                 "created": 0, "owned_by": "agentry"}),
+                );
+            }
+        }
+        Ok(json!({"object": "list", "data": data}))
+    }
+
+    /// Checks a chat completion for `caller` and prepares its run (`session`: the
+    /// `x-agentry-session-id` header, `new` or an id).
+    pub async fn prepare_chat_completion(
+        &self,
+        caller: &Principal,
+        body: ChatCompletionRequest,
+        session: Option<&str>,
+    ) -> Result<ChatRun, OpenAiError> {
+        if body.n.is_some_and(|n| n != 1) {
+            return Err(OpenAiError::invalid(
+                "n",
+                "only one choice (`n: 1`) is supported",
+            ));
+        }
+        if body.tools.as_ref().is_some_and(|tools| !tools.is_empty()) {
+            return Err(OpenAiError::invalid(
+                "tools",
+                "tools the client runs itself are not supported yet: use a saved agent \
+                 (`agent:<id>`) whose tools run inside Agentry",
+            ));
+        }
+        if body.messages.is_empty() {
+            return Err(OpenAiError::invalid("messages", "`messages` is empty"));
+        }
+        let (agent_id, model_id) = match body.model.strip_prefix(AGENT_PREFIX) {
+            Some(agent) => {
+                if crate::config::check_name("agent", agent).is_err()
+                    || crate::agents::stored_agent(&self.store, agent)
+                        .await
+                        .map_err(OpenAiError::from)?
+                        .is_none()
+                {
+                    return Err(OpenAiError::unknown_model(&body.model));
+                }
+                (Some(agent.to_owned()), None)
+            }
+            None => {
+                let known = self
+                    .store
+                    .config(agentry_store::ConfigKind::Model, &body.model)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some();
+                if !known {
+                    return Err(OpenAiError::unknown_model(&body.model));
+                }
+                (None, Some(body.model.clone()))
+            }
+        };
+        let messages = body
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(index, message)| seed_message(index, message))
+            .collect::<Result<Vec<_>, _>>()?;
+        let choice = match session {
+            None => SessionChoice::Ephemeral,
+            Some("new") => SessionChoice::New,
+            Some(id) => SessionChoice::Existing(parse_session_id(id).map_err(OpenAiError::from)?),
+        };
+        let stateless = choice == SessionChoice::Ephemeral;
+        let messages = if stateless {
+            messages
+        } else {
+            // The session has the earlier turns: its system prompt and the new user message.
+            let last_user = messages.iter().rposition(|message| message.role == "user");
+            messages
+                .into_iter()
+                .enumerate()
+                .filter(|(index, message)| message.role == "system" || Some(*index) == last_user)
+                .map(|(_, message)| message)
+                .collect()
+        };
+        let conversation = conversation_of(&messages, stateless)
+            .map_err(|error| OpenAiError::invalid("messages", error.message))?;
+        let params = GenerationParams {
+            max_tokens: body.max_completion_tokens.or(body.max_tokens),
+            temperature: body.temperature,
+            top_p: body.top_p,
+            stop: stop_sequences(body.stop.as_ref())?,
+            thinking: body
+                .reasoning_effort
+                .map(|effort| agentry_llm::ThinkingConfig {
+                    budget_tokens: None,
+                    effort: Some(effort),
+                }),
+            ..GenerationParams::default()
+        };
+        let input = RunInput {
+            agent_id,
+            model_id,
+            system: conversation.system,
+            params: Some(params),
+            user: body
+                .user
+                .filter(|user| crate::config::check_name("user", user).is_ok()),
+            history: conversation.history,
+            input: conversation.input,
+            session: choice,
+            ..RunInput::default()
+        };
+        let (target, request) = crate::runs::prepare(self, caller, input).await?;
+        Ok(ChatRun {
+            target,
+            request,
+            model: body.model,
+            include_usage: body
+                .stream_options
+                .as_ref()
+                .is_some_and(|options| options.include_usage),
+        })
+    }
+}
+
+/// OpenAI's `finish_reason` for a run that stopped for `reason`.
+pub fn finish_reason(reason: &str) -> &'static str {
+    match reason {
+        "completed" => "stop",
+        "quota_exceeded" | "max_rounds" => "length",
+        _ => "stop",
+    }
+}
+
+/// OpenAI's `usage` object.
+pub fn usage_of(usage: &Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    })
+}
+
+/// A completion's id, from its run's.
+fn completion_id(run: Option<agentry_types::RunId>) -> String {
+    format!(
+        "chatcmpl-{}",
+        run.map_or_else(
+            || agentry_types::RunId::new().to_string(),
+            |id| id.to_string()
+        )
+    )
+}
+
+/// The `chat.completion` answering a run that ended as `outcome`; an error in OpenAI's shape
+/// when it failed.
+pub fn chat_completion(model: &str, outcome: &RunOutcome) -> Result<Value, OpenAiError> {
+    if let Some(error) = &outcome.error {
+        return Err(OpenAiError::new(
+            502,
+            "api_error",
+            Some(error.code.as_str()),
+            None,
+            error.message.clone(),
+        ));
+    }
+    if outcome.status.is_some() {
+        return Err(OpenAiError::new(
+            409,
+            "invalid_request_error",
+            Some("approval_required"),
+            None,
+            format!(
+                "the run stopped for a person ({}): decide it with POST /v1/runs/{}/approvals",
+                outcome.stop_reason,
+                outcome.run_id.map(|id| id.to_string()).unwrap_or_default()
+            ),
+        ));
+    }
+    let reasoning: String = outcome
+        .messages
+        .iter()
+        .rev()
+        .find_map(|message| match message {
+            agentry_types::Message::Assistant { content } => Some(
+                content
+                    .iter()
+                    .filter_map(|part| match part {
+                        agentry_types::AssistantPart::Thinking(agentry_types::Thinking::Text {
+                            text,
+                            ..
+                        }) => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let mut message = json!({"role": "assistant", "content": outcome.text, "refusal": null});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = Value::String(reasoning);
+    }
+    Ok(json!({
+        "id": completion_id(outcome.run_id),
+        "object": "chat.completion",
+        "created": crate::clock::now_ms() / 1000,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "finish_reason": finish_reason(&outcome.stop_reason),
+            "logprobs": null,
+        }],
+        "usage": usage_of(&outcome.usage),
+    }))
+}
+
+/// Turns a run's events into `chat.completion.chunk`s: a first chunk with the role, one per
+/// text or reasoning fragment, then the finish (and the usage, when asked for). Tool calls the
+/// run makes inside Agentry do not show: only the answer does.
+#[derive(Debug)]
+pub struct ChunkMapper {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+    started: bool,
+    /// The run reached its end (finished, failed or stopped for a person).
+    pub done: bool,
+}
+
+impl ChunkMapper {
+    /// A mapper for the completion of `run` as `model`.
+    pub fn new(model: &str, include_usage: bool) -> Self {
+        Self {
+            id: completion_id(None),
+            model: model.to_owned(),
+            created: crate::clock::now_ms() / 1000,
+            include_usage,
+            started: false,
+            done: false,
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
+        })
+    }
+
+    /// The chunks `event` makes (each one `data:` line's JSON).
+    pub fn map(&mut self, event: &RunEvent) -> Vec<Value> {
+        let mut out = Vec::new();
+        let open = |this: &mut Self, out: &mut Vec<Value>| {
+            if !this.started {
+                this.started = true;
+                out.push(this.chunk(json!({"role": "assistant", "content": ""}), None));
+            }
+        };
+        match event {
+            RunEvent::RunStarted { run_id } => {
+                self.id = completion_id(Some(*run_id));
+                open(self, &mut out);
+            }
+            RunEvent::TextDelta { text } => {
+                open(self, &mut out);
+                out.push(self.chunk(json!({"content": text}), None));
+            }
+            RunEvent::ThinkingDelta { text } => {
+                open(self, &mut out);
+                out.push(self.chunk(json!({"reasoning_content": text}), None));
+            }
+            RunEvent::RunFinished {
+                stop_reason, usage, ..
+            } => {
+                open(self, &mut out);
+                out.push(self.chunk(json!({}), Some(finish_reason(stop_reason.as_str()))));
+                self.finish(usage, &mut out);
+            }
+            RunEvent::RunSuspended { usage, .. } => {
+                open(self, &mut out);
+                out.push(self.chunk(json!({}), Some("stop")));
+                self.finish(usage, &mut out);
+            }
+            RunEvent::RunFailed { error, .. } => {
+                self.done = true;
+                out.push(
+                    json!({"error": {"message": error.message, "type": "api_error",
+                                          "param": null, "code": error.code}}),
+                );
+            }
+            _ => {}
+        }
+        out
+    }
+
+    fn finish(&mut self, usage: &Usage, out: &mut Vec<Value>) {
+        self.done = true;
+        if self.include_usage {
+            out.push(json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage_of(usage),
+            }));
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The OpenAI-compatible API under `/openai/v1` ([`agentry_app::openai_compat`]): `GET /models`
+//! and `POST /chat/completions` (streamed as `chat.completion.chunk` server-sent events ending
+//! with `data: [DONE]`, or whole). The same API keys as `/v1` (`Authorization: Bearer`); errors
+//! in OpenAI's shape. Not in the OpenAPI document: OpenAI's own reference describes it.
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{Router, get, post};
+use futures::{Stream, StreamExt};
+use tokio::sync::broadcast::error::RecvError;
+
+use agentry_app::domain::core::session::BusyPolicy;
+use agentry_app::openai_compat::{
+    ChatCompletionRequest, ChunkMapper, OpenAiError, chat_completion,
+};
+use agentry_app::runs::{Target, start_in_session};
+
+use crate::authorization::Caller;
+use crate::state::AppState;
+
+/// Where the API is served.
+pub const PREFIX: &str = "/openai/v1";
+
+/// The header naming the session a chat completion runs in (`new` or an id); answered with the
+/// session's id.
+pub const SESSION_HEADER: &str = "x-agentry-session-id";
+
+/// The OpenAI-compatible routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/openai/v1/models", get(models))
+        .route("/openai/v1/chat/completions", post(chat_completions))
+}
+
+fn error(error: OpenAiError) -> Response {
+    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(error.body)).into_response()
+}
+
+async fn models(State(state): State<AppState>, Caller(caller): Caller) -> Response {
+    match state.openai_models(&caller).await {
+        Ok(list) => Json(list).into_response(),
+        Err(failure) => error(failure),
+    }
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body: ChatCompletionRequest = match serde_json::from_slice(&body) {
+        Ok(body) => body,
+        Err(problem) => {
+            return error(OpenAiError {
+                status: 400,
+                body: serde_json::json!({"error": {
+                    "message": format!("the body is not a chat completion request: {problem}"),
+                    "type": "invalid_request_error", "param": null, "code": null}}),
+            });
+        }
+    };
+    let session = headers
+        .get(SESSION_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let stream = body.stream;
+    let run = match state
+        .prepare_chat_completion(&caller, body, session.as_deref())
+        .await
+    {
+        Ok(run) => run,
+        Err(failure) => return error(failure),
+    };
+    let mut answer_headers = HeaderMap::new();
+    if let Target::Session(session) = run.target
+        && let Ok(value) = HeaderValue::from_str(&session.to_string())
+    {
+        answer_headers.insert(SESSION_HEADER, value);
+    }
+    if !stream {
+        let outcome = match state
+            .run_to_end(run.target, run.request, BusyPolicy::Reject, false)
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(failure) => return error(failure.into()),
+        };
+        return match chat_completion(&run.model, &outcome) {
+            Ok(completion) => (answer_headers, Json(completion)).into_response(),
+            Err(failure) => error(failure),
+        };
+    }
+    let mut mapper = ChunkMapper::new(&run.model, run.include_usage);
+    let events: std::pin::Pin<Box<dyn Stream<Item = agentry_types::RunEvent> + Send>> = match run
+        .target
+    {
+        Target::Ephemeral => match state.sessions.runtime().stream(run.request) {
+            Ok(events) => Box::pin(events),
+            Err(failure) => return error(agentry_app::AppError::from(failure).into()),
+        },
+        Target::Session(session) => {
+            let subscription =
+                match start_in_session(&state, session, run.request, BusyPolicy::Reject).await {
+                    Ok(subscription) => subscription,
+                    Err(failure) => return error(failure.into()),
+                };
+            let mut live = subscription.events;
+            Box::pin(async_stream::stream! {
+                loop {
+                    match live.recv().await {
+                        Ok(event) => yield (*event).clone(),
+                        // Deltas lost to a slow reader are not stored; the end still comes.
+                        Err(RecvError::Lagged(_)) => continue,
+                        Err(RecvError::Closed) => break,
+                    }
+                }
+            })
+        }
+    };
+    let chunks = async_stream::stream! {
+        let mut events = events;
+        while let Some(event) = events.next().await {
+            for chunk in mapper.map(&event) {
+                yield Ok::<Event, Infallible>(Event::default().data(chunk.to_string()));
+            }
+            if mapper.done {
+                break;
+            }
+        }
+        yield Ok(Event::default().data("[DONE]"));
+    };
+    (
+        answer_headers,
+        Sse::new(chunks).keep_alive(KeepAlive::default()),
+    )
+        .into_response()
+}

@@ -1,0 +1,217 @@
+//! The OpenAI-compatible API (`/openai/v1`): OpenAI's official Python client lists the models
+//! and agents, completes chats whole and streamed (an agent's own tool running inside), and gets
+//! OpenAI-shaped errors; a session named in `x-agentry-session-id` continues across calls;
+//! bad requests are refused before anything runs.
+
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+use super::support::{Server, start};
+
+/// A saved agent `helper` on the mock model, with the `slow` command tool.
+async fn helper(server: &Server) {
+    let (status, body) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "helper", "model_id": "mock", "tool_ids": ["slow"],
+                   "system": "You help."}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+const CLIENT: &str = r#"
+import json, sys
+import openai
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/openai/v1", api_key="not-needed")
+out = {"models": sorted(m.id for m in client.models.list())}
+
+whole = client.chat.completions.create(
+    model="mock",
+    messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    temperature=0.2,
+)
+out["whole"] = {
+    "text": whole.choices[0].message.content,
+    "role": whole.choices[0].message.role,
+    "finish": whole.choices[0].finish_reason,
+    "object": whole.object,
+    "total": whole.usage.total_tokens,
+}
+
+text, finish, usage, roles = "", None, None, []
+for chunk in client.chat.completions.create(
+    model="agent:helper",
+    messages=[{"role": "user", "content": "Use your tool."}],
+    stream=True,
+    stream_options={"include_usage": True},
+):
+    if chunk.usage is not None:
+        usage = chunk.usage.total_tokens
+    for choice in chunk.choices:
+        if choice.delta.role:
+            roles.append(choice.delta.role)
+        if choice.delta.content:
+            text += choice.delta.content
+        if choice.finish_reason:
+            finish = choice.finish_reason
+out["streamed"] = {"text": text, "finish": finish, "usage": usage, "roles": roles}
+
+try:
+    client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    out["missing"] = None
+except openai.NotFoundError as error:
+    out["missing"] = {"status": error.status_code, "code": error.code, "type": error.type}
+
+print(json.dumps(out))
+"#;
+
+#[tokio::test]
+async fn the_official_openai_client_completes_chats_with_models_and_agents() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has the openai client");
+    };
+    let server = start().await;
+    helper(&server).await;
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("Hello!").with_usage(12, 3),
+    ));
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::tool_call("slow", json!({})).with_usage(20, 5),
+    ));
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("The tool slept.").with_usage(30, 4),
+    ));
+    let output = tokio::process::Command::new(servers.python())
+        .args(["-c", CLIENT, &server.url])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(out["models"], json!(["agent:helper", "mock"]), "{out}");
+    assert_eq!(
+        out["whole"],
+        json!({"text": "Hello!", "role": "assistant", "finish": "stop",
+               "object": "chat.completion", "total": 15}),
+        "{out}"
+    );
+    // The agent's tool ran inside Agentry; only the answer came back.
+    assert_eq!(
+        out["streamed"],
+        json!({"text": "The tool slept.", "finish": "stop", "usage": 59, "roles": ["assistant"]}),
+        "{out}"
+    );
+    assert_eq!(
+        out["missing"],
+        json!({"status": 404, "code": "model_not_found", "type": "invalid_request_error"}),
+        "{out}"
+    );
+    let requests = server.mock.requests();
+    // The developer message became the system prompt; the tool result went back to the model.
+    assert!(requests[0].body.to_string().contains("Be brief."));
+    assert!(
+        requests[2].body.to_string().contains("slept"),
+        "{}",
+        requests[2].body
+    );
+}
+
+#[tokio::test]
+async fn a_named_session_continues_across_calls() {
+    let server = start().await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("First answer.")));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Second answer.")));
+    let call = |session: &str, text: &str| {
+        server
+            .http
+            .post(format!("{}/openai/v1/chat/completions", server.url))
+            .header("x-agentry-session-id", session)
+            .json(&json!({"model": "mock", "messages": [{"role": "user", "content": text}]}))
+            .send()
+    };
+    let first = call("new", "one").await.unwrap();
+    assert_eq!(first.status().as_u16(), 200);
+    let session = first.headers()["x-agentry-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let body: Value = first.json().await.unwrap();
+    assert_eq!(body["choices"][0]["message"]["content"], "First answer.");
+    let second = call(&session, "two").await.unwrap();
+    assert_eq!(second.status().as_u16(), 200);
+    let body: Value = second.json().await.unwrap();
+    assert_eq!(body["choices"][0]["message"]["content"], "Second answer.");
+    // The second call's model saw the first exchange, from the session.
+    let sent = server.mock.requests()[1].body.to_string();
+    assert!(
+        sent.contains("First answer.") && sent.contains("one"),
+        "{sent}"
+    );
+    let (_, events) = server.get(&format!("/v1/sessions/{session}/events")).await;
+    assert!(events.to_string().contains("Second answer."));
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors_and_run_nothing() {
+    let server = start().await;
+    let user = json!([{"role": "user", "content": "x"}]);
+    let cases = [
+        (json!({"model": "mock", "messages": user, "n": 2}), 400, "n"),
+        (
+            json!({"model": "mock", "messages": user,
+                   "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            400,
+            "tools",
+        ),
+        (json!({"model": "mock", "messages": []}), 400, "messages"),
+        (
+            json!({"model": "mock", "messages": [{"role": "tool", "tool_call_id": "nope", "content": "r"}]}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"model": "agent:ghost", "messages": user}),
+            404,
+            "model",
+        ),
+        (
+            json!({"model": "mock", "messages": user, "stop": 7}),
+            400,
+            "stop",
+        ),
+    ];
+    for (body, status, param) in cases {
+        let (got, answer) = server
+            .post("/openai/v1/chat/completions", body.clone())
+            .await;
+        assert_eq!(got, status, "{body} → {answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+        assert!(answer["error"]["type"].is_string(), "{answer}");
+    }
+    let (got, answer) = server
+        .raw(
+            reqwest::Method::POST,
+            "/openai/v1/chat/completions",
+            "{not json",
+        )
+        .await;
+    assert_eq!(got, 400, "{answer}");
+    assert_eq!(answer["error"]["type"], "invalid_request_error");
+    assert_eq!(server.mock.request_count(), 0, "nothing ran");
+}
