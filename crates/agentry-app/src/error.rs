@@ -140,7 +140,9 @@ impl From<RunError> for AppError {
             RunError::Template(TemplateError::NotFound(_)) => Self::not_found(error.to_string()),
             RunError::Template(_) => Self::bad_request(error.to_string()),
             RunError::Tool(_) | RunError::Approval(_) => Self::bad_request(error.to_string()),
-            RunError::File(_) | RunError::Compaction(_) => Self::bad_request(error.to_string()),
+            RunError::File(_) | RunError::Compaction(_) | RunError::ClientTool(_) => {
+                Self::bad_request(error.to_string())
+            }
             _ => Self::internal(error.to_string()),
         }
     }

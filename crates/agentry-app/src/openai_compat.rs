@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use agentry_core::RunRequest;
 use agentry_llm::GenerationParams;
-use agentry_types::{RunEvent, Usage};
+use agentry_types::{AssistantPart, Message, RunEvent, ToolCall, ToolSpec, Usage};
 
 use crate::App;
 use crate::auth::Principal;
@@ -122,9 +122,14 @@ pub struct ChatCompletionRequest {
     /// What the stream adds.
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
-    /// Tools the client runs itself (not supported yet: refused).
+    /// Tools the client runs itself (`{"type": "function", "function": {"name",
+    /// "description", "parameters"}}`): when the model calls one, the completion ends with
+    /// `finish_reason: "tool_calls"`, and the client's next request, with the results, goes on.
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
+    /// `none` offers no client tool; any other choice is left to the model.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
     /// Sampling temperature.
     #[serde(default)]
     pub temperature: Option<f32>,
@@ -162,6 +167,55 @@ pub struct ChatRun {
     pub model: String,
     /// Usage goes in the stream's last chunk.
     pub include_usage: bool,
+    /// The client's tools, by name.
+    pub client_tools: Vec<String>,
+}
+
+/// The client's `tools` as tool specs, checked.
+fn client_tools(tools: &[Value]) -> Result<Vec<ToolSpec>, OpenAiError> {
+    let mut specs = Vec::with_capacity(tools.len());
+    for (index, tool) in tools.iter().enumerate() {
+        let param = format!("tools[{index}]");
+        if tool.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(OpenAiError::invalid(
+                &param,
+                format!("{param}: only `function` tools are supported"),
+            ));
+        }
+        let function = tool.get("function").unwrap_or(&Value::Null);
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|name| {
+                !name.is_empty()
+                    && name.len() <= 64
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            })
+            .ok_or_else(|| {
+                OpenAiError::invalid(
+                    &param,
+                    format!("{param}: `function.name` must be 1 to 64 of a-z A-Z 0-9 _ -"),
+                )
+            })?;
+        let parameters = match function.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(schema @ Value::Object(_)) => schema.clone(),
+            Some(_) => {
+                return Err(OpenAiError::invalid(
+                    &param,
+                    format!("{param}: `function.parameters` must be a JSON Schema object"),
+                ));
+            }
+        };
+        let description = function
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        specs.push(ToolSpec::new(name, description, parameters));
+    }
+    Ok(specs)
 }
 
 /// One OpenAI message as the seed's conversation reader takes it (`developer` is `system`).
@@ -255,13 +309,11 @@ impl App {
                 "only one choice (`n: 1`) is supported",
             ));
         }
-        if body.tools.as_ref().is_some_and(|tools| !tools.is_empty()) {
-            return Err(OpenAiError::invalid(
-                "tools",
-                "tools the client runs itself are not supported yet: use a saved agent \
-                 (`agent:<id>`) whose tools run inside Agentry",
-            ));
-        }
+        let offered = body.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+        let client_tools = match &body.tools {
+            Some(tools) if offered => client_tools(tools)?,
+            _ => Vec::new(),
+        };
         if body.messages.is_empty() {
             return Err(OpenAiError::invalid("messages", "`messages` is empty"));
         }
@@ -341,6 +393,7 @@ impl App {
             history: conversation.history,
             input: conversation.input,
             session: choice,
+            client_tools: client_tools.clone(),
             ..RunInput::default()
         };
         let (target, request) = crate::runs::prepare(self, caller, input).await?;
@@ -352,6 +405,7 @@ impl App {
                 .stream_options
                 .as_ref()
                 .is_some_and(|options| options.include_usage),
+            client_tools: client_tools.into_iter().map(|spec| spec.name).collect(),
         })
     }
 }
@@ -360,6 +414,7 @@ impl App {
 pub fn finish_reason(reason: &str) -> &'static str {
     match reason {
         "completed" => "stop",
+        "tool_calls" => "tool_calls",
         "quota_exceeded" | "max_rounds" => "length",
         _ => "stop",
     }
@@ -387,9 +442,29 @@ fn completion_id(run: Option<agentry_types::RunId>) -> String {
     )
 }
 
-/// The `chat.completion` answering a run that ended as `outcome`; an error in OpenAI's shape
-/// when it failed.
-pub fn chat_completion(model: &str, outcome: &RunOutcome) -> Result<Value, OpenAiError> {
+/// The calls of `content` to the client's tools, as OpenAI's `tool_calls`.
+fn client_calls(content: &[AssistantPart], client_tools: &[String]) -> Vec<Value> {
+    content
+        .iter()
+        .filter_map(|part| match part {
+            AssistantPart::ToolCall(call) if client_tools.contains(&call.name) => Some(call),
+            _ => None,
+        })
+        .enumerate()
+        .map(|(index, call): (usize, &ToolCall)| {
+            json!({"index": index, "id": call.id, "type": "function",
+                   "function": {"name": call.name, "arguments": call.arguments.to_string()}})
+        })
+        .collect()
+}
+
+/// The `chat.completion` answering a run that ended as `outcome` (its calls of
+/// `client_tools` as `tool_calls`); an error in OpenAI's shape when it failed.
+pub fn chat_completion(
+    model: &str,
+    outcome: &RunOutcome,
+    client_tools: &[String],
+) -> Result<Value, OpenAiError> {
     if let Some(error) = &outcome.error {
         return Err(OpenAiError::new(
             502,
@@ -436,6 +511,29 @@ pub fn chat_completion(model: &str, outcome: &RunOutcome) -> Result<Value, OpenA
     if !reasoning.is_empty() {
         message["reasoning_content"] = Value::String(reasoning);
     }
+    if outcome.stop_reason == "tool_calls" {
+        let last = outcome
+            .messages
+            .iter()
+            .rev()
+            .find_map(|message| match message {
+                Message::Assistant { content } => Some(content.as_slice()),
+                _ => None,
+            });
+        let calls: Vec<Value> = client_calls(last.unwrap_or_default(), client_tools)
+            .into_iter()
+            .map(|mut call| {
+                if let Some(object) = call.as_object_mut() {
+                    object.remove("index");
+                }
+                call
+            })
+            .collect();
+        message["tool_calls"] = Value::Array(calls);
+        if outcome.text.is_empty() {
+            message["content"] = Value::Null;
+        }
+    }
     Ok(json!({
         "id": completion_id(outcome.run_id),
         "object": "chat.completion",
@@ -460,20 +558,25 @@ pub struct ChunkMapper {
     model: String,
     created: u64,
     include_usage: bool,
+    client_tools: Vec<String>,
     started: bool,
+    /// The last complete assistant message's parts (its tool calls, at the end).
+    last: Vec<AssistantPart>,
     /// The run reached its end (finished, failed or stopped for a person).
     pub done: bool,
 }
 
 impl ChunkMapper {
-    /// A mapper for the completion of `run` as `model`.
-    pub fn new(model: &str, include_usage: bool) -> Self {
+    /// A mapper for the completion answered as `model`, whose client runs `client_tools`.
+    pub fn new(model: &str, include_usage: bool, client_tools: Vec<String>) -> Self {
         Self {
             id: completion_id(None),
             model: model.to_owned(),
             created: crate::clock::now_ms() / 1000,
             include_usage,
+            client_tools,
             started: false,
+            last: Vec::new(),
             done: false,
         }
     }
@@ -510,10 +613,17 @@ impl ChunkMapper {
                 open(self, &mut out);
                 out.push(self.chunk(json!({"reasoning_content": text}), None));
             }
+            RunEvent::AssistantMessage { content, .. } => {
+                self.last.clone_from(content);
+            }
             RunEvent::RunFinished {
                 stop_reason, usage, ..
             } => {
                 open(self, &mut out);
+                if *stop_reason == agentry_types::RunStopReason::ToolCalls {
+                    let calls = client_calls(&self.last, &self.client_tools);
+                    out.push(self.chunk(json!({"tool_calls": calls}), None));
+                }
                 out.push(self.chunk(json!({}), Some(finish_reason(stop_reason.as_str()))));
                 self.finish(usage, &mut out);
             }

@@ -33,7 +33,8 @@ pub struct RunOutcome {
     /// The run.
     #[schema(value_type = Option<String>)]
     pub run_id: Option<RunId>,
-    /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `quota_exceeded`, `cancelled` or
+    /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `quota_exceeded`, `cancelled`,
+    /// `tool_calls` (the model called a tool its caller runs: the OpenAI-compatible API) or
     /// `error`; or, for a run that has not ended, `waiting` (tool calls wait for approval:
     /// see `pending`) or `paused`.
     pub stop_reason: String,

@@ -55,6 +55,8 @@ pub struct RunInput {
     pub input: Option<Input>,
     /// Where it runs.
     pub session: SessionChoice,
+    /// Tools the caller runs itself: calling one ends the run for the caller to answer.
+    pub client_tools: Vec<agentry_types::ToolSpec>,
 }
 
 /// Where a prepared run goes.
@@ -133,6 +135,7 @@ pub async fn prepare(
     };
     request.input = input.input;
     request.history = input.history;
+    request.client_tools = input.client_tools;
     // A `user` key runs only within its limits (the agent it runs as brings its own tools).
     let named_tools = if input.agent_id.is_some() {
         None

@@ -374,6 +374,7 @@ impl App {
             history: Vec::new(),
             input,
             session,
+            client_tools: Vec::new(),
         };
         let (target, request) = crate::runs::prepare(self, caller, input).await?;
         Ok((target, request, body.policy.unwrap_or(BusyPolicy::Reject)))

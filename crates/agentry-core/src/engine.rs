@@ -184,6 +184,10 @@ pub struct RunState {
     pub messages: Vec<Message>,
     /// The tools offered to the model.
     pub tools: Vec<ToolSpec>,
+    /// The names among `tools` that the caller runs itself: calling one ends the run
+    /// ([`RunStopReason::ToolCalls`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<String>,
     /// Generation parameters for every model call.
     pub params: GenerationParams,
     /// The guards.
@@ -258,6 +262,7 @@ impl RunState {
             fallback_models: Vec::new(),
             messages,
             tools,
+            client_tools: Vec::new(),
             params,
             limits,
             round: 0,
@@ -350,6 +355,14 @@ impl RunState {
         let calls: Vec<ToolCall> = response.tool_calls().into_iter().cloned().collect();
         if calls.is_empty() {
             self.finish(RunStopReason::Completed, None, None);
+            return;
+        }
+        // A call the caller runs itself ends the run here: the caller answers it.
+        if calls
+            .iter()
+            .any(|call| self.client_tools.contains(&call.name))
+        {
+            self.finish(RunStopReason::ToolCalls, None, None);
             return;
         }
         if self.output_tokens_left() == Some(0) {

@@ -63,6 +63,9 @@ pub enum RunError {
     /// The run's task ended abnormally (a bug).
     #[error("the run's task failed: {0}")]
     Task(String),
+    /// A client tool is invalid (its name is taken by another tool of the run).
+    #[error("invalid client tool: {0}")]
+    ClientTool(String),
 }
 
 /// The new user turn of a run.
@@ -151,6 +154,12 @@ pub struct RunRequest {
     /// [`speech`](crate::media::SPEECH), if any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speech_model: Option<String>,
+    /// Tools the caller runs itself (an OpenAI-compatible client's `tools`): offered to the
+    /// model beside the run's own; when the model calls one, the run ends with
+    /// [`RunStopReason::ToolCalls`](agentry_types::RunStopReason::ToolCalls) and the calls in
+    /// its last message, for the caller to answer in its next request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<agentry_types::ToolSpec>,
 }
 
 impl RunRequest {
@@ -728,12 +737,26 @@ impl Runtime {
         }
         // Least privilege: a run is offered exactly the tools it names, every tool only when it
         // names `"*"`, and none when it names none.
-        let tools = match &request.tools {
+        let mut tools = match &request.tools {
             Some(names) => self.inner.tools.subset(names)?.specs(),
             None => Vec::new(),
         };
+        let mut client_tools = Vec::new();
+        for spec in request.client_tools {
+            if tools.iter().any(|offered| offered.name == spec.name)
+                || client_tools.contains(&spec.name)
+            {
+                return Err(RunError::ClientTool(format!(
+                    "{:?} is the name of another tool of the run",
+                    spec.name
+                )));
+            }
+            client_tools.push(spec.name.clone());
+            tools.push(spec);
+        }
         let limits = request.limits.unwrap_or_else(|| self.inner.limits.clone());
         let mut state = RunState::new(model, messages, tools, request.params, limits);
+        state.client_tools = client_tools;
         if let Some(approvals) = request.approvals {
             approvals.validate()?;
             state.approvals = approvals;

@@ -1105,6 +1105,8 @@ impl SessionManager {
             fallback_models: in_flight.fallback_models.clone(),
             messages,
             tools: specs,
+            // The log keeps no client tool: a resumed run offers its own tools only.
+            client_tools: Vec::new(),
             params: serde_json::from_value(in_flight.params.clone()).unwrap_or_default(),
             limits,
             round: in_flight.round,

@@ -93,12 +93,12 @@ async fn chat_completions(
             Ok(outcome) => outcome,
             Err(failure) => return error(failure.into()),
         };
-        return match chat_completion(&run.model, &outcome) {
+        return match chat_completion(&run.model, &outcome, &run.client_tools) {
             Ok(completion) => (answer_headers, Json(completion)).into_response(),
             Err(failure) => error(failure),
         };
     }
-    let mut mapper = ChunkMapper::new(&run.model, run.include_usage);
+    let mut mapper = ChunkMapper::new(&run.model, run.include_usage, run.client_tools.clone());
     let events: std::pin::Pin<Box<dyn Stream<Item = agentry_types::RunEvent> + Send>> = match run
         .target
     {

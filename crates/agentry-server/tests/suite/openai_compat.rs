@@ -1,5 +1,6 @@
 //! The OpenAI-compatible API (`/openai/v1`): OpenAI's official Python client lists the models
-//! and agents, completes chats whole and streamed (an agent's own tool running inside), and gets
+//! and agents, completes chats whole and streamed (an agent's own tool running inside), runs a
+//! tool of its own through a `tool_calls` round trip (whole and streamed), and gets
 //! OpenAI-shaped errors; a session named in `x-agentry-session-id` continues across calls;
 //! bad requests are refused before anything runs.
 
@@ -59,6 +60,41 @@ for chunk in client.chat.completions.create(
             finish = choice.finish_reason
 out["streamed"] = {"text": text, "finish": finish, "usage": usage, "roles": roles}
 
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+ask = [{"role": "user", "content": "Weather in Paris?"}]
+first = client.chat.completions.create(model="mock", messages=ask, tools=tools)
+call = first.choices[0].message.tool_calls[0]
+second = client.chat.completions.create(
+    model="mock",
+    messages=ask + [first.choices[0].message,
+                    {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}],
+    tools=tools,
+)
+out["client_tool"] = {
+    "finish": first.choices[0].finish_reason,
+    "name": call.function.name,
+    "arguments": json.loads(call.function.arguments),
+    "answer": second.choices[0].message.content,
+    "answer_finish": second.choices[0].finish_reason,
+}
+calls, finish = {}, None
+for chunk in client.chat.completions.create(model="mock", messages=ask, tools=tools, stream=True):
+    for choice in chunk.choices:
+        for piece in choice.delta.tool_calls or []:
+            entry = calls.setdefault(piece.index, {"name": None, "arguments": ""})
+            if piece.function.name:
+                entry["name"] = piece.function.name
+            entry["arguments"] += piece.function.arguments or ""
+        if choice.finish_reason:
+            finish = choice.finish_reason
+out["client_tool_streamed"] = {
+    "finish": finish,
+    "calls": [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in calls.values()],
+}
+
 try:
     client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     out["missing"] = None
@@ -84,6 +120,19 @@ async fn the_official_openai_client_completes_chats_with_models_and_agents() {
     server.mock.enqueue(Reply::scripted(
         ScriptedTurn::text("The tool slept.").with_usage(30, 4),
     ));
+    // A tool the client runs: asked for, answered by the client, then the answer; and once more
+    // streamed.
+    let weather = || {
+        Reply::scripted(ScriptedTurn::tool_call(
+            "get_weather",
+            json!({"city": "Paris"}),
+        ))
+    };
+    server.mock.enqueue(weather());
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("It is sunny in Paris.")));
+    server.mock.enqueue(weather());
     let output = tokio::process::Command::new(servers.python())
         .args(["-c", CLIENT, &server.url])
         .output()
@@ -109,6 +158,18 @@ async fn the_official_openai_client_completes_chats_with_models_and_agents() {
         "{out}"
     );
     assert_eq!(
+        out["client_tool"],
+        json!({"finish": "tool_calls", "name": "get_weather", "arguments": {"city": "Paris"},
+               "answer": "It is sunny in Paris.", "answer_finish": "stop"}),
+        "{out}"
+    );
+    assert_eq!(
+        out["client_tool_streamed"],
+        json!({"finish": "tool_calls",
+               "calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}),
+        "{out}"
+    );
+    assert_eq!(
         out["missing"],
         json!({"status": 404, "code": "model_not_found", "type": "invalid_request_error"}),
         "{out}"
@@ -120,6 +181,13 @@ async fn the_official_openai_client_completes_chats_with_models_and_agents() {
         requests[2].body.to_string().contains("slept"),
         "{}",
         requests[2].body
+    );
+    // The client's tool was offered to the model, and its result sent back to it.
+    assert!(requests[3].body.to_string().contains("get_weather"));
+    assert!(
+        requests[4].body.to_string().contains("sunny, 21 C"),
+        "{}",
+        requests[4].body
     );
 }
 
@@ -169,10 +237,15 @@ async fn bad_requests_get_openai_errors_and_run_nothing() {
     let cases = [
         (json!({"model": "mock", "messages": user, "n": 2}), 400, "n"),
         (
-            json!({"model": "mock", "messages": user,
-                   "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            json!({"model": "mock", "messages": user, "tools": [{"type": "retrieval"}]}),
             400,
-            "tools",
+            "tools[0]",
+        ),
+        (
+            json!({"model": "mock", "messages": user,
+                   "tools": [{"type": "function", "function": {"name": "bad name"}}]}),
+            400,
+            "tools[0]",
         ),
         (json!({"model": "mock", "messages": []}), 400, "messages"),
         (

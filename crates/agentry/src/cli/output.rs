@@ -180,7 +180,9 @@ pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
         RunStopReason::MaxRounds
         | RunStopReason::Deadline
         | RunStopReason::LoopDetected
-        | RunStopReason::QuotaExceeded => 3,
+        | RunStopReason::QuotaExceeded
+        // (The CLI offers no client tools: a run never stops for them here.)
+        | RunStopReason::ToolCalls => 3,
         RunStopReason::Cancelled => 130,
     }
 }
