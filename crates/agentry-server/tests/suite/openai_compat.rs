@@ -1,7 +1,8 @@
 //! The OpenAI-compatible API (`/openai/v1`): OpenAI's official Python client lists the models
 //! and agents, completes chats whole and streamed (an agent's own tool running inside), runs a
 //! tool of its own through a `tool_calls` round trip (whole and streamed), and gets
-//! OpenAI-shaped errors; a session named in `x-agentry-session-id` continues across calls;
+//! OpenAI-shaped errors; the `openai-agents` SDK uses Agentry as its model with a function tool
+//! of its own; a session named in `x-agentry-session-id` continues across calls;
 //! bad requests are refused before anything runs.
 
 use agentry_testkit::{Reply, ScriptedTurn};
@@ -287,4 +288,66 @@ async fn bad_requests_get_openai_errors_and_run_nothing() {
     assert_eq!(got, 400, "{answer}");
     assert_eq!(answer["error"]["type"], "invalid_request_error");
     assert_eq!(server.mock.request_count(), 0, "nothing ran");
+}
+
+const AGENTS_SDK: &str = r#"
+import json, sys
+from openai import AsyncOpenAI
+from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+set_tracing_disabled(True)
+calls = []
+
+@function_tool
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    calls.append([a, b])
+    return a + b
+
+client = AsyncOpenAI(base_url=sys.argv[1] + "/openai/v1", api_key="not-needed")
+agent = Agent(
+    name="calculator",
+    instructions="Use the add tool for sums.",
+    model=OpenAIChatCompletionsModel(model="mock", openai_client=client),
+    tools=[add],
+)
+result = Runner.run_sync(agent, "What is 2 + 3?")
+print(json.dumps({"final": result.final_output, "calls": calls}))
+"#;
+
+#[tokio::test]
+async fn the_openai_agents_sdk_runs_its_own_function_tool_through_agentry() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has openai-agents");
+    };
+    let server = start().await;
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "add",
+        json!({"a": 2, "b": 3}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("2 + 3 = 5")));
+    let output = tokio::process::Command::new(servers.python())
+        .args(["-c", AGENTS_SDK, &server.url])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // The SDK ran its tool locally, once, and Agentry's model saw the result.
+    assert_eq!(out, json!({"final": "2 + 3 = 5", "calls": [[2, 3]]}));
+    let requests = server.mock.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[0].body.to_string().contains("\"add\""));
+    assert!(requests[0].body.to_string().contains("Use the add tool"));
+    let second = requests[1].body.to_string();
+    assert!(
+        second.contains("\"role\":\"tool\"") && second.contains('5'),
+        "{second}"
+    );
 }
