@@ -68,8 +68,18 @@ impl OpenAiError {
         )
     }
 
+    /// An error of `status` and `kind` about `param`.
+    pub(crate) fn new_public(
+        status: u16,
+        kind: &str,
+        param: Option<&str>,
+        message: String,
+    ) -> Self {
+        Self::new(status, kind, None, param, message)
+    }
+
     /// A 400 about `param`.
-    fn invalid(param: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(param: &str, message: impl Into<String>) -> Self {
         Self::new(
             400,
             "invalid_request_error",
@@ -172,7 +182,7 @@ pub struct ChatRun {
 }
 
 /// The client's `tools` as tool specs, checked.
-fn client_tools(tools: &[Value]) -> Result<Vec<ToolSpec>, OpenAiError> {
+pub(crate) fn client_tools(tools: &[Value]) -> Result<Vec<ToolSpec>, OpenAiError> {
     let mut specs = Vec::with_capacity(tools.len());
     for (index, tool) in tools.iter().enumerate() {
         let param = format!("tools[{index}]");
@@ -295,6 +305,39 @@ impl App {
         Ok(json!({"object": "list", "data": data}))
     }
 
+    /// The agent (`agent:<id>`) or the model `model` names; `404 model_not_found` when none.
+    pub(crate) async fn model_or_agent(
+        &self,
+        model: &str,
+    ) -> Result<(Option<String>, Option<String>), OpenAiError> {
+        Ok(match model.strip_prefix(AGENT_PREFIX) {
+            Some(agent) => {
+                if crate::config::check_name("agent", agent).is_err()
+                    || crate::agents::stored_agent(&self.store, agent)
+                        .await
+                        .map_err(OpenAiError::from)?
+                        .is_none()
+                {
+                    return Err(OpenAiError::unknown_model(model));
+                }
+                (Some(agent.to_owned()), None)
+            }
+            None => {
+                let known = self
+                    .store
+                    .config(agentry_store::ConfigKind::Model, model)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some();
+                if !known {
+                    return Err(OpenAiError::unknown_model(model));
+                }
+                (None, Some(model.to_owned()))
+            }
+        })
+    }
+
     /// Checks a chat completion for `caller` and prepares its run (`session`: the
     /// `x-agentry-session-id` header, `new` or an id).
     pub async fn prepare_chat_completion(
@@ -317,32 +360,7 @@ impl App {
         if body.messages.is_empty() {
             return Err(OpenAiError::invalid("messages", "`messages` is empty"));
         }
-        let (agent_id, model_id) = match body.model.strip_prefix(AGENT_PREFIX) {
-            Some(agent) => {
-                if crate::config::check_name("agent", agent).is_err()
-                    || crate::agents::stored_agent(&self.store, agent)
-                        .await
-                        .map_err(OpenAiError::from)?
-                        .is_none()
-                {
-                    return Err(OpenAiError::unknown_model(&body.model));
-                }
-                (Some(agent.to_owned()), None)
-            }
-            None => {
-                let known = self
-                    .store
-                    .config(agentry_store::ConfigKind::Model, &body.model)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some();
-                if !known {
-                    return Err(OpenAiError::unknown_model(&body.model));
-                }
-                (None, Some(body.model.clone()))
-            }
-        };
+        let (agent_id, model_id) = self.model_or_agent(&body.model).await?;
         let messages = body
             .messages
             .iter()

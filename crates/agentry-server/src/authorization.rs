@@ -120,6 +120,9 @@ pub(crate) async fn authorize(
     let path = match path.strip_prefix(crate::routes::openai::PREFIX) {
         Some("/chat/completions") => "/v1/infer".to_owned(),
         Some("/models") => "/v1/models".to_owned(),
+        Some(rest) if rest == "/responses" || rest.starts_with("/responses/") => {
+            "/v1/infer".to_owned()
+        }
         Some(_) => "/v1/openai".to_owned(),
         None => path,
     };

@@ -1,6 +1,7 @@
-//! The OpenAI-compatible API under `/openai/v1` ([`agentry_app::openai_compat`]): `GET /models`
-//! and `POST /chat/completions` (streamed as `chat.completion.chunk` server-sent events ending
-//! with `data: [DONE]`, or whole). The same API keys as `/v1` (`Authorization: Bearer`); errors
+//! The OpenAI-compatible API under `/openai/v1` ([`agentry_app::openai_compat`]): `GET /models`,
+//! `POST /chat/completions` (streamed as `chat.completion.chunk` server-sent events ending
+//! with `data: [DONE]`, or whole), and the Responses API ([`agentry_app::openai_responses`]):
+//! `POST /responses` (whole, or its stream of named events) and `GET /responses/{id}`. The same API keys as `/v1` (`Authorization: Bearer`); errors
 //! in OpenAI's shape. Not in the OpenAPI document: OpenAI's own reference describes it.
 
 use std::convert::Infallible;
@@ -19,6 +20,7 @@ use agentry_app::domain::core::session::BusyPolicy;
 use agentry_app::openai_compat::{
     ChatCompletionRequest, ChunkMapper, OpenAiError, chat_completion,
 };
+use agentry_app::openai_responses::{ResponseEvents, ResponsesRequest, response_of};
 use agentry_app::runs::{Target, start_in_session};
 
 use crate::authorization::Caller;
@@ -36,6 +38,108 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/openai/v1/models", get(models))
         .route("/openai/v1/chat/completions", post(chat_completions))
+        .route("/openai/v1/responses", post(responses))
+        .route("/openai/v1/responses/{id}", get(stored_response))
+}
+
+/// A run's events, from its start: an ephemeral run's own stream, or a session run's live
+/// events through the hub.
+async fn run_events(
+    state: &AppState,
+    target: Target,
+    request: agentry_app::domain::core::RunRequest,
+) -> Result<std::pin::Pin<Box<dyn Stream<Item = agentry_types::RunEvent> + Send>>, OpenAiError> {
+    Ok(match target {
+        Target::Ephemeral => Box::pin(
+            state
+                .sessions
+                .runtime()
+                .stream(request)
+                .map_err(|failure| OpenAiError::from(agentry_app::AppError::from(failure)))?,
+        ),
+        Target::Session(session) => {
+            let subscription = start_in_session(state, session, request, BusyPolicy::Reject)
+                .await
+                .map_err(OpenAiError::from)?;
+            let mut live = subscription.events;
+            Box::pin(async_stream::stream! {
+                loop {
+                    match live.recv().await {
+                        Ok(event) => yield (*event).clone(),
+                        // Deltas lost to a slow reader are not stored; the end still comes.
+                        Err(RecvError::Lagged(_)) => continue,
+                        Err(RecvError::Closed) => break,
+                    }
+                }
+            })
+        }
+    })
+}
+
+/// The body as `T`, or OpenAI's 400.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, OpenAiError> {
+    serde_json::from_slice(body).map_err(|problem| OpenAiError {
+        status: 400,
+        body: serde_json::json!({"error": {
+            "message": format!("the body is not {what}: {problem}"),
+            "type": "invalid_request_error", "param": null, "code": null}}),
+    })
+}
+
+async fn responses(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Response {
+    let body: ResponsesRequest = match parse_body(&body, "a Responses API request") {
+        Ok(body) => body,
+        Err(failure) => return error(failure),
+    };
+    let stream = body.stream;
+    let previous = body.previous_response_id.clone();
+    let run = match state.prepare_response(&caller, body).await {
+        Ok(run) => run,
+        Err(failure) => return error(failure),
+    };
+    if !stream {
+        let outcome = match state
+            .run_to_end(run.target, run.request.clone(), BusyPolicy::Reject, false)
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(failure) => return error(failure.into()),
+        };
+        return match response_of(&run, &outcome, previous) {
+            Ok(response) => Json(response).into_response(),
+            Err(failure) => error(failure),
+        };
+    }
+    let mut mapper = ResponseEvents::new(&run, previous);
+    let events = match run_events(&state, run.target, run.request).await {
+        Ok(events) => events,
+        Err(failure) => return error(failure),
+    };
+    let stream = async_stream::stream! {
+        let mut events = events;
+        while let Some(event) = events.next().await {
+            for (name, data) in mapper.map(&event) {
+                yield Ok::<Event, Infallible>(Event::default().event(name).data(data.to_string()));
+            }
+            if mapper.done {
+                break;
+            }
+        }
+    };
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn stored_response(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match state.stored_response(&caller, &id).await {
+        Ok(response) => Json(response).into_response(),
+        Err(failure) => error(failure),
+    }
 }
 
 fn error(error: OpenAiError) -> Response {
@@ -56,16 +160,9 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let body: ChatCompletionRequest = match serde_json::from_slice(&body) {
+    let body: ChatCompletionRequest = match parse_body(&body, "a chat completion request") {
         Ok(body) => body,
-        Err(problem) => {
-            return error(OpenAiError {
-                status: 400,
-                body: serde_json::json!({"error": {
-                    "message": format!("the body is not a chat completion request: {problem}"),
-                    "type": "invalid_request_error", "param": null, "code": null}}),
-            });
-        }
+        Err(failure) => return error(failure),
     };
     let session = headers
         .get(SESSION_HEADER)
@@ -99,31 +196,9 @@ async fn chat_completions(
         };
     }
     let mut mapper = ChunkMapper::new(&run.model, run.include_usage, run.client_tools.clone());
-    let events: std::pin::Pin<Box<dyn Stream<Item = agentry_types::RunEvent> + Send>> = match run
-        .target
-    {
-        Target::Ephemeral => match state.sessions.runtime().stream(run.request) {
-            Ok(events) => Box::pin(events),
-            Err(failure) => return error(agentry_app::AppError::from(failure).into()),
-        },
-        Target::Session(session) => {
-            let subscription =
-                match start_in_session(&state, session, run.request, BusyPolicy::Reject).await {
-                    Ok(subscription) => subscription,
-                    Err(failure) => return error(failure.into()),
-                };
-            let mut live = subscription.events;
-            Box::pin(async_stream::stream! {
-                loop {
-                    match live.recv().await {
-                        Ok(event) => yield (*event).clone(),
-                        // Deltas lost to a slow reader are not stored; the end still comes.
-                        Err(RecvError::Lagged(_)) => continue,
-                        Err(RecvError::Closed) => break,
-                    }
-                }
-            })
-        }
+    let events = match run_events(&state, run.target, run.request).await {
+        Ok(events) => events,
+        Err(failure) => return error(failure),
     };
     let chunks = async_stream::stream! {
         let mut events = events;

@@ -2,7 +2,8 @@
 //! and agents, completes chats whole and streamed (an agent's own tool running inside), runs a
 //! tool of its own through a `tool_calls` round trip (whole and streamed), and gets
 //! OpenAI-shaped errors; the `openai-agents` SDK uses Agentry as its model with a function tool
-//! of its own; a session named in `x-agentry-session-id` continues across calls;
+//! of its own; the Responses API holds a stored conversation (three turns, one streamed, across
+//! a restart) and a `store: false` one keeps nothing; a session named in `x-agentry-session-id` continues across calls;
 //! bad requests are refused before anything runs.
 
 use agentry_testkit::{Reply, ScriptedTurn};
@@ -349,5 +350,135 @@ async fn the_openai_agents_sdk_runs_its_own_function_tool_through_agentry() {
     assert!(
         second.contains("\"role\":\"tool\"") && second.contains('5'),
         "{second}"
+    );
+}
+
+const RESPONSES: &str = r#"
+import json, sys
+import openai
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/openai/v1", api_key="not-needed")
+first = client.responses.create(model="mock", instructions="Be brief.", input="My name is Ada.")
+second = client.responses.create(model="mock", input="What is my name?",
+                                 previous_response_id=first.id)
+got = client.responses.retrieve(second.id)
+streamed, completed = "", None
+for event in client.responses.create(model="mock", input="Stream it.",
+                                     previous_response_id=second.id, stream=True):
+    if event.type == "response.output_text.delta":
+        streamed += event.delta
+    if event.type == "response.completed":
+        completed = event.response
+loose = client.responses.create(model="mock", input=[{"role": "user", "content": "hi"}],
+                                store=False)
+try:
+    client.responses.retrieve(loose.id)
+    kept = True
+except openai.NotFoundError:
+    kept = False
+print(json.dumps({
+    "first": first.output_text, "second": second.output_text,
+    "got": got.output_text, "got_previous": got.previous_response_id,
+    "second_id": second.id, "streamed": streamed,
+    "completed": completed.output_text, "completed_id": completed.id,
+    "completed_tokens": completed.usage.total_tokens,
+    "loose": loose.output_text, "loose_kept": kept,
+}))
+"#;
+
+const RESPONSES_AFTER_RESTART: &str = r#"
+import json, sys
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/openai/v1", api_key="not-needed")
+after = client.responses.create(model="mock", input="Still there?",
+                                previous_response_id=sys.argv[2])
+print(json.dumps({"text": after.output_text, "previous": after.previous_response_id}))
+"#;
+
+#[tokio::test]
+async fn the_official_client_holds_a_conversation_through_the_responses_api_across_a_restart() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has the openai client");
+    };
+    let server = start().await;
+    for text in ["Hello, Ada.", "Your name is Ada."] {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text(text)));
+    }
+    server.mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("Streaming works fine.").with_usage(10, 4))
+            .chunked(agentry_testkit::Chunking::SseEvents),
+    );
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Stateless.")));
+    let python = |script: &'static str, args: Vec<String>| {
+        let python = servers.python();
+        async move {
+            let output = tokio::process::Command::new(python)
+                .args(["-c", script])
+                .args(args)
+                .output()
+                .await
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            serde_json::from_slice::<Value>(&output.stdout).unwrap()
+        }
+    };
+    let out = python(RESPONSES, vec![server.url.clone()]).await;
+    assert_eq!(out["first"], "Hello, Ada.", "{out}");
+    assert_eq!(out["second"], "Your name is Ada.", "{out}");
+    assert_eq!(out["got"], "Your name is Ada.", "{out}");
+    assert!(out["got_previous"].as_str().unwrap().starts_with("resp_"));
+    assert_eq!(out["streamed"], "Streaming works fine.", "{out}");
+    assert_eq!(out["completed"], "Streaming works fine.", "{out}");
+    assert_eq!(out["completed_tokens"], 14, "{out}");
+    assert_eq!(out["loose"], "Stateless.", "{out}");
+    assert_eq!(
+        out["loose_kept"], false,
+        "store: false keeps nothing: {out}"
+    );
+    // Each stored turn's model saw the turns before it, from the session.
+    let requests = server.mock.requests();
+    let second = requests[1].body.to_string();
+    assert!(
+        second.contains("My name is Ada.") && second.contains("Hello, Ada."),
+        "{second}"
+    );
+    assert!(second.contains("Be brief."), "{second}");
+    // Another server on the same data (a restart) continues the conversation.
+    let store = agentry_store::Store::open_home(server.home.path())
+        .await
+        .unwrap();
+    let state = agentry_server::AppState::new(store).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = agentry_server::router(state);
+    tokio::spawn(async move {
+        axum::serve(listener, app.into_make_service())
+            .await
+            .unwrap();
+    });
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Still here, Ada.")));
+    let last = out["completed_id"].as_str().unwrap().to_owned();
+    let after = python(RESPONSES_AFTER_RESTART, vec![url, last.clone()]).await;
+    assert_eq!(
+        after,
+        json!({"text": "Still here, Ada.", "previous": last}),
+        "{after}"
+    );
+    let sent = server.mock.requests().last().unwrap().body.to_string();
+    assert!(
+        sent.contains("My name is Ada.") && sent.contains("Streaming works fine."),
+        "{sent}"
     );
 }

@@ -1,0 +1,700 @@
+//! OpenAI's Responses API served by Agentry (`/openai/v1/responses`): a response is a run.
+//!
+//! Stored by default (`store` absent or `true`): the run is durable in a session, its response
+//! id is `resp_<run id>`, and `previous_response_id` continues the session behind that response
+//! (only the new input is read; the conversation comes from the session) — after a restart too,
+//! since everything is in the log. `GET /responses/{id}` rebuilds a stored response from the
+//! log. `store: false` runs statelessly and keeps nothing: the whole conversation comes in
+//! `input`, and function tools the client declares work as in chat completions (a call ends the
+//! response with a `function_call` item; the next request brings its `function_call_output`).
+//! `input` is a string or a list of items: messages (`role` with text, `input_text`,
+//! `output_text`, `input_image` parts), `function_call` and `function_call_output`.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use agentry_llm::GenerationParams;
+use agentry_types::{AssistantPart, Message, RunId, SessionEvent, Thinking, ToolSpec, Usage};
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::AppError;
+use crate::linglong::request::{SeedMessage, conversation_of};
+use crate::openai_compat::{ChatRun, OpenAiError};
+use crate::outcome::RunOutcome;
+use crate::runs::{RunInput, SessionChoice};
+
+/// The prefix of a response id (then the run's id).
+pub const RESPONSE_PREFIX: &str = "resp_";
+
+/// `POST /openai/v1/responses`. Other fields OpenAI defines are accepted and ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponsesRequest {
+    /// A registered model's id, or `agent:<id>`.
+    pub model: String,
+    /// A string, or a list of input items.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// The system prompt (a new conversation's).
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// The stored response this one continues.
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    /// Keep the response (default: yes).
+    #[serde(default)]
+    pub store: Option<bool>,
+    /// Stream the response's events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Function tools the client runs (`{"type": "function", "name", "description",
+    /// "parameters"}`), with `store: false`.
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Output bound.
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+    /// `{"effort": "low" | "medium" | "high"}`.
+    #[serde(default)]
+    pub reasoning: Option<Value>,
+    /// The end user.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// A message's content in the chat-completions shape the conversation reader takes.
+fn chat_content(content: &Value) -> Result<Value, String> {
+    match content {
+        Value::String(_) | Value::Null => Ok(content.clone()),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|part| match part.get("type").and_then(Value::as_str) {
+                Some("input_text" | "output_text" | "text") => Ok(json!({
+                    "type": "text",
+                    "text": part.get("text").and_then(Value::as_str).unwrap_or_default(),
+                })),
+                Some("input_image") => {
+                    let url = part
+                        .get("image_url")
+                        .and_then(Value::as_str)
+                        .ok_or("an input_image needs an `image_url`")?;
+                    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+                }
+                other => Err(format!("unknown content part type {other:?}")),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        _ => Err("content is a string or a list of parts".into()),
+    }
+}
+
+/// `input` as the conversation reader's messages.
+fn input_messages(input: Option<&Value>) -> Result<Vec<SeedMessage>, OpenAiError> {
+    let invalid = |message: String| OpenAiError::invalid("input", message);
+    let items = match input {
+        None | Some(Value::Null) => return Err(invalid("`input` is missing".into())),
+        Some(Value::String(text)) => {
+            return Ok(vec![SeedMessage {
+                role: "user".into(),
+                content: Some(Value::String(text.clone())),
+                ..SeedMessage::default()
+            }]);
+        }
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(invalid("`input` is a string or a list of items".into())),
+    };
+    let mut messages: Vec<SeedMessage> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let at = |problem: &str| invalid(format!("input[{index}]: {problem}"));
+        let kind = item
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message");
+        match kind {
+            "message" => {
+                let role = item
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| at("a message needs a `role`"))?;
+                let role = if role == "developer" { "system" } else { role };
+                let content = chat_content(item.get("content").unwrap_or(&Value::Null))
+                    .map_err(|problem| at(&problem))?;
+                messages.push(SeedMessage {
+                    role: role.into(),
+                    content: Some(content),
+                    ..SeedMessage::default()
+                });
+            }
+            "function_call" => {
+                let call = json!({
+                    "id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                    "function": {
+                        "name": item.get("name").cloned().unwrap_or(Value::Null),
+                        "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
+                    },
+                });
+                // Calls of one turn are one assistant message.
+                match messages.last_mut() {
+                    Some(last) if last.role == "assistant" => {
+                        last.tool_calls.get_or_insert_with(Vec::new).push(call);
+                    }
+                    _ => messages.push(SeedMessage {
+                        role: "assistant".into(),
+                        tool_calls: Some(vec![call]),
+                        ..SeedMessage::default()
+                    }),
+                }
+            }
+            "function_call_output" => {
+                let output = match item.get("output") {
+                    Some(Value::String(text)) => Value::String(text.clone()),
+                    Some(other) => Value::String(other.to_string()),
+                    None => return Err(at("a function_call_output needs an `output`")),
+                };
+                messages.push(SeedMessage {
+                    role: "tool".into(),
+                    content: Some(output),
+                    tool_call_id: item
+                        .get("call_id")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    ..SeedMessage::default()
+                });
+            }
+            other => return Err(at(&format!("unknown item type {other:?}"))),
+        }
+    }
+    Ok(messages)
+}
+
+/// The client's function tools (the Responses API's flat shape) in chat completions' shape.
+fn chat_tools(tools: &[Value]) -> Vec<Value> {
+    tools
+        .iter()
+        .map(|tool| {
+            json!({"type": tool.get("type").cloned().unwrap_or(Value::Null), "function": {
+                "name": tool.get("name").cloned().unwrap_or(Value::Null),
+                "description": tool.get("description").cloned().unwrap_or(Value::Null),
+                "parameters": tool.get("parameters").cloned().unwrap_or(Value::Null),
+            }})
+        })
+        .collect()
+}
+
+/// A response id's run.
+pub fn run_of_response(id: &str) -> Result<RunId, OpenAiError> {
+    id.strip_prefix(RESPONSE_PREFIX)
+        .and_then(|run| RunId::parse(run).ok())
+        .ok_or_else(|| {
+            OpenAiError::new_public(
+                404,
+                "invalid_request_error",
+                None,
+                format!("no response {id:?}"),
+            )
+        })
+}
+
+impl App {
+    /// Checks a Responses request for `caller` and prepares its run.
+    pub async fn prepare_response(
+        &self,
+        caller: &Principal,
+        body: ResponsesRequest,
+    ) -> Result<ChatRun, OpenAiError> {
+        let store = body.store.unwrap_or(true);
+        let (agent_id, model_id) = self.model_or_agent(&body.model).await?;
+        let mut messages = input_messages(body.input.as_ref())?;
+        if let Some(instructions) = &body.instructions {
+            messages.insert(
+                0,
+                SeedMessage {
+                    role: "system".into(),
+                    content: Some(Value::String(instructions.clone())),
+                    ..SeedMessage::default()
+                },
+            );
+        }
+        let tools = body.tools.unwrap_or_default();
+        if store && !tools.is_empty() {
+            return Err(OpenAiError::invalid(
+                "tools",
+                "function tools the client runs are served with `store: false` (the whole \
+                 conversation in `input`)",
+            ));
+        }
+        let client_tools: Vec<ToolSpec> = crate::openai_compat::client_tools(&chat_tools(&tools))?;
+        let choice = match (&body.previous_response_id, store) {
+            (Some(_), false) => {
+                return Err(OpenAiError::invalid(
+                    "previous_response_id",
+                    "`store: false` keeps nothing: send the whole conversation in `input` \
+                     instead of `previous_response_id`",
+                ));
+            }
+            (Some(previous), true) => {
+                let run = run_of_response(previous)?;
+                let session = self.locate(run).await.map_err(|_| {
+                    OpenAiError::new_public(
+                        404,
+                        "invalid_request_error",
+                        Some("previous_response_id"),
+                        format!("no response {previous:?}"),
+                    )
+                })?;
+                self.check_session_access(caller, session)
+                    .await
+                    .map_err(|_| {
+                        OpenAiError::new_public(
+                            404,
+                            "invalid_request_error",
+                            Some("previous_response_id"),
+                            format!("no response {previous:?}"),
+                        )
+                    })?;
+                SessionChoice::Existing(session)
+            }
+            (None, true) => SessionChoice::New,
+            (None, false) => SessionChoice::Ephemeral,
+        };
+        let conversation = conversation_of(&messages, !store)
+            .map_err(|error| OpenAiError::invalid("input", error.message))?;
+        let params = GenerationParams {
+            max_tokens: body.max_output_tokens,
+            temperature: body.temperature,
+            top_p: body.top_p,
+            thinking: body
+                .reasoning
+                .as_ref()
+                .and_then(|reasoning| reasoning.get("effort"))
+                .and_then(Value::as_str)
+                .map(|effort| agentry_llm::ThinkingConfig {
+                    budget_tokens: None,
+                    effort: Some(effort.to_owned()),
+                }),
+            ..GenerationParams::default()
+        };
+        let input = RunInput {
+            agent_id,
+            model_id,
+            system: conversation.system,
+            params: Some(params),
+            user: body
+                .user
+                .filter(|user| crate::config::check_name("user", user).is_ok()),
+            history: conversation.history,
+            input: conversation.input,
+            session: choice,
+            client_tools: client_tools.clone(),
+            ..RunInput::default()
+        };
+        let (target, request) = crate::runs::prepare(self, caller, input).await?;
+        Ok(ChatRun {
+            target,
+            request,
+            model: body.model,
+            include_usage: true,
+            client_tools: client_tools.into_iter().map(|spec| spec.name).collect(),
+        })
+    }
+
+    /// A stored response, rebuilt from its session's log.
+    pub async fn stored_response(
+        &self,
+        caller: &Principal,
+        id: &str,
+    ) -> Result<Value, OpenAiError> {
+        let run = run_of_response(id)?;
+        let not_found = || {
+            OpenAiError::new_public(
+                404,
+                "invalid_request_error",
+                None,
+                format!("no response {id:?}"),
+            )
+        };
+        let session = self.locate(run).await.map_err(|_| not_found())?;
+        self.check_session_access(caller, session)
+            .await
+            .map_err(|_| not_found())?;
+        let events = self
+            .store
+            .events(session, 0, usize::MAX)
+            .await
+            .map_err(AppError::from)?;
+        let mut model = String::new();
+        let mut content: Vec<AssistantPart> = Vec::new();
+        let mut finished = None;
+        let mut created_at = 0;
+        let mut previous = None;
+        let mut last_run = None;
+        for stored in events {
+            let Ok(event) = serde_json::from_value::<SessionEvent>(stored.payload) else {
+                continue;
+            };
+            if let SessionEvent::RunStarted { run_id, .. } = &event
+                && *run_id != run
+            {
+                last_run = Some(*run_id);
+            }
+            if event.run_id() != run {
+                continue;
+            }
+            match event {
+                SessionEvent::RunStarted { model: used, .. } => {
+                    model = used;
+                    created_at = stored.created_at / 1000;
+                    previous = last_run;
+                }
+                SessionEvent::AssistantMessage { content: parts, .. } => content = parts,
+                SessionEvent::RunFinished {
+                    stop_reason,
+                    usage,
+                    error,
+                    ..
+                } => finished = Some((stop_reason, usage, error)),
+                _ => {}
+            }
+        }
+        let text = Message::Assistant {
+            content: content.clone(),
+        }
+        .answer_text()
+        .unwrap_or_default();
+        let reasoning = reasoning_of(&content);
+        let (status, usage, error) = match finished {
+            Some((_, usage, Some(error))) => ("failed", usage, Some(error)),
+            Some((_, usage, None)) => ("completed", usage, None),
+            None => ("in_progress", Usage::default(), None),
+        };
+        Ok(response_object(&ResponseParts {
+            id: id.to_owned(),
+            model,
+            created_at,
+            status,
+            text: &text,
+            reasoning: &reasoning,
+            calls: &[],
+            usage: &usage,
+            previous: previous.map(|run| format!("{RESPONSE_PREFIX}{run}")),
+            store: true,
+            error: error.map(|error| json!({"code": error.code, "message": error.message})),
+        }))
+    }
+}
+
+/// The readable reasoning of a message's parts.
+pub fn reasoning_of(content: &[AssistantPart]) -> String {
+    content
+        .iter()
+        .filter_map(|part| match part {
+            AssistantPart::Thinking(Thinking::Text { text, .. }) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a response object is made of.
+pub struct ResponseParts<'a> {
+    /// `resp_<run id>`.
+    pub id: String,
+    /// The model as named.
+    pub model: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// `completed`, `in_progress` or `failed`.
+    pub status: &'a str,
+    /// The answer.
+    pub text: &'a str,
+    /// Readable reasoning.
+    pub reasoning: &'a str,
+    /// The client tools called: `(call id, name, arguments as JSON text)`.
+    pub calls: &'a [(String, String, String)],
+    /// Tokens.
+    pub usage: &'a Usage,
+    /// The response continued.
+    pub previous: Option<String>,
+    /// Whether it is kept.
+    pub store: bool,
+    /// The error of a failed one.
+    pub error: Option<Value>,
+}
+
+/// A `response` object.
+pub fn response_object(parts: &ResponseParts<'_>) -> Value {
+    let mut output = Vec::new();
+    if !parts.reasoning.is_empty() {
+        output.push(
+            json!({"type": "reasoning", "id": format!("rs_{}", parts.id),
+            "summary": [{"type": "summary_text", "text": parts.reasoning}]}),
+        );
+    }
+    if !parts.text.is_empty() || parts.calls.is_empty() {
+        output.push(message_item(&parts.id, parts.text, "completed"));
+    }
+    for (call_id, name, arguments) in parts.calls {
+        output.push(
+            json!({"type": "function_call", "id": format!("fc_{call_id}"),
+            "call_id": call_id, "name": name, "arguments": arguments, "status": "completed"}),
+        );
+    }
+    json!({
+        "id": parts.id,
+        "object": "response",
+        "created_at": parts.created_at,
+        "status": parts.status,
+        "model": parts.model,
+        "output": output,
+        "output_text": parts.text,
+        "previous_response_id": parts.previous,
+        "store": parts.store,
+        "error": parts.error,
+        "incomplete_details": null,
+        "parallel_tool_calls": true,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": parts.usage.input_tokens,
+            "input_tokens_details": {"cached_tokens": parts.usage.cached_input_tokens},
+            "output_tokens": parts.usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": parts.usage.reasoning_tokens},
+            "total_tokens": parts.usage.input_tokens + parts.usage.output_tokens,
+        },
+    })
+}
+
+/// The assistant message item of response `id`.
+pub fn message_item(id: &str, text: &str, status: &str) -> Value {
+    json!({"type": "message", "id": format!("msg_{id}"), "status": status, "role": "assistant",
+           "content": [{"type": "output_text", "text": text, "annotations": []}]})
+}
+
+/// The response a finished run makes.
+pub fn response_of(
+    run: &ChatRun,
+    outcome: &RunOutcome,
+    previous: Option<String>,
+) -> Result<Value, OpenAiError> {
+    if let Some(error) = &outcome.error {
+        return Err(OpenAiError::new_public(
+            502,
+            "api_error",
+            None,
+            error.message.clone(),
+        ));
+    }
+    let last = outcome
+        .messages
+        .iter()
+        .rev()
+        .find_map(|message| match message {
+            Message::Assistant { content } => Some(content.as_slice()),
+            _ => None,
+        });
+    let content = last.unwrap_or_default();
+    let calls: Vec<(String, String, String)> = if outcome.stop_reason == "tool_calls" {
+        content
+            .iter()
+            .filter_map(|part| match part {
+                AssistantPart::ToolCall(call) if run.client_tools.contains(&call.name) => Some((
+                    call.id.clone(),
+                    call.name.clone(),
+                    call.arguments.to_string(),
+                )),
+                _ => None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let id = match (outcome.session_id, outcome.run_id) {
+        (Some(_), Some(run)) => format!("{RESPONSE_PREFIX}{run}"),
+        (_, run) => format!(
+            "{RESPONSE_PREFIX}{}",
+            run.map_or_else(|| RunId::new().to_string(), |id| id.to_string())
+        ),
+    };
+    Ok(response_object(&ResponseParts {
+        id,
+        model: run.model.clone(),
+        created_at: crate::clock::now_ms() / 1000,
+        status: "completed",
+        text: &outcome.text,
+        reasoning: &reasoning_of(content),
+        calls: &calls,
+        usage: &outcome.usage,
+        previous,
+        store: outcome.session_id.is_some(),
+        error: None,
+    }))
+}
+
+/// Turns a run's events into the Responses API's stream events: `response.created`, the
+/// message item and its text part added, `response.output_text.delta` per fragment, then the
+/// part, the item and `response.completed` with the whole response (or `response.failed`).
+#[derive(Debug)]
+pub struct ResponseEvents {
+    id: String,
+    model: String,
+    previous: Option<String>,
+    store: bool,
+    client_tools: Vec<String>,
+    created_at: u64,
+    sequence: u64,
+    text: String,
+    reasoning: String,
+    last: Vec<AssistantPart>,
+    opened: bool,
+    /// The run reached its end.
+    pub done: bool,
+}
+
+impl ResponseEvents {
+    /// The stream of `run`'s response (`previous`: the response it continues).
+    pub fn new(run: &ChatRun, previous: Option<String>) -> Self {
+        Self {
+            id: format!("{RESPONSE_PREFIX}{}", RunId::new()),
+            model: run.model.clone(),
+            previous,
+            store: matches!(run.target, crate::runs::Target::Session(_)),
+            client_tools: run.client_tools.clone(),
+            created_at: crate::clock::now_ms() / 1000,
+            sequence: 0,
+            text: String::new(),
+            reasoning: String::new(),
+            last: Vec::new(),
+            opened: false,
+            done: false,
+        }
+    }
+
+    fn event(&mut self, kind: &str, mut data: Value) -> (String, Value) {
+        if let Some(object) = data.as_object_mut() {
+            object.insert("type".into(), Value::String(kind.to_owned()));
+            object.insert("sequence_number".into(), json!(self.sequence));
+        }
+        self.sequence += 1;
+        (kind.to_owned(), data)
+    }
+
+    fn whole(&self, status: &str, usage: &Usage, error: Option<Value>) -> Value {
+        let calls: Vec<(String, String, String)> = self
+            .last
+            .iter()
+            .filter_map(|part| match part {
+                AssistantPart::ToolCall(call) if self.client_tools.contains(&call.name) => Some((
+                    call.id.clone(),
+                    call.name.clone(),
+                    call.arguments.to_string(),
+                )),
+                _ => None,
+            })
+            .collect();
+        response_object(&ResponseParts {
+            id: self.id.clone(),
+            model: self.model.clone(),
+            created_at: self.created_at,
+            status,
+            text: &self.text,
+            reasoning: &self.reasoning,
+            calls: &calls,
+            usage,
+            previous: self.previous.clone(),
+            store: self.store,
+            error,
+        })
+    }
+
+    fn open(&mut self, out: &mut Vec<(String, Value)>) {
+        if self.opened {
+            return;
+        }
+        self.opened = true;
+        let created = self.whole("in_progress", &Usage::default(), None);
+        out.push(self.event("response.created", json!({"response": created})));
+        let item = json!({"type": "message", "id": format!("msg_{}", self.id),
+            "status": "in_progress", "role": "assistant", "content": []});
+        out.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": 0, "item": item}),
+        ));
+        let part = json!({"type": "output_text", "text": "", "annotations": []});
+        let item_id = format!("msg_{}", self.id);
+        out.push(self.event(
+            "response.content_part.added",
+            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": part}),
+        ));
+    }
+
+    /// The stream events `event` makes: `(name, data)`.
+    pub fn map(&mut self, event: &agentry_types::RunEvent) -> Vec<(String, Value)> {
+        use agentry_types::RunEvent;
+        let mut out = Vec::new();
+        match event {
+            RunEvent::RunStarted { run_id } => {
+                self.id = format!("{RESPONSE_PREFIX}{run_id}");
+                self.open(&mut out);
+            }
+            RunEvent::TextDelta { text } => {
+                self.open(&mut out);
+                self.text.push_str(text);
+                let item_id = format!("msg_{}", self.id);
+                out.push(self.event(
+                    "response.output_text.delta",
+                    json!({"item_id": item_id, "output_index": 0, "content_index": 0,
+                           "delta": text}),
+                ));
+            }
+            RunEvent::ThinkingDelta { text } => self.reasoning.push_str(text),
+            RunEvent::AssistantMessage { content, .. } => {
+                self.last.clone_from(content);
+                // The answer is the last round's text (earlier rounds' go with their calls).
+                self.text = Message::Assistant {
+                    content: content.clone(),
+                }
+                .answer_text()
+                .unwrap_or_default();
+            }
+            RunEvent::RunFinished { usage, .. } | RunEvent::RunSuspended { usage, .. } => {
+                self.open(&mut out);
+                self.done = true;
+                let item_id = format!("msg_{}", self.id);
+                let part = json!({"type": "output_text", "text": self.text, "annotations": []});
+                out.push(self.event(
+                    "response.output_text.done",
+                    json!({"item_id": item_id, "output_index": 0, "content_index": 0,
+                           "text": self.text}),
+                ));
+                out.push(self.event(
+                    "response.content_part.done",
+                    json!({"item_id": item_id, "output_index": 0, "content_index": 0,
+                           "part": part}),
+                ));
+                let item = message_item(&self.id, &self.text, "completed");
+                out.push(self.event(
+                    "response.output_item.done",
+                    json!({"output_index": 0, "item": item}),
+                ));
+                let whole = self.whole("completed", usage, None);
+                out.push(self.event("response.completed", json!({"response": whole})));
+            }
+            RunEvent::RunFailed { error, .. } => {
+                self.done = true;
+                let whole = self.whole(
+                    "failed",
+                    &Usage::default(),
+                    Some(json!({"code": error.code, "message": error.message})),
+                );
+                out.push(self.event("response.failed", json!({"response": whole})));
+            }
+            _ => {}
+        }
+        out
+    }
+}
