@@ -7,8 +7,9 @@
 //! ([`agentry_store::Store::heartbeat`]); a run whose lease the heartbeat did not renew was
 //! taken over by another node (this one stalled past its lease) and is stopped here — its
 //! writes were refused by the fence already; a run someone asked to cancel, on any node, is
-//! cancelled here at the next heartbeat. A process whose id another incarnation took stops.
-//! Beside it, the configuration watch reads the configuration's generation every
+//! cancelled here at the next heartbeat; and the running sessions of dead nodes (on this node's
+//! workspace volume) are taken and resumed here (`resume_orphaned`). A process whose id
+//! another incarnation took stops. Beside it, the configuration watch reads the configuration's generation every
 //! [`CONFIG_POLL`] and rebuilds the runtime (models, tools, skills, templates, agents) and the
 //! MCP servers when another node changed them. [`App::leave_cluster`] at a clean stop lets the
 //! node's runs go at once, so another node takes them without waiting for the lease.

@@ -5,7 +5,7 @@
 //! `agent:<id>` (whose own tools then run inside Agentry; only the answer comes back). The
 //! request's `messages` are the conversation (system, user, assistant turns with their tool
 //! calls, tool results), read as the seed's API reads them
-//! ([`crate::linglong::request::conversation_of`]). Stateless by default: nothing is stored. A
+//! (`linglong::request::conversation_of`). Stateless by default: nothing is stored. A
 //! request may name a session instead (`x-agentry-session-id: new` or a session id, answered in
 //! the same header): its run is durable, and only the system prompt and the last user message
 //! of `messages` are used — the earlier turns come from the session.
@@ -166,6 +166,28 @@ pub struct ChatCompletionRequest {
     pub user: Option<String>,
 }
 
+/// What a request of the OpenAI-compatible API asks to run, read from its own shape.
+pub(crate) struct OpenAiRun {
+    /// The agent it runs as.
+    pub(crate) agent_id: Option<String>,
+    /// Or the model it runs on.
+    pub(crate) model_id: Option<String>,
+    /// The conversation.
+    pub(crate) conversation: crate::linglong::request::SeedConversation,
+    /// Sampling and limits.
+    pub(crate) params: GenerationParams,
+    /// The end user.
+    pub(crate) user: Option<String>,
+    /// Where it runs.
+    pub(crate) session: SessionChoice,
+    /// The client's tools.
+    pub(crate) client_tools: Vec<ToolSpec>,
+    /// The `model` as the client named it.
+    pub(crate) model: String,
+    /// Usage in the stream's last chunk.
+    pub(crate) include_usage: bool,
+}
+
 /// A checked chat completion, ready to run.
 #[derive(Debug)]
 pub struct ChatRun {
@@ -305,6 +327,36 @@ impl App {
         Ok(json!({"object": "list", "data": data}))
     }
 
+    /// Prepares a run of the OpenAI-compatible API (chat completions and responses alike).
+    pub(crate) async fn prepare_openai_run(
+        &self,
+        caller: &Principal,
+        run: OpenAiRun,
+    ) -> Result<ChatRun, OpenAiError> {
+        let input = RunInput {
+            agent_id: run.agent_id,
+            model_id: run.model_id,
+            system: run.conversation.system,
+            params: Some(run.params),
+            user: run
+                .user
+                .filter(|user| crate::config::check_name("user", user).is_ok()),
+            history: run.conversation.history,
+            input: run.conversation.input,
+            session: run.session,
+            client_tools: run.client_tools.clone(),
+            ..RunInput::default()
+        };
+        let (target, request) = crate::runs::prepare(self, caller, input).await?;
+        Ok(ChatRun {
+            target,
+            request,
+            model: run.model,
+            include_usage: run.include_usage,
+            client_tools: run.client_tools.into_iter().map(|spec| spec.name).collect(),
+        })
+    }
+
     /// The agent (`agent:<id>`) or the model `model` names; `404 model_not_found` when none.
     pub(crate) async fn model_or_agent(
         &self,
@@ -400,31 +452,24 @@ impl App {
                 }),
             ..GenerationParams::default()
         };
-        let input = RunInput {
-            agent_id,
-            model_id,
-            system: conversation.system,
-            params: Some(params),
-            user: body
-                .user
-                .filter(|user| crate::config::check_name("user", user).is_ok()),
-            history: conversation.history,
-            input: conversation.input,
-            session: choice,
-            client_tools: client_tools.clone(),
-            ..RunInput::default()
-        };
-        let (target, request) = crate::runs::prepare(self, caller, input).await?;
-        Ok(ChatRun {
-            target,
-            request,
-            model: body.model,
-            include_usage: body
-                .stream_options
-                .as_ref()
-                .is_some_and(|options| options.include_usage),
-            client_tools: client_tools.into_iter().map(|spec| spec.name).collect(),
-        })
+        self.prepare_openai_run(
+            caller,
+            OpenAiRun {
+                agent_id,
+                model_id,
+                conversation,
+                params,
+                user: body.user,
+                session: choice,
+                client_tools,
+                model: body.model,
+                include_usage: body
+                    .stream_options
+                    .as_ref()
+                    .is_some_and(|options| options.include_usage),
+            },
+        )
+        .await
     }
 }
 

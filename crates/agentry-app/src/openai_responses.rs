@@ -20,9 +20,9 @@ use crate::App;
 use crate::auth::Principal;
 use crate::error::AppError;
 use crate::linglong::request::{SeedMessage, conversation_of};
-use crate::openai_compat::{ChatRun, OpenAiError};
+use crate::openai_compat::{ChatRun, OpenAiError, OpenAiRun};
 use crate::outcome::RunOutcome;
-use crate::runs::{RunInput, SessionChoice};
+use crate::runs::SessionChoice;
 
 /// The prefix of a response id (then the run's id).
 pub const RESPONSE_PREFIX: &str = "resp_";
@@ -280,28 +280,21 @@ impl App {
                 }),
             ..GenerationParams::default()
         };
-        let input = RunInput {
-            agent_id,
-            model_id,
-            system: conversation.system,
-            params: Some(params),
-            user: body
-                .user
-                .filter(|user| crate::config::check_name("user", user).is_ok()),
-            history: conversation.history,
-            input: conversation.input,
-            session: choice,
-            client_tools: client_tools.clone(),
-            ..RunInput::default()
-        };
-        let (target, request) = crate::runs::prepare(self, caller, input).await?;
-        Ok(ChatRun {
-            target,
-            request,
-            model: body.model,
-            include_usage: true,
-            client_tools: client_tools.into_iter().map(|spec| spec.name).collect(),
-        })
+        self.prepare_openai_run(
+            caller,
+            OpenAiRun {
+                agent_id,
+                model_id,
+                conversation,
+                params,
+                user: body.user,
+                session: choice,
+                client_tools,
+                model: body.model,
+                include_usage: true,
+            },
+        )
+        .await
     }
 
     /// A stored response, rebuilt from its session's log.

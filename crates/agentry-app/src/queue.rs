@@ -340,7 +340,7 @@ fn state_of(outcome: &RunOutcome) -> RunState {
 
 impl App {
     /// At start-up: resumes the runs a stop left in flight — the running sessions that no
-    /// live process holds any more ([`App::resume_orphaned`]; on SQLite, whose folder only this
+    /// live process holds any more (`resume_orphaned`; on SQLite, whose folder only this
     /// process may serve, every running session). Background runs that are `running` in the
     /// queue are left to it: a worker claims each once its lease expires (here, or on another
     /// node, never both) and resumes it fenced by its new lease. Returns how many runs were

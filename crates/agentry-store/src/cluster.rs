@@ -344,21 +344,6 @@ impl Store {
         })
     }
 
-    /// One node.
-    pub async fn node(&self, id: &str) -> Result<Option<NodeRecord>, StoreError> {
-        with_reader!(self, |pool, d| {
-            let row = sqlx::query(concat!(
-                "SELECT ",
-                node_columns!(),
-                " FROM nodes WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(pool)
-            .await?;
-            row.as_ref().map(node_from_row).transpose()
-        })
-    }
-
     /// The node whose incarnation holds leases as `worker`.
     pub async fn node_of_worker(&self, worker: &str) -> Result<Option<NodeRecord>, StoreError> {
         with_reader!(self, |pool, d| {
