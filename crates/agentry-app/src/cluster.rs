@@ -9,7 +9,8 @@
 //! writes were refused by the fence already; a run someone asked to cancel, on any node, is
 //! cancelled here at the next heartbeat; and the running sessions of dead nodes (on this node's
 //! workspace volume) are taken and resumed here (`resume_orphaned`). A process whose id
-//! another incarnation took stops. Beside it, the configuration watch reads the configuration's generation every
+//! another incarnation took stops. The status feed hears of other nodes' runs
+//! (`follow_other_nodes`). Beside it, the configuration watch reads the configuration's generation every
 //! [`CONFIG_POLL`] and rebuilds the runtime (models, tools, skills, templates, agents) and the
 //! MCP servers when another node changed them. [`App::leave_cluster`] at a clean stop lets the
 //! node's runs go at once, so another node takes them without waiting for the lease.
@@ -28,6 +29,23 @@ use crate::error::AppError;
 
 /// How often a node looks for configuration changes other nodes made.
 pub const CONFIG_POLL: Duration = Duration::from_millis(250);
+
+/// How often a node's status feed looks for the runs of other nodes.
+pub const FEED_POLL: Duration = Duration::from_millis(500);
+
+/// A stored session status as the status feed says it.
+fn feed_status(status: &str) -> Option<crate::hub::FeedStatus> {
+    use crate::hub::FeedStatus;
+    Some(match status {
+        "idle" => FeedStatus::Idle,
+        "running" => FeedStatus::Running,
+        "interrupted" => FeedStatus::Interrupted,
+        "failed" => FeedStatus::Failed,
+        "waiting" => FeedStatus::Waiting,
+        "paused" => FeedStatus::Paused,
+        _ => return None,
+    })
+}
 
 /// A node as `GET /v1/cluster` shows it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -273,6 +291,48 @@ impl App {
             }
             Ok(_) => {}
             Err(error) => tracing::warn!(%run, "cannot read a held run: {error}"),
+        }
+    }
+
+    /// Tells this node's status feed about the sessions other nodes run: every
+    /// [`FEED_POLL`], the sessions whose activity moved and whose run is not live here are
+    /// announced with their stored status when it changed. PostgreSQL only (a SQLite folder has
+    /// one process, whose own runs the feed hears directly); until the app shuts down.
+    pub(crate) async fn follow_other_nodes(self) {
+        if self.store.backend() != agentry_store::Backend::Postgres {
+            return;
+        }
+        let mut since = crate::clock::now_ms();
+        let mut known: HashMap<SessionId, String> = HashMap::new();
+        loop {
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = tokio::time::sleep(FEED_POLL) => {}
+            }
+            let changed = match self.store.sessions_active_since(since, 1000).await {
+                Ok(changed) => changed,
+                Err(error) => {
+                    tracing::debug!("cannot read the sessions' activity: {error}");
+                    continue;
+                }
+            };
+            for (session, status, at) in changed {
+                since = since.max(at);
+                if self.hub.is_live(session) {
+                    continue;
+                }
+                if known.get(&session) == Some(&status) {
+                    continue;
+                }
+                if let Some(feed) = feed_status(&status) {
+                    self.hub.announce(session, feed);
+                }
+                known.insert(session, status);
+            }
+            // Bounded: the sessions seen recently are enough to skip repeats.
+            if known.len() > 10_000 {
+                known.clear();
+            }
         }
     }
 

@@ -658,6 +658,7 @@ impl App {
     pub fn start_worker(&self) -> tokio::task::JoinHandle<()> {
         tokio::spawn(self.clone().keep_membership());
         tokio::spawn(self.clone().watch_configuration());
+        tokio::spawn(self.clone().follow_other_nodes());
         let app = self.clone();
         tokio::spawn(async move { app.work().await })
     }

@@ -376,6 +376,41 @@ impl Store {
         })
     }
 
+    /// The sessions whose activity moved after `since` (Unix milliseconds), oldest first, at
+    /// most `limit`: `(session, status, last activity)`.
+    pub async fn sessions_active_since(
+        &self,
+        since: u64,
+        limit: usize,
+    ) -> Result<Vec<(agentry_types::SessionId, String, u64)>, StoreError> {
+        let rows = with_reader!(self, |pool, d| {
+            sqlx::query(
+                "SELECT id, status, last_activity FROM sessions WHERE last_activity > $1 \
+                 ORDER BY last_activity LIMIT $2",
+            )
+            .bind(to_db(since))
+            .bind(to_db(limit as u64))
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.text("id")?,
+                    row.text("status")?,
+                    from_db(row.int("last_activity")?),
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?
+        });
+        rows.into_iter()
+            .map(|(id, status, at)| {
+                id.parse()
+                    .map(|id| (id, status, at))
+                    .map_err(|_| StoreError::Corrupt(format!("bad session id {id:?}")))
+            })
+            .collect()
+    }
+
     /// The configuration's generation: it grows with every change that a node's runtime is
     /// built from.
     pub async fn config_generation(&self) -> Result<u64, StoreError> {

@@ -1,7 +1,8 @@
 //! Several `agentry serve` nodes on one PostgreSQL database (a fresh database per test): any
 //! node takes any request; a killed node's runs finish on the others, each tool call executed
 //! at most once and every committed event kept; a node paused past its lease is fenced out and
-//! rejoins; a client on one node streams and controls a run live on another; configuration
+//! rejoins; a client on one node streams and controls a run live on another, and its status
+//! feed shows the other nodes' runs; configuration
 //! made on one node is used on the others; a schedule fires once per slot; and the bad starts
 //! (a taken node id, a newer schema, an unreachable database) are refused with a clear error.
 
@@ -952,4 +953,68 @@ async fn a_node_stopped_with_sigterm_finishes_its_run_and_its_clients_resume_els
         .find(|node| node["id"] == owner.as_str())
         .map(|node| node["state"].clone());
     assert_eq!(state, Some(json!("alive")), "{cluster}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_status_feed_shows_the_runs_of_the_others() {
+    use futures::StreamExt as _;
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("slowly")).delay_headers(Duration::from_millis(1500)),
+    );
+    // Node b's feed, read in the background.
+    let feed = agentry_llm::http_client(Duration::from_secs(60))
+        .unwrap()
+        .get(format!("{}/v1/sessions/events", nodes[1].base()))
+        .send()
+        .await
+        .unwrap();
+    let seen: Arc<Mutex<String>> = Arc::default();
+    let into = Arc::clone(&seen);
+    let reader = tokio::spawn(async move {
+        let mut body = feed.bytes_stream();
+        while let Some(Ok(chunk)) = body.next().await {
+            into.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&chunk));
+        }
+    });
+    let (status, done) = post(
+        &nodes[0],
+        "/v1/infer",
+        json!({"session_id": "new", "model_id": "m", "text": "hi"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    let session = done["session_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = seen.lock().unwrap().clone();
+        let mine: Vec<Value> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .filter(|change| change["session_id"] == session.as_str())
+            .collect();
+        let statuses: Vec<&str> = mine
+            .iter()
+            .filter_map(|change| change["status"].as_str())
+            .collect();
+        if statuses.contains(&"running") && statuses.last() == Some(&"idle") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node b's feed: {statuses:?}\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    reader.abort();
 }
