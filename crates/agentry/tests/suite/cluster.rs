@@ -3,7 +3,8 @@
 //! at most once and every committed event kept; a node paused past its lease is fenced out and
 //! rejoins; a client on one node streams and controls a run live on another, and its status
 //! feed shows the other nodes' runs; configuration
-//! made on one node is used on the others; a schedule fires once per slot; and the bad starts
+//! made on one node is used on the others; a schedule fires once per slot and a run's webhook
+//! is delivered once whichever node sends it; and the bad starts
 //! (a taken node id, a newer schema, an unreachable database) are refused with a clear error.
 
 use std::collections::HashMap;
@@ -1017,4 +1018,79 @@ async fn a_nodes_status_feed_shows_the_runs_of_the_others() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     reader.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_deliver_each_runs_webhook_once() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("done")));
+    let private = ["--webhook-allow-private"];
+    let nodes = [
+        start(&homes, &db, "a", &private).await,
+        start(&homes, &db, "b", &private).await,
+        start(&homes, &db, "c", &private).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    let (status, secret) = post(&nodes[1], "/v1/webhook-secret", json!({})).await;
+    assert_eq!(status, 201, "{secret}");
+    // A receiver that records each delivery's id.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    let ids: Arc<Mutex<Vec<String>>> = Arc::default();
+    let recorded = Arc::clone(&ids);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let recorded = Arc::clone(&recorded);
+            tokio::spawn(async move {
+                let mut buffer = vec![0_u8; 65536];
+                let Ok(read) = socket.read(&mut buffer).await else {
+                    return;
+                };
+                let request = String::from_utf8_lossy(&buffer[..read]).into_owned();
+                if let Some(id) = request.lines().find_map(|line| {
+                    line.to_ascii_lowercase()
+                        .strip_prefix("webhook-id: ")
+                        .map(|id| id.trim().to_owned())
+                }) {
+                    recorded.lock().unwrap().push(id);
+                }
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut runs = Vec::new();
+    for n in 0..9 {
+        let (status, run) = post(
+            &nodes[n % 3],
+            "/v1/runs",
+            json!({"text": "hook", "model_id": "m", "webhook_url": hook}),
+        )
+        .await;
+        assert_eq!(status, 202, "{run}");
+        runs.push(run["run_id"].as_str().unwrap().to_owned());
+    }
+    for run in &runs {
+        assert_eq!(wait_run(&nodes[2], run).await["state"], "succeeded");
+    }
+    // Every node's worker looks at the one outbox: each run's delivery goes out once.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ids.lock().unwrap().len() < runs.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut got = ids.lock().unwrap().clone();
+    assert_eq!(got.len(), runs.len(), "{got:?}");
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), runs.len(), "a delivery id came twice");
+    for run in &runs {
+        let log = get(&nodes[0], &format!("/v1/runs/{run}/webhooks")).await;
+        assert_eq!(log["deliveries"].as_array().unwrap().len(), 1, "{log}");
+        assert_eq!(log["deliveries"][0]["attempts"], 1, "{log}");
+    }
 }
