@@ -185,7 +185,8 @@ impl App {
     /// The address of the node running `session`'s run, when that is another live node (the
     /// run is not live here): requests about the run go there.
     pub async fn remote_owner(&self, session: SessionId) -> Result<Option<String>, AppError> {
-        if self.hub.is_live(session) {
+        // A SQLite folder has one process: no other node to ask (and no lookup per stream).
+        if self.hub.is_live(session) || self.store.backend() == agentry_store::Backend::Sqlite {
             return Ok(None);
         }
         let worker = match self.store.session_worker(session).await? {
@@ -219,7 +220,9 @@ impl App {
 
     /// The address of the node where `run` is live, when that is another node.
     pub async fn remote_run_owner(&self, run: RunId) -> Result<Option<String>, AppError> {
-        if self.sessions.session_of_live_run(run).is_some() {
+        if self.sessions.session_of_live_run(run).is_some()
+            || self.store.backend() == agentry_store::Backend::Sqlite
+        {
             return Ok(None);
         }
         match self.locate(run).await {

@@ -505,14 +505,49 @@ fn completion_id(run: Option<agentry_types::RunId>) -> String {
     )
 }
 
-/// The calls of `content` to the client's tools, as OpenAI's `tool_calls`.
-fn client_calls(content: &[AssistantPart], client_tools: &[String]) -> Vec<Value> {
+/// The parts of the last assistant message of `messages` (empty when there is none).
+pub(crate) fn last_answer(messages: &[Message]) -> &[AssistantPart] {
+    messages
+        .iter()
+        .rev()
+        .find_map(|message| match message {
+            Message::Assistant { content } => Some(content.as_slice()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// The calls in `content` of the client's tools.
+pub(crate) fn client_tool_calls<'a>(
+    content: &'a [AssistantPart],
+    client_tools: &[String],
+) -> Vec<&'a ToolCall> {
     content
         .iter()
         .filter_map(|part| match part {
             AssistantPart::ToolCall(call) if client_tools.contains(&call.name) => Some(call),
             _ => None,
         })
+        .collect()
+}
+
+/// The readable reasoning of a message's parts.
+pub(crate) fn reasoning_of(content: &[AssistantPart]) -> String {
+    content
+        .iter()
+        .filter_map(|part| match part {
+            AssistantPart::Thinking(agentry_types::Thinking::Text { text, .. }) => {
+                Some(text.as_str())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The calls of `content` to the client's tools, as OpenAI's `tool_calls`.
+fn client_calls(content: &[AssistantPart], client_tools: &[String]) -> Vec<Value> {
+    client_tool_calls(content, client_tools)
+        .into_iter()
         .enumerate()
         .map(|(index, call): (usize, &ToolCall)| {
             json!({"index": index, "id": call.id, "type": "function",
@@ -550,40 +585,14 @@ pub fn chat_completion(
             ),
         ));
     }
-    let reasoning: String = outcome
-        .messages
-        .iter()
-        .rev()
-        .find_map(|message| match message {
-            agentry_types::Message::Assistant { content } => Some(
-                content
-                    .iter()
-                    .filter_map(|part| match part {
-                        agentry_types::AssistantPart::Thinking(agentry_types::Thinking::Text {
-                            text,
-                            ..
-                        }) => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .unwrap_or_default();
+    let last = last_answer(&outcome.messages);
+    let reasoning = reasoning_of(last);
     let mut message = json!({"role": "assistant", "content": outcome.text, "refusal": null});
     if !reasoning.is_empty() {
         message["reasoning_content"] = Value::String(reasoning);
     }
     if outcome.stop_reason == "tool_calls" {
-        let last = outcome
-            .messages
-            .iter()
-            .rev()
-            .find_map(|message| match message {
-                Message::Assistant { content } => Some(content.as_slice()),
-                _ => None,
-            });
-        let calls: Vec<Value> = client_calls(last.unwrap_or_default(), client_tools)
+        let calls: Vec<Value> = client_calls(last, client_tools)
             .into_iter()
             .map(|mut call| {
                 if let Some(object) = call.as_object_mut() {

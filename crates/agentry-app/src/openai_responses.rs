@@ -14,13 +14,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use agentry_llm::GenerationParams;
-use agentry_types::{AssistantPart, Message, RunId, SessionEvent, Thinking, ToolSpec, Usage};
+use agentry_types::{AssistantPart, Message, RunId, SessionEvent, ToolCall, ToolSpec, Usage};
 
 use crate::App;
 use crate::auth::Principal;
 use crate::error::AppError;
 use crate::linglong::request::{SeedMessage, conversation_of};
-use crate::openai_compat::{ChatRun, OpenAiError, OpenAiRun};
+use crate::openai_compat::{
+    ChatRun, OpenAiError, OpenAiRun, client_tool_calls, last_answer, reasoning_of,
+};
 use crate::outcome::RunOutcome;
 use crate::runs::SessionChoice;
 
@@ -382,17 +384,6 @@ impl App {
     }
 }
 
-/// The readable reasoning of a message's parts.
-pub fn reasoning_of(content: &[AssistantPart]) -> String {
-    content
-        .iter()
-        .filter_map(|part| match part {
-            AssistantPart::Thinking(Thinking::Text { text, .. }) => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
 /// What a response object is made of.
 pub struct ResponseParts<'a> {
     /// `resp_<run id>`.
@@ -408,7 +399,7 @@ pub struct ResponseParts<'a> {
     /// Readable reasoning.
     pub reasoning: &'a str,
     /// The client tools called: `(call id, name, arguments as JSON text)`.
-    pub calls: &'a [(String, String, String)],
+    pub calls: &'a [&'a ToolCall],
     /// Tokens.
     pub usage: &'a Usage,
     /// The response continued.
@@ -431,10 +422,11 @@ pub fn response_object(parts: &ResponseParts<'_>) -> Value {
     if !parts.text.is_empty() || parts.calls.is_empty() {
         output.push(message_item(&parts.id, parts.text, "completed"));
     }
-    for (call_id, name, arguments) in parts.calls {
+    for call in parts.calls {
         output.push(
-            json!({"type": "function_call", "id": format!("fc_{call_id}"),
-            "call_id": call_id, "name": name, "arguments": arguments, "status": "completed"}),
+            json!({"type": "function_call", "id": format!("fc_{}", call.id),
+            "call_id": call.id, "name": call.name, "arguments": call.arguments.to_string(),
+            "status": "completed"}),
         );
     }
     json!({
@@ -482,27 +474,9 @@ pub fn response_of(
             error.message.clone(),
         ));
     }
-    let last = outcome
-        .messages
-        .iter()
-        .rev()
-        .find_map(|message| match message {
-            Message::Assistant { content } => Some(content.as_slice()),
-            _ => None,
-        });
-    let content = last.unwrap_or_default();
-    let calls: Vec<(String, String, String)> = if outcome.stop_reason == "tool_calls" {
-        content
-            .iter()
-            .filter_map(|part| match part {
-                AssistantPart::ToolCall(call) if run.client_tools.contains(&call.name) => Some((
-                    call.id.clone(),
-                    call.name.clone(),
-                    call.arguments.to_string(),
-                )),
-                _ => None,
-            })
-            .collect()
+    let content = last_answer(&outcome.messages);
+    let calls = if outcome.stop_reason == "tool_calls" {
+        client_tool_calls(content, &run.client_tools)
     } else {
         Vec::new()
     };
@@ -577,18 +551,7 @@ impl ResponseEvents {
     }
 
     fn whole(&self, status: &str, usage: &Usage, error: Option<Value>) -> Value {
-        let calls: Vec<(String, String, String)> = self
-            .last
-            .iter()
-            .filter_map(|part| match part {
-                AssistantPart::ToolCall(call) if self.client_tools.contains(&call.name) => Some((
-                    call.id.clone(),
-                    call.name.clone(),
-                    call.arguments.to_string(),
-                )),
-                _ => None,
-            })
-            .collect();
+        let calls = client_tool_calls(&self.last, &self.client_tools);
         response_object(&ResponseParts {
             id: self.id.clone(),
             model: self.model.clone(),

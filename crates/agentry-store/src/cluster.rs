@@ -130,6 +130,27 @@ const JOIN_SQL: &str = "INSERT INTO nodes (id, incarnation, address, version, st
      WHERE nodes.incarnation = excluded.incarnation OR nodes.stopped_at IS NOT NULL \
      OR nodes.heartbeat_at + nodes.lease_ms < excluded.heartbeat_at";
 
+/// Runs [`JOIN_SQL`] for `$node` at `$now` in transaction `$tx`: the rows it wrote (0: another
+/// live incarnation holds the id).
+macro_rules! join_node {
+    ($tx:ident, $node:expr, $now:expr) => {
+        sqlx::query(JOIN_SQL)
+            .bind(&$node.id)
+            .bind(&$node.incarnation)
+            .bind(&$node.address)
+            .bind(&$node.version)
+            .bind(to_db($now))
+            .bind(to_db(millis($node.lease)))
+            .bind(to_db($node.running_runs))
+            .bind(to_db($node.max_runs))
+            .bind($node.load_milli.map(to_db))
+            .bind($node.volume.as_deref())
+            .execute(&mut *$tx)
+            .await?
+            .rows_affected()
+    };
+}
+
 macro_rules! node_columns {
     () => {
         "id, incarnation, address, version, started_at, heartbeat_at, lease_ms, running_runs, \
@@ -170,20 +191,7 @@ impl Store {
                 .map(|row| row.text("incarnation"))
                 .transpose()?
                 .filter(|previous| *previous != node.incarnation);
-            let joined = sqlx::query(JOIN_SQL)
-                .bind(&node.id)
-                .bind(&node.incarnation)
-                .bind(&node.address)
-                .bind(&node.version)
-                .bind(to_db(now))
-                .bind(to_db(millis(node.lease)))
-                .bind(to_db(node.running_runs))
-                .bind(to_db(node.max_runs))
-                .bind(node.load_milli.map(to_db))
-                .bind(node.volume.as_deref())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+            let joined = join_node!(tx, node, now);
             (joined, previous)
         });
         if joined == 0 {
@@ -269,20 +277,7 @@ impl Store {
             .rows_affected();
             if updated == 0 {
                 // The row went (or never was): join again, unless another incarnation lives.
-                let joined = sqlx::query(JOIN_SQL)
-                    .bind(&node.id)
-                    .bind(&node.incarnation)
-                    .bind(&node.address)
-                    .bind(&node.version)
-                    .bind(to_db(now))
-                    .bind(to_db(millis(node.lease)))
-                    .bind(to_db(node.running_runs))
-                    .bind(to_db(node.max_runs))
-                    .bind(node.load_milli.map(to_db))
-                    .bind(node.volume.as_deref())
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
+                let joined = join_node!(tx, node, now);
                 if joined == 0 {
                     return Ok(None);
                 }
