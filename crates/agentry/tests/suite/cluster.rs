@@ -2,7 +2,8 @@
 //! node takes any request; a killed node's runs finish on the others, each tool call executed
 //! at most once and every committed event kept; a node paused past its lease is fenced out and
 //! rejoins; a client on one node streams and controls a run live on another, and its status
-//! feed shows the other nodes' runs; configuration
+//! feed shows the other nodes' runs; a rolling restart of every node fails no run and loses no
+//! streamed event; configuration
 //! made on one node is used on the others; a schedule fires once per slot and a run's webhook
 //! is delivered once whichever node sends it; and the bad starts
 //! (a taken node id, a newer schema, an unreachable database) are refused with a clear error.
@@ -410,16 +411,24 @@ async fn owner_of(node: &Node, run: &str) -> String {
 
 /// A server-sent event stream, read to its end: each event's name, id and data.
 async fn read_stream(node: &Node, path: &str) -> Vec<(String, Option<u64>, Value)> {
+    read_stream_at(&node.base(), path).await.unwrap()
+}
+
+/// [`read_stream`] from the node at `base`; an error when the connection fails or breaks.
+async fn read_stream_at(
+    base: &str,
+    path: &str,
+) -> Result<Vec<(String, Option<u64>, Value)>, reqwest::Error> {
     let body = agentry_llm::http_client(Duration::from_secs(60))
         .unwrap()
-        .get(format!("{}{path}", node.base()))
+        .get(format!("{base}{path}"))
         .send()
-        .await
-        .unwrap()
+        .await?
+        .error_for_status()?
         .text()
-        .await
-        .unwrap();
-    body.split("\n\n")
+        .await?;
+    Ok(body
+        .split("\n\n")
         .filter_map(|block| {
             let mut name = None;
             let mut id = None;
@@ -439,7 +448,7 @@ async fn read_stream(node: &Node, path: &str) -> Vec<(String, Option<u64>, Value
                 serde_json::from_str(&data).unwrap_or(Value::Null),
             ))
         })
-        .collect()
+        .collect())
 }
 
 fn streamed_text(events: &[(String, Option<u64>, Value)]) -> String {
@@ -1093,4 +1102,130 @@ async fn three_nodes_deliver_each_runs_webhook_once() {
         assert_eq!(log["deliveries"].as_array().unwrap().len(), 1, "{log}");
         assert_eq!(log["deliveries"][0]["attempts"], 1, "{log}");
     }
+}
+
+/// Follows a run's stream to its end through whichever nodes are up (`bases`, `None` while a
+/// node restarts), resuming from the last event id it has each time a stream ends early.
+async fn follow(
+    bases: Arc<Mutex<Vec<Option<String>>>>,
+    run: String,
+    first: usize,
+) -> Vec<(String, Option<u64>, Value)> {
+    let path = format!("/v1/runs/{run}/stream");
+    let mut seen: Vec<(String, Option<u64>, Value)> = Vec::new();
+    let mut pick = first;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "run {run} never finished: {seen:?}"
+        );
+        let base = bases.lock().unwrap()[pick % 3].clone();
+        pick += 1;
+        let Some(base) = base else { continue };
+        let last = seen.iter().filter_map(|(_, id, _)| *id).max().unwrap_or(0);
+        let Ok(events) = read_stream_at(&base, &format!("{path}?after={last}")).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        seen.extend(events);
+        if seen.iter().any(|(name, _, _)| name == "run.finished") {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_all_three_nodes_fails_no_run_and_loses_no_streamed_event() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let mut nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+        start(&homes, &db, "c", &[]).await,
+    ];
+    add_model(&nodes[0], &mock).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Every run streams twenty words over two seconds.
+    let words: Vec<String> = (0..20).map(|n| format!("w{n} ")).collect();
+    let answer = words.concat();
+    mock.set_fallback(
+        Reply::scripted(ScriptedTurn::text(answer.clone()))
+            .chunked(Chunking::SseEvents)
+            .paced(Duration::from_millis(100)),
+    );
+    let bases: Arc<Mutex<Vec<Option<String>>>> = Arc::new(Mutex::new(
+        nodes.iter().map(|node| Some(node.base())).collect(),
+    ));
+    let mut readers = Vec::new();
+    let mut runs = Vec::new();
+    for restarting in 0..3 {
+        // Runs started, and followed, through the nodes that stay up this round; any node's
+        // worker may take them, the one about to stop included.
+        for k in 0..4 {
+            let via = (restarting + 1 + k % 2) % 3;
+            let (status, run) = post(
+                &nodes[via],
+                "/v1/runs",
+                json!({"model_id": "m", "text": format!("round {restarting} run {k}")}),
+            )
+            .await;
+            assert_eq!(status, 202, "{run}");
+            let run = run["run_id"].as_str().unwrap().to_owned();
+            runs.push(run.clone());
+            readers.push(tokio::spawn(follow(Arc::clone(&bases), run, via)));
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        // The node stops (SIGTERM), its runs finish or move, and it comes back.
+        bases.lock().unwrap()[restarting] = None;
+        nodes[restarting].signal("TERM");
+        let status = tokio::time::timeout(Duration::from_secs(30), nodes[restarting].child.wait())
+            .await
+            .expect("the node stops within its grace")
+            .unwrap();
+        assert!(status.success(), "{status}\n{}", nodes[restarting].log());
+        let id = nodes[restarting].id.clone();
+        nodes[restarting] = start(&homes, &db, &id, &[]).await;
+        bases.lock().unwrap()[restarting] = Some(nodes[restarting].base());
+    }
+    for (run, reader) in runs.iter().zip(readers) {
+        let streamed = reader.await.unwrap();
+        let done = wait_run(&nodes[0], run).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        assert_eq!(
+            done["outcome"]["text"].as_str().map(str::trim_end),
+            Some(answer.trim_end()),
+            "{done}"
+        );
+        // Every committed event reached the client once, in order, whichever nodes it went
+        // through.
+        let ids: Vec<u64> = streamed.iter().filter_map(|(_, id, _)| *id).collect();
+        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{ids:?}");
+        let session = done["session_id"].as_str().unwrap();
+        let logged: Vec<u64> =
+            get(&nodes[1], &format!("/v1/sessions/{session}/events")).await["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|event| event["event"]["type"] != "usage")
+                .map(|event| event["seq"].as_u64().unwrap())
+                .collect();
+        for seq in &logged {
+            assert!(
+                ids.contains(seq),
+                "run {run}: seq {seq} missing: {ids:?} of {logged:?}"
+            );
+        }
+    }
+    // All three nodes are back and alive.
+    let cluster = get(&nodes[2], "/v1/cluster").await;
+    let alive = cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|node| node["state"] == "alive")
+        .count();
+    assert_eq!(alive, 3, "{cluster}");
 }
