@@ -110,6 +110,12 @@ pub struct AgentConfig {
     /// conversation writes the next one finds; the file routes reach it by `agent_id`).
     #[serde(default, skip_serializing_if = "WorkspaceScope::is_session")]
     pub workspace: WorkspaceScope,
+    /// Publishes the agent over A2A (the Agent2Agent protocol) when present: its agent card at
+    /// `/a2a/{id}/.well-known/agent-card.json`, its JSON-RPC endpoint at `/a2a/{id}`. Absent
+    /// (the default): not reachable over A2A.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub a2a: Option<crate::a2a::A2aPublication>,
 }
 
 /// Whose workspace an agent's runs work in.
@@ -254,6 +260,9 @@ impl AgentConfig {
     /// Checks the fields that need no runtime.
     pub fn check_shape(&self) -> Result<(), AppError> {
         check_name("agent", &self.id)?;
+        if let Some(publication) = &self.a2a {
+            publication.check()?;
+        }
         if let Some(url) = &self.webhook_url {
             // Where it may point is the server's to say, at saving and at each submission.
             crate::webhooks::check_webhook_url(url, true)?;

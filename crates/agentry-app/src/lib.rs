@@ -7,6 +7,7 @@
 //! what it returns; the app never names HTTP, and its errors are [`AppError`]s that each
 //! front-end maps in one place.
 
+pub mod a2a;
 pub mod agents;
 pub mod approvals;
 pub mod auth;

@@ -579,7 +579,7 @@ impl App {
 
     /// Reads a run until `done` says so or `timeout` passes, woken by this process's changes
     /// and polling for other processes'; answers the run as it is then.
-    async fn wait_until(
+    pub(crate) async fn wait_until(
         &self,
         run_id: RunId,
         timeout: Duration,

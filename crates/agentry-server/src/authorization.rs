@@ -126,6 +126,13 @@ pub(crate) async fn authorize(
         Some(_) => "/v1/openai".to_owned(),
         None => path,
     };
+    // A2A: a published agent's card is the agent's; its JSON-RPC calls are runs (the tasks'
+    // owners are checked by the calls).
+    let path = match path.strip_prefix(crate::routes::a2a::PREFIX) {
+        Some(rest) if rest.contains("/.well-known/") => "/v1/agents/a2a".to_owned(),
+        Some(_) => "/v1/infer".to_owned(),
+        None => path,
+    };
     let is_api =
         path.starts_with("/v1/") || path == "/metrics" || path == crate::mcp_endpoint::MCP_PATH;
     if is_api && !user_may(request.method(), &path) {

@@ -149,7 +149,7 @@ fn unauthorized(message: &str) -> Response {
     response
 }
 
-/// Every `/v1` route (the seed's `/linglong/v1` and the OpenAI-compatible `/openai/v1` too, and `/metrics`, `/openapi.json` and the MCP endpoint `/mcp`) needs a
+/// Every `/v1` route (the seed's `/linglong/v1`, the OpenAI-compatible `/openai/v1` and A2A's `/a2a` too, and `/metrics`, `/openapi.json` and the MCP endpoint `/mcp`) needs a
 /// valid key or login once any key exists; the caller ([`Principal`]) goes into the request's
 /// extensions for [`crate::authorization`] and the handlers.
 async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
@@ -157,6 +157,7 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
     let protected = (path.starts_with("/v1/")
         || path.starts_with("/linglong/v1/")
         || path.starts_with("/openai/v1/")
+        || path.starts_with("/a2a/")
         || path == "/metrics"
         || path == "/openapi.json"
         || path == crate::mcp_endpoint::MCP_PATH)

@@ -5,6 +5,7 @@
 //! operations ([`documented`]), which is also where `GET /openapi.json` takes them from (see
 //! [`crate::openapi`]).
 
+pub mod a2a;
 pub mod agents;
 pub mod background;
 pub mod config;
@@ -70,6 +71,7 @@ pub fn router(state: AppState) -> Router {
         .merge(hooks::routes())
         .merge(linglong::routes())
         .merge(openai::routes())
+        .merge(a2a::routes())
         .merge(crate::mcp_endpoint::routes(&state))
         .merge(crate::console::routes())
         .fallback(ops::not_found)

@@ -1,3 +1,4 @@
+mod a2a;
 mod agents;
 mod background;
 mod config;

@@ -176,6 +176,7 @@ impl AddArgs {
             // A narrower network and a default webhook are set in an agent file (`--file`).
             network: None,
             webhook_url: None,
+            a2a: None,
             vision_model_id: self.vision_model,
             speech_model_id: self.speech_model,
             workspace: if self.shared_workspace {

@@ -1,0 +1,1187 @@
+//! A2A, the Agent2Agent protocol (v0.3, JSON-RPC binding): saved agents published with an
+//! `a2a` section answer other agents.
+//!
+//! - The agent card ([`App::a2a_card`]) names the agent, its skills and its endpoint.
+//! - `message/send` and `message/stream` start a task; a task **is a background run** (its id
+//!   the run's id), so it is durable, queued, fenced and cancellable like any other, and its
+//!   context **is the run's session** (`contextId`): a later message with the same `contextId`
+//!   continues the conversation.
+//! - A run whose tool calls wait for approval is `input-required`: its status message lists the
+//!   calls (a `data` part with `pending`), and a message to the same `taskId` decides them
+//!   (`approve` / `reject` as text, or a `data` part `{"decisions": [...]}` as
+//!   `POST /v1/runs/{run_id}/approvals` takes them).
+//! - `tasks/get`, `tasks/cancel` and `tasks/resubscribe` reach a task by id; another caller's
+//!   tasks, and tasks of other agents, are not found.
+//!
+//! Errors are JSON-RPC errors with A2A's codes ([`A2aError`]). The front-end parses the
+//! envelope ([`parse_rpc`]) and renders what this module answers.
+
+use std::time::Duration;
+
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use agentry_store::RunState;
+use agentry_types::{RunEvent, RunId, SessionId};
+
+use crate::App;
+use crate::agents::AgentConfig;
+use crate::approvals::DecideBody;
+use crate::auth::Principal;
+use crate::error::{AppError, Failure};
+use crate::queue::RunView;
+use crate::submission::InferRequest;
+
+/// The protocol version the cards declare and the endpoint speaks.
+pub const PROTOCOL_VERSION: &str = "0.3.0";
+
+/// Where a published agent's card is, under its base (`/a2a/{id}`).
+pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+
+/// How long a blocking `message/send` waits for its task to end or to need input.
+const BLOCKING_WAIT: Duration = Duration::from_secs(600);
+
+/// How long a stream waits for a queued task to start before it follows it from the log.
+const START_WAIT: Duration = Duration::from_secs(30);
+
+/// How often a stream looks for its task's run in this process's hub, and reads its record.
+const HUB_POLL: Duration = Duration::from_millis(10);
+const RECORD_POLL: Duration = Duration::from_millis(250);
+
+/// The id of the artifact that holds a task's answer.
+const ANSWER_ARTIFACT: &str = "answer";
+
+/// The most skills a card lists, and the longest text of a card's fields.
+const MAX_SKILLS: usize = 32;
+const MAX_TEXT: usize = 4096;
+
+/// An agent's A2A publication: what its card says beyond its id and name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct A2aPublication {
+    /// What the agent does, for other agents choosing it (default: its nickname or id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// What it can do (default: one skill, the agent itself, tagged with its labels).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<A2aSkill>,
+}
+
+/// A skill on an agent card.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct A2aSkill {
+    /// Its id, unique on the card.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// Keywords.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Example requests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
+}
+
+impl A2aPublication {
+    /// Checks lengths and that skill ids are unique.
+    pub fn check(&self) -> Result<(), AppError> {
+        let too_long = |text: &str| text.chars().count() > MAX_TEXT;
+        if self.description.as_deref().is_some_and(too_long) {
+            return Err(AppError::bad_request(format!(
+                "`a2a.description` has at most {MAX_TEXT} characters"
+            )));
+        }
+        if self.skills.len() > MAX_SKILLS {
+            return Err(AppError::bad_request(format!(
+                "`a2a.skills` lists at most {MAX_SKILLS} skills"
+            )));
+        }
+        for (index, skill) in self.skills.iter().enumerate() {
+            if skill.id.trim().is_empty() || skill.name.trim().is_empty() {
+                return Err(AppError::bad_request(format!(
+                    "`a2a.skills[{index}]` needs an `id` and a `name`"
+                )));
+            }
+            let texts = [&skill.id, &skill.name, &skill.description];
+            if texts.into_iter().any(|text| too_long(text))
+                || skill.tags.len() + skill.examples.len() > MAX_SKILLS
+                || skill
+                    .tags
+                    .iter()
+                    .chain(&skill.examples)
+                    .any(|t| too_long(t))
+            {
+                return Err(AppError::bad_request(format!(
+                    "`a2a.skills[{index}]` is too long"
+                )));
+            }
+            if self.skills[..index]
+                .iter()
+                .any(|other| other.id == skill.id)
+            {
+                return Err(AppError::bad_request(format!(
+                    "`a2a.skills` has the id {:?} twice",
+                    skill.id
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A JSON-RPC error with A2A's codes.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct A2aError {
+    /// The JSON-RPC error code.
+    pub code: i64,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl A2aError {
+    fn new(code: i64, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The body is not JSON (-32700).
+    pub fn parse_error(message: impl Into<String>) -> Self {
+        Self::new(-32700, message)
+    }
+
+    /// Not a JSON-RPC 2.0 request (-32600).
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(-32600, message)
+    }
+
+    /// No such method (-32601).
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(-32601, format!("no method {method:?}"))
+    }
+
+    /// The parameters are wrong (-32602).
+    pub fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(-32602, message)
+    }
+
+    /// Our failure (-32603).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(-32603, message)
+    }
+
+    /// No such task, or not the caller's (-32001).
+    pub fn task_not_found(id: &str) -> Self {
+        Self::new(-32001, format!("no task {id}"))
+    }
+
+    /// The task has ended (-32002).
+    pub fn task_not_cancelable(id: &str, state: &str) -> Self {
+        Self::new(
+            -32002,
+            format!("task {id} is {state}: it cannot be cancelled"),
+        )
+    }
+
+    /// Push notifications are not offered (-32003).
+    pub fn push_not_supported() -> Self {
+        Self::new(
+            -32003,
+            "push notifications are not supported: follow a task with `message/stream` or \
+             `tasks/resubscribe`, or poll `tasks/get`",
+        )
+    }
+
+    /// What the request asks cannot be done (-32004).
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(-32004, message)
+    }
+
+    /// A part of a kind the agent does not take (-32005).
+    pub fn content_type(message: impl Into<String>) -> Self {
+        Self::new(-32005, message)
+    }
+
+    /// There is no extended card (-32007).
+    pub fn no_extended_card() -> Self {
+        Self::new(
+            -32007,
+            "this agent has no authenticated extended card: its card is the whole card",
+        )
+    }
+
+    /// The error object of a JSON-RPC response.
+    pub fn to_json(&self) -> Value {
+        json!({"code": self.code, "message": self.message})
+    }
+}
+
+impl From<AppError> for A2aError {
+    fn from(error: AppError) -> Self {
+        match error.failure {
+            Failure::Invalid | Failure::NotFound | Failure::TooLarge => {
+                Self::invalid_params(error.message)
+            }
+            Failure::Conflict | Failure::TooMany | Failure::Forbidden => {
+                Self::unsupported(error.message)
+            }
+            _ => Self::internal(error.message),
+        }
+    }
+}
+
+/// A JSON-RPC request: its id (echoed in the answer), method and parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcRequest {
+    /// The request's id (a string, a number or null).
+    pub id: Value,
+    /// The method.
+    pub method: String,
+    /// The parameters (an object; `{}` when absent).
+    pub params: Value,
+}
+
+/// Reads a JSON-RPC 2.0 request; on failure the id to answer with (null when unknown) and the
+/// error.
+pub fn parse_rpc(body: &[u8]) -> Result<RpcRequest, (Value, A2aError)> {
+    let value: Value = serde_json::from_slice(body).map_err(|error| {
+        (
+            Value::Null,
+            A2aError::parse_error(format!("not JSON: {error}")),
+        )
+    })?;
+    let Value::Object(mut object) = value else {
+        return Err((
+            Value::Null,
+            A2aError::invalid_request("a request is one JSON object (batches are not supported)"),
+        ));
+    };
+    let id = object.remove("id").unwrap_or(Value::Null);
+    if !matches!(id, Value::String(_) | Value::Number(_) | Value::Null) {
+        return Err((
+            Value::Null,
+            A2aError::invalid_request("`id` is a string, a number or null"),
+        ));
+    }
+    if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err((id, A2aError::invalid_request("`jsonrpc` must be \"2.0\"")));
+    }
+    let Some(Value::String(method)) = object.remove("method") else {
+        return Err((id, A2aError::invalid_request("`method` is a string")));
+    };
+    let params = match object.remove("params") {
+        None | Some(Value::Null) => json!({}),
+        Some(params @ Value::Object(_)) => params,
+        Some(_) => {
+            return Err((id, A2aError::invalid_params("`params` is an object")));
+        }
+    };
+    Ok(RpcRequest { id, method, params })
+}
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum A2aCall {
+    /// `message/send` (`stream: false`) or `message/stream`.
+    Send {
+        /// The parameters.
+        params: Box<SendParams>,
+        /// Whether the answer is a stream.
+        stream: bool,
+    },
+    /// `tasks/get`.
+    Get {
+        /// The task.
+        id: String,
+        /// How many of its latest messages to include.
+        history_length: Option<usize>,
+    },
+    /// `tasks/cancel`.
+    Cancel {
+        /// The task.
+        id: String,
+    },
+    /// `tasks/resubscribe`: the task's stream from now on.
+    Resubscribe {
+        /// The task.
+        id: String,
+    },
+}
+
+/// The parameters of `message/send` and `message/stream`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendParams {
+    /// The message.
+    pub message: IncomingMessage,
+    /// How to answer.
+    #[serde(default)]
+    pub configuration: Option<SendConfiguration>,
+    /// Free metadata (not used).
+    #[serde(default)]
+    pub metadata: Option<Value>,
+}
+
+/// `configuration` of a send.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendConfiguration {
+    /// Wait for the task to end or need input (default); `false`: answer at once.
+    #[serde(default)]
+    pub blocking: Option<bool>,
+    /// How many of the task's latest messages to include.
+    #[serde(default)]
+    pub history_length: Option<usize>,
+    /// The output types the client takes (text is always among them here).
+    #[serde(default)]
+    pub accepted_output_modes: Option<Vec<String>>,
+    /// Push notifications: not supported.
+    #[serde(default)]
+    pub push_notification_config: Option<Value>,
+}
+
+/// A client's message.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IncomingMessage {
+    /// `user`.
+    pub role: String,
+    /// Its parts.
+    pub parts: Vec<Value>,
+    /// The client's id for it.
+    pub message_id: String,
+    /// The task it answers (one waiting for input).
+    #[serde(default)]
+    pub task_id: Option<String>,
+    /// The conversation it continues.
+    #[serde(default)]
+    pub context_id: Option<String>,
+    /// `message`, when given.
+    #[serde(default)]
+    pub kind: Option<String>,
+}
+
+/// Reads a request's method and parameters.
+pub fn call_of(request: &RpcRequest) -> Result<A2aCall, A2aError> {
+    let params = request.params.clone();
+    let task_id = |params: &Value| -> Result<String, A2aError> {
+        match params.get("id") {
+            Some(Value::String(id)) if !id.is_empty() && id.len() <= 128 => Ok(id.clone()),
+            _ => Err(A2aError::invalid_params("`params.id` is the task's id")),
+        }
+    };
+    match request.method.as_str() {
+        "message/send" | "message/stream" => {
+            let params: SendParams = serde_json::from_value(params)
+                .map_err(|error| A2aError::invalid_params(format!("bad `params`: {error}")))?;
+            Ok(A2aCall::Send {
+                params: Box::new(params),
+                stream: request.method == "message/stream",
+            })
+        }
+        "tasks/get" => Ok(A2aCall::Get {
+            id: task_id(&params)?,
+            history_length: match params.get("historyLength") {
+                None | Some(Value::Null) => None,
+                Some(value) => Some(
+                    value
+                        .as_u64()
+                        .and_then(|length| usize::try_from(length).ok())
+                        .ok_or_else(|| {
+                            A2aError::invalid_params("`historyLength` is a whole number")
+                        })?,
+                ),
+            },
+        }),
+        "tasks/cancel" => Ok(A2aCall::Cancel {
+            id: task_id(&params)?,
+        }),
+        "tasks/resubscribe" => Ok(A2aCall::Resubscribe {
+            id: task_id(&params)?,
+        }),
+        "tasks/pushNotificationConfig/set"
+        | "tasks/pushNotificationConfig/get"
+        | "tasks/pushNotificationConfig/list"
+        | "tasks/pushNotificationConfig/delete" => Err(A2aError::push_not_supported()),
+        "agent/getAuthenticatedExtendedCard" => Err(A2aError::no_extended_card()),
+        other => Err(A2aError::method_not_found(other)),
+    }
+}
+
+impl IncomingMessage {
+    /// Checks the message's shape: a user's, with an id and at least one part.
+    fn check(&self) -> Result<(), A2aError> {
+        if self.role != "user" {
+            return Err(A2aError::invalid_params("`message.role` must be \"user\""));
+        }
+        if self.kind.as_deref().is_some_and(|kind| kind != "message") {
+            return Err(A2aError::invalid_params(
+                "`message.kind` must be \"message\"",
+            ));
+        }
+        if self.message_id.is_empty() || self.message_id.len() > 200 {
+            return Err(A2aError::invalid_params(
+                "`message.messageId` has 1 to 200 characters",
+            ));
+        }
+        if self.parts.is_empty() {
+            return Err(A2aError::invalid_params("`message.parts` is empty"));
+        }
+        Ok(())
+    }
+
+    /// The message as text for the model: text parts as they are, data parts as JSON.
+    fn text(&self) -> Result<String, A2aError> {
+        let mut pieces = Vec::with_capacity(self.parts.len());
+        for (index, part) in self.parts.iter().enumerate() {
+            match part.get("kind").and_then(Value::as_str) {
+                Some("text") => match part.get("text") {
+                    Some(Value::String(text)) => pieces.push(text.clone()),
+                    _ => {
+                        return Err(A2aError::invalid_params(format!(
+                            "`message.parts[{index}].text` is a string"
+                        )));
+                    }
+                },
+                Some("data") => match part.get("data") {
+                    Some(data @ Value::Object(_)) => pieces.push(data.to_string()),
+                    _ => {
+                        return Err(A2aError::invalid_params(format!(
+                            "`message.parts[{index}].data` is an object"
+                        )));
+                    }
+                },
+                Some("file") => {
+                    return Err(A2aError::content_type(
+                        "file parts are not accepted: send text or data parts",
+                    ));
+                }
+                _ => {
+                    return Err(A2aError::invalid_params(format!(
+                        "`message.parts[{index}].kind` is `text`, `data` or `file`"
+                    )));
+                }
+            }
+        }
+        let text = pieces.join("\n");
+        if text.trim().is_empty() {
+            return Err(A2aError::invalid_params("the message has no text"));
+        }
+        Ok(text)
+    }
+
+    /// The data part's object, if the message has one.
+    fn data(&self) -> Option<&Value> {
+        self.parts
+            .iter()
+            .find(|part| part.get("kind").and_then(Value::as_str) == Some("data"))
+            .and_then(|part| part.get("data"))
+    }
+}
+
+/// The A2A state of a run's state.
+fn task_state(state: RunState) -> &'static str {
+    match state {
+        RunState::Queued => "submitted",
+        RunState::Running | RunState::Paused => "working",
+        RunState::Waiting => "input-required",
+        RunState::Succeeded => "completed",
+        RunState::Failed => "failed",
+        RunState::Cancelled => "canceled",
+    }
+}
+
+/// Unix milliseconds as ISO 8601.
+fn timestamp(millis: u64) -> String {
+    let millis = i64::try_from(millis).unwrap_or(i64::MAX);
+    chrono::DateTime::from_timestamp_millis(millis)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// An agent's message in a task.
+fn agent_message(run: &RunView, id: &str, parts: Vec<Value>) -> Value {
+    json!({
+        "kind": "message",
+        "role": "agent",
+        "messageId": id,
+        "taskId": run.run_id.to_string(),
+        "contextId": run.session_id.to_string(),
+        "parts": parts,
+    })
+}
+
+fn text_part(text: &str) -> Value {
+    json!({"kind": "text", "text": text})
+}
+
+/// The text of a stored message's text parts.
+fn message_text(message: &Value) -> String {
+    message
+        .get("content")
+        .and_then(Value::as_array)
+        .map(|parts| {
+            parts
+                .iter()
+                .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|part| part.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("")
+        })
+        .unwrap_or_default()
+}
+
+/// A task's status: its state, when it last changed, and for a task that needs input or
+/// failed, the agent's message saying why.
+fn task_status(run: &RunView) -> Value {
+    let state = task_state(run.state);
+    let at = run.finished_at.or(run.started_at).unwrap_or(run.created_at);
+    let mut status = json!({"state": state, "timestamp": timestamp(at)});
+    let outcome = run.outcome.as_ref();
+    let message = match run.state {
+        RunState::Waiting => {
+            let pending = outcome
+                .and_then(|outcome| outcome.get("pending"))
+                .cloned()
+                .unwrap_or_else(|| json!([]));
+            let calls: Vec<String> = pending
+                .as_array()
+                .map(|calls| {
+                    calls
+                        .iter()
+                        .map(|pending| {
+                            format!(
+                                "{} ({})",
+                                pending["call"]["name"].as_str().unwrap_or("a tool"),
+                                pending["call"]["id"].as_str().unwrap_or_default()
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(vec![
+                text_part(&format!(
+                    "Waiting for approval of {}. Reply to this task with \"approve\" or \
+                     \"reject\", or with a data part {{\"decisions\": [{{\"call_id\", \
+                     \"decision\"}}]}}.",
+                    calls.join(", ")
+                )),
+                json!({"kind": "data", "data": {"pending": pending}}),
+            ])
+        }
+        RunState::Failed => {
+            let error = outcome
+                .and_then(|outcome| outcome.get("error"))
+                .and_then(|error| error.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or("the run failed");
+            Some(vec![text_part(error)])
+        }
+        RunState::Paused => Some(vec![text_part(
+            "The run is paused; it goes on when resumed.",
+        )]),
+        _ => None,
+    };
+    if let Some(parts) = message {
+        status["message"] = agent_message(run, &format!("{}-status", run.run_id), parts);
+    }
+    status
+}
+
+/// A task as A2A shows it: its status, its answer as an artifact once it has one, and its
+/// latest `history_length` messages (all by default).
+pub fn task_of(run: &RunView, history_length: Option<usize>) -> Value {
+    let outcome = run.outcome.as_ref();
+    let answer = outcome
+        .and_then(|outcome| outcome.get("text"))
+        .and_then(Value::as_str)
+        .filter(|text| !text.is_empty() && run.state.is_final());
+    let artifacts: Vec<Value> = answer
+        .map(|text| {
+            json!({
+                "artifactId": ANSWER_ARTIFACT,
+                "name": ANSWER_ARTIFACT,
+                "parts": [text_part(text)],
+            })
+        })
+        .into_iter()
+        .collect();
+    let mut history: Vec<Value> = outcome
+        .and_then(|outcome| outcome.get("messages"))
+        .and_then(Value::as_array)
+        .map(|messages| {
+            messages
+                .iter()
+                .enumerate()
+                .filter_map(|(index, message)| {
+                    let role = match message.get("role").and_then(Value::as_str) {
+                        Some("user") => "user",
+                        Some("assistant") => "agent",
+                        _ => return None,
+                    };
+                    let text = message_text(message);
+                    (!text.is_empty()).then(|| {
+                        json!({
+                            "kind": "message",
+                            "role": role,
+                            "messageId": format!("{}-{index}", run.run_id),
+                            "taskId": run.run_id.to_string(),
+                            "contextId": run.session_id.to_string(),
+                            "parts": [text_part(&text)],
+                        })
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(length) = history_length {
+        let skip = history.len().saturating_sub(length);
+        history.drain(..skip);
+    }
+    json!({
+        "kind": "task",
+        "id": run.run_id.to_string(),
+        "contextId": run.session_id.to_string(),
+        "status": task_status(run),
+        "artifacts": artifacts,
+        "history": history,
+        "metadata": {"agentry": {
+            "run_id": run.run_id.to_string(),
+            "session_id": run.session_id.to_string(),
+            "attempt": run.attempt,
+        }},
+    })
+}
+
+/// A status-update event.
+fn status_update(run: &RunView, last: bool) -> Value {
+    json!({
+        "kind": "status-update",
+        "taskId": run.run_id.to_string(),
+        "contextId": run.session_id.to_string(),
+        "status": task_status(run),
+        "final": last,
+    })
+}
+
+/// An artifact-update event: a piece of the answer.
+fn answer_chunk(run: &RunView, text: &str, append: bool, last: bool) -> Value {
+    json!({
+        "kind": "artifact-update",
+        "taskId": run.run_id.to_string(),
+        "contextId": run.session_id.to_string(),
+        "artifact": {"artifactId": ANSWER_ARTIFACT, "name": ANSWER_ARTIFACT, "parts": [text_part(text)]},
+        "append": append,
+        "lastChunk": last,
+    })
+}
+
+/// Whether a run has stopped for now: ended, or waiting for a person.
+fn stopped(state: RunState) -> bool {
+    state.is_final() || matches!(state, RunState::Waiting | RunState::Paused)
+}
+
+impl App {
+    /// The saved agent `id` if it is published over A2A; not found otherwise.
+    pub async fn a2a_agent(&self, id: &str) -> Result<AgentConfig, AppError> {
+        match crate::agents::stored_agent(&self.store, id).await? {
+            Some(agent) if agent.a2a.is_some() => Ok(agent),
+            _ => Err(AppError::not_found(format!(
+                "no agent {id:?} is published over A2A"
+            ))),
+        }
+    }
+
+    /// The agent card of published agent `id`, served at `base` (its endpoint's URL);
+    /// `bearer`: the endpoint takes API keys as bearer tokens.
+    pub async fn a2a_card(&self, id: &str, base: &str, bearer: bool) -> Result<Value, AppError> {
+        let agent = self.a2a_agent(id).await?;
+        let publication = agent.a2a.clone().unwrap_or_default();
+        let name = agent.nickname.clone().unwrap_or_else(|| agent.id.clone());
+        let description = publication
+            .description
+            .clone()
+            .unwrap_or_else(|| format!("The Agentry agent {name}."));
+        let skills: Vec<Value> = if publication.skills.is_empty() {
+            vec![json!({
+                "id": agent.id,
+                "name": name,
+                "description": description,
+                "tags": agent.labels,
+            })]
+        } else {
+            publication
+                .skills
+                .iter()
+                .map(|skill| serde_json::to_value(skill).unwrap_or(Value::Null))
+                .collect()
+        };
+        let mut card = json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "name": name,
+            "description": description,
+            "url": base,
+            "preferredTransport": "JSONRPC",
+            "version": env!("CARGO_PKG_VERSION"),
+            "provider": {"organization": "Agentry", "url": "https://github.com/agentry"},
+            "capabilities": {
+                "streaming": true,
+                "pushNotifications": false,
+                "stateTransitionHistory": false,
+            },
+            "defaultInputModes": ["text/plain", "application/json"],
+            "defaultOutputModes": ["text/plain"],
+            "skills": skills,
+        });
+        if bearer {
+            card["securitySchemes"] = json!({"bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An Agentry API key",
+            }});
+            card["security"] = json!([{"bearer": []}]);
+        }
+        Ok(card)
+    }
+
+    /// The task `id` of agent `agent`, if `caller` may see it.
+    async fn a2a_run(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        id: &str,
+    ) -> Result<RunView, A2aError> {
+        let run_id = RunId::parse(id).map_err(|_| A2aError::task_not_found(id))?;
+        let run = match self.background_run(run_id).await {
+            Ok(run) => run,
+            Err(error) if error.failure == Failure::NotFound => {
+                return Err(A2aError::task_not_found(id));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if run.agent_id.as_deref() != Some(agent)
+            || !self.may_see_session(caller, run.session_id).await?
+        {
+            return Err(A2aError::task_not_found(id));
+        }
+        Ok(run)
+    }
+
+    /// `tasks/get`.
+    pub async fn a2a_get(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        id: &str,
+        history_length: Option<usize>,
+    ) -> Result<Value, A2aError> {
+        let run = self.a2a_run(caller, agent, id).await?;
+        Ok(task_of(&run, history_length))
+    }
+
+    /// `tasks/cancel`: the task as it is once cancelled (a running one stops at its next
+    /// step; this waits a few seconds for it).
+    pub async fn a2a_cancel(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        id: &str,
+    ) -> Result<Value, A2aError> {
+        let run = self.a2a_run(caller, agent, id).await?;
+        if run.state.is_final() {
+            return Err(A2aError::task_not_cancelable(id, task_state(run.state)));
+        }
+        self.cancel_background(run.run_id).await?;
+        let run = self
+            .wait_until(run.run_id, Duration::from_secs(5), |_, record| {
+                record.state.is_final()
+            })
+            .await?;
+        Ok(task_of(&run, None))
+    }
+
+    /// `message/send` and `message/stream`: starts a task of `agent` (in the message's
+    /// context, or a new one), or answers the task that waits for input. Answers the task as
+    /// it is then (blocking sends wait until it ends or needs input).
+    pub async fn a2a_send(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        params: &SendParams,
+    ) -> Result<RunView, A2aError> {
+        let message = &params.message;
+        message.check()?;
+        if params
+            .configuration
+            .as_ref()
+            .is_some_and(|configuration| configuration.push_notification_config.is_some())
+        {
+            return Err(A2aError::push_not_supported());
+        }
+        if let Some(modes) = params
+            .configuration
+            .as_ref()
+            .and_then(|configuration| configuration.accepted_output_modes.as_ref())
+            && !modes.is_empty()
+            && !modes
+                .iter()
+                .any(|mode| mode == "text/plain" || mode == "text" || mode == "*/*")
+        {
+            return Err(A2aError::content_type(
+                "this agent answers in text/plain, which `acceptedOutputModes` leaves out",
+            ));
+        }
+        if let Some(task) = &message.task_id {
+            return self.a2a_answer(caller, agent, task, message).await;
+        }
+        let session = match &message.context_id {
+            Some(context) => {
+                let session = SessionId::parse(context).map_err(|_| {
+                    A2aError::invalid_params(format!(
+                        "unknown contextId {context:?}: leave it out to start a new context"
+                    ))
+                })?;
+                let visible = self
+                    .store
+                    .session(session)
+                    .await
+                    .map_err(AppError::from)?
+                    .is_some()
+                    && self.may_see_session(caller, session).await?;
+                if !visible {
+                    return Err(A2aError::invalid_params(format!(
+                        "unknown contextId {context:?}: leave it out to start a new context"
+                    )));
+                }
+                session.to_string()
+            }
+            None => "new".to_owned(),
+        };
+        let body: InferRequest = serde_json::from_value(json!({
+            "agent_id": agent,
+            "text": message.text()?,
+            "session_id": session,
+        }))
+        .map_err(|error| A2aError::internal(format!("cannot build the run: {error}")))?;
+        // The client's message id makes a retried send find its task instead of a second one.
+        let key = format!("a2a:{agent}:{}", message.message_id);
+        let (run, _) = self.submit_background(caller, body, Some(key), 0).await?;
+        Ok(run)
+    }
+
+    /// A message to task `task`: the decisions on its waiting calls.
+    async fn a2a_answer(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        task: &str,
+        message: &IncomingMessage,
+    ) -> Result<RunView, A2aError> {
+        let run = self.a2a_run(caller, agent, task).await?;
+        if message
+            .context_id
+            .as_deref()
+            .is_some_and(|context| context != run.session_id.to_string())
+        {
+            return Err(A2aError::invalid_params(format!(
+                "task {task} is not in that contextId"
+            )));
+        }
+        if run.state != RunState::Waiting {
+            return Err(A2aError::unsupported(format!(
+                "task {task} is {} and waits for no input: send a message without `taskId` \
+                 (with its `contextId` to continue the conversation)",
+                task_state(run.state)
+            )));
+        }
+        let body: DecideBody = match message
+            .data()
+            .filter(|data| data.get("decisions").is_some())
+        {
+            Some(data) => serde_json::from_value(data.clone())
+                .map_err(|error| A2aError::invalid_params(format!("bad `decisions`: {error}")))?,
+            None => {
+                let text = message.text()?;
+                let answer = text.trim().to_lowercase();
+                let verdict =
+                    if ["approve", "approved", "yes", "y", "ok"].contains(&answer.as_str()) {
+                        "approve"
+                    } else if answer.starts_with("reject")
+                        || answer.starts_with("deny")
+                        || answer == "no"
+                        || answer == "n"
+                    {
+                        "reject"
+                    } else {
+                        return Err(A2aError::invalid_params(
+                            "the task waits for approval: answer \"approve\" or \"reject\", or \
+                         send a data part {\"decisions\": [...]}",
+                        ));
+                    };
+                let pending = self.approvals_of_run(run.run_id).await?.pending;
+                if pending.is_empty() {
+                    return Err(A2aError::unsupported(format!(
+                        "task {task} has no call waiting"
+                    )));
+                }
+                let decisions: Vec<Value> = pending
+                    .iter()
+                    .map(|pending| {
+                        let mut decision = json!({"call_id": pending.call.id, "decision": verdict});
+                        if verdict == "reject" {
+                            decision["reason"] = json!(text.trim());
+                        }
+                        decision
+                    })
+                    .collect();
+                serde_json::from_value(json!({"decisions": decisions}))
+                    .map_err(|error| A2aError::internal(format!("bad decisions: {error}")))?
+            }
+        };
+        self.submit(body.into_op(run.run_id)?).await?;
+        Ok(self.background_run(run.run_id).await?)
+    }
+
+    /// Waits until `run` has stopped (ended, or waits for a person again) or `timeout`
+    /// passes; answers it as it is then.
+    pub async fn a2a_wait(&self, run: &RunView, timeout: Duration) -> Result<RunView, A2aError> {
+        let session = run.session_id;
+        Ok(self
+            .wait_until(run.run_id, timeout, move |app, record| {
+                // A run that was just answered is live here again before its record says so.
+                stopped(record.state) && !app.hub.is_live(session) || record.state.is_final()
+            })
+            .await?)
+    }
+
+    /// A blocking `message/send`'s answer: the task once it has stopped.
+    pub async fn a2a_blocking(
+        &self,
+        run: &RunView,
+        params: &SendParams,
+    ) -> Result<Value, A2aError> {
+        let configuration = params.configuration.clone().unwrap_or_default();
+        let run = if configuration.blocking.unwrap_or(true) {
+            self.a2a_wait(run, BLOCKING_WAIT).await?
+        } else {
+            run.clone()
+        };
+        Ok(task_of(&run, configuration.history_length))
+    }
+
+    /// `tasks/resubscribe`'s task.
+    pub async fn a2a_resubscribe(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        id: &str,
+    ) -> Result<RunView, A2aError> {
+        let run = self.a2a_run(caller, agent, id).await?;
+        if run.state.is_final() {
+            return Err(A2aError::unsupported(format!(
+                "task {id} has ended: read it with `tasks/get`"
+            )));
+        }
+        Ok(run)
+    }
+
+    /// Waits for `run` to start: its live events when it runs here (caught from its first
+    /// step: the hub is looked at every [`HUB_POLL`], the record every [`RECORD_POLL`]), or
+    /// nothing when it runs on another node, has stopped, or has not started in
+    /// [`START_WAIT`]. Answers the run as it was last read.
+    async fn a2a_live(&self, run: &RunView) -> (RunView, Option<crate::hub::Subscription>) {
+        let deadline = tokio::time::Instant::now() + START_WAIT;
+        let mut latest = run.clone();
+        let mut next_read = tokio::time::Instant::now();
+        loop {
+            if self.hub.run_id(run.session_id) == Some(run.run_id)
+                && let Some(subscription) = self.hub.subscribe(run.session_id)
+            {
+                latest.state = RunState::Running;
+                return (latest, Some(subscription));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= next_read {
+                if let Ok(record) = self.background_run(run.run_id).await {
+                    latest = record;
+                }
+                let elsewhere = latest.state == RunState::Running
+                    && latest.worker.as_deref() != Some(self.queue_settings().worker.as_str());
+                if elsewhere
+                    || (latest.state != RunState::Queued && latest.state != RunState::Running)
+                {
+                    return (latest, None);
+                }
+                next_read = now + RECORD_POLL;
+            }
+            if now >= deadline || self.shutdown.is_cancelled() {
+                return (latest, None);
+            }
+            tokio::time::sleep(HUB_POLL).await;
+        }
+    }
+
+    /// A task's stream (the results of `message/stream` and `tasks/resubscribe`): the task,
+    /// `working`, its answer's text as it is written (artifact chunks; whole at the end when
+    /// the run went on on another node), then its final status (`final: true`) once it ends
+    /// or needs input.
+    pub fn a2a_events(&self, run: RunView) -> impl Stream<Item = Value> + Send + 'static {
+        let app = self.clone();
+        async_stream::stream! {
+            yield task_of(&run, None);
+            let (started, live) = app.a2a_live(&run).await;
+            if !started.state.is_final() {
+                yield status_update(&started, false);
+            }
+            let mut streamed = false;
+            if let Some(subscription) = live {
+                let mut events = subscription.events;
+                let partial = subscription.partial.text;
+                if !partial.is_empty() {
+                    yield answer_chunk(&run, &partial, false, false);
+                    streamed = true;
+                }
+                loop {
+                    match events.recv().await {
+                        Ok(event) => match &*event {
+                            RunEvent::TextDelta { text } => {
+                                yield answer_chunk(&run, text, streamed, false);
+                                streamed = true;
+                            }
+                            event if event.is_terminal() => break,
+                            _ => {}
+                        },
+                        Err(RecvError::Lagged(_)) => continue,
+                        Err(RecvError::Closed) => break,
+                    }
+                }
+            }
+            let ended = match app.a2a_wait(&run, BLOCKING_WAIT).await {
+                Ok(ended) => ended,
+                Err(error) => {
+                    tracing::warn!(run = %run.run_id, "an A2A stream lost its task: {}", error.message);
+                    return;
+                }
+            };
+            let answer = ended
+                .outcome
+                .as_ref()
+                .and_then(|outcome| outcome.get("text"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if ended.state.is_final() && !answer.is_empty() {
+                // The whole answer closes the artifact (what was streamed included text of
+                // earlier rounds; the answer is the last round's).
+                yield answer_chunk(&ended, answer, false, true);
+            }
+            yield status_update(&ended, stopped(ended.state));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_are_checked() {
+        assert_eq!(parse_rpc(b"{").unwrap_err().1.code, -32700);
+        assert_eq!(parse_rpc(b"[]").unwrap_err().1.code, -32600);
+        assert_eq!(
+            parse_rpc(br#"{"id": 1, "method": "tasks/get"}"#)
+                .unwrap_err()
+                .1
+                .code,
+            -32600
+        );
+        let (id, error) = parse_rpc(br#"{"jsonrpc": "2.0", "id": "x", "method": 3}"#).unwrap_err();
+        assert_eq!((id, error.code), (json!("x"), -32600));
+        let (_, error) =
+            parse_rpc(br#"{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": [1]}"#)
+                .unwrap_err();
+        assert_eq!(error.code, -32602);
+        let request = parse_rpc(
+            br#"{"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"id": "t"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            call_of(&request).unwrap(),
+            A2aCall::Get {
+                id: "t".into(),
+                history_length: None
+            }
+        );
+        let unknown = RpcRequest {
+            id: json!(1),
+            method: "tasks/explode".into(),
+            params: json!({}),
+        };
+        assert_eq!(call_of(&unknown).unwrap_err().code, -32601);
+        let push = RpcRequest {
+            method: "tasks/pushNotificationConfig/set".into(),
+            ..unknown
+        };
+        assert_eq!(call_of(&push).unwrap_err().code, -32003);
+    }
+
+    #[test]
+    fn messages_are_checked_and_read_as_text() {
+        let message = |parts: Value, role: &str| IncomingMessage {
+            role: role.into(),
+            parts: parts.as_array().unwrap().clone(),
+            message_id: "m1".into(),
+            task_id: None,
+            context_id: None,
+            kind: Some("message".into()),
+        };
+        let ok = message(
+            json!([{"kind": "text", "text": "hello"}, {"kind": "data", "data": {"a": 1}}]),
+            "user",
+        );
+        ok.check().unwrap();
+        assert_eq!(ok.text().unwrap(), "hello\n{\"a\":1}");
+        assert!(
+            message(json!([{"kind": "text", "text": "x"}]), "agent")
+                .check()
+                .is_err()
+        );
+        assert!(message(json!([]), "user").check().is_err());
+        let file = message(json!([{"kind": "file", "file": {"uri": "x"}}]), "user");
+        assert_eq!(file.text().unwrap_err().code, -32005);
+        let blank = message(json!([{"kind": "text", "text": "  "}]), "user");
+        assert_eq!(blank.text().unwrap_err().code, -32602);
+    }
+
+    #[test]
+    fn publications_are_checked() {
+        let skill = |id: &str| A2aSkill {
+            id: id.into(),
+            name: "n".into(),
+            description: "d".into(),
+            tags: vec![],
+            examples: vec![],
+        };
+        let ok = A2aPublication {
+            description: Some("does things".into()),
+            skills: vec![skill("a"), skill("b")],
+        };
+        ok.check().unwrap();
+        let twice = A2aPublication {
+            skills: vec![skill("a"), skill("a")],
+            ..ok.clone()
+        };
+        assert!(twice.check().is_err());
+        let long = A2aPublication {
+            description: Some("x".repeat(MAX_TEXT + 1)),
+            ..ok
+        };
+        assert!(long.check().is_err());
+    }
+}

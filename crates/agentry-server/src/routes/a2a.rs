@@ -1,0 +1,143 @@
+//! A2A, the Agent2Agent protocol, for the saved agents published with an `a2a` section
+//! ([`agentry_app::a2a`]): each agent's card at `/a2a/{agent}/.well-known/agent-card.json`
+//! (and the older `agent.json`), its JSON-RPC endpoint at `POST /a2a/{agent}` —
+//! `message/send`, `tasks/get` and `tasks/cancel` answer JSON; `message/stream` and
+//! `tasks/resubscribe` answer server-sent events, one JSON-RPC response each. The same API keys
+//! as `/v1` (`Authorization: Bearer`); protocol errors are JSON-RPC errors (HTTP 200). Not in
+//! the OpenAPI document: the A2A specification describes it.
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::http::header::HOST;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{Router, get, post};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use agentry_app::a2a::{A2aCall, A2aError, CARD_PATH, call_of, parse_rpc};
+
+use crate::authorization::Caller;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Where the published agents are served.
+pub const PREFIX: &str = "/a2a";
+
+/// The A2A routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route(&format!("{PREFIX}/{{agent}}{CARD_PATH}"), get(card))
+        .route(
+            &format!("{PREFIX}/{{agent}}/.well-known/agent.json"),
+            get(card),
+        )
+        .route(&format!("{PREFIX}/{{agent}}"), post(rpc))
+}
+
+/// The scheme and authority clients reached us by: the `Host` header when it is a plain
+/// host and port, else the address the node advertises.
+fn origin(state: &AppState, headers: &HeaderMap) -> String {
+    let host = headers
+        .get(HOST)
+        .and_then(|value| value.to_str().ok())
+        .filter(|host| {
+            !host.is_empty()
+                && host.len() <= 255
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c))
+        });
+    match host {
+        Some(host) => format!("http://{host}"),
+        None => {
+            let address = state.queue_settings().address;
+            if address.starts_with("http://") || address.starts_with("https://") {
+                address
+            } else {
+                format!("http://{address}")
+            }
+        }
+    }
+}
+
+async fn card(
+    State(state): State<AppState>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let base = format!("{}{PREFIX}/{agent}", origin(&state, &headers));
+    let bearer = state.auth.enabled().await.unwrap_or(true);
+    Ok(Json(state.a2a_card(&agent, &base, bearer).await?))
+}
+
+/// A JSON-RPC response: `result`, or the error.
+fn answer(id: &Value, result: Result<Value, A2aError>) -> Value {
+    match result {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(error) => json!({"jsonrpc": "2.0", "id": id, "error": error.to_json()}),
+    }
+}
+
+async fn rpc(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(agent): Path<String>,
+    body: Bytes,
+) -> Response {
+    let request = match parse_rpc(&body) {
+        Ok(request) => request,
+        Err((id, error)) => return Json(answer(&id, Err(error))).into_response(),
+    };
+    let id = request.id.clone();
+    // An agent that is not published is a 404, whatever the method.
+    if let Err(error) = state.a2a_agent(&agent).await {
+        return ApiError::from(error).into_response();
+    }
+    let call = match call_of(&request) {
+        Ok(call) => call,
+        Err(error) => return Json(answer(&id, Err(error))).into_response(),
+    };
+    let run = match call {
+        A2aCall::Get {
+            id: task,
+            history_length,
+        } => {
+            let task = state.a2a_get(&caller, &agent, &task, history_length).await;
+            return Json(answer(&id, task)).into_response();
+        }
+        A2aCall::Cancel { id: task } => {
+            let task = state.a2a_cancel(&caller, &agent, &task).await;
+            return Json(answer(&id, task)).into_response();
+        }
+        A2aCall::Send {
+            params,
+            stream: false,
+        } => {
+            let task = match state.a2a_send(&caller, &agent, &params).await {
+                Ok(run) => state.a2a_blocking(&run, &params).await,
+                Err(error) => Err(error),
+            };
+            return Json(answer(&id, task)).into_response();
+        }
+        A2aCall::Send {
+            params,
+            stream: true,
+        } => state.a2a_send(&caller, &agent, &params).await,
+        A2aCall::Resubscribe { id: task } => state.a2a_resubscribe(&caller, &agent, &task).await,
+    };
+    let run = match run {
+        Ok(run) => run,
+        Err(error) => return Json(answer(&id, Err(error))).into_response(),
+    };
+    let events = state.a2a_events(run).map(move |result| {
+        Ok::<_, Infallible>(Event::default().data(answer(&id, Ok(result)).to_string()))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,334 @@
+//! A2A (`/a2a/{agent}`): the official `a2a-sdk` Python client reads a published agent's card,
+//! sends messages whole (a second one continuing the same context) and streamed, gets a task,
+//! answers an approval the task waits for (`input-required`), and cancels a running task;
+//! an unpublished agent is not found, and malformed JSON-RPC gets its error codes.
+
+use std::time::Duration;
+
+use agentry_app::queue::QueueSettings;
+use agentry_testkit::{Chunking, Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+use super::support::{Server, host_commands, start_with};
+
+/// A server whose worker runs background runs (A2A tasks are background runs).
+async fn start() -> Server {
+    let server = start_with(host_commands, |_| {}).await;
+    server.state.set_queue_settings(QueueSettings {
+        poll: Duration::from_millis(50),
+        ..QueueSettings::default()
+    });
+    server.state.start_worker();
+    server
+}
+
+async fn agent(server: &Server, body: Value) {
+    let (status, answer) = server.post("/v1/agents", body).await;
+    assert_eq!(status, 201, "{answer}");
+}
+
+const CLIENT: &str = r#"
+import asyncio, json, sys
+import httpx
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
+from a2a.types import (CancelTaskRequest, GetTaskRequest, Role, SendMessageConfiguration,
+                       SendMessageRequest, TaskState)
+
+base = sys.argv[1]
+
+def state(task):
+    return TaskState.Name(task.status.state)
+
+def user(text, **ids):
+    return new_text_message(text, role=Role.ROLE_USER, **ids)
+
+async def main():
+    out = {}
+    async with httpx.AsyncClient(timeout=60) as http:
+        card = await A2ACardResolver(http, base + "/a2a/helper").get_agent_card()
+        out["card"] = {
+            "name": card.name,
+            "description": card.description,
+            "skills": [skill.id for skill in card.skills],
+            "streaming": card.capabilities.streaming,
+            "interfaces": [[i.protocol_binding, i.protocol_version, i.url]
+                           for i in card.supported_interfaces],
+        }
+        whole = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+        [first] = [event async for event in whole.send_message(SendMessageRequest(message=user("Hello")))]
+        task = first.task
+        [second] = [event async for event in whole.send_message(
+            SendMessageRequest(message=user("Again", context_id=task.context_id)))]
+        out["send"] = {
+            "state": state(task),
+            "answer": get_artifact_text(task.artifacts[0]),
+            "same_context": second.task.context_id == task.context_id,
+            "other_task": second.task.id != task.id,
+            "second_answer": get_artifact_text(second.task.artifacts[0]),
+        }
+        got = await whole.get_task(GetTaskRequest(id=task.id))
+        out["get"] = {
+            "state": state(got),
+            "history": [[Role.Name(m.role), get_message_text(m)] for m in got.history],
+        }
+        try:
+            await whole.get_task(GetTaskRequest(id="01a2b3c4-0000-7000-8000-000000000000"))
+            out["missing"] = None
+        except Exception as error:
+            out["missing"] = type(error).__name__
+
+        streaming = ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create(card)
+        kinds, text, states = [], "", []
+        async for event in streaming.send_message(SendMessageRequest(message=user("Stream it"))):
+            kind = event.WhichOneof("payload")
+            kinds.append(kind)
+            if kind == "artifact_update":
+                piece = get_artifact_text(event.artifact_update.artifact)
+                text = text + piece if event.artifact_update.append else piece
+            elif kind == "status_update":
+                states.append(TaskState.Name(event.status_update.status.state))
+            elif kind == "task":
+                states.append(state(event.task))
+        out["stream"] = {"first": kinds[0], "last": kinds[-1], "text": text, "states": states,
+                         "chunks": kinds.count("artifact_update")}
+
+        guarded_card = await A2ACardResolver(http, base + "/a2a/guarded").get_agent_card()
+        guarded = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(guarded_card)
+        [asked] = [event async for event in guarded.send_message(SendMessageRequest(message=user("Echo hi")))]
+        waiting = asked.task
+        [answered] = [event async for event in guarded.send_message(
+            SendMessageRequest(message=user("approve", task_id=waiting.id, context_id=waiting.context_id)))]
+        out["approval"] = {
+            "waiting": state(waiting),
+            "asks": get_message_text(waiting.status.message),
+            "after": state(answered.task),
+            "answer": get_artifact_text(answered.task.artifacts[0]),
+            "same_task": answered.task.id == waiting.id,
+        }
+
+        sleeper_card = await A2ACardResolver(http, base + "/a2a/sleeper").get_agent_card()
+        sleeper = ClientFactory(ClientConfig(streaming=False, polling=True, httpx_client=http)).create(sleeper_card)
+        [started] = [event async for event in sleeper.send_message(SendMessageRequest(message=user("Take long")))]
+        for _ in range(100):
+            now = await sleeper.get_task(GetTaskRequest(id=started.task.id))
+            if state(now) == "TASK_STATE_WORKING":
+                break
+            await asyncio.sleep(0.05)
+        cancelled = await sleeper.cancel_task(CancelTaskRequest(id=started.task.id))
+        try:
+            await sleeper.cancel_task(CancelTaskRequest(id=started.task.id))
+            again = None
+        except Exception as error:
+            again = type(error).__name__
+        out["cancel"] = {"started": state(started.task), "before": state(now),
+                         "after": state(cancelled), "again": again}
+    print(json.dumps(out))
+
+asyncio.run(main())
+"#;
+
+#[tokio::test]
+async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has the a2a-sdk client");
+    };
+    let server = start().await;
+    agent(
+        &server,
+        json!({"id": "helper", "nickname": "Helper", "model_id": "mock", "labels": ["general"],
+               "a2a": {"description": "Answers questions."}}),
+    )
+    .await;
+    let (status, body) = server
+        .post(
+            "/v1/tools",
+            json!({"kind": "command", "name": "echo", "program": "/bin/sh", "args": ["-c", "cat"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    agent(
+        &server,
+        json!({"id": "guarded", "model_id": "mock", "tool_ids": ["echo"],
+               "approvals": {"tools": {"echo": "always"}}, "a2a": {}}),
+    )
+    .await;
+    agent(
+        &server,
+        json!({"id": "sleeper", "model_id": "mock", "a2a": {}}),
+    )
+    .await;
+    let mock = &server.mock;
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello from Agentry.")));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello again.")));
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("one two three four five"))
+            .chunked(Chunking::SseEvents)
+            .paced(Duration::from_millis(30)),
+    );
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "echo",
+        json!({"text": "hi"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("echoed")));
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("too late")).delay_headers(Duration::from_secs(20)),
+    );
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(servers.python())
+            .args(["-c", CLIENT, &server.url])
+            .output(),
+    )
+    .await
+    .expect("the client finishes")
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let endpoint = format!("{}/a2a/helper", server.url);
+    assert_eq!(
+        out["card"],
+        json!({"name": "Helper", "description": "Answers questions.", "skills": ["helper"],
+               "streaming": true, "interfaces": [["JSONRPC", "0.3.0", endpoint]]}),
+        "{out}"
+    );
+    assert_eq!(
+        out["send"],
+        json!({"state": "TASK_STATE_COMPLETED", "answer": "Hello from Agentry.",
+               "same_context": true, "other_task": true, "second_answer": "Hello again."}),
+        "{out}"
+    );
+    assert_eq!(
+        out["get"],
+        json!({"state": "TASK_STATE_COMPLETED",
+               "history": [["ROLE_USER", "Hello"], ["ROLE_AGENT", "Hello from Agentry."]]}),
+        "{out}"
+    );
+    assert_eq!(out["missing"], "TaskNotFoundError", "{out}");
+    let stream = &out["stream"];
+    assert_eq!(stream["first"], "task", "{out}");
+    assert_eq!(stream["last"], "status_update", "{out}");
+    assert_eq!(stream["text"], "one two three four five", "{out}");
+    assert!(stream["chunks"].as_u64().unwrap() >= 3, "{out}");
+    let states = stream["states"].as_array().unwrap();
+    assert_eq!(
+        states.first(),
+        Some(&json!("TASK_STATE_SUBMITTED")),
+        "{out}"
+    );
+    assert_eq!(states.last(), Some(&json!("TASK_STATE_COMPLETED")), "{out}");
+    let approval = &out["approval"];
+    assert_eq!(approval["waiting"], "TASK_STATE_INPUT_REQUIRED", "{out}");
+    assert!(approval["asks"].as_str().unwrap().contains("echo"), "{out}");
+    assert_eq!(approval["after"], "TASK_STATE_COMPLETED", "{out}");
+    assert_eq!(approval["answer"], "echoed", "{out}");
+    assert_eq!(approval["same_task"], true, "{out}");
+    assert_eq!(
+        out["cancel"],
+        json!({"started": "TASK_STATE_SUBMITTED", "before": "TASK_STATE_WORKING",
+               "after": "TASK_STATE_CANCELED", "again": "TaskNotCancelableError"}),
+        "{out}"
+    );
+    // The approved call ran once; the model saw its result.
+    let requests = server.mock.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|request| request.body.to_string().contains("hi")),
+        "{requests:?}"
+    );
+}
+
+/// A JSON-RPC call to `/a2a/{agent}` with a raw body.
+async fn call(server: &Server, agent: &str, body: &str) -> (u16, Value) {
+    let response = server
+        .http
+        .post(format!("{}/a2a/{agent}", server.url))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn bad_json_rpc_and_unpublished_agents_are_refused_with_their_codes() {
+    let server = start().await;
+    agent(&server, json!({"id": "private", "model_id": "mock"})).await;
+    agent(
+        &server,
+        json!({"id": "public", "model_id": "mock", "a2a": {}}),
+    )
+    .await;
+    // An agent that is not published has no card and no endpoint.
+    let card = server
+        .http
+        .get(format!(
+            "{}/a2a/private/.well-known/agent-card.json",
+            server.url
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(card.status().as_u16(), 404);
+    let (status, _) = call(
+        &server,
+        "private",
+        r#"{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "x"}}"#,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let message = |extra: &str| {
+        format!(
+            r#"{{"jsonrpc": "2.0", "id": "r1", "method": "message/send", "params": {{"message":
+               {{"role": "user", "messageId": "m1", "parts": [{{"kind": "text", "text": "hi"}}]{extra}}}}}}}"#
+        )
+    };
+    for (body, code) in [
+        ("{not json".to_owned(), -32700),
+        ("[1, 2]".to_owned(), -32600),
+        (r#"{"id": 1, "method": "tasks/get"}"#.to_owned(), -32600),
+        (r#"{"jsonrpc": "2.0", "id": 1, "method": "tasks/fly"}"#.to_owned(), -32601),
+        (r#"{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {}}"#.to_owned(), -32602),
+        (
+            r#"{"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {}}}"#
+                .to_owned(),
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "nope"}}"#
+                .to_owned(),
+            -32001,
+        ),
+        (
+            r#"{"jsonrpc": "2.0", "id": 1, "method": "tasks/pushNotificationConfig/set", "params": {}}"#
+                .to_owned(),
+            -32003,
+        ),
+        (message(r#", "contextId": "not-a-session""#), -32602),
+        (message(r#", "taskId": "01a2b3c4-0000-7000-8000-000000000000""#), -32001),
+        (
+            message("").replace(
+                r#"{"kind": "text", "text": "hi"}"#,
+                r#"{"kind": "file", "file": {"uri": "http://x/y"}}"#,
+            ),
+            -32005,
+        ),
+    ] {
+        let (status, answer) = call(&server, "public", &body).await;
+        assert_eq!(status, 200, "{body}: {answer}");
+        assert_eq!(answer["jsonrpc"], "2.0", "{answer}");
+        assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
+        assert!(answer["result"].is_null(), "{answer}");
+    }
+    // Nothing was started by any of them.
+    let (_, runs) = server.get("/v1/runs").await;
+    assert_eq!(runs["runs"], json!([]), "{runs}");
+    assert!(server.mock.requests().is_empty());
+}
