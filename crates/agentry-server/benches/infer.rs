@@ -5,7 +5,10 @@
 //! 1. `POST /v1/infer` running a two-round tool loop (tool call, then answer) in a new durable
 //!    session against the zero-latency mock provider: requests per second and p50/p99 latency
 //!    at concurrency 1, 20 and 200. Client, server, mock and SQLite share the machine.
-//! 2. Start-up: time from spawning `agentry serve` to `/readyz` answering (needs the binary:
+//! 2. The OpenAI-compatible endpoint's added cost: the same one-round stateless run through
+//!    `POST /openai/v1/chat/completions` and through `POST /v1/infer`, whole and streamed, in
+//!    alternating batches at concurrency 20; requests per second and the ratio.
+//! 3. Start-up: time from spawning `agentry serve` to `/readyz` answering (needs the binary:
 //!    `cargo build -p agentry --release` first; skipped if it is missing).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -101,6 +104,63 @@ async fn load(url: &str, mock: &MockProvider, concurrency: usize, total: usize) 
     mock.take_requests();
 }
 
+/// One batch of `total` requests to `path` with `body` at concurrency 20; the seconds it took.
+async fn batch(url: &str, path: &str, body: &serde_json::Value, total: usize) -> f64 {
+    let http = agentry_llm::http_client(Duration::from_secs(5)).unwrap();
+    let started = Instant::now();
+    futures::stream::iter(0..total)
+        .map(|_| {
+            let http = http.clone();
+            async move {
+                let response = http
+                    .post(format!("{url}{path}"))
+                    .json(body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(response.status().is_success(), "{}", response.status());
+                let _ = response.bytes().await.unwrap();
+            }
+        })
+        .buffer_unordered(20)
+        .collect::<Vec<()>>()
+        .await;
+    started.elapsed().as_secs_f64()
+}
+
+/// The same run through the OpenAI-compatible endpoint and through `/v1/infer`, batches
+/// alternating so both see the same machine; the fallback answer of the mock ends each run.
+async fn openai_overhead(url: &str) {
+    const BATCH: usize = 500;
+    const ROUNDS: usize = 6;
+    for streamed in [false, true] {
+        let infer_path = if streamed {
+            "/v1/infer/stream"
+        } else {
+            "/v1/infer"
+        };
+        let infer = json!({"model_id": "mock", "text": "What time is it?"});
+        let chat = json!({"model": "mock", "stream": streamed,
+                          "messages": [{"role": "user", "content": "What time is it?"}]});
+        // Warm both paths first.
+        batch(url, infer_path, &infer, 100).await;
+        batch(url, "/openai/v1/chat/completions", &chat, 100).await;
+        let (mut native, mut openai) = (0.0, 0.0);
+        for _ in 0..ROUNDS {
+            native += batch(url, infer_path, &infer, BATCH).await;
+            openai += batch(url, "/openai/v1/chat/completions", &chat, BATCH).await;
+        }
+        let runs = (BATCH * ROUNDS) as f64;
+        println!(
+            "  {:<8} {infer_path:<17} {:>7.0} runs/s   /openai/v1/chat/completions {:>7.0} runs/s   added cost {:>+5.1} %",
+            if streamed { "streamed" } else { "whole" },
+            runs / native,
+            runs / openai,
+            (openai / native - 1.0) * 100.0
+        );
+    }
+}
+
 fn startup() {
     let binary =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/agentry");
@@ -162,6 +222,8 @@ fn main() {
         load(&url, &mock, 1, 300).await;
         load(&url, &mock, 20, 2000).await;
         load(&url, &mock, 200, 2000).await;
+        println!("the same one-round stateless run: OpenAI-compatible against native (SQLite)");
+        openai_overhead(&url).await;
     });
     startup();
 }
