@@ -23,8 +23,8 @@ use crate::runtime::{ModelConfig, TemplateConfig};
 pub const RESERVED_TOOL_NAMES: [&str; 3] = ["call", "batch", "mcp"];
 
 /// Reads a model from a request body. Protocol names are taken in every spelling the model
-/// layer accepts (`openai`, `openai-compatible`, `anthropic`, `ollama`), and an unknown one is
-/// named in the error.
+/// layer accepts (`openai`, `openai-compatible`, `anthropic`, `ollama`, and `a2a` for a remote
+/// agent), and an unknown one is named in the error.
 pub fn parse_model(mut body: Value) -> Result<ModelConfig, AppError> {
     if let Some(object) = body.as_object_mut() {
         for key in ["protocol", "api_protocol"] {
@@ -33,7 +33,7 @@ pub fn parse_model(mut body: Value) -> Result<ModelConfig, AppError> {
             };
             let protocol = name.parse::<Protocol>().map_err(|_| {
                 AppError::bad_request(format!(
-                    "unknown protocol {name:?}: expected openai, anthropic or ollama"
+                    "unknown protocol {name:?}: expected openai, anthropic, ollama or a2a"
                 ))
             })?;
             object.insert(key.to_owned(), to_document(&protocol)?);
@@ -50,6 +50,13 @@ pub async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError>
     if model.model_name.trim().is_empty() {
         return Err(AppError::bad_request(format!(
             "model {:?} needs a model_name",
+            model.id
+        )));
+    }
+    if model.protocol == Protocol::A2a && model.base_url.is_none() {
+        return Err(AppError::bad_request(format!(
+            "model {:?} is a remote A2A agent: its `base_url` is the agent's JSON-RPC endpoint \
+             (the `url` of its agent card)",
             model.id
         )));
     }

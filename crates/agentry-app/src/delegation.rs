@@ -1,4 +1,5 @@
-//! Sub-agents: the `delegate` and `talk_to` tools over the store's saved agents
+//! Sub-agents: the `delegate` and `talk_to` tools over the store's saved agents (and the remote
+//! A2A agents registered as models, `protocol: "a2a"`)
 //! and the [`SessionManager`].
 //!
 //! Each child run gets a session of its own whose metadata holds its link
@@ -113,6 +114,40 @@ fn failed(error: impl std::fmt::Display) -> SubRunError {
     SubRunError::Failed(error.to_string())
 }
 
+/// The saved agents, and the remote A2A agents registered as models (`protocol: "a2a"`) that
+/// no saved agent shares an id with: each as an agent on its model, labelled `a2a`.
+async fn reachable_agents(store: &Store) -> Result<Vec<AgentConfig>, SubRunError> {
+    let mut agents: Vec<AgentConfig> = ConfigRepo::new(store)
+        .list()
+        .await
+        .map_err(|error| failed(error.message))?
+        .into_iter()
+        .map(|(_, agent)| agent)
+        .collect();
+    let models: Vec<crate::runtime::ModelConfig> = ConfigRepo::new(store)
+        .list()
+        .await
+        .map_err(|error| failed(error.message))?
+        .into_iter()
+        .map(|(_, model)| model)
+        .collect();
+    for model in models {
+        if model.protocol != agentry_llm::Protocol::A2a
+            || agents.iter().any(|agent| agent.id == model.id)
+        {
+            continue;
+        }
+        let remote: AgentConfig = serde_json::from_value(json!({
+            "id": model.id,
+            "model_id": model.id,
+            "labels": ["a2a"],
+        }))
+        .map_err(failed)?;
+        agents.push(remote);
+    }
+    Ok(agents)
+}
+
 /// The saved agents `target` names: by id, else by nickname (case-insensitive), else by label.
 fn matching<'a>(agents: &'a [AgentConfig], target: &str) -> Vec<&'a AgentConfig> {
     if let Some(agent) = agents.iter().find(|agent| agent.id == target) {
@@ -151,13 +186,7 @@ impl SubRuns for DelegationHandle {
                 manager,
             ) = handle.bound()?;
             let runtime = manager.runtime();
-            let agents: Vec<AgentConfig> = ConfigRepo::new(&store)
-                .list()
-                .await
-                .map_err(|error| failed(error.message))?
-                .into_iter()
-                .map(|(_, agent)| agent)
-                .collect();
+            let agents = reachable_agents(&store).await?;
             let mut targets = Vec::new();
             for agent in matching(&agents, &target) {
                 let request = match agent.resolve(&runtime, skill_roots.as_deref()) {
@@ -188,12 +217,10 @@ impl SubRuns for DelegationHandle {
         let handle = self.clone();
         Box::pin(async move {
             let (Bound { store, .. }, _) = handle.bound()?;
-            Ok(ConfigRepo::<AgentConfig>::new(&store)
-                .list()
-                .await
-                .map_err(|error| failed(error.message))?
+            Ok(reachable_agents(&store)
+                .await?
                 .into_iter()
-                .map(|(_, agent)| AgentEntry {
+                .map(|agent| AgentEntry {
                     id: agent.id,
                     nickname: agent.nickname,
                     labels: agent.labels,

@@ -157,6 +157,7 @@ async fn tool_loop_throughput(protocol: Protocol) {
         Protocol::OpenAi => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
+        Protocol::A2a => unreachable!("the mock speaks model APIs, not A2A"),
     };
     let model = Arc::new(
         HttpModelClient::new(ProviderConfig::new(protocol, "bench").with_base_url(base)).unwrap(),

@@ -76,6 +76,7 @@ async fn call_latency(protocol: Protocol, streamed: bool) {
         Protocol::OpenAi => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
+        Protocol::A2a => unreachable!("the mock speaks model APIs, not A2A"),
     };
     let client = Arc::new(
         HttpModelClient::new(ProviderConfig::new(protocol, "bench").with_base_url(base)).unwrap(),

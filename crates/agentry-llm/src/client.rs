@@ -181,6 +181,7 @@ pub fn encode_request(
         Protocol::OpenAi => crate::provider::openai::encode(config, request, stream),
         Protocol::Anthropic => anthropic::encode(config, request, stream),
         Protocol::Ollama => crate::provider::ollama::encode(config, request, stream),
+        Protocol::A2a => crate::provider::a2a::encode(config, request, stream),
     }
 }
 
@@ -193,7 +194,13 @@ fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap
     };
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     match config.protocol {
-        Protocol::OpenAi | Protocol::Ollama => {
+        Protocol::OpenAi | Protocol::Ollama | Protocol::A2a => {
+            if config.protocol == Protocol::A2a {
+                headers.insert(
+                    "a2a-version",
+                    HeaderValue::from_static(crate::provider::a2a::VERSION),
+                );
+            }
             if let Some(key) = &config.api_key {
                 let mut auth = value(&format!("Bearer {}", key.expose()))?;
                 auth.set_sensitive(true);

@@ -153,6 +153,8 @@ impl ProviderConfig {
             crate::Protocol::OpenAi => "/chat/completions",
             crate::Protocol::Anthropic => "/messages",
             crate::Protocol::Ollama => "/api/chat",
+            // The agent's JSON-RPC endpoint is the URL itself.
+            crate::Protocol::A2a => return self.base_url.clone(),
         };
         format!("{base}{path}")
     }

@@ -104,7 +104,7 @@ impl TokenCounter {
     pub fn for_model(protocol: Protocol, model: &str) -> Self {
         let tokenizer = match protocol {
             Protocol::OpenAi => exact_tokenizer(model).unwrap_or(Tokenizer::Estimate),
-            Protocol::Anthropic | Protocol::Ollama => Tokenizer::Estimate,
+            Protocol::Anthropic | Protocol::Ollama | Protocol::A2a => Tokenizer::Estimate,
         };
         Self {
             tokenizer,
@@ -262,6 +262,8 @@ pub fn known_context_window(protocol: Protocol, model: &str) -> Option<u64> {
         // Ollama's window is the `num_ctx` it runs with, not the model's; its default is 4096
         // (2048 before 0.6): anything more must be configured, here and in `options`.
         Protocol::Ollama => Some(4_096),
+        // A remote agent keeps its own context: only the new message travels.
+        Protocol::A2a => None,
     }
 }
 

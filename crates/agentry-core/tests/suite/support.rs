@@ -20,6 +20,7 @@ pub fn model(mock: &MockProvider, protocol: Protocol) -> HttpModelClient {
         Protocol::OpenAi => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
+        Protocol::A2a => unreachable!("the mock speaks model APIs, not A2A"),
     };
     let transport = TransportConfig {
         retry: RetryPolicy::none(),

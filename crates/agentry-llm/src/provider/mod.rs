@@ -1,9 +1,11 @@
-//! The three wire protocols: request encoding, response decoding, error bodies.
+//! The wire protocols (three model APIs, and remote agents over A2A): request encoding,
+//! response decoding, error bodies.
 //!
 //! Each protocol module turns a [`crate::ModelRequest`] into its JSON body, and decodes its
 //! stream events (SSE or NDJSON) and whole bodies into normalised deltas. Everything
 //! protocol-specific lives here and nowhere else.
 
+pub mod a2a;
 pub mod anthropic;
 pub mod ollama;
 pub mod openai;
@@ -30,6 +32,8 @@ pub enum Protocol {
     Anthropic,
     /// Ollama's native `/api/chat`.
     Ollama,
+    /// A remote agent over A2A (v0.3 JSON-RPC): its endpoint is the base URL.
+    A2a,
 }
 
 impl Protocol {
@@ -39,13 +43,14 @@ impl Protocol {
             Self::OpenAi => "openai",
             Self::Anthropic => "anthropic",
             Self::Ollama => "ollama",
+            Self::A2a => "a2a",
         }
     }
 
     /// How the protocol frames a streamed body.
     pub(crate) fn framing(self) -> Framing {
         match self {
-            Self::OpenAi | Self::Anthropic => Framing::Sse,
+            Self::OpenAi | Self::Anthropic | Self::A2a => Framing::Sse,
             Self::Ollama => Framing::Ndjson,
         }
     }
@@ -56,6 +61,8 @@ impl Protocol {
             Self::OpenAi => "https://api.openai.com/v1",
             Self::Anthropic => "https://api.anthropic.com/v1",
             Self::Ollama => "http://localhost:11434",
+            // An agent's endpoint has no default: it is configured.
+            Self::A2a => "",
         }
     }
 
@@ -64,7 +71,7 @@ impl Protocol {
         match self {
             Self::OpenAi => Some("OPENAI_API_KEY"),
             Self::Anthropic => Some("ANTHROPIC_API_KEY"),
-            Self::Ollama => None,
+            Self::Ollama | Self::A2a => None,
         }
     }
 
@@ -74,6 +81,7 @@ impl Protocol {
             Self::OpenAi => openai::decode_body(parse_body(self, body)?),
             Self::Anthropic => anthropic::decode_body(parse_body(self, body)?),
             Self::Ollama => ollama::decode_body(body),
+            Self::A2a => a2a::decode_body(body),
         }
     }
 }
@@ -85,8 +93,9 @@ impl std::str::FromStr for Protocol {
             "openai" | "openai-compatible" | "openai_compatible" => Ok(Self::OpenAi),
             "anthropic" => Ok(Self::Anthropic),
             "ollama" => Ok(Self::Ollama),
+            "a2a" => Ok(Self::A2a),
             other => Err(LlmError::Configuration(format!(
-                "unknown provider {other:?}: expected openai, anthropic or ollama"
+                "unknown provider {other:?}: expected openai, anthropic, ollama or a2a"
             ))),
         }
     }
@@ -106,6 +115,7 @@ pub(crate) enum StreamDecoder {
     OpenAi(openai::StreamDecoder),
     Anthropic(anthropic::StreamDecoder),
     Ollama(ollama::StreamDecoder),
+    A2a(a2a::StreamDecoder),
 }
 
 impl StreamDecoder {
@@ -114,6 +124,7 @@ impl StreamDecoder {
             Protocol::OpenAi => Self::OpenAi(openai::StreamDecoder::default()),
             Protocol::Anthropic => Self::Anthropic(anthropic::StreamDecoder::default()),
             Protocol::Ollama => Self::Ollama(ollama::StreamDecoder::default()),
+            Protocol::A2a => Self::A2a(a2a::StreamDecoder::default()),
         }
     }
 
@@ -128,6 +139,7 @@ impl StreamDecoder {
             Self::OpenAi(decoder) => decoder.decode(data, out),
             Self::Anthropic(decoder) => decoder.decode(event, data, out),
             Self::Ollama(decoder) => decoder.decode(data, out),
+            Self::A2a(decoder) => decoder.decode(data, out),
         }
     }
 }
@@ -297,7 +309,12 @@ mod tests {
 
     #[test]
     fn protocols_serialise_by_their_names() {
-        for protocol in [Protocol::OpenAi, Protocol::Anthropic, Protocol::Ollama] {
+        for protocol in [
+            Protocol::OpenAi,
+            Protocol::Anthropic,
+            Protocol::Ollama,
+            Protocol::A2a,
+        ] {
             let json = serde_json::to_value(protocol).unwrap();
             assert_eq!(json, protocol.name());
             assert_eq!(serde_json::from_value::<Protocol>(json).unwrap(), protocol);

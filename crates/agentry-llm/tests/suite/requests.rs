@@ -100,6 +100,7 @@ fn testkit_protocol(protocol: Protocol) -> agentry_testkit::Protocol {
         Protocol::OpenAi => agentry_testkit::Protocol::OpenAi,
         Protocol::Anthropic => agentry_testkit::Protocol::Anthropic,
         Protocol::Ollama => agentry_testkit::Protocol::Ollama,
+        Protocol::A2a => panic!("the mock speaks model APIs, not A2A (suite/a2a.rs)"),
     }
 }
 

@@ -1,7 +1,9 @@
 //! A2A (`/a2a/{agent}`): the official `a2a-sdk` Python client reads a published agent's card,
 //! sends messages whole (a second one continuing the same context) and streamed, gets a task,
 //! answers an approval the task waits for (`input-required`), and cancels a running task;
-//! an unpublished agent is not found, and malformed JSON-RPC gets its error codes.
+//! an unpublished agent is not found, and malformed JSON-RPC gets its error codes. As a client:
+//! a sample agent served by the `a2a-sdk`, registered as a model (`protocol: "a2a"`), is
+//! reached from a run through `talk_to` and `delegate`.
 
 use std::time::Duration;
 
@@ -331,4 +333,171 @@ async fn bad_json_rpc_and_unpublished_agents_are_refused_with_their_codes() {
     let (_, runs) = server.get("/v1/runs").await;
     assert_eq!(runs["runs"], json!([]), "{runs}");
     assert!(server.mock.requests().is_empty());
+}
+
+/// A sample A2A agent on the `a2a-sdk` server (v1.0 with v0.3 compatibility): it streams its
+/// answer, the user's text shouted, word by word; it remembers how many messages each context
+/// sent it.
+const REMOTE_AGENT: &str = r#"
+import sys, uvicorn
+from starlette.applications import Starlette
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.helpers.proto_helpers import new_task_from_user_message, new_text_part
+from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
+
+port = int(sys.argv[1])
+url = f"http://127.0.0.1:{port}/"
+
+seen = {}
+
+class Shouter(AgentExecutor):
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task or new_task_from_user_message(context.message)
+        if context.current_task is None:
+            await event_queue.enqueue_event(task)
+        updater = TaskUpdater(event_queue, task.id, task.context_id)
+        await updater.start_work()
+        seen[task.context_id] = seen.get(task.context_id, 0) + 1
+        said = context.get_user_input().splitlines()[-1]
+        words = (f"REMOTE SAYS ({seen[task.context_id]}) " + said.upper()).split(" ")
+        for index, word in enumerate(words):
+            await updater.add_artifact([new_text_part(word + (" " if index + 1 < len(words) else ""))],
+                                       artifact_id="answer", append=index > 0,
+                                       last_chunk=index + 1 == len(words))
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise Exception("cannot cancel")
+
+card = AgentCard(
+    name="Shouter", description="Repeats what it is told, loudly.", version="1.0.0",
+    supported_interfaces=[AgentInterface(protocol_binding="JSONRPC", protocol_version="0.3", url=url),
+                          AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0", url=url)],
+    capabilities=AgentCapabilities(streaming=True),
+    default_input_modes=["text/plain"], default_output_modes=["text/plain"],
+    skills=[AgentSkill(id="shout", name="Shout", description="Shouts", tags=["echo"])],
+)
+handler = DefaultRequestHandler(agent_executor=Shouter(), task_store=InMemoryTaskStore(), agent_card=card)
+app = Starlette(routes=create_agent_card_routes(card) + create_jsonrpc_routes(handler, "/", enable_v0_3_compat=True))
+uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+"#;
+
+#[tokio::test]
+async fn a_remote_a2a_agent_is_reached_through_talk_to_and_delegate() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has the a2a-sdk server");
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut remote = tokio::process::Command::new(servers.python())
+        .args(["-c", REMOTE_AGENT, &port.to_string()])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}/");
+    let http = agentry_llm::http_client(Duration::from_secs(5)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let card: Value = loop {
+        if let Ok(response) = http
+            .get(format!("{endpoint}.well-known/agent-card.json"))
+            .send()
+            .await
+        {
+            break response.json().await.unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the remote agent did not start"
+        );
+        assert!(
+            remote.try_wait().unwrap().is_none(),
+            "the remote agent exited"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(card["name"], "Shouter");
+    let server = start().await;
+    // The remote agent, registered as a model on its card's endpoint.
+    let (status, body) = server
+        .post(
+            "/v1/models",
+            json!({"id": "shouter", "protocol": "a2a", "base_url": card["url"], "model_name": "shouter"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server
+        .post(
+            "/v1/models",
+            json!({"id": "nowhere", "protocol": "a2a", "model_name": "x"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("base_url"), "{body}");
+    agent(
+        &server,
+        json!({"id": "boss", "model_id": "mock", "tool_ids": ["talk_to", "delegate"]}),
+    )
+    .await;
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "talk_to",
+        json!({"agents": ["shouter"], "message": "hello there"}),
+    )));
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "delegate",
+        json!({"task": "whisper this", "agent": "shouter"}),
+    )));
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::text(
+        "The remote agent answered twice.",
+    )));
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "agent_id": "boss", "text": "Ask the shouter."}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"], "The remote agent answered twice.");
+    let requests = server.mock.requests();
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    let talked = requests[1].body.to_string();
+    assert!(talked.contains("REMOTE SAYS (1) HELLO THERE"), "{talked}");
+    let delegated = requests[2].body.to_string();
+    assert!(
+        delegated.contains("REMOTE SAYS (1) WHISPER THIS"),
+        "{delegated}"
+    );
+    // Each child session holds the remote agent's answer, and its context for a next turn.
+    let parent = body["session_id"].as_str().unwrap();
+    let (_, shown) = server.get(&format!("/v1/sessions/{parent}")).await;
+    let children = shown["children"].as_array().unwrap();
+    assert_eq!(children.len(), 2, "{shown}");
+    let child = children[0]["session_id"].as_str().unwrap();
+    let (_, events) = server.get(&format!("/v1/sessions/{child}/events")).await;
+    let answer = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|event| event["event"]["type"] == "assistant_message")
+        .unwrap_or_else(|| panic!("{events}"))
+        .to_string();
+    assert!(answer.contains("REMOTE SAYS (1) HELLO THERE"), "{answer}");
+    assert!(answer.contains("a2a-context:"), "{answer}");
+    // The child conversation goes on in the remote agent's context: it counts a second
+    // message there.
+    let (status, body) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": child, "model_id": "shouter", "text": "and again"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"], "REMOTE SAYS (2) AND AGAIN", "{body}");
+    remote.start_kill().unwrap();
 }
