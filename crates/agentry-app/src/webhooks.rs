@@ -302,10 +302,14 @@ impl App {
         let timestamp = now_ms() / 1000;
         let signature =
             sign(&secret, &delivery.id, timestamp, &body).map_err(|error| error.message)?;
+        // The trace the delivery belongs to goes on to the receiver.
+        let mut traced = reqwest::header::HeaderMap::new();
+        agentry_llm::trace_context::inject(&mut traced);
         let response = self
             .queue
             .webhook_client()
             .post(url)
+            .headers(traced)
             .timeout(settings.timeout)
             .header("content-type", "application/json")
             .header("webhook-id", &delivery.id)

@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::engine::{Phase, RunState, Step, ToolOutcome};
 pub use crate::events::EventSink;
@@ -222,7 +223,14 @@ impl Driver {
 
     /// Drives `state` until the run is finished or suspended, sending every event to the
     /// driver's sink. Returns the final state (which serialises, for storage or inspection).
-    pub async fn run(self, mut state: RunState) -> RunState {
+    pub async fn run(self, state: RunState) -> RunState {
+        let span = crate::telemetry::run_span(&state, self.journal.as_ref().map(|j| j.session));
+        let state = self.run_in_span(state).instrument(span.clone()).await;
+        crate::telemetry::end_run(&span, &state);
+        state
+    }
+
+    async fn run_in_span(self, mut state: RunState) -> RunState {
         let deadline = deadline_of(&mut state);
         self.events
             .send(RunEvent::RunStarted {
@@ -417,8 +425,14 @@ impl Driver {
             let raw = counter.count_request_raw(&request);
             (counter, raw)
         });
-        let call = stream_model(&*self.model, request, &self.events, call_cancel.clone());
-        match guarded(&self.cancel, deadline, call).await {
+        let span = crate::telemetry::chat_span(&state.model, &request);
+        let call = stream_model(&*self.model, request, &self.events, call_cancel.clone())
+            .instrument(span.clone());
+        let guard = guarded(&self.cancel, deadline, call).await;
+        if let Guarded::Done(outcome) = &guard {
+            crate::telemetry::end_chat(&span, outcome);
+        }
+        match guard {
             Guarded::Done(Ok(response)) => {
                 if let Some((counter, raw)) = counted {
                     counter.observe(raw, response.usage.input_tokens);
@@ -633,7 +647,9 @@ impl Driver {
             let journal = self.journal.clone();
             let log_failure = Arc::clone(log_failure);
             let run_id = state.run_id;
-            tasks.spawn(async move {
+            let span = crate::telemetry::tool_span(&call);
+            let in_span = span.clone();
+            let task = async move {
                 // The semaphore is never closed, so acquiring only waits.
                 let _permit = permits.acquire_owned().await;
                 events
@@ -654,6 +670,7 @@ impl Driver {
                 if let Some(text) = warning {
                     result.content.push(ToolResultPart::Text { text });
                 }
+                crate::telemetry::end_tool(&in_span, &result);
                 let duration_ms = started.elapsed().as_millis() as u64;
                 if let Some(journal) = &journal {
                     let record = SessionEvent::ToolCallResult {
@@ -676,7 +693,8 @@ impl Driver {
                     result,
                     working_dir,
                 });
-            });
+            };
+            tasks.spawn(task.instrument(span));
         }
         while let Some(joined) = tasks.join_next().await {
             if let Err(error) = joined

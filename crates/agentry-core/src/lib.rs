@@ -29,6 +29,7 @@ pub mod runtime;
 pub mod session;
 pub mod skill;
 pub mod subrun;
+pub mod telemetry;
 pub mod template;
 pub mod tool;
 pub mod workspace;

@@ -534,7 +534,7 @@ impl Runtime {
         let cancel = CancellationToken::new();
         let summarizer = self.summarizer_for(&state);
         let driver = Driver::new(model, tools, sink, cancel.clone()).summarizer(summarizer);
-        let task = tokio::spawn(driver.run(state));
+        let task = tokio::spawn(tracing::Instrument::in_current_span(driver.run(state)));
         Ok(RunStream {
             events,
             task: Some(task),

@@ -230,11 +230,9 @@ fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap
 impl Inner {
     /// Sends one attempt and checks the status.
     async fn send(&self, body: Bytes) -> Result<reqwest::Response, LlmError> {
-        let request = self
-            .http
-            .post(&self.endpoint)
-            .headers(self.headers.clone())
-            .body(body);
+        let mut headers = self.headers.clone();
+        crate::trace_context::inject(&mut headers);
+        let request = self.http.post(&self.endpoint).headers(headers).body(body);
         self.dispatch(&self.endpoint, request).await
     }
 

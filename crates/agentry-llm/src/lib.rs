@@ -26,6 +26,7 @@ mod error;
 pub mod provider;
 mod request;
 pub mod tokens;
+pub mod trace_context;
 pub mod transport;
 pub mod window;
 

@@ -496,9 +496,32 @@ impl McpManager {
         // elicitation does not count as the server going quiet.
         let mut request_options = PeerRequestOptions::no_options();
         request_options.max_total_timeout = Some(cap);
-        let result = server
-            .send(&peer, request, request_options, idle, &options)
-            .await?;
+        // The call's span, after the MCP semantic conventions: the child of the tool call's
+        // span when traces are exported (`agentry::trace`, see `agentry_core::telemetry`).
+        let span = tracing::info_span!(
+            target: "agentry::trace",
+            "mcp_call",
+            otel.name = %format!("tools/call {tool}"),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            mcp.method.name = "tools/call",
+            mcp.server.name = server.name.as_str(),
+            gen_ai.tool.name = tool,
+            gen_ai.operation.name = "execute_tool",
+            error.type = tracing::field::Empty,
+        );
+        let result = tracing::Instrument::instrument(
+            server.send(&peer, request, request_options, idle, &options),
+            span.clone(),
+        )
+        .await;
+        if let Err(error) = &result {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", error.to_string().as_str());
+            span.record("error.type", "mcp_error");
+        }
+        let result = result?;
         match result {
             ServerResult::CallToolResult(result) => Ok(tool_result(&result)),
             ServerResult::InputRequiredResult(_) => Err(McpError::Unsupported {

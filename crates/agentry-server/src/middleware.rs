@@ -1,7 +1,7 @@
 //! What wraps every route: request ids, access logs, CORS, metrics, authentication; and the
 //! routes that belong to them (`/metrics`, `/v1/auth/*`).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tower_http::trace::TraceLayer;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -44,12 +44,55 @@ pub fn apply(routes: Router<AppState>, state: AppState) -> Router {
         ))
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().include_headers(false))
-                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+                .make_span_with(request_span)
+                .on_response(record_status),
         )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .with_state(state)
+}
+
+/// A request's span (`agentry::trace`, so the OpenTelemetry layer exports it as the server
+/// span): it continues the caller's trace when the request carries a W3C `traceparent`, and
+/// the runs the request starts are its children.
+fn request_span(request: &axum::http::Request<Body>) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let span = tracing::info_span!(
+        target: agentry_app::domain::core::telemetry::TARGET,
+        "request",
+        otel.name = %format!("{} {}", request.method(), request.uri().path()),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %request.method(),
+        url.path = %request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+        request_id = request
+            .headers()
+            .get("x-request-id")
+            .and_then(|value| value.to_str().ok()),
+    );
+    if !span.is_disabled() {
+        let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.extract(&opentelemetry_http::HeaderExtractor(request.headers()))
+        });
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
+/// Records a response's status on its request's span (a 5xx is the span's error) and logs it.
+fn record_status<B>(response: &axum::http::Response<B>, latency: Duration, span: &tracing::Span) {
+    let status = response.status();
+    span.record("http.response.status_code", i64::from(status.as_u16()));
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+    tracing::info!(
+        target: "tower_http::trace::on_response",
+        status = status.as_u16(),
+        latency_ms = latency.as_millis() as u64,
+        "finished processing request"
+    );
 }
 
 /// CORS is off unless origins are allowed explicitly.

@@ -4,6 +4,7 @@
 //! interactive form, `agentry sessions` manages what was saved.
 
 mod cli;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -14,7 +15,18 @@ fn main() -> ExitCode {
     // (threads, the async runtime) starts.
     agentry_sandbox::init::maybe_run_init();
     let args = cli::Cli::parse();
-    init_tracing(args.verbose);
+    let telemetry = match telemetry::init(&telemetry::Options {
+        verbosity: args.verbose,
+        format: args.log_format,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        capture_content: args.trace_content,
+    }) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("agentry: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -25,26 +37,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::execute(args)) {
+    let code = match runtime.block_on(cli::execute(args)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("agentry: {error:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings; `-v` for info, `-vv` debug).
-fn init_tracing(verbosity: u8) {
-    let default = match verbosity {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    // The spans still buffered go out before the process ends.
+    telemetry.shutdown();
+    code
 }

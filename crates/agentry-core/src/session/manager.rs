@@ -448,7 +448,8 @@ impl SessionManager {
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let manager = self.clone();
         let task_cancel = cancel.clone();
-        let task = tokio::spawn(async move {
+        // In the caller's span: a delegated run's trace hangs under the call that started it.
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let guard = match guard {
                 Some(guard) => guard,
                 None => Arc::clone(&slot.gate).lock_owned().await,
@@ -472,7 +473,7 @@ impl SessionManager {
             drop(guard);
             manager.release(session, slot);
             state
-        });
+        }));
         Ok(RunStream::new(events, task, cancel))
     }
 
@@ -720,7 +721,8 @@ impl SessionManager {
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let manager = self.clone();
         let task_cancel = cancel.clone();
-        let task = tokio::spawn(async move {
+        // In the caller's span: a delegated run's trace hangs under the call that started it.
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let state = manager
                 .drive(session, state, sink, task_cancel, control.pause)
                 .await;
@@ -729,7 +731,7 @@ impl SessionManager {
             drop(guard);
             manager.release(session, slot);
             state
-        });
+        }));
         RunStream::new(events, task, cancel)
     }
 

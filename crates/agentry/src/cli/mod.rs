@@ -27,6 +27,24 @@ pub(crate) struct Cli {
     /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub(crate) verbose: u8,
+    /// How logs are written on stderr: `text`, or `json` (one object per line with the time,
+    /// level, target, message and the run's ids).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "AGENTRY_LOG_FORMAT"
+    )]
+    pub(crate) log_format: crate::telemetry::LogFormat,
+    /// Export traces over OTLP to this collector (as `OTEL_EXPORTER_OTLP_ENDPOINT`, which is
+    /// read too, with the other `OTEL_*` variables); no export when neither is set.
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
+    /// Record message contents on trace spans (prompts, answers, tool arguments and results;
+    /// off by default; also `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`).
+    #[arg(long, global = true)]
+    pub(crate) trace_content: bool,
     #[command(flatten)]
     data: data::DataArgs,
     #[command(subcommand)]

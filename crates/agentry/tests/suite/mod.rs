@@ -13,4 +13,5 @@ mod run;
 mod sandbox;
 mod serve;
 mod sessions;
+mod telemetry;
 mod workflows;

@@ -1,0 +1,167 @@
+//! Logs and traces of the process.
+//!
+//! Logs go to stderr as text or JSON lines (`--log-format`), filtered by `RUST_LOG` (default:
+//! warnings; `-v` info, `-vv` debug). JSON lines carry the fields of the spans they happen in
+//! (a run's id, its session, the request's id).
+//!
+//! Traces: when an OTLP endpoint is configured (`--otlp-endpoint`, or the standard
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; `OTEL_SDK_DISABLED=true`
+//! turns it off), the spans of `agentry::trace` (requests, runs, model and tool calls — see
+//! `agentry_core::telemetry`) are exported in batches over OTLP/HTTP (`http/protobuf`, or
+//! `http/json` with `OTEL_EXPORTER_OTLP_PROTOCOL`), the service named by `OTEL_SERVICE_NAME`
+//! (default `agentry`), and W3C trace context is read from requests and written on outgoing
+//! ones. With nothing configured no exporter, propagator or layer exists.
+
+use anyhow::Context as _;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What the command line says about logs and traces.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) verbosity: u8,
+    pub(crate) format: LogFormat,
+    pub(crate) otlp_endpoint: Option<String>,
+    pub(crate) capture_content: bool,
+}
+
+/// The trace pipeline, flushed at exit.
+pub(crate) struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Sends what is buffered and stops the exporter.
+    pub(crate) fn shutdown(self) {
+        if let Some(provider) = self.provider
+            && let Err(error) = provider.shutdown()
+        {
+            eprintln!("agentry: the last traces could not be exported: {error}");
+        }
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|value| value.trim().to_owned())
+        .filter(|value| !value.is_empty())
+}
+
+/// The OTLP endpoint traces go to, if any: the flag, else the standard variables.
+fn endpoint(options: &Options) -> Option<String> {
+    if env("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true")) {
+        return None;
+    }
+    if let Some(flag) = &options.otlp_endpoint {
+        return Some(flag.clone());
+    }
+    env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+}
+
+/// Sets up logging, and tracing when configured.
+pub(crate) fn init(options: &Options) -> anyhow::Result<Telemetry> {
+    let default = match options.verbosity {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let logs_filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        // JSON lines carry the run they belong to: the run spans are on for them.
+        let runs = if options.format == LogFormat::Json {
+            format!(",{}=info", agentry_core::telemetry::TARGET)
+        } else {
+            String::new()
+        };
+        tracing_subscriber::EnvFilter::new(format!("{default}{runs}"))
+    });
+    let logs = match options.format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    }
+    .with_filter(logs_filter);
+    let capture = options.capture_content
+        || env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
+            .is_some_and(|value| value.eq_ignore_ascii_case("true"));
+    agentry_core::telemetry::set_capture_content(capture);
+    let Some(endpoint) = endpoint(options) else {
+        tracing_subscriber::registry().with(logs).try_init()?;
+        return Ok(Telemetry { provider: None });
+    };
+    // The exporter's HTTP client speaks TLS with the process's crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "http/protobuf".to_owned());
+    let protocol = match protocol.as_str() {
+        "http/protobuf" => opentelemetry_otlp::Protocol::HttpBinary,
+        "http/json" => opentelemetry_otlp::Protocol::HttpJson,
+        other => anyhow::bail!(
+            "OTLP protocol {other:?} is not supported: use http/protobuf (the default) or \
+             http/json"
+        ),
+    };
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(protocol);
+    if options.otlp_endpoint.is_some() {
+        // Like the standard variable: the base URL, traces under `/v1/traces`.
+        let base = endpoint.trim_end_matches('/');
+        let url = if base.ends_with("/v1/traces") {
+            base.to_owned()
+        } else {
+            format!("{base}/v1/traces")
+        };
+        exporter = exporter.with_endpoint(url);
+    }
+    let exporter = exporter
+        .build()
+        .with_context(|| format!("cannot export traces to {endpoint}"))?;
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if env("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name("agentry");
+    }
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build();
+    let tracer = provider.tracer("agentry");
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(agentry_core::telemetry::TARGET, tracing::Level::INFO),
+        );
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init()?;
+    Ok(Telemetry {
+        provider: Some(provider),
+    })
+}
