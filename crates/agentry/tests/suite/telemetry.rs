@@ -485,15 +485,18 @@ async fn spans_land_in_arize_phoenix_with_mcp_and_delegated_runs() {
         json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "gpt-test"}),
     )
     .await;
-    // The MCP server's tools are there once it has started.
+    // The agent can use the MCP server's tools once the server has started and the runtime
+    // has them.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let tools = http
-            .get(format!("{base}/v1/tools/everything__echo"))
+        let response = http
+            .post(format!("{base}/v1/agents"))
+            .json(&json!({"id": "boss", "model_id": "m",
+                          "tool_ids": ["everything__echo", "delegate"]}))
             .send()
             .await
             .unwrap();
-        if tools.status().is_success() {
+        if response.status().is_success() {
             break;
         }
         assert!(
@@ -502,12 +505,6 @@ async fn spans_land_in_arize_phoenix_with_mcp_and_delegated_runs() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    post(
-        &http,
-        &format!("{base}/v1/agents"),
-        json!({"id": "boss", "model_id": "m", "tool_ids": ["everything__echo", "delegate"]}),
-    )
-    .await;
     mock.enqueue(Reply::scripted(
         ScriptedTurn::tool_call("everything__echo", json!({"message": "ping"})).with_usage(30, 6),
     ));
