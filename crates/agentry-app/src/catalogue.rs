@@ -33,7 +33,7 @@ pub fn parse_model(mut body: Value) -> Result<ModelConfig, AppError> {
             };
             let protocol = name.parse::<Protocol>().map_err(|_| {
                 AppError::bad_request(format!(
-                    "unknown protocol {name:?}: expected openai, anthropic, ollama or a2a"
+                    "unknown protocol {name:?}: expected openai, openai-responses, anthropic, ollama or a2a"
                 ))
             })?;
             object.insert(key.to_owned(), to_document(&protocol)?);

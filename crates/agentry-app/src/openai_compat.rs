@@ -375,13 +375,9 @@ impl App {
                 (Some(agent.to_owned()), None)
             }
             None => {
-                let known = self
-                    .store
-                    .config(agentry_store::ConfigKind::Model, model)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some();
+                // The runtime's catalogue (in memory, kept in step with the store) rather than
+                // a read of the store per request.
+                let known = self.sessions.runtime().model_client(model).is_ok();
                 if !known {
                     return Err(OpenAiError::unknown_model(model));
                 }

@@ -154,7 +154,7 @@ async fn engine_overhead() {
 async fn tool_loop_throughput(protocol: Protocol) {
     let mock = MockProvider::start().await.unwrap();
     let base = match protocol {
-        Protocol::OpenAi => mock.openai_base_url(),
+        Protocol::OpenAi | Protocol::OpenAiResponses => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
         Protocol::A2a => unreachable!("the mock speaks model APIs, not A2A"),

@@ -73,7 +73,7 @@ async fn call_latency(protocol: Protocol, streamed: bool) {
         ScriptedTurn::text("The quick brown fox jumps over the lazy dog.").with_usage(20, 10),
     ));
     let base = match protocol {
-        Protocol::OpenAi => mock.openai_base_url(),
+        Protocol::OpenAi | Protocol::OpenAiResponses => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
         Protocol::A2a => unreachable!("the mock speaks model APIs, not A2A"),

@@ -179,6 +179,9 @@ pub fn encode_request(
 ) -> Result<serde_json::Value, LlmError> {
     match config.protocol {
         Protocol::OpenAi => crate::provider::openai::encode(config, request, stream),
+        Protocol::OpenAiResponses => {
+            crate::provider::openai_responses::encode(config, request, stream)
+        }
         Protocol::Anthropic => anthropic::encode(config, request, stream),
         Protocol::Ollama => crate::provider::ollama::encode(config, request, stream),
         Protocol::A2a => crate::provider::a2a::encode(config, request, stream),
@@ -194,7 +197,7 @@ fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap
     };
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     match config.protocol {
-        Protocol::OpenAi | Protocol::Ollama | Protocol::A2a => {
+        Protocol::OpenAi | Protocol::OpenAiResponses | Protocol::Ollama | Protocol::A2a => {
             if config.protocol == Protocol::A2a {
                 headers.insert(
                     "a2a-version",

@@ -151,6 +151,7 @@ impl ProviderConfig {
         let base = self.base_url.trim_end_matches('/');
         let path = match self.protocol {
             crate::Protocol::OpenAi => "/chat/completions",
+            crate::Protocol::OpenAiResponses => "/responses",
             crate::Protocol::Anthropic => "/messages",
             crate::Protocol::Ollama => "/api/chat",
             // The agent's JSON-RPC endpoint is the URL itself.

@@ -103,7 +103,9 @@ impl TokenCounter {
     /// tiktoken knows, the calibrated estimate otherwise.
     pub fn for_model(protocol: Protocol, model: &str) -> Self {
         let tokenizer = match protocol {
-            Protocol::OpenAi => exact_tokenizer(model).unwrap_or(Tokenizer::Estimate),
+            Protocol::OpenAi | Protocol::OpenAiResponses => {
+                exact_tokenizer(model).unwrap_or(Tokenizer::Estimate)
+            }
             Protocol::Anthropic | Protocol::Ollama | Protocol::A2a => Tokenizer::Estimate,
         };
         Self {
@@ -257,7 +259,9 @@ fn exact_tokenizer(model: &str) -> Option<Tokenizer> {
 pub fn known_context_window(protocol: Protocol, model: &str) -> Option<u64> {
     let model = model.trim().to_ascii_lowercase();
     match protocol {
-        Protocol::OpenAi => tiktoken_rs::model::get_context_size(&model).map(|size| size as u64),
+        Protocol::OpenAi | Protocol::OpenAiResponses => {
+            tiktoken_rs::model::get_context_size(&model).map(|size| size as u64)
+        }
         Protocol::Anthropic => model.starts_with("claude").then_some(200_000),
         // Ollama's window is the `num_ctx` it runs with, not the model's; its default is 4096
         // (2048 before 0.6): anything more must be configured, here and in `options`.

@@ -64,7 +64,7 @@ static CACHE: LazyLock<Mutex<HashMap<CacheKey, Found>>> =
 pub fn states_windows(config: &ProviderConfig) -> bool {
     match config.protocol {
         Protocol::Anthropic | Protocol::A2a => false,
-        Protocol::OpenAi => !config.base_url.contains("api.openai.com"),
+        Protocol::OpenAi | Protocol::OpenAiResponses => !config.base_url.contains("api.openai.com"),
         Protocol::Ollama => true,
     }
 }
@@ -147,7 +147,7 @@ async fn ask(
             .post(format!("{base}/api/show"))
             .headers(headers.clone())
             .json(&serde_json::json!({ "model": config.model })),
-        Protocol::OpenAi | Protocol::Anthropic | Protocol::A2a => {
+        Protocol::OpenAi | Protocol::OpenAiResponses | Protocol::Anthropic | Protocol::A2a => {
             http.get(format!("{base}/models")).headers(headers.clone())
         }
     };
@@ -187,7 +187,7 @@ async fn ask(
         })?;
     Ok(match config.protocol {
         Protocol::Ollama => window_from_ollama_show(&value),
-        Protocol::OpenAi | Protocol::Anthropic | Protocol::A2a => {
+        Protocol::OpenAi | Protocol::OpenAiResponses | Protocol::Anthropic | Protocol::A2a => {
             window_from_model_list(&value, &config.model)
         }
     })

@@ -9,6 +9,7 @@ pub mod a2a;
 pub mod anthropic;
 pub mod ollama;
 pub mod openai;
+pub mod openai_responses;
 
 use std::time::Duration;
 
@@ -28,6 +29,9 @@ pub enum Protocol {
         alias = "openai_compatible"
     )]
     OpenAi,
+    /// OpenAI's Responses API (`/responses`): stateless, encrypted reasoning kept across turns.
+    #[serde(rename = "openai-responses", alias = "openai_responses")]
+    OpenAiResponses,
     /// Anthropic Messages.
     Anthropic,
     /// Ollama's native `/api/chat`.
@@ -41,6 +45,7 @@ impl Protocol {
     pub fn name(self) -> &'static str {
         match self {
             Self::OpenAi => "openai",
+            Self::OpenAiResponses => "openai-responses",
             Self::Anthropic => "anthropic",
             Self::Ollama => "ollama",
             Self::A2a => "a2a",
@@ -50,7 +55,7 @@ impl Protocol {
     /// How the protocol frames a streamed body.
     pub(crate) fn framing(self) -> Framing {
         match self {
-            Self::OpenAi | Self::Anthropic | Self::A2a => Framing::Sse,
+            Self::OpenAi | Self::OpenAiResponses | Self::Anthropic | Self::A2a => Framing::Sse,
             Self::Ollama => Framing::Ndjson,
         }
     }
@@ -58,7 +63,7 @@ impl Protocol {
     /// The default base URL of the protocol's reference service.
     pub fn default_base_url(self) -> &'static str {
         match self {
-            Self::OpenAi => "https://api.openai.com/v1",
+            Self::OpenAi | Self::OpenAiResponses => "https://api.openai.com/v1",
             Self::Anthropic => "https://api.anthropic.com/v1",
             Self::Ollama => "http://localhost:11434",
             // An agent's endpoint has no default: it is configured.
@@ -69,7 +74,7 @@ impl Protocol {
     /// The environment variable holding the API key by default (`None` for Ollama).
     pub fn default_api_key_env(self) -> Option<&'static str> {
         match self {
-            Self::OpenAi => Some("OPENAI_API_KEY"),
+            Self::OpenAi | Self::OpenAiResponses => Some("OPENAI_API_KEY"),
             Self::Anthropic => Some("ANTHROPIC_API_KEY"),
             Self::Ollama | Self::A2a => None,
         }
@@ -79,6 +84,7 @@ impl Protocol {
     pub(crate) fn decode_body(self, body: &[u8]) -> Result<Vec<Delta>, LlmError> {
         match self {
             Self::OpenAi => openai::decode_body(parse_body(self, body)?),
+            Self::OpenAiResponses => openai_responses::decode_body(body),
             Self::Anthropic => anthropic::decode_body(parse_body(self, body)?),
             Self::Ollama => ollama::decode_body(body),
             Self::A2a => a2a::decode_body(body),
@@ -91,11 +97,12 @@ impl std::str::FromStr for Protocol {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "openai" | "openai-compatible" | "openai_compatible" => Ok(Self::OpenAi),
+            "openai-responses" | "openai_responses" => Ok(Self::OpenAiResponses),
             "anthropic" => Ok(Self::Anthropic),
             "ollama" => Ok(Self::Ollama),
             "a2a" => Ok(Self::A2a),
             other => Err(LlmError::Configuration(format!(
-                "unknown provider {other:?}: expected openai, anthropic, ollama or a2a"
+                "unknown provider {other:?}: expected openai, openai-responses, anthropic, ollama or a2a"
             ))),
         }
     }
@@ -113,6 +120,7 @@ pub(crate) enum Framing {
 /// A stateful decoder of one streamed response.
 pub(crate) enum StreamDecoder {
     OpenAi(openai::StreamDecoder),
+    OpenAiResponses(openai_responses::StreamDecoder),
     Anthropic(anthropic::StreamDecoder),
     Ollama(ollama::StreamDecoder),
     A2a(a2a::StreamDecoder),
@@ -122,6 +130,9 @@ impl StreamDecoder {
     pub(crate) fn new(protocol: Protocol) -> Self {
         match protocol {
             Protocol::OpenAi => Self::OpenAi(openai::StreamDecoder::default()),
+            Protocol::OpenAiResponses => {
+                Self::OpenAiResponses(openai_responses::StreamDecoder::default())
+            }
             Protocol::Anthropic => Self::Anthropic(anthropic::StreamDecoder::default()),
             Protocol::Ollama => Self::Ollama(ollama::StreamDecoder::default()),
             Protocol::A2a => Self::A2a(a2a::StreamDecoder::default()),
@@ -137,6 +148,7 @@ impl StreamDecoder {
     ) -> Result<(), LlmError> {
         match self {
             Self::OpenAi(decoder) => decoder.decode(data, out),
+            Self::OpenAiResponses(decoder) => decoder.decode(event, data, out),
             Self::Anthropic(decoder) => decoder.decode(event, data, out),
             Self::Ollama(decoder) => decoder.decode(data, out),
             Self::A2a(decoder) => decoder.decode(data, out),
@@ -311,6 +323,7 @@ mod tests {
     fn protocols_serialise_by_their_names() {
         for protocol in [
             Protocol::OpenAi,
+            Protocol::OpenAiResponses,
             Protocol::Anthropic,
             Protocol::Ollama,
             Protocol::A2a,

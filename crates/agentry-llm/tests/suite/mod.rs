@@ -3,6 +3,7 @@ mod context_window;
 mod fixtures;
 mod redirects;
 mod requests;
+mod responses;
 mod retry;
 mod scripted;
 mod support;

@@ -98,6 +98,7 @@ fn config(protocol: Protocol) -> ProviderConfig {
 fn testkit_protocol(protocol: Protocol) -> agentry_testkit::Protocol {
     match protocol {
         Protocol::OpenAi => agentry_testkit::Protocol::OpenAi,
+        Protocol::OpenAiResponses => agentry_testkit::Protocol::OpenAiResponses,
         Protocol::Anthropic => agentry_testkit::Protocol::Anthropic,
         Protocol::Ollama => agentry_testkit::Protocol::Ollama,
         Protocol::A2a => panic!("the mock speaks model APIs, not A2A (suite/a2a.rs)"),

@@ -8,7 +8,12 @@ use serde_json::json;
 
 use super::support::{client, stream_outcome};
 
-const PROTOCOLS: [Protocol; 3] = [Protocol::OpenAi, Protocol::Anthropic, Protocol::Ollama];
+const PROTOCOLS: [Protocol; 4] = [
+    Protocol::OpenAi,
+    Protocol::OpenAiResponses,
+    Protocol::Anthropic,
+    Protocol::Ollama,
+];
 
 fn tools() -> Vec<ToolSpec> {
     vec![ToolSpec::new(

@@ -21,7 +21,7 @@ pub fn protocol_of(fixture: &Fixture) -> Protocol {
 
 pub fn base_url(mock: &MockProvider, protocol: Protocol) -> String {
     match protocol {
-        Protocol::OpenAi => mock.openai_base_url(),
+        Protocol::OpenAi | Protocol::OpenAiResponses => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
         Protocol::A2a => panic!("the mock speaks model APIs, not A2A (suite/a2a.rs)"),

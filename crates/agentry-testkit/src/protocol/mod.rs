@@ -4,6 +4,7 @@
 mod anthropic;
 mod ollama;
 mod openai;
+mod openai_responses;
 
 use std::fmt;
 
@@ -14,6 +15,8 @@ use serde_json::Value;
 pub enum Protocol {
     /// OpenAI chat completions (`.../chat/completions`), also spoken by OpenAI-compatible servers.
     OpenAi,
+    /// OpenAI Responses (`.../responses`).
+    OpenAiResponses,
     /// Anthropic Messages (`.../messages`).
     Anthropic,
     /// Ollama native (`/api/chat`, `/api/generate`).
@@ -23,13 +26,16 @@ pub enum Protocol {
 impl Protocol {
     /// Infers the protocol from a request path (a query string, if present, is ignored).
     ///
-    /// `.../chat/completions` is OpenAI, `.../messages` is Anthropic, `.../api/chat` and
+    /// `.../chat/completions` is OpenAI, `.../responses` OpenAI Responses, `.../messages` is
+    /// Anthropic, `.../api/chat` and
     /// `.../api/generate` are Ollama; anything else is `None`.
     pub fn from_path(path: &str) -> Option<Protocol> {
         let path = path.split_once('?').map_or(path, |(p, _)| p);
         let path = path.trim_end_matches('/');
         if path.ends_with("/chat/completions") {
             Some(Protocol::OpenAi)
+        } else if path.ends_with("/responses") {
+            Some(Protocol::OpenAiResponses)
         } else if path.ends_with("/messages") {
             Some(Protocol::Anthropic)
         } else if path.ends_with("/api/chat") || path.ends_with("/api/generate") {
@@ -43,6 +49,7 @@ impl Protocol {
     pub fn name(self) -> &'static str {
         match self {
             Protocol::OpenAi => "openai",
+            Protocol::OpenAiResponses => "openai-responses",
             Protocol::Anthropic => "anthropic",
             Protocol::Ollama => "ollama",
         }
@@ -79,6 +86,7 @@ pub fn check_request(protocol: Protocol, body: &Value) -> Vec<ProtocolViolation>
     } else {
         match protocol {
             Protocol::OpenAi => openai::check(body, &mut messages),
+            Protocol::OpenAiResponses => openai_responses::check(body, &mut messages),
             Protocol::Anthropic => anthropic::check(body, &mut messages),
             Protocol::Ollama => ollama::check(body, &mut messages),
         }

@@ -7,6 +7,7 @@
 mod anthropic;
 mod ollama;
 mod openai;
+mod openai_responses;
 
 use serde_json::Value;
 
@@ -43,7 +44,9 @@ impl TurnRequest {
         let stream = match protocol {
             // Ollama streams unless told not to.
             Protocol::Ollama => flag("stream") != Some(false),
-            Protocol::OpenAi | Protocol::Anthropic => flag("stream") == Some(true),
+            Protocol::OpenAi | Protocol::OpenAiResponses | Protocol::Anthropic => {
+                flag("stream") == Some(true)
+            }
         };
         let include_usage = body
             .pointer("/stream_options/include_usage")
@@ -76,6 +79,7 @@ pub(crate) struct RenderedTurn {
 pub(crate) fn render(turn: &ScriptedTurn, request: &TurnRequest) -> RenderedTurn {
     match request.protocol {
         Protocol::OpenAi => openai::render(turn, request),
+        Protocol::OpenAiResponses => openai_responses::render(turn, request),
         Protocol::Anthropic => anthropic::render(turn, request),
         Protocol::Ollama => ollama::render(turn, request),
     }

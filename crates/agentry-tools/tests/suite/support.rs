@@ -13,7 +13,7 @@ pub const PROTOCOLS: [Protocol; 3] = [Protocol::OpenAi, Protocol::Anthropic, Pro
 /// A model client for `protocol` pointed at the mock.
 pub fn model(mock: &MockProvider, protocol: Protocol) -> HttpModelClient {
     let base = match protocol {
-        Protocol::OpenAi => mock.openai_base_url(),
+        Protocol::OpenAi | Protocol::OpenAiResponses => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
         Protocol::A2a => unreachable!("the mock speaks model APIs, not A2A"),
