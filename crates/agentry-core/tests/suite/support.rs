@@ -12,7 +12,12 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-pub const PROTOCOLS: [Protocol; 3] = [Protocol::OpenAi, Protocol::Anthropic, Protocol::Ollama];
+pub const PROTOCOLS: [Protocol; 4] = [
+    Protocol::OpenAi,
+    Protocol::OpenAiResponses,
+    Protocol::Anthropic,
+    Protocol::Ollama,
+];
 
 /// A model client for `protocol` pointed at the mock.
 pub fn model(mock: &MockProvider, protocol: Protocol) -> HttpModelClient {

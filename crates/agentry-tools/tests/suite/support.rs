@@ -8,7 +8,12 @@ use agentry_testkit::MockProvider;
 use agentry_types::RunEvent;
 use futures::StreamExt;
 
-pub const PROTOCOLS: [Protocol; 3] = [Protocol::OpenAi, Protocol::Anthropic, Protocol::Ollama];
+pub const PROTOCOLS: [Protocol; 4] = [
+    Protocol::OpenAi,
+    Protocol::OpenAiResponses,
+    Protocol::Anthropic,
+    Protocol::Ollama,
+];
 
 /// A model client for `protocol` pointed at the mock.
 pub fn model(mock: &MockProvider, protocol: Protocol) -> HttpModelClient {
