@@ -633,3 +633,89 @@ async fn logins_are_throttled_and_secure_behind_tls() {
     let (status, _) = server.get("/openapi.json").await;
     assert_eq!(status, 401);
 }
+
+#[tokio::test]
+async fn another_keys_responses_and_a2a_tasks_are_not_found() {
+    let server = start().await;
+    let (admin, user, other) = with_keys(&server, KeyLimits::default()).await;
+    let (status, body) = as_key(
+        &server,
+        &admin,
+        "POST",
+        "/v1/agents",
+        json!({"id": "public", "model_id": "mock", "a2a": {}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("kept")));
+    let (status, mine) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/openai/v1/responses",
+        json!({"model": "mock", "input": "remember this"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{mine}");
+    let id = mine["id"].as_str().unwrap().to_owned();
+    // Another key can neither read it nor continue it; an unknown id is as unknown.
+    let (status, answer) = as_key(
+        &server,
+        &other,
+        "GET",
+        &format!("/openai/v1/responses/{id}"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(answer["error"]["type"], "invalid_request_error", "{answer}");
+    for previous in [id.as_str(), "resp_01a2b3c4-0000-7000-8000-000000000000"] {
+        let (status, answer) = as_key(
+            &server,
+            &other,
+            "POST",
+            "/openai/v1/responses",
+            json!({"model": "mock", "input": "and?", "previous_response_id": previous}),
+        )
+        .await;
+        assert_eq!(status, 404, "{previous}: {answer}");
+        assert_eq!(answer["error"]["param"], "previous_response_id", "{answer}");
+    }
+    // An A2A task is its sender's.
+    let (status, sent) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/a2a/public",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {
+            "message": {"kind": "message", "role": "user", "messageId": "m-1",
+                        "parts": [{"kind": "text", "text": "hello"}]},
+            "configuration": {"blocking": false}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{sent}");
+    let task = sent["result"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{sent}"));
+    let get = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task}});
+    let (_, seen) = as_key(&server, &user, "POST", "/a2a/public", get.clone()).await;
+    assert_eq!(seen["result"]["id"], task, "{seen}");
+    let (_, hidden) = as_key(&server, &other, "POST", "/a2a/public", get).await;
+    assert_eq!(hidden["error"]["code"], -32001, "{hidden}");
+    let cancel =
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/cancel", "params": {"id": task}});
+    let (_, refused) = as_key(&server, &other, "POST", "/a2a/public", cancel).await;
+    assert_eq!(refused["error"]["code"], -32001, "{refused}");
+    // Without a key, nothing at all.
+    let (status, _) = send(
+        &server,
+        "GET",
+        "/a2a/public/.well-known/agent-card.json",
+        &json!({}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 401);
+}
