@@ -40,8 +40,11 @@ pub fn protocol_schema() -> Schema {
             "openai",
             "openai-compatible",
             "openai_compatible",
+            "openai-responses",
+            "openai_responses",
             "anthropic",
             "ollama",
+            "a2a",
         ]))
         .description(Some("The wire protocol (default `openai`)."))
         .into()

@@ -24,6 +24,8 @@
 //! # }
 //! ```
 //!
+//! [`OtlpReceiver`] takes OpenTelemetry exports (OTLP/HTTP) for the trace tests and benchmarks.
+//!
 //! [`mcp`] finds and launches the real reference MCP servers that `scripts/install-mcp-servers`
 //! installs, for tests that exercise Agentry's MCP client and server against them.
 
@@ -32,6 +34,7 @@ mod fixture;
 pub mod folder;
 pub mod mcp;
 mod mock;
+pub mod otlp;
 mod protocol;
 mod render;
 mod script;
@@ -39,5 +42,6 @@ mod script;
 pub use error::TestkitError;
 pub use fixture::{FIXTURES_DIR_ENV, Fixture, FixtureRequest, fixtures_dir};
 pub use mock::{Chunking, MockProvider, RecordedRequest, Reply};
+pub use otlp::OtlpReceiver;
 pub use protocol::{Protocol, ProtocolViolation, check_request};
 pub use script::{ScriptedToolCall, ScriptedTurn};

@@ -1,6 +1,6 @@
 //! Tracing overhead benchmark: two `agentry serve` processes (this build's release binary) on
 //! SQLite, side by side — one with no OTLP endpoint, one exporting every span to a local OTLP
-//! receiver (a sink here that answers 200 to every batch) — and the same two-round tool loop
+//! receiver (the testkit's `OtlpReceiver`, answering 200 to every batch) — and the same two-round tool loop
 //! (`POST /v1/infer` in a new durable session: a `current_time` call, then the answer, from the
 //! zero-latency mock) sent to each in alternating batches at concurrency 20. Prints runs/s for
 //! both and the overhead; asserts nothing.
@@ -10,59 +10,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Stdio;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_testkit::{MockProvider, OtlpReceiver, Reply, ScriptedTurn};
 use futures::StreamExt;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-
-/// An OTLP/HTTP sink: reads each request, answers 200; counts the bytes it got.
-async fn sink() -> (u16, Arc<AtomicU64>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let bytes = Arc::new(AtomicU64::new(0));
-    let counted = Arc::clone(&bytes);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let counted = Arc::clone(&counted);
-            tokio::spawn(async move {
-                let mut reader = BufReader::new(socket);
-                loop {
-                    let mut length = 0usize;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let header = line.trim_end();
-                        if header.is_empty() {
-                            break;
-                        }
-                        if let Some((name, value)) = header.split_once(':')
-                            && name.eq_ignore_ascii_case("content-length")
-                        {
-                            length = value.trim().parse().unwrap_or(0);
-                        }
-                    }
-                    let mut body = vec![0_u8; length];
-                    if reader.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    counted.fetch_add(length as u64, Ordering::Relaxed);
-                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
-                    if reader.get_mut().write_all(answer).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (port, bytes)
-}
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// A server on a fresh data folder, with `envs`; its base URL once it listens.
 async fn serve(home: &std::path::Path, envs: &[(&str, String)]) -> (String, tokio::process::Child) {
@@ -129,17 +82,14 @@ fn main() {
         // Each run: a `current_time` call, then the answer. A request whose last message is a
         // tool result gets the answer; any other gets the call.
         mock.set_fallback(Reply::scripted(ScriptedTurn::text("It is noon.").with_usage(30, 4)));
-        let (sink_port, exported) = sink().await;
+        let otlp = OtlpReceiver::start().await.unwrap();
         let off_home = tempfile::tempdir().unwrap();
         let on_home = tempfile::tempdir().unwrap();
         let (off, _off) = serve(off_home.path(), &[]).await;
         let (on, _on) = serve(
             on_home.path(),
             &[
-                (
-                    "OTEL_EXPORTER_OTLP_ENDPOINT",
-                    format!("http://127.0.0.1:{sink_port}"),
-                ),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint()),
                 ("OTEL_BSP_SCHEDULE_DELAY", "200".to_owned()),
             ],
         )
@@ -189,7 +139,7 @@ fn main() {
             "  tracing on (OTLP/HTTP protobuf)  {:>7.0} runs/s   overhead {:>+5.1} %   ({} KiB exported)",
             runs / on_secs,
             (on_secs / off_secs - 1.0) * 100.0,
-            exported.load(Ordering::Relaxed) / 1024
+            otlp.bytes() / 1024
         );
     });
 }

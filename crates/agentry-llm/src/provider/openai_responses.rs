@@ -191,6 +191,15 @@ pub(crate) fn encode(
     Ok(Value::Object(body))
 }
 
+/// The id and model of a `response` object.
+fn meta(response: &Value) -> Delta {
+    let text = |key: &str| response.get(key).and_then(Value::as_str).map(str::to_owned);
+    Delta::Meta {
+        id: text("id"),
+        model: text("model"),
+    }
+}
+
 /// The usage of a `response` object.
 fn usage(response: &Value) -> Option<UsageUpdate> {
     let usage = response.get("usage").filter(|usage| usage.is_object())?;
@@ -343,17 +352,7 @@ impl StreamDecoder {
             .unwrap_or(0);
         match kind.as_str() {
             "response.created" => {
-                let response = payload.get("response").cloned().unwrap_or(Value::Null);
-                out.push(Delta::Meta {
-                    id: response
-                        .get("id")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    model: response
-                        .get("model")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                });
+                out.push(meta(payload.get("response").unwrap_or(&Value::Null)));
             }
             "response.output_text.delta" | "response.refusal.delta" => {
                 if let Some(delta) = payload.get("delta").and_then(Value::as_str) {
@@ -434,16 +433,7 @@ pub(crate) fn decode_body(body: &[u8]) -> Result<Vec<Delta>, LlmError> {
             raw: truncate(&String::from_utf8_lossy(body), 1024),
         });
     };
-    let mut out = vec![Delta::Meta {
-        id: response
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        model: response
-            .get("model")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-    }];
+    let mut out = vec![meta(&response)];
     let mut called = false;
     for (index, item) in output.iter().enumerate() {
         called |= item.get("type").and_then(Value::as_str) == Some("function_call");

@@ -159,7 +159,7 @@ export class SettingsView {
     }) : h("p", { class: "muted" }, "No model yet."))));
     const modelForm = form("model-form", [
       field("Id", h("input", { name: "id", required: true, placeholder: "gpt" })),
-      field("Protocol", h("select", { name: "protocol" }, ["openai", "anthropic", "ollama"].map((p) => h("option", { value: p }, p)))),
+      field("Protocol", h("select", { name: "protocol" }, ["openai", "openai-responses", "anthropic", "ollama", "a2a"].map((p) => h("option", { value: p }, p)))),
       field("Model name", h("input", { name: "model_name", required: true, placeholder: "gpt-4.1-mini" })),
       field("Base URL", h("input", { name: "base_url", placeholder: "https://api.openai.com/v1" })),
       field("API key secret (a secret's name)", h("input", { name: "api_key_secret", placeholder: "OPENAI_API_KEY" })),

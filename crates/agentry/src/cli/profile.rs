@@ -29,7 +29,8 @@ pub(crate) const METADATA_KEY: &str = "cli_profile";
 /// saved with a session (when continuing one), then to defaults.
 #[derive(Debug, Clone, Default, PartialEq, Args, Serialize, Deserialize)]
 pub(crate) struct Profile {
-    /// The provider protocol: openai (and compatible servers), anthropic or ollama [default: openai].
+    /// The provider protocol: openai (and compatible servers), openai-responses, anthropic,
+    /// ollama or a2a (a remote agent) [default: openai].
     #[arg(long, value_parser = parse_protocol)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     provider: Option<Protocol>,

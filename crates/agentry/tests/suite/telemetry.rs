@@ -9,56 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+use agentry_testkit::{MockProvider, OtlpReceiver, Reply, ScriptedTurn};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::processes::{free_port, serve};
-
-/// An OTLP/HTTP receiver: every request body it got (JSON).
-async fn receiver() -> (u16, Arc<Mutex<Vec<Value>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let bodies: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let kept = Arc::clone(&bodies);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let kept = Arc::clone(&kept);
-            tokio::spawn(async move {
-                let mut reader = BufReader::new(socket);
-                loop {
-                    let mut length = 0usize;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let header = line.trim_end();
-                        if header.is_empty() {
-                            break;
-                        }
-                        if let Some((name, value)) = header.split_once(':')
-                            && name.eq_ignore_ascii_case("content-length")
-                        {
-                            length = value.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0_u8; length];
-                    reader.read_exact(&mut body).await.unwrap();
-                    kept.lock()
-                        .unwrap()
-                        .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
-                    let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
-                    if reader.get_mut().write_all(answer).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (port, bodies)
-}
 
 /// One exported span, flattened.
 #[derive(Debug, Clone)]
@@ -144,6 +99,16 @@ fn service_names(bodies: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// Registers the mock as model `m`.
+async fn add_model(http: &reqwest::Client, base: &str, mock: &MockProvider) {
+    post(
+        http,
+        &format!("{base}/v1/models"),
+        json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "gpt-test"}),
+    )
+    .await;
+}
+
 async fn post(http: &reqwest::Client, url: &str, body: Value) -> Value {
     let response = http.post(url).json(&body).send().await.unwrap();
     let status = response.status();
@@ -154,7 +119,7 @@ async fn post(http: &reqwest::Client, url: &str, body: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_json() {
-    let (otlp_port, bodies) = receiver().await;
+    let otlp = OtlpReceiver::start().await.unwrap();
     let mock = MockProvider::start().await.unwrap();
     let home = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -171,10 +136,7 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
         .env_remove("OPENAI_API_KEY")
         .env_remove("AGENTRY_DATABASE_URL")
         .env_remove("RUST_LOG")
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://127.0.0.1:{otlp_port}"),
-        )
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint())
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
         .env("OTEL_SERVICE_NAME", "agentry-under-test")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
@@ -195,12 +157,7 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
     super::processes::listening(&mut child).await;
     let http = agentry_llm::http_client(Duration::from_secs(30)).unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    post(
-        &http,
-        &format!("{base}/v1/models"),
-        json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "gpt-test"}),
-    )
-    .await;
+    add_model(&http, &base, &mock).await;
     post(
         &http,
         &format!("{base}/v1/agents"),
@@ -240,7 +197,7 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
     // Every span of the request arrives: the request, two runs, four model calls, three tools.
     let deadline = Instant::now() + Duration::from_secs(20);
     let found = loop {
-        let found: Vec<Span> = spans(&bodies.lock().unwrap())
+        let found: Vec<Span> = spans(&otlp.json_bodies())
             .into_iter()
             .filter(|span| span.trace == trace)
             .collect();
@@ -321,10 +278,7 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
             .get("code")
             .is_none_or(|code| code != 2 && code != "STATUS_CODE_ERROR")
     );
-    assert_eq!(
-        service_names(&bodies.lock().unwrap())[0],
-        "agentry-under-test"
-    );
+    assert_eq!(service_names(&otlp.json_bodies())[0], "agentry-under-test");
 
     // The provider was sent the trace: each model call's own span as the parent.
     let calls = mock.requests();
@@ -369,23 +323,17 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_exported_when_no_endpoint_is_set() {
-    let (otlp_port, bodies) = receiver().await;
+    // A receiver is up, but nothing names it.
+    let otlp = OtlpReceiver::start().await.unwrap();
     let mock = MockProvider::start().await.unwrap();
     mock.set_fallback(Reply::scripted(ScriptedTurn::text("ok")));
     let home = tempfile::tempdir().unwrap();
     let port = free_port();
-    // The receiver is up, but nothing names it.
-    let _ = otlp_port;
     let mut child = serve(home.path(), port, &[]);
     super::processes::listening(&mut child).await;
     let http = agentry_llm::http_client(Duration::from_secs(30)).unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    post(
-        &http,
-        &format!("{base}/v1/models"),
-        json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "x"}),
-    )
-    .await;
+    add_model(&http, &base, &mock).await;
     let answer = post(
         &http,
         &format!("{base}/v1/infer"),
@@ -394,7 +342,7 @@ async fn nothing_is_exported_when_no_endpoint_is_set() {
     .await;
     assert_eq!(answer["text"], "ok");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(bodies.lock().unwrap().is_empty());
+    assert!(otlp.json_bodies().is_empty());
     // And no trace context goes to the provider.
     let calls = mock.requests();
     assert!(
@@ -479,12 +427,7 @@ async fn spans_land_in_arize_phoenix_with_mcp_and_delegated_runs() {
     super::processes::listening(&mut child).await;
     let http = agentry_llm::http_client(Duration::from_secs(60)).unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    post(
-        &http,
-        &format!("{base}/v1/models"),
-        json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "gpt-test"}),
-    )
-    .await;
+    add_model(&http, &base, &mock).await;
     // The agent can use the MCP server's tools once the server has started and the runtime
     // has them.
     let deadline = Instant::now() + Duration::from_secs(60);
