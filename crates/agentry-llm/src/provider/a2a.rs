@@ -567,4 +567,39 @@ mod tests {
             json!([{"kind": "text", "text": "Again"}])
         );
     }
+
+    #[test]
+    fn other_protocols_opaque_state_never_reaches_anthropic() {
+        let answer = Message::Assistant {
+            content: vec![
+                AssistantPart::Thinking(Thinking::Redacted {
+                    data: "a2a-context:c1".into(),
+                }),
+                AssistantPart::Thinking(Thinking::Text {
+                    text: "summary".into(),
+                    signature: Some(
+                        "openai-responses:{\"id\":\"rs_1\",\"encrypted_content\":\"e\"}".into(),
+                    ),
+                }),
+                AssistantPart::Thinking(Thinking::Text {
+                    text: "own".into(),
+                    signature: Some("anthropic-signature".into()),
+                }),
+                AssistantPart::Text {
+                    text: "Hello".into(),
+                },
+            ],
+        };
+        let request = ModelRequest::new(vec![Message::user("Hi"), answer, Message::user("Again")]);
+        let config = ProviderConfig::new(Protocol::Anthropic, "claude");
+        let body = crate::provider::anthropic::encode(&config, &request, false).unwrap();
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([
+                {"type": "thinking", "thinking": "own", "signature": "anthropic-signature"},
+                {"type": "text", "text": "Hello"}
+            ]),
+            "{body}"
+        );
+    }
 }

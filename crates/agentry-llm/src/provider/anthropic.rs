@@ -162,10 +162,19 @@ fn encode_assistant(content: &[AssistantPart]) -> Vec<Value> {
             AssistantPart::Text { text } => Some(json!({"type": "text", "text": text})),
             // Signed thinking goes back byte for byte. Unsigned reasoning came from another
             // provider and would be rejected, so it is left out.
+            // Another protocol's opaque state (Responses reasoning, an A2A context) is not
+            // Anthropic's: left out too.
+            AssistantPart::Thinking(Thinking::Text {
+                signature: Some(signature),
+                ..
+            }) if super::foreign_opaque(signature) => None,
             AssistantPart::Thinking(Thinking::Text {
                 text,
                 signature: Some(signature),
             }) => Some(json!({"type": "thinking", "thinking": text, "signature": signature})),
+            AssistantPart::Thinking(Thinking::Redacted { data }) if super::foreign_opaque(data) => {
+                None
+            }
             AssistantPart::Thinking(Thinking::Text {
                 signature: None, ..
             }) => None,

@@ -156,6 +156,13 @@ impl StreamDecoder {
     }
 }
 
+/// Whether a thinking part's signature or redacted data is the opaque state of a protocol that
+/// keeps its own (the Responses API's reasoning, an A2A context): never sent to a provider
+/// whose thinking signatures are its own (Anthropic).
+pub(crate) fn foreign_opaque(data: &str) -> bool {
+    data.starts_with(openai_responses::OPAQUE_PREFIX) || data.starts_with(a2a::CONTEXT_PREFIX)
+}
+
 /// Parses a JSON payload of a stream, with a clear error naming the protocol.
 pub(crate) fn parse_json<'a, T: Deserialize<'a>>(
     protocol: Protocol,

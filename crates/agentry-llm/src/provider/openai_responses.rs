@@ -6,8 +6,9 @@
 //! `function_call_output` items, and the model's earlier `reasoning` items with their
 //! `encrypted_content`, asked for with `include: ["reasoning.encrypted_content"]`. A reasoning
 //! item comes back as a thinking part (its summary the text) whose signature is the item's id and
-//! encrypted content (`{"id", "encrypted_content"}`, kept byte for byte), or as a redacted part
-//! when it has no summary; both are sent back as the same reasoning item on the next turn.
+//! encrypted content (`openai-responses:{"id", "encrypted_content"}`, kept byte for byte), or as
+//! a redacted part when it has no summary; both are sent back as the same reasoning item on the
+//! next turn, and never to another protocol (Anthropic leaves them out).
 //!
 //! Streams are named events: `response.created`, `response.output_text.delta`,
 //! `response.reasoning_summary_text.delta`, `response.output_item.added` / `.done`,
@@ -26,22 +27,24 @@ use crate::delta::{Delta, UsageUpdate};
 use crate::error::{LlmError, ProviderError, truncate};
 use crate::request::ModelRequest;
 
+/// What starts the opaque signature of a reasoning item (so no other protocol takes it for its
+/// own).
+pub(crate) const OPAQUE_PREFIX: &str = "openai-responses:";
+
 /// The opaque signature of a reasoning item: its id and encrypted content.
 fn reasoning_signature(item: &Value) -> Option<String> {
     let encrypted = item.get("encrypted_content").and_then(Value::as_str)?;
-    Some(
-        json!({
-            "id": item.get("id").and_then(Value::as_str),
-            "encrypted_content": encrypted,
-        })
-        .to_string(),
-    )
+    let kept = json!({
+        "id": item.get("id").and_then(Value::as_str),
+        "encrypted_content": encrypted,
+    });
+    Some(format!("{OPAQUE_PREFIX}{kept}"))
 }
 
 /// A reasoning item for the input, from a kept signature and summary (`None` when the
 /// signature is not one of ours: another provider's reasoning is not sent).
 fn reasoning_item(signature: &str, summary: &str) -> Option<Value> {
-    let kept: Value = serde_json::from_str(signature).ok()?;
+    let kept: Value = serde_json::from_str(signature.strip_prefix(OPAQUE_PREFIX)?).ok()?;
     let encrypted = kept.get("encrypted_content").and_then(Value::as_str)?;
     let mut item = json!({
         "type": "reasoning",
