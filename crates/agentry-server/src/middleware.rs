@@ -60,7 +60,19 @@ fn request_span(request: &axum::http::Request<Body>) -> tracing::Span {
     let span = tracing::info_span!(
         target: agentry_app::domain::core::telemetry::TARGET,
         "request",
-        otel.name = %format!("{} {}", request.method(), request.uri().path()),
+        // The route's template, not the path: span names stay few (no ids in them).
+        otel.name = %format!(
+            "{} {}",
+            request.method(),
+            request
+                .extensions()
+                .get::<axum::extract::MatchedPath>()
+                .map_or(request.uri().path(), |route| route.as_str())
+        ),
+        http.route = request
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map(|route| route.as_str()),
         otel.kind = "server",
         otel.status_code = tracing::field::Empty,
         http.request.method = %request.method(),

@@ -214,6 +214,7 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
     };
     let request = one("POST /v1/infer");
     assert_eq!(request.parent, caller_span, "the caller's trace goes on");
+    assert_eq!(request.text("http.route"), Some("/v1/infer"), "{request:?}");
     assert_eq!(
         request.number("http.response.status_code"),
         Some(200),
