@@ -15,7 +15,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use agentry_llm::{LlmError, ModelRequest};
-use agentry_types::{ModelResponse, SessionId, ToolCall, ToolResult, ToolResultPart};
+use agentry_types::{ModelResponse, SessionId, ToolCall, ToolResult};
 
 use crate::engine::RunState;
 
@@ -215,17 +215,7 @@ pub(crate) fn tool_span(call: &ToolCall) -> Span {
 
 /// Records a tool call's result on its span: an error result is the span's error.
 pub(crate) fn end_tool(span: &Span, result: &ToolResult) {
-    let text = || {
-        result
-            .content
-            .iter()
-            .filter_map(|part| match part {
-                ToolResultPart::Text { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let text = || result.text_content();
     if result.is_error {
         span.record("otel.status_code", "error");
         span.record("otel.status_description", text().as_str());

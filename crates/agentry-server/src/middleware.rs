@@ -57,22 +57,16 @@ pub fn apply(routes: Router<AppState>, state: AppState) -> Router {
 /// the runs the request starts are its children.
 fn request_span(request: &axum::http::Request<Body>) -> tracing::Span {
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str);
     let span = tracing::info_span!(
         target: agentry_app::domain::core::telemetry::TARGET,
         "request",
         // The route's template, not the path: span names stay few (no ids in them).
-        otel.name = %format!(
-            "{} {}",
-            request.method(),
-            request
-                .extensions()
-                .get::<axum::extract::MatchedPath>()
-                .map_or(request.uri().path(), |route| route.as_str())
-        ),
-        http.route = request
-            .extensions()
-            .get::<axum::extract::MatchedPath>()
-            .map(|route| route.as_str()),
+        otel.name = %format!("{} {}", request.method(), route.unwrap_or(request.uri().path())),
+        http.route = route,
         otel.kind = "server",
         otel.status_code = tracing::field::Empty,
         http.request.method = %request.method(),

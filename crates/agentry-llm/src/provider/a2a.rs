@@ -15,9 +15,7 @@
 
 use std::collections::HashMap;
 
-use agentry_types::{
-    AssistantPart, ContentPart, ImageSource, Message, StopReason, Thinking, ToolResultPart,
-};
+use agentry_types::{AssistantPart, ContentPart, ImageSource, Message, StopReason, Thinking};
 use serde_json::{Value, json};
 
 use super::{Protocol, error_in_stream, parse_body, parse_json};
@@ -93,17 +91,7 @@ fn transcript_line(message: &Message) -> Option<String> {
             .answer_text()
             .filter(|text| !text.is_empty())
             .map(|text| format!("agent: {text}")),
-        Message::Tool(result) => {
-            let text: Vec<&str> = result
-                .content
-                .iter()
-                .filter_map(|part| match part {
-                    ToolResultPart::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
-            Some(format!("tool result: {}", text.join("\n")))
-        }
+        Message::Tool(result) => Some(format!("tool result: {}", result.text_content())),
         Message::System { .. } => None,
     }
 }

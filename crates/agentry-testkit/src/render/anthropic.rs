@@ -10,15 +10,9 @@ const ID_PREFIX: &str = "toolu_";
 
 pub(super) fn render(turn: &ScriptedTurn, request: &TurnRequest) -> RenderedTurn {
     if request.stream {
-        RenderedTurn {
-            content_type: "text/event-stream; charset=utf-8",
-            body: stream(turn, request),
-        }
+        RenderedTurn::sse(stream(turn, request))
     } else {
-        RenderedTurn {
-            content_type: "application/json",
-            body: whole(turn, request).to_string(),
-        }
+        RenderedTurn::json(&whole(turn, request))
     }
 }
 

@@ -75,6 +75,24 @@ pub(crate) struct RenderedTurn {
     pub(crate) body: String,
 }
 
+impl RenderedTurn {
+    /// A server-sent event stream.
+    fn sse(body: String) -> Self {
+        Self {
+            content_type: "text/event-stream; charset=utf-8",
+            body,
+        }
+    }
+
+    /// A whole JSON body.
+    fn json(body: &Value) -> Self {
+        Self {
+            content_type: "application/json",
+            body: body.to_string(),
+        }
+    }
+}
+
 /// Renders `turn` as the response to `request`.
 pub(crate) fn render(turn: &ScriptedTurn, request: &TurnRequest) -> RenderedTurn {
     match request.protocol {

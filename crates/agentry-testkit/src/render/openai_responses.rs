@@ -13,15 +13,9 @@ const ID_PREFIX: &str = "call_";
 
 pub(super) fn render(turn: &ScriptedTurn, request: &TurnRequest) -> RenderedTurn {
     if request.stream {
-        RenderedTurn {
-            content_type: "text/event-stream; charset=utf-8",
-            body: stream(turn, request),
-        }
+        RenderedTurn::sse(stream(turn, request))
     } else {
-        RenderedTurn {
-            content_type: "application/json",
-            body: response(turn, request, true).to_string(),
-        }
+        RenderedTurn::json(&response(turn, request, true))
     }
 }
 
