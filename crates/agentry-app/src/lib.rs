@@ -49,6 +49,7 @@ pub mod terminals;
 pub mod titles;
 pub mod turn_files;
 pub mod tus;
+pub mod usage;
 pub mod webhooks;
 pub mod workflows;
 pub mod workspace_files;

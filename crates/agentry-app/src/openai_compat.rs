@@ -474,7 +474,7 @@ pub fn finish_reason(reason: &str) -> &'static str {
     match reason {
         "completed" => "stop",
         "tool_calls" => "tool_calls",
-        "quota_exceeded" | "max_rounds" => "length",
+        "quota_exceeded" | "budget_exceeded" | "max_rounds" => "length",
         _ => "stop",
     }
 }

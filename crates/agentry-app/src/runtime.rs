@@ -74,6 +74,13 @@ pub struct ModelConfig {
     )]
     #[schema(value_type = Vec<String>)]
     pub labels: Vec<String>,
+    /// What the model costs, in US dollars per million tokens (`input`, `output`, and
+    /// optionally `cached_input` and `cache_write`); each call's cost is recorded in the usage
+    /// ledger. Default: the published price of a well-known model, by `model_name`
+    /// ([`crate::usage::known_price`]); none for others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::price_schema)]
+    pub pricing: Option<agentry_types::ModelPrice>,
 }
 
 /// Labels as a list, or as one string separated by commas (also `，`) or white space, as the
@@ -202,7 +209,12 @@ pub async fn build_runtime(
         .await?
     {
         match model.client(&secrets, http) {
-            Ok(client) => models.push((name, model.default, model.labels, client)),
+            Ok(client) => {
+                if let Some(price) = crate::usage::price_of(&model) {
+                    builder.model_price(name.clone(), price);
+                }
+                models.push((name, model.default, model.labels, client));
+            }
             Err(error) => tracing::warn!(model = %name, "skipping a model: {}", error.message),
         }
     }
@@ -228,6 +240,15 @@ pub async fn build_runtime(
         }
         builder.model(name, client);
     }
+    builder.budget_gate_opt(crate::usage::StoreBudgets::gate(
+        store,
+        ConfigRepo::<crate::usage::BudgetConfig>::new(store)
+            .list()
+            .await?
+            .into_iter()
+            .map(|(_, budget)| budget)
+            .collect(),
+    ));
     if let Some(name) = marked_default {
         builder.default_model(name);
     }

@@ -50,6 +50,39 @@ pub fn protocol_schema() -> Schema {
         .into()
 }
 
+/// A model's price, in US dollars per million tokens.
+pub fn price_schema() -> Schema {
+    let rate = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::Number)
+            .minimum(Some(0.0))
+            .description(Some(description))
+    };
+    ObjectBuilder::new()
+        .property(
+            "input",
+            rate("Per million prompt tokens not served from a cache."),
+        )
+        .property(
+            "cached_input",
+            rate("Per million prompt tokens read from a cache (default: `input`)."),
+        )
+        .property(
+            "cache_write",
+            rate("Per million prompt tokens written to a cache (default: `input`)."),
+        )
+        .property("output", rate("Per million generated tokens."))
+        .required("input")
+        .required("output")
+        .additional_properties(Some(
+            utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+        ))
+        .description(Some(
+            "What the model costs, in US dollars per million tokens.",
+        ))
+        .into()
+}
+
 /// A tool call waiting for a decision.
 #[derive(Debug, Clone, ToSchema)]
 pub struct PendingCall {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use agentry_store::{
     Lease, MemoryKind, MemoryScope, NewEvent, NewMemory, NewSession, SessionQuery, Store,
-    StoreError,
+    StoreError, UsageEntry,
 };
 use agentry_types::{RunId, SessionEvent, SessionId};
 use futures::future::BoxFuture;
@@ -131,11 +131,38 @@ fn records_of(events: &[SessionEvent]) -> Result<Vec<NewEvent>, LogError> {
     events
         .iter()
         .map(|event| {
-            serde_json::to_value(event)
+            let record = serde_json::to_value(event)
                 .map(|payload| NewEvent::new(event.kind(), payload))
-                .map_err(|error| LogError::Storage(format!("cannot encode an event: {error}")))
+                .map_err(|error| LogError::Storage(format!("cannot encode an event: {error}")))?;
+            Ok(match usage_entry(event) {
+                Some(entry) => record.with_usage(entry),
+                None => record,
+            })
         })
         .collect()
+}
+
+/// The usage-ledger entry of a model call's answer: its tokens and cost, by run, agent and
+/// model (the ledger row commits with the event).
+fn usage_entry(event: &SessionEvent) -> Option<UsageEntry> {
+    let SessionEvent::AssistantMessage {
+        run_id,
+        usage,
+        model: Some(model),
+        agent_id,
+        cost_usd,
+        ..
+    } = event
+    else {
+        return None;
+    };
+    Some(UsageEntry {
+        run_id: *run_id,
+        agent_id: agent_id.clone(),
+        model: model.clone(),
+        usage: *usage,
+        cost_usd: *cost_usd,
+    })
 }
 
 /// A store error as the engine sees it: an unknown session is its own kind.

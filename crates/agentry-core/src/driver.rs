@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use agentry_llm::{LlmError, ModelClient, ModelRequest};
 use agentry_types::{
-    ErrorCode, ErrorInfo, ModelEvent, ModelResponse, RunEvent, RunStopReason, SessionEvent,
-    SuspendStatus, ToolCall, ToolResultPart,
+    ErrorCode, ErrorInfo, ModelEvent, ModelPrice, ModelResponse, RunEvent, RunStopReason,
+    SessionEvent, SuspendStatus, ToolCall, ToolResultPart,
 };
 use futures::StreamExt;
 use tokio::sync::Semaphore;
@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::budget::{BudgetGate, BudgetQuery};
 use crate::engine::{Phase, RunState, Step, ToolOutcome};
 pub use crate::events::EventSink;
 use crate::session::{LogError, SessionLog, SessionStatus};
@@ -159,6 +160,8 @@ pub struct Driver {
     pause: Option<CancellationToken>,
     journal: Option<Journal>,
     files: Option<Arc<FileJournal>>,
+    price: Option<ModelPrice>,
+    budget: Option<Arc<dyn BudgetGate>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -188,7 +191,22 @@ impl Driver {
             pause: None,
             journal: None,
             files: None,
+            price: None,
+            budget: None,
         }
+    }
+
+    /// Sets what the run's model costs (each call's cost is recorded with its answer) and the
+    /// gate asked before each model call (see [`crate::budget`]).
+    #[must_use]
+    pub fn accounting(
+        mut self,
+        price: Option<ModelPrice>,
+        budget: Option<Arc<dyn BudgetGate>>,
+    ) -> Self {
+        self.price = price;
+        self.budget = budget;
+        self
     }
 
     /// Sets the model that writes the summaries of context compaction (the model named by the
@@ -256,6 +274,7 @@ impl Driver {
                         break Some(status);
                     }
                 }
+                Step::CallModel(_) if self.over_budget(&mut state).await => {}
                 Step::CallModel(request) => self.call_model(&mut state, request, deadline).await,
                 Step::RunTools(calls) => self.run_tools(&mut state, calls, deadline).await,
             }
@@ -263,6 +282,25 @@ impl Driver {
         match suspended {
             Some(status) => self.suspend(state, status).await,
             None => self.finish(state).await,
+        }
+    }
+
+    /// Whether a budget of the run's is used up; if so the run is stopped.
+    async fn over_budget(&self, state: &mut RunState) -> bool {
+        let Some(gate) = &self.budget else {
+            return false;
+        };
+        let query = BudgetQuery {
+            run_id: state.run_id,
+            session: self.journal.as_ref().map(|journal| journal.session),
+            agent_id: state.agent_id.as_deref(),
+        };
+        match gate.exceeded(query).await {
+            Some(note) => {
+                state.stop_over_budget(note);
+                true
+            }
+            None => false,
         }
     }
 
@@ -476,6 +514,9 @@ impl Driver {
             content: response.content.clone(),
             usage: response.usage,
             stop_reason: response.stop_reason.clone(),
+            model: Some(state.model.clone()),
+            agent_id: state.agent_id.clone(),
+            cost_usd: self.price.map(|price| price.cost(&response.usage)),
         }];
         match &state.phase {
             Phase::RunTools { calls, .. } => {

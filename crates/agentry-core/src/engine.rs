@@ -597,6 +597,12 @@ impl RunState {
         self.phase = Phase::CallModel;
     }
 
+    /// A budget of the run's agent or API key is used up (`note` says which): the run stops
+    /// before its next model call.
+    pub fn stop_over_budget(&mut self, note: String) {
+        self.finish(RunStopReason::BudgetExceeded, None, Some(note));
+    }
+
     /// The caller cancelled the run.
     pub fn cancel(&mut self) {
         self.finish(RunStopReason::Cancelled, None, None);

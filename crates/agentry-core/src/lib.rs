@@ -13,6 +13,7 @@
 //! `agentry-tools` crate, which core does not depend on.
 
 pub mod approval;
+pub mod budget;
 mod compactor;
 pub mod context;
 pub mod driver;
@@ -34,6 +35,7 @@ pub mod template;
 pub mod tool;
 pub mod workspace;
 
+pub use budget::{BudgetGate, BudgetQuery};
 pub use engine::{DEFAULT_MAX_TOOL_ROUNDS, Phase, RunLimits, RunState, Step, ToolOutcome};
 pub use fallback::FallbackModelClient;
 pub use loop_guard::LoopLimits;

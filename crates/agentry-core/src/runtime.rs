@@ -8,13 +8,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use agentry_llm::{GenerationParams, ModelClient};
-use agentry_types::{ContentPart, ErrorInfo, Message, RunEvent, RunId, RunStopReason, Usage};
+use agentry_types::{
+    ContentPart, ErrorInfo, Message, ModelPrice, RunEvent, RunId, RunStopReason, Usage,
+};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::BudgetGate;
 use crate::context::{Compaction, CompactionSettings, ContextPolicy};
 use crate::driver::Driver;
 use crate::engine::{Phase, RunLimits, RunState};
@@ -364,6 +367,8 @@ struct Inner {
     compaction: CompactionSettings,
     approval_defaults: ApprovalDefaults,
     network_check: Option<NetworkCheck>,
+    prices: BTreeMap<String, ModelPrice>,
+    budget: Option<Arc<dyn BudgetGate>>,
 }
 
 /// Builds a [`Runtime`].
@@ -379,6 +384,8 @@ pub struct RuntimeBuilder {
     compaction: CompactionSettings,
     approval_defaults: ApprovalDefaults,
     network_check: Option<NetworkCheck>,
+    prices: BTreeMap<String, ModelPrice>,
+    budget: Option<Arc<dyn BudgetGate>>,
 }
 
 impl RuntimeBuilder {
@@ -401,6 +408,23 @@ impl RuntimeBuilder {
     /// a label (the first model, by id, that carries it).
     pub fn model_labels(&mut self, id: impl Into<String>, labels: Vec<String>) -> &mut Self {
         self.labels.insert(id.into(), labels);
+        self
+    }
+
+    /// Sets what the model registered as `id` costs: each of its calls records its cost.
+    pub fn model_price(&mut self, id: impl Into<String>, price: ModelPrice) -> &mut Self {
+        self.prices.insert(id.into(), price);
+        self
+    }
+
+    /// Sets the gate every run asks before each model call (see [`crate::budget`]).
+    pub fn budget_gate(&mut self, gate: Arc<dyn BudgetGate>) -> &mut Self {
+        self.budget_gate_opt(Some(gate))
+    }
+
+    /// Sets (or, with `None`, removes) the gate every run asks before each model call.
+    pub fn budget_gate_opt(&mut self, gate: Option<Arc<dyn BudgetGate>>) -> &mut Self {
+        self.budget = gate;
         self
     }
 
@@ -494,6 +518,8 @@ impl RuntimeBuilder {
                 compaction: builder.compaction,
                 approval_defaults: builder.approval_defaults,
                 network_check: builder.network_check,
+                prices: builder.prices,
+                budget: builder.budget,
             }),
         }
     }
@@ -515,6 +541,16 @@ impl Runtime {
         &self.inner.templates
     }
 
+    /// What the model registered as `id` costs, when a price is set.
+    pub fn price_of(&self, id: &str) -> Option<ModelPrice> {
+        self.inner.prices.get(id).copied()
+    }
+
+    /// The gate runs ask before each model call, when one is set.
+    pub fn budget_gate(&self) -> Option<Arc<dyn BudgetGate>> {
+        self.inner.budget.clone()
+    }
+
     /// Runs a request to its end.
     pub async fn run(&self, request: RunRequest) -> Result<RunOutput, RunError> {
         self.stream(request)?.finish().await
@@ -533,7 +569,9 @@ impl Runtime {
         let (sink, events) = EventSink::channel(EVENT_BUFFER);
         let cancel = CancellationToken::new();
         let summarizer = self.summarizer_for(&state);
-        let driver = Driver::new(model, tools, sink, cancel.clone()).summarizer(summarizer);
+        let driver = Driver::new(model, tools, sink, cancel.clone())
+            .summarizer(summarizer)
+            .accounting(self.price_of(&state.model), self.budget_gate());
         let task = tokio::spawn(tracing::Instrument::in_current_span(driver.run(state)));
         Ok(RunStream {
             events,

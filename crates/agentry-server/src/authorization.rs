@@ -51,6 +51,8 @@ fn user_may(method: &Method, path: &str) -> bool {
     match path {
         "/v1/infer" | "/v1/infer/stream" | "/v1/infer/abort" => true,
         "/v1/sandbox/capabilities" => read,
+        // Their own usage (the report filters by the key).
+        "/v1/usage" => read,
         "/v1/auth/login" | "/v1/auth/logout" | "/v1/auth/status" => true,
         _ if under("/v1/sessions")
             || under("/v1/workspace")

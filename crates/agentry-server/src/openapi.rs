@@ -87,6 +87,8 @@ pub fn document_json() -> Result<&'static str, ApiError> {
                                             streamed or in the background), files, close."),
         (name = "schedules", description = "Schedules: a cron expression in a time zone, or an \
                                              interval, and the background run each fire submits."),
+        (name = "usage", description = "Tokens and cost of every model call, and spending \
+                                        budgets of agents and API keys."),
         (name = "groups", description = "Group chats: several saved agents in one session, woken \
                                          by @mentions, rounds of replies in parallel."),
     ),

@@ -277,6 +277,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "cluster",
         sql: include_str!("../migrations/sqlite/0008_cluster.sql"),
     },
+    Migration {
+        version: 9,
+        name: "usage",
+        sql: include_str!("../migrations/sqlite/0009_usage.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -320,10 +325,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "cluster",
         sql: include_str!("../migrations/postgres/0008_cluster.sql"),
     },
+    Migration {
+        version: 9,
+        name: "usage",
+        sql: include_str!("../migrations/postgres/0009_usage.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

@@ -48,6 +48,8 @@ pub(crate) struct Write {
     pub(crate) expected_last_seq: Option<u64>,
     /// `(kind, payload as JSON text)`, already validated.
     pub(crate) events: Vec<(String, String)>,
+    /// The model calls among `events` (by index) to record in the usage ledger.
+    pub(crate) usage: Vec<(usize, crate::UsageEntry)>,
     pub(crate) lease: Option<Lease>,
     /// The session's new status, already validated.
     pub(crate) status: Option<String>,
@@ -316,6 +318,7 @@ async fn apply(
         // The session rows, round by round. Updating a row locks it: another connection's
         // append to the same session waits, then sees the new last_seq.
         let mut rows: Vec<EventRow<'_>> = Vec::new();
+        let mut usage_rows: Vec<UsageRow<'_>> = Vec::new();
         for round in rounds {
             let round: Vec<usize> = round
                 .into_iter()
@@ -383,11 +386,42 @@ async fn apply(
                         created_at: to_db(write.now),
                     });
                 }
+                for (offset, entry) in &write.usage {
+                    usage_rows.push(UsageRow {
+                        session: &keys[index],
+                        seq: first + to_db(*offset as u64),
+                        run: entry.run_id.to_string(),
+                        entry,
+                        created_at: to_db(write.now),
+                    });
+                }
                 results[index] = Some(Ok(from_db(last)));
             }
         }
         if !rows.is_empty() {
             BatchStatements::insert_events(&mut *tx, &rows).await?;
+        }
+        for chunk in usage_rows.chunks(USAGE_ROWS_PER_INSERT) {
+            // Only placeholders vary, no value is spelled into the text.
+            let mut insert = sqlx::query(sqlx::AssertSqlSafe(usage_insert_sql(chunk.len())));
+            for row in chunk {
+                let usage = &row.entry.usage;
+                insert = insert
+                    .bind(row.session)
+                    .bind(row.seq)
+                    .bind(row.run.as_str())
+                    .bind(row.entry.agent_id.as_deref())
+                    .bind(row.entry.model.as_str())
+                    .bind(to_db(usage.input_tokens))
+                    .bind(to_db(usage.cached_input_tokens))
+                    .bind(to_db(usage.cache_creation_input_tokens))
+                    .bind(to_db(usage.output_tokens))
+                    .bind(to_db(usage.reasoning_tokens))
+                    .bind(row.entry.cost_usd.map(crate::usage::nanos_of))
+                    .bind(row.created_at)
+                    .bind(row.session);
+            }
+            insert.execute(&mut *tx).await?;
         }
     });
     Ok(results
@@ -428,6 +462,43 @@ struct Advance<'a> {
     status: Option<&'a str>,
     /// The process writing.
     worker: Option<&'a str>,
+}
+
+/// One usage-ledger row to insert, with its event.
+struct UsageRow<'a> {
+    session: &'a str,
+    seq: i64,
+    run: String,
+    entry: &'a crate::UsageEntry,
+    created_at: i64,
+}
+
+/// Usage rows per `INSERT` statement (13 parameters each).
+const USAGE_ROWS_PER_INSERT: usize = 64;
+
+/// `INSERT INTO usage_records … VALUES (…), (…)` for `rows` rows of 13 parameters; each row's
+/// owner is its session's (the 13th parameter, the session's id again), read in the same
+/// statement.
+fn usage_insert_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO usage_records (session_id, seq, run_id, agent_id, model, input_tokens, \
+         cached_input_tokens, cache_creation_input_tokens, output_tokens, reasoning_tokens, \
+         cost_nanos, created_at, owner) VALUES ",
+    );
+    for row in 0..rows {
+        let base = row * 13;
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        sql.push_str(&placeholders(base + 1, 12));
+        sql.push_str(&format!(
+            ", (SELECT owner FROM sessions WHERE id = ${})",
+            base + 13
+        ));
+        sql.push(')');
+    }
+    sql
 }
 
 /// One event row to insert.

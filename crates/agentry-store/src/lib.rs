@@ -20,6 +20,8 @@
 //!   durable records that workers claim under leases fenced by an epoch; **schedules**
 //!   ([`Store::due_schedules`], [`Store::advance_schedule`]) that submit runs to it; and the
 //!   **webhook outbox** ([`Store::enqueue_delivery`], [`Store::claim_deliveries`]).
+//! - **The usage ledger** ([`Store::usage_report`], [`Store::spent`]): one row per model call,
+//!   written with its event, summed for reports and budgets.
 //! - **Workflow step events** ([`Store::append_workflow_events`]): each transition of a
 //!   workflow run's steps, numbered per run (a number taken refuses the batch: one driver per
 //!   run), read back after the run's snapshot.
@@ -47,6 +49,7 @@ mod runs;
 mod schedules;
 mod secret;
 mod store;
+pub mod usage;
 mod webhooks;
 mod workflow_events;
 
@@ -66,6 +69,7 @@ pub use runs::{Enqueued, Lease, NewRun, RunQuery, RunRecord, RunState};
 pub use schedules::{NewSchedule, ScheduleRecord};
 pub use secret::SecretKey;
 pub use store::{Durability, Store, StoreOptions};
+pub use usage::{MAX_USAGE_GROUPS, SpendScope, UsageDimension, UsageEntry, UsageGroup, UsageQuery};
 pub use webhooks::{AttemptOutcome, AttemptRecord, DeliveryRecord};
 
 pub use agentry_types::SessionId;

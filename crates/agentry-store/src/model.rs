@@ -144,6 +144,8 @@ pub struct NewEvent {
     pub kind: String,
     /// The event itself; opaque to the store.
     pub payload: serde_json::Value,
+    /// The model call it records, for the usage ledger (see [`crate::usage`]).
+    pub usage: Option<crate::UsageEntry>,
 }
 
 impl NewEvent {
@@ -152,7 +154,15 @@ impl NewEvent {
         Self {
             kind: kind.into(),
             payload,
+            usage: None,
         }
+    }
+
+    /// The event, recording a model call in the usage ledger in the same transaction.
+    #[must_use]
+    pub fn with_usage(mut self, entry: crate::UsageEntry) -> Self {
+        self.usage = Some(entry);
+        self
     }
 }
 
@@ -230,11 +240,13 @@ pub enum ConfigKind {
     Workflow,
     /// A workflow run's document (its state and every step's).
     WorkflowRun,
+    /// A spending budget of an agent or an API key.
+    Budget,
 }
 
 impl ConfigKind {
     /// Every kind.
-    pub const ALL: [ConfigKind; 9] = [
+    pub const ALL: [ConfigKind; 10] = [
         Self::Model,
         Self::Tool,
         Self::McpServer,
@@ -244,6 +256,7 @@ impl ConfigKind {
         Self::ApiKey,
         Self::Workflow,
         Self::WorkflowRun,
+        Self::Budget,
     ];
 
     /// The kind's stable name (`model`, `tool`, `mcp_server`, `skill`, `template`, `agent`,
@@ -259,6 +272,7 @@ impl ConfigKind {
             Self::ApiKey => "api_key",
             Self::Workflow => "workflow",
             Self::WorkflowRun => "workflow_run",
+            Self::Budget => "budget",
         }
     }
 }
@@ -279,7 +293,7 @@ impl FromStr for ConfigKind {
             .ok_or_else(|| {
                 StoreError::InvalidInput(format!(
                     "unknown configuration kind {:?}; expected one of model, tool, mcp_server, \
-                     skill, template, agent, api_key",
+                     skill, template, agent, api_key, workflow, workflow_run, budget",
                     truncate(s)
                 ))
             })

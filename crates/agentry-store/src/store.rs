@@ -350,6 +350,7 @@ impl Store {
                 session: new.id,
                 expected_last_seq: None,
                 events: Vec::new(),
+                usage: Vec::new(),
                 lease: None,
                 status: None,
                 worker: self.worker(),
@@ -494,6 +495,7 @@ impl Store {
                 session: id,
                 expected_last_seq: None,
                 events: Vec::new(),
+                usage: Vec::new(),
                 lease: None,
                 status: Some(status.to_owned()),
                 worker: self.worker(),
@@ -630,9 +632,13 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut rows = Vec::with_capacity(events.len());
-        for event in events {
+        let mut usage = Vec::new();
+        for (index, event) in events.iter().enumerate() {
             validate_event_kind(&event.kind)?;
             rows.push((event.kind.clone(), to_json_text(&event.payload)?));
+            if let Some(entry) = &event.usage {
+                usage.push((index, entry.clone()));
+            }
         }
         let now = now_millis();
         let last = self
@@ -642,6 +648,7 @@ impl Store {
                 session,
                 expected_last_seq,
                 events: rows,
+                usage,
                 lease: lease.cloned(),
                 status: status.map(str::to_owned),
                 // A leased run writes as its lease's worker.

@@ -25,4 +25,4 @@ pub use session::{
     ApprovalVerdict, CompactionMemory, DroppedMessages, GroupEvent, PendingApproval, SessionEvent,
 };
 pub use tool::{ToolCall, ToolSpec};
-pub use usage::{StopReason, Usage};
+pub use usage::{ModelPrice, StopReason, Usage};

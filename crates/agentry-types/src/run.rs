@@ -31,6 +31,9 @@ pub enum RunStopReason {
     /// The run used up a quota: its output tokens (`max_output_tokens`) or its tool calls
     /// (`max_tool_calls`); the run's note says which.
     QuotaExceeded,
+    /// A spending budget of the run's agent or API key is used up (its note says which): the
+    /// run stops before its next model call.
+    BudgetExceeded,
     /// The model called tools its caller runs itself (the run's client tools): the calls are in
     /// the run's last assistant message, for the caller to answer in a next run.
     ToolCalls,
@@ -47,6 +50,7 @@ impl RunStopReason {
             Self::Cancelled => "cancelled",
             Self::Error => "error",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::BudgetExceeded => "budget_exceeded",
             Self::ToolCalls => "tool_calls",
         }
     }

@@ -62,6 +62,15 @@ pub enum SessionEvent {
         usage: Usage,
         /// Why the model stopped.
         stop_reason: StopReason,
+        /// The model the run called (its id in the catalogue).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+        /// The saved agent the run runs as.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent_id: Option<String>,
+        /// What the call cost in US dollars, by the model's price (absent: no price known).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
     },
     /// A tool call is about to run (committed before it runs).
     ToolCallIntent {

@@ -36,6 +36,61 @@ impl Usage {
     }
 }
 
+/// What a model costs, in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    /// Per million prompt tokens not served from a cache.
+    pub input: f64,
+    /// Per million prompt tokens read from the provider's cache (default: `input`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+    /// Per million prompt tokens written to the provider's cache (default: `input`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+    /// Per million generated tokens (reasoning included).
+    pub output: f64,
+}
+
+impl ModelPrice {
+    /// A price of `input` and `output` dollars per million tokens, cached input at `input`.
+    pub fn new(input: f64, output: f64) -> Self {
+        Self {
+            input,
+            output,
+            ..Self::default()
+        }
+    }
+
+    /// Whether every rate is a finite number, zero or more.
+    pub fn is_valid(&self) -> bool {
+        [
+            Some(self.input),
+            self.cached_input,
+            self.cache_write,
+            Some(self.output),
+        ]
+        .into_iter()
+        .flatten()
+        .all(|rate| rate.is_finite() && rate >= 0.0)
+    }
+
+    /// What `usage` costs, in dollars. Cached and cache-written prompt tokens are part of
+    /// `input_tokens` and are charged at their own rates instead of `input`'s.
+    pub fn cost(&self, usage: &Usage) -> f64 {
+        let cached = usage.cached_input_tokens.min(usage.input_tokens);
+        let written = usage
+            .cache_creation_input_tokens
+            .min(usage.input_tokens - cached);
+        let fresh = usage.input_tokens - cached - written;
+        let per_token = |rate: f64| rate / 1_000_000.0;
+        fresh as f64 * per_token(self.input)
+            + cached as f64 * per_token(self.cached_input.unwrap_or(self.input))
+            + written as f64 * per_token(self.cache_write.unwrap_or(self.input))
+            + usage.output_tokens as f64 * per_token(self.output)
+    }
+}
+
 /// Why the model stopped generating.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -87,5 +142,52 @@ impl StopReason {
             "length" => Self::MaxTokens,
             other => Self::Other(other.to_owned()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ModelPrice, Usage};
+
+    #[test]
+    fn cached_and_written_prompt_tokens_are_charged_at_their_own_rates() {
+        let price = ModelPrice {
+            input: 3.0,
+            cached_input: Some(0.3),
+            cache_write: Some(3.75),
+            output: 15.0,
+        };
+        let usage = Usage {
+            input_tokens: 1_000_000,
+            cached_input_tokens: 400_000,
+            cache_creation_input_tokens: 100_000,
+            output_tokens: 200_000,
+            reasoning_tokens: 50_000,
+        };
+        // 500k fresh at $3, 400k cached at $0.30, 100k written at $3.75, 200k out at $15.
+        let expected = 1.5 + 0.12 + 0.375 + 3.0;
+        assert!((price.cost(&usage) - expected).abs() < 1e-9);
+        // Without cache rates every prompt token costs `input`.
+        let plain = ModelPrice::new(3.0, 15.0);
+        assert!((plain.cost(&usage) - 6.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn counts_that_disagree_never_underflow_and_bad_rates_are_invalid() {
+        let usage = Usage {
+            input_tokens: 10,
+            cached_input_tokens: 30,
+            cache_creation_input_tokens: 30,
+            output_tokens: 0,
+            reasoning_tokens: 0,
+        };
+        let price = ModelPrice {
+            cached_input: Some(1.0),
+            ..ModelPrice::new(2.0, 0.0)
+        };
+        assert!((price.cost(&usage) - 10.0 / 1_000_000.0).abs() < 1e-12);
+        assert!(price.is_valid());
+        assert!(!ModelPrice::new(-1.0, 1.0).is_valid());
+        assert!(!ModelPrice::new(f64::NAN, 1.0).is_valid());
     }
 }

@@ -342,6 +342,9 @@ mod tests {
                 ..Usage::default()
             },
             stop_reason: StopReason::ToolUse,
+            model: None,
+            agent_id: None,
+            cost_usd: None,
         }
     }
 

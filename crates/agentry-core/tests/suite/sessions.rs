@@ -379,6 +379,9 @@ pub(crate) async fn crashed_session_with(
                     ..Usage::default()
                 },
                 stop_reason: StopReason::ToolUse,
+                model: None,
+                agent_id: None,
+                cost_usd: None,
             },
             SessionEvent::ToolCallIntent {
                 run_id,

@@ -26,6 +26,7 @@ pub mod sessions;
 pub mod sse;
 pub mod status;
 pub mod terminals;
+pub mod usage;
 pub mod workflows;
 
 use axum::Router;
@@ -56,6 +57,7 @@ pub fn documented() -> OpenApiRouter<AppState> {
         .merge(keys::routes())
         .merge(terminals::routes())
         .merge(workflows::routes())
+        .merge(usage::routes())
 }
 
 /// The API's router, with authentication, metrics, request ids and access logs around it.

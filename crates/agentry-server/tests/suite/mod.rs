@@ -25,6 +25,7 @@ mod sessions;
 mod skills;
 mod support;
 mod terminals;
+mod usage;
 mod webhooks;
 mod workflows;
 mod workspace_files;

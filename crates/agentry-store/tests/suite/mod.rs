@@ -12,4 +12,5 @@ mod search;
 mod secrets;
 mod sessions;
 mod support;
+mod usage;
 mod workflow_events;

@@ -14,6 +14,7 @@ mod sandbox;
 mod schedules;
 mod serve;
 mod sessions;
+mod usage;
 mod workflows;
 
 use std::process::ExitCode;
@@ -69,6 +70,11 @@ enum Command {
     Keys(keys::KeysArgs),
     /// Schedules `agentry serve` fires: list, add, show, rm, runs.
     Schedules(schedules::SchedulesArgs),
+    /// Tokens and cost of model calls over a time range, grouped by agent, model, session,
+    /// API key or day.
+    Usage(usage::UsageArgs),
+    /// Spending budgets of agents and API keys: list, add, rm.
+    Budgets(usage::BudgetsArgs),
     /// Workflows: list, show, add (JSON or YAML), rm, run (followed step by step), runs, status.
     Workflows(workflows::WorkflowsArgs),
     /// MCP servers: add, list, remove, restart; `mcp serve` offers Agentry's agents over stdio.
@@ -93,6 +99,8 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Files(args) => files::files(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
         Command::Schedules(args) => schedules::schedules(args, &cli.data).await,
+        Command::Usage(args) => usage::usage(args, &cli.data).await,
+        Command::Budgets(args) => usage::budgets(args, &cli.data).await,
         Command::Workflows(args) => workflows::workflows(args, &cli.data).await,
         Command::Mcp(args) => mcp::mcp(args, &cli.data).await,
         Command::Doctor(args) => sandbox::doctor(args, &cli.data).await,

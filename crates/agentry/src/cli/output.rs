@@ -181,6 +181,7 @@ pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
         | RunStopReason::Deadline
         | RunStopReason::LoopDetected
         | RunStopReason::QuotaExceeded
+        | RunStopReason::BudgetExceeded
         // (The CLI offers no client tools: a run never stops for them here.)
         | RunStopReason::ToolCalls => 3,
         RunStopReason::Cancelled => 130,

@@ -250,6 +250,14 @@ impl Profile {
             .discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
             .await;
         builder.model("default", client);
+        // A well-known model's calls are priced in the usage ledger (`agentry usage`).
+        if let Some(price) = self
+            .model_name
+            .as_deref()
+            .and_then(agentry_app::usage::known_price)
+        {
+            builder.model_price("default", price);
+        }
         let mut available = builtin_tools();
         let sandboxes = environment.and_then(|environment| environment.sandboxes.as_ref());
         if let Some(environment) = environment.filter(|e| e.workspaces.is_some()) {

@@ -427,3 +427,95 @@ async fn fetch_follows_the_network_flags_and_is_off_without_them() {
         assert!(result.contains(expected), "{flags:?}: {result}");
     }
 }
+
+#[tokio::test]
+async fn usage_reports_what_runs_spent_by_model() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("one").with_usage(1000, 100),
+    ));
+    mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("two").with_usage(2000, 0),
+    ));
+    let home = tempfile::tempdir().unwrap();
+    let agentry = |args: Vec<String>| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+        command
+            .arg("--home")
+            .arg(home.path())
+            .env_remove("AGENTRY_DATABASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .env("NO_COLOR", "1")
+            .args(args);
+        async move { command.output().await.expect("agentry runs") }
+    };
+    for _ in 0..2 {
+        // gpt-4o-mini has a published price: $0.15 in, $0.60 out per million tokens.
+        let output = agentry(vec![
+            "run".into(),
+            "hi".into(),
+            "--provider".into(),
+            "openai".into(),
+            "--base-url".into(),
+            mock.openai_base_url(),
+            "--model-name".into(),
+            "gpt-4o-mini".into(),
+        ])
+        .await;
+        assert!(output.status.success(), "{output:?}");
+    }
+    let output = agentry(vec![
+        "usage".into(),
+        "--by".into(),
+        "model,day".into(),
+        "--json".into(),
+    ])
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["total"]["runs"], 2, "{report}");
+    assert_eq!(report["total"]["input_tokens"], 3000);
+    let cost = report["total"]["cost_usd"].as_f64().unwrap();
+    let expected = (3000.0 * 0.15 + 100.0 * 0.6) / 1e6;
+    assert!((cost - expected).abs() < 1e-12, "{cost} {report}");
+    assert_eq!(report["groups"].as_array().unwrap().len(), 1);
+    // The table: a header, one group, the total.
+    let output = agentry(vec!["usage".into(), "--by".into(), "day".into()]).await;
+    let table = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(
+        lines[0].starts_with("day") && lines[0].contains("cost"),
+        "{table}"
+    );
+    assert!(
+        lines[2].starts_with("total") && lines[2].contains("$0.000510"),
+        "{table}"
+    );
+    // A bad dimension is refused with the reason.
+    let output = agentry(vec!["usage".into(), "--by".into(), "colour".into()]).await;
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("colour"));
+    // Budgets: added, listed, removed.
+    let output = agentry(vec![
+        "budgets".into(),
+        "add".into(),
+        "cap".into(),
+        "--agent".into(),
+        "writer".into(),
+        "--limit".into(),
+        "2.5".into(),
+        "--period".into(),
+        "week".into(),
+    ])
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let output = agentry(vec!["budgets".into(), "list".into()]).await;
+    let listed = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        listed.contains("cap  agent writer  $0.0000 of $2.5000 per week"),
+        "{listed}"
+    );
+    let output = agentry(vec!["budgets".into(), "rm".into(), "cap".into()]).await;
+    assert!(output.status.success(), "{output:?}");
+}
