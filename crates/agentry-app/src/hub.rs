@@ -28,6 +28,10 @@ pub trait RunObserver: Send + Sync {
     }
     /// It ended (finished, failed, suspended or dropped).
     fn run_ended(&self) {}
+    /// A worker claimed a queued run that had waited `waited` since it was submitted.
+    fn run_dequeued(&self, waited: std::time::Duration) {
+        let _ = waited;
+    }
 }
 
 /// The observer that does nothing.
@@ -166,6 +170,11 @@ impl Default for Hub {
 }
 
 impl Hub {
+    /// What watches its runs.
+    pub(crate) fn observer(&self) -> &dyn RunObserver {
+        &*self.observer
+    }
+
     /// A hub reporting its runs to `observer`.
     pub fn new(observer: Arc<dyn RunObserver>) -> Self {
         Self {

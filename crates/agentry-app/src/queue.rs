@@ -338,7 +338,24 @@ fn state_of(outcome: &RunOutcome) -> RunState {
     }
 }
 
+/// The queue as it is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// Runs waiting for a worker (on every node sharing the store).
+    pub queued: u64,
+    /// Runs this process's worker holds.
+    pub running_here: u64,
+}
+
 impl App {
+    /// The queue as it is now.
+    pub async fn queue_depth(&self) -> Result<QueueDepth, AppError> {
+        Ok(QueueDepth {
+            queued: self.store.queued_runs().await?,
+            running_here: self.queue.active().len() as u64,
+        })
+    }
+
     /// At start-up: resumes the runs a stop left in flight — the running sessions that no
     /// live process holds any more (`resume_orphaned`; on SQLite, whose folder only this
     /// process may serve, every running session). Background runs that are `running` in the
@@ -678,7 +695,15 @@ impl App {
                     .await
                 {
                     Ok(claimed) => {
+                        let now = crate::clock::now_ms();
                         for record in claimed {
+                            // A run claimed again after its worker died waited since then, not
+                            // since it was submitted: only first claims count.
+                            if record.attempt <= 1 {
+                                self.hub.observer().run_dequeued(Duration::from_millis(
+                                    now.saturating_sub(record.created_at),
+                                ));
+                            }
                             let lost = tokio_util::sync::CancellationToken::new();
                             self.queue.active().insert(
                                 record.id,

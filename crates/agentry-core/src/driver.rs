@@ -468,14 +468,14 @@ impl Driver {
             .instrument(span.clone());
         let guard = guarded(&self.cancel, deadline, call).await;
         if let Guarded::Done(outcome) = &guard {
-            crate::telemetry::end_chat(&span, outcome);
+            crate::telemetry::end_chat(&span, outcome.as_ref().map(|(response, _)| response));
         }
         match guard {
-            Guarded::Done(Ok(response)) => {
+            Guarded::Done(Ok((response, timing))) => {
                 if let Some((counter, raw)) = counted {
                     counter.observe(raw, response.usage.input_tokens);
                 }
-                self.on_response(state, round, response).await;
+                self.on_response(state, round, response, timing).await;
             }
             Guarded::Done(Err(_)) | Guarded::Cancelled if self.cancel.is_cancelled() => {
                 state.cancel();
@@ -504,7 +504,13 @@ impl Driver {
 
     /// Feeds the model's answer to the engine, commits it with the intents of the calls it
     /// asks for (or their approval requests), and reports it.
-    async fn on_response(&self, state: &mut RunState, round: u32, response: ModelResponse) {
+    async fn on_response(
+        &self,
+        state: &mut RunState,
+        round: u32,
+        response: ModelResponse,
+        timing: CallTiming,
+    ) {
         state.on_model_response(&response);
         // The answer and the intents of the calls it asks for are committed together, before
         // any tool runs.
@@ -549,6 +555,9 @@ impl Driver {
             .send(RunEvent::Usage {
                 round,
                 usage: response.usage,
+                model: Some(state.model.clone()),
+                first_output_ms: timing.first_output.map(millis_of),
+                duration_ms: Some(millis_of(timing.total)),
             })
             .await;
     }
@@ -862,12 +871,28 @@ fn final_event(state: &RunState) -> RunEvent {
 }
 
 /// Streams one model call, forwarding deltas, and returns the complete response.
+/// How long a model call took.
+#[derive(Debug, Clone, Copy)]
+struct CallTiming {
+    /// From the call's start to its first streamed output, when it streamed any.
+    first_output: Option<Duration>,
+    /// From the call's start to its complete answer.
+    total: Duration,
+}
+
+/// Milliseconds, with their fraction.
+fn millis_of(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
 async fn stream_model(
     model: &dyn ModelClient,
     request: ModelRequest,
     events: &EventSink,
     cancel: CancellationToken,
-) -> Result<ModelResponse, LlmError> {
+) -> Result<(ModelResponse, CallTiming), LlmError> {
+    let started = Instant::now();
+    let mut first_output = None;
     let mut stream = model.stream(request, cancel);
     while let Some(item) = stream.next().await {
         let event = match item? {
@@ -885,8 +910,15 @@ async fn stream_model(
                 arguments,
             },
             ModelEvent::ToolCall { .. } => continue,
-            ModelEvent::Completed { response } => return Ok(response),
+            ModelEvent::Completed { response } => {
+                let timing = CallTiming {
+                    first_output,
+                    total: started.elapsed(),
+                };
+                return Ok((response, timing));
+            }
         };
+        first_output.get_or_insert_with(|| started.elapsed());
         events.send(event).await;
     }
     Err(LlmError::StreamEndedEarly {

@@ -148,7 +148,7 @@ pub(crate) fn chat_span(model: &str, request: &ModelRequest) -> Span {
 }
 
 /// Records a model call's answer, or its error, on its span.
-pub(crate) fn end_chat(span: &Span, outcome: &Result<ModelResponse, LlmError>) {
+pub(crate) fn end_chat(span: &Span, outcome: Result<&ModelResponse, &LlmError>) {
     match outcome {
         Ok(response) => {
             if let Some(id) = &response.id {

@@ -33,8 +33,39 @@ struct MethodLabel {
     method: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelTokenLabel {
+    model: String,
+    direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: String,
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+}
+
+/// Model latencies: 1 ms to about 9 minutes.
+fn model_latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
+/// Output tokens per second: 1 to about 16,000.
+fn throughput_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 15))
+}
+
+/// Seconds a queued run waited for a worker: 1 ms to about 36 hours.
+fn queue_wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 28))
 }
 
 /// The server's metrics.
@@ -49,6 +80,15 @@ pub struct Metrics {
     active_streams: Gauge<i64, std::sync::atomic::AtomicI64>,
     live_runs: Gauge<i64, std::sync::atomic::AtomicI64>,
     tokens: Family<OutcomeLabel, Counter<u64, AtomicU64>>,
+    model_tokens: Family<ModelTokenLabel, Counter<u64, AtomicU64>>,
+    model_first_output: Family<ModelLabel, Histogram, fn() -> Histogram>,
+    model_duration: Family<ModelLabel, Histogram, fn() -> Histogram>,
+    model_throughput: Family<ModelLabel, Histogram, fn() -> Histogram>,
+    model_cost: Family<ModelLabel, Counter<f64, AtomicU64>>,
+    runs_failed: Family<CodeLabel, Counter>,
+    queue_depth: Gauge<i64, std::sync::atomic::AtomicI64>,
+    queue_running: Gauge<i64, std::sync::atomic::AtomicI64>,
+    queue_wait: Histogram,
 }
 
 impl Default for Metrics {
@@ -65,6 +105,15 @@ impl Default for Metrics {
             active_streams: Gauge::default(),
             live_runs: Gauge::default(),
             tokens: Family::default(),
+            model_tokens: Family::default(),
+            model_first_output: Family::new_with_constructor(model_latency_histogram),
+            model_duration: Family::new_with_constructor(model_latency_histogram),
+            model_throughput: Family::new_with_constructor(throughput_histogram),
+            model_cost: Family::default(),
+            runs_failed: Family::default(),
+            queue_depth: Gauge::default(),
+            queue_running: Gauge::default(),
+            queue_wait: queue_wait_histogram(),
         };
         registry.register("runs_started", "Runs started", metrics.runs_started.clone());
         registry.register(
@@ -99,6 +148,51 @@ impl Default for Metrics {
             metrics.active_streams.clone(),
         );
         registry.register("live_runs", "Runs in progress", metrics.live_runs.clone());
+        registry.register(
+            "model_tokens",
+            "Tokens used, by model and direction (input, cached_input, output)",
+            metrics.model_tokens.clone(),
+        );
+        registry.register(
+            "model_time_to_first_output_seconds",
+            "Time from a model call's start to its first streamed output, by model",
+            metrics.model_first_output.clone(),
+        );
+        registry.register(
+            "model_call_duration_seconds",
+            "Time from a model call's start to its complete answer, by model",
+            metrics.model_duration.clone(),
+        );
+        registry.register(
+            "model_output_tokens_per_second",
+            "Output tokens per second of generation (after the first output), by model",
+            metrics.model_throughput.clone(),
+        );
+        registry.register(
+            "model_cost_dollars",
+            "US dollars spent on model calls with a known price, by model",
+            metrics.model_cost.clone(),
+        );
+        registry.register(
+            "runs_failed",
+            "Runs that failed, by error code",
+            metrics.runs_failed.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Background runs waiting in the queue (all nodes)",
+            metrics.queue_depth.clone(),
+        );
+        registry.register(
+            "queue_running",
+            "Background runs this process's worker holds",
+            metrics.queue_running.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "How long a background run waited in the queue before a worker claimed it",
+            metrics.queue_wait.clone(),
+        );
         Self {
             registry,
             ..metrics
@@ -115,19 +209,32 @@ impl Metrics {
                 ..
             }
             | RunEvent::RunStarted { .. } => {}
-            RunEvent::Usage { usage, .. } => {
-                self.rounds.inc();
-                self.tokens
-                    .get_or_create(&OutcomeLabel {
-                        outcome: "input".into(),
-                    })
-                    .inc_by(usage.input_tokens);
-                self.tokens
-                    .get_or_create(&OutcomeLabel {
-                        outcome: "output".into(),
-                    })
-                    .inc_by(usage.output_tokens);
+            RunEvent::Usage {
+                usage,
+                model: Some(model),
+                first_output_ms,
+                duration_ms,
+                ..
+            } => {
+                self.observe_call(usage, model, *first_output_ms, *duration_ms);
+                self.observe_tokens(usage);
             }
+            RunEvent::Committed {
+                event:
+                    SessionEvent::AssistantMessage {
+                        model: Some(model),
+                        cost_usd: Some(cost),
+                        ..
+                    },
+                ..
+            } => {
+                self.model_cost
+                    .get_or_create(&ModelLabel {
+                        model: model.clone(),
+                    })
+                    .inc_by(*cost);
+            }
+            RunEvent::Usage { usage, .. } => self.observe_tokens(usage),
             RunEvent::ToolResult { result, .. } => {
                 let outcome = if result.is_error { "error" } else { "ok" };
                 self.tool_calls
@@ -136,7 +243,21 @@ impl Metrics {
                     })
                     .inc();
             }
-            RunEvent::RunFinished { stop_reason, .. } | RunEvent::RunFailed { stop_reason, .. } => {
+            RunEvent::RunFailed {
+                stop_reason, error, ..
+            } => {
+                self.runs_finished
+                    .get_or_create(&StopLabel {
+                        stop_reason: stop_reason.as_str().into(),
+                    })
+                    .inc();
+                self.runs_failed
+                    .get_or_create(&CodeLabel {
+                        code: error.code.as_str().into(),
+                    })
+                    .inc();
+            }
+            RunEvent::RunFinished { stop_reason, .. } => {
                 self.runs_finished
                     .get_or_create(&StopLabel {
                         stop_reason: stop_reason.as_str().into(),
@@ -145,6 +266,71 @@ impl Metrics {
             }
             _ => {}
         }
+    }
+
+    /// Counts a model call's tokens.
+    fn observe_tokens(&self, usage: &agentry_types::Usage) {
+        self.rounds.inc();
+        self.tokens
+            .get_or_create(&OutcomeLabel {
+                outcome: "input".into(),
+            })
+            .inc_by(usage.input_tokens);
+        self.tokens
+            .get_or_create(&OutcomeLabel {
+                outcome: "output".into(),
+            })
+            .inc_by(usage.output_tokens);
+    }
+
+    /// Records a model call's tokens by model and its timings.
+    fn observe_call(
+        &self,
+        usage: &agentry_types::Usage,
+        model: &str,
+        first_output_ms: Option<f64>,
+        duration_ms: Option<f64>,
+    ) {
+        for (direction, count) in [
+            ("input", usage.input_tokens),
+            ("cached_input", usage.cached_input_tokens),
+            ("output", usage.output_tokens),
+        ] {
+            self.model_tokens
+                .get_or_create(&ModelTokenLabel {
+                    model: model.into(),
+                    direction: direction.into(),
+                })
+                .inc_by(count);
+        }
+        let label = ModelLabel {
+            model: model.into(),
+        };
+        if let Some(first) = first_output_ms {
+            self.model_first_output
+                .get_or_create(&label)
+                .observe(first / 1000.0);
+        }
+        if let Some(total) = duration_ms {
+            self.model_duration
+                .get_or_create(&label)
+                .observe(total / 1000.0);
+            // Generation time: after the first output when the call streamed, else all of it.
+            let generating = (total - first_output_ms.unwrap_or(0.0)) / 1000.0;
+            if usage.output_tokens > 0 && generating > 0.0 {
+                self.model_throughput
+                    .get_or_create(&label)
+                    .observe(usage.output_tokens as f64 / generating);
+            }
+        }
+    }
+
+    /// The queue as it is now: runs waiting (on every node) and runs this worker holds.
+    pub fn queue(&self, depth: &agentry_app::queue::QueueDepth) {
+        self.queue_depth
+            .set(i64::try_from(depth.queued).unwrap_or(i64::MAX));
+        self.queue_running
+            .set(i64::try_from(depth.running_here).unwrap_or(i64::MAX));
     }
 
     /// A run was started.
@@ -201,6 +387,10 @@ impl agentry_app::hub::RunObserver for Metrics {
 
     fn run_ended(&self) {
         Metrics::run_ended(self);
+    }
+
+    fn run_dequeued(&self, waited: Duration) {
+        self.queue_wait.observe(waited.as_secs_f64());
     }
 }
 

@@ -97,12 +97,22 @@ pub enum RunEvent {
         /// Why the model stopped.
         stop_reason: StopReason,
     },
-    /// Tokens used by a round's model call.
+    /// Tokens used by a round's model call, and how long it took.
     Usage {
         /// The round, from 1.
         round: u32,
         /// The call's usage.
         usage: Usage,
+        /// The model called (its id in the catalogue).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+        /// Milliseconds from the call's start to its first streamed output (text, reasoning or
+        /// a tool call's arguments), when it streamed any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_output_ms: Option<f64>,
+        /// Milliseconds from the call's start to its complete answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        duration_ms: Option<f64>,
     },
     /// A tool call is about to run.
     ToolCallStarted {

@@ -375,6 +375,9 @@ mod tests {
                     output_tokens: 2,
                     ..Usage::default()
                 },
+                model: None,
+                first_output_ms: None,
+                duration_ms: None,
             },
             RunEvent::ToolResult {
                 result: {
@@ -402,6 +405,9 @@ mod tests {
                     output_tokens: 3,
                     ..Usage::default()
                 },
+                model: None,
+                first_output_ms: None,
+                duration_ms: None,
             },
         ] {
             sent.extend(frames.map(&event));

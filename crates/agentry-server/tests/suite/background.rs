@@ -498,3 +498,91 @@ async fn start_up_recovery_leaves_running_background_runs_to_the_queue() {
         "running"
     );
 }
+
+/// The value of the metric line starting with `prefix` (labels included), if present.
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_time_model_calls_by_model_count_failures_by_code_and_watch_the_queue() {
+    let server = start_queue(4, 100).await;
+    let (_, mock) = server.get("/v1/models/mock").await;
+    let (status, body) = server
+        .post(
+            "/v1/models",
+            json!({"id": "priced", "protocol": "openai", "base_url": mock["base_url"],
+                   "model_name": "m", "pricing": {"input": 1000, "output": 1000}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // A streamed background run on the priced model.
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("a streamed answer in several chunks").with_usage(10, 30),
+    ));
+    let (status, _, run) =
+        submit(&server, json!({"text": "work", "model_id": "priced"}), None).await;
+    assert_eq!(status, 202, "{run}");
+    let done = wait(&server, run["run_id"].as_str().unwrap()).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    // A run whose model call fails.
+    server.mock.enqueue(Reply::error(
+        400,
+        json!({"error": {"message": "bad", "type": "invalid_request_error"}}),
+    ));
+    let (_, failed) = server
+        .post("/v1/infer", json!({"session_id": "new", "text": "x"}))
+        .await;
+    let code = failed["error"]["code"].as_str().unwrap_or("").to_owned();
+    assert!(!code.is_empty(), "{failed}");
+
+    let text = server
+        .http
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let model = "{model=\"priced\"}";
+    for name in [
+        "agentry_model_time_to_first_output_seconds_count",
+        "agentry_model_call_duration_seconds_count",
+        "agentry_model_output_tokens_per_second_count",
+    ] {
+        assert_eq!(
+            metric(&text, &format!("{name}{model}")),
+            Some(1.0),
+            "{name}: {text}"
+        );
+    }
+    assert_eq!(
+        metric(
+            &text,
+            "agentry_model_tokens_total{model=\"priced\",direction=\"output\"}"
+        ),
+        Some(30.0),
+        "{text}"
+    );
+    let cost = metric(&text, "agentry_model_cost_dollars_total{model=\"priced\"}").unwrap();
+    assert!((cost - 0.04).abs() < 1e-9, "{cost}");
+    assert_eq!(
+        metric(
+            &text,
+            &format!("agentry_runs_failed_total{{code=\"{code}\"}}")
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "agentry_queue_wait_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "agentry_queue_depth"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "agentry_queue_running"), Some(0.0), "{text}");
+}
