@@ -523,6 +523,8 @@ impl Driver {
             model: Some(state.model.clone()),
             agent_id: state.agent_id.clone(),
             cost_usd: self.price.map(|price| price.cost(&response.usage)),
+            duration_ms: Some(timing.total.as_millis() as u64),
+            first_output_ms: timing.first_output.map(|first| first.as_millis() as u64),
         }];
         match &state.phase {
             Phase::RunTools { calls, .. } => {

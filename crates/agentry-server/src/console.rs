@@ -68,11 +68,14 @@ const ASSETS: &[Asset] = assets! {
     "js/nonce.js" => "text/javascript; charset=utf-8",
     "js/rich.js" => "text/javascript; charset=utf-8",
     "js/workflows.js" => "text/javascript; charset=utf-8",
+    "js/usage.js" => "text/javascript; charset=utf-8",
     "vendor/katex/katex.min.js" => "text/javascript; charset=utf-8",
     "vendor/mermaid/mermaid.min.js" => "text/javascript; charset=utf-8",
     "vendor/xterm/xterm.mjs" => "text/javascript; charset=utf-8",
     "vendor/xterm/addon-fit.mjs" => "text/javascript; charset=utf-8",
     "vendor/xterm/xterm.css" => "text/css; charset=utf-8",
+    "vendor/uplot/uPlot.esm.js" => "text/javascript; charset=utf-8",
+    "vendor/uplot/uPlot.min.css" => "text/css; charset=utf-8",
 };
 
 /// Each asset's ETag (a hash of its bytes), in `ASSETS`' order: computed once, at the first

@@ -71,6 +71,12 @@ pub enum SessionEvent {
         /// What the call cost in US dollars, by the model's price (absent: no price known).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cost_usd: Option<f64>,
+        /// Milliseconds from the call's start to its complete answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        duration_ms: Option<u64>,
+        /// Milliseconds from the call's start to its first streamed output.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_output_ms: Option<u64>,
     },
     /// A tool call is about to run (committed before it runs).
     ToolCallIntent {

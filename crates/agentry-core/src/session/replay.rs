@@ -345,6 +345,8 @@ mod tests {
             model: None,
             agent_id: None,
             cost_usd: None,
+            duration_ms: None,
+            first_output_ms: None,
         }
     }
 

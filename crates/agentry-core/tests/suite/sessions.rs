@@ -382,6 +382,8 @@ pub(crate) async fn crashed_session_with(
                 model: None,
                 agent_id: None,
                 cost_usd: None,
+                duration_ms: None,
+                first_output_ms: None,
             },
             SessionEvent::ToolCallIntent {
                 run_id,

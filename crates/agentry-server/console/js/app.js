@@ -10,6 +10,7 @@ import { TraceView } from "./trace.js";
 import { RunsView } from "./runs.js";
 import { SchedulesView } from "./schedules.js";
 import { WorkflowsView } from "./workflows.js";
+import { UsageView } from "./usage.js";
 import { resizable } from "./resize.js";
 
 /** Status changes (`status` events with the feed's data) and other app-wide news. */
@@ -120,6 +121,7 @@ function route() {
   else if (section === "runs") view = new RunsView(main, arg);
   else if (section === "schedules") view = new SchedulesView(main);
   else if (section === "workflows") view = new WorkflowsView(main, arg);
+  else if (section === "usage") view = new UsageView(main);
   else view = new ChatView(main, arg || null, sidebar);
   if (sidebar) sidebar.select(section === "chat" || !section ? arg || null : null);
 }

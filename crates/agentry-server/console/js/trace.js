@@ -1,9 +1,15 @@
-// The run trace: each run of a session as a timeline of its model calls (from the commit before
-// the call to the answer, with tokens) and tool calls (their measured durations), from the
-// session's log and its commit times.
+// The run trace: each run of a session as a waterfall of its model calls (their measured
+// duration, the time to the first streamed output marked, tokens and cost) and tool calls (their
+// measured durations), from the session's log and its commit times.
 
 import { get } from "./api.js";
 import { h, clear, errorText } from "./dom.js";
+
+/** Dollars, with the precision small amounts need. */
+export function dollars(value) {
+  if (!value) return "$0";
+  return value >= 1 ? `$${value.toFixed(2)}` : `$${value.toPrecision(3)}`;
+}
 
 function tokens(usage) {
   if (!usage) return "";
@@ -22,13 +28,19 @@ export function buildTrace(events) {
   for (const { event, at } of events) {
     switch (event.type) {
       case "run_started":
-        run = { id: event.run_id, model: event.model, start: at, end: at, steps: [], usage: { input_tokens: 0, output_tokens: 0 }, stop: "" };
+        run = { id: event.run_id, model: event.model, start: at, end: at, steps: [], usage: { input_tokens: 0, output_tokens: 0 }, cost: 0, stop: "" };
         runs.push(run);
         break;
       case "assistant_message":
         if (!run) break;
-        run.steps.push({ kind: "model", name: `round ${event.round}`, start: last || at, end: at, usage: event.usage,
+        // A measured call started its duration before its commit; an older log's, at the
+        // commit before it.
+        run.steps.push({ kind: "model", name: `round ${event.round}`,
+          start: event.duration_ms != null ? at - event.duration_ms : last || at, end: at, usage: event.usage,
+          first: event.first_output_ms, cost: event.cost_usd,
           detail: (event.content || []).filter((p) => p.type === "tool_call").map((p) => p.name).join(", ") });
+        if (run.steps.at(-1).start < run.start) run.start = run.steps.at(-1).start;
+        run.cost += event.cost_usd || 0;
         run.usage.input_tokens += event.usage?.input_tokens || 0;
         run.usage.output_tokens += event.usage?.output_tokens || 0;
         break;
@@ -85,15 +97,21 @@ export class TraceView {
 
   run(run) {
     const span = Math.max(run.end - run.start, 1);
+    const pct = (ms) => `${(ms / span) * 100}%`;
+    const cost = run.cost ? ` · ${dollars(run.cost)}` : "";
     return h("div", { class: "card" },
-      h("div", {}, h("strong", {}, run.model), h("span", { class: "muted" }, ` · ${run.end - run.start} ms · ${tokens(run.usage)} · ${run.stop || "running"} · run ${run.id}`)),
+      h("div", {}, h("strong", {}, run.model), h("span", { class: "muted" }, ` · ${run.end - run.start} ms · ${tokens(run.usage)}${cost} · ${run.stop || "running"} · run ${run.id}`)),
       h("table", {},
-        h("thead", {}, h("tr", {}, ["", "Step", "Duration", "Tokens", "Timeline"].map((t) => h("th", {}, t)))),
+        h("thead", {}, h("tr", {}, ["", "Step", "Start", "Duration", "Tokens", "Cost", "Waterfall"].map((t) => h("th", {}, t)))),
         h("tbody", {}, run.steps.map((step) => h("tr", { testid: "trace-row", dataset: { kind: step.kind } },
           h("td", {}, step.kind === "model" ? "◆" : "▸"),
           h("td", {}, step.kind === "model" ? `${step.name}${step.detail ? ` → ${step.detail}` : ""}` : h("code", {}, step.name), step.kind === "tool" ? h("span", { class: "muted" }, ` ${step.detail}`) : null),
-          h("td", {}, `${Math.max(step.end - step.start, 0)} ms`),
+          h("td", { class: "muted" }, `+${Math.max(step.start - run.start, 0)} ms`),
+          h("td", { testid: "trace-duration" }, `${Math.max(step.end - step.start, 0)} ms`, step.first != null ? h("span", { class: "muted" }, ` (first output ${step.first} ms)`) : null),
           h("td", {}, tokens(step.usage)),
-          h("td", {}, h("div", { class: "timeline" }, h("div", { class: "bar", style: `left: ${((step.start - run.start) / span) * 100}%; width: ${Math.max(((step.end - step.start) / span) * 100, 0.5)}%` }))))))));
+          h("td", {}, step.cost != null ? dollars(step.cost) : ""),
+          h("td", {}, h("div", { class: "timeline", testid: "waterfall" },
+            h("div", { class: "bar", style: `left: ${pct(step.start - run.start)}; width: ${Math.max(((step.end - step.start) / span) * 100, 0.5)}%` }),
+            step.first != null ? h("div", { class: "first-output", title: "first output", style: `left: ${pct(step.start - run.start + step.first)}` }) : null)))))));
   }
 }
