@@ -72,6 +72,7 @@ fn request_span(request: &axum::http::Request<Body>) -> tracing::Span {
         http.request.method = %request.method(),
         url.path = %request.uri().path(),
         http.response.status_code = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
         request_id = request
             .headers()
             .get("x-request-id")
@@ -82,6 +83,15 @@ fn request_span(request: &axum::http::Request<Body>) -> tracing::Span {
             propagator.extract(&opentelemetry_http::HeaderExtractor(request.headers()))
         });
         let _ = span.set_parent(parent);
+        // The trace's id on the span, so each log line of the request (and of its runs) can
+        // be found from the trace, and back; only when traces are on (a valid context).
+        let context = span.context();
+        let trace = opentelemetry::trace::TraceContextExt::span(&context)
+            .span_context()
+            .clone();
+        if trace.is_valid() {
+            span.record("trace_id", trace.trace_id().to_string().as_str());
+        }
     }
     span
 }

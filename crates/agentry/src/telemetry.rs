@@ -8,7 +8,8 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; `OTEL_SDK_DISABLED=true`
 //! turns it off), the spans of `agentry::trace` (requests, runs, model and tool calls — see
 //! `agentry_core::telemetry`) are exported in batches over OTLP/HTTP (`http/protobuf`, or
-//! `http/json` with `OTEL_EXPORTER_OTLP_PROTOCOL`), the service named by `OTEL_SERVICE_NAME`
+//! `http/json` with `OTEL_EXPORTER_OTLP_PROTOCOL`) or OTLP/gRPC (`grpc`, through tonic on a
+//! one-thread runtime of its own: [`GrpcExporter`]), the service named by `OTEL_SERVICE_NAME`
 //! (default `agentry`), and W3C trace context is read from requests and written on outgoing
 //! ones. With nothing configured no exporter, propagator or layer exists.
 
@@ -115,37 +116,45 @@ pub(crate) fn init(options: &Options) -> anyhow::Result<Telemetry> {
         .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
         .unwrap_or_else(|| "http/protobuf".to_owned());
     let protocol = match protocol.as_str() {
-        "http/protobuf" => opentelemetry_otlp::Protocol::HttpBinary,
-        "http/json" => opentelemetry_otlp::Protocol::HttpJson,
+        "http/protobuf" => Some(opentelemetry_otlp::Protocol::HttpBinary),
+        "http/json" => Some(opentelemetry_otlp::Protocol::HttpJson),
+        "grpc" => None,
         other => anyhow::bail!(
-            "OTLP protocol {other:?} is not supported: use http/protobuf (the default) or \
-             http/json"
+            "OTLP protocol {other:?} is not supported: use http/protobuf (the default), \
+             http/json or grpc"
         ),
     };
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(protocol);
-    if options.otlp_endpoint.is_some() {
-        // Like the standard variable: the base URL, traces under `/v1/traces`.
-        let base = endpoint.trim_end_matches('/');
-        let url = if base.ends_with("/v1/traces") {
-            base.to_owned()
-        } else {
-            format!("{base}/v1/traces")
-        };
-        exporter = exporter.with_endpoint(url);
-    }
-    let exporter = exporter
-        .build()
-        .with_context(|| format!("cannot export traces to {endpoint}"))?;
     let mut resource = opentelemetry_sdk::Resource::builder();
     if env("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name("agentry");
     }
-    let provider = SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(resource.build())
-        .build();
+    let provider = SdkTracerProvider::builder().with_resource(resource.build());
+    let provider = match protocol {
+        Some(protocol) => {
+            let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(protocol);
+            if options.otlp_endpoint.is_some() {
+                // Like the standard variable: the base URL, traces under `/v1/traces`.
+                let base = endpoint.trim_end_matches('/');
+                let url = if base.ends_with("/v1/traces") {
+                    base.to_owned()
+                } else {
+                    format!("{base}/v1/traces")
+                };
+                exporter = exporter.with_endpoint(url);
+            }
+            let exporter = exporter
+                .build()
+                .with_context(|| format!("cannot export traces to {endpoint}"))?;
+            provider.with_batch_exporter(exporter).build()
+        }
+        None => {
+            let exporter = GrpcExporter::new(options.otlp_endpoint.as_deref())
+                .with_context(|| format!("cannot export traces over gRPC to {endpoint}"))?;
+            provider.with_batch_exporter(exporter).build()
+        }
+    };
     let tracer = provider.tracer("agentry");
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
@@ -164,4 +173,83 @@ pub(crate) fn init(options: &Options) -> anyhow::Result<Telemetry> {
     Ok(Telemetry {
         provider: Some(provider),
     })
+}
+
+/// OTLP/gRPC: tonic's exporter with the Tokio runtime its channel needs. The SDK's batch
+/// processor exports from a thread of its own, outside any runtime, so each export is driven
+/// to completion on this exporter's one-thread runtime.
+#[derive(Debug)]
+struct GrpcExporter {
+    runtime: Option<tokio::runtime::Runtime>,
+    inner: opentelemetry_otlp::SpanExporter,
+}
+
+impl GrpcExporter {
+    /// The exporter to `endpoint` (default: the standard variables, else
+    /// `http://localhost:4317`).
+    fn new(endpoint: Option<&str>) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("otlp-grpc")
+            .enable_all()
+            .build()
+            .context("cannot start the gRPC exporter's runtime")?;
+        let built = {
+            let _inside = runtime.enter();
+            let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(endpoint) = endpoint {
+                exporter = exporter.with_endpoint(endpoint);
+            }
+            exporter.build()
+        };
+        match built {
+            Ok(inner) => Ok(Self {
+                runtime: Some(runtime),
+                inner,
+            }),
+            Err(error) => {
+                // A runtime cannot be dropped where blocking is not allowed (the CLI's own
+                // runtime): let it go in the background.
+                runtime.shutdown_background();
+                Err(error.into())
+            }
+        }
+    }
+}
+
+impl Drop for GrpcExporter {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl opentelemetry_sdk::trace::SpanExporter for GrpcExporter {
+    fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        // Called on the batch processor's own thread: blocking on the runtime is its design.
+        let result = match &self.runtime {
+            Some(runtime) => runtime.block_on(self.inner.export(batch)),
+            None => Err(opentelemetry_sdk::error::OTelSdkError::AlreadyShutdown),
+        };
+        std::future::ready(result)
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
 }

@@ -315,6 +315,15 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
             .any(|line| line.contains("run stopped") && line.contains(&run_id)),
         "{logs:?}"
     );
+    // The request's lines, the run's included, carry the trace's id: logs and trace meet.
+    let traced: Vec<&String> = logs
+        .iter()
+        .filter(|line| line.contains(&format!("\"trace_id\":\"{trace}\"")))
+        .collect();
+    assert!(
+        traced.iter().any(|line| line.contains("run stopped")),
+        "{logs:?}"
+    );
     assert!(
         logs.iter()
             .any(|line| line.contains("finished processing request")),
@@ -358,16 +367,23 @@ async fn nothing_is_exported_when_no_endpoint_is_set() {
 
 /// Arize Phoenix (from the test venv) on free ports with its own working folder: its base URL.
 async fn phoenix(dir: &std::path::Path) -> (String, tokio::process::Child) {
+    let (base, _, child) = phoenix_with_grpc(dir).await;
+    (base, child)
+}
+
+/// Arize Phoenix on free ports: its base URL and its OTLP/gRPC port.
+async fn phoenix_with_grpc(dir: &std::path::Path) -> (String, u16, tokio::process::Child) {
     let servers = agentry_testkit::mcp::McpServers::locate()
         .expect("run scripts/install-mcp-servers first: the venv has Arize Phoenix");
     let program = servers.python().with_file_name("phoenix");
     let port = free_port();
+    let grpc = free_port();
     let child = tokio::process::Command::new(program)
         .arg("serve")
         .env("PHOENIX_WORKING_DIR", dir)
         .env("PHOENIX_HOST", "127.0.0.1")
         .env("PHOENIX_PORT", port.to_string())
-        .env("PHOENIX_GRPC_PORT", free_port().to_string())
+        .env("PHOENIX_GRPC_PORT", grpc.to_string())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -381,7 +397,7 @@ async fn phoenix(dir: &std::path::Path) -> (String, tokio::process::Child) {
         if let Ok(response) = http.get(format!("{base}/healthz")).send().await
             && response.status().is_success()
         {
-            return (base, child);
+            return (base, grpc, child);
         }
         assert!(Instant::now() < deadline, "Phoenix did not start");
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -560,4 +576,82 @@ async fn spans_land_in_arize_phoenix_with_mcp_and_delegated_runs() {
             .count(),
         1
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_arize_phoenix_over_otlp_grpc() {
+    let phoenix_dir = tempfile::tempdir().unwrap();
+    let (phoenix_url, grpc, _phoenix) = phoenix_with_grpc(phoenix_dir.path()).await;
+    let mock = MockProvider::start().await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", &format!("127.0.0.1:{port}")])
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{grpc}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_SERVICE_NAME", "agentry-grpc")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    super::processes::listening(&mut child).await;
+    let http = agentry_llm::http_client(Duration::from_secs(60)).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    add_model(&http, &base, &mock).await;
+    mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("over grpc").with_usage(21, 4),
+    ));
+    let answer = post(
+        &http,
+        &format!("{base}/v1/infer"),
+        json!({"session_id": "new", "text": "Hello over gRPC."}),
+    )
+    .await;
+    assert_eq!(answer["text"], "over grpc", "{answer}");
+    let run_id = answer["run_id"].as_str().unwrap().to_owned();
+    // The run's span and its model call arrive in Phoenix through its gRPC receiver.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body: Value = http
+            .get(format!(
+                "{phoenix_url}/v1/projects/default/spans?limit=1000"
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let spans = body["data"].as_array().cloned().unwrap_or_default();
+        let run = spans.iter().find(|span| {
+            let attributes = &span["attributes"];
+            attributes.get("agentry.run.id") == Some(&json!(run_id))
+                || attributes["agentry"]["run"]["id"] == json!(run_id)
+        });
+        if let Some(run) = run {
+            let trace = &run["context"]["trace_id"];
+            let chat = spans
+                .iter()
+                .find(|span| span["context"]["trace_id"] == *trace && span["name"] == "chat m");
+            if let Some(chat) = chat {
+                assert_eq!(chat["parent_id"], run["context"]["span_id"], "{chat}");
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Phoenix never had the run's spans over gRPC: {spans:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
