@@ -435,16 +435,20 @@ impl Sandbox {
         self.inner
             .running
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        tokio::spawn(pump(
-            self.inner.clone(),
-            exec,
-            stdout,
-            stderr,
-            exit_rx,
-            tx,
-            control_rx,
-            deadline.map(tokio::time::Instant::from_std),
-            oom_before,
+        let span = exec_span(&req.argv, exec);
+        tokio::spawn(tracing::Instrument::instrument(
+            pump(
+                self.inner.clone(),
+                exec,
+                stdout,
+                stderr,
+                exit_rx,
+                tx,
+                control_rx,
+                deadline.map(tokio::time::Instant::from_std),
+                oom_before,
+            ),
+            span,
         ));
         Ok(ExecHandle {
             id: exec,
@@ -755,7 +759,57 @@ async fn pump(
         .running
         .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     inner.touch();
+    end_exec_span(&tracing::Span::current(), &status);
     let _ = tx.send(ExecEvent::Exit(status)).await;
+}
+
+/// The trace target the process exports (`agentry_core::telemetry::TARGET`; this crate does not
+/// depend on core).
+const TRACE_TARGET: &str = "agentry::trace";
+
+/// The span of one command, from its start to its exit, under the span that started it (a tool
+/// call's): `exec <program>`, with the program's name only — its arguments may hold secrets.
+fn exec_span(argv: &[String], exec: u64) -> tracing::Span {
+    let program = argv
+        .first()
+        .map(|program| program.rsplit('/').next().unwrap_or(program))
+        .unwrap_or_default();
+    tracing::info_span!(
+        target: TRACE_TARGET,
+        "sandbox_exec",
+        otel.name = %format!("exec {program}"),
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+        process.executable.name = program,
+        process.exit.code = tracing::field::Empty,
+        agentry.sandbox.exec_id = exec as i64,
+    )
+}
+
+/// Records how the command ended on its span: a code other than 0, a signal, a timeout or a
+/// closed sandbox is the span's error.
+fn end_exec_span(span: &tracing::Span, status: &ExitStatus) {
+    if let Some(code) = status.code {
+        span.record("process.exit.code", i64::from(code));
+    }
+    let failure = if status.timed_out {
+        Some("timed out".to_owned())
+    } else if status.out_of_memory {
+        Some("out of memory".to_owned())
+    } else if let Some(reason) = &status.sandbox_closed {
+        Some(reason.clone())
+    } else if let Some(signal) = status.signal {
+        Some(format!("killed by signal {signal}"))
+    } else {
+        status
+            .code
+            .filter(|code| *code != 0)
+            .map(|code| format!("exit code {code}"))
+    };
+    if let Some(failure) = failure {
+        span.record("otel.status_code", "error");
+        span.record("otel.status_description", failure.as_str());
+    }
 }
 
 /// Closes the sandbox when its agent dies, when it has been idle too long, or when its wall time

@@ -32,12 +32,22 @@ pub(super) fn spawn(app: App, run_id: String) {
     let Some(inbox) = app.workflows.register(&run_id) else {
         return;
     };
-    tokio::spawn(async move {
-        if let Err(error) = drive(&app, &run_id, inbox).await {
-            tracing::error!(run = %run_id, "a workflow run's driver stopped: {error}");
-        }
-        app.workflows.unregister(&run_id);
-    });
+    // One trace per run's driving (under the request that started it, if any): its steps'
+    // spans below it.
+    let span = tracing::info_span!(
+        target: agentry_core::telemetry::TARGET,
+        "invoke_workflow",
+        agentry.workflow.run_id = run_id.as_str(),
+    );
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            if let Err(error) = drive(&app, &run_id, inbox).await {
+                tracing::error!(run = %run_id, "a workflow run's driver stopped: {error}");
+            }
+            app.workflows.unregister(&run_id);
+        },
+        span,
+    ));
 }
 
 /// What templates and expressions see of a step: its `output`, `state` and `error`.
@@ -292,20 +302,33 @@ async fn drive(
                         depth: run.depth,
                         scope,
                     };
-                    tasks.spawn(async move {
-                        let work = job.run(kind);
-                        match timeout {
-                            Some(limit) => match tokio::time::timeout(limit, work).await {
-                                Ok(attempt) => attempt,
-                                Err(_) => Attempt {
-                                    step: step_id,
-                                    result: Err(format!("timed out after {}s", limit.as_secs())),
-                                    sessions: Vec::new(),
+                    let span = step_span(&run.workflow_id, &run.run_id, &id, &kind, attempt);
+                    let traced = span.clone();
+                    tasks.spawn(tracing::Instrument::instrument(
+                        async move {
+                            let work = job.run(kind);
+                            let attempt = match timeout {
+                                Some(limit) => match tokio::time::timeout(limit, work).await {
+                                    Ok(attempt) => attempt,
+                                    Err(_) => Attempt {
+                                        step: step_id,
+                                        result: Err(format!(
+                                            "timed out after {}s",
+                                            limit.as_secs()
+                                        )),
+                                        sessions: Vec::new(),
+                                    },
                                 },
-                            },
-                            None => work.await,
-                        }
-                    });
+                                None => work.await,
+                            };
+                            if let Err(error) = &attempt.result {
+                                traced.record("otel.status_code", "error");
+                                traced.record("otel.status_description", error.as_str());
+                            }
+                            attempt
+                        },
+                        span,
+                    ));
                 }
             }
         }
@@ -637,6 +660,38 @@ async fn running_runs(app: &App, run: &WorkflowRun) -> Vec<agentry_types::RunId>
         }
     }
     ids
+}
+
+/// The span of one attempt of a step (`workflow_step <step>`), in the trace export's target.
+fn step_span(
+    workflow: &str,
+    run: &str,
+    step: &str,
+    kind: &StepKind,
+    attempt: u32,
+) -> tracing::Span {
+    let kind = match kind {
+        StepKind::Tool(_) => "tool",
+        StepKind::Agent(_) => "agent",
+        StepKind::Map { .. } => "map",
+        StepKind::Workflow { .. } => "workflow",
+        StepKind::Loop { .. } => "loop",
+        StepKind::Approval { .. } => "approval",
+        StepKind::Wait { .. } => "wait",
+        StepKind::Signal { .. } => "signal",
+    };
+    tracing::info_span!(
+        target: agentry_core::telemetry::TARGET,
+        "workflow_step",
+        otel.name = %format!("workflow_step {step}"),
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+        agentry.workflow.id = workflow,
+        agentry.workflow.run_id = run,
+        agentry.workflow.step = step,
+        agentry.workflow.step_kind = kind,
+        agentry.workflow.attempt = i64::from(attempt),
+    )
 }
 
 /// One attempt of a running step.

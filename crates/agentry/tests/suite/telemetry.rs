@@ -655,3 +655,137 @@ async fn spans_reach_arize_phoenix_over_otlp_grpc() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_commands_and_workflow_steps_have_spans() {
+    let otlp = OtlpReceiver::start().await.unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", &format!("127.0.0.1:{port}"), "--sandbox", "native"])
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env_remove("AGENTRY_ALLOW_HOST_COMMANDS")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint())
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    super::processes::listening(&mut child).await;
+    let http = agentry_llm::http_client(Duration::from_secs(60)).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    add_model(&http, &base, &mock).await;
+
+    // A run whose command fails in the session's sandbox.
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "exec",
+        json!({"command": "echo working; exit 3"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("It failed.")));
+    let answer = post(
+        &http,
+        &format!("{base}/v1/infer"),
+        json!({"session_id": "new", "text": "run it", "tool_ids": ["exec"],
+               "approvals": {"tools": {"exec": "never"}}}),
+    )
+    .await;
+    assert_eq!(answer["text"], "It failed.", "{answer}");
+
+    // A workflow of two tool steps.
+    post(
+        &http,
+        &format!("{base}/v1/workflows"),
+        json!({"id": "clock", "steps": [
+            {"id": "first", "kind": "tool", "tool": "current_time"},
+            {"id": "second", "kind": "tool", "tool": "current_time", "needs": ["first"]}
+        ]}),
+    )
+    .await;
+    let started = post(
+        &http,
+        &format!("{base}/v1/workflows/clock/runs"),
+        json!({"input": {}}),
+    )
+    .await;
+    let workflow_run = started["run_id"].as_str().unwrap().to_owned();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let found = loop {
+        let found = spans(&otlp.json_bodies());
+        let steps = found
+            .iter()
+            .filter(|span| span.name.starts_with("workflow_step "))
+            .count();
+        if (steps >= 2 && found.iter().any(|span| span.name.starts_with("exec ")))
+            || Instant::now() > deadline
+        {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let names: Vec<&str> = found.iter().map(|span| span.name.as_str()).collect();
+    let exec = found
+        .iter()
+        .find(|span| span.name.starts_with("exec "))
+        .unwrap_or_else(|| panic!("no command span in {names:?}"));
+    assert_eq!(exec.number("process.exit.code"), Some(3), "{exec:?}");
+    // The shell the command ran in, by name only.
+    let shell = exec.text("process.executable.name").unwrap_or_default();
+    assert!(shell == "bash" || shell == "sh", "{exec:?}");
+    assert_eq!(exec.name, format!("exec {shell}"));
+    assert!(
+        exec.status["code"] == 2 || exec.status["code"] == "STATUS_CODE_ERROR",
+        "a failed command is an error: {exec:?}"
+    );
+    // Its arguments (which may hold secrets) are not recorded.
+    assert!(
+        !exec
+            .attributes
+            .values()
+            .any(|value| value.to_string().contains("working")),
+        "{exec:?}"
+    );
+    let tool = found
+        .iter()
+        .find(|span| span.name == "execute_tool exec")
+        .unwrap_or_else(|| panic!("no tool span in {names:?}"));
+    assert_eq!(
+        exec.parent, tool.id,
+        "the command hangs under its tool call"
+    );
+    for step in ["first", "second"] {
+        let span = found
+            .iter()
+            .find(|span| span.name == format!("workflow_step {step}"))
+            .unwrap_or_else(|| panic!("no span of step {step} in {names:?}"));
+        assert_eq!(span.text("agentry.workflow.id"), Some("clock"), "{span:?}");
+        assert_eq!(
+            span.text("agentry.workflow.run_id"),
+            Some(workflow_run.as_str())
+        );
+        assert_eq!(span.text("agentry.workflow.step_kind"), Some("tool"));
+        assert_eq!(span.number("agentry.workflow.attempt"), Some(1));
+        // Both steps hang under the run's driver, which hangs under the request that started it.
+        let driver = found
+            .iter()
+            .find(|candidate| candidate.id == span.parent)
+            .unwrap_or_else(|| panic!("no parent of {span:?} in {names:?}"));
+        assert_eq!(driver.name, "invoke_workflow", "{driver:?}");
+        assert_eq!(
+            driver.text("agentry.workflow.run_id"),
+            Some(workflow_run.as_str())
+        );
+        let request = found.iter().find(|candidate| candidate.id == driver.parent);
+        assert_eq!(
+            request.map(|request| request.name.as_str()),
+            Some("POST /v1/workflows/{name}/runs")
+        );
+    }
+}
