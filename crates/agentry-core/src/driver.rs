@@ -160,8 +160,18 @@ pub struct Driver {
     pause: Option<CancellationToken>,
     journal: Option<Journal>,
     files: Option<Arc<FileJournal>>,
-    price: Option<ModelPrice>,
-    budget: Option<Arc<dyn BudgetGate>>,
+    accounting: Accounting,
+}
+
+/// What a run's model calls are accounted with.
+#[derive(Clone, Default)]
+pub struct Accounting {
+    /// The catalogue id of the run's model (the run's `model` may name it by a label).
+    pub model_id: Option<String>,
+    /// What the model costs.
+    pub price: Option<ModelPrice>,
+    /// The gate asked before each model call (see [`crate::budget`]).
+    pub budget: Option<Arc<dyn BudgetGate>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -191,22 +201,24 @@ impl Driver {
             pause: None,
             journal: None,
             files: None,
-            price: None,
-            budget: None,
+            accounting: Accounting::default(),
         }
     }
 
-    /// Sets what the run's model costs (each call's cost is recorded with its answer) and the
-    /// gate asked before each model call (see [`crate::budget`]).
+    /// Sets what the run's model calls are accounted with: each call's model and cost are
+    /// recorded with its answer, and the budget gate is asked before each call.
     #[must_use]
-    pub fn accounting(
-        mut self,
-        price: Option<ModelPrice>,
-        budget: Option<Arc<dyn BudgetGate>>,
-    ) -> Self {
-        self.price = price;
-        self.budget = budget;
+    pub fn accounting(mut self, accounting: Accounting) -> Self {
+        self.accounting = accounting;
         self
+    }
+
+    /// The model the run calls, as the catalogue names it.
+    fn model_id(&self, state: &RunState) -> String {
+        self.accounting
+            .model_id
+            .clone()
+            .unwrap_or_else(|| state.model.clone())
     }
 
     /// Sets the model that writes the summaries of context compaction (the model named by the
@@ -287,7 +299,7 @@ impl Driver {
 
     /// Whether a budget of the run's is used up; if so the run is stopped.
     async fn over_budget(&self, state: &mut RunState) -> bool {
-        let Some(gate) = &self.budget else {
+        let Some(gate) = &self.accounting.budget else {
             return false;
         };
         let query = BudgetQuery {
@@ -520,9 +532,12 @@ impl Driver {
             content: response.content.clone(),
             usage: response.usage,
             stop_reason: response.stop_reason.clone(),
-            model: Some(state.model.clone()),
+            model: Some(self.model_id(state)),
             agent_id: state.agent_id.clone(),
-            cost_usd: self.price.map(|price| price.cost(&response.usage)),
+            cost_usd: self
+                .accounting
+                .price
+                .map(|price| price.cost(&response.usage)),
             duration_ms: Some(timing.total.as_millis() as u64),
             first_output_ms: timing.first_output.map(|first| first.as_millis() as u64),
         }];
@@ -557,7 +572,7 @@ impl Driver {
             .send(RunEvent::Usage {
                 round,
                 usage: response.usage,
-                model: Some(state.model.clone()),
+                model: Some(self.model_id(state)),
                 first_output_ms: timing.first_output.map(millis_of),
                 duration_ms: Some(millis_of(timing.total)),
             })

@@ -541,9 +541,20 @@ impl Runtime {
         &self.inner.templates
     }
 
-    /// What the model registered as `id` costs, when a price is set.
+    /// What the model registered as `id` (or labelled `id`) costs, when a price is set.
     pub fn price_of(&self, id: &str) -> Option<ModelPrice> {
+        let id = self.resolve_model_id(id).unwrap_or(id);
         self.inner.prices.get(id).copied()
+    }
+
+    /// What a run of `state` is accounted with: its model's catalogue id and price, and the
+    /// budget gate.
+    pub(crate) fn accounting(&self, state: &RunState) -> crate::driver::Accounting {
+        crate::driver::Accounting {
+            model_id: self.resolve_model_id(&state.model).map(str::to_owned),
+            price: self.price_of(&state.model),
+            budget: self.budget_gate(),
+        }
     }
 
     /// The gate runs ask before each model call, when one is set.
@@ -571,7 +582,7 @@ impl Runtime {
         let summarizer = self.summarizer_for(&state);
         let driver = Driver::new(model, tools, sink, cancel.clone())
             .summarizer(summarizer)
-            .accounting(self.price_of(&state.model), self.budget_gate());
+            .accounting(self.accounting(&state));
         let task = tokio::spawn(tracing::Instrument::in_current_span(driver.run(state)));
         Ok(RunStream {
             events,

@@ -601,7 +601,7 @@ impl SessionManager {
         let summarizer = runtime.summarizer_for(&state);
         Driver::new(model, tools, sink, cancel)
             .summarizer(summarizer)
-            .accounting(runtime.price_of(&state.model), runtime.budget_gate())
+            .accounting(runtime.accounting(&state))
             .pause(pause)
             .journal(journal)
             .files(self.inner.files.clone())

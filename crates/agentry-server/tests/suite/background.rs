@@ -539,15 +539,7 @@ async fn metrics_time_model_calls_by_model_count_failures_by_code_and_watch_the_
     let code = failed["error"]["code"].as_str().unwrap_or("").to_owned();
     assert!(!code.is_empty(), "{failed}");
 
-    let text = server
-        .http
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = server.metrics_text().await;
     let model = "{model=\"priced\"}";
     for name in [
         "agentry_model_time_to_first_output_seconds_count",

@@ -243,15 +243,7 @@ async fn metrics_count_runs_rounds_and_requests() {
         .post("/v1/infer", json!({"session_id": "new", "text": "time?"}))
         .await;
     assert_eq!(status, 200);
-    let text = server
-        .http
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = server.metrics_text().await;
     assert!(text.contains("agentry_runs_started_total 1"), "{text}");
     assert!(text.contains("agentry_rounds_total 2"), "{text}");
     assert!(

@@ -187,6 +187,18 @@ impl Server {
         }
     }
 
+    /// The Prometheus text of `GET /metrics`.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let response = self
             .http

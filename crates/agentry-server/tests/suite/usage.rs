@@ -13,7 +13,8 @@ use super::support::{Server, start};
 async fn priced_agents(server: &Server, input: f64, output: f64) {
     let (_, mock) = server.get("/v1/models/mock").await;
     let model = json!({"id": "priced", "protocol": "openai", "base_url": mock["base_url"],
-                       "model_name": "m", "pricing": {"input": input, "output": output}});
+                       "model_name": "m", "labels": ["economy"],
+                       "pricing": {"input": input, "output": output}});
     let (status, body) = server.post("/v1/models", model).await;
     assert_eq!(status, 201, "{body}");
     for agent in ["alpha", "beta"] {
@@ -278,7 +279,8 @@ async fn a_key_budget_stops_that_key_and_a_user_key_sees_only_its_own_usage() {
         &server,
         &admin.key,
         "/v1/infer",
-        Some(json!({"session_id": "new", "text": "go", "model_id": "priced"})),
+        // Named by its label: priced and recorded as the model it labels.
+        Some(json!({"session_id": "new", "text": "go", "model_id": "economy"})),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -306,6 +308,10 @@ async fn a_key_budget_stops_that_key_and_a_user_key_sees_only_its_own_usage() {
         2,
         "{everyone}"
     );
+    let (_, models) = as_key(&server, &admin.key, "/v1/usage?group_by=model", None).await;
+    assert_eq!(models["groups"].as_array().unwrap().len(), 1, "{models}");
+    assert_eq!(models["groups"][0]["model"], "priced");
+    assert!(close(&models["total"]["cost_usd"], 0.05), "{models}");
     // Budgets are the admin's.
     let (status, _) = as_key(&server, &user.key, "/v1/budgets", None).await;
     assert_eq!(status, 403);

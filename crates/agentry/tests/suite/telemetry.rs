@@ -99,6 +99,25 @@ fn service_names(bodies: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// `agentry serve` on `home` and `port` with `extra` arguments: no API keys or database URL
+/// from the environment, stdout piped (for `listening`), stderr dropped; killed when dropped.
+fn serve_command(home: &std::path::Path, port: u16, extra: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+    command
+        .arg("--home")
+        .arg(home)
+        .args(["serve", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env_remove("AGENTRY_ALLOW_HOST_COMMANDS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
 /// Registers the mock as model `m`.
 async fn add_model(http: &reqwest::Client, base: &str, mock: &MockProvider) {
     post(
@@ -424,21 +443,11 @@ async fn spans_land_in_arize_phoenix_with_mcp_and_delegated_runs() {
     )
     .unwrap();
     let port = free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["serve", &format!("127.0.0.1:{port}"), "--sandbox", "native"])
+    let mut child = serve_command(home.path(), port, &["--sandbox", "native"])
         .arg("--sandbox-ro-mount")
         .arg(&root)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("AGENTRY_DATABASE_URL")
-        .env_remove("AGENTRY_ALLOW_HOST_COMMANDS")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &phoenix_url)
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     super::processes::listening(&mut child).await;
@@ -585,12 +594,7 @@ async fn spans_reach_arize_phoenix_over_otlp_grpc() {
     let mock = MockProvider::start().await.unwrap();
     let home = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["serve", &format!("127.0.0.1:{port}")])
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("AGENTRY_DATABASE_URL")
+    let mut child = serve_command(home.path(), port, &[])
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
         .env(
             "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -598,10 +602,6 @@ async fn spans_reach_arize_phoenix_over_otlp_grpc() {
         )
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env("OTEL_SERVICE_NAME", "agentry-grpc")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     super::processes::listening(&mut child).await;
@@ -662,20 +662,10 @@ async fn sandbox_commands_and_workflow_steps_have_spans() {
     let mock = MockProvider::start().await.unwrap();
     let home = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["serve", &format!("127.0.0.1:{port}"), "--sandbox", "native"])
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("AGENTRY_DATABASE_URL")
-        .env_remove("AGENTRY_ALLOW_HOST_COMMANDS")
+    let mut child = serve_command(home.path(), port, &["--sandbox", "native"])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint())
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     super::processes::listening(&mut child).await;
