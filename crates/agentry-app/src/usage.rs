@@ -191,9 +191,18 @@ impl BudgetConfig {
 /// A budget with what its current period has spent.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BudgetView {
-    /// The budget.
-    #[serde(flatten)]
-    pub budget: BudgetConfig,
+    /// Its name.
+    pub name: String,
+    /// The saved agent whose runs it counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The id of the API key whose runs it counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// US dollars the period may spend.
+    pub limit_usd: f64,
+    /// The period.
+    pub period: BudgetPeriod,
     /// Dollars spent in the current period.
     pub spent_usd: f64,
     /// When the current period began, Unix milliseconds.
@@ -223,7 +232,11 @@ async fn view_of(store: &Store, budget: BudgetConfig) -> Result<BudgetView, AppE
         exceeded: spent_usd >= budget.limit_usd,
         spent_usd,
         period_start,
-        budget,
+        name: budget.name,
+        agent: budget.agent,
+        key: budget.key,
+        limit_usd: budget.limit_usd,
+        period: budget.period,
     })
 }
 

@@ -183,7 +183,7 @@ async fn budget_command(app: &App, command: BudgetsCommand) -> anyhow::Result<()
     match command {
         BudgetsCommand::List => {
             for view in app.budgets().await.map_err(app_error)?.budgets {
-                let budget = &view.budget;
+                let budget = &view;
                 let whose = match (&budget.agent, &budget.key) {
                     (Some(agent), _) => format!("agent {agent}"),
                     (_, Some(key)) => format!("key {key}"),
@@ -223,7 +223,7 @@ async fn budget_command(app: &App, command: BudgetsCommand) -> anyhow::Result<()
             let view = app.create_budget(budget).await.map_err(app_error)?;
             eprintln!(
                 "added {} (${:.4} spent of ${:.4} this period)",
-                view.budget.name, view.spent_usd, view.budget.limit_usd
+                view.name, view.spent_usd, view.limit_usd
             );
         }
         BudgetsCommand::Rm { name } => {
