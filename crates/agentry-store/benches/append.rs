@@ -1,5 +1,7 @@
 //! Event-log benchmark: append latency (one ~1 KiB event per append, sequential) and the bytes
-//! a 500-turn session stores, on SQLite and on PostgreSQL. Prints a report; asserts nothing.
+//! a 500-turn session stores, on SQLite and on PostgreSQL; and, side by side in alternating
+//! blocks, the same append with and without a usage-ledger entry (what a model call's answer
+//! costs to record). Prints a report; asserts nothing.
 //!
 //! `cargo bench -p agentry-store --bench append`
 //!
@@ -11,7 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use agentry_store::{Durability, NewEvent, NewSession, SecretKey, SessionId, Store, StoreOptions};
+use agentry_store::{
+    Durability, NewEvent, NewSession, SecretKey, SessionId, Store, StoreOptions, UsageEntry,
+};
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
@@ -111,6 +115,44 @@ async fn append_latency(store: &Store) -> (Duration, Duration, Duration, usize) 
     )
 }
 
+/// Mean append latency without and with a usage-ledger entry on the event, measured in
+/// alternating blocks of 100 on one session.
+async fn ledger_overhead(store: &Store) -> (Duration, Duration) {
+    let id = store.create_session(NewSession::new()).await.unwrap().id;
+    let entry = UsageEntry {
+        run_id: agentry_types::RunId::new(),
+        agent_id: Some("bench".into()),
+        model: "m".into(),
+        usage: agentry_types::Usage {
+            input_tokens: 1843,
+            output_tokens: 212,
+            ..Default::default()
+        },
+        cost_usd: Some(0.0021),
+    };
+    let (mut plain, mut ledger) = (Duration::ZERO, Duration::ZERO);
+    let mut n = 0;
+    for block in 0..(2 * APPENDS / 100) {
+        let with_usage = block % 2 == 1;
+        for _ in 0..100 {
+            let mut event = kib_event(n);
+            n += 1;
+            if with_usage {
+                event = event.with_usage(entry.clone());
+            }
+            let started = Instant::now();
+            store.append(id, None, &[event]).await.unwrap();
+            let took = started.elapsed();
+            if with_usage {
+                ledger += took;
+            } else {
+                plain += took;
+            }
+        }
+    }
+    (plain / APPENDS as u32, ledger / APPENDS as u32)
+}
+
 /// Appends a 500-turn session; returns (payload bytes per turn, storage bytes per turn).
 async fn bytes_per_turn(store: &Store, disk: impl AsyncFn() -> u64) -> (f64, f64) {
     let id: SessionId = store.create_session(NewSession::new()).await.unwrap().id;
@@ -138,7 +180,13 @@ fn row(backend: &str, latency: (Duration, Duration, Duration, usize), bytes: (f6
     );
 }
 
-async fn sqlite(durability: Durability) -> ((Duration, Duration, Duration, usize), (f64, f64)) {
+type Report = (
+    (Duration, Duration, Duration, usize),
+    (f64, f64),
+    (Duration, Duration),
+);
+
+async fn sqlite(durability: Durability) -> Report {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("agentry.db");
     let mut options = StoreOptions::new(SecretKey::from_bytes([3; 32]));
@@ -147,6 +195,7 @@ async fn sqlite(durability: Durability) -> ((Duration, Duration, Duration, usize
         .await
         .unwrap();
     let latency = append_latency(&store).await;
+    let ledger = ledger_overhead(&store).await;
     // Database size after a checkpoint folds the WAL back into the file.
     let disk = async || {
         let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
@@ -167,10 +216,10 @@ async fn sqlite(durability: Durability) -> ((Duration, Duration, Duration, usize
     };
     let bytes = bytes_per_turn(&store, disk).await;
     store.close().await;
-    (latency, bytes)
+    (latency, bytes, ledger)
 }
 
-async fn postgres() -> Result<((Duration, Duration, Duration, usize), (f64, f64)), String> {
+async fn postgres() -> Result<Report, String> {
     let base = std::env::var("AGENTRY_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned());
     let mut admin = sqlx::PgConnection::connect(&base)
@@ -187,6 +236,7 @@ async fn postgres() -> Result<((Duration, Duration, Duration, usize), (f64, f64)
         .await
         .map_err(|e| e.to_string())?;
     let latency = append_latency(&store).await;
+    let ledger = ledger_overhead(&store).await;
     let disk = async || {
         let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
         // Table, TOAST and indexes.
@@ -203,7 +253,7 @@ async fn postgres() -> Result<((Duration, Duration, Duration, usize), (f64, f64)
         .execute(&mut admin)
         .await
         .map_err(|e| e.to_string())?;
-    Ok((latency, bytes))
+    Ok((latency, bytes, ledger))
 }
 
 #[tokio::main]
@@ -219,13 +269,35 @@ async fn main() {
         "{:<24} {:>10} {:>10} {:>10} {:>14} {:>14}",
         "backend", "p50 µs", "p99 µs", "mean µs", "payload B/turn", "storage B/turn"
     );
-    let (latency, bytes) = sqlite(Durability::Normal).await;
+    let mut ledgers = Vec::new();
+    let (latency, bytes, ledger) = sqlite(Durability::Normal).await;
     row("sqlite (sync=NORMAL)", latency, bytes);
-    let (latency, bytes) = sqlite(Durability::Full).await;
+    ledgers.push(("sqlite (sync=NORMAL)", ledger));
+    let (latency, bytes, ledger) = sqlite(Durability::Full).await;
     row("sqlite (sync=FULL)", latency, bytes);
+    ledgers.push(("sqlite (sync=FULL)", ledger));
     match postgres().await {
-        Ok((latency, bytes)) => row("postgres", latency, bytes),
+        Ok((latency, bytes, ledger)) => {
+            row("postgres", latency, bytes);
+            ledgers.push(("postgres", ledger));
+        }
         Err(error) => println!("{:<24} skipped: {error}", "postgres"),
+    }
+    println!();
+    println!(
+        "usage ledger: mean append with and without a ledger entry, alternating blocks of 100"
+    );
+    println!(
+        "{:<24} {:>12} {:>12} {:>10}",
+        "backend", "plain µs", "ledger µs", "ratio"
+    );
+    for (backend, (plain, ledger)) in ledgers {
+        println!(
+            "{backend:<24} {:>12.1} {:>12.1} {:>9.2}×",
+            micros(plain),
+            micros(ledger),
+            micros(ledger) / micros(plain)
+        );
     }
     println!(
         "storage B/turn: SQLite file growth after a WAL checkpoint; PostgreSQL \
