@@ -509,14 +509,7 @@ impl App {
             .usage_report(&query)
             .await?
             .pop()
-            .unwrap_or(UsageGroup {
-                key: Vec::new(),
-                runs: 0,
-                calls: 0,
-                usage: Default::default(),
-                cost_usd: 0.0,
-                unpriced_calls: 0,
-            });
+            .unwrap_or_default();
         Ok(UsageReport {
             from,
             to,

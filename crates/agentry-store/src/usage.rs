@@ -117,7 +117,7 @@ pub struct UsageQuery {
 }
 
 /// One group of a usage report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct UsageGroup {
     /// The group's value of each dimension, in the query's order (`None`: no agent, or the
     /// operator).
@@ -234,7 +234,7 @@ impl Store {
             sql.push_str(" HAVING COUNT(*) > 0");
         }
         sql.push_str(&format!(" LIMIT {MAX_USAGE_GROUPS}"));
-        let rows = with_reader!(self, |pool, d| {
+        let mut rows = with_reader!(self, |pool, d| {
             // Only fixed column names and numbered placeholders are spelled into the text.
             let mut statement = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(to_db(query.from))
@@ -272,7 +272,6 @@ impl Store {
             }
             groups
         });
-        let mut rows = rows;
         // The same order on both backends (they place NULLs differently): none first.
         rows.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(rows)

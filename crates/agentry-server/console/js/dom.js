@@ -53,3 +53,9 @@ export function time(ms) {
     ? date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
     : date.toLocaleDateString([], { month: "short", day: "numeric" });
 }
+
+/** Dollars, with the precision small amounts need. */
+export function dollars(value) {
+  if (!value) return "$0";
+  return value >= 1 ? `$${value.toFixed(2)}` : `$${value.toPrecision(3)}`;
+}

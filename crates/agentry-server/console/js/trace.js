@@ -3,13 +3,7 @@
 // measured durations), from the session's log and its commit times.
 
 import { get } from "./api.js";
-import { h, clear, errorText } from "./dom.js";
-
-/** Dollars, with the precision small amounts need. */
-export function dollars(value) {
-  if (!value) return "$0";
-  return value >= 1 ? `$${value.toFixed(2)}` : `$${value.toPrecision(3)}`;
-}
+import { h, clear, errorText, dollars } from "./dom.js";
 
 function tokens(usage) {
   if (!usage) return "";

@@ -6,8 +6,7 @@
 // arrangement of the numbers. The chart library loads the first time the page opens.
 
 import { get } from "./api.js";
-import { h, clear, toast, errorText } from "./dom.js";
-import { dollars } from "./trace.js";
+import { h, clear, toast, errorText, dollars } from "./dom.js";
 
 const DAY = 86_400_000;
 const PALETTE = ["#4f6bed", "#e8833a", "#2a9d8f", "#c0392b", "#8e44ad", "#7f8c8d", "#d4a017", "#16a085"];

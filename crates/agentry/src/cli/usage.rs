@@ -182,8 +182,7 @@ pub(crate) async fn budgets(args: BudgetsArgs, data: &DataArgs) -> anyhow::Resul
 async fn budget_command(app: &App, command: BudgetsCommand) -> anyhow::Result<()> {
     match command {
         BudgetsCommand::List => {
-            for view in app.budgets().await.map_err(app_error)?.budgets {
-                let budget = &view;
+            for budget in app.budgets().await.map_err(app_error)?.budgets {
                 let whose = match (&budget.agent, &budget.key) {
                     (Some(agent), _) => format!("agent {agent}"),
                     (_, Some(key)) => format!("key {key}"),
@@ -192,12 +191,12 @@ async fn budget_command(app: &App, command: BudgetsCommand) -> anyhow::Result<()
                 println!(
                     "{}  {whose}  ${:.4} of ${:.4} per {}{}",
                     budget.name,
-                    view.spent_usd,
+                    budget.spent_usd,
                     budget.limit_usd,
                     serde_json::to_value(budget.period)?
                         .as_str()
                         .unwrap_or_default(),
-                    if view.exceeded { "  EXCEEDED" } else { "" }
+                    if budget.exceeded { "  EXCEEDED" } else { "" }
                 );
             }
         }

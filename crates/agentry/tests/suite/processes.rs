@@ -15,8 +15,11 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
-pub(crate) fn serve(home: &Path, port: u16, extra: &[&str]) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+/// `agentry serve` on `home` and `port` with `extra` arguments: no API key or database URL
+/// from the environment, stdout and stderr piped, killed when dropped.
+pub(crate) fn serve_command(home: &Path, port: u16, extra: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+    command
         .arg("--home")
         .arg(home)
         .args(["serve", &format!("127.0.0.1:{port}")])
@@ -26,9 +29,12 @@ pub(crate) fn serve(home: &Path, port: u16, extra: &[&str]) -> tokio::process::C
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+        .kill_on_drop(true);
+    command
+}
+
+pub(crate) fn serve(home: &Path, port: u16, extra: &[&str]) -> tokio::process::Child {
+    serve_command(home, port, extra).spawn().unwrap()
 }
 
 /// Waits for the server's first line (it listens from then on).

@@ -13,7 +13,7 @@ use agentry_testkit::{MockProvider, OtlpReceiver, Reply, ScriptedTurn};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::processes::{free_port, serve};
+use super::processes::{free_port, serve, serve_command};
 
 /// One exported span, flattened.
 #[derive(Debug, Clone)]
@@ -99,23 +99,29 @@ fn service_names(bodies: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// `agentry serve` on `home` and `port` with `extra` arguments: no API keys or database URL
-/// from the environment, stdout piped (for `listening`), stderr dropped; killed when dropped.
-fn serve_command(home: &std::path::Path, port: u16, extra: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+/// `agentry serve` (stderr dropped, no host commands from the environment) with `extra`
+/// arguments and `envs`, listening, with the mock registered as model `m`: the process, a
+/// client and its base URL.
+async fn traced_server(
+    home: &std::path::Path,
+    mock: &MockProvider,
+    extra: &[&str],
+    envs: &[(&str, String)],
+) -> (tokio::process::Child, reqwest::Client, String) {
+    let port = free_port();
+    let mut command = serve_command(home, port, extra);
     command
-        .arg("--home")
-        .arg(home)
-        .args(["serve", &format!("127.0.0.1:{port}")])
-        .args(extra)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("AGENTRY_DATABASE_URL")
         .env_remove("AGENTRY_ALLOW_HOST_COMMANDS")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true);
-    command
+        .stderr(std::process::Stdio::null());
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().unwrap();
+    super::processes::listening(&mut child).await;
+    let http = agentry_llm::http_client(Duration::from_secs(60)).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    add_model(&http, &base, mock).await;
+    (child, http, base)
 }
 
 /// Registers the mock as model `m`.
@@ -442,18 +448,17 @@ async fn spans_land_in_arize_phoenix_with_mcp_and_delegated_runs() {
             .to_string(),
     )
     .unwrap();
-    let port = free_port();
-    let mut child = serve_command(home.path(), port, &["--sandbox", "native"])
-        .arg("--sandbox-ro-mount")
-        .arg(&root)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &phoenix_url)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .spawn()
-        .unwrap();
-    super::processes::listening(&mut child).await;
-    let http = agentry_llm::http_client(Duration::from_secs(60)).unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    add_model(&http, &base, &mock).await;
+    let root_arg = root.to_string_lossy().into_owned();
+    let (_child, http, base) = traced_server(
+        home.path(),
+        &mock,
+        &["--sandbox", "native", "--sandbox-ro-mount", &root_arg],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", phoenix_url.clone()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
+        ],
+    )
+    .await;
     // The agent can use the MCP server's tools once the server has started and the runtime
     // has them.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -593,21 +598,21 @@ async fn spans_reach_arize_phoenix_over_otlp_grpc() {
     let (phoenix_url, grpc, _phoenix) = phoenix_with_grpc(phoenix_dir.path()).await;
     let mock = MockProvider::start().await.unwrap();
     let home = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut child = serve_command(home.path(), port, &[])
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://127.0.0.1:{grpc}"),
-        )
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .env("OTEL_SERVICE_NAME", "agentry-grpc")
-        .spawn()
-        .unwrap();
-    super::processes::listening(&mut child).await;
-    let http = agentry_llm::http_client(Duration::from_secs(60)).unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    add_model(&http, &base, &mock).await;
+    let (_child, http, base) = traced_server(
+        home.path(),
+        &mock,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://127.0.0.1:{grpc}"),
+            ),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
+            ("OTEL_SERVICE_NAME", "agentry-grpc".into()),
+        ],
+    )
+    .await;
     mock.enqueue(Reply::scripted(
         ScriptedTurn::text("over grpc").with_usage(21, 4),
     ));
@@ -661,17 +666,17 @@ async fn sandbox_commands_and_workflow_steps_have_spans() {
     let otlp = OtlpReceiver::start().await.unwrap();
     let mock = MockProvider::start().await.unwrap();
     let home = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut child = serve_command(home.path(), port, &["--sandbox", "native"])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint())
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .spawn()
-        .unwrap();
-    super::processes::listening(&mut child).await;
-    let http = agentry_llm::http_client(Duration::from_secs(60)).unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    add_model(&http, &base, &mock).await;
+    let (_child, http, base) = traced_server(
+        home.path(),
+        &mock,
+        &["--sandbox", "native"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint().to_string()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".into()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
+        ],
+    )
+    .await;
 
     // A run whose command fails in the session's sandbox.
     mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
