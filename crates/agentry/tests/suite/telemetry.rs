@@ -718,9 +718,18 @@ async fn sandbox_commands_and_workflow_steps_have_spans() {
             .iter()
             .filter(|span| span.name.starts_with("workflow_step "))
             .count();
-        if (steps >= 2 && found.iter().any(|span| span.name.starts_with("exec ")))
-            || Instant::now() > deadline
-        {
+        // A parent span closes (and is exported) after its children, perhaps in a later batch, and
+        // the request span whenever its response is written: wait for all of them.
+        let complete = steps >= 2
+            && [
+                "exec ",
+                "execute_tool exec",
+                "invoke_workflow",
+                "POST /v1/workflows/{name}/runs",
+            ]
+            .iter()
+            .all(|name| found.iter().any(|span| span.name.starts_with(name)));
+        if complete || Instant::now() > deadline {
             break found;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
