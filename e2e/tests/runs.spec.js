@@ -1,4 +1,5 @@
 // The Runs and Schedules pages: background runs appear with live states and can be cancelled;
+// runs started in their sessions are listed beside them;
 // a schedule added in the form fires, its runs are listed, and it can be deleted.
 import { test, expect, open, shot, slowText } from "../support.js";
 
@@ -23,8 +24,27 @@ test("background runs show their states live and a running one can be cancelled"
   await expect(row(page, slow.run_id).getByTestId("run-cancel")).toHaveCount(0);
   // The state filter.
   await page.getByTestId("runs-state").selectOption("succeeded");
-  await expect(page.locator("[data-testid=run-row]")).toHaveCount(1);
+  await expect(row(page, quick.run_id)).toHaveCount(1);
+  await expect(row(page, slow.run_id)).toHaveCount(0);
+  await expect(page.locator("[data-testid=run-row][data-state=cancelled]")).toHaveCount(0);
   await shot(page, "runs");
+});
+
+test("runs started in their sessions are listed beside background runs", async ({ page, env, script }) => {
+  await script.enqueue({ text: "Answered in the conversation." });
+  const answer = await env.api.post("/v1/infer", { model_id: "mock", session_id: "new", text: "A chat turn" });
+  await script.enqueue({ text: "Answered in the background." });
+  const queued = await env.api.post("/v1/runs", { model_id: "mock", text: "Queued work" });
+  await open(page, env, "#/runs");
+  const chat = row(page, answer.run_id);
+  await expect(chat.getByTestId("run-kind")).toHaveText("session");
+  await expect(chat.getByTestId("run-state")).toHaveText("succeeded");
+  await expect(row(page, queued.run_id).getByTestId("run-kind")).toHaveText("background");
+  // Only the runs started in their sessions.
+  await page.getByTestId("runs-kind").selectOption("false");
+  await expect(row(page, answer.run_id)).toHaveCount(1);
+  await expect(row(page, queued.run_id)).toHaveCount(0);
+  await expect(page.locator("[data-testid=run-kind]", { hasText: "background" })).toHaveCount(0);
 });
 
 test("a schedule added in the form fires, lists its runs, and is deleted", async ({ page, env, script }) => {

@@ -197,6 +197,7 @@ impl App {
                 .list_runs(&agentry_store::RunQuery {
                     session_id: Some(session),
                     state: Some(RunState::Running),
+                    background: Some(true),
                     limit: 1,
                     ..agentry_store::RunQuery::default()
                 })

@@ -102,7 +102,8 @@ impl Default for WebhookSettings {
     }
 }
 
-/// A background run as clients see it.
+/// A run as clients see it: a background run, or one started in its session (`/v1/infer`, a
+/// continue, a delegated child, a group member, a workflow step).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RunView {
     /// The run (its id in the session's log too).
@@ -133,9 +134,13 @@ pub struct RunView {
     pub started_at: Option<u64>,
     /// When it ended.
     pub finished_at: Option<u64>,
-    /// How it ended, or why it stopped (the body `POST /v1/infer` answers).
+    /// How it ended, or why it stopped (the body `POST /v1/infer` answers). A list leaves it
+    /// out for runs started in their sessions: `GET /v1/runs/{run_id}` reads it from the log.
     #[schema(value_type = Option<RunOutcome>)]
     pub outcome: Option<serde_json::Value>,
+    /// Submitted to the queue (`POST /v1/runs`, a schedule), not started in its session
+    /// directly.
+    pub background: bool,
     /// Where to follow it.
     pub stream: String,
 }
@@ -156,6 +161,7 @@ impl From<RunRecord> for RunView {
             started_at: record.started_at,
             finished_at: record.finished_at,
             outcome: record.outcome,
+            background: record.background,
             stream: format!("/v1/runs/{}/stream", record.id),
         }
     }
@@ -541,19 +547,37 @@ impl App {
         Ok(self.store.run_by_idempotency_key(owner, key).await?)
     }
 
-    /// A background run.
+    /// A run, with its outcome once it ended.
     pub async fn background_run(&self, run_id: RunId) -> Result<RunView, AppError> {
-        Ok(self.queued_record(run_id).await?.into())
+        let record = self.queued_record(run_id).await?;
+        self.run_view(record).await
+    }
+
+    /// A run as clients see it. A run started in its session has its outcome in its log, not
+    /// in its record: it is read from there once the run ended.
+    async fn run_view(&self, record: RunRecord) -> Result<RunView, AppError> {
+        let logged = if !record.background && record.outcome.is_none() && record.state.is_final() {
+            self.logged_outcome(record.session_id, record.id).await?
+        } else {
+            None
+        };
+        let mut view = RunView::from(record);
+        if let Some(outcome) = logged {
+            view.outcome = Some(serde_json::to_value(&outcome).map_err(|error| {
+                AppError::internal(format!("cannot encode an outcome: {error}"))
+            })?);
+        }
+        Ok(view)
     }
 
     async fn queued_record(&self, run_id: RunId) -> Result<RunRecord, AppError> {
         self.store
             .run_record(run_id)
             .await?
-            .ok_or_else(|| AppError::not_found(format!("no background run {run_id}")))
+            .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))
     }
 
-    /// Background runs, newest first.
+    /// Runs, newest first.
     pub async fn background_runs(&self, query: &RunQuery) -> Result<RunList, AppError> {
         if query.limit == 0 || query.limit > 1000 {
             return Err(AppError::bad_request("`limit` must be between 1 and 1000"));
@@ -624,13 +648,13 @@ impl App {
             let changed = watch.notified();
             let record = self.queued_record(run_id).await?;
             if done(self, &record) || tokio::time::Instant::now() >= deadline {
-                return Ok(record.into());
+                return self.run_view(record).await;
             }
             tokio::select! {
                 _ = changed => {}
                 _ = tokio::time::sleep(poll) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
-                _ = self.shutdown.cancelled() => return Ok(record.into()),
+                _ = self.shutdown.cancelled() => return self.run_view(record).await,
             }
         }
     }
@@ -642,7 +666,7 @@ impl App {
             .store
             .cancel_run(run_id)
             .await?
-            .ok_or_else(|| AppError::not_found(format!("no background run {run_id}")))?;
+            .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))?;
         match record.state {
             // Queued: cancelled at once, never run.
             RunState::Cancelled if record.started_at.is_none() => {

@@ -1,17 +1,19 @@
 //! The session log on `agentry-store`: the engine's [`SessionLog`] trait implemented over the
 //! SQLite / PostgreSQL event store. The events of a run a queue worker holds under a lease are
 //! appended fenced by it ([`LeaseFences`]): a worker whose lease was taken over writes nothing
-//! more.
+//! more. A run started in its session directly (not queued) gets its record in the run table
+//! from its own appends: recorded `running` with its `run_started` event, moved with each event
+//! that makes it wait, pause, go on or end ([`agentry_store::RunMark`]), in the same commit.
 
 use agentry_core::session::{LogError, SessionLog, SessionStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agentry_store::{
-    Lease, MemoryKind, MemoryScope, NewEvent, NewMemory, NewSession, SessionQuery, Store,
-    StoreError, UsageEntry,
+    Lease, MemoryKind, MemoryScope, NewEvent, NewMemory, NewSession, RunMark, RunState,
+    SessionQuery, Store, StoreError, UsageEntry,
 };
-use agentry_types::{RunId, SessionEvent, SessionId};
+use agentry_types::{RunId, RunStopReason, SessionEvent, SessionId};
 use futures::future::BoxFuture;
 
 /// The leases this process's worker holds, by run: the fence for each run's appends.
@@ -103,10 +105,18 @@ impl StoreLog {
         events: &[SessionEvent],
         status: Option<SessionStatus>,
     ) -> Result<u64, LogError> {
-        let records = records_of(events)?;
+        let mut records = records_of(events)?;
         let fence = events
             .first()
             .and_then(|event| self.fences.of(event.run_id()));
+        // A run started in its session keeps its record in `runs` in the same commit (a
+        // queued run's record is its worker's to keep).
+        if fence.is_none()
+            && let Some((index, mark)) = run_mark(events, status)
+            && let Some(record) = records.get_mut(index)
+        {
+            record.run = Some(mark);
+        }
         let stored = match (status, &fence) {
             (Some(status), fence) => {
                 self.store
@@ -140,6 +150,57 @@ fn records_of(events: &[SessionEvent]) -> Result<Vec<NewEvent>, LogError> {
             })
         })
         .collect()
+}
+
+/// What a write's events say of their run's record: the last event that moves the run (it
+/// starts, waits for a person, pauses, goes on, or ends), by index.
+fn run_mark(events: &[SessionEvent], status: Option<SessionStatus>) -> Option<(usize, RunMark)> {
+    let moved = events.iter().enumerate().rev().find_map(|(index, event)| {
+        let state = match event {
+            SessionEvent::RunStarted {
+                run_id, agent_id, ..
+            } => {
+                return Some((
+                    index,
+                    RunMark::Started {
+                        run_id: *run_id,
+                        agent_id: agent_id.clone(),
+                    },
+                ));
+            }
+            SessionEvent::RunFinished {
+                stop_reason, error, ..
+            } => match (stop_reason, error) {
+                (RunStopReason::Cancelled, _) => RunState::Cancelled,
+                (_, Some(_)) | (RunStopReason::Error, None) => RunState::Failed,
+                _ => RunState::Succeeded,
+            },
+            SessionEvent::ApprovalRequested { .. } => RunState::Waiting,
+            SessionEvent::RunPaused { .. } => RunState::Paused,
+            SessionEvent::RunResumed { .. } => RunState::Running,
+            _ => return None,
+        };
+        Some((
+            index,
+            RunMark::Now {
+                run_id: event.run_id(),
+                state,
+            },
+        ))
+    });
+    moved.or_else(|| {
+        // Approvals decided and the run goes on, in the same write.
+        let last = events.len().checked_sub(1)?;
+        (status == Some(SessionStatus::Running)).then(|| {
+            (
+                last,
+                RunMark::Now {
+                    run_id: events[last].run_id(),
+                    state: RunState::Running,
+                },
+            )
+        })
+    })
 }
 
 /// The usage-ledger entry of a model call's answer: its tokens and cost, by run, agent and

@@ -226,7 +226,8 @@ impl Store {
                       WHERE (stopped_at IS NOT NULL OR heartbeat_at + lease_ms < $2) \
                       AND (CAST($5 AS TEXT) IS NULL OR COALESCE(volume, '') = $5))) \
                  AND NOT EXISTS (SELECT 1 FROM runs \
-                      WHERE runs.session_id = sessions.id AND runs.state = 'running') \
+                      WHERE runs.session_id = sessions.id AND runs.state = 'running' \
+                      AND runs.background = 1) \
                  RETURNING id",
             )
             .bind(worker)

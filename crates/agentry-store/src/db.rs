@@ -282,6 +282,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "usage",
         sql: include_str!("../migrations/sqlite/0009_usage.sql"),
     },
+    Migration {
+        version: 10,
+        name: "session runs",
+        sql: include_str!("../migrations/sqlite/0010_session_runs.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -330,10 +335,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "usage",
         sql: include_str!("../migrations/postgres/0009_usage.sql"),
     },
+    Migration {
+        version: 10,
+        name: "session runs",
+        sql: include_str!("../migrations/postgres/0010_session_runs.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 9;
+pub const SCHEMA_VERSION: u32 = 10;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

@@ -50,6 +50,8 @@ pub(crate) struct Write {
     pub(crate) events: Vec<(String, String)>,
     /// The model calls among `events` (by index) to record in the usage ledger.
     pub(crate) usage: Vec<(usize, crate::UsageEntry)>,
+    /// What `events` say of their runs' records (runs started in their sessions).
+    pub(crate) runs: Vec<crate::RunMark>,
     pub(crate) lease: Option<Lease>,
     /// The session's new status, already validated.
     pub(crate) status: Option<String>,
@@ -218,6 +220,55 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
     }
 }
 
+/// Keeps the records of the runs the batch's events started or moved (runs started in their
+/// sessions, see [`crate::RunMark`]) on the transaction `$tx`, in batch order: one insert of
+/// the new ones (a run with a record keeps it), then one update per change of state. `$marks`
+/// holds `(session, now, mark)`.
+macro_rules! keep_run_records {
+    ($tx:ident, $marks:ident) => {{
+        let started: Vec<(&str, i64, &agentry_types::RunId, Option<&str>)> = $marks
+            .iter()
+            .filter_map(|(session, now, mark)| match mark {
+                crate::RunMark::Started { run_id, agent_id } => {
+                    Some((*session, *now, run_id, agent_id.as_deref()))
+                }
+                crate::RunMark::Now { .. } => None,
+            })
+            .collect();
+        for chunk in started.chunks(RUN_ROWS_PER_INSERT) {
+            // Only placeholders vary, no value is spelled into the text.
+            let mut insert = sqlx::query(sqlx::AssertSqlSafe(run_insert_sql(chunk.len())));
+            for (session, now, run_id, agent_id) in chunk {
+                insert = insert
+                    .bind(run_id.to_string())
+                    .bind(*session)
+                    .bind(*agent_id)
+                    .bind(*now)
+                    .bind(*now)
+                    .bind(*session);
+            }
+            insert.execute(&mut *$tx).await?;
+        }
+        for (_, now, mark) in &$marks {
+            let crate::RunMark::Now { run_id, state } = mark else {
+                continue;
+            };
+            sqlx::query(
+                "UPDATE runs SET state = $1, \
+                 finished_at = CASE WHEN $2 THEN $3 ELSE finished_at END \
+                 WHERE id = $4 AND background = 0 \
+                 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+            )
+            .bind(state.as_str())
+            .bind(state.is_final())
+            .bind(*now)
+            .bind(run_id.to_string())
+            .execute(&mut *$tx)
+            .await?;
+        }
+    }};
+}
+
 /// One transaction for `batch`: the outer error when it could not commit, else each write's
 /// own result.
 ///
@@ -319,6 +370,7 @@ async fn apply(
         // append to the same session waits, then sees the new last_seq.
         let mut rows: Vec<EventRow<'_>> = Vec::new();
         let mut usage_rows: Vec<UsageRow<'_>> = Vec::new();
+        let mut marks: Vec<(&str, i64, &crate::RunMark)> = Vec::new();
         for round in rounds {
             let round: Vec<usize> = round
                 .into_iter()
@@ -395,6 +447,12 @@ async fn apply(
                         created_at: to_db(write.now),
                     });
                 }
+                marks.extend(
+                    write
+                        .runs
+                        .iter()
+                        .map(|mark| (keys[index].as_str(), to_db(write.now), mark)),
+                );
                 results[index] = Some(Ok(from_db(last)));
             }
         }
@@ -422,6 +480,9 @@ async fn apply(
                     .bind(row.session);
             }
             insert.execute(&mut *tx).await?;
+        }
+        if !marks.is_empty() {
+            keep_run_records!(tx, marks);
         }
     });
     Ok(results
@@ -498,6 +559,33 @@ fn usage_insert_sql(rows: usize) -> String {
         ));
         sql.push(')');
     }
+    sql
+}
+
+/// Rows of new run records per `INSERT` statement (6 parameters each).
+const RUN_ROWS_PER_INSERT: usize = 128;
+
+/// `INSERT INTO runs … VALUES (…), (…) ON CONFLICT DO NOTHING` for `rows` new records of runs
+/// started in their sessions, 6 parameters each (id, session, agent, created, started, and the
+/// session again for its owner, read in the same statement).
+fn run_insert_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO runs (id, session_id, agent_id, created_at, started_at, owner, state, \
+         request_digest, request, background) VALUES ",
+    );
+    for row in 0..rows {
+        let base = row * 6;
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        sql.push_str(&placeholders(base + 1, 5));
+        sql.push_str(&format!(
+            ", (SELECT owner FROM sessions WHERE id = ${}), 'running', '', 'null', 0)",
+            base + 6
+        ));
+    }
+    sql.push_str(" ON CONFLICT (id) DO NOTHING");
     sql
 }
 

@@ -65,7 +65,7 @@ pub use model::{
     Backend, ConfigKind, ConfigReplaced, NewEvent, NewSession, SearchHit, SecretInfo, SessionQuery,
     SessionRecord, StoredEvent,
 };
-pub use runs::{Enqueued, Lease, NewRun, RunQuery, RunRecord, RunState};
+pub use runs::{Enqueued, Lease, NewRun, RunMark, RunQuery, RunRecord, RunState};
 pub use schedules::{NewSchedule, ScheduleRecord};
 pub use secret::SecretKey;
 pub use store::{Durability, Store, StoreOptions};

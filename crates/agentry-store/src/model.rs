@@ -146,6 +146,8 @@ pub struct NewEvent {
     pub payload: serde_json::Value,
     /// The model call it records, for the usage ledger (see [`crate::usage`]).
     pub usage: Option<crate::UsageEntry>,
+    /// What it says of its run's record (a run started in its session).
+    pub run: Option<crate::RunMark>,
 }
 
 impl NewEvent {
@@ -155,6 +157,7 @@ impl NewEvent {
             kind: kind.into(),
             payload,
             usage: None,
+            run: None,
         }
     }
 
@@ -162,6 +165,13 @@ impl NewEvent {
     #[must_use]
     pub fn with_usage(mut self, entry: crate::UsageEntry) -> Self {
         self.usage = Some(entry);
+        self
+    }
+
+    /// The event, keeping its run's record in the same transaction (see [`crate::RunMark`]).
+    #[must_use]
+    pub fn with_run(mut self, mark: crate::RunMark) -> Self {
+        self.run = Some(mark);
         self
     }
 }

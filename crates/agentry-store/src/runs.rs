@@ -78,6 +78,29 @@ impl RunState {
     }
 }
 
+/// What an appended event says of its run's record, for a run started in its session (not
+/// queued): the group commit keeps the record in the same transaction as the event (see
+/// [`crate::NewEvent::with_run`]). Such a record has no worker and no lease (its session's
+/// worker fences it), so the queue never claims, renews or counts it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunMark {
+    /// The run starts: it is recorded `running`, unless it has a record already (a queued
+    /// run's, or its own from before a restart).
+    Started {
+        /// The run.
+        run_id: RunId,
+        /// The saved agent it runs as.
+        agent_id: Option<String>,
+    },
+    /// The run is now in `state` (a record that ended, or a queued run's, is left as it is).
+    Now {
+        /// The run.
+        run_id: RunId,
+        /// Where it is.
+        state: RunState,
+    },
+}
+
 /// A run to enqueue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRun {
@@ -149,6 +172,8 @@ pub struct RunRecord {
     pub started_at: Option<u64>,
     /// When it ended.
     pub finished_at: Option<u64>,
+    /// Submitted to the queue (a background run), not started in its session directly.
+    pub background: bool,
 }
 
 /// What [`Store::enqueue_run`] did.
@@ -204,6 +229,8 @@ pub struct RunQuery {
     pub created_after: Option<u64>,
     /// Only runs enqueued before this time.
     pub created_before: Option<u64>,
+    /// Only background runs (`true`) or only runs started in their sessions (`false`).
+    pub background: Option<bool>,
     /// At most this many.
     pub limit: usize,
     /// Skip this many first.
@@ -214,7 +241,7 @@ macro_rules! run_columns {
     () => {
         "id, session_id, agent_id, owner, state, priority, attempt, worker, lease_until, \
          lease_epoch, idempotency_key, schedule_id, webhook_url, request_digest, request, \
-         outcome, cancel_requested, created_at, started_at, finished_at"
+         outcome, cancel_requested, created_at, started_at, finished_at, background"
     };
 }
 
@@ -263,6 +290,7 @@ fn run_from_row(row: &impl RowExt) -> Result<RunRecord, StoreError> {
         created_at: from_db(row.int("created_at")?),
         started_at: row.opt_int("started_at")?.map(from_db),
         finished_at: row.opt_int("finished_at")?.map(from_db),
+        background: row.int("background")? != 0,
     })
 }
 
@@ -617,6 +645,7 @@ impl Store {
                  AND ($2 IS NULL OR agent_id = $2) AND ($3 IS NULL OR state = $3) \
                  AND ($4 IS NULL OR owner = $4) AND ($5 IS NULL OR created_at >= $5) \
                  AND ($6 IS NULL OR created_at < $6) AND ($9 IS NULL OR schedule_id = $9) \
+                 AND ($10 IS NULL OR background = $10) \
                  ORDER BY created_at DESC, id DESC LIMIT $7 OFFSET $8"
             ))
             .bind(query.session_id.map(|id| id.to_string()))
@@ -628,6 +657,7 @@ impl Store {
             .bind(to_db(query.limit as u64))
             .bind(to_db(query.offset as u64))
             .bind(query.schedule_id.as_deref())
+            .bind(query.background.map(i64::from))
             .fetch_all(pool)
             .await?;
             rows.iter().map(run_from_row).collect()

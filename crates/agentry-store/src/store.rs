@@ -351,6 +351,7 @@ impl Store {
                 expected_last_seq: None,
                 events: Vec::new(),
                 usage: Vec::new(),
+                runs: Vec::new(),
                 lease: None,
                 status: None,
                 worker: self.worker(),
@@ -496,6 +497,7 @@ impl Store {
                 expected_last_seq: None,
                 events: Vec::new(),
                 usage: Vec::new(),
+                runs: Vec::new(),
                 lease: None,
                 status: Some(status.to_owned()),
                 worker: self.worker(),
@@ -633,12 +635,14 @@ impl Store {
         }
         let mut rows = Vec::with_capacity(events.len());
         let mut usage = Vec::new();
+        let mut runs = Vec::new();
         for (index, event) in events.iter().enumerate() {
             validate_event_kind(&event.kind)?;
             rows.push((event.kind.clone(), to_json_text(&event.payload)?));
             if let Some(entry) = &event.usage {
                 usage.push((index, entry.clone()));
             }
+            runs.extend(event.run.clone());
         }
         let now = now_millis();
         let last = self
@@ -649,6 +653,7 @@ impl Store {
                 expected_last_seq,
                 events: rows,
                 usage,
+                runs,
                 lease: lease.cloned(),
                 status: status.map(str::to_owned),
                 // A leased run writes as its lease's worker.

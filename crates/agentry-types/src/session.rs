@@ -42,6 +42,9 @@ pub enum SessionEvent {
         /// JSON; null when there are none), so that a resumed run keeps them.
         #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
         network: serde_json::Value,
+        /// The saved agent the run runs as.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent_id: Option<String>,
     },
     /// A message given to the model: the user's turn, or a system prompt.
     Message {

@@ -643,6 +643,7 @@ async fn running_runs(app: &App, run: &WorkflowRun) -> Vec<agentry_types::RunId>
     ] {
         let query = agentry_store::RunQuery {
             state: Some(state),
+            background: Some(true),
             limit: 1000,
             ..agentry_store::RunQuery::default()
         };

@@ -557,6 +557,7 @@ impl SessionManager {
             } else {
                 serde_json::to_value(&state.network).unwrap_or_default()
             },
+            agent_id: state.agent_id.clone(),
         }];
         records.extend(
             new_messages
@@ -1123,8 +1124,7 @@ impl SessionManager {
             approvals: policy_of(in_flight),
             // The deadline starts again: the time the process was down does not count.
             started_at_ms: None,
-            // The log does not record the agent.
-            agent_id: None,
+            agent_id: in_flight.agent_id.clone(),
             network: network_of(in_flight),
             // The runtime's compaction settings, and what the log says was compacted.
             context: runtime.context_policy(&in_flight.model, None),

@@ -40,6 +40,8 @@ pub struct InFlight {
     pub model: String,
     /// Its fallback models.
     pub fallback_models: Vec<String>,
+    /// The saved agent it runs as.
+    pub agent_id: Option<String>,
     /// Names of the tools it offered.
     pub tools: Vec<String>,
     /// Its generation parameters, as recorded.
@@ -135,6 +137,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 fallback_models,
                 approvals,
                 network,
+                agent_id,
             } => {
                 replay.runs += 1;
                 intents.clear();
@@ -142,6 +145,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                     run_id: *run_id,
                     model: model.clone(),
                     fallback_models: fallback_models.clone(),
+                    agent_id: agent_id.clone(),
                     tools: tools.clone(),
                     params: params.clone(),
                     limits: limits.clone(),
@@ -326,6 +330,7 @@ mod tests {
             fallback_models: Vec::new(),
             approvals: json!(null),
             network: json!(null),
+            agent_id: None,
         }
     }
 

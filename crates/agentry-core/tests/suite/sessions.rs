@@ -364,6 +364,7 @@ pub(crate) async fn crashed_session_with(
                 fallback_models: Vec::new(),
                 approvals: approvals.clone(),
                 network: json!(null),
+                agent_id: None,
             },
             SessionEvent::Message {
                 run_id,

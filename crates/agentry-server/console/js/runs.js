@@ -1,6 +1,8 @@
-// The Runs page: every background run (POST /v1/runs, and the ones schedules fire), newest
-// first, with live states (the status feed, and a short poll for runs that are still queued),
-// filters by state and schedule, and a cancel button for runs that have not ended.
+// The Runs page: every run with a record, newest first — background runs (POST /v1/runs, and
+// the ones schedules fire) and runs started in their sessions (chats, /v1/infer, delegated
+// children, workflow steps) — with live states (the status feed, and a short poll for runs
+// that have not ended), filters by kind, state and schedule, and a cancel button for runs
+// that have not ended.
 
 import { get, post } from "./api.js";
 import { h, clear, toast, errorText, time } from "./dom.js";
@@ -14,6 +16,7 @@ export class RunsView {
     const params = new URLSearchParams(query || "");
     this.schedule = params.get("schedule");
     this.state = "";
+    this.kind = "";
     this.root = h("div", { class: "page runs", testid: "runs" });
     root.append(this.root);
     this.onStatus = () => this.load();
@@ -35,22 +38,28 @@ export class RunsView {
       this.state = event.target.value;
       this.load();
     } }, h("option", { value: "" }, "All states"), STATES.map((state) => h("option", { value: state }, state)));
+    const kinds = h("select", { testid: "runs-kind", "aria-label": "Kind", onchange: (event) => {
+      this.kind = event.target.value;
+      this.load();
+    } }, h("option", { value: "" }, "All runs"), h("option", { value: "true" }, "Background"), h("option", { value: "false" }, "In a session"));
     this.table = h("tbody", { testid: "runs-rows" });
     clear(this.root).append(
       h("div", { class: "page-head" },
         h("h2", {}, this.schedule ? "Runs of a schedule" : "Runs"),
         h("span", { class: "spacer" }),
         this.schedule ? h("a", { href: "#/runs", testid: "runs-all" }, "All runs") : null,
+        kinds,
         filter),
       h("table", { class: "grid" },
-        h("thead", {}, h("tr", {}, ["Run", "State", "Agent", "Session", "Submitted", "Attempt", ""].map((title) => h("th", {}, title)))),
+        h("thead", {}, h("tr", {}, ["Run", "Kind", "State", "Agent", "Session", "Created", "Attempt", ""].map((title) => h("th", {}, title)))),
         this.table),
-      h("p", { class: "muted empty hidden", testid: "runs-empty" }, "No background runs yet: submit one with POST /v1/runs, or add a schedule."));
+      h("p", { class: "muted empty hidden", testid: "runs-empty" }, "No runs yet: chat with an agent, submit a background run with POST /v1/runs, or add a schedule."));
   }
 
   async load() {
     const params = new URLSearchParams({ limit: "100" });
     if (this.state) params.set("state", this.state);
+    if (this.kind) params.set("background", this.kind);
     if (this.schedule) params.set("schedule_id", this.schedule);
     let runs;
     try {
@@ -76,11 +85,12 @@ export class RunsView {
     const outcome = run.outcome && (run.outcome.text || (run.outcome.error && run.outcome.error.message) || "");
     return h("tr", { testid: "run-row", dataset: { runId: run.run_id, state: run.state } },
       h("td", { title: run.run_id }, h("code", {}, run.run_id.slice(-12)), outcome ? h("div", { class: "muted clip" }, outcome) : null),
+      h("td", { testid: "run-kind" }, run.background ? "background" : "session"),
       h("td", {}, h("span", { class: `badge state-${run.state}`, testid: "run-state" }, run.state)),
       h("td", {}, run.agent_id || ""),
       h("td", {}, h("a", { href: `#/chat/${run.session_id}` }, "open")),
       h("td", {}, time(run.created_at)),
-      h("td", {}, String(run.attempt)),
+      h("td", {}, run.background ? String(run.attempt) : ""),
       h("td", {}, cancel));
   }
 }

@@ -1,5 +1,6 @@
 //! Background runs: `POST /v1/runs` (the body of `/v1/infer`; `202` with the run at once),
-//! `GET /v1/runs` (filtered, paginated), `GET /v1/runs/{run_id}`, `GET /v1/runs/{run_id}/wait`
+//! `GET /v1/runs` (filtered, paginated; every run with a record, those started in their
+//! sessions included), `GET /v1/runs/{run_id}`, `GET /v1/runs/{run_id}/wait`
 //! (long poll), `GET /v1/runs/{run_id}/stream` (SSE, `Last-Event-ID`) and
 //! `POST /v1/runs/{run_id}/cancel`. The queue, its worker and its rules are
 //! [`agentry_app::queue`]'s; these routes parse, call and render.
@@ -122,7 +123,7 @@ async fn submit(
     Ok((status, [(header::LOCATION, location)], Json(run)).into_response())
 }
 
-/// Which background runs to list.
+/// Which runs to list.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -143,6 +144,8 @@ struct ListQuery {
     created_after: Option<u64>,
     /// Only runs submitted before this time (Unix milliseconds).
     created_before: Option<u64>,
+    /// Only background runs (`true`), or only runs started in their sessions (`false`).
+    background: Option<bool>,
     /// At most this many.
     #[serde(default = "default_limit")]
     #[param(default = 100, minimum = 1, maximum = 1000)]
@@ -157,7 +160,8 @@ fn default_limit() -> usize {
     100
 }
 
-/// Background runs, newest first (a `user` key sees its own).
+/// Runs, newest first: background runs and runs started in their sessions (a `user` key sees
+/// its own).
 #[utoipa::path(
     get,
     path = "/v1/runs",
@@ -197,13 +201,14 @@ async fn list(
         schedule_id: query.schedule_id,
         created_after: query.created_after,
         created_before: query.created_before,
+        background: query.background,
         limit: query.limit,
         offset: query.offset,
     };
     Ok(Json(state.background_runs(&query).await?))
 }
 
-/// A background run: its state, and its outcome once it stopped.
+/// A run (background or started in its session): its state, and its outcome once it stopped.
 #[utoipa::path(
     get,
     path = "/v1/runs/{run_id}",

@@ -328,6 +328,146 @@ async fn a_background_run_waiting_for_approval_goes_on_when_decided() {
     assert_eq!(done["outcome"]["text"], "echoed");
 }
 
+/// The first run listed by `query` (`GET /v1/runs?…`), waiting up to 10 s for one.
+async fn first_listed(server: &Server, query: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, listed) = server.get(&format!("/v1/runs?{query}")).await;
+        assert_eq!(status, 200, "{listed}");
+        if let Some(run) = listed["runs"].as_array().and_then(|runs| runs.first()) {
+            return run.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no run listed by {query}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn runs_started_in_their_sessions_have_records_too() {
+    let server = start_queue(2, 10).await;
+    let (status, body) = server
+        .post(
+            "/v1/tools",
+            json!({"kind": "command", "name": "echo", "program": "/bin/sh", "args": ["-c", "cat"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "helper", "model_id": "mock", "tool_ids": ["echo"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+
+    // A conversation's run that waits for approval: recorded, `waiting`, then `succeeded`.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "echo",
+        json!({"text": "hi"}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("echoed")));
+    let (status, answer) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "agent_id": "helper", "text": "echo",
+                   "approvals": {"tools": {"echo": "always"}}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let run_id = answer["run_id"].as_str().unwrap().to_owned();
+    let session = answer["session_id"].as_str().unwrap().to_owned();
+    let (status, run) = server.get(&format!("/v1/runs/{run_id}")).await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["state"], "waiting", "{run}");
+    assert_eq!(run["background"], false);
+    assert_eq!(run["session_id"], session.as_str());
+    assert_eq!(run["agent_id"], "helper");
+    assert!(run["started_at"].as_u64().is_some(), "{run}");
+    let call_id = answer["pending"][0]["call"]["id"].as_str().unwrap();
+    let (status, decided) = server
+        .post(
+            &format!("/v1/runs/{run_id}/approvals"),
+            json!({"call_id": call_id, "decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{decided}");
+    let done = wait(&server, &run_id).await;
+    let done = if done["state"] == "running" {
+        wait(&server, &run_id).await
+    } else {
+        done
+    };
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(done["finished_at"].as_u64().is_some(), "{done}");
+    // Its outcome is read from the session's log.
+    assert_eq!(done["outcome"]["text"], "echoed", "{done}");
+    assert_eq!(done["outcome"]["run_id"], run_id.as_str());
+
+    // Listed beside background runs, and told apart.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("queued answer")));
+    let (_, _, queued) = submit(&server, json!({"text": "q", "model_id": "mock"}), None).await;
+    let queued_id = queued["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(queued["background"], true);
+    wait(&server, &queued_id).await;
+    let ids = |listed: &Value| -> Vec<String> {
+        listed["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|run| run["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (_, all) = server.get("/v1/runs").await;
+    assert!(
+        ids(&all).contains(&run_id) && ids(&all).contains(&queued_id),
+        "{all}"
+    );
+    let (_, in_sessions) = server.get("/v1/runs?background=false").await;
+    assert_eq!(ids(&in_sessions), vec![run_id.clone()]);
+    let (_, background) = server.get("/v1/runs?background=true").await;
+    assert_eq!(ids(&background), vec![queued_id]);
+    let (status, bad) = server.get("/v1/runs?background=maybe").await;
+    assert_eq!(status, 400, "{bad}");
+
+    // A conversation's run cancelled through its record, while it runs.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("slow")).delay_headers(Duration::from_secs(5)));
+    let infer = {
+        let http = server.http.clone();
+        let url = format!("{}/v1/infer", server.url);
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"session_id": session, "model_id": "mock", "text": "slowly"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    let running = first_listed(&server, "background=false&state=running").await;
+    let slow_id = running["run_id"].as_str().unwrap().to_owned();
+    assert_ne!(slow_id, run_id);
+    let (status, cancelled) = server
+        .post(&format!("/v1/runs/{slow_id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    let answer = infer.await.unwrap();
+    assert_eq!(answer["stop_reason"], "cancelled", "{answer}");
+    let ended = wait(&server, &slow_id).await;
+    assert_eq!(ended["state"], "cancelled", "{ended}");
+    assert_eq!(ended["outcome"]["stop_reason"], "cancelled", "{ended}");
+}
+
 #[tokio::test]
 async fn five_hundred_concurrent_submissions_run_each_exactly_once() {
     let server = start_queue(32, 10_000).await;

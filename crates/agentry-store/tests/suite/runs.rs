@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use agentry_store::{Enqueued, NewRun, RunQuery, RunState, StoreError};
+use agentry_store::{
+    Enqueued, NewEvent, NewRun, NewSession, RunMark, RunQuery, RunState, StoreError,
+};
 use agentry_types::RunId;
 use serde_json::json;
 
@@ -21,6 +23,7 @@ both_backends!(
     one_key_submitted_twenty_times_at_once_makes_one_run,
     a_stale_owners_append_is_refused,
     an_agents_limit_holds_its_runs_in_the_queue,
+    runs_started_in_sessions_are_recorded_by_their_appends,
 );
 
 fn new_run(session: agentry_types::SessionId, key: Option<&str>, digest: &str) -> NewRun {
@@ -599,4 +602,165 @@ async fn an_agents_limit_holds_its_runs_in_the_queue(h: &Harness) {
         .await
         .unwrap();
     assert_eq!(next.iter().map(|r| r.id).collect::<Vec<_>>(), vec![a2.id]);
+}
+
+/// A run started in its session (not queued) is recorded by its own appends, in the same
+/// commit: `running` with its start, then each state its events move it to; a refused append
+/// moves nothing; an ended record stays ended; the queue never claims it; a queued run's record
+/// is not touched by the marks; and its session is still taken over when its process is gone.
+async fn runs_started_in_sessions_are_recorded_by_their_appends(h: &Harness) {
+    let mut new = NewSession::new();
+    new.owner = Some("key-a".into());
+    let session = h.store.create_session(new).await.unwrap().id;
+    let run = RunId::new();
+    let moved = |kind: &str, state: RunState| {
+        NewEvent::new(kind, json!({"run_id": run.to_string()}))
+            .with_run(RunMark::Now { run_id: run, state })
+    };
+    let started = NewEvent::new("run_started", json!({"run_id": run.to_string()})).with_run(
+        RunMark::Started {
+            run_id: run,
+            agent_id: Some("helper".into()),
+        },
+    );
+    assert!(h.store.run_record(run).await.unwrap().is_none());
+    h.store
+        .append_and_set_status(session, std::slice::from_ref(&started), "running", None)
+        .await
+        .unwrap();
+    let record = h.store.run_record(run).await.unwrap().unwrap();
+    assert_eq!(record.state, RunState::Running);
+    assert!(!record.background);
+    assert_eq!(record.session_id, session);
+    assert_eq!(record.agent_id.as_deref(), Some("helper"));
+    assert_eq!(
+        record.owner.as_deref(),
+        Some("key-a"),
+        "the session's owner"
+    );
+    assert_eq!((record.worker, record.lease_until), (None, None));
+    assert!(record.started_at.is_some() && record.finished_at.is_none());
+
+    // The queue never claims it, though it is `running` without a lease.
+    assert!(
+        h.store
+            .claim_runs("worker", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let state = || async { h.store.run_record(run).await.unwrap().unwrap().state };
+    h.store
+        .append(
+            session,
+            None,
+            &[moved("approval_requested", RunState::Waiting)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(state().await, RunState::Waiting);
+    h.store
+        .append(session, None, &[moved("run_resumed", RunState::Running)])
+        .await
+        .unwrap();
+    assert_eq!(state().await, RunState::Running);
+    // A refused append moves nothing.
+    let error = h
+        .store
+        .append(session, Some(0), &[moved("run_finished", RunState::Failed)])
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(_)), "{error}");
+    assert_eq!(state().await, RunState::Running);
+    h.store
+        .append(session, None, &[moved("run_finished", RunState::Succeeded)])
+        .await
+        .unwrap();
+    let ended = h.store.run_record(run).await.unwrap().unwrap();
+    assert_eq!(ended.state, RunState::Succeeded);
+    assert!(ended.finished_at.is_some());
+    // Ended is ended; a second start keeps the first record.
+    h.store
+        .append(
+            session,
+            None,
+            &[moved("run_resumed", RunState::Running), started],
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.store.run_record(run).await.unwrap().unwrap(), ended);
+
+    // A queued run's record is its worker's: marks leave it as it is.
+    let queued = created(
+        h.store
+            .enqueue_run(&new_run(session, None, "q"), 10)
+            .await
+            .unwrap(),
+    );
+    h.store
+        .append(
+            session,
+            None,
+            &[
+                NewEvent::new("run_started", json!({})).with_run(RunMark::Started {
+                    run_id: queued.id,
+                    agent_id: None,
+                }),
+                NewEvent::new("run_finished", json!({})).with_run(RunMark::Now {
+                    run_id: queued.id,
+                    state: RunState::Failed,
+                }),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h.store.run_record(queued.id).await.unwrap().unwrap(),
+        queued
+    );
+
+    // Listed with the rest, and told apart.
+    let listed = |background: Option<bool>| {
+        let query = RunQuery {
+            session_id: Some(session),
+            background,
+            limit: 10,
+            ..RunQuery::default()
+        };
+        async move { h.store.list_runs(&query).await }
+    };
+    let ids = |runs: Vec<agentry_store::RunRecord>| runs.iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(ids(listed(None).await.unwrap()).len(), 2);
+    assert_eq!(ids(listed(Some(false)).await.unwrap()), vec![run]);
+    assert_eq!(ids(listed(Some(true)).await.unwrap()), vec![queued.id]);
+
+    // A session whose run is recorded `running`, with no live process, is still taken over (a
+    // running background run's session is left to the queue).
+    let other = new_session(&h.store, "orphan").await;
+    let orphan = RunId::new();
+    h.store
+        .append_and_set_status(
+            other,
+            &[
+                NewEvent::new("run_started", json!({})).with_run(RunMark::Started {
+                    run_id: orphan,
+                    agent_id: None,
+                }),
+            ],
+            "running",
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h.store.run_record(orphan).await.unwrap().unwrap().state,
+        RunState::Running
+    );
+    let taken = h
+        .store
+        .claim_orphaned_sessions("taker", None, true)
+        .await
+        .unwrap();
+    assert!(taken.contains(&other), "{taken:?}");
 }
