@@ -61,3 +61,27 @@ test("a workflow starts from its form, changes live, and is approved inline", as
   await env.api.del("/v1/workflows/publish");
   await env.api.del("/v1/agents/wf-writer");
 });
+
+test("a switch is drawn as a choice with its ways, and the way not taken is skipped", async ({ page, env }) => {
+  await env.api.post("/v1/workflows", {
+    id: "fork",
+    steps: [
+      { id: "route", kind: "switch", cases: [{ when: "input.go", then: "yes" }], default: "no" },
+      { id: "yes", kind: "wait", seconds: 0, needs: ["route"] },
+      { id: "no", kind: "wait", seconds: 0, needs: ["route"] },
+    ],
+  });
+  const run = await env.api.post("/v1/workflows/fork/runs", { input: { go: true } });
+  await open(page, env, `#/workflows/run/${run.run_id}`);
+  await expect(page.getByTestId("run-state")).toHaveAttribute("data-state", "succeeded");
+  await expect(page.locator('[data-testid=workflow-step][data-id="no"]')).toHaveAttribute("data-state", "skipped");
+  const graph = page.getByTestId("workflow-graph");
+  await expect(graph.locator("svg g.node.skipped")).toHaveCount(1);
+  await expect(graph.locator("svg g.node.succeeded")).toHaveCount(2);
+  // The switch is a diamond; its edges say which way is which.
+  await expect(graph.locator("svg g.node polygon")).toHaveCount(1);
+  await expect(graph.locator("svg .edgeLabel", { hasText: "case 0" })).toHaveCount(1);
+  await expect(graph.locator("svg .edgeLabel", { hasText: "default" })).toHaveCount(1);
+  await shot(page, "workflow-switch");
+  await env.api.del("/v1/workflows/fork");
+});

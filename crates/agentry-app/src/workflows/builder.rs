@@ -134,6 +134,40 @@ impl StepDefinition {
         )
     }
 
+    /// Runs `branches` (name, then a tool, agent or workflow step; its id is not used) at
+    /// once; the output is an object of their outputs by name.
+    pub fn parallel<I, S>(id: impl Into<String>, branches: I) -> Self
+    where
+        I: IntoIterator<Item = (S, StepDefinition)>,
+        S: Into<String>,
+    {
+        let branches: Map<String, Value> = branches
+            .into_iter()
+            .map(|(name, step)| (name.into(), step.inner()))
+            .collect();
+        Self::of(id, "parallel", json!({"branches": branches}))
+    }
+
+    /// Chooses the way on: the step of the first case (`(expression, step id)`) that holds,
+    /// else `default`; the steps of the other cases are skipped. Each named step needs this
+    /// one.
+    pub fn switch<I, S, T>(id: impl Into<String>, cases: I, default: Option<&str>) -> Self
+    where
+        I: IntoIterator<Item = (S, T)>,
+        S: Into<String>,
+        T: Into<String>,
+    {
+        let cases: Vec<Value> = cases
+            .into_iter()
+            .map(|(when, then)| json!({"when": when.into(), "then": then.into()}))
+            .collect();
+        let mut fields = json!({"cases": cases});
+        if let Some(default) = default {
+            fields["default"] = json!(default);
+        }
+        Self::of(id, "switch", fields)
+    }
+
     /// Waits for a person's decision on `message` (a template).
     pub fn approval(id: impl Into<String>, message: &str) -> Self {
         Self::of(id, "approval", json!({"message": message}))
@@ -247,8 +281,22 @@ mod tests {
                     .when("input.wait"),
             )
             .step(StepDefinition::workflow("sub", "other", json!({"n": 1})).needs(["rest", "go"]))
+            .step(StepDefinition::parallel(
+                "both",
+                [
+                    ("left", StepDefinition::tool("_", "check", json!({}))),
+                    ("right", StepDefinition::agent("_", "analyst", "Right?")),
+                ],
+            ))
+            .step(StepDefinition::switch(
+                "route",
+                [("steps.both.output.left.ok", "done")],
+                Some("again"),
+            ))
+            .step(StepDefinition::wait("done", 0).needs(["route"]))
+            .step(StepDefinition::wait("again", 1).needs(["route"]))
             .output(json!("{{ steps.sub.output }}"));
-        let written: WorkflowDefinition = serde_json::from_value(json!({
+        let document = json!({
             "id": "costs", "description": "Cloud costs", "input_schema": {"type": "object"},
             "steps": [
                 {"id": "bill", "kind": "tool", "tool": "billing", "arguments": {"month": "{{ input.month }}"}},
@@ -262,12 +310,36 @@ mod tests {
                 {"id": "ok", "kind": "approval", "message": "Fine?", "on_timeout": "approve", "timeout_secs": 600},
                 {"id": "rest", "kind": "wait", "seconds": 5, "needs": ["ok"]},
                 {"id": "go", "kind": "signal", "name": "go", "needs": [], "when": "input.wait"},
-                {"id": "sub", "kind": "workflow", "workflow": "other", "input": {"n": 1}, "needs": ["rest", "go"]}
+                {"id": "sub", "kind": "workflow", "workflow": "other", "input": {"n": 1}, "needs": ["rest", "go"]},
+                {"id": "both", "kind": "parallel", "branches": {
+                    "left": {"kind": "tool", "tool": "check", "arguments": {}},
+                    "right": {"kind": "agent", "agent": "analyst", "prompt": "Right?"}}},
+                {"id": "route", "kind": "switch", "cases": [{"when": "steps.both.output.left.ok", "then": "done"}],
+                 "default": "again"},
+                {"id": "done", "kind": "wait", "seconds": 0, "needs": ["route"]},
+                {"id": "again", "kind": "wait", "seconds": 1, "needs": ["route"]}
             ],
             "output": "{{ steps.sub.output }}"
-        }))
-        .unwrap();
+        });
+        let written: WorkflowDefinition = serde_json::from_value(document.clone()).unwrap();
         assert_eq!(built, written);
+        // The published schema takes the document (every kind), and refuses a switch without
+        // cases and a parallel branch that waits.
+        let schema =
+            jsonschema::validator_for(&crate::workflows::workflow_schema().unwrap()).unwrap();
+        let errors: Vec<String> = schema
+            .iter_errors(&document)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{errors:?}");
+        for bad in [
+            json!({"id": "s", "kind": "switch", "default": "a"}),
+            json!({"id": "p", "kind": "parallel", "branches": {"x": {"kind": "wait", "seconds": 1}}}),
+        ] {
+            let mut document = document.clone();
+            document["steps"][0] = bad;
+            assert!(!schema.is_valid(&document), "{document}");
+        }
         // Every step reads as its kind.
         for (index, step) in built.steps.iter().enumerate() {
             step.step_kind(index).unwrap();

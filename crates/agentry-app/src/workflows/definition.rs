@@ -1,5 +1,5 @@
-//! A workflow as data: its steps (`tool`, `agent`, `workflow`, `map`, `loop`, `approval`,
-//! `wait`, `signal`), how
+//! A workflow as data: its steps (`tool`, `agent`, `workflow`, `map`, `loop`, `parallel`,
+//! `switch`, `approval`, `wait`, `signal`), how
 //! they depend on each other (`needs`; by default the step before), when each runs (`when`, an
 //! expression), their retry policy, and the templates that carry data between them
 //! (`{{ input.x }}`, `{{ steps.fetch.output.items }}`). Expressions and templates are
@@ -55,7 +55,8 @@ pub struct WorkflowDefinition {
 pub struct StepDefinition {
     /// Its id (what later steps name it by).
     pub id: String,
-    /// `tool`, `agent`, `map`, `approval`, `wait` or `signal`.
+    /// `tool`, `agent`, `workflow`, `map`, `loop`, `parallel`, `switch`, `approval`, `wait` or
+    /// `signal`.
     pub kind: String,
     /// The steps it waits for (default: the step before; `[]`: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -125,6 +126,26 @@ pub enum StepKind {
         /// What each iteration runs.
         step: Box<StepKind>,
     },
+    /// Runs named branches at once, each a tool, agent or workflow step (a sub-workflow for a
+    /// branch of several steps); the output is an object of their outputs by branch name. A
+    /// branch that fails fails the step (after the others have stopped).
+    Parallel {
+        /// The branches by name, in order.
+        branches: Vec<(String, StepKind)>,
+        /// How many branches run at once (default: all).
+        concurrency: usize,
+    },
+    /// Chooses the way on: the first case whose `when` is true names the step that runs
+    /// (`then`), else `default`; the other cases' steps are skipped, and so is every step that
+    /// needs only skipped ones (a join that needs one step that ran, runs). Each step a case
+    /// names needs the switch. The output is `{"case": <index, or "default", or null>, "next":
+    /// <the chosen step, or null>}`.
+    Switch {
+        /// The cases, in order.
+        cases: Vec<SwitchCase>,
+        /// The step when no case holds (none: every case's step is skipped).
+        default: Option<String>,
+    },
     /// Waits for a person's decision (`POST …/approve`); a rejection fails the step.
     Approval {
         /// What the person is asked (a template).
@@ -144,6 +165,16 @@ pub enum StepKind {
         /// The signal's name.
         name: String,
     },
+}
+
+/// One case of a `switch` step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchCase {
+    /// An expression over `input` and `steps`.
+    pub when: String,
+    /// The step that runs when it is the first case that holds.
+    pub then: String,
 }
 
 /// A `tool` step.
@@ -216,10 +247,10 @@ struct LoopFields {
     step: Map<String, Value>,
 }
 
-/// The kinds a `map` or `loop` runs per item or iteration.
+/// The kinds a `map`, `loop` or `parallel` runs per item, iteration or branch.
 const INNER_KINDS: [&str; 3] = ["tool", "agent", "workflow"];
 
-/// The inner step of a `map` or `loop`.
+/// The inner step of a `map`, `loop` or `parallel` branch, at `path`.
 fn inner_step(step: &Map<String, Value>, path: &str) -> Result<StepKind, AppError> {
     let kind = step
         .get("kind")
@@ -228,13 +259,32 @@ fn inner_step(step: &Map<String, Value>, path: &str) -> Result<StepKind, AppErro
         .to_owned();
     if !INNER_KINDS.contains(&kind.as_str()) {
         return Err(invalid(
-            &format!("{path}.step.kind"),
-            "a map or loop runs a tool, agent or workflow step",
+            &format!("{path}.kind"),
+            "a map, loop or parallel branch runs a tool, agent or workflow step",
         ));
     }
     let mut fields = step.clone();
     fields.remove("kind");
-    kind_of(&kind, &fields, &format!("{path}.step"))
+    kind_of(&kind, &fields, path)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParallelFields {
+    branches: Map<String, Value>,
+    #[serde(default)]
+    concurrency: Option<usize>,
+}
+
+/// Most branches one `parallel` step may have.
+pub const MAX_BRANCHES: usize = 100;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwitchFields {
+    cases: Vec<SwitchCase>,
+    #[serde(default)]
+    default: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -282,7 +332,7 @@ fn kind_of(kind: &str, fields: &Map<String, Value>, path: &str) -> Result<StepKi
             if map.concurrency == 0 || map.concurrency > 1000 {
                 return Err(invalid(&format!("{path}.concurrency"), "is 1 to 1000"));
             }
-            let step = inner_step(&map.step, path)?;
+            let step = inner_step(&map.step, &format!("{path}.step"))?;
             StepKind::Map {
                 items: map.items,
                 concurrency: map.concurrency,
@@ -308,11 +358,55 @@ fn kind_of(kind: &str, fields: &Map<String, Value>, path: &str) -> Result<StepKi
             if looped.max == 0 || looped.max > 100 {
                 return Err(invalid(&format!("{path}.max"), "is 1 to 100"));
             }
-            let step = inner_step(&looped.step, path)?;
+            let step = inner_step(&looped.step, &format!("{path}.step"))?;
             StepKind::Loop {
                 max: looped.max,
                 until: looped.until,
                 step: Box::new(step),
+            }
+        }
+        "parallel" => {
+            let parallel: ParallelFields =
+                serde_json::from_value(value).map_err(parse("parallel"))?;
+            if parallel.branches.is_empty() || parallel.branches.len() > MAX_BRANCHES {
+                return Err(invalid(
+                    &format!("{path}.branches"),
+                    format!("a parallel step has 1 to {MAX_BRANCHES} branches"),
+                ));
+            }
+            let mut branches = Vec::with_capacity(parallel.branches.len());
+            for (name, branch) in &parallel.branches {
+                let branch_path = format!("{path}.branches.{name}");
+                crate::config::check_name("branch", name)
+                    .map_err(|error| invalid(&branch_path, error.message))?;
+                let Value::Object(branch) = branch else {
+                    return Err(invalid(&branch_path, "a branch is a step (an object)"));
+                };
+                branches.push((name.clone(), inner_step(branch, &branch_path)?));
+            }
+            let concurrency = parallel.concurrency.unwrap_or(branches.len());
+            if concurrency == 0 || concurrency > MAX_BRANCHES {
+                return Err(invalid(
+                    &format!("{path}.concurrency"),
+                    format!("is 1 to {MAX_BRANCHES}"),
+                ));
+            }
+            StepKind::Parallel {
+                branches,
+                concurrency,
+            }
+        }
+        "switch" => {
+            let switch: SwitchFields = serde_json::from_value(value).map_err(parse("switch"))?;
+            if switch.cases.is_empty() {
+                return Err(invalid(
+                    &format!("{path}.cases"),
+                    "a switch has at least one case",
+                ));
+            }
+            StepKind::Switch {
+                cases: switch.cases,
+                default: switch.default,
             }
         }
         "approval" => {
@@ -365,8 +459,8 @@ fn kind_of(kind: &str, fields: &Map<String, Value>, path: &str) -> Result<StepKi
             return Err(invalid(
                 &format!("{path}.kind"),
                 format!(
-                    "unknown kind {other:?} (tool, agent, workflow, map, loop, approval, wait \
-                     or signal)"
+                    "unknown kind {other:?} (tool, agent, workflow, map, loop, parallel, \
+                     switch, approval, wait or signal)"
                 ),
             ));
         }
@@ -576,6 +670,7 @@ impl WorkflowDefinition {
                 }
             }
         }
+        self.check_switches(&ids)?;
         if let Some(cycle) = self.cycle() {
             return Err(invalid(
                 "steps",
@@ -589,6 +684,55 @@ impl WorkflowDefinition {
             check_templates(&env, output, "output")?;
         }
         Ok(())
+    }
+
+    /// Each `switch` names steps that exist, each once, each needing the switch.
+    fn check_switches(&self, ids: &BTreeMap<&str, usize>) -> Result<(), AppError> {
+        for (index, step) in self.steps.iter().enumerate() {
+            let Ok(StepKind::Switch { cases, default }) = step.step_kind(index) else {
+                continue;
+            };
+            let named = cases
+                .iter()
+                .enumerate()
+                .map(|(n, case)| (format!("steps[{index}].cases[{n}].then"), &case.then))
+                .chain(
+                    default
+                        .iter()
+                        .map(|target| (format!("steps[{index}].default"), target)),
+                );
+            let mut seen = BTreeSet::new();
+            for (path, target) in named {
+                let Some(&at) = ids.get(target.as_str()) else {
+                    return Err(invalid(&path, format!("no step is called {target:?}")));
+                };
+                if !seen.insert(target.as_str()) {
+                    return Err(invalid(&path, format!("{target:?} is named twice")));
+                }
+                if !self.needs_of(at).contains(&step.id) {
+                    return Err(invalid(
+                        &path,
+                        format!(
+                            "the step {target:?} must need the switch {:?} (`needs`)",
+                            step.id
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The steps a `switch` step may choose (its cases' and its default).
+    pub fn switch_targets(&self, index: usize) -> Vec<String> {
+        match self.steps[index].step_kind(index) {
+            Ok(StepKind::Switch { cases, default }) => cases
+                .into_iter()
+                .map(|case| case.then)
+                .chain(default)
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// The ids a step waits for.
@@ -755,6 +899,19 @@ fn check_kind(
             &Value::String(message.clone()),
             &format!("{path}.message"),
         ),
+        StepKind::Parallel { branches, .. } => branches.iter().try_for_each(|(name, branch)| {
+            check_kind(env, branch, &format!("{path}.branches.{name}"), known)
+        }),
+        StepKind::Switch { cases, .. } => cases.iter().enumerate().try_for_each(|(n, case)| {
+            env.compile_expression(&case.when)
+                .map(|_| ())
+                .map_err(|error| {
+                    invalid(
+                        &format!("{path}.cases[{n}].when"),
+                        format!("the expression does not parse: {error}"),
+                    )
+                })
+        }),
         StepKind::Wait { .. } | StepKind::Signal { .. } => Ok(()),
     }
 }

@@ -220,6 +220,19 @@ async fn drive(
             if !ready {
                 continue;
             }
+            // A step that needs only steps a switch did not take is not taken either (a join
+            // that needs one step that ran, runs).
+            let not_taken = !needs.is_empty()
+                && needs.iter().all(|need| {
+                    run.steps
+                        .get(need)
+                        .is_some_and(|step| step.state == StepState::Skipped && step.not_taken)
+                });
+            if not_taken {
+                skip_not_taken(step_mut(&mut run, &id), now);
+                changed = true;
+                continue;
+            }
             let scope = refreshed(&mut run, &mut shared_scope);
             let kind = match definition.step_kind(index) {
                 Ok(kind) => kind,
@@ -273,6 +286,36 @@ async fn drive(
                     step.state = StepState::Waiting;
                     step.message = Some(message);
                     step.wake_at = timeout_secs.map(|secs| now + secs * 1000);
+                }
+                StepKind::Switch { cases, default } => {
+                    let chosen = cases.iter().enumerate().find_map(|(n, case)| {
+                        match truthy(&env, &case.when, &scope) {
+                            Ok(false) => None,
+                            Ok(true) => Some(Ok((json!(n), Some(case.then.clone())))),
+                            Err(error) => Some(Err(format!("`cases[{n}].when`: {error}"))),
+                        }
+                    });
+                    let (case, next) = match chosen {
+                        Some(Ok(chosen)) => chosen,
+                        Some(Err(error)) => {
+                            fail_step(&mut run, &id, error);
+                            continue;
+                        }
+                        None => match default {
+                            Some(target) => (json!("default"), Some(target)),
+                            None => (Value::Null, None),
+                        },
+                    };
+                    for target in run.definition.switch_targets(index) {
+                        let pending = run
+                            .steps
+                            .get(&target)
+                            .is_some_and(|step| step.state == StepState::Pending);
+                        if pending && Some(&target) != next.as_ref() {
+                            skip_not_taken(step_mut(&mut run, &target), now);
+                        }
+                    }
+                    succeed(step_mut(&mut run, &id), json!({"case": case, "next": next}));
                 }
                 StepKind::Wait { seconds } => {
                     let step = step_mut(&mut run, &id);
@@ -429,6 +472,13 @@ fn succeed(step: &mut StepRun, output: Value) {
     step.output = Some(output);
     step.finished_at = Some(now_ms());
     step.wake_at = None;
+}
+
+/// Skips a step a `switch` did not take (or whose every need was not taken).
+fn skip_not_taken(step: &mut StepRun, now: u64) {
+    step.state = StepState::Skipped;
+    step.not_taken = true;
+    step.finished_at = Some(now);
 }
 
 fn fail_step(run: &mut WorkflowRun, id: &str, error: String) {
@@ -677,6 +727,8 @@ fn step_span(
         StepKind::Map { .. } => "map",
         StepKind::Workflow { .. } => "workflow",
         StepKind::Loop { .. } => "loop",
+        StepKind::Parallel { .. } => "parallel",
+        StepKind::Switch { .. } => "switch",
         StepKind::Approval { .. } => "approval",
         StepKind::Wait { .. } => "wait",
         StepKind::Signal { .. } => "signal",
@@ -809,6 +861,36 @@ impl Job {
                 }
                 Ok(Value::Array(outputs))
             }
+            StepKind::Parallel {
+                branches,
+                concurrency,
+            } => {
+                let results: Vec<(Result<Value, String>, Vec<String>)> =
+                    futures::stream::iter(0..branches.len())
+                        .map(|index| {
+                            let branch = &branches[index].1;
+                            let slot = nested(index);
+                            async move {
+                                let mut sessions = Vec::new();
+                                let result =
+                                    Box::pin(self.kind(branch, scope, &slot, &mut sessions)).await;
+                                (result, sessions)
+                            }
+                        })
+                        .buffered(*concurrency)
+                        .collect()
+                        .await;
+                let mut outputs = Map::with_capacity(results.len());
+                for ((name, _), (result, branch_sessions)) in branches.iter().zip(results) {
+                    sessions.extend(branch_sessions);
+                    outputs.insert(
+                        name.clone(),
+                        result.map_err(|error| format!("branch {name}: {error}"))?,
+                    );
+                }
+                Ok(Value::Object(outputs))
+            }
+            StepKind::Switch { .. } => Err("a switch is decided, not run".into()),
             StepKind::Approval { .. } | StepKind::Wait { .. } | StepKind::Signal { .. } => {
                 Err("this kind of step waits; it is not run".into())
             }

@@ -104,7 +104,7 @@ pub enum StepState {
     Succeeded,
     /// Failed (after its retries).
     Failed,
-    /// Not run: its `when` was false.
+    /// Not run: its `when` was false, or a `switch` chose another way (`not_taken`).
     Skipped,
     /// Not run, or stopped: the workflow was cancelled or failed elsewhere.
     Cancelled,
@@ -167,6 +167,9 @@ pub struct StepRun {
     /// The sessions an agent step (or its map items) ran in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sessions: Vec<String>,
+    /// Skipped because a `switch` chose another way (or every step it needs was).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_taken: bool,
 }
 
 impl StepRun {
@@ -182,6 +185,7 @@ impl StepRun {
             message: None,
             decision: None,
             sessions: Vec::new(),
+            not_taken: false,
         }
     }
 }

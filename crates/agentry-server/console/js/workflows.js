@@ -26,15 +26,32 @@ function needsOf(definition, index) {
   return index === 0 ? [] : [definition.steps[index - 1].id];
 }
 
-/** A mermaid flowchart of the run: one node per step, edges from needs, classes by state. */
+/** The way a switch step takes to `target`: "case N" or "default" (null when it names none). */
+function wayTo(step, target) {
+  if (!step || step.kind !== "switch") return null;
+  const index = (step.cases || []).findIndex((item) => item.then === target);
+  if (index >= 0) return `case ${index}`;
+  return step.default === target ? "default" : null;
+}
+
+/**
+ * A mermaid flowchart of the run: one node per step (a switch as a diamond), edges from needs
+ * (a switch's labelled with its case), classes by state.
+ */
 export function flowchart(definition, steps) {
   const node = new Map(definition.steps.map((step, i) => [step.id, `n${i}`]));
+  const byId = new Map(definition.steps.map((step) => [step.id, step]));
   const label = (text) => text.replace(/["#]/g, (c) => (c === '"' ? "#quot;" : "#35;"));
   const lines = ["flowchart TD"];
   definition.steps.forEach((step, i) => {
     const state = steps[step.id]?.state || "pending";
-    lines.push(`  ${node.get(step.id)}["${label(`${step.id} · ${step.kind}`)}"]:::${state}`);
-    for (const need of needsOf(definition, i)) if (node.has(need)) lines.push(`  ${node.get(need)} --> ${node.get(step.id)}`);
+    const text = label(`${step.id} · ${step.kind}`);
+    lines.push(`  ${node.get(step.id)}${step.kind === "switch" ? `{"${text}"}` : `["${text}"]`}:::${state}`);
+    for (const need of needsOf(definition, i)) {
+      if (!node.has(need)) continue;
+      const way = wayTo(byId.get(need), step.id);
+      lines.push(`  ${node.get(need)} -->${way ? `|"${way}"|` : ""} ${node.get(step.id)}`);
+    }
   });
   for (const [state, style] of Object.entries(STATE_STYLES)) lines.push(`  classDef ${state} ${style}`);
   return lines.join("\n");

@@ -1,5 +1,5 @@
 //! Workflows: definitions checked whole, data flowing between steps, parallel branches, `when`,
-//! `map` in order, retries, an agent step on the run queue, an approval, a timer and a signal
+//! `map` in order, `switch` and `parallel` steps, retries, an agent step on the run queue, an approval, a timer and a signal
 //! surviving a restart, cancel.
 
 use std::time::Duration;
@@ -173,6 +173,117 @@ async fn data_flows_branches_run_in_parallel_when_skips_and_map_keeps_order() {
     assert_eq!(run["seq"], seqs.len() as u64);
 }
 
+/// A command tool `name` running `script` in `sh` (its arguments on stdin, ignored).
+async fn add_script(server: &Server, name: &str, script: &str) {
+    let (status, body) = server
+        .post(
+            "/v1/tools",
+            json!({"kind": "command", "name": name, "program": "/bin/sh",
+                   "args": ["-c", format!("cat > /dev/null; {script}")]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+#[tokio::test]
+async fn a_switch_takes_one_way_and_a_parallel_steps_branches_run_together() {
+    let server = start().await;
+    add_echo(&server).await;
+    // Two branches that finish only if both run at once: each leaves a mark and waits (5 s at
+    // most) for the other's.
+    let meeting = tempfile::tempdir().unwrap();
+    let dir = meeting.path().display();
+    for (me, other) in [("a", "b"), ("b", "a")] {
+        add_script(
+            &server,
+            &format!("meet_{me}"),
+            &format!(
+                "touch {dir}/{me}; i=0; while [ ! -f {dir}/{other} ]; do sleep 0.05; \
+                 i=$((i+1)); [ $i -gt 100 ] && exit 1; done; echo '{{\"met\": true}}'"
+            ),
+        )
+        .await;
+    }
+    add_script(&server, "fails", "echo broken; exit 3").await;
+    save(
+        &server,
+        json!({
+            "id": "triage",
+            "steps": [
+                {"id": "classify", "kind": "tool", "tool": "echo", "arguments": {"kind": "{{ input.kind }}"}},
+                {"id": "route", "kind": "switch", "cases": [
+                    {"when": "steps.classify.output.kind == 'bug'", "then": "fix"},
+                    {"when": "steps.classify.output.kind == 'feature'", "then": "plan"}],
+                 "default": "later"},
+                {"id": "fix", "kind": "tool", "tool": "echo", "arguments": {"did": "fix"}},
+                {"id": "verify", "kind": "tool", "tool": "echo", "needs": ["fix"], "arguments": {"did": "verify"}},
+                {"id": "plan", "kind": "tool", "tool": "echo", "needs": ["route"], "arguments": {"did": "plan"}},
+                {"id": "later", "kind": "tool", "tool": "echo", "needs": ["route"], "arguments": {"did": "later"}},
+                {"id": "gather", "kind": "parallel", "needs": ["verify", "plan", "later"], "branches": {
+                    "a": {"kind": "tool", "tool": "meet_a"},
+                    "b": {"kind": "tool", "tool": "meet_b"},
+                    "way": {"kind": "tool", "tool": "echo", "arguments": {"next": "{{ steps.route.output.next }}"}}}},
+                {"id": "report", "kind": "tool", "tool": "echo",
+                 "arguments": {"way": "{{ steps.gather.output.way.next }}", "met": "{{ steps.gather.output.a.met and steps.gather.output.b.met }}"}}
+            ],
+            "output": "{{ steps.report.output }}"
+        }),
+    )
+    .await;
+
+    // A bug: `fix` and the step after it run; the other ways are skipped, and the join runs.
+    let id = start_run(&server, "triage", json!({"kind": "bug"})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(
+        run["steps"]["route"]["output"],
+        json!({"case": 0, "next": "fix"})
+    );
+    for step in ["fix", "verify", "gather", "report"] {
+        assert_eq!(run["steps"][step]["state"], "succeeded", "{step}: {run:#}");
+    }
+    for step in ["plan", "later"] {
+        assert_eq!(run["steps"][step]["state"], "skipped", "{step}");
+        assert_eq!(run["steps"][step]["not_taken"], true, "{step}");
+    }
+    assert_eq!(run["output"], json!({"way": "fix", "met": true}));
+    assert_eq!(
+        run["steps"]["gather"]["output"],
+        json!({"a": {"met": true}, "b": {"met": true}, "way": {"next": "fix"}})
+    );
+
+    // No case holds: the default way; `fix` is skipped and so is `verify`, which needs only it.
+    for mark in ["a", "b"] {
+        std::fs::remove_file(meeting.path().join(mark)).unwrap();
+    }
+    let id = start_run(&server, "triage", json!({"kind": "question"})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(
+        run["steps"]["route"]["output"],
+        json!({"case": "default", "next": "later"})
+    );
+    for step in ["fix", "verify", "plan"] {
+        assert_eq!(run["steps"][step]["state"], "skipped", "{step}: {run:#}");
+        assert_eq!(run["steps"][step]["not_taken"], true, "{step}");
+    }
+    assert_eq!(run["steps"]["later"]["output"], json!({"did": "later"}));
+    assert_eq!(run["output"]["way"], "later");
+
+    // A branch that fails fails the step, named.
+    save(
+        &server,
+        json!({"id": "broken", "steps": [{"id": "both", "kind": "parallel", "branches": {
+            "fine": {"kind": "tool", "tool": "echo"}, "bad": {"kind": "tool", "tool": "fails"}}}]}),
+    )
+    .await;
+    let id = start_run(&server, "broken", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "failed", "{run:#}");
+    let error = run["steps"]["both"]["error"].as_str().unwrap();
+    assert!(error.starts_with("branch bad:"), "{error}");
+}
+
 #[tokio::test]
 async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
     let server = start().await;
@@ -218,6 +329,36 @@ async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
             "steps[0]",
         ),
         (json!([]), "steps"),
+        (
+            json!([{"id": "p", "kind": "parallel", "branches": {}}]),
+            "steps[0].branches",
+        ),
+        (
+            json!([{"id": "p", "kind": "parallel", "branches": {"x": {"kind": "approval", "message": "?"}}}]),
+            "steps[0].branches.x.kind",
+        ),
+        (
+            json!([{"id": "p", "kind": "parallel", "branches": {"x": {"kind": "tool", "tool": "nope"}}}]),
+            "steps[0].branches.x.tool",
+        ),
+        (
+            json!([{"id": "s", "kind": "switch", "cases": [{"when": "true", "then": "ghost"}]}]),
+            "steps[0].cases[0].then",
+        ),
+        (
+            json!([{"id": "s", "kind": "switch", "cases": [{"when": "1 +", "then": "a"}]},
+                   {"id": "a", "kind": "tool", "tool": "echo"}]),
+            "steps[0].cases[0].when",
+        ),
+        (
+            json!([{"id": "s", "kind": "switch", "cases": [{"when": "true", "then": "b"}], "default": "b"},
+                   echo("a"), {"id": "b", "kind": "tool", "tool": "echo", "needs": ["s"]}]),
+            "steps[0].default",
+        ),
+        (
+            json!([echo("a"), {"id": "s", "kind": "switch", "cases": [{"when": "true", "then": "a"}]}]),
+            "must need the switch",
+        ),
     ];
     for (steps, path) in cases {
         let (status, body) = server
