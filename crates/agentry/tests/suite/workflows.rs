@@ -94,7 +94,7 @@ async fn the_example_workflows_run_against_the_mock_model() {
     .await;
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    for step in ["billing", "metrics", "logs", "hotspots", "report", "review"] {
+    for step in ["gather", "hotspots", "report", "review"] {
         assert!(
             stderr.contains(&format!("✓ {step}  succeeded")),
             "{step}: {stderr}"
@@ -103,7 +103,8 @@ async fn the_example_workflows_run_against_the_mock_model() {
     let output: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(output["hotspots"][0]["service"], "database");
     assert_eq!(output["approved_by_reviewer"], true);
-    // Five agent calls: three in parallel, the analysis, the report.
+    // Five agent calls: three in parallel (the `gather` step's branches), the analysis, the
+    // report.
     assert_eq!(mock.requests().len(), 5);
     assert!(
         mock.requests()
