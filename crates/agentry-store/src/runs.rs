@@ -252,11 +252,11 @@ macro_rules! claimable {
         "SELECT id FROM (SELECT id, priority, created_at, agent_limit, \
          ROW_NUMBER() OVER (PARTITION BY agent_id ORDER BY priority DESC, created_at, id) \
          AS place, (SELECT COUNT(*) FROM runs busy WHERE busy.agent_id = candidate.agent_id \
-         AND busy.state = 'running' AND busy.lease_until >= $3) AS busy \
-         FROM runs candidate WHERE state = 'queued' \
+         AND busy.background = 1 AND busy.state = 'running' AND busy.lease_until >= $3) \
+         AS busy FROM runs candidate WHERE background = 1 AND (state = 'queued' \
          OR (state = 'running' AND lease_until < $3 AND (CAST($5 AS TEXT) IS NULL \
              OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.incarnation = candidate.worker \
-             AND COALESCE(n.volume, '') <> CAST($5 AS TEXT))))) ranked \
+             AND COALESCE(n.volume, '') <> CAST($5 AS TEXT)))))) ranked \
          WHERE agent_limit IS NULL OR place + busy <= agent_limit \
          ORDER BY priority DESC, created_at, id"
     };
@@ -385,9 +385,11 @@ impl Store {
                 }
             }
             let queued: i64 = sqlx::Row::try_get(
-                &sqlx::query("SELECT COUNT(*) AS queued FROM runs WHERE state = 'queued'")
-                    .fetch_one(&mut *tx)
-                    .await?,
+                &sqlx::query(
+                    "SELECT COUNT(*) AS queued FROM runs WHERE background = 1 AND state = 'queued'",
+                )
+                .fetch_one(&mut *tx)
+                .await?,
                 "queued",
             )?;
             if from_db(queued) >= max_queued {
@@ -434,8 +436,8 @@ impl Store {
         // Most looks find nothing: a read says so without taking the write lock.
         let claimable = with_reader!(self, |pool, d| {
             sqlx::query(
-                "SELECT 1 AS found FROM runs WHERE state = 'queued' \
-                 OR (state = 'running' AND lease_until < $1) LIMIT 1",
+                "SELECT 1 AS found FROM runs WHERE background = 1 AND (state = 'queued' \
+                 OR (state = 'running' AND lease_until < $1)) LIMIT 1",
             )
             .bind(to_db(now))
             .fetch_optional(pool)
@@ -667,9 +669,11 @@ impl Store {
     /// How many runs wait in the queue.
     pub async fn queued_runs(&self) -> Result<u64, StoreError> {
         with_reader!(self, |pool, d| {
-            let row = sqlx::query("SELECT COUNT(*) AS queued FROM runs WHERE state = 'queued'")
-                .fetch_one(pool)
-                .await?;
+            let row = sqlx::query(
+                "SELECT COUNT(*) AS queued FROM runs WHERE background = 1 AND state = 'queued'",
+            )
+            .fetch_one(pool)
+            .await?;
             Ok(from_db(sqlx::Row::try_get(&row, "queued")?))
         })
     }
