@@ -202,12 +202,49 @@ impl App {
         let id = format!("msg_{}", RunId::new());
         match self
             .store
-            .enqueue_delivery(&id, run_id, &event, &url, &payload)
+            .enqueue_delivery(&id, &run_id.to_string(), &event, &url, &payload)
             .await
         {
             Ok(_) => self.queue.notify(),
             Err(error) => {
                 tracing::warn!(run = %run_id, "queueing a webhook delivery failed: {error}");
+            }
+        }
+    }
+
+    /// After a workflow run ended: its webhook (if it has one) hears of it, as
+    /// `workflow.<state>` with the run's summary (not its steps: `GET
+    /// /v1/workflow-runs/{id}` has them).
+    pub(crate) async fn tell_workflow_webhook(&self, run: &crate::workflows::WorkflowRun) {
+        let Some(url) = &run.webhook_url else {
+            return;
+        };
+        let state = serde_json::to_value(run.state).unwrap_or_default();
+        let event = format!("workflow.{}", state.as_str().unwrap_or("ended"));
+        let payload = serde_json::json!({
+            "type": event,
+            "timestamp": now_ms(),
+            "data": {
+                "run_id": run.run_id,
+                "workflow_id": run.workflow_id,
+                "version": run.version,
+                "state": state,
+                "output": run.output,
+                "error": run.error,
+                "parent": run.parent,
+                "created_at": run.created_at,
+                "finished_at": run.finished_at,
+            },
+        });
+        let id = format!("msg_{}", RunId::new());
+        match self
+            .store
+            .enqueue_delivery(&id, &run.run_id, &event, url, &payload)
+            .await
+        {
+            Ok(_) => self.queue.notify(),
+            Err(error) => {
+                tracing::warn!(run = %run.run_id, "queueing a webhook delivery failed: {error}");
             }
         }
     }
@@ -325,6 +362,21 @@ impl App {
     /// A background run's webhook deliveries, with every attempt.
     pub async fn run_webhooks(&self, run_id: RunId) -> Result<DeliveryList, AppError> {
         self.background_run(run_id).await?;
+        self.deliveries(&run_id.to_string()).await
+    }
+
+    /// A workflow run's webhook deliveries, with every attempt.
+    pub async fn workflow_run_webhooks(
+        &self,
+        caller: &crate::auth::Principal,
+        run_id: &str,
+    ) -> Result<DeliveryList, AppError> {
+        self.workflow_run(caller, run_id).await?;
+        self.deliveries(run_id).await
+    }
+
+    /// The deliveries of a run's or a workflow run's webhook.
+    async fn deliveries(&self, run_id: &str) -> Result<DeliveryList, AppError> {
         let deliveries = self
             .store
             .deliveries_of_run(run_id)

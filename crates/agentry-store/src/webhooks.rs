@@ -1,8 +1,7 @@
-//! The webhook outbox: one delivery per run, event and URL, with one id for good; due
+//! The webhook outbox: one delivery per run (a run's or a workflow run's id), event and URL,
+//! with one id for good; due
 //! deliveries are claimed (held for a while, so two processes never send one at once) and every
 //! attempt is logged with its outcome.
-
-use agentry_types::RunId;
 
 use crate::StoreError;
 use crate::db::{Dialect, RowExt, from_db, in_write_tx, to_db, with_reader, with_writer};
@@ -14,8 +13,8 @@ use crate::store::{Store, from_json_text, to_json_text};
 pub struct DeliveryRecord {
     /// Its id: the `webhook-id` every attempt sends.
     pub id: String,
-    /// The run it tells of.
-    pub run_id: RunId,
+    /// The run it tells of: a run's id, or a workflow run's.
+    pub run_id: String,
     /// What happened (`run.succeeded`, …).
     pub event: String,
     /// Where it goes.
@@ -74,8 +73,7 @@ macro_rules! delivery_columns {
 fn delivery_from_row(row: &impl RowExt) -> Result<DeliveryRecord, StoreError> {
     Ok(DeliveryRecord {
         id: row.text("id")?,
-        run_id: RunId::parse(&row.text("run_id")?)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        run_id: row.text("run_id")?,
         event: row.text("event")?,
         url: row.text("url")?,
         payload: from_json_text(&row.text("payload")?)?,
@@ -117,7 +115,7 @@ impl Store {
     pub async fn enqueue_delivery(
         &self,
         id: &str,
-        run_id: RunId,
+        run_id: &str,
         event: &str,
         url: &str,
         payload: &serde_json::Value,
@@ -131,7 +129,7 @@ impl Store {
                  ON CONFLICT (run_id, event, url) DO NOTHING",
             )
             .bind(id)
-            .bind(run_id.to_string())
+            .bind(run_id)
             .bind(event)
             .bind(url)
             .bind(&payload)
@@ -224,7 +222,7 @@ impl Store {
     /// A run's deliveries, oldest first, each with its attempts.
     pub async fn deliveries_of_run(
         &self,
-        run_id: RunId,
+        run_id: &str,
     ) -> Result<Vec<(DeliveryRecord, Vec<AttemptRecord>)>, StoreError> {
         with_reader!(self, |pool, d| {
             let rows = sqlx::query(concat!(
@@ -232,7 +230,7 @@ impl Store {
                 delivery_columns!(),
                 " FROM webhook_deliveries WHERE run_id = $1 ORDER BY created_at, id"
             ))
-            .bind(run_id.to_string())
+            .bind(run_id)
             .fetch_all(pool)
             .await?;
             let mut deliveries = Vec::with_capacity(rows.len());

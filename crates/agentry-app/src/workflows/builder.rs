@@ -30,6 +30,7 @@ impl WorkflowDefinition {
             input_schema: None,
             steps: Vec::new(),
             output: None,
+            webhook_url: None,
         }
     }
 

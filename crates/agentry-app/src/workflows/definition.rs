@@ -48,6 +48,11 @@ pub struct WorkflowDefinition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
+    /// Where each run's end is told (`workflow.succeeded`, `workflow.failed`,
+    /// `workflow.cancelled`), signed like a background run's webhook, unless the run names its
+    /// own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_url: Option<String>,
 }
 
 /// One step as written: its common fields and its kind's own.

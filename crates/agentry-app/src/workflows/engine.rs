@@ -159,6 +159,10 @@ async fn save(app: &App, run: &mut WorkflowRun, book: &mut Book) -> Result<(), S
         book.header = header;
     }
     app.workflows.changed(&run.run_id);
+    if run.state.is_final() {
+        // Once per run, event and URL, whoever saves the end (the outbox keeps the first).
+        app.tell_workflow_webhook(run).await;
+    }
     Ok(())
 }
 

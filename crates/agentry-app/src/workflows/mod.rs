@@ -236,6 +236,9 @@ pub struct WorkflowRun {
     /// The definition it runs (pinned at start).
     #[schema(value_type = Object)]
     pub definition: WorkflowDefinition,
+    /// Where its end is told (its own, or its workflow's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_url: Option<String>,
     /// The last step event the stored document includes: later step transitions are events in
     /// the store, applied when the run is read.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
@@ -471,7 +474,13 @@ impl App {
             |tool| runtime.tools().contains(tool),
             |agent| agents.iter().any(|name| name == agent),
             |workflow| workflows.iter().any(|name| name == workflow),
-        )
+        )?;
+        if let Some(url) = &definition.webhook_url {
+            self.check_webhook(url).await.map_err(|error| {
+                AppError::bad_request(format!("webhook_url: {}", error.message))
+            })?;
+        }
+        Ok(())
     }
 
     /// Stores a new workflow (version 1).
@@ -549,11 +558,41 @@ impl App {
         self.start_workflow_run(caller, id, input, None, None).await
     }
 
+    /// Starts a run whose end is told to `webhook_url` (checked first: the URL, and that a
+    /// signing secret exists) instead of the workflow's own webhook.
+    pub async fn start_workflow_telling(
+        &self,
+        caller: &Principal,
+        id: &str,
+        input: Value,
+        webhook_url: &str,
+    ) -> Result<WorkflowRun, AppError> {
+        self.check_webhook(webhook_url).await?;
+        let mut run = self.new_workflow_run(caller, id, input, None, None).await?;
+        run.webhook_url = Some(webhook_url.to_owned());
+        self.launch_workflow_run(run).await
+    }
+
     /// Starts a run; `parent` names the parent run and the depth (a sub-workflow step's), and
     /// `run_id` the run's id when it is derived (from the parent's step, so a resumed parent
     /// finds it again; from a trigger's delivery, so a delivery starts one run): 409 when a
     /// run has that id already.
     pub(crate) async fn start_workflow_run(
+        &self,
+        caller: &Principal,
+        id: &str,
+        input: Value,
+        parent: Option<(String, u32)>,
+        run_id: Option<String>,
+    ) -> Result<WorkflowRun, AppError> {
+        let run = self
+            .new_workflow_run(caller, id, input, parent, run_id)
+            .await?;
+        self.launch_workflow_run(run).await
+    }
+
+    /// A new run of workflow `id`, checked, not yet stored (see [`Self::start_workflow_run`]).
+    async fn new_workflow_run(
         &self,
         caller: &Principal,
         id: &str,
@@ -594,11 +633,17 @@ impl App {
             created_at: now,
             updated_at: now,
             finished_at: None,
+            webhook_url: definition.webhook_url.clone(),
             definition,
             seq: 0,
             dirty: Default::default(),
             stale: Default::default(),
         };
+        Ok(run)
+    }
+
+    /// Stores a new run and starts its driver.
+    async fn launch_workflow_run(&self, run: WorkflowRun) -> Result<WorkflowRun, AppError> {
         ConfigRepo::new(&self.store)
             .create(&run.run_id, &run)
             .await?;

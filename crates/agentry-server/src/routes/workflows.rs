@@ -15,6 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use agentry_app::webhooks::DeliveryList;
 use agentry_app::workflows::triggers::TriggerSecret;
 use agentry_app::workflows::{WorkflowDefinition, WorkflowList, WorkflowRun, WorkflowRunList};
 
@@ -34,6 +35,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(start_run))
         .routes(routes!(list_runs))
         .routes(routes!(get_run))
+        .routes(routes!(run_webhooks))
         .routes(routes!(approve_step))
         .routes(routes!(signal_run))
         .routes(routes!(cancel_run))
@@ -205,6 +207,11 @@ struct StartBody {
     #[serde(default = "empty_object")]
     #[schema(value_type = Object)]
     input: Value,
+    /// Where the run's end is told, instead of the workflow's own webhook (an http(s) URL;
+    /// a signing secret must exist: `POST /v1/webhook-secret`).
+    #[serde(default)]
+    #[schema(max_length = 2048)]
+    webhook_url: Option<String>,
 }
 
 fn empty_object() -> Value {
@@ -232,7 +239,14 @@ async fn start_run(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<StartBody>,
 ) -> Result<Response, ApiError> {
-    let run = state.start_workflow(&caller, &name, body.input).await?;
+    let run = match &body.webhook_url {
+        Some(url) => {
+            state
+                .start_workflow_telling(&caller, &name, body.input, url)
+                .await?
+        }
+        None => state.start_workflow(&caller, &name, body.input).await?,
+    };
     Ok((StatusCode::ACCEPTED, Json(run)).into_response())
 }
 
@@ -283,6 +297,26 @@ async fn get_run(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<WorkflowRun>, ApiError> {
     Ok(Json(state.workflow_run(&caller, &id).await?))
+}
+
+/// A run's webhook deliveries (its end, told to its webhook), each with its attempts.
+#[utoipa::path(
+    get,
+    path = "/v1/workflow-runs/{id}/webhooks",
+    tag = "workflows",
+    operation_id = "workflow_run_webhooks",
+    params(RunPath),
+    responses(
+        (status = 200, description = "The deliveries, oldest first.", body = DeliveryList),
+        NotFound,
+    )
+)]
+async fn run_webhooks(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<DeliveryList>, ApiError> {
+    Ok(Json(state.workflow_run_webhooks(&caller, &id).await?))
 }
 
 /// A decision on an approval step.

@@ -345,3 +345,100 @@ async fn an_agents_default_webhook_hears_of_runs_that_name_none() {
     let owned: Value = serde_json::from_str(&by_own.lock().unwrap()[0].3).unwrap();
     assert_eq!(owned["data"]["run_id"], own["run_id"]);
 }
+
+#[tokio::test]
+async fn a_workflow_runs_end_is_told_to_its_webhook() {
+    let server = start(true).await;
+    let steps = json!([{"id": "pause", "kind": "wait", "seconds": 0}]);
+    // No signing secret yet: a workflow with a webhook is refused, and so is a bad URL.
+    let (url, received) = receiver(vec![500]).await;
+    let (status, body) = server
+        .post(
+            "/v1/workflows",
+            json!({"id": "told", "steps": steps, "webhook_url": url}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let secret = secret(&server).await;
+    let (status, body) = server
+        .post(
+            "/v1/workflows",
+            json!({"id": "told", "steps": steps, "webhook_url": "ftp://example.com/x"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("webhook_url"),
+        "{body}"
+    );
+    let (status, body) = server
+        .post(
+            "/v1/workflows",
+            json!({"id": "told", "steps": steps, "webhook_url": url}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+
+    // A run with no webhook of its own: the workflow's hears its end (retried once, one id).
+    let (status, run) = server
+        .post("/v1/workflows/told/runs", json!({"input": {}}))
+        .await;
+    assert_eq!(status, 202, "{run}");
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    until(|| received.lock().unwrap().len() >= 2).await;
+    let got = received.lock().unwrap().clone();
+    assert_eq!(got[0].0, got[1].0, "one delivery id for every attempt");
+    for (id, timestamp, signature, body) in &got {
+        let expected = sign(&secret, id, timestamp.parse().unwrap(), body).unwrap();
+        assert_eq!(signature, &expected, "the signature verifies");
+        let body: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["type"], "workflow.succeeded", "{body}");
+        assert_eq!(body["data"]["run_id"], run_id.as_str());
+        assert_eq!(body["data"]["workflow_id"], "told");
+        assert_eq!(body["data"]["state"], "succeeded");
+        assert!(body["data"]["output"]["waited_until"].is_u64(), "{body}");
+    }
+    let (status, log) = server
+        .get(&format!("/v1/workflow-runs/{run_id}/webhooks"))
+        .await;
+    assert_eq!(status, 200, "{log}");
+    assert_eq!(log["deliveries"].as_array().unwrap().len(), 1, "{log}");
+    assert_eq!(log["deliveries"][0]["state"], "delivered", "{log}");
+    assert_eq!(log["deliveries"][0]["attempts"], 2);
+
+    // A run that names its own webhook: only that one hears of it.
+    let (own, own_received) = receiver(vec![]).await;
+    let (status, run) = server
+        .post(
+            "/v1/workflows/told/runs",
+            json!({"input": {}, "webhook_url": own}),
+        )
+        .await;
+    assert_eq!(status, 202, "{run}");
+    until(|| own_received.lock().unwrap().len() == 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        received.lock().unwrap().len(),
+        2,
+        "the workflow's webhook heard nothing more"
+    );
+    let body: Value = serde_json::from_str(&own_received.lock().unwrap()[0].3).unwrap();
+    assert_eq!(body["data"]["run_id"], run["run_id"]);
+    let (status, body) = server
+        .post(
+            "/v1/workflows/told/runs",
+            json!({"input": {}, "webhook_url": "not a url"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = server
+        .get(&format!(
+            "/v1/workflow-runs/{}/webhooks",
+            uuid::Uuid::new_v4()
+        ))
+        .await;
+    assert_eq!(status, 404);
+}
