@@ -18,7 +18,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::definition::{RetryPolicy, StepDefinition, WorkflowDefinition};
+use super::definition::{RetryPolicy, StepDefinition, StepErrorKind, WorkflowDefinition};
 
 impl WorkflowDefinition {
     /// A workflow `id` with no steps yet (add them with [`Self::step`]).
@@ -77,6 +77,7 @@ impl StepDefinition {
             when: None,
             retry: None,
             timeout_secs: None,
+            on_failure: None,
             fields,
         }
     }
@@ -206,9 +207,32 @@ impl StepDefinition {
     #[must_use]
     pub fn retry(mut self, attempts: u32, backoff_secs: f64) -> Self {
         self.retry = Some(RetryPolicy {
+            on: None,
             attempts,
             backoff_secs,
         });
+        self
+    }
+
+    /// Tries it again only after failures of these kinds (with [`Self::retry`]'s attempts
+    /// and backoff; one attempt with no backoff when it has none).
+    #[must_use]
+    pub fn retry_on(mut self, kinds: impl IntoIterator<Item = StepErrorKind>) -> Self {
+        let mut policy = self.retry.take().unwrap_or(RetryPolicy {
+            attempts: 1,
+            backoff_secs: 0.0,
+            on: None,
+        });
+        policy.on = Some(kinds.into_iter().collect());
+        self.retry = Some(policy);
+        self
+    }
+
+    /// If it fails (after its retries), `handler` runs instead of the run failing; the
+    /// handler must need this step.
+    #[must_use]
+    pub fn on_failure(mut self, handler: &str) -> Self {
+        self.on_failure = Some(handler.to_owned());
         self
     }
 
@@ -239,6 +263,21 @@ impl StepDefinition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_policy_is_built_as_written() {
+        let built = StepDefinition::tool("call", "billing", json!({}))
+            .retry(3, 0.5)
+            .retry_on([StepErrorKind::Tool, StepErrorKind::Timeout])
+            .on_failure("fallback");
+        let written: StepDefinition = serde_json::from_value(json!({
+            "id": "call", "kind": "tool", "tool": "billing", "arguments": {},
+            "retry": {"attempts": 3, "backoff_secs": 0.5, "on": ["tool", "timeout"]},
+            "on_failure": "fallback"
+        }))
+        .unwrap();
+        assert_eq!(built, written);
+    }
 
     #[test]
     fn a_built_workflow_is_the_document_it_stands_for() {

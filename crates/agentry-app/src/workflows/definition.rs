@@ -75,13 +75,19 @@ pub struct StepDefinition {
     /// The longest one attempt may take, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// The step that runs if this one fails (after its retries) instead of the run failing:
+    /// it must need this step, it is skipped when this step does not fail, and it sees this
+    /// step's `error` and `error_kind`. Steps that need the failed one and are not its handler
+    /// are skipped (a join that needs a step that ran still runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<String>,
     /// The kind's fields.
     #[serde(flatten)]
     pub fields: Map<String, Value>,
 }
 
 /// Retries of a failed step.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Attempts in all (1: no retry).
@@ -89,6 +95,35 @@ pub struct RetryPolicy {
     /// Seconds before the second attempt; doubled for each later one.
     #[serde(default = "default_backoff")]
     pub backoff_secs: f64,
+    /// Only failures of these kinds are tried again (default: every kind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Vec<StepErrorKind>>,
+}
+
+/// What kind of failure failed a step's attempt: what a retry policy's `on` names, and what a
+/// step's `error_kind` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StepErrorKind {
+    /// The attempt took longer than the step's `timeout_secs`.
+    Timeout,
+    /// The tool call failed.
+    Tool,
+    /// The agent's run failed.
+    Agent,
+    /// The agent's structured answer could not be used, even after its repairs.
+    InvalidOutput,
+    /// The sub-workflow failed, was cancelled, or could not start.
+    Workflow,
+    /// A template or expression failed, or gave a value of the wrong kind (a map over a
+    /// non-list, arguments that are not an object).
+    Expression,
+    /// A loop's `until` was not true within its `max` iterations.
+    LoopExhausted,
+    /// A person rejected the approval, or its timeout did.
+    Rejected,
+    /// Anything else (the store, the engine).
+    Internal,
 }
 
 fn default_backoff() -> f64 {
@@ -639,6 +674,16 @@ impl WorkflowDefinition {
                     )
                 })?;
             }
+            if step
+                .retry
+                .as_ref()
+                .is_some_and(|retry| retry.on.as_ref().is_some_and(|kinds| kinds.is_empty()))
+            {
+                return Err(invalid(
+                    &format!("{path}.retry.on"),
+                    "names at least one kind of failure (leave it out for every kind)",
+                ));
+            }
             if let Some(retry) = &step.retry
                 && (retry.attempts == 0
                     || retry.attempts > 20
@@ -676,6 +721,7 @@ impl WorkflowDefinition {
             }
         }
         self.check_switches(&ids)?;
+        self.check_failure_handlers(&ids)?;
         if let Some(cycle) = self.cycle() {
             return Err(invalid(
                 "steps",
@@ -726,6 +772,56 @@ impl WorkflowDefinition {
             }
         }
         Ok(())
+    }
+
+    /// Each `on_failure` names another step that needs the failing one, and no step handles
+    /// two.
+    fn check_failure_handlers(&self, ids: &BTreeMap<&str, usize>) -> Result<(), AppError> {
+        let mut handled_by = BTreeMap::new();
+        for (index, step) in self.steps.iter().enumerate() {
+            let Some(handler) = &step.on_failure else {
+                continue;
+            };
+            let path = format!("steps[{index}].on_failure");
+            let Some(&at) = ids.get(handler.as_str()) else {
+                return Err(invalid(&path, format!("no step is called {handler:?}")));
+            };
+            if at == index {
+                return Err(invalid(&path, "a step cannot handle its own failure"));
+            }
+            if !self.needs_of(at).contains(&step.id) {
+                return Err(invalid(
+                    &path,
+                    format!(
+                        "the step {handler:?} must need {:?} (`needs`) to handle its failure",
+                        step.id
+                    ),
+                ));
+            }
+            if let Some(other) = handled_by.insert(handler.as_str(), step.id.as_str()) {
+                return Err(invalid(
+                    &path,
+                    format!("{handler:?} already handles the failure of {other:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The step whose failure `id` handles (its `on_failure`), if any.
+    pub fn handled_by(&self, id: &str) -> Option<&str> {
+        self.steps
+            .iter()
+            .find(|step| step.on_failure.as_deref() == Some(id))
+            .map(|step| step.id.as_str())
+    }
+
+    /// The step that handles `id`'s failure, if any.
+    pub fn failure_handler(&self, id: &str) -> Option<&str> {
+        self.steps
+            .iter()
+            .find(|step| step.id == id)
+            .and_then(|step| step.on_failure.as_deref())
     }
 
     /// The steps a `switch` step may choose (its cases' and its default).

@@ -12,7 +12,8 @@ use tokio::task::JoinSet;
 use agentry_core::tool::ResultFormat;
 
 use super::definition::{
-    AgentStep, MAX_MAP_ITEMS, StepKind, ToolStep, environment, evaluate, render, truthy,
+    AgentStep, MAX_MAP_ITEMS, StepErrorKind, StepKind, ToolStep, environment, evaluate, render,
+    truthy,
 };
 use super::{Decision, Message, StepRun, StepState, WorkflowEvent, WorkflowRun, WorkflowState};
 use crate::App;
@@ -23,8 +24,41 @@ use crate::config::ConfigRepo;
 /// What one attempt of a step gave.
 struct Attempt {
     step: String,
-    result: Result<Value, String>,
+    result: Result<Value, StepError>,
     sessions: Vec<String>,
+}
+
+/// Why an attempt failed: its kind (what a retry policy's `on` names) and what happened.
+#[derive(Debug, Clone, PartialEq)]
+struct StepError {
+    kind: StepErrorKind,
+    message: String,
+}
+
+impl StepError {
+    fn new(kind: StepErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// A failed template or expression (or one that gave the wrong kind of value).
+    fn expression(message: impl Into<String>) -> Self {
+        Self::new(StepErrorKind::Expression, message)
+    }
+
+    fn internal(message: impl Into<String>) -> Self {
+        Self::new(StepErrorKind::Internal, message)
+    }
+
+    /// The same failure, said to be within `place` (a map item, a loop iteration, a branch).
+    fn within(self, place: impl std::fmt::Display) -> Self {
+        Self {
+            kind: self.kind,
+            message: format!("{place}: {}", self.message),
+        }
+    }
 }
 
 /// Starts the driver of `run_id` unless one runs in this process.
@@ -56,6 +90,7 @@ fn view(step: &StepRun) -> Value {
         "output": step.output.clone().unwrap_or(Value::Null),
         "state": step.state,
         "error": step.error,
+        "error_kind": step.error_kind,
     })
 }
 
@@ -216,22 +251,38 @@ async fn drive(
             let definition = run.definition.steps[index].clone();
             let id = definition.id.clone();
             let needs = run.definition.needs_of(index);
+            // A need is done when it succeeded, was skipped, or failed into a handler's hands.
+            let handled = |need: &str| run.definition.failure_handler(need).is_some();
             let ready = needs.iter().all(|need| {
-                run.steps.get(need).is_some_and(|step| {
-                    matches!(step.state, StepState::Succeeded | StepState::Skipped)
+                run.steps.get(need).is_some_and(|step| match step.state {
+                    StepState::Succeeded | StepState::Skipped => true,
+                    StepState::Failed => handled(need),
+                    _ => false,
                 })
             });
             if !ready {
                 continue;
             }
-            // A step that needs only steps a switch did not take is not taken either (a join
-            // that needs one step that ran, runs).
-            let not_taken = !needs.is_empty()
-                && needs.iter().all(|need| {
-                    run.steps
-                        .get(need)
-                        .is_some_and(|step| step.state == StepState::Skipped && step.not_taken)
-                });
+            // Not taken: a failure handler whose step did not fail; a step that needs only
+            // steps not taken (a switch's other ways, a failure another step handles) — a join
+            // that needs one step that ran, runs.
+            let unneeded_handler = run.definition.handled_by(&id).is_some_and(|failing| {
+                run.steps
+                    .get(failing)
+                    .is_some_and(|step| step.state != StepState::Failed)
+            });
+            let not_taken = unneeded_handler
+                || (!needs.is_empty()
+                    && needs.iter().all(|need| {
+                        run.steps.get(need).is_some_and(|step| match step.state {
+                            StepState::Skipped => step.not_taken,
+                            StepState::Failed => {
+                                handled(need)
+                                    && run.definition.failure_handler(need) != Some(id.as_str())
+                            }
+                            _ => false,
+                        })
+                    }));
             if not_taken {
                 skip_not_taken(step_mut(&mut run, &id), now);
                 changed = true;
@@ -241,7 +292,7 @@ async fn drive(
             let kind = match definition.step_kind(index) {
                 Ok(kind) => kind,
                 Err(error) => {
-                    fail_step(&mut run, &id, error.message);
+                    fail_step(&mut run, &id, StepError::internal(error.message));
                     changed = true;
                     continue;
                 }
@@ -257,7 +308,11 @@ async fn drive(
                         continue;
                     }
                     Err(error) => {
-                        fail_step(&mut run, &id, format!("`when`: {error}"));
+                        fail_step(
+                            &mut run,
+                            &id,
+                            StepError::expression(format!("`when`: {error}")),
+                        );
                         changed = true;
                         continue;
                     }
@@ -270,6 +325,7 @@ async fn drive(
                 step.started_at = Some(now);
                 step.wake_at = None;
                 step.error = None;
+                step.error_kind = None;
                 step.attempts
             };
             match kind {
@@ -282,7 +338,11 @@ async fn drive(
                         Ok(Value::String(text)) => text,
                         Ok(other) => other.to_string(),
                         Err(error) => {
-                            fail_step(&mut run, &id, format!("`message`: {error}"));
+                            fail_step(
+                                &mut run,
+                                &id,
+                                StepError::expression(format!("`message`: {error}")),
+                            );
                             continue;
                         }
                     };
@@ -296,7 +356,9 @@ async fn drive(
                         match truthy(&env, &case.when, &scope) {
                             Ok(false) => None,
                             Ok(true) => Some(Ok((json!(n), Some(case.then.clone())))),
-                            Err(error) => Some(Err(format!("`cases[{n}].when`: {error}"))),
+                            Err(error) => Some(Err(StepError::expression(format!(
+                                "`cases[{n}].when`: {error}"
+                            )))),
                         }
                     });
                     let (case, next) = match chosen {
@@ -359,9 +421,9 @@ async fn drive(
                                     Ok(attempt) => attempt,
                                     Err(_) => Attempt {
                                         step: step_id,
-                                        result: Err(format!(
-                                            "timed out after {}s",
-                                            limit.as_secs()
+                                        result: Err(StepError::new(
+                                            StepErrorKind::Timeout,
+                                            format!("timed out after {}s", limit.as_secs()),
                                         )),
                                         sessions: Vec::new(),
                                     },
@@ -370,7 +432,7 @@ async fn drive(
                             };
                             if let Err(error) = &attempt.result {
                                 traced.record("otel.status_code", "error");
-                                traced.record("otel.status_description", error.as_str());
+                                traced.record("otel.status_description", error.message.as_str());
                             }
                             attempt
                         },
@@ -383,7 +445,9 @@ async fn drive(
         if let Some((id, error)) = run
             .steps
             .iter()
-            .find(|(_, step)| step.state == StepState::Failed)
+            .find(|(id, step)| {
+                step.state == StepState::Failed && run.definition.failure_handler(id).is_none()
+            })
             .map(|(id, step)| (id.clone(), step.error.clone().unwrap_or_default()))
         {
             tasks.abort_all();
@@ -485,10 +549,11 @@ fn skip_not_taken(step: &mut StepRun, now: u64) {
     step.finished_at = Some(now);
 }
 
-fn fail_step(run: &mut WorkflowRun, id: &str, error: String) {
+fn fail_step(run: &mut WorkflowRun, id: &str, error: StepError) {
     let step = step_mut(run, id);
     step.state = StepState::Failed;
-    step.error = Some(error);
+    step.error = Some(error.message);
+    step.error_kind = Some(error.kind);
     step.finished_at = Some(now_ms());
 }
 
@@ -539,22 +604,29 @@ fn record(run: &mut WorkflowRun, done: Attempt) {
         .steps
         .iter()
         .find(|step| step.id == done.step)
-        .and_then(|step| step.retry);
+        .and_then(|step| step.retry.clone());
     let step = step_mut(run, &done.step);
     step.sessions.extend(done.sessions);
     match done.result {
         Ok(output) => succeed(step, output),
         Err(error) => {
-            let attempts = policy.map_or(1, |policy| policy.attempts);
-            if step.attempts < attempts {
+            // Tried again while attempts remain, if the policy retries this kind of failure.
+            let retried = policy.as_ref().is_some_and(|policy| {
+                step.attempts < policy.attempts
+                    && policy
+                        .on
+                        .as_ref()
+                        .is_none_or(|kinds| kinds.contains(&error.kind))
+            });
+            step.error = Some(error.message);
+            step.error_kind = Some(error.kind);
+            if retried {
                 let backoff = policy.map_or(1.0, |policy| policy.backoff_secs)
                     * 2f64.powi(step.attempts.saturating_sub(1) as i32);
                 step.state = StepState::Pending;
-                step.error = Some(error);
                 step.wake_at = Some(now_ms() + (backoff * 1000.0) as u64);
             } else {
                 step.state = StepState::Failed;
-                step.error = Some(error);
                 step.finished_at = Some(now_ms());
             }
         }
@@ -616,6 +688,7 @@ fn decide(step: &mut StepRun, approved: bool, comment: Option<String>, timed_out
         succeed(step, output);
     } else {
         step.state = StepState::Failed;
+        step.error_kind = Some(StepErrorKind::Rejected);
         step.error = Some(match (&decision.comment, timed_out) {
             (_, true) => "no decision before the timeout".to_owned(),
             (Some(comment), false) => format!("rejected: {comment}"),
@@ -781,7 +854,7 @@ impl Job {
         scope: &Value,
         slot: &str,
         sessions: &mut Vec<String>,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, StepError> {
         let nested = |index: usize| {
             if slot.is_empty() {
                 index.to_string()
@@ -810,14 +883,19 @@ impl Job {
                         &mut iteration_sessions,
                     ))
                     .await
-                    .map_err(|error| format!("iteration {iteration}: {error}"))?;
+                    .map_err(|error| error.within(format!("iteration {iteration}")))?;
                     sessions.extend(iteration_sessions);
                     scope["last"] = last.clone();
-                    if truthy(&env, until, &scope).map_err(|error| format!("`until`: {error}"))? {
+                    if truthy(&env, until, &scope)
+                        .map_err(|error| StepError::expression(format!("`until`: {error}")))?
+                    {
                         return Ok(last);
                     }
                 }
-                Err(format!("`until` was not true after {max} iterations"))
+                Err(StepError::new(
+                    StepErrorKind::LoopExhausted,
+                    format!("`until` was not true after {max} iterations"),
+                ))
             }
             StepKind::Map {
                 items,
@@ -825,19 +903,24 @@ impl Job {
                 step,
             } => {
                 let env = environment();
-                let list = match evaluate(&env, items, scope)? {
+                let list = match evaluate(&env, items, scope)
+                    .map_err(|error| StepError::expression(format!("`items`: {error}")))?
+                {
                     Value::Array(list) => list,
                     other => {
-                        return Err(format!("`items` gave {}, not a list", kind_name(&other)));
+                        return Err(StepError::expression(format!(
+                            "`items` gave {}, not a list",
+                            kind_name(&other)
+                        )));
                     }
                 };
                 if list.len() > MAX_MAP_ITEMS {
-                    return Err(format!(
+                    return Err(StepError::expression(format!(
                         "`items` has {} items; at most {MAX_MAP_ITEMS}",
                         list.len()
-                    ));
+                    )));
                 }
-                let results: Vec<(Result<Value, String>, Vec<String>)> =
+                let results: Vec<(Result<Value, StepError>, Vec<String>)> =
                     futures::stream::iter(list.into_iter().enumerate())
                         .map(|(index, value)| {
                             let mut scope = scope.clone();
@@ -861,7 +944,7 @@ impl Job {
                 let mut outputs = Vec::with_capacity(results.len());
                 for (index, (result, item_sessions)) in results.into_iter().enumerate() {
                     sessions.extend(item_sessions);
-                    outputs.push(result.map_err(|error| format!("item {index}: {error}"))?);
+                    outputs.push(result.map_err(|error| error.within(format!("item {index}")))?);
                 }
                 Ok(Value::Array(outputs))
             }
@@ -869,7 +952,7 @@ impl Job {
                 branches,
                 concurrency,
             } => {
-                let results: Vec<(Result<Value, String>, Vec<String>)> =
+                let results: Vec<(Result<Value, StepError>, Vec<String>)> =
                     futures::stream::iter(0..branches.len())
                         .map(|index| {
                             let branch = &branches[index].1;
@@ -889,30 +972,30 @@ impl Job {
                     sessions.extend(branch_sessions);
                     outputs.insert(
                         name.clone(),
-                        result.map_err(|error| format!("branch {name}: {error}"))?,
+                        result.map_err(|error| error.within(format!("branch {name}")))?,
                     );
                 }
                 Ok(Value::Object(outputs))
             }
-            StepKind::Switch { .. } => Err("a switch is decided, not run".into()),
-            StepKind::Approval { .. } | StepKind::Wait { .. } | StepKind::Signal { .. } => {
-                Err("this kind of step waits; it is not run".into())
-            }
+            StepKind::Switch { .. } => Err(StepError::internal("a switch is decided, not run")),
+            StepKind::Approval { .. } | StepKind::Wait { .. } | StepKind::Signal { .. } => Err(
+                StepError::internal("this kind of step waits; it is not run"),
+            ),
         }
     }
 
-    async fn tool(&self, tool: &ToolStep, scope: &Value) -> Result<Value, String> {
+    async fn tool(&self, tool: &ToolStep, scope: &Value) -> Result<Value, StepError> {
         let env = environment();
-        let arguments =
-            render(&env, &tool.arguments, scope).map_err(|e| format!("`arguments`: {e}"))?;
+        let arguments = render(&env, &tool.arguments, scope)
+            .map_err(|e| StepError::expression(format!("`arguments`: {e}")))?;
         if !arguments.is_object() {
-            return Err("`arguments` must give an object".into());
+            return Err(StepError::expression("`arguments` must give an object"));
         }
         let result = self
             .app
             .call_tool(&tool.tool, arguments, ResultFormat::Text)
             .await
-            .map_err(|error| error.message)?;
+            .map_err(|error| StepError::new(StepErrorKind::Tool, error.message))?;
         // A result that is JSON is kept as JSON, so later steps can reach into it.
         Ok(match &result {
             Value::String(text) => serde_json::from_str(text.trim()).unwrap_or(result),
@@ -926,10 +1009,10 @@ impl Job {
         scope: &Value,
         slot: &str,
         sessions: &mut Vec<String>,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, StepError> {
         let env = environment();
         let prompt = match render(&env, &Value::String(agent.prompt.clone()), scope)
-            .map_err(|e| format!("`prompt`: {e}"))?
+            .map_err(|e| StepError::expression(format!("`prompt`: {e}")))?
         {
             Value::String(text) => text,
             other => other.to_string(),
@@ -952,8 +1035,10 @@ impl Job {
                 .await?;
             return Ok(Value::String(text));
         };
-        let validator = jsonschema::validator_for(schema).map_err(|error| error.to_string())?;
-        let schema_text = serde_json::to_string_pretty(schema).map_err(|e| e.to_string())?;
+        let validator = jsonschema::validator_for(schema)
+            .map_err(|error| StepError::internal(error.to_string()))?;
+        let schema_text =
+            serde_json::to_string_pretty(schema).map_err(|e| StepError::internal(e.to_string()))?;
         let prompt = format!(
             "{prompt}\n\nAnswer with only a JSON value, no other text, that matches this JSON \
              Schema:\n```json\n{schema_text}\n```"
@@ -985,11 +1070,14 @@ impl Job {
                 }
             };
             if repairs >= agent.repair_attempts {
-                return Err(format!(
-                    "agent {:?}: the answer cannot be used ({} repair{} asked): {problem}",
-                    agent.agent,
-                    repairs,
-                    if repairs == 1 { "" } else { "s" }
+                return Err(StepError::new(
+                    StepErrorKind::InvalidOutput,
+                    format!(
+                        "agent {:?}: the answer cannot be used ({} repair{} asked): {problem}",
+                        agent.agent,
+                        repairs,
+                        if repairs == 1 { "" } else { "s" }
+                    ),
                 ));
             }
             repairs += 1;
@@ -1016,15 +1104,16 @@ impl Job {
         mut body: Value,
         key: String,
         sessions: &mut Vec<String>,
-    ) -> Result<(String, String), String> {
+    ) -> Result<(String, String), StepError> {
+        let failed = |message: String| StepError::new(StepErrorKind::Agent, message);
         body["agent_id"] = Value::String(agent.agent.clone());
         let body: crate::submission::InferRequest =
-            serde_json::from_value(body).map_err(|error| error.to_string())?;
+            serde_json::from_value(body).map_err(|error| StepError::internal(error.to_string()))?;
         let (view, _) = self
             .app
             .submit_background(&Principal::operator(), body, Some(key), 0)
             .await
-            .map_err(|error| error.message)?;
+            .map_err(|error| failed(error.message))?;
         let session = view.session_id.to_string();
         if !sessions.contains(&session) {
             sessions.push(session.clone());
@@ -1034,7 +1123,7 @@ impl Job {
                 .app
                 .wait_for_run(view.run_id, Duration::from_secs(30))
                 .await
-                .map_err(|error| error.message)?;
+                .map_err(|error| failed(error.message))?;
             if view.state.is_final() {
                 break view;
             }
@@ -1046,7 +1135,7 @@ impl Job {
                 .and_then(Value::as_str)
                 .or_else(|| outcome.get("stop_reason").and_then(Value::as_str))
                 .unwrap_or("the agent's run did not succeed");
-            return Err(format!("agent {:?}: {error}", agent.agent));
+            return Err(failed(format!("agent {:?}: {error}", agent.agent)));
         }
         let text = outcome
             .get("text")
@@ -1066,15 +1155,17 @@ impl Job {
         input: &Value,
         scope: &Value,
         slot: &str,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, StepError> {
+        let failed = |message: String| StepError::new(StepErrorKind::Workflow, message);
         let env = environment();
-        let input = render(&env, input, scope).map_err(|e| format!("`input`: {e}"))?;
+        let input = render(&env, input, scope)
+            .map_err(|e| StepError::expression(format!("`input`: {e}")))?;
         let child = child_id(&self.run_id, &self.step, self.attempt, slot);
         let operator = Principal::operator();
         let exists = ConfigRepo::<WorkflowRun>::new(&self.app.store)
             .get(&child)
             .await
-            .map_err(|error| error.message)?
+            .map_err(|error| StepError::internal(error.message))?
             .is_some();
         if !exists {
             self.app
@@ -1086,7 +1177,7 @@ impl Job {
                     Some(child.clone()),
                 )
                 .await
-                .map_err(|error| format!("workflow {workflow:?}: {}", error.message))?;
+                .map_err(|error| failed(format!("workflow {workflow:?}: {}", error.message)))?;
         } else {
             // After a restart: make sure the child goes on too.
             spawn(self.app.clone(), child.clone());
@@ -1096,11 +1187,11 @@ impl Job {
                 .app
                 .workflow_run(&operator, &child)
                 .await
-                .map_err(|error| error.message)?;
+                .map_err(|error| StepError::internal(error.message))?;
             match run.state {
                 WorkflowState::Succeeded => return Ok(run.output.unwrap_or(Value::Null)),
                 WorkflowState::Failed | WorkflowState::Cancelled => {
-                    return Err(format!(
+                    return Err(failed(format!(
                         "workflow {workflow:?} (run {child}) {}: {}",
                         if run.state == WorkflowState::Failed {
                             "failed"
@@ -1108,7 +1199,7 @@ impl Job {
                             "was cancelled"
                         },
                         run.error.unwrap_or_default()
-                    ));
+                    )));
                 }
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }

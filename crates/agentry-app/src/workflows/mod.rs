@@ -155,9 +155,13 @@ pub struct StepRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
-    /// Why it failed.
+    /// Why it failed (or why its last attempt did, while it waits to be retried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What kind of failure that was (what a retry policy's `on` names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub error_kind: Option<definition::StepErrorKind>,
     /// What an approval step asks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -182,6 +186,7 @@ impl StepRun {
             wake_at: None,
             output: None,
             error: None,
+            error_kind: None,
             message: None,
             decision: None,
             sessions: Vec::new(),

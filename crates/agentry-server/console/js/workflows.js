@@ -238,7 +238,7 @@ export class WorkflowsView {
         h("span", { class: "id" }, definition.id),
         h("span", { class: "meta" }, `${definition.kind}${step.attempts > 1 ? ` · attempt ${step.attempts}` : ""}${duration(step) ? ` · ${duration(step)}` : ""}`),
         badge(step.state)),
-      step.error ? h("div", { class: "form-error", testid: "step-error" }, step.error) : null,
+      step.error ? h("div", { class: "form-error", testid: "step-error", dataset: { kind: step.error_kind || "" } }, step.error_kind ? `${step.error_kind.replace("_", " ")}: ${step.error}` : step.error) : null,
       (step.sessions || []).length ? h("div", { class: "meta" }, "sessions: ", step.sessions.map((session) => h("a", { href: `#/chat/${session}`, testid: "step-session" }, `${session.slice(0, 8)} `))) : null,
       step.output !== undefined && step.output !== null ? h("details", {}, h("summary", {}, "Output"), h("pre", { class: "json" }, json(step.output))) : null,
       extra);

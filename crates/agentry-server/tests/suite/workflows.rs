@@ -1,5 +1,6 @@
 //! Workflows: definitions checked whole, data flowing between steps, parallel branches, `when`,
-//! `map` in order, `switch` and `parallel` steps, retries, an agent step on the run queue, an approval, a timer and a signal
+//! `map` in order, `switch` and `parallel` steps, retries by kind of failure, `on_failure`
+//! handlers, an agent step on the run queue, an approval, a timer and a signal
 //! surviving a restart, cancel.
 
 use std::time::Duration;
@@ -285,6 +286,103 @@ async fn a_switch_takes_one_way_and_a_parallel_steps_branches_run_together() {
 }
 
 #[tokio::test]
+async fn failures_are_typed_retried_by_kind_and_handled_by_on_failure_steps() {
+    let server = start().await;
+    add_echo(&server).await;
+    // Fails the first time it runs, then works (a mark file counts the runs).
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("tried");
+    add_script(
+        &server,
+        "flaky",
+        &format!(
+            "if [ -f {0} ]; then echo '{{\"ok\": true}}'; else touch {0}; echo down; exit 7; fi",
+            mark.display()
+        ),
+    )
+    .await;
+    add_script(&server, "sleepy", "sleep 5; echo late").await;
+    save(
+        &server,
+        json!({
+            "id": "guarded",
+            "steps": [
+                // A tool failure, retried because the policy names `tool`.
+                {"id": "flaky", "kind": "tool", "tool": "flaky", "needs": [],
+                 "retry": {"attempts": 3, "backoff_secs": 0, "on": ["tool"]}},
+                // An expression failure: not retried (the policy names only `tool`), handled.
+                {"id": "bad", "kind": "tool", "tool": "echo", "needs": [],
+                 "arguments": {"x": "{{ input.missing.deep }}"},
+                 "retry": {"attempts": 3, "backoff_secs": 0, "on": ["tool"]},
+                 "on_failure": "recover"},
+                {"id": "recover", "kind": "tool", "tool": "echo", "needs": ["bad"],
+                 "arguments": {"kind": "{{ steps.bad.error_kind }}", "why": "{{ steps.bad.error }}"}},
+                {"id": "after_bad", "kind": "tool", "tool": "echo", "needs": ["bad"]},
+                // A timeout, handled.
+                {"id": "slow", "kind": "tool", "tool": "sleepy", "needs": [], "timeout_secs": 1,
+                 "on_failure": "caught"},
+                {"id": "caught", "kind": "tool", "tool": "echo", "needs": ["slow"],
+                 "arguments": {"kind": "{{ steps.slow.error_kind }}"}},
+                // A step that works: its handler is not taken.
+                {"id": "fine", "kind": "tool", "tool": "echo", "needs": [], "on_failure": "unused"},
+                {"id": "unused", "kind": "tool", "tool": "echo", "needs": ["fine"]},
+                {"id": "end", "kind": "tool", "tool": "echo",
+                 "needs": ["flaky", "recover", "after_bad", "caught", "fine", "unused"],
+                 "arguments": {"flaky": "{{ steps.flaky.output.ok }}"}}
+            ],
+            "output": {"recovered": "{{ steps.recover.output }}", "caught": "{{ steps.caught.output.kind }}",
+                       "flaky": "{{ steps.end.output.flaky }}"}
+        }),
+    )
+    .await;
+    let id = start_run(&server, "guarded", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let steps = &run["steps"];
+    assert_eq!(steps["flaky"]["state"], "succeeded");
+    assert_eq!(steps["flaky"]["attempts"], 2, "retried once: {run:#}");
+    assert_eq!(steps["bad"]["state"], "failed");
+    assert_eq!(steps["bad"]["error_kind"], "expression");
+    assert_eq!(
+        steps["bad"]["attempts"], 1,
+        "an expression failure is not retried"
+    );
+    assert_eq!(steps["recover"]["output"]["kind"], "expression");
+    assert!(
+        steps["recover"]["output"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("arguments"),
+        "{run:#}"
+    );
+    assert_eq!(steps["after_bad"]["state"], "skipped");
+    assert_eq!(steps["after_bad"]["not_taken"], true);
+    assert_eq!(steps["slow"]["error_kind"], "timeout");
+    assert_eq!(steps["caught"]["output"]["kind"], "timeout");
+    assert_eq!(steps["unused"]["state"], "skipped");
+    assert_eq!(steps["unused"]["not_taken"], true);
+    assert_eq!(run["output"]["caught"], "timeout");
+    assert_eq!(run["output"]["flaky"], true);
+
+    // Without a handler, a failure fails the run, its kind said.
+    std::fs::remove_file(&mark).unwrap();
+    save(
+        &server,
+        json!({"id": "unguarded", "steps": [{"id": "flaky", "kind": "tool", "tool": "flaky",
+               "retry": {"attempts": 3, "backoff_secs": 0, "on": ["timeout"]}}]}),
+    )
+    .await;
+    let id = start_run(&server, "unguarded", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "failed", "{run:#}");
+    assert_eq!(run["steps"]["flaky"]["error_kind"], "tool");
+    assert_eq!(
+        run["steps"]["flaky"]["attempts"], 1,
+        "only timeouts are retried"
+    );
+}
+
+#[tokio::test]
 async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
     let server = start().await;
     add_echo(&server).await;
@@ -358,6 +456,23 @@ async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
         (
             json!([echo("a"), {"id": "s", "kind": "switch", "cases": [{"when": "true", "then": "a"}]}]),
             "must need the switch",
+        ),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "echo", "on_failure": "ghost"}]),
+            "steps[0].on_failure",
+        ),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "echo", "on_failure": "b"},
+                   {"id": "b", "kind": "tool", "tool": "echo", "needs": []}]),
+            "must need \"a\"",
+        ),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "echo", "retry": {"attempts": 2, "on": []}}]),
+            "steps[0].retry.on",
+        ),
+        (
+            json!([{"id": "a", "kind": "tool", "tool": "echo", "retry": {"attempts": 2, "on": ["gremlins"]}}]),
+            "gremlins",
         ),
     ];
     for (steps, path) in cases {
