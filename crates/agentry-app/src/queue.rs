@@ -557,7 +557,12 @@ impl App {
     /// in its record: it is read from there once the run ended.
     async fn run_view(&self, record: RunRecord) -> Result<RunView, AppError> {
         let logged = if !record.background && record.outcome.is_none() && record.state.is_final() {
-            self.logged_outcome(record.session_id, record.id).await?
+            match self.logged_outcome(record.session_id, record.id).await {
+                Ok(outcome) => outcome,
+                // Its session was deleted meanwhile: the record alone.
+                Err(error) if error.failure == crate::error::Failure::NotFound => None,
+                Err(error) => return Err(error),
+            }
         } else {
             None
         };

@@ -417,7 +417,8 @@ impl Store {
         })
     }
 
-    /// Deletes a session and its events; `false` if it did not exist.
+    /// Deletes a session, its events and the records of the runs started in it; `false` if it
+    /// did not exist.
     ///
     /// Sessions forked from it keep their whole history: the part of this session's events each
     /// one references is copied into it, and its parent link moves to this session's own parent
@@ -467,6 +468,12 @@ impl Store {
                     .await?;
             }
             sqlx::query("DELETE FROM events WHERE session_id = $1")
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+            // The records of the runs started in it go with it (their outcomes were its log);
+            // a background run's record stays, as the queue's history.
+            sqlx::query("DELETE FROM runs WHERE session_id = $1 AND background = 0")
                 .bind(&id)
                 .execute(&mut *tx)
                 .await?;

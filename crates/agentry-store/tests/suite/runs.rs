@@ -763,4 +763,9 @@ async fn runs_started_in_sessions_are_recorded_by_their_appends(h: &Harness) {
         .await
         .unwrap();
     assert!(taken.contains(&other), "{taken:?}");
+
+    // Deleting the session deletes the records of the runs started in it, not a queued run's.
+    assert!(h.store.delete_session(session).await.unwrap());
+    assert!(h.store.run_record(run).await.unwrap().is_none());
+    assert!(h.store.run_record(queued.id).await.unwrap().is_some());
 }
