@@ -10,6 +10,12 @@ use crate::secret::mask;
 use crate::store::{from_json_text, to_json_text};
 use crate::{ConfigKind, ConfigReplaced, SecretInfo, Store, StoreError};
 
+/// Stores a configuration (`$1` kind, `$2` name, `$3` value, `$4` now), replacing the one of
+/// that name.
+pub(crate) const PUT_CONFIG_SQL: &str = "INSERT INTO config (kind, name, value, updated_at, \
+     created_seq) VALUES ($1, $2, $3, $4, (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM config)) \
+     ON CONFLICT (kind, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at";
+
 impl Store {
     /// Stores `value` as the configuration `name` of `kind`, replacing what was there (which
     /// keeps its place in [`Store::list_config_registered`]). Names have 1 to 64 characters of
@@ -24,18 +30,13 @@ impl Store {
         let text = to_json_text(value)?;
         let now = to_db(now_millis());
         with_writer!(self, |pool, d| {
-            sqlx::query(
-                "INSERT INTO config (kind, name, value, updated_at, created_seq) \
-                 VALUES ($1, $2, $3, $4, (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM config)) \
-                 ON CONFLICT (kind, name) DO UPDATE \
-                 SET value = excluded.value, updated_at = excluded.updated_at",
-            )
-            .bind(kind.as_str())
-            .bind(name)
-            .bind(&text)
-            .bind(now)
-            .execute(pool)
-            .await?;
+            sqlx::query(PUT_CONFIG_SQL)
+                .bind(kind.as_str())
+                .bind(name)
+                .bind(&text)
+                .bind(now)
+                .execute(pool)
+                .await?;
         });
         Ok(())
     }

@@ -17,10 +17,29 @@ impl Store {
         first: u64,
         events: &[serde_json::Value],
     ) -> Result<(), StoreError> {
+        self.append_workflow_events_and_snapshot(run_id, first, events, None)
+            .await
+    }
+
+    /// Appends `events` as [`Store::append_workflow_events`] does and, in the same transaction,
+    /// stores `snapshot` as the run's document (configuration kind `workflow_run`, named by the
+    /// run's id): a driver whose events are refused writes no document either, so the snapshot
+    /// is fenced by the same numbering.
+    pub async fn append_workflow_events_and_snapshot(
+        &self,
+        run_id: &str,
+        first: u64,
+        events: &[serde_json::Value],
+        snapshot: Option<&serde_json::Value>,
+    ) -> Result<(), StoreError> {
         let texts = events
             .iter()
             .map(to_json_text)
             .collect::<Result<Vec<_>, _>>()?;
+        let snapshot = snapshot.map(to_json_text).transpose()?;
+        if snapshot.is_some() {
+            crate::model::validate_name("configuration", run_id)?;
+        }
         let now = to_db(now_millis());
         in_write_tx!(self, |tx, d| {
             for (offset, text) in texts.iter().enumerate() {
@@ -42,6 +61,15 @@ impl Store {
                         "workflow run {run_id}: event {seq} was appended by another driver"
                     )));
                 }
+            }
+            if let Some(snapshot) = &snapshot {
+                sqlx::query(crate::config::PUT_CONFIG_SQL)
+                    .bind(crate::ConfigKind::WorkflowRun.as_str())
+                    .bind(run_id)
+                    .bind(snapshot)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
             }
         });
         Ok(())

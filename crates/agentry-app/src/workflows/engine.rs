@@ -178,19 +178,29 @@ async fn save(app: &App, run: &mut WorkflowRun, book: &mut Book) -> Result<(), S
         };
         events.push(serde_json::to_value(event).map_err(|error| error.to_string())?);
     }
-    if !events.is_empty() {
-        app.store
-            .append_workflow_events(&run.run_id, book.next_seq, &events)
-            .await
-            .map_err(|error| error.to_string())?;
-        book.next_seq += events.len() as u64;
-        run.seq = book.next_seq - 1;
+    if events.is_empty() {
+        app.workflows.changed(&run.run_id);
+        return Ok(());
     }
+    let first = book.next_seq;
+    run.seq = first + events.len() as u64 - 1;
+    // The document, when the run itself changed, commits with the events: a driver whose
+    // events are refused (another took the run over) writes no document either.
+    let snapshot = if run_changed {
+        Some(serde_json::to_value(&*run).map_err(|error| error.to_string())?)
+    } else {
+        None
+    };
+    if let Err(error) = app
+        .store
+        .append_workflow_events_and_snapshot(&run.run_id, first, &events, snapshot.as_ref())
+        .await
+    {
+        run.seq = first.saturating_sub(1);
+        return Err(error.to_string());
+    }
+    book.next_seq = run.seq + 1;
     if run_changed {
-        ConfigRepo::new(&app.store)
-            .put(&run.run_id, &*run)
-            .await
-            .map_err(|error| error.message)?;
         book.header = header;
     }
     app.workflows.changed(&run.run_id);

@@ -1,12 +1,15 @@
 //! Workflow step events: appended in batches numbered per run, read back after a number, and a
 //! batch whose first number is taken (a second driver of the run) refused whole.
 
-use agentry_store::StoreError;
+use agentry_store::{ConfigKind, StoreError};
 use serde_json::json;
 
 use super::support::{Harness, both_backends};
 
-both_backends!(step_events_are_numbered_per_run_and_a_taken_number_refuses_the_batch);
+both_backends!(
+    step_events_are_numbered_per_run_and_a_taken_number_refuses_the_batch,
+    a_snapshot_commits_with_its_events_or_not_at_all,
+);
 
 async fn step_events_are_numbered_per_run_and_a_taken_number_refuses_the_batch(h: &Harness) {
     let store = &h.store;
@@ -63,4 +66,47 @@ async fn step_events_are_numbered_per_run_and_a_taken_number_refuses_the_batch(h
         .map(|(seq, _)| *seq)
         .collect();
     assert_eq!(b, [1, 3], "the batch's first event was rolled back");
+}
+
+/// The run's document is written in the same transaction as its events: a second driver whose
+/// events are refused leaves the first one's document as it was.
+async fn a_snapshot_commits_with_its_events_or_not_at_all(h: &Harness) {
+    let store = &h.store;
+    let run = "0191a3c4-0000-4000-8000-000000000001";
+    let document = |seq: u64, by: &str| json!({"seq": seq, "by": by});
+    store
+        .append_workflow_events_and_snapshot(
+            run,
+            1,
+            &[json!({"step": "a"}), json!({"type": "run"})],
+            Some(&document(2, "first")),
+        )
+        .await
+        .unwrap();
+    let stored = store.config(ConfigKind::WorkflowRun, run).await.unwrap();
+    assert_eq!(stored, Some(document(2, "first")));
+    // Events without a document leave the document as it is.
+    store
+        .append_workflow_events_and_snapshot(run, 3, &[json!({"step": "b"})], None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.config(ConfigKind::WorkflowRun, run).await.unwrap(),
+        Some(document(2, "first"))
+    );
+    // A stale driver (it read the run at event 2) is refused: no event, no document.
+    let refused = store
+        .append_workflow_events_and_snapshot(
+            run,
+            3,
+            &[json!({"type": "run"})],
+            Some(&document(3, "stale")),
+        )
+        .await;
+    assert!(matches!(refused, Err(StoreError::Conflict(_))), "{refused:?}");
+    assert_eq!(
+        store.config(ConfigKind::WorkflowRun, run).await.unwrap(),
+        Some(document(2, "first"))
+    );
+    assert_eq!(store.workflow_events(run, 0).await.unwrap().len(), 3);
 }
