@@ -541,23 +541,31 @@ const USAGE_ROWS_PER_INSERT: usize = 64;
 /// owner is its session's (the 13th parameter, the session's id again), read in the same
 /// statement.
 fn usage_insert_sql(rows: usize) -> String {
-    let mut sql = String::from(
+    owned_rows_sql(
         "INSERT INTO usage_records (session_id, seq, run_id, agent_id, model, input_tokens, \
          cached_input_tokens, cache_creation_input_tokens, output_tokens, reasoning_tokens, \
          cost_nanos, created_at, owner) VALUES ",
-    );
+        rows,
+        12,
+        "",
+    )
+}
+
+/// `head` then `rows` rows of `bound` placeholders, the owner of the session named by one more
+/// (read in the same statement) and the `literals`, numbered on from row to row.
+fn owned_rows_sql(head: &str, rows: usize, bound: usize, literals: &str) -> String {
+    let mut sql = String::from(head);
     for row in 0..rows {
-        let base = row * 13;
+        let base = row * (bound + 1);
         if row > 0 {
             sql.push_str(", ");
         }
         sql.push('(');
-        sql.push_str(&placeholders(base + 1, 12));
+        sql.push_str(&placeholders(base + 1, bound));
         sql.push_str(&format!(
-            ", (SELECT owner FROM sessions WHERE id = ${})",
-            base + 13
+            ", (SELECT owner FROM sessions WHERE id = ${}){literals})",
+            base + bound + 1
         ));
-        sql.push(')');
     }
     sql
 }
@@ -569,22 +577,13 @@ const RUN_ROWS_PER_INSERT: usize = 128;
 /// started in their sessions, 6 parameters each (id, session, agent, created, started, and the
 /// session again for its owner, read in the same statement).
 fn run_insert_sql(rows: usize) -> String {
-    let mut sql = String::from(
+    let mut sql = owned_rows_sql(
         "INSERT INTO runs (id, session_id, agent_id, created_at, started_at, owner, state, \
          request_digest, request, background) VALUES ",
+        rows,
+        5,
+        ", 'running', '', 'null', 0",
     );
-    for row in 0..rows {
-        let base = row * 6;
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        sql.push_str(&placeholders(base + 1, 5));
-        sql.push_str(&format!(
-            ", (SELECT owner FROM sessions WHERE id = ${}), 'running', '', 'null', 0)",
-            base + 6
-        ));
-    }
     sql.push_str(" ON CONFLICT (id) DO NOTHING");
     sql
 }

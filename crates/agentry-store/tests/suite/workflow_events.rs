@@ -103,7 +103,10 @@ async fn a_snapshot_commits_with_its_events_or_not_at_all(h: &Harness) {
             Some(&document(3, "stale")),
         )
         .await;
-    assert!(matches!(refused, Err(StoreError::Conflict(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(StoreError::Conflict(_))),
+        "{refused:?}"
+    );
     assert_eq!(
         store.config(ConfigKind::WorkflowRun, run).await.unwrap(),
         Some(document(2, "first"))
