@@ -27,10 +27,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-/// The allocator `agentry` ships with, so the server measured here is the one users run.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::time::{Duration, Instant};
 
 use agentry_app::queue::QueueSettings;

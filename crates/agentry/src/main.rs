@@ -10,12 +10,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// mimalloc instead of the system allocator: a server holding thousands of live runs keeps a
-/// smaller, less fragmented heap and allocates faster (`cargo bench -p agentry-server --bench
-/// runs` measures the server with it, as it ships).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     // A sandbox's PID 1 is this binary re-executed: it must take over before anything else
     // (threads, the async runtime) starts.
