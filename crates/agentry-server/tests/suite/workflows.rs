@@ -286,6 +286,66 @@ async fn a_switch_takes_one_way_and_a_parallel_steps_branches_run_together() {
 }
 
 #[tokio::test]
+async fn a_map_and_a_parallel_step_keep_to_their_concurrency() {
+    let server = start().await;
+    // Each call leaves a mark while it runs and says how many marks it saw: no more calls than
+    // the concurrency at once ever see each other.
+    let marks = tempfile::tempdir().unwrap();
+    let dir = marks.path().display();
+    add_script(
+        &server,
+        "count",
+        &format!(
+            "f={dir}/run.$$; touch $f; sleep 0.15; n=$(ls {dir} | wc -l); sleep 0.15; rm $f; \
+             echo \"{{\\\"seen\\\": $n}}\""
+        ),
+    )
+    .await;
+    let count = json!({"kind": "tool", "tool": "count"});
+    save(
+        &server,
+        json!({"id": "bounded", "steps": [
+            {"id": "each", "kind": "map", "items": "[1, 2, 3, 4, 5, 6]", "concurrency": 2, "step": count},
+            {"id": "some", "kind": "parallel", "concurrency": 3,
+             "branches": {"a": count, "b": count, "c": count, "d": count, "e": count}}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "bounded", json!({})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let seen = |values: Vec<&Value>| -> Vec<u64> {
+        values.iter().map(|v| v["seen"].as_u64().unwrap()).collect()
+    };
+    let map = seen(
+        run["steps"]["each"]["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .collect(),
+    );
+    assert_eq!(map.len(), 6);
+    assert_eq!(
+        map.iter().max(),
+        Some(&2),
+        "two at a time, never more: {map:?}"
+    );
+    let branches = seen(
+        run["steps"]["some"]["output"]
+            .as_object()
+            .unwrap()
+            .values()
+            .collect(),
+    );
+    assert_eq!(branches.len(), 5);
+    assert_eq!(
+        branches.iter().max(),
+        Some(&3),
+        "three at a time: {branches:?}"
+    );
+}
+
+#[tokio::test]
 async fn failures_are_typed_retried_by_kind_and_handled_by_on_failure_steps() {
     let server = start().await;
     add_echo(&server).await;
