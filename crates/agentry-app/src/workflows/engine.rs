@@ -311,8 +311,11 @@ async fn drive(
                 match truthy(&env, when, &scope) {
                     Ok(true) => {}
                     Ok(false) => {
+                        // A switch that does not run takes none of its ways.
+                        let switch = matches!(kind, StepKind::Switch { .. });
                         let step = step_mut(&mut run, &id);
                         step.state = StepState::Skipped;
+                        step.not_taken = switch;
                         step.finished_at = Some(now);
                         changed = true;
                         continue;

@@ -565,7 +565,7 @@ impl App {
 
     /// Starts a run whose end is told to `webhook_url` (checked first: the URL, and that a
     /// signing secret exists) instead of the workflow's own webhook.
-    pub async fn start_workflow_telling(
+    pub async fn start_workflow_with_webhook(
         &self,
         caller: &Principal,
         id: &str,

@@ -128,6 +128,7 @@ async fn show_budget(
         (status = 200, description = "Replaced.", body = BudgetView),
         JsonBodyErrors,
         NotFound,
+        Conflict,
     )
 )]
 async fn replace_budget(

@@ -242,7 +242,7 @@ async fn start_run(
     let run = match &body.webhook_url {
         Some(url) => {
             state
-                .start_workflow_telling(&caller, &name, body.input, url)
+                .start_workflow_with_webhook(&caller, &name, body.input, url)
                 .await?
         }
         None => state.start_workflow(&caller, &name, body.input).await?,

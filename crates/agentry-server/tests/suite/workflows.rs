@@ -253,6 +253,28 @@ async fn a_switch_takes_one_way_and_a_parallel_steps_branches_run_together() {
         json!({"a": {"met": true}, "b": {"met": true}, "way": {"next": "fix"}})
     );
 
+    // A switch skipped by its `when` takes no way: none of its cases' steps run.
+    save(
+        &server,
+        json!({"id": "quiet", "steps": [
+            {"id": "route", "kind": "switch", "when": "input.route", "cases": [{"when": "true", "then": "a"}],
+             "default": "b"},
+            {"id": "a", "kind": "tool", "tool": "echo", "needs": ["route"]},
+            {"id": "b", "kind": "tool", "tool": "echo", "needs": ["route"]},
+            {"id": "after", "kind": "tool", "tool": "echo", "needs": ["a"]}
+        ]}),
+    )
+    .await;
+    let quiet = start_run(&server, "quiet", json!({"route": false})).await;
+    let quiet = until(&server, &quiet, ended).await;
+    assert_eq!(quiet["state"], "succeeded", "{quiet:#}");
+    for step in ["route", "a", "b", "after"] {
+        assert_eq!(
+            quiet["steps"][step]["state"], "skipped",
+            "{step}: {quiet:#}"
+        );
+    }
+
     // No case holds: the default way; `fix` is skipped and so is `verify`, which needs only it.
     for mark in ["a", "b"] {
         std::fs::remove_file(meeting.path().join(mark)).unwrap();
