@@ -33,7 +33,7 @@ test("background runs show their states live and a running one can be cancelled"
 test("runs started in their sessions are listed beside background runs", async ({ page, env, script }) => {
   await script.enqueue({ text: "Answered in the conversation." });
   const answer = await env.api.post("/v1/infer", { model_id: "mock", session_id: "new", text: "A chat turn" });
-  await script.enqueue({ text: "Answered in the background." });
+  await script.enqueue({ text: "Answered from the queue." });
   const queued = await env.api.post("/v1/runs", { model_id: "mock", text: "Queued work" });
   await open(page, env, "#/runs");
   const chat = row(page, answer.run_id);
