@@ -343,9 +343,15 @@ async fn stream(
 async fn cancel(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<RunPath>,
-) -> Result<Json<RunView>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    Ok(Json(state.cancel_background(run_id).await?))
+    // A run live on another node is cancelled there, at once (a run started in its session
+    // has no lease whose renewal would carry the request).
+    if let Some(relayed) = super::runs::on_owner(&state, run_id, &headers, "cancel").await? {
+        return Ok(relayed);
+    }
+    Ok(Json(state.cancel_background(run_id).await?).into_response())
 }
 
 /// A background run's webhook deliveries, each with its attempts (status, error, duration).

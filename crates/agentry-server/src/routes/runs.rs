@@ -175,7 +175,7 @@ async fn interrupt(
 }
 
 /// The answer of the node `run_id` is live on, asked to `action` it, when that is another node.
-async fn on_owner(
+pub(crate) async fn on_owner(
     state: &AppState,
     run_id: agentry_types::RunId,
     headers: &HeaderMap,

@@ -549,6 +549,49 @@ async fn a_client_on_any_node_streams_and_controls_a_run_live_on_another() {
     let done = wait_run(other, &run_id).await;
     assert_eq!(done["state"], "cancelled", "{done}");
 
+    // A conversation's run (no lease, a record of its own) cancelled through its record on a
+    // node that does not run it: its node stops it.
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("y ".repeat(200)))
+            .chunked(Chunking::SseEvents)
+            .paced(Duration::from_millis(100)),
+    );
+    let talking = {
+        let url = format!("{}/v1/infer", nodes[0].base());
+        tokio::spawn(async move {
+            let response = agentry_llm::http_client(Duration::from_secs(60))
+                .unwrap()
+                .post(url)
+                .json(&json!({"model_id": "m", "text": "talk", "session_id": "new"}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let run_id = loop {
+        let listed = get(&nodes[2], "/v1/runs?background=false&state=running").await;
+        if let Some(id) = listed["runs"][0]["run_id"].as_str() {
+            break id.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the conversation's run never showed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (status, cancelled) =
+        post(&nodes[2], &format!("/v1/runs/{run_id}/cancel"), json!({})).await;
+    assert_eq!(status, 200, "{cancelled}");
+    let (status, answer) = talking.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["stop_reason"], "cancelled", "{answer}");
+    let done = wait_run(&nodes[1], &run_id).await;
+    assert_eq!(done["state"], "cancelled", "{done}");
+    assert_eq!(done["background"], false, "{done}");
+
     // An approval sent to a node that did not run the run continues it.
     // (The model answers slowly, so the run is seen running on its node first.)
     mock.enqueue(
