@@ -112,7 +112,7 @@ impl StoreLog {
         // A run started in its session keeps its record in `runs` in the same commit (a
         // queued run's record is its worker's to keep).
         if fence.is_none()
-            && let Some((index, mark)) = run_mark(events, status)
+            && let Some((index, mark)) = run_mark(events)
             && let Some(record) = records.get_mut(index)
         {
             record.run = Some(mark);
@@ -154,8 +154,8 @@ fn records_of(events: &[SessionEvent]) -> Result<Vec<NewEvent>, LogError> {
 
 /// What a write's events say of their run's record: the last event that moves the run (it
 /// starts, waits for a person, pauses, goes on, or ends), by index.
-fn run_mark(events: &[SessionEvent], status: Option<SessionStatus>) -> Option<(usize, RunMark)> {
-    let moved = events.iter().enumerate().rev().find_map(|(index, event)| {
+fn run_mark(events: &[SessionEvent]) -> Option<(usize, RunMark)> {
+    events.iter().enumerate().rev().find_map(|(index, event)| {
         let state = match event {
             SessionEvent::RunStarted {
                 run_id, agent_id, ..
@@ -187,22 +187,8 @@ fn run_mark(events: &[SessionEvent], status: Option<SessionStatus>) -> Option<(u
                 state,
             },
         ))
-    });
-    moved.or_else(|| {
-        // Approvals decided and the run goes on, in the same write.
-        let last = events.len().checked_sub(1)?;
-        (status == Some(SessionStatus::Running)).then(|| {
-            (
-                last,
-                RunMark::Now {
-                    run_id: events[last].run_id(),
-                    state: RunState::Running,
-                },
-            )
-        })
     })
 }
-
 /// The usage-ledger entry of a model call's answer: its tokens and cost, by run, agent and
 /// model (the ledger row commits with the event).
 fn usage_entry(event: &SessionEvent) -> Option<UsageEntry> {

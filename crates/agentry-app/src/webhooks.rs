@@ -199,15 +199,28 @@ impl App {
             "timestamp": now_ms(),
             "data": RunView::from(record),
         });
+        self.enqueue_webhook(&run_id.to_string(), &event, &url, &payload)
+            .await;
+    }
+
+    /// Puts a delivery of `event` about run `run` (a run's or a workflow run's id) in the
+    /// outbox, under a new id unless one is there already, and wakes the sender.
+    async fn enqueue_webhook(
+        &self,
+        run: &str,
+        event: &str,
+        url: &str,
+        payload: &serde_json::Value,
+    ) {
         let id = format!("msg_{}", RunId::new());
         match self
             .store
-            .enqueue_delivery(&id, &run_id.to_string(), &event, &url, &payload)
+            .enqueue_delivery(&id, run, event, url, payload)
             .await
         {
             Ok(_) => self.queue.notify(),
             Err(error) => {
-                tracing::warn!(run = %run_id, "queueing a webhook delivery failed: {error}");
+                tracing::warn!(run, "queueing a webhook delivery failed: {error}");
             }
         }
     }
@@ -236,17 +249,8 @@ impl App {
                 "finished_at": run.finished_at,
             },
         });
-        let id = format!("msg_{}", RunId::new());
-        match self
-            .store
-            .enqueue_delivery(&id, &run.run_id, &event, url, &payload)
-            .await
-        {
-            Ok(_) => self.queue.notify(),
-            Err(error) => {
-                tracing::warn!(run = %run.run_id, "queueing a webhook delivery failed: {error}");
-            }
-        }
+        self.enqueue_webhook(&run.run_id, &event, url, &payload)
+            .await;
     }
 
     /// Sends the deliveries due now (the worker's loop calls it).

@@ -808,31 +808,20 @@ impl WorkflowDefinition {
         Ok(())
     }
 
-    /// The step whose failure `id` handles (its `on_failure`), if any.
-    pub fn handled_by(&self, id: &str) -> Option<&str> {
-        self.steps
+    /// Who handles whose failure (the steps' `on_failure`), looked up both ways.
+    pub fn failure_handlers(&self) -> FailureHandlers {
+        let handler_of: BTreeMap<String, String> = self
+            .steps
             .iter()
-            .find(|step| step.on_failure.as_deref() == Some(id))
-            .map(|step| step.id.as_str())
-    }
-
-    /// The step that handles `id`'s failure, if any.
-    pub fn failure_handler(&self, id: &str) -> Option<&str> {
-        self.steps
+            .filter_map(|step| Some((step.id.clone(), step.on_failure.clone()?)))
+            .collect();
+        let handles = handler_of
             .iter()
-            .find(|step| step.id == id)
-            .and_then(|step| step.on_failure.as_deref())
-    }
-
-    /// The steps a `switch` step may choose (its cases' and its default).
-    pub fn switch_targets(&self, index: usize) -> Vec<String> {
-        match self.steps[index].step_kind(index) {
-            Ok(StepKind::Switch { cases, default }) => cases
-                .into_iter()
-                .map(|case| case.then)
-                .chain(default)
-                .collect(),
-            _ => Vec::new(),
+            .map(|(failing, handler)| (handler.clone(), failing.clone()))
+            .collect();
+        FailureHandlers {
+            handler_of,
+            handles,
         }
     }
 
@@ -907,6 +896,26 @@ impl WorkflowDefinition {
             .filter(|step| !needed.contains(&step.id))
             .map(|step| step.id.clone())
             .collect()
+    }
+}
+
+/// The steps' failure handlers (`on_failure`) of a definition, by failing step and by handler
+/// (a handler handles one step: the check says so).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FailureHandlers {
+    handler_of: BTreeMap<String, String>,
+    handles: BTreeMap<String, String>,
+}
+
+impl FailureHandlers {
+    /// The step that handles `id`'s failure, if any.
+    pub fn handler_of(&self, id: &str) -> Option<&str> {
+        self.handler_of.get(id).map(String::as_str)
+    }
+
+    /// The step whose failure `id` handles, if any.
+    pub fn handled_by(&self, id: &str) -> Option<&str> {
+        self.handles.get(id).map(String::as_str)
     }
 }
 

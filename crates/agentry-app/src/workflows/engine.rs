@@ -12,8 +12,8 @@ use tokio::task::JoinSet;
 use agentry_core::tool::ResultFormat;
 
 use super::definition::{
-    AgentStep, MAX_MAP_ITEMS, StepErrorKind, StepKind, ToolStep, environment, evaluate, render,
-    truthy,
+    AgentStep, FailureHandlers, MAX_MAP_ITEMS, StepErrorKind, StepKind, ToolStep, environment,
+    evaluate, render, truthy,
 };
 use super::{Decision, Message, StepRun, StepState, WorkflowEvent, WorkflowRun, WorkflowState};
 use crate::App;
@@ -178,30 +178,25 @@ async fn save(app: &App, run: &mut WorkflowRun, book: &mut Book) -> Result<(), S
         };
         events.push(serde_json::to_value(event).map_err(|error| error.to_string())?);
     }
-    if events.is_empty() {
-        app.workflows.changed(&run.run_id);
-        return Ok(());
-    }
-    let first = book.next_seq;
-    run.seq = first + events.len() as u64 - 1;
-    // The document, when the run itself changed, commits with the events: a driver whose
-    // events are refused (another took the run over) writes no document either.
-    let snapshot = if run_changed {
-        Some(serde_json::to_value(&*run).map_err(|error| error.to_string())?)
-    } else {
-        None
-    };
-    if let Err(error) = app
-        .store
-        .append_workflow_events_and_snapshot(&run.run_id, first, &events, snapshot.as_ref())
-        .await
-    {
-        run.seq = first.saturating_sub(1);
-        return Err(error.to_string());
-    }
-    book.next_seq = run.seq + 1;
-    if run_changed {
-        book.header = header;
+    if !events.is_empty() {
+        let first = book.next_seq;
+        // The document names the last event it holds.
+        run.seq = first + events.len() as u64 - 1;
+        // The document, when the run itself changed, commits with the events: a driver whose
+        // events are refused (another took the run over) writes no document either, and stops.
+        let snapshot = if run_changed {
+            Some(serde_json::to_value(&*run).map_err(|error| error.to_string())?)
+        } else {
+            None
+        };
+        app.store
+            .append_workflow_events_and_snapshot(&run.run_id, first, &events, snapshot.as_ref())
+            .await
+            .map_err(|error| error.to_string())?;
+        book.next_seq = run.seq + 1;
+        if run_changed {
+            book.header = header;
+        }
     }
     app.workflows.changed(&run.run_id);
     if run.state.is_final() {
@@ -228,6 +223,7 @@ async fn drive(
         next_seq: run.seq + 1,
     };
     let env = environment();
+    let handlers = run.definition.failure_handlers();
     let mut shared_scope = Arc::new(context(&run));
     let mut tasks: JoinSet<Attempt> = JoinSet::new();
     // Steps a crash left running start again (an agent step re-attaches to its run).
@@ -261,40 +257,11 @@ async fn drive(
             let definition = run.definition.steps[index].clone();
             let id = definition.id.clone();
             let needs = run.definition.needs_of(index);
-            // A need is done when it succeeded, was skipped, or failed into a handler's hands.
-            let handled = |need: &str| run.definition.failure_handler(need).is_some();
-            let ready = needs.iter().all(|need| {
-                run.steps.get(need).is_some_and(|step| match step.state {
-                    StepState::Succeeded | StepState::Skipped => true,
-                    StepState::Failed => handled(need),
-                    _ => false,
-                })
-            });
-            if !ready {
+            if !needs.iter().all(|need| done(&run, &handlers, need)) {
                 continue;
             }
-            // Not taken: a failure handler whose step did not fail; a step that needs only
-            // steps not taken (a switch's other ways, a failure another step handles) — a join
-            // that needs one step that ran, runs.
-            let unneeded_handler = run.definition.handled_by(&id).is_some_and(|failing| {
-                run.steps
-                    .get(failing)
-                    .is_some_and(|step| step.state != StepState::Failed)
-            });
-            let not_taken = unneeded_handler
-                || (!needs.is_empty()
-                    && needs.iter().all(|need| {
-                        run.steps.get(need).is_some_and(|step| match step.state {
-                            StepState::Skipped => step.not_taken,
-                            StepState::Failed => {
-                                handled(need)
-                                    && run.definition.failure_handler(need) != Some(id.as_str())
-                            }
-                            _ => false,
-                        })
-                    }));
-            if not_taken {
-                skip_not_taken(step_mut(&mut run, &id), now);
+            if not_taken(&run, &handlers, &id, &needs) {
+                skip(step_mut(&mut run, &id), now, true);
                 changed = true;
                 continue;
             }
@@ -313,10 +280,7 @@ async fn drive(
                     Ok(false) => {
                         // A switch that does not run takes none of its ways.
                         let switch = matches!(kind, StepKind::Switch { .. });
-                        let step = step_mut(&mut run, &id);
-                        step.state = StepState::Skipped;
-                        step.not_taken = switch;
-                        step.finished_at = Some(now);
+                        skip(step_mut(&mut run, &id), now, switch);
                         changed = true;
                         continue;
                     }
@@ -365,6 +329,11 @@ async fn drive(
                     step.wake_at = timeout_secs.map(|secs| now + secs * 1000);
                 }
                 StepKind::Switch { cases, default } => {
+                    let ways: Vec<String> = cases
+                        .iter()
+                        .map(|case| case.then.clone())
+                        .chain(default.clone())
+                        .collect();
                     let chosen = cases.iter().enumerate().find_map(|(n, case)| {
                         match truthy(&env, &case.when, &scope) {
                             Ok(false) => None,
@@ -385,13 +354,13 @@ async fn drive(
                             None => (Value::Null, None),
                         },
                     };
-                    for target in run.definition.switch_targets(index) {
+                    for way in ways {
                         let pending = run
                             .steps
-                            .get(&target)
+                            .get(&way)
                             .is_some_and(|step| step.state == StepState::Pending);
-                        if pending && Some(&target) != next.as_ref() {
-                            skip_not_taken(step_mut(&mut run, &target), now);
+                        if pending && Some(&way) != next.as_ref() {
+                            skip(step_mut(&mut run, &way), now, true);
                         }
                     }
                     succeed(step_mut(&mut run, &id), json!({"case": case, "next": next}));
@@ -458,9 +427,7 @@ async fn drive(
         if let Some((id, error)) = run
             .steps
             .iter()
-            .find(|(id, step)| {
-                step.state == StepState::Failed && run.definition.failure_handler(id).is_none()
-            })
+            .find(|(id, step)| step.state == StepState::Failed && handlers.handler_of(id).is_none())
             .map(|(id, step)| (id.clone(), step.error.clone().unwrap_or_default()))
         {
             tasks.abort_all();
@@ -555,11 +522,41 @@ fn succeed(step: &mut StepRun, output: Value) {
     step.wake_at = None;
 }
 
-/// Skips a step a `switch` did not take (or whose every need was not taken).
-fn skip_not_taken(step: &mut StepRun, now: u64) {
+/// Skips a step: its `when` was false, or (`not_taken`) a switch chose another way, or every
+/// step it needs was not taken.
+fn skip(step: &mut StepRun, now: u64, not_taken: bool) {
     step.state = StepState::Skipped;
-    step.not_taken = true;
+    step.not_taken = not_taken;
     step.finished_at = Some(now);
+}
+
+/// Whether a step others need is done for them: it succeeded, was skipped, or failed into its
+/// handler's hands.
+fn done(run: &WorkflowRun, handlers: &FailureHandlers, need: &str) -> bool {
+    run.steps.get(need).is_some_and(|step| match step.state {
+        StepState::Succeeded | StepState::Skipped => true,
+        StepState::Failed => handlers.handler_of(need).is_some(),
+        _ => false,
+    })
+}
+
+/// Whether step `id`, its `needs` done, is not taken: it handles a failure that did not happen,
+/// or every step it needs was not taken (a switch's other way, a failure another step handles).
+/// A join that needs one step that ran, runs.
+fn not_taken(run: &WorkflowRun, handlers: &FailureHandlers, id: &str, needs: &[String]) -> bool {
+    let state_of = |step: &str| run.steps.get(step);
+    if let Some(failing) = handlers.handled_by(id) {
+        return state_of(failing).is_some_and(|step| step.state != StepState::Failed);
+    }
+    !needs.is_empty()
+        && needs.iter().all(|need| {
+            state_of(need).is_some_and(|step| match step.state {
+                StepState::Skipped => step.not_taken,
+                // Handled by another step (this one is not its handler: see above).
+                StepState::Failed => handlers.handler_of(need).is_some(),
+                _ => false,
+            })
+        })
 }
 
 fn fail_step(run: &mut WorkflowRun, id: &str, error: StepError) {
