@@ -87,9 +87,30 @@ use crate::hub::{Hub, RunObserver};
 use crate::runtime::build_runtime;
 use crate::sandboxes::SandboxRegistry;
 
-/// The application. Cheap to clone: every part is shared.
+/// The application. Cheap to clone: one shared [`AppParts`], read through `Deref`. Changing a
+/// part (`DerefMut`) is for setting up, before the app is shared; on a shared app it changes
+/// this handle's own copy only.
 #[derive(Clone)]
-pub struct App {
+pub struct App(Arc<AppParts>);
+
+impl std::ops::Deref for App {
+    type Target = AppParts;
+
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for App {
+    fn deref_mut(&mut self) -> &mut AppParts {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+/// What the application is made of. Each part is itself shared, so a copy (made only when a
+/// shared [`App`] is changed) shares the store, the sessions, the hub and the rest.
+#[derive(Clone)]
+pub struct AppParts {
     /// The database: sessions, configuration, secrets.
     pub store: Store,
     /// Runs requests in sessions.
@@ -177,7 +198,7 @@ impl App {
             tools.clone(),
             sessions.clone(),
         );
-        let app = Self {
+        let app = Self(Arc::new(AppParts {
             mcp,
             sessions,
             store,
@@ -191,7 +212,7 @@ impl App {
             groups: LiveGroups::default(),
             queue,
             workflows: Arc::default(),
-        };
+        }));
         app.tools.delegation.bind(
             &app.store,
             &app.sessions,

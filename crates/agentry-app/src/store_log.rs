@@ -117,18 +117,18 @@ impl StoreLog {
         {
             record.run = Some(mark);
         }
-        let stored = match (status, &fence) {
-            (Some(status), fence) => {
-                self.store
-                    .append_and_set_status(session, &records, status.as_str(), fence.as_ref())
-                    .await
-            }
-            (None, Some(lease)) => self.store.append_fenced(session, &records, lease).await,
-            (None, None) => self.store.append(session, None, &records).await,
-        }
-        .map_err(log_error(session))?;
+        let last = self
+            .store
+            .write_events(
+                session,
+                &records,
+                status.map(SessionStatus::as_str),
+                fence.as_ref(),
+            )
+            .await
+            .map_err(log_error(session))?;
         self.remember_compaction_memories(session, events).await;
-        Ok(stored.last().map_or(0, |event| event.seq))
+        Ok(last)
     }
 }
 

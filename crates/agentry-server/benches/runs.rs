@@ -13,16 +13,22 @@
 //! Then `streams`: 1,000 streaming runs at once (`POST /v1/infer/stream` in new sessions on
 //! SQLite), each answer paced by the mock at 50 ms between its SSE events. The server runs in a
 //! child process (this binary again), so its peak RSS is Agentry's alone; the ideal is the time
-//! one paced answer takes straight from the mock.
+//! one paced answer takes straight from the mock. It also gives when the first text delta came
+//! (the start's share of the latency) and the CPU time of the server and of this process (client
+//! and mock), with how busy that kept the machine's cores.
 //!
 //! `RUNS_BENCH_ONLY="sqlite durable 20"` runs only the rows whose "backend scenario clients"
-//! contains it (for profiling one of them).
+//! contains it (for profiling one of them). `RUNS_BENCH_SQL=1` also prints, after each row, the
+//! SQL statements the store ran per run, by statement (counted from sqlx's query log, which
+//! costs time: the throughput of such a run is not comparable).
 //!
 //! Each at 1, 20 and 200 concurrent clients, on SQLite and (when `AGENTRY_TEST_DATABASE_URL`
 //! names one, in a fresh schema) PostgreSQL. Per run it counts the session-log writes (appends
 //! and status changes) and the group commits that carried them (`Store::commit_counts`), and on
 //! PostgreSQL every committed transaction (`pg_stat_database.xact_commit`: reads, the queue's
-//! claims, leases and settles included). The last line gives durable and background throughput
+//! claims, leases and settles included). It also gives the CPU time per run of this process
+//! (client, mock and server: on a shared machine a steadier measure of cost than throughput)
+//! and, on PostgreSQL, of the database's processes. The last line gives durable and background throughput
 //! at 20 clients as a share of stateless.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -35,6 +41,99 @@ use agentry_store::{ConfigKind, Store, StoreOptions};
 use agentry_testkit::{Chunking, MockProvider, Reply, ScriptedTurn};
 use futures::StreamExt;
 use serde_json::{Value, json};
+
+/// Counts sqlx's query-log events by the statement's first words (`RUNS_BENCH_SQL=1`).
+#[derive(Default)]
+struct StatementCounter {
+    counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl StatementCounter {
+    /// The counts so far, emptied.
+    fn take(&self) -> std::collections::BTreeMap<String, u64> {
+        std::mem::take(&mut *self.counts.lock().unwrap())
+    }
+}
+
+struct StatementVisitor(Option<String>);
+
+impl tracing::field::Visit for StatementVisitor {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "db.statement" {
+            self.0 = Some(value.split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "db.statement" {
+            self.record_str(field, &format!("{value:?}"));
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for &'static StatementCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() != "sqlx::query" {
+            return;
+        }
+        let mut visitor = StatementVisitor(None);
+        event.record(&mut visitor);
+        if let Some(statement) = visitor.0 {
+            let key: String = statement.trim_matches('"').chars().take(90).collect();
+            *self.counts.lock().unwrap().entry(key).or_default() += 1;
+        }
+    }
+}
+
+/// The statement counter, when `RUNS_BENCH_SQL` is set.
+fn statement_counter() -> Option<&'static StatementCounter> {
+    static COUNTER: std::sync::OnceLock<Option<&'static StatementCounter>> =
+        std::sync::OnceLock::new();
+    *COUNTER.get_or_init(|| {
+        std::env::var_os("RUNS_BENCH_SQL")?;
+        let counter: &'static StatementCounter = Box::leak(Box::default());
+        use tracing_subscriber::{Layer as _, layer::SubscriberExt};
+        let subscriber = tracing_subscriber::registry().with(
+            counter.with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target("sqlx::query", tracing::Level::TRACE),
+            ),
+        );
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        Some(counter)
+    })
+}
+
+/// CPU seconds (user and system) the processes `pids` have used, from `/proc/<pid>/stat`.
+fn cpu_seconds(pids: impl IntoIterator<Item = String>) -> f64 {
+    // utime and stime are the 14th and 15th fields, in clock ticks (100 a second on Linux);
+    // the command name (2nd) is in parentheses and may hold spaces.
+    let ticks: u64 = pids
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum();
+    ticks as f64 / 100.0
+}
+
+/// The CPU seconds of this process (client, mock and server), and of PostgreSQL's processes
+/// on this machine.
+fn cpu_now() -> (f64, f64) {
+    let postgres = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres")
+        });
+    (cpu_seconds(["self".to_owned()]), cpu_seconds(postgres))
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -210,7 +309,18 @@ async fn backend(
             }
             let before = pg.map(commits);
             let log_before = store.commit_counts();
+            let cpu_before = cpu_now();
+            if let Some(counter) = statement_counter() {
+                counter.take();
+            }
             let cell = load(&url, &mock, scenario, clients, total).await;
+            let cpu_after = cpu_now();
+            let cpu_ms = |after: f64, before: f64| 1e3 * (after - before) / total as f64;
+            let cpu = cpu_ms(cpu_after.0, cpu_before.0);
+            let pg_cpu = match pg {
+                Some(_) => format!("{:.2}", cpu_ms(cpu_after.1, cpu_before.1)),
+                None => "–".to_owned(),
+            };
             let log = store.commit_counts();
             let writes = (log.writes - log_before.writes) as f64 / total as f64;
             let log_commits = (log.commits - log_before.commits) as f64 / total as f64;
@@ -221,12 +331,22 @@ async fn backend(
                 _ => "–".to_owned(),
             };
             println!(
-                "| {label:<10} | {:<10} | {clients:>7} | {:>8.0} | {:>8.2} | {:>8.2} | {writes:>10.1} | {log_commits:>11.2} | {per_run:>9} |",
+                "| {label:<10} | {:<10} | {clients:>7} | {:>8.0} | {:>8.2} | {:>8.2} | {cpu:>10.3} | {pg_cpu:>13} | {writes:>10.1} | {log_commits:>11.2} | {per_run:>9} |",
                 scenario.name(),
                 cell.runs_per_sec,
                 cell.p50.as_secs_f64() * 1e3,
                 cell.p99.as_secs_f64() * 1e3,
             );
+            if let Some(counter) = statement_counter() {
+                let counts = counter.take();
+                let all: u64 = counts.values().sum();
+                println!("  statements per run: {:.1}", all as f64 / total as f64);
+                let mut counts: Vec<_> = counts.into_iter().collect();
+                counts.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+                for (statement, count) in counts {
+                    println!("  {:>6.2}  {statement}", count as f64 / total as f64);
+                }
+            }
             if clients == 20 {
                 match scenario {
                     Scenario::Stateless => *stateless_20 = Some(cell.runs_per_sec),
@@ -330,22 +450,30 @@ async fn streams() {
         stream_once(&http, &url).await;
     }
     let idle = memory_mib(pid, "VmRSS");
+    let cpu_before = (
+        cpu_seconds(["self".to_owned()]),
+        cpu_seconds([pid.to_string()]),
+    );
     let started = Instant::now();
-    let mut latencies: Vec<Duration> = futures::stream::iter(0..STREAMS)
-        .map(|_| {
-            let http = http.clone();
-            let url = url.clone();
-            async move {
-                let begun = Instant::now();
-                stream_once(&http, &url).await;
-                begun.elapsed()
-            }
-        })
-        .buffer_unordered(STREAMS)
-        .collect()
-        .await;
+    let (mut latencies, mut firsts): (Vec<Duration>, Vec<Duration>) =
+        futures::stream::iter(0..STREAMS)
+            .map(|_| {
+                let http = http.clone();
+                let url = url.clone();
+                async move {
+                    let begun = Instant::now();
+                    let first = stream_once(&http, &url).await;
+                    (begun.elapsed(), first)
+                }
+            })
+            .buffer_unordered(STREAMS)
+            .unzip()
+            .await;
     let elapsed = started.elapsed();
+    let client_cpu = cpu_seconds(["self".to_owned()]) - cpu_before.0;
+    let server_cpu = cpu_seconds([pid.to_string()]) - cpu_before.1;
     latencies.sort();
+    firsts.sort();
     let peak = memory_mib(pid, "VmHWM");
     child.kill().unwrap();
     let _ = child.wait();
@@ -353,24 +481,38 @@ async fn streams() {
     let p99 = percentile(&latencies, 0.99);
     println!();
     println!(
-        "| streams | ideal s | p50 s | p99 s | p99 / ideal | all done s | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
+        "| streams | ideal s | p50 s | p99 s | p99 / ideal | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
     );
     println!(
-        "|---------|---------|-------|-------|-------------|------------|---------------------|---------------------|----------------|"
+        "|---------|---------|-------|-------|-------------|-------------------------|------------|--------------|---------------------|---------------------|---------------------|----------------|"
     );
     println!(
-        "| {STREAMS:>7} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>10.2} | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
+        "| {STREAMS:>7} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
         ideal.as_secs_f64(),
         p50.as_secs_f64(),
         p99.as_secs_f64(),
         p99.as_secs_f64() / ideal.as_secs_f64(),
+        format!(
+            "{:.3} / {:.3}",
+            percentile(&firsts, 0.5).as_secs_f64(),
+            percentile(&firsts, 0.99).as_secs_f64()
+        ),
         elapsed.as_secs_f64(),
         (peak - idle) * 1024.0 / STREAMS as f64,
     );
+    println!(
+        "(the server, client and mock share {} cores: {:.0} % of them busy while the streams ran)",
+        std::thread::available_parallelism().map_or(1, usize::from),
+        100.0 * (server_cpu + client_cpu)
+            / (elapsed.as_secs_f64()
+                * std::thread::available_parallelism().map_or(1, usize::from) as f64),
+    );
 }
 
-/// One streaming run in a new session, read to its end.
-async fn stream_once(http: &reqwest::Client, url: &str) {
+/// One streaming run in a new session, read to its end; returns when its first text delta
+/// came, from the start.
+async fn stream_once(http: &reqwest::Client, url: &str) -> Duration {
+    let begun = Instant::now();
     let response = http
         .post(format!("{url}/v1/infer/stream"))
         .json(&json!({"text": "Count.", "model_id": "mock", "session_id": "new"}))
@@ -378,9 +520,18 @@ async fn stream_once(http: &reqwest::Client, url: &str) {
         .await
         .unwrap();
     assert!(response.status().is_success(), "{}", response.status());
-    let body = response.bytes().await.unwrap();
+    let mut first_delta = None;
+    let mut body = Vec::new();
+    let mut chunks = response.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        body.extend_from_slice(&chunk.unwrap());
+        if first_delta.is_none() && body.windows(17).any(|w| w == b"event: delta.text") {
+            first_delta = Some(begun.elapsed());
+        }
+    }
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("event: run.finished"), "{body}");
+    first_delta.expect("a text delta")
 }
 
 fn main() {
@@ -393,16 +544,17 @@ fn main() {
         return;
     }
     let only = std::env::var("RUNS_BENCH_ONLY").unwrap_or_default();
+    statement_counter();
     if only == "streams" {
         runtime.block_on(streams());
         return;
     }
     runtime.block_on(async {
         println!(
-            "| backend    | scenario   | clients |   runs/s |  p50 ms  |  p99 ms  | writes/run | commits/run | xacts/run |"
+            "| backend    | scenario   | clients |   runs/s |  p50 ms  |  p99 ms  | CPU ms/run | PG CPU ms/run | writes/run | commits/run | xacts/run |"
         );
         println!(
-            "|------------|------------|---------|----------|----------|----------|------------|-------------|-----------|"
+            "|------------|------------|---------|----------|----------|----------|------------|---------------|------------|-------------|-----------|"
         );
         let mut shares = Vec::new();
         let home = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! What every request handler shares: the application, and what only HTTP needs (logins and
 //! keys, metrics, the Host/Origin policy).
 
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use agentry_app::auth::Authenticator;
@@ -12,9 +12,28 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 /// The server's shared state: the [`App`] (its fields read through `Deref`) and the HTTP
-/// layer's own parts. Cheap to clone.
+/// layer's own parts. Cheap to clone (every request clones it, often more than once): one shared
+/// [`ServerParts`]. Changing a part (`DerefMut`) is for setting up, before the state is shared.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<ServerParts>);
+
+impl Deref for AppState {
+    type Target = ServerParts;
+
+    fn deref(&self) -> &ServerParts {
+        &self.0
+    }
+}
+
+impl DerefMut for AppState {
+    fn deref_mut(&mut self) -> &mut ServerParts {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+/// What [`AppState`] shares.
+#[derive(Clone)]
+pub struct ServerParts {
     /// The application every handler submits to.
     pub app: App,
     /// API keys and logins.
@@ -26,7 +45,7 @@ pub struct AppState {
     pub access: crate::access::AccessPolicy,
 }
 
-impl Deref for AppState {
+impl Deref for ServerParts {
     type Target = App;
 
     fn deref(&self) -> &App {
@@ -44,11 +63,11 @@ impl AppState {
     pub async fn with_tools(store: Store, tools: ToolEnvironment) -> Result<Self, ApiError> {
         let metrics = Arc::new(Metrics::default());
         let app = App::observed(store.clone(), tools, metrics.clone()).await?;
-        Ok(Self {
+        Ok(Self(Arc::new(ServerParts {
             app,
             auth: Authenticator::new(store),
             metrics,
             access: crate::access::AccessPolicy::default(),
-        })
+        })))
     }
 }

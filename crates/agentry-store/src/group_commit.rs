@@ -221,11 +221,11 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
 }
 
 /// Keeps the records of the runs the batch's events started or moved (runs started in their
-/// sessions, see [`crate::RunMark`]) on the transaction `$tx`, in batch order: one insert of
-/// the new ones (a run with a record keeps it), then one update per change of state. `$marks`
-/// holds `(session, now, mark)`.
+/// sessions, see [`crate::RunMark`]) on the transaction `$tx` (dialect `$d`): one insert of
+/// the new ones (a run with a record keeps it), then one update of the states they reach
+/// ([`run_states`]). `$marks` holds `(session, now, mark)` in batch order.
 macro_rules! keep_run_records {
-    ($tx:ident, $marks:ident) => {{
+    ($tx:ident, $d:ident, $marks:ident) => {{
         let started: Vec<(&str, i64, &agentry_types::RunId, Option<&str>)> = $marks
             .iter()
             .filter_map(|(session, now, mark)| match mark {
@@ -249,24 +249,48 @@ macro_rules! keep_run_records {
             }
             insert.execute(&mut *$tx).await?;
         }
-        for (_, now, mark) in &$marks {
-            let crate::RunMark::Now { run_id, state } = mark else {
-                continue;
-            };
-            sqlx::query(
-                "UPDATE runs SET state = $1, \
-                 finished_at = CASE WHEN $2 THEN $3 ELSE finished_at END \
-                 WHERE id = $4 AND background = 0 \
-                 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
-            )
-            .bind(state.as_str())
-            .bind(state.is_final())
-            .bind(*now)
-            .bind(run_id.to_string())
-            .execute(&mut *$tx)
-            .await?;
+        let states = run_states(&$marks);
+        for chunk in states.chunks(RUN_ROWS_PER_UPDATE) {
+            // Only placeholders vary, no value is spelled into the text.
+            let mut update = sqlx::query(sqlx::AssertSqlSafe($d.run_state_sql(chunk.len())));
+            for (run_id, state, now) in chunk {
+                update = update
+                    .bind(run_id.to_string())
+                    .bind(state.as_str())
+                    .bind(state.is_final())
+                    .bind(*now);
+            }
+            update.execute(&mut *$tx).await?;
         }
     }};
+}
+
+/// The state each run's record reaches through `marks` (`(session, now, mark)` in batch
+/// order), with the time it got there: a record that ends stays ended, so a run's first final
+/// state wins, else its last. One `(run, state, now)` per run, in the order first marked.
+fn run_states<'a>(
+    marks: &[(&str, i64, &'a crate::RunMark)],
+) -> Vec<(&'a agentry_types::RunId, crate::RunState, i64)> {
+    let mut states: Vec<(&agentry_types::RunId, crate::RunState, i64)> = Vec::new();
+    let mut index: std::collections::HashMap<&agentry_types::RunId, usize> =
+        std::collections::HashMap::new();
+    for (_, now, mark) in marks {
+        let crate::RunMark::Now { run_id, state } = mark else {
+            continue;
+        };
+        match index.get(run_id) {
+            Some(&at) => {
+                if !states[at].1.is_final() {
+                    states[at] = (run_id, *state, *now);
+                }
+            }
+            None => {
+                index.insert(run_id, states.len());
+                states.push((run_id, *state, *now));
+            }
+        }
+    }
+    states
 }
 
 /// One transaction for `batch`: the outer error when it could not commit, else each write's
@@ -482,7 +506,7 @@ async fn apply(
             insert.execute(&mut *tx).await?;
         }
         if !marks.is_empty() {
-            keep_run_records!(tx, marks);
+            keep_run_records!(tx, d, marks);
         }
     });
     Ok(results
@@ -717,7 +741,7 @@ fn postgres_advance_sql(rows: usize) -> String {
 /// SQLite's advance for `rows` rows, each `(id, count, now, expected, status, worker)`.
 fn sqlite_advance_sql(rows: usize) -> String {
     let values = (0..rows)
-        .map(|row| format!("({})", placeholders(row * 6 + 1, 6)))
+        .map(|_| format!("({})", sqlite_placeholders(6)))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
@@ -762,6 +786,14 @@ fn create_sql(rows: usize) -> String {
     )
 }
 
+/// `?, ?, …` for `count` parameters, bound in order: SQLite's anonymous parameters. A SQLite
+/// statement with many parameters uses these, because a numbered or named parameter (`$7`) is
+/// looked up in a list of all the statement's names, when it is parsed and again when it is
+/// bound, which grows with the square of the count.
+fn sqlite_placeholders(count: usize) -> String {
+    vec!["?"; count].join(", ")
+}
+
 /// `$first, $first + 1, …` for `count` parameters.
 fn placeholders(first: usize, count: usize) -> String {
     (0..count)
@@ -770,7 +802,59 @@ fn placeholders(first: usize, count: usize) -> String {
         .join(", ")
 }
 
+/// Run records per state update (4 parameters each).
+const RUN_ROWS_PER_UPDATE: usize = 64;
+
 impl Dialect {
+    /// Moves the records of `rows` runs started in their sessions, each bound `(id, state,
+    /// final, now)`, to their states (`finished_at` is `now` when the state is final); a record
+    /// that ended, or a background run's, is left as it is. The rows name distinct runs.
+    fn run_state_sql(self, rows: usize) -> String {
+        const UNENDED: &str =
+            "background = 0 AND state NOT IN ('succeeded', 'failed', 'cancelled')";
+        match self {
+            // Each row of the VALUES is looked up by the primary key.
+            Self::Sqlite => {
+                let values = (0..rows)
+                    .map(|_| format!("({})", sqlite_placeholders(4)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!(
+                    "UPDATE runs SET state = v.column2, \
+                     finished_at = CASE WHEN v.column3 THEN v.column4 ELSE runs.finished_at END \
+                     FROM (VALUES {values}) AS v WHERE runs.id = v.column1 AND runs.{UNENDED}"
+                )
+            }
+            // One `UPDATE` by primary key per row, as data-modifying CTEs of one statement (a
+            // join with the rows may be planned as a hash join over every run; see
+            // `postgres_advance_sql`).
+            Self::Postgres => {
+                let update = |row: usize| {
+                    let p = row * 4;
+                    format!(
+                        "UPDATE runs SET state = ${state}::TEXT, \
+                         finished_at = CASE WHEN ${last}::BOOLEAN THEN ${now}::BIGINT \
+                         ELSE finished_at END WHERE id = ${id}::TEXT AND {UNENDED}",
+                        id = p + 1,
+                        state = p + 2,
+                        last = p + 3,
+                        now = p + 4,
+                    )
+                };
+                let mut sql = String::new();
+                if rows > 1 {
+                    let ctes = (0..rows - 1)
+                        .map(|row| format!("u{row} AS ({})", update(row)))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    sql.push_str(&format!("WITH {ctes} "));
+                }
+                sql.push_str(&update(rows.saturating_sub(1)));
+                sql
+            }
+        }
+    }
+
     /// `id, worker, lease_epoch` of those of `runs` runs (`$1…`) that are running; on
     /// PostgreSQL their rows are locked against a claim until the transaction ends.
     fn leases_held_sql(self, runs: usize) -> String {
@@ -778,32 +862,28 @@ impl Dialect {
             Self::Sqlite => "",
             Self::Postgres => " FOR SHARE",
         };
+        let ids = match self {
+            Self::Sqlite => sqlite_placeholders(runs),
+            Self::Postgres => placeholders(1, runs),
+        };
         format!(
-            "SELECT id, worker, lease_epoch FROM runs WHERE state = 'running' AND id IN ({}){lock}",
-            placeholders(1, runs)
+            "SELECT id, worker, lease_epoch FROM runs WHERE state = 'running' AND id IN ({ids}){lock}"
         )
     }
 }
 
-/// `INSERT INTO events … VALUES ($1, …, $5), ($6, …)` for `rows` rows.
+/// SQLite's `INSERT INTO events … VALUES (?, …, ?), (?, …)` for `rows` rows of 5.
 fn insert_sql(rows: usize) -> String {
+    let row = format!("({})", sqlite_placeholders(5));
     let mut sql =
         String::from("INSERT INTO events (session_id, seq, kind, payload, created_at) VALUES ");
-    for row in 0..rows {
-        let base = row * 5;
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        sql.push_str(&placeholders(base + 1, 5));
-        sql.push(')');
-    }
+    sql.push_str(&vec![row; rows].join(", "));
     sql
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{insert_sql, postgres_advance_sql, sqlite_advance_sql};
+    use super::{insert_sql, postgres_advance_sql, run_states, sqlite_advance_sql};
     use sqlx::{AssertSqlSafe, Connection, Row};
 
     /// `$query` with `$writes` advance rows bound: sessions spread over the table, one event
@@ -897,11 +977,48 @@ mod tests {
     }
 
     #[test]
-    fn insert_statement_numbers_its_parameters_row_by_row() {
+    fn sqlite_insert_statement_binds_its_parameters_in_order() {
         assert_eq!(
             insert_sql(2),
             "INSERT INTO events (session_id, seq, kind, payload, created_at) VALUES \
-             ($1, $2, $3, $4, $5), ($6, $7, $8, $9, $10)"
+             (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)"
+        );
+    }
+
+    #[test]
+    fn a_run_record_reaches_its_first_final_state_else_its_last() {
+        use crate::{RunMark, RunState};
+        use agentry_types::RunId;
+        let (a, b, c) = (RunId::new(), RunId::new(), RunId::new());
+        let now = |run_id: &RunId, state| RunMark::Now {
+            run_id: *run_id,
+            state,
+        };
+        let marks = [
+            RunMark::Started {
+                run_id: a,
+                agent_id: None,
+            },
+            now(&a, RunState::Waiting),
+            now(&b, RunState::Running),
+            now(&a, RunState::Running),
+            now(&b, RunState::Succeeded),
+            now(&c, RunState::Cancelled),
+            now(&b, RunState::Running),
+            now(&c, RunState::Failed),
+        ];
+        let marks: Vec<(&str, i64, &RunMark)> = marks
+            .iter()
+            .enumerate()
+            .map(|(at, mark)| ("s", at as i64, mark))
+            .collect();
+        assert_eq!(
+            run_states(&marks),
+            [
+                (&a, RunState::Running, 3),
+                (&b, RunState::Succeeded, 4),
+                (&c, RunState::Cancelled, 5),
+            ]
         );
     }
 }

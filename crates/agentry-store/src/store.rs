@@ -177,6 +177,12 @@ impl Store {
         Self::connect_sqlite(connect, options).await
     }
 
+    /// Prepared statements each SQLite connection keeps (sqlx's default is 100). A group
+    /// commit's statements are spelled for their number of rows (up to a few hundred variants
+    /// of a handful of statements); with too small a cache the writer parses them again and
+    /// again. SQLite's prepared statements are small.
+    const SQLITE_STATEMENT_CACHE: usize = 512;
+
     async fn connect_sqlite(
         connect: SqliteConnectOptions,
         options: StoreOptions,
@@ -189,7 +195,8 @@ impl Store {
                 Durability::Full => SqliteSynchronous::Full,
             })
             .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT);
+            .busy_timeout(BUSY_TIMEOUT)
+            .statement_cache_capacity(Self::SQLITE_STATEMENT_CACHE);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -629,6 +636,28 @@ impl Store {
             .await
     }
 
+    /// [`Store::append`] (fenced by `lease` when given, with the session's new `status` when
+    /// given, in one transaction) for a writer that needs only the seq of the last event (0
+    /// when none was written): the events are not handed back.
+    pub async fn write_events(
+        &self,
+        session: SessionId,
+        events: &[NewEvent],
+        status: Option<&str>,
+        lease: Option<&crate::Lease>,
+    ) -> Result<u64, StoreError> {
+        if let Some(status) = status {
+            validate_status(status)?;
+        }
+        if events.is_empty() && status.is_none() {
+            return Ok(0);
+        }
+        let (last, _) = self
+            .append_rows(session, None, events, lease, status)
+            .await?;
+        Ok(if events.is_empty() { 0 } else { last })
+    }
+
     async fn append_with(
         &self,
         session: SessionId,
@@ -640,6 +669,32 @@ impl Store {
         if events.is_empty() && status.is_none() {
             return Ok(Vec::new());
         }
+        let (last, now) = self
+            .append_rows(session, expected_last_seq, events, lease, status)
+            .await?;
+        let first = last + 1 - events.len() as u64;
+        Ok((first..)
+            .zip(events)
+            .map(|(seq, event)| StoredEvent {
+                session_id: session,
+                seq,
+                kind: event.kind.clone(),
+                payload: event.payload.clone(),
+                created_at: now,
+            })
+            .collect())
+    }
+
+    /// Writes `events` (and `status`) through the group commit; returns the session's last
+    /// seq after the write and the time written.
+    async fn append_rows(
+        &self,
+        session: SessionId,
+        expected_last_seq: Option<u64>,
+        events: &[NewEvent],
+        lease: Option<&crate::Lease>,
+        status: Option<&str>,
+    ) -> Result<(u64, u64), StoreError> {
         let mut rows = Vec::with_capacity(events.len());
         let mut usage = Vec::new();
         let mut runs = Vec::new();
@@ -671,17 +726,7 @@ impl Store {
                 create: None,
             })
             .await?;
-        let first = last + 1 - events.len() as u64;
-        Ok((first..)
-            .zip(events)
-            .map(|(seq, event)| StoredEvent {
-                session_id: session,
-                seq,
-                kind: event.kind.clone(),
-                payload: event.payload.clone(),
-                created_at: now,
-            })
-            .collect())
+        Ok((last, now))
     }
 
     /// The session's events with `seq > after`, in order, at most `limit`.
@@ -697,6 +742,45 @@ impl Store {
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let key = session.to_string();
         let after = to_db(after);
+        // Most sessions are no forks: their events come in one statement (one snapshot, no
+        // transaction to open and close). A fork's row says so, and its chain is read below.
+        let unforked = with_reader!(self, |pool, d| {
+            let rows = sqlx::query(
+                "SELECT s.parent_id, e.seq, e.kind, e.payload, e.created_at FROM sessions s \
+                 LEFT JOIN events e ON e.session_id = s.id AND e.seq > $2 \
+                 WHERE s.id = $1 ORDER BY e.seq LIMIT $3",
+            )
+            .bind(&key)
+            .bind(after)
+            // At least one row, so that a session with no events is told from no session.
+            .bind(to_db(limit.max(1) as u64))
+            .fetch_all(pool)
+            .await?;
+            let Some(first) = rows.first() else {
+                return Err(not_found(session));
+            };
+            if first.opt_text("parent_id")?.is_some() {
+                None
+            } else {
+                let mut out = Vec::with_capacity(rows.len().min(limit));
+                for row in rows.iter().take(limit) {
+                    let Some(seq) = row.opt_int("seq")? else {
+                        break;
+                    };
+                    out.push(StoredEvent {
+                        session_id: session,
+                        seq: from_db(seq),
+                        kind: row.text("kind")?,
+                        payload: from_json_text(&row.text("payload")?)?,
+                        created_at: from_db(row.int("created_at")?),
+                    });
+                }
+                Some(out)
+            }
+        });
+        if let Some(events) = unforked {
+            return Ok(events);
+        }
         in_read_tx!(self, |tx, d| {
             // The session and its ancestors, the session first.
             let chain = sqlx::query(

@@ -14,6 +14,9 @@ both_backends!(
 async fn append_numbers_events_and_reads_them_back(h: &Harness) {
     let store = &h.store;
     let id = new_session(store, "log").await;
+    // A session with no events yet reads as empty, not as unknown.
+    assert!(store.events(id, 0, 100).await.unwrap().is_empty());
+    assert!(store.events(id, 0, 0).await.unwrap().is_empty());
     let before = now_ms();
     let payloads = [
         json!({"text": "héllo wörld — 你好 👋", "quote": "say \"hi\"\n\ttab", "n": 1}),
