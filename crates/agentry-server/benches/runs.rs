@@ -10,8 +10,8 @@
 //! - `background`: `POST /v1/runs` then `GET /v1/runs/{id}/wait` (queued, claimed under a lease,
 //!   committed, settled), timed from submission to the answer of the wait.
 //!
-//! Then `streams`: 1,000 streaming runs at once (`POST /v1/infer/stream` in new sessions on
-//! SQLite), each answer paced by the mock at 50 ms between its SSE events. The server runs in a
+//! Then `streams`: 1,000 streaming runs at once (`POST /v1/infer/stream`, without a session,
+//! then in new sessions on SQLite, each on a fresh server), each answer paced by the mock at 50 ms between its SSE events. The server runs in a
 //! child process (this binary again), so its peak RSS is Agentry's alone; the ideal is the time
 //! one paced answer takes straight from the mock. It also gives when the first text delta came
 //! (the start's share of the latency) and the CPU time of the server and of this process (client
@@ -178,7 +178,7 @@ async fn serve(store: Store, mock: &MockProvider) -> String {
         ..QueueSettings::default()
     });
     state.start_worker();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = agentry_server::listen(([127, 0, 0, 1], 0).into()).unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
         axum::serve(
@@ -395,7 +395,8 @@ async fn serve_child(mock_url: String) {
         .await
         .unwrap();
     let state = AppState::new(store).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // As `agentry serve` listens.
+    let listener = agentry_server::listen(([127, 0, 0, 1], 0).into()).unwrap();
     println!("http://{}", listener.local_addr().unwrap());
     axum::serve(
         agentry_server::without_delay(listener),
@@ -413,9 +414,9 @@ fn memory_mib(pid: u32, field: &str) -> f64 {
     kib / 1024.0
 }
 
-/// The streams table: 1,000 paced streaming runs at once against a child server.
+/// The streams table: 1,000 paced streaming runs at once against a child server, without a
+/// session and in new sessions, each on a fresh server.
 async fn streams() {
-    use std::io::BufRead;
     let mock = MockProvider::start().await.unwrap();
     mock.set_fallback(paced_answer());
     let http = agentry_llm::http_client(Duration::from_secs(120)).unwrap();
@@ -434,6 +435,29 @@ async fn streams() {
         .unwrap();
     let ideal = begun.elapsed();
     assert!(direct.ends_with(b"data: [DONE]\n\n"));
+    println!();
+    println!(
+        "| streams | runs | ideal s | p50 s | p99 s | p99 / ideal | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | cores busy | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
+    );
+    println!(
+        "|---------|------|---------|-------|-------|-------------|-------------------------|------------|--------------|---------------------|------------|---------------------|---------------------|----------------|"
+    );
+    for durable in [false, true] {
+        streams_row(&mock, &http, ideal, durable).await;
+    }
+    println!(
+        "(server, client and mock share {} cores; `cores busy` is their CPU time over the time all streams took)",
+        cores()
+    );
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// One row of the streams table, against a fresh child server.
+async fn streams_row(mock: &MockProvider, http: &reqwest::Client, ideal: Duration, durable: bool) {
+    use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .env("RUNS_BENCH_SERVE", mock.openai_base_url())
         .stdout(std::process::Stdio::piped())
@@ -447,7 +471,7 @@ async fn streams() {
     let pid = child.id();
     // Warm up, then the idle baseline.
     for _ in 0..5 {
-        stream_once(&http, &url).await;
+        stream_once(http, &url, durable).await;
     }
     let idle = memory_mib(pid, "VmRSS");
     let cpu_before = (
@@ -462,7 +486,7 @@ async fn streams() {
                 let url = url.clone();
                 async move {
                     let begun = Instant::now();
-                    let first = stream_once(&http, &url).await;
+                    let first = stream_once(&http, &url, durable).await;
                     (begun.elapsed(), first)
                 }
             })
@@ -479,15 +503,13 @@ async fn streams() {
     let _ = child.wait();
     let p50 = percentile(&latencies, 0.5);
     let p99 = percentile(&latencies, 0.99);
-    println!();
     println!(
-        "| streams | ideal s | p50 s | p99 s | p99 / ideal | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
-    );
-    println!(
-        "|---------|---------|-------|-------|-------------|-------------------------|------------|--------------|---------------------|---------------------|---------------------|----------------|"
-    );
-    println!(
-        "| {STREAMS:>7} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
+        "| {STREAMS:>7} | {:<4} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {:>8.0} % | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
+        if durable {
+            "new sessions"
+        } else {
+            "no session"
+        },
         ideal.as_secs_f64(),
         p50.as_secs_f64(),
         p99.as_secs_f64(),
@@ -498,24 +520,22 @@ async fn streams() {
             percentile(&firsts, 0.99).as_secs_f64()
         ),
         elapsed.as_secs_f64(),
+        100.0 * (server_cpu + client_cpu) / (elapsed.as_secs_f64() * cores() as f64),
         (peak - idle) * 1024.0 / STREAMS as f64,
-    );
-    println!(
-        "(the server, client and mock share {} cores: {:.0} % of them busy while the streams ran)",
-        std::thread::available_parallelism().map_or(1, usize::from),
-        100.0 * (server_cpu + client_cpu)
-            / (elapsed.as_secs_f64()
-                * std::thread::available_parallelism().map_or(1, usize::from) as f64),
     );
 }
 
-/// One streaming run in a new session, read to its end; returns when its first text delta
-/// came, from the start.
-async fn stream_once(http: &reqwest::Client, url: &str) -> Duration {
+/// One streaming run (in a new session when `durable`), read to its end; returns when its
+/// first text delta came, from the start.
+async fn stream_once(http: &reqwest::Client, url: &str, durable: bool) -> Duration {
     let begun = Instant::now();
+    let mut body = json!({"text": "Count.", "model_id": "mock"});
+    if durable {
+        body["session_id"] = json!("new");
+    }
     let response = http
         .post(format!("{url}/v1/infer/stream"))
-        .json(&json!({"text": "Count.", "model_id": "mock", "session_id": "new"}))
+        .json(&body)
         .send()
         .await
         .unwrap();

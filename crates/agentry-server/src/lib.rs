@@ -23,5 +23,5 @@ pub mod state;
 
 pub use error::ApiError;
 pub use routes::router;
-pub use serve::{ServeError, ServerConfig, serve, without_delay};
+pub use serve::{LISTEN_BACKLOG, ServeError, ServerConfig, listen, serve, without_delay};
 pub use state::AppState;

@@ -69,12 +69,29 @@ pub async fn bind(
             return Err(ServeError::InsecureBind(config.addr));
         }
     }
-    TcpListener::bind(config.addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.addr,
-            source,
-        })
+    listen(config.addr).map_err(|source| ServeError::Bind {
+        addr: config.addr,
+        source,
+    })
+}
+
+/// How many connections may wait to be accepted. A burst beyond the queue is not refused but
+/// dropped, and each dropped client tries again only after a second (TCP's first
+/// retransmission): with tokio's 1,024, a thousand clients starting at once lost a second at
+/// the tail. The kernel caps it at `net.core.somaxconn` (4,096 on current Linux).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` (address reuse on, as `TcpListener::bind` does) with an accept queue of
+/// [`LISTEN_BACKLOG`].
+pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// `listener` with Nagle's algorithm off on every connection it accepts: a stream's small

@@ -326,6 +326,55 @@ async fn listening_beyond_loopback_needs_a_key() {
     );
 }
 
+/// The most files this process may open, from `/proc/self/limits`.
+fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+            line.split_whitespace().nth(3)?.parse().ok()
+        })
+        .unwrap_or(1024)
+}
+
+#[tokio::test]
+async fn a_burst_of_connections_waits_to_be_accepted_instead_of_being_dropped() {
+    // The server accepts nothing meanwhile: every connection waits in the accept queue. A
+    // connection the queue has no room for is dropped and retried only after a second, so each
+    // must complete well within that. Beyond tokio's default queue of 1,024 where this machine
+    // allows (`somaxconn`, open files).
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(1024);
+    let burst = 1500
+        .min(somaxconn)
+        .min(open_files_limit().saturating_sub(500));
+    let config = ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        shutdown_grace: Duration::from_secs(1),
+    };
+    let server = start().await;
+    let listener = agentry_server::serve::bind(&config, &server.state.store)
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut connections = Vec::with_capacity(burst);
+    for n in 0..burst {
+        let connected = tokio::time::timeout(
+            Duration::from_millis(700),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await;
+        match connected {
+            Ok(Ok(stream)) => connections.push(stream),
+            other => panic!("connection {n} of {burst} was not queued: {other:?}"),
+        }
+    }
+    assert_eq!(connections.len(), burst);
+    drop(listener);
+}
+
 #[tokio::test]
 async fn cors_is_off_by_default() {
     let server = start().await;

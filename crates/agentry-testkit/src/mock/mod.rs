@@ -76,8 +76,13 @@ impl Shared {
 impl MockProvider {
     /// Binds `127.0.0.1:0` and starts serving on the current tokio runtime.
     pub async fn start() -> Result<MockProvider, TestkitError> {
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
+        // A long accept queue: a thousand calls at once (the runs bench) must not wait out
+        // TCP's one-second retransmission of a dropped connection.
+        let listener = tokio::net::TcpSocket::new_v4()
+            .and_then(|socket| {
+                socket.bind((Ipv4Addr::LOCALHOST, 0).into())?;
+                socket.listen(4096)
+            })
             .map_err(TestkitError::Bind)?;
         let addr = listener.local_addr().map_err(TestkitError::Bind)?;
         let listener = listener.tap_io(|stream| {
