@@ -250,7 +250,7 @@ macro_rules! keep_run_records {
             insert.execute(&mut *$tx).await?;
         }
         let states = run_states(&$marks);
-        for chunk in states.chunks(RUN_ROWS_PER_UPDATE) {
+        for chunk in states.chunks($d.run_rows_per_update()) {
             // Only placeholders vary, no value is spelled into the text.
             let mut update = sqlx::query(sqlx::AssertSqlSafe($d.run_state_sql(chunk.len())));
             for (run_id, state, now) in chunk {
@@ -683,7 +683,13 @@ impl BatchStatements for sqlx::SqliteConnection {
 /// insert's text (and its prepared plan) is the same whatever the batch's size.
 impl BatchStatements for sqlx::PgConnection {
     async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
-        advance_rows!(self, postgres_advance_sql, rows)
+        let mut changed = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(POSTGRES_ROWS_PER_UPDATE) {
+            let chunk_changed: Result<Vec<(String, i64)>, StoreError> =
+                advance_rows!(self, postgres_advance_sql, chunk);
+            changed.extend(chunk_changed?);
+        }
+        Ok(changed)
     }
 
     async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
@@ -802,10 +808,21 @@ fn placeholders(first: usize, count: usize) -> String {
         .join(", ")
 }
 
-/// Run records per state update (4 parameters each).
-const RUN_ROWS_PER_UPDATE: usize = 64;
+/// Rows per PostgreSQL statement of one `UPDATE` per row (see [`postgres_advance_sql`]). Such
+/// a statement is spelled for its number of rows, and PostgreSQL plans each spelling afresh
+/// until it has run a few times on a connection; planning one of many rows costs more than
+/// running it. With a few spellings, each is planned once per connection and then reused.
+const POSTGRES_ROWS_PER_UPDATE: usize = 8;
 
 impl Dialect {
+    /// Run records per state update (4 parameters each).
+    fn run_rows_per_update(self) -> usize {
+        match self {
+            Self::Sqlite => 64,
+            Self::Postgres => POSTGRES_ROWS_PER_UPDATE,
+        }
+    }
+
     /// Moves the records of `rows` runs started in their sessions, each bound `(id, state,
     /// final, now)`, to their states (`finished_at` is `now` when the state is final); a record
     /// that ended, or a background run's, is left as it is. The rows name distinct runs.
