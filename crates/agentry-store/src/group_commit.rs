@@ -633,8 +633,9 @@ trait BatchStatements {
     async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError>;
 }
 
-/// The body of [`BatchStatements::advance`] on either connection: the statement `$sql` builds
-/// for the rows, each bound `(id, count, now, expected, status, worker)`.
+/// [`BatchStatements::advance`]'s statement on either connection: the one `$sql` builds for
+/// the rows, each bound `(id, count, now, expected, status, worker)`; evaluates to the rows
+/// changed (`?` leaves the enclosing function on an error).
 macro_rules! advance_rows {
     ($connection:ident, $sql:ident, $rows:ident) => {{
         let mut update = sqlx::query(sqlx::AssertSqlSafe($sql($rows.len())));
@@ -651,14 +652,14 @@ macro_rules! advance_rows {
         for row in update.fetch_all(&mut *$connection).await? {
             changed.push((row.text("id")?, row.int("last_seq")?));
         }
-        Ok(changed)
+        changed
     }};
 }
 
 /// SQLite: multi-row statements (it looks each row of the VALUES up by the primary key).
 impl BatchStatements for sqlx::SqliteConnection {
     async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
-        advance_rows!(self, sqlite_advance_sql, rows)
+        Ok(advance_rows!(self, sqlite_advance_sql, rows))
     }
 
     async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
@@ -685,9 +686,7 @@ impl BatchStatements for sqlx::PgConnection {
     async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
         let mut changed = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(POSTGRES_ROWS_PER_UPDATE) {
-            let chunk_changed: Result<Vec<(String, i64)>, StoreError> =
-                advance_rows!(self, postgres_advance_sql, chunk);
-            changed.extend(chunk_changed?);
+            changed.extend(advance_rows!(self, postgres_advance_sql, chunk));
         }
         Ok(changed)
     }
@@ -746,10 +745,7 @@ fn postgres_advance_sql(rows: usize) -> String {
 
 /// SQLite's advance for `rows` rows, each `(id, count, now, expected, status, worker)`.
 fn sqlite_advance_sql(rows: usize) -> String {
-    let values = (0..rows)
-        .map(|_| format!("({})", sqlite_placeholders(6)))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let values = sqlite_values(rows, 6);
     format!(
         "UPDATE sessions SET last_seq = sessions.last_seq + v.column2, \
          last_activity = CASE WHEN v.column2 > 0 THEN v.column3 \
@@ -800,6 +796,11 @@ fn sqlite_placeholders(count: usize) -> String {
     vec!["?"; count].join(", ")
 }
 
+/// `(?, …), (?, …)`: `rows` rows of `columns` anonymous parameters, for a SQLite `VALUES`.
+fn sqlite_values(rows: usize, columns: usize) -> String {
+    vec![format!("({})", sqlite_placeholders(columns)); rows].join(", ")
+}
+
 /// `$first, $first + 1, …` for `count` parameters.
 fn placeholders(first: usize, count: usize) -> String {
     (0..count)
@@ -814,11 +815,14 @@ fn placeholders(first: usize, count: usize) -> String {
 /// running it. With a few spellings, each is planned once per connection and then reused.
 const POSTGRES_ROWS_PER_UPDATE: usize = 8;
 
+/// Run records per SQLite state update (one `UPDATE … FROM (VALUES …)`).
+const SQLITE_RUN_ROWS_PER_UPDATE: usize = 64;
+
 impl Dialect {
-    /// Run records per state update (4 parameters each).
+    /// Run records per state update (4 parameters each): on PostgreSQL one `UPDATE` per row.
     fn run_rows_per_update(self) -> usize {
         match self {
-            Self::Sqlite => 64,
+            Self::Sqlite => SQLITE_RUN_ROWS_PER_UPDATE,
             Self::Postgres => POSTGRES_ROWS_PER_UPDATE,
         }
     }
@@ -832,10 +836,7 @@ impl Dialect {
         match self {
             // Each row of the VALUES is looked up by the primary key.
             Self::Sqlite => {
-                let values = (0..rows)
-                    .map(|_| format!("({})", sqlite_placeholders(4)))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let values = sqlite_values(rows, 4);
                 format!(
                     "UPDATE runs SET state = v.column2, \
                      finished_at = CASE WHEN v.column3 THEN v.column4 ELSE runs.finished_at END \
@@ -891,11 +892,10 @@ impl Dialect {
 
 /// SQLite's `INSERT INTO events … VALUES (?, …, ?), (?, …)` for `rows` rows of 5.
 fn insert_sql(rows: usize) -> String {
-    let row = format!("({})", sqlite_placeholders(5));
-    let mut sql =
-        String::from("INSERT INTO events (session_id, seq, kind, payload, created_at) VALUES ");
-    sql.push_str(&vec![row; rows].join(", "));
-    sql
+    format!(
+        "INSERT INTO events (session_id, seq, kind, payload, created_at) VALUES {}",
+        sqlite_values(rows, 5)
+    )
 }
 
 #[cfg(test)]

@@ -762,20 +762,15 @@ impl Store {
             if first.opt_text("parent_id")?.is_some() {
                 None
             } else {
-                let mut out = Vec::with_capacity(rows.len().min(limit));
+                let mut events = Vec::with_capacity(rows.len().min(limit));
                 for row in rows.iter().take(limit) {
-                    let Some(seq) = row.opt_int("seq")? else {
+                    // A session with no events is one row with no event in it.
+                    if row.opt_int("seq")?.is_none() {
                         break;
-                    };
-                    out.push(StoredEvent {
-                        session_id: session,
-                        seq: from_db(seq),
-                        kind: row.text("kind")?,
-                        payload: from_json_text(&row.text("payload")?)?,
-                        created_at: from_db(row.int("created_at")?),
-                    });
+                    }
+                    events.push(stored_event(row, session)?);
                 }
-                Some(out)
+                Some(events)
             }
         });
         if let Some(events) = unforked {
@@ -827,13 +822,7 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?;
                 for row in &rows {
-                    out.push(StoredEvent {
-                        session_id,
-                        seq: from_db(row.int("seq")?),
-                        kind: row.text("kind")?,
-                        payload: from_json_text(&row.text("payload")?)?,
-                        created_at: from_db(row.int("created_at")?),
-                    });
+                    out.push(stored_event(row, session_id)?);
                 }
             }
             Ok(out)
@@ -1054,6 +1043,17 @@ pub(crate) fn unique_is_conflict(
         sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict(message()),
         _ => StoreError::Database(error),
     }
+}
+
+/// An event row (`seq`, `kind`, `payload`, `created_at`) of `session`'s log.
+fn stored_event(row: &impl RowExt, session_id: SessionId) -> Result<StoredEvent, StoreError> {
+    Ok(StoredEvent {
+        session_id,
+        seq: from_db(row.int("seq")?),
+        kind: row.text("kind")?,
+        payload: from_json_text(&row.text("payload")?)?,
+        created_at: from_db(row.int("created_at")?),
+    })
 }
 
 pub(crate) fn to_json_text(value: &serde_json::Value) -> Result<String, StoreError> {

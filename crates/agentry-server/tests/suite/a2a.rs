@@ -142,13 +142,7 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
                "a2a": {"description": "Answers questions."}}),
     )
     .await;
-    let (status, body) = server
-        .post(
-            "/v1/tools",
-            json!({"kind": "command", "name": "echo", "program": "/bin/sh", "args": ["-c", "cat"]}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    server.add_echo_tool().await;
     agent(
         &server,
         json!({"id": "guarded", "model_id": "mock", "tool_ids": ["echo"],

@@ -42,17 +42,6 @@ async fn submit(server: &Server, body: Value, key: Option<&str>) -> (u16, Option
     (status, retry, response.json().await.unwrap())
 }
 
-/// A command tool `echo` that answers its arguments.
-async fn add_echo(server: &Server) {
-    let (status, body) = server
-        .post(
-            "/v1/tools",
-            json!({"kind": "command", "name": "echo", "program": "/bin/sh", "args": ["-c", "cat"]}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-}
-
 async fn wait(server: &Server, run_id: &str) -> Value {
     let (status, body) = server
         .get(&format!("/v1/runs/{run_id}/wait?timeout_secs=20"))
@@ -291,7 +280,7 @@ async fn a_background_run_streams_its_events() {
 #[tokio::test]
 async fn a_background_run_waiting_for_approval_goes_on_when_decided() {
     let server = start_queue(2, 10).await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
         "echo",
         json!({"text": "hi"}),
@@ -353,7 +342,7 @@ async fn first_listed(server: &Server, query: &str) -> Value {
 #[tokio::test]
 async fn runs_started_in_their_sessions_have_records_too() {
     let server = start_queue(2, 10).await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     let (status, body) = server
         .post(
             "/v1/agents",

@@ -199,6 +199,18 @@ impl Server {
             .unwrap()
     }
 
+    /// Registers a command tool `echo` that answers its arguments (what `cat` reads on stdin).
+    pub async fn add_echo_tool(&self) {
+        let (status, body) = self
+            .post(
+                "/v1/tools",
+                json!({"kind": "command", "name": "echo", "description": "Echoes its arguments.",
+                       "program": "/bin/sh", "args": ["-c", "cat"]}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let response = self
             .http

@@ -231,13 +231,7 @@ async fn a_run_that_waits_for_a_person_is_told_twice_waiting_then_its_end() {
     let server = start(true).await;
     secret(&server).await;
     let (url, received) = receiver(vec![]).await;
-    let (status, tool) = server
-        .post(
-            "/v1/tools",
-            json!({"kind": "command", "name": "echo", "program": "/bin/sh", "args": ["-c", "cat"]}),
-        )
-        .await;
-    assert_eq!(status, 201, "{tool}");
+    server.add_echo_tool().await;
     server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
         "echo",
         json!({"text": "hi"}),

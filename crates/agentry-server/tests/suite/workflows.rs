@@ -11,18 +11,6 @@ use serde_json::{Value, json};
 
 use super::support::{Server, host_commands, start};
 
-/// A command tool that answers its arguments (what `cat` reads on stdin).
-async fn add_echo(server: &Server) {
-    let (status, body) = server
-        .post(
-            "/v1/tools",
-            json!({"kind": "command", "name": "echo", "description": "Echoes its arguments.",
-                   "program": "/bin/sh", "args": ["-c", "cat"]}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-}
-
 async fn save(server: &Server, definition: Value) {
     let (status, body) = server.post("/v1/workflows", definition).await;
     assert_eq!(status, 201, "{body}");
@@ -90,7 +78,7 @@ fn ended(run: &Value) -> bool {
 #[tokio::test]
 async fn data_flows_branches_run_in_parallel_when_skips_and_map_keeps_order() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     save(
         &server,
         json!({
@@ -189,7 +177,7 @@ async fn add_script(server: &Server, name: &str, script: &str) {
 #[tokio::test]
 async fn a_switch_takes_one_way_and_a_parallel_steps_branches_run_together() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     // Two branches that finish only if both run at once: each leaves a mark and waits (5 s at
     // most) for the other's.
     let meeting = tempfile::tempdir().unwrap();
@@ -370,7 +358,7 @@ async fn a_map_and_a_parallel_step_keep_to_their_concurrency() {
 #[tokio::test]
 async fn failures_are_typed_retried_by_kind_and_handled_by_on_failure_steps() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     // Fails the first time it runs, then works (a mark file counts the runs).
     let marks = tempfile::tempdir().unwrap();
     let mark = marks.path().join("tried");
@@ -467,7 +455,7 @@ async fn failures_are_typed_retried_by_kind_and_handled_by_on_failure_steps() {
 #[tokio::test]
 async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     let echo = |id: &str| json!({"id": id, "kind": "tool", "tool": "echo"});
     let cases = [
         (
@@ -583,7 +571,7 @@ async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
 #[tokio::test]
 async fn a_step_is_retried_by_its_policy_and_a_failure_fails_the_run() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     let counter = server.home.path().join("tries");
     let script = format!(
         "n=$(cat {0} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {0}; \
@@ -660,7 +648,7 @@ async fn a_step_is_retried_by_its_policy_and_a_failure_fails_the_run() {
 async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     let server = start().await;
     server.state.start_worker();
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     let (status, body) = server
         .post(
             "/v1/agents",
@@ -777,7 +765,7 @@ async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
 #[tokio::test]
 async fn a_loop_repeats_until_its_condition_and_a_sub_workflow_runs_as_a_step() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     save(
         &server,
         json!({"id": "double", "steps": [
@@ -860,7 +848,7 @@ async fn a_loop_repeats_until_its_condition_and_a_sub_workflow_runs_as_a_step() 
 #[tokio::test]
 async fn a_run_is_followed_as_events_and_retried_from_its_failed_step() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     let gate = server.home.path().join("gate");
     let script = format!("test -e {} && cat", gate.display());
     let (status, body) = server
@@ -960,7 +948,7 @@ async fn a_run_is_followed_as_events_and_retried_from_its_failed_step() {
 #[tokio::test]
 async fn a_trigger_url_starts_runs_once_per_delivery() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     save(
         &server,
         json!({"id": "hooked", "input_schema": {"type": "object", "required": ["order"]},
@@ -1165,7 +1153,7 @@ async fn a_structured_answer_is_repaired_in_the_same_session() {
 #[tokio::test]
 async fn a_schedule_starts_a_workflow_once_per_slot() {
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     save(
         &server,
         json!({"id": "nightly", "input_schema": {"type": "object", "required": ["region"]},
@@ -1243,7 +1231,7 @@ async fn a_workflow_built_from_rust_runs() {
     use agentry_app::workflows::WorkflowDefinition;
     use agentry_app::workflows::definition::StepDefinition;
     let server = start().await;
-    add_echo(&server).await;
+    server.add_echo_tool().await;
     let built = WorkflowDefinition::new("built")
         .step(StepDefinition::tool(
             "first",
