@@ -43,8 +43,8 @@ pub fn parse_model(mut body: Value) -> Result<ModelConfig, AppError> {
         .map_err(|error| AppError::bad_request(format!("invalid model: {error}")))
 }
 
-/// Checks a model before it is stored: its id, its base URL, its model name, and that a client
-/// can be built (which resolves its key's secret).
+/// Checks a model before it is stored: its id, its base URL, its model name, its prices, and
+/// that a client can be built (which resolves its key's secret).
 pub async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError> {
     check_name("model", &model.id)?;
     if model.model_name.trim().is_empty() {
@@ -81,6 +81,12 @@ pub async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError>
         return Err(AppError::bad_request(
             "at most 32 labels, each of 1 to 64 characters without spaces or commas",
         ));
+    }
+    if model.pricing.is_some_and(|pricing| !pricing.is_valid()) {
+        return Err(AppError::bad_request(format!(
+            "model {:?}: each `pricing` rate is a finite number of dollars per million tokens,              zero or more",
+            model.id
+        )));
     }
     let secrets = crate::config::secrets(&app.store).await?;
     model.client(&secrets, &app.http)?;

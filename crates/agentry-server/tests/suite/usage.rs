@@ -48,6 +48,24 @@ fn close(actual: &Value, expected: f64) -> bool {
 }
 
 #[tokio::test]
+async fn a_negative_price_is_refused_and_nothing_is_stored() {
+    let server = start().await;
+    for pricing in [
+        json!({"input": 1.0, "output": -2.0}),
+        json!({"input": 1.0, "output": 2.0, "cache_write": -0.5}),
+        json!({"input": -0.1, "output": 2.0}),
+    ] {
+        let model = json!({"id": "bad-price", "protocol": "openai", "model_name": "m",
+                           "pricing": pricing});
+        let (status, body) = server.post("/v1/models", model).await;
+        assert_eq!(status, 400, "{pricing}: {body}");
+        assert!(body.to_string().contains("pricing"), "{body}");
+        let (status, _) = server.get("/v1/models/bad-price").await;
+        assert_eq!(status, 404, "{pricing}");
+    }
+}
+
+#[tokio::test]
 async fn usage_and_cost_are_recorded_per_call_and_grouped_by_agent_model_and_day() {
     let server = start().await;
     priced_agents(&server, 1.0, 2.0).await;
