@@ -161,6 +161,16 @@ pub struct Driver {
     journal: Option<Journal>,
     files: Option<Arc<FileJournal>>,
     accounting: Accounting,
+    /// The last answer of a run that it finished, held to be committed with the run's end:
+    /// one write instead of two (see [`Driver::finish`]).
+    last_answer: Mutex<Option<HeldAnswer>>,
+}
+
+/// A run's last answer, not yet committed: its records, and the live events that report it
+/// once they are.
+struct HeldAnswer {
+    records: Vec<SessionEvent>,
+    live: Vec<RunEvent>,
 }
 
 /// What a run's model calls are accounted with.
@@ -202,6 +212,7 @@ impl Driver {
             journal: None,
             files: None,
             accounting: Accounting::default(),
+            last_answer: Mutex::new(None),
         }
     }
 
@@ -560,23 +571,33 @@ impl Driver {
             }
             _ => {}
         }
-        self.commit(state, records).await;
-        self.events
-            .send(RunEvent::AssistantMessage {
+        let live = [
+            RunEvent::AssistantMessage {
                 round,
                 content: response.content,
                 stop_reason: response.stop_reason,
-            })
-            .await;
-        self.events
-            .send(RunEvent::Usage {
+            },
+            RunEvent::Usage {
                 round,
                 usage: response.usage,
                 model: Some(self.model_id(state)),
                 first_output_ms: timing.first_output.map(millis_of),
                 duration_ms: Some(millis_of(timing.total)),
-            })
-            .await;
+            },
+        ];
+        if self.journal.is_some() && state.is_finished() {
+            // The run's last step: nothing happens before its end is committed, so the answer
+            // goes with it, in one write, and is reported in the same order as otherwise.
+            *lock(&self.last_answer) = Some(HeldAnswer {
+                records,
+                live: live.into(),
+            });
+            return;
+        }
+        self.commit(state, records).await;
+        for event in live {
+            self.events.send(event).await;
+        }
     }
 
     /// Runs a round's tool calls under the run's cancellation and deadline, and feeds their
@@ -792,7 +813,12 @@ impl Driver {
 
     /// Ends the stream of a run that stopped without ending (paused, or waiting for
     /// approvals) with [`RunEvent::RunSuspended`].
-    async fn suspend(self, state: RunState, status: SuspendStatus) -> RunState {
+    async fn suspend(self, mut state: RunState, status: SuspendStatus) -> RunState {
+        // Only a finished run holds its answer back; should one reach here, it is committed.
+        let held = lock(&self.last_answer).take();
+        if let Some(held) = held {
+            self.commit_held(&mut state, held).await;
+        }
         self.events
             .send(RunEvent::RunSuspended {
                 run_id: state.run_id,
@@ -805,8 +831,18 @@ impl Driver {
         state
     }
 
-    /// Commits the end of a finished run and the session's new status, then reports the end.
-    async fn finish(self, state: RunState) -> RunState {
+    /// Commits a held answer on its own, then reports it.
+    async fn commit_held(&self, state: &mut RunState, held: HeldAnswer) {
+        self.commit(state, held.records).await;
+        for event in held.live {
+            self.events.send(event).await;
+        }
+    }
+
+    /// Commits the end of a finished run and the session's new status (with the run's last
+    /// answer, when it held one back), then reports the end.
+    async fn finish(self, mut state: RunState) -> RunState {
+        let held = lock(&self.last_answer).take();
         if let (
             Some(journal),
             Phase::Finished {
@@ -831,21 +867,43 @@ impl Driver {
                 RunStopReason::Cancelled | RunStopReason::Deadline => SessionStatus::Interrupted,
                 _ => SessionStatus::Idle,
             };
+            let (mut records, live) = match held {
+                Some(held) => (held.records, held.live),
+                None => (Vec::new(), Vec::new()),
+            };
+            records.push(end);
             match journal
                 .log
-                .append_with_status(journal.session, vec![end.clone()], status)
+                .append_with_status(journal.session, records.clone(), status)
                 .await
             {
-                Ok(seq) => {
-                    self.events
-                        .send(RunEvent::Committed { seq, event: end })
-                        .await;
+                Ok(last) => {
+                    let first = last + 1 - (records.len() as u64).min(last + 1);
+                    let mut committed: Vec<RunEvent> = (first..)
+                        .zip(records)
+                        .map(|(seq, event)| RunEvent::Committed { seq, event })
+                        .collect();
+                    // The answer's commits and live events, then the end's commit.
+                    let end = committed.pop();
+                    for event in committed.into_iter().chain(live).chain(end) {
+                        self.events.send(event).await;
+                    }
                 }
                 // The run is over either way; recovery will see it as unfinished and close it.
                 Err(error) => {
-                    tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}")
+                    tracing::error!(run_id = %state.run_id, "could not record the end of the run: {error}");
+                    if !live.is_empty() {
+                        // Its last answer is not in the log: the run did not succeed.
+                        state.phase = Phase::Finished {
+                            reason: RunStopReason::Error,
+                            error: Some(storage_error(&error)),
+                            note: None,
+                        };
+                    }
                 }
             }
+        } else if let Some(held) = held {
+            self.commit_held(&mut state, held).await;
         }
         self.events.send(final_event(&state)).await;
         state

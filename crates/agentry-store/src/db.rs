@@ -452,6 +452,31 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an operation waits for a pooled connection.
 pub(crate) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a pooled connection may sit idle and still be handed out without a ping, unless
+/// the store's options say otherwise.
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
+
+/// The options every pool of the store starts from. A connection that sat idle for
+/// `ping_after_idle` or longer is pinged before it is handed out (the server may have closed
+/// it meanwhile); one in steady use is not. sqlx's default pings on every acquire: a round trip
+/// to PostgreSQL (or a hop to SQLite's connection thread) before each statement or
+/// transaction.
+pub(crate) fn pool_options<DB: sqlx::Database>(
+    ping_after_idle: Duration,
+) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(false)
+        .before_acquire(move |connection, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= ping_after_idle {
+                    sqlx::Connection::ping(connection).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

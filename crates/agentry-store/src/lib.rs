@@ -54,7 +54,7 @@ mod webhooks;
 mod workflow_events;
 
 pub use cluster::{NodeBeat, NodeRecord, RenewedLease, check_node_id};
-pub use db::SCHEMA_VERSION;
+pub use db::{PING_AFTER_IDLE, SCHEMA_VERSION};
 pub use error::StoreError;
 pub use group_commit::CommitCounts;
 pub use memory::{

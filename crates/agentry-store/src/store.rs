@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_types::SessionId;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 
 use crate::db::{
-    ACQUIRE_TIMEOUT, BUSY_TIMEOUT, Db, RowExt, from_db, in_read_tx, in_write_tx, to_db,
-    with_reader, with_writer,
+    BUSY_TIMEOUT, Db, PING_AFTER_IDLE, RowExt, from_db, in_read_tx, in_write_tx, pool_options,
+    to_db, with_reader, with_writer,
 };
 use crate::group_commit::{CommitCounts, GroupWriter, NewRow, POSTGRES_IN_FLIGHT, Write};
 use crate::model::{now_millis, truncate, validate_event_kind, validate_status};
@@ -50,15 +50,21 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// SQLite's durability; see [`Durability`].
     pub durability: Durability,
+    /// A pooled connection idle this long is pinged before it is used again (the server may
+    /// have closed it meanwhile); one in steady use is not, which saves a round trip per
+    /// statement or transaction.
+    pub ping_after_idle: Duration,
 }
 
 impl StoreOptions {
-    /// Options with `secret_key`, 8 connections and [`Durability::Normal`].
+    /// Options with `secret_key`, 8 connections, [`Durability::Normal`] and a ping after
+    /// [`PING_AFTER_IDLE`] idle.
     pub fn new(secret_key: SecretKey) -> Self {
         Self {
             secret_key,
             max_connections: 8,
             durability: Durability::Normal,
+            ping_after_idle: PING_AFTER_IDLE,
         }
     }
 }
@@ -197,14 +203,12 @@ impl Store {
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT)
             .statement_cache_capacity(Self::SQLITE_STATEMENT_CACHE);
-        let writer = SqlitePoolOptions::new()
+        let writer = pool_options::<sqlx::Sqlite>(options.ping_after_idle)
             .max_connections(1)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(connect.clone())
             .await?;
-        let reader = SqlitePoolOptions::new()
+        let reader = pool_options::<sqlx::Sqlite>(options.ping_after_idle)
             .max_connections(options.max_connections.max(1))
-            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy_with(connect);
         Self::finish_open(Db::Sqlite { writer, reader }, options.secret_key).await
     }
@@ -232,9 +236,8 @@ impl Store {
                 ))));
             }
         }
-        let pool = PgPoolOptions::new()
+        let pool = pool_options::<sqlx::Postgres>(options.ping_after_idle)
             .max_connections(options.max_connections.max(1))
-            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(connect)
             .await?;
         Self::finish_open(Db::Postgres(pool), options.secret_key).await

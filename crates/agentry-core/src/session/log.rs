@@ -121,9 +121,17 @@ pub trait SessionLog: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct MemoryLog {
     sessions: Mutex<HashMap<SessionId, (SessionStatus, Vec<SessionEvent>)>>,
+    /// How many appends the log took (each is one write, one transaction in a durable log).
+    appends: std::sync::atomic::AtomicU64,
 }
 
 impl MemoryLog {
+    /// How many appends (with or without a status) the log has taken: what a durable log
+    /// would have committed for them.
+    pub fn appends(&self) -> u64 {
+        self.appends.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn with<T>(
         &self,
         f: impl FnOnce(&mut HashMap<SessionId, (SessionStatus, Vec<SessionEvent>)>) -> T,
@@ -151,6 +159,8 @@ impl SessionLog for MemoryLog {
         session: SessionId,
         events: Vec<SessionEvent>,
     ) -> BoxFuture<'_, Result<u64, LogError>> {
+        self.appends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let result = self.with(|sessions| match sessions.get_mut(&session) {
             Some((_, log)) => {
                 log.extend(events);

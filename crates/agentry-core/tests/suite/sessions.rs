@@ -58,14 +58,36 @@ async fn runs_write_through_the_log_and_later_runs_see_the_history() {
             .unwrap();
         // Every committed step is reported with its seq in the log, in order.
         let mut committed = Vec::new();
+        // The commits, answers and end in the order they are reported.
+        let mut trace = Vec::new();
         while let Some(event) = first.next().await {
-            if let RunEvent::Committed { seq, .. } = event {
-                committed.push(seq);
+            match event {
+                RunEvent::Committed { seq, .. } => {
+                    committed.push(seq);
+                    trace.push(format!("committed {seq}"));
+                }
+                RunEvent::AssistantMessage { round, .. } => trace.push(format!("answer {round}")),
+                RunEvent::RunFinished { .. } => trace.push("finished".to_owned()),
+                _ => {}
             }
         }
+        // An answer is reported after its commit, the end after the last answer.
+        assert_eq!(
+            trace[trace.len() - 4..],
+            ["committed 7", "answer 2", "committed 8", "finished"],
+            "{protocol:?}"
+        );
+        assert!(
+            trace.iter().position(|t| t == "committed 4")
+                < trace.iter().position(|t| t == "answer 1"),
+            "{trace:?}"
+        );
         let output = first.finish().await.unwrap();
         assert_eq!(output.text, "It is a teapot.", "{protocol:?}");
         assert_eq!(committed, (1..=8).collect::<Vec<u64>>());
+        // Four writes for a two-round tool loop: the start, the first answer with the call's
+        // intent, the call's result, and the last answer with the run's end.
+        assert_eq!(log.appends(), 4, "{protocol:?}");
         let events = log.load(session).await.unwrap();
         assert_eq!(
             kinds(&events),

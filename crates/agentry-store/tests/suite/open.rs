@@ -106,3 +106,40 @@ async fn open_home_creates_a_private_folder_and_keeps_its_key() {
     assert!(store.session(id).await.unwrap().is_some());
     store.close().await;
 }
+
+/// A pooled connection that the server closed while it sat idle is noticed before it is used
+/// (it is pinged once idle for `ping_after_idle`), so the store goes on working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_server_closed_while_idle_is_replaced_before_use() {
+    use sqlx::Connection as _;
+    let harness = Harness::postgres().await;
+    // This store's connections, told apart from every other test's by their name.
+    let name = format!("ping_{}", std::process::id());
+    let url = format!("{}&application_name={name}", harness.url);
+    let mut options = StoreOptions::new(harness.key.clone());
+    options.ping_after_idle = std::time::Duration::from_millis(100);
+    let store = Store::connect(&url, options).await.unwrap();
+    let id = new_session(&store, "before").await;
+    let mut admin = sqlx::PgConnection::connect(&super::support::postgres_url())
+        .await
+        .unwrap();
+    let closed: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1) AS terminated",
+    )
+    .bind(&name)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(closed >= 1, "the store had no connection to close");
+    admin.close().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Reads and writes find live connections.
+    assert_eq!(
+        store.session(id).await.unwrap().unwrap().title.as_deref(),
+        Some("before")
+    );
+    new_session(&store, "after").await;
+    store.close().await;
+    harness.finish().await;
+}
