@@ -287,6 +287,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "session runs",
         sql: include_str!("../migrations/sqlite/0010_session_runs.sql"),
     },
+    Migration {
+        version: 11,
+        name: "group commit",
+        sql: include_str!("../migrations/sqlite/0011_group_commit.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -340,10 +345,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "session runs",
         sql: include_str!("../migrations/postgres/0010_session_runs.sql"),
     },
+    Migration {
+        version: 11,
+        name: "group commit",
+        sql: include_str!("../migrations/postgres/0011_group_commit.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 10;
+pub const SCHEMA_VERSION: u32 = 11;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

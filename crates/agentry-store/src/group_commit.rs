@@ -26,10 +26,11 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::db::{Dialect, RowExt, from_db, in_write_tx, to_db};
+use crate::db::{Db, RowExt, from_db, to_db};
 use crate::store::{Inner, Store};
 use crate::{Lease, StoreError};
 use agentry_types::SessionId;
+use sqlx::Row as _;
 
 /// The most writes one transaction takes.
 pub(crate) const MAX_BATCH: usize = 256;
@@ -221,48 +222,50 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
 }
 
 /// Keeps the records of the runs the batch's events started or moved (runs started in their
-/// sessions, see [`crate::RunMark`]) on the transaction `$tx` (dialect `$d`): one insert of
-/// the new ones (a run with a record keeps it), then one update of the states they reach
-/// ([`run_states`]). `$marks` holds `(session, now, mark)` in batch order.
-macro_rules! keep_run_records {
-    ($tx:ident, $d:ident, $marks:ident) => {{
-        let started: Vec<(&str, i64, &agentry_types::RunId, Option<&str>)> = $marks
-            .iter()
-            .filter_map(|(session, now, mark)| match mark {
-                crate::RunMark::Started { run_id, agent_id } => {
-                    Some((*session, *now, run_id, agent_id.as_deref()))
-                }
-                crate::RunMark::Now { .. } => None,
-            })
-            .collect();
-        for chunk in started.chunks(RUN_ROWS_PER_INSERT) {
-            // Only placeholders vary, no value is spelled into the text.
-            let mut insert = sqlx::query(sqlx::AssertSqlSafe(run_insert_sql(chunk.len())));
-            for (session, now, run_id, agent_id) in chunk {
-                insert = insert
-                    .bind(run_id.to_string())
-                    .bind(*session)
-                    .bind(*agent_id)
-                    .bind(*now)
-                    .bind(*now)
-                    .bind(*session);
+/// sessions, see [`crate::RunMark`]) on the SQLite transaction `tx`: one insert of the new
+/// ones (a run with a record keeps it), then one update of the states they reach
+/// ([`run_states`]). `marks` holds `(session, now, mark)` in batch order.
+async fn keep_run_records(
+    tx: &mut sqlx::SqliteConnection,
+    marks: &[(&str, i64, &crate::RunMark)],
+) -> Result<(), StoreError> {
+    let started: Vec<(&str, i64, &agentry_types::RunId, Option<&str>)> = marks
+        .iter()
+        .filter_map(|(session, now, mark)| match mark {
+            crate::RunMark::Started { run_id, agent_id } => {
+                Some((*session, *now, run_id, agent_id.as_deref()))
             }
-            insert.execute(&mut *$tx).await?;
+            crate::RunMark::Now { .. } => None,
+        })
+        .collect();
+    for chunk in started.chunks(RUN_ROWS_PER_INSERT) {
+        // Only placeholders vary, no value is spelled into the text.
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(run_insert_sql(chunk.len())));
+        for (session, now, run_id, agent_id) in chunk {
+            insert = insert
+                .bind(run_id.to_string())
+                .bind(*session)
+                .bind(*agent_id)
+                .bind(*now)
+                .bind(*now)
+                .bind(*session);
         }
-        let states = run_states(&$marks);
-        for chunk in states.chunks($d.run_rows_per_update()) {
-            // Only placeholders vary, no value is spelled into the text.
-            let mut update = sqlx::query(sqlx::AssertSqlSafe($d.run_state_sql(chunk.len())));
-            for (run_id, state, now) in chunk {
-                update = update
-                    .bind(run_id.to_string())
-                    .bind(state.as_str())
-                    .bind(state.is_final())
-                    .bind(*now);
-            }
-            update.execute(&mut *$tx).await?;
+        insert.execute(&mut *tx).await?;
+    }
+    let states = run_states(marks);
+    for chunk in states.chunks(SQLITE_RUN_ROWS_PER_UPDATE) {
+        // Only placeholders vary, no value is spelled into the text.
+        let mut update = sqlx::query(sqlx::AssertSqlSafe(run_state_sql(chunk.len())));
+        for (run_id, state, now) in chunk {
+            update = update
+                .bind(run_id.to_string())
+                .bind(state.as_str())
+                .bind(state.is_final())
+                .bind(*now);
         }
-    }};
+        update.execute(&mut *tx).await?;
+    }
+    Ok(())
 }
 
 /// The state each run's record reaches through `marks` (`(session, now, mark)` in batch
@@ -293,226 +296,527 @@ fn run_states<'a>(
     states
 }
 
+/// Why the database refused one write of a batch (the others still commit).
+#[derive(Debug, PartialEq, Eq)]
+enum Refused {
+    /// The session to create exists.
+    Exists,
+    /// The write's run is no longer leased to its writer.
+    Lease,
+    /// No such session.
+    Missing,
+    /// Another process (this worker) runs the session.
+    Held(String),
+    /// The session is at this seq, not the expected one.
+    Seq(i64),
+}
+
+impl Refused {
+    /// What `agentry_group_commit` says (see its migration), if it is a refusal it knows.
+    fn parse(reason: &str) -> Option<Self> {
+        Some(match reason {
+            "exists" => Self::Exists,
+            "lease" => Self::Lease,
+            "missing" => Self::Missing,
+            _ => match reason.split_once(' ')? {
+                ("held", worker) => Self::Held(worker.to_owned()),
+                ("seq", seq) => Self::Seq(seq.parse().ok()?),
+                _ => return None,
+            },
+        })
+    }
+
+    /// The error `write` is answered with.
+    fn error(self, write: &Write) -> StoreError {
+        let session = write.session;
+        match self {
+            Self::Exists => StoreError::Conflict(format!("session {session} already exists")),
+            Self::Lease => {
+                let (run, worker, epoch) = write.lease.as_ref().map_or_else(
+                    || (String::new(), "", 0),
+                    |lease| (lease.run_id.to_string(), lease.worker.as_ref(), lease.epoch),
+                );
+                StoreError::StaleLease(format!(
+                    "run {run} is no longer leased to {worker} (epoch {epoch}): another worker \
+                     took it over"
+                ))
+            }
+            Self::Missing => StoreError::NotFound(format!("session {session}")),
+            Self::Held(worker) => StoreError::StaleLease(format!(
+                "session {session} is running in another process ({worker})"
+            )),
+            Self::Seq(seq) => StoreError::Conflict(format!(
+                "session {session} is at seq {seq}, not the expected {}",
+                write.expected_last_seq.unwrap_or_default()
+            )),
+        }
+    }
+}
+
 /// One transaction for `batch`: the outer error when it could not commit, else each write's
-/// own result.
-///
-/// A few statements whatever the batch's size: one insert of the new sessions, one read of
-/// the leases the writes are fenced by, one statement advancing the session rows per round (a
-/// round holds each session at most once; a session's second write in the batch goes in the
-/// second round, after the first), and the events' insert ([`BatchStatements`] spells the last
-/// two per backend).
+/// own result. A second creation of one session in the batch is refused before the database
+/// is asked.
 async fn apply(
     store: &Store,
     batch: &[Pending],
 ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
     let mut results: Vec<Option<Result<u64, StoreError>>> = batch.iter().map(|_| None).collect();
-    let keys: Vec<String> = batch
-        .iter()
-        .map(|pending| pending.write.session.to_string())
-        .collect();
-    let rounds = rounds_of(batch);
-    // One creation per id goes to the database; a second one in the same batch is a conflict.
     let mut creating = std::collections::HashSet::new();
-    let mut creates = Vec::new();
     for (index, pending) in batch.iter().enumerate() {
-        if pending.write.create.is_none() {
-            continue;
-        }
-        if creating.insert(pending.write.session) {
-            creates.push(index);
-        } else {
-            results[index] = Some(Err(StoreError::Conflict(format!(
-                "session {} already exists",
-                keys[index]
-            ))));
+        if pending.write.create.is_some() && !creating.insert(pending.write.session) {
+            results[index] = Some(Err(Refused::Exists.error(&pending.write)));
         }
     }
-    in_write_tx!(store, |tx, d| {
-        // New sessions first, so that a write to one later in the batch finds it.
-        if !creates.is_empty() {
-            let mut insert = sqlx::query(sqlx::AssertSqlSafe(create_sql(creates.len())));
-            for index in &creates {
-                let write = &batch[*index].write;
-                let Some(new) = &write.create else { continue };
-                insert = insert
-                    .bind(&keys[*index])
-                    .bind(new.title.as_deref())
-                    .bind(to_db(write.now))
-                    .bind(new.expires_at.map(to_db))
-                    .bind(new.metadata.as_str())
-                    .bind(new.owner.as_deref());
-            }
-            let mut created = std::collections::HashSet::new();
-            for row in insert.fetch_all(&mut *tx).await? {
-                created.insert(row.text("id")?);
-            }
-            for index in creates {
-                results[index] = Some(if created.contains(&keys[index]) {
-                    Ok(0)
-                } else {
-                    Err(StoreError::Conflict(format!(
-                        "session {} already exists",
-                        keys[index]
-                    )))
-                });
-            }
-        }
-        // The fences: every leased write's run must still be running under its lease.
-        let leased: Vec<&Lease> = batch
-            .iter()
-            .filter_map(|pending| pending.write.lease.as_ref())
-            .collect();
-        if !leased.is_empty() {
-            let mut check = sqlx::query(sqlx::AssertSqlSafe(d.leases_held_sql(leased.len())));
-            for lease in &leased {
-                check = check.bind(lease.run_id.to_string());
-            }
-            let mut held = std::collections::HashSet::new();
-            for row in check.fetch_all(&mut *tx).await? {
-                if let Some(worker) = row.opt_text("worker")? {
-                    held.insert((row.text("id")?, worker, row.int("lease_epoch")?));
-                }
-            }
-            for (index, pending) in batch.iter().enumerate() {
-                let Some(lease) = &pending.write.lease else {
-                    continue;
-                };
-                let key = (
-                    lease.run_id.to_string(),
-                    lease.worker.clone(),
-                    to_db(lease.epoch),
-                );
-                if !held.contains(&key) {
-                    results[index] = Some(Err(StoreError::StaleLease(format!(
-                        "run {} is no longer leased to {} (epoch {}): another worker took it over",
-                        lease.run_id, lease.worker, lease.epoch
-                    ))));
-                }
-            }
-        }
-        // The session rows, round by round. Updating a row locks it: another connection's
-        // append to the same session waits, then sees the new last_seq.
-        let mut rows: Vec<EventRow<'_>> = Vec::new();
-        let mut usage_rows: Vec<UsageRow<'_>> = Vec::new();
-        let mut marks: Vec<(&str, i64, &crate::RunMark)> = Vec::new();
-        for round in rounds {
-            let round: Vec<usize> = round
-                .into_iter()
-                .filter(|index| results[*index].is_none())
-                .collect();
-            if round.is_empty() {
-                continue;
-            }
-            let advances: Vec<Advance<'_>> = round
-                .iter()
-                .map(|index| {
-                    let write = &batch[*index].write;
-                    Advance {
-                        id: &keys[*index],
-                        count: to_db(write.events.len() as u64),
-                        now: to_db(write.now),
-                        expected: write.expected_last_seq.map(to_db),
-                        status: write.status.as_deref(),
-                        worker: write.worker.as_deref(),
-                    }
-                })
-                .collect();
-            let last_seqs: std::collections::HashMap<String, i64> =
-                BatchStatements::advance(&mut *tx, &advances)
-                    .await?
-                    .into_iter()
-                    .collect();
-            for index in round {
-                let write = &batch[index].write;
-                let Some(last) = last_seqs.get(&keys[index]).copied() else {
-                    let current =
-                        sqlx::query("SELECT last_seq, worker FROM sessions WHERE id = $1")
-                            .bind(&keys[index])
-                            .fetch_optional(&mut *tx)
-                            .await?;
-                    let held_by =
-                        |row: &_| -> Result<Option<String>, StoreError> {
-                            let worker = RowExt::opt_text(row, "worker")?;
-                            Ok(worker
-                                .filter(|worker| Some(worker.as_str()) != write.worker.as_deref()))
-                        };
-                    results[index] = Some(Err(match current {
-                        None => StoreError::NotFound(format!("session {}", write.session)),
-                        Some(row) if held_by(&row)?.is_some() => StoreError::StaleLease(format!(
-                            "session {} is running in another process ({})",
-                            write.session,
-                            held_by(&row)?.unwrap_or_default()
-                        )),
-                        Some(row) => StoreError::Conflict(format!(
-                            "session {} is at seq {}, not the expected {}",
-                            write.session,
-                            row.int("last_seq")?,
-                            write.expected_last_seq.unwrap_or_default()
-                        )),
-                    }));
-                    continue;
-                };
-                let first = last - to_db(write.events.len() as u64) + 1;
-                for (seq, (kind, payload)) in (first..).zip(&write.events) {
-                    rows.push(EventRow {
-                        session: &keys[index],
-                        seq,
-                        kind,
-                        payload,
-                        created_at: to_db(write.now),
-                    });
-                }
-                for (offset, entry) in &write.usage {
-                    usage_rows.push(UsageRow {
-                        session: &keys[index],
-                        seq: first + to_db(*offset as u64),
-                        run: entry.run_id.to_string(),
-                        entry,
-                        created_at: to_db(write.now),
-                    });
-                }
-                marks.extend(
-                    write
-                        .runs
-                        .iter()
-                        .map(|mark| (keys[index].as_str(), to_db(write.now), mark)),
-                );
-                results[index] = Some(Ok(from_db(last)));
-            }
-        }
-        if !rows.is_empty() {
-            BatchStatements::insert_events(&mut *tx, &rows).await?;
-        }
-        for chunk in usage_rows.chunks(USAGE_ROWS_PER_INSERT) {
-            // Only placeholders vary, no value is spelled into the text.
-            let mut insert = sqlx::query(sqlx::AssertSqlSafe(usage_insert_sql(chunk.len())));
-            for row in chunk {
-                let usage = &row.entry.usage;
-                insert = insert
-                    .bind(row.session)
-                    .bind(row.seq)
-                    .bind(row.run.as_str())
-                    .bind(row.entry.agent_id.as_deref())
-                    .bind(row.entry.model.as_str())
-                    .bind(to_db(usage.input_tokens))
-                    .bind(to_db(usage.cached_input_tokens))
-                    .bind(to_db(usage.cache_creation_input_tokens))
-                    .bind(to_db(usage.output_tokens))
-                    .bind(to_db(usage.reasoning_tokens))
-                    .bind(row.entry.cost_usd.map(crate::usage::nanos_of))
-                    .bind(row.created_at)
-                    .bind(row.session);
-            }
-            insert.execute(&mut *tx).await?;
-        }
-        if !marks.is_empty() {
-            keep_run_records!(tx, d, marks);
-        }
-    });
+    match &store.inner.db {
+        Db::Sqlite { writer, .. } => apply_sqlite(writer, batch, &mut results).await?,
+        Db::Postgres(pool) => apply_postgres(pool, batch, &mut results).await?,
+    }
     Ok(results
         .into_iter()
         .map(|result| result.unwrap_or_else(|| Err(closed())))
         .collect())
+}
+
+/// SQLite: a few statements on the writer connection whatever the batch's size: one insert of
+/// the new sessions, one read of the leases the writes are fenced by, one statement advancing
+/// the session rows per round (a round holds each session at most once; a session's second
+/// write in the batch goes in the second round, after the first), and the inserts of the
+/// events, their usage entries and run records. Fills in the result of each write not yet
+/// answered.
+async fn apply_sqlite(
+    writer: &sqlx::SqlitePool,
+    batch: &[Pending],
+    results: &mut [Option<Result<u64, StoreError>>],
+) -> Result<(), StoreError> {
+    let keys: Vec<String> = batch
+        .iter()
+        .map(|pending| pending.write.session.to_string())
+        .collect();
+    let creates: Vec<usize> = (0..batch.len())
+        .filter(|index| batch[*index].write.create.is_some() && results[*index].is_none())
+        .collect();
+    let rounds = rounds_of(batch);
+    // IMMEDIATE takes the write lock now, so a transaction never fails half-way because
+    // another connection (another process) wrote first.
+    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    // New sessions first, so that a write to one later in the batch finds it.
+    if !creates.is_empty() {
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(create_sql(creates.len())));
+        for index in &creates {
+            let write = &batch[*index].write;
+            let Some(new) = &write.create else { continue };
+            insert = insert
+                .bind(&keys[*index])
+                .bind(new.title.as_deref())
+                .bind(to_db(write.now))
+                .bind(new.expires_at.map(to_db))
+                .bind(new.metadata.as_str())
+                .bind(new.owner.as_deref());
+        }
+        let mut created = std::collections::HashSet::new();
+        for row in insert.fetch_all(&mut *tx).await? {
+            created.insert(row.text("id")?);
+        }
+        for index in creates {
+            results[index] = Some(if created.contains(&keys[index]) {
+                Ok(0)
+            } else {
+                Err(Refused::Exists.error(&batch[index].write))
+            });
+        }
+    }
+    // The fences: every leased write's run must still be running under its lease.
+    let leased: Vec<&Lease> = batch
+        .iter()
+        .filter_map(|pending| pending.write.lease.as_ref())
+        .collect();
+    if !leased.is_empty() {
+        let mut check = sqlx::query(sqlx::AssertSqlSafe(leases_held_sql(leased.len())));
+        for lease in &leased {
+            check = check.bind(lease.run_id.to_string());
+        }
+        let mut held = std::collections::HashSet::new();
+        for row in check.fetch_all(&mut *tx).await? {
+            if let Some(worker) = row.opt_text("worker")? {
+                held.insert((row.text("id")?, worker, row.int("lease_epoch")?));
+            }
+        }
+        for (index, pending) in batch.iter().enumerate() {
+            let Some(lease) = &pending.write.lease else {
+                continue;
+            };
+            let key = (
+                lease.run_id.to_string(),
+                lease.worker.clone(),
+                to_db(lease.epoch),
+            );
+            if !held.contains(&key) {
+                results[index] = Some(Err(Refused::Lease.error(&pending.write)));
+            }
+        }
+    }
+    // The session rows, round by round.
+    let mut rows: Vec<EventRow<'_>> = Vec::new();
+    let mut usage_rows: Vec<UsageRow<'_>> = Vec::new();
+    let mut marks: Vec<(&str, i64, &crate::RunMark)> = Vec::new();
+    for round in rounds {
+        let round: Vec<usize> = round
+            .into_iter()
+            .filter(|index| results[*index].is_none())
+            .collect();
+        if round.is_empty() {
+            continue;
+        }
+        let advances: Vec<Advance<'_>> = round
+            .iter()
+            .map(|index| {
+                let write = &batch[*index].write;
+                Advance {
+                    id: &keys[*index],
+                    count: to_db(write.events.len() as u64),
+                    now: to_db(write.now),
+                    expected: write.expected_last_seq.map(to_db),
+                    status: write.status.as_deref(),
+                    worker: write.worker.as_deref(),
+                }
+            })
+            .collect();
+        let last_seqs: std::collections::HashMap<String, i64> =
+            advance(&mut tx, &advances).await?.into_iter().collect();
+        for index in round {
+            let write = &batch[index].write;
+            let Some(last) = last_seqs.get(&keys[index]).copied() else {
+                let current = sqlx::query("SELECT last_seq, worker FROM sessions WHERE id = $1")
+                    .bind(&keys[index])
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let refused = match current {
+                    None => Refused::Missing,
+                    Some(row) => match row.opt_text("worker")? {
+                        Some(worker) if Some(worker.as_str()) != write.worker.as_deref() => {
+                            Refused::Held(worker)
+                        }
+                        _ => Refused::Seq(row.int("last_seq")?),
+                    },
+                };
+                results[index] = Some(Err(refused.error(write)));
+                continue;
+            };
+            let first = last - to_db(write.events.len() as u64) + 1;
+            for (seq, (kind, payload)) in (first..).zip(&write.events) {
+                rows.push(EventRow {
+                    session: &keys[index],
+                    seq,
+                    kind,
+                    payload,
+                    created_at: to_db(write.now),
+                });
+            }
+            for (offset, entry) in &write.usage {
+                usage_rows.push(UsageRow {
+                    session: &keys[index],
+                    seq: first + to_db(*offset as u64),
+                    run: entry.run_id.to_string(),
+                    entry,
+                    created_at: to_db(write.now),
+                });
+            }
+            marks.extend(
+                write
+                    .runs
+                    .iter()
+                    .map(|mark| (keys[index].as_str(), to_db(write.now), mark)),
+            );
+            results[index] = Some(Ok(from_db(last)));
+        }
+    }
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        // Only placeholders vary, no value is spelled into the text.
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(insert_sql(chunk.len())));
+        for row in chunk {
+            insert = insert
+                .bind(row.session)
+                .bind(row.seq)
+                .bind(row.kind)
+                .bind(row.payload)
+                .bind(row.created_at);
+        }
+        insert.execute(&mut *tx).await?;
+    }
+    for chunk in usage_rows.chunks(USAGE_ROWS_PER_INSERT) {
+        // Only placeholders vary, no value is spelled into the text.
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(usage_insert_sql(chunk.len())));
+        for row in chunk {
+            let usage = &row.entry.usage;
+            insert = insert
+                .bind(row.session)
+                .bind(row.seq)
+                .bind(row.run.as_str())
+                .bind(row.entry.agent_id.as_deref())
+                .bind(row.entry.model.as_str())
+                .bind(to_db(usage.input_tokens))
+                .bind(to_db(usage.cached_input_tokens))
+                .bind(to_db(usage.cache_creation_input_tokens))
+                .bind(to_db(usage.output_tokens))
+                .bind(to_db(usage.reasoning_tokens))
+                .bind(row.entry.cost_usd.map(crate::usage::nanos_of))
+                .bind(row.created_at)
+                .bind(row.session);
+        }
+        insert.execute(&mut *tx).await?;
+    }
+    if !marks.is_empty() {
+        keep_run_records(&mut tx, &marks).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// PostgreSQL: the whole batch in one call of `agentry_group_commit` (schema migration 11),
+/// which is its own transaction: one round trip per batch, whatever its size. The writes not
+/// yet answered go as arrays, with their events, usage entries and run marks; each gets its
+/// session's last seq after it, or why it was refused.
+async fn apply_postgres(
+    pool: &sqlx::PgPool,
+    batch: &[Pending],
+    results: &mut [Option<Result<u64, StoreError>>],
+) -> Result<(), StoreError> {
+    let sent: Vec<usize> = (0..batch.len())
+        .filter(|index| results[*index].is_none())
+        .collect();
+    let writes: Vec<&Write> = sent.iter().map(|index| &batch[*index].write).collect();
+    let leases: Vec<Option<&Lease>> = writes.iter().map(|write| write.lease.as_ref()).collect();
+    let news: Vec<Option<&NewRow>> = writes.iter().map(|write| write.create.as_ref()).collect();
+    let mut events = EventArrays::default();
+    let mut usage = UsageArrays::default();
+    let mut marks = MarkArrays::default();
+    for (number, write) in (1_i32..).zip(&writes) {
+        if write.create.is_some() {
+            continue;
+        }
+        for (place, (kind, payload)) in (1_i64..).zip(&write.events) {
+            events.write.push(number);
+            events.place.push(place);
+            events.kind.push(kind.as_str());
+            events.payload.push(payload.as_str());
+        }
+        for (offset, entry) in &write.usage {
+            usage.push(number, to_db(*offset as u64) + 1, entry);
+        }
+        for mark in &write.runs {
+            marks.push(number, mark);
+        }
+    }
+    let row = sqlx::query(
+        "SELECT last_seqs, refusals FROM agentry_group_commit(\
+         $1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[], \
+         $7::TEXT[], $8::TEXT[], $9::BIGINT[], $10::BOOLEAN[], $11::TEXT[], $12::BIGINT[], \
+         $13::TEXT[], $14::TEXT[], $15::INT[], $16::BIGINT[], $17::TEXT[], $18::TEXT[], \
+         $19::INT[], $20::BIGINT[], $21::TEXT[], $22::TEXT[], $23::TEXT[], $24::BIGINT[], \
+         $25::BIGINT[], $26::BIGINT[], $27::BIGINT[], $28::BIGINT[], $29::BIGINT[], \
+         $30::INT[], $31::TEXT[], $32::BOOLEAN[], $33::TEXT[], $34::TEXT[], $35::BOOLEAN[])",
+    )
+    .bind(
+        writes
+            .iter()
+            .map(|write| write.session.to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        writes
+            .iter()
+            .map(|write| write.expected_last_seq.map(to_db))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        writes
+            .iter()
+            .map(|write| to_db(write.events.len() as u64))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        writes
+            .iter()
+            .map(|write| to_db(write.now))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        writes
+            .iter()
+            .map(|write| write.status.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        writes
+            .iter()
+            .map(|write| write.worker.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        leases
+            .iter()
+            .map(|lease| lease.map(|lease| lease.run_id.to_string()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        leases
+            .iter()
+            .map(|lease| lease.map(|lease| lease.worker.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        leases
+            .iter()
+            .map(|lease| lease.map(|lease| to_db(lease.epoch)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(news.iter().map(Option::is_some).collect::<Vec<_>>())
+    .bind(
+        news.iter()
+            .map(|new| new.and_then(|new| new.title.as_deref()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        news.iter()
+            .map(|new| new.and_then(|new| new.expires_at.map(to_db)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        news.iter()
+            .map(|new| new.map(|new| new.metadata.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        news.iter()
+            .map(|new| new.and_then(|new| new.owner.as_deref()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(events.write)
+    .bind(events.place)
+    .bind(events.kind)
+    .bind(events.payload)
+    .bind(usage.write)
+    .bind(usage.place)
+    .bind(usage.run)
+    .bind(usage.agent)
+    .bind(usage.model)
+    .bind(usage.input)
+    .bind(usage.cached)
+    .bind(usage.creation)
+    .bind(usage.output)
+    .bind(usage.reasoning)
+    .bind(usage.cost)
+    .bind(marks.write)
+    .bind(marks.run)
+    .bind(marks.started)
+    .bind(marks.agent)
+    .bind(marks.state)
+    .bind(marks.last)
+    .fetch_one(pool)
+    .await?;
+    let last_seqs: Vec<Option<i64>> = row.try_get("last_seqs")?;
+    let refusals: Vec<Option<String>> = row.try_get("refusals")?;
+    for (place, index) in sent.into_iter().enumerate() {
+        let write = &batch[index].write;
+        results[index] = Some(
+            match (
+                last_seqs.get(place).copied().flatten(),
+                refusals.get(place).cloned().flatten(),
+            ) {
+                (Some(last), _) => Ok(from_db(last)),
+                (None, Some(reason)) => Err(match Refused::parse(&reason) {
+                    Some(refused) => refused.error(write),
+                    None => StoreError::Corrupt(format!(
+                        "the group commit refused a write of session {} for an unknown reason: \
+                         {reason}",
+                        write.session
+                    )),
+                }),
+                (None, None) => Err(StoreError::Corrupt(format!(
+                    "the group commit answered nothing for a write of session {}",
+                    write.session
+                ))),
+            },
+        );
+    }
+    Ok(())
+}
+
+/// A PostgreSQL batch's events, a column each, numbered by their write (from 1) and their
+/// place in it (from 1).
+#[derive(Default)]
+struct EventArrays<'a> {
+    write: Vec<i32>,
+    place: Vec<i64>,
+    kind: Vec<&'a str>,
+    payload: Vec<&'a str>,
+}
+
+/// A PostgreSQL batch's usage entries, a column each, numbered like [`EventArrays`] by the
+/// event each accounts for.
+#[derive(Default)]
+struct UsageArrays<'a> {
+    write: Vec<i32>,
+    place: Vec<i64>,
+    run: Vec<String>,
+    agent: Vec<Option<&'a str>>,
+    model: Vec<&'a str>,
+    input: Vec<i64>,
+    cached: Vec<i64>,
+    creation: Vec<i64>,
+    output: Vec<i64>,
+    reasoning: Vec<i64>,
+    cost: Vec<Option<i64>>,
+}
+
+impl<'a> UsageArrays<'a> {
+    fn push(&mut self, write: i32, place: i64, entry: &'a crate::UsageEntry) {
+        let usage = &entry.usage;
+        self.write.push(write);
+        self.place.push(place);
+        self.run.push(entry.run_id.to_string());
+        self.agent.push(entry.agent_id.as_deref());
+        self.model.push(entry.model.as_str());
+        self.input.push(to_db(usage.input_tokens));
+        self.cached.push(to_db(usage.cached_input_tokens));
+        self.creation.push(to_db(usage.cache_creation_input_tokens));
+        self.output.push(to_db(usage.output_tokens));
+        self.reasoning.push(to_db(usage.reasoning_tokens));
+        self.cost.push(entry.cost_usd.map(crate::usage::nanos_of));
+    }
+}
+
+/// A PostgreSQL batch's run marks, a column each, numbered by their write.
+#[derive(Default)]
+struct MarkArrays<'a> {
+    write: Vec<i32>,
+    run: Vec<String>,
+    started: Vec<bool>,
+    agent: Vec<Option<&'a str>>,
+    state: Vec<Option<&'static str>>,
+    last: Vec<bool>,
+}
+
+impl<'a> MarkArrays<'a> {
+    fn push(&mut self, write: i32, mark: &'a crate::RunMark) {
+        self.write.push(write);
+        match mark {
+            crate::RunMark::Started { run_id, agent_id } => {
+                self.run.push(run_id.to_string());
+                self.started.push(true);
+                self.agent.push(agent_id.as_deref());
+                self.state.push(None);
+                self.last.push(false);
+            }
+            crate::RunMark::Now { run_id, state } => {
+                self.run.push(run_id.to_string());
+                self.started.push(false);
+                self.agent.push(None);
+                self.state.push(Some(state.as_str()));
+                self.last.push(state.is_final());
+            }
+        }
+    }
 }
 
 /// The batch's writes (creations aside) in rounds: each round names each session at most once, and a session's
@@ -621,126 +925,31 @@ struct EventRow<'a> {
     created_at: i64,
 }
 
-/// A batch's two big statements, as each backend spells them best.
-trait BatchStatements {
-    /// Advances each row's `last_seq` by its count (the activity time moves only when there
-    /// are events; the status is set when given), only while `last_seq` is its `expected`
-    /// when that is given. The rows name distinct sessions. Returns `(id, last_seq)` of each
-    /// row changed.
-    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError>;
-
-    /// Inserts the events.
-    async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError>;
-}
-
-/// [`BatchStatements::advance`]'s statement on either connection: the one `$sql` builds for
-/// the rows, each bound `(id, count, now, expected, status, worker)`; evaluates to the rows
-/// changed (`?` leaves the enclosing function on an error).
-macro_rules! advance_rows {
-    ($connection:ident, $sql:ident, $rows:ident) => {{
-        let mut update = sqlx::query(sqlx::AssertSqlSafe($sql($rows.len())));
-        for row in $rows {
-            update = update
-                .bind(row.id)
-                .bind(row.count)
-                .bind(row.now)
-                .bind(row.expected)
-                .bind(row.status)
-                .bind(row.worker);
-        }
-        let mut changed = Vec::with_capacity($rows.len());
-        for row in update.fetch_all(&mut *$connection).await? {
-            changed.push((row.text("id")?, row.int("last_seq")?));
-        }
-        changed
-    }};
-}
-
-/// SQLite: multi-row statements (it looks each row of the VALUES up by the primary key).
-impl BatchStatements for sqlx::SqliteConnection {
-    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(advance_rows!(self, sqlite_advance_sql, rows))
+/// Advances each of `rows`' session's `last_seq` by its count (the activity time moves only
+/// when there are events; the status is set when given), only while `last_seq` is its
+/// `expected` when that is given. The rows name distinct sessions. Returns `(id, last_seq)` of
+/// each row changed: one `UPDATE … FROM (VALUES …)`, which SQLite looks up row by row through
+/// the primary key.
+async fn advance(
+    tx: &mut sqlx::SqliteConnection,
+    rows: &[Advance<'_>],
+) -> Result<Vec<(String, i64)>, StoreError> {
+    // Only placeholders vary, no value is spelled into the text.
+    let mut update = sqlx::query(sqlx::AssertSqlSafe(sqlite_advance_sql(rows.len())));
+    for row in rows {
+        update = update
+            .bind(row.id)
+            .bind(row.count)
+            .bind(row.now)
+            .bind(row.expected)
+            .bind(row.status)
+            .bind(row.worker);
     }
-
-    async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
-        for chunk in rows.chunks(ROWS_PER_INSERT) {
-            // Only placeholders vary, no value is spelled into the text.
-            let mut insert = sqlx::query(sqlx::AssertSqlSafe(insert_sql(chunk.len())));
-            for row in chunk {
-                insert = insert
-                    .bind(row.session)
-                    .bind(row.seq)
-                    .bind(row.kind)
-                    .bind(row.payload)
-                    .bind(row.created_at);
-            }
-            insert.execute(&mut *self).await?;
-        }
-        Ok(())
+    let mut changed = Vec::with_capacity(rows.len());
+    for row in update.fetch_all(&mut *tx).await? {
+        changed.push((row.text("id")?, row.int("last_seq")?));
     }
-}
-
-/// PostgreSQL: each session found by its primary key; the events travel as arrays, so the
-/// insert's text (and its prepared plan) is the same whatever the batch's size.
-impl BatchStatements for sqlx::PgConnection {
-    async fn advance(&mut self, rows: &[Advance<'_>]) -> Result<Vec<(String, i64)>, StoreError> {
-        let mut changed = Vec::with_capacity(rows.len());
-        for chunk in rows.chunks(POSTGRES_ROWS_PER_UPDATE) {
-            changed.extend(advance_rows!(self, postgres_advance_sql, chunk));
-        }
-        Ok(changed)
-    }
-
-    async fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO events (session_id, seq, kind, payload, created_at) \
-             SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[])",
-        )
-        .bind(rows.iter().map(|row| row.session).collect::<Vec<_>>())
-        .bind(rows.iter().map(|row| row.seq).collect::<Vec<_>>())
-        .bind(rows.iter().map(|row| row.kind).collect::<Vec<_>>())
-        .bind(rows.iter().map(|row| row.payload).collect::<Vec<_>>())
-        .bind(rows.iter().map(|row| row.created_at).collect::<Vec<_>>())
-        .execute(&mut *self)
-        .await?;
-        Ok(())
-    }
-}
-
-/// PostgreSQL's advance for `rows` rows, each `(id, count, now, expected, status, worker)`. A join with
-/// the rows (`UPDATE … FROM (VALUES …)` or `unnest`) is planned as a hash join over every
-/// session while the table's statistics lag its growth, so each row is its own `UPDATE` by
-/// primary key, all in one statement of data-modifying CTEs.
-fn postgres_advance_sql(rows: usize) -> String {
-    let updates = (0..rows)
-        .map(|row| {
-            let p = row * 6;
-            format!(
-                "u{row} AS (UPDATE sessions SET last_seq = last_seq + ${count}::BIGINT, \
-                 last_activity = CASE WHEN ${count}::BIGINT > 0 THEN ${now}::BIGINT \
-                 ELSE last_activity END, \
-                 status = COALESCE(${status}::TEXT, status), \
-                 worker = CASE WHEN ${status}::TEXT IS NULL THEN worker \
-                 WHEN ${status}::TEXT = 'running' THEN ${worker}::TEXT ELSE NULL END \
-                 WHERE id = ${id}::TEXT \
-                 AND (${expected}::BIGINT IS NULL OR last_seq = ${expected}::BIGINT) \
-                 AND (worker IS NULL OR worker = ${worker}::TEXT) \
-                 RETURNING id, last_seq)",
-                id = p + 1,
-                count = p + 2,
-                now = p + 3,
-                expected = p + 4,
-                status = p + 5,
-                worker = p + 6,
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let selects = (0..rows)
-        .map(|row| format!("SELECT id, last_seq FROM u{row}"))
-        .collect::<Vec<_>>()
-        .join(" UNION ALL ");
-    format!("WITH {updates} {selects}")
+    Ok(changed)
 }
 
 /// SQLite's advance for `rows` rows, each `(id, count, now, expected, status, worker)`.
@@ -809,85 +1018,29 @@ fn placeholders(first: usize, count: usize) -> String {
         .join(", ")
 }
 
-/// Rows per PostgreSQL statement of one `UPDATE` per row (see [`postgres_advance_sql`]). Such
-/// a statement is spelled for its number of rows, and PostgreSQL plans each spelling afresh
-/// until it has run a few times on a connection; planning one of many rows costs more than
-/// running it. With a few spellings, each is planned once per connection and then reused.
-const POSTGRES_ROWS_PER_UPDATE: usize = 8;
-
-/// Run records per SQLite state update (one `UPDATE … FROM (VALUES …)`).
+/// Run records per state update (one `UPDATE … FROM (VALUES …)`).
 const SQLITE_RUN_ROWS_PER_UPDATE: usize = 64;
 
-impl Dialect {
-    /// Run records per state update (4 parameters each): on PostgreSQL one `UPDATE` per row.
-    fn run_rows_per_update(self) -> usize {
-        match self {
-            Self::Sqlite => SQLITE_RUN_ROWS_PER_UPDATE,
-            Self::Postgres => POSTGRES_ROWS_PER_UPDATE,
-        }
-    }
+/// Moves the records of `rows` runs started in their sessions, each bound `(id, state, final,
+/// now)`, to their states (`finished_at` is `now` when the state is final); a record that
+/// ended, or a background run's, is left as it is. The rows name distinct runs; each row of
+/// the VALUES is looked up by the primary key.
+fn run_state_sql(rows: usize) -> String {
+    let values = sqlite_values(rows, 4);
+    format!(
+        "UPDATE runs SET state = v.column2, \
+         finished_at = CASE WHEN v.column3 THEN v.column4 ELSE runs.finished_at END \
+         FROM (VALUES {values}) AS v WHERE runs.id = v.column1 AND runs.background = 0 \
+         AND runs.state NOT IN ('succeeded', 'failed', 'cancelled')"
+    )
+}
 
-    /// Moves the records of `rows` runs started in their sessions, each bound `(id, state,
-    /// final, now)`, to their states (`finished_at` is `now` when the state is final); a record
-    /// that ended, or a background run's, is left as it is. The rows name distinct runs.
-    fn run_state_sql(self, rows: usize) -> String {
-        const UNENDED: &str =
-            "background = 0 AND state NOT IN ('succeeded', 'failed', 'cancelled')";
-        match self {
-            // Each row of the VALUES is looked up by the primary key.
-            Self::Sqlite => {
-                let values = sqlite_values(rows, 4);
-                format!(
-                    "UPDATE runs SET state = v.column2, \
-                     finished_at = CASE WHEN v.column3 THEN v.column4 ELSE runs.finished_at END \
-                     FROM (VALUES {values}) AS v WHERE runs.id = v.column1 AND runs.{UNENDED}"
-                )
-            }
-            // One `UPDATE` by primary key per row, as data-modifying CTEs of one statement (a
-            // join with the rows may be planned as a hash join over every run; see
-            // `postgres_advance_sql`).
-            Self::Postgres => {
-                let update = |row: usize| {
-                    let p = row * 4;
-                    format!(
-                        "UPDATE runs SET state = ${state}::TEXT, \
-                         finished_at = CASE WHEN ${last}::BOOLEAN THEN ${now}::BIGINT \
-                         ELSE finished_at END WHERE id = ${id}::TEXT AND {UNENDED}",
-                        id = p + 1,
-                        state = p + 2,
-                        last = p + 3,
-                        now = p + 4,
-                    )
-                };
-                let mut sql = String::new();
-                if rows > 1 {
-                    let ctes = (0..rows - 1)
-                        .map(|row| format!("u{row} AS ({})", update(row)))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    sql.push_str(&format!("WITH {ctes} "));
-                }
-                sql.push_str(&update(rows.saturating_sub(1)));
-                sql
-            }
-        }
-    }
-
-    /// `id, worker, lease_epoch` of those of `runs` runs (`$1…`) that are running; on
-    /// PostgreSQL their rows are locked against a claim until the transaction ends.
-    fn leases_held_sql(self, runs: usize) -> String {
-        let lock = match self {
-            Self::Sqlite => "",
-            Self::Postgres => " FOR SHARE",
-        };
-        let ids = match self {
-            Self::Sqlite => sqlite_placeholders(runs),
-            Self::Postgres => placeholders(1, runs),
-        };
-        format!(
-            "SELECT id, worker, lease_epoch FROM runs WHERE state = 'running' AND id IN ({ids}){lock}"
-        )
-    }
+/// `id, worker, lease_epoch` of those of `runs` runs that are running.
+fn leases_held_sql(runs: usize) -> String {
+    format!(
+        "SELECT id, worker, lease_epoch FROM runs WHERE state = 'running' AND id IN ({})",
+        sqlite_placeholders(runs)
+    )
 }
 
 /// SQLite's `INSERT INTO events … VALUES (?, …, ?), (?, …)` for `rows` rows of 5.
@@ -900,7 +1053,7 @@ fn insert_sql(rows: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{insert_sql, postgres_advance_sql, run_states, sqlite_advance_sql};
+    use super::{Refused, insert_sql, run_states, sqlite_advance_sql};
     use sqlx::{AssertSqlSafe, Connection, Row};
 
     /// `$query` with `$writes` advance rows bound: sessions spread over the table, one event
@@ -921,45 +1074,7 @@ mod tests {
         }};
     }
 
-    /// A batch's UPDATE finds its sessions through the primary key, not by scanning the table,
-    /// even before PostgreSQL has statistics for it (a young, fast-growing table).
-    #[tokio::test]
-    async fn the_batch_update_uses_the_primary_key_on_postgres() {
-        let url = std::env::var("AGENTRY_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned());
-        let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
-        let schema = format!("plan_{}", std::process::id());
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; \
-             SET search_path = {schema}; \
-             CREATE TABLE sessions (id TEXT PRIMARY KEY, status TEXT NOT NULL, \
-               last_activity BIGINT NOT NULL, last_seq BIGINT NOT NULL, worker TEXT); \
-             INSERT INTO sessions SELECT 's' || g, 'idle', g, 0, NULL \
-               FROM generate_series(1, 20000) g;"
-        )))
-        .execute(&mut db)
-        .await
-        .unwrap();
-        let writes = 60;
-        let sql = format!("EXPLAIN {}", postgres_advance_sql(writes));
-        let explain = bind_spread_writes!(sqlx::query(AssertSqlSafe(sql)), writes);
-        let plan: Vec<String> = explain
-            .fetch_all(&mut db)
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get::<String, _>(0))
-            .collect();
-        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&mut db)
-            .await
-            .unwrap();
-        let plan = plan.join("\n");
-        assert!(!plan.contains("Seq Scan on sessions"), "{plan}");
-        assert!(plan.contains("sessions_pkey"), "{plan}");
-    }
-
-    /// SQLite looks the batch's sessions up by the primary key too.
+    /// SQLite looks the batch's sessions up by the primary key, not by scanning the table.
     #[tokio::test]
     async fn the_batch_update_uses_the_primary_key_on_sqlite() {
         let dir = tempfile::tempdir().unwrap();
@@ -1037,5 +1152,19 @@ mod tests {
                 (&c, RunState::Cancelled, 5),
             ]
         );
+    }
+
+    #[test]
+    fn the_group_commit_functions_refusals_are_understood() {
+        assert_eq!(Refused::parse("exists"), Some(Refused::Exists));
+        assert_eq!(Refused::parse("lease"), Some(Refused::Lease));
+        assert_eq!(Refused::parse("missing"), Some(Refused::Missing));
+        assert_eq!(
+            Refused::parse("held node-1 7f3a"),
+            Some(Refused::Held("node-1 7f3a".to_owned()))
+        );
+        assert_eq!(Refused::parse("seq 42"), Some(Refused::Seq(42)));
+        assert_eq!(Refused::parse("seq x"), None);
+        assert_eq!(Refused::parse("gone"), None);
     }
 }
