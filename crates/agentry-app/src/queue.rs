@@ -508,10 +508,12 @@ impl App {
         if self.store.queued_runs().await? >= settings.max_queued {
             return Err(queue_full(settings.max_queued));
         }
-        let (target, request, policy) = self.prepare_submission(caller, body).await?;
+        let (target, mut request, policy) = self.prepare_submission(caller, body).await?;
         let Target::Session(session) = target else {
             return Err(AppError::internal("a background run has no session"));
         };
+        // The queued run's record names its session: a new one is created now.
+        crate::runs::create_new_session(self, session, &mut request).await?;
         let agent_limit = agent
             .and_then(|agent| agent.limits)
             .and_then(|limits| limits.max_concurrent_runs);

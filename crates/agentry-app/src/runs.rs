@@ -5,7 +5,7 @@
 
 use agentry_core::approval::ApprovalPolicy;
 use agentry_core::context::CompactionSettings;
-use agentry_core::session::BusyPolicy;
+use agentry_core::session::{BusyPolicy, NewSessionInfo};
 use agentry_core::{Input, RunLimits, RunRequest};
 use agentry_llm::GenerationParams;
 use agentry_store::NewSession;
@@ -69,8 +69,9 @@ pub enum Target {
 }
 
 /// Checks `input` for `caller` (the agent, model, tools, template and files it names, the
-/// caller's limits, approvals only in sessions) and turns it into a run request; creates the
-/// session for [`SessionChoice::New`]. Nothing is created when a check fails.
+/// caller's limits, approvals only in sessions) and turns it into a run request; for
+/// [`SessionChoice::New`] the request says to create the session with the run's first write.
+/// Nothing is created when a check fails.
 pub async fn prepare(
     app: &App,
     caller: &Principal,
@@ -188,11 +189,13 @@ pub async fn prepare(
             Target::Ephemeral
         }
         SessionChoice::New => {
-            let mut new = NewSession::with_id(new_id);
-            new.title = crate::titles::first_line(&request);
-            new.owner = caller.owner();
-            let record = app.store.create_session(new).await?;
-            Target::Session(record.id)
+            // Created with the run's first write (one commit for both); a caller that needs
+            // the session before the run starts creates it ([`create_new_session`]).
+            request.new_session = Some(NewSessionInfo {
+                title: crate::titles::first_line(&request),
+                owner: caller.owner(),
+            });
+            Target::Session(new_id)
         }
         SessionChoice::Existing(id) => {
             let Some(record) = app
@@ -216,6 +219,22 @@ pub async fn prepare(
         share_workspace(&app.sessions, session, agent).await?;
     }
     Ok((target, request))
+}
+
+/// Creates the new session `request` is to run in, if it names one ([`prepare`] leaves that
+/// to the run's first write), for a caller that needs the session before the run starts.
+pub(crate) async fn create_new_session(
+    app: &App,
+    session: SessionId,
+    request: &mut RunRequest,
+) -> Result<(), AppError> {
+    if let Some(info) = request.new_session.take() {
+        let mut new = NewSession::with_id(session);
+        new.title = info.title;
+        new.owner = info.owner;
+        app.store.create_session(new).await?;
+    }
+    Ok(())
 }
 
 /// Makes `session`'s workspace `agent`'s shared one (a session that already has a workspace of

@@ -5,7 +5,7 @@
 //! from its own appends: recorded `running` with its `run_started` event, moved with each event
 //! that makes it wait, pause, go on or end ([`agentry_store::RunMark`]), in the same commit.
 
-use agentry_core::session::{LogError, SessionLog, SessionStatus};
+use agentry_core::session::{LogError, NewSessionInfo, SessionLog, SessionStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -105,6 +105,18 @@ impl StoreLog {
         events: &[SessionEvent],
         status: Option<SessionStatus>,
     ) -> Result<u64, LogError> {
+        self.write_creating(session, None, events, status).await
+    }
+
+    /// [`StoreLog::write`], creating the session first (in the same commit) when `create`
+    /// says so.
+    async fn write_creating(
+        &self,
+        session: SessionId,
+        create: Option<NewSessionInfo>,
+        events: &[SessionEvent],
+        status: Option<SessionStatus>,
+    ) -> Result<u64, LogError> {
         let mut records = records_of(events)?;
         let fence = events
             .first()
@@ -117,16 +129,24 @@ impl StoreLog {
         {
             record.run = Some(mark);
         }
-        let last = self
-            .store
-            .write_events(
-                session,
-                &records,
-                status.map(SessionStatus::as_str),
-                fence.as_ref(),
-            )
-            .await
-            .map_err(log_error(session))?;
+        let status = status.map(SessionStatus::as_str);
+        let written = match create {
+            // A new session has no run leased in it yet.
+            Some(info) => {
+                let mut new = NewSession::with_id(session);
+                new.title = info.title;
+                new.owner = info.owner;
+                self.store
+                    .create_session_with_events(new, &records, status)
+                    .await
+            }
+            None => {
+                self.store
+                    .write_events(session, &records, status, fence.as_ref())
+                    .await
+            }
+        };
+        let last = written.map_err(log_error(session))?;
         self.remember_compaction_memories(session, events).await;
         Ok(last)
     }
@@ -251,6 +271,19 @@ impl SessionLog for StoreLog {
         status: SessionStatus,
     ) -> BoxFuture<'_, Result<u64, LogError>> {
         Box::pin(async move { self.write(session, &events, Some(status)).await })
+    }
+
+    fn create_with(
+        &self,
+        session: SessionId,
+        info: NewSessionInfo,
+        events: Vec<SessionEvent>,
+        status: SessionStatus,
+    ) -> BoxFuture<'_, Result<u64, LogError>> {
+        Box::pin(async move {
+            self.write_creating(session, Some(info), &events, Some(status))
+                .await
+        })
     }
 
     fn load(

@@ -98,6 +98,12 @@ pub enum Input {
 /// What to run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunRequest {
+    /// A session to create with the run's first write, for a run in a session nobody has
+    /// created yet (the application chose a new one): one commit instead of two, and no read
+    /// of a log known to be empty. Never stored: a queued run's session is created before the
+    /// run is queued.
+    #[serde(skip)]
+    pub new_session: Option<crate::session::NewSessionInfo>,
     /// The model id (default: the runtime's default model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,

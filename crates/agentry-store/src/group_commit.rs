@@ -61,7 +61,8 @@ pub(crate) struct Write {
     pub(crate) worker: Option<Arc<str>>,
     /// The time the events are stamped with, Unix milliseconds.
     pub(crate) now: u64,
-    /// Create the session with these columns, instead of writing to it.
+    /// Create the session with these columns first (then write `events` and `status` to it,
+    /// if any: a session created with its first run's start).
     pub(crate) create: Option<NewRow>,
 }
 
@@ -418,11 +419,15 @@ async fn apply_sqlite(
             created.insert(row.text("id")?);
         }
         for index in creates {
-            results[index] = Some(if created.contains(&keys[index]) {
-                Ok(0)
+            let write = &batch[index].write;
+            results[index] = if !created.contains(&keys[index]) {
+                Some(Err(Refused::Exists.error(write)))
+            } else if write.events.is_empty() && write.status.is_none() {
+                Some(Ok(0))
             } else {
-                Err(Refused::Exists.error(&batch[index].write))
-            });
+                // Created: its events and status go in with the rounds.
+                None
+            };
         }
     }
     // The fences: every leased write's run must still be running under its lease.
@@ -591,9 +596,6 @@ async fn apply_postgres(
     let mut usage = UsageArrays::default();
     let mut marks = MarkArrays::default();
     for (number, write) in (1_i32..).zip(&writes) {
-        if write.create.is_some() {
-            continue;
-        }
         for (place, (kind, payload)) in (1_i64..).zip(&write.events) {
             events.write.push(number);
             events.place.push(place);
@@ -819,13 +821,15 @@ impl<'a> MarkArrays<'a> {
     }
 }
 
-/// The batch's writes (creations aside) in rounds: each round names each session at most once, and a session's
-/// writes fall in successive rounds in their order.
+/// The batch's writes (creations with nothing more to write aside) in rounds: each round names
+/// each session at most once, and a session's writes fall in successive rounds in their
+/// order.
 fn rounds_of(batch: &[Pending]) -> Vec<Vec<usize>> {
     let mut seen: std::collections::HashMap<SessionId, usize> = std::collections::HashMap::new();
     let mut rounds: Vec<Vec<usize>> = Vec::new();
     for (index, pending) in batch.iter().enumerate() {
-        if pending.write.create.is_some() {
+        let write = &pending.write;
+        if write.create.is_some() && write.events.is_empty() && write.status.is_none() {
             continue;
         }
         let round = seen.entry(pending.write.session).or_insert(0);

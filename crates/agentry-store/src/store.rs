@@ -389,6 +389,33 @@ impl Store {
         })
     }
 
+    /// Creates a session (as [`Store::create_session`]) with its first `events` and `status`,
+    /// in one commit; returns the last event's seq. An id that exists already is a
+    /// [`StoreError::Conflict`], and nothing is written.
+    pub async fn create_session_with_events(
+        &self,
+        new: NewSession,
+        events: &[NewEvent],
+        status: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        if let Some(title) = &new.title {
+            validate_title(title)?;
+        }
+        if let Some(status) = status {
+            validate_status(status)?;
+        }
+        let create = NewRow {
+            title: new.title,
+            expires_at: new.expires_at,
+            metadata: to_json_text(&new.metadata)?,
+            owner: new.owner,
+        };
+        let (last, _) = self
+            .write_rows(new.id, None, events, None, status, Some(create))
+            .await?;
+        Ok(last)
+    }
+
     /// The session, if it exists.
     pub async fn session(&self, id: SessionId) -> Result<Option<SessionRecord>, StoreError> {
         let id = id.to_string();
@@ -698,6 +725,20 @@ impl Store {
         lease: Option<&crate::Lease>,
         status: Option<&str>,
     ) -> Result<(u64, u64), StoreError> {
+        self.write_rows(session, expected_last_seq, events, lease, status, None)
+            .await
+    }
+
+    /// [`Store::append_rows`], creating the session first when `create` says so.
+    async fn write_rows(
+        &self,
+        session: SessionId,
+        expected_last_seq: Option<u64>,
+        events: &[NewEvent],
+        lease: Option<&crate::Lease>,
+        status: Option<&str>,
+        create: Option<NewRow>,
+    ) -> Result<(u64, u64), StoreError> {
         let mut rows = Vec::with_capacity(events.len());
         let mut usage = Vec::new();
         let mut runs = Vec::new();
@@ -726,7 +767,7 @@ impl Store {
                     .map(|lease| Arc::from(lease.worker.as_str()))
                     .or_else(|| self.worker()),
                 now,
-                create: None,
+                create,
             })
             .await?;
         Ok((last, now))

@@ -71,6 +71,15 @@ impl SessionStatus {
     }
 }
 
+/// What a session created with its run's first write starts with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewSessionInfo {
+    /// A title for people.
+    pub title: Option<String>,
+    /// Who it belongs to (an API key's id); `None`: the operator.
+    pub owner: Option<String>,
+}
+
 /// An append-only event log of sessions.
 pub trait SessionLog: Send + Sync + 'static {
     /// Creates an empty session.
@@ -107,6 +116,23 @@ pub trait SessionLog: Send + Sync + 'static {
             let last = self.append(session, events).await?;
             self.set_status(session, status).await?;
             Ok(last)
+        })
+    }
+
+    /// Creates `session` with `info` and appends `events` with the session's new `status`;
+    /// returns the seq of the last event. A durable log does all of it in one transaction (and
+    /// refuses, writing nothing, if the session exists); the default creates, then appends.
+    fn create_with(
+        &self,
+        session: SessionId,
+        info: NewSessionInfo,
+        events: Vec<SessionEvent>,
+        status: SessionStatus,
+    ) -> BoxFuture<'_, Result<u64, LogError>> {
+        let _ = info;
+        Box::pin(async move {
+            self.create(session).await?;
+            self.append_with_status(session, events, status).await
         })
     }
 

@@ -516,7 +516,12 @@ impl SessionManager {
         sink: &EventSink,
     ) -> Result<RunState, SessionError> {
         let log = &self.inner.log;
-        let events = log.load(session).await?;
+        // A session created with this run has no log to read yet.
+        let new_session = request.new_session.take();
+        let events = match new_session {
+            Some(_) => Vec::new(),
+            None => log.load(session).await?,
+        };
         let mut replayed = replay(&events);
         if let Some(in_flight) = replayed.in_flight.take() {
             // A run the process lost and nobody resumed: close it honestly before going on.
@@ -564,9 +569,16 @@ impl SessionManager {
                 .into_iter()
                 .map(|message| SessionEvent::Message { run_id, message }),
         );
-        let last = log
-            .append_with_status(session, records.clone(), SessionStatus::Running)
-            .await?;
+        let last = match new_session {
+            Some(info) => {
+                log.create_with(session, info, records.clone(), SessionStatus::Running)
+                    .await?
+            }
+            None => {
+                log.append_with_status(session, records.clone(), SessionStatus::Running)
+                    .await?
+            }
+        };
         let first = last + 1 - (records.len() as u64).min(last + 1);
         for (offset, event) in records.into_iter().enumerate() {
             sink.send(RunEvent::Committed {

@@ -11,7 +11,7 @@ pub mod log;
 pub mod manager;
 pub mod replay;
 
-pub use log::{LogError, MemoryLog, SessionLog, SessionStatus};
+pub use log::{LogError, MemoryLog, NewSessionInfo, SessionLog, SessionStatus};
 pub use manager::{
     BusyPolicy, DEFAULT_MAX_QUEUED_RUNS, SessionError, SessionManager, WeakSessionManager,
 };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use agentry_core::RunRequest;
 use agentry_core::session::{
-    BusyPolicy, MemoryLog, SessionError, SessionLog, SessionManager, SessionStatus,
+    BusyPolicy, MemoryLog, NewSessionInfo, SessionError, SessionLog, SessionManager, SessionStatus,
 };
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 use agentry_types::{
@@ -134,6 +134,46 @@ async fn runs_write_through_the_log_and_later_runs_see_the_history() {
             vec![session]
         );
     }
+}
+
+/// A run told to create its session does so with its first write: the empty log is not read
+/// first, and the creation and the run's start are one append.
+#[tokio::test]
+async fn a_run_creates_its_new_session_with_its_first_write() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello.")));
+    let (manager, log) = manager(&mock, PROTOCOLS[0], vec![]).await;
+    let session = agentry_types::SessionId::new();
+    // Nobody created it: a plain run finds no log to read.
+    assert!(matches!(
+        log.load(session).await,
+        Err(agentry_core::session::LogError::NotFound(_))
+    ));
+    let mut request = RunRequest::text("Hi");
+    request.new_session = Some(NewSessionInfo {
+        title: Some("Hi".into()),
+        owner: None,
+    });
+    let run = manager
+        .send(session, request, BusyPolicy::Reject)
+        .await
+        .unwrap();
+    assert_eq!(run.finish().await.unwrap().text, "Hello.");
+    // Two writes: the session with the run's start, the answer with the run's end.
+    assert_eq!(log.appends(), 2);
+    assert_eq!(
+        kinds(&log.load(session).await.unwrap()),
+        [
+            "run_started",
+            "message",
+            "assistant_message",
+            "run_finished"
+        ]
+    );
+    assert_eq!(
+        log.sessions_with_status(SessionStatus::Idle).await.unwrap(),
+        vec![session]
+    );
 }
 
 /// A session whose first run waits in a slow tool.

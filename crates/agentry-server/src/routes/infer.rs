@@ -156,17 +156,19 @@ async fn infer_stream(
                 }
                 let guard =
                     CancelOnDrop::new(state.hub.clone(), cancel_on_disconnect.then_some(session));
-                let intro = Event::default()
-                    .event("session")
-                    .data(json!({"session_id": session}).to_string());
+                let mut intro = Some(
+                    Event::default()
+                        .event("session")
+                        .data(json!({"session_id": session}).to_string()),
+                );
+                // The intro goes with the run's first event: a new session is created by the
+                // run's first commit, and a client that reads the intro finds the session.
                 Box::pin(
-                    futures::stream::once(async move { Ok(intro) }).chain(session_events(
-                        state.clone(),
-                        session,
-                        subscription,
-                        0,
-                        Some(guard),
-                    )),
+                    session_events(state.clone(), session, subscription, 0, Some(guard)).flat_map(
+                        move |event| {
+                            futures::stream::iter(intro.take().map(Ok).into_iter().chain([event]))
+                        },
+                    ),
                 )
             }
         };

@@ -199,3 +199,48 @@ async fn an_oversized_optional_body_is_a_json_413() {
     assert_eq!(status, 413, "{reply}");
     assert_eq!(reply["error"]["code"], "request_too_large");
 }
+
+/// A new session is created by its run's first commit: a one-round run writes twice (the
+/// session with the run's start, the answer with the run's end), and a streamed run's
+/// `session` event comes once the session is there to read.
+#[tokio::test]
+async fn a_new_session_is_created_with_its_runs_first_commit() {
+    let server = start().await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
+    let before = server.state.store.commit_counts();
+    let (status, body) = server
+        .post("/v1/infer", json!({"session_id": "new", "text": "Hello"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let after = server.state.store.commit_counts();
+    assert_eq!(after.writes - before.writes, 2);
+    let session = body["session_id"].as_str().unwrap();
+    let (status, shown) = server.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["session"]["title"], "Hello", "{shown}");
+    assert_eq!(shown["session"]["status"], "idle", "{shown}");
+
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Hi again.")));
+    let mut stream = server
+        .sse(
+            "/v1/infer/stream",
+            Some(json!({"session_id": "new", "text": "Again"})),
+            None,
+        )
+        .await;
+    let intro = stream.next().await.unwrap();
+    assert_eq!(intro.name, "session");
+    let session = intro.data["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(stream.session.as_deref(), Some(session.as_str()));
+    let (status, shown) = server.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, 200, "{shown}");
+    let mut last = intro.name;
+    while let Some(event) = stream.next().await {
+        last = event.name;
+    }
+    assert_eq!(last, "run.finished");
+}

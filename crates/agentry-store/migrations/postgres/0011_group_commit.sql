@@ -4,7 +4,8 @@
 --
 -- Writes are numbered from 1 in the batch's order (the writer sorts a batch by session, so
 -- that two nodes lock session rows in the same order). New sessions are created first, so
--- that a write to one later in the batch finds it. Then each write in order: its lease must
+-- that a write to one later in the batch finds it (a creation may carry the session's first
+-- events and status: they are written like any write's). Then each write in order: its lease must
 -- still be held (the run row is locked against a claim until the commit), and its session
 -- advances by its event count while the session is at the expected seq (when one is given)
 -- and no other process holds it. A write that cannot apply is refused alone and says why in
@@ -48,7 +49,8 @@ BEGIN
         END IF;
     END LOOP;
     FOR i IN 1..n LOOP
-        CONTINUE WHEN w_create[i];
+        CONTINUE WHEN refusals[i] IS NOT NULL
+            OR (w_create[i] AND w_count[i] = 0 AND w_status[i] IS NULL);
         IF w_lease_run[i] IS NOT NULL THEN
             PERFORM 1 FROM runs
             WHERE id = w_lease_run[i] AND state = 'running' AND worker = w_lease_worker[i]
@@ -86,7 +88,7 @@ BEGIN
     INSERT INTO events (session_id, seq, kind, payload, created_at)
     SELECT w_session[e.w], last_seqs[e.w] - w_count[e.w] + e.k, e.kind, e.payload, w_now[e.w]
     FROM unnest(e_write, e_offset, e_kind, e_payload) AS e (w, k, kind, payload)
-    WHERE last_seqs[e.w] IS NOT NULL AND NOT w_create[e.w];
+    WHERE last_seqs[e.w] IS NOT NULL;
     INSERT INTO usage_records (session_id, seq, run_id, agent_id, model, input_tokens,
                                cached_input_tokens, cache_creation_input_tokens, output_tokens,
                                reasoning_tokens, cost_nanos, created_at, owner)
@@ -96,11 +98,11 @@ BEGIN
     FROM unnest(u_write, u_offset, u_run, u_agent, u_model, u_input, u_cached, u_creation,
                 u_output, u_reasoning, u_cost)
          AS u (w, k, run, agent, model, input, cached, creation, output, reasoning, cost)
-    WHERE last_seqs[u.w] IS NOT NULL AND NOT w_create[u.w];
+    WHERE last_seqs[u.w] IS NOT NULL;
     -- The records of runs started in their sessions, mark by mark: a record that ended stays
     -- ended, so a run's first final state wins, else its last.
     FOR i IN 1..COALESCE(array_length(m_write, 1), 0) LOOP
-        CONTINUE WHEN last_seqs[m_write[i]] IS NULL OR w_create[m_write[i]];
+        CONTINUE WHEN last_seqs[m_write[i]] IS NULL;
         IF m_started[i] THEN
             INSERT INTO runs (id, session_id, agent_id, created_at, started_at, owner, state,
                               request_digest, request, background)

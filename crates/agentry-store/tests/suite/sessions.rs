@@ -13,6 +13,7 @@ both_backends!(
     read_state_follows_mark_read,
     deleting_a_session_removes_its_events,
     sessions_belong_to_their_owner,
+    a_session_is_created_with_its_first_events_in_one_commit,
 );
 
 async fn pause() {
@@ -249,4 +250,67 @@ async fn sessions_belong_to_their_owner(h: &Harness) {
             .as_deref(),
         Some("aaaaaaaaaaaa")
     );
+}
+
+async fn a_session_is_created_with_its_first_events_in_one_commit(h: &Harness) {
+    let store = &h.store;
+    let mut new = NewSession::new();
+    new.title = Some("with its start".into());
+    new.owner = Some("key-1".into());
+    let before = store.commit_counts();
+    let last = store
+        .create_session_with_events(
+            new.clone(),
+            &[text_event("run_started", "a"), text_event("message", "b")],
+            Some("running"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(last, 2);
+    let after = store.commit_counts();
+    assert_eq!(
+        (after.writes - before.writes, after.commits - before.commits),
+        (1, 1)
+    );
+    let record = store.session(new.id).await.unwrap().unwrap();
+    assert_eq!(record.title.as_deref(), Some("with its start"));
+    assert_eq!(record.owner.as_deref(), Some("key-1"));
+    assert_eq!((record.status.as_str(), record.last_seq), ("running", 2));
+    let kinds: Vec<String> = store
+        .events(new.id, 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|event| event.kind)
+        .collect();
+    assert_eq!(kinds, ["run_started", "message"]);
+
+    // An id that exists is refused, and the session it names is left as it was.
+    let again = store
+        .create_session_with_events(new.clone(), &[text_event("message", "c")], Some("idle"))
+        .await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    let record = store.session(new.id).await.unwrap().unwrap();
+    assert_eq!((record.status.as_str(), record.last_seq), ("running", 2));
+    assert_eq!(store.events(new.id, 0, 10).await.unwrap().len(), 2);
+
+    // Many at once share commits, each with its own events.
+    let ids: Vec<SessionId> = (0..40).map(|_| SessionId::new()).collect();
+    let writes = ids.iter().map(|id| {
+        let mut new = NewSession::with_id(*id);
+        new.title = Some(id.to_string());
+        async move {
+            store
+                .create_session_with_events(new, &[text_event("message", "x")], None)
+                .await
+        }
+    });
+    for last in futures::future::join_all(writes).await {
+        assert_eq!(last.unwrap(), 1);
+    }
+    for id in &ids {
+        let record = store.session(*id).await.unwrap().unwrap();
+        assert_eq!((record.status.as_str(), record.last_seq), ("idle", 1));
+        assert_eq!(record.title, Some(id.to_string()));
+    }
 }
