@@ -283,14 +283,11 @@ impl Store {
                     return Ok(None);
                 }
             }
-            let rows = sqlx::query(
-                "UPDATE runs SET lease_until = $1 WHERE worker = $2 AND state = 'running' \
-                 RETURNING id, lease_epoch, cancel_requested",
-            )
-            .bind(until)
-            .bind(&node.incarnation)
-            .fetch_all(&mut *tx)
-            .await?;
+            let rows = sqlx::query(d.renew_leases_sql())
+                .bind(until)
+                .bind(&node.incarnation)
+                .fetch_all(&mut *tx)
+                .await?;
             let mut renewed = Vec::with_capacity(rows.len());
             for row in &rows {
                 let id = row.text("id")?;

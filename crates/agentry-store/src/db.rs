@@ -209,6 +209,24 @@ impl Dialect {
         }
     }
 
+    /// Renews the leases of the runs a worker (`$2`) holds until `$1`; returns `id,
+    /// lease_epoch, cancel_requested` of each. On PostgreSQL the rows are locked in id order,
+    /// as the group commit locks the runs its writes are fenced by: the two never wait on each
+    /// other in a cycle (a deadlock, which PostgreSQL breaks only after a second).
+    pub(crate) fn renew_leases_sql(self) -> &'static str {
+        match self {
+            Self::Sqlite => {
+                "UPDATE runs SET lease_until = $1 WHERE worker = $2 AND state = 'running' \
+                 RETURNING id, lease_epoch, cancel_requested"
+            }
+            Self::Postgres => {
+                "UPDATE runs SET lease_until = $1 WHERE id IN (SELECT id FROM runs \
+                 WHERE worker = $2 AND state = 'running' ORDER BY id FOR UPDATE) \
+                 RETURNING id, lease_epoch, cancel_requested"
+            }
+        }
+    }
+
     /// A statement that serialises migrations of one schema across processes.
     fn migration_lock_sql(self) -> Option<&'static str> {
         match self {

@@ -589,13 +589,13 @@ async fn apply_postgres(
     let sent: Vec<usize> = (0..batch.len())
         .filter(|index| results[*index].is_none())
         .collect();
-    let writes: Vec<&Write> = sent.iter().map(|index| &batch[*index].write).collect();
-    let leases: Vec<Option<&Lease>> = writes.iter().map(|write| write.lease.as_ref()).collect();
-    let news: Vec<Option<&NewRow>> = writes.iter().map(|write| write.create.as_ref()).collect();
+    let mut columns = WriteArrays::default();
     let mut events = EventArrays::default();
     let mut usage = UsageArrays::default();
     let mut marks = MarkArrays::default();
-    for (number, write) in (1_i32..).zip(&writes) {
+    for (number, index) in (1_i32..).zip(&sent) {
+        let write = &batch[*index].write;
+        columns.push(write);
         for (place, (kind, payload)) in (1_i64..).zip(&write.events) {
             events.write.push(number);
             events.place.push(place);
@@ -618,81 +618,20 @@ async fn apply_postgres(
          $25::BIGINT[], $26::BIGINT[], $27::BIGINT[], $28::BIGINT[], $29::BIGINT[], \
          $30::INT[], $31::TEXT[], $32::BOOLEAN[], $33::TEXT[], $34::TEXT[], $35::BOOLEAN[])",
     )
-    .bind(
-        writes
-            .iter()
-            .map(|write| write.session.to_string())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        writes
-            .iter()
-            .map(|write| write.expected_last_seq.map(to_db))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        writes
-            .iter()
-            .map(|write| to_db(write.events.len() as u64))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        writes
-            .iter()
-            .map(|write| to_db(write.now))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        writes
-            .iter()
-            .map(|write| write.status.as_deref())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        writes
-            .iter()
-            .map(|write| write.worker.as_deref())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        leases
-            .iter()
-            .map(|lease| lease.map(|lease| lease.run_id.to_string()))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        leases
-            .iter()
-            .map(|lease| lease.map(|lease| lease.worker.as_str()))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        leases
-            .iter()
-            .map(|lease| lease.map(|lease| to_db(lease.epoch)))
-            .collect::<Vec<_>>(),
-    )
-    .bind(news.iter().map(Option::is_some).collect::<Vec<_>>())
-    .bind(
-        news.iter()
-            .map(|new| new.and_then(|new| new.title.as_deref()))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        news.iter()
-            .map(|new| new.and_then(|new| new.expires_at.map(to_db)))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        news.iter()
-            .map(|new| new.map(|new| new.metadata.as_str()))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        news.iter()
-            .map(|new| new.and_then(|new| new.owner.as_deref()))
-            .collect::<Vec<_>>(),
-    )
+    .bind(columns.session)
+    .bind(columns.expected)
+    .bind(columns.count)
+    .bind(columns.now)
+    .bind(columns.status)
+    .bind(columns.worker)
+    .bind(columns.lease_run)
+    .bind(columns.lease_worker)
+    .bind(columns.lease_epoch)
+    .bind(columns.create)
+    .bind(columns.title)
+    .bind(columns.expires)
+    .bind(columns.metadata)
+    .bind(columns.owner)
     .bind(events.write)
     .bind(events.place)
     .bind(events.kind)
@@ -742,6 +681,49 @@ async fn apply_postgres(
         );
     }
     Ok(())
+}
+
+/// A PostgreSQL batch's writes, a column each, in the batch's order.
+#[derive(Default)]
+struct WriteArrays<'a> {
+    session: Vec<String>,
+    expected: Vec<Option<i64>>,
+    count: Vec<i64>,
+    now: Vec<i64>,
+    status: Vec<Option<&'a str>>,
+    worker: Vec<Option<&'a str>>,
+    lease_run: Vec<Option<String>>,
+    lease_worker: Vec<Option<&'a str>>,
+    lease_epoch: Vec<Option<i64>>,
+    create: Vec<bool>,
+    title: Vec<Option<&'a str>>,
+    expires: Vec<Option<i64>>,
+    metadata: Vec<Option<&'a str>>,
+    owner: Vec<Option<&'a str>>,
+}
+
+impl<'a> WriteArrays<'a> {
+    fn push(&mut self, write: &'a Write) {
+        self.session.push(write.session.to_string());
+        self.expected.push(write.expected_last_seq.map(to_db));
+        self.count.push(to_db(write.events.len() as u64));
+        self.now.push(to_db(write.now));
+        self.status.push(write.status.as_deref());
+        self.worker.push(write.worker.as_deref());
+        let lease = write.lease.as_ref();
+        self.lease_run
+            .push(lease.map(|lease| lease.run_id.to_string()));
+        self.lease_worker
+            .push(lease.map(|lease| lease.worker.as_str()));
+        self.lease_epoch.push(lease.map(|lease| to_db(lease.epoch)));
+        let new = write.create.as_ref();
+        self.create.push(new.is_some());
+        self.title.push(new.and_then(|new| new.title.as_deref()));
+        self.expires
+            .push(new.and_then(|new| new.expires_at.map(to_db)));
+        self.metadata.push(new.map(|new| new.metadata.as_str()));
+        self.owner.push(new.and_then(|new| new.owner.as_deref()));
+    }
 }
 
 /// A PostgreSQL batch's events, a column each, numbered by their write (from 1) and their

@@ -5,8 +5,9 @@
 -- Writes are numbered from 1 in the batch's order (the writer sorts a batch by session, so
 -- that two nodes lock session rows in the same order). New sessions are created first, so
 -- that a write to one later in the batch finds it (a creation may carry the session's first
--- events and status: they are written like any write's). Then each write in order: its lease must
--- still be held (the run row is locked against a claim until the commit), and its session
+-- events and status: they are written like any write's). The runs the writes are fenced by
+-- are locked next, in id order (against a claim, until the commit). Then each write in order:
+-- its lease must still be held, and its session
 -- advances by its event count while the session is at the expected seq (when one is given)
 -- and no other process holds it. A write that cannot apply is refused alone and says why in
 -- `refusals`; the others' `last_seqs` hold their session's last seq after them. Only the
@@ -48,6 +49,9 @@ BEGIN
             refusals[i] := 'exists';
         END IF;
     END LOOP;
+    -- The runs the writes are fenced by are locked first, all at once and in id order, as the
+    -- lease renewal locks them: the two never wait on each other in a cycle.
+    PERFORM 1 FROM runs WHERE id = ANY (w_lease_run) ORDER BY id FOR SHARE;
     FOR i IN 1..n LOOP
         CONTINUE WHEN refusals[i] IS NOT NULL
             OR (w_create[i] AND w_count[i] = 0 AND w_status[i] IS NULL);
