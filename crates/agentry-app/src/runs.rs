@@ -8,7 +8,6 @@ use agentry_core::context::CompactionSettings;
 use agentry_core::session::{BusyPolicy, NewSessionInfo};
 use agentry_core::{Input, RunLimits, RunRequest};
 use agentry_llm::GenerationParams;
-use agentry_store::NewSession;
 use agentry_types::{Message, SessionId};
 
 use crate::App;
@@ -229,10 +228,9 @@ pub(crate) async fn create_new_session(
     request: &mut RunRequest,
 ) -> Result<(), AppError> {
     if let Some(info) = request.new_session.take() {
-        let mut new = NewSession::with_id(session);
-        new.title = info.title;
-        new.owner = info.owner;
-        app.store.create_session(new).await?;
+        app.store
+            .create_session(crate::store_log::new_session(session, info))
+            .await?;
     }
     Ok(())
 }

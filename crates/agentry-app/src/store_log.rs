@@ -133,11 +133,8 @@ impl StoreLog {
         let written = match create {
             // A new session has no run leased in it yet.
             Some(info) => {
-                let mut new = NewSession::with_id(session);
-                new.title = info.title;
-                new.owner = info.owner;
                 self.store
-                    .create_session_with_events(new, &records, status)
+                    .create_session_with_events(new_session(session, info), &records, status)
                     .await
             }
             None => {
@@ -150,6 +147,14 @@ impl StoreLog {
         self.remember_compaction_memories(session, events).await;
         Ok(last)
     }
+}
+
+/// The session `info` says `session` starts as, as the store creates it.
+pub(crate) fn new_session(session: SessionId, info: NewSessionInfo) -> NewSession {
+    let mut new = NewSession::with_id(session);
+    new.title = info.title;
+    new.owner = info.owner;
+    new
 }
 
 fn storage(error: StoreError) -> LogError {

@@ -586,8 +586,9 @@ impl Driver {
             },
         ];
         if self.journal.is_some() && state.is_finished() {
-            // The run's last step: nothing happens before its end is committed, so the answer
-            // goes with it, in one write, and is reported in the same order as otherwise.
+            // The run's last step: a finished run goes straight to `finish` (finished is the
+            // engine's last phase), so the answer goes with the end, in one write, and is
+            // reported in the same order as otherwise.
             *lock(&self.last_answer) = Some(HeldAnswer {
                 records,
                 live: live.into(),
@@ -813,12 +814,7 @@ impl Driver {
 
     /// Ends the stream of a run that stopped without ending (paused, or waiting for
     /// approvals) with [`RunEvent::RunSuspended`].
-    async fn suspend(self, mut state: RunState, status: SuspendStatus) -> RunState {
-        // Only a finished run holds its answer back; should one reach here, it is committed.
-        let held = lock(&self.last_answer).take();
-        if let Some(held) = held {
-            self.commit_held(&mut state, held).await;
-        }
+    async fn suspend(self, state: RunState, status: SuspendStatus) -> RunState {
         self.events
             .send(RunEvent::RunSuspended {
                 run_id: state.run_id,
@@ -829,14 +825,6 @@ impl Driver {
             })
             .await;
         state
-    }
-
-    /// Commits a held answer on its own, then reports it.
-    async fn commit_held(&self, state: &mut RunState, held: HeldAnswer) {
-        self.commit(state, held.records).await;
-        for event in held.live {
-            self.events.send(event).await;
-        }
     }
 
     /// Commits the end of a finished run and the session's new status (with the run's last
@@ -902,8 +890,6 @@ impl Driver {
                     }
                 }
             }
-        } else if let Some(held) = held {
-            self.commit_held(&mut state, held).await;
         }
         self.events.send(final_event(&state)).await;
         state

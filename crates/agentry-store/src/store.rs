@@ -78,6 +78,20 @@ impl Default for StoreOptions {
     }
 }
 
+/// The columns of `new` as the group commit creates them: its title checked, its metadata as
+/// JSON text.
+fn new_row(new: &NewSession) -> Result<NewRow, StoreError> {
+    if let Some(title) = &new.title {
+        validate_title(title)?;
+    }
+    Ok(NewRow {
+        title: new.title.clone(),
+        expires_at: new.expires_at,
+        metadata: to_json_text(&new.metadata)?,
+        owner: new.owner.clone(),
+    })
+}
+
 /// The event log and configuration store, on SQLite or PostgreSQL. Cloning is cheap: clones
 /// share the connection pools.
 #[derive(Clone)]
@@ -349,30 +363,9 @@ impl Store {
     /// Creates a session with status `idle` and no events. An id that exists already is a
     /// [`StoreError::Conflict`].
     pub async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
-        if let Some(title) = &new.title {
-            validate_title(title)?;
-        }
-        let metadata = to_json_text(&new.metadata)?;
-        let now = now_millis();
-        self.inner
-            .writer
-            .write(Write {
-                session: new.id,
-                expected_last_seq: None,
-                events: Vec::new(),
-                usage: Vec::new(),
-                runs: Vec::new(),
-                lease: None,
-                status: None,
-                worker: self.worker(),
-                now,
-                create: Some(NewRow {
-                    title: new.title.clone(),
-                    expires_at: new.expires_at,
-                    metadata,
-                    owner: new.owner.clone(),
-                }),
-            })
+        let row = new_row(&new)?;
+        let (_, now) = self
+            .append_rows(new.id, None, &[], None, None, Some(row))
             .await?;
         Ok(SessionRecord {
             id: new.id,
@@ -398,20 +391,12 @@ impl Store {
         events: &[NewEvent],
         status: Option<&str>,
     ) -> Result<u64, StoreError> {
-        if let Some(title) = &new.title {
-            validate_title(title)?;
-        }
         if let Some(status) = status {
             validate_status(status)?;
         }
-        let create = NewRow {
-            title: new.title,
-            expires_at: new.expires_at,
-            metadata: to_json_text(&new.metadata)?,
-            owner: new.owner,
-        };
+        let create = new_row(&new)?;
         let (last, _) = self
-            .write_rows(new.id, None, events, None, status, Some(create))
+            .append_rows(new.id, None, events, None, status, Some(create))
             .await?;
         Ok(last)
     }
@@ -683,7 +668,7 @@ impl Store {
             return Ok(0);
         }
         let (last, _) = self
-            .append_rows(session, None, events, lease, status)
+            .append_rows(session, None, events, lease, status, None)
             .await?;
         Ok(if events.is_empty() { 0 } else { last })
     }
@@ -700,7 +685,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let (last, now) = self
-            .append_rows(session, expected_last_seq, events, lease, status)
+            .append_rows(session, expected_last_seq, events, lease, status, None)
             .await?;
         let first = last + 1 - events.len() as u64;
         Ok((first..)
@@ -715,22 +700,10 @@ impl Store {
             .collect())
     }
 
-    /// Writes `events` (and `status`) through the group commit; returns the session's last
-    /// seq after the write and the time written.
+    /// Writes `events` (and `status`) through the group commit, creating the session first
+    /// when `create` says so; returns the session's last seq after the write and the time
+    /// written.
     async fn append_rows(
-        &self,
-        session: SessionId,
-        expected_last_seq: Option<u64>,
-        events: &[NewEvent],
-        lease: Option<&crate::Lease>,
-        status: Option<&str>,
-    ) -> Result<(u64, u64), StoreError> {
-        self.write_rows(session, expected_last_seq, events, lease, status, None)
-            .await
-    }
-
-    /// [`Store::append_rows`], creating the session first when `create` says so.
-    async fn write_rows(
         &self,
         session: SessionId,
         expected_last_seq: Option<u64>,
