@@ -255,12 +255,19 @@ pub(crate) async fn share_workspace(
 
 /// Starts `request` in `session` (as `policy` says when a run is in progress) and hands it to
 /// the hub; the subscription misses none of its events.
+///
+/// A run that creates its session returns once its start is committed: the session exists
+/// for whoever is told its id (a response header, say) and reads it at once.
 pub async fn start_in_session(
     app: &App,
     session: SessionId,
     request: RunRequest,
     policy: BusyPolicy,
 ) -> Result<Subscription, AppError> {
-    let stream = app.sessions.send(session, request, policy).await?;
+    let creates_session = request.new_session.is_some();
+    let mut stream = app.sessions.send(session, request, policy).await?;
+    if creates_session {
+        stream.wait_first_event().await;
+    }
     Ok(app.hub.adopt(session, stream))
 }

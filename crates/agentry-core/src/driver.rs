@@ -264,14 +264,21 @@ impl Driver {
 
     /// Drives `state` until the run is finished or suspended, sending every event to the
     /// driver's sink. Returns the final state (which serialises, for storage or inspection).
-    pub async fn run(self, state: RunState) -> RunState {
-        let span = crate::telemetry::run_span(&state, self.journal.as_ref().map(|j| j.session));
-        let state = self.run_in_span(state).instrument(span.clone()).await;
-        crate::telemetry::end_run(&span, &state);
-        state
+    ///
+    /// The state is boxed before the run's future is made and stays boxed down the driver's
+    /// calls: a future keeps what it was given for as long as it lives, so a state passed by
+    /// value is held (about a kilobyte) by each level, for each live run.
+    pub fn run(self, state: RunState) -> impl Future<Output = RunState> + Send {
+        let state = Box::new(state);
+        async move {
+            let span = crate::telemetry::run_span(&state, self.journal.as_ref().map(|j| j.session));
+            let state = self.run_in_span(state).instrument(span.clone()).await;
+            crate::telemetry::end_run(&span, &state);
+            *state
+        }
     }
 
-    async fn run_in_span(self, mut state: RunState) -> RunState {
+    async fn run_in_span(self, mut state: Box<RunState>) -> Box<RunState> {
         let deadline = deadline_of(&mut state);
         self.events
             .send(RunEvent::RunStarted {
@@ -814,7 +821,7 @@ impl Driver {
 
     /// Ends the stream of a run that stopped without ending (paused, or waiting for
     /// approvals) with [`RunEvent::RunSuspended`].
-    async fn suspend(self, state: RunState, status: SuspendStatus) -> RunState {
+    async fn suspend(self, state: Box<RunState>, status: SuspendStatus) -> Box<RunState> {
         self.events
             .send(RunEvent::RunSuspended {
                 run_id: state.run_id,
@@ -829,7 +836,7 @@ impl Driver {
 
     /// Commits the end of a finished run and the session's new status (with the run's last
     /// answer, when it held one back), then reports the end.
-    async fn finish(self, mut state: RunState) -> RunState {
+    async fn finish(self, mut state: Box<RunState>) -> Box<RunState> {
         let held = lock(&self.last_answer).take();
         if let (
             Some(journal),

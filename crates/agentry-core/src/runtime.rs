@@ -13,7 +13,6 @@ use agentry_types::{
 };
 use futures::Stream;
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -21,7 +20,7 @@ use crate::budget::BudgetGate;
 use crate::context::{Compaction, CompactionSettings, ContextPolicy};
 use crate::driver::Driver;
 use crate::engine::{Phase, RunLimits, RunState};
-use crate::events::EventSink;
+use crate::events::{EventReceiver, EventSink};
 use crate::fallback::FallbackModelClient;
 use crate::media::{MediaAdapter, MediaCache, MediaRoute};
 use crate::network::NetworkCheck;
@@ -293,21 +292,33 @@ impl RunOutput {
 
 /// A running run's events. Dropping it cancels the run unless it was detached.
 pub struct RunStream {
-    events: mpsc::Receiver<RunEvent>,
+    events: EventReceiver,
+    /// The first event, read by [`RunStream::wait_first_event`] and still to be yielded.
+    first: Option<RunEvent>,
     task: Option<JoinHandle<RunState>>,
     cancel: CancellationToken,
 }
 
 impl RunStream {
     pub(crate) fn new(
-        events: mpsc::Receiver<RunEvent>,
+        events: EventReceiver,
         task: JoinHandle<RunState>,
         cancel: CancellationToken,
     ) -> Self {
         Self {
             events,
+            first: None,
             task: Some(task),
             cancel,
+        }
+    }
+
+    /// Waits until the run has sent its first event, which the stream still yields. A session
+    /// run's first event comes after its start is committed (or its start failed), so a new
+    /// session exists in the log once this returns.
+    pub async fn wait_first_event(&mut self) {
+        if self.first.is_none() {
+            self.first = self.events.recv().await.map(|event| *event);
         }
     }
 
@@ -344,7 +355,12 @@ impl Stream for RunStream {
     type Item = RunEvent;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunEvent>> {
-        self.events.poll_recv(cx)
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(first));
+        }
+        self.events
+            .poll_recv(cx)
+            .map(|event| event.map(|event| *event))
     }
 }
 
@@ -590,11 +606,7 @@ impl Runtime {
             .summarizer(summarizer)
             .accounting(self.accounting(&state));
         let task = tokio::spawn(tracing::Instrument::in_current_span(driver.run(state)));
-        Ok(RunStream {
-            events,
-            task: Some(task),
-            cancel,
-        })
+        Ok(RunStream::new(events, task, cancel))
     }
 
     /// Calls a tool directly, without a model; with [`ResultFormat::Json`] the result is parsed

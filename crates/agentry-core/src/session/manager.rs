@@ -590,36 +590,41 @@ impl SessionManager {
         Ok(state)
     }
 
-    async fn drive(
+    // Not an `async fn`: the driver's future is made here, before anything waits, so the
+    // run's state is not held a second time by this future (see `Driver::run`).
+    fn drive(
         &self,
         session: SessionId,
-        state: RunState,
+        mut state: RunState,
         sink: EventSink,
         cancel: CancellationToken,
         pause: CancellationToken,
-    ) -> RunState {
+    ) -> impl Future<Output = RunState> + Send + use<> {
         let runtime = self.runtime();
         let model = match runtime.client_for(&state) {
             Ok(model) => model,
             Err(error) => {
-                let mut state = state;
                 state.fail(error_info(&SessionError::Run(error)));
-                sink.send_final(&state).await;
-                return state;
+                return futures::future::Either::Left(async move {
+                    sink.send_final(&state).await;
+                    state
+                });
             }
         };
         let journal = Journal::new(Arc::clone(&self.inner.log), session);
         let tools = runtime.tools().clone();
         // The driver records the session's status with the end of the run.
         let summarizer = runtime.summarizer_for(&state);
-        Driver::new(model, tools, sink, cancel)
-            .summarizer(summarizer)
-            .accounting(runtime.accounting(&state))
-            .pause(pause)
-            .journal(journal)
-            .files(self.inner.files.clone())
-            .run(state)
-            .await
+        let accounting = runtime.accounting(&state);
+        futures::future::Either::Right(
+            Driver::new(model, tools, sink, cancel)
+                .summarizer(summarizer)
+                .accounting(accounting)
+                .pause(pause)
+                .journal(journal)
+                .files(self.inner.files.clone())
+                .run(state),
+        )
     }
 
     /// Continues the run that was in flight in `session` when the process stopped, from its

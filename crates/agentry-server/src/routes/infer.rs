@@ -84,7 +84,8 @@ async fn infer(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     if body.is_group() {
-        return super::groups::infer_group(state, &caller, body, false).await;
+        // Boxed: a group run's future is large, and unboxed it would size every request's.
+        return Box::pin(super::groups::infer_group(state, &caller, body, false)).await;
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
     let (target, request, policy) = state.prepare_submission(&caller, body).await?;
@@ -135,10 +136,13 @@ async fn infer_stream(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     if body.is_group() {
-        return super::groups::infer_group(state, &caller, body, true).await;
+        return Box::pin(super::groups::infer_group(state, &caller, body, true)).await;
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
-    let (target, request, policy) = state.prepare_submission(&caller, body).await?;
+    // Boxed, as are the group run above and the start below: axum keeps this handler's future
+    // while the request is in flight, and an unboxed await makes it as large as its largest
+    // step for every request (kilobytes, a thousand times over when a thousand streams start).
+    let (target, request, policy) = Box::pin(state.prepare_submission(&caller, body)).await?;
     let mut headers = HeaderMap::new();
     let events: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
         match target {
@@ -150,7 +154,8 @@ async fn infer_stream(
                 }))
             }
             Target::Session(session) => {
-                let subscription = start_in_session(&state, session, request, policy).await?;
+                let subscription =
+                    Box::pin(start_in_session(&state, session, request, policy)).await?;
                 if let Ok(value) = HeaderValue::from_str(&session.to_string()) {
                     headers.insert("x-session-id", value);
                 }

@@ -244,3 +244,66 @@ async fn a_new_session_is_created_with_its_runs_first_commit() {
     }
     assert_eq!(last, "run.finished");
 }
+
+/// A streamed run in a new session answers its headers once the session is stored, on
+/// `/v1/infer/stream` (`x-session-id`) and on the OpenAI-compatible endpoint
+/// (`x-agentry-session-id`): a client that reads the header and asks for the session at once
+/// finds it. The database's write lock is held from outside while the request is sent, so the
+/// run's first commit waits; the headers must wait with it.
+#[tokio::test]
+async fn a_streamed_run_names_its_new_session_once_the_session_is_stored() {
+    use sqlx::Connection;
+    let server = start().await;
+    for (path, header, body, end) in [
+        (
+            "/v1/infer/stream",
+            "x-session-id",
+            json!({"session_id": "new", "text": "Hello"}),
+            "event: run.finished",
+        ),
+        (
+            "/openai/v1/chat/completions",
+            "x-agentry-session-id",
+            json!({"model": "mock", "stream": true,
+                   "messages": [{"role": "user", "content": "Hello"}]}),
+            "data: [DONE]",
+        ),
+    ] {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
+        let mut lock = sqlx::SqliteConnection::connect(&format!(
+            "sqlite://{}",
+            server.home.path().join("agentry.db").display()
+        ))
+        .await
+        .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut lock)
+            .await
+            .unwrap();
+        let request = tokio::spawn(
+            server
+                .http
+                .post(format!("{}{path}", server.url))
+                .header("x-agentry-session-id", "new")
+                .json(&body)
+                .send(),
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !request.is_finished(),
+            "{path}: the headers came before the session was stored"
+        );
+        sqlx::query("COMMIT").execute(&mut lock).await.unwrap();
+        let response = request.await.unwrap().unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        let session = response.headers()[header].to_str().unwrap().to_owned();
+        let (status, shown) = server.get(&format!("/v1/sessions/{session}")).await;
+        assert_eq!(status, 200, "{path}: {shown}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains(end), "{path}: {text}");
+        let (_, events) = server.get(&format!("/v1/sessions/{session}/events")).await;
+        assert!(events.to_string().contains("Hi there."), "{path}: {events}");
+    }
+}
