@@ -257,7 +257,8 @@ pub(crate) async fn share_workspace(
 /// the hub; the subscription misses none of its events.
 ///
 /// A run that creates its session returns once its start is committed: the session exists
-/// for whoever is told its id (a response header, say) and reads it at once.
+/// for whoever is told its id (a response header, say) and reads it at once. The hub owns the
+/// run before that wait, so a caller that goes away meanwhile leaves the run going.
 pub async fn start_in_session(
     app: &App,
     session: SessionId,
@@ -266,8 +267,11 @@ pub async fn start_in_session(
 ) -> Result<Subscription, AppError> {
     let creates_session = request.new_session.is_some();
     let mut stream = app.sessions.send(session, request, policy).await?;
-    if creates_session {
-        stream.wait_first_event().await;
+    let started = creates_session.then(|| stream.first_event());
+    let subscription = app.hub.adopt(session, stream);
+    if let Some(started) = started {
+        // Told, or the hub dropped the stream: either way the start is settled.
+        let _ = started.await;
     }
-    Ok(app.hub.adopt(session, stream))
+    Ok(subscription)
 }

@@ -13,6 +13,7 @@ use agentry_types::{
 };
 use futures::Stream;
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -293,8 +294,8 @@ impl RunOutput {
 /// A running run's events. Dropping it cancels the run unless it was detached.
 pub struct RunStream {
     events: EventReceiver,
-    /// The first event, read by [`RunStream::wait_first_event`] and still to be yielded.
-    first: Option<RunEvent>,
+    /// Told when the first event is read ([`RunStream::first_event`]).
+    first_event: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<RunState>>,
     cancel: CancellationToken,
 }
@@ -307,19 +308,20 @@ impl RunStream {
     ) -> Self {
         Self {
             events,
-            first: None,
+            first_event: None,
             task: Some(task),
             cancel,
         }
     }
 
-    /// Waits until the run has sent its first event, which the stream still yields. A session
-    /// run's first event comes after its start is committed (or its start failed), so a new
-    /// session exists in the log once this returns.
-    pub async fn wait_first_event(&mut self) {
-        if self.first.is_none() {
-            self.first = self.events.recv().await.map(|event| *event);
-        }
+    /// Resolves once whoever reads this stream has read its first event (or its end). A
+    /// session run's first event comes after its start is committed (or its start failed), so
+    /// a new session exists in the log by then. The stream can be handed on (to the hub) and
+    /// the wait done elsewhere: the run does not depend on the waiter.
+    pub fn first_event(&mut self) -> oneshot::Receiver<()> {
+        let (sender, receiver) = oneshot::channel();
+        self.first_event = Some(sender);
+        receiver
     }
 
     /// The token that cancels this run.
@@ -355,12 +357,16 @@ impl Stream for RunStream {
     type Item = RunEvent;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunEvent>> {
-        if let Some(first) = self.first.take() {
-            return Poll::Ready(Some(first));
-        }
-        self.events
+        let polled = self
+            .events
             .poll_recv(cx)
-            .map(|event| event.map(|event| *event))
+            .map(|event| event.map(|event| *event));
+        if polled.is_ready()
+            && let Some(first_event) = self.first_event.take()
+        {
+            let _ = first_event.send(());
+        }
+        polled
     }
 }
 

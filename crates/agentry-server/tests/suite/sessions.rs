@@ -307,3 +307,55 @@ async fn a_streamed_run_names_its_new_session_once_the_session_is_stored() {
         assert!(events.to_string().contains("Hi there."), "{path}: {events}");
     }
 }
+
+/// A client that goes away while its streamed run's new session is being stored leaves the run
+/// going: the hub owns the run before the response waits for the session, so the run ends with
+/// its answer, not cancelled.
+#[tokio::test]
+async fn a_client_gone_before_its_new_session_is_stored_leaves_the_run_going() {
+    use sqlx::Connection;
+    let server = start().await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
+    let database = server.home.path().join("agentry.db");
+    let mut lock = sqlx::SqliteConnection::connect(&format!("sqlite://{}", database.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let request = tokio::spawn(
+        server
+            .http
+            .post(format!("{}/v1/infer/stream", server.url))
+            .json(&json!({"session_id": "new", "text": "Hello"}))
+            .send(),
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The client goes away (its connection closes) before any answer.
+    request.abort();
+    let _ = request.await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    sqlx::query("COMMIT").execute(&mut lock).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, list) = server.get("/v1/sessions").await;
+        if let Some(session) = list["sessions"].as_array().unwrap().first() {
+            let id = session["id"].as_str().unwrap();
+            let (_, events) = server.get(&format!("/v1/sessions/{id}/events")).await;
+            let text = events.to_string();
+            if text.contains("run_finished") {
+                assert!(text.contains("Hi there."), "{text}");
+                assert!(!text.contains("\"cancelled\""), "{text}");
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run did not finish: {list}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
