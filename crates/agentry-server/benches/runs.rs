@@ -15,7 +15,10 @@
 //! child process (this binary again), so its peak RSS is Agentry's alone; the ideal is the time
 //! one paced answer takes straight from the mock. It also gives when the first text delta came
 //! (the start's share of the latency) and the CPU time of the server and of this process (client
-//! and mock), with how busy that kept the machine's cores.
+//! and mock), with how busy that kept the machine's cores. To compare two builds' RSS, drop the
+//! page cache first (`echo 1 > /proc/sys/vm/drop_caches`): a binary just built or copied is
+//! cached in large blocks and starts with about 8 MiB more file-backed RSS than one read from
+//! disk.
 //!
 //! `RUNS_BENCH_ONLY="sqlite durable 20"` runs only the rows whose "backend scenario clients"
 //! contains it (for profiling one of them). `RUNS_BENCH_SQL=1` also prints, after each row, the
