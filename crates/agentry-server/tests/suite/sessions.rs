@@ -252,7 +252,6 @@ async fn a_new_session_is_created_with_its_runs_first_commit() {
 /// run's first commit waits; the headers must wait with it.
 #[tokio::test]
 async fn a_streamed_run_names_its_new_session_once_the_session_is_stored() {
-    use sqlx::Connection;
     let server = start().await;
     for (path, header, body, end) in [
         (
@@ -272,16 +271,7 @@ async fn a_streamed_run_names_its_new_session_once_the_session_is_stored() {
         server
             .mock
             .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
-        let mut lock = sqlx::SqliteConnection::connect(&format!(
-            "sqlite://{}",
-            server.home.path().join("agentry.db").display()
-        ))
-        .await
-        .unwrap();
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut lock)
-            .await
-            .unwrap();
+        let mut lock = hold_write_lock(&server).await;
         let request = tokio::spawn(
             server
                 .http
@@ -313,19 +303,11 @@ async fn a_streamed_run_names_its_new_session_once_the_session_is_stored() {
 /// its answer, not cancelled.
 #[tokio::test]
 async fn a_client_gone_before_its_new_session_is_stored_leaves_the_run_going() {
-    use sqlx::Connection;
     let server = start().await;
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
-    let database = server.home.path().join("agentry.db");
-    let mut lock = sqlx::SqliteConnection::connect(&format!("sqlite://{}", database.display()))
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut lock)
-        .await
-        .unwrap();
+    let mut lock = hold_write_lock(&server).await;
     let request = tokio::spawn(
         server
             .http
@@ -358,4 +340,19 @@ async fn a_client_gone_before_its_new_session_is_stored_leaves_the_run_going() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// A second connection to the server's SQLite database holding its write lock (until `COMMIT`
+/// on it): the server's writes wait, its reads go on.
+async fn hold_write_lock(server: &super::support::Server) -> sqlx::SqliteConnection {
+    use sqlx::Connection;
+    let database = server.home.path().join("agentry.db");
+    let mut lock = sqlx::SqliteConnection::connect(&format!("sqlite://{}", database.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    lock
 }
