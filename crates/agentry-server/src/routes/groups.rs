@@ -379,18 +379,23 @@ async fn group_stream(
 
 /// `POST /v1/infer` (`stream`: `/v1/infer/stream`) with several `agent_ids`: a group chat
 /// ([`agentry_app::App::submit_group`]); `cancel_on_disconnect` cancels the exchange when the client goes away.
-pub(crate) async fn infer_group(
+///
+/// Its future is boxed: a group exchange's is large (about 17 KiB), and inline it would size
+/// the future of every `/v1/infer` request, most of which are not group chats.
+pub(crate) fn infer_group(
     state: AppState,
     caller: &agentry_app::auth::Principal,
     body: InferRequest,
     stream: bool,
-) -> Result<Response, ApiError> {
-    let (session, started) = state.submit_group(caller, &body).await?;
-    if stream {
-        Ok(streamed(state, session, started, body.cancel_on_disconnect))
-    } else {
-        waited(&state, session, started, body.cancel_on_disconnect).await
-    }
+) -> futures::future::BoxFuture<'_, Result<Response, ApiError>> {
+    Box::pin(async move {
+        let (session, started) = state.submit_group(caller, &body).await?;
+        if stream {
+            Ok(streamed(state, session, started, body.cancel_on_disconnect))
+        } else {
+            waited(&state, session, started, body.cancel_on_disconnect).await
+        }
+    })
 }
 
 /// The SSE name of a committed group event.

@@ -84,8 +84,7 @@ async fn infer(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     if body.is_group() {
-        // Boxed: a group run's future is large, and unboxed it would size every request's.
-        return Box::pin(super::groups::infer_group(state, &caller, body, false)).await;
+        return super::groups::infer_group(state, &caller, body, false).await;
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
     let (target, request, policy) = state.prepare_submission(&caller, body).await?;
@@ -136,12 +135,13 @@ async fn infer_stream(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     if body.is_group() {
-        return Box::pin(super::groups::infer_group(state, &caller, body, true)).await;
+        return super::groups::infer_group(state, &caller, body, true).await;
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
-    // Boxed, as are the group run above and the start below: axum keeps this handler's future
-    // while the request is in flight, and an unboxed await makes it as large as its largest
-    // step for every request (kilobytes, a thousand times over when a thousand streams start).
+    // Boxed, as is the start below (and the group run above, by `infer_group`): axum keeps this
+    // handler's future while the request is in flight, and an unboxed await makes it as large
+    // as its largest step for every request (kilobytes, a thousand times over when a thousand
+    // streams start).
     let (target, request, policy) = Box::pin(state.prepare_submission(&caller, body)).await?;
     let mut headers = HeaderMap::new();
     let events: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
