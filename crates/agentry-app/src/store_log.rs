@@ -166,8 +166,7 @@ fn records_of(events: &[SessionEvent]) -> Result<Vec<NewEvent>, LogError> {
     events
         .iter()
         .map(|event| {
-            let record = serde_json::to_value(event)
-                .map(|payload| NewEvent::new(event.kind(), payload))
+            let record = NewEvent::encode(event.kind(), event)
                 .map_err(|error| LogError::Storage(format!("cannot encode an event: {error}")))?;
             Ok(match usage_entry(event) {
                 Some(entry) => record.with_usage(entry),

@@ -472,11 +472,9 @@ impl App {
             runs: runs.clone(),
             files_restored: files.is_some(),
         };
-        let payload = serde_json::to_value(&event)
+        let revoked = NewEvent::encode(event.kind(), &event)
             .map_err(|error| AppError::internal(format!("a revocation: {error}")))?;
-        self.store
-            .append(session, None, &[NewEvent::new(event.kind(), payload)])
-            .await?;
+        self.store.append(session, None, &[revoked]).await?;
         let pairs: Vec<(u64, SessionEvent)> = pairs
             .into_iter()
             .chain(std::iter::once((u64::MAX, event)))

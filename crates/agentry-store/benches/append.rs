@@ -95,9 +95,7 @@ async fn append_latency(store: &Store) -> (Duration, Duration, Duration, usize) 
     for n in 0..WARM_UP {
         store.append(id, None, &[kib_event(n)]).await.unwrap();
     }
-    let payload_len = serde_json::to_string(&kib_event(WARM_UP).payload)
-        .unwrap()
-        .len();
+    let payload_len = kib_event(WARM_UP).payload().len();
     let mut samples = Vec::with_capacity(APPENDS);
     for n in 0..APPENDS {
         let event = [kib_event(WARM_UP + n)];
@@ -259,7 +257,7 @@ async fn postgres() -> Result<Report, String> {
 #[tokio::main]
 async fn main() {
     let sample = kib_event(0);
-    let payload: Value = sample.payload;
+    let payload: Value = serde_json::from_str(sample.payload()).unwrap();
     println!(
         "append latency: {APPENDS} sequential appends of one {}-byte event after {WARM_UP} \
          warm-up; bytes per turn over a {TURNS}-turn session (4 events a turn)",

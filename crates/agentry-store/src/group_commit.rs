@@ -242,8 +242,7 @@ async fn keep_run_records(
         })
         .collect();
     for chunk in started.chunks(RUN_ROWS_PER_INSERT) {
-        // Only placeholders vary, no value is spelled into the text.
-        let mut insert = sqlx::query(sqlx::AssertSqlSafe(run_insert_sql(chunk.len())));
+        let mut insert = RUN_INSERT_SQL.query(chunk.len());
         for (session, now, run_id, agent_id) in chunk {
             insert = insert
                 .bind(run_id.to_string())
@@ -257,8 +256,7 @@ async fn keep_run_records(
     }
     let states = run_states(marks);
     for chunk in states.chunks(SQLITE_RUN_ROWS_PER_UPDATE) {
-        // Only placeholders vary, no value is spelled into the text.
-        let mut update = sqlx::query(sqlx::AssertSqlSafe(run_state_sql(chunk.len())));
+        let mut update = RUN_STATE_SQL.query(chunk.len());
         for (run_id, state, now) in chunk {
             update = update
                 .bind(run_id.to_string())
@@ -404,13 +402,14 @@ async fn apply_sqlite(
     let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
     // New sessions first, so that a write to one later in the batch finds it.
     if !creates.is_empty() {
-        let mut insert = sqlx::query(sqlx::AssertSqlSafe(create_sql(creates.len())));
+        let mut insert = CREATE_SQL.query(creates.len());
         for index in &creates {
             let write = &batch[*index].write;
             let Some(new) = &write.create else { continue };
             insert = insert
                 .bind(&keys[*index])
                 .bind(new.title.as_deref())
+                .bind(to_db(write.now))
                 .bind(to_db(write.now))
                 .bind(new.expires_at.map(to_db))
                 .bind(new.metadata.as_str())
@@ -438,7 +437,7 @@ async fn apply_sqlite(
         .filter_map(|pending| pending.write.lease.as_ref())
         .collect();
     if !leased.is_empty() {
-        let mut check = sqlx::query(sqlx::AssertSqlSafe(leases_held_sql(leased.len())));
+        let mut check = LEASES_HELD_SQL.query(leased.len());
         for lease in &leased {
             check = check.bind(lease.run_id.to_string());
         }
@@ -538,8 +537,7 @@ async fn apply_sqlite(
         }
     }
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        // Only placeholders vary, no value is spelled into the text.
-        let mut insert = sqlx::query(sqlx::AssertSqlSafe(insert_sql(chunk.len())));
+        let mut insert = INSERT_SQL.query(chunk.len());
         for row in chunk {
             insert = insert
                 .bind(row.session)
@@ -551,8 +549,7 @@ async fn apply_sqlite(
         insert.execute(&mut *tx).await?;
     }
     for chunk in usage_rows.chunks(USAGE_ROWS_PER_INSERT) {
-        // Only placeholders vary, no value is spelled into the text.
-        let mut insert = sqlx::query(sqlx::AssertSqlSafe(usage_insert_sql(chunk.len())));
+        let mut insert = USAGE_INSERT_SQL.query(chunk.len());
         for row in chunk {
             let usage = &row.entry.usage;
             insert = insert
@@ -867,22 +864,15 @@ fn usage_insert_sql(rows: usize) -> String {
     )
 }
 
-/// `head` then `rows` rows of `bound` placeholders, the owner of the session named by one more
-/// (read in the same statement) and the `literals`, numbered on from row to row.
+/// `head` then `rows` rows of `bound` anonymous placeholders, the owner of the session named by
+/// one more (read in the same statement) and the `literals`.
 fn owned_rows_sql(head: &str, rows: usize, bound: usize, literals: &str) -> String {
+    let row = format!(
+        "({}, (SELECT owner FROM sessions WHERE id = ?){literals})",
+        sqlite_placeholders(bound)
+    );
     let mut sql = String::from(head);
-    for row in 0..rows {
-        let base = row * (bound + 1);
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        sql.push_str(&placeholders(base + 1, bound));
-        sql.push_str(&format!(
-            ", (SELECT owner FROM sessions WHERE id = ${}){literals})",
-            base + bound + 1
-        ));
-    }
+    sql.push_str(&vec![row; rows].join(", "));
     sql
 }
 
@@ -922,8 +912,7 @@ async fn advance(
     tx: &mut sqlx::SqliteConnection,
     rows: &[Advance<'_>],
 ) -> Result<Vec<(String, i64)>, StoreError> {
-    // Only placeholders vary, no value is spelled into the text.
-    let mut update = sqlx::query(sqlx::AssertSqlSafe(sqlite_advance_sql(rows.len())));
+    let mut update = ADVANCE_SQL.query(rows.len());
     for row in rows {
         update = update
             .bind(row.id)
@@ -958,32 +947,65 @@ fn sqlite_advance_sql(rows: usize) -> String {
     )
 }
 
-/// `INSERT INTO sessions …` for `rows` new sessions, each given as `(id, title, now,
-/// expires_at, metadata, owner)`; an id that exists is skipped. Returns the `id` of each row
-/// inserted.
+/// `INSERT INTO sessions …` for `rows` new sessions, each given as `(id, title, now, now,
+/// expires_at, metadata, owner)` (`now` twice: created and last active); an id that exists is
+/// skipped. Returns the `id` of each row inserted.
 fn create_sql(rows: usize) -> String {
-    let values = (0..rows)
-        .map(|row| {
-            let p = row * 6;
-            format!(
-                "(${}, ${}, 'idle', ${}, ${}, 0, 0, ${}, ${}, ${})",
-                p + 1,
-                p + 2,
-                p + 3,
-                p + 3,
-                p + 4,
-                p + 5,
-                p + 6
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let row = format!("(?, ?, 'idle', ?, ?, 0, 0, {})", sqlite_placeholders(3));
     format!(
         "INSERT INTO sessions (id, title, status, created_at, last_activity, last_seq, \
-         read_seq, expires_at, metadata, owner) VALUES {values} \
-         ON CONFLICT (id) DO NOTHING RETURNING id"
+         read_seq, expires_at, metadata, owner) VALUES {} \
+         ON CONFLICT (id) DO NOTHING RETURNING id",
+        vec![row; rows].join(", ")
     )
 }
+
+/// A SQLite statement of the group commit, spelled for its number of rows: each text is
+/// spelled once per process and shared after (a batch's statements are looked up in the
+/// connection's statement cache by their text, which must be built first).
+pub(crate) struct SpelledSql {
+    texts: [std::sync::OnceLock<Arc<str>>; SPELLED_ROWS],
+    spell: fn(usize) -> String,
+}
+
+/// The row counts whose statements are kept spelled: every count a statement is given (at
+/// most [`ROWS_PER_INSERT`] rows, or one per write of a batch of [`MAX_BATCH`]); a statement
+/// of more rows would be spelled each time.
+const SPELLED_ROWS: usize = 2 * MAX_BATCH;
+
+impl SpelledSql {
+    const fn new(spell: fn(usize) -> String) -> Self {
+        Self {
+            texts: [const { std::sync::OnceLock::new() }; SPELLED_ROWS],
+            spell,
+        }
+    }
+
+    /// The statement for `rows` rows.
+    fn text(&self, rows: usize) -> Arc<str> {
+        match self.texts.get(rows) {
+            Some(text) => Arc::clone(text.get_or_init(|| (self.spell)(rows).into())),
+            None => (self.spell)(rows).into(),
+        }
+    }
+
+    /// The statement for `rows` rows, to run.
+    fn query(
+        &self,
+        rows: usize,
+    ) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+        // Only placeholders vary, no value is spelled into the text.
+        sqlx::query(sqlx::AssertSqlSafe(self.text(rows)))
+    }
+}
+
+static CREATE_SQL: SpelledSql = SpelledSql::new(create_sql);
+static ADVANCE_SQL: SpelledSql = SpelledSql::new(sqlite_advance_sql);
+static INSERT_SQL: SpelledSql = SpelledSql::new(insert_sql);
+static USAGE_INSERT_SQL: SpelledSql = SpelledSql::new(usage_insert_sql);
+static RUN_INSERT_SQL: SpelledSql = SpelledSql::new(run_insert_sql);
+static RUN_STATE_SQL: SpelledSql = SpelledSql::new(run_state_sql);
+static LEASES_HELD_SQL: SpelledSql = SpelledSql::new(leases_held_sql);
 
 /// `?, ?, …` for `count` parameters, bound in order: SQLite's anonymous parameters. A SQLite
 /// statement with many parameters uses these, because a numbered or named parameter (`$7`) is
@@ -996,14 +1018,6 @@ fn sqlite_placeholders(count: usize) -> String {
 /// `(?, …), (?, …)`: `rows` rows of `columns` anonymous parameters, for a SQLite `VALUES`.
 fn sqlite_values(rows: usize, columns: usize) -> String {
     vec![format!("({})", sqlite_placeholders(columns)); rows].join(", ")
-}
-
-/// `$first, $first + 1, …` for `count` parameters.
-fn placeholders(first: usize, count: usize) -> String {
-    (0..count)
-        .map(|offset| format!("${}", first + offset))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Run records per state update (one `UPDATE … FROM (VALUES …)`).
@@ -1103,6 +1117,33 @@ mod tests {
             "INSERT INTO events (session_id, seq, kind, payload, created_at) VALUES \
              (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)"
         );
+    }
+
+    /// Every SQLite statement of the group commit binds anonymous parameters only (see
+    /// [`super::sqlite_placeholders`]), as many as it has rows times its columns; spelled
+    /// once per row count.
+    #[test]
+    fn sqlite_statements_use_anonymous_parameters_only() {
+        let spelled: [(&str, &super::SpelledSql, usize); 7] = [
+            ("create", &super::CREATE_SQL, 7),
+            ("advance", &super::ADVANCE_SQL, 6),
+            ("events", &super::INSERT_SQL, 5),
+            ("usage", &super::USAGE_INSERT_SQL, 13),
+            ("runs", &super::RUN_INSERT_SQL, 6),
+            ("states", &super::RUN_STATE_SQL, 4),
+            ("leases", &super::LEASES_HELD_SQL, 1),
+        ];
+        for (name, sql, columns) in spelled {
+            for rows in [1, 3, 64] {
+                let text = sql.text(rows);
+                assert!(!text.contains('$'), "{name}: {text}");
+                assert_eq!(text.matches('?').count(), rows * columns, "{name}: {text}");
+                assert!(
+                    std::sync::Arc::ptr_eq(&text, &sql.text(rows)),
+                    "{name} is spelled again"
+                );
+            }
+        }
     }
 
     #[test]

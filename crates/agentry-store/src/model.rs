@@ -142,8 +142,8 @@ impl Default for SessionQuery {
 pub struct NewEvent {
     /// What kind of event it is: 1 to 64 characters of `a-z`, `_` and `.`.
     pub kind: String,
-    /// The event itself; opaque to the store.
-    pub payload: serde_json::Value,
+    /// The event itself as JSON text; opaque to the store.
+    payload: String,
     /// The model call it records, for the usage ledger (see [`crate::usage`]).
     pub usage: Option<crate::UsageEntry>,
     /// What it says of its run's record (a run started in its session).
@@ -155,10 +155,35 @@ impl NewEvent {
     pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> Self {
         Self {
             kind: kind.into(),
-            payload,
+            // A `Value` always writes as JSON.
+            payload: payload.to_string(),
             usage: None,
             run: None,
         }
+    }
+
+    /// An event of `kind` carrying `event` serialised, written straight to JSON text (without
+    /// building a [`serde_json::Value`] first: the way a session's events are stored).
+    pub fn encode(
+        kind: impl Into<String>,
+        event: &impl serde::Serialize,
+    ) -> Result<Self, crate::StoreError> {
+        let payload = serde_json::to_string(event).map_err(|error| {
+            crate::StoreError::InvalidInput(format!(
+                "the event does not serialise as JSON: {error}"
+            ))
+        })?;
+        Ok(Self {
+            kind: kind.into(),
+            payload,
+            usage: None,
+            run: None,
+        })
+    }
+
+    /// The payload's JSON text.
+    pub fn payload(&self) -> &str {
+        &self.payload
     }
 
     /// The event, recording a model call in the usage ledger in the same transaction.

@@ -688,16 +688,18 @@ impl Store {
             .append_rows(session, expected_last_seq, events, lease, status, None)
             .await?;
         let first = last + 1 - events.len() as u64;
-        Ok((first..)
+        (first..)
             .zip(events)
-            .map(|(seq, event)| StoredEvent {
-                session_id: session,
-                seq,
-                kind: event.kind.clone(),
-                payload: event.payload.clone(),
-                created_at: now,
+            .map(|(seq, event)| {
+                Ok(StoredEvent {
+                    session_id: session,
+                    seq,
+                    kind: event.kind.clone(),
+                    payload: from_json_text(event.payload())?,
+                    created_at: now,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Writes `events` (and `status`) through the group commit, creating the session first
@@ -717,7 +719,7 @@ impl Store {
         let mut runs = Vec::new();
         for (index, event) in events.iter().enumerate() {
             validate_event_kind(&event.kind)?;
-            rows.push((event.kind.clone(), to_json_text(&event.payload)?));
+            rows.push((event.kind.clone(), event.payload().to_owned()));
             if let Some(entry) = &event.usage {
                 usage.push((index, entry.clone()));
             }
