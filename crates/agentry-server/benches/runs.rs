@@ -20,8 +20,11 @@
 //! cached in large blocks and starts with about 8 MiB more file-backed RSS than one read from
 //! disk.
 //!
-//! `RUNS_BENCH_ONLY="sqlite durable 20"` runs only the rows whose "backend scenario clients"
-//! contains it (for profiling one of them). `RUNS_BENCH_SQL=1` also prints, after each row, the
+//! `RUNS_BENCH_ONLY="sqlite durable 20"` runs only the rows whose "backend scenario clients;"
+//! contains it (for profiling one of them; `"sqlite durable 20;"` leaves out the 200-client
+//! row). Under `valgrind --tool=callgrind` (about 50 times slower, every thread's instructions
+//! counted) such a row gives a cost per run that, unlike time, does not drift with the
+//! machine's load: the way to compare two builds on a shared machine. `RUNS_BENCH_SQL=1` also prints, after each row, the
 //! SQL statements the store ran per run, by statement (counted from sqlx's query log, which
 //! costs time: the throughput of such a run is not comparable).
 //!
@@ -307,7 +310,7 @@ async fn backend(
     let only = std::env::var("RUNS_BENCH_ONLY").unwrap_or_default();
     for scenario in [Scenario::Stateless, Scenario::Durable, Scenario::Background] {
         for (clients, total) in [(1, 200), (20, 1000), (200, 1000)] {
-            if !format!("{label} {} {clients}", scenario.name()).contains(&only) {
+            if !format!("{label} {} {clients};", scenario.name()).contains(&only) {
                 continue;
             }
             let before = pg.map(commits);
