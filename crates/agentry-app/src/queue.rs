@@ -512,8 +512,12 @@ impl App {
         let Target::Session(session) = target else {
             return Err(AppError::internal("a background run has no session"));
         };
-        // The queued run's record names its session: a new one is created now.
-        crate::runs::create_new_session(self, session, &mut request).await?;
+        // The queued run's record names its session: a new one is created with the record,
+        // in one transaction.
+        let new_session = request
+            .new_session
+            .take()
+            .map(|info| crate::store_log::new_session(session, info));
         let agent_limit = agent
             .and_then(|agent| agent.limits)
             .and_then(|limits| limits.max_concurrent_runs);
@@ -531,6 +535,7 @@ impl App {
             agent_limit,
             request_digest: digest,
             request: stored,
+            new_session,
         };
         let (record, created) = match self.store.enqueue_run(&run, settings.max_queued).await? {
             Enqueued::Created(record) => (record, true),

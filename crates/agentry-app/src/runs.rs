@@ -188,8 +188,8 @@ pub async fn prepare(
             Target::Ephemeral
         }
         SessionChoice::New => {
-            // Created with the run's first write (one commit for both); a caller that needs
-            // the session before the run starts creates it ([`create_new_session`]).
+            // Created with the run's first write (one commit for both); a queued run's
+            // session is created with its record (`NewRun::new_session`).
             request.new_session = Some(NewSessionInfo {
                 title: crate::titles::first_line(&request),
                 owner: caller.owner(),
@@ -218,21 +218,6 @@ pub async fn prepare(
         share_workspace(&app.sessions, session, agent).await?;
     }
     Ok((target, request))
-}
-
-/// Creates the new session `request` is to run in, if it names one ([`prepare`] leaves that
-/// to the run's first write), for a caller that needs the session before the run starts.
-pub(crate) async fn create_new_session(
-    app: &App,
-    session: SessionId,
-    request: &mut RunRequest,
-) -> Result<(), AppError> {
-    if let Some(info) = request.new_session.take() {
-        app.store
-            .create_session(crate::store_log::new_session(session, info))
-            .await?;
-    }
-    Ok(())
 }
 
 /// Makes `session`'s workspace `agent`'s shared one (a session that already has a workspace of

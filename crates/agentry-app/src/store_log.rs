@@ -377,6 +377,7 @@ mod tests {
             agent_limit: None,
             request_digest: "d".into(),
             request: serde_json::json!({}),
+            new_session: None,
         };
         assert!(matches!(
             store.enqueue_run(&queued, 10).await.unwrap(),

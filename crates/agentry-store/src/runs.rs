@@ -127,6 +127,9 @@ pub struct NewRun {
     pub request_digest: String,
     /// What to run, as the app stores it.
     pub request: serde_json::Value,
+    /// The session to create for it, in the same transaction as its record (a run submitted
+    /// in a new session): both are stored, or neither.
+    pub new_session: Option<crate::NewSession>,
 }
 
 /// A queued run as stored.
@@ -361,6 +364,16 @@ impl Store {
 
     async fn try_enqueue(&self, run: &NewRun, max_queued: u64) -> Result<Enqueued, StoreError> {
         let request = to_json_text(&run.request)?;
+        let session = match &run.new_session {
+            Some(new) if new.id != run.session_id => {
+                return Err(StoreError::InvalidInput(format!(
+                    "the new session {} is not the run's session {}",
+                    new.id, run.session_id
+                )));
+            }
+            Some(new) => Some(crate::store::new_row(new)?),
+            None => None,
+        };
         let now = to_db(now_millis());
         in_write_tx!(self, |tx, d| {
             if let Some(key) = &run.idempotency_key {
@@ -394,6 +407,22 @@ impl Store {
             )?;
             if from_db(queued) >= max_queued {
                 return Ok(Enqueued::QueueFull { max_queued });
+            }
+            if let Some(new) = &session {
+                // Numbered parameters: one statement for both dialects (it has few).
+                sqlx::query(
+                    "INSERT INTO sessions (id, title, status, created_at, last_activity, \
+                     last_seq, read_seq, expires_at, metadata, owner) \
+                     VALUES ($1, $2, 'idle', $3, $3, 0, 0, $4, $5, $6)",
+                )
+                .bind(run.session_id.to_string())
+                .bind(new.title.as_deref())
+                .bind(now)
+                .bind(new.expires_at.map(to_db))
+                .bind(new.metadata.as_str())
+                .bind(new.owner.as_deref())
+                .execute(&mut *tx)
+                .await?;
             }
             let row = sqlx::query(concat!(
                 "INSERT INTO runs (id, session_id, agent_id, owner, state, priority, \

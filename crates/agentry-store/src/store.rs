@@ -80,7 +80,7 @@ impl Default for StoreOptions {
 
 /// The columns of `new` as the group commit creates them: its title checked, its metadata as
 /// JSON text.
-fn new_row(new: &NewSession) -> Result<NewRow, StoreError> {
+pub(crate) fn new_row(new: &NewSession) -> Result<NewRow, StoreError> {
     if let Some(title) = &new.title {
         validate_title(title)?;
     }

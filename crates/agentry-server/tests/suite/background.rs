@@ -596,6 +596,7 @@ async fn start_up_recovery_leaves_running_background_runs_to_the_queue() {
                 agent_limit: None,
                 request_digest: "d".into(),
                 request: json!({}),
+                new_session: None,
             },
             10,
         )

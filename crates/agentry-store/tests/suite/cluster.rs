@@ -102,6 +102,7 @@ async fn a_heartbeat_renews_the_nodes_leases_and_says_which_to_cancel(h: &Harnes
         agent_limit: None,
         request_digest: "d".into(),
         request: json!({}),
+        new_session: None,
     };
     h.store.enqueue_run(&run, 10).await.unwrap();
     let claimed = h
@@ -273,6 +274,7 @@ async fn a_node_that_leaves_lets_its_runs_go_at_once(h: &Harness) {
         agent_limit: None,
         request_digest: "d".into(),
         request: json!({}),
+        new_session: None,
     };
     h.store.enqueue_run(&run, 10).await.unwrap();
     assert_eq!(
@@ -341,6 +343,7 @@ async fn runs_move_only_between_nodes_on_one_workspace_volume(h: &Harness) {
         agent_limit: None,
         request_digest: "d".into(),
         request: json!({}),
+        new_session: None,
     };
     dying.enqueue_run(&run, 10).await.unwrap();
     assert_eq!(

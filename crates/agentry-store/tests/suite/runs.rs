@@ -15,6 +15,7 @@ use super::support::{Harness, both_backends, new_session};
 
 both_backends!(
     enqueue_is_idempotent_and_bounded,
+    a_run_in_a_new_session_is_stored_with_its_session_or_not_at_all,
     claims_follow_priority_and_leases_are_fenced,
     an_expired_lease_is_claimed_again_and_the_old_worker_is_refused,
     cancel_stops_a_queued_run_and_marks_a_running_one,
@@ -39,6 +40,7 @@ fn new_run(session: agentry_types::SessionId, key: Option<&str>, digest: &str) -
         agent_limit: None,
         request_digest: digest.into(),
         request: json!({"text": digest}),
+        new_session: None,
     }
 }
 
@@ -102,6 +104,58 @@ async fn enqueue_is_idempotent_and_bounded(h: &Harness) {
         other => panic!("expected a full queue, got {other:?}"),
     }
     assert_eq!(h.store.queued_runs().await.unwrap(), 2);
+}
+
+/// A run submitted in a new session creates the session in the transaction that stores the
+/// run's record: a full queue, a reused key or a session that exists stores neither.
+async fn a_run_in_a_new_session_is_stored_with_its_session_or_not_at_all(h: &Harness) {
+    let in_new = |key: Option<&str>, digest: &str| {
+        let session = agentry_types::SessionId::new();
+        let mut run = new_run(session, key, digest);
+        let mut new = NewSession::with_id(session);
+        new.title = Some("queued".into());
+        new.owner = Some("key-1".into());
+        run.new_session = Some(new);
+        run
+    };
+    let run = in_new(Some("k"), "a");
+    let record = created(h.store.enqueue_run(&run, 1).await.unwrap());
+    let session = h.store.session(run.session_id).await.unwrap().unwrap();
+    assert_eq!(record.session_id, session.id);
+    assert_eq!(
+        (session.title.as_deref(), session.owner.as_deref()),
+        (Some("queued"), Some("key-1"))
+    );
+    assert_eq!((session.status.as_str(), session.last_seq), ("idle", 0));
+
+    // The queue is full (one waits, at most one may): neither run nor session.
+    let full = in_new(None, "b");
+    assert!(matches!(
+        h.store.enqueue_run(&full, 1).await.unwrap(),
+        Enqueued::QueueFull { .. }
+    ));
+    assert!(h.store.session(full.session_id).await.unwrap().is_none());
+    // The same key again: the first run, and no second session.
+    let again = in_new(Some("k"), "a");
+    match h.store.enqueue_run(&again, 10).await.unwrap() {
+        Enqueued::Existing(existing) => assert_eq!(existing.id, record.id),
+        other => panic!("expected the earlier run, got {other:?}"),
+    }
+    assert!(h.store.session(again.session_id).await.unwrap().is_none());
+    // A session that exists already: refused, and no run stored.
+    let mut taken = in_new(None, "c");
+    taken.session_id = run.session_id;
+    if let Some(new) = taken.new_session.as_mut() {
+        new.id = run.session_id;
+    }
+    assert!(h.store.enqueue_run(&taken, 10).await.is_err());
+    assert!(h.store.run_record(taken.id).await.unwrap().is_none());
+    // A new session that is not the run's: refused before anything is written.
+    let mut mismatched = in_new(None, "d");
+    mismatched.session_id = run.session_id;
+    let error = h.store.enqueue_run(&mismatched, 10).await.unwrap_err();
+    assert!(matches!(error, StoreError::InvalidInput(_)), "{error}");
+    assert_eq!(h.store.queued_runs().await.unwrap(), 1);
 }
 
 async fn claims_follow_priority_and_leases_are_fenced(h: &Harness) {
