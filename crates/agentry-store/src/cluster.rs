@@ -379,7 +379,7 @@ impl Store {
         let rows = with_reader!(self, |pool, d| {
             sqlx::query(
                 "SELECT id, status, last_activity FROM sessions WHERE last_activity > $1 \
-                 ORDER BY last_activity LIMIT $2",
+                 ORDER BY last_activity LIMIT CAST($2 AS BIGINT)",
             )
             .bind(to_db(since))
             .bind(to_db(limit as u64))

@@ -163,7 +163,7 @@ impl Dialect {
                  ON m.session_id = e.session_id AND m.seq = e.seq \
                  JOIN sessions s ON s.id = e.session_id \
                  WHERE ($3 IS NULL OR s.owner = $3) \
-                 ORDER BY e.created_at DESC, e.session_id DESC LIMIT $2"
+                 ORDER BY e.created_at DESC, e.session_id DESC LIMIT CAST($2 AS BIGINT)"
             }
             Self::Postgres => {
                 "SELECT e.session_id, e.seq, e.payload, e.created_at FROM events e \
@@ -172,7 +172,7 @@ impl Dialect {
                  ON m.session_id = e.session_id AND m.seq = e.seq \
                  JOIN sessions s ON s.id = e.session_id \
                  WHERE ($3::text IS NULL OR s.owner = $3::text) \
-                 ORDER BY e.created_at DESC, e.session_id DESC LIMIT $2"
+                 ORDER BY e.created_at DESC, e.session_id DESC LIMIT CAST($2 AS BIGINT)"
             }
         }
     }
@@ -185,14 +185,14 @@ impl Dialect {
                 "SELECT ",
                 crate::store::session_columns!(),
                 " FROM sessions WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR owner = $2) \
-                 ORDER BY last_activity DESC, id DESC LIMIT $3 OFFSET $4"
+                 ORDER BY last_activity DESC, id DESC LIMIT CAST($3 AS BIGINT) OFFSET $4"
             ),
             Self::Postgres => concat!(
                 "SELECT ",
                 crate::store::session_columns!(),
                 " FROM sessions WHERE ($1::text IS NULL OR status = $1::text) \
                  AND ($2::text IS NULL OR owner = $2::text) \
-                 ORDER BY last_activity DESC, id DESC LIMIT $3 OFFSET $4"
+                 ORDER BY last_activity DESC, id DESC LIMIT CAST($3 AS BIGINT) OFFSET $4"
             ),
         }
     }
@@ -508,6 +508,37 @@ pub(crate) fn pool_options<DB: sqlx::Database>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SQLite (3.47 and later) plans a `LIMIT` given as a bare parameter with the bound value,
+    /// and so marks the statement to be prepared again whenever that parameter is bound: at
+    /// every execution. Found with a debugger on `sqlite3Reprepare` (the claim of queued runs
+    /// and the history read were prepared again each time). A `CAST` keeps the plan
+    /// independent of the value, so every `LIMIT` the store binds goes through one.
+    #[test]
+    fn no_statement_limits_by_a_bare_parameter() {
+        let sources = [
+            ("cluster.rs", include_str!("cluster.rs")),
+            ("config.rs", include_str!("config.rs")),
+            ("db.rs", include_str!("db.rs")),
+            ("group_commit.rs", include_str!("group_commit.rs")),
+            ("memory.rs", include_str!("memory.rs")),
+            ("runs.rs", include_str!("runs.rs")),
+            ("schedules.rs", include_str!("schedules.rs")),
+            ("secret.rs", include_str!("secret.rs")),
+            ("store.rs", include_str!("store.rs")),
+            ("usage.rs", include_str!("usage.rs")),
+            ("webhooks.rs", include_str!("webhooks.rs")),
+            ("workflow_events.rs", include_str!("workflow_events.rs")),
+        ];
+        let mut limits = 0;
+        for (file, source) in sources {
+            for bare in [concat!("LIMIT ", "$"), concat!("LIMIT ", "?")] {
+                assert!(!source.contains(bare), "{file} binds a bare LIMIT");
+            }
+            limits += source.matches("LIMIT CAST(").count();
+        }
+        assert!(limits >= 15, "{limits}");
+    }
 
     #[test]
     fn migrations_are_ordered_and_match_the_schema_version() {

@@ -179,14 +179,14 @@ impl Dialect {
                  m.created_at, m.updated_at FROM memories_fts f \
                  JOIN memories m ON m.id = f.rowid \
                  WHERE memories_fts MATCH $1 AND m.agent = $2 AND m.user_id = $3 \
-                 ORDER BY bm25(memories_fts), m.updated_at DESC LIMIT $4"
+                 ORDER BY bm25(memories_fts), m.updated_at DESC LIMIT CAST($4 AS BIGINT)"
             }
             Self::Postgres => {
                 "SELECT id, agent, user_id, kind, text, source_session, created_at, updated_at \
                  FROM memories WHERE search @@ to_tsquery('english', $1) \
                  AND agent = $2 AND user_id = $3 \
                  ORDER BY ts_rank(search, to_tsquery('english', $1)) DESC, updated_at DESC \
-                 LIMIT $4"
+                 LIMIT CAST($4 AS BIGINT)"
             }
         }
     }
@@ -289,7 +289,7 @@ impl Store {
                 "SELECT ",
                 columns!(),
                 " FROM memories WHERE agent = $1 AND user_id = $2 \
-                 ORDER BY updated_at DESC, id DESC LIMIT $3"
+                 ORDER BY updated_at DESC, id DESC LIMIT CAST($3 AS BIGINT)"
             ))
             .bind(&scope.agent)
             .bind(scope.user_column())

@@ -323,7 +323,7 @@ impl Dialect {
                  lease_epoch = lease_epoch + 1, attempt = attempt + 1, \
                  started_at = COALESCE(started_at, $3) WHERE id IN (",
                 claimable!(),
-                " LIMIT $4) RETURNING ",
+                " LIMIT CAST($4 AS BIGINT)) RETURNING ",
                 run_columns!()
             ),
             Self::Postgres => concat!(
@@ -335,7 +335,7 @@ impl Dialect {
                 // Checked again here, on the locked row: a run another worker claimed since
                 // this statement's snapshot is skipped, not claimed twice.
                 ") AND (state = 'queued' OR (state = 'running' AND lease_until < $3)) \
-                 ORDER BY priority DESC, created_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                 ORDER BY priority DESC, created_at, id LIMIT CAST($4 AS BIGINT) FOR UPDATE SKIP LOCKED) \
                  RETURNING ",
                 run_columns!()
             ),
@@ -677,7 +677,7 @@ impl Store {
                  AND ($4 IS NULL OR owner = $4) AND ($5 IS NULL OR created_at >= $5) \
                  AND ($6 IS NULL OR created_at < $6) AND ($9 IS NULL OR schedule_id = $9) \
                  AND ($10 IS NULL OR background = $10) \
-                 ORDER BY created_at DESC, id DESC LIMIT $7 OFFSET $8"
+                 ORDER BY created_at DESC, id DESC LIMIT CAST($7 AS BIGINT) OFFSET $8"
             ))
             .bind(query.session_id.map(|id| id.to_string()))
             .bind(query.agent_id.as_deref())

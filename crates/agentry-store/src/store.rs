@@ -767,7 +767,7 @@ impl Store {
             let rows = sqlx::query(
                 "SELECT s.parent_id, e.seq, e.kind, e.payload, e.created_at FROM sessions s \
                  LEFT JOIN events e ON e.session_id = s.id AND e.seq > $2 \
-                 WHERE s.id = $1 ORDER BY e.seq LIMIT $3",
+                 WHERE s.id = $1 ORDER BY e.seq LIMIT CAST($3 AS BIGINT)",
             )
             .bind(&key)
             .bind(after)
@@ -832,7 +832,7 @@ impl Store {
                 let session_id = parse_session_id(&id)?;
                 let rows = sqlx::query(
                     "SELECT seq, kind, payload, created_at FROM events \
-                     WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                     WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT CAST($4 AS BIGINT)",
                 )
                 .bind(&id)
                 .bind(from.max(after))

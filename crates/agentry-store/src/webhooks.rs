@@ -95,13 +95,13 @@ impl Dialect {
             Self::Sqlite => concat!(
                 "UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE id IN \
                  (SELECT id FROM webhook_deliveries WHERE state = 'pending' \
-                 AND next_attempt_at <= $2 ORDER BY next_attempt_at, id LIMIT $3) RETURNING ",
+                 AND next_attempt_at <= $2 ORDER BY next_attempt_at, id LIMIT CAST($3 AS BIGINT)) RETURNING ",
                 delivery_columns!()
             ),
             Self::Postgres => concat!(
                 "UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE id IN \
                  (SELECT id FROM webhook_deliveries WHERE state = 'pending' \
-                 AND next_attempt_at <= $2 ORDER BY next_attempt_at, id LIMIT $3 \
+                 AND next_attempt_at <= $2 ORDER BY next_attempt_at, id LIMIT CAST($3 AS BIGINT) \
                  FOR UPDATE SKIP LOCKED) RETURNING ",
                 delivery_columns!()
             ),
