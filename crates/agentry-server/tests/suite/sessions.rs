@@ -268,19 +268,15 @@ async fn a_streamed_run_names_its_new_session_once_the_session_is_stored() {
             "data: [DONE]",
         ),
     ] {
-        server
-            .mock
-            .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
-        let mut lock = hold_write_lock(&server).await;
-        let request = tokio::spawn(
+        let (mut lock, request) = send_while_locked(
+            &server,
             server
                 .http
                 .post(format!("{}{path}", server.url))
                 .header("x-agentry-session-id", "new")
-                .json(&body)
-                .send(),
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                .json(&body),
+        )
+        .await;
         assert!(
             !request.is_finished(),
             "{path}: the headers came before the session was stored"
@@ -304,18 +300,14 @@ async fn a_streamed_run_names_its_new_session_once_the_session_is_stored() {
 #[tokio::test]
 async fn a_client_gone_before_its_new_session_is_stored_leaves_the_run_going() {
     let server = start().await;
-    server
-        .mock
-        .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
-    let mut lock = hold_write_lock(&server).await;
-    let request = tokio::spawn(
+    let (mut lock, request) = send_while_locked(
+        &server,
         server
             .http
             .post(format!("{}/v1/infer/stream", server.url))
-            .json(&json!({"session_id": "new", "text": "Hello"}))
-            .send(),
-    );
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            .json(&json!({"session_id": "new", "text": "Hello"})),
+    )
+    .await;
     // The client goes away (its connection closes) before any answer.
     request.abort();
     let _ = request.await;
@@ -340,6 +332,25 @@ async fn a_client_gone_before_its_new_session_is_stored_leaves_the_run_going() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// Sends `request` (answered "Hi there." by the mock) while a second connection holds the
+/// database's write lock ([`hold_write_lock`]), and gives it 300 ms: the lock and the request
+/// in flight.
+async fn send_while_locked(
+    server: &super::support::Server,
+    request: reqwest::RequestBuilder,
+) -> (
+    sqlx::SqliteConnection,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
+    let lock = hold_write_lock(server).await;
+    let request = tokio::spawn(request.send());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    (lock, request)
 }
 
 /// A second connection to the server's SQLite database holding its write lock (until `COMMIT`
