@@ -472,7 +472,7 @@ impl Sandbox {
         }
         self.inner.touch();
         let conn = self.inner.conn.clone();
-        let (master, slave) = crate::tty::open_pair(size)?;
+        let pair = crate::tty::open_pair(size)?;
         let exec = conn.next_id();
         let exit_rx = conn.register_exit(exec);
         let mut env = req.env;
@@ -496,7 +496,7 @@ impl Sandbox {
                 .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             inner.touch();
         });
-        let started = crate::tty::start(conn, exec, op, master, slave, exit_rx, on_exit).await;
+        let started = crate::tty::start(conn, exec, op, pair, exit_rx, on_exit).await;
         if started.is_err() {
             self.inner
                 .running

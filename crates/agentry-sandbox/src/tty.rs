@@ -4,9 +4,15 @@
 //! the sandbox's agent like any descriptor), which becomes its controlling terminal in a new
 //! session. The host keeps the master: what the program writes is read from it, keystrokes are
 //! written to it, and a resize is `TIOCSWINSZ` on it (the kernel sends the program SIGWINCH).
+//!
+//! A program can undo a resize without meaning to: GNU readline (bash, Python's REPL) reads the
+//! size and writes it back each time it readies the terminal for a prompt, so a resize that lands
+//! between the two is lost. A small task therefore checks the size a few times in the second
+//! after each resize and sets it again where it differs.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -49,6 +55,7 @@ pub struct TtyProcess {
     master: Arc<AsyncFd<OwnedFd>>,
     exit: watch::Receiver<Option<ExitStatus>>,
     control: mpsc::UnboundedSender<()>,
+    wanted: watch::Sender<TtySize>,
 }
 
 impl std::fmt::Debug for TtyProcess {
@@ -97,9 +104,18 @@ impl TtyProcess {
         Ok(())
     }
 
-    /// Changes the terminal's size (the program gets SIGWINCH).
+    /// Changes the terminal's size (the program gets SIGWINCH). For a second after, the size
+    /// is checked again and set anew if the program wrote an older one back over it (see the
+    /// module's doc).
     pub fn resize(&self, size: TtySize) -> Result<()> {
-        set_size(self.master.get_ref(), size)
+        set_size(self.master.get_ref(), size)?;
+        self.wanted.send_replace(size);
+        Ok(())
+    }
+
+    /// The terminal's size as the kernel has it now (what the program reads).
+    pub fn size(&self) -> Result<TtySize> {
+        get_size(self.master.get_ref())
     }
 
     /// Kills the program and everything it started.
@@ -133,6 +149,54 @@ fn gone() -> ExitStatus {
     }
 }
 
+/// When, after a resize, the size is checked again (each delay counted from the check before).
+const RESIZE_CHECKS: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(750),
+];
+
+/// Keeps the last size asked for: after each resize, checks the terminal's size at
+/// [`RESIZE_CHECKS`] and sets it again where it differs. Ends with the [`TtyProcess`] (its
+/// sender) or the terminal's descriptor.
+async fn keep_size(master: Weak<AsyncFd<OwnedFd>>, mut wanted: watch::Receiver<TtySize>) {
+    'resizes: while wanted.changed().await.is_ok() {
+        for delay in RESIZE_CHECKS {
+            tokio::time::sleep(delay).await;
+            if wanted.has_changed().unwrap_or(false) {
+                // A newer resize: its own checks start over.
+                continue 'resizes;
+            }
+            let Some(master) = master.upgrade() else {
+                return;
+            };
+            let size = *wanted.borrow();
+            if get_size(master.get_ref()).is_ok_and(|now| now != size) {
+                let _ = set_size(master.get_ref(), size);
+            }
+        }
+    }
+}
+
+fn get_size(master: &OwnedFd) -> Result<TtySize> {
+    let mut winsize = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer, which outlives the call; the
+    // descriptor is the terminal's master, owned by the caller.
+    let done = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGWINSZ, &mut winsize) };
+    if done < 0 {
+        return Err(SandboxError::Io(std::io::Error::last_os_error()));
+    }
+    Ok(TtySize {
+        cols: winsize.ws_col,
+        rows: winsize.ws_row,
+    })
+}
+
 fn set_size(master: &OwnedFd, size: TtySize) -> Result<()> {
     let winsize = libc::winsize {
         ws_row: size.rows,
@@ -149,8 +213,15 @@ fn set_size(master: &OwnedFd, size: TtySize) -> Result<()> {
     Ok(())
 }
 
+/// A pseudo-terminal pair just opened, and the size it was opened with.
+pub(crate) struct Pair {
+    master: OwnedFd,
+    slave: OwnedFd,
+    size: TtySize,
+}
+
 /// Opens a pseudo-terminal pair of `size`: the master non-blocking and both close-on-exec.
-pub(crate) fn open_pair(size: TtySize) -> Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn open_pair(size: TtySize) -> Result<Pair> {
     let winsize = nix::pty::Winsize {
         ws_row: size.rows,
         ws_col: size.cols,
@@ -171,19 +242,28 @@ pub(crate) fn open_pair(size: TtySize) -> Result<(OwnedFd, OwnedFd)> {
     let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
     nix::fcntl::fcntl(&pair.master, nix::fcntl::FcntlArg::F_SETFL(flags))
         .map_err(|errno| SandboxError::Io(std::io::Error::from(errno)))?;
-    Ok((pair.master, pair.slave))
+    Ok(Pair {
+        master: pair.master,
+        slave: pair.slave,
+        size,
+    })
 }
 
-/// Starts `op` (an exec with `tty`) whose three descriptors are `slave`; answers the process.
+/// Starts `op` (an exec with `tty`) whose three descriptors are the pair's slave; answers the
+/// process.
 pub(crate) async fn start(
     conn: Arc<Conn>,
     exec: u64,
     op: Op,
-    master: OwnedFd,
-    slave: OwnedFd,
+    pair: Pair,
     mut exit_rx: tokio::sync::oneshot::Receiver<RawExit>,
     on_exit: Box<dyn FnOnce() + Send>,
 ) -> Result<TtyProcess> {
+    let Pair {
+        master,
+        slave,
+        size,
+    } = pair;
     let raw = slave.as_raw_fd();
     if let Err(error) = conn.request(op, &[raw, raw, raw]).await {
         conn.forget_exit(exec);
@@ -198,6 +278,8 @@ pub(crate) async fn start(
     let master = Arc::new(master);
     let (exit_tx, exit) = watch::channel(None);
     let (control, mut control_rx) = mpsc::unbounded_channel();
+    let (wanted, wanted_rx) = watch::channel(size);
+    tokio::spawn(keep_size(Arc::downgrade(&master), wanted_rx));
     tokio::spawn(async move {
         let mut killed = false;
         let mut listening = true;
@@ -246,5 +328,6 @@ pub(crate) async fn start(
         master,
         exit,
         control,
+        wanted,
     })
 }

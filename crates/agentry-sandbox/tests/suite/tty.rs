@@ -99,6 +99,66 @@ async fn a_repl_on_a_terminal_in_the_local_backend() {
     drive_python(local()).await;
 }
 
+/// A program that writes the old size back over a resize (GNU readline does, when the resize
+/// lands while it readies the terminal for a prompt) gets the new size again.
+#[tokio::test]
+async fn a_resize_the_program_undoes_is_set_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = native().create(SandboxSpec::new(dir.path())).await.unwrap();
+    let script = "import fcntl, os, signal, sys, termios\n\
+        old = fcntl.ioctl(0, termios.TIOCGWINSZ, bytes(8))\n\
+        undone = []\n\
+        def on_winch(*_):\n\
+        \x20   if not undone:\n\
+        \x20       undone.append(1)\n\
+        \x20       fcntl.ioctl(0, termios.TIOCSWINSZ, old)\n\
+        \x20       os.write(1, b'undone\\n')\n\
+        signal.signal(signal.SIGWINCH, on_winch)\n\
+        os.write(1, b'ready\\n')\n\
+        sys.stdin.readline()\n\
+        print('now', os.get_terminal_size(), flush=True)\n";
+    let tty = sandbox
+        .exec_tty(
+            ExecRequest::new(["/usr/bin/python3", "-c", script]),
+            TtySize {
+                cols: 100,
+                rows: 30,
+            },
+        )
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    read_until(&tty, &mut seen, "ready").await;
+    let wanted = TtySize {
+        cols: 132,
+        rows: 43,
+    };
+    tty.resize(wanted).unwrap();
+    read_until(&tty, &mut seen, "undone").await;
+    // The program wrote 100x30 back; the terminal sets 132x43 again within a second or so.
+    let mut kept = false;
+    for _ in 0..40 {
+        if tty.size().unwrap() == wanted {
+            kept = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(kept, "the resize stayed undone: {:?}", tty.size());
+    tty.write_all(b"\n").await.unwrap();
+    read_until(
+        &tty,
+        &mut seen,
+        "now os.terminal_size(columns=132, lines=43)",
+    )
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(10), tty.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code, Some(0), "{status:?} {seen}");
+    sandbox.close().await;
+}
+
 /// A terminal killed on request ends, and says so.
 #[tokio::test]
 async fn a_killed_terminal_ends() {
