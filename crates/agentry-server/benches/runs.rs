@@ -30,7 +30,8 @@
 //!
 //! Each at 1, 20 and 200 concurrent clients, on SQLite and (when `AGENTRY_TEST_DATABASE_URL`
 //! names one, in a fresh schema) PostgreSQL. Per run it counts the session-log writes (appends
-//! and status changes) and the group commits that carried them (`Store::commit_counts`), and on
+//! and status changes) and the group commits that carried them (`Store::commit_counts`), with
+//! how busy the group-commit writer was over the row (its batches' time over the wall time), and on
 //! PostgreSQL every committed transaction (`pg_stat_database.xact_commit`: reads, the queue's
 //! claims, leases and settles included). It also gives the CPU time per run of this process
 //! (client, mock and server: on a shared machine a steadier measure of cost than throughput)
@@ -330,6 +331,10 @@ async fn backend(
             let log = store.commit_counts();
             let writes = (log.writes - log_before.writes) as f64 / total as f64;
             let log_commits = (log.commits - log_before.commits) as f64 / total as f64;
+            // The writer's time over the row's wall time (PostgreSQL: summed over the batches
+            // in flight, so up to 400 %).
+            let busy = 100.0 * (log.busy_micros - log_before.busy_micros) as f64 * 1e-6
+                / (total as f64 / cell.runs_per_sec);
             let per_run = match (pg, before) {
                 (Some(pg), Some(before)) => {
                     format!("{:.1}", (commits(pg) - before) as f64 / total as f64)
@@ -337,7 +342,7 @@ async fn backend(
                 _ => "–".to_owned(),
             };
             println!(
-                "| {label:<10} | {:<10} | {clients:>7} | {:>8.0} | {:>8.2} | {:>8.2} | {cpu:>10.3} | {pg_cpu:>13} | {writes:>10.1} | {log_commits:>11.2} | {per_run:>9} |",
+                "| {label:<10} | {:<10} | {clients:>7} | {:>8.0} | {:>8.2} | {:>8.2} | {cpu:>10.3} | {pg_cpu:>13} | {writes:>10.1} | {log_commits:>11.2} | {busy:>9.0} % | {per_run:>9} |",
                 scenario.name(),
                 cell.runs_per_sec,
                 cell.p50.as_secs_f64() * 1e3,
@@ -577,10 +582,10 @@ fn main() {
     }
     runtime.block_on(async {
         println!(
-            "| backend    | scenario   | clients |   runs/s |  p50 ms  |  p99 ms  | CPU ms/run | PG CPU ms/run | writes/run | commits/run | xacts/run |"
+            "| backend    | scenario   | clients |   runs/s |  p50 ms  |  p99 ms  | CPU ms/run | PG CPU ms/run | writes/run | commits/run | writer busy | xacts/run |"
         );
         println!(
-            "|------------|------------|---------|----------|----------|----------|------------|---------------|------------|-------------|-----------|"
+            "|------------|------------|---------|----------|----------|----------|------------|---------------|------------|-------------|-------------|-----------|"
         );
         let mut shares = Vec::new();
         let home = tempfile::tempdir().unwrap();

@@ -92,12 +92,17 @@ pub struct CommitCounts {
     pub writes: u64,
     /// Transactions committed for them.
     pub commits: u64,
+    /// Microseconds the writer spent applying and committing batches (failed ones included),
+    /// summed over the batches in flight: over a stretch of wall time, how busy the writer
+    /// was (on SQLite, one batch at a time, at most 100 %).
+    pub busy_micros: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
     writes: AtomicU64,
     commits: AtomicU64,
+    busy_micros: AtomicU64,
 }
 
 /// The sending side of a store's writer task.
@@ -127,6 +132,7 @@ impl GroupWriter {
         CommitCounts {
             writes: self.counters.writes.load(Ordering::Relaxed),
             commits: self.counters.commits.load(Ordering::Relaxed),
+            busy_micros: self.counters.busy_micros.load(Ordering::Relaxed),
         }
     }
 
@@ -184,7 +190,7 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
         // stable, so one session's writes keep their order.
         batch.sort_by_key(|pending| pending.write.session);
     }
-    let outcome = apply(&store, &batch).await;
+    let outcome = timed_apply(&store, &batch, counters).await;
     if let Ok(results) = &outcome {
         counters.commits.fetch_add(1, Ordering::Relaxed);
         let applied = results.iter().filter(|result| result.is_ok()).count();
@@ -207,21 +213,35 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
                 "a group commit failed ({error}); retrying its writes one by one"
             );
             for pending in batch {
-                let result = match apply(&store, std::slice::from_ref(&pending)).await {
-                    Ok(mut results) => {
-                        counters.commits.fetch_add(1, Ordering::Relaxed);
-                        let result = results.pop().unwrap_or_else(|| Err(closed()));
-                        if result.is_ok() {
-                            counters.writes.fetch_add(1, Ordering::Relaxed);
+                let result =
+                    match timed_apply(&store, std::slice::from_ref(&pending), counters).await {
+                        Ok(mut results) => {
+                            counters.commits.fetch_add(1, Ordering::Relaxed);
+                            let result = results.pop().unwrap_or_else(|| Err(closed()));
+                            if result.is_ok() {
+                                counters.writes.fetch_add(1, Ordering::Relaxed);
+                            }
+                            result
                         }
-                        result
-                    }
-                    Err(error) => Err(error),
-                };
+                        Err(error) => Err(error),
+                    };
                 let _ = pending.reply.send(result);
             }
         }
     }
+}
+
+/// [`apply`], its time added to the writer's busy time (before any write is answered).
+async fn timed_apply(
+    store: &Store,
+    batch: &[Pending],
+    counters: &Counters,
+) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+    let begun = std::time::Instant::now();
+    let outcome = apply(store, batch).await;
+    let busy = u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX);
+    counters.busy_micros.fetch_add(busy, Ordering::Relaxed);
+    outcome
 }
 
 /// Keeps the records of the runs the batch's events started or moved (runs started in their

@@ -272,6 +272,11 @@ async fn a_session_is_created_with_its_first_events_in_one_commit(h: &Harness) {
         (after.writes - before.writes, after.commits - before.commits),
         (1, 1)
     );
+    // The commit's time is counted before the write is answered.
+    assert!(
+        after.busy_micros > before.busy_micros,
+        "{before:?} {after:?}"
+    );
     let record = store.session(new.id).await.unwrap().unwrap();
     assert_eq!(record.title.as_deref(), Some("with its start"));
     assert_eq!(record.owner.as_deref(), Some("key-1"));
