@@ -22,12 +22,20 @@ async fn read_until(tty: &TtyProcess, seen: &mut String, needle: &str) {
         .unwrap_or_else(|_| panic!("no {needle:?} in {seen:?}"));
 }
 
-async fn drive_python(backend: std::sync::Arc<dyn Backend>) {
+/// Python with `args` on a 100×30 terminal in a new sandbox of `backend` (the sandbox and its
+/// workspace are kept alive by the returned guards).
+async fn python_on_a_terminal(
+    backend: std::sync::Arc<dyn Backend>,
+    args: &[&str],
+) -> (TtyProcess, agentry_sandbox::Sandbox, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let sandbox = backend.create(SandboxSpec::new(dir.path())).await.unwrap();
+    let argv: Vec<&str> = std::iter::once("/usr/bin/python3")
+        .chain(args.iter().copied())
+        .collect();
     let tty = sandbox
         .exec_tty(
-            ExecRequest::new(["/usr/bin/python3", "-i", "-q"]),
+            ExecRequest::new(argv),
             TtySize {
                 cols: 100,
                 rows: 30,
@@ -35,6 +43,11 @@ async fn drive_python(backend: std::sync::Arc<dyn Backend>) {
         )
         .await
         .unwrap();
+    (tty, sandbox, dir)
+}
+
+async fn drive_python(backend: std::sync::Arc<dyn Backend>) {
+    let (tty, sandbox, _dir) = python_on_a_terminal(backend, &["-i", "-q"]).await;
     let mut seen = String::new();
     read_until(&tty, &mut seen, ">>> ").await;
     tty.write_all(
@@ -103,8 +116,6 @@ async fn a_repl_on_a_terminal_in_the_local_backend() {
 /// lands while it readies the terminal for a prompt) gets the new size again.
 #[tokio::test]
 async fn a_resize_the_program_undoes_is_set_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let sandbox = native().create(SandboxSpec::new(dir.path())).await.unwrap();
     let script = "import fcntl, os, signal, sys, termios\n\
         old = fcntl.ioctl(0, termios.TIOCGWINSZ, bytes(8))\n\
         undone = []\n\
@@ -117,16 +128,7 @@ async fn a_resize_the_program_undoes_is_set_again() {
         os.write(1, b'ready\\n')\n\
         sys.stdin.readline()\n\
         print('now', os.get_terminal_size(), flush=True)\n";
-    let tty = sandbox
-        .exec_tty(
-            ExecRequest::new(["/usr/bin/python3", "-c", script]),
-            TtySize {
-                cols: 100,
-                rows: 30,
-            },
-        )
-        .await
-        .unwrap();
+    let (tty, sandbox, _dir) = python_on_a_terminal(native(), &["-c", script]).await;
     let mut seen = String::new();
     read_until(&tty, &mut seen, "ready").await;
     let wanted = TtySize {
