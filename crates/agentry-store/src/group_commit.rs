@@ -244,12 +244,12 @@ async fn timed_apply(
     outcome
 }
 
-/// Keeps the records of the runs the batch's events started or moved (runs started in their
-/// sessions, see [`crate::RunMark`]) on the SQLite transaction `tx`: one insert of the new
+/// Adds to `script` the statements keeping the records of the runs the batch's events started
+/// or moved (runs started in their sessions, see [`crate::RunMark`]): one insert of the new
 /// ones (a run with a record keeps it), then one update of the states they reach
 /// ([`run_states`]). `marks` holds `(session, now, mark)` in batch order.
-async fn keep_run_records(
-    tx: &mut sqlx::SqliteConnection,
+fn keep_run_records(
+    script: &mut Script,
     marks: &[(&str, i64, &crate::RunMark)],
 ) -> Result<(), StoreError> {
     let started: Vec<(&str, i64, &agentry_types::RunId, Option<&str>)> = marks
@@ -262,29 +262,25 @@ async fn keep_run_records(
         })
         .collect();
     for chunk in started.chunks(RUN_ROWS_PER_INSERT) {
-        let mut insert = RUN_INSERT_SQL.query(chunk.len());
+        script.statement(&RUN_INSERT_SQL.text(chunk.len()));
         for (session, now, run_id, agent_id) in chunk {
-            insert = insert
-                .bind(run_id.to_string())
-                .bind(*session)
-                .bind(*agent_id)
-                .bind(*now)
-                .bind(*now)
-                .bind(*session);
+            script.bind(run_id.to_string())?;
+            script.bind(*session)?;
+            script.bind(*agent_id)?;
+            script.bind(*now)?;
+            script.bind(*now)?;
+            script.bind(*session)?;
         }
-        insert.execute(&mut *tx).await?;
     }
     let states = run_states(marks);
     for chunk in states.chunks(SQLITE_RUN_ROWS_PER_UPDATE) {
-        let mut update = RUN_STATE_SQL.query(chunk.len());
+        script.statement(&RUN_STATE_SQL.text(chunk.len()));
         for (run_id, state, now) in chunk {
-            update = update
-                .bind(run_id.to_string())
-                .bind(state.as_str())
-                .bind(state.is_final())
-                .bind(*now);
+            script.bind(run_id.to_string())?;
+            script.bind(state.as_str())?;
+            script.bind(state.is_final())?;
+            script.bind(*now)?;
         }
-        update.execute(&mut *tx).await?;
     }
     Ok(())
 }
@@ -398,14 +394,136 @@ async fn apply(
         .collect())
 }
 
-/// SQLite: a few statements on the writer connection whatever the batch's size: one insert of
-/// the new sessions, one read of the leases the writes are fenced by, one statement advancing
-/// the session rows per round (a round holds each session at most once; a session's second
-/// write in the batch goes in the second round, after the first), and the inserts of the
-/// events, their usage entries and run records. Fills in the result of each write not yet
-/// answered.
+/// SQLite: the batch in one transaction on the writer connection, a few statements whatever
+/// the batch's size, sent as few queries as their answers allow (see [`Script`]): `BEGIN
+/// IMMEDIATE` with the first; one insert of the new sessions; one read of the leases the writes
+/// are fenced by; one statement advancing the session rows per round (a round holds each session
+/// at most once; a session's second write in the batch goes in the second round, after the
+/// first); and, as one last query, the inserts of the events, their usage entries and run
+/// records with the `COMMIT`. Fills in the result of each write not yet answered.
 async fn apply_sqlite(
     writer: &sqlx::SqlitePool,
+    batch: &[Pending],
+    results: &mut [Option<Result<u64, StoreError>>],
+) -> Result<(), StoreError> {
+    let mut tx = HandMadeTransaction {
+        connection: writer.acquire().await?,
+        open: false,
+    };
+    let outcome = apply_sqlite_in(&mut tx, batch, results).await;
+    if outcome.is_err() && tx.open {
+        // A transaction that did not commit is rolled back before the connection goes back to
+        // the pool; if even that fails, the connection is closed instead (see the guard).
+        if sqlx::query("ROLLBACK")
+            .execute(&mut *tx.connection)
+            .await
+            .is_ok()
+        {
+            tx.open = false;
+        }
+    }
+    outcome
+}
+
+/// The writer connection with the transaction [`apply_sqlite`] began by hand (sqlx's own
+/// transaction type sends `BEGIN` and `COMMIT` as queries of their own: two more hops to the
+/// connection's thread per batch). A connection dropped with its transaction still open, by
+/// an error or a dropped future, is closed, never handed back to the pool mid-transaction.
+struct HandMadeTransaction {
+    connection: sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    open: bool,
+}
+
+impl Drop for HandMadeTransaction {
+    fn drop(&mut self) {
+        if self.open {
+            self.connection.close_on_drop();
+        }
+    }
+}
+
+impl HandMadeTransaction {
+    /// Runs `script`, beginning the transaction with it if it is not yet begun; returns its
+    /// rows.
+    async fn fetch_all(
+        &mut self,
+        script: Script,
+    ) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
+        let query = script.query(!self.open);
+        // From here the transaction may be open: `BEGIN` runs before the statement that could
+        // fail.
+        self.open = true;
+        Ok(query.fetch_all(&mut *self.connection).await?)
+    }
+
+    /// Runs `script` and `COMMIT`, as one query.
+    async fn commit(&mut self, mut script: Script) -> Result<(), StoreError> {
+        script.statement("COMMIT");
+        let query = script.query(!self.open);
+        self.open = true;
+        query.execute(&mut *self.connection).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+/// Statements sent to SQLite's connection thread as one query: it runs them in order, binding
+/// each its share of the anonymous parameters (sqlx-sqlite binds `?` parameters across the
+/// statements of one query), so a batch costs one hop to that thread per query instead of one
+/// per statement. Each distinct text is one entry of the connection's statement cache.
+#[derive(Default)]
+struct Script {
+    text: String,
+    arguments: sqlx::sqlite::SqliteArguments,
+}
+
+impl Script {
+    /// A script of the one statement `sql`.
+    fn of(sql: &str) -> Self {
+        let mut script = Self::default();
+        script.statement(sql);
+        script
+    }
+
+    /// Adds the statement `sql` (its parameters are bound next, in order).
+    fn statement(&mut self, sql: &str) {
+        if !self.text.is_empty() {
+            self.text.push_str(";\n");
+        }
+        self.text.push_str(sql);
+    }
+
+    /// Binds the next parameter.
+    fn bind<'t, T>(&mut self, value: T) -> Result<(), StoreError>
+    where
+        T: sqlx::Encode<'t, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+    {
+        use sqlx::Arguments as _;
+        self.arguments
+            .add(value)
+            .map_err(|error| StoreError::Database(sqlx::Error::Encode(error)))
+    }
+
+    /// The query, led by `BEGIN IMMEDIATE` when `begin`. IMMEDIATE takes the write lock at
+    /// once, so a transaction never fails half-way because another connection (another
+    /// process) wrote first.
+    fn query(
+        self,
+        begin: bool,
+    ) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+        let text = if begin {
+            format!("BEGIN IMMEDIATE;\n{}", self.text)
+        } else {
+            self.text
+        };
+        // Only placeholders vary, no value is spelled into the text.
+        sqlx::query_with(sqlx::AssertSqlSafe(text), self.arguments)
+    }
+}
+
+/// [`apply_sqlite`] on its transaction.
+async fn apply_sqlite_in(
+    tx: &mut HandMadeTransaction,
     batch: &[Pending],
     results: &mut [Option<Result<u64, StoreError>>],
 ) -> Result<(), StoreError> {
@@ -417,26 +535,22 @@ async fn apply_sqlite(
         .filter(|index| batch[*index].write.create.is_some() && results[*index].is_none())
         .collect();
     let rounds = rounds_of(batch);
-    // IMMEDIATE takes the write lock now, so a transaction never fails half-way because
-    // another connection (another process) wrote first.
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
     // New sessions first, so that a write to one later in the batch finds it.
     if !creates.is_empty() {
-        let mut insert = CREATE_SQL.query(creates.len());
+        let mut insert = Script::of(&CREATE_SQL.text(creates.len()));
         for index in &creates {
             let write = &batch[*index].write;
             let Some(new) = &write.create else { continue };
-            insert = insert
-                .bind(&keys[*index])
-                .bind(new.title.as_deref())
-                .bind(to_db(write.now))
-                .bind(to_db(write.now))
-                .bind(new.expires_at.map(to_db))
-                .bind(new.metadata.as_str())
-                .bind(new.owner.as_deref());
+            insert.bind(&keys[*index])?;
+            insert.bind(new.title.as_deref())?;
+            insert.bind(to_db(write.now))?;
+            insert.bind(to_db(write.now))?;
+            insert.bind(new.expires_at.map(to_db))?;
+            insert.bind(new.metadata.as_str())?;
+            insert.bind(new.owner.as_deref())?;
         }
         let mut created = std::collections::HashSet::new();
-        for row in insert.fetch_all(&mut *tx).await? {
+        for row in tx.fetch_all(insert).await? {
             created.insert(row.text("id")?);
         }
         for index in creates {
@@ -457,12 +571,12 @@ async fn apply_sqlite(
         .filter_map(|pending| pending.write.lease.as_ref())
         .collect();
     if !leased.is_empty() {
-        let mut check = LEASES_HELD_SQL.query(leased.len());
+        let mut check = Script::of(&LEASES_HELD_SQL.text(leased.len()));
         for lease in &leased {
-            check = check.bind(lease.run_id.to_string());
+            check.bind(lease.run_id.to_string())?;
         }
         let mut held = std::collections::HashSet::new();
-        for row in check.fetch_all(&mut *tx).await? {
+        for row in tx.fetch_all(check).await? {
             if let Some(worker) = row.opt_text("worker")? {
                 held.insert((row.text("id")?, worker, row.int("lease_epoch")?));
             }
@@ -508,14 +622,13 @@ async fn apply_sqlite(
             })
             .collect();
         let last_seqs: std::collections::HashMap<String, i64> =
-            advance(&mut tx, &advances).await?.into_iter().collect();
+            advance(tx, &advances).await?.into_iter().collect();
         for index in round {
             let write = &batch[index].write;
             let Some(last) = last_seqs.get(&keys[index]).copied() else {
-                let current = sqlx::query("SELECT last_seq, worker FROM sessions WHERE id = $1")
-                    .bind(&keys[index])
-                    .fetch_optional(&mut *tx)
-                    .await?;
+                let mut read = Script::of("SELECT last_seq, worker FROM sessions WHERE id = ?");
+                read.bind(&keys[index])?;
+                let current = tx.fetch_all(read).await?.into_iter().next();
                 let refused = match current {
                     None => Refused::Missing,
                     Some(row) => match row.opt_text("worker")? {
@@ -556,44 +669,41 @@ async fn apply_sqlite(
             results[index] = Some(Ok(from_db(last)));
         }
     }
+    // The rows the rounds produced and the commit, as one query.
+    let mut last = Script::default();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        let mut insert = INSERT_SQL.query(chunk.len());
+        last.statement(&INSERT_SQL.text(chunk.len()));
         for row in chunk {
-            insert = insert
-                .bind(row.session)
-                .bind(row.seq)
-                .bind(row.kind)
-                .bind(row.payload)
-                .bind(row.created_at);
+            last.bind(row.session)?;
+            last.bind(row.seq)?;
+            last.bind(row.kind)?;
+            last.bind(row.payload)?;
+            last.bind(row.created_at)?;
         }
-        insert.execute(&mut *tx).await?;
     }
     for chunk in usage_rows.chunks(USAGE_ROWS_PER_INSERT) {
-        let mut insert = USAGE_INSERT_SQL.query(chunk.len());
+        last.statement(&USAGE_INSERT_SQL.text(chunk.len()));
         for row in chunk {
             let usage = &row.entry.usage;
-            insert = insert
-                .bind(row.session)
-                .bind(row.seq)
-                .bind(row.run.as_str())
-                .bind(row.entry.agent_id.as_deref())
-                .bind(row.entry.model.as_str())
-                .bind(to_db(usage.input_tokens))
-                .bind(to_db(usage.cached_input_tokens))
-                .bind(to_db(usage.cache_creation_input_tokens))
-                .bind(to_db(usage.output_tokens))
-                .bind(to_db(usage.reasoning_tokens))
-                .bind(row.entry.cost_usd.map(crate::usage::nanos_of))
-                .bind(row.created_at)
-                .bind(row.session);
+            last.bind(row.session)?;
+            last.bind(row.seq)?;
+            last.bind(row.run.as_str())?;
+            last.bind(row.entry.agent_id.as_deref())?;
+            last.bind(row.entry.model.as_str())?;
+            last.bind(to_db(usage.input_tokens))?;
+            last.bind(to_db(usage.cached_input_tokens))?;
+            last.bind(to_db(usage.cache_creation_input_tokens))?;
+            last.bind(to_db(usage.output_tokens))?;
+            last.bind(to_db(usage.reasoning_tokens))?;
+            last.bind(row.entry.cost_usd.map(crate::usage::nanos_of))?;
+            last.bind(row.created_at)?;
+            last.bind(row.session)?;
         }
-        insert.execute(&mut *tx).await?;
     }
     if !marks.is_empty() {
-        keep_run_records(&mut tx, &marks).await?;
+        keep_run_records(&mut last, &marks)?;
     }
-    tx.commit().await?;
-    Ok(())
+    tx.commit(last).await
 }
 
 /// PostgreSQL: the whole batch in one call of `agentry_group_commit` (schema migration 11),
@@ -929,21 +1039,20 @@ struct EventRow<'a> {
 /// each row changed: one `UPDATE … FROM (VALUES …)`, which SQLite looks up row by row through
 /// the primary key.
 async fn advance(
-    tx: &mut sqlx::SqliteConnection,
+    tx: &mut HandMadeTransaction,
     rows: &[Advance<'_>],
 ) -> Result<Vec<(String, i64)>, StoreError> {
-    let mut update = ADVANCE_SQL.query(rows.len());
+    let mut update = Script::of(&ADVANCE_SQL.text(rows.len()));
     for row in rows {
-        update = update
-            .bind(row.id)
-            .bind(row.count)
-            .bind(row.now)
-            .bind(row.expected)
-            .bind(row.status)
-            .bind(row.worker);
+        update.bind(row.id)?;
+        update.bind(row.count)?;
+        update.bind(row.now)?;
+        update.bind(row.expected)?;
+        update.bind(row.status)?;
+        update.bind(row.worker)?;
     }
     let mut changed = Vec::with_capacity(rows.len());
-    for row in update.fetch_all(&mut *tx).await? {
+    for row in tx.fetch_all(update).await? {
         changed.push((row.text("id")?, row.int("last_seq")?));
     }
     Ok(changed)
@@ -1007,15 +1116,6 @@ impl SpelledSql {
             Some(text) => Arc::clone(text.get_or_init(|| (self.spell)(rows).into())),
             None => (self.spell)(rows).into(),
         }
-    }
-
-    /// The statement for `rows` rows, to run.
-    fn query(
-        &self,
-        rows: usize,
-    ) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-        // Only placeholders vary, no value is spelled into the text.
-        sqlx::query(sqlx::AssertSqlSafe(self.text(rows)))
     }
 }
 

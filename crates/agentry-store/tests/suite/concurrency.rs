@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use agentry_store::{NewEvent, NewSession, SessionId, StoreError};
+use agentry_store::{Backend, NewEvent, NewSession, SessionId, StoreError};
 use serde_json::json;
 
 use super::support::{Harness, both_backends, new_session};
@@ -11,6 +11,7 @@ both_backends!(
     fifty_appenders_to_one_session_leave_no_gaps,
     two_hundred_sessions_append_concurrently,
     concurrent_writes_share_commits_and_bad_ones_are_refused_alone,
+    a_batch_that_fails_half_way_is_rolled_back_and_its_neighbours_commit,
 );
 
 async fn fifty_appenders_to_one_session_leave_no_gaps(h: &Harness) {
@@ -200,4 +201,88 @@ async fn concurrent_writes_share_commits_and_bad_ones_are_refused_alone(h: &Harn
         let status = h.store.session(id).await.unwrap().unwrap().status;
         assert_eq!(status, if i % 2 == 0 { "running" } else { "idle" });
     }
+}
+
+/// A batch whose transaction fails half-way (a trigger refuses one event, after the sessions
+/// advanced) is rolled back whole: the refused write gets the database's error, the writes
+/// beside it commit (retried alone), no seq is used up, and the writer's connection carries no
+/// open transaction into the next batch.
+async fn a_batch_that_fails_half_way_is_rolled_back_and_its_neighbours_commit(h: &Harness) {
+    match h.store.backend() {
+        Backend::Sqlite => {
+            h.raw_exec(
+                "CREATE TRIGGER refuse_boom BEFORE INSERT ON events WHEN NEW.kind = 'boom' \
+                 BEGIN SELECT RAISE(ABORT, 'boom refused'); END",
+            )
+            .await
+        }
+        Backend::Postgres => {
+            h.raw_exec(
+                "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN IF NEW.kind = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; \
+                 RETURN NEW; END $$",
+            )
+            .await;
+            h.raw_exec(
+                "CREATE TRIGGER refuse_boom BEFORE INSERT ON events FOR EACH ROW \
+                 EXECUTE FUNCTION refuse_boom()",
+            )
+            .await
+        }
+    }
+    let good: Vec<SessionId> = vec![
+        new_session(&h.store, "good one").await,
+        new_session(&h.store, "good two").await,
+    ];
+    let bad = new_session(&h.store, "bad").await;
+    for round in 0..3 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for id in good.iter().copied() {
+            let store = h.store.clone();
+            tasks.spawn(async move {
+                let events = [NewEvent::new("note", json!({ "round": round }))];
+                (id, store.append(id, None, &events).await)
+            });
+        }
+        let store = h.store.clone();
+        tasks.spawn(async move {
+            let events = [
+                NewEvent::new("note", json!({ "before": "boom" })),
+                NewEvent::new("boom", json!({})),
+            ];
+            (bad, store.append(bad, None, &events).await)
+        });
+        while let Some(joined) = tasks.join_next().await {
+            let (id, outcome) = joined.unwrap();
+            if id == bad {
+                let error = outcome.expect_err("the trigger refuses the event");
+                assert!(error.to_string().contains("boom refused"), "{error}");
+            } else {
+                let stored = outcome.unwrap();
+                assert_eq!(stored.len(), 1);
+                assert_eq!(stored[0].seq, round + 1, "round {round}");
+            }
+        }
+    }
+    // Nothing of the refused writes stayed: not their first event, not their seqs.
+    assert_eq!(h.store.session(bad).await.unwrap().unwrap().last_seq, 0);
+    assert!(h.store.events(bad, 0, 100).await.unwrap().is_empty());
+    for id in &good {
+        assert_eq!(h.store.session(*id).await.unwrap().unwrap().last_seq, 3);
+    }
+    // The next writes go through: no transaction was left open on the writer's connection.
+    let stored = h
+        .store
+        .append(
+            bad,
+            Some(0),
+            &[NewEvent::new("note", json!({ "after": "boom" }))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored[0].seq, 1);
+    h.store
+        .create_session(NewSession::with_id(SessionId::new()))
+        .await
+        .unwrap();
 }
