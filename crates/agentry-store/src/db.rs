@@ -310,6 +310,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "group commit",
         sql: include_str!("../migrations/sqlite/0011_group_commit.sql"),
     },
+    Migration {
+        version: 12,
+        name: "group commit leases",
+        sql: include_str!("../migrations/sqlite/0012_group_commit_leases.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -368,10 +373,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "group commit",
         sql: include_str!("../migrations/postgres/0011_group_commit.sql"),
     },
+    Migration {
+        version: 12,
+        name: "group commit leases",
+        sql: include_str!("../migrations/postgres/0012_group_commit_leases.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 11;
+pub const SCHEMA_VERSION: u32 = 12;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

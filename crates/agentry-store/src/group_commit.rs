@@ -16,7 +16,7 @@
 //!
 //! SQLite has one writer connection, so one batch is in flight at a time, applied as a few
 //! statements on it. PostgreSQL applies a batch in one call of the `agentry_group_commit`
-//! function (schema migration 11), one round trip, and runs up to [`POSTGRES_IN_FLIGHT`]
+//! function (schema migrations 11 and 12), one round trip, and runs up to [`POSTGRES_IN_FLIGHT`]
 //! batches at once on its pool (appends to one session still serialise on the session's row).
 //! Under light load a batch holds one write and costs what a plain transaction costs; under
 //! load the commits per write fall with the batch size.
@@ -706,7 +706,7 @@ async fn apply_sqlite_in(
     tx.commit(last).await
 }
 
-/// PostgreSQL: the whole batch in one call of `agentry_group_commit` (schema migration 11),
+/// PostgreSQL: the whole batch in one call of `agentry_group_commit` (schema migrations 11 and 12),
 /// which is its own transaction: one round trip per batch, whatever its size. The writes not
 /// yet answered go as arrays, with their events, usage entries and run marks; each gets its
 /// session's last seq after it, or why it was refused.
