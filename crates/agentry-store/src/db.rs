@@ -312,8 +312,8 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 12,
-        name: "group commit leases",
-        sql: include_str!("../migrations/sqlite/0012_group_commit_leases.sql"),
+        name: "group commit function",
+        sql: include_str!("../migrations/sqlite/0012_group_commit_function.sql"),
     },
 ];
 
@@ -375,8 +375,8 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 12,
-        name: "group commit leases",
-        sql: include_str!("../migrations/postgres/0012_group_commit_leases.sql"),
+        name: "group commit function",
+        sql: include_str!("../migrations/postgres/0012_group_commit_function.sql"),
     },
 ];
 
