@@ -448,6 +448,8 @@ export class ChatView {
     this.root = root;
     this.sessionId = sessionId;
     this.sidebar = sidebar;
+    // Titles the person saved here: a session read begun before one must not put the old back.
+    this.renames = 0;
     this.controller = null;
     this.sending = false;
     this.images = [];
@@ -515,6 +517,7 @@ export class ChatView {
       const title = input.value.trim();
       this.title.textContent = save && title ? title : old;
       if (!save || !title || title === old) return;
+      this.renames += 1;
       try {
         await post(`/v1/sessions/${this.sessionId}/title`, { title });
         if (this.sidebar) this.sidebar.upsert({ id: this.sessionId, title });
@@ -726,15 +729,18 @@ export class ChatView {
   }
 
   async load() {
+    const renames = this.renames;
     try {
       const [detail, events] = await Promise.all([
         get(`/v1/sessions/${this.sessionId}`),
         get(`/v1/sessions/${this.sessionId}/events`),
       ]);
       if (this.closed) return;
-      this.title.textContent = detail.session.title || "Untitled";
+      // Renamed here while the session was loading: the title typed is newer than the one read.
+      const renamed = this.renames !== renames;
+      if (!renamed) this.title.textContent = detail.session.title || "Untitled";
       if (detail.group) this.becomeGroup(detail.group);
-      if (this.sidebar) this.sidebar.upsert(detail.session);
+      if (this.sidebar) this.sidebar.upsert(renamed ? { ...detail.session, title: this.title.textContent } : detail.session);
       for (const item of effective(events.events || [])) this.transcript.committed(item.seq, item.event);
       if (events.events && events.events.length) this.transcript.lastSeq = events.events[events.events.length - 1].seq;
       if (!(events.events || []).length) this.transcriptEl.append(h("div", { class: "empty" }, "This session is empty."));
@@ -840,8 +846,10 @@ export class ChatView {
     if (!this.sessionId || change.session_id !== this.sessionId) return;
     if (change.title) this.title.textContent = change.title;
     else if (this.title.textContent === "New chat") {
+      const renames = this.renames;
       get(`/v1/sessions/${this.sessionId}`).then((detail) => {
-        if (detail.session.title && !this.closed) this.title.textContent = detail.session.title;
+        // Not over a rename made while this was on its way.
+        if (detail.session.title && !this.closed && this.renames === renames) this.title.textContent = detail.session.title;
       }).catch(() => {});
     }
     if (change.status === "running" && !this.controller) this.attach();
