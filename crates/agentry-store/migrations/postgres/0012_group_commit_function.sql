@@ -17,7 +17,7 @@ CREATE OR REPLACE FUNCTION agentry_group_commit(
     OUT last_seqs BIGINT[], OUT refusals TEXT[]
 ) LANGUAGE plpgsql
 -- Its statements run with generic plans. With the default, PostgreSQL planned the inserts from
--- `unnest` of the arrays again at every call (a generic plan assumes 100 rows from `unnest`,
+-- `unnest` of the arrays again at every call (a generic plan assumes 10 rows from `unnest`,
 -- so it never looked cheaper than a plan for the actual few): about a tenth of the backend's
 -- CPU, found with `perf` on the backends. The generic plans use the same indexes.
 SET plan_cache_mode = force_generic_plan
