@@ -15,7 +15,7 @@
 //! own, so one bad write never fails its neighbours.
 //!
 //! SQLite has one writer connection, so one batch is in flight at a time, applied as a few
-//! statements on it. PostgreSQL applies a batch in one call of the `agentry_group_commit`
+//! statements on it, sent in as few queries as their answers allow ([`Script`]). PostgreSQL applies a batch in one call of the `agentry_group_commit`
 //! function (schema migrations 11 and 12), one round trip, and runs up to [`POSTGRES_IN_FLIGHT`]
 //! batches at once on its pool (appends to one session still serialise on the session's row).
 //! Under light load a batch holds one write and costs what a plain transaction costs; under
