@@ -10,6 +10,10 @@
 //! - `background`: `POST /v1/runs` then `GET /v1/runs/{id}/wait` (queued, claimed under a lease,
 //!   committed, settled), timed from submission to the answer of the wait.
 //!
+//! Each row begins with one run per client that is not counted (connections open, statements
+//! are prepared), so that a row run alone (`RUNS_BENCH_ONLY`) measures the same steady state
+//! as one run after the others.
+//!
 //! Then `streams`: 1,000 streaming runs at once (`POST /v1/infer/stream`, without a session,
 //! then in new sessions on SQLite, each on a fresh server), each answer paced by the mock at 50 ms between its SSE events. The server runs in a
 //! child process (this binary again), so its peak RSS is Agentry's alone; the ideal is the time
@@ -33,7 +37,9 @@
 //! and status changes) and the group commits that carried them (`Store::commit_counts`), with
 //! how busy the group-commit writer was over the row (its batches' time over the wall time), and on
 //! PostgreSQL every committed transaction (`pg_stat_database.xact_commit`: reads, the queue's
-//! claims, leases and settles included). It also gives the CPU time per run of this process
+//! claims, leases and settles included, as the backends report them: one in steady use reports
+//! at most once a second, so the group-commit writer's connections, which it keeps from batch
+//! to batch, are mostly missing from a row of a second or two). It also gives the CPU time per run of this process
 //! (client, mock and server: on a shared machine a steadier measure of cost than throughput)
 //! and, on PostgreSQL, of the database's processes. The last line gives durable and background throughput
 //! at 20 clients as a share of stateless.
@@ -314,6 +320,9 @@ async fn backend(
             if !format!("{label} {} {clients};", scenario.name()).contains(&only) {
                 continue;
             }
+            // One run per client first, not counted: connections (HTTP, the store's) open and
+            // statements are prepared before the clock starts.
+            load(&url, &mock, scenario, clients, clients).await;
             let before = pg.map(commits);
             let log_before = store.commit_counts();
             let cpu_before = cpu_now();

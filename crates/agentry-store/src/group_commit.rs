@@ -23,6 +23,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -110,21 +111,49 @@ struct Counters {
 pub(crate) struct GroupWriter {
     sender: mpsc::UnboundedSender<Pending>,
     counters: Arc<Counters>,
+    /// A kept PostgreSQL connection idle this long is pinged before use.
+    ping_after_idle: Duration,
+    /// Wakes the task to give back the connections it keeps.
+    release: Arc<tokio::sync::Notify>,
+}
+
+/// How the writer task works.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Batches committed at once (SQLite: 1).
+    pub(crate) in_flight: usize,
+    /// PostgreSQL connections kept from one batch to the next (at most `in_flight`).
+    pub(crate) keep: usize,
+    /// A kept connection idle this long is pinged before use.
+    pub(crate) ping_after_idle: Duration,
 }
 
 impl GroupWriter {
     /// Starts the writer task of the store behind `inner`. The task holds the store only while
     /// it commits a batch, so it ends once every [`Store`] clone is gone.
-    pub(crate) fn start(inner: Weak<Inner>, in_flight: usize) -> Self {
+    pub(crate) fn start(inner: Weak<Inner>, limits: Limits) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
+        let release = Arc::new(tokio::sync::Notify::new());
         tokio::spawn(run(
             inner,
             receiver,
-            in_flight.max(1),
+            limits,
             Arc::clone(&counters),
+            Arc::clone(&release),
         ));
-        Self { sender, counters }
+        Self {
+            sender,
+            counters,
+            ping_after_idle: limits.ping_after_idle,
+            release,
+        }
+    }
+
+    /// Gives the connections the writer keeps back to the pool (the store is closing: the
+    /// pool waits for them).
+    pub(crate) fn release_connections(&self) {
+        self.release.notify_one();
     }
 
     /// The writes and commits so far.
@@ -155,13 +184,26 @@ fn closed() -> StoreError {
 async fn run(
     inner: Weak<Inner>,
     mut receiver: mpsc::UnboundedReceiver<Pending>,
-    limit: usize,
+    limits: Limits,
     counters: Arc<Counters>,
+    release: Arc<tokio::sync::Notify>,
 ) {
+    let limit = limits.in_flight.max(1);
     let mut in_flight = FuturesUnordered::new();
+    let mut kept: Vec<KeptConnection> = Vec::new();
+    // Once the store closes, connections go back to the pool after their batch.
+    let mut closing = false;
     loop {
         tokio::select! {
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            Some(connection) = in_flight.next(), if !in_flight.is_empty() => {
+                if !closing && kept.len() < limits.keep {
+                    kept.extend(connection);
+                }
+            }
+            () = release.notified(), if !closing => {
+                closing = true;
+                kept.clear();
+            }
             first = receiver.recv(), if in_flight.len() < limit => {
                 let Some(first) = first else { break };
                 let mut batch = vec![first];
@@ -175,22 +217,38 @@ async fn run(
                     // Every store is gone; the waiting writes hear that the writer stopped.
                     break;
                 };
-                in_flight.push(commit(Store { inner }, batch, &counters));
+                in_flight.push(commit(Store { inner }, batch, &counters, kept.pop()));
             }
         }
     }
     while in_flight.next().await.is_some() {}
 }
 
+/// A pooled PostgreSQL connection the writer keeps from one batch to the next instead of
+/// handing it back: the pool pings every connection handed back to it (sqlx 0.9,
+/// `return_to_pool`), one more round trip to the server per batch. A kept connection goes back
+/// to the pool after any error, and one idle for the store's `ping_after_idle` is pinged before
+/// use (the server may have closed it).
+struct KeptConnection {
+    connection: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    /// When its last batch ended.
+    used: Instant,
+}
+
 /// Commits `batch` in one transaction and answers each write; after a failed transaction, each
-/// write alone.
-async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
+/// write alone. Gives back the PostgreSQL connection to keep for the next batch, if any.
+async fn commit(
+    store: Store,
+    mut batch: Vec<Pending>,
+    counters: &Counters,
+    mut connection: Option<KeptConnection>,
+) -> Option<KeptConnection> {
     if store.backend() == crate::Backend::Postgres {
         // The same lock order on every node: no deadlock between two batches. The sort is
         // stable, so one session's writes keep their order.
         batch.sort_by_key(|pending| pending.write.session);
     }
-    let outcome = timed_apply(&store, &batch, counters).await;
+    let outcome = timed_apply(&store, &batch, counters, &mut connection).await;
     if let Ok(results) = &outcome {
         counters.commits.fetch_add(1, Ordering::Relaxed);
         let applied = results.iter().filter(|result| result.is_ok()).count();
@@ -213,22 +271,29 @@ async fn commit(store: Store, mut batch: Vec<Pending>, counters: &Counters) {
                 "a group commit failed ({error}); retrying its writes one by one"
             );
             for pending in batch {
-                let result =
-                    match timed_apply(&store, std::slice::from_ref(&pending), counters).await {
-                        Ok(mut results) => {
-                            counters.commits.fetch_add(1, Ordering::Relaxed);
-                            let result = results.pop().unwrap_or_else(|| Err(closed()));
-                            if result.is_ok() {
-                                counters.writes.fetch_add(1, Ordering::Relaxed);
-                            }
-                            result
+                let result = match timed_apply(
+                    &store,
+                    std::slice::from_ref(&pending),
+                    counters,
+                    &mut connection,
+                )
+                .await
+                {
+                    Ok(mut results) => {
+                        counters.commits.fetch_add(1, Ordering::Relaxed);
+                        let result = results.pop().unwrap_or_else(|| Err(closed()));
+                        if result.is_ok() {
+                            counters.writes.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(error) => Err(error),
-                    };
+                        result
+                    }
+                    Err(error) => Err(error),
+                };
                 let _ = pending.reply.send(result);
             }
         }
     }
+    connection
 }
 
 /// [`apply`], its time added to the writer's busy time (before any write is answered).
@@ -236,9 +301,10 @@ async fn timed_apply(
     store: &Store,
     batch: &[Pending],
     counters: &Counters,
+    connection: &mut Option<KeptConnection>,
 ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
-    let begun = std::time::Instant::now();
-    let outcome = apply(store, batch).await;
+    let begun = Instant::now();
+    let outcome = apply(store, batch, connection).await;
     let busy = u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX);
     counters.busy_micros.fetch_add(busy, Ordering::Relaxed);
     outcome
@@ -372,10 +438,12 @@ impl Refused {
 
 /// One transaction for `batch`: the outer error when it could not commit, else each write's
 /// own result. A second creation of one session in the batch is refused before the database
-/// is asked.
+/// is asked. On PostgreSQL it runs on `connection` (or a new one), left there for the next
+/// batch if all went well.
 async fn apply(
     store: &Store,
     batch: &[Pending],
+    connection: &mut Option<KeptConnection>,
 ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
     let mut results: Vec<Option<Result<u64, StoreError>>> = batch.iter().map(|_| None).collect();
     let mut creating = std::collections::HashSet::new();
@@ -386,7 +454,15 @@ async fn apply(
     }
     match &store.inner.db {
         Db::Sqlite { writer, .. } => apply_sqlite(writer, batch, &mut results).await?,
-        Db::Postgres(pool) => apply_postgres(pool, batch, &mut results).await?,
+        Db::Postgres(pool) => {
+            let ping_after_idle = store.inner.writer.ping_after_idle;
+            let mut live = live_connection(pool, connection.take(), ping_after_idle).await?;
+            apply_postgres(&mut live, batch, &mut results).await?;
+            *connection = Some(KeptConnection {
+                connection: live,
+                used: Instant::now(),
+            });
+        }
     }
     Ok(results
         .into_iter()
@@ -706,12 +782,31 @@ async fn apply_sqlite_in(
     tx.commit(last).await
 }
 
+/// The connection for a PostgreSQL batch: `kept`, pinged first if it sat idle for
+/// `ping_after_idle`, else one from the pool. Refused once the store is closed.
+async fn live_connection(
+    pool: &sqlx::PgPool,
+    kept: Option<KeptConnection>,
+    ping_after_idle: Duration,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+    use sqlx::Connection as _;
+    if pool.is_closed() {
+        return Err(closed());
+    }
+    if let Some(mut kept) = kept
+        && (kept.used.elapsed() < ping_after_idle || kept.connection.ping().await.is_ok())
+    {
+        return Ok(kept.connection);
+    }
+    Ok(pool.acquire().await?)
+}
+
 /// PostgreSQL: the whole batch in one call of `agentry_group_commit` (schema migrations 11 and 12),
 /// which is its own transaction: one round trip per batch, whatever its size. The writes not
 /// yet answered go as arrays, with their events, usage entries and run marks; each gets its
 /// session's last seq after it, or why it was refused.
 async fn apply_postgres(
-    pool: &sqlx::PgPool,
+    connection: &mut sqlx::PgConnection,
     batch: &[Pending],
     results: &mut [Option<Result<u64, StoreError>>],
 ) -> Result<(), StoreError> {
@@ -782,7 +877,7 @@ async fn apply_postgres(
     .bind(marks.agent)
     .bind(marks.state)
     .bind(marks.last)
-    .fetch_one(pool)
+    .fetch_one(connection)
     .await?;
     let last_seqs: Vec<Option<i64>> = row.try_get("last_seqs")?;
     let refusals: Vec<Option<String>> = row.try_get("refusals")?;

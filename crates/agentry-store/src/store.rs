@@ -13,7 +13,7 @@ use crate::db::{
     BUSY_TIMEOUT, Db, PING_AFTER_IDLE, RowExt, from_db, in_read_tx, in_write_tx, pool_options,
     to_db, with_reader, with_writer,
 };
-use crate::group_commit::{CommitCounts, GroupWriter, NewRow, POSTGRES_IN_FLIGHT, Write};
+use crate::group_commit::{CommitCounts, GroupWriter, Limits, NewRow, POSTGRES_IN_FLIGHT, Write};
 use crate::model::{now_millis, truncate, validate_event_kind, validate_status};
 use crate::{
     Backend, NewEvent, NewSession, SearchHit, SecretKey, SessionQuery, SessionRecord, StoreError,
@@ -46,7 +46,8 @@ pub enum Durability {
 pub struct StoreOptions {
     /// The key that encrypts secrets at rest.
     pub secret_key: SecretKey,
-    /// At most this many connections (SQLite: readers, beside the single writer).
+    /// At most this many connections (SQLite: readers, beside the single writer; PostgreSQL:
+    /// up to half of them held by the group-commit writer from one batch to the next).
     pub max_connections: u32,
     /// SQLite's durability; see [`Durability`].
     pub durability: Durability,
@@ -103,7 +104,7 @@ pub(crate) struct Inner {
     pub(crate) db: Db,
     pub(crate) key: SecretKey,
     /// Where appends and status changes go: the group-commit writer task.
-    writer: GroupWriter,
+    pub(crate) writer: GroupWriter,
     /// The process writing through this store ([`Store::set_worker`]).
     worker: std::sync::RwLock<Option<Arc<str>>>,
     /// The volume of this process's workspaces ([`Store::set_volume`]).
@@ -224,7 +225,7 @@ impl Store {
         let reader = pool_options::<sqlx::Sqlite>(options.ping_after_idle)
             .max_connections(options.max_connections.max(1))
             .connect_lazy_with(connect);
-        Self::finish_open(Db::Sqlite { writer, reader }, options.secret_key).await
+        Self::finish_open(Db::Sqlite { writer, reader }, options).await
     }
 
     async fn connect_postgres(
@@ -254,19 +255,31 @@ impl Store {
             .max_connections(options.max_connections.max(1))
             .connect_with(connect)
             .await?;
-        Self::finish_open(Db::Postgres(pool), options.secret_key).await
+        Self::finish_open(Db::Postgres(pool), options).await
     }
 
-    async fn finish_open(db: Db, key: SecretKey) -> Result<Store, StoreError> {
-        let in_flight = match db {
-            Db::Sqlite { .. } => 1,
-            Db::Postgres(_) => POSTGRES_IN_FLIGHT,
+    async fn finish_open(db: Db, options: StoreOptions) -> Result<Store, StoreError> {
+        // PostgreSQL's writer keeps up to one pooled connection per batch in flight between its
+        // batches, leaving at least half of the pool to everything else.
+        let (in_flight, keep) = match db {
+            Db::Sqlite { .. } => (1, 0),
+            Db::Postgres(_) => (
+                POSTGRES_IN_FLIGHT,
+                POSTGRES_IN_FLIGHT.min(options.max_connections as usize / 2),
+            ),
         };
         let store = Store {
             inner: Arc::new_cyclic(|inner| Inner {
                 db,
-                key,
-                writer: GroupWriter::start(inner.clone(), in_flight),
+                key: options.secret_key,
+                writer: GroupWriter::start(
+                    inner.clone(),
+                    Limits {
+                        in_flight,
+                        keep,
+                        ping_after_idle: options.ping_after_idle,
+                    },
+                ),
                 worker: std::sync::RwLock::new(None),
                 volume: std::sync::RwLock::new(None),
             }),
@@ -300,7 +313,11 @@ impl Store {
                 reader.close().await;
                 writer.close().await;
             }
-            Db::Postgres(pool) => pool.close().await,
+            Db::Postgres(pool) => {
+                // The pool waits for the connections the writer holds.
+                self.inner.writer.release_connections();
+                pool.close().await;
+            }
         }
     }
 
