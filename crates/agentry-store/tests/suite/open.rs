@@ -143,3 +143,30 @@ async fn a_connection_the_server_closed_while_idle_is_replaced_before_use() {
     store.close().await;
     harness.finish().await;
 }
+
+/// PostgreSQL's group-commit writer keeps pooled connections between its batches, at most half
+/// of the pool: a store allowed one connection keeps none, so its reads and its other writes
+/// still get the connection after a group commit, and one allowed two leaves one to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_never_keeps_the_connections_the_rest_of_the_store_needs() {
+    let harness = Harness::postgres().await;
+    for max_connections in [1, 2] {
+        let mut options = StoreOptions::new(harness.key.clone());
+        options.max_connections = max_connections;
+        let store = Store::connect(&harness.url, options).await.unwrap();
+        let id = new_session(&store, "kept").await;
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), store.session(id))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("a read waited for the writer's connection ({max_connections})")
+            })
+            .unwrap();
+        assert_eq!(read.unwrap().title.as_deref(), Some("kept"));
+        tokio::time::timeout(std::time::Duration::from_secs(5), store.close())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("closing waited for the writer's connection ({max_connections})")
+            });
+    }
+    harness.finish().await;
+}
