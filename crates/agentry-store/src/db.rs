@@ -5,8 +5,8 @@
 //! text and the Rust around it are shared; where the dialects differ the body asks the
 //! [`Dialect`] for its spelling. Placeholders are `$1, $2, …` everywhere (SQLite accepts them).
 //!
-//! SQLite runs with one writer connection and a small read pool: writes queue in process for the
-//! single writer (each transaction starts with `BEGIN IMMEDIATE`, so another process sharing the
+//! SQLite runs with one writer connection (and the group commit's, which takes turns with it) and
+//! a small read pool: writes queue in process for the single writer (each transaction starts with `BEGIN IMMEDIATE`, so another process sharing the
 //! file waits on the 5 s busy timeout instead of failing mid-transaction), and WAL lets reads go
 //! on beside it. PostgreSQL uses one pool; an append updates the session row first, which locks
 //! it, so appends to one session serialise while other sessions proceed.
@@ -22,10 +22,15 @@ use crate::model::now_millis;
 /// The pools of one store.
 #[derive(Debug)]
 pub(crate) enum Db {
-    /// One writer connection, a read pool beside it.
+    /// One writer connection, a read pool beside it, and the group commit's thread with its own
+    /// connection.
     Sqlite {
         writer: SqlitePool,
         reader: SqlitePool,
+        committer: crate::sqlite_commit::SqliteCommitter,
+        /// Held while writing, through `writer` or `committer`: they take turns in process
+        /// instead of meeting in SQLite's busy handler.
+        write_turn: tokio::sync::Mutex<()>,
     },
     /// One pool for everything.
     Postgres(PgPool),
@@ -55,7 +60,10 @@ macro_rules! with_reader {
 macro_rules! with_writer {
     ($store:expr, |$pool:ident, $d:ident| $body:expr) => {
         match &$store.inner.db {
-            $crate::db::Db::Sqlite { writer, .. } => {
+            $crate::db::Db::Sqlite {
+                writer, write_turn, ..
+            } => {
+                let _turn = write_turn.lock().await;
                 let $pool = writer;
                 #[allow(unused_variables)]
                 let $d = $crate::db::Dialect::Sqlite;
@@ -76,7 +84,10 @@ macro_rules! with_writer {
 macro_rules! in_write_tx {
     ($store:expr, |$tx:ident, $d:ident| $body:expr) => {
         match &$store.inner.db {
-            $crate::db::Db::Sqlite { writer, .. } => {
+            $crate::db::Db::Sqlite {
+                writer, write_turn, ..
+            } => {
+                let _turn = write_turn.lock().await;
                 // IMMEDIATE takes the write lock now, so a transaction never fails half-way
                 // because another connection (another process) wrote first.
                 let mut $tx = writer.begin_with("BEGIN IMMEDIATE").await?;

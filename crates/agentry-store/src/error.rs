@@ -23,6 +23,9 @@ pub enum StoreError {
     /// The database driver failed (connection, query, constraint); the driver's text is kept.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// SQLite's group-commit connection failed (see `sqlite_commit`); SQLite's text is kept.
+    #[error("database error: {0}")]
+    Sqlite(#[source] rusqlite::Error),
     /// The schema could not be brought up to date, or the database is newer than this build.
     #[error("schema migration failed: {0}")]
     Migration(String),
@@ -55,7 +58,10 @@ impl StoreError {
             Self::Conflict(_) | Self::StaleLease(_) => ErrorCode::Conflict,
             Self::InvalidInput(_) => ErrorCode::InvalidRequest,
             Self::Database(error) if is_transient(error) => ErrorCode::Connection,
-            Self::Database(_) | Self::Io { .. } | Self::Corrupt(_) => ErrorCode::Internal,
+            Self::Sqlite(error) if is_busy(error) => ErrorCode::Connection,
+            Self::Database(_) | Self::Sqlite(_) | Self::Io { .. } | Self::Corrupt(_) => {
+                ErrorCode::Internal
+            }
             Self::Migration(_) | Self::Crypto(_) => ErrorCode::Configuration,
         }
     }
@@ -64,7 +70,11 @@ impl StoreError {
     ///
     /// A [`StoreError::Conflict`] is not: the caller must read the current state first.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Database(error) if is_transient(error))
+        match self {
+            Self::Database(error) => is_transient(error),
+            Self::Sqlite(error) => is_busy(error),
+            _ => false,
+        }
     }
 
     /// The error as it leaves the process.
@@ -94,6 +104,20 @@ fn is_transient(error: &sqlx::Error) -> bool {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::WorkerCrashed
     )
+}
+
+/// SQLite's lock was held by another process past the busy timeout: a later try may get it.
+fn is_busy(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        Self::Sqlite(error)
+    }
 }
 
 impl From<sqlx::Error> for StoreError {

@@ -14,10 +14,11 @@
 //! deadlock with another node), every write of the batch is retried in a transaction of its
 //! own, so one bad write never fails its neighbours.
 //!
-//! SQLite has one writer connection, so one batch is in flight at a time, applied as a few
-//! statements on it, sent in as few queries as their answers allow ([`Script`]). PostgreSQL applies a batch in one call of the `agentry_group_commit`
-//! function (schema migrations 11 and 12), one round trip, and runs up to [`POSTGRES_IN_FLIGHT`]
-//! batches at once on its pool (appends to one session still serialise on the session's row).
+//! SQLite has one writer, so one batch is in flight at a time, applied as a few statements on
+//! the group commit's own connection and thread ([`crate::sqlite_commit`]). PostgreSQL applies
+//! a batch in one call of the `agentry_group_commit` function (schema migrations 11 and 12), one
+//! round trip, and runs up to [`POSTGRES_IN_FLIGHT`] batches at once on pooled connections it
+//! keeps between batches (appends to one session still serialise on the session's row).
 //! Under light load a batch holds one write and costs what a plain transaction costs; under
 //! load the commits per write fall with the batch size.
 
@@ -29,7 +30,8 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::db::{Db, RowExt, from_db, to_db};
+use crate::db::{Db, from_db, to_db};
+use crate::sqlite_commit::{Script, Statements};
 use crate::store::{Inner, Store};
 use crate::{Lease, StoreError};
 use agentry_types::SessionId;
@@ -177,7 +179,7 @@ impl GroupWriter {
 }
 
 /// The answer when the writer task is gone: the store was closed or dropped.
-fn closed() -> StoreError {
+pub(crate) fn closed() -> StoreError {
     StoreError::Database(sqlx::Error::PoolClosed)
 }
 
@@ -248,7 +250,11 @@ async fn commit(
         // stable, so one session's writes keep their order.
         batch.sort_by_key(|pending| pending.write.session);
     }
-    let outcome = timed_apply(&store, &batch, counters, &mut connection).await;
+    let (writes, mut replies): (Vec<Write>, Vec<_>) = batch
+        .into_iter()
+        .map(|pending| (pending.write, pending.reply))
+        .unzip();
+    let (writes, outcome) = timed_apply(&store, writes, counters, &mut connection).await;
     if let Ok(results) = &outcome {
         counters.commits.fetch_add(1, Ordering::Relaxed);
         let applied = results.iter().filter(|result| result.is_ok()).count();
@@ -256,28 +262,31 @@ async fn commit(
     }
     match outcome {
         Ok(results) => {
-            for (pending, result) in batch.into_iter().zip(results) {
-                let _ = pending.reply.send(result);
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
             }
         }
-        Err(error) if batch.len() == 1 => {
-            if let Some(pending) = batch.pop() {
-                let _ = pending.reply.send(Err(error));
+        Err(error) if replies.len() == 1 => {
+            if let Some(reply) = replies.pop() {
+                let _ = reply.send(Err(error));
+            }
+        }
+        Err(error) if writes.len() != replies.len() => {
+            // The SQLite thread is gone with the writes: the store was closed.
+            tracing::warn!(writes = replies.len(), "a group commit failed ({error})");
+            for reply in replies {
+                let _ = reply.send(Err(closed()));
             }
         }
         Err(error) => {
             tracing::warn!(
-                writes = batch.len(),
+                writes = replies.len(),
                 "a group commit failed ({error}); retrying its writes one by one"
             );
-            for pending in batch {
-                let result = match timed_apply(
-                    &store,
-                    std::slice::from_ref(&pending),
-                    counters,
-                    &mut connection,
-                )
-                .await
+            for (write, reply) in writes.into_iter().zip(replies) {
+                let result = match timed_apply(&store, vec![write], counters, &mut connection)
+                    .await
+                    .1
                 {
                     Ok(mut results) => {
                         counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -289,7 +298,7 @@ async fn commit(
                     }
                     Err(error) => Err(error),
                 };
-                let _ = pending.reply.send(result);
+                let _ = reply.send(result);
             }
         }
     }
@@ -299,10 +308,10 @@ async fn commit(
 /// [`apply`], its time added to the writer's busy time (before any write is answered).
 async fn timed_apply(
     store: &Store,
-    batch: &[Pending],
+    batch: Vec<Write>,
     counters: &Counters,
     connection: &mut Option<KeptConnection>,
-) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+) -> (Vec<Write>, Result<Vec<Result<u64, StoreError>>, StoreError>) {
     let begun = Instant::now();
     let outcome = apply(store, batch, connection).await;
     let busy = u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -314,10 +323,7 @@ async fn timed_apply(
 /// or moved (runs started in their sessions, see [`crate::RunMark`]): one insert of the new
 /// ones (a run with a record keeps it), then one update of the states they reach
 /// ([`run_states`]). `marks` holds `(session, now, mark)` in batch order.
-fn keep_run_records(
-    script: &mut Script,
-    marks: &[(&str, i64, &crate::RunMark)],
-) -> Result<(), StoreError> {
+fn keep_run_records<'a>(script: &mut Script<'a>, marks: &[(&'a str, i64, &'a crate::RunMark)]) {
     let started: Vec<(&str, i64, &agentry_types::RunId, Option<&str>)> = marks
         .iter()
         .filter_map(|(session, now, mark)| match mark {
@@ -328,27 +334,26 @@ fn keep_run_records(
         })
         .collect();
     for chunk in started.chunks(RUN_ROWS_PER_INSERT) {
-        script.statement(&RUN_INSERT_SQL.text(chunk.len()));
+        script.statement(RUN_INSERT_SQL.text(chunk.len()));
         for (session, now, run_id, agent_id) in chunk {
-            script.bind(run_id.to_string())?;
-            script.bind(*session)?;
-            script.bind(*agent_id)?;
-            script.bind(*now)?;
-            script.bind(*now)?;
-            script.bind(*session)?;
+            script.bind(run_id.to_string());
+            script.bind(*session);
+            script.bind(*agent_id);
+            script.bind(*now);
+            script.bind(*now);
+            script.bind(*session);
         }
     }
     let states = run_states(marks);
     for chunk in states.chunks(SQLITE_RUN_ROWS_PER_UPDATE) {
-        script.statement(&RUN_STATE_SQL.text(chunk.len()));
+        script.statement(RUN_STATE_SQL.text(chunk.len()));
         for (run_id, state, now) in chunk {
-            script.bind(run_id.to_string())?;
-            script.bind(state.as_str())?;
-            script.bind(state.is_final())?;
-            script.bind(*now)?;
+            script.bind(run_id.to_string());
+            script.bind(state.as_str());
+            script.bind(state.is_final());
+            script.bind(*now);
         }
     }
-    Ok(())
 }
 
 /// The state each run's record reaches through `marks` (`(session, now, mark)` in batch
@@ -442,195 +447,99 @@ impl Refused {
 /// batch if all went well.
 async fn apply(
     store: &Store,
-    batch: &[Pending],
+    batch: Vec<Write>,
     connection: &mut Option<KeptConnection>,
-) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+) -> (Vec<Write>, Result<Vec<Result<u64, StoreError>>, StoreError>) {
     let mut results: Vec<Option<Result<u64, StoreError>>> = batch.iter().map(|_| None).collect();
     let mut creating = std::collections::HashSet::new();
-    for (index, pending) in batch.iter().enumerate() {
-        if pending.write.create.is_some() && !creating.insert(pending.write.session) {
-            results[index] = Some(Err(Refused::Exists.error(&pending.write)));
+    for (index, write) in batch.iter().enumerate() {
+        if write.create.is_some() && !creating.insert(write.session) {
+            results[index] = Some(Err(Refused::Exists.error(write)));
         }
     }
-    match &store.inner.db {
-        Db::Sqlite { writer, .. } => apply_sqlite(writer, batch, &mut results).await?,
+    let (batch, results) = match &store.inner.db {
+        Db::Sqlite {
+            writer,
+            committer,
+            write_turn,
+            ..
+        } => {
+            if writer.is_closed() {
+                return (batch, Err(closed()));
+            }
+            let _turn = write_turn.lock().await;
+            let applied = committer.apply(batch, results).await;
+            if let Err(error) = applied.outcome {
+                return (applied.writes, Err(error));
+            }
+            (applied.writes, applied.results)
+        }
         Db::Postgres(pool) => {
             let ping_after_idle = store.inner.writer.ping_after_idle;
-            let mut live = live_connection(pool, connection.take(), ping_after_idle).await?;
-            apply_postgres(&mut live, batch, &mut results).await?;
-            *connection = Some(KeptConnection {
-                connection: live,
-                used: Instant::now(),
-            });
+            let outcome = match live_connection(pool, connection.take(), ping_after_idle).await {
+                Ok(mut live) => apply_postgres(&mut live, &batch, &mut results)
+                    .await
+                    .map(|()| live),
+                Err(error) => Err(error),
+            };
+            match outcome {
+                Ok(live) => {
+                    *connection = Some(KeptConnection {
+                        connection: live,
+                        used: Instant::now(),
+                    });
+                }
+                Err(error) => return (batch, Err(error)),
+            }
+            (batch, results)
         }
-    }
-    Ok(results
+    };
+    let results = results
         .into_iter()
         .map(|result| result.unwrap_or_else(|| Err(closed())))
-        .collect())
+        .collect();
+    (batch, Ok(results))
 }
 
-/// SQLite: the batch in one transaction on the writer connection, a few statements whatever
-/// the batch's size, sent as few queries as their answers allow (see [`Script`]): `BEGIN
-/// IMMEDIATE` with the first; one insert of the new sessions; one read of the leases the writes
-/// are fenced by; one statement advancing the session rows per round (a round holds each session
-/// at most once; a session's second write in the batch goes in the second round, after the
-/// first); and, as one last query, the inserts of the events, their usage entries and run
-/// records with the `COMMIT`. Fills in the result of each write not yet answered.
-async fn apply_sqlite(
-    writer: &sqlx::SqlitePool,
-    batch: &[Pending],
-    results: &mut [Option<Result<u64, StoreError>>],
-) -> Result<(), StoreError> {
-    let mut tx = HandMadeTransaction {
-        connection: writer.acquire().await?,
-        open: false,
-    };
-    let outcome = apply_sqlite_in(&mut tx, batch, results).await;
-    if outcome.is_err() && tx.open {
-        // A transaction that did not commit is rolled back before the connection goes back to
-        // the pool; if even that fails, the connection is closed instead (see the guard).
-        if sqlx::query("ROLLBACK")
-            .execute(&mut *tx.connection)
-            .await
-            .is_ok()
-        {
-            tx.open = false;
-        }
-    }
-    outcome
-}
-
-/// The writer connection with the transaction [`apply_sqlite`] began by hand (sqlx's own
-/// transaction type sends `BEGIN` and `COMMIT` as queries of their own: two more hops to the
-/// connection's thread per batch). A connection dropped with its transaction still open, by
-/// an error or a dropped future, is closed, never handed back to the pool mid-transaction.
-struct HandMadeTransaction {
-    connection: sqlx::pool::PoolConnection<sqlx::Sqlite>,
-    open: bool,
-}
-
-impl Drop for HandMadeTransaction {
-    fn drop(&mut self) {
-        if self.open {
-            self.connection.close_on_drop();
-        }
-    }
-}
-
-impl HandMadeTransaction {
-    /// Runs `script`, beginning the transaction with it if it is not yet begun; returns its
-    /// rows.
-    async fn fetch_all(
-        &mut self,
-        script: Script,
-    ) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
-        let query = script.query(!self.open);
-        // From here the transaction may be open: `BEGIN` runs before the statement that could
-        // fail.
-        self.open = true;
-        Ok(query.fetch_all(&mut *self.connection).await?)
-    }
-
-    /// Runs `script` and `COMMIT`, as one query.
-    async fn commit(&mut self, mut script: Script) -> Result<(), StoreError> {
-        script.statement("COMMIT");
-        let query = script.query(!self.open);
-        self.open = true;
-        query.execute(&mut *self.connection).await?;
-        self.open = false;
-        Ok(())
-    }
-}
-
-/// Statements sent to SQLite's connection thread as one query: it runs them in order, binding
-/// each its share of the anonymous parameters (sqlx-sqlite binds `?` parameters across the
-/// statements of one query), so a batch costs one hop to that thread per query instead of one
-/// per statement. Each distinct text is one entry of the connection's statement cache.
-#[derive(Default)]
-struct Script {
-    text: String,
-    arguments: sqlx::sqlite::SqliteArguments,
-}
-
-impl Script {
-    /// A script of the one statement `sql`.
-    fn of(sql: &str) -> Self {
-        let mut script = Self::default();
-        script.statement(sql);
-        script
-    }
-
-    /// Adds the statement `sql` (its parameters are bound next, in order).
-    fn statement(&mut self, sql: &str) {
-        if !self.text.is_empty() {
-            self.text.push_str(";\n");
-        }
-        self.text.push_str(sql);
-    }
-
-    /// Binds the next parameter.
-    fn bind<'t, T>(&mut self, value: T) -> Result<(), StoreError>
-    where
-        T: sqlx::Encode<'t, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
-    {
-        use sqlx::Arguments as _;
-        self.arguments
-            .add(value)
-            .map_err(|error| StoreError::Database(sqlx::Error::Encode(error)))
-    }
-
-    /// The query, led by `BEGIN IMMEDIATE` when `begin`. IMMEDIATE takes the write lock at
-    /// once, so a transaction never fails half-way because another connection (another
-    /// process) wrote first.
-    fn query(
-        self,
-        begin: bool,
-    ) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-        let text = if begin {
-            format!("BEGIN IMMEDIATE;\n{}", self.text)
-        } else {
-            self.text
-        };
-        // Only placeholders vary, no value is spelled into the text.
-        sqlx::query_with(sqlx::AssertSqlSafe(text), self.arguments)
-    }
-}
-
-/// [`apply_sqlite`] on its transaction.
-async fn apply_sqlite_in(
-    tx: &mut HandMadeTransaction,
-    batch: &[Pending],
+/// SQLite: the batch in the transaction the group-commit thread began
+/// ([`crate::sqlite_commit`]), a few statements whatever the batch's size: one insert of the
+/// new sessions; one read of the leases the writes are fenced by; one statement advancing the
+/// session rows per round (a round holds each session at most once; a session's second write
+/// in the batch goes in the second round, after the first); the inserts of the events, their
+/// usage entries and run records. Fills in the result of each write not yet answered.
+pub(crate) fn apply_sqlite(
+    tx: &mut Statements<'_>,
+    batch: &[Write],
     results: &mut [Option<Result<u64, StoreError>>],
 ) -> Result<(), StoreError> {
     let keys: Vec<String> = batch
         .iter()
-        .map(|pending| pending.write.session.to_string())
+        .map(|write| write.session.to_string())
         .collect();
     let creates: Vec<usize> = (0..batch.len())
-        .filter(|index| batch[*index].write.create.is_some() && results[*index].is_none())
+        .filter(|index| batch[*index].create.is_some() && results[*index].is_none())
         .collect();
     let rounds = rounds_of(batch);
     // New sessions first, so that a write to one later in the batch finds it.
     if !creates.is_empty() {
-        let mut insert = Script::of(&CREATE_SQL.text(creates.len()));
+        let mut insert = Script::of(CREATE_SQL.text(creates.len()));
         for index in &creates {
-            let write = &batch[*index].write;
+            let write = &batch[*index];
             let Some(new) = &write.create else { continue };
-            insert.bind(&keys[*index])?;
-            insert.bind(new.title.as_deref())?;
-            insert.bind(to_db(write.now))?;
-            insert.bind(to_db(write.now))?;
-            insert.bind(new.expires_at.map(to_db))?;
-            insert.bind(new.metadata.as_str())?;
-            insert.bind(new.owner.as_deref())?;
+            insert.bind(&keys[*index]);
+            insert.bind(new.title.as_deref());
+            insert.bind(to_db(write.now));
+            insert.bind(to_db(write.now));
+            insert.bind(new.expires_at.map(to_db));
+            insert.bind(new.metadata.as_str());
+            insert.bind(new.owner.as_deref());
         }
         let mut created = std::collections::HashSet::new();
-        for row in tx.fetch_all(insert).await? {
+        for row in tx.fetch_all(insert)? {
             created.insert(row.text("id")?);
         }
         for index in creates {
-            let write = &batch[index].write;
+            let write = &batch[index];
             results[index] = if !created.contains(&keys[index]) {
                 Some(Err(Refused::Exists.error(write)))
             } else if write.events.is_empty() && write.status.is_none() {
@@ -644,21 +553,21 @@ async fn apply_sqlite_in(
     // The fences: every leased write's run must still be running under its lease.
     let leased: Vec<&Lease> = batch
         .iter()
-        .filter_map(|pending| pending.write.lease.as_ref())
+        .filter_map(|write| write.lease.as_ref())
         .collect();
     if !leased.is_empty() {
-        let mut check = Script::of(&LEASES_HELD_SQL.text(leased.len()));
+        let mut check = Script::of(LEASES_HELD_SQL.text(leased.len()));
         for lease in &leased {
-            check.bind(lease.run_id.to_string())?;
+            check.bind(lease.run_id.to_string());
         }
         let mut held = std::collections::HashSet::new();
-        for row in tx.fetch_all(check).await? {
+        for row in tx.fetch_all(check)? {
             if let Some(worker) = row.opt_text("worker")? {
                 held.insert((row.text("id")?, worker, row.int("lease_epoch")?));
             }
         }
-        for (index, pending) in batch.iter().enumerate() {
-            let Some(lease) = &pending.write.lease else {
+        for (index, write) in batch.iter().enumerate() {
+            let Some(lease) = &write.lease else {
                 continue;
             };
             let key = (
@@ -667,7 +576,7 @@ async fn apply_sqlite_in(
                 to_db(lease.epoch),
             );
             if !held.contains(&key) {
-                results[index] = Some(Err(Refused::Lease.error(&pending.write)));
+                results[index] = Some(Err(Refused::Lease.error(write)));
             }
         }
     }
@@ -686,7 +595,7 @@ async fn apply_sqlite_in(
         let advances: Vec<Advance<'_>> = round
             .iter()
             .map(|index| {
-                let write = &batch[*index].write;
+                let write = &batch[*index];
                 Advance {
                     id: &keys[*index],
                     count: to_db(write.events.len() as u64),
@@ -698,13 +607,13 @@ async fn apply_sqlite_in(
             })
             .collect();
         let last_seqs: std::collections::HashMap<String, i64> =
-            advance(tx, &advances).await?.into_iter().collect();
+            advance(tx, &advances)?.into_iter().collect();
         for index in round {
-            let write = &batch[index].write;
+            let write = &batch[index];
             let Some(last) = last_seqs.get(&keys[index]).copied() else {
                 let mut read = Script::of("SELECT last_seq, worker FROM sessions WHERE id = ?");
-                read.bind(&keys[index])?;
-                let current = tx.fetch_all(read).await?.into_iter().next();
+                read.bind(&keys[index]);
+                let current = tx.fetch_all(read)?.into_iter().next();
                 let refused = match current {
                     None => Refused::Missing,
                     Some(row) => match row.opt_text("worker")? {
@@ -748,38 +657,39 @@ async fn apply_sqlite_in(
     // The rows the rounds produced and the commit, as one query.
     let mut last = Script::default();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        last.statement(&INSERT_SQL.text(chunk.len()));
+        last.statement(INSERT_SQL.text(chunk.len()));
         for row in chunk {
-            last.bind(row.session)?;
-            last.bind(row.seq)?;
-            last.bind(row.kind)?;
-            last.bind(row.payload)?;
-            last.bind(row.created_at)?;
+            last.bind(row.session);
+            last.bind(row.seq);
+            last.bind(row.kind);
+            last.bind(row.payload);
+            last.bind(row.created_at);
         }
     }
     for chunk in usage_rows.chunks(USAGE_ROWS_PER_INSERT) {
-        last.statement(&USAGE_INSERT_SQL.text(chunk.len()));
+        last.statement(USAGE_INSERT_SQL.text(chunk.len()));
         for row in chunk {
             let usage = &row.entry.usage;
-            last.bind(row.session)?;
-            last.bind(row.seq)?;
-            last.bind(row.run.as_str())?;
-            last.bind(row.entry.agent_id.as_deref())?;
-            last.bind(row.entry.model.as_str())?;
-            last.bind(to_db(usage.input_tokens))?;
-            last.bind(to_db(usage.cached_input_tokens))?;
-            last.bind(to_db(usage.cache_creation_input_tokens))?;
-            last.bind(to_db(usage.output_tokens))?;
-            last.bind(to_db(usage.reasoning_tokens))?;
-            last.bind(row.entry.cost_usd.map(crate::usage::nanos_of))?;
-            last.bind(row.created_at)?;
-            last.bind(row.session)?;
+            last.bind(row.session);
+            last.bind(row.seq);
+            last.bind(row.run.as_str());
+            last.bind(row.entry.agent_id.as_deref());
+            last.bind(row.entry.model.as_str());
+            last.bind(to_db(usage.input_tokens));
+            last.bind(to_db(usage.cached_input_tokens));
+            last.bind(to_db(usage.cache_creation_input_tokens));
+            last.bind(to_db(usage.output_tokens));
+            last.bind(to_db(usage.reasoning_tokens));
+            last.bind(row.entry.cost_usd.map(crate::usage::nanos_of));
+            last.bind(row.created_at);
+            last.bind(row.session);
         }
     }
     if !marks.is_empty() {
-        keep_run_records(&mut last, &marks)?;
+        keep_run_records(&mut last, &marks);
     }
-    tx.commit(last).await
+    tx.fetch_all(last)?;
+    Ok(())
 }
 
 /// The connection for a PostgreSQL batch: `kept`, pinged first if it sat idle for
@@ -807,7 +717,7 @@ async fn live_connection(
 /// session's last seq after it, or why it was refused.
 async fn apply_postgres(
     connection: &mut sqlx::PgConnection,
-    batch: &[Pending],
+    batch: &[Write],
     results: &mut [Option<Result<u64, StoreError>>],
 ) -> Result<(), StoreError> {
     let sent: Vec<usize> = (0..batch.len())
@@ -818,7 +728,7 @@ async fn apply_postgres(
     let mut usage = UsageArrays::default();
     let mut marks = MarkArrays::default();
     for (number, index) in (1_i32..).zip(&sent) {
-        let write = &batch[*index].write;
+        let write = &batch[*index];
         columns.push(write);
         for (place, (kind, payload)) in (1_i64..).zip(&write.events) {
             events.write.push(number);
@@ -882,7 +792,7 @@ async fn apply_postgres(
     let last_seqs: Vec<Option<i64>> = row.try_get("last_seqs")?;
     let refusals: Vec<Option<String>> = row.try_get("refusals")?;
     for (place, index) in sent.into_iter().enumerate() {
-        let write = &batch[index].write;
+        let write = &batch[index];
         results[index] = Some(
             match (
                 last_seqs.get(place).copied().flatten(),
@@ -1030,15 +940,14 @@ impl<'a> MarkArrays<'a> {
 /// The batch's writes (creations with nothing more to write aside) in rounds: each round names
 /// each session at most once, and a session's writes fall in successive rounds in their
 /// order.
-fn rounds_of(batch: &[Pending]) -> Vec<Vec<usize>> {
+fn rounds_of(batch: &[Write]) -> Vec<Vec<usize>> {
     let mut seen: std::collections::HashMap<SessionId, usize> = std::collections::HashMap::new();
     let mut rounds: Vec<Vec<usize>> = Vec::new();
-    for (index, pending) in batch.iter().enumerate() {
-        let write = &pending.write;
+    for (index, write) in batch.iter().enumerate() {
         if write.create.is_some() && write.events.is_empty() && write.status.is_none() {
             continue;
         }
-        let round = seen.entry(pending.write.session).or_insert(0);
+        let round = seen.entry(write.session).or_insert(0);
         if rounds.len() <= *round {
             rounds.push(Vec::new());
         }
@@ -1133,21 +1042,21 @@ struct EventRow<'a> {
 /// `expected` when that is given. The rows name distinct sessions. Returns `(id, last_seq)` of
 /// each row changed: one `UPDATE … FROM (VALUES …)`, which SQLite looks up row by row through
 /// the primary key.
-async fn advance(
-    tx: &mut HandMadeTransaction,
+fn advance(
+    tx: &mut Statements<'_>,
     rows: &[Advance<'_>],
 ) -> Result<Vec<(String, i64)>, StoreError> {
-    let mut update = Script::of(&ADVANCE_SQL.text(rows.len()));
+    let mut update = Script::of(ADVANCE_SQL.text(rows.len()));
     for row in rows {
-        update.bind(row.id)?;
-        update.bind(row.count)?;
-        update.bind(row.now)?;
-        update.bind(row.expected)?;
-        update.bind(row.status)?;
-        update.bind(row.worker)?;
+        update.bind(row.id);
+        update.bind(row.count);
+        update.bind(row.now);
+        update.bind(row.expected);
+        update.bind(row.status);
+        update.bind(row.worker);
     }
     let mut changed = Vec::with_capacity(rows.len());
-    for row in tx.fetch_all(update).await? {
+    for row in tx.fetch_all(update)? {
         changed.push((row.text("id")?, row.int("last_seq")?));
     }
     Ok(changed)

@@ -48,6 +48,7 @@ mod model;
 mod runs;
 mod schedules;
 mod secret;
+mod sqlite_commit;
 mod store;
 pub mod usage;
 mod webhooks;

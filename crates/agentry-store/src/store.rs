@@ -218,6 +218,16 @@ impl Store {
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT)
             .statement_cache_capacity(Self::SQLITE_STATEMENT_CACHE);
+        let committer =
+            crate::sqlite_commit::SqliteCommitter::start(crate::sqlite_commit::Settings {
+                path: connect.get_filename().to_owned(),
+                synchronous: match options.durability {
+                    Durability::Normal => "NORMAL",
+                    Durability::Full => "FULL",
+                },
+                busy_timeout: BUSY_TIMEOUT,
+                statement_cache: Self::SQLITE_STATEMENT_CACHE,
+            })?;
         let writer = pool_options::<sqlx::Sqlite>(options.ping_after_idle)
             .max_connections(1)
             .connect_with(connect.clone())
@@ -225,7 +235,16 @@ impl Store {
         let reader = pool_options::<sqlx::Sqlite>(options.ping_after_idle)
             .max_connections(options.max_connections.max(1))
             .connect_lazy_with(connect);
-        Self::finish_open(Db::Sqlite { writer, reader }, options).await
+        Self::finish_open(
+            Db::Sqlite {
+                writer,
+                reader,
+                committer,
+                write_turn: tokio::sync::Mutex::new(()),
+            },
+            options,
+        )
+        .await
     }
 
     async fn connect_postgres(
@@ -309,9 +328,15 @@ impl Store {
     /// fails.
     pub async fn close(&self) {
         match &self.inner.db {
-            Db::Sqlite { writer, reader } => {
+            Db::Sqlite {
+                writer,
+                reader,
+                committer,
+                ..
+            } => {
                 reader.close().await;
                 writer.close().await;
+                committer.close();
             }
             Db::Postgres(pool) => {
                 // The pool waits for the connections the writer holds.
@@ -1154,7 +1179,10 @@ mod tests {
             let store = Store::open_home_with(home.path(), durability)
                 .await
                 .unwrap();
-            let Db::Sqlite { writer, .. } = &store.inner.db else {
+            let Db::Sqlite {
+                writer, committer, ..
+            } = &store.inner.db
+            else {
                 panic!("open_home opens SQLite");
             };
             let row = sqlx::query("PRAGMA synchronous")
@@ -1162,6 +1190,12 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(row.int("synchronous").unwrap(), expected, "{durability:?}");
+            // The group commit's own connection too.
+            assert_eq!(
+                committer.synchronous().await.unwrap(),
+                expected,
+                "{durability:?}"
+            );
             store.close().await;
         }
     }
