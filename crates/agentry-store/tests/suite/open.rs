@@ -8,8 +8,39 @@ use super::support::{Harness, both_backends, new_session};
 
 both_backends!(
     migrations_apply_once_and_reopen_is_idempotent,
-    newer_schema_is_refused
+    newer_schema_is_refused,
+    a_closed_store_refuses_writes_at_once
 );
+
+/// After `close`, a write gets an error at once (the group commit's connections, SQLite's
+/// thread and PostgreSQL's kept connections, are closed with the store), and nothing of it
+/// is stored.
+async fn a_closed_store_refuses_writes_at_once(h: &Harness) {
+    let store = h.reopen().await.unwrap();
+    let id = new_session(&store, "before").await;
+    store
+        .append(id, None, &[super::support::text_event("note", "kept")])
+        .await
+        .unwrap();
+    store.close().await;
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        store.append(id, None, &[super::support::text_event("note", "lost")]),
+    )
+    .await
+    .expect("a write to a closed store is answered at once");
+    assert!(refused.is_err(), "{refused:?}");
+    let created = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        store.create_session(agentry_store::NewSession::new()),
+    )
+    .await
+    .expect("a creation in a closed store is answered at once");
+    assert!(created.is_err(), "{created:?}");
+    drop(store);
+    let events = h.store.events(id, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+}
 
 async fn migrations_apply_once_and_reopen_is_idempotent(h: &Harness) {
     assert_eq!(h.store.schema_version().await.unwrap(), SCHEMA_VERSION);
