@@ -211,6 +211,9 @@ pub struct QueueState {
     pub(crate) previous: Mutex<Option<String>>,
     /// Woken when a run of this process settles, and when a run is submitted here.
     changed: Notify,
+    /// A webhook delivery was queued here: the worker's next turn looks for due deliveries and
+    /// schedules at once instead of at their poll.
+    timers_due: std::sync::atomic::AtomicBool,
     /// Who waits for which run: only a run's own waiters wake when it changes.
     watchers: Mutex<HashMap<RunId, Arc<Notify>>>,
     /// The leases this worker holds: the session log fences each run's appends with its own.
@@ -263,9 +266,18 @@ impl QueueState {
         }
     }
 
-    /// Wakes the worker.
+    /// Wakes the worker to look for due webhook deliveries and schedules at once.
     pub(crate) fn notify(&self) {
+        self.timers_due
+            .store(true, std::sync::atomic::Ordering::Release);
         self.changed.notify_waiters();
+    }
+
+    /// Whether [`QueueState::notify`] asked for a look at the deliveries and schedules since
+    /// the last call.
+    fn take_timers_due(&self) -> bool {
+        self.timers_due
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Run `run` changed here: wakes the worker and the run's own waiters.
@@ -505,9 +517,8 @@ impl App {
             }
             return Ok((record.into(), false));
         }
-        if self.store.queued_runs().await? >= settings.max_queued {
-            return Err(queue_full(settings.max_queued));
-        }
+        // A full queue is refused by the store, in the transaction that would add the run
+        // (`Enqueued::QueueFull`): one count, and no race between two submissions.
         let (target, mut request, policy) = self.prepare_submission(caller, body).await?;
         let Target::Session(session) = target else {
             return Err(AppError::internal("a background run has no session"));
@@ -717,10 +728,20 @@ impl App {
     }
 
     async fn work(self) {
+        // Schedules and webhook retries are due by the clock: they are looked for once per
+        // poll (and at once when a delivery is queued here), not at every submission and
+        // settle that wakes the worker: under load those are hundreds a second, each look a
+        // query or two.
+        let mut timers_looked: Option<tokio::time::Instant> = None;
         loop {
-            self.fire_due_schedules().await;
-            self.deliver_due_webhooks().await;
             let settings = self.queue.settings();
+            if self.queue.take_timers_due()
+                || timers_looked.is_none_or(|at| at.elapsed() >= settings.poll)
+            {
+                timers_looked = Some(tokio::time::Instant::now());
+                self.fire_due_schedules().await;
+                self.deliver_due_webhooks().await;
+            }
             let room = settings
                 .max_concurrent
                 .saturating_sub(self.queue.active().len());
