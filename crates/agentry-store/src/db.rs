@@ -30,7 +30,7 @@ pub(crate) enum Db {
         committer: crate::sqlite_commit::SqliteCommitter,
         /// Held while writing, through `writer` or `committer`: they take turns in process
         /// instead of meeting in SQLite's busy handler.
-        write_turn: tokio::sync::Mutex<()>,
+        write_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     },
     /// One pool for everything.
     Postgres(PgPool),

@@ -14,8 +14,9 @@
 //! deadlock with another node), every write of the batch is retried in a transaction of its
 //! own, so one bad write never fails its neighbours.
 //!
-//! SQLite has one writer, so one batch is in flight at a time, applied as a few statements on
-//! the group commit's own connection and thread ([`crate::sqlite_commit`]). PostgreSQL applies
+//! SQLite has one writer: batches are applied one after another as a few statements on the
+//! group commit's own connection and thread ([`crate::sqlite_commit`]), which takes the two
+//! the task may have in flight together when both are waiting. PostgreSQL applies
 //! a batch in one call of the `agentry_group_commit` function (schema migrations 11 and 12), one
 //! round trip, and runs up to [`POSTGRES_IN_FLIGHT`] batches at once on pooled connections it
 //! keeps between batches (appends to one session still serialise on the session's row).
@@ -459,15 +460,11 @@ async fn apply(
     }
     let (batch, results) = match &store.inner.db {
         Db::Sqlite {
-            writer,
-            committer,
-            write_turn,
-            ..
+            writer, committer, ..
         } => {
             if writer.is_closed() {
                 return (batch, Err(closed()));
             }
-            let _turn = write_turn.lock().await;
             let applied = committer.apply(batch, results).await;
             if let Err(error) = applied.outcome {
                 return (applied.writes, Err(error));
@@ -516,6 +513,14 @@ pub(crate) fn apply_sqlite(
         .iter()
         .map(|write| write.session.to_string())
         .collect();
+    // A session created twice in the batch (writes merged from several batches on SQLite's
+    // thread): the second is refused.
+    let mut creating = std::collections::HashSet::new();
+    for (index, write) in batch.iter().enumerate() {
+        if write.create.is_some() && results[index].is_none() && !creating.insert(write.session) {
+            results[index] = Some(Err(Refused::Exists.error(write)));
+        }
+    }
     let creates: Vec<usize> = (0..batch.len())
         .filter(|index| batch[*index].create.is_some() && results[*index].is_none())
         .collect();

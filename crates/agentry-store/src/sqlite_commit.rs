@@ -6,10 +6,13 @@
 //! thread by another on a busy machine, and they, not SQLite's work, kept the writer busy. Here
 //! a batch is one hop to this thread and one back: the thread runs the batch's statements one
 //! after another inside `BEGIN IMMEDIATE … COMMIT` (see
-//! [`crate::group_commit::apply_sqlite`]) and answers with each write's result.
+//! [`crate::group_commit::apply_sqlite`]) and answers with each write's result. The writer task
+//! sends the next batch while one commits; the thread then commits every batch that queued up
+//! in one transaction (each batch again alone if that fails), without waiting for a hop back.
 //!
 //! The store's other writes still go through sqlx's writer connection. Both sides take the
-//! store's write turn first (`Db::Sqlite::write_turn`), so they take turns in process instead of
+//! store's write turn (`Db::Sqlite::write_turn`; this thread blocks on it) first, so they take
+//! turns in process instead of
 //! meeting in SQLite's busy handler, which sleeps; another process on the same file still waits
 //! on the busy timeout.
 
@@ -49,6 +52,8 @@ enum Job {
 /// How the thread opens its connection.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
+    /// The store's write turn, held around each transaction.
+    pub(crate) write_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The database file (created and migrated by the store first).
     pub(crate) path: PathBuf,
     /// `NORMAL` or `FULL`.
@@ -136,34 +141,58 @@ impl SqliteCommitter {
     }
 }
 
-/// The thread: one job at a time until the store closes or is dropped.
+/// A batch waiting on the thread, with where its answer goes.
+struct Queued {
+    writes: Vec<Write>,
+    results: Results,
+    reply: oneshot::Sender<Applied>,
+}
+
+/// The thread: until the store closes or is dropped, takes the batches that queued up (the
+/// writer task sends the next while one commits) and commits them together; a job of
+/// another kind is answered after the batches before it.
 fn serve(settings: &Settings, jobs: &mpsc::Receiver<Job>) {
     let mut connection: Option<rusqlite::Connection> = None;
-    while let Ok(job) = jobs.recv() {
+    let mut next: Option<Job> = None;
+    loop {
+        let job = match next.take() {
+            Some(job) => job,
+            None => match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => break,
+            },
+        };
         match job {
             Job::Close => break,
             Job::Batch {
                 writes,
-                mut results,
+                results,
                 reply,
             } => {
-                let outcome = match open(&mut connection, settings) {
-                    Ok(open) => {
-                        let outcome = in_transaction(open, &writes, &mut results);
-                        if !open.is_autocommit() {
-                            // A transaction left open cannot stay on the connection; one that
-                            // cannot be rolled back takes the connection with it.
-                            connection = None;
-                        }
-                        outcome
-                    }
-                    Err(error) => Err(error),
-                };
-                let _ = reply.send(Applied {
+                let mut queued = vec![Queued {
                     writes,
                     results,
-                    outcome,
-                });
+                    reply,
+                }];
+                while let Ok(job) = jobs.try_recv() {
+                    match job {
+                        Job::Batch {
+                            writes,
+                            results,
+                            reply,
+                        } => queued.push(Queued {
+                            writes,
+                            results,
+                            reply,
+                        }),
+                        other => {
+                            next = Some(other);
+                            break;
+                        }
+                    }
+                }
+                let _turn = settings.write_turn.blocking_lock();
+                commit_together(&mut connection, settings, queued);
             }
             #[cfg(test)]
             Job::Synchronous(reply) => {
@@ -174,6 +203,78 @@ fn serve(settings: &Settings, jobs: &mpsc::Receiver<Job>) {
             }
         }
     }
+}
+
+/// Commits `queued` in one transaction and answers each batch; if that fails (and there were
+/// several), each batch in a transaction of its own, so that each hears its own error.
+fn commit_together(
+    connection: &mut Option<rusqlite::Connection>,
+    settings: &Settings,
+    mut queued: Vec<Queued>,
+) {
+    if queued.len() > 1 {
+        let sizes: Vec<usize> = queued.iter().map(|batch| batch.writes.len()).collect();
+        let mut writes = Vec::with_capacity(sizes.iter().sum());
+        let mut results = Vec::with_capacity(writes.capacity());
+        for batch in &mut queued {
+            writes.append(&mut batch.writes);
+            results.append(&mut batch.results);
+        }
+        let unanswered: Vec<bool> = results.iter().map(Option::is_none).collect();
+        let outcome = commit_one(connection, settings, &writes, &mut results);
+        let ok = outcome.is_ok();
+        if !ok {
+            // Nothing was committed: the answers the transaction gave are void, and each batch
+            // goes again alone.
+            for (result, unanswered) in results.iter_mut().zip(unanswered) {
+                if unanswered {
+                    *result = None;
+                }
+            }
+        }
+        let mut writes = writes.into_iter();
+        let mut results = results.into_iter();
+        for (batch, size) in queued.iter_mut().zip(sizes) {
+            batch.writes = writes.by_ref().take(size).collect();
+            batch.results = results.by_ref().take(size).collect();
+        }
+        if ok {
+            for batch in queued {
+                let _ = batch.reply.send(Applied {
+                    writes: batch.writes,
+                    results: batch.results,
+                    outcome: Ok(()),
+                });
+            }
+            return;
+        }
+    }
+    for mut batch in queued {
+        let outcome = commit_one(connection, settings, &batch.writes, &mut batch.results);
+        let _ = batch.reply.send(Applied {
+            writes: batch.writes,
+            results: batch.results,
+            outcome,
+        });
+    }
+}
+
+/// One transaction on the thread's connection (opened if need be): `writes`, with `results`
+/// filled in.
+fn commit_one(
+    connection: &mut Option<rusqlite::Connection>,
+    settings: &Settings,
+    writes: &[Write],
+    results: &mut Results,
+) -> Result<(), StoreError> {
+    let open = open(connection, settings)?;
+    let outcome = in_transaction(open, writes, results);
+    if !open.is_autocommit() {
+        // A transaction left open cannot stay on the connection; one that cannot be rolled
+        // back takes the connection with it.
+        *connection = None;
+    }
+    outcome
 }
 
 /// The thread's connection, opened if it is not.

@@ -218,8 +218,10 @@ impl Store {
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT)
             .statement_cache_capacity(Self::SQLITE_STATEMENT_CACHE);
+        let write_turn = Arc::new(tokio::sync::Mutex::new(()));
         let committer =
             crate::sqlite_commit::SqliteCommitter::start(crate::sqlite_commit::Settings {
+                write_turn: Arc::clone(&write_turn),
                 path: connect.get_filename().to_owned(),
                 synchronous: match options.durability {
                     Durability::Normal => "NORMAL",
@@ -240,7 +242,7 @@ impl Store {
                 writer,
                 reader,
                 committer,
-                write_turn: tokio::sync::Mutex::new(()),
+                write_turn,
             },
             options,
         )
@@ -281,7 +283,9 @@ impl Store {
         // PostgreSQL's writer keeps up to one pooled connection per batch in flight between its
         // batches, leaving at least half of the pool to everything else.
         let (in_flight, keep) = match db {
-            Db::Sqlite { .. } => (1, 0),
+            // Two SQLite batches in flight: the thread starts the next (with whatever queued
+            // behind it) as soon as one commits, without waiting for this task's turn.
+            Db::Sqlite { .. } => (2, 0),
             Db::Postgres(_) => (
                 POSTGRES_IN_FLIGHT,
                 POSTGRES_IN_FLIGHT.min(options.max_connections as usize / 2),
