@@ -443,8 +443,7 @@ impl Refused {
 }
 
 /// One transaction for `batch`: the outer error when it could not commit, else each write's
-/// own result. A second creation of one session in the batch is refused before the database
-/// is asked. On PostgreSQL it runs on `connection` (or a new one), left there for the next
+/// own result. On PostgreSQL it runs on `connection` (or a new one), left there for the next
 /// batch if all went well.
 async fn apply(
     store: &Store,
@@ -452,12 +451,6 @@ async fn apply(
     connection: &mut Option<KeptConnection>,
 ) -> (Vec<Write>, Result<Vec<Result<u64, StoreError>>, StoreError>) {
     let mut results: Vec<Option<Result<u64, StoreError>>> = batch.iter().map(|_| None).collect();
-    let mut creating = std::collections::HashSet::new();
-    for (index, write) in batch.iter().enumerate() {
-        if write.create.is_some() && !creating.insert(write.session) {
-            results[index] = Some(Err(Refused::Exists.error(write)));
-        }
-    }
     let (batch, results) = match &store.inner.db {
         Db::Sqlite {
             writer, committer, ..
@@ -472,6 +465,7 @@ async fn apply(
             (applied.writes, applied.results)
         }
         Db::Postgres(pool) => {
+            refuse_second_creations(&batch, &mut results);
             let ping_after_idle = store.inner.writer.ping_after_idle;
             let outcome = match live_connection(pool, connection.take(), ping_after_idle).await {
                 Ok(mut live) => apply_postgres(&mut live, &batch, &mut results)
@@ -513,14 +507,7 @@ pub(crate) fn apply_sqlite(
         .iter()
         .map(|write| write.session.to_string())
         .collect();
-    // A session created twice in the batch (writes merged from several batches on SQLite's
-    // thread): the second is refused.
-    let mut creating = std::collections::HashSet::new();
-    for (index, write) in batch.iter().enumerate() {
-        if write.create.is_some() && results[index].is_none() && !creating.insert(write.session) {
-            results[index] = Some(Err(Refused::Exists.error(write)));
-        }
-    }
+    refuse_second_creations(batch, results);
     let creates: Vec<usize> = (0..batch.len())
         .filter(|index| batch[*index].create.is_some() && results[*index].is_none())
         .collect();
@@ -938,6 +925,17 @@ impl<'a> MarkArrays<'a> {
                 self.state.push(Some(state.as_str()));
                 self.last.push(state.is_final());
             }
+        }
+    }
+}
+
+/// Refuses, before the database is asked, each creation of a session that an earlier write of
+/// `batch` (not yet answered) creates.
+fn refuse_second_creations(batch: &[Write], results: &mut [Option<Result<u64, StoreError>>]) {
+    let mut creating = std::collections::HashSet::new();
+    for (index, write) in batch.iter().enumerate() {
+        if write.create.is_some() && results[index].is_none() && !creating.insert(write.session) {
+            results[index] = Some(Err(Refused::Exists.error(write)));
         }
     }
 }
