@@ -76,6 +76,96 @@ impl Journal {
     }
 }
 
+/// A run's first write (its start, and the new session with it), sent to the log but not yet
+/// known to be committed. The run asks the model meanwhile, so the commit's wait is not added
+/// to the run's critical path; nothing of the run is reported, and nothing else is written,
+/// before the write is settled (see [`Driver::pending_start`]). When it fails, the run ends
+/// with its error and writes nothing more: the model's answer, if one came, is dropped.
+pub(crate) struct PendingStart {
+    /// The write, until it answered.
+    write: Option<tokio::task::JoinHandle<Result<u64, ErrorInfo>>>,
+    /// The write's answer, once it came.
+    outcome: Option<Result<u64, ErrorInfo>>,
+    /// The run's records, reported as committed once the write succeeded.
+    records: Vec<SessionEvent>,
+    /// The live events still to report: the records as committed, then the run's start.
+    live: std::collections::VecDeque<RunEvent>,
+    run_id: agentry_types::RunId,
+}
+
+impl PendingStart {
+    /// Sends `write` (of `records`, the start of run `run_id`) on its way at once.
+    pub(crate) fn spawn(
+        run_id: agentry_types::RunId,
+        records: Vec<SessionEvent>,
+        write: impl Future<Output = Result<u64, ErrorInfo>> + Send + 'static,
+    ) -> Self {
+        Self {
+            write: Some(tokio::spawn(write.in_current_span())),
+            outcome: None,
+            records,
+            live: std::collections::VecDeque::new(),
+            run_id,
+        }
+    }
+
+    /// Waits for the write, then reports its records as committed and the run as started.
+    /// Cancel-safe: a settle cut short goes on where it stopped when called again.
+    pub(crate) async fn settle(&mut self, sink: &EventSink) -> Result<(), ErrorInfo> {
+        if let Some(write) = &mut self.write {
+            let outcome = match write.await {
+                Ok(outcome) => outcome,
+                Err(error) => Err(ErrorInfo {
+                    code: ErrorCode::Internal,
+                    message: format!("the run's start could not be written: {error}"),
+                    retryable: true,
+                    status: None,
+                }),
+            };
+            self.write = None;
+            if let Ok(last) = outcome {
+                let records = std::mem::take(&mut self.records);
+                let first = last + 1 - (records.len() as u64).min(last + 1);
+                self.live = (first..)
+                    .zip(records)
+                    .map(|(seq, event)| RunEvent::Committed { seq, event })
+                    .chain([RunEvent::RunStarted {
+                        run_id: self.run_id,
+                    }])
+                    .collect();
+            }
+            self.outcome = Some(outcome);
+        }
+        if let Some(Err(error)) = &self.outcome {
+            return Err(error.clone());
+        }
+        while let Some(event) = self.live.front() {
+            sink.send(event.clone()).await;
+            self.live.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Whether the write answered and everything it reports was reported.
+    fn settled(&self) -> bool {
+        self.write.is_none() && self.live.is_empty()
+    }
+}
+
+/// Why a model call gave no answer.
+enum CallFailure {
+    /// The model (or the way to it) failed.
+    Model(LlmError),
+    /// The run's start could not be written (see [`PendingStart`]).
+    Start(ErrorInfo),
+}
+
+impl From<LlmError> for CallFailure {
+    fn from(error: LlmError) -> Self {
+        Self::Model(error)
+    }
+}
+
 /// The error a run ends with when its log cannot be written: without the log the run's
 /// steps could be lost, so it must not go on.
 fn storage_error(error: &LogError) -> ErrorInfo {
@@ -164,6 +254,10 @@ pub struct Driver {
     /// The last answer of a run that it finished, held to be committed with the run's end:
     /// one write instead of two (see [`Driver::finish`]).
     last_answer: Mutex<Option<HeldAnswer>>,
+    /// The run's first write, while it is not settled.
+    start: Mutex<Option<PendingStart>>,
+    /// Whether the run's first write failed: then nothing more is written.
+    unstarted: std::sync::atomic::AtomicBool,
 }
 
 /// A run's last answer, not yet committed: its records, and the live events that report it
@@ -213,7 +307,41 @@ impl Driver {
             files: None,
             accounting: Accounting::default(),
             last_answer: Mutex::new(None),
+            start: Mutex::new(None),
+            unstarted: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Sets the run's first write, sent but not yet known to be committed: the run's first
+    /// model call goes out meanwhile, and its first event is reported (and anything else
+    /// written) only once the write has committed and been reported.
+    #[must_use]
+    pub(crate) fn pending_start(self, start: PendingStart) -> Self {
+        *lock(&self.start) = Some(start);
+        self
+    }
+
+    /// Settles the run's first write, if it is pending; a failed one fails the run. Returns
+    /// whether the run's start is committed (or the run has no pending start).
+    async fn settle_start(&self, state: &mut RunState) -> bool {
+        let pending = lock(&self.start).take();
+        let Some(mut pending) = pending else {
+            return !self.unstarted.load(std::sync::atomic::Ordering::SeqCst);
+        };
+        match pending.settle(&self.events).await {
+            Ok(()) => true,
+            Err(error) => {
+                self.start_failed(state, error);
+                false
+            }
+        }
+    }
+
+    /// The run's first write failed: the run ends with its error and writes nothing more.
+    fn start_failed(&self, state: &mut RunState, error: ErrorInfo) {
+        self.unstarted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        state.fail(error);
     }
 
     /// Sets what the run's model calls are accounted with: each call's model and cost are
@@ -280,11 +408,15 @@ impl Driver {
 
     async fn run_in_span(self, mut state: Box<RunState>) -> Box<RunState> {
         let deadline = deadline_of(&mut state);
-        self.events
-            .send(RunEvent::RunStarted {
-                run_id: state.run_id,
-            })
-            .await;
+        // A run whose start is still being written reports its start once it is (with the
+        // first model call's first event at the latest).
+        if lock(&self.start).is_none() {
+            self.events
+                .send(RunEvent::RunStarted {
+                    run_id: state.run_id,
+                })
+                .await;
+        }
         let suspended = loop {
             if matches!(state.phase, Phase::CallModel)
                 && state.context.is_some()
@@ -343,6 +475,9 @@ impl Driver {
 
     /// Records `events` if the run has a journal; a failure ends the run.
     async fn commit(&self, state: &mut RunState, events: Vec<SessionEvent>) {
+        if !self.settle_start(state).await {
+            return;
+        }
         if let Some(journal) = &self.journal
             && let Err(error) = journal.record(events, &self.events).await
         {
@@ -401,6 +536,9 @@ impl Driver {
     /// Stops before a model call because the run was asked to pause: commits `run_paused` and
     /// marks the session paused. `None` when the pause could not be recorded (the run failed).
     async fn pause_run(&self, state: &mut RunState) -> Option<SuspendStatus> {
+        if !self.settle_start(state).await {
+            return None;
+        }
         let paused = SessionEvent::RunPaused {
             run_id: state.run_id,
         };
@@ -494,13 +632,40 @@ impl Driver {
             (counter, raw)
         });
         let span = crate::telemetry::chat_span(&state.model, &request);
-        let call = stream_model(&*self.model, request, &self.events, call_cancel.clone())
-            .instrument(span.clone());
+        // The run's first write may still be on its way: the call goes out meanwhile, and its
+        // first event waits for it.
+        let mut pending = lock(&self.start).take();
+        let gate = async {
+            match pending.as_mut() {
+                Some(pending) => pending.settle(&self.events).await,
+                None => Ok(()),
+            }
+        };
+        let call = stream_model(
+            &*self.model,
+            request,
+            &self.events,
+            call_cancel.clone(),
+            gate,
+        )
+        .instrument(span.clone());
         let guard = guarded(&self.cancel, deadline, call).await;
-        if let Guarded::Done(outcome) = &guard {
-            crate::telemetry::end_chat(&span, outcome.as_ref().map(|(response, _)| response));
+        if let Some(pending) = pending
+            && !pending.settled()
+        {
+            // Cut short before it settled: the run's next write or its end settles it.
+            *lock(&self.start) = Some(pending);
+        }
+        if let Guarded::Done(Ok((response, _))) = &guard {
+            crate::telemetry::end_chat(&span, Ok(response));
+        } else if let Guarded::Done(Err(CallFailure::Model(error))) = &guard {
+            crate::telemetry::end_chat(&span, Err(error));
         }
         match guard {
+            Guarded::Done(Err(CallFailure::Start(error))) => {
+                call_cancel.cancel();
+                self.start_failed(state, error);
+            }
             Guarded::Done(Ok((response, timing))) => {
                 if let Some((counter, raw)) = counted {
                     counter.observe(raw, response.usage.input_tokens);
@@ -512,7 +677,7 @@ impl Driver {
             }
             // The provider says the context is too long: one forced compaction and one retry,
             // never more.
-            Guarded::Done(Err(error))
+            Guarded::Done(Err(CallFailure::Model(error)))
                 if error.is_context_too_long()
                     && state.context.is_some()
                     && !state.overflow_retried =>
@@ -523,7 +688,7 @@ impl Driver {
                     state.on_model_error(error.info());
                 }
             }
-            Guarded::Done(Err(error)) => state.on_model_error(error.info()),
+            Guarded::Done(Err(CallFailure::Model(error))) => state.on_model_error(error.info()),
             Guarded::Cancelled => state.cancel(),
             Guarded::Expired => {
                 call_cancel.cancel();
@@ -838,14 +1003,17 @@ impl Driver {
     /// answer, when it held one back), then reports the end.
     async fn finish(self, mut state: Box<RunState>) -> Box<RunState> {
         let held = lock(&self.last_answer).take();
-        if let (
-            Some(journal),
-            Phase::Finished {
-                reason,
-                error,
-                note,
-            },
-        ) = (&self.journal, &state.phase)
+        // A run whose start was never written writes no end either.
+        let started = self.settle_start(&mut state).await;
+        if started
+            && let (
+                Some(journal),
+                Phase::Finished {
+                    reason,
+                    error,
+                    note,
+                },
+            ) = (&self.journal, &state.phase)
         {
             let end = SessionEvent::RunFinished {
                 run_id: state.run_id,
@@ -938,7 +1106,6 @@ fn final_event(state: &RunState) -> RunEvent {
     }
 }
 
-/// Streams one model call, forwarding deltas, and returns the complete response.
 /// How long a model call took.
 #[derive(Debug, Clone, Copy)]
 struct CallTiming {
@@ -953,16 +1120,45 @@ fn millis_of(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
+/// Streams one model call, forwarding deltas, and returns the complete response.
+///
+/// The request goes out at once; `gate` (the run's first write, see [`PendingStart`]) is
+/// awaited alongside the model's first event, and that event is handled only once `gate` has
+/// passed.
 async fn stream_model(
     model: &dyn ModelClient,
     request: ModelRequest,
     events: &EventSink,
     cancel: CancellationToken,
-) -> Result<(ModelResponse, CallTiming), LlmError> {
+    gate: impl Future<Output = Result<(), ErrorInfo>>,
+) -> Result<(ModelResponse, CallTiming), CallFailure> {
     let started = Instant::now();
     let mut first_output = None;
     let mut stream = model.stream(request, cancel);
-    while let Some(item) = stream.next().await {
+    let first = {
+        let next = stream.next();
+        tokio::pin!(next, gate);
+        tokio::select! {
+            biased;
+            passed = &mut gate => {
+                passed.map_err(CallFailure::Start)?;
+                next.await
+            }
+            first = &mut next => {
+                gate.await.map_err(CallFailure::Start)?;
+                first
+            }
+        }
+    };
+    let mut first = Some(first);
+    loop {
+        let item = match first.take() {
+            Some(item) => item,
+            None => stream.next().await,
+        };
+        let Some(item) = item else {
+            break;
+        };
         let event = match item? {
             ModelEvent::TextDelta { text } => RunEvent::TextDelta { text },
             ModelEvent::ThinkingDelta { text } => RunEvent::ThinkingDelta { text },
@@ -989,9 +1185,9 @@ async fn stream_model(
         first_output.get_or_insert_with(|| started.elapsed());
         events.send(event).await;
     }
-    Err(LlmError::StreamEndedEarly {
+    Err(CallFailure::Model(LlmError::StreamEndedEarly {
         detail: "the model stream ended without a response".into(),
-    })
+    }))
 }
 
 fn state_calls(state: &RunState) -> Vec<ToolCall> {

@@ -18,7 +18,7 @@ use super::log::{LogError, SessionLog, SessionStatus};
 use super::replay::{InFlight, replay};
 use crate::approval::{ApprovalDecision, ApprovalError, ApprovalPolicy, UnknownOutcome};
 use crate::context::Compaction;
-use crate::driver::{Driver, Journal};
+use crate::driver::{Driver, Journal, PendingStart};
 use crate::engine::{Phase, RunLimits, RunState};
 use crate::events::EventSink;
 use crate::runtime::{EVENT_BUFFER, RunError, RunRequest, RunStream, Runtime};
@@ -496,8 +496,11 @@ impl SessionManager {
             return state;
         }
         slot.set_active(Some((run_id, cancel.clone())));
-        match self.start(session, request, run_id, &sink).await {
-            Ok(state) => self.drive(session, state, sink, cancel, pause).await,
+        match self.start(session, request, run_id).await {
+            Ok((state, start)) => {
+                self.drive(session, state, Some(start), sink, cancel, pause)
+                    .await
+            }
             Err(error) => {
                 let mut state = placeholder(run_id);
                 state.fail(error_info(&error));
@@ -507,14 +510,14 @@ impl SessionManager {
         }
     }
 
-    /// Loads the history, closes a run a crash left open, and commits the new run's start.
+    /// Loads the history, closes a run a crash left open, and sends the new run's start to the
+    /// log: the run goes on while it commits (see [`PendingStart`]).
     async fn start(
         &self,
         session: SessionId,
         mut request: RunRequest,
         run_id: RunId,
-        sink: &EventSink,
-    ) -> Result<RunState, SessionError> {
+    ) -> Result<(RunState, PendingStart), SessionError> {
         let log = &self.inner.log;
         // A session created with this run has no log to read yet.
         let new_session = request.new_session.take();
@@ -569,25 +572,22 @@ impl SessionManager {
                 .into_iter()
                 .map(|message| SessionEvent::Message { run_id, message }),
         );
-        let last = match new_session {
-            Some(info) => {
-                log.create_with(session, info, records.clone(), SessionStatus::Running)
-                    .await?
+        let log = Arc::clone(log);
+        let written = records.clone();
+        let write = async move {
+            match new_session {
+                Some(info) => {
+                    log.create_with(session, info, written, SessionStatus::Running)
+                        .await
+                }
+                None => {
+                    log.append_with_status(session, written, SessionStatus::Running)
+                        .await
+                }
             }
-            None => {
-                log.append_with_status(session, records.clone(), SessionStatus::Running)
-                    .await?
-            }
+            .map_err(|error| error_info(&SessionError::Log(error)))
         };
-        let first = last + 1 - (records.len() as u64).min(last + 1);
-        for (offset, event) in records.into_iter().enumerate() {
-            sink.send(RunEvent::Committed {
-                seq: first + offset as u64,
-                event,
-            })
-            .await;
-        }
-        Ok(state)
+        Ok((state, PendingStart::spawn(run_id, records, write)))
     }
 
     // Not an `async fn`: the driver's future is made here, before anything waits, so the
@@ -596,6 +596,7 @@ impl SessionManager {
         &self,
         session: SessionId,
         mut state: RunState,
+        start: Option<PendingStart>,
         sink: EventSink,
         cancel: CancellationToken,
         pause: CancellationToken,
@@ -604,8 +605,14 @@ impl SessionManager {
         let model = match runtime.client_for(&state) {
             Ok(model) => model,
             Err(error) => {
-                state.fail(error_info(&SessionError::Run(error)));
+                let error = error_info(&SessionError::Run(error));
                 return futures::future::Either::Left(async move {
+                    // The start's own failure, if it failed, comes first.
+                    let settled = match start {
+                        Some(mut start) => start.settle(&sink).await,
+                        None => Ok(()),
+                    };
+                    state.fail(settled.err().unwrap_or(error));
                     sink.send_final(&state).await;
                     state
                 });
@@ -616,8 +623,12 @@ impl SessionManager {
         // The driver records the session's status with the end of the run.
         let summarizer = runtime.summarizer_for(&state);
         let accounting = runtime.accounting(&state);
+        let mut driver = Driver::new(model, tools, sink, cancel);
+        if let Some(start) = start {
+            driver = driver.pending_start(start);
+        }
         futures::future::Either::Right(
-            Driver::new(model, tools, sink, cancel)
+            driver
                 .summarizer(summarizer)
                 .accounting(accounting)
                 .pause(pause)
@@ -743,7 +754,7 @@ impl SessionManager {
         // In the caller's span: a delegated run's trace hangs under the call that started it.
         let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let state = manager
-                .drive(session, state, sink, task_cancel, control.pause)
+                .drive(session, state, None, sink, task_cancel, control.pause)
                 .await;
             slot.set_active(None);
             manager.unregister(run_id);

@@ -176,6 +176,197 @@ async fn a_run_creates_its_new_session_with_its_first_write() {
     );
 }
 
+/// A log whose session creations wait until released, or fail.
+struct HeldLog {
+    inner: Arc<MemoryLog>,
+    released: tokio::sync::Semaphore,
+    fail: bool,
+}
+
+impl HeldLog {
+    fn new(fail: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Arc::new(MemoryLog::default()),
+            released: tokio::sync::Semaphore::new(0),
+            fail,
+        })
+    }
+}
+
+impl SessionLog for HeldLog {
+    fn create(
+        &self,
+        session: agentry_types::SessionId,
+    ) -> futures::future::BoxFuture<'_, Result<(), agentry_core::session::LogError>> {
+        self.inner.create(session)
+    }
+
+    fn append(
+        &self,
+        session: agentry_types::SessionId,
+        events: Vec<SessionEvent>,
+    ) -> futures::future::BoxFuture<'_, Result<u64, agentry_core::session::LogError>> {
+        self.inner.append(session, events)
+    }
+
+    fn load(
+        &self,
+        session: agentry_types::SessionId,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<Vec<(u64, SessionEvent)>, agentry_core::session::LogError>,
+    > {
+        self.inner.load(session)
+    }
+
+    fn set_status(
+        &self,
+        session: agentry_types::SessionId,
+        status: SessionStatus,
+    ) -> futures::future::BoxFuture<'_, Result<(), agentry_core::session::LogError>> {
+        self.inner.set_status(session, status)
+    }
+
+    fn create_with(
+        &self,
+        session: agentry_types::SessionId,
+        info: NewSessionInfo,
+        events: Vec<SessionEvent>,
+        status: SessionStatus,
+    ) -> futures::future::BoxFuture<'_, Result<u64, agentry_core::session::LogError>> {
+        Box::pin(async move {
+            let _permit = self.released.acquire().await.unwrap();
+            if self.fail {
+                return Err(agentry_core::session::LogError::Storage(
+                    "the disk is full".into(),
+                ));
+            }
+            self.inner.create_with(session, info, events, status).await
+        })
+    }
+
+    fn sessions_with_status(
+        &self,
+        status: SessionStatus,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<Vec<agentry_types::SessionId>, agentry_core::session::LogError>,
+    > {
+        self.inner.sessions_with_status(status)
+    }
+}
+
+/// Starts a run in a new session over `log`, and waits until its model call arrived while
+/// the session's creation is still held.
+async fn run_with_held_start(
+    mock: &MockProvider,
+    log: Arc<HeldLog>,
+) -> (agentry_types::SessionId, agentry_core::RunStream) {
+    let mut builder = builder(mock, PROTOCOLS[0]);
+    builder.limits(limits());
+    let manager = SessionManager::new(builder.build(), log.clone());
+    let session = agentry_types::SessionId::new();
+    let mut request = RunRequest::text("Hi");
+    request.new_session = Some(NewSessionInfo {
+        title: None,
+        owner: None,
+    });
+    let mut run = manager
+        .send(session, request, BusyPolicy::Reject)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while mock.request_count() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the model call goes out while the run's start is being written");
+    // The answer is there, but nothing of the run is reported before its start commits.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), run.next())
+            .await
+            .is_err(),
+        "an event was reported before the run's start was committed"
+    );
+    assert!(log.inner.load(session).await.is_err());
+    (session, run)
+}
+
+#[tokio::test]
+async fn a_new_runs_model_call_goes_out_while_its_start_commits() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello.")));
+    let log = HeldLog::new(false);
+    let (session, mut run) = run_with_held_start(&mock, log.clone()).await;
+    log.released.add_permits(1);
+    let mut trace = Vec::new();
+    let mut text = String::new();
+    while let Some(event) = run.next().await {
+        match event {
+            RunEvent::Committed { seq, event } => trace.push(format!("{seq} {}", event.kind())),
+            RunEvent::RunStarted { .. } => trace.push("started".to_owned()),
+            RunEvent::TextDelta { text: delta } => {
+                if text.is_empty() {
+                    trace.push("first delta".to_owned());
+                }
+                text.push_str(&delta);
+            }
+            RunEvent::RunFinished { .. } => trace.push("finished".to_owned()),
+            _ => {}
+        }
+    }
+    assert_eq!(text, "Hello.");
+    // The same order as when the start is committed before the call: the start's commits,
+    // the run's start, then the answer.
+    assert_eq!(
+        trace,
+        [
+            "1 run_started",
+            "2 message",
+            "started",
+            "first delta",
+            "3 assistant_message",
+            "4 run_finished",
+            "finished"
+        ]
+    );
+    assert_eq!(
+        kinds(&log.load(session).await.unwrap()),
+        [
+            "run_started",
+            "message",
+            "assistant_message",
+            "run_finished"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_run_whose_start_cannot_be_written_reports_nothing_of_its_answer() {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello.")));
+    let log = HeldLog::new(true);
+    let (session, mut run) = run_with_held_start(&mock, log.clone()).await;
+    log.released.add_permits(1);
+    let mut events = Vec::new();
+    while let Some(event) = run.next().await {
+        events.push(event);
+    }
+    assert_eq!(events.len(), 1, "{events:?}");
+    match &events[0] {
+        RunEvent::RunFailed { error, .. } => {
+            assert!(error.message.contains("the disk is full"), "{error:?}");
+            assert!(error.retryable);
+        }
+        other => panic!("expected the run to fail, got {other:?}"),
+    }
+    // Nothing was written after the failed start: no session, no end.
+    assert!(log.load(session).await.is_err());
+    assert_eq!(log.inner.appends(), 0);
+}
+
 /// A session whose first run waits in a slow tool.
 async fn busy_session(
     mock: &MockProvider,
