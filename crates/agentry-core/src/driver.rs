@@ -452,6 +452,11 @@ impl Driver {
         let Some(gate) = &self.accounting.budget else {
             return false;
         };
+        // The gate reads the store (the session's owner, what was spent): the run's own start
+        // first.
+        if !self.settle_start(state).await {
+            return true;
+        }
         let query = BudgetQuery {
             run_id: state.run_id,
             session: self.journal.as_ref().map(|journal| journal.session),
