@@ -19,7 +19,10 @@
 //! child process (this binary again), so its peak RSS is Agentry's alone; the ideal is the time
 //! one paced answer takes straight from the mock. It also gives when the first text delta came
 //! (the start's share of the latency) and the CPU time of the server and of this process (client
-//! and mock), with how busy that kept the machine's cores. To compare two builds' RSS, drop the
+//! and mock), with how busy that kept the machine's cores. Its first row, `mock only`, is the
+//! same 1,000 answers at once straight from the mock, without Agentry: the floor that this
+//! client and mock set on this machine (their own start-up of 1,000 connections at once), which
+//! no server between them can go under; `p99 / mock only` gives what Agentry adds to it. To compare two builds' RSS, drop the
 //! page cache first (`echo 1 > /proc/sys/vm/drop_caches`): a binary just built or copied is
 //! cached in large blocks and starts with about 8 MiB more file-backed RSS than one read from
 //! disk.
@@ -457,13 +460,14 @@ async fn streams() {
     assert!(direct.ends_with(b"data: [DONE]\n\n"));
     println!();
     println!(
-        "| streams | runs | ideal s | p50 s | p99 s | p99 / ideal | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | cores busy | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
+        "| streams | runs | ideal s | p50 s | p99 s | p99 / ideal | p99 / mock only | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | cores busy | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
     );
     println!(
-        "|---------|------|---------|-------|-------|-------------|-------------------------|------------|--------------|---------------------|------------|---------------------|---------------------|----------------|"
+        "|---------|------|---------|-------|-------|-------------|-----------------|-------------------------|------------|--------------|---------------------|------------|---------------------|---------------------|----------------|"
     );
+    let floor = mock_only_row(&mock, &http, ideal).await;
     for durable in [false, true] {
-        streams_row(&mock, &http, ideal, durable).await;
+        streams_row(&mock, &http, ideal, floor, durable).await;
     }
     println!(
         "(server, client and mock share {} cores; `cores busy` is their CPU time over the time all streams took)",
@@ -475,8 +479,78 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// The first word of [`paced_answer`], as the mock's first text delta carries it.
+const FIRST_WORD: &[u8] = b"\"one\"";
+
+/// The `mock only` row: the same streams at once, straight from the mock. Returns its p99.
+async fn mock_only_row(mock: &MockProvider, http: &reqwest::Client, ideal: Duration) -> Duration {
+    let url = format!("{}/chat/completions", mock.openai_base_url());
+    let cpu_before = cpu_seconds(["self".to_owned()]);
+    let started = Instant::now();
+    let (mut latencies, mut firsts): (Vec<Duration>, Vec<Duration>) =
+        futures::stream::iter(0..STREAMS)
+            .map(|_| {
+                let http = http.clone();
+                let url = url.clone();
+                async move {
+                    let begun = Instant::now();
+                    let response = http
+                        .post(&url)
+                        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
+                        .send()
+                        .await
+                        .unwrap();
+                    let mut first = None;
+                    let mut body = Vec::new();
+                    let mut chunks = response.bytes_stream();
+                    while let Some(chunk) = chunks.next().await {
+                        body.extend_from_slice(&chunk.unwrap());
+                        if first.is_none() && body.windows(FIRST_WORD.len()).any(|w| w == FIRST_WORD) {
+                            first = Some(begun.elapsed());
+                        }
+                    }
+                    assert!(body.ends_with(b"data: [DONE]\n\n"));
+                    (begun.elapsed(), first.expect("the first word"))
+                }
+            })
+            .buffer_unordered(STREAMS)
+            .unzip()
+            .await;
+    let elapsed = started.elapsed();
+    let cpu = cpu_seconds(["self".to_owned()]) - cpu_before;
+    latencies.sort();
+    firsts.sort();
+    let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
+    println!(
+        "| {STREAMS:>7} | mock only | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {:>12} | {cpu:>19.2} | {:>8.0} % | {:>19} | {:>19} | {:>14} |",
+        ideal.as_secs_f64(),
+        p50.as_secs_f64(),
+        p99.as_secs_f64(),
+        p99.as_secs_f64() / ideal.as_secs_f64(),
+        1.0,
+        format!(
+            "{:.3} / {:.3}",
+            percentile(&firsts, 0.5).as_secs_f64(),
+            percentile(&firsts, 0.99).as_secs_f64()
+        ),
+        elapsed.as_secs_f64(),
+        "–",
+        100.0 * cpu / (elapsed.as_secs_f64() * cores() as f64),
+        "–",
+        "–",
+        "–",
+    );
+    p99
+}
+
 /// One row of the streams table, against a fresh child server.
-async fn streams_row(mock: &MockProvider, http: &reqwest::Client, ideal: Duration, durable: bool) {
+async fn streams_row(
+    mock: &MockProvider,
+    http: &reqwest::Client,
+    ideal: Duration,
+    floor: Duration,
+    durable: bool,
+) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .env("RUNS_BENCH_SERVE", mock.openai_base_url())
@@ -524,7 +598,7 @@ async fn streams_row(mock: &MockProvider, http: &reqwest::Client, ideal: Duratio
     let p50 = percentile(&latencies, 0.5);
     let p99 = percentile(&latencies, 0.99);
     println!(
-        "| {STREAMS:>7} | {:<4} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {:>8.0} % | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
+        "| {STREAMS:>7} | {:<4} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {:>8.0} % | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
         if durable {
             "new sessions"
         } else {
@@ -534,6 +608,7 @@ async fn streams_row(mock: &MockProvider, http: &reqwest::Client, ideal: Duratio
         p50.as_secs_f64(),
         p99.as_secs_f64(),
         p99.as_secs_f64() / ideal.as_secs_f64(),
+        p99.as_secs_f64() / floor.as_secs_f64(),
         format!(
             "{:.3} / {:.3}",
             percentile(&firsts, 0.5).as_secs_f64(),
