@@ -487,39 +487,21 @@ async fn mock_only_row(mock: &MockProvider, http: &reqwest::Client, ideal: Durat
     let url = format!("{}/chat/completions", mock.openai_base_url());
     let cpu_before = cpu_seconds(["self".to_owned()]);
     let started = Instant::now();
-    let (mut latencies, mut firsts): (Vec<Duration>, Vec<Duration>) =
-        futures::stream::iter(0..STREAMS)
-            .map(|_| {
-                let http = http.clone();
-                let url = url.clone();
-                async move {
-                    let begun = Instant::now();
-                    let response = http
-                        .post(&url)
-                        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
-                        .send()
-                        .await
-                        .unwrap();
-                    let mut first = None;
-                    let mut body = Vec::new();
-                    let mut chunks = response.bytes_stream();
-                    while let Some(chunk) = chunks.next().await {
-                        body.extend_from_slice(&chunk.unwrap());
-                        if first.is_none() && body.windows(FIRST_WORD.len()).any(|w| w == FIRST_WORD) {
-                            first = Some(begun.elapsed());
-                        }
-                    }
-                    assert!(body.ends_with(b"data: [DONE]\n\n"));
-                    (begun.elapsed(), first.expect("the first word"))
-                }
-            })
-            .buffer_unordered(STREAMS)
-            .unzip()
-            .await;
+    let (latencies, firsts) = all_at_once(|| async {
+        let begun = Instant::now();
+        let response = http
+            .post(&url)
+            .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
+            .send()
+            .await
+            .unwrap();
+        let (body, first) = read_to_end(response, FIRST_WORD, begun).await;
+        assert!(body.ends_with(b"data: [DONE]\n\n"));
+        first
+    })
+    .await;
     let elapsed = started.elapsed();
     let cpu = cpu_seconds(["self".to_owned()]) - cpu_before;
-    latencies.sort();
-    firsts.sort();
     let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!(
         "| {STREAMS:>7} | mock only | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {:>12} | {cpu:>19.2} | {:>8.0} % | {:>19} | {:>19} | {:>14} |",
@@ -573,25 +555,10 @@ async fn streams_row(
         cpu_seconds([pid.to_string()]),
     );
     let started = Instant::now();
-    let (mut latencies, mut firsts): (Vec<Duration>, Vec<Duration>) =
-        futures::stream::iter(0..STREAMS)
-            .map(|_| {
-                let http = http.clone();
-                let url = url.clone();
-                async move {
-                    let begun = Instant::now();
-                    let first = stream_once(&http, &url, durable).await;
-                    (begun.elapsed(), first)
-                }
-            })
-            .buffer_unordered(STREAMS)
-            .unzip()
-            .await;
+    let (latencies, firsts) = all_at_once(|| stream_once(http, &url, durable)).await;
     let elapsed = started.elapsed();
     let client_cpu = cpu_seconds(["self".to_owned()]) - cpu_before.0;
     let server_cpu = cpu_seconds([pid.to_string()]) - cpu_before.1;
-    latencies.sort();
-    firsts.sort();
     let peak = memory_mib(pid, "VmHWM");
     child.kill().unwrap();
     let _ = child.wait();
@@ -635,18 +602,52 @@ async fn stream_once(http: &reqwest::Client, url: &str, durable: bool) -> Durati
         .await
         .unwrap();
     assert!(response.status().is_success(), "{}", response.status());
-    let mut first_delta = None;
+    let (body, first_delta) = read_to_end(response, b"event: delta.text", begun).await;
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("event: run.finished"), "{body}");
+    first_delta
+}
+
+/// `STREAMS` of `one` at once (each returns when its first text came, from its start); returns
+/// how long each took and when its first text came, both sorted.
+async fn all_at_once<F: Future<Output = Duration>>(
+    one: impl Fn() -> F,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut latencies, mut firsts): (Vec<Duration>, Vec<Duration>) =
+        futures::stream::iter(0..STREAMS)
+            .map(|_| {
+                let run = one();
+                async move {
+                    let begun = Instant::now();
+                    let first = run.await;
+                    (begun.elapsed(), first)
+                }
+            })
+            .buffer_unordered(STREAMS)
+            .unzip()
+            .await;
+    latencies.sort();
+    firsts.sort();
+    (latencies, firsts)
+}
+
+/// Reads a streamed answer to its end; returns it and when `first` (the first text) first
+/// appeared in it, from `begun`.
+async fn read_to_end(
+    response: reqwest::Response,
+    first: &[u8],
+    begun: Instant,
+) -> (Vec<u8>, Duration) {
+    let mut seen = None;
     let mut body = Vec::new();
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
         body.extend_from_slice(&chunk.unwrap());
-        if first_delta.is_none() && body.windows(17).any(|w| w == b"event: delta.text") {
-            first_delta = Some(begun.elapsed());
+        if seen.is_none() && body.windows(first.len()).any(|w| w == first) {
+            seen = Some(begun.elapsed());
         }
     }
-    let body = String::from_utf8_lossy(&body);
-    assert!(body.contains("event: run.finished"), "{body}");
-    first_delta.expect("a text delta")
+    (body, seen.expect("the answer's first text"))
 }
 
 fn main() {
