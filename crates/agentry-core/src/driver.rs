@@ -146,9 +146,10 @@ impl PendingStart {
         Ok(())
     }
 
-    /// Whether the write answered and everything it reports was reported.
+    /// Whether the write answered, succeeded, and everything it reports was reported (a
+    /// failed one stays unsettled: whatever the run does next learns of the failure).
     fn settled(&self) -> bool {
-        self.write.is_none() && self.live.is_empty()
+        self.write.is_none() && self.live.is_empty() && matches!(self.outcome, Some(Ok(_)))
     }
 }
 
