@@ -82,15 +82,22 @@ impl Journal {
 /// before the write is settled (see [`Driver::pending_start`]). When it fails, the run ends
 /// with its error and writes nothing more: the model's answer, if one came, is dropped.
 pub(crate) struct PendingStart {
-    /// The write, until it answered.
-    write: Option<tokio::task::JoinHandle<Result<u64, ErrorInfo>>>,
-    /// The write's answer, once it came.
-    outcome: Option<Result<u64, ErrorInfo>>,
-    /// The run's records, reported as committed once the write succeeded.
-    records: Vec<SessionEvent>,
-    /// The live events still to report: the records as committed, then the run's start.
-    live: std::collections::VecDeque<RunEvent>,
     run_id: agentry_types::RunId,
+    progress: StartProgress,
+}
+
+/// Where a [`PendingStart`] is.
+enum StartProgress {
+    /// The write is on its way, with the records it commits.
+    Writing(
+        tokio::task::JoinHandle<Result<u64, ErrorInfo>>,
+        Vec<SessionEvent>,
+    ),
+    /// Committed: the live events still to report (the records as committed, then the run's
+    /// start).
+    Reporting(std::collections::VecDeque<RunEvent>),
+    /// The write failed: the run ends with this error.
+    Failed(ErrorInfo),
 }
 
 impl PendingStart {
@@ -101,55 +108,57 @@ impl PendingStart {
         write: impl Future<Output = Result<u64, ErrorInfo>> + Send + 'static,
     ) -> Self {
         Self {
-            write: Some(tokio::spawn(write.in_current_span())),
-            outcome: None,
-            records,
-            live: std::collections::VecDeque::new(),
             run_id,
+            progress: StartProgress::Writing(tokio::spawn(write.in_current_span()), records),
         }
     }
 
     /// Waits for the write, then reports its records as committed and the run as started.
     /// Cancel-safe: a settle cut short goes on where it stopped when called again.
     pub(crate) async fn settle(&mut self, sink: &EventSink) -> Result<(), ErrorInfo> {
-        if let Some(write) = &mut self.write {
-            let outcome = match write.await {
-                Ok(outcome) => outcome,
-                Err(error) => Err(ErrorInfo {
-                    code: ErrorCode::Internal,
-                    message: format!("the run's start could not be written: {error}"),
-                    retryable: true,
-                    status: None,
-                }),
-            };
-            self.write = None;
-            if let Ok(last) = outcome {
-                let records = std::mem::take(&mut self.records);
-                let first = last + 1 - (records.len() as u64).min(last + 1);
-                self.live = (first..)
-                    .zip(records)
-                    .map(|(seq, event)| RunEvent::Committed { seq, event })
-                    .chain([RunEvent::RunStarted {
-                        run_id: self.run_id,
-                    }])
-                    .collect();
+        loop {
+            match &mut self.progress {
+                StartProgress::Writing(write, records) => {
+                    let answered = match write.await {
+                        Ok(Ok(last)) => {
+                            let records = std::mem::take(records);
+                            let first = last + 1 - (records.len() as u64).min(last + 1);
+                            StartProgress::Reporting(
+                                (first..)
+                                    .zip(records)
+                                    .map(|(seq, event)| RunEvent::Committed { seq, event })
+                                    .chain([RunEvent::RunStarted {
+                                        run_id: self.run_id,
+                                    }])
+                                    .collect(),
+                            )
+                        }
+                        Ok(Err(error)) => StartProgress::Failed(error),
+                        Err(error) => StartProgress::Failed(ErrorInfo {
+                            code: ErrorCode::Internal,
+                            message: format!("the run's start could not be written: {error}"),
+                            retryable: true,
+                            status: None,
+                        }),
+                    };
+                    self.progress = answered;
+                }
+                StartProgress::Reporting(live) => {
+                    while let Some(event) = live.front() {
+                        sink.send(event.clone()).await;
+                        live.pop_front();
+                    }
+                    return Ok(());
+                }
+                StartProgress::Failed(error) => return Err(error.clone()),
             }
-            self.outcome = Some(outcome);
         }
-        if let Some(Err(error)) = &self.outcome {
-            return Err(error.clone());
-        }
-        while let Some(event) = self.live.front() {
-            sink.send(event.clone()).await;
-            self.live.pop_front();
-        }
-        Ok(())
     }
 
-    /// Whether the write answered, succeeded, and everything it reports was reported (a
-    /// failed one stays unsettled: whatever the run does next learns of the failure).
+    /// Whether the write committed and everything it reports was reported (a failed one stays
+    /// unsettled: whatever the run does next learns of the failure).
     fn settled(&self) -> bool {
-        self.write.is_none() && self.live.is_empty() && matches!(self.outcome, Some(Ok(_)))
+        matches!(&self.progress, StartProgress::Reporting(live) if live.is_empty())
     }
 }
 
@@ -255,10 +264,9 @@ pub struct Driver {
     /// The last answer of a run that it finished, held to be committed with the run's end:
     /// one write instead of two (see [`Driver::finish`]).
     last_answer: Mutex<Option<HeldAnswer>>,
-    /// The run's first write, while it is not settled.
+    /// The run's first write, while it is not settled (kept when it failed: then nothing
+    /// more is written).
     start: Mutex<Option<PendingStart>>,
-    /// Whether the run's first write failed: then nothing more is written.
-    unstarted: std::sync::atomic::AtomicBool,
 }
 
 /// A run's last answer, not yet committed: its records, and the live events that report it
@@ -309,7 +317,6 @@ impl Driver {
             accounting: Accounting::default(),
             last_answer: Mutex::new(None),
             start: Mutex::new(None),
-            unstarted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -327,22 +334,24 @@ impl Driver {
     async fn settle_start(&self, state: &mut RunState) -> bool {
         let pending = lock(&self.start).take();
         let Some(mut pending) = pending else {
-            return !self.unstarted.load(std::sync::atomic::Ordering::SeqCst);
+            return true;
         };
-        match pending.settle(&self.events).await {
+        let settled = pending.settle(&self.events).await;
+        self.keep_unsettled(pending);
+        match settled {
             Ok(()) => true,
             Err(error) => {
-                self.start_failed(state, error);
+                state.fail(error);
                 false
             }
         }
     }
 
-    /// The run's first write failed: the run ends with its error and writes nothing more.
-    fn start_failed(&self, state: &mut RunState, error: ErrorInfo) {
-        self.unstarted
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        state.fail(error);
+    /// Puts back a start that is not settled (cut short, or failed).
+    fn keep_unsettled(&self, pending: PendingStart) {
+        if !pending.settled() {
+            *lock(&self.start) = Some(pending);
+        }
     }
 
     /// Sets what the run's model calls are accounted with: each call's model and cost are
@@ -656,11 +665,9 @@ impl Driver {
         )
         .instrument(span.clone());
         let guard = guarded(&self.cancel, deadline, call).await;
-        if let Some(pending) = pending
-            && !pending.settled()
-        {
-            // Cut short before it settled: the run's next write or its end settles it.
-            *lock(&self.start) = Some(pending);
+        if let Some(pending) = pending {
+            // Cut short before it settled, or failed: the run's next write or its end learns.
+            self.keep_unsettled(pending);
         }
         if let Guarded::Done(Ok((response, _))) = &guard {
             crate::telemetry::end_chat(&span, Ok(response));
@@ -670,7 +677,7 @@ impl Driver {
         match guard {
             Guarded::Done(Err(CallFailure::Start(error))) => {
                 call_cancel.cancel();
-                self.start_failed(state, error);
+                state.fail(error);
             }
             Guarded::Done(Ok((response, timing))) => {
                 if let Some((counter, raw)) = counted {

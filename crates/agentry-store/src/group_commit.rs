@@ -31,7 +31,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::db::{Db, from_db, to_db};
+use crate::db::{Db, RowExt, from_db, to_db};
 use crate::sqlite_commit::{Script, Statements};
 use crate::store::{Inner, Store};
 use crate::{Lease, StoreError};

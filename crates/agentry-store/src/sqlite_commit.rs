@@ -23,6 +23,7 @@ use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use tokio::sync::oneshot;
 
 use crate::StoreError;
+use crate::db::RowExt;
 use crate::group_commit::Write;
 
 /// Each write's result, `None` where the batch left it unanswered.
@@ -433,27 +434,43 @@ impl Row {
             .ok_or_else(|| StoreError::Corrupt(format!("no column {name:?} in the answer")))
     }
 
-    pub(crate) fn text(&self, name: &str) -> Result<String, StoreError> {
-        self.opt_text(name)?
-            .ok_or_else(|| StoreError::Corrupt(format!("column {name:?} is NULL")))
+    fn mismatch(name: &str, value: &Value, wanted: &str) -> StoreError {
+        StoreError::Corrupt(format!("column {name:?} holds {value:?}, not {wanted}"))
+    }
+}
+
+/// The same typed access as the store's sqlx rows.
+impl RowExt for Row {
+    fn int(&self, column: &str) -> Result<i64, StoreError> {
+        self.opt_int(column)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {column:?} is NULL")))
     }
 
-    pub(crate) fn opt_text(&self, name: &str) -> Result<Option<String>, StoreError> {
-        match self.value(name)? {
+    fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        match self.value(column)? {
             Value::Null => Ok(None),
-            Value::Text(text) => Ok(Some(text.clone())),
-            other => Err(StoreError::Corrupt(format!(
-                "column {name:?} holds {other:?}, not text"
-            ))),
+            Value::Integer(value) => Ok(Some(*value)),
+            other => Err(Self::mismatch(column, other, "an integer")),
         }
     }
 
-    pub(crate) fn int(&self, name: &str) -> Result<i64, StoreError> {
-        match self.value(name)? {
-            Value::Integer(value) => Ok(*value),
-            other => Err(StoreError::Corrupt(format!(
-                "column {name:?} holds {other:?}, not an integer"
-            ))),
+    fn text(&self, column: &str) -> Result<String, StoreError> {
+        self.opt_text(column)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {column:?} is NULL")))
+    }
+
+    fn opt_text(&self, column: &str) -> Result<Option<String>, StoreError> {
+        match self.value(column)? {
+            Value::Null => Ok(None),
+            Value::Text(text) => Ok(Some(text.clone())),
+            other => Err(Self::mismatch(column, other, "text")),
+        }
+    }
+
+    fn blob(&self, column: &str) -> Result<Vec<u8>, StoreError> {
+        match self.value(column)? {
+            Value::Blob(bytes) => Ok(bytes.clone()),
+            other => Err(Self::mismatch(column, other, "a blob")),
         }
     }
 }

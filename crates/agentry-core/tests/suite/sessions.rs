@@ -256,13 +256,20 @@ impl SessionLog for HeldLog {
     }
 }
 
-/// Starts a run in a new session over `log`, and waits until its model call arrived while
-/// the session's creation is still held.
+/// A run answered "Hello." started in a new session over a [`HeldLog`] (whose creation then
+/// fails when `fail`); returns once the model call arrived while the creation is still held.
 async fn run_with_held_start(
-    mock: &MockProvider,
-    log: Arc<HeldLog>,
-) -> (agentry_types::SessionId, agentry_core::RunStream) {
-    let mut builder = builder(mock, PROTOCOLS[0]);
+    fail: bool,
+) -> (
+    MockProvider,
+    Arc<HeldLog>,
+    agentry_types::SessionId,
+    agentry_core::RunStream,
+) {
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello.")));
+    let log = HeldLog::new(fail);
+    let mut builder = builder(&mock, PROTOCOLS[0]);
     builder.limits(limits());
     let manager = SessionManager::new(builder.build(), log.clone());
     let session = agentry_types::SessionId::new();
@@ -291,15 +298,12 @@ async fn run_with_held_start(
         "an event was reported before the run's start was committed"
     );
     assert!(log.inner.load(session).await.is_err());
-    (session, run)
+    (mock, log, session, run)
 }
 
 #[tokio::test]
 async fn a_new_runs_model_call_goes_out_while_its_start_commits() {
-    let mock = MockProvider::start().await.unwrap();
-    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello.")));
-    let log = HeldLog::new(false);
-    let (session, mut run) = run_with_held_start(&mock, log.clone()).await;
+    let (_mock, log, session, mut run) = run_with_held_start(false).await;
     log.released.add_permits(1);
     let mut trace = Vec::new();
     let mut text = String::new();
@@ -345,10 +349,7 @@ async fn a_new_runs_model_call_goes_out_while_its_start_commits() {
 
 #[tokio::test]
 async fn a_run_whose_start_cannot_be_written_reports_nothing_of_its_answer() {
-    let mock = MockProvider::start().await.unwrap();
-    mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello.")));
-    let log = HeldLog::new(true);
-    let (session, mut run) = run_with_held_start(&mock, log.clone()).await;
+    let (_mock, log, session, mut run) = run_with_held_start(true).await;
     log.released.add_permits(1);
     let mut events = Vec::new();
     while let Some(event) = run.next().await {
