@@ -734,6 +734,9 @@ impl App {
         // query or two.
         let mut timers_looked: Option<tokio::time::Instant> = None;
         loop {
+            // Listening before looking: a run submitted (or a slot freed) while this pass
+            // reads the queue wakes the next pass at once instead of waiting for the poll.
+            let changed = self.queue.changed.notified();
             let settings = self.queue.settings();
             if self.queue.take_timers_due()
                 || timers_looked.is_none_or(|at| at.elapsed() >= settings.poll)
@@ -781,7 +784,6 @@ impl App {
                     Err(error) => tracing::warn!("claiming queued runs failed: {error}"),
                 }
             }
-            let changed = self.queue.changed.notified();
             tokio::select! {
                 _ = self.shutdown.cancelled() => break,
                 _ = changed => {}
