@@ -22,7 +22,11 @@
 //! and mock), with how busy that kept the machine's cores. Its first row, `mock only`, is the
 //! same 1,000 answers at once straight from the mock, without Agentry: the floor that this
 //! client and mock set on this machine (their own start-up of 1,000 connections at once), which
-//! no server between them can go under; `p99 / mock only` gives what Agentry adds to it. To compare two builds' RSS, drop the
+//! no server between them can go under; `p99 / mock only` gives what Agentry adds to it. The
+//! same three rows follow with the 1,000 streams arriving one after another over 0.5 s (one
+//! every 0.5 ms) instead of in one instant: all 1,000 are still live together, from when the
+//! last arrives until the first ends, but the start-up of their connections is spread; each is
+//! timed from its own start. To compare two builds' RSS, drop the
 //! page cache first (`echo 1 > /proc/sys/vm/drop_caches`): a binary just built or copied is
 //! cached in large blocks and starts with about 8 MiB more file-backed RSS than one read from
 //! disk.
@@ -460,14 +464,16 @@ async fn streams() {
     assert!(direct.ends_with(b"data: [DONE]\n\n"));
     println!();
     println!(
-        "| streams | runs | ideal s | p50 s | p99 s | p99 / ideal | p99 / mock only | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | cores busy | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
+        "| streams | arriving | runs | ideal s | p50 s | p99 s | p99 / ideal | p99 / mock only | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | cores busy | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
     );
     println!(
-        "|---------|------|---------|-------|-------|-------------|-----------------|-------------------------|------------|--------------|---------------------|------------|---------------------|---------------------|----------------|"
+        "|---------|----------|------|---------|-------|-------|-------------|-----------------|-------------------------|------------|--------------|---------------------|------------|---------------------|---------------------|----------------|"
     );
-    let floor = mock_only_row(&mock, &http, ideal).await;
-    for durable in [false, true] {
-        streams_row(&mock, &http, ideal, floor, durable).await;
+    for spread in [Duration::ZERO, SPREAD] {
+        let floor = mock_only_row(&mock, &http, ideal, spread).await;
+        for durable in [false, true] {
+            streams_row(&mock, &http, ideal, floor, spread, durable).await;
+        }
     }
     println!(
         "(server, client and mock share {} cores; `cores busy` is their CPU time over the time all streams took)",
@@ -479,15 +485,33 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// How long the streams of the table's second half take to arrive, one after another at even
+/// intervals: all of them are still live when the last arrives (each lasts the ideal, longer).
+const SPREAD: Duration = Duration::from_millis(500);
+
+/// The `arriving` cell of a row: all at once, or over `spread`.
+fn arriving(spread: Duration) -> String {
+    if spread.is_zero() {
+        "at once".to_owned()
+    } else {
+        format!("in {:.1} s", spread.as_secs_f64())
+    }
+}
+
 /// The first word of [`paced_answer`], as the mock's first text delta carries it.
 const FIRST_WORD: &[u8] = b"\"one\"";
 
 /// The `mock only` row: the same streams at once, straight from the mock. Returns its p99.
-async fn mock_only_row(mock: &MockProvider, http: &reqwest::Client, ideal: Duration) -> Duration {
+async fn mock_only_row(
+    mock: &MockProvider,
+    http: &reqwest::Client,
+    ideal: Duration,
+    spread: Duration,
+) -> Duration {
     let url = format!("{}/chat/completions", mock.openai_base_url());
     let cpu_before = cpu_seconds(["self".to_owned()]);
     let started = Instant::now();
-    let (latencies, firsts) = all_at_once(|| async {
+    let (latencies, firsts) = all_live(spread, || async {
         let begun = Instant::now();
         let response = http
             .post(&url)
@@ -504,7 +528,8 @@ async fn mock_only_row(mock: &MockProvider, http: &reqwest::Client, ideal: Durat
     let cpu = cpu_seconds(["self".to_owned()]) - cpu_before;
     let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!(
-        "| {STREAMS:>7} | mock only | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {:>12} | {cpu:>19.2} | {:>8.0} % | {:>19} | {:>19} | {:>14} |",
+        "| {STREAMS:>7} | {:<8} | mock only | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {:>12} | {cpu:>19.2} | {:>8.0} % | {:>19} | {:>19} | {:>14} |",
+        arriving(spread),
         ideal.as_secs_f64(),
         p50.as_secs_f64(),
         p99.as_secs_f64(),
@@ -531,6 +556,7 @@ async fn streams_row(
     http: &reqwest::Client,
     ideal: Duration,
     floor: Duration,
+    spread: Duration,
     durable: bool,
 ) {
     use std::io::BufRead;
@@ -555,7 +581,7 @@ async fn streams_row(
         cpu_seconds([pid.to_string()]),
     );
     let started = Instant::now();
-    let (latencies, firsts) = all_at_once(|| stream_once(http, &url, durable)).await;
+    let (latencies, firsts) = all_live(spread, || stream_once(http, &url, durable)).await;
     let elapsed = started.elapsed();
     let client_cpu = cpu_seconds(["self".to_owned()]) - cpu_before.0;
     let server_cpu = cpu_seconds([pid.to_string()]) - cpu_before.1;
@@ -565,7 +591,8 @@ async fn streams_row(
     let p50 = percentile(&latencies, 0.5);
     let p99 = percentile(&latencies, 0.99);
     println!(
-        "| {STREAMS:>7} | {:<4} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {:>8.0} % | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
+        "| {STREAMS:>7} | {:<8} | {:<4} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {:>8.0} % | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
+        arriving(spread),
         if durable {
             "new sessions"
         } else {
@@ -608,16 +635,21 @@ async fn stream_once(http: &reqwest::Client, url: &str, durable: bool) -> Durati
     first_delta
 }
 
-/// `STREAMS` of `one` at once (each returns when its first text came, from its start); returns
-/// how long each took and when its first text came, both sorted.
-async fn all_at_once<F: Future<Output = Duration>>(
+/// `STREAMS` of `one` live together (each returns when its first text came, from its start),
+/// starting at even intervals over `spread` (zero: all at once); returns how long each took
+/// from its own start and when its first text came, both sorted.
+async fn all_live<F: Future<Output = Duration>>(
+    spread: Duration,
     one: impl Fn() -> F,
 ) -> (Vec<Duration>, Vec<Duration>) {
+    let base = tokio::time::Instant::now();
     let (mut latencies, mut firsts): (Vec<Duration>, Vec<Duration>) =
         futures::stream::iter(0..STREAMS)
-            .map(|_| {
+            .map(|place| {
                 let run = one();
+                let start = base + spread * place as u32 / STREAMS as u32;
                 async move {
+                    tokio::time::sleep_until(start).await;
                     let begun = Instant::now();
                     let first = run.await;
                     (begun.elapsed(), first)

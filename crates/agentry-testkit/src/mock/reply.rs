@@ -201,7 +201,10 @@ impl Reply {
         self
     }
 
-    /// Waits `pace` between consecutive body chunks.
+    /// Sends the body's chunks `pace` apart: the `k`-th at `k × pace` after the first, as a
+    /// model server generates at its own rate whatever its client does; a chunk that falls
+    /// behind that schedule (a busy machine woke the mock late) goes at once, so lateness does
+    /// not add up from chunk to chunk.
     pub fn paced(mut self, pace: Duration) -> Self {
         self.pace = Some(pace);
         self
@@ -289,8 +292,9 @@ impl Reply {
     }
 }
 
-/// Yields `chunks` one by one, `pace` apart, then either ends or (when `cut`) fails, which
-/// makes the server abort the connection mid-body.
+/// Yields `chunks` one by one, `pace` apart (on a schedule from the first, see
+/// [`Reply::paced`]), then either ends or (when `cut`) fails, which makes the server abort the
+/// connection mid-body.
 fn chunk_stream(
     chunks: Vec<Bytes>,
     pace: Option<Duration>,
@@ -299,21 +303,25 @@ fn chunk_stream(
     struct Progress {
         chunks: std::vec::IntoIter<Bytes>,
         pace: Option<Duration>,
-        started: bool,
+        /// When the next chunk is due (none before the first).
+        due: Option<tokio::time::Instant>,
         cut: bool,
     }
     let progress = Progress {
         chunks: chunks.into_iter(),
         pace,
-        started: false,
+        due: None,
         cut,
     };
     futures::stream::unfold(progress, |mut progress| async move {
         if let Some(chunk) = progress.chunks.next() {
-            if let (true, Some(pace)) = (progress.started, progress.pace) {
-                tokio::time::sleep(pace).await;
+            if let Some(due) = progress.due {
+                tokio::time::sleep_until(due).await;
             }
-            progress.started = true;
+            if let Some(pace) = progress.pace {
+                let sent = progress.due.unwrap_or_else(tokio::time::Instant::now);
+                progress.due = Some(sent + pace);
+            }
             return Some((Ok(chunk), progress));
         }
         if progress.cut {

@@ -43,6 +43,50 @@ async fn paced_chunks_arrive_as_separate_reads_no_sooner_than_the_pace_allows() 
     );
 }
 
+/// A model server generates at its own rate: a mock woken late (here its thread is blocked for
+/// most of the answer) sends what fell due at once instead of pushing every later chunk back.
+#[tokio::test]
+async fn a_paced_reply_keeps_its_schedule_when_the_mock_is_woken_late() {
+    let pace = Duration::from_millis(100);
+    let body = "data: 0123456789\n\n".repeat(5); // 90 bytes: 5 chunks, 4 paces
+    let mock = MockProvider::start().await.expect("start mock");
+    mock.enqueue(
+        Reply::raw(
+            200,
+            vec![("content-type".into(), "text/event-stream".into())],
+            body.clone(),
+        )
+        .chunked(Chunking::Every(18))
+        .paced(pace),
+    );
+    let mut response = http_client()
+        .post(format!("{}/v1/chat/completions", mock.base_url()))
+        .body(r#"{"stream":true}"#)
+        .send()
+        .await
+        .expect("send");
+    let mut bytes = response
+        .chunk()
+        .await
+        .expect("read")
+        .expect("a first chunk")
+        .to_vec();
+    let first = Instant::now();
+    // The test runs on one thread with the mock: the mock sleeps through chunks 1 to 3's times.
+    std::thread::sleep(pace * 9 / 2);
+    while let Some(chunk) = response.chunk().await.expect("read") {
+        bytes.extend_from_slice(&chunk);
+    }
+    let elapsed = first.elapsed();
+    assert_eq!(bytes, body.as_bytes());
+    // On schedule the last chunk is due 4 paces after the first, so the body ends soon after
+    // the block; chunks paced from one another would each wait a pace after it (7.5 paces).
+    assert!(
+        elapsed < pace * 13 / 2,
+        "the body ended {elapsed:?} after its first chunk: the lateness added up"
+    );
+}
+
 #[tokio::test]
 async fn paced_random_chunks_of_a_fixture_reassemble() {
     let fixture = Fixture::named("anthropic/messages_tool_use_stream").expect("fixture");
