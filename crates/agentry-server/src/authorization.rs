@@ -148,15 +148,15 @@ pub(crate) async fn authorize(
         )
         .into_response();
     }
+    // The store's lookups are boxed: this middleware's future is kept for every request in
+    // flight, and an unboxed lookup would make it as large as the lookup for all of them.
     let visible = match owned_resource(&path) {
         None => Ok(true),
-        Some(Owned::Session(id)) => state
-            .may_see_session(&caller, id)
+        Some(Owned::Session(id)) => Box::pin(state.may_see_session(&caller, id))
             .await
             .map_err(ApiError::from),
-        Some(Owned::Run(id)) => match state.app.locate(id).await {
-            Ok(session) => state
-                .may_see_session(&caller, session)
+        Some(Owned::Run(id)) => match Box::pin(state.app.locate(id)).await {
+            Ok(session) => Box::pin(state.may_see_session(&caller, session))
                 .await
                 .map_err(ApiError::from),
             Err(_) => Ok(true),

@@ -229,6 +229,8 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
     if !protected || request.method() == Method::OPTIONS {
         return next.run(request).await;
     }
+    // The store's lookups are boxed: this middleware's future is kept for every request in
+    // flight, and an unboxed lookup would make it as large as the lookup for all of them.
     match state.auth.enabled().await {
         Ok(false) => {
             request.extensions_mut().insert(Principal::operator());
@@ -353,4 +355,32 @@ async fn status(
         "role": role,
         "key_id": caller.and_then(|caller| caller.key_id),
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future a middleware `function` returns, without calling it.
+    fn future_size<F, Fut>(_function: F) -> usize
+    where
+        F: FnOnce(State<AppState>, Request, Next) -> Fut,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// A middleware's future is kept for every request in flight (a thousand streams starting
+    /// at once keep a thousand of each): what only some requests await (the store's lookups
+    /// of owners) is boxed, not laid out in every one of them.
+    #[test]
+    fn the_middlewares_futures_stay_small() {
+        for (name, size) in [
+            ("authenticate", future_size(authenticate)),
+            ("authorize", future_size(crate::authorization::authorize)),
+            ("track", future_size(track)),
+            ("check_access", future_size(crate::access::check_access)),
+        ] {
+            assert!(size <= 2048, "{name}'s future takes {size} bytes");
+        }
+    }
 }

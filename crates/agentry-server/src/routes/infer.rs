@@ -87,10 +87,9 @@ async fn infer(
         return super::groups::infer_group(state, &caller, body, false).await;
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
-    let (target, request, policy) = state.prepare_submission(&caller, body).await?;
-    let outcome = state
-        .run_to_end(target, request, policy, cancel_on_disconnect)
-        .await?;
+    // Boxed, as in `infer_stream`: this handler's future is kept until the run ends.
+    let (target, request, policy) = Box::pin(state.prepare_submission(&caller, body)).await?;
+    let outcome = Box::pin(state.run_to_end(target, request, policy, cancel_on_disconnect)).await?;
     // A run that failed (the model call failed) is a bad gateway; guards stopping a run are not.
     let status = if outcome.failed() {
         StatusCode::BAD_GATEWAY
@@ -273,4 +272,27 @@ async fn abort(
     Ok(Json(
         json!({"session_id": session, "aborted": state.hub.cancel(session) || state.groups.cancel(session)}),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The size of the future a handler of three extractors returns, without calling it.
+    fn future_size<F, A, B, C, Fut>(_handler: F) -> usize
+    where
+        F: FnOnce(A, B, C) -> Fut,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// A run's handler is kept while the run goes on (`/v1/infer`) or starts (the stream):
+    /// its steps are boxed, not laid out in every request in flight.
+    #[test]
+    fn the_run_handlers_futures_stay_small() {
+        for (name, size) in [
+            ("infer", future_size(super::infer)),
+            ("infer_stream", future_size(super::infer_stream)),
+        ] {
+            assert!(size <= 2048, "{name}'s future takes {size} bytes");
+        }
+    }
 }
