@@ -8,21 +8,24 @@ use serde_json::json;
 
 use super::client::{http_client, read_chunks};
 
+/// `body` as server-sent events in writes of 18 bytes, `pace` apart.
+fn paced_events(body: &str, pace: Duration) -> Reply {
+    Reply::raw(
+        200,
+        vec![("content-type".into(), "text/event-stream".into())],
+        body.to_owned(),
+    )
+    .chunked(Chunking::Every(18))
+    .paced(pace)
+}
+
 #[tokio::test]
 async fn paced_chunks_arrive_as_separate_reads_no_sooner_than_the_pace_allows() {
     let pace = Duration::from_millis(40);
     let body = "data: 0123456789\n\n".repeat(5); // 90 bytes
     let chunks = body.len().div_ceil(18);
     let mock = MockProvider::start().await.expect("start mock");
-    mock.enqueue(
-        Reply::raw(
-            200,
-            vec![("content-type".into(), "text/event-stream".into())],
-            body.clone(),
-        )
-        .chunked(Chunking::Every(18))
-        .paced(pace),
-    );
+    mock.enqueue(paced_events(&body, pace));
     let response = http_client()
         .post(format!("{}/v1/chat/completions", mock.base_url()))
         .body(r#"{"stream":true}"#)
@@ -50,15 +53,7 @@ async fn a_paced_reply_keeps_its_schedule_when_the_mock_is_woken_late() {
     let pace = Duration::from_millis(100);
     let body = "data: 0123456789\n\n".repeat(5); // 90 bytes: 5 chunks, 4 paces
     let mock = MockProvider::start().await.expect("start mock");
-    mock.enqueue(
-        Reply::raw(
-            200,
-            vec![("content-type".into(), "text/event-stream".into())],
-            body.clone(),
-        )
-        .chunked(Chunking::Every(18))
-        .paced(pace),
-    );
+    mock.enqueue(paced_events(&body, pace));
     let mut response = http_client()
         .post(format!("{}/v1/chat/completions", mock.base_url()))
         .body(r#"{"stream":true}"#)
