@@ -229,8 +229,6 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
     if !protected || request.method() == Method::OPTIONS {
         return next.run(request).await;
     }
-    // The store's lookups are boxed: this middleware's future is kept for every request in
-    // flight, and an unboxed lookup would make it as large as the lookup for all of them.
     match state.auth.enabled().await {
         Ok(false) => {
             request.extensions_mut().insert(Principal::operator());
