@@ -501,7 +501,8 @@ fn arriving(spread: Duration) -> String {
 /// The first word of [`paced_answer`], as the mock's first text delta carries it.
 const FIRST_WORD: &[u8] = b"\"one\"";
 
-/// The `mock only` row: the same streams at once, straight from the mock. Returns its p99.
+/// The `mock only` row: the same streams arriving the same way (see [`all_live`]), straight
+/// from the mock. Returns its p99.
 async fn mock_only_row(
     mock: &MockProvider,
     http: &reqwest::Client,
