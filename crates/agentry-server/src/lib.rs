@@ -25,3 +25,13 @@ pub use error::ApiError;
 pub use routes::router;
 pub use serve::{LISTEN_BACKLOG, ServeError, ServerConfig, listen, serve, without_delay};
 pub use state::AppState;
+
+/// The size of the future an async function of three arguments (a handler of three extractors,
+/// a middleware) returns, without calling it: what a request in flight keeps of it.
+#[cfg(test)]
+pub(crate) fn future_size<F, A, B, C, Fut>(_function: F) -> usize
+where
+    F: FnOnce(A, B, C) -> Fut,
+{
+    std::mem::size_of::<Fut>()
+}

@@ -358,14 +358,7 @@ async fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The size of the future a middleware `function` returns, without calling it.
-    fn future_size<F, Fut>(_function: F) -> usize
-    where
-        F: FnOnce(State<AppState>, Request, Next) -> Fut,
-    {
-        std::mem::size_of::<Fut>()
-    }
+    use crate::future_size;
 
     /// A middleware's future is kept for every request in flight (a thousand streams starting
     /// at once keep a thousand of each): what only some requests await (the store's lookups

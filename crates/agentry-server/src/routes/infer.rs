@@ -276,13 +276,7 @@ async fn abort(
 
 #[cfg(test)]
 mod tests {
-    /// The size of the future a handler of three extractors returns, without calling it.
-    fn future_size<F, A, B, C, Fut>(_handler: F) -> usize
-    where
-        F: FnOnce(A, B, C) -> Fut,
-    {
-        std::mem::size_of::<Fut>()
-    }
+    use crate::future_size;
 
     /// A run's handler is kept while the run goes on (`/v1/infer`) or starts (the stream):
     /// its steps are boxed, not laid out in every request in flight.

@@ -67,7 +67,8 @@ async fn a_paced_reply_keeps_its_schedule_when_the_mock_is_woken_late() {
         .expect("a first chunk")
         .to_vec();
     let first = Instant::now();
-    // The test runs on one thread with the mock: the mock sleeps through chunks 1 to 3's times.
+    // The test runs on one thread with the mock: it sleeps through the times all later chunks
+    // are due (1 to 4 paces after the first).
     std::thread::sleep(pace * 9 / 2);
     while let Some(chunk) = response.chunk().await.expect("read") {
         bytes.extend_from_slice(&chunk);
