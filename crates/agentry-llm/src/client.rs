@@ -16,7 +16,7 @@ use crate::decode::{decode_stream, decode_whole};
 use crate::error::{LlmError, ProviderError};
 use crate::provider::{Protocol, anthropic, error_from_response};
 use crate::request::ModelRequest;
-use crate::transport::{body_chunks, http_client, request_error, until_deadline};
+use crate::transport::{body_chunks, http_client, past_deadline, request_error, until_deadline};
 
 /// A model call's event stream. It ends with [`ModelEvent::Completed`] or an error.
 pub type ModelStream = Pin<Box<dyn Stream<Item = Result<ModelEvent, LlmError>> + Send>>;
@@ -394,14 +394,18 @@ impl ModelClient for HttpModelClient {
                             body_chunks(response, transport.idle_timeout),
                         );
                         futures::pin_mut!(events);
+                        // Made once for the whole answer, not per chunk (see `past_deadline`).
+                        let cancelled = cancel.cancelled();
+                        futures::pin_mut!(cancelled);
+                        let expiry = past_deadline(deadline, total);
+                        futures::pin_mut!(expiry);
                         let mut emitted = false;
                         loop {
                             let next = tokio::select! {
                                 biased;
-                                _ = cancel.cancelled() => Some(Err(LlmError::Cancelled)),
-                                next = until_deadline(deadline, total, async { Ok(events.next().await) }) => {
-                                    next.unwrap_or_else(|error| Some(Err(error)))
-                                }
+                                () = &mut cancelled => Some(Err(LlmError::Cancelled)),
+                                next = events.next() => next,
+                                error = &mut expiry => Some(Err(error)),
                             };
                             match next {
                                 Some(Ok(event)) => {

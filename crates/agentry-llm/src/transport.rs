@@ -166,22 +166,49 @@ pub(crate) async fn until_deadline<T>(
     }
 }
 
+/// Resolves with the total-timeout error when `deadline` passes; never without one. Made once
+/// for a whole streamed answer and polled again for each chunk (a timer made per chunk would be
+/// registered with the runtime's timer and removed again for every chunk).
+pub(crate) async fn past_deadline(deadline: Option<Instant>, total: Option<Duration>) -> LlmError {
+    match deadline {
+        Some(deadline) => {
+            tokio::time::sleep_until(deadline).await;
+            LlmError::Timeout {
+                kind: TimeoutKind::Total,
+                after: total.unwrap_or_default(),
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// The response body as a stream of chunks, with the idle timeout applied between chunks.
+///
+/// One timer serves the whole body: each chunk moves its deadline later, which the runtime does
+/// without taking its timer lock (a `timeout` per chunk would register a timer and remove it
+/// again for every chunk: at a thousand streams, tens of thousands of times a second).
 pub(crate) fn body_chunks(
     response: reqwest::Response,
     idle: Duration,
 ) -> impl Stream<Item = Result<Bytes, LlmError>> + Send + 'static {
     let mut body = response.bytes_stream();
     async_stream::stream! {
+        let idle_timer = tokio::time::sleep(idle);
+        futures::pin_mut!(idle_timer);
         loop {
-            match tokio::time::timeout(idle, body.next()).await {
-                Err(_) => {
+            idle_timer.as_mut().reset(Instant::now() + idle);
+            let next = tokio::select! {
+                biased;
+                next = body.next() => next,
+                () = &mut idle_timer => {
                     yield Err(LlmError::Timeout { kind: TimeoutKind::Idle, after: idle });
                     return;
                 }
-                Ok(None) => return,
-                Ok(Some(Ok(chunk))) => yield Ok(chunk),
-                Ok(Some(Err(error))) => {
+            };
+            match next {
+                None => return,
+                Some(Ok(chunk)) => yield Ok(chunk),
+                Some(Err(error)) => {
                     yield Err(LlmError::Connection { message: error_chain(&error) });
                     return;
                 }

@@ -305,6 +305,36 @@ async fn idle_timeout_between_chunks() {
 }
 
 #[tokio::test]
+async fn the_idle_timeout_counts_from_the_last_chunk_not_the_first() {
+    // 18 events 100 ms apart: 1.7 s in all, more than four idle timeouts, none of them idle.
+    let mock = MockProvider::start().await.unwrap();
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text(
+            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
+        ))
+        .chunked(Chunking::SseEvents)
+        .paced(Duration::from_millis(100)),
+    );
+    let client = client_with(
+        &mock,
+        Protocol::OpenAi,
+        transport(|t| t.idle_timeout = Duration::from_millis(400)),
+    );
+    let started = Instant::now();
+    let outcome = stream_outcome(&client, hello()).await;
+    assert!(
+        started.elapsed() > Duration::from_millis(800),
+        "the stream was paced: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        outcome.response().text(),
+        "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    );
+    assert_eq!(mock.request_count(), 1);
+}
+
+#[tokio::test]
 async fn total_timeout_is_not_retryable() {
     let mock = MockProvider::start().await.unwrap();
     mock.set_fallback(
