@@ -48,8 +48,12 @@
 //! at most once a second, so the group-commit writer's connections, which it keeps from batch
 //! to batch, are mostly missing from a row of a second or two). It also gives the CPU time per run of this process
 //! (client, mock and server: on a shared machine a steadier measure of cost than throughput)
-//! and, on PostgreSQL, of the database's processes. The last line gives durable and background throughput
-//! at 20 clients as a share of stateless.
+//! and, on PostgreSQL, of the database's processes. The line after the table gives durable and background throughput
+//! at 20 clients as a share of stateless, from those rows. The machine's speed drifts over
+//! seconds, and those two rows are seconds apart: the lines after it compare durable with
+//! stateless again in 7 pairs of 400-run slices run back to back, each pair within itself, and
+//! give the median share with its range and the median durable throughput (`RUNS_BENCH_ONLY=
+//! "sqlite paired"` runs only that).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -318,6 +322,7 @@ async fn backend(
     pg: Option<&str>,
     stateless_20: &mut Option<f64>,
     shares: &mut Vec<String>,
+    paired: &mut Vec<String>,
 ) {
     let mock = MockProvider::start().await.unwrap();
     let url = serve(store.clone(), &mock).await;
@@ -390,6 +395,51 @@ async fn backend(
             }
         }
     }
+    if format!("{label} paired;").contains(&only) {
+        paired.push(paired_share(label, &url, &mock).await);
+    }
+}
+
+/// Slices of the paired comparison, and runs in each.
+const PAIRS: usize = 7;
+const PAIR_RUNS: usize = 400;
+
+/// Durable against stateless at 20 clients, in `PAIRS` pairs of short slices run back to back
+/// (which of the two goes first alternates): the machine's speed drifts over seconds, so each
+/// pair is compared within itself, and the median pair is reported with the range. The two
+/// rows of the table above are seconds apart, and their ratio moves with the drift.
+async fn paired_share(label: &str, url: &str, mock: &MockProvider) -> String {
+    // Warm, as a row is (when run alone).
+    for scenario in [Scenario::Stateless, Scenario::Durable] {
+        load(url, mock, scenario, 20, 20).await;
+    }
+    let mut shares = Vec::with_capacity(PAIRS);
+    let mut durable = Vec::with_capacity(PAIRS);
+    for pair in 0..PAIRS {
+        let order = if pair % 2 == 0 {
+            [Scenario::Stateless, Scenario::Durable]
+        } else {
+            [Scenario::Durable, Scenario::Stateless]
+        };
+        let mut rates = [0.0; 2];
+        for scenario in order {
+            let cell = load(url, mock, scenario, 20, PAIR_RUNS).await;
+            rates[usize::from(scenario == Scenario::Durable)] = cell.runs_per_sec;
+        }
+        shares.push(rates[1] / rates[0]);
+        durable.push(rates[1]);
+    }
+    shares.sort_by(f64::total_cmp);
+    durable.sort_by(f64::total_cmp);
+    format!(
+        "{label}: share median {:.0} % (range {:.0}–{:.0} %), durable median {:.0} runs/s (range {:.0}–{:.0})",
+        100.0 * shares[PAIRS / 2],
+        100.0 * shares[0],
+        100.0 * shares[PAIRS - 1],
+        durable[PAIRS / 2],
+        durable[0],
+        durable[PAIRS - 1],
+    )
 }
 
 /// Runs concurrently, events apart, for the streams table.
@@ -706,6 +756,7 @@ fn main() {
             "|------------|------------|---------|----------|----------|----------|------------|---------------|------------|-------------|-------------|-----------|"
         );
         let mut shares = Vec::new();
+        let mut paired = Vec::new();
         let home = tempfile::tempdir().unwrap();
         let mut stateless = None;
         backend(
@@ -714,6 +765,7 @@ fn main() {
             None,
             &mut stateless,
             &mut shares,
+            &mut paired,
         )
         .await;
         if let Ok(base) = std::env::var("AGENTRY_TEST_DATABASE_URL") {
@@ -724,7 +776,15 @@ fn main() {
             let key = agentry_store::SecretKey::generate().unwrap();
             let store = Store::connect(&url, StoreOptions::new(key)).await.unwrap();
             let mut stateless = None;
-            backend("postgres", store, Some(&base), &mut stateless, &mut shares).await;
+            backend(
+                "postgres",
+                store,
+                Some(&base),
+                &mut stateless,
+                &mut shares,
+                &mut paired,
+            )
+            .await;
             psql(&base, &format!("DROP SCHEMA {schema} CASCADE"));
         } else {
             println!("(PostgreSQL skipped: set AGENTRY_TEST_DATABASE_URL)");
@@ -734,6 +794,11 @@ fn main() {
             "throughput at 20 clients, as a share of stateless: {}",
             shares.join(", ")
         );
+        for line in &paired {
+            println!(
+                "durable at 20 clients, {PAIRS} pairs of {PAIR_RUNS}-run slices side by side: {line}"
+            );
+        }
         if only.is_empty() {
             streams().await;
         }
