@@ -381,10 +381,12 @@ impl ModelClient for HttpModelClient {
             let deadline = total.map(|total| Instant::now() + total);
             let mut attempt = 0;
             loop {
+                // The send is boxed: the stream's state lasts as long as the answer, and the
+                // send, needed only until the headers come, is half of it inline.
                 let sent = tokio::select! {
                     biased;
                     _ = cancel.cancelled() => Err(LlmError::Cancelled),
-                    sent = until_deadline(deadline, total, inner.send(body.clone())) => sent,
+                    sent = until_deadline(deadline, total, Box::pin(inner.send(body.clone()))) => sent,
                 };
                 let failure = match sent {
                     Err(error) => error,
