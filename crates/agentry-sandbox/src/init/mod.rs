@@ -867,10 +867,19 @@ fn exec_child(
         // (job control, ^C as SIGINT, SIGWINCH on resize).
         unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) };
     }
-    // The agent blocks SIGCHLD and Rust ignores SIGPIPE: commands get a clean slate.
+    // The agent blocks SIGCHLD and Rust ignores SIGPIPE, and whatever started the server may
+    // have ignored more (`nohup` SIGHUP, a shell's background job SIGINT and SIGQUIT; ignored
+    // signals outlive exec): commands get a clean slate, as a login shell would give them (else
+    // ^C on a terminal interrupts nothing).
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-    // SAFETY: resetting a signal disposition to its default.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    for signal in 1..=libc::SIGRTMAX() {
+        if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+            // SAFETY: resetting a signal disposition to its default in the forked child before
+            // exec; `signal` is async-signal-safe, and one it refuses (glibc's own real-time
+            // signals) is left as it is.
+            unsafe { libc::signal(signal, libc::SIG_DFL) };
+        }
+    }
     if local {
         let _ = set_pdeathsig();
     }

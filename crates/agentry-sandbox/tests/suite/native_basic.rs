@@ -260,3 +260,45 @@ async fn capabilities_probe_reports_this_host() {
     assert!(caps.landlock_abi.unwrap_or(0) >= 6, "{caps:?}");
     assert_eq!(caps.running_as_root, is_root());
 }
+
+#[tokio::test]
+async fn signals_the_server_ignored_are_not_ignored_by_commands() {
+    // Started with `nohup` or as a shell's background job, the server ignores SIGHUP, SIGINT and
+    // SIGQUIT, and ignored signals outlive exec: a command must not inherit that (^C on a
+    // terminal would interrupt nothing).
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    let ignored = [Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT];
+    let before: Vec<SigHandler> = ignored
+        .iter()
+        // SAFETY: SIG_IGN installs no handler; the test restores what it replaced.
+        .map(|&sig| unsafe { signal(sig, SigHandler::SigIgn) }.unwrap())
+        .collect();
+    for backend in [native(), local()] {
+        let dir = tempfile::tempdir().unwrap();
+        let sb = backend
+            .create(agentry_sandbox::SandboxSpec::new(dir.path()))
+            .await
+            .unwrap();
+        let out = sh(&sb, "grep -E '^Sig(Ign|Blk):' /proc/self/status").await;
+        let masks: Vec<u64> = out
+            .stdout_str()
+            .lines()
+            .map(|line| u64::from_str_radix(line.split('\t').nth(1).unwrap(), 16).unwrap())
+            .collect();
+        // Bit n is signal n + 1. glibc keeps signals 32 and 33 for itself and refuses to
+        // change them (a test runner may leave 32 ignored); every other one is the default.
+        const GLIBC_OWN: u64 = (1 << 31) | (1 << 32);
+        let kind = backend.kind();
+        assert_eq!(masks[0], 0, "signals blocked in {kind:?}: {out:?}");
+        assert_eq!(
+            masks[1] & !GLIBC_OWN,
+            0,
+            "signals ignored in {kind:?}: {out:?}"
+        );
+        sb.close().await;
+    }
+    for (sig, handler) in ignored.into_iter().zip(before) {
+        // SAFETY: puts back the disposition this test replaced.
+        unsafe { signal(sig, handler) }.unwrap();
+    }
+}
