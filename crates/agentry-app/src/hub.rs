@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +53,14 @@ struct LiveRun {
     sender: broadcast::Sender<Arc<RunEvent>>,
     cancel: CancellationToken,
     partial: Arc<Mutex<Partial>>,
+}
+
+/// How a live run ended, as its events said: its stop reason, or that it stopped without
+/// ending (waiting for a person, paused).
+#[derive(Debug, Clone, Copy, Default)]
+struct Ending {
+    end: Option<RunStopReason>,
+    suspended: Option<SuspendStatus>,
 }
 
 /// Text and thinking generated since the last committed step.
@@ -228,49 +235,25 @@ impl Hub {
                 partial: Arc::clone(&partial),
             },
         );
+        self.observer.run_started();
+        // The run's events are handled in the task that sends them (its driver, a tool): the
+        // fan-out wakes no task of its own for every delta. The task below only waits for the
+        // run's end.
+        let ending = Arc::new(Mutex::new(Ending::default()));
+        let mut run = run;
+        run.tap({
+            let hub = self.clone();
+            let sender = sender.clone();
+            let ending = Arc::clone(&ending);
+            move |event| hub.fan_out(session, event, &sender, &partial, &ending)
+        });
         let hub = self.clone();
-        hub.observer.run_started();
         tokio::spawn(async move {
-            let mut run = run;
-            let mut end = None;
-            let mut suspended = None;
-            while let Some(event) = run.next().await {
-                hub.observe(session, &event, &partial);
-                hub.observer.observe(&event);
-                match &event {
-                    RunEvent::RunFinished { stop_reason, .. }
-                    | RunEvent::RunFailed { stop_reason, .. } => {
-                        end = Some(*stop_reason);
-                        hub.forget(session, &sender);
-                    }
-                    // A run waiting for approval or paused stops here without ending.
-                    RunEvent::RunSuspended { status, .. } => {
-                        suspended = Some(*status);
-                        hub.forget(session, &sender);
-                    }
-                    RunEvent::Committed {
-                        event: SessionEvent::RunPaused { .. },
-                        ..
-                    } => {
-                        suspended = Some(agentry_types::SuspendStatus::Paused);
-                        hub.forget(session, &sender);
-                    }
-                    // In a session, clients see the end as this committed event, which comes
-                    // first. The run is over once its end is out: no longer live for anyone who
-                    // has seen it (abort, delete and continue check this).
-                    RunEvent::Committed {
-                        event: SessionEvent::RunFinished { stop_reason, .. },
-                        ..
-                    } => {
-                        end = Some(*stop_reason);
-                        hub.forget(session, &sender);
-                    }
-                    _ => {}
-                }
-                // No subscriber is fine: the run goes on.
-                let _ = sender.send(Arc::new(event));
-            }
+            let finished = run.finish().await;
             hub.observer.run_ended();
+            let Ending { end, suspended } = *ending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let status = match (suspended, end) {
                 (Some(status), None) => FeedStatus::from(status),
                 (_, end) => FeedStatus::after(end),
@@ -281,7 +264,7 @@ impl Hub {
                 stop_reason: end.map(|reason| reason.as_str().to_owned()),
                 title: None,
             });
-            if let Err(error) = run.finish().await {
+            if let Err(error) = finished {
                 tracing::error!(%session, "a run ended abnormally: {error}");
             }
             hub.forget(session, &sender);
@@ -290,6 +273,53 @@ impl Hub {
             events,
             partial: Partial::default(),
         }
+    }
+
+    /// One event of `session`'s live run: noted, then sent to every subscriber.
+    fn fan_out(
+        &self,
+        session: SessionId,
+        event: RunEvent,
+        sender: &broadcast::Sender<Arc<RunEvent>>,
+        partial: &Mutex<Partial>,
+        ending: &Mutex<Ending>,
+    ) {
+        self.observe(session, &event, partial);
+        self.observer.observe(&event);
+        let ended = |end: Option<RunStopReason>, suspended: Option<SuspendStatus>| {
+            let mut ending = ending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if end.is_some() {
+                ending.end = end;
+            }
+            if suspended.is_some() {
+                ending.suspended = suspended;
+            }
+            drop(ending);
+            self.forget(session, sender);
+        };
+        match &event {
+            RunEvent::RunFinished { stop_reason, .. } | RunEvent::RunFailed { stop_reason, .. } => {
+                ended(Some(*stop_reason), None);
+            }
+            // A run waiting for approval or paused stops here without ending.
+            RunEvent::RunSuspended { status, .. } => ended(None, Some(*status)),
+            RunEvent::Committed {
+                event: SessionEvent::RunPaused { .. },
+                ..
+            } => ended(None, Some(SuspendStatus::Paused)),
+            // In a session, clients see the end as this committed event, which comes first.
+            // The run is over once its end is out: no longer live for anyone who has seen it
+            // (abort, delete and continue check this).
+            RunEvent::Committed {
+                event: SessionEvent::RunFinished { stop_reason, .. },
+                ..
+            } => ended(Some(*stop_reason), None),
+            _ => {}
+        }
+        // No subscriber is fine: the run goes on.
+        let _ = sender.send(Arc::new(event));
     }
 
     fn observe(&self, session: SessionId, event: &RunEvent, partial: &Mutex<Partial>) {

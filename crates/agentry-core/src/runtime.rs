@@ -324,6 +324,33 @@ impl RunStream {
         receiver
     }
 
+    /// Hands every event of the run to `tap` instead of this stream: the events not read yet
+    /// now, in this task, then each as it is sent, in the task that sends it (the run's
+    /// driver, a tool). For a reader that only fans events out: it saves waking a task of its
+    /// own for every event. `tap` must be quick and must not wait; a [`first_event`](Self::first_event)
+    /// waiter is told after the tap's first event. The stream yields nothing more;
+    /// [`finish`](Self::finish) still waits for the run's end. A second tap is ignored
+    /// (returns false).
+    pub fn tap(&mut self, tap: impl Fn(RunEvent) + Send + Sync + 'static) -> bool {
+        let tap: Box<dyn Fn(Box<RunEvent>) + Send + Sync> = match self.first_event.take() {
+            None => Box::new(move |event| tap(*event)),
+            Some(first_event) => {
+                let first_event = std::sync::Mutex::new(Some(first_event));
+                Box::new(move |event| {
+                    tap(*event);
+                    if let Some(first_event) = first_event
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take()
+                    {
+                        let _ = first_event.send(());
+                    }
+                })
+            }
+        };
+        self.events.tap(tap)
+    }
+
     /// The token that cancels this run.
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()
