@@ -17,7 +17,8 @@
 //! Then `streams`: 1,000 streaming runs at once (`POST /v1/infer/stream`, without a session,
 //! then in new sessions on SQLite, each on a fresh server), each answer paced by the mock at 50 ms between its SSE events. The server runs in a
 //! child process (this binary again), so its peak RSS is Agentry's alone; the ideal is the time
-//! one paced answer takes straight from the mock. It also gives when the first text delta came
+//! one paced answer takes straight from the mock, asked for as Agentry's client asks (the same
+//! 18 events). It also gives when the first text delta came
 //! (the start's share of the latency) and the CPU time of the server and of this process (client
 //! and mock), with how busy that kept the machine's cores. Its first row, `mock only`, is the
 //! same 1,000 answers at once straight from the mock, without Agentry: the floor that this
@@ -446,7 +447,8 @@ async fn paired_share(label: &str, url: &str, mock: &MockProvider) -> String {
 const STREAMS: usize = 1000;
 const PACE: Duration = Duration::from_millis(50);
 
-/// The answer each stream gets, word by word: 14 words, 18 SSE events.
+/// The answer each stream gets, word by word: 14 words, 18 SSE events (a role chunk, 14
+/// words, the finish, the usage Agentry's client asks for, `[DONE]`): 17 paces.
 fn paced_answer() -> Reply {
     Reply::scripted(
         ScriptedTurn::text(
@@ -456,6 +458,19 @@ fn paced_answer() -> Reply {
     )
     .chunked(Chunking::SseEvents)
     .paced(PACE)
+}
+
+/// The request for an answer straight from the mock: as Agentry's OpenAI client asks for it,
+/// with the usage chunk (`stream_options.include_usage`), so the ideal and the `mock only` row
+/// time the same 18 events, 17 paces, that the server receives (without it the answer is one
+/// event and one pace shorter, and every ratio to the ideal came out one pace too high).
+fn direct_request() -> serde_json::Value {
+    json!({
+        "model": "m",
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "x"}],
+    })
 }
 
 /// The child: serves Agentry on SQLite with the mock at `mock_url`, prints its address, and
@@ -501,9 +516,7 @@ async fn streams() {
     let begun = Instant::now();
     let direct = http
         .post(format!("{}/chat/completions", mock.openai_base_url()))
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}),
-        )
+        .json(&direct_request())
         .send()
         .await
         .unwrap()
@@ -512,6 +525,14 @@ async fn streams() {
         .unwrap();
     let ideal = begun.elapsed();
     assert!(direct.ends_with(b"data: [DONE]\n\n"));
+    let events = direct
+        .windows(6)
+        .filter(|window| window == b"data: ")
+        .count();
+    assert_eq!(
+        events, 18,
+        "the answer the server gets: 17 chunks and [DONE]"
+    );
     println!();
     println!(
         "| streams | arriving | runs | ideal s | p50 s | p99 s | p99 / ideal | p99 / mock only | first delta p50 / p99 s | all done s | server CPU s | client + mock CPU s | cores busy | server idle RSS MiB | server peak RSS MiB | KiB per stream |"
@@ -566,7 +587,7 @@ async fn mock_only_row(
         let begun = Instant::now();
         let response = http
             .post(&url)
-            .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
+            .json(&direct_request())
             .send()
             .await
             .unwrap();
