@@ -24,6 +24,9 @@
 //! same 1,000 answers at once straight from the mock, without Agentry: the floor that this
 //! client and mock set on this machine (their own start-up of 1,000 connections at once), which
 //! no server between them can go under; `p99 / mock only` gives what Agentry adds to it. The
+//! next row, `proxy only`, sends the same streams through a bare pass-through child (axum and
+//! reqwest, as Agentry's, passing the mock's bytes on unparsed): what any server in the middle
+//! costs here (a second connection per stream), the floor for the Agentry rows after it. The
 //! same three rows follow with the 1,000 streams arriving one after another over 0.5 s (one
 //! every 0.5 ms) instead of in one instant: all 1,000 are still live together, from when the
 //! last arrives until the first ends, but the start-up of their connections is spread; each is
@@ -473,6 +476,62 @@ fn direct_request() -> serde_json::Value {
     })
 }
 
+/// What a streams row's child server is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Through {
+    /// A bare pass-through: each request answered with the mock's answer, byte for byte (no
+    /// parsing, no run): what any server between this client and the mock costs here.
+    Proxy,
+    /// Agentry, runs without a session.
+    NoSession,
+    /// Agentry, each run in a new session (SQLite).
+    NewSessions,
+}
+
+impl Through {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Proxy => "proxy only",
+            Self::NoSession => "no session",
+            Self::NewSessions => "new sessions",
+        }
+    }
+
+    /// The variable that makes this binary that child, set to the mock's URL.
+    fn child_variable(self) -> &'static str {
+        match self {
+            Self::Proxy => "RUNS_BENCH_PROXY",
+            Self::NoSession | Self::NewSessions => "RUNS_BENCH_SERVE",
+        }
+    }
+}
+
+/// The `proxy only` child: answers every `POST /v1/infer/stream` with the mock's streamed
+/// answer, passed through as it comes (the same client and listener as Agentry's), prints its
+/// address, and runs until killed.
+async fn serve_proxy(mock_url: String) {
+    let http = agentry_llm::http_client(Duration::from_secs(120)).unwrap();
+    let url = format!("{mock_url}/chat/completions");
+    let app = axum::Router::new().route(
+        "/v1/infer/stream",
+        axum::routing::post(move || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let answer = http.post(url).json(&direct_request()).send().await.unwrap();
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from_stream(answer.bytes_stream()))
+                    .unwrap()
+            }
+        }),
+    );
+    let listener = agentry_server::listen(([127, 0, 0, 1], 0).into()).unwrap();
+    println!("http://{}", listener.local_addr().unwrap());
+    axum::serve(agentry_server::without_delay(listener), app)
+        .await
+        .unwrap();
+}
+
 /// The child: serves Agentry on SQLite with the mock at `mock_url`, prints its address, and
 /// runs until killed.
 async fn serve_child(mock_url: String) {
@@ -542,8 +601,8 @@ async fn streams() {
     );
     for spread in [Duration::ZERO, SPREAD] {
         let floor = mock_only_row(&mock, &http, ideal, spread).await;
-        for durable in [false, true] {
-            streams_row(&mock, &http, ideal, floor, spread, durable).await;
+        for through in [Through::Proxy, Through::NoSession, Through::NewSessions] {
+            streams_row(&mock, &http, ideal, floor, spread, through).await;
         }
     }
     println!(
@@ -629,11 +688,11 @@ async fn streams_row(
     ideal: Duration,
     floor: Duration,
     spread: Duration,
-    durable: bool,
+    through: Through,
 ) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("RUNS_BENCH_SERVE", mock.openai_base_url())
+        .env(through.child_variable(), mock.openai_base_url())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -645,7 +704,7 @@ async fn streams_row(
     let pid = child.id();
     // Warm up, then the idle baseline.
     for _ in 0..5 {
-        stream_once(http, &url, durable).await;
+        stream_once(http, &url, through).await;
     }
     let idle = memory_mib(pid, "VmRSS");
     let cpu_before = (
@@ -653,7 +712,7 @@ async fn streams_row(
         cpu_seconds([pid.to_string()]),
     );
     let started = Instant::now();
-    let (latencies, firsts) = all_live(spread, || stream_once(http, &url, durable)).await;
+    let (latencies, firsts) = all_live(spread, || stream_once(http, &url, through)).await;
     let elapsed = started.elapsed();
     let client_cpu = cpu_seconds(["self".to_owned()]) - cpu_before.0;
     let server_cpu = cpu_seconds([pid.to_string()]) - cpu_before.1;
@@ -665,11 +724,7 @@ async fn streams_row(
     println!(
         "| {STREAMS:>7} | {:<8} | {:<4} | {:>7.3} | {:>5.3} | {:>5.3} | {:>10.2}× | {:>14.2}× | {:>23} | {:>10.2} | {server_cpu:>12.2} | {client_cpu:>19.2} | {:>8.0} % | {idle:>19.1} | {peak:>19.1} | {:>14.1} |",
         arriving(spread),
-        if durable {
-            "new sessions"
-        } else {
-            "no session"
-        },
+        through.name(),
         ideal.as_secs_f64(),
         p50.as_secs_f64(),
         p99.as_secs_f64(),
@@ -686,12 +741,12 @@ async fn streams_row(
     );
 }
 
-/// One streaming run (in a new session when `durable`), read to its end; returns when its
-/// first text delta came, from the start.
-async fn stream_once(http: &reqwest::Client, url: &str, durable: bool) -> Duration {
+/// One streaming run through the child, read to its end; returns when its first text delta
+/// came, from the start.
+async fn stream_once(http: &reqwest::Client, url: &str, through: Through) -> Duration {
     let begun = Instant::now();
     let mut body = json!({"text": "Count.", "model_id": "mock"});
-    if durable {
+    if through == Through::NewSessions {
         body["session_id"] = json!("new");
     }
     let response = http
@@ -701,6 +756,11 @@ async fn stream_once(http: &reqwest::Client, url: &str, durable: bool) -> Durati
         .await
         .unwrap();
     assert!(response.status().is_success(), "{}", response.status());
+    if through == Through::Proxy {
+        let (body, first) = read_to_end(response, FIRST_WORD, begun).await;
+        assert!(body.ends_with(b"data: [DONE]\n\n"));
+        return first;
+    }
     let (body, first_delta) = read_to_end(response, b"event: delta.text", begun).await;
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("event: run.finished"), "{body}");
@@ -761,6 +821,10 @@ fn main() {
         .unwrap();
     if let Ok(mock_url) = std::env::var("RUNS_BENCH_SERVE") {
         runtime.block_on(serve_child(mock_url));
+        return;
+    }
+    if let Ok(mock_url) = std::env::var("RUNS_BENCH_PROXY") {
+        runtime.block_on(serve_proxy(mock_url));
         return;
     }
     let only = std::env::var("RUNS_BENCH_ONLY").unwrap_or_default();
