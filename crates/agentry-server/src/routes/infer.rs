@@ -193,11 +193,14 @@ pub(crate) fn session_events<G: Send + 'static>(
         let _guard = guard;
         let mut mapper = SseMapper::new(true, after);
         let mut events = subscription.events;
-        let shutdown = state.shutdown.clone();
+        // One wait for the whole stream, not a new one per event: each would be added to and
+        // removed from the shutdown token's waiters, which every live stream shares.
+        let shutdown = state.shutdown.clone().cancelled_owned();
+        futures::pin_mut!(shutdown);
         loop {
             let received = tokio::select! {
                 received = events.recv() => received,
-                _ = shutdown.cancelled() => {
+                () = &mut shutdown => {
                     // The run goes on (or resumes at the next start); tell the client where to
                     // pick up.
                     let data = serde_json::json!({
