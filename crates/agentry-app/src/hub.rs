@@ -222,7 +222,7 @@ impl Hub {
 
     /// Takes over `run` (of `session`): its events go to every subscriber until it ends. Returns
     /// a subscription made before the first event, so the caller misses nothing.
-    pub fn adopt(&self, session: SessionId, run: RunStream) -> Subscription {
+    pub fn adopt(&self, session: SessionId, mut run: RunStream) -> Subscription {
         let (sender, events) = broadcast::channel(CHANNEL_CAPACITY);
         let partial = Arc::new(Mutex::new(Partial::default()));
         let cancel = run.cancel_token();
@@ -240,7 +240,6 @@ impl Hub {
         // fan-out wakes no task of its own for every delta. The task below only waits for the
         // run's end.
         let ending = Arc::new(Mutex::new(Ending::default()));
-        let mut run = run;
         run.tap({
             let hub = self.clone();
             let sender = sender.clone();

@@ -27,7 +27,7 @@
 //! next row, `proxy only`, sends the same streams through a bare pass-through child (axum and
 //! reqwest, as Agentry's, passing the mock's bytes on unparsed): what any server in the middle
 //! costs here (a second connection per stream), the floor for the Agentry rows after it. The
-//! same three rows follow with the 1,000 streams arriving one after another over 0.5 s (one
+//! same four rows follow with the 1,000 streams arriving one after another over 0.5 s (one
 //! every 0.5 ms) instead of in one instant: all 1,000 are still live together, from when the
 //! last arrives until the first ends, but the start-up of their connections is spread; each is
 //! timed from its own start. To compare two builds' RSS, drop the
@@ -650,9 +650,7 @@ async fn mock_only_row(
             .send()
             .await
             .unwrap();
-        let (body, first) = read_to_end(response, FIRST_WORD, begun).await;
-        assert!(body.ends_with(b"data: [DONE]\n\n"));
-        first
+        read_mock_answer(response, begun).await
     })
     .await;
     let elapsed = started.elapsed();
@@ -757,9 +755,7 @@ async fn stream_once(http: &reqwest::Client, url: &str, through: Through) -> Dur
         .unwrap();
     assert!(response.status().is_success(), "{}", response.status());
     if through == Through::Proxy {
-        let (body, first) = read_to_end(response, FIRST_WORD, begun).await;
-        assert!(body.ends_with(b"data: [DONE]\n\n"));
-        return first;
+        return read_mock_answer(response, begun).await;
     }
     let (body, first_delta) = read_to_end(response, b"event: delta.text", begun).await;
     let body = String::from_utf8_lossy(&body);
@@ -793,6 +789,14 @@ async fn all_live<F: Future<Output = Duration>>(
     latencies.sort();
     firsts.sort();
     (latencies, firsts)
+}
+
+/// Reads the mock's own streamed answer (straight or passed through) to its end; returns when
+/// its first word came, from `begun`.
+async fn read_mock_answer(response: reqwest::Response, begun: Instant) -> Duration {
+    let (body, first) = read_to_end(response, FIRST_WORD, begun).await;
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    first
 }
 
 /// Reads a streamed answer to its end; returns it and when `first` (the first text) first

@@ -873,12 +873,10 @@ fn exec_child(
     // ^C on a terminal interrupts nothing).
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     for signal in 1..=libc::SIGRTMAX() {
-        if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-            // SAFETY: resetting a signal disposition to its default in the forked child before
-            // exec; `signal` is async-signal-safe, and one it refuses (glibc's own real-time
-            // signals) is left as it is.
-            unsafe { libc::signal(signal, libc::SIG_DFL) };
-        }
+        // SAFETY: resetting a signal disposition to its default in the forked child before
+        // exec; `signal` is async-signal-safe, and one it refuses (SIGKILL, SIGSTOP, glibc's own
+        // real-time signals) is left as it is.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
     }
     if local {
         let _ = set_pdeathsig();
