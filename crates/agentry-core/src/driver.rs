@@ -228,19 +228,22 @@ fn deadline_of(state: &mut RunState) -> Option<Instant> {
 
 /// Drives `state` until the run is finished, sending every event to `events`. Returns the final
 /// state (which serialises, for storage or inspection).
-pub async fn drive(
+///
+/// Not an `async fn`: the driver's future is made at once and holds the state only once (see
+/// [`Driver::run`]).
+pub fn drive(
     state: RunState,
     model: Arc<dyn ModelClient>,
     tools: ToolRegistry,
     events: EventSink,
     cancel: CancellationToken,
     journal: Option<Journal>,
-) -> RunState {
+) -> impl Future<Output = RunState> + Send {
     let mut driver = Driver::new(model, tools, events, cancel);
     if let Some(journal) = journal {
         driver = driver.journal(journal);
     }
-    driver.run(state).await
+    driver.run(state)
 }
 
 /// What a run is driven with: its model (and the model that summarises for compaction), its
@@ -416,7 +419,7 @@ impl Driver {
         }
     }
 
-    async fn run_in_span(self, mut state: Box<RunState>) -> Box<RunState> {
+    async fn run_in_span(&self, mut state: Box<RunState>) -> Box<RunState> {
         let deadline = deadline_of(&mut state);
         // A run whose start is still being written reports its start once it is (with the
         // first model call's first event at the latest).
@@ -999,7 +1002,7 @@ impl Driver {
 
     /// Ends the stream of a run that stopped without ending (paused, or waiting for
     /// approvals) with [`RunEvent::RunSuspended`].
-    async fn suspend(self, state: Box<RunState>, status: SuspendStatus) -> Box<RunState> {
+    async fn suspend(&self, state: Box<RunState>, status: SuspendStatus) -> Box<RunState> {
         self.events
             .send(RunEvent::RunSuspended {
                 run_id: state.run_id,
@@ -1014,7 +1017,7 @@ impl Driver {
 
     /// Commits the end of a finished run and the session's new status (with the run's last
     /// answer, when it held one back), then reports the end.
-    async fn finish(self, mut state: Box<RunState>) -> Box<RunState> {
+    async fn finish(&self, mut state: Box<RunState>) -> Box<RunState> {
         let held = lock(&self.last_answer).take();
         // A run whose start was never written writes no end either.
         let started = self.settle_start(&mut state).await;
