@@ -13,9 +13,9 @@
 
 use axum::http::HeaderMap;
 use axum::response::sse::Event;
-use serde_json::{Value, json};
+use serde::Serialize;
 
-use agentry_types::{RunEvent, SessionEvent};
+use agentry_types::{RunEvent, RunId, SessionEvent, Usage};
 
 /// Where a reconnecting client resumes: its `Last-Event-ID` (a seq), else `after`.
 pub(crate) fn resume_after(headers: &HeaderMap, after: u64) -> Result<u64, crate::error::ApiError> {
@@ -42,8 +42,37 @@ pub struct SseMapper {
     pub ended: bool,
 }
 
-fn event(name: &str, data: &Value) -> Event {
-    Event::default().event(name).data(data.to_string())
+/// An SSE event named `name` whose data is `data` as JSON, written straight to its text (not
+/// through a `serde_json::Value`: every delta of every stream comes here).
+fn event(name: &str, data: &impl Serialize) -> Event {
+    let data = serde_json::to_string(data).unwrap_or_else(|_| "null".to_owned());
+    Event::default().event(name).data(data)
+}
+
+/// A delta's data: `{"text"}`.
+#[derive(Serialize)]
+struct Text<'a> {
+    text: &'a str,
+}
+
+/// A run's start without a session: `{"run_id"}`.
+#[derive(Serialize)]
+struct Started<'a> {
+    run_id: &'a RunId,
+}
+
+/// A committed step: `{"event", "seq"}`.
+#[derive(Serialize)]
+struct Committed<'a> {
+    event: &'a SessionEvent,
+    seq: u64,
+}
+
+/// A committed answer's usage: `{"round", "usage"}`.
+#[derive(Serialize)]
+struct RoundUsage<'a> {
+    round: &'a u32,
+    usage: &'a Usage,
 }
 
 impl SseMapper {
@@ -59,31 +88,29 @@ impl SseMapper {
     /// The SSE events for one run event (none for events the client need not see).
     pub fn map(&mut self, run_event: &RunEvent) -> Vec<Event> {
         match run_event {
-            RunEvent::TextDelta { text } => vec![event("delta.text", &json!({"text": text}))],
-            RunEvent::ThinkingDelta { text } => {
-                vec![event("delta.thinking", &json!({"text": text}))]
-            }
-            RunEvent::ToolCallDelta { .. } => vec![event("delta.tool_call", &to_value(run_event))],
+            RunEvent::TextDelta { text } => vec![event("delta.text", &Text { text })],
+            RunEvent::ThinkingDelta { text } => vec![event("delta.thinking", &Text { text })],
+            RunEvent::ToolCallDelta { .. } => vec![event("delta.tool_call", run_event)],
             RunEvent::Committed { seq, event } => self.committed(*seq, event),
             // A sub-agent's progress (live only, no id): the whole event, its child's event
             // inside (nested again for a grandchild).
-            RunEvent::Nested { .. } => vec![event("nested", &to_value(run_event))],
+            RunEvent::Nested { .. } => vec![event("nested", run_event)],
             // An MCP server's request for input and its settling (live only, not in the log).
             RunEvent::ElicitationRequested { .. } => {
-                vec![event("elicitation.requested", &to_value(run_event))]
+                vec![event("elicitation.requested", run_event)]
             }
             RunEvent::ElicitationResolved { .. } => {
-                vec![event("elicitation.resolved", &to_value(run_event))]
+                vec![event("elicitation.resolved", run_event)]
             }
             // In a session these steps arrive as committed events, with their seqs.
             _ if self.session && !run_event.is_terminal() => Vec::new(),
             RunEvent::RunStarted { run_id } => {
-                vec![event("run.started", &json!({"run_id": run_id}))]
+                vec![event("run.started", &Started { run_id })]
             }
-            RunEvent::AssistantMessage { .. } => vec![event("message", &to_value(run_event))],
-            RunEvent::Usage { .. } => vec![event("usage", &to_value(run_event))],
-            RunEvent::ToolCallStarted { .. } => vec![event("tool.started", &to_value(run_event))],
-            RunEvent::ToolResult { .. } => vec![event("tool.result", &to_value(run_event))],
+            RunEvent::AssistantMessage { .. } => vec![event("message", run_event)],
+            RunEvent::Usage { .. } => vec![event("usage", run_event)],
+            RunEvent::ToolCallStarted { .. } => vec![event("tool.started", run_event)],
+            RunEvent::ToolResult { .. } => vec![event("tool.result", run_event)],
             RunEvent::RunSuspended { status, .. } => {
                 if self.ended {
                     return Vec::new();
@@ -93,7 +120,7 @@ impl SseMapper {
                     agentry_types::SuspendStatus::Waiting => "run.waiting",
                     agentry_types::SuspendStatus::Paused => "run.paused",
                 };
-                vec![event(name, &to_value(run_event))]
+                vec![event(name, run_event)]
             }
             RunEvent::RunFinished { .. } | RunEvent::RunFailed { .. } => {
                 if self.ended {
@@ -105,7 +132,7 @@ impl SseMapper {
                 } else {
                     "run.finished"
                 };
-                vec![event(name, &to_value(run_event))]
+                vec![event(name, run_event)]
             }
         }
     }
@@ -116,9 +143,10 @@ impl SseMapper {
             return Vec::new();
         }
         self.last_seq = seq;
-        let data = json!({"seq": seq, "event": stored});
+        let data = serde_json::to_string(&Committed { event: stored, seq })
+            .unwrap_or_else(|_| "null".to_owned());
         let id = seq.to_string();
-        let named = |name: &str| event(name, &data).id(id.clone());
+        let named = |name: &str| Event::default().event(name).data(&data).id(id.clone());
         match stored {
             // A run (re)starting after an earlier end in the backlog: the stream goes on.
             SessionEvent::RunStarted { .. } => {
@@ -128,7 +156,7 @@ impl SseMapper {
             SessionEvent::Message { .. } => vec![named("message")],
             SessionEvent::AssistantMessage { round, usage, .. } => vec![
                 named("message"),
-                event("usage", &json!({"round": round, "usage": usage})),
+                event("usage", &RoundUsage { round, usage }),
             ],
             SessionEvent::ToolCallIntent { .. } => vec![named("tool.started")],
             SessionEvent::ToolCallResult { .. } => vec![named("tool.result")],
@@ -158,8 +186,4 @@ impl SseMapper {
             }
         }
     }
-}
-
-fn to_value(event: &RunEvent) -> Value {
-    serde_json::to_value(event).unwrap_or(Value::Null)
 }
