@@ -332,7 +332,7 @@ impl RunStream {
     /// [`finish`](Self::finish) still waits for the run's end. A second tap is ignored
     /// (returns false).
     pub fn tap(&mut self, tap: impl Fn(RunEvent) + Send + Sync + 'static) -> bool {
-        let tap: Box<dyn Fn(Box<RunEvent>) + Send + Sync> = match self.first_event.take() {
+        let tap: crate::events::Tap = match self.first_event.take() {
             None => Box::new(move |event| tap(*event)),
             Some(first_event) => {
                 let first_event = std::sync::Mutex::new(Some(first_event));

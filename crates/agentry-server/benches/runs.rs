@@ -476,6 +476,11 @@ fn direct_request() -> serde_json::Value {
     })
 }
 
+/// Asks the mock at `url` (its `/chat/completions`) for the paced answer, as [`direct_request`].
+async fn ask_mock(http: &reqwest::Client, url: &str) -> reqwest::Response {
+    http.post(url).json(&direct_request()).send().await.unwrap()
+}
+
 /// What a streams row's child server is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Through {
@@ -517,7 +522,7 @@ async fn serve_proxy(mock_url: String) {
         axum::routing::post(move || {
             let (http, url) = (http.clone(), url.clone());
             async move {
-                let answer = http.post(url).json(&direct_request()).send().await.unwrap();
+                let answer = ask_mock(&http, &url).await;
                 axum::response::Response::builder()
                     .header("content-type", "text/event-stream")
                     .body(axum::body::Body::from_stream(answer.bytes_stream()))
@@ -573,15 +578,14 @@ async fn streams() {
     let http = agentry_llm::http_client(Duration::from_secs(120)).unwrap();
     // The ideal: one paced answer straight from the mock.
     let begun = Instant::now();
-    let direct = http
-        .post(format!("{}/chat/completions", mock.openai_base_url()))
-        .json(&direct_request())
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let direct = ask_mock(
+        &http,
+        &format!("{}/chat/completions", mock.openai_base_url()),
+    )
+    .await
+    .bytes()
+    .await
+    .unwrap();
     let ideal = begun.elapsed();
     assert!(direct.ends_with(b"data: [DONE]\n\n"));
     let events = direct
@@ -644,13 +648,7 @@ async fn mock_only_row(
     let started = Instant::now();
     let (latencies, firsts) = all_live(spread, || async {
         let begun = Instant::now();
-        let response = http
-            .post(&url)
-            .json(&direct_request())
-            .send()
-            .await
-            .unwrap();
-        read_mock_answer(response, begun).await
+        read_mock_answer(ask_mock(http, &url).await, begun).await
     })
     .await;
     let elapsed = started.elapsed();

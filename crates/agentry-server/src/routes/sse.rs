@@ -45,8 +45,12 @@ pub struct SseMapper {
 /// An SSE event named `name` whose data is `data` as JSON, written straight to its text (not
 /// through a `serde_json::Value`: every delta of every stream comes here).
 fn event(name: &str, data: &impl Serialize) -> Event {
-    let data = serde_json::to_string(data).unwrap_or_else(|_| "null".to_owned());
-    Event::default().event(name).data(data)
+    Event::default().event(name).data(json_text(data))
+}
+
+/// `data` as JSON text (`null` if it cannot be written).
+fn json_text(data: &impl Serialize) -> String {
+    serde_json::to_string(data).unwrap_or_else(|_| "null".to_owned())
 }
 
 /// A delta's data: `{"text"}`.
@@ -143,8 +147,7 @@ impl SseMapper {
             return Vec::new();
         }
         self.last_seq = seq;
-        let data = serde_json::to_string(&Committed { event: stored, seq })
-            .unwrap_or_else(|_| "null".to_owned());
+        let data = json_text(&Committed { event: stored, seq });
         let id = seq.to_string();
         let named = |name: &str| Event::default().event(name).data(&data).id(id.clone());
         match stored {
