@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use agentry_core::access::{AccessDenied, Grant};
 use agentry_store::{ConfigKind, Store, StoreError};
 
 /// The cookie a login sets.
@@ -134,46 +135,55 @@ impl Principal {
         }
     }
 
-    /// Checks that a run as `agent`, on `model`, offered `tools`, stays within the limits.
-    pub fn check_run(
-        &self,
-        agent: Option<&str>,
-        model: Option<&str>,
-        tools: Option<&[String]>,
-    ) -> Result<(), String> {
+    /// What its runs may use: `None` (everything) for an admin, its limits for a `user` key.
+    /// Every run it starts carries this grant, which the runtime checks on the resolved run
+    /// and hands down to the sub-agents the run starts.
+    pub fn grant(&self) -> Option<Grant> {
         if self.is_admin() {
-            return Ok(());
+            return None;
         }
-        let allowed = |list: &Option<Vec<String>>, name: &str| {
-            list.as_ref()
-                .is_none_or(|list| list.iter().any(|n| n == name))
-        };
-        if let Some(agent) = agent
-            && !allowed(&self.limits.agents, agent)
-        {
-            return Err(format!("this API key may not run as the agent {agent:?}"));
+        Some(Grant {
+            agents: self.limits.agents.clone(),
+            models: self.limits.models.clone(),
+            tools: self.limits.tools.clone(),
+            no_commands: false,
+        })
+    }
+
+    /// Checks that it may run as `agent`.
+    pub fn check_agent(&self, agent: &str) -> Result<(), AccessDenied> {
+        self.grant()
+            .map_or(Ok(()), |grant| grant.check_agent(agent))
+    }
+
+    /// The end user `user` names for it: a run's `user`, whose memories the run reads and its
+    /// compactions write. User names are `[A-Za-z0-9_.-]`, so `<key id>:<name>` never collides
+    /// with a plain one: a `user` key's `alice` is `<its id>:alice`, apart from every other
+    /// key's end users; an admin names any end user, plainly or as `<key id>:<name>` to act for
+    /// a key's. An invalid name is a bad request.
+    pub fn end_user(&self, user: &str) -> Result<String, crate::error::AppError> {
+        use crate::config::check_name;
+        if !self.is_admin() {
+            check_name("user", user)?;
+            return Ok(format!(
+                "{}:{user}",
+                self.key_id.as_deref().unwrap_or_default()
+            ));
         }
-        if let Some(model) = model
-            && !allowed(&self.limits.models, model)
-        {
-            return Err(format!("this API key may not use the model {model:?}"));
-        }
-        if let Some(tools) = tools
-            && self.limits.tools.is_some()
-        {
-            let refused: Vec<&str> = tools
-                .iter()
-                .filter(|tool| !allowed(&self.limits.tools, tool))
-                .map(String::as_str)
-                .collect();
-            if !refused.is_empty() {
-                return Err(format!(
-                    "this API key may not use the tools: {}",
-                    refused.join(", ")
-                ));
+        match user.split_once(':') {
+            Some((key, name)) => {
+                check_name("key id", key)?;
+                check_name("user", name)?;
             }
+            None => check_name("user", user)?,
         }
-        Ok(())
+        Ok(user.to_owned())
+    }
+
+    /// Checks that it may call `model` (a session title's, a summary's).
+    pub fn check_model(&self, model: &str) -> Result<(), AccessDenied> {
+        self.grant()
+            .map_or(Ok(()), |grant| grant.check_model(model))
     }
 }
 

@@ -348,8 +348,14 @@ impl App {
         Ok(ToolList { tools })
     }
 
-    /// A built-in or MCP tool's summary, or a configured tool's definition.
-    pub async fn tool_document(&self, name: &str) -> Result<Value, AppError> {
+    /// A built-in or MCP tool's summary, or a configured tool's definition — for an admin; any
+    /// other caller gets a configured tool's summary too, since a definition may carry literal
+    /// credentials (HTTP headers, command environments, URLs) only admins may read.
+    pub async fn tool_document(
+        &self,
+        caller: &crate::auth::Principal,
+        name: &str,
+    ) -> Result<Value, AppError> {
         if let Some(tool) = builtin_named(self, name) {
             return to_document(&ToolInfo::of_builtin(tool.as_ref()));
         }
@@ -361,7 +367,11 @@ impl App {
             .get(name)
             .await?
             .ok_or_else(|| no_tool(name))?;
-        to_document(&definition)
+        if caller.is_admin() {
+            to_document(&definition)
+        } else {
+            to_document(&ToolInfo::of_definition(&definition).with_risk(&self.sessions.runtime()))
+        }
     }
 
     /// Configures a tool, after building it and checking its name and argument schema.

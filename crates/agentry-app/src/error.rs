@@ -132,6 +132,12 @@ impl From<StoreError> for AppError {
     }
 }
 
+impl From<agentry_core::access::AccessDenied> for AppError {
+    fn from(error: agentry_core::access::AccessDenied) -> Self {
+        Self::forbidden(error.to_string())
+    }
+}
+
 impl From<RunError> for AppError {
     fn from(error: RunError) -> Self {
         match &error {
@@ -143,6 +149,7 @@ impl From<RunError> for AppError {
             RunError::File(_) | RunError::Compaction(_) | RunError::ClientTool(_) => {
                 Self::bad_request(error.to_string())
             }
+            RunError::Denied(_) => Self::forbidden(error.to_string()),
             _ => Self::internal(error.to_string()),
         }
     }

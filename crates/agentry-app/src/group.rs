@@ -38,7 +38,7 @@ use agentry_core::group::{GroupRouter, Member, TranscriptEntry};
 use agentry_core::session::{BusyPolicy, SessionStatus};
 use agentry_core::{Input, group};
 use agentry_store::NewSession;
-use agentry_types::{ErrorInfo, GroupEvent, RunEvent, RunId, SessionEvent, SessionId};
+use agentry_types::{ErrorInfo, GroupEvent, Message, RunEvent, RunId, SessionEvent, SessionId};
 
 use crate::App;
 use crate::agents::{AgentConfig, stored_agent};
@@ -80,6 +80,10 @@ pub struct GroupInfo {
 
 /// Something a group's live stream carries.
 #[derive(Debug, Clone)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "always sent in an `Arc`: one allocation per event whatever its variant"
+)]
 pub enum GroupLive {
     /// A committed step of the group session.
     Committed {
@@ -188,9 +192,7 @@ pub async fn create(
     title: Option<String>,
 ) -> Result<(SessionId, GroupInfo), AppError> {
     for id in ids {
-        caller
-            .check_run(Some(id), None, None)
-            .map_err(AppError::forbidden)?;
+        caller.check_agent(id)?;
     }
     let max_rounds = max_rounds.unwrap_or(group::DEFAULT_MAX_ROUNDS);
     if max_rounds == 0 || max_rounds > MAX_ROUNDS_LIMIT {
@@ -290,6 +292,7 @@ struct Runner {
 /// 409 while another exchange of the group is going on.
 pub async fn post(
     state: &App,
+    caller: &crate::auth::Principal,
     session: SessionId,
     text: String,
     user: Option<String>,
@@ -303,14 +306,28 @@ pub async fn post(
             "a message has at most {MAX_TEXT_CHARS} characters"
         )));
     }
-    if let Some(user) = &user {
-        crate::config::check_name("user", user)?;
-    }
+    // The transcript names the user as given; its memories are its end user's in the caller's
+    // namespace.
+    let end_user = user
+        .as_deref()
+        .map(|user| caller.end_user(user))
+        .transpose()?;
     let ids: Vec<String> = info.members.iter().map(|m| m.agent_id.clone()).collect();
+    // Each member runs within the caller's grant (checked again on its resolved run).
+    for id in &ids {
+        caller.check_agent(id)?;
+    }
     let agents = check_members(state, &ids).await?;
     let runtime = state.sessions.runtime();
     for agent in &agents {
-        agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
+        let run = agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
+        // A member's model, fallbacks and tools are held to the caller's grant before the
+        // exchange starts (each member's run is checked again when it starts).
+        if let Some(grant) = state.run_grant(caller) {
+            let mut check = run.request(None).with_history(vec![Message::user("")]);
+            check.grant = Some(grant.running_as(check.tools.clone()));
+            runtime.prepare(check)?;
+        }
     }
     let runners: Vec<Runner> = agents
         .into_iter()
@@ -356,7 +373,8 @@ pub async fn post(
         exchange,
         runners,
         max_rounds: info.max_rounds,
-        user,
+        user: end_user,
+        grant: state.run_grant(caller),
         sender,
         cancel,
         transcript: Arc::new(Mutex::new((transcript, turns))),
@@ -483,7 +501,10 @@ struct Exchange {
     exchange: u32,
     runners: Vec<Runner>,
     max_rounds: u32,
+    /// The end user its members' memories are about (in the poster's namespace).
     user: Option<String>,
+    /// What the poster may use: each member's run is held to it.
+    grant: Option<agentry_core::access::Grant>,
     sender: broadcast::Sender<Arc<GroupLive>>,
     cancel: CancellationToken,
     /// The transcript so far, and each member's last turn.
@@ -763,6 +784,10 @@ impl Exchange {
         let members: Vec<Member> = self.runners.iter().map(|r| r.member.clone()).collect();
         let note = group::group_prompt(&runner.member, &members);
         let mut request = run.request(self.user.clone());
+        request.grant = self
+            .grant
+            .clone()
+            .map(|grant| grant.running_as(request.tools.clone()));
         request.system = Some(match request.system.take() {
             Some(own) => format!("{own}\n\n{note}"),
             None => note,

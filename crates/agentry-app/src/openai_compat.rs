@@ -305,7 +305,7 @@ impl App {
             .map_err(AppError::from)?
         {
             let _ = value;
-            if caller.check_run(None, Some(&id), None).is_ok() {
+            if caller.check_model(&id).is_ok() {
                 data.push(
                     json!({"id": id, "object": "model", "created": 0, "owned_by": "agentry"}),
                 );
@@ -317,7 +317,7 @@ impl App {
             .await
             .map_err(AppError::from)?
         {
-            if caller.check_run(Some(&id), None, None).is_ok() {
+            if caller.check_agent(&id).is_ok() {
                 data.push(
                     json!({"id": format!("{AGENT_PREFIX}{id}"), "object": "model",
                                  "created": 0, "owned_by": "agentry"}),

@@ -218,9 +218,10 @@ pub struct QueueState {
     watchers: Mutex<HashMap<RunId, Arc<Notify>>>,
     /// The leases this worker holds: the session log fences each run's appends with its own.
     pub(crate) fences: crate::store_log::LeaseFences,
-    /// The client webhooks go out with: no redirects (a signed delivery goes where it was
-    /// addressed, nowhere else).
-    webhook_client: std::sync::OnceLock<reqwest::Client>,
+    /// The clients webhooks go out with: no redirects (a signed delivery goes where it was
+    /// addressed, nowhere else), no proxy; the first connects only to public addresses, the
+    /// second (`--webhook-allow-private`) anywhere.
+    webhook_clients: [std::sync::OnceLock<Result<reqwest::Client, String>>; 2],
 }
 
 impl QueueState {
@@ -309,13 +310,25 @@ impl QueueState {
         }
     }
 
-    pub(crate) fn webhook_client(&self) -> &reqwest::Client {
-        self.webhook_client.get_or_init(|| {
-            reqwest::Client::builder()
+    /// The client a webhook goes out with: one that connects only to the public addresses a
+    /// name resolves to when it connects, unless `allow_private`. One that cannot be built
+    /// delivers nothing (never a client without the guard).
+    pub(crate) fn webhook_client(&self, allow_private: bool) -> Result<&reqwest::Client, String> {
+        let client = self.webhook_clients[usize::from(allow_private)].get_or_init(|| {
+            agentry_llm::install_tls_provider();
+            let builder = reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
+                .no_proxy();
+            let builder = if allow_private {
+                builder
+            } else {
+                builder.dns_resolver(agentry_tools::workspace::public_only_resolver())
+            };
+            builder
                 .build()
-                .unwrap_or_default()
-        })
+                .map_err(|error| format!("cannot build the webhook client: {error}"))
+        });
+        client.as_ref().map_err(Clone::clone)
     }
 }
 

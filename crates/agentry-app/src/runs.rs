@@ -68,7 +68,7 @@ pub enum Target {
 }
 
 /// Checks `input` for `caller` (the agent, model, tools, template and files it names, the
-/// caller's limits, approvals only in sessions) and turns it into a run request; for
+/// caller's grant on the resolved run, approvals only in sessions) and turns it into a run request; for
 /// [`SessionChoice::New`] the request says to create the session with the run's first write.
 /// Nothing is created when a check fails.
 pub async fn prepare(
@@ -76,9 +76,13 @@ pub async fn prepare(
     caller: &Principal,
     input: RunInput,
 ) -> Result<(Target, RunRequest), AppError> {
-    if let Some(user) = &input.user {
-        crate::config::check_name("user", user)?;
-    }
+    // The end user, in the caller's namespace: a `user` key reaches only its own end users'
+    // memories.
+    let user = input
+        .user
+        .as_deref()
+        .map(|user| caller.end_user(user))
+        .transpose()?;
     if !input.history.is_empty() && input.session != SessionChoice::Ephemeral {
         return Err(AppError::bad_request(
             "a session's conversation comes from its log: send only the new message",
@@ -88,9 +92,13 @@ pub async fn prepare(
     // input itself says.
     // The agent whose one workspace the run works in, when its sessions share one.
     let mut shared_workspace = None;
+    // What the caller may use, checked on the resolved run (`Runtime::prepare`): the agent, the
+    // model after every override, its fallbacks and stand-ins, and each tool offered.
+    let mut grant = app.run_grant(caller);
     let mut request = match input.agent_id.as_deref() {
         Some(id) => {
             crate::config::check_name("agent", id)?;
+            caller.check_agent(id)?;
             let agent = crate::agents::stored_agent(&app.store, id)
                 .await?
                 .ok_or_else(|| AppError::bad_request(format!("no agent {id:?}")))?;
@@ -98,7 +106,9 @@ pub async fn prepare(
                 shared_workspace = Some(agent.id.clone());
             }
             let run = agent.resolve(&app.sessions.runtime(), app.tools.skill_roots.as_deref())?;
-            let mut request = run.request(input.user.clone());
+            let mut request = run.request(user.clone());
+            // An allowed agent brings its own tools: a request may only narrow them.
+            grant = grant.map(|grant| grant.running_as(request.tools.clone()));
             if let Some(model) = input.model_id {
                 request.model = Some(model);
                 request.fallback_models.clear();
@@ -129,26 +139,14 @@ pub async fn prepare(
             }),
             approvals: input.approvals,
             compaction: input.compaction,
-            user: input.user.clone(),
+            user,
             ..RunRequest::default()
         },
     };
     request.input = input.input;
     request.history = input.history;
     request.client_tools = input.client_tools;
-    // A `user` key runs only within its limits (the agent it runs as brings its own tools).
-    let named_tools = if input.agent_id.is_some() {
-        None
-    } else {
-        request.tools.as_deref()
-    };
-    caller
-        .check_run(
-            input.agent_id.as_deref(),
-            request.model.as_deref(),
-            named_tools,
-        )
-        .map_err(AppError::forbidden)?;
+    request.grant = grant;
     // A saved agent remembers: its memories (and the user's) join the system prompt.
     crate::memory::remember(&app.store, &mut request).await?;
     // Check the model, tools, template and attached files before anything is created (a new

@@ -671,6 +671,42 @@ pub enum Started {
 }
 
 impl App {
+    /// Whether commands run isolated, in sandboxes that are not `--sandbox local`: without
+    /// isolation (`local`, or host commands with no sandbox) a command is a shell on the host,
+    /// as the server's user, which reaches the database, the secret key and every API key.
+    pub fn commands_isolated(&self) -> bool {
+        self.tools
+            .sandboxes
+            .as_ref()
+            .is_some_and(|pool| pool.backend().kind() != agentry_sandbox::BackendKind::Local)
+    }
+
+    /// Refuses a `user` key a terminal, a sandbox or a command where commands run without
+    /// isolation: there it would hold what an admin holds.
+    pub fn check_commands_isolated(&self, caller: &crate::auth::Principal) -> Result<(), AppError> {
+        if caller.is_admin() || self.commands_isolated() {
+            return Ok(());
+        }
+        Err(AppError::new(
+            Failure::Forbidden,
+            "isolation_required",
+            "this server runs commands without isolation (`--sandbox local`, or no sandbox): \
+             terminals, sandboxes and commands are for admin keys only",
+        ))
+    }
+
+    /// What a run `caller` starts may use: its grant, and where commands run without
+    /// isolation, no tool that runs them for a `user` key.
+    pub fn run_grant(
+        &self,
+        caller: &crate::auth::Principal,
+    ) -> Option<agentry_core::access::Grant> {
+        caller.grant().map(|mut grant| {
+            grant.no_commands = !self.commands_isolated();
+            grant
+        })
+    }
+
     /// The pool whose backend makes sandboxes: `503 sandboxes_disabled` without one.
     pub fn sandbox_pool(&self) -> Result<&SandboxPool, AppError> {
         self.tools.sandboxes.as_ref().ok_or_else(|| {
@@ -716,13 +752,15 @@ impl App {
         })
     }
 
-    /// Makes a standalone sandbox for `owner`.
+    /// Makes a standalone sandbox for `caller` (its owner).
     pub async fn create_sandbox(
         &self,
+        caller: &crate::auth::Principal,
         request: CreateSandboxRequest,
-        owner: Option<String>,
     ) -> Result<SandboxView, AppError> {
         let pool = self.sandbox_pool()?;
+        self.check_commands_isolated(caller)?;
+        let owner = caller.owner();
         let spec = sandbox_spec(pool, request)?;
         let entry = self.sandboxes.create(pool.backend(), spec, owner).await?;
         Ok(sandbox_view(&entry))

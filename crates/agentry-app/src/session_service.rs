@@ -12,6 +12,7 @@ use agentry_store::{NewSession, SessionQuery, SessionRecord};
 use agentry_types::{Message, PendingApproval, RunId, SessionEvent, SessionId};
 
 use crate::App;
+use crate::auth::Principal;
 use crate::error::AppError;
 use crate::hub::{FeedStatus, StatusChange};
 use crate::schema::PendingCall;
@@ -339,9 +340,10 @@ impl App {
     }
 
     /// Sets a session's title, or has `model_id` (default: the first registered) write one
-    /// from the conversation; the status feed hears of it.
+    /// from the conversation, a model `caller` may use; the status feed hears of it.
     pub async fn retitle_session(
         &self,
+        caller: &Principal,
         id: SessionId,
         title: Option<String>,
         model_id: Option<String>,
@@ -349,8 +351,14 @@ impl App {
         let title = match title {
             Some(title) => title,
             None => {
-                crate::titles::generate_title(&self.store, &self.sessions.runtime(), id, model_id)
-                    .await?
+                crate::titles::generate_title(
+                    &self.store,
+                    &self.sessions.runtime(),
+                    id,
+                    model_id,
+                    caller.grant(),
+                )
+                .await?
             }
         };
         self.store.set_title(id, &title).await?;

@@ -120,9 +120,10 @@ pub struct InferRequest {
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     pub agent_id: Option<String>,
     /// The user the request is for: a saved agent's memories about this user join its own in
-    /// the system prompt.
+    /// the system prompt. A `user` key's end users are its own (another key's `alice` is
+    /// another person); an admin may name a key's as `<key id>:<name>`.
     #[serde(default)]
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    #[schema(pattern = "^([A-Za-z0-9_.-]{1,64}:)?[A-Za-z0-9_.-]{1,64}$")]
     pub user: Option<String>,
     /// How the run compacts its context (`threshold`, `keep_recent`, `summary_model`,
     /// `summary_tokens`, `enabled`; default: the agent's, else the server's).
@@ -506,7 +507,7 @@ impl App {
                 session
             }
         };
-        let started = crate::group::post(state, session, text, body.user.clone()).await?;
+        let started = crate::group::post(state, caller, session, text, body.user.clone()).await?;
         Ok((session, started))
     }
 }

@@ -104,6 +104,7 @@ impl App {
     ) -> Result<Arc<PtyTerminal>, AppError> {
         let session = self.session_record(session).await?.id;
         self.check_session_access(caller, session).await?;
+        self.check_commands_isolated(caller)?;
         let command = command.unwrap_or_else(|| vec!["/bin/bash".into(), "-l".into()]);
         if command.is_empty() || command.iter().any(|arg| arg.contains('\0')) {
             return Err(AppError::bad_request(
@@ -227,6 +228,7 @@ impl App {
     ) -> Result<Arc<PtyTerminal>, AppError> {
         let id = self.session_record(session).await?.id;
         self.check_session_access(caller, id).await?;
+        self.check_commands_isolated(caller)?;
         let existing = self.terminals().all().into_iter().find(|t| {
             t.session() == Some(id) && *t.opener() == Opener::Person && t.exit_status().is_none()
         });

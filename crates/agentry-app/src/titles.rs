@@ -22,14 +22,17 @@ const EXCERPT_CHARS: usize = 4000;
 /// The longest title kept (characters).
 const MAX_TITLE_CHARS: usize = 120;
 
-/// Asks `model` (default: the model labelled `summary`, else the runtime's default model) for a title of `session`, written from
-/// the start of its conversation (forks included). A session with no messages is a bad request;
-/// a model that fails or answers nothing is an upstream failure (`model_error`).
+/// Asks `model` (default: the model labelled `summary`, else the runtime's default model) for a
+/// title of `session`, written from the start of its conversation (forks included), within
+/// `grant` (the caller's: the model, named or not, must be one it may use). A session with no
+/// messages is a bad request; a model that fails or answers nothing is an upstream failure
+/// (`model_error`).
 pub async fn generate_title(
     store: &Store,
     runtime: &Runtime,
     session: SessionId,
     model: Option<String>,
+    grant: Option<agentry_core::access::Grant>,
 ) -> Result<String, AppError> {
     let events = store
         .events(session, 0, usize::MAX)
@@ -59,6 +62,7 @@ pub async fn generate_title(
         model,
         system: Some(INSTRUCTION.into()),
         tools: Some(Vec::new()),
+        grant,
         ..RunRequest::text(excerpt)
     };
     let output = runtime.run(request).await?;

@@ -318,6 +318,8 @@ impl App {
         settings: &WebhookSettings,
     ) -> Result<u16, String> {
         let url = reqwest::Url::parse(&delivery.url).map_err(|error| error.to_string())?;
+        // The addresses are checked here for a clear error, and again by the client's resolver
+        // when it connects (a name could resolve elsewhere by then: DNS rebinding).
         if !settings.allow_private
             && let Some(host) = url.host_str()
         {
@@ -348,7 +350,7 @@ impl App {
         agentry_llm::trace_context::inject(&mut traced);
         let response = self
             .queue
-            .webhook_client()
+            .webhook_client(settings.allow_private)?
             .post(url)
             .headers(traced)
             .timeout(settings.timeout)
@@ -407,5 +409,55 @@ impl App {
             })
             .collect();
         Ok(DeliveryList { deliveries })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name that resolves to loopback when the delivery connects (DNS rebinding, the second
+    /// security review's N3) reaches nothing: the client itself connects only to public
+    /// addresses, whatever was checked before.
+    #[tokio::test]
+    async fn the_delivery_client_connects_to_no_private_address() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let queue = crate::queue::QueueState::default();
+        let refused = queue
+            .webhook_client(false)
+            .unwrap()
+            .post(format!("http://localhost:{port}/hook"))
+            .body("{}")
+            .send()
+            .await;
+        let error = refused.expect_err("a loopback address is never reached");
+        let mut reasons = Vec::new();
+        let mut cause: Option<&dyn std::error::Error> = Some(&error);
+        while let Some(error) = cause {
+            reasons.push(error.to_string());
+            cause = error.source();
+        }
+        assert!(
+            reasons
+                .iter()
+                .any(|reason| reason.contains("loopback, private or link-local")),
+            "{reasons:?}"
+        );
+        // Nothing connected.
+        let accepted = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+        assert!(accepted.is_err(), "the listener was reached");
+        // With `--webhook-allow-private` the same name is reached.
+        let reached = tokio::spawn(async move { listener.accept().await.is_ok() });
+        let allowed = queue
+            .webhook_client(true)
+            .unwrap()
+            .post(format!("http://localhost:{port}/hook"))
+            .timeout(Duration::from_millis(500))
+            .body("{}")
+            .send()
+            .await;
+        drop(allowed);
+        assert!(reached.await.unwrap());
     }
 }

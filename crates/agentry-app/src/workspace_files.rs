@@ -18,8 +18,10 @@
 //! file system): the file appears whole or not at all, and its bytes are written once. Uploads
 //! left unfinished for a day are swept.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -307,6 +309,65 @@ pub const MAX_THUMBNAIL_SOURCE: u64 = 64 << 20;
 /// The sides of a thumbnail a request may ask for.
 pub const THUMBNAIL_EDGES: std::ops::RangeInclusive<u32> = 16..=1024;
 
+/// The widest and tallest image decoded for a thumbnail (pixels).
+pub const MAX_THUMBNAIL_SIDE: u32 = 8_192;
+
+/// The most memory one decode may take: a picture declaring more (an 11,000² PNG compresses
+/// to half a megabyte and decodes to almost 500 MB) is refused before it is decoded.
+pub const MAX_THUMBNAIL_DECODE: u64 = 128 << 20;
+
+/// Thumbnails decoded at once in this process: with [`MAX_THUMBNAIL_DECODE`], at most 256 MiB
+/// of pixels however many requests come; the rest wait their turn, up to
+/// [`THUMBNAIL_WAIT`].
+pub const THUMBNAIL_DECODES: usize = 2;
+
+/// How long a thumbnail request waits for a decode slot before it is told to come back.
+const THUMBNAIL_WAIT: Duration = Duration::from_secs(30);
+
+/// The decode slots ([`THUMBNAIL_DECODES`]), shared by every workspace of the process.
+static DECODE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(THUMBNAIL_DECODES);
+
+/// The bytes of thumbnails kept, by workspace file and version, so the same thumbnail asked
+/// again (another client, a cleared browser cache) is not decoded again.
+const THUMBNAIL_CACHE_BYTES: usize = 32 << 20;
+
+/// Made thumbnails by key (the file's path and its ETag), oldest first for eviction.
+#[derive(Default)]
+struct ThumbnailCache {
+    entries: HashMap<String, Arc<Thumbnail>>,
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
+impl ThumbnailCache {
+    fn get(&self, key: &str) -> Option<Arc<Thumbnail>> {
+        self.entries.get(key).cloned()
+    }
+
+    fn put(&mut self, key: String, thumbnail: Arc<Thumbnail>) {
+        if thumbnail.bytes.len() > THUMBNAIL_CACHE_BYTES || self.entries.contains_key(&key) {
+            return;
+        }
+        self.bytes += thumbnail.bytes.len();
+        self.entries.insert(key.clone(), thumbnail);
+        self.order.push_back(key);
+        while self.bytes > THUMBNAIL_CACHE_BYTES {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = self.entries.remove(&oldest) {
+                self.bytes -= gone.bytes.len();
+            }
+        }
+    }
+}
+
+fn thumbnail_cache() -> &'static std::sync::Mutex<ThumbnailCache> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<ThumbnailCache>> =
+        std::sync::OnceLock::new();
+    CACHE.get_or_init(std::sync::Mutex::default)
+}
+
 /// Decodes an image (PNG, JPEG, GIF, WebP, BMP; within limits on its size and memory) and
 /// scales it to fit `edge`×`edge`, keeping its proportions (never enlarging it).
 pub fn thumbnail_of(opened: OpenedFile, edge: u32) -> Result<Thumbnail, AppError> {
@@ -344,9 +405,9 @@ pub fn thumbnail_of(opened: OpenedFile, edge: u32) -> Result<Thumbnail, AppError
         ));
     }
     let mut limits = image::Limits::default();
-    limits.max_image_width = Some(16_384);
-    limits.max_image_height = Some(16_384);
-    limits.max_alloc = Some(512 << 20);
+    limits.max_image_width = Some(MAX_THUMBNAIL_SIDE);
+    limits.max_image_height = Some(MAX_THUMBNAIL_SIDE);
+    limits.max_alloc = Some(MAX_THUMBNAIL_DECODE);
     reader.limits(limits);
     let picture = reader
         .decode()
@@ -853,9 +914,7 @@ impl App {
             WorkspaceRef::Agent(agent) => {
                 crate::config::check_name("agent", agent)?;
                 // Those who may run as the agent share its workspace.
-                caller
-                    .check_run(Some(agent), None, None)
-                    .map_err(AppError::forbidden)?;
+                caller.check_agent(agent)?;
                 let saved = crate::agents::stored_agent(&self.store, agent)
                     .await?
                     .ok_or_else(|| AppError::not_found(format!("no agent {agent:?}")))?;
@@ -925,22 +984,48 @@ impl App {
         edge: u32,
         cached: Option<String>,
     ) -> Result<(String, Option<Thumbnail>), AppError> {
+        use std::os::unix::fs::MetadataExt as _;
         let opened = self.workspace_open(caller, target, path).await?;
-        blocking(move || {
-            let modified = opened
-                .file
-                .metadata()
-                .and_then(|metadata| metadata.modified())
-                .ok()
-                .and_then(|time| time.duration_since(SystemTime::UNIX_EPOCH).ok())
-                .map_or(0, |since| since.as_nanos());
-            let etag = format!("\"t{}-{modified}-{edge}\"", opened.size);
-            if cached.is_some_and(|tags| tags.split(',').any(|tag| tag.trim() == etag)) {
-                return Ok((etag, None));
-            }
-            Ok((etag, Some(thumbnail_of(opened, edge)?)))
-        })
-        .await
+        let metadata = opened.file.metadata().ok();
+        let modified = metadata
+            .as_ref()
+            .and_then(|metadata| metadata.modified().ok())
+            .and_then(|time| time.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |since| since.as_nanos());
+        // The file itself (device and inode), whichever workspace or path reaches it.
+        let file_id = metadata.map_or((0, 0), |metadata| (metadata.dev(), metadata.ino()));
+        let etag = format!("\"t{}-{modified}-{edge}\"", opened.size);
+        if cached.is_some_and(|tags| tags.split(',').any(|tag| tag.trim() == etag)) {
+            return Ok((etag, None));
+        }
+        let key = format!("{}:{}:{etag}", file_id.0, file_id.1);
+        let kept = thumbnail_cache()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key);
+        if let Some(kept) = kept {
+            return Ok((etag, Some(Thumbnail::clone(&kept))));
+        }
+        // One of a few decode slots: memory stays bounded however many requests come.
+        let slot = tokio::time::timeout(THUMBNAIL_WAIT, DECODE_SLOTS.acquire())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| {
+                AppError::new(
+                    Failure::TooMany,
+                    "thumbnails_busy",
+                    "the server is making other thumbnails: try again shortly",
+                )
+            })?;
+        let made = blocking(move || thumbnail_of(opened, edge)).await;
+        drop(slot);
+        let made = Arc::new(made?);
+        thumbnail_cache()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .put(key, Arc::clone(&made));
+        Ok((etag, Some(Thumbnail::clone(&made))))
     }
 
     /// The folders directly in `path` of `session`'s workspace.
@@ -1497,5 +1582,77 @@ impl App {
         let (workspace, _) = self.workspace_of(caller, target).await?;
         let path = path.to_owned();
         blocking(move || workspace.search(&path, query.as_deref(), name_filter.as_deref())).await
+    }
+}
+
+#[cfg(test)]
+mod thumbnail_tests {
+    use super::*;
+
+    fn opened(bytes: &[u8]) -> (tempfile::TempDir, OpenedFile) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.png");
+        std::fs::write(&path, bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let size = file.metadata().unwrap().len();
+        let opened = OpenedFile {
+            file,
+            size,
+            name: "big.png".into(),
+            mime_type: "image/png".into(),
+        };
+        (dir, opened)
+    }
+
+    /// A picture wider than [`MAX_THUMBNAIL_SIDE`] is refused before its pixels are decoded
+    /// (the second security review's N6: a small file declaring a huge picture).
+    #[test]
+    fn a_picture_too_large_to_decode_is_refused() {
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        image::GrayImage::new(MAX_THUMBNAIL_SIDE + 1, 1)
+            .write_to(&mut bytes, image::ImageFormat::Png)
+            .unwrap();
+        let (_dir, file) = opened(bytes.get_ref());
+        let error = thumbnail_of(file, 64).unwrap_err();
+        assert_eq!(error.code, "not_an_image", "{error:?}");
+        let mut small = std::io::Cursor::new(Vec::new());
+        image::GrayImage::new(100, 10)
+            .write_to(&mut small, image::ImageFormat::Png)
+            .unwrap();
+        let (_dir, file) = opened(small.get_ref());
+        assert_eq!(thumbnail_of(file, 64).unwrap().width, 64);
+    }
+
+    /// No more than [`THUMBNAIL_DECODES`] decodes run at once, and the cache keeps at most
+    /// its byte budget, oldest out first.
+    #[test]
+    fn decodes_are_bounded_and_the_cache_is_capped() {
+        let held: Vec<_> = (0..THUMBNAIL_DECODES)
+            .map(|_| DECODE_SLOTS.try_acquire().unwrap())
+            .collect();
+        assert!(DECODE_SLOTS.try_acquire().is_err(), "a third decode waits");
+        drop(held);
+        assert!(DECODE_SLOTS.try_acquire().is_ok());
+
+        let mut cache = ThumbnailCache::default();
+        let thumbnail = |bytes: usize| {
+            Arc::new(Thumbnail {
+                bytes: vec![0; bytes],
+                mime_type: "image/png",
+                width: 1,
+                height: 1,
+            })
+        };
+        let quarter = THUMBNAIL_CACHE_BYTES / 4;
+        for key in ["a", "b", "c", "d"] {
+            cache.put(key.into(), thumbnail(quarter));
+        }
+        assert!(cache.get("a").is_some());
+        cache.put("e".into(), thumbnail(quarter));
+        assert!(cache.get("a").is_none(), "the oldest went");
+        assert!(cache.get("e").is_some());
+        assert!(cache.bytes <= THUMBNAIL_CACHE_BYTES);
+        cache.put("huge".into(), thumbnail(THUMBNAIL_CACHE_BYTES + 1));
+        assert!(cache.get("huge").is_none(), "larger than the whole budget");
     }
 }

@@ -902,6 +902,7 @@ impl Driver {
             agent_id: state.agent_id.clone(),
             approvals: state.approvals.clone(),
             network: state.network.clone(),
+            grant: state.grant.clone(),
         });
         let mut tasks = JoinSet::new();
         for call in calls {

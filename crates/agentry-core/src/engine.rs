@@ -225,6 +225,9 @@ pub struct RunState {
     /// [`ToolContext::network`](crate::tool::ToolContext::network)).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<crate::network::NetworkPolicy>,
+    /// What the run's caller may use (`None`: everything); its sub-agents are held to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<crate::access::Grant>,
     /// When and how the conversation is compacted to fit the model's window (`None`: never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextPolicy>,
@@ -276,6 +279,7 @@ impl RunState {
             started_at_ms: None,
             agent_id: None,
             network: Vec::new(),
+            grant: None,
             context: None,
             compaction: None,
             overflow_retried: false,

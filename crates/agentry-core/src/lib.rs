@@ -12,6 +12,7 @@
 //! ([`subrun`]) are what the tools build on; the built-in tools themselves are in the
 //! `agentry-tools` crate, which core does not depend on.
 
+pub mod access;
 pub mod approval;
 pub mod budget;
 mod compactor;

@@ -69,6 +69,9 @@ pub enum RunError {
     /// A client tool is invalid (its name is taken by another tool of the run).
     #[error("invalid client tool: {0}")]
     ClientTool(String),
+    /// The run names an agent, model or tool its caller's grant does not hold.
+    #[error(transparent)]
+    Denied(#[from] crate::access::AccessDenied),
 }
 
 /// The new user turn of a run.
@@ -141,6 +144,10 @@ pub struct RunRequest {
     /// a delegating run's): a host must pass each of them as well as the tool's own policy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<crate::network::NetworkPolicy>,
+    /// What the run's caller may use (`None`: everything): checked on the resolved run, and
+    /// carried to the sub-agents it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<crate::access::Grant>,
     /// How this run compacts (default: the runtime's settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionSettings>,
@@ -798,6 +805,13 @@ impl Runtime {
             Some(model) => model,
             None => self.inner.default_model.clone().ok_or(RunError::NoModel)?,
         };
+        // A model outside the caller's grant is refused before it is looked up (whether it
+        // exists is none of the caller's business); the whole run is checked once resolved.
+        if let Some(grant) = &request.grant {
+            for model in std::iter::once(&model).chain(&request.fallback_models) {
+                grant.check_model(model)?;
+            }
+        }
         self.model(&model)?;
         for fallback in &request.fallback_models {
             self.model(fallback)?;
@@ -903,6 +917,29 @@ impl Runtime {
             request.vision_model.as_deref(),
             request.speech_model.as_deref(),
         )?;
+        if let Some(grant) = request.grant.filter(|grant| !grant.is_unlimited()) {
+            let summary = request
+                .compaction
+                .as_ref()
+                .and_then(|settings| settings.summary_model.as_deref());
+            grant.check_run(
+                &state,
+                [
+                    request.vision_model.as_deref(),
+                    request.speech_model.as_deref(),
+                    summary,
+                ]
+                .into_iter()
+                .flatten(),
+            )?;
+            grant.check_commands(offered.iter().map(|(name, risk)| {
+                (
+                    name.as_str(),
+                    risk.class == crate::tool::RiskClass::RunsCommands,
+                )
+            }))?;
+            state.grant = Some(grant);
+        }
         Ok(state)
     }
 }

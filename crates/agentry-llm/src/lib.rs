@@ -39,6 +39,6 @@ pub use error::{LlmError, ProviderError, RAW_BODY_LIMIT, TimeoutKind};
 pub use provider::Protocol;
 pub use request::{GenerationParams, ModelRequest, ThinkingConfig};
 pub use tokens::{ModelContext, TokenCounter, known_context_window};
-pub use transport::{RetryPolicy, TransportConfig, http_client};
+pub use transport::{RetryPolicy, TransportConfig, http_client, install_tls_provider};
 
 pub use tokio_util::sync::CancellationToken;

@@ -92,6 +92,12 @@ impl RetryPolicy {
     }
 }
 
+/// Chooses the process's TLS provider (rustls with ring), which every HTTP client needs before
+/// it is built; the provider is chosen once per process, so a second call does nothing.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Builds the shared, pooled HTTP client (rustls with the ring provider).
 ///
 /// It never follows redirects: model providers and HTTP tools send secrets in headers (an
@@ -99,8 +105,7 @@ impl RetryPolicy {
 /// wherever the `Location` points. A 3xx comes back as the response, and the caller reports it
 /// as an error naming the target.
 pub fn http_client(connect_timeout: Duration) -> Result<reqwest::Client, LlmError> {
-    // The provider is chosen once per process; a second install is a harmless no-op error.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    install_tls_provider();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(connect_timeout)

@@ -81,7 +81,14 @@ impl MemoryScope {
     fn validate(&self) -> Result<(), StoreError> {
         validate_name("agent", &self.agent)?;
         if let Some(user) = &self.user {
-            validate_name("user", user)?;
+            // A name, or a key's end user `<key id>:<name>`.
+            match user.split_once(':') {
+                Some((key, name)) => {
+                    validate_name("key id", key)?;
+                    validate_name("user", name)?;
+                }
+                None => validate_name("user", user)?,
+            }
         }
         Ok(())
     }

@@ -45,6 +45,10 @@ pub enum SessionEvent {
         /// The saved agent the run runs as.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent_id: Option<String>,
+        /// What the run's caller may use (the engine's type, as JSON; null: everything), so
+        /// that a resumed run and its sub-agents stay within it.
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        grant: serde_json::Value,
     },
     /// A message given to the model: the user's turn, or a system prompt.
     Message {

@@ -379,7 +379,7 @@ impl App {
             .filter(|title| !title.is_empty())
             .map(str::to_owned);
         let model = text(&body, "model_id")?.map(str::to_owned);
-        let outcome = self.retitle_session(session, title, model).await?;
+        let outcome = self.retitle_session(caller, session, title, model).await?;
         Ok(json!({"status": "success", "session_id": session, "title": outcome.title}))
     }
 

@@ -604,6 +604,11 @@ impl SessionManager {
                 serde_json::to_value(&state.network).unwrap_or_default()
             },
             agent_id: state.agent_id.clone(),
+            grant: state
+                .grant
+                .as_ref()
+                .and_then(|grant| serde_json::to_value(grant).ok())
+                .unwrap_or_default(),
         }];
         records.extend(
             new_messages
@@ -1191,6 +1196,7 @@ impl SessionManager {
             started_at_ms: None,
             agent_id: in_flight.agent_id.clone(),
             network: network_of(in_flight),
+            grant: grant_of(in_flight),
             // The runtime's compaction settings, and what the log says was compacted.
             context: runtime.context_policy(&in_flight.model, None),
             compaction,
@@ -1272,6 +1278,22 @@ fn network_of(in_flight: &InFlight) -> Vec<crate::network::NetworkPolicy> {
     }
     serde_json::from_value(in_flight.network.clone())
         .unwrap_or_else(|_| vec![crate::network::NetworkPolicy::Off])
+}
+
+/// The grant a run was started with. One that no longer reads (a newer format) grants nothing
+/// rather than everything.
+fn grant_of(in_flight: &InFlight) -> Option<crate::access::Grant> {
+    if in_flight.grant.is_null() {
+        return None;
+    }
+    Some(
+        serde_json::from_value(in_flight.grant.clone()).unwrap_or_else(|_| crate::access::Grant {
+            agents: Some(Vec::new()),
+            models: Some(Vec::new()),
+            tools: Some(Vec::new()),
+            no_commands: true,
+        }),
+    )
 }
 
 fn policy_of(in_flight: &InFlight) -> ApprovalPolicy {

@@ -68,6 +68,8 @@ pub struct InFlight {
     pub approvals: serde_json::Value,
     /// Its network narrowings, as recorded (null when there are none).
     pub network: serde_json::Value,
+    /// Its caller's grant, as recorded (null: everything).
+    pub grant: serde_json::Value,
     /// The calls of the current round waiting for (or given) a decision; empty unless the run
     /// waits for approvals.
     pub approval_requests: Vec<PendingApproval>,
@@ -138,6 +140,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                 approvals,
                 network,
                 agent_id,
+                grant,
             } => {
                 replay.runs += 1;
                 intents.clear();
@@ -159,6 +162,7 @@ pub fn replay(events: &[(u64, SessionEvent)]) -> Replay {
                     answered: false,
                     approvals: approvals.clone(),
                     network: network.clone(),
+                    grant: grant.clone(),
                     approval_requests: Vec::new(),
                     decisions: BTreeMap::new(),
                     unanswered: Vec::new(),
@@ -331,6 +335,7 @@ mod tests {
             approvals: json!(null),
             network: json!(null),
             agent_id: None,
+            grant: json!(null),
         }
     }
 

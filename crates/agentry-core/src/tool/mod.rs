@@ -62,6 +62,8 @@ pub struct CallerInfo {
     /// Its narrowings of the `fetch` tool's network policy: a sub-agent given its tools is held
     /// to them too.
     pub network: Vec<NetworkPolicy>,
+    /// What its caller may use (`None`: everything): a sub-agent it starts is held to it.
+    pub grant: Option<crate::access::Grant>,
 }
 
 impl ToolContext {

@@ -619,6 +619,7 @@ pub(crate) async fn crashed_session_with(
                 approvals: approvals.clone(),
                 network: json!(null),
                 agent_id: None,
+                grant: json!(null),
             },
             SessionEvent::Message {
                 run_id,

@@ -35,6 +35,7 @@ use agentry_app::domain::tools::ToolDefinition;
 use agentry_app::runtime::{ModelConfig, TemplateConfig};
 use agentry_app::skills::{SkillConfig, SkillList};
 
+use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
     BadGateway, BadRequest, Conflict, GatewayTimeout, HostCommandsRefused, JsonBodyErrors,
@@ -249,7 +250,8 @@ async fn list_tools(State(state): State<AppState>) -> Result<Json<ToolList>, Api
     Ok(Json(state.tool_list().await?))
 }
 
-/// A built-in or MCP tool's summary, or a configured tool's definition.
+/// A built-in or MCP tool's summary, or a configured tool's definition (its summary for a
+/// non-admin key: definitions may carry credentials).
 #[utoipa::path(
     get,
     path = "/v1/tools/{name}",
@@ -257,16 +259,17 @@ async fn list_tools(State(state): State<AppState>) -> Result<Json<ToolList>, Api
     operation_id = "get_tool",
     params(NamePath),
     responses(
-        (status = 200, description = "A built-in tool's summary, or a configured tool's definition.", body = Object),
+        (status = 200, description = "A built-in tool's summary, or a configured tool's definition (its summary for a non-admin key).", body = Object),
         BadRequest,
         NotFound,
     )
 )]
 async fn get_tool(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(state.tool_document(&name).await?))
+    Ok(Json(state.tool_document(&caller, &name).await?))
 }
 
 /// Configures a tool, after building it and checking its name and argument schema.

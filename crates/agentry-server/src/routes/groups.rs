@@ -67,9 +67,10 @@ pub struct GroupMessage {
     /// mentions none).
     pub text: String,
     /// The user it is from (its name in the transcript; members' memories of this user join
-    /// their system prompts).
+    /// their system prompts): a `user` key's own end user, or for an admin any, a key's as
+    /// `<key id>:<name>`.
     #[serde(default)]
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    #[schema(pattern = "^([A-Za-z0-9_.-]{1,64}:)?[A-Za-z0-9_.-]{1,64}$")]
     pub user: Option<String>,
 }
 
@@ -188,12 +189,13 @@ async fn get_group(
 )]
 async fn post_message(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
     body: Result<Json<GroupMessage>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     let session = parse_session_id(&id)?;
-    let started = group::post(&state, session, body.text, body.user).await?;
+    let started = group::post(&state, &caller, session, body.text, body.user).await?;
     waited(&state, session, started, false).await
 }
 
@@ -215,12 +217,13 @@ async fn post_message(
 )]
 async fn post_message_stream(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
     body: Result<Json<GroupMessage>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     let session = parse_session_id(&id)?;
-    let started = group::post(&state, session, body.text, body.user).await?;
+    let started = group::post(&state, &caller, session, body.text, body.user).await?;
     Ok(streamed(state, session, started, false))
 }
 

@@ -18,9 +18,11 @@ use utoipa_axum::routes;
 use agentry_app::domain::store::{MemoryKind, MemoryRecord, MemoryScope, NewMemory};
 
 use super::config::{ApiJson, ApiPath};
+use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{AgentPath, BadRequest, JsonBodyErrors, NotFound};
 use crate::state::AppState;
+use agentry_app::auth::Principal;
 use agentry_app::config::check_name;
 
 /// The memory routes.
@@ -103,8 +105,9 @@ pub struct MemoryList {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct MemoryQuery {
-    /// One user's memories with the agent (default: the agent's own).
-    #[param(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    /// One user's memories with the agent (default: the agent's own): a name, or a key's end
+    /// user as `<key id>:<name>`.
+    #[param(pattern = "^([A-Za-z0-9_.-]{1,64}:)?[A-Za-z0-9_.-]{1,64}$")]
     user: Option<String>,
     /// Words to search for (any may match, stemmed); absent lists everything.
     #[param(min_length = 1, max_length = 1000)]
@@ -128,9 +131,9 @@ pub struct NewMemoryBody {
     /// The statement (1 to 2,000 characters).
     #[schema(min_length = 1, max_length = 2000)]
     pub text: String,
-    /// The user it is about, if any.
+    /// The user it is about, if any: a name, or a key's end user as `<key id>:<name>`.
     #[serde(default)]
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    #[schema(pattern = "^([A-Za-z0-9_.-]{1,64}:)?[A-Za-z0-9_.-]{1,64}$")]
     pub user: Option<String>,
 }
 
@@ -163,10 +166,10 @@ async fn known_agent(state: &AppState, id: &str) -> Result<(), ApiError> {
     }
 }
 
-fn scope(agent: String, user: Option<String>) -> Result<MemoryScope, ApiError> {
-    if let Some(user) = &user {
-        check_name("user", user)?;
-    }
+/// The memories of `agent`, or of its end user `user` as `caller` names them (an admin:
+/// `alice`, or a key's `<key id>:alice`).
+fn scope(caller: &Principal, agent: String, user: Option<String>) -> Result<MemoryScope, ApiError> {
+    let user = user.map(|user| caller.end_user(&user)).transpose()?;
     Ok(MemoryScope { agent, user })
 }
 
@@ -185,12 +188,13 @@ fn scope(agent: String, user: Option<String>) -> Result<MemoryScope, ApiError> {
 )]
 async fn list_memories(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
     query: Result<Query<MemoryQuery>, QueryRejection>,
 ) -> Result<Json<MemoryList>, ApiError> {
     let Query(query) = query?;
     known_agent(&state, &id).await?;
-    let scope = scope(id, query.user)?;
+    let scope = scope(&caller, id, query.user)?;
     let records = match query.q.as_deref() {
         Some(q) => state.store.search_memories(&scope, q, query.limit).await?,
         None => state.store.memories(&scope, query.limit).await?,
@@ -217,6 +221,7 @@ async fn list_memories(
 )]
 async fn add_memory(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<NewMemoryBody>,
 ) -> Result<Response, ApiError> {
@@ -224,7 +229,7 @@ async fn add_memory(
     let (record, created) = state
         .store
         .remember(NewMemory {
-            scope: scope(id, body.user)?,
+            scope: scope(&caller, id, body.user)?,
             kind: body.kind.into(),
             text: body.text,
             source_session: None,

@@ -276,7 +276,7 @@ async fn create_sandbox(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
-    let view = state.create_sandbox(request, caller.owner()).await?;
+    let view = state.create_sandbox(&caller, request).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
@@ -479,7 +479,10 @@ async fn read_file(
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let bytes = state.read_sandbox_file(&id, &query.path).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+    let mut response =
+        ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response();
+    super::linglong::workspace::never_active(response.headers_mut());
+    Ok(response)
 }
 
 /// Creates or replaces a regular file with the raw request body (up to 16 MiB; mode 0644).

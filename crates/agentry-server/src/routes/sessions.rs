@@ -433,6 +433,7 @@ struct TitleBody {
 )]
 async fn title(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     body: Result<Json<TitleBody>, JsonRejection>,
 ) -> Result<Json<TitleOutcome>, ApiError> {
@@ -440,7 +441,7 @@ async fn title(
     let record = state.session_record(&id).await?;
     Ok(Json(
         state
-            .retitle_session(record.id, body.title, body.model_id)
+            .retitle_session(&caller, record.id, body.title, body.model_id)
             .await?,
     ))
 }

@@ -202,26 +202,34 @@ async fn attach(
     Path(id): Path<String>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
+    let upgrade = websocket(upgrade)?;
     let terminal = state.terminal(&caller, &id).await?;
-    Ok(serve_socket(&state, &terminal, upgrade, Flavour::Agentry)?)
+    Ok(serve_socket(&state, &terminal, upgrade, Flavour::Agentry))
 }
 
-/// Upgrades to the WebSocket `terminal` is driven through (400 without an upgrade).
-pub(crate) fn serve_socket(
-    state: &AppState,
-    terminal: &std::sync::Arc<PtyTerminal>,
+/// The WebSocket upgrade a terminal socket needs, checked before anything is opened or resized:
+/// a plain GET (an `<img>` on any page) starts nothing (the second security review's N11).
+pub(crate) fn websocket(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-    flavour: Flavour,
-) -> Result<Response, agentry_app::error::AppError> {
-    let upgrade = upgrade.map_err(|rejection| {
+) -> Result<WebSocketUpgrade, agentry_app::error::AppError> {
+    upgrade.map_err(|rejection| {
         agentry_app::error::AppError::bad_request(format!(
             "this is a WebSocket endpoint ({}): connect with `Upgrade: websocket`",
             rejection.body_text()
         ))
-    })?;
+    })
+}
+
+/// Upgrades to the WebSocket `terminal` is driven through.
+pub(crate) fn serve_socket(
+    state: &AppState,
+    terminal: &std::sync::Arc<PtyTerminal>,
+    upgrade: WebSocketUpgrade,
+    flavour: Flavour,
+) -> Response {
     let attachment = terminal.attach();
     let shutdown = state.shutdown.clone();
-    Ok(upgrade.on_upgrade(move |socket| socket_loop(socket, attachment, flavour, shutdown)))
+    upgrade.on_upgrade(move |socket| socket_loop(socket, attachment, flavour, shutdown))
 }
 
 /// Whose frames a socket speaks.

@@ -24,6 +24,7 @@ mod security;
 mod sessions;
 mod skills;
 mod support;
+mod tenancy;
 mod terminals;
 mod usage;
 mod webhooks;

@@ -352,7 +352,7 @@ async fn tools_that_run_on_the_host_ask_for_approval_by_default() {
 }
 
 /// A server with an admin key and a user key; their keys.
-async fn with_keys(server: &Server, limits: KeyLimits) -> (String, String, String) {
+pub(super) async fn with_keys(server: &Server, limits: KeyLimits) -> (String, String, String) {
     let admin = create_key(&server.state.store, "admin").await.unwrap();
     let user = create_key_with(&server.state.store, "user", KeyRole::User, limits.clone())
         .await
@@ -364,7 +364,13 @@ async fn with_keys(server: &Server, limits: KeyLimits) -> (String, String, Strin
     (admin.key, user.key, other.key)
 }
 
-async fn as_key(server: &Server, key: &str, method: &str, path: &str, body: Value) -> (u16, Value) {
+pub(super) async fn as_key(
+    server: &Server,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
     let authorization = format!("Bearer {key}");
     send(
         server,

@@ -367,3 +367,34 @@ async fn the_agents_terminal_is_listed_and_can_be_watched() {
     read_until(&mut socket, &mut seen, "person-in-/tmp").await;
     server.close_sandboxes().await;
 }
+
+/// A plain GET of a terminal socket, as an `<img>` on any page sends it, opens nothing: the
+/// upgrade is checked before the session's terminal is made (the second security review's N11).
+#[tokio::test]
+async fn a_plain_get_of_a_terminal_socket_starts_nothing() {
+    let server = start_with_workspaces().await;
+    let session = new_session(&server).await;
+    for path in [
+        format!("/linglong/v1/terminals/ws?terminal_id={session}&cols=80&rows=24"),
+        format!("/v1/terminals/{session}/ws"),
+    ] {
+        let response = server
+            .http
+            .get(format!("{}{path}", server.url))
+            .header("origin", "http://evil.example")
+            .header("sec-fetch-site", "cross-site")
+            .header("sec-fetch-dest", "image")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{path}");
+    }
+    let (status, listed) = server.get("/linglong/v1/terminals").await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(
+        listed["terminals"],
+        json!([]),
+        "no terminal was started: {listed}"
+    );
+    server.close_sandboxes().await;
+}

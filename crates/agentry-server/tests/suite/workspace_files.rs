@@ -1243,3 +1243,76 @@ async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
         std::fs::canonicalize(&shared).unwrap()
     );
 }
+
+/// Files an agent or a user wrote never run as pages on the API's origin (the second security
+/// review's N4): active types (HTML, SVG, XML) are read as plain text or come as attachments,
+/// inert ones (raster images, plain text) stay inline, and every answer forbids sniffing and
+/// sandboxes whatever is opened.
+#[tokio::test]
+async fn workspace_files_are_never_served_as_active_content() {
+    let (server, session, folder) = with_session().await;
+    let script = "<script>document.write('XSS on ' + document.domain)</script>";
+    std::fs::write(folder.join("report.html"), script).unwrap();
+    std::fs::write(
+        folder.join("chart.svg"),
+        format!("<svg xmlns=\"http://www.w3.org/2000/svg\">{script}</svg>"),
+    )
+    .unwrap();
+    std::fs::write(folder.join("feed.xml"), "<feed/>").unwrap();
+    std::fs::write(folder.join("notes.txt"), "plain").unwrap();
+    std::fs::write(folder.join("dot.png"), image_bytes()).unwrap();
+    // (name, content type, attachment?)
+    for (name, content_type, attachment) in [
+        ("report.html", "text/plain; charset=utf-8", false),
+        ("feed.xml", "text/plain; charset=utf-8", false),
+        ("chart.svg", "image/svg+xml", true),
+        ("notes.txt", "text/plain", false),
+        ("dot.png", "image/png", false),
+    ] {
+        let response = server
+            .http
+            .get(format!(
+                "{}/linglong/v1/workspace/content?session_id={session}&path={name}",
+                server.url
+            ))
+            .header("sec-fetch-mode", "navigate")
+            .header("sec-fetch-dest", "document")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{name}");
+        let headers = response.headers();
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(content_type),
+            "{name}: {headers:?}"
+        );
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{name}");
+        assert_eq!(
+            headers["content-security-policy"], "sandbox; default-src 'none'",
+            "{name}"
+        );
+        assert_eq!(
+            headers
+                .get("content-disposition")
+                .is_some_and(|value| value.to_str().unwrap().starts_with("attachment")),
+            attachment,
+            "{name}: {headers:?}"
+        );
+    }
+    // Downloads and thumbnails carry the same guards.
+    for path in [
+        format!("/linglong/v1/workspace/download?session_id={session}&path=report.html"),
+        format!("/linglong/v1/workspace/thumbnail?session_id={session}&path=dot.png"),
+    ] {
+        let response = get_raw(&server, &path, None).await;
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        assert_eq!(response.headers()["x-content-type-options"], "nosniff");
+        assert_eq!(
+            response.headers()["content-security-policy"],
+            "sandbox; default-src 'none'"
+        );
+    }
+}

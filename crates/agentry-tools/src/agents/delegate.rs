@@ -129,6 +129,8 @@ async fn delegate(
     // The saved agent, if one is named: exactly one agent by id or nickname.
     let mut request = RunRequest::default();
     let mut agent_id = None;
+    // What the sub-agent may use: its caller's grant (an allowed agent brings its own tools).
+    let mut grant = caller.grant.clone();
     if let Some(name) = &arguments.agent {
         let mut found = runs.find_agents(name).await?;
         let agent = match found.len() {
@@ -145,6 +147,7 @@ async fn delegate(
             }
         };
         request = agent.request.map_err(ToolError::Failed)?;
+        grant = grant.map(|grant| grant.running_as(request.tools.clone()));
         agent_id = Some(agent.id);
     }
     if let Some(model) = &arguments.model {
@@ -219,6 +222,7 @@ async fn delegate(
     request.history = Vec::new();
     request.workspace = context.workspace.clone();
     request.agent_id = agent_id.clone();
+    request.grant = grant;
     // The caller's tools come with the caller's network narrowing: fetch reaches no more than
     // the caller's would.
     for policy in &caller.network {

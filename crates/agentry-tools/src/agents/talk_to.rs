@@ -266,6 +266,12 @@ async fn ask(
     });
     request.history = Vec::new();
     request.agent_id = Some(agent.id.clone());
+    // Its caller's grant holds it: an agent outside it is refused before anything starts, and
+    // an allowed one brings its own tools.
+    request.grant = caller
+        .grant
+        .clone()
+        .map(|grant| grant.running_as(request.tools.clone()));
     let link = ChildLink {
         parent_session_id: caller.session,
         parent_run_id: caller.run_id,

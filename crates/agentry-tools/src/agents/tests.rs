@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use serde_json::json;
 
 use super::*;
+use agentry_core::access::Grant;
 use agentry_core::network::NetworkPolicy;
 use agentry_core::subrun::{AgentEntry, AgentTarget, ChildLink, ChildRun, SubRunError, SubRuns};
 use agentry_core::tool::{CallerInfo, ToolContext, ToolError, ToolOutput};
@@ -99,6 +100,12 @@ fn context(agent: Option<&str>) -> (ToolContext, Arc<CallerInfo>) {
         agent_id: agent.map(str::to_owned),
         approvals: serde_json::from_value(json!({"tools": {"a": "always"}})).unwrap(),
         network: vec![NetworkPolicy::Allow(vec!["docs.rs".into()])],
+        grant: Some(Grant {
+            agents: Some(vec!["writer".into()]),
+            models: Some(vec!["caller-model".into()]),
+            tools: Some(vec!["a".into(), "b".into(), DELEGATE.into()]),
+            no_commands: false,
+        }),
     });
     let mut context = ToolContext::detached("call-1");
     context.caller = Some(Arc::clone(&caller));
@@ -180,6 +187,8 @@ async fn delegate_starts_a_child_with_the_callers_model_tools_and_table() {
     assert_eq!(request.approvals.as_ref(), Some(&caller.approvals));
     // So does its network narrowing.
     assert_eq!(request.network, caller.network);
+    // And its caller's grant, which the child's start checks.
+    assert_eq!(request.grant, caller.grant);
 }
 
 #[tokio::test]
@@ -220,6 +229,11 @@ async fn delegate_gives_only_tools_the_caller_has() {
     assert_eq!(request.model.as_deref(), Some("helper-model"));
     assert_eq!(request.fallback_models, ["backup"]);
     assert_eq!(request.tools.as_deref(), Some(&["a".to_owned()][..]));
+    // An agent the caller's grant allows brings its own tools; its agent and model stay held.
+    let grant = request.grant.as_ref().unwrap();
+    assert_eq!(grant.tools, Some(vec!["a".to_owned(), "x".into()]));
+    assert_eq!(grant.agents, Some(vec!["writer".to_owned()]));
+    assert_eq!(grant.models, Some(vec!["caller-model".to_owned()]));
     assert!(
         request
             .system

@@ -462,6 +462,16 @@ impl fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// A resolver that gives only public addresses: a client built with it connects to no
+/// loopback, private or link-local address whatever a name resolves to when it connects (a name
+/// checked earlier cannot be rebound to an internal address in between). What webhooks go out
+/// with; `fetch` uses the same resolver under its policy.
+pub fn public_only_resolver() -> Arc<dyn Resolve> {
+    Arc::new(PolicyResolver {
+        access: PrivateAccess::None,
+    })
+}
+
 impl Resolve for PolicyResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_ascii_lowercase();

@@ -30,7 +30,7 @@ mod files;
 mod search;
 mod undo;
 
-pub use fetch::{FetchConfig, validate_network_policy};
+pub use fetch::{FetchConfig, public_only_resolver, validate_network_policy};
 
 /// The name of the `read_file` tool.
 pub const READ_FILE: &str = "read_file";

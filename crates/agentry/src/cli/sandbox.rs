@@ -155,6 +155,13 @@ pub(crate) struct SandboxArgs {
     /// or npm project.
     #[arg(long = "sandbox-ro-mount", value_name = "PATH")]
     pub(crate) ro_mounts: Vec<std::path::PathBuf>,
+    /// Show the host's /usr/local inside sandboxes (hidden by default: it often holds the
+    /// host's own tools and their configuration; show single folders with --sandbox-ro-mount).
+    #[arg(
+        long = "sandbox-show-usr-local",
+        env = "AGENTRY_SANDBOX_SHOW_USR_LOCAL"
+    )]
+    pub(crate) show_usr_local: bool,
     /// Let commands run on the host, WITHOUT ISOLATION: command tools and stdio MCP servers that
     /// say "host": true, and all of them when there is no sandbox. Off by default: those are
     /// refused. With it, registering a stdio MCP server over HTTP needs an API key.
@@ -188,7 +195,10 @@ impl SandboxArgs {
         let mut tools = environment_with(
             self.mode,
             network,
-            self.ro_mounts.clone(),
+            Mounts {
+                read_only: self.ro_mounts.clone(),
+                show_usr_local: self.show_usr_local,
+            },
             home,
             self.workspaces.as_deref(),
         )?;
@@ -223,16 +233,24 @@ pub(crate) fn environment(
     network: NetworkPolicy,
     home: &Path,
 ) -> anyhow::Result<ToolEnvironment> {
-    environment_with(mode, network, Vec::new(), home, None)
+    environment_with(mode, network, Mounts::default(), home, None)
 }
 
-/// [`environment`], with `ro_mounts` shown read-only in every sandbox and the workspaces in
-/// `workspaces` when given; sandboxed stdio MCP servers get their workspaces under
-/// `home/mcp-workspaces`.
+/// What sandboxes see of the host beyond the system folders.
+#[derive(Debug, Default)]
+struct Mounts {
+    /// Host folders shown read-only at the same paths.
+    read_only: Vec<std::path::PathBuf>,
+    /// Whether the host's `/usr/local` is shown (hidden by default).
+    show_usr_local: bool,
+}
+
+/// [`environment`], with `mounts` in every sandbox and the workspaces in `workspaces` when
+/// given; sandboxed stdio MCP servers get their workspaces under `home/mcp-workspaces`.
 fn environment_with(
     mode: SandboxMode,
     network: NetworkPolicy,
-    ro_mounts: Vec<std::path::PathBuf>,
+    mounts: Mounts,
     home: &Path,
     workspaces: Option<&Path>,
 ) -> anyhow::Result<ToolEnvironment> {
@@ -278,7 +296,8 @@ fn environment_with(
                 .context("cannot start the sandbox backend (see `agentry doctor`)")?;
                 let mut template = SandboxSpec::new(&workspaces);
                 template.network = network;
-                template.ro_mounts = ro_mounts;
+                template.ro_mounts = mounts.read_only;
+                template.hide_usr_local = !mounts.show_usr_local;
                 Some(SandboxPool::new(backend, template))
             }
         };

@@ -274,6 +274,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                         &profile.runtime(None, None).await?,
                         id,
                         None,
+                        None,
                     )
                     .await
                     .map_err(super::app_error)?

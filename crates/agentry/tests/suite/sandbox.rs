@@ -253,3 +253,77 @@ async fn allow_host_commands_is_said_loudly_at_start_and_shown_in_the_capabiliti
     assert_eq!(capabilities["command_tools"], "host", "{capabilities}");
     child.kill().await.unwrap();
 }
+
+/// Starts `agentry serve` with a native sandbox and `extra` flags, runs `line` in a new sandbox
+/// over the API, and returns its stdout.
+async fn serve_and_run_in_a_sandbox(extra: &[&str], line: &str) -> String {
+    let home = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", &format!("127.0.0.1:{port}"), "--sandbox", "native"])
+        .args(extra)
+        .env_remove("AGENTRY_DATABASE_URL")
+        .env_remove("AGENTRY_SANDBOX_SHOW_USR_LOCAL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = agentry_llm::http_client(std::time::Duration::from_secs(5)).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while http.get(format!("{base}/readyz")).send().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serve never answered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let created: serde_json::Value = http
+        .post(format!("{base}/v1/sandboxes"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"));
+    let result: serde_json::Value = http
+        .post(format!("{base}/v1/sandboxes/{id}/exec"))
+        .json(&json!({"command": line}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(result["exit_code"], 0, "{result}");
+    child.kill().await.unwrap();
+    result["stdout"].as_str().unwrap().to_owned()
+}
+
+/// The host's `/usr/local` (its own tools and their configuration) is hidden in the sandboxes
+/// `agentry serve` makes unless `--sandbox-show-usr-local` says otherwise (the second security
+/// review's N17).
+#[tokio::test]
+async fn serve_hides_the_hosts_usr_local_in_sandboxes_unless_told() {
+    let host: usize = std::fs::read_dir("/usr/local").map_or(0, Iterator::count);
+    let line = "ls -A /usr/local | wc -l";
+    let hidden = serve_and_run_in_a_sandbox(&[], line).await;
+    assert_eq!(hidden.trim(), "0", "/usr/local is empty inside");
+    let shown = serve_and_run_in_a_sandbox(&["--sandbox-show-usr-local"], line).await;
+    assert_eq!(
+        shown.trim(),
+        host.to_string(),
+        "the host's /usr/local is shown"
+    );
+}

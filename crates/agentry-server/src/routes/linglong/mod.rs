@@ -34,7 +34,7 @@ use agentry_app::error::AppError;
 use agentry_app::linglong::request::SeedInferRequest;
 
 pub(crate) mod tus;
-mod workspace;
+pub(crate) mod workspace;
 
 use crate::authorization::Caller;
 use crate::error::ApiError;
@@ -364,6 +364,7 @@ async fn terminal_socket(
     >,
 ) -> Answer {
     let Query(query) = query.map_err(|rejection| AppError::bad_request(rejection.body_text()))?;
+    let upgrade = crate::routes::terminals::websocket(upgrade)?;
     let Some(named) = query.terminal_id else {
         return Err(
             AppError::bad_request("Failed to create terminal: terminal_id is required").into(),
@@ -376,7 +377,7 @@ async fn terminal_socket(
     let flavour = crate::routes::terminals::Flavour::Seed;
     Ok(crate::routes::terminals::serve_socket(
         &state, &terminal, upgrade, flavour,
-    )?)
+    ))
 }
 
 async fn create_tool(State(state): State<AppState>, body: Bytes) -> Answer {

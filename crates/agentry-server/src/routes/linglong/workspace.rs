@@ -159,7 +159,57 @@ fn byte_range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> 
     }
 }
 
-/// A file's bytes, whole or one range of them.
+/// What every workspace file's answer carries, so that no file an agent or a user wrote runs as
+/// a page on the API's origin: no sniffing, and a sandboxing policy on whatever is opened.
+pub(crate) fn never_active(headers: &mut HeaderMap) {
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+}
+
+/// How a workspace file of `mime_type` is shown inline: as its own type when that is inert
+/// (raster images, audio, video, plain text), as plain text for every other text type (HTML,
+/// XML, scripts: read, never run); `None` for the rest (SVG, PDF, anything else), which only
+/// ever come as attachments (an `<img>` still shows an SVG, a navigation downloads it).
+fn inline_type(mime_type: &str) -> Option<&str> {
+    let essence = mime_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let inert_image = matches!(
+        essence.as_str(),
+        "image/png" | "image/jpeg" | "image/gif" | "image/webp" | "image/bmp" | "image/avif"
+    );
+    if inert_image
+        || essence == "text/plain"
+        || essence.starts_with("audio/")
+        || essence.starts_with("video/")
+    {
+        Some(mime_type)
+    } else if essence == "image/svg+xml" {
+        None
+    } else if essence.starts_with("text/")
+        || essence.ends_with("+xml")
+        || matches!(
+            essence.as_str(),
+            "application/xml" | "application/javascript" | "application/json"
+        )
+    {
+        Some("text/plain; charset=utf-8")
+    } else {
+        None
+    }
+}
+
+/// A file's bytes, whole or one range of them: inline only as an inert type, else as an
+/// attachment, and never active (see [`never_active`]).
 fn file_response(headers: &HeaderMap, opened: OpenedFile, as_attachment: bool) -> Response {
     use std::io::{Seek as _, SeekFrom};
     let OpenedFile {
@@ -192,9 +242,11 @@ fn file_response(headers: &HeaderMap, opened: OpenedFile, as_attachment: bool) -
     let mut response = Body::from_stream(stream).into_response();
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    if let Ok(value) = HeaderValue::from_str(&mime_type) {
+    let inline = inline_type(&mime_type).filter(|_| !as_attachment);
+    if let Ok(value) = HeaderValue::from_str(inline.unwrap_or(&mime_type)) {
         headers.insert(header::CONTENT_TYPE, value);
     }
+    never_active(headers);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if status == StatusCode::PARTIAL_CONTENT
@@ -203,7 +255,9 @@ fn file_response(headers: &HeaderMap, opened: OpenedFile, as_attachment: bool) -
     {
         headers.insert(header::CONTENT_RANGE, value);
     }
-    if as_attachment && let Ok(value) = HeaderValue::from_str(&attachment(&name)) {
+    if inline.is_none()
+        && let Ok(value) = HeaderValue::from_str(&attachment(&name))
+    {
         headers.insert(header::CONTENT_DISPOSITION, value);
     }
     response
@@ -312,6 +366,7 @@ async fn thumbnail(
         }
     };
     let headers = response.headers_mut();
+    never_active(headers);
     if let Ok(value) = HeaderValue::from_str(&etag) {
         headers.insert(header::ETAG, value);
     }
@@ -349,6 +404,7 @@ async fn download(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/zip"),
             );
+            never_active(headers);
             if let Ok(value) = HeaderValue::from_str(&attachment(&format!("{name}.zip"))) {
                 headers.insert(header::CONTENT_DISPOSITION, value);
             }

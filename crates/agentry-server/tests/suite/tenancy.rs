@@ -1,0 +1,581 @@
+//! A limited `user` key stays within its limits on every path that chooses an agent, a model
+//! or a tool: each test is named after its path, and drives it with a key limited to the agent
+//! `helper`, the model `mock` and the tool `current_time`, against an administrator's agents,
+//! models and tools (the second security review's N1).
+
+use agentry_app::auth::KeyLimits;
+use agentry_testkit::{Reply, ScriptedTurn};
+use serde_json::{Value, json};
+
+use super::security::{as_key, with_keys};
+use super::support::{Server, start};
+
+/// A server with the administrator's agents (`helper`, the key's; `shared` and `roamer`, not
+/// the key's), a second model `other` on the same mock, and the limited key.
+async fn limited_server() -> (Server, String, String) {
+    let server = start().await;
+    let (status, body) = server
+        .post(
+            "/v1/models",
+            json!({"id": "other", "protocol": "openai", "model_name": "o",
+                   "base_url": server.mock.openai_base_url()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    for agent in [
+        json!({"id": "helper", "model_id": "mock", "a2a": {},
+               "tool_ids": ["current_time", "delegate", "talk_to"]}),
+        json!({"id": "shared", "model_id": "mock", "a2a": {}, "tool_ids": ["slow"]}),
+        json!({"id": "roamer", "model_id": "other"}),
+    ] {
+        let (status, body) = server.post("/v1/agents", agent).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (admin, user, _) = with_keys(
+        &server,
+        KeyLimits {
+            agents: Some(vec!["helper".into(), "roamer".into()]),
+            models: Some(vec!["mock".into()]),
+            tools: Some(vec!["current_time".into()]),
+        },
+    )
+    .await;
+    (server, admin, user)
+}
+
+/// The names of the tools the mock's `request`-th call was offered.
+fn offered(server: &Server, request: usize) -> Vec<String> {
+    let mut names: Vec<String> = server.mock.requests()[request].body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|tool| tool["function"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn assert_denied(status: u16, answer: &Value, what: &str) {
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer.to_string().contains(what), "{what}: {answer}");
+}
+
+#[tokio::test]
+async fn infer_as_an_allowed_agent_only_narrows_its_tools() {
+    let (server, admin, user) = limited_server().await;
+    // The request's tools never replace the agent's: `*`, or a tool the agent lacks, is refused.
+    // (`*` offers every registered tool: here the agent's and the command tool `slow`.)
+    for (tools, refused) in [
+        (json!(["*"]), "slow"),
+        (json!(["slow", "current_time"]), "slow"),
+    ] {
+        let (status, answer) = as_key(
+            &server,
+            &user,
+            "POST",
+            "/v1/infer",
+            json!({"text": "hi", "agent_id": "helper", "tool_ids": tools}),
+        )
+        .await;
+        assert_denied(status, &answer, "may not use the tools");
+        assert!(answer.to_string().contains(refused), "{answer}");
+    }
+    assert!(server.mock.requests().is_empty(), "no model was called");
+    // Narrowing the agent's own tools is fine.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "agent_id": "helper", "tool_ids": ["delegate"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(offered(&server, 0), ["delegate"]);
+    // An administrator's request still replaces the agent's tools, as documented.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &admin,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "agent_id": "helper", "tool_ids": ["slow"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(offered(&server, 1), ["slow"]);
+}
+
+#[tokio::test]
+async fn infer_holds_the_model_it_really_calls() {
+    let (server, admin, user) = limited_server().await;
+    // An allowed agent on a model outside the key's list; a request overriding an allowed
+    // agent's model; a default model outside the list.
+    for body in [
+        json!({"text": "hi", "agent_id": "roamer"}),
+        json!({"text": "hi", "agent_id": "helper", "model_id": "other"}),
+    ] {
+        let (status, answer) = as_key(&server, &user, "POST", "/v1/infer", body).await;
+        assert_denied(status, &answer, "may not use the model \\\"other\\\"");
+    }
+    let (status, body) = as_key(
+        &server,
+        &admin,
+        "PUT",
+        "/v1/models/other",
+        json!({"id": "other", "protocol": "openai", "model_name": "o", "default": true,
+               "base_url": server.mock.openai_base_url()}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, answer) = as_key(&server, &user, "POST", "/v1/infer", json!({"text": "hi"})).await;
+    assert_denied(status, &answer, "may not use the model \\\"other\\\"");
+    // An agent's fallbacks are models it calls too.
+    let (status, body) = as_key(
+        &server,
+        &admin,
+        "PUT",
+        "/v1/agents/helper",
+        json!({"id": "helper", "model_id": "mock", "fallback_model_ids": ["other"],
+               "tool_ids": ["current_time"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "agent_id": "helper"}),
+    )
+    .await;
+    assert_denied(status, &answer, "may not use the model \\\"other\\\"");
+    assert!(server.mock.requests().is_empty(), "no model was called");
+}
+
+#[tokio::test]
+async fn background_runs_hold_the_same_limits() {
+    let (server, _, user) = limited_server().await;
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/runs",
+        json!({"text": "hi", "agent_id": "helper", "tool_ids": ["*"]}),
+    )
+    .await;
+    assert_denied(status, &answer, "may not use the tools");
+    let (_, listed) = as_key(&server, &user, "GET", "/v1/runs", json!({})).await;
+    assert_eq!(listed["runs"], json!([]), "nothing was queued: {listed}");
+}
+
+/// Runs `call` as the limited key's `helper`, whose model calls `tool` with `arguments`, and
+/// returns the tool's result as the model read it.
+async fn tool_result(server: &Server, user: &str, tool: &str, arguments: Value) -> String {
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::tool_call(tool, arguments)));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("done")));
+    let (status, answer) = as_key(
+        server,
+        user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "go", "agent_id": "helper", "session_id": "new"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let requests = server.mock.requests();
+    let last = &requests.last().unwrap().body;
+    let message = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .unwrap_or_else(|| panic!("a tool message in {last}"));
+    message["content"].to_string()
+}
+
+#[tokio::test]
+async fn delegate_reaches_no_agent_and_no_model_outside_the_key() {
+    let (server, _, user) = limited_server().await;
+    let result = tool_result(
+        &server,
+        &user,
+        "delegate",
+        json!({"task": "write the file", "agent": "shared"}),
+    )
+    .await;
+    assert!(result.contains("may not run as the agent"), "{result}");
+    assert_eq!(server.mock.requests().len(), 2, "no sub-agent ran");
+    let result = tool_result(
+        &server,
+        &user,
+        "delegate",
+        json!({"task": "say hi", "model": "other"}),
+    )
+    .await;
+    assert!(result.contains("may not use the model"), "{result}");
+    assert_eq!(server.mock.requests().len(), 4, "no sub-agent ran");
+    // An allowed agent on a model outside the key's list is refused too.
+    let result = tool_result(
+        &server,
+        &user,
+        "delegate",
+        json!({"task": "say hi", "agent": "roamer"}),
+    )
+    .await;
+    assert!(result.contains("may not use the model"), "{result}");
+    assert_eq!(server.mock.requests().len(), 6, "no sub-agent ran");
+    let (_, sessions) = as_key(&server, &user, "GET", "/v1/sessions", json!({})).await;
+    assert_eq!(
+        sessions["sessions"].as_array().unwrap().len(),
+        3,
+        "no child session was created: {sessions}"
+    );
+}
+
+#[tokio::test]
+async fn talk_to_reaches_no_agent_outside_the_key() {
+    let (server, _, user) = limited_server().await;
+    let result = tool_result(
+        &server,
+        &user,
+        "talk_to",
+        json!({"agents": ["shared"], "message": "run slow"}),
+    )
+    .await;
+    assert!(result.contains("may not run as the agent"), "{result}");
+    assert_eq!(server.mock.requests().len(), 2, "no sub-agent ran");
+}
+
+#[tokio::test]
+async fn session_titles_use_only_the_keys_models() {
+    let (server, _, user) = limited_server().await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "session_id": "new"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let session = answer["session_id"].as_str().unwrap().to_owned();
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        &format!("/v1/sessions/{session}/title"),
+        json!({"model_id": "other"}),
+    )
+    .await;
+    assert_denied(status, &answer, "may not use the model");
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        &format!("/linglong/v1/sessions/{session}/generate-title"),
+        json!({"model_id": "other"}),
+    )
+    .await;
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(
+        server.mock.requests().len(),
+        1,
+        "only the run called a model"
+    );
+    // On its own model it works.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Greetings")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        &format!("/v1/sessions/{session}/title"),
+        json!({"model_id": "mock"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["title"], "Greetings");
+}
+
+#[tokio::test]
+async fn openai_chat_completions_hold_the_keys_models_and_agents() {
+    let (server, _, user) = limited_server().await;
+    for model in ["other", "agent:shared", "agent:roamer"] {
+        let (status, answer) = as_key(
+            &server,
+            &user,
+            "POST",
+            "/openai/v1/chat/completions",
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+        assert_eq!(status, 403, "{model}: {answer}");
+    }
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/openai/v1/responses",
+        json!({"model": "other", "input": "hi"}),
+    )
+    .await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(server.mock.requests().is_empty(), "no model was called");
+}
+
+#[tokio::test]
+async fn linglong_infer_holds_the_keys_limits() {
+    let (server, _, user) = limited_server().await;
+    for body in [
+        json!({"text": "hi", "model_id": "other"}),
+        json!({"text": "hi", "tool_ids": ["slow"]}),
+        json!({"text": "hi", "agent_ids": ["shared"]}),
+    ] {
+        let (status, answer) =
+            as_key(&server, &user, "POST", "/linglong/v1/infer", body.clone()).await;
+        assert_eq!(status, 403, "{body}: {answer}");
+    }
+    assert!(server.mock.requests().is_empty(), "no model was called");
+}
+
+#[tokio::test]
+async fn a2a_runs_only_the_keys_agents() {
+    let (server, _, user) = limited_server().await;
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/a2a/shared",
+        json!({"jsonrpc": "2.0", "id": "r1", "method": "message/send", "params": {"message":
+               {"role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}}}),
+    )
+    .await;
+    assert!(
+        status == 403 || answer.get("error").is_some(),
+        "{status}: {answer}"
+    );
+    assert!(answer.get("result").is_none(), "{answer}");
+    assert!(server.mock.requests().is_empty(), "no model was called");
+}
+
+#[tokio::test]
+async fn group_members_run_within_the_keys_limits() {
+    let (server, _, user) = limited_server().await;
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/groups",
+        json!({"members": ["helper", "shared"]}),
+    )
+    .await;
+    assert_denied(status, &answer, "may not run as the agent");
+    // `roamer` is an allowed agent on a model outside the key's list.
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/groups",
+        json!({"members": ["helper", "roamer"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let session = answer["session_id"].as_str().unwrap().to_owned();
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        &format!("/v1/groups/{session}/messages"),
+        json!({"text": "hello all"}),
+    )
+    .await;
+    assert_denied(status, &answer, "may not use the model \\\"other\\\"");
+    assert!(server.mock.requests().is_empty(), "no model was called");
+}
+
+/// The system prompt of the mock's `request`-th call.
+fn system_prompt(server: &Server, request: usize) -> String {
+    let body = &server.mock.requests()[request].body;
+    body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn end_users_belong_to_the_key_that_names_them() {
+    let (server, admin, user) = limited_server().await;
+    let key_id = user.split('_').nth(1).unwrap().to_owned();
+    // The administrator's end user `alice`, and the limited key's own `alice`.
+    for (who, text) in [
+        ("alice".to_owned(), "Alice bank PIN is 4321"),
+        (format!("{key_id}:alice"), "Alice likes green tea"),
+    ] {
+        let (status, body) = as_key(
+            &server,
+            &admin,
+            "POST",
+            "/v1/agents/helper/memories",
+            json!({"kind": "fact", "text": text, "user": who}),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "what do you know about me?", "agent_id": "helper", "user": "alice"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let prompt = system_prompt(&server, 0);
+    assert!(prompt.contains("Alice likes green tea"), "{prompt}");
+    assert!(
+        !prompt.contains("4321"),
+        "another namespace's alice leaked: {prompt}"
+    );
+    // The key cannot step into another namespace by naming it.
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "agent_id": "helper", "user": format!("{key_id}:alice")}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    // The administrator acts for any end user: its own `alice`, or the key's.
+    for (who, expected, absent) in [
+        ("alice".to_owned(), "4321", "green tea"),
+        (format!("{key_id}:alice"), "green tea", "4321"),
+    ] {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+        let (status, answer) = as_key(
+            &server,
+            &admin,
+            "POST",
+            "/v1/infer",
+            json!({"text": "what do you know about me?", "agent_id": "helper", "user": who}),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        let prompt = system_prompt(&server, server.mock.requests().len() - 1);
+        assert!(prompt.contains(expected), "{who}: {prompt}");
+        assert!(!prompt.contains(absent), "{who}: {prompt}");
+    }
+}
+
+/// Under `--sandbox local` a command is a shell on the host, as the server's user: a `user` key
+/// gets no terminal, no sandbox and no tool that runs commands there, while an admin keeps them
+/// (the second security review's N16).
+#[tokio::test]
+async fn without_isolation_a_user_key_gets_no_shell() {
+    use agentry_sandbox::{BackendKind, SandboxConfig, SandboxPool, SandboxSpec};
+    let server = super::support::start_with(
+        |home| {
+            let backend = agentry_sandbox::backend(SandboxConfig {
+                backend: BackendKind::Local,
+                init_exe: Some(super::support::sandbox_init_exe()),
+                ..Default::default()
+            })
+            .unwrap();
+            agentry_app::ToolEnvironment {
+                workspaces: Some(home.join("workspaces")),
+                sandboxes: Some(SandboxPool::new(
+                    backend,
+                    SandboxSpec::new(home.join("placeholder")),
+                )),
+                sandbox_root: Some(home.join("sandboxes")),
+                ..Default::default()
+            }
+        },
+        |_| {},
+    )
+    .await;
+    let (admin, user, _) = with_keys(&server, KeyLimits::default()).await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "session_id": "new"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let session = answer["session_id"].as_str().unwrap().to_owned();
+    for (method, path, body) in [
+        ("POST", "/v1/sandboxes".to_owned(), json!({})),
+        (
+            "POST",
+            "/v1/terminals".to_owned(),
+            json!({"session_id": session}),
+        ),
+        (
+            "POST",
+            "/v1/infer".to_owned(),
+            json!({"text": "hi", "tool_ids": ["exec"]}),
+        ),
+        (
+            "POST",
+            "/v1/infer".to_owned(),
+            json!({"text": "hi", "tool_ids": ["*"]}),
+        ),
+    ] {
+        let (status, answer) = as_key(&server, &user, method, &path, body).await;
+        assert_eq!(status, 403, "{method} {path}: {answer}");
+        assert!(
+            answer.to_string().contains("without isolation"),
+            "{method} {path}: {answer}"
+        );
+    }
+    assert_eq!(
+        server.mock.requests().len(),
+        1,
+        "only the first run called a model"
+    );
+    // Tools that run no command are still the key's.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "tool_ids": ["current_time"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    // An admin keeps its sandboxes.
+    let (status, answer) = as_key(&server, &admin, "POST", "/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 201, "{answer}");
+    server.close_sandboxes().await;
+}
