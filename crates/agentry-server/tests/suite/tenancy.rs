@@ -579,3 +579,50 @@ async fn without_isolation_a_user_key_gets_no_shell() {
     assert_eq!(status, 201, "{answer}");
     server.close_sandboxes().await;
 }
+
+/// A configured tool's definition may carry literal credentials (an HTTP tool's headers, a
+/// command tool's environment): a `user` key reads its summary, an admin the definition (the
+/// second security review's N7).
+#[tokio::test]
+async fn tool_definitions_with_credentials_are_summaries_for_user_keys() {
+    let (server, admin, user) = limited_server().await;
+    for definition in [
+        json!({"kind": "http", "name": "crm", "description": "The CRM.",
+               "url": "https://crm.example.com/api", "method": "POST",
+               "headers": {"authorization": "Bearer crm-literal-token-123456"}}),
+        json!({"kind": "command", "name": "deploy", "description": "Deploys.",
+               "program": "/bin/true", "env": {"DEPLOY_TOKEN": "ghp_literalDeployToken999"}}),
+    ] {
+        let (status, body) = as_key(&server, &admin, "POST", "/v1/tools", definition).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    for (name, secret) in [
+        ("crm", "crm-literal-token-123456"),
+        ("deploy", "ghp_literalDeployToken999"),
+    ] {
+        let (status, shown) = as_key(
+            &server,
+            &user,
+            "GET",
+            &format!("/v1/tools/{name}"),
+            json!({}),
+        )
+        .await;
+        assert_eq!(status, 200, "{shown}");
+        assert_eq!(shown["name"], name, "{shown}");
+        assert!(!shown.to_string().contains(secret), "{name}: {shown}");
+        let (status, full) = as_key(
+            &server,
+            &admin,
+            "GET",
+            &format!("/v1/tools/{name}"),
+            json!({}),
+        )
+        .await;
+        assert_eq!(status, 200, "{full}");
+        assert!(
+            full.to_string().contains(secret),
+            "the admin reads it: {full}"
+        );
+    }
+}
