@@ -7,10 +7,12 @@
 //! effect on the next request.
 //!
 //! Console logins live in memory for [`LOGIN_TTL`]. Expired ones are swept whenever a login is
-//! added, and at most [`MAX_LOGINS`] are kept (the oldest goes first), so repeated logins cannot
-//! grow the table without bound.
+//! added, at most [`MAX_LOGINS_PER_KEY`] are kept per key and [`MAX_LOGINS`] in all (the oldest
+//! goes first), so repeated logins cannot grow the table without bound nor push other keys' out.
+//! Failed logins are throttled per client address: one client's guesses lock nobody else out.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,8 +26,15 @@ use agentry_store::{ConfigKind, Store, StoreError};
 pub const SESSION_COOKIE: &str = "agentry_session";
 /// The cookie a login over TLS sets (`Secure`, bound to this host and path `/`).
 pub const SECURE_SESSION_COOKIE: &str = "__Host-agentry_session";
-/// Failed logins allowed in [`LOGIN_FAILURE_WINDOW`] before further attempts wait.
+/// Failed logins allowed from one client address in [`LOGIN_FAILURE_WINDOW`] before its further
+/// attempts wait (other clients' go on).
 const MAX_LOGIN_FAILURES: usize = 10;
+/// Client addresses whose failures are remembered at once; past that, the one that failed
+/// longest ago is forgotten.
+const MAX_THROTTLED_CLIENTS: usize = 10_000;
+/// Logins one key holds at once; another login of the key ends its oldest, so one key holder
+/// cannot push every other console user out.
+pub const MAX_LOGINS_PER_KEY: usize = 32;
 /// The window failed logins are counted in.
 const LOGIN_FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// How long a login lasts.
@@ -413,12 +422,25 @@ impl Logins {
         }
     }
 
-    /// Adds a login at `now`: expired logins are swept first, and when the table is still
-    /// full the oldest logins end to make room.
+    /// Adds a login at `now`: expired logins are swept first, a key at [`MAX_LOGINS_PER_KEY`]
+    /// ends its own oldest login, and when the table is still full the oldest logins end to
+    /// make room.
     fn insert(&mut self, token_hash: String, key_id: String, now: Instant) {
         let ttl = self.ttl;
         self.entries
             .retain(|_, (_, at)| now.saturating_duration_since(*at) <= ttl);
+        let mut own: Vec<(Instant, String)> = self
+            .entries
+            .iter()
+            .filter(|(_, (id, _))| *id == key_id)
+            .map(|(hash, (_, at))| (*at, hash.clone()))
+            .collect();
+        if own.len() >= MAX_LOGINS_PER_KEY {
+            own.sort();
+            for (_, hash) in own.iter().take(own.len() + 1 - MAX_LOGINS_PER_KEY) {
+                self.entries.remove(hash);
+            }
+        }
         while self.entries.len() >= self.max.max(1) {
             let Some(oldest) = self
                 .entries
@@ -452,13 +474,65 @@ impl Logins {
     }
 }
 
+/// Recent failed logins by client address (`None`: a caller that gave none), each client's
+/// counted apart, at most [`MAX_THROTTLED_CLIENTS`] clients remembered.
+#[derive(Debug, Default)]
+struct LoginFailures {
+    by_client: HashMap<Option<IpAddr>, std::collections::VecDeque<Instant>>,
+}
+
+impl LoginFailures {
+    fn failed(&mut self, client: Option<IpAddr>, now: Instant) {
+        let recent = |at: &Instant| now.saturating_duration_since(*at) <= LOGIN_FAILURE_WINDOW;
+        if !self.by_client.contains_key(&client) && self.by_client.len() >= MAX_THROTTLED_CLIENTS {
+            self.by_client
+                .retain(|_, times| times.back().is_some_and(recent));
+            if self.by_client.len() >= MAX_THROTTLED_CLIENTS {
+                let stalest = self
+                    .by_client
+                    .iter()
+                    .min_by_key(|(_, times)| times.back().copied())
+                    .map(|(address, _)| *address);
+                if let Some(stalest) = stalest {
+                    self.by_client.remove(&stalest);
+                }
+            }
+        }
+        let times = self.by_client.entry(client).or_default();
+        times.push_back(now);
+        while times.len() > MAX_LOGIN_FAILURES {
+            times.pop_front();
+        }
+    }
+
+    fn wait(&mut self, client: Option<IpAddr>, now: Instant) -> Option<Duration> {
+        let times = self.by_client.get_mut(&client)?;
+        while times
+            .front()
+            .is_some_and(|at| now.saturating_duration_since(*at) > LOGIN_FAILURE_WINDOW)
+        {
+            times.pop_front();
+        }
+        if times.is_empty() {
+            self.by_client.remove(&client);
+            return None;
+        }
+        if times.len() < MAX_LOGIN_FAILURES {
+            return None;
+        }
+        times.front().map(|oldest| {
+            LOGIN_FAILURE_WINDOW.saturating_sub(now.saturating_duration_since(*oldest))
+        })
+    }
+}
+
 /// Checks presented credentials against the store.
 #[derive(Clone)]
 pub struct Authenticator {
     store: Store,
     enabled: Arc<Mutex<Option<(Instant, bool)>>>,
     logins: Arc<Mutex<Logins>>,
-    failed_logins: Arc<Mutex<std::collections::VecDeque<Instant>>>,
+    failed_logins: Arc<Mutex<LoginFailures>>,
 }
 
 impl Authenticator {
@@ -478,36 +552,21 @@ impl Authenticator {
         }
     }
 
-    /// Records a failed login.
-    pub fn login_failed(&self) {
-        let mut failed = self
-            .failed_logins
+    /// Records a failed login from `client` (its address, when known).
+    pub fn login_failed(&self, client: Option<IpAddr>) {
+        self.failed_logins
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        failed.push_back(Instant::now());
-        while failed.len() > MAX_LOGIN_FAILURES {
-            failed.pop_front();
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .failed(client, Instant::now());
     }
 
-    /// How long to wait before the next login attempt, when too many failed lately.
-    pub fn login_throttled(&self) -> Option<Duration> {
-        let mut failed = self
-            .failed_logins
+    /// How long `client` waits before its next login attempt, when too many of its own failed
+    /// lately; other clients are not held back by its failures.
+    pub fn login_throttled(&self, client: Option<IpAddr>) -> Option<Duration> {
+        self.failed_logins
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while failed
-            .front()
-            .is_some_and(|at| at.elapsed() > LOGIN_FAILURE_WINDOW)
-        {
-            failed.pop_front();
-        }
-        if failed.len() < MAX_LOGIN_FAILURES {
-            return None;
-        }
-        failed
-            .front()
-            .map(|oldest| LOGIN_FAILURE_WINDOW.saturating_sub(oldest.elapsed()))
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .wait(client, Instant::now())
     }
 
     fn logins(&self) -> std::sync::MutexGuard<'_, Logins> {
@@ -658,7 +717,7 @@ mod tests {
         let start = Instant::now();
         let mut logins = Logins::new(Duration::from_secs(60), 100);
         for n in 0..50 {
-            logins.insert(format!("old{n}"), "k".into(), start);
+            logins.insert(format!("old{n}"), format!("k{n}"), start);
         }
         assert_eq!(logins.len(), 50);
         // Nobody presents the old tokens again; one later login sweeps them all.
@@ -670,6 +729,48 @@ mod tests {
         // An expired login is refused when presented, and removed.
         assert_eq!(logins.get("new", later + Duration::from_secs(61)), None);
         assert_eq!(logins.len(), 0);
+    }
+
+    #[test]
+    fn one_key_holds_a_bounded_number_of_logins_and_pushes_out_no_one_else() {
+        let start = Instant::now();
+        let mut logins = Logins::new(Duration::from_secs(3600), 1000);
+        logins.insert("other".into(), "k2".into(), start);
+        for n in 0..100u64 {
+            logins.insert(
+                format!("t{n}"),
+                "k1".into(),
+                start + Duration::from_secs(n + 1),
+            );
+        }
+        let now = start + Duration::from_secs(200);
+        assert_eq!(logins.len(), MAX_LOGINS_PER_KEY + 1);
+        assert_eq!(logins.get("other", now).as_deref(), Some("k2"));
+        assert_eq!(logins.get("t99", now).as_deref(), Some("k1"));
+        assert_eq!(logins.get("t0", now), None, "the key's oldest went");
+    }
+
+    #[test]
+    fn failed_logins_hold_back_only_their_own_client() {
+        let now = Instant::now();
+        let mut failures = LoginFailures::default();
+        let attacker = Some(IpAddr::from([127, 0, 0, 9]));
+        let user = Some(IpAddr::from([127, 0, 0, 1]));
+        for _ in 0..MAX_LOGIN_FAILURES {
+            assert_eq!(failures.wait(attacker, now), None);
+            failures.failed(attacker, now);
+        }
+        assert_eq!(failures.wait(attacker, now), Some(LOGIN_FAILURE_WINDOW));
+        assert_eq!(failures.wait(user, now), None);
+        assert_eq!(failures.wait(None, now), None);
+        // A minute later the attacker may try again.
+        let later = now + LOGIN_FAILURE_WINDOW + Duration::from_secs(1);
+        assert_eq!(failures.wait(attacker, later), None);
+        // However many addresses fail, only so many are remembered.
+        for n in 0..(MAX_THROTTLED_CLIENTS as u32 + 10) {
+            failures.failed(Some(IpAddr::from(n.to_be_bytes())), later);
+        }
+        assert!(failures.by_client.len() <= MAX_THROTTLED_CLIENTS);
     }
 
     #[test]

@@ -275,15 +275,19 @@ fn over_tls(headers: &axum::http::HeaderMap) -> bool {
 /// cookie is `Secure` and `__Host-` prefixed; failed attempts are throttled.
 async fn login(
     State(state): State<AppState>,
+    connection: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     headers: axum::http::HeaderMap,
     body: Result<Json<LoginBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    if let Some(wait) = state.auth.login_throttled() {
+    // Failed logins are counted per client address: one client's guesses hold back no one
+    // else's login.
+    let client = connection.map(|axum::Extension(axum::extract::ConnectInfo(peer))| peer.ip());
+    if let Some(wait) = state.auth.login_throttled(client) {
         let mut response = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
-            "too many failed logins: wait a minute",
+            "too many failed logins from this address: wait a minute",
         )
         .into_response();
         if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
@@ -297,7 +301,7 @@ async fn login(
         .await
         .map_err(|error| ApiError::internal(error.to_string()))?;
     let Some(token) = token else {
-        state.auth.login_failed();
+        state.auth.login_failed(client);
         return Ok(unauthorized("the API key is not valid"));
     };
     let (name, secure) = if over_tls(&headers) {

@@ -99,13 +99,14 @@ pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 /// (about 40 ms) behind the previous one.
 pub fn without_delay(
     listener: TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+) -> axum::serve::TapIo<TcpListener, fn(&mut tokio::net::TcpStream)> {
     use axum::serve::ListenerExt as _;
-    listener.tap_io(|stream| {
+    fn no_delay(stream: &mut tokio::net::TcpStream) {
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY not set: {error}");
         }
-    })
+    }
+    listener.tap_io(no_delay as fn(&mut tokio::net::TcpStream))
 }
 
 /// Serves until `state.shutdown` is cancelled. Runs that were in flight when the process last
@@ -138,11 +139,15 @@ pub async fn serve(
     let terminals = state.tools.terminals.clone();
     let pool = state.tools.sandboxes.clone();
     let app = router(state);
-    // One router for every connection: `into_make_service` hands each a cheap clone, where
+    // One router for every connection: the make-service hands each a cheap clone, where
     // serving the `Router` itself would rebuild every route's service stack per connection.
-    axum::serve(without_delay(listener), app.into_make_service())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
+    // Each request knows its peer's address (the login throttle counts per client).
+    axum::serve(
+        without_delay(listener),
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await?;
     let deadline = tokio::time::Instant::now() + config.shutdown_grace;
     while hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

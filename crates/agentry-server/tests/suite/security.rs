@@ -632,6 +632,19 @@ async fn logins_are_throttled_and_secure_behind_tls() {
     let response = login(key.key.clone(), false).await.unwrap();
     assert_eq!(response.status().as_u16(), 429);
     assert!(response.headers().contains_key("retry-after"));
+    // Those failures hold back only their own client: a console user at another address logs
+    // in (the second security review's N10).
+    let elsewhere = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let response = elsewhere
+        .post(format!("{}/v1/auth/login", server.url))
+        .json(&json!({ "api_key": key.key }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 204);
     // With keys, what /readyz tells is only that it is ready; /openapi.json needs a key.
     let (status, ready) = server.get("/readyz").await;
     assert_eq!(status, 200);
