@@ -557,7 +557,7 @@ impl crate::App {
         )
         .await?;
         if let Some(url) = &agent.webhook_url {
-            self.check_webhook(url).await?;
+            self.check_webhook(url, None).await?;
         }
         Ok(())
     }

@@ -552,6 +552,7 @@ impl App {
         }
         for (name, value) in pairs {
             check_secret(name, value)?;
+            refuse_reserved(name)?;
         }
         for (name, value) in pairs {
             self.store.put_secret(name, value).await?;
@@ -562,9 +563,26 @@ impl App {
     /// Deletes a secret.
     pub async fn delete_secret(&self, name: &str) -> Result<(), AppError> {
         check_name("secret", name)?;
+        refuse_reserved(name)?;
         if !self.store.delete_secret(name).await? {
             return Err(AppError::not_found(format!("no secret is named {name:?}")));
         }
         self.reload_runtime().await
     }
+}
+
+/// Refuses a secret only its own endpoint writes: a webhook signing secret (`POST
+/// /v1/webhook-secret`) or a workflow trigger's (`POST /v1/workflows/{name}/trigger`).
+fn refuse_reserved(name: &str) -> Result<(), AppError> {
+    if crate::webhooks::is_reserved_secret(name) {
+        return Err(AppError::new(
+            crate::error::Failure::Invalid,
+            "reserved_secret",
+            format!(
+                "{name:?} is written only by its own endpoint: `POST /v1/webhook-secret` for \
+                 webhook signing secrets, `POST /v1/workflows/{{name}}/trigger` for workflow triggers"
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -138,6 +138,8 @@ pub struct AppParts {
     pub queue: Arc<queue::QueueState>,
     /// The workflow runs driven by this process.
     pub workflows: Arc<workflows::LiveWorkflows>,
+    /// Workspace thumbnails: a few decodes at once, and the ones made.
+    pub thumbnails: Arc<workspace_files::Thumbnails>,
 }
 
 impl App {
@@ -212,6 +214,7 @@ impl App {
             groups: LiveGroups::default(),
             queue,
             workflows: Arc::default(),
+            thumbnails: Arc::default(),
         }));
         app.tools.delegation.bind(
             &app.store,

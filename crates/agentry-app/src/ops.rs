@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use agentry_core::approval::ApprovalDecision;
 use agentry_mcp::ElicitationAnswer;
-use agentry_types::{PendingApproval, RunId, SessionEvent, SessionId};
+use agentry_types::{PendingApproval, RunId, SessionId};
 
 use crate::App;
 use crate::elicitation::ElicitationError;
@@ -221,33 +221,16 @@ impl App {
             .unwrap_or_default())
     }
 
-    /// The session of `run_id`: a run live or queued here, else the session whose log started
-    /// it (so waiting and paused runs are found after a restart).
+    /// The session of `run_id`: a run live here, else the one its record names (every run in a
+    /// session has a record, written with its first events), found by the run's id through the
+    /// runs table's key — never by searching logs, which any caller probing ids could make
+    /// expensive.
     pub async fn locate(&self, run_id: RunId) -> Result<SessionId, AppError> {
         if let Some(session) = self.sessions.session_of_live_run(run_id) {
             return Ok(session);
         }
-        // A background run, queued or not, names its session.
         if let Some(record) = self.store.run_record(run_id).await? {
             return Ok(record.session_id);
-        }
-        let hits = self.store.search(&run_id.to_string(), 50).await?;
-        let mut seen = Vec::new();
-        for hit in hits {
-            if seen.contains(&hit.session_id) {
-                continue;
-            }
-            seen.push(hit.session_id);
-            let events = self.store.events(hit.session_id, 0, usize::MAX).await?;
-            let started_here = events.into_iter().any(|stored| {
-                stored.kind == "run_started"
-                    && serde_json::from_value::<SessionEvent>(stored.payload).is_ok_and(
-                        |event| matches!(event, SessionEvent::RunStarted { run_id: id, .. } if id == run_id),
-                    )
-            });
-            if started_here {
-                return Ok(hit.session_id);
-            }
         }
         Err(AppError::not_found(format!("no run {run_id}")))
     }

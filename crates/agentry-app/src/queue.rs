@@ -514,10 +514,10 @@ impl App {
             .webhook_url
             .take()
             .or_else(|| agent.as_ref().and_then(|agent| agent.webhook_url.clone()));
-        if let Some(url) = &webhook_url {
-            self.check_webhook(url).await?;
-        }
         let owner = caller.owner();
+        if let Some(url) = &webhook_url {
+            self.check_webhook(url, owner.as_deref()).await?;
+        }
         let settings = self.queue.settings();
         // A retried submission finds its run before anything new is created.
         if let Some(key) = &idempotency_key

@@ -435,7 +435,7 @@ impl App {
             ));
         }
         if let Some(url) = &run.webhook_url {
-            self.check_webhook(url).await?;
+            self.check_webhook(url, None).await?;
         }
         let mut dry = run.clone();
         dry.approvals = None;

@@ -29,8 +29,27 @@ use crate::clock::{millis, now_ms};
 use crate::error::AppError;
 use crate::queue::{RunView, WebhookSettings};
 
-/// The secret's name in the store (sealed like every secret).
+/// The secret's name in the store (sealed like every secret); a key's own is
+/// `AGENTRY_WEBHOOK_SECRET.<key id>`.
 const SECRET_NAME: &str = "AGENTRY_WEBHOOK_SECRET";
+
+/// The name of the secret `key`'s deliveries are signed with (`None`: the server's).
+fn secret_name(key: Option<&str>) -> String {
+    match key {
+        Some(key) => format!("{SECRET_NAME}.{key}"),
+        None => SECRET_NAME.to_owned(),
+    }
+}
+
+/// Whether `name` is a secret only its own endpoint writes (a webhook signing secret, a
+/// workflow trigger's): `/v1/env` may not overwrite or delete it.
+pub fn is_reserved_secret(name: &str) -> bool {
+    name == SECRET_NAME
+        || name
+            .strip_prefix(SECRET_NAME)
+            .is_some_and(|rest| rest.starts_with('.'))
+        || name.starts_with(crate::workflows::triggers::SECRET_PREFIX)
+}
 
 /// How long a claimed delivery is held before another process may try it.
 const HOLD_MS: u64 = 60_000;
@@ -155,20 +174,40 @@ pub fn new_secret() -> Result<String, AppError> {
 impl App {
     /// Makes a new signing secret (the old one stops signing at once) and answers it: it is not
     /// shown again.
-    pub async fn rotate_webhook_secret(&self) -> Result<WebhookSecret, AppError> {
+    pub async fn rotate_webhook_secret(
+        &self,
+        caller: &crate::auth::Principal,
+    ) -> Result<WebhookSecret, AppError> {
         let secret = new_secret()?;
-        self.store.put_secret(SECRET_NAME, &secret).await?;
+        let key = if caller.is_admin() {
+            None
+        } else {
+            caller.key_id.as_deref()
+        };
+        self.store.put_secret(&secret_name(key), &secret).await?;
         Ok(WebhookSecret { secret })
     }
 
-    async fn webhook_secret(&self) -> Result<Option<String>, AppError> {
+    /// The secret deliveries of `owner`'s runs are signed with: the key's own, else the
+    /// server's.
+    async fn webhook_secret(&self, owner: Option<&str>) -> Result<Option<String>, AppError> {
+        if let Some(key) = owner
+            && let Some(own) = self.store.reveal_secret(&secret_name(Some(key))).await?
+        {
+            return Ok(Some(own));
+        }
         Ok(self.store.reveal_secret(SECRET_NAME).await?)
     }
 
-    /// Checks a submitted run's webhook: the URL, and that a signing secret exists.
-    pub(crate) async fn check_webhook(&self, url: &str) -> Result<(), AppError> {
+    /// Checks a submitted run's webhook: the URL, and that a signing secret exists for the
+    /// run's owner.
+    pub(crate) async fn check_webhook(
+        &self,
+        url: &str,
+        owner: Option<&str>,
+    ) -> Result<(), AppError> {
         check_webhook_url(url, self.queue_settings().webhooks.allow_private)?;
-        if self.webhook_secret().await?.is_none() {
+        if self.webhook_secret(owner).await?.is_none() {
             return Err(AppError::bad_request(
                 "no webhook signing secret yet: make one with `POST /v1/webhook-secret` (it is \
                  shown once) before submitting runs with a `webhook_url`",
@@ -194,9 +233,13 @@ impl App {
             RunState::Queued | RunState::Running => return,
             state => format!("run.{}", state.as_str()),
         };
+        // The key whose run it is: a receiver tells whose runs it hears of (and each key may
+        // sign with a secret of its own).
+        let owner = record.owner.clone();
         let payload = serde_json::json!({
             "type": event,
             "timestamp": now_ms(),
+            "key_id": owner,
             "data": RunView::from(record),
         });
         self.enqueue_webhook(&run_id.to_string(), &event, &url, &payload)
@@ -237,6 +280,7 @@ impl App {
         let payload = serde_json::json!({
             "type": event,
             "timestamp": now_ms(),
+            "key_id": run.owner,
             "data": {
                 "run_id": run.run_id,
                 "workflow_id": run.workflow_id,
@@ -336,8 +380,9 @@ impl App {
                 }
             }
         }
+        let owner = delivery.payload.get("key_id").and_then(|key| key.as_str());
         let secret = self
-            .webhook_secret()
+            .webhook_secret(owner)
             .await
             .map_err(|error| error.message)?
             .ok_or("no webhook signing secret")?;

@@ -324,9 +324,6 @@ pub const THUMBNAIL_DECODES: usize = 2;
 /// How long a thumbnail request waits for a decode slot before it is told to come back.
 const THUMBNAIL_WAIT: Duration = Duration::from_secs(30);
 
-/// The decode slots ([`THUMBNAIL_DECODES`]), shared by every workspace of the process.
-static DECODE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(THUMBNAIL_DECODES);
-
 /// The bytes of thumbnails kept, by workspace file and version, so the same thumbnail asked
 /// again (another client, a cleared browser cache) is not decoded again.
 const THUMBNAIL_CACHE_BYTES: usize = 32 << 20;
@@ -362,10 +359,28 @@ impl ThumbnailCache {
     }
 }
 
-fn thumbnail_cache() -> &'static std::sync::Mutex<ThumbnailCache> {
-    static CACHE: std::sync::OnceLock<std::sync::Mutex<ThumbnailCache>> =
-        std::sync::OnceLock::new();
-    CACHE.get_or_init(std::sync::Mutex::default)
+/// What thumbnails share across the app's workspaces: the decode slots
+/// ([`THUMBNAIL_DECODES`]) and the cache of made thumbnails.
+pub struct Thumbnails {
+    slots: tokio::sync::Semaphore,
+    cache: std::sync::Mutex<ThumbnailCache>,
+}
+
+impl Default for Thumbnails {
+    fn default() -> Self {
+        Self {
+            slots: tokio::sync::Semaphore::new(THUMBNAIL_DECODES),
+            cache: std::sync::Mutex::default(),
+        }
+    }
+}
+
+impl Thumbnails {
+    fn cache(&self) -> std::sync::MutexGuard<'_, ThumbnailCache> {
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Decodes an image (PNG, JPEG, GIF, WebP, BMP; within limits on its size and memory) and
@@ -999,15 +1014,12 @@ impl App {
             return Ok((etag, None));
         }
         let key = format!("{}:{}:{etag}", file_id.0, file_id.1);
-        let kept = thumbnail_cache()
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key);
+        let kept = self.thumbnails.cache().get(&key);
         if let Some(kept) = kept {
             return Ok((etag, Some(Thumbnail::clone(&kept))));
         }
         // One of a few decode slots: memory stays bounded however many requests come.
-        let slot = tokio::time::timeout(THUMBNAIL_WAIT, DECODE_SLOTS.acquire())
+        let slot = tokio::time::timeout(THUMBNAIL_WAIT, self.thumbnails.slots.acquire())
             .await
             .ok()
             .and_then(Result::ok)
@@ -1021,10 +1033,7 @@ impl App {
         let made = blocking(move || thumbnail_of(opened, edge)).await;
         drop(slot);
         let made = Arc::new(made?);
-        thumbnail_cache()
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .put(key, Arc::clone(&made));
+        self.thumbnails.cache().put(key, Arc::clone(&made));
         Ok((etag, Some(Thumbnail::clone(&made))))
     }
 
@@ -1627,12 +1636,16 @@ mod thumbnail_tests {
     /// its byte budget, oldest out first.
     #[test]
     fn decodes_are_bounded_and_the_cache_is_capped() {
+        let thumbnails = Thumbnails::default();
         let held: Vec<_> = (0..THUMBNAIL_DECODES)
-            .map(|_| DECODE_SLOTS.try_acquire().unwrap())
+            .map(|_| thumbnails.slots.try_acquire().unwrap())
             .collect();
-        assert!(DECODE_SLOTS.try_acquire().is_err(), "a third decode waits");
+        assert!(
+            thumbnails.slots.try_acquire().is_err(),
+            "a third decode waits"
+        );
         drop(held);
-        assert!(DECODE_SLOTS.try_acquire().is_ok());
+        assert!(thumbnails.slots.try_acquire().is_ok());
 
         let mut cache = ThumbnailCache::default();
         let thumbnail = |bytes: usize| {

@@ -54,6 +54,8 @@ fn user_may(method: &Method, path: &str) -> bool {
         // Their own usage (the report filters by the key).
         "/v1/usage" => read,
         "/v1/auth/login" | "/v1/auth/logout" | "/v1/auth/status" => true,
+        // Its own webhook signing secret (an admin's call rotates the server's).
+        "/v1/webhook-secret" => *method == Method::POST,
         _ if under("/v1/sessions")
             || under("/v1/workspace")
             || under("/v1/runs")

@@ -481,7 +481,7 @@ impl App {
             |workflow| workflows.iter().any(|name| name == workflow),
         )?;
         if let Some(url) = &definition.webhook_url {
-            self.check_webhook(url).await.map_err(|error| {
+            self.check_webhook(url, None).await.map_err(|error| {
                 AppError::bad_request(format!("webhook_url: {}", error.message))
             })?;
         }
@@ -572,7 +572,8 @@ impl App {
         input: Value,
         webhook_url: &str,
     ) -> Result<WorkflowRun, AppError> {
-        self.check_webhook(webhook_url).await?;
+        self.check_webhook(webhook_url, caller.key_id.as_deref())
+            .await?;
         let mut run = self.new_workflow_run(caller, id, input, None, None).await?;
         run.webhook_url = Some(webhook_url.to_owned());
         self.launch_workflow_run(run).await

@@ -48,11 +48,14 @@ pub struct Delivery {
     pub idempotency_key: Option<String>,
 }
 
+/// What every trigger's secret name starts with (`/v1/env` may not write such names).
+pub const SECRET_PREFIX: &str = "workflow-trigger.";
+
 /// The secret's name in the store (sealed like every secret): bounded whatever the id.
 fn secret_name(workflow: &str) -> String {
     let digest = Sha256::digest(workflow.as_bytes());
     let hex: String = digest.iter().take(20).map(|b| format!("{b:02x}")).collect();
-    format!("workflow-trigger.{hex}")
+    format!("{SECRET_PREFIX}{hex}")
 }
 
 fn unauthorized(why: &str) -> AppError {

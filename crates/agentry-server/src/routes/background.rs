@@ -384,7 +384,10 @@ async fn webhooks(
     operation_id = "rotate_webhook_secret",
     responses((status = 201, description = "The new secret (not shown again).", body = WebhookSecret))
 )]
-async fn rotate_secret(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let secret = state.rotate_webhook_secret().await?;
+async fn rotate_secret(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+) -> Result<Response, ApiError> {
+    let secret = state.rotate_webhook_secret(&caller).await?;
     Ok((StatusCode::CREATED, Json(secret)).into_response())
 }

@@ -436,3 +436,106 @@ async fn a_workflow_runs_end_is_told_to_its_webhook() {
         .await;
     assert_eq!(status, 404);
 }
+
+/// Webhook deliveries name the key whose run they tell of, and a key may sign its own with a
+/// secret of its own, so one key cannot send deliveries that verify at another key's receiver;
+/// the signing secrets are written only by their endpoint, never through `/v1/env` (the second
+/// security review's N13).
+#[tokio::test]
+async fn each_key_signs_its_own_webhooks_and_payloads_name_it() {
+    use agentry_app::auth::{KeyLimits, KeyRole, create_key, create_key_with};
+    let server = start(true).await;
+    let admin = create_key(&server.state.store, "admin").await.unwrap();
+    let alice = create_key_with(
+        &server.state.store,
+        "a",
+        KeyRole::User,
+        KeyLimits::default(),
+    )
+    .await
+    .unwrap();
+    server.state.auth.refresh();
+    let call = |key: &str, method: reqwest::Method, path: &str, body: Value| {
+        let request = server
+            .http
+            .request(method, format!("{}{path}", server.url))
+            .bearer_auth(key)
+            .json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let (status, body) = call(
+        &admin.key,
+        reqwest::Method::POST,
+        "/v1/webhook-secret",
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let server_secret = body["secret"].as_str().unwrap().to_owned();
+    let (status, body) = call(
+        &alice.key,
+        reqwest::Method::POST,
+        "/v1/webhook-secret",
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let alices_secret = body["secret"].as_str().unwrap().to_owned();
+    assert_ne!(alices_secret, server_secret);
+    // Neither can be overwritten nor deleted as an ordinary secret.
+    for name in [
+        "AGENTRY_WEBHOOK_SECRET",
+        &format!("AGENTRY_WEBHOOK_SECRET.{}", alice.id),
+        "workflow-trigger.abc",
+    ] {
+        let (status, body) = call(
+            &admin.key,
+            reqwest::Method::POST,
+            "/v1/env",
+            json!({"name": name, "value": "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}),
+        )
+        .await;
+        assert_eq!(status, 400, "{name}: {body}");
+        assert_eq!(body["error"]["code"], "reserved_secret", "{body}");
+        let (status, _) = call(
+            &admin.key,
+            reqwest::Method::DELETE,
+            &format!("/v1/env/{name}"),
+            json!({}),
+        )
+        .await;
+        assert_ne!(status, 204, "{name}");
+    }
+    let (url, received) = receiver(vec![]).await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("hooked")));
+    let (status, run) = call(
+        &alice.key,
+        reqwest::Method::POST,
+        "/v1/runs",
+        json!({"text": "x", "model_id": "mock", "webhook_url": url}),
+    )
+    .await;
+    assert_eq!(status, 202, "{run}");
+    until(|| !received.lock().unwrap().is_empty()).await;
+    let (id, timestamp, signature, body) = received.lock().unwrap()[0].clone();
+    let timestamp = timestamp.parse().unwrap();
+    assert_eq!(
+        signature,
+        sign(&alices_secret, &id, timestamp, &body).unwrap()
+    );
+    assert_ne!(
+        signature,
+        sign(&server_secret, &id, timestamp, &body).unwrap()
+    );
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["key_id"], alice.id.as_str(), "{body}");
+}
