@@ -66,7 +66,8 @@ export async function startServer() {
   const home = mkdtempSync(join(tmpdir(), "agentry-e2e-"));
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const args = ["--home", home, "serve", `127.0.0.1:${port}`, ...sandboxMounts()];
+  // The schedules suite fires every second, below the default floor of a minute.
+  const args = ["--home", home, "serve", `127.0.0.1:${port}`, "--min-schedule-interval-secs", "1", ...sandboxMounts()];
   const child = spawn(bin("agentry"), args, {
     stdio: ["ignore", "ignore", "pipe"],
     env: (() => {

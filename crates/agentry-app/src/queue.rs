@@ -59,6 +59,8 @@ pub struct QueueSettings {
     pub poll: Duration,
     /// How webhooks are delivered.
     pub webhooks: WebhookSettings,
+    /// The shortest time a schedule may leave between two fires (each fire may make a session).
+    pub min_schedule_interval: Duration,
 }
 
 impl Default for QueueSettings {
@@ -74,9 +76,14 @@ impl Default for QueueSettings {
             lease: DEFAULT_LEASE,
             poll: Duration::from_millis(250),
             webhooks: WebhookSettings::default(),
+            min_schedule_interval: DEFAULT_MIN_SCHEDULE_INTERVAL,
         }
     }
 }
+
+/// A schedule fires at most once a minute unless the operator says otherwise
+/// (`agentry serve --min-schedule-interval-secs`).
+pub const DEFAULT_MIN_SCHEDULE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How delivery behaves.
 #[derive(Debug, Clone)]

@@ -29,7 +29,7 @@ use agentry_types::RunId;
 
 use crate::App;
 use crate::auth::{KeyLimits, KeyRole, Principal};
-use crate::clock::now_ms;
+use crate::clock::{millis, now_ms};
 use crate::error::AppError;
 use crate::queue::RunList;
 use crate::submission::InferRequest;
@@ -262,6 +262,25 @@ impl Timing {
         )
     }
 
+    /// The shortest time between two of its fires, milliseconds: an interval's length, or the
+    /// shortest gap between a cron expression's next [`GAPS_SAMPLED`] fires after `from`.
+    fn shortest_gap(&self, from: u64) -> Option<u64> {
+        if let Self::Interval { every_ms, .. } = self {
+            return Some(*every_ms);
+        }
+        let mut at = self.next_after(from)?;
+        let mut shortest: Option<u64> = None;
+        for _ in 0..GAPS_SAMPLED {
+            let Some(next) = self.next_after(at) else {
+                break;
+            };
+            let gap = next.saturating_sub(at);
+            shortest = Some(shortest.map_or(gap, |shortest| shortest.min(gap)));
+            at = next;
+        }
+        shortest
+    }
+
     /// The first slot strictly after `after` (Unix milliseconds).
     fn next_after(&self, after: u64) -> Option<u64> {
         match self {
@@ -347,6 +366,14 @@ fn view(record: ScheduleRecord) -> ScheduleView {
     }
 }
 
+/// How many of a cron expression's gaps between fires are looked at for its shortest one (a
+/// day of hourly fires, or every minute of one hour, say).
+const GAPS_SAMPLED: usize = 64;
+
+/// How many runs one schedule may have waiting in the queue (`overlap: "queue"`): a slot that
+/// finds this many is skipped, so a schedule cannot fill the queue behind a slow run.
+pub const MAX_QUEUED_FIRES: usize = 10;
+
 fn no_schedule(id: &str) -> AppError {
     AppError::not_found(format!("no schedule {id:?}"))
 }
@@ -367,6 +394,17 @@ impl App {
             request.interval_secs,
             anchor,
         )?;
+        let floor = self.queue_settings().min_schedule_interval;
+        if let Some(gap) = timing.shortest_gap(now_ms())
+            && gap < millis(floor)
+        {
+            return Err(AppError::bad_request(format!(
+                "this schedule fires every {} s; schedules fire at most every {} s on this \
+                 server (`agentry serve --min-schedule-interval-secs`)",
+                gap.div_ceil(1000),
+                floor.as_secs()
+            )));
+        }
         // What each fire does, as stored, and what it starts (for the default name).
         let (stored, subject) = match (request.run, request.workflow) {
             (Some(run), None) => (self.checked_scheduled_run(caller, run).await?, None),
@@ -539,6 +577,18 @@ impl App {
             .ok_or_else(|| no_schedule(id))
     }
 
+    /// How many runs schedule `id` fired that still wait in the queue (counted up to one past
+    /// [`MAX_QUEUED_FIRES`]).
+    async fn queued_fires(&self, id: &str) -> Result<usize, AppError> {
+        let query = RunQuery {
+            schedule_id: Some(id.to_owned()),
+            state: Some(RunState::Queued),
+            limit: MAX_QUEUED_FIRES + 1,
+            ..RunQuery::default()
+        };
+        Ok(self.store.list_runs(&query).await?.len())
+    }
+
     /// One schedule.
     pub async fn schedule(&self, id: &str) -> Result<ScheduleView, AppError> {
         Ok(view(self.stored_schedule(id).await?))
@@ -632,6 +682,14 @@ impl App {
                 }
                 _ => fire = false,
             }
+        }
+        // However they overlap, a schedule's runs never pile up in the queue past a bound.
+        if fire && self.queued_fires(&schedule.id).await? >= MAX_QUEUED_FIRES {
+            tracing::warn!(
+                schedule = %schedule.id,
+                "a slot is skipped: {MAX_QUEUED_FIRES} of the schedule's runs wait in the queue"
+            );
+            fire = false;
         }
         let mut fired = None;
         if fire {

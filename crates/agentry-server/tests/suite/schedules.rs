@@ -17,6 +17,8 @@ async fn start_queue() -> Server {
     let server = start_with(host_commands, |_| {}).await;
     server.state.set_queue_settings(QueueSettings {
         poll: Duration::from_millis(50),
+        // These tests fire every second; the default floor is a minute.
+        min_schedule_interval: Duration::from_secs(1),
         ..QueueSettings::default()
     });
     server.state.start_worker();
@@ -183,6 +185,7 @@ async fn one_slot_fires_once_with_two_workers_on_one_database() {
         .unwrap();
     second.set_queue_settings(QueueSettings {
         poll: Duration::from_millis(20),
+        min_schedule_interval: Duration::from_secs(1),
         ..QueueSettings::default()
     });
     second.start_worker();
@@ -321,4 +324,62 @@ async fn a_slot_submitted_before_a_crash_is_not_submitted_again() {
         shown["next_fires"][0].as_u64().unwrap() > slot + 3_000_000,
         "{shown}"
     );
+}
+
+/// A schedule fires at most once a minute unless the operator lowers the floor, and its runs
+/// never pile up in the queue past a bound (the second security review's N14).
+#[tokio::test]
+async fn schedules_have_a_floor_and_their_queued_fires_a_cap() {
+    // The default floor: a minute.
+    let server = start_with(host_commands, |_| {}).await;
+    let run = json!({"text": "tick", "model_id": "mock"});
+    for body in [
+        json!({"interval_secs": 1, "run": run}),
+        json!({"interval_secs": 59, "run": run}),
+        json!({"cron": "* * * * * *", "run": run}),
+        json!({"cron": "0-4 * * * * *", "run": run}),
+    ] {
+        let (status, answer) = server.post("/v1/schedules", body.clone()).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(
+            answer.to_string().contains("--min-schedule-interval-secs"),
+            "{answer}"
+        );
+    }
+    for body in [
+        json!({"interval_secs": 60, "run": run}),
+        json!({"cron": "0 9 * * *", "run": run}),
+    ] {
+        let (status, answer) = server.post("/v1/schedules", body.clone()).await;
+        assert_eq!(status, 201, "{body}: {answer}");
+    }
+    // No worker: every fired run stays queued. Slot after slot comes due, and the schedule
+    // stops adding runs once ten wait.
+    let mut schedule = NewSchedule {
+        id: agentry_types::RunId::new().to_string(),
+        name: "piling".into(),
+        owner: None,
+        cron: None,
+        timezone: "UTC".into(),
+        interval_secs: Some(3600),
+        request: json!({"text": "pile", "model_id": "mock"}),
+        enabled: true,
+        catch_up: "skip".into(),
+        overlap: "queue".into(),
+        next_fire_at: None,
+    };
+    let start = agentry_app::clock::now_ms() - 60_000;
+    server.state.store.create_schedule(&schedule).await.unwrap();
+    for n in 0..15 {
+        schedule.next_fire_at = Some(start + n * 1000);
+        server.state.store.update_schedule(&schedule).await.unwrap();
+        server.state.fire_due_schedules().await;
+    }
+    let runs = runs_of(&server, &schedule.id).await;
+    assert_eq!(
+        runs.len(),
+        agentry_app::schedules::MAX_QUEUED_FIRES,
+        "{runs:#?}"
+    );
+    assert!(runs.iter().all(|run| run["state"] == "queued"), "{runs:#?}");
 }

@@ -40,6 +40,10 @@ pub(crate) struct ServeArgs {
     /// Background runs that may wait in the queue; more are refused with 429.
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     max_queued_runs: u64,
+    /// The shortest time a schedule may leave between two fires, seconds (each fire may make
+    /// a session): a schedule firing more often is refused.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    min_schedule_interval_secs: u64,
     /// How long a node's lease lasts unless its heartbeat (every quarter of it) renews it,
     /// seconds: a node dead this long is taken for dead, and its background runs go to the
     /// other nodes on the database.
@@ -188,6 +192,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         max_concurrent: args.max_concurrent_runs as usize,
         max_queued: args.max_queued_runs,
         lease: std::time::Duration::from_secs(args.lease_secs),
+        min_schedule_interval: std::time::Duration::from_secs(args.min_schedule_interval_secs),
         webhooks: agentry_app::queue::WebhookSettings {
             allow_private: args.webhook_allow_private,
             ..agentry_app::queue::WebhookSettings::default()

@@ -734,10 +734,12 @@ async fn a_schedule_fires_once_per_slot_with_three_nodes() {
     let homes = Homes::new();
     let mock = MockProvider::start().await.unwrap();
     mock.set_fallback(Reply::scripted(ScriptedTurn::text("tick")));
+    // The schedule fires every second: below the default floor of a minute.
+    let every_second = ["--min-schedule-interval-secs", "1"];
     let nodes = [
-        start(&homes, &db, "a", &[]).await,
-        start(&homes, &db, "b", &[]).await,
-        start(&homes, &db, "c", &[]).await,
+        start(&homes, &db, "a", &every_second).await,
+        start(&homes, &db, "b", &every_second).await,
+        start(&homes, &db, "c", &every_second).await,
     ];
     add_model(&nodes[0], &mock).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
