@@ -28,6 +28,12 @@ pub(crate) struct ServeArgs {
     /// saved agents).
     #[arg(long)]
     mcp_expose_tools: bool,
+    /// Require an API key from the first request on: on a server without keys, make an admin
+    /// key at start and print it this once (as notebook servers print their token). Without
+    /// keys, any process that reaches the port — every local user and program — may do
+    /// everything.
+    #[arg(long, env = "AGENTRY_REQUIRE_KEY")]
+    require_key: bool,
     /// Which tools need a person's approval unless a run's (or agent's) own `approvals` say
     /// otherwise (repeatable): a risk class (`read_only`, `writes_files`, `runs_commands`,
     /// `network`, `agents`), `host` (tools that run on the host, outside the sandbox), or
@@ -138,6 +144,18 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         agentry_store::Backend::Sqlite => Some(lock_data_folder(&data.home()?)?),
         agentry_store::Backend::Postgres => None,
     };
+    // The first admin key, when a key is required and none exists yet: shown now, this once
+    // (before the bind, which may need a key for a non-loopback address).
+    if args.require_key && !agentry_app::auth::auth_enabled(&store).await? {
+        let key = agentry_app::auth::create_key(&store, "first admin (serve --require-key)")
+            .await
+            .context("cannot create the first API key")?;
+        eprintln!(
+            "agentry: --require-key: every request needs this admin key (shown this once; \
+             `agentry keys` manages keys):\n\n    Authorization: Bearer {}\n",
+            key.key
+        );
+    }
     let listener = agentry_server::serve::bind(&config, &store).await?;
     let address = listener.local_addr()?;
     let node_id = match args.node_id {

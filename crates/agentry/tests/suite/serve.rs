@@ -161,3 +161,76 @@ async fn serve_refuses_a_public_address_without_a_key() {
         .unwrap();
     assert!(String::from_utf8_lossy(&listed.stdout).contains("active"));
 }
+
+/// `serve --require-key` makes the first admin key at start, prints it once, and requires it
+/// from the first request on; a restart keeps the key and prints none (the first security
+/// review's S9: a server without keys trusts every local process).
+#[tokio::test]
+async fn require_key_makes_and_prints_the_first_key_once() {
+    let home = tempfile::tempdir().unwrap();
+    let start = || {
+        let port = free_port();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+            .arg("--home")
+            .arg(home.path())
+            .args(["serve", &format!("127.0.0.1:{port}"), "--require-key"])
+            .env_remove("AGENTRY_DATABASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        (port, child, stdout, stderr)
+    };
+    // Reads stderr until the banner is out on stdout; the key printed, if any.
+    async fn key_printed(
+        stdout: tokio::process::ChildStdout,
+        stderr: tokio::process::ChildStderr,
+    ) -> Option<String> {
+        let mut out = BufReader::new(stdout).lines();
+        let deadline = std::time::Duration::from_secs(20);
+        tokio::time::timeout(deadline, async {
+            while let Some(line) = out.next_line().await.unwrap() {
+                if line.starts_with("Agentry is listening") {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("serve started");
+        // Everything said on stderr before the banner is in its buffer by now.
+        let mut err = BufReader::new(stderr).lines();
+        let mut key = None;
+        while let Ok(Ok(Some(line))) =
+            tokio::time::timeout(std::time::Duration::from_millis(300), err.next_line()).await
+        {
+            if let Some(found) = line.trim().strip_prefix("Authorization: Bearer ") {
+                key = Some(found.to_owned());
+            }
+        }
+        key
+    }
+    let http = agentry_llm::http_client(std::time::Duration::from_secs(5)).unwrap();
+    let (port, mut child, stdout, stderr) = start();
+    let key = key_printed(stdout, stderr)
+        .await
+        .expect("the key is printed");
+    assert!(key.starts_with("agk_"), "{key}");
+    let url = format!("http://127.0.0.1:{port}/v1/sessions");
+    let refused = http.get(&url).send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 401, "no request without the key");
+    let allowed = http.get(&url).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(allowed.status().as_u16(), 200);
+    child.kill().await.unwrap();
+    child.wait().await.unwrap();
+    // A restart: the key stands, and no new one is made or printed.
+    let (port, mut child, stdout, stderr) = start();
+    assert_eq!(key_printed(stdout, stderr).await, None);
+    let url = format!("http://127.0.0.1:{port}/v1/sessions");
+    let allowed = http.get(&url).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(allowed.status().as_u16(), 200);
+    child.kill().await.unwrap();
+}
