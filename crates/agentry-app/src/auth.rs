@@ -69,6 +69,9 @@ pub struct KeyLimits {
     /// The tools it may name in a run (an allowed agent brings its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// Its quotas, where they differ from the defaults (see [`crate::quotas`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<crate::quotas::KeyQuotas>,
 }
 
 impl KeyLimits {
@@ -92,6 +95,9 @@ impl KeyLimits {
                     Self::MAX_NAMES
                 )));
             }
+        }
+        if let Some(quotas) = &self.quotas {
+            quotas.validate().map_err(AuthError::InvalidLimits)?;
         }
         Ok(())
     }

@@ -205,6 +205,9 @@ pub async fn create(
     for agent in &agents {
         agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
     }
+    // A group is one new session against the caller's per-minute quota (its members' own
+    // sessions come with it).
+    state.take_session(caller)?;
     let group_id = SessionId::new();
     let mut members = Vec::with_capacity(agents.len());
     for agent in &agents {
@@ -312,6 +315,7 @@ pub async fn post(
         .as_deref()
         .map(|user| caller.end_user(user))
         .transpose()?;
+    state.check_run_quotas(caller, false).await?;
     let ids: Vec<String> = info.members.iter().map(|m| m.agent_id.clone()).collect();
     // Each member runs within the caller's grant (checked again on its resolved run).
     for id in &ids {

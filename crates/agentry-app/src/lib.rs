@@ -34,6 +34,7 @@ pub mod openai_responses;
 pub mod ops;
 pub mod outcome;
 pub mod queue;
+pub mod quotas;
 pub mod runs;
 pub mod runtime;
 pub mod sandbox_requests;
@@ -140,6 +141,8 @@ pub struct AppParts {
     pub workflows: Arc<workflows::LiveWorkflows>,
     /// Workspace thumbnails: a few decodes at once, and the ones made.
     pub thumbnails: Arc<workspace_files::Thumbnails>,
+    /// The sessions each key created in the last minute (its `sessions_per_minute` quota).
+    pub session_windows: Arc<quotas::SessionWindows>,
 }
 
 impl App {
@@ -215,6 +218,7 @@ impl App {
             queue,
             workflows: Arc::default(),
             thumbnails: Arc::default(),
+            session_windows: Arc::default(),
         }));
         app.tools.delegation.bind(
             &app.store,

@@ -166,6 +166,10 @@ pub async fn prepare(
         .or_else(|| planned.and_then(|id| app.sessions.workspace(id)));
     // The policy the run will have: its own, plus the operator's defaults by risk class.
     let may_ask = app.sessions.runtime().prepare(check)?.approvals.may_ask();
+    // The caller's quotas (runs going, tokens of the day, new sessions a minute), last: a run
+    // refused for another reason counts against none of them.
+    app.check_run_quotas(caller, input.session == SessionChoice::New)
+        .await?;
     let target = match input.session {
         SessionChoice::Ephemeral => {
             if may_ask {

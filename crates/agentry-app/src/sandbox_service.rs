@@ -760,6 +760,7 @@ impl App {
     ) -> Result<SandboxView, AppError> {
         let pool = self.sandbox_pool()?;
         self.check_commands_isolated(caller)?;
+        self.check_sandbox_quota(caller).await?;
         let owner = caller.owner();
         let spec = sandbox_spec(pool, request)?;
         let entry = self.sandboxes.create(pool.backend(), spec, owner).await?;

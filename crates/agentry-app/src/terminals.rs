@@ -105,6 +105,7 @@ impl App {
         let session = self.session_record(session).await?.id;
         self.check_session_access(caller, session).await?;
         self.check_commands_isolated(caller)?;
+        self.check_terminal_quota(caller).await?;
         let command = command.unwrap_or_else(|| vec!["/bin/bash".into(), "-l".into()]);
         if command.is_empty() || command.iter().any(|arg| arg.contains('\0')) {
             return Err(AppError::bad_request(

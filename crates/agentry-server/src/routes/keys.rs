@@ -25,7 +25,56 @@ use agentry_app::auth::{
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
-        .routes(routes!(revoke))
+        .routes(routes!(get_key, revoke))
+}
+
+/// A key with its use of each quota.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ApiKeyDetail {
+    /// The key.
+    #[serde(flatten)]
+    pub key: ApiKeyInfo,
+    /// Each quota's use and limit (`limit: null`: none; an admin key has none).
+    pub quotas: agentry_app::quotas::QuotaReport,
+}
+
+/// One API key (never the key itself), with what it uses of each of its quotas: runs going,
+/// sandboxes and terminals open, sessions created in the last minute, tokens of the last day.
+#[utoipa::path(
+    get,
+    path = "/v1/api-keys/{key_id}",
+    tag = "auth",
+    operation_id = "get_api_key",
+    params(KeyPath),
+    responses(
+        (status = 200, description = "The key and its quotas.", body = ApiKeyDetail),
+        BadRequest,
+        NotFound,
+    )
+)]
+async fn get_key(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    check_key_id(&id)?;
+    let Some((key, quotas)) = state.key_with_quotas(&id).await? else {
+        return Err(ApiError::not_found(format!("no API key {id}")));
+    };
+    let mut shown =
+        serde_json::to_value(&key).map_err(|error| ApiError::internal(error.to_string()))?;
+    shown["quotas"] =
+        serde_json::to_value(&quotas).map_err(|error| ApiError::internal(error.to_string()))?;
+    Ok(Json(shown))
+}
+
+/// A key id is 12 hexadecimal digits.
+fn check_key_id(id: &str) -> Result<(), ApiError> {
+    if id.len() != 12 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request(
+            "a key id is 12 hexadecimal digits (the part after `agk_`)",
+        ));
+    }
+    Ok(())
 }
 
 /// A key as listed.
@@ -174,11 +223,7 @@ async fn revoke(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if id.len() != 12 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(ApiError::bad_request(
-            "a key id is 12 hexadecimal digits (the part after `agk_`)",
-        ));
-    }
+    check_key_id(&id)?;
     if revoke_key_keeping_an_admin(&state.store, &id)
         .await
         .map_err(auth_error)?

@@ -496,6 +496,7 @@ async fn a_user_key_runs_only_within_its_limits_and_manages_nothing() {
             agents: Some(vec!["helper".into()]),
             models: Some(vec!["mock".into()]),
             tools: Some(vec!["current_time".into()]),
+            quotas: None,
         },
     )
     .await;

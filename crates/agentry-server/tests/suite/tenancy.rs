@@ -37,6 +37,7 @@ async fn limited_server() -> (Server, String, String) {
             agents: Some(vec!["helper".into(), "roamer".into()]),
             models: Some(vec!["mock".into()]),
             tools: Some(vec!["current_time".into()]),
+            quotas: None,
         },
     )
     .await;
@@ -625,4 +626,211 @@ async fn tool_definitions_with_credentials_are_summaries_for_user_keys() {
             "the admin reads it: {full}"
         );
     }
+}
+
+/// A server with native sandboxes, an admin key, and two `user` keys with these quotas.
+async fn quota_server(quotas: agentry_app::quotas::KeyQuotas) -> (Server, String, String, String) {
+    use agentry_app::auth::{KeyRole, create_key, create_key_with};
+    let server = super::support::start_with(super::support::native_sandboxes, |_| {}).await;
+    let admin = create_key(&server.state.store, "admin").await.unwrap();
+    let limits = KeyLimits {
+        quotas: Some(quotas),
+        ..KeyLimits::default()
+    };
+    let a = create_key_with(&server.state.store, "a", KeyRole::User, limits.clone())
+        .await
+        .unwrap();
+    let b = create_key_with(&server.state.store, "b", KeyRole::User, limits)
+        .await
+        .unwrap();
+    server.state.auth.refresh();
+    (server, admin.key, a.key, b.key)
+}
+
+fn assert_quota(status: u16, answer: &Value, quota: &str) {
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(answer["error"]["code"], "quota_exceeded", "{answer}");
+    assert_eq!(answer["error"]["details"]["quota"], quota, "{answer}");
+}
+
+/// Per-key quotas (the second security review's N8): a key at its limit gets 429 naming the
+/// quota, with `Retry-After`; another key is unaffected; the pools keep places for admins.
+#[tokio::test]
+async fn a_key_at_its_quota_is_refused_and_no_other_key_is() {
+    let (server, admin, a, b) = quota_server(agentry_app::quotas::KeyQuotas {
+        sandboxes: Some(2),
+        sessions_per_minute: Some(2),
+        ..Default::default()
+    })
+    .await;
+    // Sandboxes: two, then 429; the other key still gets its own.
+    for _ in 0..2 {
+        let (status, answer) = as_key(&server, &a, "POST", "/v1/sandboxes", json!({})).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let response = server
+        .http
+        .post(format!("{}/v1/sandboxes", server.url))
+        .bearer_auth(&a)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+    let answer: Value = response.json().await.unwrap();
+    assert_quota(429, &answer, "sandboxes");
+    let (status, answer) = as_key(&server, &b, "POST", "/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 201, "{answer}");
+    // New sessions: two a minute.
+    for _ in 0..2 {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+        let (status, answer) = as_key(
+            &server,
+            &a,
+            "POST",
+            "/v1/infer",
+            json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, answer) = as_key(
+        &server,
+        &a,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
+    )
+    .await;
+    assert_quota(status, &answer, "sessions_per_minute");
+    assert_eq!(
+        server.mock.requests().len(),
+        2,
+        "the refused run called no model"
+    );
+    // The key's use against each quota.
+    let key_id = a.split('_').nth(1).unwrap();
+    let (status, shown) = as_key(
+        &server,
+        &admin,
+        "GET",
+        &format!("/v1/api-keys/{key_id}"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(
+        shown["quotas"]["sandboxes"],
+        json!({"used": 2, "limit": 2}),
+        "{shown}"
+    );
+    assert_eq!(
+        shown["quotas"]["sessions_per_minute"],
+        json!({"used": 2, "limit": 2}),
+        "{shown}"
+    );
+    assert_eq!(
+        shown["quotas"]["live_runs"]["limit"], 16,
+        "the default: {shown}"
+    );
+    server.close_sandboxes().await;
+}
+
+#[tokio::test]
+async fn user_keys_leave_the_pools_last_places_to_admins() {
+    let (server, admin, a, _) = quota_server(agentry_app::quotas::KeyQuotas {
+        sandboxes: Some(1000),
+        ..Default::default()
+    })
+    .await;
+    let max = server.state.sandboxes.max();
+    let reserve = agentry_app::quotas::ADMIN_RESERVE;
+    for n in 0..max - reserve {
+        let (status, answer) = as_key(&server, &a, "POST", "/v1/sandboxes", json!({})).await;
+        assert_eq!(status, 201, "sandbox {n}: {answer}");
+    }
+    let (status, answer) = as_key(&server, &a, "POST", "/v1/sandboxes", json!({})).await;
+    assert_quota(status, &answer, "sandboxes");
+    let (status, answer) = as_key(&server, &admin, "POST", "/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 201, "the admin's reserve holds: {answer}");
+    server.close_sandboxes().await;
+}
+
+#[tokio::test]
+async fn runs_going_and_tokens_of_the_day_are_held_to_their_quotas() {
+    let (server, _, a, b) = quota_server(agentry_app::quotas::KeyQuotas {
+        live_runs: Some(1),
+        tokens_per_day: Some(100),
+        ..Default::default()
+    })
+    .await;
+    // One run going: the key's next is refused, the other key's goes.
+    server.mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("slow").with_usage(40, 20))
+            .delay_headers(std::time::Duration::from_millis(1500)),
+    );
+    let first = {
+        let server_url = server.url.clone();
+        let http = server.http.clone();
+        let key = a.clone();
+        tokio::spawn(async move {
+            http.post(format!("{server_url}/v1/infer"))
+                .bearer_auth(key)
+                .json(&json!({"text": "hi", "model_id": "mock", "session_id": "new"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (status, answer) = as_key(
+        &server,
+        &a,
+        "POST",
+        "/v1/infer",
+        json!({"text": "again", "model_id": "mock"}),
+    )
+    .await;
+    assert_quota(status, &answer, "live_runs");
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("other").with_usage(1, 1),
+    ));
+    let (status, answer) = as_key(
+        &server,
+        &b,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "model_id": "mock"}),
+    )
+    .await;
+    assert_eq!(status, 200, "another key's run goes: {answer}");
+    assert_eq!(first.await.unwrap(), 200);
+    // 60 tokens used (the ledger charges runs in sessions); one more run of 60 goes past the
+    // day's 100, and then no more.
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("more").with_usage(40, 20),
+    ));
+    let (status, answer) = as_key(
+        &server,
+        &a,
+        "POST",
+        "/v1/infer",
+        json!({"text": "more", "model_id": "mock", "session_id": "new"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = as_key(
+        &server,
+        &a,
+        "POST",
+        "/v1/infer",
+        json!({"text": "more", "model_id": "mock", "session_id": "new"}),
+    )
+    .await;
+    assert_quota(status, &answer, "tokens_per_day");
 }

@@ -81,6 +81,7 @@ pub(crate) async fn keys(args: KeysArgs, data: &DataArgs) -> anyhow::Result<Exit
                 agents: listed(agents),
                 models: listed(models),
                 tools: listed(tools),
+                quotas: None,
             };
             let key = create_key_with(&store, &label, role, limits).await?;
             eprintln!(

@@ -1,0 +1,491 @@
+//! Per-key quotas: what one `user` key may hold at once or use in a while, so that no tenant
+//! exhausts what every key shares (the run workers, the sandbox and terminal pools, the
+//! model's budget). Each quota has a default well below the server-wide caps, a key's limits
+//! may set its own (`limits.quotas`), and admin keys have none; the sandbox and terminal pools
+//! keep [`ADMIN_RESERVE`] places that only admins may take. A key over a quota gets `429
+//! quota_exceeded` naming it, with `Retry-After`, before anything is created or started.
+//!
+//! Counted where the thing lives: running runs in the runs table (every node's), sandboxes and
+//! terminals in this process's pools, new sessions in a sliding minute per node, tokens in the
+//! usage ledger over the last 24 hours.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::App;
+use crate::auth::Principal;
+use crate::error::{AppError, Failure};
+
+/// Places of the sandbox and terminal pools that `user` keys together never take.
+pub const ADMIN_RESERVE: usize = 8;
+
+/// The quotas a key's limits may set (absent: the default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyQuotas {
+    /// Runs going at once (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_runs: Option<u32>,
+    /// Standalone sandboxes open at once (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<u32>,
+    /// Terminals open at once in its sessions (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminals: Option<u32>,
+    /// Sessions it may create a minute (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions_per_minute: Option<u32>,
+    /// Model tokens (input and output) over the last 24 hours (default: no quota).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+}
+
+impl KeyQuotas {
+    /// The most any quota may be set to.
+    const MAX: u64 = 1_000_000_000_000;
+
+    /// Checks the values (each at least 1).
+    pub fn validate(&self) -> Result<(), String> {
+        let values = [
+            ("live_runs", self.live_runs.map(u64::from)),
+            ("sandboxes", self.sandboxes.map(u64::from)),
+            ("terminals", self.terminals.map(u64::from)),
+            (
+                "sessions_per_minute",
+                self.sessions_per_minute.map(u64::from),
+            ),
+            ("tokens_per_day", self.tokens_per_day),
+        ];
+        for (name, value) in values {
+            if value.is_some_and(|value| value == 0 || value > Self::MAX) {
+                return Err(format!("quota `{name}` is 1 to {}", Self::MAX));
+            }
+        }
+        Ok(())
+    }
+
+    /// The quotas in force: these, else the defaults.
+    pub fn effective(&self) -> Quotas {
+        Quotas {
+            live_runs: self.live_runs.unwrap_or(16),
+            sandboxes: self.sandboxes.unwrap_or(8),
+            terminals: self.terminals.unwrap_or(8),
+            sessions_per_minute: self.sessions_per_minute.unwrap_or(60),
+            tokens_per_day: self.tokens_per_day,
+        }
+    }
+}
+
+/// The quotas a `user` key is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Quotas {
+    /// Runs going at once.
+    pub live_runs: u32,
+    /// Standalone sandboxes open at once.
+    pub sandboxes: u32,
+    /// Terminals open at once in its sessions.
+    pub terminals: u32,
+    /// Sessions created a minute.
+    pub sessions_per_minute: u32,
+    /// Model tokens over the last 24 hours (`None`: no quota).
+    pub tokens_per_day: Option<u64>,
+}
+
+/// A quota's use against its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct QuotaUse {
+    /// What is used now.
+    pub used: u64,
+    /// The limit (`None`: none).
+    pub limit: Option<u64>,
+}
+
+/// A key's use of each of its quotas (`GET /v1/api-keys/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct QuotaReport {
+    /// Runs going now.
+    pub live_runs: QuotaUse,
+    /// Standalone sandboxes open on this node.
+    pub sandboxes: QuotaUse,
+    /// Terminals open on this node in its sessions.
+    pub terminals: QuotaUse,
+    /// Sessions created in the last minute on this node.
+    pub sessions_per_minute: QuotaUse,
+    /// Model tokens over the last 24 hours.
+    pub tokens_per_day: QuotaUse,
+}
+
+/// New sessions per key in the last minute, on this node.
+#[derive(Debug, Default)]
+pub struct SessionWindows {
+    by_key: Mutex<HashMap<String, VecDeque<Instant>>>,
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+impl SessionWindows {
+    /// How many sessions `key` created in the minute before `now`.
+    fn count(&self, key: &str, now: Instant) -> usize {
+        let mut by_key = self
+            .by_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(times) = by_key.get_mut(key) else {
+            return 0;
+        };
+        while times
+            .front()
+            .is_some_and(|at| now.saturating_duration_since(*at) >= MINUTE)
+        {
+            times.pop_front();
+        }
+        let count = times.len();
+        if count == 0 {
+            by_key.remove(key);
+        }
+        count
+    }
+
+    /// Takes a new session for `key` at `now` unless it made `limit` in the last minute; when
+    /// refused, how long until one more may be made.
+    fn take(&self, key: &str, limit: usize, now: Instant) -> Result<(), Duration> {
+        if self.count(key, now) >= limit {
+            let by_key = self
+                .by_key
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let oldest = by_key.get(key).and_then(VecDeque::front).copied();
+            return Err(oldest.map_or(MINUTE, |at| {
+                MINUTE.saturating_sub(now.saturating_duration_since(at))
+            }));
+        }
+        self.by_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(key.to_owned())
+            .or_default()
+            .push_back(now);
+        Ok(())
+    }
+}
+
+/// `429 quota_exceeded` for `quota` at `limit`, to be tried again after `retry_after`.
+fn exceeded(quota: &str, limit: u64, what: &str, retry_after: Duration) -> AppError {
+    AppError::new(
+        Failure::TooMany,
+        "quota_exceeded",
+        format!("this API key's quota `{quota}` is {limit} {what}: wait, or ask an admin for more"),
+    )
+    .with_details(serde_json::json!({
+        "quota": quota,
+        "limit": limit,
+        "retry_after_secs": retry_after.as_secs().max(1),
+    }))
+}
+
+/// Refuses a `user` key the last [`ADMIN_RESERVE`] places of a pool of `max`, of which
+/// `user` keys hold `held_by_users`.
+fn check_reserve(pool: &str, max: usize, held_by_users: usize) -> Result<(), AppError> {
+    if held_by_users + ADMIN_RESERVE >= max {
+        return Err(AppError::new(
+            Failure::TooMany,
+            "quota_exceeded",
+            format!(
+                "the server keeps its last {ADMIN_RESERVE} {pool} for admin keys, and API keys \
+                 like this one hold the rest: close one first"
+            ),
+        )
+        .with_details(serde_json::json!({
+            "quota": pool,
+            "limit": max.saturating_sub(ADMIN_RESERVE),
+            "retry_after_secs": 60,
+        })));
+    }
+    Ok(())
+}
+
+impl App {
+    /// The quotas `caller` is held to (`None`: an admin, held to none).
+    pub fn quotas_of(&self, caller: &Principal) -> Option<Quotas> {
+        (!caller.is_admin()).then(|| {
+            caller
+                .limits
+                .quotas
+                .as_ref()
+                .map_or_else(|| KeyQuotas::default().effective(), KeyQuotas::effective)
+        })
+    }
+
+    /// Checks that `caller` may start a run now (its running runs, its tokens of the last
+    /// day) and, when the run makes one, a session; nothing is counted when refused.
+    pub(crate) async fn check_run_quotas(
+        &self,
+        caller: &Principal,
+        new_session: bool,
+    ) -> Result<(), AppError> {
+        let (Some(quotas), Some(key)) = (self.quotas_of(caller), caller.key_id.as_deref()) else {
+            return Ok(());
+        };
+        let running = self.running_runs(key, quotas.live_runs).await?;
+        if running >= u64::from(quotas.live_runs) {
+            return Err(exceeded(
+                "live_runs",
+                quotas.live_runs.into(),
+                "runs going at once",
+                Duration::from_secs(5),
+            ));
+        }
+        if let Some(limit) = quotas.tokens_per_day
+            && self.tokens_of_the_day(key).await? >= limit
+        {
+            return Err(exceeded(
+                "tokens_per_day",
+                limit,
+                "model tokens over 24 hours",
+                Duration::from_secs(3600),
+            ));
+        }
+        if new_session {
+            self.take_session(caller)?;
+        }
+        Ok(())
+    }
+
+    /// Counts a new session of `caller` against its per-minute quota (429 when over).
+    pub(crate) fn take_session(&self, caller: &Principal) -> Result<(), AppError> {
+        let (Some(quotas), Some(key)) = (self.quotas_of(caller), caller.key_id.as_deref()) else {
+            return Ok(());
+        };
+        self.session_windows
+            .take(key, quotas.sessions_per_minute as usize, Instant::now())
+            .map_err(|wait| {
+                exceeded(
+                    "sessions_per_minute",
+                    quotas.sessions_per_minute.into(),
+                    "new sessions a minute",
+                    wait,
+                )
+            })
+    }
+
+    /// Checks that `caller` may open one more standalone sandbox: its own quota, and the
+    /// places the pool keeps for admins.
+    pub(crate) async fn check_sandbox_quota(&self, caller: &Principal) -> Result<(), AppError> {
+        let Some(quotas) = self.quotas_of(caller) else {
+            return Ok(());
+        };
+        let owners: Vec<Option<String>> = self
+            .sandboxes
+            .list()
+            .iter()
+            .map(|entry| entry.owner.clone())
+            .collect();
+        let mine = owners
+            .iter()
+            .filter(|owner| **owner == caller.key_id)
+            .count();
+        if mine >= quotas.sandboxes as usize {
+            return Err(exceeded(
+                "sandboxes",
+                quotas.sandboxes.into(),
+                "sandboxes open at once",
+                Duration::from_secs(60),
+            ));
+        }
+        let held = self.user_held(&owners).await?;
+        check_reserve("sandboxes", self.sandboxes.max(), held)
+    }
+
+    /// Checks that `caller` may open one more terminal: its own quota (terminals in its
+    /// sessions), and the places the pool keeps for admins.
+    pub(crate) async fn check_terminal_quota(&self, caller: &Principal) -> Result<(), AppError> {
+        let Some(quotas) = self.quotas_of(caller) else {
+            return Ok(());
+        };
+        let owners = self.terminal_owners().await?;
+        let mine = owners
+            .iter()
+            .filter(|owner| **owner == caller.key_id)
+            .count();
+        if mine >= quotas.terminals as usize {
+            return Err(exceeded(
+                "terminals",
+                quotas.terminals.into(),
+                "terminals open at once",
+                Duration::from_secs(60),
+            ));
+        }
+        let held = self.user_held(&owners).await?;
+        check_reserve("terminals", crate::terminals::MAX_TERMINALS, held)
+    }
+
+    /// The API key `id` and its use of each quota (`None`: no such key).
+    pub async fn key_with_quotas(
+        &self,
+        id: &str,
+    ) -> Result<Option<(crate::auth::KeyInfo, QuotaReport)>, AppError> {
+        let key = crate::auth::list_keys(&self.store)
+            .await
+            .map_err(|error| AppError::internal(error.to_string()))?
+            .into_iter()
+            .find(|key| key.id == id);
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        let holder = Principal {
+            key_id: Some(key.id.clone()),
+            role: key.role,
+            limits: key.limits.clone(),
+        };
+        let report = self.quota_report(&holder).await?;
+        Ok(Some((key, report)))
+    }
+
+    /// What `key` uses of each quota.
+    pub async fn quota_report(&self, caller: &Principal) -> Result<QuotaReport, AppError> {
+        let quotas = self.quotas_of(caller);
+        let key = caller.key_id.clone();
+        let held =
+            |owners: &[Option<String>]| owners.iter().filter(|owner| **owner == key).count() as u64;
+        let sandboxes: Vec<Option<String>> = self
+            .sandboxes
+            .list()
+            .iter()
+            .map(|entry| entry.owner.clone())
+            .collect();
+        let terminals = self.terminal_owners().await?;
+        let (running, tokens, sessions) = match key.as_deref() {
+            Some(key) => (
+                self.running_runs(key, u32::MAX).await?,
+                self.tokens_of_the_day(key).await?,
+                self.session_windows.count(key, Instant::now()) as u64,
+            ),
+            None => (0, 0, 0),
+        };
+        Ok(QuotaReport {
+            live_runs: QuotaUse {
+                used: running,
+                limit: quotas.map(|q| q.live_runs.into()),
+            },
+            sandboxes: QuotaUse {
+                used: held(&sandboxes),
+                limit: quotas.map(|q| q.sandboxes.into()),
+            },
+            terminals: QuotaUse {
+                used: held(&terminals),
+                limit: quotas.map(|q| q.terminals.into()),
+            },
+            sessions_per_minute: QuotaUse {
+                used: sessions,
+                limit: quotas.map(|q| q.sessions_per_minute.into()),
+            },
+            tokens_per_day: QuotaUse {
+                used: tokens,
+                limit: quotas.and_then(|q| q.tokens_per_day),
+            },
+        })
+    }
+
+    /// How many places of a pool `user` keys hold (owners that are no admin key).
+    async fn user_held(&self, owners: &[Option<String>]) -> Result<usize, AppError> {
+        let admins: Vec<String> = crate::auth::list_keys(&self.store)
+            .await
+            .map_err(|error| AppError::internal(error.to_string()))?
+            .into_iter()
+            .filter(|key| key.role == crate::auth::KeyRole::Admin)
+            .map(|key| key.id)
+            .collect();
+        Ok(owners
+            .iter()
+            .filter(|owner| owner.as_ref().is_some_and(|owner| !admins.contains(owner)))
+            .count())
+    }
+
+    /// The owners of the sessions the open terminals are in (`None`: no owner).
+    async fn terminal_owners(&self) -> Result<Vec<Option<String>>, AppError> {
+        let mut owners = Vec::new();
+        for terminal in self.tools.terminals.all() {
+            let owner = match terminal.session() {
+                Some(session) => self
+                    .store
+                    .session(session)
+                    .await?
+                    .and_then(|record| record.owner),
+                None => None,
+            };
+            owners.push(owner);
+        }
+        Ok(owners)
+    }
+
+    /// `key`'s runs going now (on any node), counted up to `cap`.
+    async fn running_runs(&self, key: &str, cap: u32) -> Result<u64, AppError> {
+        let query = agentry_store::RunQuery {
+            owner: Some(key.to_owned()),
+            state: Some(agentry_store::RunState::Running),
+            limit: usize::try_from(cap).unwrap_or(usize::MAX).saturating_add(1),
+            ..agentry_store::RunQuery::default()
+        };
+        Ok(self.store.list_runs(&query).await?.len() as u64)
+    }
+
+    /// `key`'s model tokens (input and output) over the last 24 hours.
+    async fn tokens_of_the_day(&self, key: &str) -> Result<u64, AppError> {
+        let to = crate::clock::now_ms();
+        let query = agentry_store::UsageQuery {
+            from: to.saturating_sub(86_400_000),
+            to: to.saturating_add(1),
+            group_by: Vec::new(),
+            agent: None,
+            model: None,
+            session: None,
+            key: Some(Some(key.to_owned())),
+        };
+        Ok(self
+            .store
+            .usage_report(&query)
+            .await?
+            .iter()
+            .map(|group| group.usage.input_tokens + group.usage.output_tokens)
+            .sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minute_holds_at_most_the_quota_of_new_sessions() {
+        let windows = SessionWindows::default();
+        let start = Instant::now();
+        for n in 0..3 {
+            assert_eq!(windows.take("k", 3, start + Duration::from_secs(n)), Ok(()));
+        }
+        let refused = windows.take("k", 3, start + Duration::from_secs(10));
+        assert_eq!(refused, Err(Duration::from_secs(50)));
+        // Another key is not held back.
+        assert_eq!(windows.take("other", 3, start), Ok(()));
+        // A minute after the first, one more.
+        assert_eq!(
+            windows.take("k", 3, start + Duration::from_secs(60)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn quotas_default_below_the_pools_and_reject_zero() {
+        let quotas = KeyQuotas::default().effective();
+        assert!((quotas.sandboxes as usize) < crate::terminals::MAX_TERMINALS - ADMIN_RESERVE);
+        assert_eq!(quotas.tokens_per_day, None);
+        let zero = KeyQuotas {
+            live_runs: Some(0),
+            ..KeyQuotas::default()
+        };
+        assert!(zero.validate().is_err());
+        assert!(KeyQuotas::default().validate().is_ok());
+    }
+}
