@@ -339,6 +339,9 @@ impl QueueState {
     }
 }
 
+/// How often the worker sweeps unfinished uploads that went idle.
+const UPLOAD_SWEEP: Duration = Duration::from_secs(600);
+
 /// How long a lease lasts by default: a node dead this long has its runs taken over.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(4);
 
@@ -753,7 +756,20 @@ impl App {
         // settle that wakes the worker: under load those are hundreds a second, each look a
         // query or two.
         let mut timers_looked: Option<tokio::time::Instant> = None;
+        let mut uploads_swept = tokio::time::Instant::now();
         loop {
+            // Unfinished uploads that received nothing for hours go, without waiting for the
+            // next upload to sweep them.
+            if uploads_swept.elapsed() >= UPLOAD_SWEEP {
+                uploads_swept = tokio::time::Instant::now();
+                let app = self.clone();
+                tokio::spawn(async move {
+                    let removed = app.sweep_idle_uploads().await;
+                    if removed > 0 {
+                        tracing::info!(removed, "idle unfinished uploads removed");
+                    }
+                });
+            }
             // Listening before looking: a run submitted (or a slot freed) while this pass
             // reads the queue wakes the next pass at once instead of waiting for the poll.
             let changed = self.queue.changed.notified();

@@ -245,11 +245,16 @@ impl App {
         let (workspace, workspace_owner) = self.workspace_of(caller, &target_workspace).await?;
         let uploads = self.uploads_folder()?;
         let owner = caller.owner();
-        let target = target.to_owned();
-        let target_path =
-            tokio::task::spawn_blocking(move || workspace.check_upload(&target, length, limits))
-                .await
-                .map_err(|error| AppError::internal(error.to_string()))??;
+        let target_path = self
+            .check_new_upload(
+                caller,
+                workspace,
+                workspace_owner.clone(),
+                target.to_owned(),
+                length,
+                limits,
+            )
+            .await?;
         let upload = TusUpload {
             upload_id: uuid::Uuid::new_v4().simple().to_string(),
             session_id: workspace_owner.session(),

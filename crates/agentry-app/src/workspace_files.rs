@@ -34,8 +34,17 @@ use crate::App;
 use crate::auth::Principal;
 use crate::error::{AppError, Failure};
 
-/// How long an unfinished upload is kept.
-const UPLOAD_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// How long an unfinished upload is kept after its last byte came.
+const UPLOAD_TTL: Duration = Duration::from_secs(2 * 60 * 60);
+
+/// Unfinished uploads one workspace may have at once.
+pub const MAX_PENDING_PER_WORKSPACE: usize = 16;
+
+/// Unfinished uploads one API key may have at once, across workspaces.
+pub const MAX_PENDING_PER_KEY: usize = 32;
+
+/// The bytes every unfinished upload together may announce.
+pub const MAX_PENDING_BYTES: u64 = 64 << 30;
 
 /// The most entries one listing page holds.
 pub const MAX_PAGE_SIZE: usize = 1000;
@@ -801,6 +810,18 @@ impl Workspace {
         size: u64,
         limits: WorkspaceLimits,
     ) -> Result<String, AppError> {
+        self.check_upload_beside(target, size, 0, limits)
+    }
+
+    /// [`Self::check_upload`], with `pending` bytes other unfinished uploads to this workspace
+    /// announced counted as used.
+    fn check_upload_beside(
+        &self,
+        target: &str,
+        size: u64,
+        pending: u64,
+        limits: WorkspaceLimits,
+    ) -> Result<String, AppError> {
         let relative = self.relative(target)?;
         let Some(name) = relative.file_name() else {
             return Err(AppError::bad_request(
@@ -826,14 +847,14 @@ impl Workspace {
                 display_path(&relative)
             )));
         }
-        let used = usage(&self.root, Path::new(""))?;
+        let used = usage(&self.root, Path::new(""))?.saturating_add(pending);
         if used.saturating_add(size) > limits.quota_bytes {
             return Err(AppError::new(
                 Failure::TooLarge,
                 "quota_exceeded",
                 format!(
-                    "the workspace holds {used} bytes; {size} more would pass its quota of {} \
-                     bytes",
+                    "the workspace holds {used} bytes (unfinished uploads to it included); \
+                     {size} more would pass its quota of {} bytes",
                     limits.quota_bytes
                 ),
             ));
@@ -1115,6 +1136,70 @@ impl App {
         blocking(move || workspace.delete(&path)).await
     }
 
+    /// Checks a new upload of `size` bytes to `target` in `workspace` (owned by `owner`), made
+    /// by `caller`: the target and the workspace's quota with the bytes its unfinished uploads
+    /// announced, at most [`MAX_PENDING_PER_WORKSPACE`] unfinished uploads to the workspace and
+    /// [`MAX_PENDING_PER_KEY`] of the key's, and [`MAX_PENDING_BYTES`] announced in all.
+    /// Uploads idle past their time are swept first. Answers the target as shown.
+    pub(crate) async fn check_new_upload(
+        &self,
+        caller: &Principal,
+        workspace: Workspace,
+        owner: WorkspaceOwner,
+        target: String,
+        size: u64,
+        limits: WorkspaceLimits,
+    ) -> Result<String, AppError> {
+        let uploads = self.uploads_folder()?;
+        let key = caller.owner();
+        blocking(move || {
+            sweep_uploads(&uploads);
+            let pending = pending_uploads(&uploads);
+            let here = |upload: &&PendingUpload| {
+                upload.session_id == owner.session() && upload.agent_id == owner.agent()
+            };
+            // The target, the file's size and the workspace's quota first: they say the most.
+            let pending_here: u64 = pending.iter().filter(here).map(|upload| upload.bytes).sum();
+            let shown = workspace.check_upload_beside(&target, size, pending_here, limits)?;
+            let to_workspace = pending.iter().filter(here).count();
+            if to_workspace >= MAX_PENDING_PER_WORKSPACE {
+                return Err(too_many_uploads(format!(
+                    "this workspace has {to_workspace} unfinished uploads, its most: finish or \
+                     cancel one first"
+                )));
+            }
+            if key.is_some() {
+                let of_key = pending.iter().filter(|upload| upload.owner == key).count();
+                if of_key >= MAX_PENDING_PER_KEY {
+                    return Err(too_many_uploads(format!(
+                        "this API key has {of_key} unfinished uploads, its most: finish or \
+                         cancel one first"
+                    )));
+                }
+            }
+            let announced: u64 = pending.iter().map(|upload| upload.bytes).sum();
+            if announced.saturating_add(size) > MAX_PENDING_BYTES {
+                return Err(too_many_uploads(format!(
+                    "unfinished uploads on this server announce {announced} bytes; {size} more \
+                     would pass {MAX_PENDING_BYTES}"
+                )));
+            }
+            Ok(shown)
+        })
+        .await
+    }
+
+    /// Removes the uploads idle past their time; answers how many (the worker calls it
+    /// every few minutes).
+    pub async fn sweep_idle_uploads(&self) -> usize {
+        let Ok(uploads) = self.uploads_folder() else {
+            return 0;
+        };
+        blocking(move || Ok(sweep_uploads(&uploads)))
+            .await
+            .unwrap_or(0)
+    }
+
     /// Plans an upload of `file_size` bytes to `target_path` in `session`'s workspace.
     pub async fn upload_init(
         &self,
@@ -1128,8 +1213,9 @@ impl App {
         let (workspace, owner) = self.workspace_of(caller, target).await?;
         let uploads = self.uploads_folder()?;
         let target = target_path.to_owned();
-        let target_path =
-            blocking(move || workspace.check_upload(&target, file_size, limits)).await?;
+        let target_path = self
+            .check_new_upload(caller, workspace, owner.clone(), target, file_size, limits)
+            .await?;
         let chunk_size = limits.chunk_bytes.max(1);
         let plan = UploadPlan {
             upload_id: uuid::Uuid::new_v4().simple().to_string(),
@@ -1160,23 +1246,84 @@ fn uploads_in(workspaces: &Path) -> PathBuf {
     workspaces.join(".uploads")
 }
 
-/// Removes uploads left unfinished longer than [`UPLOAD_TTL`].
-fn sweep_uploads(uploads: &Path) {
+/// Removes uploads that received nothing for longer than [`UPLOAD_TTL`] (their folder's and
+/// files' newest change); answers how many.
+pub(crate) fn sweep_uploads(uploads: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(uploads) else {
-        return;
+        return 0;
     };
     let now = SystemTime::now();
+    let mut removed = 0;
     for entry in entries.flatten() {
-        let old = entry
-            .metadata()
-            .and_then(|meta| meta.modified())
-            .ok()
-            .and_then(|modified| now.duration_since(modified).ok())
+        let last_change = std::iter::once(entry.path())
+            .chain(
+                std::fs::read_dir(entry.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|file| file.path()),
+            )
+            .filter_map(|path| {
+                std::fs::metadata(path)
+                    .and_then(|meta| meta.modified())
+                    .ok()
+            })
+            .max();
+        let idle = last_change
+            .and_then(|changed| now.duration_since(changed).ok())
             .is_some_and(|age| age > UPLOAD_TTL);
-        if old {
-            let _ = std::fs::remove_dir_all(entry.path());
+        if idle && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
         }
     }
+    removed
+}
+
+/// An unfinished upload as its folder describes it: where it goes, whose it is, its size.
+struct PendingUpload {
+    session_id: Option<SessionId>,
+    agent_id: Option<String>,
+    owner: Option<String>,
+    bytes: u64,
+}
+
+/// The unfinished uploads in `uploads` (chunked plans and tus uploads not yet complete).
+fn pending_uploads(uploads: &Path) -> Vec<PendingUpload> {
+    let Ok(entries) = std::fs::read_dir(uploads) else {
+        return Vec::new();
+    };
+    let mut pending = Vec::new();
+    for entry in entries.flatten() {
+        let folder = entry.path();
+        if let Ok(text) = std::fs::read(folder.join("plan.json"))
+            && let Ok(plan) = serde_json::from_slice::<UploadPlan>(&text)
+        {
+            pending.push(PendingUpload {
+                session_id: plan.session_id,
+                agent_id: plan.agent_id,
+                owner: plan.owner,
+                bytes: plan.file_size,
+            });
+        } else if let Ok(text) = std::fs::read(folder.join("tus.json"))
+            && let Ok(upload) = serde_json::from_slice::<crate::tus::TusUpload>(&text)
+            && !upload.completed
+        {
+            pending.push(PendingUpload {
+                session_id: upload.session_id,
+                agent_id: upload.agent_id,
+                owner: upload.owner,
+                bytes: upload.length,
+            });
+        }
+    }
+    pending
+}
+
+/// `429 too_many_uploads`: `why`.
+fn too_many_uploads(why: String) -> AppError {
+    AppError::new(Failure::TooMany, "too_many_uploads", why).with_details(serde_json::json!({
+        "retry_after_secs": 60,
+    }))
 }
 
 /// An upload id as made by `init`: 32 lowercase hex digits.
@@ -1667,5 +1814,42 @@ mod thumbnail_tests {
         assert!(cache.bytes <= THUMBNAIL_CACHE_BYTES);
         cache.put("huge".into(), thumbnail(THUMBNAIL_CACHE_BYTES + 1));
         assert!(cache.get("huge").is_none(), "larger than the whole budget");
+    }
+}
+
+#[cfg(test)]
+mod upload_tests {
+    use super::*;
+
+    /// An upload that received nothing for longer than [`UPLOAD_TTL`] is swept; one that
+    /// received a chunk lately stays, however old its folder.
+    #[test]
+    fn idle_uploads_are_swept_and_busy_ones_kept() {
+        let uploads = tempfile::tempdir().unwrap();
+        let long_ago = SystemTime::now() - UPLOAD_TTL - Duration::from_secs(60);
+        for (id, chunk_lately) in [("idle", false), ("busy", true)] {
+            let folder = uploads.path().join(id);
+            std::fs::create_dir(&folder).unwrap();
+            std::fs::write(folder.join("plan.json"), "{}").unwrap();
+            std::fs::write(folder.join("0"), "chunk").unwrap();
+            for name in ["plan.json", "0"] {
+                if name == "0" && chunk_lately {
+                    continue;
+                }
+                std::fs::File::options()
+                    .write(true)
+                    .open(folder.join(name))
+                    .unwrap()
+                    .set_modified(long_ago)
+                    .unwrap();
+            }
+            std::fs::File::open(&folder)
+                .unwrap()
+                .set_modified(long_ago)
+                .unwrap();
+        }
+        assert_eq!(sweep_uploads(uploads.path()), 1);
+        assert!(!uploads.path().join("idle").exists());
+        assert!(uploads.path().join("busy").exists());
     }
 }

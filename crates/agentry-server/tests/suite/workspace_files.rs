@@ -1316,3 +1316,72 @@ async fn workspace_files_are_never_served_as_active_content() {
         );
     }
 }
+
+/// Unfinished uploads count against the workspace's quota with the bytes they announced, and a
+/// workspace may have only so many at once (the second security review's N5: six 4 GiB uploads
+/// and three tus uploads were all accepted against a 20 GiB quota).
+#[tokio::test]
+async fn unfinished_uploads_count_against_the_quota_and_are_capped() {
+    let (server, session, _folder) = with_session().await;
+    let init = |size: u64, target: String| json!({"workspace_id": session, "file_name": "f", "file_size": size, "target_path": target});
+    let four_gib: u64 = 4 << 30;
+    // Five of 4 GiB fill the 20 GiB quota; a sixth, chunked or tus, is refused.
+    let mut big = Vec::new();
+    for n in 0..5 {
+        let (status, body) = server
+            .post(
+                "/linglong/v1/workspace/upload/init",
+                init(four_gib, format!("big{n}.bin")),
+            )
+            .await;
+        assert_eq!(status, 200, "upload {n}: {body}");
+        big.push(body["upload_id"].as_str().unwrap().to_owned());
+    }
+    let (status, body) = server
+        .post(
+            "/linglong/v1/workspace/upload/init",
+            init(four_gib, "big5.bin".into()),
+        )
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.to_string().contains("unfinished uploads"), "{body}");
+    let response = tus_create(&server, &session, four_gib, "big6.bin").await;
+    assert_eq!(response.status().as_u16(), 413);
+    // A cancelled upload frees its bytes.
+    let (status, body) = send(
+        &server,
+        reqwest::Method::DELETE,
+        &format!("/linglong/v1/workspace/upload/{}", big[0]),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let response = tus_create(&server, &session, four_gib, "big6.bin").await;
+    assert_eq!(response.status().as_u16(), 201);
+    for id in &big[1..] {
+        let path = format!("/linglong/v1/workspace/upload/{id}");
+        let (status, body) = send(&server, reqwest::Method::DELETE, &path, json!({})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Small ones up to the workspace's count of unfinished uploads (the tus one is one), then
+    // 429.
+    let room = agentry_app::workspace_files::MAX_PENDING_PER_WORKSPACE - 1;
+    for n in 0..room {
+        let (status, body) = server
+            .post(
+                "/linglong/v1/workspace/upload/init",
+                init(10, format!("small{n}.txt")),
+            )
+            .await;
+        assert_eq!(status, 200, "upload {n}: {body}");
+    }
+    let (status, body) = server
+        .post(
+            "/linglong/v1/workspace/upload/init",
+            init(10, "one-more.txt".into()),
+        )
+        .await;
+    assert_eq!(status, 429, "{body}");
+    let response = tus_create(&server, &session, 10, "tus-more.txt").await;
+    assert_eq!(response.status().as_u16(), 429);
+}
