@@ -385,12 +385,13 @@ impl App {
     }
 
     /// Continues a session: resumes a run a crash interrupted, or lets the model go on from
-    /// the history. The run goes on in the hub.
+    /// the history, within `caller`'s grant. The run goes on in the hub.
     pub async fn continue_session(
         &self,
+        caller: &Principal,
         record: &SessionRecord,
     ) -> Result<ContinueOutcome, AppError> {
-        self.continue_followed(record).await?;
+        self.continue_followed(caller, record).await?;
         Ok(ContinueOutcome {
             session_id: record.id,
             stream: crate::approvals::stream_path(record.id),
@@ -401,6 +402,7 @@ impl App {
     /// events.
     pub async fn continue_followed(
         &self,
+        caller: &Principal,
         record: &SessionRecord,
     ) -> Result<crate::hub::Subscription, AppError> {
         if self.hub.is_live(record.id) {
@@ -417,8 +419,15 @@ impl App {
                         "the session is empty: nothing to continue",
                     ));
                 }
+                // A new run on the default model, held to the caller's grant like any other
+                // (a resumed run keeps the grant it started with).
+                let request = RunRequest {
+                    grant: self.run_grant(caller),
+                    ..RunRequest::default()
+                };
+                self.check_run_quotas(caller, false).await?;
                 self.sessions
-                    .send(record.id, RunRequest::default(), BusyPolicy::Reject)
+                    .send(record.id, request, BusyPolicy::Reject)
                     .await?
             }
         };

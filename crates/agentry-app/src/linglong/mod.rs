@@ -237,7 +237,7 @@ impl App {
             .ok_or_else(|| AppError::bad_request("`continue` needs the `session_id` to go on"))?;
         let record = self.session_record(id).await?;
         self.check_session_access(caller, record.id).await?;
-        let subscription = self.continue_followed(&record).await?;
+        let subscription = self.continue_followed(caller, &record).await?;
         Ok(SeedStart {
             session_id: Some(record.id),
             max_tool_rounds: body.max_tool_rounds.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS),

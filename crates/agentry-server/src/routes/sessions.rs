@@ -500,10 +500,11 @@ async fn read(
 )]
 async fn continue_run(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let record = state.session_record(&id).await?;
-    let outcome = state.continue_session(&record).await?;
+    let outcome = state.continue_session(&caller, &record).await?;
     Ok((StatusCode::ACCEPTED, Json(outcome)).into_response())
 }
 

@@ -834,3 +834,47 @@ async fn runs_going_and_tokens_of_the_day_are_held_to_their_quotas() {
     .await;
     assert_quota(status, &answer, "tokens_per_day");
 }
+
+/// Continuing a session starts a run on the default model: it is held to the key's grant like
+/// any other run.
+#[tokio::test]
+async fn continuing_a_session_holds_the_keys_models() {
+    let (server, admin, user) = limited_server().await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        "/v1/infer",
+        json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let session = answer["session_id"].as_str().unwrap().to_owned();
+    let (status, body) = as_key(
+        &server,
+        &admin,
+        "PUT",
+        "/v1/models/other",
+        json!({"id": "other", "protocol": "openai", "model_name": "o", "default": true,
+               "base_url": server.mock.openai_base_url()}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "POST",
+        &format!("/v1/sessions/{session}/continue"),
+        json!({}),
+    )
+    .await;
+    assert_denied(status, &answer, "may not use the model \\\"other\\\"");
+    assert_eq!(
+        server.mock.requests().len(),
+        1,
+        "only the first run called a model"
+    );
+}
