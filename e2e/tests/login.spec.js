@@ -51,6 +51,13 @@ test("a user key made in the console sees only its own sessions", async ({ page,
     const userKey = (await page.getByTestId("new-key").textContent()).trim();
     expect(userKey).toMatch(/^agk_/);
     await shot(page, "settings-user-key");
+    // Its row shows each quota's use against its limit.
+    await page.getByTestId("settings-agents").click();
+    await page.getByTestId("settings-keys").click();
+    const keyRow = page.locator(`[data-testid=row][data-id="${userKey.split("_")[1]}"]`);
+    await expect(keyRow.getByTestId("key-quotas")).toContainText("live runs 0/16");
+    await expect(keyRow.getByTestId("key-quotas")).toContainText("sandboxes 0/8");
+    await shot(page, "settings-key-quotas");
     // Signed in with it, the console lists none of the admin's sessions, and the API denies it.
     await page.locator("#logout").click();
     await page.getByTestId("login").locator("[name=key]").fill(userKey);

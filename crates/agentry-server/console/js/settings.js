@@ -351,9 +351,22 @@ export class SettingsView {
 
   async keys(root, reload) {
     const { keys, auth_enabled: enabled } = await get("/v1/api-keys");
+    // A user key's quotas, used against their limits, filled in once its detail comes.
+    const quotas = (k) => {
+      if (k.revoked || k.role !== "user") return null;
+      const line = h("span", { class: "meta key-quotas", testid: "key-quotas" }, "quotas…");
+      get(`/v1/api-keys/${k.id}`).then((detail) => {
+        const q = detail.quotas;
+        line.textContent = [["live runs", q.live_runs], ["sandboxes", q.sandboxes], ["terminals", q.terminals],
+          ["sessions a minute", q.sessions_per_minute], ["tokens a day", q.tokens_per_day]]
+          .map(([name, use]) => `${name} ${use.used}/${use.limit ?? "∞"}`).join(" · ");
+      }).catch(() => line.remove());
+      return line;
+    };
     root.append(h("div", { class: "card" },
       h("p", { class: "muted" }, enabled ? "Authentication is on: the API needs a key (or this console's login). Revoking keys never turns it off." : "Authentication is off: creating a key (always an admin, the first) turns it on."),
       h("div", { class: "rows" }, keys.length ? keys.map((k) => row(k.id, `${k.label || "(no label)"} · ${k.role || "admin"} · ${time(k.created_at)}${k.revoked ? " · revoked" : ""}`,
+        quotas(k),
         k.revoked ? null : h("button", { class: "danger", testid: "delete", onclick: async () => {
           if (!confirm(`Revoke key ${k.id}?`)) return;
           try { await del(`/v1/api-keys/${k.id}`); reload(); } catch (error) { toast(errorText(error), "error"); }
