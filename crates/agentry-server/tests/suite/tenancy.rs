@@ -44,6 +44,11 @@ async fn limited_server() -> (Server, String, String) {
     (server, admin, user)
 }
 
+/// `POST /v1/infer` with `body` as `key`.
+async fn infer(server: &Server, key: &str, body: Value) -> (u16, Value) {
+    as_key(server, key, "POST", "/v1/infer", body).await
+}
+
 /// The names of the tools the mock's `request`-th call was offered.
 fn offered(server: &Server, request: usize) -> Vec<String> {
     let mut names: Vec<String> = server.mock.requests()[request].body["tools"]
@@ -73,11 +78,9 @@ async fn infer_as_an_allowed_agent_only_narrows_its_tools() {
         (json!(["*"]), "slow"),
         (json!(["slow", "current_time"]), "slow"),
     ] {
-        let (status, answer) = as_key(
+        let (status, answer) = infer(
             &server,
             &user,
-            "POST",
-            "/v1/infer",
             json!({"text": "hi", "agent_id": "helper", "tool_ids": tools}),
         )
         .await;
@@ -89,11 +92,9 @@ async fn infer_as_an_allowed_agent_only_narrows_its_tools() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &user,
-        "POST",
-        "/v1/infer",
         json!({"text": "hi", "agent_id": "helper", "tool_ids": ["delegate"]}),
     )
     .await;
@@ -103,11 +104,9 @@ async fn infer_as_an_allowed_agent_only_narrows_its_tools() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &admin,
-        "POST",
-        "/v1/infer",
         json!({"text": "hi", "agent_id": "helper", "tool_ids": ["slow"]}),
     )
     .await;
@@ -150,14 +149,7 @@ async fn infer_holds_the_model_it_really_calls() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let (status, answer) = as_key(
-        &server,
-        &user,
-        "POST",
-        "/v1/infer",
-        json!({"text": "hi", "agent_id": "helper"}),
-    )
-    .await;
+    let (status, answer) = infer(&server, &user, json!({"text": "hi", "agent_id": "helper"})).await;
     assert_denied(status, &answer, "may not use the model \\\"other\\\"");
     assert!(server.mock.requests().is_empty(), "no model was called");
 }
@@ -187,11 +179,9 @@ async fn tool_result(server: &Server, user: &str, tool: &str, arguments: Value) 
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("done")));
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         server,
         user,
-        "POST",
-        "/v1/infer",
         json!({"text": "go", "agent_id": "helper", "session_id": "new"}),
     )
     .await;
@@ -211,34 +201,33 @@ async fn tool_result(server: &Server, user: &str, tool: &str, arguments: Value) 
 #[tokio::test]
 async fn delegate_reaches_no_agent_and_no_model_outside_the_key() {
     let (server, _, user) = limited_server().await;
-    let result = tool_result(
-        &server,
-        &user,
-        "delegate",
-        json!({"task": "write the file", "agent": "shared"}),
-    )
-    .await;
-    assert!(result.contains("may not run as the agent"), "{result}");
-    assert_eq!(server.mock.requests().len(), 2, "no sub-agent ran");
-    let result = tool_result(
-        &server,
-        &user,
-        "delegate",
-        json!({"task": "say hi", "model": "other"}),
-    )
-    .await;
-    assert!(result.contains("may not use the model"), "{result}");
-    assert_eq!(server.mock.requests().len(), 4, "no sub-agent ran");
-    // An allowed agent on a model outside the key's list is refused too.
-    let result = tool_result(
-        &server,
-        &user,
-        "delegate",
-        json!({"task": "say hi", "agent": "roamer"}),
-    )
-    .await;
-    assert!(result.contains("may not use the model"), "{result}");
-    assert_eq!(server.mock.requests().len(), 6, "no sub-agent ran");
+    // Another saved agent; the caller's agent on a model outside the key's list; an allowed
+    // agent on such a model: each refused before a sub-agent runs.
+    for (n, (arguments, refusal)) in [
+        (
+            json!({"task": "write the file", "agent": "shared"}),
+            "may not run as the agent",
+        ),
+        (
+            json!({"task": "say hi", "model": "other"}),
+            "may not use the model",
+        ),
+        (
+            json!({"task": "say hi", "agent": "roamer"}),
+            "may not use the model",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let result = tool_result(&server, &user, "delegate", arguments).await;
+        assert!(result.contains(refusal), "{result}");
+        assert_eq!(
+            server.mock.requests().len(),
+            2 * (n + 1),
+            "no sub-agent ran"
+        );
+    }
     let (_, sessions) = as_key(&server, &user, "GET", "/v1/sessions", json!({})).await;
     assert_eq!(
         sessions["sessions"].as_array().unwrap().len(),
@@ -267,14 +256,7 @@ async fn session_titles_use_only_the_keys_models() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-    let (status, answer) = as_key(
-        &server,
-        &user,
-        "POST",
-        "/v1/infer",
-        json!({"text": "hi", "session_id": "new"}),
-    )
-    .await;
+    let (status, answer) = infer(&server, &user, json!({"text": "hi", "session_id": "new"})).await;
     assert_eq!(status, 200, "{answer}");
     let session = answer["session_id"].as_str().unwrap().to_owned();
     let (status, answer) = as_key(
@@ -443,11 +425,9 @@ async fn end_users_belong_to_the_key_that_names_them() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &user,
-        "POST",
-        "/v1/infer",
         json!({"text": "what do you know about me?", "agent_id": "helper", "user": "alice"}),
     )
     .await;
@@ -459,11 +439,9 @@ async fn end_users_belong_to_the_key_that_names_them() {
         "another namespace's alice leaked: {prompt}"
     );
     // The key cannot step into another namespace by naming it.
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &user,
-        "POST",
-        "/v1/infer",
         json!({"text": "hi", "agent_id": "helper", "user": format!("{key_id}:alice")}),
     )
     .await;
@@ -476,11 +454,9 @@ async fn end_users_belong_to_the_key_that_names_them() {
         server
             .mock
             .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-        let (status, answer) = as_key(
+        let (status, answer) = infer(
             &server,
             &admin,
-            "POST",
-            "/v1/infer",
             json!({"text": "what do you know about me?", "agent_id": "helper", "user": who}),
         )
         .await;
@@ -522,14 +498,7 @@ async fn without_isolation_a_user_key_gets_no_shell() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-    let (status, answer) = as_key(
-        &server,
-        &user,
-        "POST",
-        "/v1/infer",
-        json!({"text": "hi", "session_id": "new"}),
-    )
-    .await;
+    let (status, answer) = infer(&server, &user, json!({"text": "hi", "session_id": "new"})).await;
     assert_eq!(status, 200, "{answer}");
     let session = answer["session_id"].as_str().unwrap().to_owned();
     for (method, path, body) in [
@@ -566,11 +535,9 @@ async fn without_isolation_a_user_key_gets_no_shell() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &user,
-        "POST",
-        "/v1/infer",
         json!({"text": "hi", "tool_ids": ["current_time"]}),
     )
     .await;
@@ -687,21 +654,17 @@ async fn a_key_at_its_quota_is_refused_and_no_other_key_is() {
         server
             .mock
             .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-        let (status, answer) = as_key(
+        let (status, answer) = infer(
             &server,
             &a,
-            "POST",
-            "/v1/infer",
             json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
         )
         .await;
         assert_eq!(status, 200, "{answer}");
     }
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &a,
-        "POST",
-        "/v1/infer",
         json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
     )
     .await;
@@ -788,26 +751,12 @@ async fn runs_going_and_tokens_of_the_day_are_held_to_their_quotas() {
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let (status, answer) = as_key(
-        &server,
-        &a,
-        "POST",
-        "/v1/infer",
-        json!({"text": "again", "model_id": "mock"}),
-    )
-    .await;
+    let (status, answer) = infer(&server, &a, json!({"text": "again", "model_id": "mock"})).await;
     assert_quota(status, &answer, "live_runs");
     server.mock.enqueue(Reply::scripted(
         ScriptedTurn::text("other").with_usage(1, 1),
     ));
-    let (status, answer) = as_key(
-        &server,
-        &b,
-        "POST",
-        "/v1/infer",
-        json!({"text": "hi", "model_id": "mock"}),
-    )
-    .await;
+    let (status, answer) = infer(&server, &b, json!({"text": "hi", "model_id": "mock"})).await;
     assert_eq!(status, 200, "another key's run goes: {answer}");
     assert_eq!(first.await.unwrap(), 200);
     // 60 tokens used (the ledger charges runs in sessions); one more run of 60 goes past the
@@ -815,20 +764,16 @@ async fn runs_going_and_tokens_of_the_day_are_held_to_their_quotas() {
     server.mock.enqueue(Reply::scripted(
         ScriptedTurn::text("more").with_usage(40, 20),
     ));
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &a,
-        "POST",
-        "/v1/infer",
         json!({"text": "more", "model_id": "mock", "session_id": "new"}),
     )
     .await;
     assert_eq!(status, 200, "{answer}");
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &a,
-        "POST",
-        "/v1/infer",
         json!({"text": "more", "model_id": "mock", "session_id": "new"}),
     )
     .await;
@@ -843,11 +788,9 @@ async fn continuing_a_session_holds_the_keys_models() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
-    let (status, answer) = as_key(
+    let (status, answer) = infer(
         &server,
         &user,
-        "POST",
-        "/v1/infer",
         json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
     )
     .await;
