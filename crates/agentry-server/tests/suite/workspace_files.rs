@@ -1385,3 +1385,76 @@ async fn unfinished_uploads_count_against_the_quota_and_are_capped() {
     let response = tus_create(&server, &session, 10, "tus-more.txt").await;
     assert_eq!(response.status().as_u16(), 429);
 }
+
+/// `POST path` with `body` as `key`: the status and the JSON answer.
+async fn post_as(server: &Server, key: &str, path: &str, body: Value) -> (u16, Value) {
+    let response = server
+        .http
+        .post(format!("{}{path}", server.url))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// A new session of `key` (a run in it).
+async fn session_of(server: &Server, key: &str) -> String {
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Hi.")));
+    let (status, body) = post_as(
+        server,
+        key,
+        "/linglong/v1/infer",
+        json!({"model_id": "mock", "text": "Hello", "session_id": "new"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["session_id"].as_str().unwrap().to_owned()
+}
+
+/// One API key's unfinished uploads are capped across its workspaces; another key is not held
+/// back by them.
+#[tokio::test]
+async fn a_keys_unfinished_uploads_are_capped_across_its_workspaces() {
+    use agentry_app::auth::{KeyLimits, KeyRole, create_key, create_key_with};
+    use agentry_app::workspace_files::{MAX_PENDING_PER_KEY, MAX_PENDING_PER_WORKSPACE};
+    let (server, _, _) = with_session().await;
+    create_key(&server.state.store, "admin").await.unwrap();
+    let mut keys = Vec::new();
+    for label in ["a", "b"] {
+        let key = create_key_with(
+            &server.state.store,
+            label,
+            KeyRole::User,
+            KeyLimits::default(),
+        )
+        .await
+        .unwrap();
+        keys.push(key.key);
+    }
+    server.state.auth.refresh();
+    let init = |session: &str, n: usize| {
+        json!({"workspace_id": session, "file_name": "f", "file_size": 10,
+               "target_path": format!("part{n}.txt")})
+    };
+    let path = "/linglong/v1/workspace/upload/init";
+    let mut made = 0;
+    while made < MAX_PENDING_PER_KEY {
+        let session = session_of(&server, &keys[0]).await;
+        for _ in 0..MAX_PENDING_PER_WORKSPACE.min(MAX_PENDING_PER_KEY - made) {
+            let (status, body) = post_as(&server, &keys[0], path, init(&session, made)).await;
+            assert_eq!(status, 200, "upload {made}: {body}");
+            made += 1;
+        }
+    }
+    let fresh = session_of(&server, &keys[0]).await;
+    let (status, body) = post_as(&server, &keys[0], path, init(&fresh, made)).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.to_string().contains("this API key has"), "{body}");
+    let theirs = session_of(&server, &keys[1]).await;
+    let (status, body) = post_as(&server, &keys[1], path, init(&theirs, 0)).await;
+    assert_eq!(status, 200, "another key uploads: {body}");
+}
