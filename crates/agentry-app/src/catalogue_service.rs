@@ -580,7 +580,8 @@ fn refuse_reserved(name: &str) -> Result<(), AppError> {
             "reserved_secret",
             format!(
                 "{name:?} is written only by its own endpoint: `POST /v1/webhook-secret` for \
-                 webhook signing secrets, `POST /v1/workflows/{{name}}/trigger` for workflow triggers"
+                 webhook signing secrets, `POST /v1/workflows/{{name}}/trigger` for workflow \
+                 triggers"
             ),
         ));
     }

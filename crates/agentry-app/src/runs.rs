@@ -68,8 +68,9 @@ pub enum Target {
 }
 
 /// Checks `input` for `caller` (the agent, model, tools, template and files it names, the
-/// caller's grant on the resolved run, approvals only in sessions) and turns it into a run request; for
-/// [`SessionChoice::New`] the request says to create the session with the run's first write.
+/// caller's grant on the resolved run, approvals only in sessions) and turns it into a run
+/// request; for [`SessionChoice::New`] the request says to create the session with the run's
+/// first write.
 /// Nothing is created when a check fails.
 pub async fn prepare(
     app: &App,
