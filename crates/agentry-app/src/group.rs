@@ -323,13 +323,14 @@ pub async fn post(
     }
     let agents = check_members(state, &ids).await?;
     let runtime = state.sessions.runtime();
+    let grant = state.run_grant(caller);
     for agent in &agents {
         let run = agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
         // A member's model, fallbacks and tools are held to the caller's grant before the
         // exchange starts (each member's run is checked again when it starts).
-        if let Some(grant) = state.run_grant(caller) {
+        if let Some(grant) = &grant {
             let mut check = run.request(None).with_history(vec![Message::user("")]);
-            check.grant = Some(grant.running_as(check.tools.clone()));
+            check.grant = Some(grant.clone().running_as(check.tools.clone()));
             runtime.prepare(check)?;
         }
     }
@@ -378,7 +379,7 @@ pub async fn post(
         runners,
         max_rounds: info.max_rounds,
         user: end_user,
-        grant: state.run_grant(caller),
+        grant,
         sender,
         cancel,
         transcript: Arc::new(Mutex::new((transcript, turns))),

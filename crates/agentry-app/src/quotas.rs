@@ -127,22 +127,18 @@ pub struct SessionWindows {
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl SessionWindows {
+    fn windows(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Instant>>> {
+        self.by_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// How many sessions `key` created in the minute before `now`.
     fn count(&self, key: &str, now: Instant) -> usize {
-        let mut by_key = self
-            .by_key
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(times) = by_key.get_mut(key) else {
-            return 0;
-        };
-        while times
-            .front()
-            .is_some_and(|at| now.saturating_duration_since(*at) >= MINUTE)
-        {
-            times.pop_front();
-        }
-        let count = times.len();
+        let mut by_key = self.windows();
+        let count = by_key
+            .get_mut(key)
+            .map_or(0, |times| within_the_minute(times, now));
         if count == 0 {
             by_key.remove(key);
         }
@@ -152,24 +148,27 @@ impl SessionWindows {
     /// Takes a new session for `key` at `now` unless it made `limit` in the last minute; when
     /// refused, how long until one more may be made.
     fn take(&self, key: &str, limit: usize, now: Instant) -> Result<(), Duration> {
-        if self.count(key, now) >= limit {
-            let by_key = self
-                .by_key
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let oldest = by_key.get(key).and_then(VecDeque::front).copied();
-            return Err(oldest.map_or(MINUTE, |at| {
-                MINUTE.saturating_sub(now.saturating_duration_since(at))
+        let mut by_key = self.windows();
+        let times = by_key.entry(key.to_owned()).or_default();
+        if within_the_minute(times, now) >= limit {
+            return Err(times.front().map_or(MINUTE, |at| {
+                MINUTE.saturating_sub(now.saturating_duration_since(*at))
             }));
         }
-        self.by_key
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(key.to_owned())
-            .or_default()
-            .push_back(now);
+        times.push_back(now);
         Ok(())
     }
+}
+
+/// Drops the times of `times` a minute or more before `now`; answers how many are left.
+fn within_the_minute(times: &mut VecDeque<Instant>, now: Instant) -> usize {
+    while times
+        .front()
+        .is_some_and(|at| now.saturating_duration_since(*at) >= MINUTE)
+    {
+        times.pop_front();
+    }
+    times.len()
 }
 
 /// `429 quota_exceeded` for `quota` at `limit`, to be tried again after `retry_after`.
@@ -184,6 +183,21 @@ fn exceeded(quota: &str, limit: u64, what: &str, retry_after: Duration) -> AppEr
         "limit": limit,
         "retry_after_secs": retry_after.as_secs().max(1),
     }))
+}
+
+/// A pool whose places keys hold: its name, its size, and the owner of each place taken.
+struct Pool {
+    name: &'static str,
+    max: usize,
+    owners: Vec<Option<String>>,
+}
+
+/// How many of the places `owners` describe `key` holds.
+fn held_by(owners: &[Option<String>], key: Option<&str>) -> u64 {
+    owners
+        .iter()
+        .filter(|owner| owner.as_deref() == key)
+        .count() as u64
 }
 
 /// Refuses a `user` key the last [`ADMIN_RESERVE`] places of a pool of `max`, of which
@@ -229,7 +243,7 @@ impl App {
         let (Some(quotas), Some(key)) = (self.quotas_of(caller), caller.key_id.as_deref()) else {
             return Ok(());
         };
-        let running = self.running_runs(key, quotas.live_runs).await?;
+        let running = self.running_runs(key).await?;
         if running >= u64::from(quotas.live_runs) {
             return Err(exceeded(
                 "live_runs",
@@ -277,26 +291,12 @@ impl App {
         let Some(quotas) = self.quotas_of(caller) else {
             return Ok(());
         };
-        let owners: Vec<Option<String>> = self
-            .sandboxes
-            .list()
-            .iter()
-            .map(|entry| entry.owner.clone())
-            .collect();
-        let mine = owners
-            .iter()
-            .filter(|owner| **owner == caller.key_id)
-            .count();
-        if mine >= quotas.sandboxes as usize {
-            return Err(exceeded(
-                "sandboxes",
-                quotas.sandboxes.into(),
-                "sandboxes open at once",
-                Duration::from_secs(60),
-            ));
-        }
-        let held = self.user_held(&owners).await?;
-        check_reserve("sandboxes", self.sandboxes.max(), held)
+        let pool = Pool {
+            name: "sandboxes",
+            max: self.sandboxes.max(),
+            owners: self.sandbox_owners(),
+        };
+        self.check_pool(caller, pool, quotas.sandboxes).await
     }
 
     /// Checks that `caller` may open one more terminal: its own quota (terminals in its
@@ -305,21 +305,37 @@ impl App {
         let Some(quotas) = self.quotas_of(caller) else {
             return Ok(());
         };
-        let owners = self.terminal_owners().await?;
-        let mine = owners
-            .iter()
-            .filter(|owner| **owner == caller.key_id)
-            .count();
-        if mine >= quotas.terminals as usize {
+        let pool = Pool {
+            name: "terminals",
+            max: crate::terminals::MAX_TERMINALS,
+            owners: self.terminal_owners().await?,
+        };
+        self.check_pool(caller, pool, quotas.terminals).await
+    }
+
+    /// Refuses `caller` one more place of `pool` when it holds `quota` of them, or when
+    /// `user` keys together hold all but the [`ADMIN_RESERVE`].
+    async fn check_pool(&self, caller: &Principal, pool: Pool, quota: u32) -> Result<(), AppError> {
+        let mine = held_by(&pool.owners, caller.key_id.as_deref());
+        if mine >= u64::from(quota) {
             return Err(exceeded(
-                "terminals",
-                quotas.terminals.into(),
-                "terminals open at once",
+                pool.name,
+                quota.into(),
+                &format!("{} open at once", pool.name),
                 Duration::from_secs(60),
             ));
         }
-        let held = self.user_held(&owners).await?;
-        check_reserve("terminals", crate::terminals::MAX_TERMINALS, held)
+        let held = self.user_held(&pool.owners).await?;
+        check_reserve(pool.name, pool.max, held)
+    }
+
+    /// The owners of the open standalone sandboxes.
+    fn sandbox_owners(&self) -> Vec<Option<String>> {
+        self.sandboxes
+            .list()
+            .iter()
+            .map(|entry| entry.owner.clone())
+            .collect()
     }
 
     /// The API key `id` and its use of each quota (`None`: no such key).
@@ -348,18 +364,11 @@ impl App {
     pub async fn quota_report(&self, caller: &Principal) -> Result<QuotaReport, AppError> {
         let quotas = self.quotas_of(caller);
         let key = caller.key_id.clone();
-        let held =
-            |owners: &[Option<String>]| owners.iter().filter(|owner| **owner == key).count() as u64;
-        let sandboxes: Vec<Option<String>> = self
-            .sandboxes
-            .list()
-            .iter()
-            .map(|entry| entry.owner.clone())
-            .collect();
+        let sandboxes = self.sandbox_owners();
         let terminals = self.terminal_owners().await?;
         let (running, tokens, sessions) = match key.as_deref() {
             Some(key) => (
-                self.running_runs(key, u32::MAX).await?,
+                self.running_runs(key).await?,
                 self.tokens_of_the_day(key).await?,
                 self.session_windows.count(key, Instant::now()) as u64,
             ),
@@ -371,11 +380,11 @@ impl App {
                 limit: quotas.map(|q| q.live_runs.into()),
             },
             sandboxes: QuotaUse {
-                used: held(&sandboxes),
+                used: held_by(&sandboxes, key.as_deref()),
                 limit: quotas.map(|q| q.sandboxes.into()),
             },
             terminals: QuotaUse {
-                used: held(&terminals),
+                used: held_by(&terminals, key.as_deref()),
                 limit: quotas.map(|q| q.terminals.into()),
             },
             sessions_per_minute: QuotaUse {
@@ -405,31 +414,40 @@ impl App {
     }
 
     /// The owners of the sessions the open terminals are in (`None`: no owner).
+    /// (One lookup per session, however many terminals it has.)
     async fn terminal_owners(&self) -> Result<Vec<Option<String>>, AppError> {
+        let mut by_session: HashMap<agentry_types::SessionId, Option<String>> = HashMap::new();
         let mut owners = Vec::new();
         for terminal in self.tools.terminals.all() {
-            let owner = match terminal.session() {
-                Some(session) => self
-                    .store
-                    .session(session)
-                    .await?
-                    .and_then(|record| record.owner),
-                None => None,
+            let Some(session) = terminal.session() else {
+                owners.push(None);
+                continue;
+            };
+            let owner = match by_session.get(&session) {
+                Some(owner) => owner.clone(),
+                None => {
+                    let owner = self
+                        .store
+                        .session(session)
+                        .await?
+                        .and_then(|record| record.owner);
+                    by_session.insert(session, owner.clone());
+                    owner
+                }
             };
             owners.push(owner);
         }
         Ok(owners)
     }
 
-    /// `key`'s runs going now (on any node), counted up to `cap`.
-    async fn running_runs(&self, key: &str, cap: u32) -> Result<u64, AppError> {
+    /// `key`'s runs going now (on any node).
+    async fn running_runs(&self, key: &str) -> Result<u64, AppError> {
         let query = agentry_store::RunQuery {
             owner: Some(key.to_owned()),
             state: Some(agentry_store::RunState::Running),
-            limit: usize::try_from(cap).unwrap_or(usize::MAX).saturating_add(1),
             ..agentry_store::RunQuery::default()
         };
-        Ok(self.store.list_runs(&query).await?.len() as u64)
+        Ok(self.store.count_runs(&query).await?)
     }
 
     /// `key`'s model tokens (input and output) over the last 24 hours.

@@ -577,16 +577,14 @@ impl App {
             .ok_or_else(|| no_schedule(id))
     }
 
-    /// How many runs schedule `id` fired that still wait in the queue (counted up to one past
-    /// [`MAX_QUEUED_FIRES`]).
-    async fn queued_fires(&self, id: &str) -> Result<usize, AppError> {
+    /// How many runs schedule `id` fired that still wait in the queue.
+    async fn queued_fires(&self, id: &str) -> Result<u64, AppError> {
         let query = RunQuery {
             schedule_id: Some(id.to_owned()),
             state: Some(RunState::Queued),
-            limit: MAX_QUEUED_FIRES + 1,
             ..RunQuery::default()
         };
-        Ok(self.store.list_runs(&query).await?.len())
+        Ok(self.store.count_runs(&query).await?)
     }
 
     /// One schedule.
@@ -684,7 +682,7 @@ impl App {
             }
         }
         // However they overlap, a schedule's runs never pile up in the queue past a bound.
-        if fire && self.queued_fires(&schedule.id).await? >= MAX_QUEUED_FIRES {
+        if fire && self.queued_fires(&schedule.id).await? >= MAX_QUEUED_FIRES as u64 {
             tracing::warn!(
                 schedule = %schedule.id,
                 "a slot is skipped: {MAX_QUEUED_FIRES} of the schedule's runs wait in the queue"

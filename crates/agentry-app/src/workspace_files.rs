@@ -810,11 +810,15 @@ impl Workspace {
         size: u64,
         limits: WorkspaceLimits,
     ) -> Result<String, AppError> {
-        self.check_upload_beside(target, size, 0, limits)
+        let shown = self.check_upload_beside(target, size, 0, limits)?;
+        if let Some(workspaces) = self.root.path().parent() {
+            sweep_uploads(&uploads_in(workspaces));
+        }
+        Ok(shown)
     }
 
-    /// [`Self::check_upload`], with `pending` bytes other unfinished uploads to this workspace
-    /// announced counted as used.
+    /// Checks that `size` bytes may go to `target` with `pending` bytes that other unfinished
+    /// uploads to this workspace announced counted as used (the caller sweeps).
     fn check_upload_beside(
         &self,
         target: &str,
@@ -858,9 +862,6 @@ impl Workspace {
                     limits.quota_bytes
                 ),
             ));
-        }
-        if let Some(workspaces) = self.root.path().parent() {
-            sweep_uploads(&uploads_in(workspaces));
         }
         Ok(display_path(&relative))
     }

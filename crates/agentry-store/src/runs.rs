@@ -240,6 +240,33 @@ pub struct RunQuery {
     pub offset: usize,
 }
 
+/// The `FROM … WHERE` of a [`RunQuery`], its filters as `$1` to `$8` (bound by
+/// [`bind_run_filter!`]).
+macro_rules! run_filter {
+    () => {
+        " FROM runs WHERE ($1 IS NULL OR session_id = $1) \
+         AND ($2 IS NULL OR agent_id = $2) AND ($3 IS NULL OR state = $3) \
+         AND ($4 IS NULL OR owner = $4) AND ($5 IS NULL OR created_at >= $5) \
+         AND ($6 IS NULL OR created_at < $6) AND ($7 IS NULL OR schedule_id = $7) \
+         AND ($8 IS NULL OR background = $8)"
+    };
+}
+
+/// Binds a [`RunQuery`]'s filters to `$1` to `$8` of [`run_filter!`].
+macro_rules! bind_run_filter {
+    ($statement:expr, $query:expr) => {
+        $statement
+            .bind($query.session_id.map(|id| id.to_string()))
+            .bind($query.agent_id.as_deref())
+            .bind($query.state.map(RunState::as_str))
+            .bind($query.owner.as_deref())
+            .bind($query.created_after.map(to_db))
+            .bind($query.created_before.map(to_db))
+            .bind($query.schedule_id.as_deref())
+            .bind($query.background.map(i64::from))
+    };
+}
+
 macro_rules! run_columns {
     () => {
         "id, session_id, agent_id, owner, state, priority, attempt, worker, lease_until, \
@@ -669,29 +696,34 @@ impl Store {
     /// Queued runs, newest first.
     pub async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
         with_reader!(self, |pool, d| {
-            let rows = sqlx::query(concat!(
-                "SELECT ",
-                run_columns!(),
-                " FROM runs WHERE ($1 IS NULL OR session_id = $1) \
-                 AND ($2 IS NULL OR agent_id = $2) AND ($3 IS NULL OR state = $3) \
-                 AND ($4 IS NULL OR owner = $4) AND ($5 IS NULL OR created_at >= $5) \
-                 AND ($6 IS NULL OR created_at < $6) AND ($9 IS NULL OR schedule_id = $9) \
-                 AND ($10 IS NULL OR background = $10) \
-                 ORDER BY created_at DESC, id DESC LIMIT CAST($7 AS BIGINT) OFFSET $8"
-            ))
-            .bind(query.session_id.map(|id| id.to_string()))
-            .bind(query.agent_id.as_deref())
-            .bind(query.state.map(RunState::as_str))
-            .bind(query.owner.as_deref())
-            .bind(query.created_after.map(to_db))
-            .bind(query.created_before.map(to_db))
+            let rows = bind_run_filter!(
+                sqlx::query(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    run_filter!(),
+                    " ORDER BY created_at DESC, id DESC LIMIT CAST($9 AS BIGINT) OFFSET $10"
+                )),
+                query
+            )
             .bind(to_db(query.limit as u64))
             .bind(to_db(query.offset as u64))
-            .bind(query.schedule_id.as_deref())
-            .bind(query.background.map(i64::from))
             .fetch_all(pool)
             .await?;
             rows.iter().map(run_from_row).collect()
+        })
+    }
+
+    /// How many runs `query` matches (its `limit` and `offset` aside), counted in the
+    /// database: nothing is read of the runs themselves.
+    pub async fn count_runs(&self, query: &RunQuery) -> Result<u64, StoreError> {
+        with_reader!(self, |pool, d| {
+            let row = bind_run_filter!(
+                sqlx::query(concat!("SELECT COUNT(*) AS matched", run_filter!())),
+                query
+            )
+            .fetch_one(pool)
+            .await?;
+            Ok(from_db(sqlx::Row::try_get(&row, "matched")?))
         })
     }
 

@@ -442,6 +442,40 @@ async fn runs_are_listed_by_session_agent_and_state(h: &Harness) {
         .await,
         vec![a.id]
     );
+    // Counted with the same filters, limit and offset aside.
+    for (filter, expected) in [
+        (RunQuery::default(), 2),
+        (
+            RunQuery {
+                owner: Some("key-1".into()),
+                limit: 1,
+                offset: 5,
+                ..RunQuery::default()
+            },
+            1,
+        ),
+        (
+            RunQuery {
+                state: Some(RunState::Queued),
+                session_id: Some(one),
+                ..RunQuery::default()
+            },
+            1,
+        ),
+        (
+            RunQuery {
+                state: Some(RunState::Running),
+                ..RunQuery::default()
+            },
+            0,
+        ),
+    ] {
+        assert_eq!(
+            h.store.count_runs(&filter).await.unwrap(),
+            expected,
+            "{filter:?}"
+        );
+    }
 }
 
 async fn five_hundred_runs_claimed_by_eight_workers_each_exactly_once(h: &Harness) {

@@ -5,6 +5,8 @@
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 use serde_json::{Value, json};
 
+use super::processes::{free_port, listening, serve_command};
+
 #[tokio::test]
 async fn doctor_reports_the_hosts_isolation_and_runs_a_sandbox() {
     let home = tempfile::tempdir().unwrap();
@@ -258,33 +260,15 @@ async fn allow_host_commands_is_said_loudly_at_start_and_shown_in_the_capabiliti
 /// over the API, and returns its stdout.
 async fn serve_and_run_in_a_sandbox(extra: &[&str], line: &str) -> String {
     let home = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["serve", &format!("127.0.0.1:{port}"), "--sandbox", "native"])
-        .args(extra)
-        .env_remove("AGENTRY_DATABASE_URL")
+    let port = free_port();
+    let args = [&["--sandbox", "native"][..], extra].concat();
+    let mut child = serve_command(home.path(), port, &args)
         .env_remove("AGENTRY_SANDBOX_SHOW_USR_LOCAL")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
+    listening(&mut child).await;
     let http = agentry_llm::http_client(std::time::Duration::from_secs(5)).unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while http.get(format!("{base}/readyz")).send().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "serve never answered"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
     let created: serde_json::Value = http
         .post(format!("{base}/v1/sandboxes"))
         .json(&json!({}))

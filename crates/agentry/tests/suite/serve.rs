@@ -170,17 +170,7 @@ async fn require_key_makes_and_prints_the_first_key_once() {
     let home = tempfile::tempdir().unwrap();
     let start = || {
         let port = free_port();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-            .arg("--home")
-            .arg(home.path())
-            .args(["serve", &format!("127.0.0.1:{port}"), "--require-key"])
-            .env_remove("AGENTRY_DATABASE_URL")
-            .env_remove("OPENAI_API_KEY")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut child = super::processes::serve(home.path(), port, &["--require-key"]);
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
         (port, child, stdout, stderr)
