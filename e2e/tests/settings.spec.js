@@ -72,6 +72,13 @@ test("every settings section renders", async ({ page, env, script }) => {
   await secret.getByTestId("save").click();
   await expect(page.locator('[data-testid=row][data-id="E2E_TOKEN"]')).toBeVisible();
   await expect(page.locator("body")).not.toContainText("very-secret-value");
+  // One bound to hosts lists them.
+  await secret.locator("[name=name]").fill("E2E_BOUND");
+  await secret.locator("[name=value]").fill("another-secret-value");
+  await secret.locator("[name=hosts]").fill("api.example.com, *.example.org");
+  await secret.getByTestId("save").click();
+  await expect(page.locator('[data-testid=row][data-id="E2E_BOUND"]')).toContainText("only to api.example.com, *.example.org");
+  await expect(page.locator("body")).not.toContainText("another-secret-value");
   // The template picker in the chat asks for each variable.
   await open(page, env, "#/chat");
   await page.getByTestId("template-picker").selectOption("review");

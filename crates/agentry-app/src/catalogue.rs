@@ -12,7 +12,7 @@ use agentry_core::template::TemplateStore;
 use agentry_core::tool::{Tool, ToolRegistry};
 use agentry_llm::Protocol;
 use agentry_store::Store;
-use agentry_tools::{SecretResolver, StaticSecrets, ToolDefinition};
+use agentry_tools::ToolDefinition;
 
 use crate::App;
 use crate::config::{ConfigRepo, check_name, to_document};
@@ -88,7 +88,7 @@ pub async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError>
             model.id
         )));
     }
-    let secrets = crate::config::secrets(&app.store).await?;
+    let secrets = crate::secrets::Secrets::load(&app.store).await?;
     model.client(&secrets, &app.http)?;
     Ok(())
 }
@@ -136,11 +136,17 @@ pub async fn check_tool(app: &App, definition: &ToolDefinition) -> Result<(), Ap
             format!("command tool {name:?}: {refusal}"),
         ));
     }
-    let secrets: Arc<dyn SecretResolver> =
-        Arc::new(StaticSecrets(crate::config::secrets(&app.store).await?));
+    let secrets = crate::secrets::Secrets::load(&app.store)
+        .await?
+        .for_tool(definition)?;
     let tool = definition
         .clone()
-        .build_in(&app.http, secrets, sandboxes, app.tools.allow_host_commands)
+        .build_in(
+            &app.http,
+            Arc::new(secrets),
+            sandboxes,
+            app.tools.allow_host_commands,
+        )
         .map_err(|error| AppError::bad_request(error.to_string()))?;
     ToolRegistry::new()
         .register_arc(tool)

@@ -272,7 +272,7 @@ impl App {
                 // Not in the runtime: unknown, or stored but unusable (say why), or stored by a
                 // writer whose reload this runtime predates.
                 let model = self.model(id).await?;
-                let secrets = crate::config::secrets(&self.store).await?;
+                let secrets = crate::secrets::Secrets::load(&self.store).await?;
                 model.client(&secrets, &self.http)?;
                 self.reload_runtime().await?;
                 self.sessions.runtime().model_client(id)?
@@ -557,6 +557,22 @@ impl App {
         for (name, value) in pairs {
             self.store.put_secret(name, value).await?;
         }
+        self.reload_runtime().await
+    }
+
+    /// Sets one secret bound to `hosts` (see [`crate::secrets`]): it will be sent only to
+    /// models, HTTP tools and MCP servers whose URL's host matches one of them. The hosts are
+    /// sealed with the value, so changing them means writing the value again.
+    pub async fn set_bound_secret(
+        &self,
+        name: &str,
+        value: &str,
+        hosts: &[String],
+    ) -> Result<(), AppError> {
+        check_secret(name, value)?;
+        refuse_reserved(name)?;
+        let hosts = crate::secrets::check_hosts(name, hosts)?;
+        self.store.put_bound_secret(name, value, &hosts).await?;
         self.reload_runtime().await
     }
 

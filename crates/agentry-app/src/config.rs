@@ -11,7 +11,6 @@ use std::marker::PhantomData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use std::collections::HashMap;
 
 use agentry_mcp::McpServerConfig;
 use agentry_store::{ConfigKind, ConfigReplaced, Store};
@@ -162,15 +161,4 @@ pub fn check_name(what: &str, name: &str) -> Result<(), AppError> {
 /// A value as the JSON document the store keeps.
 pub fn to_document<T: Serialize>(value: &T) -> Result<Value, AppError> {
     serde_json::to_value(value).map_err(|error| AppError::internal(error.to_string()))
-}
-
-/// The stored secrets, by name (for building clients and tools inside the process only).
-pub async fn secrets(store: &Store) -> Result<HashMap<String, String>, AppError> {
-    let mut secrets = HashMap::new();
-    for info in store.list_secrets().await? {
-        if let Some(value) = store.reveal_secret(&info.name).await? {
-            secrets.insert(info.name, value);
-        }
-    }
-    Ok(secrets)
 }

@@ -42,6 +42,7 @@ pub mod sandbox_service;
 pub mod sandboxes;
 pub mod schedules;
 pub mod schema;
+pub mod secrets;
 pub mod session_service;
 pub mod skills;
 pub mod store_log;

@@ -23,6 +23,8 @@ use agentry_types::ToolSpec;
 use crate::config::ConfigRepo;
 use crate::elicitation::Elicitations;
 use crate::error::AppError;
+use crate::secrets::Secrets;
+use agentry_tools::SecretResolver as _;
 
 /// The name of the file in the data folder whose servers are imported at start-up.
 pub const SERVERS_FILE: &str = "mcp.json";
@@ -129,13 +131,12 @@ pub fn tools(manager: &McpManager, elicitations: Option<&Elicitations>) -> Vec<A
 /// Starts every server saved in the store (in the background: a server that is slow or down
 /// delays nothing). A stored entry that is invalid is skipped with a warning.
 pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), AppError> {
-    let secrets = crate::config::secrets(store).await?;
+    let secrets = Secrets::load(store).await?;
     for (name, value) in store.list_config(ConfigKind::McpServer).await? {
         let added = match serde_json::from_value::<McpServerConfig>(value) {
-            Ok(config) => manager
-                .add(&name, config, &|secret| secrets.get(secret).cloned())
+            Ok(config) => add_server(manager, &secrets, &name, config)
                 .await
-                .map_err(|error| error.to_string()),
+                .map_err(|error| error.message),
             Err(error) => Err(error.to_string()),
         };
         if let Err(error) = added {
@@ -149,7 +150,7 @@ pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), AppE
 /// removed some): a new or changed server is (re)started, one no longer saved is stopped, the
 /// rest are left running.
 pub async fn sync_saved(store: &Store, manager: &McpManager) -> Result<(), AppError> {
-    let secrets = crate::config::secrets(store).await?;
+    let secrets = Secrets::load(store).await?;
     let mut saved = std::collections::HashSet::new();
     for (name, value) in store.list_config(ConfigKind::McpServer).await? {
         saved.insert(name.clone());
@@ -163,11 +164,12 @@ pub async fn sync_saved(store: &Store, manager: &McpManager) -> Result<(), AppEr
         if manager.config(&name).is_ok_and(|running| running == config) {
             continue;
         }
-        if let Err(error) = manager
-            .add(&name, config, &|secret| secrets.get(secret).cloned())
-            .await
-        {
-            tracing::warn!(mcp_server = %name, "not starting a saved MCP server: {error}");
+        if let Err(error) = add_server(manager, &secrets, &name, config).await {
+            tracing::warn!(
+                mcp_server = %name,
+                "not starting a saved MCP server: {}",
+                error.message
+            );
         }
     }
     for name in manager.names() {
@@ -187,7 +189,7 @@ pub async fn save_and_start(
     manager: &McpManager,
     servers: &BTreeMap<String, McpServerConfig>,
 ) -> Result<(), AppError> {
-    let secrets = crate::config::secrets(store).await?;
+    let secrets = Secrets::load(store).await?;
     for (name, config) in servers {
         config.validate(name).map_err(mcp_error)?;
         // Refused here, before anything is saved or spawned, when it has nowhere to run.
@@ -195,23 +197,29 @@ pub async fn save_and_start(
             .stdio_policy()
             .check(name, config)
             .map_err(mcp_error)?;
-        if let Some(missing) = config
-            .secret_names()
-            .find(|secret| !secrets.contains_key(*secret))
-        {
-            return Err(AppError::bad_request(format!(
-                "MCP server {name:?} uses the secret {missing:?}, which is not set (POST /v1/env)"
-            )));
-        }
+        // Every secret it names is set and may go where it would send it.
+        secrets.for_mcp_server(name, config)?;
     }
     for (name, config) in servers {
         ConfigRepo::new(store).put(name, config).await?;
-        manager
-            .add(name, config.clone(), &|secret| secrets.get(secret).cloned())
-            .await
-            .map_err(mcp_error)?;
+        add_server(manager, &secrets, name, config.clone()).await?;
     }
     Ok(())
+}
+
+/// Adds (or replaces) the server `name` in `manager`, with the secrets it names, each allowed
+/// where the server sends it (see [`Secrets::for_mcp_server`]).
+pub async fn add_server(
+    manager: &McpManager,
+    secrets: &Secrets,
+    name: &str,
+    config: McpServerConfig,
+) -> Result<(), AppError> {
+    let resolver = secrets.for_mcp_server(name, &config)?;
+    manager
+        .add(name, config, &|secret| resolver.resolve(secret))
+        .await
+        .map_err(mcp_error)
 }
 
 /// Imports the servers of `<home>/mcp.json` (`{"mcpServers": {…}}`) into the store, replacing

@@ -4,7 +4,6 @@
 //! server builds a new [`Runtime`] from them and hands it to the session manager (runs already
 //! going keep the runtime they started with).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +16,8 @@ use agentry_llm::{GenerationParams, HttpModelClient, Protocol, ProviderConfig};
 use agentry_mcp::McpManager;
 use agentry_store::Store;
 use agentry_tools::{
-    ShellToolsConfig, StaticSecrets, ToolDefinition, WorkspaceToolsConfig, builtin_tools,
-    shell_tools, workspace_tools,
+    ShellToolsConfig, ToolDefinition, WorkspaceToolsConfig, builtin_tools, shell_tools,
+    workspace_tools,
 };
 
 use crate::config::ConfigRepo;
@@ -130,10 +129,11 @@ pub struct TemplateConfig {
 }
 
 impl ModelConfig {
-    /// The client for this model, its key resolved from `secrets`.
+    /// The client for this model, its key resolved from `secrets` (refused when the key is
+    /// bound to other hosts than the model's URL).
     pub fn client(
         &self,
-        secrets: &HashMap<String, String>,
+        secrets: &crate::secrets::Secrets,
         http: &reqwest::Client,
     ) -> Result<HttpModelClient, AppError> {
         let mut config = ProviderConfig::new(self.protocol, &self.model_name);
@@ -141,7 +141,9 @@ impl ModelConfig {
             config = config.with_base_url(base_url);
         }
         if let Some(name) = &self.api_key_secret {
-            let key = secrets.get(name).ok_or_else(|| {
+            let to = crate::secrets::SecretUse::of_url(&config.base_url)?;
+            let user = format!("model {:?}", self.id);
+            let key = secrets.value_for(name, &user, &to)?.ok_or_else(|| {
                 AppError::bad_request(format!(
                     "model {:?} uses the secret {name:?}, which is not set (POST /v1/env)",
                     self.id
@@ -198,7 +200,7 @@ pub async fn build_runtime(
     mcp: &McpManager,
     environment: &crate::environment::ToolEnvironment,
 ) -> Result<Runtime, AppError> {
-    let secrets = crate::config::secrets(store).await?;
+    let secrets = crate::secrets::Secrets::load(store).await?;
     let mut builder = Runtime::builder();
     builder.approval_defaults(environment.approval_defaults.clone());
     builder.network_check(agentry_tools::validate_network_policy);
@@ -266,11 +268,17 @@ pub async fn build_runtime(
     // Command tools run in the session's sandbox when there is one; on the host only when the
     // operator allows host commands (otherwise they are refused and skipped here).
     let sandboxes = environment.command_sandboxes();
-    let resolver: Arc<dyn agentry_tools::SecretResolver> = Arc::new(StaticSecrets(secrets));
     for (name, definition) in ConfigRepo::<ToolDefinition>::new(store).list().await? {
+        let resolver = match secrets.for_tool(&definition) {
+            Ok(resolver) => resolver,
+            Err(error) => {
+                tracing::warn!(tool = %name, "skipping a tool: {}", error.message);
+                continue;
+            }
+        };
         let built = definition.build_in(
             http,
-            Arc::clone(&resolver),
+            Arc::new(resolver),
             sandboxes,
             environment.allow_host_commands,
         );

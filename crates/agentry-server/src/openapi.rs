@@ -521,6 +521,9 @@ pub struct SecretInfo {
     pub name: String,
     /// A masked form (`…wxyz`: the last 4 characters, or `…` for a value shorter than 16).
     pub masked: String,
+    /// The hosts it may be sent to, when it was set with `hosts` (absent otherwise).
+    #[schema(nullable = false)]
+    pub hosts: Option<Vec<String>>,
     /// When it was last set, Unix milliseconds.
     pub updated_at: u64,
 }

@@ -6,7 +6,7 @@
 
 use crate::db::{RowExt, from_db, in_write_tx, to_db, with_reader, with_writer};
 use crate::model::{now_millis, validate_name};
-use crate::secret::mask;
+use crate::secret::{OpenedSecret, mask};
 use crate::store::{from_json_text, to_json_text};
 use crate::{ConfigKind, ConfigReplaced, SecretInfo, Store, StoreError};
 
@@ -183,13 +183,34 @@ impl Store {
     /// Stores the secret `name` (1 to 64 characters of `A-Z a-z 0-9 _ . -`), encrypted,
     /// replacing what was there. The value must not be empty.
     pub async fn put_secret(&self, name: &str, value: &str) -> Result<(), StoreError> {
+        self.put_sealed_secret(name, value, None).await
+    }
+
+    /// Stores the secret `name` like [`Store::put_secret`], bound to `hosts`: the list is sealed
+    /// with the value, so it changes only when the value is written again. The store keeps the
+    /// list as given; the application checks and matches it.
+    pub async fn put_bound_secret(
+        &self,
+        name: &str,
+        value: &str,
+        hosts: &[String],
+    ) -> Result<(), StoreError> {
+        self.put_sealed_secret(name, value, Some(hosts)).await
+    }
+
+    async fn put_sealed_secret(
+        &self,
+        name: &str,
+        value: &str,
+        hosts: Option<&[String]>,
+    ) -> Result<(), StoreError> {
         validate_name("secret", name)?;
         if value.is_empty() {
             return Err(StoreError::InvalidInput(format!(
                 "secret {name:?} needs a value"
             )));
         }
-        let sealed = self.inner.key.seal(name, value)?;
+        let sealed = self.inner.key.seal(name, value, hosts)?;
         let now = to_db(now_millis());
         with_writer!(self, |pool, d| {
             sqlx::query(
@@ -220,13 +241,25 @@ impl Store {
                 .transpose()?
         });
         sealed
-            .map(|sealed| self.inner.key.open(name, &sealed))
+            .map(|sealed| Ok(self.inner.key.open(name, &sealed)?.value))
             .transpose()
     }
 
-    /// Every secret by name, with its value masked.
-    pub async fn list_secrets(&self) -> Result<Vec<SecretInfo>, StoreError> {
-        let rows = with_reader!(self, |pool, d| {
+    /// Every secret, decrypted, with the hosts it is bound to: for wiring them into providers
+    /// and tools inside the process only, never for a client.
+    pub async fn reveal_secrets(&self) -> Result<Vec<(String, OpenedSecret)>, StoreError> {
+        self.sealed_secrets()
+            .await?
+            .into_iter()
+            .map(|(name, sealed, _)| {
+                let opened = self.inner.key.open(&name, &sealed)?;
+                Ok((name, opened))
+            })
+            .collect()
+    }
+
+    async fn sealed_secrets(&self) -> Result<Vec<(String, Vec<u8>, i64)>, StoreError> {
+        Ok(with_reader!(self, |pool, d| {
             sqlx::query("SELECT name, sealed, updated_at FROM secrets ORDER BY name")
                 .fetch_all(pool)
                 .await?
@@ -239,12 +272,19 @@ impl Store {
                     ))
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?
-        });
-        rows.into_iter()
+        }))
+    }
+
+    /// Every secret by name, with its value masked.
+    pub async fn list_secrets(&self) -> Result<Vec<SecretInfo>, StoreError> {
+        self.sealed_secrets()
+            .await?
+            .into_iter()
             .map(|(name, sealed, updated_at)| {
-                let value = self.inner.key.open(&name, &sealed)?;
+                let opened = self.inner.key.open(&name, &sealed)?;
                 Ok(SecretInfo {
-                    masked: mask(&value),
+                    masked: mask(&opened.value),
+                    hosts: opened.hosts,
                     name,
                     updated_at: from_db(updated_at),
                 })

@@ -68,7 +68,7 @@ pub use model::{
 };
 pub use runs::{Enqueued, Lease, NewRun, RunMark, RunQuery, RunRecord, RunState};
 pub use schedules::{NewSchedule, ScheduleRecord};
-pub use secret::SecretKey;
+pub use secret::{OpenedSecret, SecretKey};
 pub use store::{Durability, Store, StoreOptions};
 pub use usage::{MAX_USAGE_GROUPS, SpendScope, UsageDimension, UsageEntry, UsageGroup, UsageQuery};
 pub use webhooks::{AttemptOutcome, AttemptRecord, DeliveryRecord};

@@ -238,6 +238,9 @@ pub struct SecretInfo {
     /// A masked form: `…` and the last 4 characters (`…wxyz`), or only `…` when the value is
     /// shorter than 16 characters.
     pub masked: String,
+    /// The hosts it may be sent to, when it is bound to some (absent when it is not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
     /// When it was last set, Unix milliseconds.
     pub updated_at: u64,
 }

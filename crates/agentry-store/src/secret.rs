@@ -3,7 +3,8 @@
 //! Each value is sealed with XChaCha20-Poly1305 under a 32-byte key that never enters the
 //! database. The stored blob is `version (1 byte) ‖ nonce (24 random bytes) ‖ ciphertext+tag`,
 //! and the secret's name is authenticated as associated data, so a blob copied onto another
-//! name does not open.
+//! name does not open. Version 1 seals the value alone; version 2 seals it with the hosts it may
+//! be sent to (JSON `{"value", "hosts"}`), so the binding cannot be changed without the key.
 
 use std::fmt;
 use std::io::Write;
@@ -14,7 +15,10 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
 use crate::StoreError;
 
+/// A value alone.
 const SEALED_VERSION: u8 = 1;
+/// A value with the hosts it may be sent to.
+const SEALED_BOUND_VERSION: u8 = 2;
 const NONCE_LEN: usize = 24;
 const KEY_LEN: usize = 32;
 
@@ -122,35 +126,51 @@ impl SecretKey {
             .map_err(|e| StoreError::Crypto(format!("unusable key: {e}")))
     }
 
-    /// Seals `value` for the secret called `name`.
-    pub(crate) fn seal(&self, name: &str, value: &str) -> Result<Vec<u8>, StoreError> {
+    /// Seals `value` for the secret called `name`, bound to `hosts` when given.
+    pub(crate) fn seal(
+        &self,
+        name: &str,
+        value: &str,
+        hosts: Option<&[String]>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let (version, plain) = match hosts {
+            None => (SEALED_VERSION, value.as_bytes().to_vec()),
+            Some(hosts) => (
+                SEALED_BOUND_VERSION,
+                serde_json::to_vec(&BoundPlain {
+                    value: value.to_owned(),
+                    hosts: hosts.to_vec(),
+                })
+                .map_err(|e| StoreError::Crypto(format!("cannot encode secret {name:?}: {e}")))?,
+            ),
+        };
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::fill(&mut nonce)
             .map_err(|e| StoreError::Crypto(format!("no randomness for a nonce: {e}")))?;
-        let aad = associated_data(name);
+        let aad = associated_data(version, name);
         let sealed = self
             .cipher()?
             .encrypt(
                 &XNonce::from(nonce),
                 Payload {
-                    msg: value.as_bytes(),
+                    msg: &plain,
                     aad: &aad,
                 },
             )
             .map_err(|_| StoreError::Crypto(format!("cannot encrypt secret {name:?}")))?;
         let mut out = Vec::with_capacity(1 + NONCE_LEN + sealed.len());
-        out.push(SEALED_VERSION);
+        out.push(version);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&sealed);
         Ok(out)
     }
 
     /// Opens a blob made by [`SecretKey::seal`] for the same name.
-    pub(crate) fn open(&self, name: &str, blob: &[u8]) -> Result<String, StoreError> {
+    pub(crate) fn open(&self, name: &str, blob: &[u8]) -> Result<OpenedSecret, StoreError> {
         let (version, rest) = blob
             .split_first()
             .ok_or_else(|| StoreError::Crypto(format!("secret {name:?} is empty")))?;
-        if *version != SEALED_VERSION || rest.len() < NONCE_LEN {
+        if !matches!(*version, SEALED_VERSION | SEALED_BOUND_VERSION) || rest.len() < NONCE_LEN {
             return Err(StoreError::Crypto(format!(
                 "secret {name:?} is not in a format this build knows"
             )));
@@ -159,7 +179,7 @@ impl SecretKey {
         let nonce: [u8; NONCE_LEN] = nonce
             .try_into()
             .map_err(|_| StoreError::Crypto(format!("secret {name:?} has a short nonce")))?;
-        let aad = associated_data(name);
+        let aad = associated_data(*version, name);
         let plain = self
             .cipher()?
             .decrypt(
@@ -175,8 +195,46 @@ impl SecretKey {
                      with, or the stored value was altered"
                 ))
             })?;
-        String::from_utf8(plain)
-            .map_err(|_| StoreError::Crypto(format!("secret {name:?} is not UTF-8")))
+        if *version == SEALED_BOUND_VERSION {
+            let bound: BoundPlain = serde_json::from_slice(&plain).map_err(|_| {
+                StoreError::Crypto(format!(
+                    "secret {name:?} is not in a format this build knows"
+                ))
+            })?;
+            return Ok(OpenedSecret {
+                value: bound.value,
+                hosts: Some(bound.hosts),
+            });
+        }
+        let value = String::from_utf8(plain)
+            .map_err(|_| StoreError::Crypto(format!("secret {name:?} is not UTF-8")))?;
+        Ok(OpenedSecret { value, hosts: None })
+    }
+}
+
+/// What a version-2 blob seals.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BoundPlain {
+    value: String,
+    hosts: Vec<String>,
+}
+
+/// A secret's value and, when it is bound, the hosts it may be sent to (as they were stored;
+/// the application checks and matches them).
+#[derive(Clone, PartialEq, Eq)]
+pub struct OpenedSecret {
+    /// The value.
+    pub value: String,
+    /// The hosts it may be sent to; `None` when it is not bound.
+    pub hosts: Option<Vec<String>>,
+}
+
+impl fmt::Debug for OpenedSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenedSecret")
+            .field("value", &"<redacted>")
+            .field("hosts", &self.hosts)
+            .finish()
     }
 }
 
@@ -186,8 +244,13 @@ impl fmt::Debug for SecretKey {
     }
 }
 
-fn associated_data(name: &str) -> Vec<u8> {
-    let mut aad = b"agentry.secret:".to_vec();
+/// The associated data of a secret's blob: its name, and for a bound one its version too, so a
+/// bound blob relabelled as unbound (its hosts then read as part of the value) does not open.
+fn associated_data(version: u8, name: &str) -> Vec<u8> {
+    let mut aad = match version {
+        SEALED_VERSION => b"agentry.secret:".to_vec(),
+        _ => format!("agentry.secret.v{version}:").into_bytes(),
+    };
     aad.extend_from_slice(name.as_bytes());
     aad
 }
@@ -249,8 +312,10 @@ mod tests {
     #[test]
     fn seal_open_round_trip_and_binding() {
         let key = SecretKey::from_bytes([7; 32]);
-        let blob = key.seal("openai", "sk-secret-value").unwrap();
-        assert_eq!(key.open("openai", &blob).unwrap(), "sk-secret-value");
+        let blob = key.seal("openai", "sk-secret-value", None).unwrap();
+        let opened = key.open("openai", &blob).unwrap();
+        assert_eq!(opened.value, "sk-secret-value");
+        assert_eq!(opened.hosts, None);
         // Bound to the name.
         assert!(matches!(
             key.open("anthropic", &blob),
@@ -263,11 +328,31 @@ mod tests {
             Err(StoreError::Crypto(_))
         ));
         // Fresh nonce every time.
-        assert_ne!(blob, key.seal("openai", "sk-secret-value").unwrap());
+        assert_ne!(blob, key.seal("openai", "sk-secret-value", None).unwrap());
         assert!(matches!(
             key.open("openai", &[]),
             Err(StoreError::Crypto(_))
         ));
+    }
+
+    #[test]
+    fn a_bound_blob_opens_with_its_hosts_and_an_altered_one_does_not() {
+        let key = SecretKey::from_bytes([7; 32]);
+        let hosts = vec!["api.example.com".to_owned()];
+        let blob = key.seal("openai", "sk-secret-value", Some(&hosts)).unwrap();
+        assert_eq!(blob[0], SEALED_BOUND_VERSION);
+        let opened = key.open("openai", &blob).unwrap();
+        assert_eq!(opened.value, "sk-secret-value");
+        assert_eq!(opened.hosts, Some(hosts));
+        assert!(!format!("{opened:?}").contains("sk-secret-value"));
+        // Relabelled as unbound, or with a byte changed, it does not open.
+        let mut relabelled = blob.clone();
+        relabelled[0] = SEALED_VERSION;
+        assert!(key.open("openai", &relabelled).is_err());
+        let mut altered = blob;
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        assert!(key.open("openai", &altered).is_err());
     }
 
     #[test]

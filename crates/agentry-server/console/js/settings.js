@@ -335,15 +335,20 @@ export class SettingsView {
 
   async secrets(root, reload) {
     const { secrets } = await get("/v1/env");
+    // A bound secret lists the hosts it may be sent to.
+    const meta = (s) => (s.masked || s.value || "••••") + (s.hosts ? ` · only to ${s.hosts.join(", ")}` : "");
     root.append(h("div", { class: "card" }, h("p", { class: "muted" }, "Secrets are write-only: their values are never shown again."),
-      h("div", { class: "rows" }, secrets.length ? secrets.map((s) => row(s.name, s.masked || s.value || "••••",
+      h("div", { class: "rows" }, secrets.length ? secrets.map((s) => row(s.name, meta(s),
         deleteButton(`/v1/env/${encodeURIComponent(s.name)}`, reload, `secret ${s.name}`)))
         : h("p", { class: "muted" }, "No secret yet."))));
     root.append(h("div", { class: "card" }, h("h3", {}, "Set a secret"), form("secret-form", [
       field("Name", h("input", { name: "name", required: true, placeholder: "OPENAI_API_KEY" })),
       field("Value", h("input", { name: "value", type: "password", required: true, autocomplete: "off" })),
+      field("Only sent to hosts (optional, comma-separated)",
+        h("input", { name: "hosts", placeholder: "api.openai.com, *.example.com" })),
     ], async (v) => {
-      await post("/v1/env", { name: v.name, value: v.value });
+      const hosts = (v.hosts || "").split(",").map((x) => x.trim()).filter(Boolean);
+      await post("/v1/env", hosts.length ? { name: v.name, value: v.value, hosts } : { name: v.name, value: v.value });
       toast(`Secret ${v.name} saved.`);
       reload();
     })));

@@ -625,7 +625,8 @@ async fn template_variables(
 
 // --- secrets ---
 
-/// The body of `POST /v1/env`: one secret (`name`, `value`) or several (`vars`).
+/// The body of `POST /v1/env`: one secret (`name`, `value`, and optionally the `hosts` it is
+/// bound to) or several (`vars`).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetSecrets {
@@ -635,6 +636,13 @@ struct SetSecrets {
     /// One secret's value.
     #[serde(default)]
     value: Option<String>,
+    /// The hosts this one secret may be sent to (`api.openai.com`, `*.example.com`,
+    /// `127.0.0.1`): a model, HTTP tool or MCP server whose URL names another host cannot use
+    /// it, and no process gets it. Sealed with the value; absent, the secret goes wherever it
+    /// is named.
+    #[serde(default)]
+    #[schema(max_items = 16)]
+    hosts: Option<Vec<String>>,
     /// Several secrets: `{"NAME": "value", …}`.
     #[serde(default)]
     vars: Option<BTreeMap<String, String>>,
@@ -677,11 +685,22 @@ async fn set_secrets(
         SetSecrets {
             name: Some(name),
             value: Some(value),
+            hosts: Some(hosts),
+            vars: None,
+        } => {
+            state.set_bound_secret(&name, &value, &hosts).await?;
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        SetSecrets {
+            name: Some(name),
+            value: Some(value),
+            hosts: None,
             vars: None,
         } => (vec![(name, value)], true),
         SetSecrets {
             name: None,
             value: None,
+            hosts: None,
             vars: Some(vars),
         } => {
             if vars.is_empty() {
@@ -691,7 +710,8 @@ async fn set_secrets(
         }
         _ => {
             return Err(ApiError::bad_request(
-                "give either \"name\" and \"value\", or \"vars\": {\"NAME\": \"value\", …}",
+                "give either \"name\" and \"value\" (and optionally \"hosts\"), or \"vars\": \
+                 {\"NAME\": \"value\", …}",
             ));
         }
     };

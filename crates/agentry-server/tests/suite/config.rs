@@ -1294,6 +1294,119 @@ async fn secrets_are_write_only() {
     );
 }
 
+/// Security review 2, S6: a secret set with `hosts` goes only to those hosts; a model, tool or
+/// MCP server that would send it elsewhere is refused, and the binding changes only with the
+/// value.
+#[tokio::test]
+async fn a_secret_bound_to_hosts_is_sent_nowhere_else() {
+    let server = Server::start().await;
+    let mock = MockProvider::start().await.unwrap();
+    let value = "sk-bound-0123456789abcdef";
+    let bound = server
+        .post(
+            "/v1/env",
+            json!({"name": "BOUND_KEY", "value": value, "hosts": ["127.0.0.1", "*.example.com"]}),
+        )
+        .await;
+    assert_status(&bound, StatusCode::NO_CONTENT);
+    let listed = server.get("/v1/env").await;
+    assert_eq!(
+        listed.body["secrets"][0]["hosts"],
+        json!(["127.0.0.1", "*.example.com"])
+    );
+    assert!(!listed.text.contains(value));
+
+    // To one of its hosts: the model is registered and its test carries the key.
+    let mut model = openai_model("bound", &mock);
+    model["api_key_secret"] = json!("BOUND_KEY");
+    assert_status(&server.post("/v1/models", model).await, StatusCode::CREATED);
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("pong")));
+    let ok = server.post("/v1/models/bound/test", json!({})).await;
+    assert_eq!(ok.body["ok"], true, "{}", ok.text);
+    assert_eq!(
+        mock.take_requests()[0].header("authorization"),
+        Some(&*format!("Bearer {value}"))
+    );
+
+    // The same provider under another name, an HTTP tool and an MCP server at other hosts: each
+    // refused, naming the secret and never showing it (a process's environment is refused too:
+    // the unit tests of `agentry_app::secrets`).
+    let mut elsewhere = openai_model("elsewhere", &mock);
+    elsewhere["base_url"] = json!(mock.openai_base_url().replace("127.0.0.1", "localhost"));
+    elsewhere["api_key_secret"] = json!("BOUND_KEY");
+    let tool = json!({"kind": "http", "name": "leaky", "url": "https://example.com.evil.test/",
+                      "headers": {"authorization": {"secret": "BOUND_KEY"}}});
+    let subdomain_tool = json!({"kind": "http", "name": "fine", "url": "https://api.example.com/",
+                                "headers": {"authorization": {"secret": "BOUND_KEY"}}});
+    let mcp = json!({"mcpServers": {"envy": {"url": "https://evil.test/mcp",
+                                             "headers": {"authorization": {"secret": "BOUND_KEY"}}}}});
+    for (path, body) in [
+        ("/v1/models", elsewhere.clone()),
+        ("/v1/tools", tool),
+        ("/v1/tools/mcp", mcp),
+    ] {
+        let refused = server.post(path, body).await;
+        let message = assert_error(&refused, StatusCode::FORBIDDEN, "secret_host_not_allowed");
+        assert!(message.contains("BOUND_KEY"), "{path}: {message}");
+        assert!(!refused.text.contains(value), "{path}: {}", refused.text);
+    }
+    assert_status(
+        &server.post("/v1/tools", subdomain_tool).await,
+        StatusCode::CREATED,
+    );
+    assert!(mock.take_requests().is_empty());
+
+    // A model saved while the secret was unbound stops working once it is bound elsewhere:
+    // its test is refused and the runtime no longer offers it.
+    let unbound = server
+        .post("/v1/env", json!({"name": "BOUND_KEY", "value": value}))
+        .await;
+    assert_status(&unbound, StatusCode::NO_CONTENT);
+    assert!(
+        server.get("/v1/env").await.body["secrets"][0]
+            .get("hosts")
+            .is_none()
+    );
+    assert_status(
+        &server.post("/v1/models", elsewhere).await,
+        StatusCode::CREATED,
+    );
+    let rebound = server
+        .post(
+            "/v1/env",
+            json!({"name": "BOUND_KEY", "value": value, "hosts": ["127.0.0.1"]}),
+        )
+        .await;
+    assert_status(&rebound, StatusCode::NO_CONTENT);
+    assert!(
+        server
+            .state
+            .sessions
+            .runtime()
+            .model_client("elsewhere")
+            .is_err()
+    );
+    let test = server.post("/v1/models/elsewhere/test", json!({})).await;
+    assert_error(&test, StatusCode::FORBIDDEN, "secret_host_not_allowed");
+    assert!(mock.take_requests().is_empty());
+
+    // Hosts are host names or addresses, given with one secret's value, never alone.
+    for body in [
+        json!({"name": "K", "value": "v", "hosts": ["https://api.example.com"]}),
+        json!({"name": "K", "value": "v", "hosts": ["api.example.com:443"]}),
+        json!({"name": "K", "value": "v", "hosts": []}),
+        json!({"name": "K", "hosts": ["api.example.com"]}),
+        json!({"vars": {"K": "v"}, "hosts": ["api.example.com"]}),
+    ] {
+        let refused = server.post("/v1/env", body.clone()).await;
+        assert_status(&refused, StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(
+        names(&server.get("/v1/env").await.body, "secrets", "name"),
+        ["BOUND_KEY"]
+    );
+}
+
 #[tokio::test]
 async fn bad_secrets_are_refused_and_nothing_is_written() {
     let server = Server::start().await;

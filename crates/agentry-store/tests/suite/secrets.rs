@@ -6,8 +6,45 @@ use super::support::{Harness, both_backends};
 
 both_backends!(
     secrets_are_encrypted_at_rest,
-    a_different_key_cannot_decrypt
+    a_different_key_cannot_decrypt,
+    a_binding_is_sealed_with_the_value
 );
+
+async fn a_binding_is_sealed_with_the_value(h: &Harness) {
+    let store = &h.store;
+    let hosts = vec!["api.example.com".to_owned(), "*.example.org".to_owned()];
+    store
+        .put_bound_secret("bound", "sk-bound-0123456789", &hosts)
+        .await
+        .unwrap();
+    store
+        .put_secret("free", "sk-free-0123456789")
+        .await
+        .unwrap();
+    let revealed = store.reveal_secrets().await.unwrap();
+    assert_eq!(revealed.len(), 2);
+    assert_eq!(revealed[0].0, "bound");
+    assert_eq!(revealed[0].1.value, "sk-bound-0123456789");
+    assert_eq!(revealed[0].1.hosts.as_ref(), Some(&hosts));
+    assert_eq!(revealed[1].1.hosts, None);
+    assert_eq!(
+        store.reveal_secret("bound").await.unwrap().as_deref(),
+        Some("sk-bound-0123456789")
+    );
+    let listed = store.list_secrets().await.unwrap();
+    assert_eq!(listed[0].hosts.as_ref(), Some(&hosts));
+    assert_eq!(listed[1].hosts, None);
+    // Neither the hosts nor the value are readable in the database.
+    for blob in h.raw_blobs("SELECT sealed FROM secrets").await {
+        assert!(!blob.windows(15).any(|w| w == b"api.example.com"));
+    }
+    // Writing the value without hosts unbinds it.
+    store
+        .put_secret("bound", "sk-bound-0123456789")
+        .await
+        .unwrap();
+    assert_eq!(store.list_secrets().await.unwrap()[0].hosts, None);
+}
 
 async fn secrets_are_encrypted_at_rest(h: &Harness) {
     let store = &h.store;

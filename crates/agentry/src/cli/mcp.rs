@@ -171,16 +171,12 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
         BTreeMap::from([(name, config)])
     };
     let store = data.open_store().await?;
-    let known = agentry_app::config::secrets(&store)
+    let known = agentry_app::secrets::Secrets::load(&store)
         .await
         .map_err(app_error)?;
     for (name, config) in &servers {
-        if let Some(missing) = config
-            .secret_names()
-            .find(|secret| !known.contains_key(*secret))
-        {
-            anyhow::bail!("server {name:?} uses the secret {missing:?}, which is not set");
-        }
+        // Each secret it names is set, and may go where the server would send it.
+        known.for_mcp_server(name, config).map_err(app_error)?;
     }
     for (name, config) in &servers {
         saved_servers(&store)
@@ -211,15 +207,15 @@ async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
 
 /// Starts one server, prints its status and tools, stops it.
 async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
-    let secrets = agentry_app::config::secrets(store)
+    let secrets = agentry_app::secrets::Secrets::load(store)
         .await
         .map_err(app_error)?;
     // `agentry mcp check`: the operator, on their own terminal, asked for this server: it runs
     // on the host.
     let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
-    manager
-        .add(name, config, &|secret| secrets.get(secret).cloned())
-        .await?;
+    agentry_app::mcp_tools::add_server(&manager, &secrets, name, config)
+        .await
+        .map_err(app_error)?;
     let status = manager.wait_ready(name, CHECK_WAIT).await?;
     let tools = manager.tools();
     manager.shutdown().await;

@@ -351,7 +351,7 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
     if names.is_empty() {
         return Ok(manager);
     }
-    let secrets = agentry_app::config::secrets(store)
+    let secrets = agentry_app::secrets::Secrets::load(store)
         .await
         .map_err(super::app_error)?;
     for name in names {
@@ -361,9 +361,9 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
             .await
             .map_err(super::app_error)?
             .with_context(|| format!("no saved MCP server {name:?} (agentry mcp add)"))?;
-        manager
-            .add(name, config, &|secret| secrets.get(secret).cloned())
-            .await?;
+        agentry_app::mcp_tools::add_server(&manager, &secrets, name, config)
+            .await
+            .map_err(super::app_error)?;
     }
     for name in names {
         let status = manager.wait_ready(name, MCP_START_WAIT).await?;
