@@ -638,7 +638,7 @@ impl Authenticator {
     }
 
     /// Who the active key `id` is, if it is active.
-    async fn active_key(&self, id: &str) -> Result<Option<Principal>, AuthError> {
+    pub async fn active_key(&self, id: &str) -> Result<Option<Principal>, AuthError> {
         let Some(value) = self.store.config(ConfigKind::ApiKey, id).await? else {
             return Ok(None);
         };

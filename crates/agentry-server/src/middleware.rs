@@ -237,6 +237,30 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
         Ok(true) => {}
         Err(error) => return ApiError::internal(error.to_string()).into_response(),
     }
+    // Forwarded by another node of the cluster: its assertion, not the client's credentials.
+    if let Some(assertion) = request.headers().get(crate::relay::ASSERTION) {
+        let path_and_query = request
+            .uri()
+            .path_and_query()
+            .map_or(path, |whole| whole.as_str());
+        let vouched = match assertion.to_str() {
+            Ok(assertion) => {
+                crate::relay::verify(&state, assertion, request.method(), path_and_query).await
+            }
+            Err(_) => Ok(None),
+        };
+        return match vouched {
+            Ok(Some(caller)) => {
+                request.extensions_mut().insert(caller);
+                next.run(request).await
+            }
+            Ok(None) => unauthorized(
+                "the relay assertion is not valid (malformed, for another request, expired, not \
+                 signed with this cluster's key, or its key is no longer active)",
+            ),
+            Err(error) => error.into_response(),
+        };
+    }
     let (bearer, cookie) = credentials(&request);
     let caller = match (bearer, cookie) {
         (Some(key), _) => state.auth.verify_key(&key).await,

@@ -292,6 +292,12 @@ impl Store {
             .collect()
     }
 
+    /// A 32-byte key for `purpose` (say `"cluster-relay"`), derived from the secret key: the
+    /// same on every node that shares the key file, never stored, never the key itself.
+    pub fn derived_key(&self, purpose: &str) -> Result<[u8; 32], StoreError> {
+        self.inner.key.derive(purpose)
+    }
+
     /// Deletes the secret; `false` if there was none.
     pub async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
         validate_name("secret", name)?;

@@ -165,6 +165,18 @@ impl SecretKey {
         Ok(out)
     }
 
+    /// A 32-byte key for `purpose`, derived from this one (HMAC-SHA256 of the purpose): every
+    /// process holding the same key file derives the same one, and it reveals nothing of this
+    /// key or of the keys for other purposes.
+    pub(crate) fn derive(&self, purpose: &str) -> Result<[u8; 32], StoreError> {
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0)
+            .map_err(|e| StoreError::Crypto(format!("unusable key: {e}")))?;
+        mac.update(b"agentry.derive:");
+        mac.update(purpose.as_bytes());
+        Ok(mac.finalize().into_bytes().into())
+    }
+
     /// Opens a blob made by [`SecretKey::seal`] for the same name.
     pub(crate) fn open(&self, name: &str, blob: &[u8]) -> Result<OpenedSecret, StoreError> {
         let (version, rest) = blob

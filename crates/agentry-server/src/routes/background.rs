@@ -309,6 +309,7 @@ struct StreamQuery {
 )]
 async fn stream(
     State(state): State<AppState>,
+    crate::authorization::Caller(caller): crate::authorization::Caller,
     ApiPath(path): ApiPath<RunPath>,
     headers: HeaderMap,
     query: Result<Query<StreamQuery>, QueryRejection>,
@@ -319,7 +320,7 @@ async fn stream(
     let run = state.wait_until_started(run_id, START_WAIT).await?;
     let path = format!("/v1/runs/{run_id}/stream?after={after}");
     if let Some(relayed) =
-        super::sessions::relay_stream(&state, run.session_id, &path, &headers).await?
+        super::sessions::relay_stream(&state, &caller, run.session_id, &path, &headers).await?
     {
         return Ok(relayed);
     }
@@ -342,13 +343,16 @@ async fn stream(
 )]
 async fn cancel(
     State(state): State<AppState>,
+    crate::authorization::Caller(caller): crate::authorization::Caller,
     ApiPath(path): ApiPath<RunPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
     // A run live on another node is cancelled there, at once (a run started in its session
     // has no lease whose renewal would carry the request).
-    if let Some(relayed) = super::runs::on_owner(&state, run_id, &headers, "cancel").await? {
+    if let Some(relayed) =
+        super::runs::on_owner(&state, &caller, run_id, &headers, "cancel").await?
+    {
         return Ok(relayed);
     }
     Ok(Json(state.cancel_background(run_id).await?).into_response())

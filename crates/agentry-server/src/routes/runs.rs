@@ -23,11 +23,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_app::approvals::{ApprovalList, ControlOutcome, DecideBody, DecideOutcome};
+use agentry_app::auth::Principal;
 use agentry_app::ids::parse_run_id;
 use agentry_app::ids::parse_session_id;
 use agentry_app::ops::Op;
 
 use super::config::{ApiJson, ApiPath};
+use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
@@ -124,6 +126,7 @@ async fn session_approvals(
 )]
 async fn decide(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(path): ApiPath<RunPath>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<DecideBody>,
@@ -135,11 +138,19 @@ async fn decide(
         && !crate::relay::was_relayed(&headers)
         && let Some(address) = state.remote_run_owner(run_id).await?
     {
-        let node = state.queue_settings().node_id;
         let json = serde_json::to_vec(&body)
             .map_err(|error| ApiError::internal(format!("cannot relay the answer: {error}")))?;
         let path = format!("/v1/runs/{run_id}/approvals");
-        return crate::relay::forward(&address, &node, Method::POST, &path, &headers, json).await;
+        return crate::relay::forward(
+            &state,
+            &caller,
+            &address,
+            Method::POST,
+            &path,
+            &headers,
+            json,
+        )
+        .await;
     }
     let outcome = state.submit(body.into_op(run_id)?).await?;
     Ok(Json(DecideOutcome::from(outcome)).into_response())
@@ -163,11 +174,12 @@ async fn decide(
 )]
 async fn interrupt(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(path): ApiPath<RunPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    if let Some(relayed) = on_owner(&state, run_id, &headers, "interrupt").await? {
+    if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "interrupt").await? {
         return Ok(relayed);
     }
     let outcome = state.submit(Op::Interrupt { run_id }).await?;
@@ -177,6 +189,7 @@ async fn interrupt(
 /// The answer of the node `run_id` is live on, asked to `action` it, when that is another node.
 pub(crate) async fn on_owner(
     state: &AppState,
+    caller: &Principal,
     run_id: agentry_types::RunId,
     headers: &HeaderMap,
     action: &str,
@@ -187,10 +200,18 @@ pub(crate) async fn on_owner(
     let Some(address) = state.remote_run_owner(run_id).await? else {
         return Ok(None);
     };
-    let node = state.queue_settings().node_id;
     let path = format!("/v1/runs/{run_id}/{action}");
     Ok(Some(
-        crate::relay::forward(&address, &node, Method::POST, &path, headers, Vec::new()).await?,
+        crate::relay::forward(
+            state,
+            caller,
+            &address,
+            Method::POST,
+            &path,
+            headers,
+            Vec::new(),
+        )
+        .await?,
     ))
 }
 
@@ -213,11 +234,12 @@ pub(crate) async fn on_owner(
 )]
 async fn pause(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(path): ApiPath<RunPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    if let Some(relayed) = on_owner(&state, run_id, &headers, "pause").await? {
+    if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "pause").await? {
         return Ok(relayed);
     }
     let outcome = state.submit(Op::Pause { run_id }).await?;
@@ -269,11 +291,12 @@ async fn resume(
 )]
 async fn abort(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(path): ApiPath<RunPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    if let Some(relayed) = on_owner(&state, run_id, &headers, "abort").await? {
+    if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "abort").await? {
         return Ok(relayed);
     }
     let outcome = state.submit(Op::Abort { run_id }).await?;

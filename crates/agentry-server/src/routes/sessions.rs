@@ -216,6 +216,7 @@ async fn events(
 )]
 async fn stream(
     State(state): State<AppState>,
+    crate::authorization::Caller(caller): crate::authorization::Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
@@ -224,7 +225,7 @@ async fn stream(
     let record = state.session_record(&id).await?;
     let after = super::sse::resume_after(&headers, query.after)?;
     let path = format!("/v1/sessions/{}/stream?after={after}", record.id);
-    if let Some(relayed) = relay_stream(&state, record.id, &path, &headers).await? {
+    if let Some(relayed) = relay_stream(&state, &caller, record.id, &path, &headers).await? {
         return Ok(relayed);
     }
     attach(state, record.id, after).await
@@ -235,6 +236,7 @@ async fn stream(
 /// nowhere, or the request was forwarded already.
 pub(crate) async fn relay_stream(
     state: &AppState,
+    caller: &agentry_app::auth::Principal,
     session: agentry_types::SessionId,
     path: &str,
     headers: &HeaderMap,
@@ -245,10 +247,10 @@ pub(crate) async fn relay_stream(
     let Some(address) = state.remote_owner(session).await? else {
         return Ok(None);
     };
-    let node = state.queue_settings().node_id;
     match crate::relay::forward(
+        state,
+        caller,
         &address,
-        &node,
         axum::http::Method::GET,
         path,
         headers,

@@ -739,3 +739,147 @@ async fn another_keys_responses_and_a2a_tasks_are_not_found() {
     .await;
     assert_eq!(status, 401);
 }
+
+/// Forwards `method path` for `caller` with `headers` through the relay to a listener standing
+/// in for another node (it answers 204): the request's head as that node received it.
+async fn forwarded_head(
+    server: &Server,
+    caller: &agentry_app::auth::Principal,
+    method: reqwest::Method,
+    path: &str,
+    headers: &reqwest::header::HeaderMap,
+) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let node = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let read = socket.read(&mut buffer).await.unwrap();
+            assert!(read > 0, "the connection closed before the request's head");
+            head.extend_from_slice(&buffer[..read]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&head).into_owned()
+    });
+    // An advertised address with its scheme, as `--advertise-addr http(s)://…` gives it.
+    let answer = agentry_server::relay::forward(
+        &server.state,
+        caller,
+        &format!("http://{address}"),
+        method,
+        path,
+        headers,
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status(), 204);
+    node.await.unwrap()
+}
+
+/// The value of header `name` in a request's head.
+fn header_in(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|line| {
+        let (field, value) = line.split_once(':')?;
+        field
+            .eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_owned())
+    })
+}
+
+/// Security review 2, N15: a request forwarded to the node running a run carries a short-lived
+/// assertion signed with the cluster's key, never the client's key or cookie; the assertion
+/// holds for that one request (method, path and query) only, and not once the key is revoked.
+#[tokio::test]
+async fn a_relayed_request_carries_an_assertion_never_the_clients_credentials() {
+    let server = start().await;
+    let (_admin, user, _other) = with_keys(&server, KeyLimits::default()).await;
+    let caller = server.state.auth.verify_key(&user).await.unwrap().unwrap();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("authorization", format!("Bearer {user}").parse().unwrap());
+    headers.insert(
+        "cookie",
+        "agentry_session=0123456789abcdef".parse().unwrap(),
+    );
+    headers.insert("last-event-id", "7".parse().unwrap());
+    let head = forwarded_head(
+        &server,
+        &caller,
+        reqwest::Method::GET,
+        "/v1/sessions",
+        &headers,
+    )
+    .await;
+    assert!(head.starts_with("GET /v1/sessions HTTP/1.1\r\n"), "{head}");
+    assert_eq!(header_in(&head, "authorization"), None, "{head}");
+    assert_eq!(header_in(&head, "cookie"), None, "{head}");
+    assert!(!head.contains(&user), "{head}");
+    assert_eq!(header_in(&head, "last-event-id").as_deref(), Some("7"));
+    assert!(header_in(&head, "x-agentry-relayed-by").is_some(), "{head}");
+    let assertion = header_in(&head, "x-agentry-relay-assertion").expect("an assertion");
+
+    // Presented to a node (here the same server, which shares its key), it is the user key,
+    // for that request only.
+    let vouched = [("x-agentry-relay-assertion", assertion.as_str())];
+    let (status, body) = send(&server, "GET", "/v1/sessions", &json!({}), &vouched).await;
+    assert_eq!(status, 200, "{body}");
+    for (method, path, why) in [
+        ("GET", "/v1/sessions?limit=1", "another query"),
+        ("GET", "/v1/api-keys", "another path"),
+        ("DELETE", "/v1/sessions", "another method"),
+    ] {
+        let (status, _) = send(&server, method, path, &json!({}), &vouched).await;
+        assert_eq!(status, 401, "{why}");
+    }
+    // Made for an admin-only route, it is still the user key: 403.
+    let head = forwarded_head(
+        &server,
+        &caller,
+        reqwest::Method::GET,
+        "/v1/api-keys",
+        &headers,
+    )
+    .await;
+    let for_keys = header_in(&head, "x-agentry-relay-assertion").unwrap();
+    let (status, body) = send(
+        &server,
+        "GET",
+        "/v1/api-keys",
+        &json!({}),
+        &[("x-agentry-relay-assertion", for_keys.as_str())],
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    // Forged: a changed signature, or a later expiry under the old signature.
+    let mut fields: Vec<String> = assertion.split(';').map(str::to_owned).collect();
+    let mut forged = fields.clone();
+    let first = if forged[3].starts_with('A') { "B" } else { "A" };
+    forged[3].replace_range(..1, first);
+    fields[2] = (fields[2].parse::<u64>().unwrap() + 1000).to_string();
+    for (changed, why) in [
+        (forged.join(";"), "a changed signature"),
+        (fields.join(";"), "a moved expiry"),
+    ] {
+        let (status, _) = send(
+            &server,
+            "GET",
+            "/v1/sessions",
+            &json!({}),
+            &[("x-agentry-relay-assertion", changed.as_str())],
+        )
+        .await;
+        assert_eq!(status, 401, "{why}");
+    }
+    agentry_app::auth::revoke_key(&server.state.store, caller.key_id.as_deref().unwrap())
+        .await
+        .unwrap();
+    server.state.auth.refresh();
+    let (status, _) = send(&server, "GET", "/v1/sessions", &json!({}), &vouched).await;
+    assert_eq!(status, 401, "a revoked key");
+}

@@ -59,8 +59,11 @@ pub(crate) struct ServeArgs {
     /// and the port). Two live nodes cannot share one.
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
-    /// Where the other nodes reach this one (default: the address it listens on).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Where the other nodes reach this one (default: the address it listens on):
+    /// `HOST:PORT` (plain HTTP), or `https://HOST:PORT` when a TLS proxy fronts this node.
+    /// Requests forwarded between nodes carry a one-minute assertion signed with the shared
+    /// `secret.key`, never a client's key or cookie.
+    #[arg(long, value_name = "[https://]HOST:PORT", value_parser = parse_advertise_addr)]
     advertise_addr: Option<String>,
     /// Let background runs' webhooks reach loopback and private addresses (refused by default,
     /// so a run cannot make this server call into its own network).
@@ -68,6 +71,28 @@ pub(crate) struct ServeArgs {
     webhook_allow_private: bool,
     #[command(flatten)]
     sandbox: super::sandbox::SandboxArgs,
+}
+
+/// Checks `--advertise-addr`: `HOST:PORT`, optionally after `http://` or `https://`, with no
+/// path or credentials.
+fn parse_advertise_addr(value: &str) -> Result<String, String> {
+    let trimmed = value.trim_end_matches('/');
+    let authority = trimmed
+        .strip_prefix("https://")
+        .or_else(|| trimmed.strip_prefix("http://"))
+        .unwrap_or(trimmed);
+    let valid = authority.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && port.parse::<u16>().is_ok_and(|port| port > 0)
+            && !host.contains(['/', '@', '?', '#', ' '])
+    });
+    if valid {
+        Ok(trimmed.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not HOST:PORT or http(s)://HOST:PORT (no path, no credentials)"
+        ))
+    }
 }
 
 /// Holds the data folder's `serve.lock` for as long as the returned file lives; refuses when
@@ -386,5 +411,33 @@ pub(super) async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = interrupt.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_advertise_addr;
+
+    #[test]
+    fn an_advertised_address_is_host_and_port_with_an_optional_scheme() {
+        for good in [
+            "node-2:8080",
+            "10.0.0.2:80",
+            "https://node-2.internal:8443/",
+            "[::1]:9",
+        ] {
+            assert!(parse_advertise_addr(good).is_ok(), "{good}");
+        }
+        assert_eq!(parse_advertise_addr("https://n:1/").unwrap(), "https://n:1");
+        for bad in [
+            "node-2",
+            "node-2:0",
+            "https://n:1/path",
+            "http://u@n:1",
+            ":80",
+            "ftp://n:1",
+        ] {
+            assert!(parse_advertise_addr(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -419,14 +419,22 @@ async fn read_stream_at(
     base: &str,
     path: &str,
 ) -> Result<Vec<(String, Option<u64>, Value)>, reqwest::Error> {
-    let body = agentry_llm::http_client(Duration::from_secs(60))
+    read_stream_as(base, path, None).await
+}
+
+/// [`read_stream_at`] with the credential header `auth` (`authorization` or `cookie`).
+async fn read_stream_as(
+    base: &str,
+    path: &str,
+    auth: Option<(&str, &str)>,
+) -> Result<Vec<(String, Option<u64>, Value)>, reqwest::Error> {
+    let mut request = agentry_llm::http_client(Duration::from_secs(60))
         .unwrap()
-        .get(format!("{base}{path}"))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
+        .get(format!("{base}{path}"));
+    if let Some((name, value)) = auth {
+        request = request.header(name, value);
+    }
+    let body = request.send().await?.error_for_status()?.text().await?;
     Ok(body
         .split("\n\n")
         .filter_map(|block| {
@@ -636,6 +644,171 @@ async fn a_client_on_any_node_streams_and_controls_a_run_live_on_another() {
     };
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(done["outcome"]["text"], "rejected, fine", "{done}");
+}
+
+/// `method path` with `body` on `node`, with the credential header `auth`.
+async fn send_as(
+    node: &Node,
+    method: reqwest::Method,
+    path: &str,
+    body: Value,
+    auth: (&str, &str),
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let response = agentry_llm::http_client(Duration::from_secs(60))
+        .unwrap()
+        .request(method, format!("{}{path}", node.base()))
+        .header(auth.0, auth.1)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// With keys: a user key and a console login made on one node stream and interrupt runs live
+/// on another. The relay carries an assertion signed with the cluster's key instead of the
+/// client's credentials (security review 2, N15), so a login, which only its own node knows,
+/// works across nodes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_or_a_login_on_one_node_controls_a_run_live_on_another() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    let nodes = [
+        start(&homes, &db, "a", &[]).await,
+        start(&homes, &db, "b", &[]).await,
+    ];
+    // The first key is minted without credentials; it makes a user key.
+    let (status, admin) = post(&nodes[0], "/v1/api-keys", json!({"label": "admin"})).await;
+    assert_eq!(status, 201, "{admin}");
+    let admin = format!("Bearer {}", admin["key"].as_str().unwrap());
+    let (status, _, user) = send_as(
+        &nodes[0],
+        reqwest::Method::POST,
+        "/v1/api-keys",
+        json!({"label": "user", "role": "user"}),
+        ("authorization", &admin),
+    )
+    .await;
+    assert_eq!(status, 201, "{user}");
+    let user_key = user["key"].as_str().unwrap().to_owned();
+    let user = format!("Bearer {user_key}");
+    let (status, _, model) = send_as(
+        &nodes[1],
+        reqwest::Method::POST,
+        "/v1/models",
+        json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(),
+               "model_name": "gpt-mock"}),
+        ("authorization", &admin),
+    )
+    .await;
+    assert_eq!(status, 201, "{model}");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    // A console login on node b (its cookie is b's alone).
+    let (status, headers, _) = send_as(
+        &nodes[1],
+        reqwest::Method::POST,
+        "/v1/auth/login",
+        json!({"api_key": user_key}),
+        ("x-unused", "-"),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let cookie = headers["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+
+    // Runs live on node a (a conversation runs on the node it was posted to); the client talks
+    // to node b only, with the key, then with b's login.
+    for (attempt, auth) in [
+        ("authorization", user.as_str()),
+        ("cookie", cookie.as_str()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for interrupt in [false, true] {
+            let words: Vec<String> = (0..12).map(|n| format!("w{attempt}.{n} ")).collect();
+            mock.enqueue(
+                Reply::scripted(ScriptedTurn::text(words.concat()))
+                    .chunked(Chunking::SseEvents)
+                    .paced(Duration::from_millis(150)),
+            );
+            let talking = {
+                let url = format!("{}/v1/infer", nodes[0].base());
+                let user = user.clone();
+                tokio::spawn(async move {
+                    let response = agentry_llm::http_client(Duration::from_secs(60))
+                        .unwrap()
+                        .post(url)
+                        .header("authorization", user)
+                        .json(&json!({"model_id": "m", "text": "talk", "session_id": "new"}))
+                        .send()
+                        .await
+                        .unwrap();
+                    response.json::<Value>().await.unwrap()
+                })
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let running = loop {
+                let (_, _, listed) = send_as(
+                    &nodes[1],
+                    reqwest::Method::GET,
+                    "/v1/runs?background=false&state=running",
+                    Value::Null,
+                    auth,
+                )
+                .await;
+                if listed["runs"][0]["run_id"].is_string() {
+                    break listed["runs"][0].clone();
+                }
+                assert!(Instant::now() < deadline, "the run never showed: {listed}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let run_id = running["run_id"].as_str().unwrap();
+            if interrupt {
+                let (status, _, interrupted) = send_as(
+                    &nodes[1],
+                    reqwest::Method::POST,
+                    &format!("/v1/runs/{run_id}/interrupt"),
+                    json!({}),
+                    auth,
+                )
+                .await;
+                assert_eq!(status, 200, "{} {interrupted}", auth.0);
+                let answer = talking.await.unwrap();
+                assert_eq!(answer["stop_reason"], "cancelled", "{} {answer}", auth.0);
+            } else {
+                let events = read_stream_as(
+                    &nodes[1].base(),
+                    &format!("/v1/runs/{run_id}/stream"),
+                    Some(auth),
+                )
+                .await
+                .unwrap();
+                assert_eq!(
+                    streamed_text(&events),
+                    words.concat(),
+                    "{} {events:?}",
+                    auth.0
+                );
+                let answer = talking.await.unwrap();
+                assert_eq!(answer["text"], words.concat(), "{answer}");
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
