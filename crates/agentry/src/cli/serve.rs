@@ -368,12 +368,12 @@ fn first_model_hint(address: SocketAddr, ollama: bool) -> String {
     let has = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
     if has("OPENAI_API_KEY") {
         hint.push_str(&format!(
-            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"OPENAI_API_KEY\",\"value\":\"'\"$OPENAI_API_KEY\"'\"}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"gpt\",\"protocol\":\"openai\",\"model_name\":\"gpt-4o-mini\",\"api_key_secret\":\"OPENAI_API_KEY\"}}'\n"
+            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"OPENAI_API_KEY\",\"value\":\"'\"$OPENAI_API_KEY\"'\",\"hosts\":[\"api.openai.com\"]}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"gpt\",\"protocol\":\"openai\",\"model_name\":\"gpt-4o-mini\",\"api_key_secret\":\"OPENAI_API_KEY\"}}'\n"
         ));
     }
     if has("ANTHROPIC_API_KEY") {
         hint.push_str(&format!(
-            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"ANTHROPIC_API_KEY\",\"value\":\"'\"$ANTHROPIC_API_KEY\"'\"}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"claude\",\"protocol\":\"anthropic\",\"model_name\":\"claude-sonnet-4-5\",\"api_key_secret\":\"ANTHROPIC_API_KEY\"}}'\n"
+            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"ANTHROPIC_API_KEY\",\"value\":\"'\"$ANTHROPIC_API_KEY\"'\",\"hosts\":[\"api.anthropic.com\"]}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"claude\",\"protocol\":\"anthropic\",\"model_name\":\"claude-sonnet-4-5\",\"api_key_secret\":\"ANTHROPIC_API_KEY\"}}'\n"
         ));
     }
     let ollama_note = if ollama {
