@@ -169,10 +169,41 @@ fn input_messages(input: Option<&Value>) -> Result<Vec<SeedMessage>, OpenAiError
                     ..SeedMessage::default()
                 });
             }
+            // A reasoning item from an earlier response (`to_input_list()` sends them back):
+            // the model's reasoning is not replayed to it, so there is nothing to take.
+            "reasoning" => {}
             other => return Err(at(&format!("unknown item type {other:?}"))),
         }
     }
     Ok(messages)
+}
+
+/// `input` read as a whole conversation (earlier turns, then the new message or tool results).
+fn whole_conversation(
+    messages: &[SeedMessage],
+) -> Result<crate::linglong::request::SeedConversation, OpenAiError> {
+    conversation_of(messages, true).map_err(|error| OpenAiError::invalid("input", error.message))
+}
+
+/// The `function_call_output` items continuing a stored response, as tool results answering
+/// the calls it ended on.
+fn tool_results(outputs: Vec<SeedMessage>) -> Result<Vec<Message>, OpenAiError> {
+    outputs
+        .into_iter()
+        .map(|output| {
+            let call_id = output.tool_call_id.ok_or_else(|| {
+                OpenAiError::invalid("input", "a function_call_output needs its `call_id`")
+            })?;
+            let text = match output.content {
+                Some(Value::String(text)) => text,
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            Ok(Message::Tool(agentry_types::ToolResult::text(
+                call_id, text,
+            )))
+        })
+        .collect()
 }
 
 /// The client's function tools (the Responses API's flat shape) in chat completions' shape.
@@ -224,15 +255,8 @@ impl App {
             );
         }
         let tools = body.tools.unwrap_or_default();
-        if store && !tools.is_empty() {
-            return Err(OpenAiError::invalid(
-                "tools",
-                "function tools the client runs are served with `store: false` (the whole \
-                 conversation in `input`)",
-            ));
-        }
         let client_tools: Vec<ToolSpec> = crate::openai_compat::client_tools(&chat_tools(&tools))?;
-        let choice = match (&body.previous_response_id, store) {
+        let (choice, conversation) = match (&body.previous_response_id, store) {
             (Some(_), false) => {
                 return Err(OpenAiError::invalid(
                     "previous_response_id",
@@ -242,31 +266,36 @@ impl App {
             }
             (Some(previous), true) => {
                 let run = run_of_response(previous)?;
-                let session = self.locate(run).await.map_err(|_| {
+                let no_such = || {
                     OpenAiError::new_public(
                         404,
                         "invalid_request_error",
                         Some("previous_response_id"),
                         format!("no response {previous:?}"),
                     )
-                })?;
+                };
+                let session = self.locate(run).await.map_err(|_| no_such())?;
                 self.check_session_access(caller, session)
                     .await
-                    .map_err(|_| {
-                        OpenAiError::new_public(
-                            404,
-                            "invalid_request_error",
-                            Some("previous_response_id"),
-                            format!("no response {previous:?}"),
-                        )
-                    })?;
-                SessionChoice::Existing(session)
+                    .map_err(|_| no_such())?;
+                // The session has the conversation; the input brings the new message and the
+                // results of the client's tools the previous response called.
+                let (results, rest): (Vec<SeedMessage>, Vec<SeedMessage>) = messages
+                    .into_iter()
+                    .partition(|message| message.role == "tool");
+                let mut conversation = conversation_of(&rest, false)
+                    .map_err(|error| OpenAiError::invalid("input", error.message))?;
+                conversation.history = tool_results(results)?;
+                (SessionChoice::Existing(session), conversation)
             }
-            (None, true) => SessionChoice::New,
-            (None, false) => SessionChoice::Ephemeral,
+            // A new stored response may bring earlier turns (clients that send the whole
+            // conversation each time): they start its session.
+            (None, true) => (SessionChoice::New, self::whole_conversation(&messages)?),
+            (None, false) => (
+                SessionChoice::Ephemeral,
+                self::whole_conversation(&messages)?,
+            ),
         };
-        let conversation = conversation_of(&messages, !store)
-            .map_err(|error| OpenAiError::invalid("input", error.message))?;
         let params = GenerationParams {
             max_tokens: body.max_output_tokens,
             temperature: body.temperature,
@@ -414,20 +443,13 @@ pub struct ResponseParts<'a> {
 pub fn response_object(parts: &ResponseParts<'_>) -> Value {
     let mut output = Vec::new();
     if !parts.reasoning.is_empty() {
-        output.push(
-            json!({"type": "reasoning", "id": format!("rs_{}", parts.id),
-            "summary": [{"type": "summary_text", "text": parts.reasoning}]}),
-        );
+        output.push(reasoning_item(&parts.id, Some(parts.reasoning)));
     }
     if !parts.text.is_empty() || parts.calls.is_empty() {
         output.push(message_item(&parts.id, parts.text, "completed"));
     }
     for call in parts.calls {
-        output.push(
-            json!({"type": "function_call", "id": format!("fc_{}", call.id),
-            "call_id": call.id, "name": call.name, "arguments": call.arguments.to_string(),
-            "status": "completed"}),
-        );
+        output.push(call_item(call, &call.arguments.to_string(), "completed"));
     }
     json!({
         "id": parts.id,
@@ -502,9 +524,40 @@ pub fn response_of(
     }))
 }
 
-/// Turns a run's events into the Responses API's stream events: `response.created`, the
-/// message item and its text part added, `response.output_text.delta` per fragment, then the
-/// part, the item and `response.completed` with the whole response (or `response.failed`).
+/// The reasoning item of response `id`.
+fn reasoning_item(id: &str, text: Option<&str>) -> Value {
+    let summary = match text {
+        Some(text) => json!([{"type": "summary_text", "text": text}]),
+        None => json!([]),
+    };
+    json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": summary})
+}
+
+/// The item of a call to one of the client's tools.
+fn call_item(call: &ToolCall, arguments: &str, status: &str) -> Value {
+    json!({"type": "function_call", "id": format!("fc_{}", call.id), "call_id": call.id,
+           "name": call.name, "arguments": arguments, "status": status})
+}
+
+/// An output item of a streamed response, in the order it was opened.
+#[derive(Debug, Clone, PartialEq)]
+enum Item {
+    /// The model's readable reasoning.
+    Reasoning,
+    /// The answer.
+    Message,
+    /// A call to one of the client's tools (its call id).
+    Call(String),
+}
+
+/// Turns a run's events into the Responses API's stream events, as OpenAI's own stream and the
+/// official SDKs' stream helpers (`responses.stream()`) expect them: `response.created` (no
+/// output yet) and `response.in_progress`; then each output item at its own `output_index`,
+/// opened with `response.output_item.added` and closed with `response.output_item.done` — the
+/// reasoning (`response.reasoning_summary_text.delta`), the message
+/// (`response.output_text.delta` per fragment) and each call of a client tool
+/// (`response.function_call_arguments.delta`/`.done`); then `response.completed` whose
+/// `output` holds the same items at the same indexes (or `response.failed`).
 #[derive(Debug)]
 pub struct ResponseEvents {
     id: String,
@@ -517,7 +570,11 @@ pub struct ResponseEvents {
     text: String,
     reasoning: String,
     last: Vec<AssistantPart>,
-    opened: bool,
+    started: bool,
+    /// The items opened so far; an item's position is its `output_index`.
+    items: Vec<Item>,
+    /// Whether the reasoning item is open (taking deltas).
+    reasoning_open: bool,
     /// The run reached its end.
     pub done: bool,
 }
@@ -536,7 +593,9 @@ impl ResponseEvents {
             text: String::new(),
             reasoning: String::new(),
             last: Vec::new(),
-            opened: false,
+            started: false,
+            items: Vec::new(),
+            reasoning_open: false,
             done: false,
         }
     }
@@ -550,42 +609,188 @@ impl ResponseEvents {
         (kind.to_owned(), data)
     }
 
+    fn calls(&self) -> Vec<&ToolCall> {
+        client_tool_calls(&self.last, &self.client_tools)
+    }
+
+    /// The final form of each item opened, at its index.
+    fn output(&self) -> Vec<Value> {
+        let calls = self.calls();
+        self.items
+            .iter()
+            .map(|item| match item {
+                Item::Reasoning => reasoning_item(&self.id, Some(&self.reasoning)),
+                Item::Message => message_item(&self.id, &self.text, "completed"),
+                Item::Call(call_id) => calls
+                    .iter()
+                    .find(|call| &call.id == call_id)
+                    .map_or(Value::Null, |call| {
+                        call_item(call, &call.arguments.to_string(), "completed")
+                    }),
+            })
+            .collect()
+    }
+
     fn whole(&self, status: &str, usage: &Usage, error: Option<Value>) -> Value {
-        let calls = client_tool_calls(&self.last, &self.client_tools);
-        response_object(&ResponseParts {
+        let mut response = response_object(&ResponseParts {
             id: self.id.clone(),
             model: self.model.clone(),
             created_at: self.created_at,
             status,
             text: &self.text,
             reasoning: &self.reasoning,
-            calls: &calls,
+            calls: &[],
             usage,
             previous: self.previous.clone(),
             store: self.store,
             error,
-        })
+        });
+        response["output"] = Value::Array(if status == "in_progress" {
+            Vec::new()
+        } else {
+            self.output()
+        });
+        response
     }
 
-    fn open(&mut self, out: &mut Vec<(String, Value)>) {
-        if self.opened {
+    fn start(&mut self, out: &mut Vec<(String, Value)>) {
+        if self.started {
             return;
         }
-        self.opened = true;
+        self.started = true;
         let created = self.whole("in_progress", &Usage::default(), None);
         out.push(self.event("response.created", json!({"response": created})));
-        let item = json!({"type": "message", "id": format!("msg_{}", self.id),
-            "status": "in_progress", "role": "assistant", "content": []});
+        out.push(self.event("response.in_progress", json!({"response": created})));
+    }
+
+    /// Opens the next output item; its index.
+    fn open_item(&mut self, item: Item, added: Value, out: &mut Vec<(String, Value)>) -> usize {
+        let index = self.items.len();
+        self.items.push(item);
         out.push(self.event(
             "response.output_item.added",
-            json!({"output_index": 0, "item": item}),
+            json!({"output_index": index, "item": added}),
         ));
-        let part = json!({"type": "output_text", "text": "", "annotations": []});
+        index
+    }
+
+    fn index_of(&self, item: &Item) -> Option<usize> {
+        self.items.iter().position(|opened| opened == item)
+    }
+
+    fn open_reasoning(&mut self, out: &mut Vec<(String, Value)>) -> usize {
+        let added = reasoning_item(&self.id, None);
+        let index = self.open_item(Item::Reasoning, added, out);
+        self.reasoning_open = true;
+        let item_id = format!("rs_{}", self.id);
+        out.push(self.event(
+            "response.reasoning_summary_part.added",
+            json!({"item_id": item_id, "output_index": index, "summary_index": 0,
+                   "part": {"type": "summary_text", "text": ""}}),
+        ));
+        index
+    }
+
+    fn close_reasoning(&mut self, out: &mut Vec<(String, Value)>) {
+        let Some(index) = self
+            .index_of(&Item::Reasoning)
+            .filter(|_| self.reasoning_open)
+        else {
+            return;
+        };
+        self.reasoning_open = false;
+        let item_id = format!("rs_{}", self.id);
+        let text = self.reasoning.clone();
+        out.push(self.event(
+            "response.reasoning_summary_text.done",
+            json!({"item_id": item_id, "output_index": index, "summary_index": 0,
+                   "text": text}),
+        ));
+        out.push(self.event(
+            "response.reasoning_summary_part.done",
+            json!({"item_id": item_id, "output_index": index, "summary_index": 0,
+                   "part": {"type": "summary_text", "text": text}}),
+        ));
+        let item = reasoning_item(&self.id, Some(&text));
+        out.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+    }
+
+    fn open_message(&mut self, out: &mut Vec<(String, Value)>) -> usize {
+        if let Some(index) = self.index_of(&Item::Message) {
+            return index;
+        }
+        self.close_reasoning(out);
+        let added = json!({"type": "message", "id": format!("msg_{}", self.id),
+            "status": "in_progress", "role": "assistant", "content": []});
+        let index = self.open_item(Item::Message, added, out);
         let item_id = format!("msg_{}", self.id);
         out.push(self.event(
             "response.content_part.added",
-            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": part}),
+            json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                   "part": {"type": "output_text", "text": "", "annotations": []}}),
         ));
+        index
+    }
+
+    fn close_message(&mut self, index: usize, out: &mut Vec<(String, Value)>) {
+        let item_id = format!("msg_{}", self.id);
+        let text = self.text.clone();
+        out.push(self.event(
+            "response.output_text.done",
+            json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                   "text": text}),
+        ));
+        out.push(self.event(
+            "response.content_part.done",
+            json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                   "part": {"type": "output_text", "text": text, "annotations": []}}),
+        ));
+        let item = message_item(&self.id, &text, "completed");
+        out.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+    }
+
+    /// Closes every item at the run's end, opening first what the deltas never did (a
+    /// reasoning or an answer that came whole, the client's calls).
+    fn finish_items(&mut self, out: &mut Vec<(String, Value)>) {
+        self.close_reasoning(out);
+        if !self.reasoning.is_empty() && self.index_of(&Item::Reasoning).is_none() {
+            self.open_reasoning(out);
+            self.close_reasoning(out);
+        }
+        let calls: Vec<ToolCall> = self.calls().into_iter().cloned().collect();
+        let opened = self.index_of(&Item::Message);
+        if opened.is_some() || !self.text.is_empty() || calls.is_empty() {
+            let index = self.open_message(out);
+            self.close_message(index, out);
+        }
+        for call in calls {
+            let index = self.open_item(
+                Item::Call(call.id.clone()),
+                call_item(&call, "", "in_progress"),
+                out,
+            );
+            let item_id = format!("fc_{}", call.id);
+            let arguments = call.arguments.to_string();
+            out.push(self.event(
+                "response.function_call_arguments.delta",
+                json!({"item_id": item_id, "output_index": index, "delta": arguments}),
+            ));
+            out.push(self.event(
+                "response.function_call_arguments.done",
+                json!({"item_id": item_id, "output_index": index, "arguments": arguments}),
+            ));
+            let item = call_item(&call, &arguments, "completed");
+            out.push(self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            ));
+        }
     }
 
     /// The stream events `event` makes: `(name, data)`.
@@ -595,19 +800,40 @@ impl ResponseEvents {
         match event {
             RunEvent::RunStarted { run_id } => {
                 self.id = format!("{RESPONSE_PREFIX}{run_id}");
-                self.open(&mut out);
+                self.start(&mut out);
+            }
+            RunEvent::ThinkingDelta { text } => {
+                self.start(&mut out);
+                self.reasoning.push_str(text);
+                // Reasoning streams while no answer has begun; later rounds' reasoning joins
+                // the item's final text.
+                if self.index_of(&Item::Message).is_none() {
+                    let index = match self.index_of(&Item::Reasoning) {
+                        Some(index) if self.reasoning_open => Some(index),
+                        Some(_) => None,
+                        None => Some(self.open_reasoning(&mut out)),
+                    };
+                    if let Some(index) = index {
+                        let item_id = format!("rs_{}", self.id);
+                        out.push(self.event(
+                            "response.reasoning_summary_text.delta",
+                            json!({"item_id": item_id, "output_index": index,
+                                   "summary_index": 0, "delta": text}),
+                        ));
+                    }
+                }
             }
             RunEvent::TextDelta { text } => {
-                self.open(&mut out);
+                self.start(&mut out);
+                let index = self.open_message(&mut out);
                 self.text.push_str(text);
                 let item_id = format!("msg_{}", self.id);
                 out.push(self.event(
                     "response.output_text.delta",
-                    json!({"item_id": item_id, "output_index": 0, "content_index": 0,
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0,
                            "delta": text}),
                 ));
             }
-            RunEvent::ThinkingDelta { text } => self.reasoning.push_str(text),
             RunEvent::AssistantMessage { content, .. } => {
                 self.last.clone_from(content);
                 // The answer is the last round's text (earlier rounds' go with their calls).
@@ -616,31 +842,20 @@ impl ResponseEvents {
                 }
                 .answer_text()
                 .unwrap_or_default();
+                let reasoning = reasoning_of(content);
+                if self.reasoning.is_empty() && !reasoning.is_empty() {
+                    self.reasoning = reasoning;
+                }
             }
             RunEvent::RunFinished { usage, .. } | RunEvent::RunSuspended { usage, .. } => {
-                self.open(&mut out);
+                self.start(&mut out);
                 self.done = true;
-                let item_id = format!("msg_{}", self.id);
-                let part = json!({"type": "output_text", "text": self.text, "annotations": []});
-                out.push(self.event(
-                    "response.output_text.done",
-                    json!({"item_id": item_id, "output_index": 0, "content_index": 0,
-                           "text": self.text}),
-                ));
-                out.push(self.event(
-                    "response.content_part.done",
-                    json!({"item_id": item_id, "output_index": 0, "content_index": 0,
-                           "part": part}),
-                ));
-                let item = message_item(&self.id, &self.text, "completed");
-                out.push(self.event(
-                    "response.output_item.done",
-                    json!({"output_index": 0, "item": item}),
-                ));
+                self.finish_items(&mut out);
                 let whole = self.whole("completed", usage, None);
                 out.push(self.event("response.completed", json!({"response": whole})));
             }
             RunEvent::RunFailed { error, .. } => {
+                self.start(&mut out);
                 self.done = true;
                 let whole = self.whole(
                     "failed",

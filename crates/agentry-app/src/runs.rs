@@ -48,7 +48,9 @@ pub struct RunInput {
     pub compaction: Option<CompactionSettings>,
     /// The user the run is for (their memories join the agent's).
     pub user: Option<String>,
-    /// Earlier conversation, for an ephemeral run only (a session's comes from its log).
+    /// Earlier conversation: an ephemeral run's or a new session's; for an existing session
+    /// (whose conversation comes from its log) only tool results answering the calls its last
+    /// run ended on.
     pub history: Vec<Message>,
     /// The new input.
     pub input: Option<Input>,
@@ -84,7 +86,15 @@ pub async fn prepare(
         .as_deref()
         .map(|user| caller.end_user(user))
         .transpose()?;
-    if !input.history.is_empty() && input.session != SessionChoice::Ephemeral {
+    // An existing session's conversation comes from its log: what a request may bring along is
+    // its client's results for the tool calls the last run ended on. A new session may start
+    // with earlier turns.
+    if matches!(input.session, SessionChoice::Existing(_))
+        && !input
+            .history
+            .iter()
+            .all(|message| matches!(message, Message::Tool(_)))
+    {
         return Err(AppError::bad_request(
             "a session's conversation comes from its log: send only the new message",
         ));

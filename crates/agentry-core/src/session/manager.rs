@@ -572,7 +572,12 @@ impl SessionManager {
                 .extend(results.into_iter().map(Message::Tool));
         }
         let history_len = replayed.messages.len();
+        // The log's messages, then any the request brings: a new session's earlier turns (a
+        // client that sends its whole conversation), or a client's results for the tool calls
+        // the session's last run ended on. Those are logged with this run.
+        let brought = std::mem::take(&mut request.history);
         request.history = replayed.messages;
+        request.history.extend(brought);
         if request.compacted.is_none() {
             request.compacted = replayed.compaction;
         }

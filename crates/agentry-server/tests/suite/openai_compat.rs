@@ -482,3 +482,303 @@ async fn the_official_client_holds_a_conversation_through_the_responses_api_acro
         "{sent}"
     );
 }
+
+const RESPONSES_HELPERS: &str = r#"
+import json, sys
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/openai/v1", api_key="not-needed")
+add = {"type": "function", "name": "add", "description": "Adds two integers.",
+       "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                      "b": {"type": "integer"}}, "required": ["a", "b"]}}
+out = {}
+
+# 1. The stream helper on an answer with reasoning: events, text, the final response.
+with client.responses.stream(model="mock", input="Think, then answer.") as stream:
+    kinds, text = [], ""
+    for event in stream:
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            text += event.delta
+    final = stream.get_final_response()
+out["stream"] = {"text": text, "final": final.output_text,
+                 "types": [item.type for item in final.output],
+                 "reasoning": final.output[0].summary[0].text,
+                 "kinds": sorted(set(kinds))}
+
+# 2. A client tool with the default store: a call, then its result with the whole input.
+first = client.responses.create(model="mock", input="What is 2 + 3?", tools=[add])
+call = [item for item in first.output if item.type == "function_call"][0]
+inputs = [{"role": "user", "content": "What is 2 + 3?"}] + [item.model_dump() for item in first.output]
+inputs.append({"type": "function_call_output", "call_id": call.call_id, "output": "5"})
+second = client.responses.create(model="mock", input=inputs, tools=[add])
+out["whole_input"] = {"call": [call.name, json.loads(call.arguments)], "answer": second.output_text}
+
+# 3. The same through previous_response_id: only the tool's result is sent.
+third = client.responses.create(model="mock", input="And 4 + 4?", tools=[add])
+call = [item for item in third.output if item.type == "function_call"][0]
+fourth = client.responses.create(model="mock", previous_response_id=third.id, tools=[add],
+                                 input=[{"type": "function_call_output",
+                                         "call_id": call.call_id, "output": "8"}])
+out["previous"] = fourth.output_text
+
+# 4. store: false with a reasoning item sent back as it came (what to_input_list() does).
+loose = client.responses.create(model="mock", input="Think and call.", tools=[add], store=False)
+inputs = [{"role": "user", "content": "Think and call."}] + [item.model_dump() for item in loose.output]
+call = [item for item in loose.output if item.type == "function_call"][0]
+inputs.append({"type": "function_call_output", "call_id": call.call_id, "output": "3"})
+again = client.responses.create(model="mock", input=inputs, tools=[add], store=False)
+out["loose"] = {"types": [item.type for item in loose.output], "answer": again.output_text}
+
+# 5. The stream helper on a call of a client tool.
+with client.responses.stream(model="mock", input="Stream a call.", tools=[add]) as stream:
+    kinds = [event.type for event in stream]
+    final = stream.get_final_response()
+calls = [item for item in final.output if item.type == "function_call"]
+out["stream_call"] = {"name": calls[0].name, "arguments": json.loads(calls[0].arguments),
+                      "done": "response.function_call_arguments.done" in kinds}
+print(json.dumps(out))
+"#;
+
+/// Issue 48: the official SDK's Responses helpers — `responses.stream()` (reasoning, text, a
+/// client tool's call), client tools with the default `store` (the whole input sent back, or
+/// `previous_response_id` and the tool's result) and with `store: false` (a reasoning item sent
+/// back as it came).
+#[tokio::test]
+async fn the_official_sdks_responses_helpers_stream_and_run_client_tools() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has the openai client");
+    };
+    let server = start().await;
+    let mock = &server.mock;
+    let sse = agentry_testkit::Chunking::SseEvents;
+    // 1
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("Five.").with_thinking("Two and three.", "sig"))
+            .chunked(sse.clone()),
+    );
+    // 2
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "add",
+        json!({"a": 2, "b": 3}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("2 + 3 = 5")));
+    // 3
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "add",
+        json!({"a": 4, "b": 4}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("4 + 4 = 8")));
+    // 4
+    mock.enqueue(Reply::scripted(
+        ScriptedTurn::tool_call("add", json!({"a": 1, "b": 2})).with_thinking("Use add.", "sig"),
+    ));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("1 + 2 = 3")));
+    // 5
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::tool_call("add", json!({"a": 6, "b": 1}))).chunked(sse),
+    );
+    let output = tokio::process::Command::new(servers.python())
+        .args(["-c", RESPONSES_HELPERS, &server.url])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(out["stream"]["text"], "Five.", "{out}");
+    assert_eq!(out["stream"]["final"], "Five.", "{out}");
+    assert_eq!(
+        out["stream"]["types"],
+        json!(["reasoning", "message"]),
+        "{out}"
+    );
+    assert_eq!(out["stream"]["reasoning"], "Two and three.", "{out}");
+    for kind in [
+        "response.created",
+        "response.in_progress",
+        "response.reasoning_summary_text.delta",
+        "response.output_text.done",
+        "response.completed",
+    ] {
+        assert!(
+            out["stream"]["kinds"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(kind)),
+            "{kind}: {out}"
+        );
+    }
+    assert_eq!(
+        out["whole_input"],
+        json!({"call": ["add", {"a": 2, "b": 3}], "answer": "2 + 3 = 5"})
+    );
+    assert_eq!(out["previous"], "4 + 4 = 8", "{out}");
+    assert_eq!(
+        out["loose"],
+        json!({"types": ["reasoning", "function_call"], "answer": "1 + 2 = 3"})
+    );
+    assert_eq!(
+        out["stream_call"],
+        json!({"name": "add", "arguments": {"a": 6, "b": 1}, "done": true})
+    );
+    // The model saw each tool's result after its call, from the whole input and from the
+    // session alike.
+    let requests = mock.requests();
+    for (index, result) in [(2, "\"5\""), (4, "\"8\""), (6, "\"3\"")] {
+        let sent = requests[index].body.to_string();
+        assert!(
+            sent.contains("\"role\":\"tool\"") && sent.contains(result),
+            "request {index}: {sent}"
+        );
+    }
+    assert!(requests[4].body.to_string().contains("And 4 + 4?"));
+}
+
+const AGENTS_SDK_RESPONSES: &str = r#"
+import json, sys
+from openai import AsyncOpenAI
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents.models.openai_responses import OpenAIResponsesModel
+
+set_tracing_disabled(True)
+calls = []
+
+@function_tool
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    calls.append([a, b])
+    return a + b
+
+client = AsyncOpenAI(base_url=sys.argv[1] + "/openai/v1", api_key="not-needed")
+agent = Agent(
+    name="calculator",
+    instructions="Use the add tool for sums.",
+    model=OpenAIResponsesModel(model="mock", openai_client=client),
+    tools=[add],
+)
+first = Runner.run_sync(agent, "What is 2 + 3?")
+second = Runner.run_sync(agent, first.to_input_list() + [{"role": "user", "content": "And 4 + 4?"}])
+print(json.dumps({"first": first.final_output, "second": second.final_output, "calls": calls}))
+"#;
+
+/// Issue 48: the Agents SDK's `OpenAIResponsesModel` runs its own function tool through
+/// Agentry's Responses API over two turns (the second sends the first's items back, reasoning
+/// included).
+#[tokio::test]
+async fn the_agents_sdk_runs_its_tools_over_the_responses_api_for_two_turns() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has openai-agents");
+    };
+    let server = start().await;
+    let mock = &server.mock;
+    mock.enqueue(Reply::scripted(
+        ScriptedTurn::tool_call("add", json!({"a": 2, "b": 3})).with_thinking("Add them.", "s"),
+    ));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("2 + 3 = 5")));
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "add",
+        json!({"a": 4, "b": 4}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("4 + 4 = 8")));
+    let output = tokio::process::Command::new(servers.python())
+        .args(["-c", AGENTS_SDK_RESPONSES, &server.url])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        out,
+        json!({"first": "2 + 3 = 5", "second": "4 + 4 = 8", "calls": [[2, 3], [4, 4]]})
+    );
+    // The second turn's model saw the first turn whole, and the new question.
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 4);
+    let third = requests[2].body.to_string();
+    assert!(
+        third.contains("What is 2 + 3?")
+            && third.contains("2 + 3 = 5")
+            && third.contains("And 4 + 4?"),
+        "{third}"
+    );
+}
+
+const LANGCHAIN: &str = r#"
+import json, sys
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+
+@tool
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+out = {}
+for mode in ["chat", "responses"]:
+    model = ChatOpenAI(model="mock", base_url=sys.argv[1] + "/openai/v1", api_key="not-needed",
+                       use_responses_api=(mode == "responses"))
+    with_tools = model.bind_tools([add])
+    messages = [HumanMessage("What is 2 + 3?")]
+    called = with_tools.invoke(messages)
+    call = called.tool_calls[0]
+    messages += [called, ToolMessage(str(add.invoke(call["args"])), tool_call_id=call["id"])]
+    answer = with_tools.invoke(messages)
+    streamed = "".join(chunk.text for chunk in model.stream("Stream it."))
+    out[mode] = {"call": [call["name"], call["args"]], "answer": answer.text,
+                 "streamed": streamed}
+print(json.dumps(out))
+"#;
+
+/// Issue 48: LangChain's `ChatOpenAI`, in chat-completions mode and in Responses mode, runs a
+/// bound tool through a call and its result, and streams.
+#[tokio::test]
+async fn langchain_runs_a_bound_tool_and_streams_in_both_modes() {
+    let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
+        panic!("run scripts/install-mcp-servers first: the venv has langchain-openai");
+    };
+    let server = start().await;
+    let mock = &server.mock;
+    for _ in 0..2 {
+        mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+            "add",
+            json!({"a": 2, "b": 3}),
+        )));
+        mock.enqueue(Reply::scripted(ScriptedTurn::text("2 + 3 = 5")));
+        mock.enqueue(
+            Reply::scripted(ScriptedTurn::text("Streamed fine."))
+                .chunked(agentry_testkit::Chunking::SseEvents),
+        );
+    }
+    let output = tokio::process::Command::new(servers.python())
+        .args(["-c", LANGCHAIN, &server.url])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let expected = json!({"call": ["add", {"a": 2, "b": 3}], "answer": "2 + 3 = 5",
+                          "streamed": "Streamed fine."});
+    assert_eq!(out, json!({"chat": expected, "responses": expected}));
+    // The model saw the tool's result in both modes.
+    let requests = mock.requests();
+    for index in [1, 4] {
+        let sent = requests[index].body.to_string();
+        assert!(
+            sent.contains("\"role\":\"tool\""),
+            "request {index}: {sent}"
+        );
+    }
+}
