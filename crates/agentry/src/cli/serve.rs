@@ -253,6 +253,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         shutdown.cancel();
     });
     println!("Agentry is listening on http://{address}");
+    println!("console: open http://{address}/ in a browser");
     println!(
         "data: {} ({})",
         data.home()?.display(),
@@ -291,6 +292,12 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     }
     let models = store.list_config(agentry_store::ConfigKind::Model).await?;
     if models.is_empty() {
+        for (name, host) in import_provider_keys(&store).await? {
+            println!(
+                "secrets: {name} imported from the environment (sealed in the data folder, sent \
+                 only to {host})"
+            );
+        }
         println!("{}", first_model_hint(address, ollama_running().await));
     }
     serve(listener, state, &config).await?;
@@ -363,18 +370,61 @@ async fn ollama_running() -> bool {
 }
 
 /// How to add a first model, offering what this machine seems to have.
+/// The providers whose key variables a first start imports: the variable, the host the key is
+/// bound to, and the model the banner then offers to register (`id`, protocol, model name).
+const PROVIDER_KEYS: [(&str, &str, &str, &str, &str); 2] = [
+    (
+        "OPENAI_API_KEY",
+        "api.openai.com",
+        "gpt",
+        "openai",
+        "gpt-4o-mini",
+    ),
+    (
+        "ANTHROPIC_API_KEY",
+        "api.anthropic.com",
+        "claude",
+        "anthropic",
+        "claude-sonnet-4-5",
+    ),
+];
+
+/// On a first start (no model yet), each provider key in the environment that is not a secret
+/// yet becomes one, bound to its provider's host: the imported `(name, host)`s.
+async fn import_provider_keys(
+    store: &agentry_store::Store,
+) -> anyhow::Result<Vec<(&'static str, &'static str)>> {
+    let stored: Vec<String> = store
+        .list_secrets()
+        .await?
+        .into_iter()
+        .map(|secret| secret.name)
+        .collect();
+    let mut imported = Vec::new();
+    for (name, host, ..) in PROVIDER_KEYS {
+        let Some(value) = std::env::var(name).ok().filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        if stored.iter().any(|known| known == name) {
+            continue;
+        }
+        store
+            .put_bound_secret(name, value.trim(), &[host.to_owned()])
+            .await?;
+        imported.push((name, host));
+    }
+    Ok(imported)
+}
+
 fn first_model_hint(address: SocketAddr, ollama: bool) -> String {
     let mut hint = String::from("No model yet. Add one:\n");
     let has = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
-    if has("OPENAI_API_KEY") {
-        hint.push_str(&format!(
-            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"OPENAI_API_KEY\",\"value\":\"'\"$OPENAI_API_KEY\"'\",\"hosts\":[\"api.openai.com\"]}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"gpt\",\"protocol\":\"openai\",\"model_name\":\"gpt-4o-mini\",\"api_key_secret\":\"OPENAI_API_KEY\"}}'\n"
-        ));
-    }
-    if has("ANTHROPIC_API_KEY") {
-        hint.push_str(&format!(
-            "  curl -s http://{address}/v1/env -H 'content-type: application/json' -d '{{\"name\":\"ANTHROPIC_API_KEY\",\"value\":\"'\"$ANTHROPIC_API_KEY\"'\",\"hosts\":[\"api.anthropic.com\"]}}'\n  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"claude\",\"protocol\":\"anthropic\",\"model_name\":\"claude-sonnet-4-5\",\"api_key_secret\":\"ANTHROPIC_API_KEY\"}}'\n"
-        ));
+    for (name, _, id, protocol, model) in PROVIDER_KEYS {
+        if has(name) {
+            hint.push_str(&format!(
+                "  curl -s http://{address}/v1/models -H 'content-type: application/json' -d '{{\"id\":\"{id}\",\"protocol\":\"{protocol}\",\"model_name\":\"{model}\",\"api_key_secret\":\"{name}\"}}'\n"
+            ));
+        }
     }
     let ollama_note = if ollama {
         "# Ollama is running here"

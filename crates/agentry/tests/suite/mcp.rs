@@ -132,9 +132,9 @@ async fn serve_imports_mcp_json_starts_its_servers_and_stops_them_with_itself() 
             .ok_or_else(|| anyhow::anyhow!("no stdout"))?,
     )
     .lines();
-    // Listening, data, sandbox, fetch, requests, approvals, then the import.
+    // Listening, console, data, sandbox, fetch, requests, approvals, then the import.
     let mut said = Vec::new();
-    while said.len() < 7 {
+    while said.len() < 8 {
         let line = tokio::time::timeout(std::time::Duration::from_secs(20), stdout.next_line())
             .await??
             .ok_or_else(|| anyhow::anyhow!("serve exited: {said:?}"))?;

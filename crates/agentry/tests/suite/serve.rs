@@ -41,6 +41,11 @@ async fn serve_answers_registers_a_model_runs_and_stops_on_sigterm() {
         first,
         format!("Agentry is listening on http://127.0.0.1:{port}")
     );
+    let console = stdout.next_line().await.unwrap().unwrap();
+    assert_eq!(
+        console,
+        format!("console: open http://127.0.0.1:{port}/ in a browser")
+    );
     let second = stdout.next_line().await.unwrap().unwrap();
     assert!(
         second.contains(home.path().to_str().unwrap()) && second.contains("sqlite"),
@@ -222,5 +227,76 @@ async fn require_key_makes_and_prints_the_first_key_once() {
     let url = format!("http://127.0.0.1:{port}/v1/sessions");
     let allowed = http.get(&url).bearer_auth(&key).send().await.unwrap();
     assert_eq!(allowed.status().as_u16(), 200);
+    child.kill().await.unwrap();
+}
+
+/// Issue 48: a first start with a provider key in the environment imports it as a secret bound
+/// to the provider's host, says so, and the banner's command registers the model as printed.
+#[tokio::test]
+async fn a_first_start_imports_the_provider_key_and_its_banner_command_works() {
+    let home = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", &format!("127.0.0.1:{port}")])
+        .env("OPENAI_API_KEY", "sk-from-the-environment-0123")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("AGENTRY_DATABASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut banner = Vec::new();
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
+        .await
+        .unwrap()
+    {
+        let last = line.starts_with("Then: ");
+        banner.push(line);
+        if last {
+            break;
+        }
+    }
+    let text = banner.join("\n");
+    assert!(
+        text.contains(
+            "secrets: OPENAI_API_KEY imported from the environment (sealed in the data folder, \
+             sent only to api.openai.com)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("sk-from-the-environment"), "{text}");
+    // The banner's own command, run as printed, registers the model.
+    let command = banner
+        .iter()
+        .find(|line| line.contains("/v1/models") && line.contains("OPENAI_API_KEY"))
+        .expect("a command for the OpenAI model")
+        .trim()
+        .to_owned();
+    let output = tokio::process::Command::new("sh")
+        .args(["-c", &command])
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .await
+        .unwrap();
+    let created: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(created["id"], "gpt", "{created}");
+    let http = agentry_llm::http_client(Duration::from_secs(5)).unwrap();
+    let secrets: Value = http
+        .get(format!("http://127.0.0.1:{port}/v1/env"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        secrets["secrets"][0]["hosts"],
+        json!(["api.openai.com"]),
+        "{secrets}"
+    );
     child.kill().await.unwrap();
 }
