@@ -132,6 +132,7 @@ impl App {
             max_runs: settings.max_concurrent as u64,
             load_milli: load_milli(),
             volume: settings.volume.clone(),
+            replaces: settings.replaces.clone(),
         }
     }
 

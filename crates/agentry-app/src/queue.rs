@@ -61,6 +61,9 @@ pub struct QueueSettings {
     pub webhooks: WebhookSettings,
     /// The shortest time a schedule may leave between two fires (each fire may make a session).
     pub min_schedule_interval: Duration,
+    /// This node's previous incarnation when it is provably gone (`serve` restarted on the
+    /// data folder whose lock it held): the node's id is taken from it at once.
+    pub replaces: Option<String>,
 }
 
 impl Default for QueueSettings {
@@ -77,6 +80,7 @@ impl Default for QueueSettings {
             poll: Duration::from_millis(250),
             webhooks: WebhookSettings::default(),
             min_schedule_interval: DEFAULT_MIN_SCHEDULE_INTERVAL,
+            replaces: None,
         }
     }
 }

@@ -47,6 +47,10 @@ pub struct NodeBeat {
     pub load_milli: Option<u64>,
     /// The volume its sessions' workspaces are on.
     pub volume: Option<String>,
+    /// An earlier incarnation of this node that is provably gone (the process restarted on the
+    /// data folder whose lock that incarnation held): joining takes the id from it at once,
+    /// without waiting for its lease to run out.
+    pub replaces: Option<String>,
 }
 
 /// A node as the database has it.
@@ -128,7 +132,8 @@ const JOIN_SQL: &str = "INSERT INTO nodes (id, incarnation, address, version, st
      running_runs = excluded.running_runs, max_runs = excluded.max_runs, \
      load_milli = excluded.load_milli, volume = excluded.volume, stopped_at = NULL \
      WHERE nodes.incarnation = excluded.incarnation OR nodes.stopped_at IS NOT NULL \
-     OR nodes.heartbeat_at + nodes.lease_ms < excluded.heartbeat_at";
+     OR nodes.heartbeat_at + nodes.lease_ms < excluded.heartbeat_at \
+     OR nodes.incarnation = CAST($11 AS TEXT)";
 
 /// Runs [`JOIN_SQL`] for `$node` at `$now` in transaction `$tx`: the rows it wrote (0: another
 /// live incarnation holds the id).
@@ -145,6 +150,7 @@ macro_rules! join_node {
             .bind(to_db($node.max_runs))
             .bind($node.load_milli.map(to_db))
             .bind($node.volume.as_deref())
+            .bind($node.replaces.as_deref())
             .execute(&mut *$tx)
             .await?
             .rows_affected()

@@ -33,6 +33,7 @@ fn beat(id: &str, incarnation: &str, lease: Duration) -> NodeBeat {
         max_runs: 8,
         load_milli: Some(250),
         volume: Some("shared".into()),
+        replaces: None,
     }
 }
 

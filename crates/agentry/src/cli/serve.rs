@@ -95,28 +95,63 @@ fn parse_advertise_addr(value: &str) -> Result<String, String> {
     }
 }
 
-/// Holds the data folder's `serve.lock` for as long as the returned file lives; refuses when
-/// another process holds it.
-fn lock_data_folder(home: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    let path = home.join("serve.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "another `agentry serve` is using the data folder {} (it holds {}): two servers on \
-             one SQLite folder would run the same sessions twice; stop it, use another \
-             `--data` folder, or share a PostgreSQL database between nodes",
-            home.display(),
-            path.display()
-        ),
-        Err(std::fs::TryLockError::Error(error)) => {
-            Err(error).with_context(|| format!("cannot lock {}", path.display()))
+/// The data folder's `serve.lock`, held by this process for as long as it lives. It holds the
+/// incarnation of the process that holds it, so the next process to take it knows which
+/// incarnation it replaces: one that is gone (it no longer holds the lock).
+struct FolderLock {
+    file: std::fs::File,
+    /// The incarnation that held it before, if any.
+    previous: Option<String>,
+}
+
+impl FolderLock {
+    /// Takes the lock; `Ok(None)` when another process holds it.
+    fn try_take(home: &std::path::Path) -> anyhow::Result<Option<Self>> {
+        use std::io::Read as _;
+        let path = home.join("serve.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(error)) => {
+                return Err(error).with_context(|| format!("cannot lock {}", path.display()));
+            }
         }
+        let mut held = String::new();
+        file.read_to_string(&mut held)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let previous = Some(held.trim().to_owned()).filter(|held| !held.is_empty());
+        Ok(Some(Self { file, previous }))
+    }
+
+    /// Takes the lock or says who holds it.
+    fn take(home: &std::path::Path) -> anyhow::Result<Self> {
+        Self::try_take(home)?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "another `agentry serve` is using the data folder {} (it holds {}): two servers \
+                 on one SQLite folder would run the same sessions twice; stop it, give this one \
+                 another data folder (`--home DIR`), or share a PostgreSQL database between \
+                 nodes",
+                home.display(),
+                home.join("serve.lock").display()
+            )
+        })
+    }
+
+    /// Records `incarnation` as the one holding the lock now.
+    fn record(&mut self, incarnation: &str) -> anyhow::Result<()> {
+        use std::io::{Seek as _, Write as _};
+        self.file.set_len(0)?;
+        self.file.rewind()?;
+        self.file.write_all(incarnation.as_bytes())?;
+        self.file.sync_data()?;
+        Ok(())
     }
 }
 
@@ -165,9 +200,11 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     let store = data.open_store().await?;
     // Two servers on one SQLite data folder would each resume, queue and run the same
     // sessions: the second refuses to start (PostgreSQL nodes share through leases instead).
-    let _folder_lock = match store.backend() {
-        agentry_store::Backend::Sqlite => Some(lock_data_folder(&data.home()?)?),
-        agentry_store::Backend::Postgres => None,
+    // A PostgreSQL node takes the lock when it can (nodes may share a folder): holding it
+    // proves the incarnation recorded in it is gone, so a restart takes its id at once.
+    let mut folder_lock = match store.backend() {
+        agentry_store::Backend::Sqlite => Some(FolderLock::take(&data.home()?)?),
+        agentry_store::Backend::Postgres => FolderLock::try_take(&data.home()?)?,
     };
     // The first admin key, when a key is required and none exists yet: shown now, this once
     // (before the bind, which may need a key for a non-loopback address).
@@ -223,9 +260,19 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         allowed_origins: args.cors_origins,
     };
     state.app.mcp_expose_tools = args.mcp_expose_tools;
+    // This process: the node's id and a new incarnation.
+    let worker = format!("{node_id}/{}", agentry_types::RunId::new());
+    let replaces = folder_lock
+        .as_ref()
+        .and_then(|lock| lock.previous.clone())
+        .filter(|previous| previous.starts_with(&format!("{node_id}/")));
+    if let Some(lock) = folder_lock.as_mut() {
+        lock.record(&worker)
+            .context("cannot record this process in serve.lock")?;
+    }
     state.set_queue_settings(agentry_app::queue::QueueSettings {
-        // This process: the node's id and a new incarnation.
-        worker: format!("{node_id}/{}", agentry_types::RunId::new()),
+        worker,
+        replaces,
         node_id: node_id.clone(),
         volume: volume.clone(),
         address: args

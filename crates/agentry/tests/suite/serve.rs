@@ -300,3 +300,48 @@ async fn a_first_start_imports_the_provider_key_and_its_banner_command_works() {
     );
     child.kill().await.unwrap();
 }
+
+/// Issue 48: after `kill -9`, a supervisor's immediate restart on the same data folder serves
+/// at once (it holds the folder's lock, so the incarnation recorded there is gone), even with a
+/// lease of a minute, and the node list shows one node, the new incarnation.
+#[tokio::test]
+async fn a_restart_right_after_kill_9_serves_at_once() {
+    let home = tempfile::tempdir().unwrap();
+    let port = super::processes::free_port();
+    let lease = ["--lease-secs", "60"];
+    let mut first = super::processes::serve(home.path(), port, &lease);
+    super::processes::listening(&mut first).await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let started = std::time::Instant::now();
+    let mut second = super::processes::serve(home.path(), port, &lease);
+    let mut stdout = BufReader::new(second.stdout.take().unwrap()).lines();
+    let mut stderr = BufReader::new(second.stderr.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    let Some(line) = line else {
+        let mut said = Vec::new();
+        while let Ok(Some(line)) = stderr.next_line().await {
+            said.push(line);
+        }
+        panic!("the restart exited: {said:?}");
+    };
+    assert!(line.starts_with("Agentry is listening"), "{line}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+    let http = agentry_llm::http_client(Duration::from_secs(5)).unwrap();
+    let cluster: Value = http
+        .get(format!("http://127.0.0.1:{port}/v1/cluster"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let nodes = cluster["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{cluster}");
+    assert_eq!(nodes[0]["state"], "alive", "{cluster}");
+    second.kill().await.unwrap();
+}
