@@ -355,6 +355,9 @@ pub struct HttpOptions {
     /// carrying any other `Origin` is refused with 403, which is what stops DNS-rebinding
     /// attacks; clients that send no `Origin` (every non-browser client) are not affected.
     pub allowed_origins: Vec<String>,
+    /// The embedding server checks every request's `Origin` itself (it knows its own origin,
+    /// which this endpoint cannot): `allowed_origins` is then not used.
+    pub origins_checked: bool,
     /// Cancelled when the server shuts down: open streams end and sessions close, so a graceful
     /// shutdown does not wait on them.
     pub shutdown: CancellationToken,
@@ -387,10 +390,15 @@ impl McpHttpService {
     /// The endpoint over `backend`.
     pub fn new(backend: Arc<dyn McpBackend>, options: HttpOptions) -> Self {
         let handler = Handler::new(backend, options.identity);
-        let config = StreamableHttpServerConfig::default()
-            .disable_allowed_hosts()
-            .with_allowed_origins(options.allowed_origins)
-            .enforce_origin_validation()
+        let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
+        let config = if options.origins_checked {
+            config.disable_allowed_origins()
+        } else {
+            config
+                .with_allowed_origins(options.allowed_origins)
+                .enforce_origin_validation()
+        };
+        let config = config
             .with_cancellation_token(options.shutdown)
             .with_sse_keep_alive(Some(options.keep_alive.unwrap_or(Duration::from_secs(15))));
         let inner = StreamableHttpService::new(
@@ -408,7 +416,14 @@ impl McpHttpService {
         B::Data: Send + 'static,
         B::Error: Display,
     {
-        self.inner.handle(request).await
+        let ends_session = request.method() == http::Method::DELETE;
+        let mut response = self.inner.handle(request).await;
+        // A session ended: 200, which MCP clients take as success (the SDKs log a 202 as a
+        // failed termination).
+        if ends_session && response.status() == http::StatusCode::ACCEPTED {
+            *response.status_mut() = http::StatusCode::OK;
+        }
+        response
     }
 }
 

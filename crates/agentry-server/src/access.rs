@@ -51,7 +51,8 @@ pub enum AccessError {
 }
 
 impl AccessError {
-    fn into_api_error(self) -> ApiError {
+    /// The 403 answering it.
+    pub fn into_api_error(self) -> ApiError {
         let code = match self {
             Self::Host(_) | Self::BadHost => "host_not_allowed",
             Self::Origin(_) => "origin_not_allowed",
@@ -83,6 +84,13 @@ impl AccessPolicy {
         if !changes {
             return Ok(());
         }
+        self.check_origin(headers)
+    }
+
+    /// Checks a request's `Origin` whatever its method (the MCP endpoint, whose specification
+    /// asks for it on every request): absent, the server's own, or a configured one.
+    pub fn check_origin(&self, headers: &HeaderMap) -> Result<(), AccessError> {
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
         if let Some(origin) = headers.get(header::ORIGIN) {
             let origin = origin.to_str().unwrap_or("(not text)");
             if !self.allows_origin(origin, host) {

@@ -24,16 +24,26 @@ pub const MCP_PATH: &str = "/mcp";
 pub fn routes(state: &AppState) -> Router<AppState> {
     let options = HttpOptions {
         identity: identity(),
-        allowed_origins: state.access.allowed_origins.clone(),
+        // Checked here, on every request: the server's own origin (a page it serves) and the
+        // configured ones.
+        origins_checked: true,
+        allowed_origins: Vec::new(),
         shutdown: state.shutdown.clone(),
         keep_alive: None,
     };
     let service = McpHttpService::new(Arc::new(McpServer::new(state.app.clone())), options);
+    let access = state.access.clone();
     Router::new().route(
         MCP_PATH,
         any(move |request: Request| {
             let service = service.clone();
-            async move { service.handle(request).await.into_response() }
+            let checked = access.check_origin(request.headers());
+            async move {
+                match checked {
+                    Ok(()) => service.handle(request).await.into_response(),
+                    Err(refused) => refused.into_api_error().into_response(),
+                }
+            }
         }),
     )
 }
