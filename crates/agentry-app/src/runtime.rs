@@ -159,6 +159,19 @@ impl ModelConfig {
     }
 }
 
+/// The saved model a run that names none uses: the one marked default, else the first
+/// registered; `None` when there is none.
+pub async fn default_model(store: &Store) -> Result<Option<ModelConfig>, AppError> {
+    let models = ConfigRepo::<ModelConfig>::new(store)
+        .list_registered()
+        .await?;
+    Ok(models
+        .iter()
+        .find(|(_, model)| model.default)
+        .or(models.first())
+        .map(|(_, model)| model.clone()))
+}
+
 /// The built-in tools runs get in `environment`: `current_time`, `delegate` and `talk_to`; the
 /// file tools and `fetch` when sessions have workspaces (and `undo` with their file journal);
 /// `exec` and `terminal` when they also have sandboxes.

@@ -31,7 +31,7 @@ use agentry_store::Store;
 use super::data::DataArgs;
 use super::output::Printer;
 use super::profile::Profile;
-use super::sessions::{open_session, session_manager};
+use super::sessions::{open_session, session_with_manager};
 
 #[derive(Debug, Args)]
 pub(crate) struct ChatArgs {
@@ -143,7 +143,7 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             (Conversation::Session(manager, session), profile)
         }
     } else if args.ephemeral {
-        let store = if args.profile.uses_mcp() {
+        let store = if args.profile.uses_store() {
             Some(data.open_store().await?)
         } else {
             None
@@ -157,16 +157,18 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
         )
     } else {
         let store = data.open_store().await?;
-        let (session, profile) =
-            open_session(&store, args.session, args.profile, "chat", None).await?;
-        eprintln!("session: {session}");
-        (
-            Conversation::Session(
-                session_manager(&store, &profile, data, Some(&elicitations)).await?,
-                session,
-            ),
-            profile,
+        let (session, profile, manager) = session_with_manager(
+            &store,
+            args.session,
+            args.profile,
+            "chat",
+            None,
+            data,
+            Some(&elicitations),
         )
+        .await?;
+        eprintln!("session: {session}");
+        (Conversation::Session(manager, session), profile)
     };
     let mut editor = rustyline::DefaultEditor::new()?;
     let history = history_file(data);

@@ -7,6 +7,7 @@ mod files;
 mod keys;
 mod mcp;
 mod mcp_serve;
+mod models;
 mod output;
 mod profile;
 mod run;
@@ -60,6 +61,8 @@ enum Command {
     Run(run::RunArgs),
     /// Talk with a model in the terminal (line editing and history; Ctrl-C cancels a turn).
     Chat(chat::ChatArgs),
+    /// The saved models `run` and `chat` use (the default one, or `--model ID`).
+    Models(models::ModelsArgs),
     /// Saved agents: list, show, add, rm (`run --agent` and `chat --agent` run as one).
     Agents(agents::AgentsArgs),
     /// Inspect and manage saved sessions.
@@ -98,6 +101,7 @@ pub(crate) async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sessions(args) => sessions::sessions(args, &cli.data).await,
         Command::Files(args) => files::files(args, &cli.data).await,
         Command::Keys(args) => keys::keys(args, &cli.data).await,
+        Command::Models(args) => models::models(args, &cli.data).await,
         Command::Schedules(args) => schedules::schedules(args, &cli.data).await,
         Command::Usage(args) => usage::usage(args, &cli.data).await,
         Command::Budgets(args) => usage::budgets(args, &cli.data).await,

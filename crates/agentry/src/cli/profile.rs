@@ -38,8 +38,14 @@ pub(crate) struct Profile {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     base_url: Option<String>,
-    /// The model's name at the provider.
-    #[arg(long = "model-name", alias = "model")]
+    /// A model saved in the data folder, by id (`agentry models`) [default: the saved default
+    /// model, unless --model-name says which model to call].
+    #[arg(long, value_name = "ID", conflicts_with_all = ["model_name", "provider", "base_url", "api_key_env"])]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
+    /// The model's name at the provider, called directly (with --provider, --base-url and
+    /// --api-key-env) instead of a saved model.
+    #[arg(long = "model-name")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     model_name: Option<String>,
     /// Environment variable holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY;
@@ -108,10 +114,17 @@ fn parse_protocol(value: &str) -> Result<Protocol, String> {
 impl Profile {
     /// These flags over a saved profile: every flag given wins.
     pub(crate) fn over(self, saved: Profile) -> Profile {
+        // A model given on this command line, saved or named, replaces the saved choice.
+        let (model, saved_name) = if self.model.is_some() || self.model_name.is_some() {
+            (self.model, None)
+        } else {
+            (saved.model, saved.model_name)
+        };
         Profile {
+            model,
             provider: self.provider.or(saved.provider),
             base_url: self.base_url.or(saved.base_url),
-            model_name: self.model_name.or(saved.model_name),
+            model_name: self.model_name.or(saved_name),
             api_key_env: self.api_key_env.or(saved.api_key_env),
             max_tokens: self.max_tokens.or(saved.max_tokens),
             temperature: self.temperature.or(saved.temperature),
@@ -157,12 +170,71 @@ impl Profile {
             .unwrap_or_default()
     }
 
+    /// Settles which model runs: with neither `--model` nor `--model-name`, the data folder's
+    /// default saved model (its id is then kept, so a continued session keeps its model).
+    pub(crate) async fn choose_model(&mut self, store: &Store) -> anyhow::Result<()> {
+        if self.model.is_some() || self.model_name.is_some() {
+            return Ok(());
+        }
+        let model = agentry_app::runtime::default_model(store)
+            .await
+            .map_err(super::app_error)?
+            .context(
+                "no model: save one (`agentry serve`, then POST /v1/models or the console's \
+                 Settings → Models; `agentry models` lists them) and it is used by default, or \
+                 name one with --model ID, or call one directly with --model-name NAME \
+                 [--provider P]",
+            )?;
+        self.model = Some(model.id);
+        Ok(())
+    }
+
+    /// Whether the runtime needs the data folder's store: saved MCP servers, or a saved model.
+    pub(crate) fn uses_store(&self) -> bool {
+        self.uses_mcp() || self.model_name.is_none()
+    }
+
+    /// The model's client, and its price when known.
+    async fn model_client(
+        &self,
+        store: Option<&Store>,
+    ) -> anyhow::Result<(HttpModelClient, Option<agentry_types::ModelPrice>)> {
+        if self.model_name.is_some() {
+            let price = self
+                .model_name
+                .as_deref()
+                .and_then(agentry_app::usage::known_price);
+            return Ok((self.client()?, price));
+        }
+        let store = store.context("a saved model needs the data folder's store")?;
+        let id = match &self.model {
+            Some(id) => id.clone(),
+            None => {
+                let mut chosen = self.clone();
+                chosen.choose_model(store).await?;
+                chosen.model.unwrap_or_default()
+            }
+        };
+        let model =
+            agentry_app::config::ConfigRepo::<agentry_app::runtime::ModelConfig>::new(store)
+                .get(&id)
+                .await
+                .map_err(super::app_error)?
+                .with_context(|| format!("no saved model {id:?} (`agentry models` lists them)"))?;
+        let secrets = agentry_app::secrets::Secrets::load(store)
+            .await
+            .map_err(super::app_error)?;
+        let http = agentry_llm::http_client(Duration::from_secs(600))?;
+        let client = model.client(&secrets, &http).map_err(super::app_error)?;
+        Ok((client, agentry_app::usage::price_of(&model)))
+    }
+
     fn client(&self) -> anyhow::Result<HttpModelClient> {
         let provider = self.provider.unwrap_or(Protocol::OpenAi);
         let model_name = self
             .model_name
             .as_deref()
-            .context("no model: give --model-name (and --provider)")?;
+            .context("no model: give --model ID or --model-name NAME (and --provider)")?;
         let mut config = ProviderConfig::new(provider, model_name);
         if let Some(base_url) = &self.base_url {
             config = config.with_base_url(base_url);
@@ -243,19 +315,15 @@ impl Profile {
         // approve by default. `agentry serve`'s runs ask for host tools (`--approve`).
         builder.approval_defaults(agentry_core::tool::ApprovalDefaults::none());
         builder.network_check(agentry_tools::validate_network_policy);
-        let client = self.client()?;
+        let (client, price) = self.model_client(store).await?;
         // The window the provider states, unless one is configured (asked once per run of the
         // CLI, before the run; a failure keeps the known window).
         client
             .discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
             .await;
         builder.model("default", client);
-        // A well-known model's calls are priced in the usage ledger (`agentry usage`).
-        if let Some(price) = self
-            .model_name
-            .as_deref()
-            .and_then(agentry_app::usage::known_price)
-        {
+        // A well-known or priced model's calls are priced in the usage ledger (`agentry usage`).
+        if let Some(price) = price {
             builder.model_price("default", price);
         }
         let mut available = builtin_tools();

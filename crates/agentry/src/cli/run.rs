@@ -13,7 +13,7 @@ use super::agents;
 use super::data::DataArgs;
 use super::output::print_run;
 use super::profile::Profile;
-use super::sessions::{open_session, session_manager};
+use super::sessions::{open_session, session_with_manager};
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -65,7 +65,7 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         return run_agent(args, data, &id).await;
     }
     let stream = if args.ephemeral {
-        let store = if args.profile.uses_mcp() {
+        let store = if args.profile.uses_store() {
             Some(data.open_store().await?)
         } else {
             None
@@ -74,16 +74,17 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
         runtime.stream(args.profile.request(&args.prompt))?
     } else {
         let store = data.open_store().await?;
-        let (session, profile) = open_session(
+        let (session, profile, manager) = session_with_manager(
             &store,
             args.session,
             args.profile,
             &args.prompt,
             args.ttl_days,
+            data,
+            None,
         )
         .await?;
         eprintln!("session: {session}");
-        let manager = session_manager(&store, &profile, data, None).await?;
         manager
             .send(session, profile.request(&args.prompt), args.policy.into())
             .await?

@@ -126,6 +126,35 @@ pub(crate) async fn open_session(
     Ok((record.id, flags))
 }
 
+/// The session to continue (its saved profile under `flags`) or a new one, with a session
+/// manager for it. The model is settled first (the saved default when none is named) and a new
+/// session is created only once the manager is built, so a run that cannot start (no model, a
+/// bad tool) leaves no empty session behind.
+pub(crate) async fn session_with_manager(
+    store: &Store,
+    session: Option<SessionId>,
+    flags: Profile,
+    first_prompt: &str,
+    ttl_days: Option<u64>,
+    data: &DataArgs,
+    elicitations: Option<&Elicitations>,
+) -> anyhow::Result<(SessionId, Profile, SessionManager)> {
+    let mut profile = match session {
+        Some(id) => {
+            let record = store
+                .session(id)
+                .await?
+                .with_context(|| format!("no session {id}"))?;
+            flags.over(Profile::from_metadata(&record.metadata))
+        }
+        None => flags,
+    };
+    profile.choose_model(store).await?;
+    let manager = session_manager(store, &profile, data, elicitations).await?;
+    let (session, profile) = open_session(store, session, profile, first_prompt, ttl_days).await?;
+    Ok((session, profile, manager))
+}
+
 /// A session manager over the store, with the profile's model and tools.
 ///
 /// Sessions get workspaces under the data folder and, unless the profile turns it off, a
@@ -271,7 +300,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                     let profile = profile.over(Profile::from_metadata(&record.metadata));
                     agentry_app::titles::generate_title(
                         &store,
-                        &profile.runtime(None, None).await?,
+                        &profile.runtime(Some(&store), None).await?,
                         id,
                         None,
                         None,

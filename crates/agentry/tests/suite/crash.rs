@@ -127,10 +127,15 @@ async fn killed_runs_lose_nothing_and_never_repeat_side_effects() {
         )
         .spawn()
         .unwrap();
-        // The session id comes first on stderr.
+        // The session id is on stderr once the run can start (after any warning of the
+        // model's set-up).
         let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-        let line = stderr.next_line().await.unwrap().expect("a session line");
-        let session: SessionId = line.trim_start_matches("session: ").parse().unwrap();
+        let session: SessionId = loop {
+            let line = stderr.next_line().await.unwrap().expect("a session line");
+            if let Some(id) = line.strip_prefix("session: ") {
+                break id.parse().unwrap();
+            }
+        };
         let delay = rng.u64(0..400);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         // SIGKILL: no chance to clean up.

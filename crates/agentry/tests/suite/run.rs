@@ -519,3 +519,109 @@ async fn usage_reports_what_runs_spent_by_model() {
     let output = agentry(vec!["budgets".into(), "rm".into(), "cap".into()]).await;
     assert!(output.status.success(), "{output:?}");
 }
+
+/// Issue 48: `run` and `chat` use the data folder's default saved model (the one `serve`
+/// registered, with its saved secret) when no model flag is given, `--model ID` picks another
+/// saved one and a continued session keeps it, `agentry models` lists them; with no model at
+/// all, the run fails before any session is made.
+#[tokio::test]
+async fn runs_use_the_saved_default_model_and_model_picks_another() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    {
+        let store = agentry_store::Store::open_home(home.path()).await.unwrap();
+        store
+            .put_secret("MOCK_KEY", "sk-saved-0123456789")
+            .await
+            .unwrap();
+        let models =
+            agentry_app::config::ConfigRepo::<agentry_app::runtime::ModelConfig>::new(&store);
+        for (id, name) in [("first", "first-model"), ("second", "second-model")] {
+            let model = serde_json::from_value(json!({"id": id, "protocol": "openai",
+                "base_url": mock.openai_base_url(), "model_name": name,
+                "api_key_secret": "MOCK_KEY"}))
+            .unwrap();
+            models.put(id, &model).await.unwrap();
+        }
+    }
+    let agentry = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+        command
+            .arg("--home")
+            .arg(home.path())
+            .env_remove("AGENTRY_DATABASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .env("NO_COLOR", "1")
+            .args(args);
+        async move { command.output().await.expect("agentry runs") }
+    };
+    let session_of = |output: &Output| {
+        String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .find_map(|line| line.strip_prefix("session: "))
+            .expect("a session line")
+            .to_owned()
+    };
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("from the default")));
+    let output = agentry(&["run", "hi"]).await;
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("from the default"));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("from the second")));
+    let output = agentry(&["run", "hi", "--model", "second"]).await;
+    assert!(output.status.success(), "{output:?}");
+    let session = session_of(&output);
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("still the second")));
+    let output = agentry(&["run", "again", "--session", &session]).await;
+    assert!(output.status.success(), "{output:?}");
+    let requests = mock.take_requests();
+    let names: Vec<&str> = requests
+        .iter()
+        .map(|request| request.body["model"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["first-model", "second-model", "second-model"]);
+    assert_eq!(
+        requests[0].header("authorization"),
+        Some("Bearer sk-saved-0123456789")
+    );
+    let listed = agentry(&["models"]).await;
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let lines: Vec<&str> = listed.lines().collect();
+    assert!(
+        lines[0].starts_with("* first ") && lines[0].contains("first-model"),
+        "{listed}"
+    );
+    assert!(lines[1].starts_with("  second "), "{listed}");
+    let output = agentry(&["run", "hi", "--model", "nope"]).await;
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no saved model \"nope\""));
+
+    // No saved model, no flag: a clear failure, and no session left behind.
+    let empty = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(empty.path())
+        .env_remove("AGENTRY_DATABASE_URL")
+        .args(["run", "hi"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no model") && stderr.contains("--model ID"),
+        "{stderr}"
+    );
+    let listed = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("--home")
+        .arg(empty.path())
+        .env_remove("AGENTRY_DATABASE_URL")
+        .args(["sessions", "list"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "",
+        "a session was left"
+    );
+}
