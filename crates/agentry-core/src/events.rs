@@ -22,6 +22,28 @@ use tokio::sync::mpsc;
 pub struct EventSink {
     sender: mpsc::Sender<Box<RunEvent>>,
     tap: Arc<TapSlot>,
+    /// Where the run's last event waits, when it is held back (see [`EventSink::holding_end`]).
+    end: Option<Arc<Mutex<Option<Box<RunEvent>>>>>,
+}
+
+/// A run's last event, held back by [`EventSink::holding_end`] until [`HeldEnd::release`].
+pub(crate) struct HeldEnd {
+    sink: EventSink,
+    end: Arc<Mutex<Option<Box<RunEvent>>>>,
+}
+
+impl HeldEnd {
+    /// Sends the held last event, if the run sent one.
+    pub(crate) async fn release(self) {
+        let end = self
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(end) = end {
+            self.sink.send_box(end).await;
+        }
+    }
 }
 
 impl std::fmt::Debug for EventSink {
@@ -60,6 +82,7 @@ impl EventSink {
             Self {
                 sender,
                 tap: Arc::clone(&tap),
+                end: None,
             },
             EventReceiver { events, tap },
         )
@@ -68,8 +91,29 @@ impl EventSink {
     // Not an `async fn`: the event is boxed before the future is made, so the future holds
     // the box, not the event.
     pub(crate) fn send(&self, event: RunEvent) -> impl Future<Output = ()> + Send + '_ {
-        let event = Box::new(event);
+        self.send_box(Box::new(event))
+    }
+
+    /// This sink holding back the run's last event (`RunFinished`, `RunFailed`,
+    /// `RunSuspended`) until the returned [`HeldEnd`] releases it: the session manager lets a
+    /// run's end out only once the session no longer counts it as running, so a client told
+    /// the run ended can start the next one at once.
+    pub(crate) fn holding_end(mut self) -> (Self, HeldEnd) {
+        let end = Arc::new(Mutex::new(None));
+        let plain = self.clone();
+        self.end = Some(Arc::clone(&end));
+        (self, HeldEnd { sink: plain, end })
+    }
+
+    #[allow(clippy::manual_async_fn)] // Not an `async fn`: see `send`.
+    fn send_box(&self, event: Box<RunEvent>) -> impl Future<Output = ()> + Send + '_ {
         async move {
+            if let Some(end) = &self.end
+                && event.is_terminal()
+            {
+                *end.lock().unwrap_or_else(PoisonError::into_inner) = Some(event);
+                return;
+            }
             if let Some(tap) = self.tap.tap.get() {
                 tap(event);
                 return;

@@ -32,6 +32,10 @@ pub const OUTCOME_UNKNOWN: &str = "interrupted: the process stopped while this t
 /// ([`SessionManager::set_max_queued_runs`]).
 pub const DEFAULT_MAX_QUEUED_RUNS: usize = 16;
 
+/// How long a run refused when busy (`BusyPolicy::Reject`) waits for a session whose run has
+/// ended but not yet given the session back (it is writing its last event).
+const FINISHING_RUN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The folder under the workspaces root holding shared workspaces (an agent's), beside the
 /// sessions' own (a session id is a UUID, never this name).
 pub const SHARED_WORKSPACES: &str = "agents";
@@ -428,18 +432,36 @@ impl SessionManager {
         }
         self.runtime().prepare(check)?;
         let slot = self.slot(session);
-        let guard =
-            match policy {
-                BusyPolicy::Reject => {
-                    Some(Arc::clone(&slot.gate).try_lock_owned().map_err(|_| {
-                        SessionError::Busy {
-                            session,
-                            run_id: slot.active().map(|(run_id, _)| run_id),
+        let guard = match policy {
+            BusyPolicy::Reject => match Arc::clone(&slot.gate).try_lock_owned() {
+                Ok(guard) => Some(guard),
+                // The run holding the session has ended (its end may be out already): it
+                // gives the session back in a moment.
+                Err(_) if slot.active().is_none() => {
+                    let turn = Arc::clone(&slot.gate).lock_owned();
+                    match tokio::time::timeout(FINISHING_RUN_WAIT, turn).await {
+                        Ok(guard) => Some(guard),
+                        Err(_) => {
+                            let busy = SessionError::Busy {
+                                session,
+                                run_id: slot.active().map(|(run_id, _)| run_id),
+                            };
+                            self.release(session, slot);
+                            return Err(busy);
                         }
-                    })?)
+                    }
                 }
-                BusyPolicy::Enqueue | BusyPolicy::Interrupt => None,
-            };
+                Err(_) => {
+                    let busy = SessionError::Busy {
+                        session,
+                        run_id: slot.active().map(|(run_id, _)| run_id),
+                    };
+                    self.release(session, slot);
+                    return Err(busy);
+                }
+            },
+            BusyPolicy::Enqueue | BusyPolicy::Interrupt => None,
+        };
         let cancel = CancellationToken::new();
         let control = if guard.is_some() {
             self.register(session, run_id, cancel.clone())
@@ -501,14 +523,22 @@ impl SessionManager {
             control
                 .started
                 .store(true, std::sync::atomic::Ordering::SeqCst);
-            let state = manager
-                .run_new(session, request, run_id, &slot, sink, cancel, control.pause)
-                .await;
+            // The run's end goes out once the session no longer counts the run as active (a
+            // client told it ended may send the next turn at once: see `send_as`).
+            let (sink, end) = sink.holding_end();
+            // Boxed: the state waits across the end's release, and would otherwise widen every
+            // live run's task by its size.
+            let state = Box::new(
+                manager
+                    .run_new(session, request, run_id, &slot, sink, cancel, control.pause)
+                    .await,
+            );
             slot.set_active(None);
             manager.unregister(run_id);
+            end.release().await;
             drop(guard);
             manager.release(session, slot);
-            state
+            *state
         }
     }
 

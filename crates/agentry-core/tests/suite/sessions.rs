@@ -792,3 +792,36 @@ async fn continuing_after_an_interruption_gives_a_valid_history() {
     assert_eq!(output.text, "Continuing.");
     mock.check_protocol().unwrap();
 }
+
+/// Issue 48: a run's end is reported only once the session can take the next run, so a
+/// client that sends the next turn the moment it is told the run ended is never refused as
+/// busy (`BusyPolicy::Reject`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_turn_sent_the_moment_a_run_ends_is_never_refused() {
+    let mock = MockProvider::start().await.unwrap();
+    const TURNS: usize = 300;
+    for n in 0..TURNS {
+        mock.enqueue(Reply::scripted(ScriptedTurn::text(format!("answer {n}"))));
+    }
+    let (manager, _log) = manager(&mock, agentry_llm::Protocol::OpenAi, Vec::new()).await;
+    let session = manager.create_session().await.unwrap();
+    for n in 0..TURNS {
+        let mut run = match manager
+            .send(
+                session,
+                RunRequest::text(format!("turn {n}")),
+                BusyPolicy::Reject,
+            )
+            .await
+        {
+            Ok(run) => run,
+            Err(error) => panic!("turn {n} was refused: {error}"),
+        };
+        // Read to the end event and no further: the next turn goes at once.
+        while let Some(event) = run.next().await {
+            if event.is_terminal() {
+                break;
+            }
+        }
+    }
+}

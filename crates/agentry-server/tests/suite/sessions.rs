@@ -367,3 +367,36 @@ async fn hold_write_lock(server: &super::support::Server) -> sqlx::SqliteConnect
         .unwrap();
     lock
 }
+
+/// Issue 48: a client posting turns to one session back to back over HTTP, each as soon as the
+/// previous answer came, is never told the session is busy: an answer is returned only once
+/// the session can take the next turn (a release build saw 4 of 1,500 turns get 409 before;
+/// `agentry-core`'s `the_next_turn_sent_the_moment_a_run_ends_is_never_refused` reproduces
+/// the race without HTTP and failed before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_turns_on_one_session_get_no_409() {
+    let server = start().await;
+    let session = session_with_turn(&server, "first").await;
+    const TURNS: usize = 200;
+    for n in 0..TURNS {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text(format!("answer {n}"))));
+    }
+    let mut busy = Vec::new();
+    for n in 0..TURNS {
+        let (status, body) = server
+            .post(
+                "/v1/infer",
+                json!({"session_id": session, "text": format!("turn {n}")}),
+            )
+            .await;
+        if status == 409 {
+            busy.push(n);
+            continue;
+        }
+        assert_eq!(status, 200, "turn {n}: {body}");
+        assert_eq!(body["text"], format!("answer {n}"), "turn {n}");
+    }
+    assert!(busy.is_empty(), "turns told the session was busy: {busy:?}");
+}
