@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     let code = match runtime.block_on(cli::execute(args)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("agentry: {error:#}");
+            telemetry::tell("ERROR", &format!("agentry: {error:#}"));
             ExitCode::FAILURE
         }
     };

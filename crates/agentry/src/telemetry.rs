@@ -30,6 +30,34 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// Whether the operator asked for JSON lines (`--log-format json`): then [`say`] and [`warn`]
+/// write JSON log lines too, and every line on both streams is JSON.
+static JSON_LINES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `message` as the line it is printed as: as is, or a JSON log line of `level`.
+fn line(level: &str, message: &str) -> String {
+    if !JSON_LINES.load(std::sync::atomic::Ordering::Relaxed) {
+        return message.to_owned();
+    }
+    serde_json::json!({
+        "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "level": level,
+        "target": "agentry",
+        "message": message,
+    })
+    .to_string()
+}
+
+/// A line for the operator on stdout (the server's banner): as is, or as a JSON log line.
+pub(crate) fn say(message: &str) {
+    println!("{}", line("INFO", message));
+}
+
+/// A line for the operator on stderr: as is, or as a JSON log line of `level`.
+pub(crate) fn tell(level: &str, message: &str) {
+    eprintln!("{}", line(level, message));
+}
+
 /// What the command line says about logs and traces.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -50,7 +78,10 @@ impl Telemetry {
         if let Some(provider) = self.provider
             && let Err(error) = provider.shutdown()
         {
-            eprintln!("agentry: the last traces could not be exported: {error}");
+            tell(
+                "WARN",
+                &format!("agentry: the last traces could not be exported: {error}"),
+            );
         }
     }
 }
@@ -75,6 +106,10 @@ fn endpoint(options: &Options) -> Option<String> {
 
 /// Sets up logging, and tracing when configured.
 pub(crate) fn init(options: &Options) -> anyhow::Result<Telemetry> {
+    JSON_LINES.store(
+        options.format == LogFormat::Json,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let default = match options.verbosity {
         0 => "warn",
         1 => "info",

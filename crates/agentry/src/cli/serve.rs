@@ -212,10 +212,13 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         let key = agentry_app::auth::create_key(&store, "first admin (serve --require-key)")
             .await
             .context("cannot create the first API key")?;
-        eprintln!(
-            "agentry: --require-key: every request needs this admin key (shown this once; \
+        crate::telemetry::tell(
+            "WARN",
+            &format!(
+                "agentry: --require-key: every request needs this admin key (shown this once; \
              `agentry keys` manages keys):\n\n    Authorization: Bearer {}\n",
-            key.key
+                key.key
+            ),
         );
     }
     let listener = agentry_server::serve::bind(&config, &store).await?;
@@ -251,7 +254,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
             .to_owned(),
     };
     if tools.allow_host_commands {
-        eprintln!("{}", host_commands_warning(tools.sandboxes.is_some()));
+        crate::telemetry::tell("WARN", &host_commands_warning(tools.sandboxes.is_some()));
     }
     let fetch_line = super::sandbox::fetch_line(&tools.fetch);
     let mut state = AppState::with_tools(store.clone(), tools).await?;
@@ -299,22 +302,22 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         wait_for_signal().await;
         shutdown.cancel();
     });
-    println!("Agentry is listening on http://{address}");
-    println!("console: open http://{address}/ in a browser");
-    println!(
+    crate::telemetry::say(&format!("Agentry is listening on http://{address}"));
+    crate::telemetry::say(&format!("console: open http://{address}/ in a browser"));
+    crate::telemetry::say(&format!(
         "data: {} ({})",
         data.home()?.display(),
         store.backend().as_str()
-    );
+    ));
     if store.backend() == agentry_store::Backend::Postgres {
-        println!(
+        crate::telemetry::say(&format!(
             "node: {node_id} (a node dead {} s has its background runs taken by the others)",
             args.lease_secs
-        );
+        ));
     }
-    println!("{sandbox_line}");
-    println!("{fetch_line}");
-    println!(
+    crate::telemetry::say(&sandbox_line);
+    crate::telemetry::say(&fetch_line);
+    crate::telemetry::say(&format!(
         "requests: Host must be a loopback name or IP address{}; browser pages of other origins \
          may not change anything{}",
         if state.access.allowed_hosts.is_empty() {
@@ -327,28 +330,28 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         } else {
             format!(" (allowed: {})", state.access.allowed_origins.join(", "))
         }
-    );
-    println!("{}", approvals_line(&state.tools.approval_defaults));
+    ));
+    crate::telemetry::say(&approvals_line(&state.tools.approval_defaults));
     if imported > 0 {
-        println!(
+        crate::telemetry::say(&format!(
             "mcp: {imported} server(s) imported from {}",
             data.home()?
                 .join(agentry_app::mcp_tools::SERVERS_FILE)
                 .display()
-        );
+        ));
     }
     let models = store.list_config(agentry_store::ConfigKind::Model).await?;
     if models.is_empty() {
         for (name, host) in import_provider_keys(&store).await? {
-            println!(
+            crate::telemetry::say(&format!(
                 "secrets: {name} imported from the environment (sealed in the data folder, sent \
                  only to {host})"
-            );
+            ));
         }
-        println!("{}", first_model_hint(address, ollama_running().await));
+        crate::telemetry::say(&first_model_hint(address, ollama_running().await));
     }
     serve(listener, state, &config).await?;
-    eprintln!("agentry: stopped");
+    crate::telemetry::tell("INFO", "agentry: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -179,7 +179,28 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
             kept.lock().unwrap().push(line);
         }
     });
-    super::processes::listening(&mut child).await;
+    // The banner on stdout is JSON lines too (issue 48), the first one saying it listens.
+    let printed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert!(
+        first["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Agentry is listening"),
+        "{first}"
+    );
+    let kept = Arc::clone(&printed);
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stdout.next_line().await {
+            kept.lock().unwrap().push(line);
+        }
+    });
     let http = agentry_llm::http_client(Duration::from_secs(30)).unwrap();
     let base = format!("http://127.0.0.1:{port}");
     add_model(&http, &base, &mock).await;
@@ -324,10 +345,27 @@ async fn a_runs_trace_reaches_the_receiver_continuing_the_callers_and_logs_are_j
         );
     }
 
-    // The logs are JSON lines; the run's own line carries its id (from its span).
+    // The logs are JSON lines, on both streams to the last one; the run's own line carries
+    // its id (from its span).
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let logs = logs.lock().unwrap().clone();
     assert!(!logs.is_empty());
-    for line in &logs {
+    assert!(
+        logs.last().unwrap().contains("agentry: stopped"),
+        "{logs:?}"
+    );
+    let printed = printed.lock().unwrap().clone();
+    assert!(printed.len() >= 5, "{printed:?}");
+    for line in printed.iter().chain(&logs) {
         let parsed: Value = serde_json::from_str(line)
             .unwrap_or_else(|error| panic!("not a JSON line ({error}): {line}"));
         assert!(
