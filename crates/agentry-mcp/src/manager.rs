@@ -205,6 +205,62 @@ struct Server {
     stop: CancellationToken,
     restart: Notify,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The last lines a stdio server's current process wrote to stderr.
+    stderr: Arc<StderrTail>,
+}
+
+/// The end of a stdio server process's stderr, kept so that a server that cannot start says
+/// why in its error (an interpreter's traceback, a missing module) and not only that its
+/// connection closed.
+#[derive(Default)]
+struct StderrTail {
+    lines: Mutex<std::collections::VecDeque<String>>,
+    /// Set once the process's stderr has ended.
+    closed: watch::Sender<bool>,
+}
+
+impl StderrTail {
+    /// How many lines are kept.
+    const LINES: usize = 20;
+    /// How long a failed start waits for the process's last words.
+    const WAIT: Duration = Duration::from_millis(500);
+
+    fn restart(&self) {
+        self.lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.closed.send_replace(false);
+    }
+
+    fn push(&self, line: &str) {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if lines.len() == Self::LINES {
+            lines.pop_front();
+        }
+        // A line is kept to 500 characters.
+        lines.push_back(line.chars().take(500).collect());
+    }
+
+    fn close(&self) {
+        self.closed.send_replace(true);
+    }
+
+    /// `reason`, with the process's last stderr lines once its stderr has ended (or after a
+    /// short wait).
+    async fn explain(&self, reason: String) -> String {
+        let mut closed = self.closed.subscribe();
+        let _ = tokio::time::timeout(Self::WAIT, closed.wait_for(|closed| *closed)).await;
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if lines.is_empty() {
+            return reason;
+        }
+        let tail: Vec<&str> = lines.iter().map(String::as_str).collect();
+        format!(
+            "{reason}; the server's stderr ended with:\n{}",
+            tail.join("\n")
+        )
+    }
 }
 
 #[derive(Default)]
@@ -335,6 +391,7 @@ impl McpManager {
             stop: CancellationToken::new(),
             restart: Notify::new(),
             supervisor: Mutex::new(None),
+            stderr: Arc::default(),
         });
         let previous = self
             .inner
@@ -969,15 +1026,25 @@ impl Server {
         };
         let running = match (&self.placement, self.config.transport_kind()?) {
             (Placement::Sandboxed(sandbox), TransportKind::Stdio) => {
+                self.stderr.restart();
                 let (stdout, stdin, stderr) = self
                     .start_sandboxed(sandbox)
                     .await
                     .map_err(&connect_error)?;
-                tokio::spawn(forward_chunks(self.name.clone(), stderr));
-                handler
+                tokio::spawn(forward_chunks(
+                    self.name.clone(),
+                    stderr,
+                    Arc::clone(&self.stderr),
+                ));
+                match handler
                     .serve_with_lifecycle((stdout, stdin), lifecycle)
                     .await
-                    .map_err(|error| connect_error(error.to_string()))?
+                {
+                    Ok(running) => running,
+                    Err(error) => {
+                        return Err(connect_error(self.stderr.explain(error.to_string()).await));
+                    }
+                }
             }
             (Placement::Host, TransportKind::Stdio) => {
                 let mut command = tokio::process::Command::new(
@@ -993,6 +1060,7 @@ impl Server {
                 if let Some(cwd) = &self.config.cwd {
                     command.current_dir(cwd);
                 }
+                self.stderr.restart();
                 let (transport, stderr) = TokioChildProcess::builder(command)
                     .stderr(Stdio::piped())
                     .spawn()
@@ -1004,12 +1072,18 @@ impl Server {
                     })?;
                 self.live().pid = transport.id();
                 if let Some(stderr) = stderr {
-                    tokio::spawn(forward_stderr(self.name.clone(), stderr));
+                    tokio::spawn(forward_stderr(
+                        self.name.clone(),
+                        stderr,
+                        Arc::clone(&self.stderr),
+                    ));
                 }
-                handler
-                    .serve_with_lifecycle(transport, lifecycle)
-                    .await
-                    .map_err(|error| connect_error(error.to_string()))?
+                match handler.serve_with_lifecycle(transport, lifecycle).await {
+                    Ok(running) => running,
+                    Err(error) => {
+                        return Err(connect_error(self.stderr.explain(error.to_string()).await));
+                    }
+                }
             }
             (Placement::Remote, TransportKind::Stdio) => {
                 return Err(connect_error(
@@ -1033,22 +1107,36 @@ impl Server {
     }
 }
 
-/// Copies a stdio server's stderr into the log, one event per line, tagged with the server.
-async fn forward_stderr(server: String, stderr: impl tokio::io::AsyncRead + Unpin) {
+/// Copies a stdio server's stderr into the log, one event per line, tagged with the server,
+/// keeping its last lines in `tail`.
+async fn forward_stderr(
+    server: String,
+    stderr: impl tokio::io::AsyncRead + Unpin,
+    tail: Arc<StderrTail>,
+) {
     let mut lines = tokio::io::BufReader::new(stderr).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         tracing::info!(target: "agentry_mcp::stderr", mcp_server = %server, "{line}");
+        tail.push(&line);
     }
+    tail.close();
 }
 
-/// Copies a sandboxed server's stderr chunks into the log, one event per line.
-async fn forward_chunks(server: String, mut chunks: mpsc::UnboundedReceiver<Vec<u8>>) {
+/// Copies a sandboxed server's stderr chunks into the log, one event per line, keeping its
+/// last lines in `tail`.
+async fn forward_chunks(
+    server: String,
+    mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
+    tail: Arc<StderrTail>,
+) {
     /// A line longer than this is logged in pieces.
     const MAX_LINE: usize = 16 * 1024;
     let mut line = Vec::new();
     let log = |line: &[u8]| {
         let text = String::from_utf8_lossy(line);
-        tracing::info!(target: "agentry_mcp::stderr", mcp_server = %server, sandboxed = true, "{}", text.trim_end_matches('\r'));
+        let text = text.trim_end_matches('\r');
+        tracing::info!(target: "agentry_mcp::stderr", mcp_server = %server, sandboxed = true, "{text}");
+        tail.push(text);
     };
     while let Some(chunk) = chunks.recv().await {
         for byte in chunk {
@@ -1065,6 +1153,7 @@ async fn forward_chunks(server: String, mut chunks: mpsc::UnboundedReceiver<Vec<
     if !line.is_empty() {
         log(&line);
     }
+    tail.close();
 }
 
 fn now_secs() -> Option<u64> {

@@ -255,3 +255,33 @@ async fn restart_on_request_starts_a_new_process() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Issue 48: a stdio server that exits before it answers says why: the end of its stderr is in
+/// its error (the status `GET /v1/mcp-servers` shows), not only "connection closed".
+#[tokio::test]
+async fn a_server_that_cannot_start_shows_the_end_of_its_stderr() -> anyhow::Result<()> {
+    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
+    let script = "for n in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22; do \
+                  echo \"noise $n\" >&2; done; \
+                  echo 'ModuleNotFoundError: No module named mcp_server_missing' >&2; exit 1";
+    manager
+        .add(
+            "broken",
+            McpServerConfig::stdio("/bin/sh", ["-c", script]),
+            &|_| None,
+        )
+        .await?;
+    let status = manager.wait_ready("broken", READY).await?;
+    assert_ne!(status.state, ServerState::Connected);
+    let error = status.last_error.unwrap_or_default();
+    assert!(
+        error.contains("ModuleNotFoundError: No module named mcp_server_missing"),
+        "{error}"
+    );
+    // The last lines only.
+    assert!(
+        error.contains("noise 22") && !error.contains("noise 2\n"),
+        "{error}"
+    );
+    Ok(())
+}
