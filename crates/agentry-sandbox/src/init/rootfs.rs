@@ -90,6 +90,35 @@ fn mirror_ro(root: &Path, host: &Path) -> Result<(), String> {
     bind(host, &target, true)
 }
 
+/// Opens each read-only mount the operator asked for (symlinks followed): its path, a
+/// descriptor, and whether it is a folder. One that does not exist is an error, never skipped.
+fn open_ro_mounts(paths: &[PathBuf]) -> Result<Vec<(PathBuf, OwnedFd, bool)>, String> {
+    use nix::fcntl::{OFlag, open};
+    paths
+        .iter()
+        .map(|path| {
+            if !path.is_absolute() {
+                return Err(format!(
+                    "read-only mount {} is not absolute",
+                    path.display()
+                ));
+            }
+            let fd = open(
+                path,
+                OFlag::O_PATH | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| err("open the read-only mount", path, e))?;
+            let is_dir = nix::sys::stat::fstat(&fd)
+                .map_err(|e| err("stat the read-only mount", path, e))?
+                .st_mode
+                & nix::libc::S_IFMT
+                == nix::libc::S_IFDIR;
+            Ok((path.clone(), fd, is_dir))
+        })
+        .collect()
+}
+
 /// `/proc` files covered with `/dev/null` (those the kernel has).
 pub(crate) const MASKED_PROC_FILES: &[&str] = &[
     "kallsyms",
@@ -162,6 +191,10 @@ pub(crate) fn build(
     proxy_dir: Option<&OwnedFd>,
 ) -> Result<(), String> {
     let root = PathBuf::from(STAGE);
+    // The operator's read-only mounts are opened first: the stage covers /tmp, where some may
+    // be (a clone of a repository under /tmp, say), and the sandbox's own /tmp covers them too
+    // unless they go on top of it.
+    let extras = open_ro_mounts(&cfg.ro_mounts)?;
     mount(
         None::<&str>,
         "/",
@@ -190,15 +223,6 @@ pub(crate) fn build(
     }
     for dir in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
         mirror_ro(&root, Path::new(dir))?;
-    }
-    for extra in &cfg.ro_mounts {
-        if !extra.is_absolute() {
-            return Err(format!(
-                "read-only mount {} is not absolute",
-                extra.display()
-            ));
-        }
-        mirror_ro(&root, extra)?;
     }
 
     // A synthesised /etc: nothing of the host's users, hosts or resolver; only public files.
@@ -281,6 +305,22 @@ pub(crate) fn build(
         Some(opts.as_str()),
     )
     .map_err(|e| err("mount tmpfs", &tmp, e))?;
+
+    // The operator's read-only mounts, through the descriptors opened before the stage, on top
+    // of /tmp when they are under it.
+    for (path, fd, is_dir) in &extras {
+        let target = root.join(path.strip_prefix("/").unwrap_or(path));
+        if let Some(parent) = target.parent() {
+            mkdir_all(parent)?;
+        }
+        if *is_dir {
+            mkdir_all(&target)?;
+        } else if std::fs::symlink_metadata(&target).is_err() {
+            std::fs::File::create(&target).map_err(|e| err("create", &target, e))?;
+        }
+        let src = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        bind(&src, &target, true)?;
+    }
 
     // The workspace, read-write, through the descriptor the runtime opened.
     let ws_rel = cfg.workspace_mount.trim_start_matches('/');

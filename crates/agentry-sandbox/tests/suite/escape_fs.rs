@@ -198,3 +198,45 @@ async fn usr_local_can_be_hidden() {
     assert!(sh(&hidden, "/usr/bin/env true").await.status.success());
     hidden.close().await;
 }
+
+/// Issue 48: a read-only mount under /tmp (a repository cloned there) is visible inside the
+/// sandbox, on top of the sandbox's own /tmp, and read-only; one that does not exist is an
+/// error, never silently left out.
+#[tokio::test]
+async fn a_read_only_mount_under_tmp_is_visible_and_read_only() {
+    let host = tempfile::Builder::new()
+        .prefix("agentry-ro-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::write(host.path().join("tool.txt"), "from the host\n").unwrap();
+    let path = host.path().to_path_buf();
+    let (sb, _dir) = sandbox_with(|spec| spec.ro_mounts.push(path.clone())).await;
+    let inside = host.path().join("tool.txt");
+    let out = sh(&sb, &format!("cat {}", inside.display())).await;
+    assert_eq!(out.stdout_str(), "from the host\n", "{}", out.stderr_str());
+    let out = sh(&sb, &format!("echo x > {}", inside.display())).await;
+    assert_ne!(out.status.code, Some(0), "the mount is writable");
+    // The sandbox's /tmp is still its own and writable.
+    assert!(
+        sh(&sb, "touch /tmp/mine && ls /tmp/mine")
+            .await
+            .status
+            .success()
+    );
+    sb.close().await;
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("tool.txt")).unwrap(),
+        "from the host\n"
+    );
+
+    let missing = host.path().join("absent");
+    let workspace = tempfile::tempdir().unwrap();
+    let mut spec = agentry_sandbox::SandboxSpec::new(workspace.path());
+    spec.ro_mounts.push(missing.clone());
+    let refused = native().create(spec).await;
+    let Err(error) = refused else {
+        panic!("a missing read-only mount is refused");
+    };
+    let error = error.to_string();
+    assert!(error.contains(&missing.display().to_string()), "{error}");
+}
