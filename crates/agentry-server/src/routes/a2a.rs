@@ -2,9 +2,10 @@
 //! ([`agentry_app::a2a`]): each agent's card at `/a2a/{agent}/.well-known/agent-card.json`
 //! (and the older `agent.json`), its JSON-RPC endpoint at `POST /a2a/{agent}` —
 //! `message/send`, `tasks/get` and `tasks/cancel` answer JSON; `message/stream` and
-//! `tasks/resubscribe` answer server-sent events, one JSON-RPC response each. The same API keys
-//! as `/v1` (`Authorization: Bearer`); protocol errors are JSON-RPC errors (HTTP 200). Not in
-//! the OpenAPI document: the A2A specification describes it.
+//! `tasks/resubscribe` answer server-sent events, one JSON-RPC response each (an error too, as
+//! the stream's one event). The same API keys as `/v1` (`Authorization: Bearer`); protocol
+//! errors are JSON-RPC errors (HTTP 200). Not in the OpenAPI document: the A2A specification
+//! describes it.
 
 use std::convert::Infallible;
 
@@ -98,9 +99,27 @@ async fn rpc(
     if let Err(error) = state.a2a_agent(&agent).await {
         return ApiError::from(error).into_response();
     }
+    // A streaming method's error is an event of its stream, as the specification's reference
+    // server sends it (a client reading a stream expects one).
+    let streaming = matches!(
+        request.method.as_str(),
+        "message/stream" | "tasks/resubscribe"
+    );
+    let refuse = |error: A2aError| {
+        let response = answer(&id, Err(error));
+        if streaming {
+            let event = Event::default().data(response.to_string());
+            Sse::new(futures::stream::once(
+                async move { Ok::<_, Infallible>(event) },
+            ))
+            .into_response()
+        } else {
+            Json(response).into_response()
+        }
+    };
     let call = match call_of(&request) {
         Ok(call) => call,
-        Err(error) => return Json(answer(&id, Err(error))).into_response(),
+        Err(error) => return refuse(error),
     };
     let run = match call {
         A2aCall::Get {
@@ -132,7 +151,7 @@ async fn rpc(
     };
     let run = match run {
         Ok(run) => run,
-        Err(error) => return Json(answer(&id, Err(error))).into_response(),
+        Err(error) => return refuse(error),
     };
     let events = state.a2a_events(run).map(move |result| {
         Ok::<_, Infallible>(Event::default().data(answer(&id, Ok(result)).to_string()))

@@ -35,7 +35,7 @@ import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
 from a2a.types import (CancelTaskRequest, GetTaskRequest, Role, SendMessageConfiguration,
-                       SendMessageRequest, TaskState)
+                       SendMessageRequest, SubscribeToTaskRequest, TaskState)
 
 base = sys.argv[1]
 
@@ -81,6 +81,14 @@ async def main():
             out["missing"] = type(error).__name__
 
         streaming = ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create(card)
+        # A streaming method on an unknown task: the typed error, from the stream.
+        try:
+            async for _ in streaming.subscribe(
+                    SubscribeToTaskRequest(id="01a2b3c4-0000-7000-8000-000000000000")):
+                pass
+            out["missing_stream"] = None
+        except Exception as error:
+            out["missing_stream"] = type(error).__name__
         kinds, text, states = [], "", []
         async for event in streaming.send_message(SendMessageRequest(message=user("Stream it"))):
             kind = event.WhichOneof("payload")
@@ -205,6 +213,9 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
         "{out}"
     );
     assert_eq!(out["missing"], "TaskNotFoundError", "{out}");
+    // Issue 48: streaming methods' errors come as the stream's event (an `application/json`
+    // answer made the client fail on the content type).
+    assert_eq!(out["missing_stream"], "TaskNotFoundError", "{out}");
     let stream = &out["stream"];
     assert_eq!(stream["first"], "task", "{out}");
     assert_eq!(stream["last"], "status_update", "{out}");
@@ -322,6 +333,43 @@ async fn bad_json_rpc_and_unpublished_agents_are_refused_with_their_codes() {
         assert_eq!(answer["jsonrpc"], "2.0", "{answer}");
         assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
         assert!(answer["result"].is_null(), "{answer}");
+    }
+    // A streaming method's error is its stream's one event, as the reference server sends it.
+    for body in [
+        r#"{"jsonrpc": "2.0", "id": 9, "method": "tasks/resubscribe", "params": {"id": "nope"}}"#
+            .to_owned(),
+        message("")
+            .replace("message/send", "message/stream")
+            .replace(
+                r#"{"kind": "text", "text": "hi"}"#,
+                r#"{"kind": "file", "file": {"uri": "http://x/y"}}"#,
+            ),
+    ] {
+        let response = server
+            .http
+            .post(format!("{}/a2a/public", server.url))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream"),
+            "{body}: {:?}",
+            response.headers()
+        );
+        let text = response.text().await.unwrap();
+        let data = text
+            .lines()
+            .find_map(|line| line.strip_prefix("data: "))
+            .unwrap_or_else(|| panic!("no event: {text}"));
+        let event: Value = serde_json::from_str(data).unwrap();
+        assert!(event["error"]["code"].is_i64(), "{event}");
+        assert!(event["result"].is_null(), "{event}");
     }
     // Nothing was started by any of them.
     let (_, runs) = server.get("/v1/runs").await;
