@@ -172,6 +172,9 @@ error_responses! {
         `--allow-host-commands`), `host_commands_refused` (`\"host\": true` needs \
         `--allow-host-commands`), or `api_key_required` (with host commands allowed, registering \
         a stdio MCP server needs an API key). Nothing was saved or started.";
+    SecretHostNotAllowed => "403", "A secret it names is bound to other hosts than its URL's \
+        (`secret_host_not_allowed`: `POST /v1/env` with `hosts` binds a secret); nothing was \
+        saved or sent.";
     NotFound => "404", "Nothing exists under this id or name.";
     Conflict => "409", "It conflicts with the current state (the name is taken, or the session \
         has a run in progress).";

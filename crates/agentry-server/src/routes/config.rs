@@ -39,7 +39,8 @@ use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{
     BadGateway, BadRequest, Conflict, GatewayTimeout, HostCommandsRefused, JsonBodyErrors,
-    ModelPath, NamePath, NotFound, SecretList, SecretsSet, ToolCallOutcome, ToolDefinitionSchema,
+    ModelPath, NamePath, NotFound, SecretHostNotAllowed, SecretList, SecretsSet, ToolCallOutcome,
+    ToolDefinitionSchema,
 };
 use crate::state::AppState;
 
@@ -140,6 +141,7 @@ async fn list_models(State(state): State<AppState>) -> Result<Json<ModelList>, A
          )),
         JsonBodyErrors,
         Conflict,
+        SecretHostNotAllowed,
     )
 )]
 async fn create_model(
@@ -182,6 +184,7 @@ async fn get_model(
         JsonBodyErrors,
         NotFound,
         Conflict,
+        SecretHostNotAllowed,
     )
 )]
 async fn replace_model(
@@ -225,6 +228,7 @@ async fn delete_model(
         (status = 200, description = "Whether the model answered; a provider failure is reported here.", body = ModelTestOutcome),
         BadRequest,
         NotFound,
+        SecretHostNotAllowed,
     )
 )]
 async fn test_model(
