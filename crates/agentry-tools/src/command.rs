@@ -240,8 +240,33 @@ async fn run(
 
 /// Runs the program in the sandbox of the call's workspace: the same contract as [`run`]
 /// (arguments as JSON on standard input, standard output as the result, a failure quoting the
-/// end of standard error).
+/// end of standard error). A call of a run without a workspace (a stateless run, a direct call
+/// of the tool) gets a scratch workspace and sandbox of its own, gone when the call ends.
 async fn run_sandboxed(
+    config: &CommandToolConfig,
+    sandboxes: &agentry_sandbox::SandboxPool,
+    arguments: &Value,
+    mut context: ToolContext,
+) -> Result<ToolOutput, ToolError> {
+    if context.workspace.is_some() {
+        return run_in_workspace(config, sandboxes, arguments, context).await;
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("agentry-call-")
+        .tempdir()
+        .map_err(|error| {
+            ToolError::Failed(format!(
+                "cannot make a scratch workspace for the call: {error}"
+            ))
+        })?;
+    context.workspace = Some(scratch.path().to_path_buf());
+    context.working_dir = None;
+    let outcome = run_in_workspace(config, sandboxes, arguments, context).await;
+    sandboxes.close(scratch.path()).await;
+    outcome
+}
+
+async fn run_in_workspace(
     config: &CommandToolConfig,
     sandboxes: &agentry_sandbox::SandboxPool,
     arguments: &Value,

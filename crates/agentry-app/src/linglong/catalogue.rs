@@ -16,6 +16,7 @@ use agentry_types::{AssistantPart, ContentPart, ImageSource, Message, SessionId,
 
 use crate::App;
 use crate::auth::Principal;
+use crate::config::ConfigRepo;
 use crate::error::AppError;
 use crate::runtime::{ModelConfig, TemplateConfig};
 
@@ -229,7 +230,16 @@ impl App {
                 Ok(json!({"status": "updated", "template_id": name}))
             }
             None => {
-                self.create_template(&template).await?;
+                // As the seed: saving a template that exists replaces it.
+                let saved = ConfigRepo::<TemplateConfig>::new(&self.store)
+                    .get(&name)
+                    .await?
+                    .is_some();
+                if saved {
+                    self.replace_template(&name, &template).await?;
+                } else {
+                    self.create_template(&template).await?;
+                }
                 Ok(json!({"status": "created", "template_id": name}))
             }
         }

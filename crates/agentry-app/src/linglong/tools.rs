@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 use agentry_tools::ToolDefinition;
 
 use crate::App;
+use crate::config::ConfigRepo;
 use crate::error::AppError;
 
 /// The largest function file accepted (its text is passed on the command line, which Linux caps
@@ -183,7 +184,12 @@ impl App {
                 ));
             }
         }
-        let name = string(&body, "name")?;
+        // The tool is saved under its `tool_id` when one is given (runs name it so), else its
+        // name.
+        let name = match body.get("tool_id") {
+            Some(Value::String(id)) if !id.trim().is_empty() => tool_name(id),
+            _ => string(&body, "name")?,
+        };
         let description = string(&body, "description")?;
         let parameters = body
             .get("parameters")
@@ -203,7 +209,16 @@ impl App {
                 Ok(json!({"status": "updated", "tool_id": name}))
             }
             None => {
-                self.create_tool(&definition).await?;
+                // As the seed: registering a tool that exists replaces it.
+                let saved = ConfigRepo::<ToolDefinition>::new(&self.store)
+                    .get(name)
+                    .await?
+                    .is_some();
+                if saved {
+                    self.replace_tool(name, &definition).await?;
+                } else {
+                    self.create_tool(&definition).await?;
+                }
                 Ok(json!({"status": "registered", "tool_id": name}))
             }
         }

@@ -867,3 +867,75 @@ async fn mcp_servers_register_list_and_delete_in_the_seeds_shapes() {
         .await;
     assert_eq!(status, 400, "{body}");
 }
+
+/// Issue 48, the seed's clients unchanged: on a server whose commands run in sandboxes (the
+/// default), a Python function tool runs from `/tools/call` and from a stateless `infer` (each
+/// call in a scratch sandbox of its own; it said "this run has no workspace"), the tool is
+/// saved under its explicit `tool_id`, and registering it (or a template) again overwrites it,
+/// as the seed does (it was 409).
+#[tokio::test]
+async fn the_seeds_function_tools_run_sandboxed_without_a_session_and_re_posting_overwrites() {
+    let server = super::support::start_with_workspaces().await;
+    let folder = tempfile::tempdir().unwrap();
+    let file = folder.path().join("calc.py");
+    std::fs::write(
+        &file,
+        "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let tool = |function: &str| {
+        json!({"tool_id": "calc", "tool_type": "function", "name": "add", "description": "Calculates.",
+               "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                              "required": ["a", "b"]},
+               "function_file_path": path, "function_name": function})
+    };
+    let (status, body) = server.post("/linglong/v1/tools", tool("add")).await;
+    assert_eq!(
+        (status, &body),
+        (201, &json!({"status": "registered", "tool_id": "calc"}))
+    );
+    let call = json!({"tool_id": "calc", "arguments": {"a": 6, "b": 7}});
+    let (status, body) = server.post("/linglong/v1/tools/call", call.clone()).await;
+    assert_eq!((status, &body["result"]), (200, &json!("13")), "{body}");
+    // Registered again with another function: replaced.
+    let (status, body) = server.post("/linglong/v1/tools", tool("mul")).await;
+    assert_eq!((status, &body["tool_id"]), (201, &json!("calc")), "{body}");
+    let (status, body) = server.post("/linglong/v1/tools/call", call).await;
+    assert_eq!((status, &body["result"]), (200, &json!("42")), "{body}");
+    // A stateless run calls it too; the model sees its result.
+    server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "calc",
+        json!({"a": 2, "b": 21}),
+    )));
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("It is 42.")));
+    let (status, body) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "text": "Multiply", "tool_ids": ["calc"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let sent = server.mock.requests()[1].body.to_string();
+    assert!(sent.contains("\"42\""), "{sent}");
+    // No scratch sandbox is left behind.
+    let sandboxes = server.state.tools.sandboxes.as_ref().unwrap();
+    assert_eq!(sandboxes.len(), 0);
+    // A template saved twice is replaced, not refused.
+    for content in ["First {{x}}", "Second {{x}}"] {
+        let (status, body) = server
+            .post(
+                "/linglong/v1/prompt-templates",
+                json!({"template_id": "twice", "content": content}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (_, list) = server.get("/linglong/v1/prompt-templates").await;
+    assert_eq!(
+        list["templates"],
+        json!([{"template_id": "twice", "content": "Second {{x}}"}])
+    );
+}
