@@ -433,25 +433,18 @@ impl SessionManager {
         self.runtime().prepare(check)?;
         let slot = self.slot(session);
         let guard = match policy {
-            BusyPolicy::Reject => match Arc::clone(&slot.gate).try_lock_owned() {
-                Ok(guard) => Some(guard),
-                // The run holding the session has ended (its end may be out already): it
-                // gives the session back in a moment.
-                Err(_) if slot.active().is_none() => {
-                    let turn = Arc::clone(&slot.gate).lock_owned();
-                    match tokio::time::timeout(FINISHING_RUN_WAIT, turn).await {
-                        Ok(guard) => Some(guard),
-                        Err(_) => {
-                            let busy = SessionError::Busy {
-                                session,
-                                run_id: slot.active().map(|(run_id, _)| run_id),
-                            };
-                            self.release(session, slot);
-                            return Err(busy);
-                        }
+            BusyPolicy::Reject => {
+                let turn = match Arc::clone(&slot.gate).try_lock_owned() {
+                    Ok(guard) => Some(guard),
+                    // The run holding the session has ended (its end may be out already): it
+                    // gives the session back in a moment.
+                    Err(_) if slot.active().is_none() => {
+                        let turn = Arc::clone(&slot.gate).lock_owned();
+                        tokio::time::timeout(FINISHING_RUN_WAIT, turn).await.ok()
                     }
-                }
-                Err(_) => {
+                    Err(_) => None,
+                };
+                if turn.is_none() {
                     let busy = SessionError::Busy {
                         session,
                         run_id: slot.active().map(|(run_id, _)| run_id),
@@ -459,7 +452,8 @@ impl SessionManager {
                     self.release(session, slot);
                     return Err(busy);
                 }
-            },
+                turn
+            }
             BusyPolicy::Enqueue | BusyPolicy::Interrupt => None,
         };
         let cancel = CancellationToken::new();

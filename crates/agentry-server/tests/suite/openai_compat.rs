@@ -11,6 +11,22 @@ use serde_json::{Value, json};
 
 use super::support::{Server, start};
 
+/// Runs `script` with the test venv's Python and the server's `url`: what it printed, as JSON
+/// (it must succeed).
+async fn python(servers: &agentry_testkit::mcp::McpServers, script: &str, url: &str) -> Value {
+    let output = tokio::process::Command::new(servers.python())
+        .args(["-c", script, url])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// A saved agent `helper` on the mock model, with the `slow` command tool.
 async fn helper(server: &Server) {
     let (status, body) = server
@@ -135,17 +151,7 @@ async fn the_official_openai_client_completes_chats_with_models_and_agents() {
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("It is sunny in Paris.")));
     server.mock.enqueue(weather());
-    let output = tokio::process::Command::new(servers.python())
-        .args(["-c", CLIENT, &server.url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = python(&servers, CLIENT, &server.url).await;
     assert_eq!(out["models"], json!(["agent:helper", "mock"]), "{out}");
     assert_eq!(
         out["whole"],
@@ -329,17 +335,7 @@ async fn the_openai_agents_sdk_runs_its_own_function_tool_through_agentry() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("2 + 3 = 5")));
-    let output = tokio::process::Command::new(servers.python())
-        .args(["-c", AGENTS_SDK, &server.url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = python(&servers, AGENTS_SDK, &server.url).await;
     // The SDK ran its tool locally, once, and Agentry's model saw the result.
     assert_eq!(out, json!({"final": "2 + 3 = 5", "calls": [[2, 3]]}));
     let requests = server.mock.requests();
@@ -578,17 +574,7 @@ async fn the_official_sdks_responses_helpers_stream_and_run_client_tools() {
     mock.enqueue(
         Reply::scripted(ScriptedTurn::tool_call("add", json!({"a": 6, "b": 1}))).chunked(sse),
     );
-    let output = tokio::process::Command::new(servers.python())
-        .args(["-c", RESPONSES_HELPERS, &server.url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = python(&servers, RESPONSES_HELPERS, &server.url).await;
     assert_eq!(out["stream"]["text"], "Five.", "{out}");
     assert_eq!(out["stream"]["final"], "Five.", "{out}");
     assert_eq!(
@@ -684,17 +670,7 @@ async fn the_agents_sdk_runs_its_tools_over_the_responses_api_for_two_turns() {
         json!({"a": 4, "b": 4}),
     )));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("4 + 4 = 8")));
-    let output = tokio::process::Command::new(servers.python())
-        .args(["-c", AGENTS_SDK_RESPONSES, &server.url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = python(&servers, AGENTS_SDK_RESPONSES, &server.url).await;
     assert_eq!(
         out,
         json!({"first": "2 + 3 = 5", "second": "4 + 4 = 8", "calls": [[2, 3], [4, 4]]})
@@ -758,17 +734,7 @@ async fn langchain_runs_a_bound_tool_and_streams_in_both_modes() {
                 .chunked(agentry_testkit::Chunking::SseEvents),
         );
     }
-    let output = tokio::process::Command::new(servers.python())
-        .args(["-c", LANGCHAIN, &server.url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = python(&servers, LANGCHAIN, &server.url).await;
     let expected = json!({"call": ["add", {"a": 2, "b": 3}], "answer": "2 + 3 = 5",
                           "streamed": "Streamed fine."});
     assert_eq!(out, json!({"chat": expected, "responses": expected}));

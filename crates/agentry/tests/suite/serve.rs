@@ -236,16 +236,9 @@ async fn require_key_makes_and_prints_the_first_key_once() {
 async fn a_first_start_imports_the_provider_key_and_its_banner_command_works() {
     let home = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["serve", &format!("127.0.0.1:{port}")])
+    let mut child = super::processes::serve_command(home.path(), port, &[])
         .env("OPENAI_API_KEY", "sk-from-the-environment-0123")
         .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("AGENTRY_DATABASE_URL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
