@@ -668,6 +668,16 @@ impl Runtime {
         self.inner.default_model.as_deref()
     }
 
+    /// The prompt template `name` filled with `arguments` (a system prompt named by template,
+    /// say); the same rendering, limits and errors as a run's templated input.
+    pub fn render_template(
+        &self,
+        name: &str,
+        arguments: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, RunError> {
+        Ok(self.inner.templates.render(name, arguments)?)
+    }
+
     /// The model client registered as `id`.
     pub fn model_client(&self, id: &str) -> Result<Arc<dyn ModelClient>, RunError> {
         self.model(id)

@@ -162,7 +162,18 @@ impl App {
             Some("new") => SessionChoice::New,
             Some(id) => SessionChoice::Existing(crate::ids::parse_session_id(id)?),
         };
-        let conversation = body.conversation(session == SessionChoice::Ephemeral)?;
+        let mut conversation = body.conversation(session == SessionChoice::Ephemeral)?;
+        // A system message naming a template: rendered now, after any system text.
+        if let Some((template, arguments)) = conversation.system_template.take() {
+            let rendered = self
+                .sessions
+                .runtime()
+                .render_template(&template, &arguments)?;
+            conversation.system = Some(match conversation.system.take() {
+                Some(text) => format!("{text}\n\n{rendered}"),
+                None => rendered,
+            });
+        }
         let max_tool_rounds = match (&agent_id, body.max_tool_rounds) {
             (_, Some(rounds)) => Some(rounds),
             (None, None) => Some(DEFAULT_MAX_TOOL_ROUNDS),

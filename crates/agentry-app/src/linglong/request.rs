@@ -120,6 +120,9 @@ pub struct SeedMessage {
 pub struct SeedConversation {
     /// The system prompt.
     pub system: Option<String>,
+    /// A prompt template (and its arguments) a system message names: rendered into the system
+    /// prompt, after its text.
+    pub system_template: Option<(String, serde_json::Map<String, Value>)>,
     /// Earlier turns.
     pub history: Vec<Message>,
     /// The new user turn, when the conversation ends with one.
@@ -170,8 +173,15 @@ pub(crate) fn conversation_of(
             let at = |problem: &str| AppError::bad_request(format!("messages[{index}]: {problem}"));
             match message.role.as_str() {
                 "system" => {
-                    if message.prompt_template.is_some() {
-                        return Err(at("a system message cannot name a prompt template"));
+                    if let Some(template) = &message.prompt_template {
+                        if conversation.system_template.is_some() {
+                            return Err(at("only one system message may name a prompt template"));
+                        }
+                        conversation.system_template = Some((
+                            template.clone(),
+                            message.arguments.clone().unwrap_or_default(),
+                        ));
+                        continue;
                     }
                     let text = plain_text(message.content.as_ref())
                         .ok_or_else(|| at("a system message needs text content"))?;

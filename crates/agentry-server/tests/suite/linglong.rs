@@ -939,3 +939,46 @@ async fn the_seeds_function_tools_run_sandboxed_without_a_session_and_re_posting
         json!([{"template_id": "twice", "content": "Second {{x}}"}])
     );
 }
+
+/// Issue 48, the seed's clients unchanged: a system message may name a prompt template with
+/// its arguments (it was refused); the model gets it rendered as the system prompt.
+#[tokio::test]
+async fn a_system_message_may_name_a_prompt_template() {
+    let server = start().await;
+    let (status, _) = server
+        .post(
+            "/linglong/v1/prompt-templates",
+            json!({"template_id": "persona", "content": "You are {{ name }}, terse."}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Aye.")));
+    let (status, body) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "messages": [
+                {"role": "system", "content": "Answer in English."},
+                {"role": "system", "prompt_template": "persona", "arguments": {"name": "Ada"}},
+                {"role": "user", "content": "Hello"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let sent = server.mock.requests()[0].body.to_string();
+    assert!(
+        sent.contains("Answer in English.\\n\\nYou are Ada, terse."),
+        "{sent}"
+    );
+    // An unknown template is refused before anything runs.
+    let (status, body) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "messages": [
+                {"role": "system", "prompt_template": "nope"},
+                {"role": "user", "content": "Hello"}]}),
+        )
+        .await;
+    assert!((400..500).contains(&status), "{status} {body}");
+    assert_eq!(server.mock.requests().len(), 1);
+}
