@@ -518,6 +518,13 @@ pub(crate) fn pool_options<DB: sqlx::Database>(
         .test_before_acquire(false)
         .before_acquire(move |connection, meta| {
             Box::pin(async move {
+                // A transaction whose commit and rollback both failed (a full disk) leaves the
+                // connection inside it for good: every later `BEGIN` on it would fail ("non-zero
+                // transaction depth") after the disk has room again. Such a connection is
+                // closed and a fresh one opened instead.
+                if sqlx::Connection::is_in_transaction(connection) {
+                    return Ok(false);
+                }
                 if meta.idle_for >= ping_after_idle {
                     sqlx::Connection::ping(connection).await?;
                 }
