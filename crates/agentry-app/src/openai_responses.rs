@@ -4,11 +4,14 @@
 //! id is `resp_<run id>`, and `previous_response_id` continues the session behind that response
 //! (only the new input is read; the conversation comes from the session) — after a restart too,
 //! since everything is in the log. `GET /responses/{id}` rebuilds a stored response from the
-//! log. `store: false` runs statelessly and keeps nothing: the whole conversation comes in
-//! `input`, and function tools the client declares work as in chat completions (a call ends the
-//! response with a `function_call` item; the next request brings its `function_call_output`).
+//! log; a new stored response may also bring the whole earlier conversation in `input` (it
+//! starts its session). `store: false` runs statelessly and keeps nothing: the whole
+//! conversation comes in `input`. Either way function tools the client declares work as in chat
+//! completions: a call ends the response with a `function_call` item, and the next request
+//! brings its `function_call_output` (with the whole input, or after `previous_response_id`).
 //! `input` is a string or a list of items: messages (`role` with text, `input_text`,
-//! `output_text`, `input_image` parts), `function_call` and `function_call_output`.
+//! `output_text`, `input_image` parts), `function_call`, `function_call_output`, and `reasoning`
+//! items sent back as they came (skipped: reasoning is not replayed to the model).
 
 use serde::Deserialize;
 use serde_json::{Value, json};
