@@ -10,6 +10,8 @@
 
 use std::collections::HashMap;
 
+use agentry_core::approval::domain_matches;
+use agentry_core::network::NetworkPolicy;
 use agentry_mcp::McpServerConfig;
 use agentry_store::{OpenedSecret, Store};
 use agentry_tools::{HeaderDefinition, StaticSecrets, ToolDefinition};
@@ -19,13 +21,10 @@ use crate::error::{AppError, Failure};
 /// The most host patterns one secret may be bound to.
 pub const MAX_SECRET_HOSTS: usize = 16;
 
-/// The longest host pattern (a DNS name's limit).
-const MAX_PATTERN_LEN: usize = 253;
-
 /// Checks and normalizes the host patterns a secret is bound to: 1 to [`MAX_SECRET_HOSTS`]
-/// host names (`api.openai.com`), IP addresses (`127.0.0.1`, `[::1]`) or `*.` and a domain
-/// (`*.openai.azure.com`: any name under it, not the domain itself), lowercased, without
-/// duplicates.
+/// entries in the grammar of `fetch`'s allow-lists — host names (`api.openai.com`), IP
+/// addresses (`127.0.0.1`, `[::1]`) or `*.` and a domain (`*.openai.azure.com`: any name under
+/// it, not the domain itself) — lowercased, without duplicates.
 pub fn check_hosts(secret: &str, hosts: &[String]) -> Result<Vec<String>, AppError> {
     if hosts.is_empty() || hosts.len() > MAX_SECRET_HOSTS {
         return Err(AppError::bad_request(format!(
@@ -35,49 +34,19 @@ pub fn check_hosts(secret: &str, hosts: &[String]) -> Result<Vec<String>, AppErr
     let mut checked: Vec<String> = Vec::with_capacity(hosts.len());
     for host in hosts {
         let pattern = host.trim().trim_end_matches('.').to_ascii_lowercase();
-        if !is_valid_pattern(&pattern) {
-            let shown: String = host.chars().take(64).collect();
-            return Err(AppError::bad_request(format!(
-                "secret {secret:?}: {shown:?} is not a host: give a host name \
-                 (api.openai.com), an IP address (127.0.0.1, [::1]) or \"*.\" and a domain \
-                 (*.example.com), without a scheme, port or path"
-            )));
-        }
         if !checked.contains(&pattern) {
             checked.push(pattern);
         }
     }
+    agentry_tools::validate_network_policy(&NetworkPolicy::Allow(checked.clone())).map_err(
+        |error| {
+            AppError::bad_request(format!(
+                "secret {secret:?}: {error} (give host names, IP addresses or \"*.\" and a \
+                 domain, without a scheme, port or path)"
+            ))
+        },
+    )?;
     Ok(checked)
-}
-
-fn is_valid_pattern(pattern: &str) -> bool {
-    if pattern.is_empty() || pattern.len() > MAX_PATTERN_LEN {
-        return false;
-    }
-    if let Some(inner) = pattern.strip_prefix('[').and_then(|p| p.strip_suffix(']')) {
-        return inner.parse::<std::net::Ipv6Addr>().is_ok();
-    }
-    let name = pattern.strip_prefix("*.").unwrap_or(pattern);
-    // Labels of letters, digits and inner hyphens; an IPv4 address is such a name too.
-    name.split('.').all(|label| {
-        !label.is_empty()
-            && label.len() <= 63
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-            && label
-                .bytes()
-                .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'-')
-    })
-}
-
-/// Whether `host` (lowercase, as a URL gives it) matches `pattern` (as [`check_hosts`] left it).
-fn host_matches(pattern: &str, host: &str) -> bool {
-    match pattern.strip_prefix("*.") {
-        Some(domain) => host
-            .strip_suffix(domain)
-            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
-        None => pattern == host,
-    }
 }
 
 /// Where a secret is about to be sent.
@@ -102,7 +71,7 @@ impl SecretUse {
 
     fn allowed_by(&self, hosts: &[String]) -> bool {
         match self {
-            Self::Host(host) => hosts.iter().any(|pattern| host_matches(pattern, host)),
+            Self::Host(host) => hosts.iter().any(|pattern| domain_matches(host, pattern)),
             Self::Process => false,
         }
     }
@@ -257,14 +226,14 @@ mod tests {
 
     #[test]
     fn a_wildcard_matches_names_under_the_domain_only() {
-        assert!(host_matches("*.example.com", "a.example.com"));
-        assert!(host_matches("*.example.com", "a.b.example.com"));
-        assert!(!host_matches("*.example.com", "example.com"));
-        assert!(!host_matches("*.example.com", "evilexample.com"));
-        assert!(host_matches("api.openai.com", "api.openai.com"));
-        assert!(!host_matches(
-            "api.openai.com",
-            "api.openai.com.evil.example"
+        assert!(domain_matches("a.example.com", "*.example.com"));
+        assert!(domain_matches("a.b.example.com", "*.example.com"));
+        assert!(!domain_matches("example.com", "*.example.com"));
+        assert!(!domain_matches("evilexample.com", "*.example.com"));
+        assert!(domain_matches("api.openai.com", "api.openai.com"));
+        assert!(!domain_matches(
+            "api.openai.com.evil.example",
+            "api.openai.com"
         ));
     }
 

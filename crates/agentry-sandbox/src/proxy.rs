@@ -90,8 +90,11 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
         return Err("not a valid host name".into());
     }
     for label in name.split('.') {
+        // Letters, digits, `-` and `_`, never a `-` at either end (RFC 1123).
         if label.is_empty()
             || label.len() > 63
+            || label.starts_with('-')
+            || label.ends_with('-')
             || !label
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')

@@ -69,14 +69,6 @@ fn signature(
     Ok(mac)
 }
 
-fn now_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
-        })
-}
-
 /// The assertion for `caller` making `method path_and_query`; `None` for the operator of a
 /// server without keys (the other node has none either, and needs none).
 fn assertion(
@@ -88,7 +80,7 @@ fn assertion(
     let Some(key_id) = &caller.key_id else {
         return Ok(None);
     };
-    let expires = now_millis().saturating_add(millis(ASSERTION_TTL));
+    let expires = agentry_app::clock::now_ms().saturating_add(millis(ASSERTION_TTL));
     let signed = signature(state, key_id, expires, method, path_and_query)?;
     let encoded =
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signed.finalize().into_bytes());
@@ -121,7 +113,7 @@ pub async fn verify(
     let Ok(expires) = expires.parse::<u64>() else {
         return Ok(None);
     };
-    let now = now_millis();
+    let now = agentry_app::clock::now_ms();
     if expires < now || expires > now.saturating_add(millis(ASSERTION_TTL) * 2) {
         return Ok(None);
     }

@@ -173,20 +173,33 @@ impl Profile {
     /// Settles which model runs: with neither `--model` nor `--model-name`, the data folder's
     /// default saved model (its id is then kept, so a continued session keeps its model).
     pub(crate) async fn choose_model(&mut self, store: &Store) -> anyhow::Result<()> {
-        if self.model.is_some() || self.model_name.is_some() {
-            return Ok(());
+        if self.model.is_none() && self.model_name.is_none() {
+            self.model = Some(self.saved_model(store).await?.id);
         }
-        let model = agentry_app::runtime::default_model(store)
-            .await
-            .map_err(super::app_error)?
-            .context(
-                "no model: save one (`agentry serve`, then POST /v1/models or the console's \
-                 Settings → Models; `agentry models` lists them) and it is used by default, or \
-                 name one with --model ID, or call one directly with --model-name NAME \
-                 [--provider P]",
-            )?;
-        self.model = Some(model.id);
         Ok(())
+    }
+
+    /// The saved model this profile names (`--model ID`), else the data folder's default one.
+    async fn saved_model(
+        &self,
+        store: &Store,
+    ) -> anyhow::Result<agentry_app::runtime::ModelConfig> {
+        match &self.model {
+            Some(id) => agentry_app::config::ConfigRepo::new(store)
+                .get(id)
+                .await
+                .map_err(super::app_error)?
+                .with_context(|| format!("no saved model {id:?} (`agentry models` lists them)")),
+            None => agentry_app::runtime::default_model(store)
+                .await
+                .map_err(super::app_error)?
+                .context(
+                    "no model: save one (`agentry serve`, then POST /v1/models or the console's \
+                     Settings → Models; `agentry models` lists them) and it is used by default, \
+                     or name one with --model ID, or call one directly with --model-name NAME \
+                     [--provider P]",
+                ),
+        }
     }
 
     /// Whether the runtime needs the data folder's store: saved MCP servers, or a saved model.
@@ -207,20 +220,7 @@ impl Profile {
             return Ok((self.client()?, price));
         }
         let store = store.context("a saved model needs the data folder's store")?;
-        let id = match &self.model {
-            Some(id) => id.clone(),
-            None => {
-                let mut chosen = self.clone();
-                chosen.choose_model(store).await?;
-                chosen.model.unwrap_or_default()
-            }
-        };
-        let model =
-            agentry_app::config::ConfigRepo::<agentry_app::runtime::ModelConfig>::new(store)
-                .get(&id)
-                .await
-                .map_err(super::app_error)?
-                .with_context(|| format!("no saved model {id:?} (`agentry models` lists them)"))?;
+        let model = self.saved_model(store).await?;
         let secrets = agentry_app::secrets::Secrets::load(store)
             .await
             .map_err(super::app_error)?;
