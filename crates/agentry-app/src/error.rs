@@ -37,6 +37,8 @@ pub enum Failure {
     Unavailable,
     /// Something we waited for took too long (504).
     Timeout,
+    /// The server's storage has no room (a full disk): nothing was written (507).
+    StorageFull,
 }
 
 impl Failure {
@@ -54,6 +56,7 @@ impl Failure {
             Self::Upstream => ErrorCode::ProviderError,
             Self::Unavailable => ErrorCode::Configuration,
             Self::Timeout => ErrorCode::Timeout,
+            Self::StorageFull => ErrorCode::StorageFull,
         }
     }
 }
@@ -109,6 +112,19 @@ impl AppError {
         Self::new(Failure::Internal, "internal", message)
     }
 
+    /// `storage_full`: the server's storage has no room; nothing of the request was written.
+    pub fn storage_full(message: impl Into<String>) -> Self {
+        Self::new(
+            Failure::StorageFull,
+            "storage_full",
+            format!(
+                "the server's storage is full, nothing was written (try again once there is \
+                 room): {}",
+                message.into()
+            ),
+        )
+    }
+
     /// Adds details.
     pub fn with_details(mut self, details: serde_json::Value) -> Self {
         self.details = Some(details);
@@ -124,6 +140,7 @@ impl AppError {
 impl From<StoreError> for AppError {
     fn from(error: StoreError) -> Self {
         match &error {
+            _ if error.is_storage_full() => Self::storage_full(error.to_string()),
             StoreError::NotFound(_) => Self::not_found(error.to_string()),
             StoreError::Conflict(_) => Self::conflict(error.to_string()),
             StoreError::InvalidInput(_) => Self::bad_request(error.to_string()),
@@ -171,6 +188,9 @@ impl From<SessionError> for AppError {
             SessionError::Run(error) => error.into(),
             SessionError::Log(agentry_core::session::LogError::NotFound(session)) => {
                 Self::not_found(format!("no session {session}"))
+            }
+            SessionError::Log(agentry_core::session::LogError::Full(reason)) => {
+                Self::storage_full(reason)
             }
             SessionError::Log(agentry_core::session::LogError::Held { session, reason }) => {
                 Self::conflict(format!(

@@ -260,7 +260,11 @@ fn internal(error: impl std::fmt::Display) -> BackendError {
 fn refused(error: AppError) -> Result<ServedResult, BackendError> {
     if matches!(
         error.failure,
-        Failure::Internal | Failure::Upstream | Failure::Unavailable | Failure::Timeout
+        Failure::Internal
+            | Failure::Upstream
+            | Failure::Unavailable
+            | Failure::Timeout
+            | Failure::StorageFull
     ) {
         return Err(internal(error));
     }

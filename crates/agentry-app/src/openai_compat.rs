@@ -103,6 +103,7 @@ impl From<AppError> for OpenAiError {
             Failure::Upstream => (502, "api_error"),
             Failure::Unavailable => (503, "api_error"),
             Failure::Timeout => (504, "api_error"),
+            Failure::StorageFull => (507, "api_error"),
             Failure::Internal => (500, "api_error"),
         };
         Self::new(status, kind, Some(error.code), None, error.message)

@@ -69,6 +69,15 @@ impl RunOutcome {
     }
 }
 
+/// The error of a run whose start could not be written, as the caller hears it: a full disk
+/// is `storage_full`, anything else an internal failure (nothing was kept either way).
+fn start_failure(error: &ErrorInfo) -> AppError {
+    match error.code {
+        agentry_types::ErrorCode::StorageFull => AppError::storage_full(error.message.clone()),
+        _ => AppError::internal(error.message.clone()),
+    }
+}
+
 impl App {
     /// Runs a prepared request and waits for its end. A session run keeps going if the caller
     /// stops waiting (the future is dropped) unless `cancel_on_drop`.
@@ -122,6 +131,9 @@ impl App {
         // and missed nothing, they are the run's whole record and the log need not be read.
         let mut committed = Vec::new();
         let mut whole = false;
+        // Whether every event reached this subscription: without a gap, a run that ends
+        // without its start committed is a run whose start could not be written.
+        let mut missed = false;
         loop {
             match subscription.events.recv().await {
                 Ok(event) => match event.as_ref() {
@@ -144,6 +156,7 @@ impl App {
                 },
                 Err(RecvError::Lagged(_)) => {
                     whole = false;
+                    missed = true;
                     continue;
                 }
                 Err(RecvError::Closed) => break,
@@ -153,6 +166,14 @@ impl App {
         let Some(end) = end else {
             return Err(AppError::internal("the run ended without a final event"));
         };
+        if let RunEvent::RunFailed { error, .. } = end.as_ref()
+            && committed.is_empty()
+            && !missed
+        {
+            // The run's start was never written (a new session is created by it): there is
+            // nothing of the run to read back, and the caller hears why.
+            return Err(start_failure(error));
+        }
         let (messages, note) = if whole {
             let events = committed.iter().filter_map(|event| match event.as_ref() {
                 RunEvent::Committed { event, .. } => Some(event.clone()),

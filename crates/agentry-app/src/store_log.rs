@@ -158,7 +158,11 @@ pub(crate) fn new_session(session: SessionId, info: NewSessionInfo) -> NewSessio
 }
 
 fn storage(error: StoreError) -> LogError {
-    LogError::Storage(error.to_string())
+    if error.is_storage_full() {
+        LogError::Full(error.to_string())
+    } else {
+        LogError::Storage(error.to_string())
+    }
 }
 
 /// The events as the store keeps them.

@@ -180,7 +180,10 @@ impl From<LlmError> for CallFailure {
 /// steps could be lost, so it must not go on.
 fn storage_error(error: &LogError) -> ErrorInfo {
     ErrorInfo {
-        code: ErrorCode::Internal,
+        code: match error {
+            LogError::Full(_) => ErrorCode::StorageFull,
+            _ => ErrorCode::Internal,
+        },
         message: format!("the run stopped because its session log failed: {error}"),
         retryable: true,
         status: None,

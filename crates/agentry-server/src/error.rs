@@ -152,6 +152,7 @@ impl From<AppError> for ApiError {
             Failure::Upstream => StatusCode::BAD_GATEWAY,
             Failure::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Failure::StorageFull => StatusCode::INSUFFICIENT_STORAGE,
         };
         Self {
             status,

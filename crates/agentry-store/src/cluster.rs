@@ -262,6 +262,14 @@ impl Store {
         &self,
         node: &NodeBeat,
     ) -> Result<Option<Vec<RenewedLease>>, StoreError> {
+        let outcome = self.renew(node).await;
+        // The heartbeat is the store's regular write: it tells whether there is room again.
+        self.inner.room.note(&outcome);
+        outcome
+    }
+
+    /// [`Store::heartbeat`]'s write.
+    async fn renew(&self, node: &NodeBeat) -> Result<Option<Vec<RenewedLease>>, StoreError> {
         check_node_id(&node.id)?;
         let now = now_millis();
         let until = to_db(now.saturating_add(millis(node.lease)));

@@ -57,6 +57,7 @@ impl StoreError {
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::Conflict(_) | Self::StaleLease(_) => ErrorCode::Conflict,
             Self::InvalidInput(_) => ErrorCode::InvalidRequest,
+            _ if self.is_storage_full() => ErrorCode::StorageFull,
             Self::Database(error) if is_transient(error) => ErrorCode::Connection,
             Self::Sqlite(error) if is_busy(error) => ErrorCode::Connection,
             Self::Database(_) | Self::Sqlite(_) | Self::Io { .. } | Self::Corrupt(_) => {
@@ -66,10 +67,35 @@ impl StoreError {
         }
     }
 
+    /// Whether the database had no room for the write: SQLite's `SQLITE_FULL`, PostgreSQL's
+    /// `disk_full` (53100), or the file system's `ENOSPC` / `EDQUOT`. Nothing of the failed
+    /// write is kept; the same write may succeed once there is room.
+    pub fn is_storage_full(&self) -> bool {
+        match self {
+            Self::Sqlite(error) => {
+                error.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+                    || matches!(error, rusqlite::Error::SqliteFailure(_, Some(message))
+                        if message.contains("disk is full"))
+            }
+            Self::Database(sqlx::Error::Database(error)) => {
+                // PostgreSQL's SQLSTATE, or SQLite's (extended) result code through sqlx.
+                matches!(error.code().as_deref(), Some("53100" | "13"))
+                    || error.message().contains("database or disk is full")
+            }
+            Self::Database(sqlx::Error::Io(error)) | Self::Io { source: error, .. } => {
+                is_out_of_space(error)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the same operation may succeed if tried again unchanged.
     ///
     /// A [`StoreError::Conflict`] is not: the caller must read the current state first.
     pub fn is_retryable(&self) -> bool {
+        if self.is_storage_full() {
+            return true;
+        }
         match self {
             Self::Database(error) => is_transient(error),
             Self::Sqlite(error) => is_busy(error),
@@ -93,6 +119,13 @@ impl StoreError {
             source,
         }
     }
+}
+
+/// The file system's "no space left" (`ENOSPC`) or "quota exceeded" (`EDQUOT`).
+fn is_out_of_space(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::StorageFull
+        || error.kind() == std::io::ErrorKind::QuotaExceeded
+        || matches!(error.raw_os_error(), Some(28 | 122))
 }
 
 /// Connection-level failures that a later attempt may not hit.
@@ -155,6 +188,16 @@ mod tests {
         assert_eq!(missing.code(), ErrorCode::Internal);
         assert!(!missing.is_retryable());
         assert!(!StoreError::Conflict("stale".into()).is_retryable());
+        let full = StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(13),
+            Some("database or disk is full".into()),
+        ));
+        assert!(full.is_storage_full());
+        assert_eq!(full.code(), ErrorCode::StorageFull);
+        assert!(full.is_retryable());
+        let no_space = StoreError::io("writing", std::io::Error::from_raw_os_error(28));
+        assert!(no_space.is_storage_full());
+        assert!(!missing.is_storage_full());
         let info = StoreError::NotFound("session x".into()).info();
         assert_eq!(info.message, "not found: session x");
         assert!(!info.retryable);

@@ -315,6 +315,7 @@ async fn timed_apply(
 ) -> (Vec<Write>, Result<Vec<Result<u64, StoreError>>, StoreError>) {
     let begun = Instant::now();
     let outcome = apply(store, batch, connection).await;
+    store.inner.room.note(&outcome.1);
     let busy = u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX);
     counters.busy_micros.fetch_add(busy, Ordering::Relaxed);
     outcome

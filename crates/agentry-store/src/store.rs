@@ -109,6 +109,35 @@ pub(crate) struct Inner {
     worker: std::sync::RwLock<Option<Arc<str>>>,
     /// The volume of this process's workspaces ([`Store::set_volume`]).
     volume: std::sync::RwLock<Option<Arc<str>>>,
+    /// Whether the last writes had room ([`Store::storage_full`]).
+    pub(crate) room: Room,
+}
+
+/// Whether the database had room for the last writes: set by a group commit or a node
+/// heartbeat that failed because the storage is full, cleared by the next one that commits.
+/// The heartbeat writes every few seconds, so a freed disk is noticed without other traffic.
+#[derive(Debug, Default)]
+pub(crate) struct Room {
+    full: std::sync::Mutex<Option<String>>,
+}
+
+impl Room {
+    /// Takes note of a write's outcome.
+    pub(crate) fn note<T>(&self, outcome: &Result<T, StoreError>) {
+        let full = match outcome {
+            Ok(_) => None,
+            Err(error) if error.is_storage_full() => Some(error.to_string()),
+            // Other failures say nothing about room.
+            Err(_) => return,
+        };
+        if let Ok(mut slot) = self.full.lock() {
+            *slot = full;
+        }
+    }
+
+    fn full(&self) -> Option<String> {
+        self.full.lock().ok().and_then(|slot| slot.clone())
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -305,6 +334,7 @@ impl Store {
                 ),
                 worker: std::sync::RwLock::new(None),
                 volume: std::sync::RwLock::new(None),
+                room: Room::default(),
             }),
         };
         if let Err(error) = crate::db::migrate(&store).await {
@@ -318,6 +348,12 @@ impl Store {
     /// under concurrent load group commit puts many writes in one transaction.
     pub fn commit_counts(&self) -> CommitCounts {
         self.inner.writer.counts()
+    }
+
+    /// Why the database has no room for writes, when the last group commit or heartbeat
+    /// failed for that reason (`None` once one commits again): readiness reports it.
+    pub fn storage_full(&self) -> Option<String> {
+        self.inner.room.full()
     }
 
     /// Which database this store runs on.

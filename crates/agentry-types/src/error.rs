@@ -46,6 +46,9 @@ pub enum ErrorCode {
     Cancelled,
     /// The configuration is wrong (unknown provider, missing key).
     Configuration,
+    /// The server's storage is full (a full disk, PostgreSQL's `disk_full`): nothing was
+    /// written, and the same request may succeed once there is room (HTTP 507).
+    StorageFull,
     /// A bug in Agentry.
     Internal,
 }
@@ -72,6 +75,7 @@ impl ErrorCode {
             Self::InvalidToolArguments => "invalid_tool_arguments",
             Self::Cancelled => "cancelled",
             Self::Configuration => "configuration",
+            Self::StorageFull => "storage_full",
             Self::Internal => "internal",
         }
     }
@@ -107,6 +111,7 @@ mod tests {
             ErrorCode::RateLimited,
             ErrorCode::ContextLengthExceeded,
             ErrorCode::StreamEndedEarly,
+            ErrorCode::StorageFull,
         ] {
             let json = serde_json::to_value(code).unwrap();
             assert_eq!(json, code.as_str());

@@ -28,6 +28,10 @@ pub enum LogError {
     /// The storage failed; the message says how.
     #[error("session storage failed: {0}")]
     Storage(String),
+    /// The storage has no room (a full disk): nothing of the write was kept, and it may
+    /// succeed once there is room.
+    #[error("session storage is full: {0}")]
+    Full(String),
     /// A stored event could not be read back.
     #[error("session {session} has an unreadable event at seq {seq}: {reason}")]
     Corrupt {

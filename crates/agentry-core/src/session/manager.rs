@@ -1364,6 +1364,7 @@ fn error_info(error: &SessionError) -> ErrorInfo {
     let (code, retryable) = match error {
         SessionError::Busy { .. } => (agentry_types::ErrorCode::Conflict, true),
         SessionError::QueueFull { .. } => (agentry_types::ErrorCode::RateLimited, true),
+        SessionError::Log(LogError::Full(_)) => (agentry_types::ErrorCode::StorageFull, true),
         SessionError::Log(_) => (agentry_types::ErrorCode::Internal, true),
         SessionError::Run(_) | SessionError::Approval(_) => {
             (agentry_types::ErrorCode::InvalidRequest, false)

@@ -33,7 +33,8 @@ async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Readiness: ready when the database answers.
+/// Readiness: ready when the database answers and has room for writes (a full disk makes the
+/// node unready, `storage_full`, until a write commits again).
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -52,6 +53,13 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
             error.to_string(),
         )
     })?;
+    if let Some(reason) = state.store.storage_full() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_full",
+            format!("the database has no room for writes: {reason}"),
+        ));
+    }
     // Readiness is public (load balancers probe it); what it tells beyond that is not, once
     // the server has API keys.
     if state.auth.enabled().await.unwrap_or(true) {

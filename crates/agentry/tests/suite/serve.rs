@@ -338,3 +338,169 @@ async fn a_restart_right_after_kill_9_serves_at_once() {
     assert_eq!(nodes[0]["state"], "alive", "{cluster}");
     second.kill().await.unwrap();
 }
+
+/// Issue 48: a data folder whose disk fills up. `serve` runs on a 4 MiB tmpfs of its own (a
+/// user and mount namespace, as the sandbox suite needs anyway), filled from outside through
+/// `/proc/PID/root`. New runs are then refused with a typed 507 `storage_full` (they answered
+/// 404 "not found: session" before), readiness says `storage_full`, and nothing half-written is
+/// left: once the filler is gone the node is ready again within a heartbeat and serves, and the
+/// only session is the one made after.
+#[tokio::test]
+async fn a_full_disk_is_a_typed_507_readiness_says_so_and_nothing_is_half_written() {
+    let mount = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let script = "mount -t tmpfs -o size=4m tmpfs \"$1\" && exec \"$2\" --home \"$1/home\" \
+                  serve \"127.0.0.1:$3\" --lease-secs 4";
+    let mut child = tokio::process::Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(mount.path())
+        .arg(env!("CARGO_BIN_EXE_agentry"))
+        .arg(port.to_string())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("AGENTRY_DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    let Some(first) = first else {
+        let mut said = String::new();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+        while let Ok(Some(line)) = stderr.next_line().await {
+            said.push_str(&line);
+            said.push('\n');
+        }
+        panic!("serve on a tmpfs of its own did not start (user namespaces needed): {said}");
+    };
+    assert!(first.starts_with("Agentry is listening"), "{first}");
+    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+    let base = format!("http://127.0.0.1:{port}");
+    let http = agentry_llm::http_client(Duration::from_secs(30)).unwrap();
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("Answered.")));
+    let created = http
+        .post(format!("{base}/v1/models"))
+        .json(&json!({"id": "m", "protocol": "openai", "base_url": mock.openai_base_url(), "model_name": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+
+    // Fill the tmpfs, as seen from inside the server's mount namespace.
+    let pid = child.id().unwrap();
+    let filler = format!("/proc/{pid}/root{}/filler", mount.path().display());
+    {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        loop {
+            match file.write_all(&block) {
+                Ok(()) => {}
+                Err(error) if error.raw_os_error() == Some(28) => break,
+                Err(error) => panic!("filling the tmpfs: {error}"),
+            }
+        }
+        let _ = file.sync_all();
+    }
+
+    let long = "x".repeat(4000);
+    let mut refused = 0;
+    for turn in 0..8 {
+        let response = http
+            .post(format!("{base}/v1/infer"))
+            .json(&json!({"session_id": "new", "text": format!("turn {turn} {long}")}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap();
+        // Either there was room for it after all, or a typed refusal: never a 404 or a 500.
+        match status {
+            200 => assert_eq!(body["text"], "Answered.", "{body}"),
+            507 => {
+                assert_eq!(body["error"]["code"], "storage_full", "{body}");
+                refused += 1;
+            }
+            other => panic!("a run on a full disk answered {other}: {body}"),
+        }
+    }
+    assert!(refused > 0, "no run was refused on a full disk");
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    let ready: Value = ready.json().await.unwrap();
+    assert_eq!(ready["error"]["code"], "storage_full", "{ready}");
+
+    // Room again: ready within a heartbeat (a second here), and serving.
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+        if ready.status().is_success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready again after the disk had room"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let sessions_before: Value = http
+        .get(format!("{base}/v1/sessions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let kept_before = sessions_before["sessions"].as_array().unwrap().len();
+    assert_eq!(kept_before, 8 - refused, "{sessions_before}");
+    let answer: Value = http
+        .post(format!("{base}/v1/infer"))
+        .json(&json!({"session_id": "new", "text": "and now?"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["text"], "Answered.", "{answer}");
+    let sessions: Value = http
+        .get(format!("{base}/v1/sessions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sessions = sessions["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), kept_before + 1);
+    // Every session kept is whole: its run finished and its answer is there.
+    for session in sessions {
+        let id = session["id"].as_str().unwrap();
+        let detail: Value = http
+            .get(format!("{base}/v1/sessions/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(detail.to_string().contains("Answered."), "{detail}");
+    }
+    child.kill().await.unwrap();
+}
