@@ -16,7 +16,8 @@ use rmcp::model::{
     CallToolRequestParams, ClientNotification, ClientRequest, ProtocolVersion, ServerResult,
 };
 use rmcp::service::{
-    ClientLifecycleMode, ClientServiceExt, PeerRequestOptions, RunningService, ServiceError,
+    ClientInitializeError, ClientLifecycleMode, ClientServiceExt, PeerRequestOptions,
+    RunningService, ServiceError,
 };
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
@@ -1010,12 +1011,13 @@ impl Server {
         http: &reqwest::Client,
         signals: mpsc::UnboundedSender<ServerSignal>,
     ) -> Result<RunningService<RoleClient, Handler>, McpError> {
-        let handler = Handler {
+        let new_handler = || Handler {
             server: self.name.clone(),
             progress: Arc::clone(&self.progress),
-            signals,
+            signals: signals.clone(),
             elicitations: Arc::clone(&self.elicitations),
         };
+        let handler = new_handler();
         let lifecycle = ClientLifecycleMode::Auto {
             preferred_versions: vec![ProtocolVersion::LATEST],
             legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
@@ -1096,11 +1098,23 @@ impl Server {
                     self.config.url.clone().unwrap_or_default(),
                 )
                 .custom_headers(headers);
-                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
-                handler
-                    .serve_with_lifecycle(transport, lifecycle)
-                    .await
-                    .map_err(|error| connect_error(error.to_string()))?
+                let transport =
+                    StreamableHttpClientTransport::with_client(http.clone(), config.clone());
+                match handler.serve_with_lifecycle(transport, lifecycle).await {
+                    Ok(running) => running,
+                    // A server that answers `server/discover` with a result of another kind
+                    // (an older server answering every method it does not know with `{}`) is
+                    // not a modern one: the `initialize` handshake, on a new connection.
+                    Err(ClientInitializeError::ExpectedInitResult(_)) => {
+                        let transport =
+                            StreamableHttpClientTransport::with_client(http.clone(), config);
+                        new_handler()
+                            .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+                            .await
+                            .map_err(|error| connect_error(error.to_string()))?
+                    }
+                    Err(error) => return Err(connect_error(error.to_string())),
+                }
             }
         };
         Ok(running)

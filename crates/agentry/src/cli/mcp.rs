@@ -1,4 +1,4 @@
-//! `agentry mcp add|list|check|rm|serve`: the MCP servers of the runtime.
+//! `agentry mcp add|list|check|call|rm|serve`: the MCP servers of the runtime.
 //!
 //! Servers are saved in the data folder's database, where `agentry serve` starts them (a running
 //! server picks up changes made here at its next start; the API changes them live).
@@ -37,6 +37,18 @@ enum McpCommand {
     Check {
         /// The server's name.
         name: String,
+    },
+    /// Start a saved server, call one of its tools with JSON arguments, print the result and
+    /// stop it (exit status 1 when the server says the call failed). Elicitations the server
+    /// asks for during the call are declined: nobody is there to answer.
+    Call {
+        /// The server's name.
+        name: String,
+        /// The tool, by its name on the server.
+        tool: String,
+        /// The arguments, a JSON object.
+        #[arg(default_value = "{}")]
+        arguments: String,
     },
     /// Delete a saved server.
     Rm {
@@ -90,6 +102,21 @@ pub(crate) async fn mcp(args: McpArgs, data: &DataArgs) -> anyhow::Result<ExitCo
             let store = data.open_store().await?;
             let config = saved(&store, &name).await?;
             check(&store, &name, config).await
+        }
+        McpCommand::Call {
+            name,
+            tool,
+            arguments,
+        } => {
+            let arguments: serde_json::Value = serde_json::from_str(&arguments)
+                .context("the arguments are not JSON (give an object, e.g. '{\"a\": 1}')")?;
+            anyhow::ensure!(
+                arguments.is_object(),
+                "the arguments must be a JSON object, not {arguments}"
+            );
+            let store = data.open_store().await?;
+            let config = saved(&store, &name).await?;
+            call(&store, &name, config, &tool, arguments).await
         }
         McpCommand::Rm { name } => {
             agentry_mcp::validate_server_name(&name)?;
@@ -205,18 +232,66 @@ async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
         .with_context(|| format!("no MCP server {name:?} (agentry mcp add)"))
 }
 
-/// Starts one server, prints its status and tools, stops it.
-async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
+/// Starts one saved server (on the host: the operator, on their own terminal, asked for it)
+/// and waits until it is ready or has failed.
+async fn start(
+    store: &Store,
+    name: &str,
+    config: McpServerConfig,
+) -> anyhow::Result<(McpManager, agentry_mcp::ServerStatus)> {
     let secrets = agentry_app::secrets::Secrets::load(store)
         .await
         .map_err(app_error)?;
-    // `agentry mcp check`: the operator, on their own terminal, asked for this server: it runs
-    // on the host.
     let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
     agentry_app::mcp_tools::add_server(&manager, &secrets, name, config)
         .await
         .map_err(app_error)?;
     let status = manager.wait_ready(name, CHECK_WAIT).await?;
+    Ok((manager, status))
+}
+
+/// Starts one server, calls `tool`, prints what it answered, stops it.
+async fn call(
+    store: &Store,
+    name: &str,
+    config: McpServerConfig,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> anyhow::Result<ExitCode> {
+    let (manager, status) = start(store, name, config).await?;
+    if status.state != ServerState::Connected {
+        manager.shutdown().await;
+        anyhow::bail!(
+            "{name}: could not connect: {}",
+            status.last_error.as_deref().unwrap_or("no answer")
+        );
+    }
+    let result = manager
+        .call_tool(name, tool, arguments, agentry_mcp::CallOptions::default())
+        .await;
+    manager.shutdown().await;
+    let result = result.with_context(|| format!("{name}: calling {tool}"))?;
+    for part in &result.content {
+        match part {
+            agentry_types::ToolResultPart::Text { text } => println!("{text}"),
+            other => println!("{}", serde_json::to_string(other)?),
+        }
+    }
+    if result.content.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        println!("{structured}");
+    }
+    if result.is_error {
+        eprintln!("{name}: {tool} answered with an error");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts one server, prints its status and tools, stops it.
+async fn check(store: &Store, name: &str, config: McpServerConfig) -> anyhow::Result<ExitCode> {
+    let (manager, status) = start(store, name, config).await?;
     let tools = manager.tools();
     manager.shutdown().await;
     if status.state != ServerState::Connected {

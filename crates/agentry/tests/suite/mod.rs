@@ -6,6 +6,7 @@ mod cluster;
 mod crash;
 mod files;
 mod mcp;
+mod mcp_conformance;
 mod mcp_serve;
 mod processes;
 mod queue;
