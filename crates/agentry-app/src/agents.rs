@@ -32,6 +32,16 @@ pub struct AgentConfig {
     /// A display name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nickname: Option<String>,
+    /// What it is for, in a sentence or two (shown to people and to other agents choosing it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// An image for it (a URL or a `data:` URL), for the console and the seed's clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avatar: Option<String>,
+    /// How it introduces itself to the other members of a group (the seed's `myself_view`):
+    /// kept and returned as given; Agentry's runs do not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub myself_view: Option<String>,
     /// The model it runs on.
     pub model_id: String,
     /// The tools it may use (none if empty; `["*"]`: every registered tool).
@@ -561,6 +571,76 @@ impl crate::App {
         }
         Ok(())
     }
+
+    /// Every saved agent, by id.
+    pub async fn agents(&self) -> Result<Vec<AgentConfig>, AppError> {
+        Ok(crate::config::ConfigRepo::new(&self.store)
+            .list()
+            .await?
+            .into_iter()
+            .map(|(_, agent)| agent)
+            .collect())
+    }
+
+    /// The saved agent `id`, or `not_found`.
+    pub async fn agent(&self, id: &str) -> Result<AgentConfig, AppError> {
+        check_name("agent", id)?;
+        stored_agent(&self.store, id)
+            .await?
+            .ok_or_else(|| no_agent(id))
+    }
+
+    /// Checks and saves a new agent (`conflict` if the id is taken).
+    pub async fn create_agent(&self, agent: &AgentConfig) -> Result<(), AppError> {
+        self.validate_agent(agent).await?;
+        crate::config::ConfigRepo::new(&self.store)
+            .create(&agent.id, agent)
+            .await?;
+        if !agent.skills.is_empty() {
+            // The runtime registers the skills of every saved agent.
+            self.reload_runtime().await?;
+        }
+        Ok(())
+    }
+
+    /// Checks and saves `agent` in place of the saved agent of its id (`not_found` if none).
+    pub async fn replace_agent(&self, agent: &AgentConfig) -> Result<(), AppError> {
+        check_name("agent", &agent.id)?;
+        self.validate_agent(agent).await?;
+        let repo = crate::config::ConfigRepo::<AgentConfig>::new(&self.store);
+        let Some(old) = repo.get(&agent.id).await? else {
+            return Err(no_agent(&agent.id));
+        };
+        repo.replace(&agent.id, &agent.id, agent).await?;
+        if old.skills != agent.skills {
+            self.reload_runtime().await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the saved agent `id` (`not_found` if none).
+    pub async fn delete_agent(&self, id: &str) -> Result<(), AppError> {
+        check_name("agent", id)?;
+        let repo = crate::config::ConfigRepo::<AgentConfig>::new(&self.store);
+        let had_skills = repo
+            .get(id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|agent| !agent.skills.is_empty());
+        if !repo.delete(id).await? {
+            return Err(no_agent(id));
+        }
+        if had_skills {
+            self.reload_runtime().await?;
+        }
+        Ok(())
+    }
+}
+
+/// The answer when no agent has the id.
+fn no_agent(id: &str) -> AppError {
+    AppError::not_found(format!("no agent {id:?}"))
 }
 
 /// The stored agent named `id`.

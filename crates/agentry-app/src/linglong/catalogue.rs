@@ -35,14 +35,20 @@ fn model_entry(model: &ModelConfig) -> Value {
 }
 
 /// A field the seed requires, as its message names it.
-fn required<'a>(body: &'a Map<String, Value>, field: &str) -> Result<&'a Value, AppError> {
+pub(super) fn required<'a>(
+    body: &'a Map<String, Value>,
+    field: &str,
+) -> Result<&'a Value, AppError> {
     body.get(field)
         .filter(|value| !value.is_null())
         .ok_or_else(|| AppError::bad_request(format!("Missing required field: {field}")))
 }
 
 /// A string field.
-fn text<'a>(body: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>, AppError> {
+pub(super) fn text<'a>(
+    body: &'a Map<String, Value>,
+    field: &str,
+) -> Result<Option<&'a str>, AppError> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(text)) => Ok(Some(text)),
@@ -66,7 +72,7 @@ fn key_secret(model_id: &str) -> String {
 }
 
 /// Checks the body has `fields` only.
-fn known_fields(body: &Map<String, Value>, fields: &[&str]) -> Result<(), AppError> {
+pub(super) fn known_fields(body: &Map<String, Value>, fields: &[&str]) -> Result<(), AppError> {
     match body.keys().find(|key| !fields.contains(&key.as_str())) {
         Some(key) => Err(AppError::bad_request(format!(
             "unknown field `{key}` (expected one of {})",
@@ -76,7 +82,7 @@ fn known_fields(body: &Map<String, Value>, fields: &[&str]) -> Result<(), AppErr
     }
 }
 
-fn object(body: Value) -> Result<Map<String, Value>, AppError> {
+pub(super) fn object(body: Value) -> Result<Map<String, Value>, AppError> {
     match body {
         Value::Object(map) => Ok(map),
         _ => Err(AppError::bad_request("the body must be a JSON object")),
@@ -401,7 +407,7 @@ impl App {
 }
 
 /// Unix milliseconds as the seed writes times (`%Y-%m-%dT%H:%M:%S`, UTC here).
-fn seed_time(millis: u64) -> String {
+pub(super) fn seed_time(millis: u64) -> String {
     i64::try_from(millis)
         .ok()
         .and_then(chrono::DateTime::from_timestamp_millis)

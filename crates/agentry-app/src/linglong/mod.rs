@@ -13,6 +13,7 @@
 //!   [`SeedStart::frames`] / [`App::seed_infer`] give what the seed's two inference routes
 //!   answer.
 
+pub mod agents;
 pub mod catalogue;
 pub mod env;
 pub mod frames;

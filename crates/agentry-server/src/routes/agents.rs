@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::agents::{AgentConfig, stored_agent};
-use agentry_app::config::{ConfigRepo, check_name};
+use agentry_app::agents::AgentConfig;
+use agentry_app::config::check_name;
 
 use super::config::{ApiJson, ApiPath, created};
 use crate::error::ApiError;
@@ -24,10 +24,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_agent, replace_agent, delete_agent))
 }
 
-fn no_agent(id: &str) -> ApiError {
-    ApiError::not_found(format!("no agent {id:?}"))
-}
-
 /// Every agent.
 #[utoipa::path(
     get,
@@ -37,13 +33,7 @@ fn no_agent(id: &str) -> ApiError {
     responses((status = 200, description = "Every agent, by id.", body = Object))
 )]
 async fn list_agents(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let agents: Vec<AgentConfig> = ConfigRepo::new(&state.store)
-        .list()
-        .await?
-        .into_iter()
-        .map(|(_, agent)| agent)
-        .collect();
-    Ok(Json(json!({ "agents": agents })))
+    Ok(Json(json!({ "agents": state.agents().await? })))
 }
 
 /// Saves an agent.
@@ -67,14 +57,7 @@ async fn create_agent(
     State(state): State<AppState>,
     ApiJson(agent): ApiJson<AgentConfig>,
 ) -> Result<Response, ApiError> {
-    state.validate_agent(&agent).await?;
-    ConfigRepo::new(&state.store)
-        .create(&agent.id, &agent)
-        .await?;
-    if !agent.skills.is_empty() {
-        // The runtime registers the skills of every saved agent.
-        state.reload_runtime().await?;
-    }
+    state.create_agent(&agent).await?;
     Ok(created(agent))
 }
 
@@ -95,11 +78,7 @@ async fn get_agent(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<AgentConfig>, ApiError> {
-    check_name("agent", &id)?;
-    stored_agent(&state.store, &id)
-        .await?
-        .map(Json)
-        .ok_or_else(|| no_agent(&id))
+    Ok(Json(state.agent(&id).await?))
 }
 
 /// Replaces an agent (the body's id must be the path's).
@@ -125,15 +104,7 @@ async fn replace_agent(
     if agent.id != id {
         return Err(ApiError::bad_request("the body's id must be the path's id"));
     }
-    state.validate_agent(&agent).await?;
-    let repo = ConfigRepo::<AgentConfig>::new(&state.store);
-    let Some(old) = repo.get(&id).await? else {
-        return Err(no_agent(&id));
-    };
-    repo.replace(&id, &id, &agent).await?;
-    if old.skills != agent.skills {
-        state.reload_runtime().await?;
-    }
+    state.replace_agent(&agent).await?;
     Ok(Json(agent))
 }
 
@@ -154,20 +125,6 @@ async fn delete_agent(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    check_name("agent", &id)?;
-    let repo = ConfigRepo::<AgentConfig>::new(&state.store);
-    let had_skills = repo
-        .get(&id)
-        .await
-        .ok()
-        .flatten()
-        .is_some_and(|agent| !agent.skills.is_empty());
-    if repo.delete(&id).await? {
-        if had_skills {
-            state.reload_runtime().await?;
-        }
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(no_agent(&id))
-    }
+    state.delete_agent(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -8,8 +8,11 @@ use axum::Router;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::sync::broadcast::error::RecvError;
+
+use agentry_app::auth::Principal;
+use agentry_app::hub::StatusChange;
 
 use crate::authorization::Caller;
 use crate::state::AppState;
@@ -19,19 +22,28 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/v1/sessions/events", get(feed))
 }
 
-async fn feed(
-    State(state): State<AppState>,
-    Caller(caller): Caller,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// What a subscriber of the status feed hears: a change it may see, that it missed some, or
+/// that the server is shutting down (the last item).
+pub(crate) enum FeedItem {
+    Change(StatusChange),
+    Lagged(u64),
+    Shutdown,
+}
+
+/// The status changes `caller` may see, as they happen: an admin sees every session's, a
+/// `user` key only its own sessions' (whose they are, looked up once each).
+pub(crate) fn visible_changes(
+    state: AppState,
+    caller: Principal,
+) -> impl Stream<Item = FeedItem> + Send {
     let mut changes = state.hub.status_changes();
     let shutdown = state.shutdown.clone();
-    // A `user` key sees only its own sessions' changes (whose they are, looked up once each).
     let mut visible: HashMap<agentry_types::SessionId, bool> = HashMap::new();
-    let stream = async_stream::stream! {
+    async_stream::stream! {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
-                    yield Ok(Event::default().event("server.shutdown").data("{\"reason\":\"the server is shutting down\"}"));
+                    yield FeedItem::Shutdown;
                     break;
                 }
                 change = changes.recv() => match change {
@@ -51,17 +63,34 @@ async fn feed(
                                 continue;
                             }
                         }
-                        let data = serde_json::to_string(&change).unwrap_or_default();
-                        yield Ok(Event::default().event("session.status").data(data));
+                        yield FeedItem::Change(change);
                     }
-                    // A slow reader missed some changes: say so, so it can refetch the list.
-                    Err(RecvError::Lagged(missed)) => {
-                        yield Ok(Event::default().event("session.lagged").data(format!("{{\"missed\":{missed}}}")));
-                    }
+                    Err(RecvError::Lagged(missed)) => yield FeedItem::Lagged(missed),
                     Err(RecvError::Closed) => break,
                 },
             }
         }
-    };
+    }
+}
+
+async fn feed(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let stream = visible_changes(state, caller).map(|item| {
+        Ok(match item {
+            FeedItem::Change(change) => {
+                let data = serde_json::to_string(&change).unwrap_or_default();
+                Event::default().event("session.status").data(data)
+            }
+            // A slow reader missed some changes: say so, so it can refetch the list.
+            FeedItem::Lagged(missed) => Event::default()
+                .event("session.lagged")
+                .data(format!("{{\"missed\":{missed}}}")),
+            FeedItem::Shutdown => Event::default()
+                .event("server.shutdown")
+                .data("{\"reason\":\"the server is shutting down\"}"),
+        })
+    });
     Sse::new(stream).keep_alive(KeepAlive::default())
 }

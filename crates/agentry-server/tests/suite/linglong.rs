@@ -982,3 +982,229 @@ async fn a_system_message_may_name_a_prompt_template() {
     assert!((400..500).contains(&status), "{status} {body}");
     assert_eq!(server.mock.requests().len(), 1);
 }
+
+/// Issue 48: the README's agents routes, in the seed's shapes: saved, listed, read, updated
+/// field by field (the rest kept), and deleted; a new agent needs its id and model.
+#[tokio::test]
+async fn agents_are_saved_listed_updated_and_deleted_in_the_seeds_shapes() {
+    let server = start().await;
+    let agent = json!({
+        "agent_id": "architect",
+        "model_id": "mock",
+        "nickname": "Architect",
+        "tool_ids": ["current_time"],
+        "template_id": null,
+        "template_arguments": {},
+        "system_prompt": "You plan work.",
+        "myself_view": "I plan; others build.",
+        "description": "Plans a task and hands out its parts.",
+        "avatar": "data:image/png;base64,AAAA",
+    });
+    let (status, saved) = server.post("/linglong/v1/agents", agent.clone()).await;
+    assert_eq!(status, 201, "{saved}");
+    let mut expected = agent.clone();
+    expected["template_id"] = Value::Null;
+    assert_eq!(saved, expected);
+    let (status, list) = server.get("/linglong/v1/agents").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["agents"], json!([expected]));
+    // The same agent through Agentry's own API.
+    let (_, native) = server.get("/v1/agents/architect").await;
+    assert_eq!(
+        native["description"],
+        "Plans a task and hands out its parts."
+    );
+    assert_eq!(native["system"], "You plan work.");
+    // An update changes only what it names.
+    let response = server
+        .http
+        .put(format!("{}/linglong/v1/agents/architect", server.url))
+        .json(&json!({"nickname": "Planner", "last_modified": "2026-04-29T10:00:00"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let updated: Value = response.json().await.unwrap();
+    assert_eq!(updated["nickname"], "Planner");
+    assert_eq!(updated["system_prompt"], "You plan work.");
+    assert_eq!(updated["tool_ids"], json!(["current_time"]));
+    let (_, read) = server.get("/linglong/v1/agents/architect").await;
+    assert_eq!(read, updated);
+    // The agent runs through the seed's infer.
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("A plan.")));
+    let (status, answer) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"agent_ids": ["architect"], "text": "Plan a picnic"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        server.mock.requests()[0]
+            .body
+            .to_string()
+            .contains("You plan work.")
+    );
+    // Refusals: a new agent without a model, an unknown field, a path/body mismatch.
+    let (status, body) = server
+        .post("/linglong/v1/agents", json!({"agent_id": "x"}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("model_id"),
+        "{body}"
+    );
+    let (status, _) = server
+        .post(
+            "/linglong/v1/agents",
+            json!({"agent_id": "y", "model_id": "mock", "colour": "red"}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = server
+        .raw(
+            reqwest::Method::PUT,
+            "/linglong/v1/agents/architect",
+            r#"{"agent_id": "other"}"#,
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, body) = server
+        .raw(reqwest::Method::DELETE, "/linglong/v1/agents/architect", "")
+        .await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"status": "deleted", "agent_id": "architect"}))
+    );
+    let (status, _) = server.get("/linglong/v1/agents/architect").await;
+    assert_eq!(status, 404);
+}
+
+/// The `data:` payloads of an SSE response as they arrive, one JSON value each.
+fn data_events(response: reqwest::Response) -> tokio::sync::mpsc::UnboundedReceiver<Value> {
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut response = response;
+        let mut buffer = String::new();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            buffer.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buffer.find("\n\n") {
+                let event: String = buffer.drain(..end + 2).collect();
+                for line in event.lines() {
+                    if let Some(data) = line.strip_prefix("data: ")
+                        && let Ok(value) = serde_json::from_str(data)
+                    {
+                        let _ = sender.send(value);
+                    }
+                }
+            }
+        }
+    });
+    receiver
+}
+
+/// The next payload that `wanted` accepts (others are skipped), within ten seconds.
+async fn next_matching(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
+    wanted: impl Fn(&Value) -> bool,
+) -> Value {
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let event = events.recv().await.expect("the feed ended");
+            if wanted(&event) {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("no such event on the feed")
+}
+
+/// Issue 48: the seed's session status feed (`GET /v1/sessions/events`: an `init` map, then
+/// `message` and `title_update` events as unnamed `data:` events) and its read mark.
+#[tokio::test]
+async fn the_status_feed_and_the_read_mark_speak_the_seeds_shapes() {
+    let server = start().await;
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("First.")));
+    let (_, first) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "text": "Hi", "session_id": "new"}),
+        )
+        .await;
+    let earlier = first["session_id"].as_str().unwrap().to_owned();
+    let response = server
+        .http
+        .get(format!("{}/linglong/v1/sessions/events", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut events = data_events(response);
+    let init = next_matching(&mut events, |_| true).await;
+    assert_eq!(init["event"], "init", "{init}");
+    assert_eq!(init["sessions"][&earlier], "success", "{init}");
+
+    server
+        .mock
+        .enqueue(Reply::scripted(ScriptedTurn::text("Second.")));
+    let (_, second) = server
+        .post(
+            "/linglong/v1/infer",
+            json!({"model_id": "mock", "text": "Again", "session_id": "new"}),
+        )
+        .await;
+    let session = second["session_id"].as_str().unwrap().to_owned();
+    let of_session = |status: &'static str| {
+        let session = session.clone();
+        move |event: &Value| {
+            event["event"] == "message"
+                && event["session_id"] == session.as_str()
+                && event["status"] == status
+        }
+    };
+    next_matching(&mut events, of_session("streaming")).await;
+    next_matching(&mut events, of_session("success")).await;
+    let (status, _) = server
+        .post(
+            &format!("/linglong/v1/sessions/{session}/generate-title"),
+            json!({"title": "Picnic"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let titled = next_matching(&mut events, |event| event["event"] == "title_update").await;
+    assert_eq!(
+        titled,
+        json!({"event": "title_update", "session_id": session, "title": "Picnic"})
+    );
+
+    // The read mark.
+    let (_, listed) = server.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(listed["session"]["unread"], true, "{listed}");
+    let (status, body) = server
+        .post(&format!("/linglong/v1/sessions/{session}/read"), json!({}))
+        .await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"status": "success", "session_id": session}))
+    );
+    let (_, listed) = server.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(listed["session"]["unread"], false, "{listed}");
+    let (status, _) = server
+        .post(
+            "/linglong/v1/sessions/00000000-0000-7000-8000-000000000000/read",
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 404);
+}

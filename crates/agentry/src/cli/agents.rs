@@ -91,6 +91,9 @@ struct AddArgs {
     /// A display name.
     #[arg(long)]
     nickname: Option<String>,
+    /// What it is for, in a sentence or two.
+    #[arg(long)]
+    description: Option<String>,
     /// A label (repeatable).
     #[arg(long = "label")]
     labels: Vec<String>,
@@ -154,6 +157,10 @@ impl AddArgs {
         Ok(AgentConfig {
             id: self.id.context("--id is required")?,
             nickname: self.nickname,
+            description: self.description,
+            // An image and a group self-introduction are set in an agent file (`--file`).
+            avatar: None,
+            myself_view: None,
             model_id: self.model.context("--model is required")?,
             tool_ids: self.tools,
             system: self.system,

@@ -7,7 +7,8 @@
 //! - `POST /linglong/v1/infer/stream` sends `data: <message JSON>` per stream message,
 //!   `data: {"session_id"}` for a session, and `data: [DONE]` last (header `X-Session-Id`);
 //! - `POST /linglong/v1/infer/abort`, and the models, tools (Python function tools included),
-//!   MCP servers, prompt templates, env (keys), sessions and setup routes of its README;
+//!   MCP servers, prompt templates, agents, env (keys), sessions (with the status feed
+//!   `GET /v1/sessions/events` and the read mark) and setup routes of its README;
 //! - its terminals: `GET /v1/terminals` (`{"terminals": [{"terminal_id", "session_id"}]}`),
 //!   `DELETE /v1/terminals/{id}` (a terminal's id, or a session's, with or without `:auto`),
 //!   and `WS /v1/terminals/ws?terminal_id=<session>[:auto]&cols&rows` (the session's terminal,
@@ -36,8 +37,11 @@ use agentry_app::linglong::request::SeedInferRequest;
 pub(crate) mod tus;
 pub(crate) mod workspace;
 
+use axum::response::sse::{Event, KeepAlive, Sse};
+
 use crate::authorization::Caller;
 use crate::error::ApiError;
+use crate::routes::status::FeedItem;
 use crate::state::AppState;
 
 /// Where the seed's API is served.
@@ -67,11 +71,18 @@ pub fn routes() -> Router<AppState> {
         .route("/env", get(env).post(set_env))
         .route("/env/detect", post(detect_env))
         .route("/env/{key}", delete(delete_env))
+        .route("/agents", get(agents).post(create_agent))
+        .route(
+            "/agents/{id}",
+            get(agent).put(update_agent).delete(delete_agent),
+        )
         .route("/setup", get(setup))
         .merge(workspace::routes())
         .merge(tus::routes())
         .route("/sessions", get(sessions))
+        .route("/sessions/events", get(status_feed))
         .route("/sessions/{id}", get(session).delete(delete_session))
+        .route("/sessions/{id}/read", post(mark_read))
         .route("/sessions/{id}/generate-title", post(generate_title))
         .route("/sessions/{id}/revoke", post(revoke))
         .route("/sessions/{id}/file-journals", get(file_journals))
@@ -182,11 +193,7 @@ async fn models(State(state): State<AppState>) -> Answer {
 
 async fn create_model(State(state): State<AppState>, body: Bytes) -> Answer {
     let (status, body) = state.seed_save_model(None, json_body(&body)?).await?;
-    Ok((
-        StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
-        Json(body),
-    )
-        .into_response())
+    with_status(status, body)
 }
 
 async fn update_model(
@@ -195,6 +202,15 @@ async fn update_model(
     body: Bytes,
 ) -> Answer {
     let (status, body) = state.seed_save_model(Some(&id), json_body(&body)?).await?;
+    with_status(status, body)
+}
+
+async fn delete_model(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
+    ok(state.seed_delete_model(&id).await?)
+}
+
+/// The body with the status the app chose.
+fn with_status(status: u16, body: Value) -> Answer {
     Ok((
         StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
         Json(body),
@@ -202,8 +218,69 @@ async fn update_model(
         .into_response())
 }
 
-async fn delete_model(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
-    ok(state.seed_delete_model(&id).await?)
+async fn agents(State(state): State<AppState>) -> Answer {
+    ok(state.seed_agents().await?)
+}
+
+async fn agent(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
+    ok(state.seed_agent(&id).await?)
+}
+
+async fn create_agent(State(state): State<AppState>, body: Bytes) -> Answer {
+    let (status, body) = state.seed_save_agent(None, json_body(&body)?).await?;
+    with_status(status, body)
+}
+
+async fn update_agent(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    let (status, body) = state.seed_save_agent(Some(&id), json_body(&body)?).await?;
+    with_status(status, body)
+}
+
+async fn delete_agent(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
+    ok(state.seed_delete_agent(&id).await?)
+}
+
+async fn mark_read(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Answer {
+    ok(state.seed_mark_read(&caller, &id).await?)
+}
+
+/// `GET /v1/sessions/events`: the seed's status feed, `data: <JSON>` events without a name:
+/// `{"event": "init", "sessions": {id: status}}` first (and again after a gap, so a slow
+/// client is whole again), then `{"event": "message", "session_id", "status"}` and
+/// `{"event": "title_update", "session_id", "title"}` as they happen.
+async fn status_feed(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
+    let init = state.seed_status_init(&caller).await?;
+    let changes = crate::routes::status::visible_changes(state.clone(), caller.clone());
+    let events = async_stream::stream! {
+        yield Ok::<_, std::convert::Infallible>(Event::default().data(init.to_string()));
+        futures::pin_mut!(changes);
+        while let Some(item) = changes.next().await {
+            match item {
+                FeedItem::Change(change) => {
+                    if let Some(event) = agentry_app::linglong::agents::seed_status_event(&change) {
+                        yield Ok(Event::default().data(event.to_string()));
+                    }
+                }
+                FeedItem::Lagged(_) => {
+                    if let Ok(init) = state.seed_status_init(&caller).await {
+                        yield Ok(Event::default().data(init.to_string()));
+                    }
+                }
+                FeedItem::Shutdown => break,
+            }
+        }
+    };
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 async fn templates(State(state): State<AppState>) -> Answer {
