@@ -106,3 +106,46 @@ test("a skill folder is registered in settings and removed", async ({ page, env 
   await expect(row).toHaveCount(0);
   expect((await env.api.get("/v1/skills")).skills).toEqual([]);
 });
+
+test("a model's API key secret is created from its field, and the model is saved with it", async ({ page, env, script }) => {
+  await open(page, env, "#/settings/models");
+  const form = page.getByTestId("model-form");
+  await form.locator("[name=id]").fill("keyed");
+  await form.locator("[name=model_name]").fill("keyed-model");
+  await form.locator("[name=base_url]").fill(env.mock.openai_base_url);
+  // The field takes a secret's name; New secret… makes one without leaving the form.
+  await form.getByTestId("new-secret").click();
+  const dialog = page.getByTestId("secret-dialog");
+  await expect(dialog).toBeVisible();
+  await dialog.locator("[name=name]").fill("KEYED_API_KEY");
+  await dialog.locator("[name=value]").fill("sk-inline-test");
+  await dialog.getByTestId("save").click();
+  await expect(dialog).toHaveCount(0);
+  await expect(form.locator("[name=api_key_secret]")).toHaveValue("KEYED_API_KEY");
+  const { secrets } = await env.api.get("/v1/env");
+  expect(secrets.map((s) => s.name)).toContain("KEYED_API_KEY");
+  await shot(page, "settings-model-with-new-secret");
+
+  await form.getByTestId("save").click();
+  const row = page.locator('[data-testid=row][data-id="keyed"]');
+  await expect(row).toContainText("keyed-model");
+  const { models } = await env.api.get("/v1/models");
+  expect(models.find((m) => m.id === "keyed").api_key_secret).toBe("KEYED_API_KEY");
+  // Saved (a model naming a secret that is not set is refused), and it reaches its provider.
+  await script.enqueue({ text: "pong" });
+  await row.getByTestId("test").click();
+  await expect(row.getByTestId("test-result")).toHaveAttribute("data-ok", "true");
+
+  // The same field on an MCP server's form and beside an HTTP tool's definition.
+  await page.getByTestId("settings-mcp").click();
+  await expect(page.getByTestId("mcp-form").getByTestId("new-secret")).toHaveCount(1);
+  await page.getByTestId("settings-tools").click();
+  await page.getByTestId("tool-secret-header").fill("Authorization");
+  await page.getByTestId("tool-secret-name").fill("KEYED_API_KEY");
+  await page.getByTestId("tool-form").locator("[name=definition]").fill('{"name": "weather", "kind": "http", "url": "https://example.com/w"}');
+  await page.getByTestId("add-secret-header").click();
+  expect(JSON.parse(await page.getByTestId("tool-form").locator("[name=definition]").inputValue()).headers)
+    .toEqual({ Authorization: { secret: "KEYED_API_KEY" } });
+  await env.api.del("/v1/models/keyed");
+  await env.api.del("/v1/env/KEYED_API_KEY");
+});

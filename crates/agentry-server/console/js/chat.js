@@ -577,6 +577,10 @@ export class ChatView {
       this.sessionId ? null : h("div", { class: "empty" }, h("h2", {}, "What should we work on?"), h("p", {}, "Pick a model or an agent, then write below. Ctrl+Enter sends, Esc stops.")));
     this.transcript = new Transcript(this.transcriptEl, this);
     this.picker = h("select", { testid: "model-picker", "aria-label": "Model or agent", onchange: () => this.pickChanged() });
+    // Shown while the server has no model: in full, wrapping, never clipped by the picker.
+    this.noModelHint = h("div", { class: "no-model-hint hidden", testid: "no-model-hint", role: "note" },
+      "No model yet: ", h("a", { href: "#/settings/models" }, "add one in Settings → Models"),
+      " (a provider's URL, its model name and an API key secret), then pick it here.");
     this.toolMenu = h("div", { class: "menu-list hidden" });
     this.toolButton = h("button", { type: "button", onclick: () => this.toolMenu.classList.toggle("hidden") }, "No tools");
     this.templatePicker = h("select", { testid: "template-picker", "aria-label": "Prompt template", onchange: () => this.templateChanged() }, h("option", { value: "" }, "No template"));
@@ -595,7 +599,7 @@ export class ChatView {
       h("div", { class: "chat-head" }, this.title, this.renameButton, this.deleteButton, this.filesButton, this.terminalButton, this.traceLink),
       this.transcriptEl,
       this.terminalSlot,
-      h("div", { class: "composer" },
+      h("div", { class: "composer" }, this.noModelHint,
         h("div", { class: "options" }, this.picker,
           h("div", { class: "tool-picker", testid: "tool-picker" }, this.toolButton, this.toolMenu),
           this.templatePicker,
@@ -620,7 +624,8 @@ export class ChatView {
       h("optgroup", { label: "Models" }, (models.models || []).map((m) => h("option", { value: `model:${m.id}` }, `${m.id} (${m.model_name})`))),
       h("optgroup", { label: "Agents" }, (agents.agents || []).map((a) => h("option", { value: `agent:${a.id}` }, `${a.nickname ? `@${a.nickname}` : a.id} — agent`))));
     if (saved && [...this.picker.options].some((o) => o.value === saved)) this.picker.value = saved;
-    if (!this.picker.options.length) this.picker.append(h("option", { value: "" }, "No model yet — add one in Settings"));
+    if (!this.picker.options.length) this.picker.append(h("option", { value: "" }, "No model yet"));
+    this.noModelHint.classList.toggle("hidden", (models.models || []).length > 0);
     // Least privilege: a run gets exactly the tools checked here; "All tools" is an explicit
     // choice (`"*"`), never what an empty list means.
     const risk = (tool) => (tool.runs_on_host ? "runs on the host" : (tool.risk || "").replace("_", " "));

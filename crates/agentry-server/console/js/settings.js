@@ -3,7 +3,9 @@
 // sandbox capabilities.
 // Each form's inputs are named after the API body's fields; list fields take comma-separated
 // text, object fields JSON. Editing fills the form from the saved entry and saves it with PUT,
-// keeping the fields the form does not show.
+// keeping the fields the form does not show. Every field that takes a secret's name (a model's
+// API key, an MCP server's header or variable, an HTTP tool's header) offers New secret…, the
+// Secrets page's form in a dialog.
 
 import { get, post, put, del } from "./api.js";
 import { h, clear, toast, errorText, json, time } from "./dom.js";
@@ -40,6 +42,50 @@ function form(testid, fields, save, submitLabel = "Save") {
 function parseJson(text, what) {
   if (!text) return undefined;
   try { return JSON.parse(text); } catch { throw new Error(`${what} must be JSON`); }
+}
+
+/**
+ * The form that sets a secret (`POST /v1/env`: name, value, optional hosts): the Secrets page's,
+ * and the one a secret-name field opens. `saved(name)` runs once the server has it.
+ */
+function secretForm(saved, name = "") {
+  return form("secret-form", [
+    field("Name", h("input", { name: "name", required: true, placeholder: "OPENAI_API_KEY", value: name })),
+    field("Value", h("input", { name: "value", type: "password", required: true, autocomplete: "off" })),
+    field("Only sent to hosts (optional, comma-separated)",
+      h("input", { name: "hosts", placeholder: "api.openai.com, *.example.com" })),
+  ], async (v) => {
+    const hosts = list(v.hosts || "");
+    await post("/v1/env", hosts.length ? { name: v.name, value: v.value, hosts } : { name: v.name, value: v.value });
+    toast(`Secret ${v.name} saved.`);
+    saved(v.name);
+  });
+}
+
+/**
+ * `input` (a field that takes a secret's name) with New secret…: a dialog holding the Secrets
+ * page's form, after which the field holds the new secret's name — no trip to the Secrets page
+ * and back.
+ */
+function secretName(input) {
+  const open = () => {
+    const dialog = h("dialog", { class: "secret-dialog", testid: "secret-dialog", "aria-label": "New secret", onclose: () => dialog.remove() });
+    const done = (name) => {
+      input.value = name;
+      input.dispatchEvent(new Event("input", { bubbles: true }));
+      dialog.close();
+      input.focus();
+    };
+    dialog.append(h("h3", {}, "New secret"),
+      h("p", { class: "muted" }, "Its value is write-only: never shown again. This field will hold its name."),
+      secretForm(done, input.value.trim()),
+      h("button", { type: "button", testid: "cancel-secret", onclick: () => dialog.close() }, "Cancel"));
+    document.body.append(dialog);
+    dialog.showModal();
+    dialog.querySelector(input.value.trim() ? "[name=value]" : "[name=name]").focus();
+  };
+  return h("span", { class: "secret-name" }, input,
+    h("button", { type: "button", testid: "new-secret", title: "Create a secret and put its name here", onclick: open }, "New secret…"));
 }
 
 /** The label known to the runtime, and what it means (shown as hints and badges). */
@@ -162,7 +208,7 @@ export class SettingsView {
       field("Protocol", h("select", { name: "protocol" }, ["openai", "openai-responses", "anthropic", "ollama", "a2a"].map((p) => h("option", { value: p }, p)))),
       field("Model name", h("input", { name: "model_name", required: true, placeholder: "gpt-4.1-mini" })),
       field("Base URL", h("input", { name: "base_url", placeholder: "https://api.openai.com/v1" })),
-      field("API key secret (a secret's name)", h("input", { name: "api_key_secret", placeholder: "OPENAI_API_KEY" })),
+      field("API key secret (a secret's name)", secretName(h("input", { name: "api_key_secret", placeholder: "OPENAI_API_KEY" }))),
       field("Context window (tokens; empty: what the provider states, else the known one)", h("input", { name: "context_window", type: "number", min: 256 })),
       field("Labels (comma-separated: vision, audio, thinking, summary, read-image, speech, or your own)", h("input", { name: "labels", testid: "model-labels", placeholder: "vision, thinking" }), true),
       field("Default model (used when a run names none; else the first registered)", h("input", { name: "default", type: "checkbox" })),
@@ -218,8 +264,22 @@ export class SettingsView {
       toast(el.dataset.editing ? `Tool ${definition.name} saved.` : `Tool ${definition.name} added.`);
       reload();
     });
+    // An HTTP tool's header from a secret, written into the definition as {"secret": NAME}.
+    const headerName = h("input", { placeholder: "Authorization", "aria-label": "Header", testid: "tool-secret-header" });
+    const headerSecret = h("input", { placeholder: "WEATHER_KEY", "aria-label": "Its secret's name", testid: "tool-secret-name" });
+    const addHeader = () => {
+      const definitionInput = toolForm.querySelector("[name=definition]");
+      try {
+        const definition = parseJson(definitionInput.value.trim(), "The definition") || {};
+        if (!headerName.value.trim() || !headerSecret.value.trim()) throw new Error("Name the header and its secret.");
+        definition.headers = { ...(definition.headers || {}), [headerName.value.trim()]: { secret: headerSecret.value.trim() } };
+        definitionInput.value = JSON.stringify(definition, null, 2);
+      } catch (error) { toast(errorText(error), "error"); }
+    };
     root.append(formCard("Add a tool", toolForm, reload,
-      h("p", { class: "muted" }, "An HTTP endpoint or a command, as the API's tool definition (JSON).")));
+      h("p", { class: "muted" }, "An HTTP endpoint or a command, as the API's tool definition (JSON)."),
+      h("div", { class: "header-from-secret" }, h("span", { class: "muted" }, "An HTTP header from a secret:"), headerName, secretName(headerSecret),
+        h("button", { type: "button", testid: "add-secret-header", onclick: addHeader }, "Add to the definition"))));
   }
 
   async mcp(root, reload) {
@@ -237,8 +297,11 @@ export class SettingsView {
       field("Command (stdio)", h("input", { name: "command", placeholder: "npx" })),
       field("Arguments (comma-separated)", h("input", { name: "args", placeholder: "-y, @modelcontextprotocol/server-filesystem, /data" })),
       field("URL (streamable HTTP)", h("input", { name: "url", placeholder: "https://…/mcp" })),
+      field("Header (HTTP) or environment variable (stdio) from a secret", h("input", { name: "secret_key", placeholder: "Authorization, or GITHUB_TOKEN" })),
+      field("…its secret (a secret's name)", secretName(h("input", { name: "secret_name", testid: "mcp-secret", placeholder: "GITHUB_TOKEN" }))),
     ], async (v) => {
       const server = v.url ? { url: v.url } : { command: v.command, args: list(v.args) };
+      if (v.secret_key && v.secret_name) server[v.url ? "headers" : "env"] = { [v.secret_key]: { secret: v.secret_name } };
       await post("/v1/tools/mcp", { mcpServers: { [v.name]: server } });
       toast(`Server ${v.name} added.`);
       reload();
@@ -341,17 +404,7 @@ export class SettingsView {
       h("div", { class: "rows" }, secrets.length ? secrets.map((s) => row(s.name, meta(s),
         deleteButton(`/v1/env/${encodeURIComponent(s.name)}`, reload, `secret ${s.name}`)))
         : h("p", { class: "muted" }, "No secret yet."))));
-    root.append(h("div", { class: "card" }, h("h3", {}, "Set a secret"), form("secret-form", [
-      field("Name", h("input", { name: "name", required: true, placeholder: "OPENAI_API_KEY" })),
-      field("Value", h("input", { name: "value", type: "password", required: true, autocomplete: "off" })),
-      field("Only sent to hosts (optional, comma-separated)",
-        h("input", { name: "hosts", placeholder: "api.openai.com, *.example.com" })),
-    ], async (v) => {
-      const hosts = (v.hosts || "").split(",").map((x) => x.trim()).filter(Boolean);
-      await post("/v1/env", hosts.length ? { name: v.name, value: v.value, hosts } : { name: v.name, value: v.value });
-      toast(`Secret ${v.name} saved.`);
-      reload();
-    })));
+    root.append(h("div", { class: "card" }, h("h3", {}, "Set a secret"), secretForm(() => reload())));
   }
 
   async keys(root, reload) {
