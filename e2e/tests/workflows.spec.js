@@ -85,3 +85,92 @@ test("a switch is drawn as a choice with its ways, and the way not taken is skip
   await shot(page, "workflow-switch");
   await env.api.del("/v1/workflows/fork");
 });
+
+test("a workflow is created through the form, edited as YAML with live schema checks, saved and run", async ({ page, env }) => {
+  await env.api.post("/v1/agents", { id: "wf-editor-agent", model_id: "mock" });
+  await open(page, env, "#/workflows");
+  await page.getByTestId("new-workflow").click();
+  await expect(page).toHaveURL(/#\/workflows\/new$/);
+  const text = page.getByTestId("definition-editor");
+  const problems = page.getByTestId("schema-errors").getByTestId("schema-error");
+  const status = page.getByTestId("editor-status");
+  const save = page.getByTestId("save-workflow");
+  // A new definition has no id yet: the schema says so before anything is typed.
+  await expect(problems.filter({ hasText: "/id" })).toHaveCount(1);
+  await expect(save).toBeDisabled();
+
+  // The form: id, description, a wait and an approval.
+  await page.getByTestId("workflow-id").fill("greet");
+  await page.getByTestId("workflow-description").fill("says hello");
+  const first = page.getByTestId("step-form").nth(0);
+  await first.locator("select[data-field=kind]").selectOption("wait");
+  await first.locator("input[data-field=seconds]").fill("0");
+  await page.getByTestId("add-step").click();
+  const second = page.getByTestId("step-form").nth(1);
+  await second.locator("select[data-field=kind]").selectOption("approval");
+  await second.locator("textarea[data-field=message]").fill("Go on?");
+  // The text follows the form, and matches the schema.
+  expect(JSON.parse(await text.inputValue())).toEqual({ id: "greet", description: "says hello", steps: [
+    { id: "step1", kind: "wait", seconds: 0 }, { id: "step2", kind: "approval", message: "Go on?" }] });
+  await expect(status).toHaveAttribute("data-valid", "true");
+  await expect(problems).toHaveCount(0);
+  await shot(page, "workflow-new");
+  await save.click();
+  await expect(page).toHaveURL(/#\/workflows$/);
+  const row = page.locator('[data-testid=workflow][data-id="greet"]');
+  await expect(row).toContainText("v1 · 2 steps · says hello");
+
+  // Edit it as YAML: an invalid edit is flagged as it is typed, with its path, and cleared
+  // when mended.
+  await row.getByTestId("edit-workflow").click();
+  await expect(page.getByTestId("workflow-id")).toHaveValue("greet");
+  await page.getByTestId("editor-format").selectOption("yaml");
+  await expect(text).toHaveValue(/seconds: 0/);
+  const yaml = await text.inputValue();
+  await text.fill(yaml.replace("seconds: 0", "seconds: soon"));
+  await expect(problems).toHaveCount(1);
+  await expect(problems.first()).toHaveAttribute("data-path", "/steps/0/seconds");
+  await expect(problems.first()).toContainText("integer");
+  await expect(save).toBeDisabled();
+  await expect(page.locator('[data-testid=step-form] [data-path="/steps/0/seconds"]')).toHaveAttribute("aria-invalid", "true");
+  // Typed key by key: an unknown property is named while it is typed.
+  await text.fill(yaml);
+  await expect(problems).toHaveCount(0);
+  await text.press("Control+End");
+  await text.pressSequentially("colour: blue");
+  await expect(problems).toHaveCount(1);
+  await expect(problems.first()).toContainText('/colour unknown property "colour"');
+  for (let i = 0; i < "colour: blue".length; i += 1) await text.press("Backspace");
+  await expect(problems).toHaveCount(0);
+  // YAML that does not parse.
+  await text.fill(`${yaml}steps: [oops\n`);
+  await expect(problems.first()).toContainText("YAML");
+  // Mended: the second step now waits a second; the form follows the text.
+  await text.fill(yaml.replace("seconds: 0", "seconds: 1"));
+  await expect(problems).toHaveCount(0);
+  await expect(status).toHaveAttribute("data-valid", "true");
+  await expect(page.getByTestId("step-form").nth(0).locator("input[data-field=seconds]")).toHaveValue("1");
+  await shot(page, "workflow-edit-yaml");
+
+  // What only the server can tell (an agent that does not exist) is shown on save.
+  await text.fill(yaml.replace("kind: approval", "kind: agent").replace("message: Go on?", "agent: nobody\n    prompt: hi"));
+  await expect(problems).toHaveCount(0);
+  await save.click();
+  await expect(page.getByTestId("save-error")).toContainText("nobody");
+  await text.fill(yaml.replace("seconds: 0", "seconds: 1"));
+  await save.click();
+  await expect(page).toHaveURL(/#\/workflows$/);
+  await expect(row).toContainText("v2 · 2 steps");
+  expect((await env.api.get("/v1/workflows/greet")).steps[0]).toEqual({ id: "step1", kind: "wait", seconds: 1 });
+
+  // Run the new version.
+  await row.getByTestId("open-start").click();
+  await row.getByTestId("start-form").getByTestId("start").click();
+  await expect(page).toHaveURL(/#\/workflows\/run\/[0-9a-f-]{36}$/);
+  const approval = page.locator('[data-testid=workflow-step][data-id="step2"]');
+  await expect(approval).toHaveAttribute("data-state", "waiting");
+  await approval.getByTestId("approve").click();
+  await expect(page.getByTestId("run-state")).toHaveAttribute("data-state", "succeeded");
+  await env.api.del("/v1/workflows/greet");
+  await env.api.del("/v1/agents/wf-editor-agent");
+});

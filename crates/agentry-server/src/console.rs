@@ -68,6 +68,7 @@ const ASSETS: &[Asset] = assets! {
     "js/nonce.js" => "text/javascript; charset=utf-8",
     "js/rich.js" => "text/javascript; charset=utf-8",
     "js/workflows.js" => "text/javascript; charset=utf-8",
+    "js/workflow-editor.js" => "text/javascript; charset=utf-8",
     "js/usage.js" => "text/javascript; charset=utf-8",
     "vendor/katex/katex.min.js" => "text/javascript; charset=utf-8",
     "vendor/mermaid/mermaid.min.js" => "text/javascript; charset=utf-8",
@@ -76,6 +77,8 @@ const ASSETS: &[Asset] = assets! {
     "vendor/xterm/xterm.css" => "text/css; charset=utf-8",
     "vendor/uplot/uPlot.esm.js" => "text/javascript; charset=utf-8",
     "vendor/uplot/uPlot.min.css" => "text/css; charset=utf-8",
+    "vendor/json-schema/json-schema.mjs" => "text/javascript; charset=utf-8",
+    "vendor/yaml/yaml.mjs" => "text/javascript; charset=utf-8",
 };
 
 /// Each asset's ETag (a hash of its bytes), in `ASSETS`' order: computed once, at the first

@@ -1,9 +1,9 @@
-// The Workflows page: the saved workflows, each with a start form made from its input schema,
-// and their runs; a run's page draws the graph (a mermaid flowchart, steps coloured by state)
-// (a click on a step's node opens its agent session, or its card) and lists every step —
-// state, attempts, time, output, error, the sessions its agents ran in —
-// live from the run's event stream, with approvals and signals answered inline, cancel and
-// retry.
+// The Workflows page: the saved workflows, each with a start form made from its input schema
+// and an Edit (the editor of workflow-editor.js, also behind New workflow), and their runs; a
+// run's page draws the graph (a mermaid flowchart, steps coloured by state) (a click on a
+// step's node opens its agent session, or its card) and lists every step — state, attempts,
+// time, output, error, the sessions its agents ran in — live from the run's event stream, with
+// approvals and signals answered inline, cancel and retry.
 
 import { get, post, stream } from "./api.js";
 import { h, clear, toast, errorText, json, time } from "./dom.js";
@@ -98,6 +98,7 @@ export class WorkflowsView {
     this.controller = null;
     const [what, id] = (arg || "").split("/");
     if (what === "run" && id) this.showRun(id);
+    else if (what === "new" || (what === "edit" && id)) this.showEditor(what === "edit" ? decodeURIComponent(id) : null);
     else this.showList();
   }
 
@@ -105,8 +106,19 @@ export class WorkflowsView {
     if (this.controller) this.controller.abort();
   }
 
+  /** The editor (a new workflow, or the next version of `id`), loaded on first use. */
+  async showEditor(id) {
+    try {
+      const { WorkflowEditor } = await import("./workflow-editor.js");
+      this.editor = new WorkflowEditor(this.root, id);
+    } catch (error) {
+      clear(this.root).append(h("div", { class: "form-error", role: "alert" }, errorText(error)));
+    }
+  }
+
   async showList() {
-    clear(this.root).append(h("h2", {}, "Workflows"));
+    clear(this.root).append(h("div", { class: "page-head" }, h("h2", {}, "Workflows"),
+      h("a", { class: "button primary", href: "#/workflows/new", testid: "new-workflow" }, "New workflow")));
     let workflows;
     let runs;
     try {
@@ -131,9 +143,10 @@ export class WorkflowsView {
         h("div", { class: "row" },
           h("span", { class: "id" }, workflow.id),
           h("span", { class: "meta" }, `v${workflow.version} · ${workflow.steps.length} steps${workflow.description ? ` · ${workflow.description}` : ""}`),
-          h("button", { testid: "open-start", onclick: () => form.classList.toggle("hidden") }, "Run…")),
+          h("button", { testid: "open-start", onclick: () => form.classList.toggle("hidden") }, "Run…"),
+          h("a", { class: "button", testid: "edit-workflow", href: `#/workflows/edit/${encodeURIComponent(workflow.id)}` }, "Edit")),
         form);
-    }) : h("p", { class: "muted" }, "No workflow yet: POST /v1/workflows, or `agentry workflows add FILE`.")));
+    }) : h("p", { class: "muted" }, "No workflow yet: New workflow, POST /v1/workflows, or `agentry workflows add FILE`.")));
     this.root.append(h("h3", {}, "Runs"), h("div", { class: "card" }, runs.length ? h("table", { class: "runs-table" },
       h("thead", {}, h("tr", {}, ["Run", "Workflow", "State", "Started"].map((title) => h("th", {}, title)))),
       h("tbody", {}, runs.map((run) => h("tr", { testid: "workflow-run", dataset: { id: run.run_id } },
