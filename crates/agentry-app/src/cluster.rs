@@ -265,6 +265,7 @@ impl App {
                     // first).
                     if !self.shutdown.is_cancelled() {
                         self.resume_orphaned(false).await;
+                        self.settle_stranded().await;
                     }
                 }
                 Ok(None) => {

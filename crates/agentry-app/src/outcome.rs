@@ -69,6 +69,11 @@ impl RunOutcome {
     }
 }
 
+/// How long a streamed request waits for its run's first event before it answers: the start
+/// of a run in a new session is committed within it, so a start that could not be written is
+/// the request's error; a run queued behind another starts streaming without it.
+pub const START_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The error of a run whose start could not be written, as the caller hears it: a full disk
 /// is `storage_full`, anything else an internal failure (nothing was kept either way).
 fn start_failure(error: &ErrorInfo) -> AppError {
@@ -111,6 +116,22 @@ impl App {
         let subscription = start_in_session(self, session, request, policy).await?;
         self.follow_to_end(session, None, subscription, cancel_on_drop)
             .await
+    }
+
+    /// Waits up to [`START_WAIT`] for the first event of a run just submitted: `Some` to send
+    /// on first, `None` when none came in time (or some were missed), an error when the run
+    /// ended before its start was written (a full disk: `storage_full`).
+    pub async fn await_start(
+        &self,
+        subscription: &mut crate::hub::Subscription,
+    ) -> Result<Option<std::sync::Arc<RunEvent>>, AppError> {
+        match tokio::time::timeout(START_WAIT, subscription.events.recv()).await {
+            Ok(Ok(event)) => match event.as_ref() {
+                RunEvent::RunFailed { error, .. } => Err(start_failure(error)),
+                _ => Ok(Some(event)),
+            },
+            Ok(Err(_)) | Err(_) => Ok(None),
+        }
     }
 
     /// Follows a session's live run from `subscription` to its end (or its suspension) and

@@ -61,9 +61,32 @@ pub struct QueueSettings {
     pub webhooks: WebhookSettings,
     /// The shortest time a schedule may leave between two fires (each fire may make a session).
     pub min_schedule_interval: Duration,
+    /// What becomes of the running sessions of a dead node whose workspace volume no live node
+    /// shares (none may take them over: their files are elsewhere). `None`: they wait for a
+    /// node on that volume (their detail says so, `waiting_for_volume`).
+    pub stranded: Option<StrandedPolicy>,
     /// This node's previous incarnation when it is provably gone (`serve` restarted on the
     /// data folder whose lock it held): the node's id is taken from it at once.
     pub replaces: Option<String>,
+}
+
+/// After how long, and how, a node takes the stranded sessions of a dead node on another
+/// workspace volume ([`QueueSettings::stranded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrandedPolicy {
+    /// How long past the dead node's lease they wait for a node on its volume.
+    pub after: Duration,
+    /// What is done with them then.
+    pub action: StrandedAction,
+}
+
+/// What a node does with a stranded session it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrandedAction {
+    /// Resumes its run here, without the files of the other volume.
+    Resume,
+    /// Ends its run `cancelled` and leaves the session `interrupted`, for a person to continue.
+    Interrupt,
 }
 
 impl Default for QueueSettings {
@@ -74,6 +97,7 @@ impl Default for QueueSettings {
             worker,
             address: String::new(),
             volume: None,
+            stranded: None,
             max_concurrent: 64,
             max_queued: 10_000,
             lease: DEFAULT_LEASE,
@@ -450,6 +474,58 @@ impl App {
             }
         }
         resumed
+    }
+
+    /// Takes the stranded sessions of dead nodes (see [`QueueSettings::stranded`]) and resumes
+    /// or interrupts them as the policy says; answers how many it took.
+    pub(crate) async fn settle_stranded(&self) -> usize {
+        let Some(policy) = self.queue.settings().stranded else {
+            return 0;
+        };
+        let worker = self.queue.worker();
+        let sessions = match self
+            .store
+            .claim_stranded_sessions(&worker, policy.after)
+            .await
+        {
+            Ok(sessions) => sessions,
+            Err(error) => {
+                tracing::error!("looking for stranded runs failed: {error}");
+                return 0;
+            }
+        };
+        for session in &sessions {
+            if self.hub.is_live(*session) {
+                continue;
+            }
+            match policy.action {
+                StrandedAction::Resume => match self.sessions.recover_session(*session).await {
+                    Ok(Some(stream)) => {
+                        tracing::warn!(%session, "resuming a run whose node died on another \
+                            workspace volume (its files are not here)");
+                        self.hub.adopt(*session, stream);
+                    }
+                    Ok(None) => {}
+                    Err(error) => tracing::error!(%session, "could not resume: {error}"),
+                },
+                StrandedAction::Interrupt => {
+                    let note = format!(
+                        "the run was interrupted: its node stopped and no live node has its \
+                         workspace volume (waited {} s past the node's lease)",
+                        policy.after.as_secs()
+                    );
+                    match self.sessions.interrupt_stopped(*session, note).await {
+                        Ok(_) => {
+                            tracing::warn!(%session, "interrupted a run stranded on another volume");
+                            self.hub
+                                .announce(*session, crate::hub::FeedStatus::Interrupted);
+                        }
+                        Err(error) => tracing::error!(%session, "could not interrupt: {error}"),
+                    }
+                }
+            }
+        }
+        sessions.len()
     }
 
     /// The queue's settings (this process's worker).

@@ -143,6 +143,21 @@ pub struct SessionDetail {
     /// For a group member's session: `{"group_session_id", "agent_id"}`.
     #[schema(value_type = Option<Object>)]
     pub group_member: Option<Value>,
+    /// Why its run is not going on: the node running it died, and no live node has that
+    /// node's workspace volume, so none may take it over (see `serve --stranded-after-secs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for_volume: Option<VolumeWait>,
+}
+
+/// A run waiting for a node on its workspace volume ([`SessionDetail::waiting_for_volume`]).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VolumeWait {
+    /// The volume (the id in its `.agentry-volume` file).
+    pub volume: String,
+    /// Since when, Unix milliseconds (when its node's lease ran out, or it stopped).
+    pub since: u64,
+    /// The same, for a person.
+    pub message: String,
 }
 
 /// One committed event.
@@ -277,7 +292,21 @@ impl App {
     /// and groups.
     pub async fn session_detail(&self, record: SessionRecord) -> Result<SessionDetail, AppError> {
         let events = self.logged_events(record.id, 0).await?;
-        self.session_detail_of(record, &events)
+        let stranded = if record.status == "running" && !self.hub.is_live(record.id) {
+            self.store.stranded_on(record.id).await?
+        } else {
+            None
+        };
+        let mut detail = self.session_detail_of(record, &events)?;
+        detail.waiting_for_volume = stranded.map(|(volume, since)| VolumeWait {
+            message: format!(
+                "its node stopped and no live node has its workspace volume {volume}: it waits \
+                 for one (a node started with --stranded-after-secs resumes or interrupts it)"
+            ),
+            volume,
+            since,
+        });
+        Ok(detail)
     }
 
     /// [`App::session_detail`] from the session's events, already read.
@@ -312,6 +341,7 @@ impl App {
             children: crate::delegation::children(events),
             group: field(crate::group::METADATA_KEY),
             group_member: field(crate::group::MEMBER_KEY),
+            waiting_for_volume: None,
         })
     }
 

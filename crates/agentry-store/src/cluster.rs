@@ -255,6 +255,75 @@ impl Store {
             .collect()
     }
 
+    /// The running sessions of dead nodes that no node could take because no live node shares
+    /// the dead node's workspace volume, dead for longer than their lease plus `after`: taken
+    /// for `worker` whatever its volume (their files are not here), so that it resumes them
+    /// without their files or ends them. Background runs are left to the run queue. Answers
+    /// the sessions taken.
+    pub async fn claim_stranded_sessions(
+        &self,
+        worker: &str,
+        after: std::time::Duration,
+    ) -> Result<Vec<agentry_types::SessionId>, StoreError> {
+        let now = to_db(now_millis());
+        let rows = with_writer!(self, |pool, d| {
+            sqlx::query(
+                "UPDATE sessions SET worker = $1 \
+                 WHERE status = 'running' \
+                 AND worker IN (SELECT incarnation FROM nodes \
+                      WHERE COALESCE(stopped_at, heartbeat_at + lease_ms) + $3 < $2) \
+                 AND NOT EXISTS (SELECT 1 FROM runs \
+                      WHERE runs.session_id = sessions.id AND runs.state = 'running' \
+                      AND runs.background = 1) \
+                 RETURNING id",
+            )
+            .bind(worker)
+            .bind(now)
+            .bind(to_db(millis(after)))
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| row.text("id"))
+            .collect::<Result<Vec<_>, _>>()?
+        });
+        rows.iter()
+            .map(|id| {
+                id.parse()
+                    .map_err(|_| StoreError::Corrupt(format!("bad session id {id:?}")))
+            })
+            .collect()
+    }
+
+    /// Why a running session waits, when its node is dead and no live node shares that node's
+    /// workspace volume (so none may take it over): the volume, and since when (Unix
+    /// milliseconds, when the node's lease ran out or it stopped).
+    pub async fn stranded_on(
+        &self,
+        session: agentry_types::SessionId,
+    ) -> Result<Option<(String, u64)>, StoreError> {
+        let now = to_db(now_millis());
+        let id = session.to_string();
+        with_reader!(self, |pool, d| {
+            let row = sqlx::query(
+                "SELECT n.volume AS volume, COALESCE(n.stopped_at, n.heartbeat_at + n.lease_ms) \
+                 AS since FROM sessions s JOIN nodes n ON n.incarnation = s.worker \
+                 WHERE s.id = $1 AND s.status = 'running' \
+                 AND COALESCE(n.volume, '') <> '' \
+                 AND (n.stopped_at IS NOT NULL OR n.heartbeat_at + n.lease_ms < $2) \
+                 AND NOT EXISTS (SELECT 1 FROM nodes m WHERE m.volume = n.volume \
+                      AND m.stopped_at IS NULL AND m.heartbeat_at + m.lease_ms >= $2)",
+            )
+            .bind(&id)
+            .bind(now)
+            .fetch_optional(pool)
+            .await?;
+            match row {
+                Some(row) => Ok(Some((row.text("volume")?, from_db(row.int("since")?)))),
+                None => Ok(None),
+            }
+        })
+    }
+
     /// The node's heartbeat: renews its row and the lease of every run its incarnation holds,
     /// in one transaction, and answers those runs. `None` when another incarnation has taken
     /// the id (this process was taken for dead): it must stop working.

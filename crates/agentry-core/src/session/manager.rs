@@ -1093,6 +1093,37 @@ impl SessionManager {
         Ok(true)
     }
 
+    /// Ends the run `session` was running when the process running it stopped, without
+    /// resuming it: `cancelled` with `note`, the session `interrupted` (a person may continue
+    /// it). A session with no run in flight is set idle. Returns whether a run was ended.
+    pub async fn interrupt_stopped(
+        &self,
+        session: SessionId,
+        note: String,
+    ) -> Result<bool, SessionError> {
+        let (_slot, _guard) = self.try_gate(session)?;
+        let log = &self.inner.log;
+        let events = log.load(session).await?;
+        let Some(in_flight) = replay(&events).in_flight else {
+            log.set_status(session, SessionStatus::Idle).await?;
+            return Ok(false);
+        };
+        log.append_with_status(
+            session,
+            vec![SessionEvent::RunFinished {
+                run_id: in_flight.run_id,
+                stop_reason: RunStopReason::Cancelled,
+                usage: in_flight.usage,
+                rounds: in_flight.round,
+                error: None,
+                note: Some(note),
+            }],
+            SessionStatus::Interrupted,
+        )
+        .await?;
+        Ok(true)
+    }
+
     /// Aborts `session`'s work: every run queued behind the current one is dropped (nothing
     /// of it is committed), and the run `run_id` is interrupted. Returns how many queued runs
     /// were dropped.

@@ -153,8 +153,12 @@ async fn infer_stream(
                 }))
             }
             Target::Session(session) => {
-                let subscription =
+                let mut subscription =
                     Box::pin(start_in_session(&state, session, request, policy)).await?;
+                // A run in a new session creates it with its first write: wait for that, so a
+                // start that could not be written is this request's error (507 on a full
+                // disk), not a stream that ends as soon as it begins.
+                let first = state.await_start(&mut subscription).await?;
                 if let Ok(value) = HeaderValue::from_str(&session.to_string()) {
                     headers.insert("x-session-id", value);
                 }
@@ -168,36 +172,43 @@ async fn infer_stream(
                 // The intro goes with the run's first event: a new session is created by the
                 // run's first commit, and a client that reads the intro finds the session.
                 Box::pin(
-                    session_events(state.clone(), session, subscription, 0, Some(guard)).flat_map(
-                        move |event| {
+                    session_events(state.clone(), session, subscription, 0, first, Some(guard))
+                        .flat_map(move |event| {
                             futures::stream::iter(intro.take().map(Ok).into_iter().chain([event]))
-                        },
-                    ),
+                        }),
                 )
             }
         };
     Ok((headers, Sse::new(events).keep_alive(KeepAlive::default())).into_response())
 }
 
-/// The SSE events of a session run from a subscription: live events, catching up from the log
-/// if the subscriber fell behind, ending after the run's final event. `after` is the last seq
-/// the client already has; `guard` is dropped when the client goes away.
+/// The SSE events of a session run from a subscription: `first` (an event already taken from
+/// it), then live events, catching up from the log if the subscriber fell behind, ending after
+/// the run's final event. `after` is the last seq the client already has; `guard` is dropped
+/// when the client goes away.
 pub(crate) fn session_events<G: Send + 'static>(
     state: AppState,
     session: SessionId,
     subscription: Subscription,
     after: u64,
+    first: Option<std::sync::Arc<agentry_types::RunEvent>>,
     guard: Option<G>,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send {
     async_stream::stream! {
         let _guard = guard;
         let mut mapper = SseMapper::new(true, after);
+        if let Some(first) = first {
+            for sse in mapper.map(&first) {
+                yield Ok(sse);
+            }
+        }
         let mut events = subscription.events;
         // One wait for the whole stream, not a new one per event: each would be added to and
         // removed from the shutdown token's waiters, which every live stream shares.
         let shutdown = state.shutdown.clone().cancelled_owned();
         futures::pin_mut!(shutdown);
-        loop {
+        // A first event that ended the run (a run with nothing to do) ends the stream too.
+        while !mapper.ended {
             let received = tokio::select! {
                 received = events.recv() => received,
                 () = &mut shutdown => {
@@ -239,9 +250,6 @@ pub(crate) fn session_events<G: Send + 'static>(
                     }
                 }
                 Err(RecvError::Closed) => break,
-            }
-            if mapper.ended {
-                break;
             }
         }
     }

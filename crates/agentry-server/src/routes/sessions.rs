@@ -297,8 +297,14 @@ pub(crate) async fn attach(
                         .data(json!({"text": subscription.partial.text}).to_string()),
                 );
             }
-            let rest =
-                session_events::<()>(state.clone(), session, subscription, mapper.last_seq, None);
+            let rest = session_events::<()>(
+                state.clone(),
+                session,
+                subscription,
+                mapper.last_seq,
+                None,
+                None,
+            );
             Box::pin(futures::stream::iter(first.into_iter().map(Ok)).chain(rest))
         }
         None if !mapper.ended && state.store.session_worker(session).await?.is_some() => {
@@ -343,7 +349,7 @@ fn tail(
             if let Some(subscription) = state.hub.subscribe(session) {
                 // This node took the run over: its live events from here.
                 let rest = session_events::<()>(
-                    state.clone(), session, subscription, mapper.last_seq, None,
+                    state.clone(), session, subscription, mapper.last_seq, None, None,
                 );
                 for await event in rest {
                     yield event;

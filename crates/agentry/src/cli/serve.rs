@@ -55,6 +55,16 @@ pub(crate) struct ServeArgs {
     /// other nodes on the database.
     #[arg(long, value_name = "SECS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=3600))]
     lease_secs: u64,
+    /// A conversation whose node died waits for a node on that node's workspace volume (its
+    /// files are there); with this, once it has waited this many seconds past the dead node's
+    /// lease, this node takes it and does what `--stranded-action` says.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+    stranded_after_secs: Option<u64>,
+    /// What `--stranded-after-secs` does with such a conversation: `interrupt` ends its run
+    /// (`interrupted`, for a person to continue) or `resume` runs it on here, without the
+    /// files of the other volume.
+    #[arg(long, value_name = "ACTION", default_value = "interrupt", value_parser = ["interrupt", "resume"])]
+    stranded_action: String,
     /// This node's id among the nodes sharing a PostgreSQL database (default: the host's name
     /// and the port). Two live nodes cannot share one.
     #[arg(long, value_name = "ID")]
@@ -285,6 +295,16 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         max_concurrent: args.max_concurrent_runs as usize,
         max_queued: args.max_queued_runs,
         lease: std::time::Duration::from_secs(args.lease_secs),
+        stranded: args
+            .stranded_after_secs
+            .map(|secs| agentry_app::queue::StrandedPolicy {
+                after: std::time::Duration::from_secs(secs),
+                action: if args.stranded_action == "resume" {
+                    agentry_app::queue::StrandedAction::Resume
+                } else {
+                    agentry_app::queue::StrandedAction::Interrupt
+                },
+            }),
         min_schedule_interval: std::time::Duration::from_secs(args.min_schedule_interval_secs),
         webhooks: agentry_app::queue::WebhookSettings {
             allow_private: args.webhook_allow_private,

@@ -137,14 +137,14 @@ impl Homes {
 
 fn spawn(home: &Path, url: &str, id: &str, port: u16, extra: &[&str]) -> tokio::process::Child {
     // Every node's workspaces on one shared folder (beside the data folders), as a cluster's
-    // nodes must have to take over each other's runs.
+    // nodes must have to take over each other's runs, unless `extra` names a folder of its own.
     let shared = home.parent().unwrap().join("workspaces");
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .arg("--home")
-        .arg(home)
-        .arg("serve")
-        .arg("--workspaces")
-        .arg(&shared)
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+    command.arg("--home").arg(home).arg("serve");
+    if !extra.contains(&"--workspaces") {
+        command.arg("--workspaces").arg(&shared);
+    }
+    command
         .args(["--database-url", url])
         .args([&format!("127.0.0.1:{port}"), "--node-id", id])
         .args(["--lease-secs", "2", "--approve", "none", "--sandbox", "off"])
@@ -1446,4 +1446,155 @@ async fn a_rolling_restart_of_all_three_nodes_fails_no_run_and_loses_no_streamed
         .filter(|node| node["state"] == "alive")
         .count();
     assert_eq!(alive, 3, "{cluster}");
+}
+
+/// Starts a turn of `session` on `node` whose model answers only after 30 s, then kills the
+/// node while the turn waits on it, once `observer` sees the run's start committed (the model
+/// is asked while the start is being written).
+async fn kill_mid_turn(node: Node, observer: &Node, mock: &MockProvider, session: &str) {
+    let before = mock.request_count();
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("never seen")).delay_headers(Duration::from_secs(30)),
+    );
+    let url = format!("{}/v1/infer", node.base());
+    let body = json!({"session_id": session, "model_id": "m", "text": "and now?"});
+    let pending = tokio::spawn(async move {
+        agentry_llm::http_client(Duration::from_secs(60))
+            .unwrap()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mock.request_count() <= before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    detail_until(observer, session, |detail| {
+        detail["session"]["status"] == "running"
+    })
+    .await;
+    let mut node = node;
+    node.child.start_kill().unwrap();
+    node.child.wait().await.unwrap();
+    assert!(pending.await.unwrap().is_err());
+}
+
+/// Polls `node`'s detail of `session` until `done` accepts it (20 s at most).
+async fn detail_until(node: &Node, session: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let detail = get(node, &format!("/v1/sessions/{session}")).await;
+        if done(&detail) {
+            return detail;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{detail}\n--- {} ---\n{}",
+            node.id,
+            node.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Issue 48: a conversation whose node died on a workspace volume no live node has cannot be
+/// taken over (its files are there): its detail says so (`waiting_for_volume`, the volume and
+/// since when), and a node started with `--stranded-after-secs` takes it after that wait and
+/// resumes it (`--stranded-action resume`) or ends it `interrupted` for a person to continue
+/// (`interrupt`, the default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stranded_on_a_dead_nodes_volume_says_so_then_is_resumed_or_interrupted() {
+    let db = Database::new().await;
+    let homes = Homes::new();
+    let mock = MockProvider::start().await.unwrap();
+    mock.set_fallback(Reply::scripted(ScriptedTurn::text("taken over")));
+    let folder = |name: &str| homes.root.path().join(name).display().to_string();
+    let (wa, wb, wc, we, wf) = (
+        folder("volume-a"),
+        folder("volume-b"),
+        folder("volume-c"),
+        folder("volume-e"),
+        folder("volume-f"),
+    );
+    let a = start(&homes, &db, "a", &["--workspaces", &wa]).await;
+    // b, on a volume of its own and with no policy, may only wait and say so.
+    let b = start(&homes, &db, "b", &["--workspaces", &wb]).await;
+    add_model(&a, &mock).await;
+    let (status, first) = post(
+        &a,
+        "/v1/infer",
+        json!({"session_id": "new", "model_id": "m", "text": "hi"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    let session = first["session_id"].as_str().unwrap().to_owned();
+    let volume_a = std::fs::read_to_string(format!("{wa}/.agentry-volume")).unwrap();
+    kill_mid_turn(a, &b, &mock, &session).await;
+    let waiting = detail_until(&b, &session, |detail| {
+        !detail["waiting_for_volume"].is_null()
+    })
+    .await;
+    assert_eq!(
+        waiting["waiting_for_volume"]["volume"],
+        volume_a.trim(),
+        "{waiting}"
+    );
+    assert!(waiting["waiting_for_volume"]["since"].as_u64().unwrap() > 0);
+    assert_eq!(waiting["session"]["status"], "running", "{waiting}");
+    // Still waiting a while later: b never takes it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = get(&b, &format!("/v1/sessions/{session}")).await;
+    assert!(!still["waiting_for_volume"].is_null(), "{still}");
+
+    // c resumes it, a second after the dead node's lease.
+    let c = start(
+        &homes,
+        &db,
+        "c",
+        &[
+            "--workspaces",
+            &wc,
+            "--stranded-after-secs",
+            "1",
+            "--stranded-action",
+            "resume",
+        ],
+    )
+    .await;
+    let resumed = detail_until(&b, &session, |detail| detail["session"]["status"] == "idle").await;
+    assert!(resumed["waiting_for_volume"].is_null(), "{resumed}");
+    assert!(resumed.to_string().contains("taken over"), "{resumed}");
+    drop(c);
+
+    // A conversation on e, which dies; f interrupts it after its wait instead.
+    let e = start(&homes, &db, "e", &["--workspaces", &we]).await;
+    let (status, first) = post(
+        &e,
+        "/v1/infer",
+        json!({"session_id": "new", "model_id": "m", "text": "hello"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    let second = first["session_id"].as_str().unwrap().to_owned();
+    kill_mid_turn(e, &b, &mock, &second).await;
+    let _f = start(
+        &homes,
+        &db,
+        "f",
+        &["--workspaces", &wf, "--stranded-after-secs", "1"],
+    )
+    .await;
+    let interrupted = detail_until(&b, &second, |detail| {
+        detail["session"]["status"] == "interrupted"
+    })
+    .await;
+    assert!(interrupted["waiting_for_volume"].is_null(), "{interrupted}");
+    let events = get(&b, &format!("/v1/sessions/{second}/events")).await;
+    assert!(
+        events
+            .to_string()
+            .contains("no live node has its workspace volume"),
+        "{events}"
+    );
 }

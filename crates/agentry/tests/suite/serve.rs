@@ -341,8 +341,8 @@ async fn a_restart_right_after_kill_9_serves_at_once() {
 
 /// Issue 48: a data folder whose disk fills up. `serve` runs on a 4 MiB tmpfs of its own (a
 /// user and mount namespace, as the sandbox suite needs anyway), filled from outside through
-/// `/proc/PID/root`. New runs are then refused with a typed 507 `storage_full` (they answered
-/// 404 "not found: session" before), readiness says `storage_full`, and nothing half-written is
+/// `/proc/PID/root`. New runs, streamed or not, are then refused with a typed 507 `storage_full`
+/// (they answered 404 "not found: session" before, and a stream 200 then nothing), readiness says `storage_full`, and nothing half-written is
 /// left: once the filler is gone the node is ready again within a heartbeat and serves, and the
 /// only session is the one made after.
 #[tokio::test]
@@ -419,27 +419,41 @@ async fn a_full_disk_is_a_typed_507_readiness_says_so_and_nothing_is_half_writte
     }
 
     let long = "x".repeat(4000);
-    let mut refused = 0;
-    for turn in 0..8 {
+    const TURNS: usize = 8;
+    let (mut refused, mut refused_streams) = (0, 0);
+    for turn in 0..TURNS {
+        // Every other turn streamed: a stream is refused the same way, before it begins.
+        let streamed = turn % 2 == 1;
+        let path = if streamed { "infer/stream" } else { "infer" };
         let response = http
-            .post(format!("{base}/v1/infer"))
+            .post(format!("{base}/v1/{path}"))
             .json(&json!({"session_id": "new", "text": format!("turn {turn} {long}")}))
             .send()
             .await
             .unwrap();
         let status = response.status().as_u16();
-        let body: Value = response.json().await.unwrap();
+        let text = response.text().await.unwrap();
         // Either there was room for it after all, or a typed refusal: never a 404 or a 500.
         match status {
-            200 => assert_eq!(body["text"], "Answered.", "{body}"),
+            200 if streamed => assert!(text.contains("event: run.finished"), "{text}"),
+            200 => assert!(text.contains("Answered."), "{text}"),
             507 => {
+                let body: Value = serde_json::from_str(&text).unwrap();
                 assert_eq!(body["error"]["code"], "storage_full", "{body}");
                 refused += 1;
+                refused_streams += usize::from(streamed);
             }
-            other => panic!("a run on a full disk answered {other}: {body}"),
+            other => panic!("a run on a full disk answered {other}: {text}"),
         }
     }
-    assert!(refused > 0, "no run was refused on a full disk");
+    assert!(
+        refused_streams > 0,
+        "no streamed run was refused on a full disk"
+    );
+    assert!(
+        refused > refused_streams,
+        "no run was refused on a full disk"
+    );
     let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(ready.status().as_u16(), 503);
     let ready: Value = ready.json().await.unwrap();
@@ -468,7 +482,7 @@ async fn a_full_disk_is_a_typed_507_readiness_says_so_and_nothing_is_half_writte
         .await
         .unwrap();
     let kept_before = sessions_before["sessions"].as_array().unwrap().len();
-    assert_eq!(kept_before, 8 - refused, "{sessions_before}");
+    assert_eq!(kept_before, TURNS - refused, "{sessions_before}");
     let answer: Value = http
         .post(format!("{base}/v1/infer"))
         .json(&json!({"session_id": "new", "text": "and now?"}))
