@@ -67,6 +67,11 @@ pub struct A2aPublication {
     /// What it can do (default: one skill, the agent itself, tagged with its labels).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<A2aSkill>,
+    /// Whether it is the server's default agent: its card is served at the server's root too
+    /// (`/.well-known/agent-card.json`), where clients given only the server's address look.
+    /// One agent at most.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
 }
 
 /// A skill on an agent card.
@@ -699,9 +704,35 @@ impl App {
         }
     }
 
-    /// The agent card of published agent `id`, served at `base` (its endpoint's URL);
-    /// `bearer`: the endpoint takes API keys as bearer tokens.
-    pub async fn a2a_card(&self, id: &str, base: &str, bearer: bool) -> Result<Value, AppError> {
+    /// The published agent marked `default` (its card is served at the server's root).
+    pub async fn a2a_default_agent(&self) -> Result<String, AppError> {
+        self.agents()
+            .await?
+            .into_iter()
+            .find(|agent| agent.a2a.as_ref().is_some_and(|a2a| a2a.default))
+            .map(|agent| agent.id)
+            .ok_or_else(|| {
+                AppError::not_found(
+                    "no agent is the server's default A2A agent (an agent's `a2a.default`)",
+                )
+            })
+    }
+
+    /// The agent card of published agent `id` for `caller` (an agent its key may not use is
+    /// not found), served at `base` (its endpoint's URL); `bearer`: the endpoint takes API keys
+    /// as bearer tokens.
+    pub async fn a2a_card(
+        &self,
+        caller: &crate::auth::Principal,
+        id: &str,
+        base: &str,
+        bearer: bool,
+    ) -> Result<Value, AppError> {
+        if caller.check_agent(id).is_err() {
+            return Err(AppError::not_found(format!(
+                "no agent {id:?} is published over A2A"
+            )));
+        }
         let agent = self.a2a_agent(id).await?;
         let publication = agent.a2a.clone().unwrap_or_default();
         let name = agent.nickname.clone().unwrap_or_else(|| agent.id.clone());
@@ -1171,6 +1202,7 @@ mod tests {
         let ok = A2aPublication {
             description: Some("does things".into()),
             skills: vec![skill("a"), skill("b")],
+            default: false,
         };
         ok.check().unwrap();
         let twice = A2aPublication {

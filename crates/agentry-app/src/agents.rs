@@ -569,6 +569,16 @@ impl crate::App {
         if let Some(url) = &agent.webhook_url {
             self.check_webhook(url, None).await?;
         }
+        if agent.a2a.as_ref().is_some_and(|a2a| a2a.default)
+            && let Some(other) = self.agents().await?.into_iter().find(|other| {
+                other.id != agent.id && other.a2a.as_ref().is_some_and(|a2a| a2a.default)
+            })
+        {
+            return Err(AppError::conflict(format!(
+                "agent {:?} is the server's default A2A agent already (one at most)",
+                other.id
+            )));
+        }
         Ok(())
     }
 

@@ -134,6 +134,7 @@ pub(crate) async fn authorize(
     // owners are checked by the calls).
     let path = match path.strip_prefix(crate::routes::a2a::PREFIX) {
         Some(rest) if rest.contains("/.well-known/") => "/v1/agents/a2a".to_owned(),
+        None if path.starts_with("/.well-known/agent") => "/v1/agents/a2a".to_owned(),
         Some(_) => "/v1/infer".to_owned(),
         None => path,
     };

@@ -221,6 +221,7 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
         || path.starts_with("/linglong/v1/")
         || path.starts_with("/openai/v1/")
         || path.starts_with("/a2a/")
+        || path.starts_with("/.well-known/agent")
         || path == "/metrics"
         || path == "/openapi.json"
         || path == crate::mcp_endpoint::MCP_PATH)

@@ -1,6 +1,7 @@
 //! A2A, the Agent2Agent protocol, for the saved agents published with an `a2a` section
 //! ([`agentry_app::a2a`]): each agent's card at `/a2a/{agent}/.well-known/agent-card.json`
-//! (and the older `agent.json`), its JSON-RPC endpoint at `POST /a2a/{agent}` —
+//! (and the older `agent.json`; the agent marked `a2a.default` also at the server's root,
+//! `/.well-known/agent-card.json`), its JSON-RPC endpoint at `POST /a2a/{agent}` —
 //! `message/send`, `tasks/get` and `tasks/cancel` answer JSON; `message/stream` and
 //! `tasks/resubscribe` answer server-sent events, one JSON-RPC response each (an error too, as
 //! the stream's one event). The same API keys as `/v1` (`Authorization: Bearer`); protocol
@@ -38,6 +39,8 @@ pub fn routes() -> Router<AppState> {
             get(card),
         )
         .route(&format!("{PREFIX}/{{agent}}"), post(rpc))
+        .route(CARD_PATH, get(root_card))
+        .route("/.well-known/agent.json", get(root_card))
 }
 
 /// The scheme and authority clients reached us by: the `Host` header when it is a plain
@@ -68,12 +71,24 @@ fn origin(state: &AppState, headers: &HeaderMap) -> String {
 
 async fn card(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(agent): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let base = format!("{}{PREFIX}/{agent}", origin(&state, &headers));
     let bearer = state.auth.enabled().await.unwrap_or(true);
-    Ok(Json(state.a2a_card(&agent, &base, bearer).await?))
+    Ok(Json(state.a2a_card(&caller, &agent, &base, bearer).await?))
+}
+
+/// The default agent's card at the server's root (`a2a.default`), for clients given only the
+/// server's address; its `url` is the agent's endpoint under `/a2a`.
+async fn root_card(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let agent = state.a2a_default_agent().await?;
+    card(State(state), caller, Path(agent), headers).await
 }
 
 /// A JSON-RPC response: `result`, or the error.

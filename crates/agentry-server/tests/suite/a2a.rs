@@ -49,6 +49,9 @@ async def main():
     out = {}
     async with httpx.AsyncClient(timeout=60) as http:
         card = await A2ACardResolver(http, base + "/a2a/helper").get_agent_card()
+        # Given only the server's address: the default agent's card, at the root.
+        root = await A2ACardResolver(http, base).get_agent_card()
+        out["root"] = [root.name, [i.url for i in root.supported_interfaces]]
         out["card"] = {
             "name": card.name,
             "description": card.description,
@@ -147,7 +150,7 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
     agent(
         &server,
         json!({"id": "helper", "nickname": "Helper", "model_id": "mock", "labels": ["general"],
-               "a2a": {"description": "Answers questions."}}),
+               "a2a": {"description": "Answers questions.", "default": true}}),
     )
     .await;
     server.add_echo_tool().await;
@@ -162,6 +165,14 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
         json!({"id": "sleeper", "model_id": "mock", "a2a": {}}),
     )
     .await;
+    // One default agent at most.
+    let (status, refused) = server
+        .post(
+            "/v1/agents",
+            json!({"id": "second", "model_id": "mock", "a2a": {"default": true}}),
+        )
+        .await;
+    assert_eq!(status, 409, "{refused}");
     let mock = &server.mock;
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello from Agentry.")));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello again.")));
@@ -200,6 +211,7 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
                "streaming": true, "interfaces": [["JSONRPC", "0.3.0", endpoint]]}),
         "{out}"
     );
+    assert_eq!(out["root"], json!(["Helper", [endpoint]]), "{out}");
     assert_eq!(
         out["send"],
         json!({"state": "TASK_STATE_COMPLETED", "answer": "Hello from Agentry.",

@@ -357,6 +357,26 @@ async fn a2a_runs_only_the_keys_agents() {
     );
     assert!(answer.get("result").is_none(), "{answer}");
     assert!(server.mock.requests().is_empty(), "no model was called");
+    // Nor is its card readable (issue 47): it is not found for this key, as an agent that is
+    // not published; an allowed agent's card is.
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "GET",
+        "/a2a/shared/.well-known/agent-card.json",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 404, "{answer}");
+    let (status, answer) = as_key(
+        &server,
+        &user,
+        "GET",
+        "/a2a/helper/.well-known/agent-card.json",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
 }
 
 #[tokio::test]
