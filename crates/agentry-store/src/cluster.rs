@@ -116,6 +116,16 @@ pub fn check_node_id(id: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Session ids as the database returned them.
+fn session_ids(ids: &[String]) -> Result<Vec<agentry_types::SessionId>, StoreError> {
+    ids.iter()
+        .map(|id| {
+            id.parse()
+                .map_err(|_| StoreError::Corrupt(format!("bad session id {id:?}")))
+        })
+        .collect()
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -247,12 +257,7 @@ impl Store {
             .map(|row| row.text("id"))
             .collect::<Result<Vec<_>, _>>()?
         });
-        rows.iter()
-            .map(|id| {
-                id.parse()
-                    .map_err(|_| StoreError::Corrupt(format!("bad session id {id:?}")))
-            })
-            .collect()
+        session_ids(&rows)
     }
 
     /// The running sessions of dead nodes that no node could take because no live node shares
@@ -286,12 +291,7 @@ impl Store {
             .map(|row| row.text("id"))
             .collect::<Result<Vec<_>, _>>()?
         });
-        rows.iter()
-            .map(|id| {
-                id.parse()
-                    .map_err(|_| StoreError::Corrupt(format!("bad session id {id:?}")))
-            })
-            .collect()
+        session_ids(&rows)
     }
 
     /// Why a running session waits, when its node is dead and no live node shares that node's
