@@ -760,6 +760,11 @@ impl App {
             "description": description,
             "url": base,
             "preferredTransport": "JSONRPC",
+            // A2A 1.0 clients read this list (and prefer 1.0); 0.3 clients the fields above.
+            "supportedInterfaces": [
+                {"url": base, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+                {"url": base, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+            ],
             "version": env!("CARGO_PKG_VERSION"),
             "provider": {"organization": "Agentry", "url": "https://github.com/agentry"},
             "capabilities": {

@@ -6,7 +6,7 @@
 //! `tasks/resubscribe` answer server-sent events, one JSON-RPC response each (an error too, as
 //! the stream's one event). The same API keys as `/v1` (`Authorization: Bearer`); protocol
 //! errors are JSON-RPC errors (HTTP 200). Not in the OpenAPI document: the A2A specification
-//! describes it.
+//! describes it. A2A 1.0's methods are served on the same endpoint ([`super::a2a_v1`]).
 
 use std::convert::Infallible;
 
@@ -105,11 +105,26 @@ async fn rpc(
     Path(agent): Path<String>,
     body: Bytes,
 ) -> Response {
-    let request = match parse_rpc(&body) {
+    let mut request = match parse_rpc(&body) {
         Ok(request) => request,
         Err((id, error)) => return Json(answer(&id, Err(error))).into_response(),
     };
     let id = request.id.clone();
+    // A 1.0 method: handled as its 0.3 form, answered in 1.0's shapes (`a2a_v1`).
+    let v10 = super::a2a_v1::v03_method(&request.method).map(|v03| {
+        let v10 = std::mem::replace(&mut request.method, v03.to_owned());
+        request.params = super::a2a_v1::params_to_v03(std::mem::take(&mut request.params));
+        v10
+    });
+    let answer = move |id: &Value, result: Result<Value, A2aError>| {
+        answer(
+            id,
+            result.map(|result| match &v10 {
+                Some(method) => super::a2a_v1::result_to_v10(method, result),
+                None => result,
+            }),
+        )
+    };
     // An agent that is not published is a 404, whatever the method.
     if let Err(error) = state.a2a_agent(&agent).await {
         return ApiError::from(error).into_response();

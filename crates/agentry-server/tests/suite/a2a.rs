@@ -34,7 +34,7 @@ import asyncio, json, sys
 import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
-from a2a.types import (CancelTaskRequest, GetTaskRequest, Role, SendMessageConfiguration,
+from a2a.types import (AgentCard, CancelTaskRequest, GetTaskRequest, Role, SendMessageConfiguration,
                        SendMessageRequest, SubscribeToTaskRequest, TaskState)
 
 base = sys.argv[1]
@@ -47,7 +47,13 @@ def user(text, **ids):
 
 async def main():
     out = {}
-    async with httpx.AsyncClient(timeout=60) as http:
+    methods = set()
+
+    async def record(request):
+        if request.method == "POST":
+            methods.add(json.loads(request.content)["method"])
+
+    async with httpx.AsyncClient(timeout=60, event_hooks={"request": [record]}) as http:
         card = await A2ACardResolver(http, base + "/a2a/helper").get_agent_card()
         # Given only the server's address: the default agent's card, at the root.
         root = await A2ACardResolver(http, base).get_agent_card()
@@ -136,6 +142,17 @@ async def main():
             again = type(error).__name__
         out["cancel"] = {"started": state(started.task), "before": state(now),
                          "after": state(cancelled), "again": again}
+
+        # The same agent over A2A 0.3: a card offering only that interface.
+        old = AgentCard()
+        old.CopyFrom(card)
+        del old.supported_interfaces[:]
+        old.supported_interfaces.extend(
+            [i for i in card.supported_interfaces if i.protocol_version == "0.3"])
+        legacy = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(old)
+        [reply] = [event async for event in legacy.send_message(SendMessageRequest(message=user("Over 0.3?")))]
+        out["v03"] = [state(reply.task), get_artifact_text(reply.task.artifacts[0])]
+        out["methods"] = sorted(methods)
     print(json.dumps(out))
 
 asyncio.run(main())
@@ -189,6 +206,7 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
     mock.enqueue(
         Reply::scripted(ScriptedTurn::text("too late")).delay_headers(Duration::from_secs(20)),
     );
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Over 0.3.")));
     let output = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new(servers.python())
@@ -208,10 +226,33 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
     assert_eq!(
         out["card"],
         json!({"name": "Helper", "description": "Answers questions.", "skills": ["helper"],
-               "streaming": true, "interfaces": [["JSONRPC", "0.3.0", endpoint]]}),
+               "streaming": true,
+               "interfaces": [["JSONRPC", "1.0", endpoint], ["JSONRPC", "0.3", endpoint]]}),
         "{out}"
     );
-    assert_eq!(out["root"], json!(["Helper", [endpoint]]), "{out}");
+    assert_eq!(
+        out["root"],
+        json!(["Helper", [endpoint, endpoint]]),
+        "{out}"
+    );
+    // A2A 1.0 by default (the client prefers it), 0.3 when that is all a card offers.
+    assert_eq!(
+        out["methods"],
+        json!([
+            "CancelTask",
+            "GetTask",
+            "SendMessage",
+            "SendStreamingMessage",
+            "SubscribeToTask",
+            "message/send"
+        ]),
+        "{out}"
+    );
+    assert_eq!(
+        out["v03"],
+        json!(["TASK_STATE_COMPLETED", "Over 0.3."]),
+        "{out}"
+    );
     assert_eq!(
         out["send"],
         json!({"state": "TASK_STATE_COMPLETED", "answer": "Hello from Agentry.",
