@@ -539,6 +539,14 @@ impl App {
         if let Some(volume) = &settings.volume {
             self.store.set_volume(volume);
         }
+        // Background runs stranded on another volume are resumed here under `resume`; under
+        // `interrupt` they wait for their volume (only conversations are interrupted).
+        self.store.set_stranded_resume(
+            settings
+                .stranded
+                .filter(|policy| policy.action == StrandedAction::Resume)
+                .map(|policy| policy.after),
+        );
         *self
             .queue
             .settings

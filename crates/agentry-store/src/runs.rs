@@ -285,6 +285,7 @@ macro_rules! claimable {
          AND busy.background = 1 AND busy.state = 'running' AND busy.lease_until >= $3) \
          AS busy FROM runs candidate WHERE background = 1 AND (state = 'queued' \
          OR (state = 'running' AND lease_until < $3 AND (CAST($5 AS TEXT) IS NULL \
+             OR lease_until < $3 - CAST($6 AS BIGINT) \
              OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.incarnation = candidate.worker \
              AND COALESCE(n.volume, '') <> CAST($5 AS TEXT)))))) ranked \
          WHERE agent_limit IS NULL OR place + busy <= agent_limit \
@@ -342,7 +343,8 @@ impl Dialect {
     /// lease, none beyond its agent's limit (runs of a limited agent are ranked within the
     /// agent, and one is claimable while its rank plus the agent's running runs stays within
     /// the limit); a run whose lease expired only from a node on the same workspace volume
-    /// (`$5`, when known). `$1` worker, `$2` lease expiry, `$3` now, `$4` how many.
+    /// (`$5`, when known), or from any once expired for `$6` ms (when set: stranded runs are
+    /// resumed elsewhere). `$1` worker, `$2` lease expiry, `$3` now, `$4` how many.
     fn claim_sql(self) -> &'static str {
         match self {
             Self::Sqlite => concat!(
@@ -511,6 +513,7 @@ impl Store {
                 .bind(to_db(now))
                 .bind(to_db(limit as u64))
                 .bind(self.volume().as_deref().map(str::to_owned))
+                .bind(self.stranded_resume().map(|after| to_db(millis(after))))
                 .fetch_all(&mut *tx)
                 .await?;
             let claimed = rows

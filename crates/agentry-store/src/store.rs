@@ -111,6 +111,9 @@ pub(crate) struct Inner {
     volume: std::sync::RwLock<Option<Arc<str>>>,
     /// Whether the last writes had room ([`Store::storage_full`]).
     pub(crate) room: Room,
+    /// How long past its lease a background run stranded on another volume waits before this
+    /// process may take it ([`Store::set_stranded_resume`]).
+    stranded_resume: std::sync::RwLock<Option<Duration>>,
 }
 
 /// Whether the database had room for the last writes: set by a group commit or a node
@@ -335,6 +338,7 @@ impl Store {
                 worker: std::sync::RwLock::new(None),
                 volume: std::sync::RwLock::new(None),
                 room: Room::default(),
+                stranded_resume: std::sync::RwLock::new(None),
             }),
         };
         if let Err(error) = crate::db::migrate(&store).await {
@@ -422,6 +426,26 @@ impl Store {
             .volume
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::from(volume));
+    }
+
+    /// Lets this process take a background run whose worker died on another workspace volume
+    /// (which no live node may have) once its lease has been expired for `after` (it runs on
+    /// here without that volume's files); `None`: only runs of this process's own volume.
+    pub fn set_stranded_resume(&self, after: Option<Duration>) {
+        *self
+            .inner
+            .stranded_resume
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = after;
+    }
+
+    /// [`Store::set_stranded_resume`]'s setting.
+    pub(crate) fn stranded_resume(&self) -> Option<Duration> {
+        *self
+            .inner
+            .stranded_resume
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The volume this process's session workspaces are on.

@@ -62,7 +62,8 @@ pub(crate) struct ServeArgs {
     stranded_after_secs: Option<u64>,
     /// What `--stranded-after-secs` does with such a conversation: `interrupt` ends its run
     /// (`interrupted`, for a person to continue) or `resume` runs it on here, without the
-    /// files of the other volume.
+    /// files of the other volume (background runs stranded so are resumed under `resume`,
+    /// and wait under `interrupt`).
     #[arg(long, value_name = "ACTION", default_value = "interrupt", value_parser = ["interrupt", "resume"])]
     stranded_action: String,
     /// This node's id among the nodes sharing a PostgreSQL database (default: the host's name

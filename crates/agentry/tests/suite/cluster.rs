@@ -1502,7 +1502,7 @@ async fn detail_until(node: &Node, session: &str, done: impl Fn(&Value) -> bool)
 /// taken over (its files are there): its detail says so (`waiting_for_volume`, the volume and
 /// since when), and a node started with `--stranded-after-secs` takes it after that wait and
 /// resumes it (`--stranded-action resume`) or ends it `interrupted` for a person to continue
-/// (`interrupt`, the default).
+/// (`interrupt`, the default). A background run stranded so is resumed under `resume` too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_stranded_on_a_dead_nodes_volume_says_so_then_is_resumed_or_interrupted() {
     let db = Database::new().await;
@@ -1518,9 +1518,20 @@ async fn a_run_stranded_on_a_dead_nodes_volume_says_so_then_is_resumed_or_interr
         folder("volume-f"),
     );
     let a = start(&homes, &db, "a", &["--workspaces", &wa]).await;
+    add_model(&a, &mock).await;
+    // A background run, taken by a (the only node yet), waits on its model when a dies.
+    mock.enqueue(
+        Reply::scripted(ScriptedTurn::text("never seen")).delay_headers(Duration::from_secs(30)),
+    );
+    let (status, run) = post(&a, "/v1/runs", json!({"model_id": "m", "text": "long"})).await;
+    assert_eq!(status, 202, "{run}");
+    let background = run["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mock.request_count() < 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // b, on a volume of its own and with no policy, may only wait and say so.
     let b = start(&homes, &db, "b", &["--workspaces", &wb]).await;
-    add_model(&a, &mock).await;
     let (status, first) = post(
         &a,
         "/v1/infer",
@@ -1565,6 +1576,10 @@ async fn a_run_stranded_on_a_dead_nodes_volume_says_so_then_is_resumed_or_interr
     let resumed = detail_until(&b, &session, |detail| detail["session"]["status"] == "idle").await;
     assert!(resumed["waiting_for_volume"].is_null(), "{resumed}");
     assert!(resumed.to_string().contains("taken over"), "{resumed}");
+    // The background run too (the run queue's claim).
+    let finished = wait_run(&b, &background).await;
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    assert!(finished.to_string().contains("taken over"), "{finished}");
     drop(c);
 
     // A conversation on e, which dies; f interrupts it after its wait instead.
