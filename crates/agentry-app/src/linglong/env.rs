@@ -50,7 +50,9 @@ impl App {
         Ok(json!({"env": env}))
     }
 
-    /// `POST /v1/env` with `{"key", "value"}`: sets it; answers the list.
+    /// `POST /v1/env` with `{"key", "value"}`: sets it; answers the list. Agentry's own
+    /// `hosts` (a list of host names or `*.domain` patterns) may be added: the value is then
+    /// sent only where those hosts are (see [`crate::secrets`]).
     pub async fn seed_set_env(&self, body: Value) -> Result<Value, AppError> {
         let key = body
             .get("key")
@@ -64,7 +66,14 @@ impl App {
             None | Some(Value::Null) => String::new(),
             Some(other) => other.to_string(),
         };
-        self.set_secrets(&[(key.to_owned(), value)]).await?;
+        match body.get("hosts") {
+            None | Some(Value::Null) => self.set_secrets(&[(key.to_owned(), value)]).await?,
+            Some(hosts) => {
+                let hosts: Vec<String> = serde_json::from_value(hosts.clone())
+                    .map_err(|_| AppError::bad_request("`hosts` must be a list of host names"))?;
+                self.set_bound_secret(key, &value, &hosts).await?;
+            }
+        }
         self.seed_env().await
     }
 

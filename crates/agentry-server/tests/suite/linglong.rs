@@ -829,6 +829,33 @@ async fn env_holds_sealed_keys_and_detect_names_what_is_used() {
         (status, body["error"].as_str()),
         (400, Some("Missing required field: key"))
     );
+    // Agentry's `hosts` bind a key set through the seed's route (issue 47): sealed with it,
+    // listed by the native API; a bad host is refused and nothing is written.
+    let (status, body) = server
+        .post(
+            "/linglong/v1/env",
+            json!({"key": "BOUND_TOKEN", "value": "b-1", "hosts": ["api.example.com"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, native) = server.get("/v1/env").await;
+    let bound = native["secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|secret| secret["name"] == "BOUND_TOKEN")
+        .cloned()
+        .unwrap_or_else(|| panic!("{native}"));
+    assert_eq!(bound["hosts"], json!(["api.example.com"]), "{native}");
+    let (status, _) = server
+        .post(
+            "/linglong/v1/env",
+            json!({"key": "OTHER_TOKEN", "value": "o", "hosts": ["https://x.example.com/path"]}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (_, listed) = server.get("/linglong/v1/env").await;
+    assert!(listed["env"].get("OTHER_TOKEN").is_none(), "{listed}");
     let (status, hello) = server.get("/linglong/v1/setup").await;
     assert_eq!(status, 200, "{hello}");
     assert_eq!(hello["name"], "agentry");
