@@ -463,17 +463,28 @@ impl App {
             if self.hub.is_live(session) {
                 continue;
             }
-            match self.sessions.recover_session(session).await {
-                Ok(Some(stream)) => {
-                    tracing::info!(%session, "resuming a run whose process stopped");
-                    self.hub.adopt(session, stream);
-                    resumed += 1;
-                }
-                Ok(None) => {}
-                Err(error) => tracing::error!(%session, "could not resume the session: {error}"),
+            if self.resume_here(session, "its process stopped").await {
+                resumed += 1;
             }
         }
         resumed
+    }
+
+    /// Resumes `session`'s interrupted run here from its log (the run stopped because `why`);
+    /// answers whether a run was resumed.
+    async fn resume_here(&self, session: SessionId, why: &str) -> bool {
+        match self.sessions.recover_session(session).await {
+            Ok(Some(stream)) => {
+                tracing::info!(%session, "resuming a run here: {why}");
+                self.hub.adopt(session, stream);
+                true
+            }
+            Ok(None) => false,
+            Err(error) => {
+                tracing::error!(%session, "could not resume the session: {error}");
+                false
+            }
+        }
     }
 
     /// Takes the stranded sessions of dead nodes (see [`QueueSettings::stranded`]) and resumes
@@ -499,15 +510,10 @@ impl App {
                 continue;
             }
             match policy.action {
-                StrandedAction::Resume => match self.sessions.recover_session(*session).await {
-                    Ok(Some(stream)) => {
-                        tracing::warn!(%session, "resuming a run whose node died on another \
-                            workspace volume (its files are not here)");
-                        self.hub.adopt(*session, stream);
-                    }
-                    Ok(None) => {}
-                    Err(error) => tracing::error!(%session, "could not resume: {error}"),
-                },
+                StrandedAction::Resume => {
+                    let why = "its node died on another workspace volume (its files are not here)";
+                    self.resume_here(*session, why).await;
+                }
                 StrandedAction::Interrupt => {
                     let note = format!(
                         "the run was interrupted: its node stopped and no live node has its \
