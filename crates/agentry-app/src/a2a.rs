@@ -18,10 +18,9 @@
 
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::broadcast::error::RecvError;
 
 use agentry_store::RunState;
 use agentry_types::{RunEvent, RunId, SessionId};
@@ -31,6 +30,7 @@ use crate::agents::AgentConfig;
 use crate::approvals::DecideBody;
 use crate::auth::Principal;
 use crate::error::{AppError, Failure};
+use crate::follow::FollowFrom;
 use crate::queue::RunView;
 use crate::submission::InferRequest;
 
@@ -318,7 +318,46 @@ pub enum A2aCall {
         /// The task.
         id: String,
     },
+    /// `tasks/list` (1.0's `ListTasks`): the agent's tasks the caller may see, newest first.
+    List(ListParams),
 }
+
+/// The parameters of `tasks/list`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListParams {
+    /// Only the tasks of this conversation.
+    #[serde(default)]
+    pub context_id: Option<String>,
+    /// Only tasks in this state (`submitted`, `working`, `input-required`, `completed`,
+    /// `failed`, `canceled`).
+    #[serde(default)]
+    pub status: Option<String>,
+    /// At most this many (1 to 100; default 50).
+    #[serde(default)]
+    pub page_size: Option<u32>,
+    /// Where the previous page ended (its `nextPageToken`).
+    #[serde(default)]
+    pub page_token: Option<String>,
+    /// How many of each task's latest messages to include.
+    #[serde(default)]
+    pub history_length: Option<usize>,
+    /// Only tasks whose status changed at or after this time (RFC 3339).
+    #[serde(default)]
+    pub status_timestamp_after: Option<String>,
+    /// Include each task's artifacts (default: left out).
+    #[serde(default)]
+    pub include_artifacts: Option<bool>,
+    /// A tenant (one per server here: any value names it).
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+/// The most tasks one `tasks/list` page holds, and how many it holds by default.
+const LIST_PAGE_MAX: u32 = 100;
+const LIST_PAGE_DEFAULT: u32 = 50;
+/// The newest tasks a `tasks/list` filtered run by run (by status time, or `working`) reads.
+const LIST_READ_MAX: usize = 10_000;
 
 /// The parameters of `message/send` and `message/stream`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -411,6 +450,12 @@ pub fn call_of(request: &RpcRequest) -> Result<A2aCall, A2aError> {
         "tasks/resubscribe" => Ok(A2aCall::Resubscribe {
             id: task_id(&params)?,
         }),
+        "tasks/list" => {
+            let params = if params.is_null() { json!({}) } else { params };
+            let list: ListParams = serde_json::from_value(params)
+                .map_err(|error| A2aError::invalid_params(format!("bad `params`: {error}")))?;
+            Ok(A2aCall::List(list))
+        }
         "tasks/pushNotificationConfig/set"
         | "tasks/pushNotificationConfig/get"
         | "tasks/pushNotificationConfig/list"
@@ -503,6 +548,35 @@ fn task_state(state: RunState) -> &'static str {
     }
 }
 
+/// The run state a task state names (`submitted`, `working`, …), if it names one.
+fn run_state_of(state: &str) -> Option<RunState> {
+    Some(match state {
+        "submitted" => RunState::Queued,
+        "working" => RunState::Running,
+        "input-required" => RunState::Waiting,
+        "completed" => RunState::Succeeded,
+        "failed" => RunState::Failed,
+        "canceled" => RunState::Cancelled,
+        _ => return None,
+    })
+}
+
+/// When a task's status last changed, Unix milliseconds (as its status says).
+fn status_time(run: &RunView) -> u64 {
+    run.finished_at.or(run.started_at).unwrap_or(run.created_at)
+}
+
+/// A `tasks/list` answer: the page, how many match in all, the page size, and where the next
+/// page starts (empty: none).
+fn task_page(tasks: Vec<Value>, total: u64, page_size: u32, next: usize) -> Value {
+    json!({
+        "tasks": tasks,
+        "totalSize": total,
+        "pageSize": page_size,
+        "nextPageToken": if next == 0 { String::new() } else { next.to_string() },
+    })
+}
+
 /// Unix milliseconds as ISO 8601.
 fn timestamp(millis: u64) -> String {
     let millis = i64::try_from(millis).unwrap_or(i64::MAX);
@@ -547,8 +621,7 @@ fn message_text(message: &Value) -> String {
 /// failed, the agent's message saying why.
 fn task_status(run: &RunView) -> Value {
     let state = task_state(run.state);
-    let at = run.finished_at.or(run.started_at).unwrap_or(run.created_at);
-    let mut status = json!({"state": state, "timestamp": timestamp(at)});
+    let mut status = json!({"state": state, "timestamp": timestamp(status_time(run))});
     let outcome = run.outcome.as_ref();
     let message = match run.state {
         RunState::Waiting => {
@@ -822,6 +895,134 @@ impl App {
         Ok(task_of(&run, history_length))
     }
 
+    /// `tasks/list`: a page of the agent's tasks that `caller` may see (an admin every one, a
+    /// `user` key its own), newest first, with how many match in all.
+    pub async fn a2a_list(
+        &self,
+        caller: &Principal,
+        agent: &str,
+        list: &ListParams,
+    ) -> Result<Value, A2aError> {
+        let page_size = list.page_size.unwrap_or(LIST_PAGE_DEFAULT);
+        if !(1..=LIST_PAGE_MAX).contains(&page_size) {
+            return Err(A2aError::invalid_params(format!(
+                "`pageSize` is 1 to {LIST_PAGE_MAX}"
+            )));
+        }
+        let offset = match list.page_token.as_deref() {
+            None | Some("") => 0,
+            Some(token) => token
+                .parse::<usize>()
+                .map_err(|_| A2aError::invalid_params("`pageToken` is not one this server gave"))?,
+        };
+        let session_id = match list.context_id.as_deref() {
+            None | Some("") => None,
+            Some(context) => match SessionId::parse(context) {
+                Ok(session) => Some(session),
+                // No task is in a conversation that cannot exist.
+                Err(_) => return Ok(task_page(Vec::new(), 0, page_size, 0)),
+            },
+        };
+        // A state one run state stands for is filtered in the store; `working` (running or
+        // paused) run by run.
+        let (state, working) = match list.status.as_deref() {
+            None | Some("") => (None, false),
+            Some("working") => (None, true),
+            Some(status) => match run_state_of(status) {
+                Some(state) => (Some(state), false),
+                // States no task here is ever in.
+                None if matches!(status, "rejected" | "auth-required") => {
+                    return Ok(task_page(Vec::new(), 0, page_size, 0));
+                }
+                None => {
+                    return Err(A2aError::invalid_params(format!(
+                        "`status` {status:?} is not a task state"
+                    )));
+                }
+            },
+        };
+        let changed_after = match list.status_timestamp_after.as_deref() {
+            None | Some("") => None,
+            Some(at) => Some(
+                chrono::DateTime::parse_from_rfc3339(at)
+                    .map_err(|_| {
+                        A2aError::invalid_params("`statusTimestampAfter` is an RFC 3339 time")
+                    })?
+                    .timestamp_millis(),
+            ),
+        };
+        let mut query = agentry_store::RunQuery {
+            session_id,
+            agent_id: Some(agent.to_owned()),
+            state,
+            // A task's status changes after its creation: the time filter narrows what is
+            // read, and each run's own status time decides.
+            created_after: None,
+            owner: caller.owner_filter(),
+            background: Some(true),
+            limit: LIST_READ_MAX,
+            offset: 0,
+            ..agentry_store::RunQuery::default()
+        };
+        let matching: Vec<RunView> = match (changed_after, working) {
+            (None, false) => {
+                let total = self
+                    .store
+                    .count_runs(&query)
+                    .await
+                    .map_err(AppError::from)?;
+                query.limit = page_size as usize;
+                query.offset = offset;
+                let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
+                let tasks = runs.into_iter().map(RunView::from).collect();
+                return Ok(self.task_list(tasks, list, total, page_size, offset));
+            }
+            (after, _) => {
+                let after = after.map_or(0, |after| u64::try_from(after).unwrap_or(0));
+                let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
+                runs.into_iter()
+                    .map(RunView::from)
+                    .filter(|run| status_time(run) >= after)
+                    .filter(|run| !working || task_state(run.state) == "working")
+                    .collect()
+            }
+        };
+        let total = matching.len() as u64;
+        let page = matching
+            .into_iter()
+            .skip(offset)
+            .take(page_size as usize)
+            .collect();
+        Ok(self.task_list(page, list, total, page_size, offset))
+    }
+
+    /// A page of tasks as `tasks/list` answers it.
+    fn task_list(
+        &self,
+        runs: Vec<RunView>,
+        list: &ListParams,
+        total: u64,
+        page_size: u32,
+        offset: usize,
+    ) -> Value {
+        let count = runs.len();
+        let tasks: Vec<Value> = runs
+            .iter()
+            .map(|run| {
+                let mut task = task_of(run, list.history_length);
+                if list.include_artifacts != Some(true)
+                    && let Value::Object(task) = &mut task
+                {
+                    task.remove("artifacts");
+                }
+                task
+            })
+            .collect();
+        let next = offset + count;
+        let next = if (next as u64) < total { next } else { 0 };
+        task_page(tasks, total, page_size, next)
+    }
+
     /// `tasks/cancel`: the task as it is once cancelled (a running one stops at its next
     /// step; this waits a few seconds for it).
     pub async fn a2a_cancel(
@@ -1077,25 +1278,24 @@ impl App {
                 yield status_update(&started, false);
             }
             let mut streamed = false;
-            if let Some(subscription) = live {
-                let mut events = subscription.events;
-                let partial = subscription.partial.text;
-                if !partial.is_empty() {
-                    yield answer_chunk(&run, &partial, false, false);
-                    streamed = true;
+            let followed = match live {
+                Some(subscription) => {
+                    let first = None;
+                    app.follow(run.session_id, FollowFrom::Live { subscription, first }).await.ok()
                 }
-                loop {
-                    match events.recv().await {
-                        Ok(event) => match &*event {
-                            RunEvent::TextDelta { text } => {
-                                yield answer_chunk(&run, text, streamed, false);
-                                streamed = true;
-                            }
-                            event if event.is_terminal() => break,
-                            _ => {}
-                        },
-                        Err(RecvError::Lagged(_)) => continue,
-                        Err(RecvError::Closed) => break,
+                None => None,
+            };
+            if let Some(mut events) = followed {
+                // The text generated before the subscription first, then as it comes; what a
+                // slow reader missed is caught up from the log.
+                while let Some(Ok(event)) = events.next().await {
+                    match &*event {
+                        RunEvent::TextDelta { text } => {
+                            yield answer_chunk(&run, text, streamed, false);
+                            streamed = true;
+                        }
+                        event if event.is_terminal() => break,
+                        _ => {}
                     }
                 }
             }

@@ -207,7 +207,7 @@ pub async fn create(
     }
     // A group is one new session against the caller's per-minute quota (its members' own
     // sessions come with it).
-    state.take_session(caller)?;
+    state.take_session(caller).await?;
     let group_id = SessionId::new();
     let mut members = Vec::with_capacity(agents.len());
     for agent in &agents {

@@ -52,7 +52,39 @@ struct LiveRun {
     run_id: Option<RunId>,
     sender: broadcast::Sender<Arc<RunEvent>>,
     cancel: CancellationToken,
-    partial: Arc<Mutex<Partial>>,
+    progress: Arc<Mutex<Progress>>,
+}
+
+/// Where a live run is: the step in progress, and the first step it committed. Changed and
+/// sent under one lock, so a subscription's partial step and its receiver agree exactly.
+#[derive(Debug, Default)]
+struct Progress {
+    partial: Partial,
+    first_seq: Option<u64>,
+}
+
+/// A live run's progress, for its subscribers: where its committed steps begin in the log, for
+/// one that fell behind and reads them back (kept after the run ends).
+#[derive(Clone, Default)]
+pub struct RunProgress(Arc<Mutex<Progress>>);
+
+impl RunProgress {
+    /// The seq of the first step the run committed, once it has committed one.
+    pub fn first_seq(&self) -> Option<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .first_seq
+    }
+
+    /// The progress of a run that first committed `seq` (for tests).
+    #[cfg(test)]
+    pub(crate) fn first_committed(seq: u64) -> Self {
+        Self(Arc::new(Mutex::new(Progress {
+            first_seq: Some(seq),
+            ..Progress::default()
+        })))
+    }
 }
 
 /// How a live run ended, as its events said: its stop reason, or that it stopped without
@@ -70,14 +102,23 @@ pub struct Partial {
     pub text: String,
     /// Reasoning so far.
     pub thinking: String,
+    /// The seq of the last step the run committed before this text (0 before its first).
+    pub seq: u64,
 }
 
 /// What a subscriber gets: the live events, and the partial step at the moment it subscribed.
+/// Read it through [`crate::App::follow`], which catches a subscriber that fell behind up
+/// from the log.
 pub struct Subscription {
     /// Live events from now on.
     pub events: broadcast::Receiver<Arc<RunEvent>>,
     /// The step in progress when the subscription began.
     pub partial: Partial,
+    /// The run's progress.
+    pub progress: RunProgress,
+    /// Whether events were already missed from `events` (a reader that fell behind before
+    /// handing it to [`crate::App::follow`]).
+    pub missed: bool,
 }
 
 /// A change of a session's state, for `GET /v1/sessions/events`.
@@ -163,6 +204,25 @@ impl From<SuspendStatus> for FeedStatus {
     }
 }
 
+impl Progress {
+    /// Notes one event of the run.
+    fn note(&mut self, event: &RunEvent) {
+        match event {
+            RunEvent::TextDelta { text } => self.partial.text.push_str(text),
+            RunEvent::ThinkingDelta { text } => self.partial.thinking.push_str(text),
+            RunEvent::Committed { seq, event } => {
+                self.first_seq.get_or_insert(*seq);
+                if matches!(event, SessionEvent::AssistantMessage { .. }) {
+                    self.partial.text.clear();
+                    self.partial.thinking.clear();
+                }
+                self.partial.seq = *seq;
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The live runs, by session. Cheap to clone.
 #[derive(Clone)]
 pub struct Hub {
@@ -224,7 +284,7 @@ impl Hub {
     /// a subscription made before the first event, so the caller misses nothing.
     pub fn adopt(&self, session: SessionId, mut run: RunStream) -> Subscription {
         let (sender, events) = broadcast::channel(CHANNEL_CAPACITY);
-        let partial = Arc::new(Mutex::new(Partial::default()));
+        let progress = Arc::new(Mutex::new(Progress::default()));
         let cancel = run.cancel_token();
         self.lock().insert(
             session,
@@ -232,7 +292,7 @@ impl Hub {
                 run_id: None,
                 sender: sender.clone(),
                 cancel,
-                partial: Arc::clone(&partial),
+                progress: Arc::clone(&progress),
             },
         );
         self.observer.run_started();
@@ -244,7 +304,8 @@ impl Hub {
             let hub = self.clone();
             let sender = sender.clone();
             let ending = Arc::clone(&ending);
-            move |event| hub.fan_out(session, event, &sender, &partial, &ending)
+            let progress = Arc::clone(&progress);
+            move |event| hub.fan_out(session, event, &sender, &progress, &ending)
         });
         let hub = self.clone();
         tokio::spawn(async move {
@@ -271,6 +332,8 @@ impl Hub {
         Subscription {
             events,
             partial: Partial::default(),
+            progress: RunProgress(progress),
+            missed: false,
         }
     }
 
@@ -280,10 +343,10 @@ impl Hub {
         session: SessionId,
         event: RunEvent,
         sender: &broadcast::Sender<Arc<RunEvent>>,
-        partial: &Mutex<Partial>,
+        progress: &Mutex<Progress>,
         ending: &Mutex<Ending>,
     ) {
-        self.observe(session, &event, partial);
+        self.note_run(session, &event);
         self.observer.observe(&event);
         let ended = |end: Option<RunStopReason>, suspended: Option<SuspendStatus>| {
             let mut ending = ending
@@ -317,12 +380,20 @@ impl Hub {
             } => ended(Some(*stop_reason), None),
             _ => {}
         }
+        // The step in progress changes and the event goes out under one lock, so a
+        // subscription (made under it too) sees each event either in its partial step or in its
+        // receiver, never both or neither. Never hold it while taking `live`: `subscribe` takes
+        // them the other way round.
+        let mut progress = progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        progress.note(&event);
         // No subscriber is fine: the run goes on.
         let _ = sender.send(Arc::new(event));
     }
 
-    fn observe(&self, session: SessionId, event: &RunEvent, partial: &Mutex<Partial>) {
-        // Never hold `partial` while taking `live`: `subscribe` takes them the other way round.
+    /// Notes a run's id and its start.
+    fn note_run(&self, session: SessionId, event: &RunEvent) {
         // A continued run (approved, resumed) commits no `run_started`: take its id from here.
         if let RunEvent::RunStarted { run_id } = event {
             if let Some(live) = self.lock().get_mut(&session) {
@@ -344,19 +415,6 @@ impl Hub {
                 stop_reason: None,
                 title: None,
             });
-            return;
-        }
-        let mut partial = partial
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match event {
-            RunEvent::TextDelta { text } => partial.text.push_str(text),
-            RunEvent::ThinkingDelta { text } => partial.thinking.push_str(text),
-            RunEvent::Committed {
-                event: SessionEvent::AssistantMessage { .. },
-                ..
-            } => *partial = Partial::default(),
-            _ => {}
         }
     }
 
@@ -375,14 +433,15 @@ impl Hub {
     pub fn subscribe(&self, session: SessionId) -> Option<Subscription> {
         let live = self.lock();
         let run = live.get(&session)?;
-        let partial = run
-            .partial
+        let progress = run
+            .progress
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         Some(Subscription {
             events: run.sender.subscribe(),
-            partial,
+            partial: progress.partial.clone(),
+            progress: RunProgress(Arc::clone(&run.progress)),
+            missed: false,
         })
     }
 

@@ -21,6 +21,7 @@ pub mod delegation;
 pub mod elicitation;
 pub mod environment;
 pub mod error;
+pub mod follow;
 pub mod group;
 pub mod hub;
 pub mod ids;

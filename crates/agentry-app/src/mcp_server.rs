@@ -14,9 +14,9 @@
 //! cancels it, an app shutting down leaves it to start-up recovery.
 
 use futures::FutureExt as _;
+use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
-use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use agentry_core::Input;
@@ -32,6 +32,7 @@ use crate::agents::AgentConfig;
 use crate::auth::Principal;
 use crate::config::ConfigRepo;
 use crate::error::{AppError, Failure};
+use crate::follow::FollowFrom;
 use crate::runs::{RunInput, SessionChoice, Target, prepare, start_in_session};
 
 /// The longest message an agent tool accepts, in bytes (the HTTP API's body limit).
@@ -187,15 +188,28 @@ impl McpServer {
                 "an agent call was prepared without a session".into(),
             ));
         };
-        let mut subscription =
-            match start_in_session(app, session, request, BusyPolicy::Reject).await {
-                Ok(subscription) => subscription,
-                Err(error) => return refused(error),
-            };
+        let subscription = match start_in_session(app, session, request, BusyPolicy::Reject).await {
+            Ok(subscription) => subscription,
+            Err(error) => return refused(error),
+        };
+        let first = None;
+        let mut events = match app
+            .follow(
+                session,
+                FollowFrom::Live {
+                    subscription,
+                    first,
+                },
+            )
+            .await
+        {
+            Ok(events) => events,
+            Err(error) => return refused(error),
+        };
         let mut run_id: Option<RunId> = None;
         let end = loop {
             let received = tokio::select! {
-                received = subscription.events.recv() => received,
+                received = events.next() => received,
                 () = cancel.cancelled() => {
                     if app.shutdown.is_cancelled() {
                         // The run stays in flight; the next start resumes it.
@@ -208,7 +222,7 @@ impl McpServer {
                 }
             };
             match received {
-                Ok(event) => {
+                Some(Ok(event)) => {
                     if event.is_terminal() {
                         break Some(event);
                     }
@@ -221,9 +235,8 @@ impl McpServer {
                         }
                     }
                 }
-                // Missed events are progress reports only; the end still arrives.
-                Err(RecvError::Lagged(_)) => continue,
-                Err(RecvError::Closed) => break None,
+                Some(Err(error)) => return refused(error),
+                None => break None,
             }
         };
         let Some(end) = end else {

@@ -95,7 +95,7 @@ impl App {
     ) -> Result<RunOutcome, AppError> {
         let session = match target {
             Target::Ephemeral => {
-                let output = self.sessions.runtime().run(request).await?;
+                let output = self.stream_stateless(request)?.finish().await?;
                 return Ok(RunOutcome {
                     note: output.note,
                     success: output.error.is_none(),
@@ -130,7 +130,11 @@ impl App {
                 RunEvent::RunFailed { error, .. } => Err(start_failure(error)),
                 _ => Ok(Some(event)),
             },
-            Ok(Err(_)) | Err(_) => Ok(None),
+            Ok(Err(RecvError::Lagged(_))) => {
+                subscription.missed = true;
+                Ok(None)
+            }
+            Ok(Err(RecvError::Closed)) | Err(_) => Ok(None),
         }
     }
 

@@ -6,8 +6,9 @@
 //! quota_exceeded` naming it, with `Retry-After`, before anything is created or started.
 //!
 //! Counted where the thing lives: running runs in the runs table (every node's), sandboxes and
-//! terminals in this process's pools, new sessions in a sliding minute per node, tokens in the
-//! usage ledger over the last 24 hours.
+//! terminals in this process's pools, new sessions over the last minute in the sessions table
+//! (every node's) and in a sliding minute of this node's (the ones not yet written), tokens in
+//! the usage ledger over the last 24 hours (stateless runs' too).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -263,16 +264,32 @@ impl App {
             ));
         }
         if new_session {
-            self.take_session(caller)?;
+            self.take_session(caller).await?;
         }
         Ok(())
     }
 
-    /// Counts a new session of `caller` against its per-minute quota (429 when over).
-    pub(crate) fn take_session(&self, caller: &Principal) -> Result<(), AppError> {
+    /// Counts a new session of `caller` against its per-minute quota (429 when over): the
+    /// sessions it created in the last minute on every node (the store's), and the ones this
+    /// node is creating now (its own window, which also holds the ones not yet written).
+    pub(crate) async fn take_session(&self, caller: &Principal) -> Result<(), AppError> {
         let (Some(quotas), Some(key)) = (self.quotas_of(caller), caller.key_id.as_deref()) else {
             return Ok(());
         };
+        let now = crate::clock::now_ms();
+        let (created, first) = self
+            .store
+            .sessions_created_since(key, now.saturating_sub(60_000))
+            .await?;
+        if created >= u64::from(quotas.sessions_per_minute) {
+            let wait = first.map_or(60_000, |first| (first + 60_000).saturating_sub(now));
+            return Err(exceeded(
+                "sessions_per_minute",
+                quotas.sessions_per_minute.into(),
+                "new sessions a minute",
+                Duration::from_millis(wait),
+            ));
+        }
         self.session_windows
             .take(key, quotas.sessions_per_minute as usize, Instant::now())
             .map_err(|wait| {

@@ -198,6 +198,8 @@ pub async fn prepare(
             }
             // A stateless run of an agent with one workspace works in it.
             request.workspace = shared_folder;
+            // Its model calls are charged to the caller's key (`App::stream_stateless`).
+            request.owner = caller.owner();
             Target::Ephemeral
         }
         SessionChoice::New => {

@@ -16,13 +16,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{Datelike, NaiveDate, TimeZone, Utc};
+use futures::Stream;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use agentry_core::budget::{BudgetGate, BudgetQuery};
-use agentry_store::{SpendScope, Store, UsageDimension, UsageGroup, UsageQuery};
-use agentry_types::{ModelPrice, SessionId};
+use agentry_core::{RunError, RunOutput, RunRequest, RunStream, Runtime};
+use agentry_store::{SpendScope, Store, UsageDimension, UsageEntry, UsageGroup, UsageQuery};
+use agentry_types::{ModelPrice, RunEvent, RunId, SessionId};
 
 use crate::App;
 use crate::auth::Principal;
@@ -574,6 +576,108 @@ impl App {
             return Err(no_budget(name));
         }
         self.reload_runtime().await
+    }
+}
+
+/// A run without a session, started by [`App::stream_stateless`]: its events, and each model
+/// call's usage recorded in the ledger (`run_usage`) as it comes by, charged to the key the
+/// request names. A session's runs record theirs with their events instead.
+pub struct StatelessRun {
+    stream: RunStream,
+    ledger: RunLedger,
+}
+
+/// What a stateless run's calls are recorded with.
+struct RunLedger {
+    store: Store,
+    runtime: Runtime,
+    owner: Option<String>,
+    agent_id: Option<String>,
+    run_id: Option<RunId>,
+}
+
+impl RunLedger {
+    /// Notes one event: the run's id, or a call's usage to record.
+    fn note(&mut self, event: &RunEvent) {
+        match event {
+            RunEvent::RunStarted { run_id } => self.run_id = Some(*run_id),
+            RunEvent::Usage {
+                round,
+                usage,
+                model,
+                ..
+            } => {
+                let Some(run_id) = self.run_id else {
+                    return;
+                };
+                let model = model.clone().unwrap_or_default();
+                let entry = UsageEntry {
+                    run_id,
+                    agent_id: self.agent_id.clone(),
+                    cost_usd: self.runtime.price_of(&model).map(|price| price.cost(usage)),
+                    model,
+                    usage: *usage,
+                };
+                let store = self.store.clone();
+                let owner = self.owner.clone();
+                let round = *round;
+                // Recorded beside the run, not in its way: a ledger that cannot be written
+                // loses this call's record (and says so), never the run.
+                tokio::spawn(async move {
+                    let at = crate::clock::now_ms();
+                    if let Err(error) = store
+                        .record_run_usage(owner.as_deref(), round, &entry, at)
+                        .await
+                    {
+                        tracing::warn!(run = %entry.run_id, "cannot record a call's usage: {error}");
+                    }
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+impl StatelessRun {
+    /// Waits for the run's end (reading whatever events are left) and answers its output.
+    pub async fn finish(mut self) -> Result<RunOutput, RunError> {
+        while let Some(event) = futures::StreamExt::next(&mut self.stream).await {
+            self.ledger.note(&event);
+        }
+        self.stream.finish().await
+    }
+}
+
+impl Stream for StatelessRun {
+    type Item = RunEvent;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<RunEvent>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_next(cx);
+        if let std::task::Poll::Ready(Some(event)) = &polled {
+            self.ledger.note(event);
+        }
+        polled
+    }
+}
+
+impl App {
+    /// Starts `request`, a run without a session (`Target::Ephemeral`). Its model calls are
+    /// charged to the key the request names (`owner`, set by `runs::prepare`): they count in
+    /// usage reports and against the key's `tokens_per_day` like a session's.
+    pub fn stream_stateless(&self, request: RunRequest) -> Result<StatelessRun, AppError> {
+        let runtime = self.sessions.runtime();
+        let ledger = RunLedger {
+            store: self.store.clone(),
+            runtime: runtime.clone(),
+            owner: request.owner.clone(),
+            agent_id: request.agent_id.clone(),
+            run_id: None,
+        };
+        let stream = runtime.stream(request)?;
+        Ok(StatelessRun { stream, ledger })
     }
 }
 

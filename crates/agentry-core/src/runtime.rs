@@ -176,6 +176,10 @@ pub struct RunRequest {
     /// its last message, for the caller to answer in its next request.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<agentry_types::ToolSpec>,
+    /// The API key a run without a session is charged to (a session's runs are charged to the
+    /// session's owner). The engine only carries it, for whoever records the run's usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl RunRequest {

@@ -28,6 +28,28 @@ pub struct AccessPolicy {
     pub allowed_hosts: Vec<String>,
     /// Browser origins allowed besides the server's own (the CORS origins).
     pub allowed_origins: Vec<String>,
+    /// Proxies whose `X-Forwarded-For` is believed (`--trusted-proxy`): behind one, the client
+    /// a request comes from (what the login throttle counts) is the one it names.
+    pub trusted_proxies: Vec<TrustedProxy>,
+}
+
+/// A reverse proxy whose `X-Forwarded-For` is believed: an address, or a network
+/// (`10.0.0.0/8`, `fd00::/8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrustedProxy(ipnet::IpNet);
+
+impl std::str::FromStr for TrustedProxy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Ok(address) = text.parse::<std::net::IpAddr>() {
+            return Ok(Self(ipnet::IpNet::from(address.to_canonical())));
+        }
+        text.parse::<ipnet::IpNet>()
+            .map(|network| Self(network.trunc()))
+            .map_err(|_| format!("{text:?} is not an IP address or a network like 10.0.0.0/8"))
+    }
 }
 
 /// Why a request was refused.
@@ -67,6 +89,47 @@ impl AccessError {
 }
 
 impl AccessPolicy {
+    /// Whether `address` is one of the trusted proxies.
+    fn trusts(&self, address: std::net::IpAddr) -> bool {
+        let address = address.to_canonical();
+        self.trusted_proxies
+            .iter()
+            .any(|proxy| proxy.0.contains(&address))
+    }
+
+    /// The client a request comes from: its peer, unless the peer is a trusted proxy; then the
+    /// last address in `X-Forwarded-For` that is not one (each proxy appends the address it
+    /// was reached from, so only what trusted proxies appended is believed — a client cannot
+    /// pass for another by sending the header itself). `None` without a peer.
+    pub fn client_address(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        headers: &HeaderMap,
+    ) -> Option<std::net::IpAddr> {
+        let mut client = peer?.to_canonical();
+        if !self.trusts(client) {
+            return Some(client);
+        }
+        let forwarded: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .map(str::trim)
+            .collect();
+        for hop in forwarded.iter().rev() {
+            // A hop that is not an address ends what can be believed.
+            let Ok(address) = hop.parse::<std::net::IpAddr>() else {
+                break;
+            };
+            client = address.to_canonical();
+            if !self.trusts(client) {
+                break;
+            }
+        }
+        Some(client)
+    }
+
     /// Checks a request's headers.
     pub fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), AccessError> {
         let host = match headers.get(header::HOST) {
@@ -196,6 +259,49 @@ pub(crate) async fn check_access(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_client_behind_a_trusted_proxy_is_the_one_it_names() {
+        let headers = |forwarded: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-forwarded-for", forwarded.parse().unwrap());
+            headers
+        };
+        let ip = |text: &str| text.parse::<std::net::IpAddr>().unwrap();
+        let policy = AccessPolicy {
+            trusted_proxies: vec!["127.0.0.1".parse().unwrap(), "10.0.0.0/8".parse().unwrap()],
+            ..AccessPolicy::default()
+        };
+        // Through two trusted proxies: the first address not one of them.
+        assert_eq!(
+            policy.client_address(
+                Some(ip("127.0.0.1")),
+                &headers("198.51.100.7, 203.0.113.5, 10.1.2.3")
+            ),
+            Some(ip("203.0.113.5"))
+        );
+        // An IPv4 peer seen over IPv6 is the same proxy.
+        assert_eq!(
+            policy.client_address(Some(ip("::ffff:127.0.0.1")), &headers("203.0.113.5")),
+            Some(ip("203.0.113.5"))
+        );
+        // A peer that is no trusted proxy is the client, whatever it says.
+        assert_eq!(
+            policy.client_address(Some(ip("192.0.2.1")), &headers("203.0.113.5")),
+            Some(ip("192.0.2.1"))
+        );
+        // Nothing believable beyond the proxy: the proxy.
+        assert_eq!(
+            policy.client_address(Some(ip("127.0.0.1")), &headers("not-an-address")),
+            Some(ip("127.0.0.1"))
+        );
+        assert_eq!(
+            AccessPolicy::default().client_address(Some(ip("127.0.0.1")), &headers("203.0.113.5")),
+            Some(ip("127.0.0.1"))
+        );
+        assert!("10.0.0.0/33".parse::<TrustedProxy>().is_err());
+        assert!("proxy.example".parse::<TrustedProxy>().is_err());
+    }
+
     use super::*;
     use axum::http::HeaderValue;
 

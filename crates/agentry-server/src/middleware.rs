@@ -306,8 +306,9 @@ async fn login(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     // Failed logins are counted per client address: one client's guesses hold back no one
-    // else's login.
-    let client = connection.map(|axum::Extension(axum::extract::ConnectInfo(peer))| peer.ip());
+    // else's login (behind a trusted proxy, the client it names).
+    let peer = connection.map(|axum::Extension(axum::extract::ConnectInfo(peer))| peer.ip());
+    let client = state.access.client_address(peer, &headers);
     if let Some(wait) = state.auth.login_throttled(client) {
         let mut response = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

@@ -326,6 +326,11 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "group commit function",
         sql: include_str!("../migrations/sqlite/0012_group_commit_function.sql"),
     },
+    Migration {
+        version: 13,
+        name: "run usage",
+        sql: include_str!("../migrations/sqlite/0013_run_usage.sql"),
+    },
 ];
 
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -389,10 +394,15 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "group commit function",
         sql: include_str!("../migrations/postgres/0012_group_commit_function.sql"),
     },
+    Migration {
+        version: 13,
+        name: "run usage",
+        sql: include_str!("../migrations/postgres/0013_run_usage.sql"),
+    },
 ];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: u32 = 12;
+pub const SCHEMA_VERSION: u32 = 13;
 
 /// Brings the schema up to date inside one transaction; refuses a database newer than this
 /// build.

@@ -523,6 +523,29 @@ impl Store {
         })
     }
 
+    /// How many sessions `owner` created from `since` (Unix milliseconds) on, and when the
+    /// first of them was created: what every node counts a key's `sessions_per_minute` by.
+    pub async fn sessions_created_since(
+        &self,
+        owner: &str,
+        since: u64,
+    ) -> Result<(u64, Option<u64>), StoreError> {
+        with_reader!(self, |pool, d| {
+            let row = sqlx::query(
+                "SELECT COUNT(*) AS created, MIN(created_at) AS first FROM sessions \
+                 WHERE owner = $1 AND created_at >= $2",
+            )
+            .bind(owner)
+            .bind(to_db(since))
+            .fetch_one(pool)
+            .await?;
+            Ok((
+                from_db(row.int("created")?),
+                row.opt_int("first")?.map(from_db),
+            ))
+        })
+    }
+
     /// Sessions, most recent activity first, optionally only those with one status.
     pub async fn list_sessions(
         &self,

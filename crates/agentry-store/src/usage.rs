@@ -5,15 +5,16 @@
 //! session and seq: the ledger holds exactly the calls the log holds. The row keeps the run,
 //! its agent, the session's owner (the API key it is charged to), the model, the token counts
 //! and the cost in billionths of a dollar (none when the model had no price); it outlives the
-//! session. [`Store::usage_report`] sums it over a time range grouped by up to three
-//! dimensions; [`Store::spent`] is what a budget compares against.
+//! session. A run without a session records its calls with [`Store::record_run_usage`], charged
+//! to the key that started it. [`Store::usage_report`] sums both over a time range grouped by up
+//! to three dimensions; [`Store::spent`] is what a budget compares against.
 
 use serde::{Deserialize, Serialize};
 
 use agentry_types::{RunId, SessionId, Usage};
 
 use crate::StoreError;
-use crate::db::{RowExt, from_db, to_db, with_reader};
+use crate::db::{RowExt, from_db, to_db, with_reader, with_writer};
 use crate::store::Store;
 
 /// The most groups one report returns.
@@ -159,6 +160,51 @@ fn day_text(day: i64) -> String {
 }
 
 impl Store {
+    /// Records one model call (`round`) of a run without a session, charged to `owner` (the API
+    /// key that started it; `None`: the operator). Recording a round twice keeps the first.
+    pub async fn record_run_usage(
+        &self,
+        owner: Option<&str>,
+        round: u32,
+        entry: &UsageEntry,
+        at: u64,
+    ) -> Result<(), StoreError> {
+        let sql = match self.backend() {
+            crate::Backend::Sqlite => {
+                "INSERT OR IGNORE INTO run_usage (run_id, round, agent_id, owner, model, \
+                 input_tokens, cached_input_tokens, cache_creation_input_tokens, output_tokens, \
+                 reasoning_tokens, cost_nanos, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+            }
+            crate::Backend::Postgres => {
+                "INSERT INTO run_usage (run_id, round, agent_id, owner, model, input_tokens, \
+                 cached_input_tokens, cache_creation_input_tokens, output_tokens, \
+                 reasoning_tokens, cost_nanos, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                 ON CONFLICT (run_id, round) DO NOTHING"
+            }
+        };
+        let usage = &entry.usage;
+        with_writer!(self, |pool, d| {
+            sqlx::query(sql)
+                .bind(entry.run_id.to_string())
+                .bind(i64::from(round))
+                .bind(entry.agent_id.clone())
+                .bind(owner.map(str::to_owned))
+                .bind(entry.model.clone())
+                .bind(to_db(usage.input_tokens))
+                .bind(to_db(usage.cached_input_tokens))
+                .bind(to_db(usage.cache_creation_input_tokens))
+                .bind(to_db(usage.output_tokens))
+                .bind(to_db(usage.reasoning_tokens))
+                .bind(entry.cost_usd.map(nanos_of))
+                .bind(to_db(at))
+                .execute(pool)
+                .await?;
+        });
+        Ok(())
+    }
+
     /// Sums the usage ledger over `query`'s time range, grouped by its dimensions (ordered by
     /// them; at most [`MAX_USAGE_GROUPS`] groups).
     pub async fn usage_report(&self, query: &UsageQuery) -> Result<Vec<UsageGroup>, StoreError> {
@@ -221,7 +267,7 @@ impl Store {
              CAST(SUM(reasoning_tokens) AS BIGINT) AS reasoning_tokens, \
              CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS cost_nanos, \
              CAST(SUM(CASE WHEN cost_nanos IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS unpriced \
-             FROM usage_records WHERE ",
+             FROM usage_ledger WHERE ",
         );
         sql.push_str(&filters.join(" AND "));
         if !dims.is_empty() {
@@ -282,12 +328,12 @@ impl Store {
         let (sql, value) = match scope {
             SpendScope::Agent(agent) => (
                 "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS spent \
-                 FROM usage_records WHERE agent_id = $1 AND created_at >= $2",
+                 FROM usage_ledger WHERE agent_id = $1 AND created_at >= $2",
                 agent,
             ),
             SpendScope::Key(key) => (
                 "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS spent \
-                 FROM usage_records WHERE owner = $1 AND created_at >= $2",
+                 FROM usage_ledger WHERE owner = $1 AND created_at >= $2",
                 key,
             ),
         };

@@ -28,14 +28,14 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde_json::{Value, json};
-use tokio::sync::broadcast::error::RecvError;
 
 use agentry_core::session::BusyPolicy;
-use agentry_types::{RunEvent, SessionEvent, SessionId};
+use agentry_types::{RunEvent, SessionId};
 
 use crate::App;
 use crate::auth::Principal;
 use crate::error::AppError;
+use crate::follow::FollowFrom;
 use crate::hub::Subscription;
 use crate::runs::{RunInput, SessionChoice, Target, start_in_session};
 use frames::{SeedFrames, merge_turns};
@@ -198,7 +198,7 @@ impl App {
             .map_or(DEFAULT_MAX_TOOL_ROUNDS, |limits| limits.max_tool_rounds);
         match target {
             Target::Ephemeral => {
-                let run = self.sessions.runtime().stream(request)?;
+                let run = self.stream_stateless(request)?;
                 Ok(SeedStart {
                     session_id: None,
                     max_tool_rounds,
@@ -258,42 +258,23 @@ impl App {
         })
     }
 
-    /// A session run's events from `subscription` to its end: live, and read again from the
-    /// log when the subscriber fell behind (committed steps are never lost; deltas may be).
+    /// A session run's events from `subscription` to its end ([`App::follow`]: a subscriber
+    /// that fell behind is caught up from the log, text included); a log that cannot be read
+    /// ends them (the run goes on).
     fn followed(
         &self,
         session: SessionId,
         subscription: Subscription,
     ) -> BoxStream<'static, Arc<RunEvent>> {
-        let store = self.store.clone();
-        let mut events = subscription.events;
+        let app = self.clone();
         async_stream::stream! {
-            let mut last_seq = 0;
-            loop {
-                match events.recv().await {
-                    Ok(event) => {
-                        if let RunEvent::Committed { seq, .. } = event.as_ref() {
-                            last_seq = last_seq.max(*seq);
-                        }
-                        let terminal = event.is_terminal();
-                        yield event;
-                        if terminal {
-                            break;
-                        }
-                    }
-                    Err(RecvError::Lagged(_)) => {
-                        let Ok(stored) = store.events(session, last_seq, usize::MAX).await else {
-                            break;
-                        };
-                        for record in stored {
-                            last_seq = record.seq;
-                            if let Ok(event) = serde_json::from_value::<SessionEvent>(record.payload) {
-                                yield Arc::new(RunEvent::Committed { seq: record.seq, event });
-                            }
-                        }
-                    }
-                    Err(RecvError::Closed) => break,
-                }
+            let first = None;
+            let Ok(mut events) = app.follow(session, FollowFrom::Live { subscription, first }).await
+            else {
+                return;
+            };
+            while let Some(Ok(event)) = events.next().await {
+                yield event;
             }
         }
         .boxed()

@@ -163,6 +163,10 @@ async fn rpc(
             let task = state.a2a_cancel(&caller, &agent, &task).await;
             return Json(answer(&id, task)).into_response();
         }
+        A2aCall::List(list) => {
+            let page = state.a2a_list(&caller, &agent, &list).await;
+            return Json(answer(&id, page)).into_response();
+        }
         A2aCall::Send {
             params,
             stream: false,

@@ -16,6 +16,7 @@ pub(crate) fn v03_method(method: &str) -> Option<&'static str> {
         "GetTask" => "tasks/get",
         "CancelTask" => "tasks/cancel",
         "SubscribeToTask" => "tasks/resubscribe",
+        "ListTasks" => "tasks/list",
         "GetExtendedAgentCard" => "agent/getAuthenticatedExtendedCard",
         "CreateTaskPushNotificationConfig" => "tasks/pushNotificationConfig/set",
         "GetTaskPushNotificationConfig" => "tasks/pushNotificationConfig/get",
@@ -29,6 +30,12 @@ pub(crate) fn v03_method(method: &str) -> Option<&'static str> {
 pub(crate) fn params_to_v03(mut params: Value) -> Value {
     if let Some(message) = params.get_mut("message") {
         message_to_v03(message);
+    }
+    // `ListTasks`' state filter, as 0.3 names states.
+    if let Some(status) = params.get_mut("status")
+        && let Some(name) = status.as_str().and_then(state_to_v03)
+    {
+        *status = json!(name);
     }
     if let Some(Value::Object(configuration)) = params.get_mut("configuration")
         && let Some(immediately) = configuration.remove("returnImmediately")
@@ -100,6 +107,15 @@ pub(crate) fn result_to_v10(method: &str, result: Value) -> Value {
     match method {
         "SendMessage" | "SendStreamingMessage" | "SubscribeToTask" => wrapped(result),
         "GetTask" | "CancelTask" => task_to_v10(result),
+        "ListTasks" => {
+            let mut result = result;
+            if let Some(Value::Array(tasks)) = result.get_mut("tasks") {
+                for task in tasks.iter_mut() {
+                    *task = task_to_v10(std::mem::take(task));
+                }
+            }
+            result
+        }
         _ => result,
     }
 }
@@ -125,6 +141,21 @@ fn without_kind(mut value: Value) -> Value {
         map.remove("kind");
     }
     value
+}
+
+/// A 1.0 task state (`TASK_STATE_WORKING`) as 0.3 names it (`working`).
+fn state_to_v03(state: &str) -> Option<&'static str> {
+    Some(match state {
+        "TASK_STATE_SUBMITTED" => "submitted",
+        "TASK_STATE_WORKING" => "working",
+        "TASK_STATE_INPUT_REQUIRED" => "input-required",
+        "TASK_STATE_COMPLETED" => "completed",
+        "TASK_STATE_CANCELED" => "canceled",
+        "TASK_STATE_FAILED" => "failed",
+        "TASK_STATE_REJECTED" => "rejected",
+        "TASK_STATE_AUTH_REQUIRED" => "auth-required",
+        _ => return None,
+    })
 }
 
 fn state_to_v10(state: &str) -> &'static str {

@@ -17,16 +17,16 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
-use tokio::sync::broadcast::error::RecvError;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use agentry_app::hub::{CancelOnDrop, Subscription};
+use agentry_app::follow::{FollowFrom, Followed};
+use agentry_app::hub::CancelOnDrop;
 use agentry_app::ids::parse_session_id;
 use agentry_app::outcome::RunOutcome;
 use agentry_app::runs::{Target, start_in_session};
 use agentry_app::submission::InferRequest;
-use agentry_types::{SessionEvent, SessionId};
+use agentry_types::SessionId;
 
 use super::sse::SseMapper;
 use crate::authorization::Caller;
@@ -146,7 +146,7 @@ async fn infer_stream(
     let events: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
         match target {
             Target::Ephemeral => {
-                let run = state.sessions.runtime().stream(request)?;
+                let run = state.stream_stateless(request)?;
                 let mut mapper = SseMapper::new(false, 0);
                 Box::pin(run.flat_map(move |event| {
                     futures::stream::iter(mapper.map(&event).into_iter().map(Ok))
@@ -171,46 +171,50 @@ async fn infer_stream(
                 );
                 // The intro goes with the run's first event: a new session is created by the
                 // run's first commit, and a client that reads the intro finds the session.
+                let events = Box::pin(state.follow(
+                    session,
+                    FollowFrom::Live {
+                        subscription,
+                        first,
+                    },
+                ))
+                .await?;
+                let mapper = SseMapper::new(true, 0);
                 Box::pin(
-                    session_events(state.clone(), session, subscription, 0, first, Some(guard))
-                        .flat_map(move |event| {
+                    session_events(state.clone(), session, events, mapper, Some(guard)).flat_map(
+                        move |event| {
                             futures::stream::iter(intro.take().map(Ok).into_iter().chain([event]))
-                        }),
+                        },
+                    ),
                 )
             }
         };
     Ok((headers, Sse::new(events).keep_alive(KeepAlive::default())).into_response())
 }
 
-/// The SSE events of a session run from a subscription: `first` (an event already taken from
-/// it), then live events, catching up from the log if the subscriber fell behind, ending after
-/// the run's final event. `after` is the last seq the client already has; `guard` is dropped
-/// when the client goes away.
+/// The SSE events of a session run as [`agentry_app::App::follow`] yields them (`mapper` says
+/// what the client has), ending after the run's final event; on shutdown, an event saying where
+/// to pick up. `guard` is dropped when the client goes away.
 pub(crate) fn session_events<G: Send + 'static>(
     state: AppState,
     session: SessionId,
-    subscription: Subscription,
-    after: u64,
-    first: Option<std::sync::Arc<agentry_types::RunEvent>>,
+    events: Followed,
+    mapper: SseMapper,
     guard: Option<G>,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send {
     async_stream::stream! {
         let _guard = guard;
-        let mut mapper = SseMapper::new(true, after);
-        if let Some(first) = first {
-            for sse in mapper.map(&first) {
-                yield Ok(sse);
-            }
-        }
-        let mut events = subscription.events;
+        let mut mapper = mapper;
+        let mut events = events;
         // One wait for the whole stream, not a new one per event: each would be added to and
         // removed from the shutdown token's waiters, which every live stream shares.
         let shutdown = state.shutdown.clone().cancelled_owned();
         futures::pin_mut!(shutdown);
-        // A first event that ended the run (a run with nothing to do) ends the stream too.
-        while !mapper.ended {
-            let received = tokio::select! {
-                received = events.recv() => received,
+        // Until the followed run ends (an end in a backlog that a later start reopens is not
+        // the end).
+        loop {
+            let next = tokio::select! {
+                next = events.next() => next,
                 () = &mut shutdown => {
                     // The run goes on (or resumes at the next start); tell the client where to
                     // pick up.
@@ -224,32 +228,18 @@ pub(crate) fn session_events<G: Send + 'static>(
                     break;
                 }
             };
-            match received {
-                Ok(event) => {
+            match next {
+                Some(Ok(event)) => {
                     for sse in mapper.map(&event) {
                         yield Ok(sse);
                     }
                 }
-                Err(RecvError::Lagged(_)) => {
-                    // Deltas were lost (they are not stored); committed steps come from the log.
-                    match state.store.events(session, mapper.last_seq, usize::MAX).await {
-                        Ok(stored) => {
-                            for record in stored {
-                                if let Ok(event) = serde_json::from_value::<SessionEvent>(record.payload) {
-                                    for sse in mapper.committed(record.seq, &event) {
-                                        yield Ok(sse);
-                                    }
-                                }
-                            }
-                        }
-                        Err(error) => {
-                            let error = ApiError::from(error);
-                            yield Ok(Event::default().event("error").data(error.body().to_string()));
-                            break;
-                        }
-                    }
+                Some(Err(error)) => {
+                    let error = ApiError::from(error);
+                    yield Ok(Event::default().event("error").data(error.body().to_string()));
+                    break;
                 }
-                Err(RecvError::Closed) => break,
+                None => break,
             }
         }
     }

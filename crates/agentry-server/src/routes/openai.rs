@@ -14,9 +14,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{Router, get, post};
 use futures::{Stream, StreamExt};
-use tokio::sync::broadcast::error::RecvError;
 
 use agentry_app::domain::core::session::BusyPolicy;
+use agentry_app::follow::FollowFrom;
 use agentry_app::openai_compat::{
     ChatCompletionRequest, ChunkMapper, OpenAiError, chat_completion,
 };
@@ -50,25 +50,33 @@ async fn run_events(
     request: agentry_app::domain::core::RunRequest,
 ) -> Result<std::pin::Pin<Box<dyn Stream<Item = agentry_types::RunEvent> + Send>>, OpenAiError> {
     Ok(match target {
-        Target::Ephemeral => Box::pin(
-            state
-                .sessions
-                .runtime()
-                .stream(request)
-                .map_err(|failure| OpenAiError::from(agentry_app::AppError::from(failure)))?,
-        ),
+        Target::Ephemeral => Box::pin(state.stream_stateless(request)?),
         Target::Session(session) => {
             let subscription = start_in_session(state, session, request, BusyPolicy::Reject)
                 .await
                 .map_err(OpenAiError::from)?;
-            let mut live = subscription.events;
+            let first = None;
+            let events = state
+                .follow(
+                    session,
+                    FollowFrom::Live {
+                        subscription,
+                        first,
+                    },
+                )
+                .await
+                .map_err(OpenAiError::from)?;
+            // A slow reader that fell behind is caught up from the log; a log that cannot be
+            // read ends the stream (the run goes on).
             Box::pin(async_stream::stream! {
-                loop {
-                    match live.recv().await {
+                let mut events = events;
+                while let Some(event) = events.next().await {
+                    match event {
                         Ok(event) => yield (*event).clone(),
-                        // Deltas lost to a slow reader are not stored; the end still comes.
-                        Err(RecvError::Lagged(_)) => continue,
-                        Err(RecvError::Closed) => break,
+                        Err(error) => {
+                            tracing::warn!(%session, "an OpenAI stream lost its run: {error}");
+                            break;
+                        }
                     }
                 }
             })

@@ -1,22 +1,19 @@
 //! Session routes: list, search, inspect, stream (attach at any time), fork, title, read,
 //! continue, delete; what each turn changed in the workspace, and revoking turns.
 
-use std::convert::Infallible;
-
 use axum::Json;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_app::domain::store::SessionQuery;
+use agentry_app::follow::FollowFrom;
 use agentry_app::session_service::{
     SearchResults, SessionDetail, SessionEvents, SessionList, TitleOutcome,
 };
@@ -265,99 +262,19 @@ pub(crate) async fn relay_stream(
 }
 
 /// A session's events as server-sent events: the log's after `after`, the current step's
-/// partial text, then live events until the run ends (at once when none is live).
+/// partial text, then live events until the run ends (at once when none is live; through the
+/// log when it is live in another process) — [`agentry_app::App::follow`].
 pub(crate) async fn attach(
     state: AppState,
     session: agentry_types::SessionId,
     after: u64,
 ) -> Result<Response, ApiError> {
-    // Subscribe before reading the log, so nothing falls between the two; the mapper drops
-    // what was already sent by seq.
-    let live = state.hub.subscribe(session);
-    let backlog = state.logged_events(session, after).await?;
-    let mut mapper = SseMapper::new(true, after);
-    let mut first: Vec<Event> = Vec::new();
-    for (seq, event) in &backlog {
-        first.extend(mapper.committed(*seq, event));
-    }
-    let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> = match live
-    {
-        Some(subscription) if !mapper.ended => {
-            if !subscription.partial.thinking.is_empty() {
-                first.push(
-                    Event::default()
-                        .event("delta.thinking")
-                        .data(json!({"text": subscription.partial.thinking}).to_string()),
-                );
-            }
-            if !subscription.partial.text.is_empty() {
-                first.push(
-                    Event::default()
-                        .event("delta.text")
-                        .data(json!({"text": subscription.partial.text}).to_string()),
-                );
-            }
-            let rest = session_events::<()>(
-                state.clone(),
-                session,
-                subscription,
-                mapper.last_seq,
-                None,
-                None,
-            );
-            Box::pin(futures::stream::iter(first.into_iter().map(Ok)).chain(rest))
-        }
-        None if !mapper.ended && state.store.session_worker(session).await?.is_some() => {
-            // Running in another process (a node that died, before another takes it over):
-            // follow the log until the run stops or comes here.
-            let rest = tail(state.clone(), session, mapper);
-            Box::pin(futures::stream::iter(first.into_iter().map(Ok)).chain(rest))
-        }
-        _ => Box::pin(futures::stream::iter(first.into_iter().map(Ok))),
-    };
+    let events = Box::pin(state.follow(session, FollowFrom::After(after))).await?;
+    let mapper = SseMapper::new(true, after);
+    let stream = session_events::<()>(state, session, events, mapper, None);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
-}
-
-/// How often a stream following a run in another process reads the log.
-const TAIL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// A session's committed events as its run in another process writes them, read from the log
-/// every [`TAIL_POLL`]; live from the hub once the run comes to this node; until the run stops.
-fn tail(
-    state: AppState,
-    session: agentry_types::SessionId,
-    mut mapper: SseMapper,
-) -> impl Stream<Item = Result<Event, Infallible>> + Send {
-    async_stream::stream! {
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(TAIL_POLL) => {}
-                () = state.shutdown.cancelled() => break,
-            }
-            let Ok(running) = state.store.session_worker(session).await else { break };
-            let Ok(events) = state.logged_events(session, mapper.last_seq).await else { break };
-            for (seq, event) in &events {
-                for sse in mapper.committed(*seq, event) {
-                    yield Ok(sse);
-                }
-            }
-            if mapper.ended || running.is_none() {
-                break;
-            }
-            if let Some(subscription) = state.hub.subscribe(session) {
-                // This node took the run over: its live events from here.
-                let rest = session_events::<()>(
-                    state.clone(), session, subscription, mapper.last_seq, None, None,
-                );
-                for await event in rest {
-                    yield event;
-                }
-                break;
-            }
-        }
-    }
 }
 
 #[derive(Debug, Deserialize, Default, ToSchema)]

@@ -34,8 +34,9 @@ import asyncio, json, sys
 import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
-from a2a.types import (AgentCard, CancelTaskRequest, GetTaskRequest, Role, SendMessageConfiguration,
-                       SendMessageRequest, SubscribeToTaskRequest, TaskState)
+from a2a.types import (AgentCard, CancelTaskRequest, GetTaskRequest, ListTasksRequest, Role,
+                       SendMessageConfiguration, SendMessageRequest, SubscribeToTaskRequest,
+                       TaskState)
 
 base = sys.argv[1]
 
@@ -143,6 +144,23 @@ async def main():
         out["cancel"] = {"started": state(started.task), "before": state(now),
                          "after": state(cancelled), "again": again}
 
+        # The helper's three tasks, two a page; those of the first conversation that completed.
+        first_page = await whole.list_tasks(ListTasksRequest(page_size=2))
+        second_page = await whole.list_tasks(
+            ListTasksRequest(page_size=2, page_token=first_page.next_page_token))
+        in_context = await whole.list_tasks(ListTasksRequest(
+            context_id=task.context_id, status=TaskState.TASK_STATE_COMPLETED,
+            include_artifacts=True))
+        listed = list(first_page.tasks) + list(second_page.tasks)
+        out["list"] = {
+            "total": first_page.total_size, "page_size": first_page.page_size,
+            "pages": [len(first_page.tasks), len(second_page.tasks)],
+            "more": [bool(first_page.next_page_token), bool(second_page.next_page_token)],
+            "distinct": len({t.id for t in listed}),
+            "artifacts": sum(len(t.artifacts) for t in listed),
+            "context": sorted(get_artifact_text(t.artifacts[0]) for t in in_context.tasks),
+        }
+
         # The same agent over A2A 0.3: a card offering only that interface.
         old = AgentCard()
         old.CopyFrom(card)
@@ -241,6 +259,7 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
         json!([
             "CancelTask",
             "GetTask",
+            "ListTasks",
             "SendMessage",
             "SendStreamingMessage",
             "SubscribeToTask",
@@ -266,6 +285,14 @@ async fn the_official_a2a_client_sends_streams_gets_approves_and_cancels() {
         "{out}"
     );
     assert_eq!(out["missing"], "TaskNotFoundError", "{out}");
+    // `ListTasks` pages (issue 48: it was method-not-found): artifacts only when asked for.
+    assert_eq!(
+        out["list"],
+        json!({"total": 3, "page_size": 2, "pages": [2, 1], "more": [true, false],
+               "distinct": 3, "artifacts": 0,
+               "context": ["Hello again.", "Hello from Agentry."]}),
+        "{out}"
+    );
     // Issue 48: streaming methods' errors come as the stream's event (an `application/json`
     // answer made the client fail on the content type).
     assert_eq!(out["missing_stream"], "TaskNotFoundError", "{out}");

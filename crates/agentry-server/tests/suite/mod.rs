@@ -23,6 +23,7 @@ mod schedules;
 mod security;
 mod sessions;
 mod skills;
+mod slow_readers;
 mod support;
 mod tenancy;
 mod terminals;

@@ -654,6 +654,57 @@ async fn logins_are_throttled_and_secure_behind_tls() {
     assert_eq!(status, 401);
 }
 
+/// Behind a reverse proxy every client arrives from the proxy's address. With the proxy trusted
+/// (`agentry serve --trusted-proxy`), failed logins count against the client it names in
+/// `X-Forwarded-For`, so one client's guesses lock no one else behind it out; a peer that is
+/// not trusted is counted as itself, whatever header it forges (the second security review's
+/// N10, behind a proxy).
+#[tokio::test]
+async fn behind_a_trusted_proxy_failed_logins_count_per_forwarded_client() {
+    let server = start_with(super::support::host_commands, |state| {
+        state.access.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+    })
+    .await;
+    let key = create_key(&server.state.store, "console").await.unwrap();
+    server.state.auth.refresh();
+    let login = |http: &reqwest::Client, api_key: &str, forwarded: &str| {
+        http.post(format!("{}/v1/auth/login", server.url))
+            .header("x-forwarded-for", forwarded)
+            .json(&json!({ "api_key": api_key }))
+            .send()
+    };
+    let status = |response: reqwest::Response| response.status().as_u16();
+    let wrong = "agk_000000000000_wrong";
+    for _ in 0..10 {
+        let response = login(&server.http, wrong, "203.0.113.5").await.unwrap();
+        assert_eq!(status(response), 401);
+    }
+    let response = login(&server.http, &key.key, "203.0.113.5").await.unwrap();
+    assert_eq!(status(response), 429, "that client waits");
+    // Another client behind the same proxy logs in.
+    let response = login(&server.http, &key.key, "198.51.100.7, 203.0.113.9")
+        .await
+        .unwrap();
+    assert_eq!(
+        status(response),
+        204,
+        "a client behind the proxy is not held back"
+    );
+    // A peer that is no trusted proxy cannot dodge its count by naming other clients.
+    let untrusted = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    for n in 0..10 {
+        let response = login(&untrusted, wrong, &format!("192.0.2.{n}"))
+            .await
+            .unwrap();
+        assert_eq!(status(response), 401);
+    }
+    let response = login(&untrusted, &key.key, "192.0.2.99").await.unwrap();
+    assert_eq!(status(response), 429, "a forged header changes nothing");
+}
+
 #[tokio::test]
 async fn another_keys_responses_and_a2a_tasks_are_not_found() {
     let server = start().await;
@@ -728,6 +779,14 @@ async fn another_keys_responses_and_a2a_tasks_are_not_found() {
         json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/cancel", "params": {"id": task}});
     let (_, refused) = as_key(&server, &other, "POST", "/a2a/public", cancel).await;
     assert_eq!(refused["error"]["code"], -32001, "{refused}");
+    // A key lists its own tasks only (A2A 1.0's `ListTasks`).
+    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "ListTasks", "params": {}});
+    let (_, mine) = as_key(&server, &user, "POST", "/a2a/public", list.clone()).await;
+    assert_eq!(mine["result"]["totalSize"], 1, "{mine}");
+    assert_eq!(mine["result"]["tasks"][0]["id"], task, "{mine}");
+    let (_, theirs) = as_key(&server, &other, "POST", "/a2a/public", list).await;
+    assert_eq!(theirs["result"]["totalSize"], 0, "{theirs}");
+    assert_eq!(theirs["result"]["tasks"], json!([]), "{theirs}");
     // Without a key, nothing at all.
     let (status, _) = send(
         &server,

@@ -800,6 +800,124 @@ async fn runs_going_and_tokens_of_the_day_are_held_to_their_quotas() {
     assert_quota(status, &answer, "tokens_per_day");
 }
 
+/// `sessions_per_minute` holds over every node sharing the database: each counts the sessions
+/// the store holds, not only the ones it made (a key could create its quota on every node).
+#[tokio::test]
+async fn the_sessions_of_a_minute_are_counted_over_every_node() {
+    let (server, _, a, _) = quota_server(agentry_app::quotas::KeyQuotas {
+        sessions_per_minute: Some(2),
+        ..Default::default()
+    })
+    .await;
+    // A second node on the same store.
+    let other = agentry_server::AppState::with_tools(
+        server.state.store.clone(),
+        super::support::host_commands(server.home.path()),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_url = format!("http://{}", listener.local_addr().unwrap());
+    let router = agentry_server::router(other);
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    for url in [&server.url, &other_url] {
+        server
+            .mock
+            .enqueue(Reply::scripted(ScriptedTurn::text("ok")));
+        let response = server
+            .http
+            .post(format!("{url}/v1/infer"))
+            .bearer_auth(&a)
+            .json(&json!({"text": "hi", "model_id": "mock", "session_id": "new"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{url}");
+    }
+    // The first node made one of the two: the key's third of the minute is refused there.
+    let (status, answer) = infer(
+        &server,
+        &a,
+        json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
+    )
+    .await;
+    assert_quota(status, &answer, "sessions_per_minute");
+    let wait = answer["error"]["details"]["retry_after_secs"]
+        .as_u64()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{answer}");
+}
+
+/// Waits until `key`'s own usage report counts `tokens` (input and output) in all.
+async fn wait_for_tokens(server: &Server, key: &str, tokens: u64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, report) = as_key(server, key, "GET", "/v1/usage", json!({})).await;
+        assert_eq!(status, 200, "{report}");
+        let total = &report["total"];
+        let counted = total["input_tokens"].as_u64().unwrap_or(0)
+            + total["output_tokens"].as_u64().unwrap_or(0);
+        if counted == tokens {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the key's report counts {counted} tokens, not {tokens}: {report}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A run without a session is charged to the key that started it like one in a session: its
+/// tokens show in the key's usage report and count against its `tokens_per_day` (the ledger
+/// held only sessions' calls, so stateless runs were free of the quota).
+#[tokio::test]
+async fn stateless_runs_count_against_the_keys_tokens_of_the_day() {
+    let (server, _, a, b) = quota_server(agentry_app::quotas::KeyQuotas {
+        tokens_per_day: Some(100),
+        ..Default::default()
+    })
+    .await;
+    // `/v1/infer` without a session, then OpenAI chat without one: 60 tokens each.
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("one").with_usage(40, 20),
+    ));
+    let (status, answer) = infer(&server, &a, json!({"text": "hi", "model_id": "mock"})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["session_id"].is_null(), "a stateless run: {answer}");
+    wait_for_tokens(&server, &a, 60).await;
+    server.mock.enqueue(Reply::scripted(
+        ScriptedTurn::text("two").with_usage(40, 20),
+    ));
+    let (status, answer) = as_key(
+        &server,
+        &a,
+        "POST",
+        "/openai/v1/chat/completions",
+        json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    wait_for_tokens(&server, &a, 120).await;
+    // Past the day's 100: the key's next run is refused, stateless or not; the other key's
+    // day is its own.
+    for body in [
+        json!({"text": "hi", "model_id": "mock"}),
+        json!({"text": "hi", "model_id": "mock", "session_id": "new"}),
+    ] {
+        let (status, answer) = infer(&server, &a, body).await;
+        assert_quota(status, &answer, "tokens_per_day");
+    }
+    wait_for_tokens(&server, &b, 0).await;
+}
+
 /// Continuing a session starts a run on the default model: it is held to the key's grant like
 /// any other run.
 #[tokio::test]

@@ -24,6 +24,11 @@ pub(crate) struct ServeArgs {
     /// rebind their own name to this machine out.
     #[arg(long = "allowed-host", value_name = "NAME")]
     allowed_hosts: Vec<String>,
+    /// Believe `X-Forwarded-For` from this reverse proxy (an address, or a network such as
+    /// `10.0.0.0/8`; repeatable): the login throttle then counts each client the proxy names,
+    /// instead of counting every client behind it as one. A header from anyone else is ignored.
+    #[arg(long = "trusted-proxy", value_name = "ADDR[/BITS]")]
+    trusted_proxies: Vec<agentry_server::access::TrustedProxy>,
     /// Offer the registered tools through the MCP endpoint `/mcp` too (it always offers the
     /// saved agents).
     #[arg(long)]
@@ -272,6 +277,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     state.access = agentry_server::access::AccessPolicy {
         allowed_hosts: args.allowed_hosts,
         allowed_origins: args.cors_origins,
+        trusted_proxies: args.trusted_proxies,
     };
     state.app.mcp_expose_tools = args.mcp_expose_tools;
     // This process: the node's id and a new incarnation.

@@ -228,3 +228,78 @@ fn no_static_holds_live_state_in_the_application_or_the_http_crate() {
         }
     }
 }
+
+/// `ARCHITECTURE.md` stays a short code map that names only what exists: under 40 KB, every
+/// repository path it writes in backticks (a token starting `crates/`, `e2e/`, `scripts/`,
+/// `docs/`, `.ci/` or `examples/`, any `….rs`, and a `….md` or `….toml` under a folder) is a file
+/// or folder of the repository, and every crate it names (`agentry-…`) is a folder of `crates/`.
+/// A rename that leaves the map behind fails here instead of misleading its next reader. Code
+/// spans must not wrap across lines; fenced blocks (the crate diagram) are not read.
+#[test]
+fn architecture_md_is_a_short_code_map_whose_paths_exist() {
+    let repository = root();
+    let text = std::fs::read_to_string(repository.join("ARCHITECTURE.md")).unwrap();
+    assert!(
+        text.len() < 40_000,
+        "ARCHITECTURE.md is {} bytes: a code map stays under 40,000 (what changes rarely; the \
+         detail belongs in the modules' docs)",
+        text.len()
+    );
+    let mut missing = BTreeSet::new();
+    let mut unbalanced = Vec::new();
+    let mut in_fence = false;
+    for (index, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        if in_fence {
+            continue;
+        }
+        if !line.matches('`').count().is_multiple_of(2) {
+            unbalanced.push(index + 1);
+            continue;
+        }
+        // The code spans: every other piece between backticks.
+        for token in line.split('`').skip(1).step_by(2) {
+            if token.is_empty()
+                || token.starts_with('/')
+                || token.starts_with("http")
+                || [" ", "{", "*", "<", "::"]
+                    .iter()
+                    .any(|odd| token.contains(*odd))
+            {
+                continue;
+            }
+            if token.starts_with("agentry-")
+                && token
+                    .chars()
+                    .all(|character| character.is_ascii_lowercase() || character == '-')
+            {
+                if !repository.join("crates").join(token).is_dir() {
+                    missing.insert(format!("crate {token} (no crates/{token})"));
+                }
+                continue;
+            }
+            let is_path = ["crates/", "e2e/", "scripts/", "docs/", ".ci/", "examples/"]
+                .iter()
+                .any(|prefix| token.starts_with(*prefix))
+                || token.ends_with(".rs")
+                || (token.contains('/') && (token.ends_with(".md") || token.ends_with(".toml")));
+            if is_path && !repository.join(token.trim_end_matches('/')).exists() {
+                missing.insert(token.to_owned());
+            }
+        }
+    }
+    assert!(
+        unbalanced.is_empty(),
+        "ARCHITECTURE.md: lines {unbalanced:?} have an odd number of backticks (a code span must \
+         not wrap across lines)"
+    );
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names {} path(s) or crate(s) that do not exist:\n  {}",
+        missing.len(),
+        missing.into_iter().collect::<Vec<_>>().join("\n  ")
+    );
+}
