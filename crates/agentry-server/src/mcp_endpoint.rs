@@ -40,7 +40,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
             let checked = access.check_origin(request.headers());
             async move {
                 match checked {
-                    Ok(()) => service.handle(request).await.into_response(),
+                    Ok(()) => Box::pin(service.handle(request)).await.into_response(),
                     Err(refused) => refused.into_api_error().into_response(),
                 }
             }

@@ -120,8 +120,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     // A node of the cluster first (refused while another live process has its id): the runs it
     // resumes and claims carry its leases.
-    state
-        .join_cluster()
+    Box::pin(state.join_cluster())
         .await
         .map_err(|error| ServeError::Cluster(error.message))?;
     state.recover_at_start().await;
@@ -160,7 +159,7 @@ pub async fn serve(
         );
     }
     // Leaving lets this node's background runs go at once: another node claims them now.
-    app_state.leave_cluster().await;
+    Box::pin(app_state.leave_cluster()).await;
     // MCP servers' processes and sessions end with us, not when the OS gets to them.
     mcp.shutdown().await;
     // Sandboxes too: every process in them is killed, standalone workspaces are removed.

@@ -56,13 +56,13 @@ impl Deref for ServerParts {
 impl AppState {
     /// State over `store`, with the runtime built from its configuration.
     pub async fn new(store: Store) -> Result<Self, ApiError> {
-        Self::with_tools(store, ToolEnvironment::default()).await
+        Box::pin(Self::with_tools(store, ToolEnvironment::default())).await
     }
 
     /// State over `store` whose runs work in `tools`' workspaces and sandboxes.
     pub async fn with_tools(store: Store, tools: ToolEnvironment) -> Result<Self, ApiError> {
         let metrics = Arc::new(Metrics::default());
-        let app = App::observed(store.clone(), tools, metrics.clone()).await?;
+        let app = Box::pin(App::observed(store.clone(), tools, metrics.clone())).await?;
         Ok(Self(Arc::new(ServerParts {
             app,
             auth: Authenticator::new(store),

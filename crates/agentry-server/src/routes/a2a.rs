@@ -156,11 +156,11 @@ async fn rpc(
             id: task,
             history_length,
         } => {
-            let task = state.a2a_get(&caller, &agent, &task, history_length).await;
+            let task = Box::pin(state.a2a_get(&caller, &agent, &task, history_length)).await;
             return Json(answer(&id, task)).into_response();
         }
         A2aCall::Cancel { id: task } => {
-            let task = state.a2a_cancel(&caller, &agent, &task).await;
+            let task = Box::pin(state.a2a_cancel(&caller, &agent, &task)).await;
             return Json(answer(&id, task)).into_response();
         }
         A2aCall::List(list) => {
@@ -171,8 +171,8 @@ async fn rpc(
             params,
             stream: false,
         } => {
-            let task = match state.a2a_send(&caller, &agent, &params).await {
-                Ok(run) => state.a2a_blocking(&run, &params).await,
+            let task = match Box::pin(state.a2a_send(&caller, &agent, &params)).await {
+                Ok(run) => Box::pin(state.a2a_blocking(&run, &params)).await,
                 Err(error) => Err(error),
             };
             return Json(answer(&id, task)).into_response();
@@ -180,8 +180,10 @@ async fn rpc(
         A2aCall::Send {
             params,
             stream: true,
-        } => state.a2a_send(&caller, &agent, &params).await,
-        A2aCall::Resubscribe { id: task } => state.a2a_resubscribe(&caller, &agent, &task).await,
+        } => Box::pin(state.a2a_send(&caller, &agent, &params)).await,
+        A2aCall::Resubscribe { id: task } => {
+            Box::pin(state.a2a_resubscribe(&caller, &agent, &task)).await
+        }
     };
     let run = match run {
         Ok(run) => run,

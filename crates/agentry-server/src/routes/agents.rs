@@ -104,7 +104,7 @@ async fn replace_agent(
     if agent.id != id {
         return Err(ApiError::bad_request("the body's id must be the path's id"));
     }
-    state.replace_agent(&agent).await?;
+    Box::pin(state.replace_agent(&agent)).await?;
     Ok(Json(agent))
 }
 

@@ -110,9 +110,8 @@ async fn submit(
         ),
     };
     let Json(body) = body?;
-    let (run, created) = state
-        .submit_background(&caller, body, key, query.priority)
-        .await?;
+    let (run, created) =
+        Box::pin(state.submit_background(&caller, body, key, query.priority)).await?;
     let status = if created {
         StatusCode::ACCEPTED
     } else {
@@ -226,7 +225,7 @@ async fn show(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<RunView>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    Ok(Json(state.background_run(run_id).await?))
+    Ok(Json(Box::pin(state.background_run(run_id)).await?))
 }
 
 /// How long to wait.
@@ -272,7 +271,7 @@ async fn wait(
         )));
     }
     let timeout = Duration::from_secs(query.timeout_secs);
-    Ok(Json(state.wait_for_run(run_id, timeout).await?))
+    Ok(Json(Box::pin(state.wait_for_run(run_id, timeout)).await?))
 }
 
 /// Where to start following.
@@ -317,7 +316,7 @@ async fn stream(
     let Query(query) = query?;
     let run_id = parse_run_id(&path.run_id)?;
     let after = super::sse::resume_after(&headers, query.after)?;
-    let run = state.wait_until_started(run_id, START_WAIT).await?;
+    let run = Box::pin(state.wait_until_started(run_id, START_WAIT)).await?;
     let path = format!("/v1/runs/{run_id}/stream?after={after}");
     if let Some(relayed) =
         super::sessions::relay_stream(&state, &caller, run.session_id, &path, &headers).await?
@@ -355,7 +354,7 @@ async fn cancel(
     {
         return Ok(relayed);
     }
-    Ok(Json(state.cancel_background(run_id).await?).into_response())
+    Ok(Json(Box::pin(state.cancel_background(run_id)).await?).into_response())
 }
 
 /// A background run's webhook deliveries, each with its attempts (status, error, duration).
@@ -376,7 +375,7 @@ async fn webhooks(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    Ok(Json(state.run_webhooks(run_id).await?))
+    Ok(Json(Box::pin(state.run_webhooks(run_id)).await?))
 }
 
 /// Makes a new webhook signing secret and shows it this once; the previous one stops signing

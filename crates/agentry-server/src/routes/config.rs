@@ -192,7 +192,7 @@ async fn replace_model(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Json<ModelConfig>, ApiError> {
-    Ok(Json(state.replace_model(&id, body).await?))
+    Ok(Json(Box::pin(state.replace_model(&id, body)).await?))
 }
 
 /// Deletes a model.
@@ -324,7 +324,7 @@ async fn replace_tool(
     ApiPath(name): ApiPath<String>,
     ApiJson(definition): ApiJson<ToolDefinition>,
 ) -> Result<Json<ToolDefinition>, ApiError> {
-    state.replace_tool(&name, &definition).await?;
+    Box::pin(state.replace_tool(&name, &definition)).await?;
     Ok(Json(definition))
 }
 
@@ -582,7 +582,7 @@ async fn replace_template(
     ApiPath(name): ApiPath<String>,
     ApiJson(template): ApiJson<TemplateConfig>,
 ) -> Result<Json<TemplateConfig>, ApiError> {
-    state.replace_template(&name, &template).await?;
+    Box::pin(state.replace_template(&name, &template)).await?;
     Ok(Json(template))
 }
 

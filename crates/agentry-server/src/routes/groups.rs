@@ -169,7 +169,7 @@ async fn get_group(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<GroupView>, ApiError> {
     let session = parse_session_id(&id)?;
-    Ok(Json(group::view(&state, session).await?))
+    Ok(Json(Box::pin(group::view(&state, session)).await?))
 }
 
 /// Posts a message to a group and waits for the exchange's end (every round it leads to).
@@ -195,8 +195,8 @@ async fn post_message(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     let session = parse_session_id(&id)?;
-    let started = group::post(&state, &caller, session, body.text, body.user).await?;
-    waited(&state, session, started, false).await
+    let started = Box::pin(group::post(&state, &caller, session, body.text, body.user)).await?;
+    Box::pin(waited(&state, session, started, false)).await
 }
 
 /// Posts a message to a group, streaming the exchange as server-sent events.
@@ -223,7 +223,7 @@ async fn post_message_stream(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     let session = parse_session_id(&id)?;
-    let started = group::post(&state, &caller, session, body.text, body.user).await?;
+    let started = Box::pin(group::post(&state, &caller, session, body.text, body.user)).await?;
     Ok(streamed(state, session, started, false))
 }
 
@@ -270,7 +270,7 @@ async fn waited(
 ) -> Result<Response, ApiError> {
     let mut guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.groups.clone(), session)));
     let run_id = started.run_id;
-    let events = group::wait(state, session, started).await;
+    let events = Box::pin(group::wait(state, session, started)).await;
     guard.0 = None;
     let events = events?;
     let mut response = Json(group::outcome(session, run_id, &events)).into_response();
@@ -392,11 +392,11 @@ pub(crate) fn infer_group(
     stream: bool,
 ) -> futures::future::BoxFuture<'_, Result<Response, ApiError>> {
     Box::pin(async move {
-        let (session, started) = state.submit_group(caller, &body).await?;
+        let (session, started) = Box::pin(state.submit_group(caller, &body)).await?;
         if stream {
             Ok(streamed(state, session, started, body.cancel_on_disconnect))
         } else {
-            waited(&state, session, started, body.cancel_on_disconnect).await
+            Box::pin(waited(&state, session, started, body.cancel_on_disconnect)).await
         }
     })
 }

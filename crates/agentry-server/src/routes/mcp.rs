@@ -196,7 +196,7 @@ async fn list_resources(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(state.mcp_resources(&name).await?))
+    Ok(Json(Box::pin(state.mcp_resources(&name)).await?))
 }
 
 /// Reads one resource (`resources/read`).
@@ -220,7 +220,9 @@ async fn read_resource(
     ApiPath(name): ApiPath<String>,
     ApiJson(request): ApiJson<ReadResourceRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(state.read_mcp_resource(&name, &request.uri).await?))
+    Ok(Json(
+        Box::pin(state.read_mcp_resource(&name, &request.uri)).await?,
+    ))
 }
 
 /// The server's prompts (`prompts/list`).
@@ -242,7 +244,7 @@ async fn list_prompts(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(state.mcp_prompts(&name).await?))
+    Ok(Json(Box::pin(state.mcp_prompts(&name)).await?))
 }
 
 /// Renders one prompt (`prompts/get`).
@@ -267,8 +269,6 @@ async fn get_prompt(
     ApiJson(request): ApiJson<GetPromptRequest>,
 ) -> Result<Json<Value>, ApiError> {
     Ok(Json(
-        state
-            .mcp_prompt(&name, &request.name, request.arguments)
-            .await?,
+        Box::pin(state.mcp_prompt(&name, &request.name, request.arguments)).await?,
     ))
 }

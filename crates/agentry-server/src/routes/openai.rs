@@ -52,20 +52,24 @@ async fn run_events(
     Ok(match target {
         Target::Ephemeral => Box::pin(state.stream_stateless(request)?),
         Target::Session(session) => {
-            let subscription = start_in_session(state, session, request, BusyPolicy::Reject)
-                .await
-                .map_err(OpenAiError::from)?;
+            let subscription = Box::pin(start_in_session(
+                state,
+                session,
+                request,
+                BusyPolicy::Reject,
+            ))
+            .await
+            .map_err(OpenAiError::from)?;
             let first = None;
-            let events = state
-                .follow(
-                    session,
-                    FollowFrom::Live {
-                        subscription,
-                        first,
-                    },
-                )
-                .await
-                .map_err(OpenAiError::from)?;
+            let events = Box::pin(state.follow(
+                session,
+                FollowFrom::Live {
+                    subscription,
+                    first,
+                },
+            ))
+            .await
+            .map_err(OpenAiError::from)?;
             // A slow reader that fell behind is caught up from the log; a log that cannot be
             // read ends the stream (the run goes on).
             Box::pin(async_stream::stream! {
@@ -101,14 +105,18 @@ async fn responses(State(state): State<AppState>, Caller(caller): Caller, body: 
     };
     let stream = body.stream;
     let previous = body.previous_response_id.clone();
-    let run = match state.prepare_response(&caller, body).await {
+    let run = match Box::pin(state.prepare_response(&caller, body)).await {
         Ok(run) => run,
         Err(failure) => return error(failure),
     };
     if !stream {
-        let outcome = match state
-            .run_to_end(run.target, run.request.clone(), BusyPolicy::Reject, false)
-            .await
+        let outcome = match Box::pin(state.run_to_end(
+            run.target,
+            run.request.clone(),
+            BusyPolicy::Reject,
+            false,
+        ))
+        .await
         {
             Ok(outcome) => outcome,
             Err(failure) => return error(failure.into()),
@@ -119,7 +127,7 @@ async fn responses(State(state): State<AppState>, Caller(caller): Caller, body: 
         };
     }
     let mut mapper = ResponseEvents::new(&run, previous);
-    let events = match run_events(&state, run.target, run.request).await {
+    let events = match Box::pin(run_events(&state, run.target, run.request)).await {
         Ok(events) => events,
         Err(failure) => return error(failure),
     };
@@ -144,7 +152,7 @@ async fn stored_response(
     Caller(caller): Caller,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    match state.stored_response(&caller, &id).await {
+    match Box::pin(state.stored_response(&caller, &id)).await {
         Ok(response) => Json(response).into_response(),
         Err(failure) => error(failure),
     }
@@ -177,9 +185,7 @@ async fn chat_completions(
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let stream = body.stream;
-    let run = match state
-        .prepare_chat_completion(&caller, body, session.as_deref())
-        .await
+    let run = match Box::pin(state.prepare_chat_completion(&caller, body, session.as_deref())).await
     {
         Ok(run) => run,
         Err(failure) => return error(failure),
@@ -191,20 +197,20 @@ async fn chat_completions(
         answer_headers.insert(SESSION_HEADER, value);
     }
     if !stream {
-        let outcome = match state
-            .run_to_end(run.target, run.request, BusyPolicy::Reject, false)
-            .await
-        {
-            Ok(outcome) => outcome,
-            Err(failure) => return error(failure.into()),
-        };
+        let outcome =
+            match Box::pin(state.run_to_end(run.target, run.request, BusyPolicy::Reject, false))
+                .await
+            {
+                Ok(outcome) => outcome,
+                Err(failure) => return error(failure.into()),
+            };
         return match chat_completion(&run.model, &outcome, &run.client_tools) {
             Ok(completion) => (answer_headers, Json(completion)).into_response(),
             Err(failure) => error(failure),
         };
     }
     let mut mapper = ChunkMapper::new(&run.model, run.include_usage, run.client_tools.clone());
-    let events = match run_events(&state, run.target, run.request).await {
+    let events = match Box::pin(run_events(&state, run.target, run.request)).await {
         Ok(events) => events,
         Err(failure) => return error(failure),
     };

@@ -152,7 +152,7 @@ async fn decide(
         )
         .await;
     }
-    let outcome = state.submit(body.into_op(run_id)?).await?;
+    let outcome = Box::pin(state.submit(body.into_op(run_id)?)).await?;
     Ok(Json(DecideOutcome::from(outcome)).into_response())
 }
 
@@ -182,7 +182,7 @@ async fn interrupt(
     if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "interrupt").await? {
         return Ok(relayed);
     }
-    let outcome = state.submit(Op::Interrupt { run_id }).await?;
+    let outcome = Box::pin(state.submit(Op::Interrupt { run_id })).await?;
     Ok(Json(ControlOutcome::new(&outcome, "interrupt", "interrupted")).into_response())
 }
 
@@ -242,7 +242,7 @@ async fn pause(
     if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "pause").await? {
         return Ok(relayed);
     }
-    let outcome = state.submit(Op::Pause { run_id }).await?;
+    let outcome = Box::pin(state.submit(Op::Pause { run_id })).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(ControlOutcome::new(&outcome, "pause", "pausing")),
@@ -270,7 +270,7 @@ async fn resume(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<ControlOutcome>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    let outcome = state.submit(Op::Resume { run_id }).await?;
+    let outcome = Box::pin(state.submit(Op::Resume { run_id })).await?;
     Ok(Json(ControlOutcome::new(&outcome, "resume", "running")))
 }
 
@@ -299,6 +299,6 @@ async fn abort(
     if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "abort").await? {
         return Ok(relayed);
     }
-    let outcome = state.submit(Op::Abort { run_id }).await?;
+    let outcome = Box::pin(state.submit(Op::Abort { run_id })).await?;
     Ok(Json(ControlOutcome::new(&outcome, "abort", "interrupted")).into_response())
 }

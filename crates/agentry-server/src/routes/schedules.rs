@@ -63,7 +63,7 @@ async fn create(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<ScheduleRequest>,
 ) -> Result<Response, ApiError> {
-    let schedule = state.create_schedule(&caller, request).await?;
+    let schedule = Box::pin(state.create_schedule(&caller, request)).await?;
     Ok((StatusCode::CREATED, Json(schedule)).into_response())
 }
 
@@ -121,7 +121,7 @@ async fn replace(
     ApiJson(request): ApiJson<ScheduleRequest>,
 ) -> Result<Json<ScheduleView>, ApiError> {
     Ok(Json(
-        state.replace_schedule(&caller, &path.id, request).await?,
+        Box::pin(state.replace_schedule(&caller, &path.id, request)).await?,
     ))
 }
 

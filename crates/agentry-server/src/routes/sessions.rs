@@ -154,7 +154,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
     let record = state.session_record(&id).await?;
-    Ok(Json(state.session_detail(record).await?))
+    Ok(Json(Box::pin(state.session_detail(record)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -187,7 +187,9 @@ async fn events(
 ) -> Result<Json<SessionEvents>, ApiError> {
     let Query(query) = query?;
     let record = state.session_record(&id).await?;
-    Ok(Json(state.session_events(record.id, query.after).await?))
+    Ok(Json(
+        Box::pin(state.session_events(record.id, query.after)).await?,
+    ))
 }
 
 /// Attaches to a session: its committed events after `Last-Event-ID` (or `?after=`), the
@@ -322,9 +324,7 @@ async fn fork(
     let body: ForkBody = optional_json(body)?;
     let record = state.session_record(&id).await?;
     // The fork belongs to whoever forked it (a user key can fork only its own sessions).
-    let fork = state
-        .fork_session(&record, body.at_seq, caller.owner())
-        .await?;
+    let fork = Box::pin(state.fork_session(&record, body.at_seq, caller.owner())).await?;
     Ok((StatusCode::CREATED, Json(fork)).into_response())
 }
 
@@ -365,9 +365,7 @@ async fn title(
     let Json(body) = body?;
     let record = state.session_record(&id).await?;
     Ok(Json(
-        state
-            .retitle_session(&caller, record.id, body.title, body.model_id)
-            .await?,
+        Box::pin(state.retitle_session(&caller, record.id, body.title, body.model_id)).await?,
     ))
 }
 
@@ -429,7 +427,7 @@ async fn continue_run(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let record = state.session_record(&id).await?;
-    let outcome = state.continue_session(&caller, &record).await?;
+    let outcome = Box::pin(state.continue_session(&caller, &record)).await?;
     Ok((StatusCode::ACCEPTED, Json(outcome)).into_response())
 }
 
@@ -452,7 +450,7 @@ async fn remove(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let record = state.session_record(&id).await?;
-    state.delete_session(record.id).await?;
+    Box::pin(state.delete_session(record.id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -485,7 +483,7 @@ async fn file_turns(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<FileTurns>, ApiError> {
-    let turns = state.file_turns(&caller, &id).await?;
+    let turns = Box::pin(state.file_turns(&caller, &id)).await?;
     Ok(Json(FileTurns {
         session_id: id,
         turns,
@@ -514,7 +512,9 @@ async fn file_turn_diff(
     Caller(caller): Caller,
     Path((id, turn)): Path<(String, String)>,
 ) -> Result<Json<agentry_app::turn_files::TurnDiff>, ApiError> {
-    Ok(Json(state.file_turn_diff(&caller, &id, &turn).await?))
+    Ok(Json(
+        Box::pin(state.file_turn_diff(&caller, &id, &turn)).await?,
+    ))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -567,7 +567,9 @@ async fn revoke(
         force: body.force,
         keep_files: body.keep_files,
     };
-    Ok(Json(state.revoke_turn(&caller, &id, request).await?))
+    Ok(Json(
+        Box::pin(state.revoke_turn(&caller, &id, request)).await?,
+    ))
 }
 
 /// A JSON body that may be left out entirely (an empty body means the defaults); a body that is

@@ -136,7 +136,9 @@ async fn replace_budget(
     ApiPath(path): ApiPath<BudgetPath>,
     ApiJson(budget): ApiJson<BudgetConfig>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    Ok(Json(state.replace_budget(&path.name, budget).await?))
+    Ok(Json(
+        Box::pin(state.replace_budget(&path.name, budget)).await?,
+    ))
 }
 
 /// Deletes a budget (what was spent stays in the ledger).

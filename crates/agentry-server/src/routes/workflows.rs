@@ -241,9 +241,7 @@ async fn start_run(
 ) -> Result<Response, ApiError> {
     let run = match &body.webhook_url {
         Some(url) => {
-            state
-                .start_workflow_with_webhook(&caller, &name, body.input, url)
-                .await?
+            Box::pin(state.start_workflow_with_webhook(&caller, &name, body.input, url)).await?
         }
         None => state.start_workflow(&caller, &name, body.input).await?,
     };

@@ -136,7 +136,7 @@ pub(super) fn ok(body: Value) -> Answer {
 
 async fn infer(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let request = infer_request(&body)?;
-    let answer = state.seed_infer(&caller, request).await?;
+    let answer = Box::pin(state.seed_infer(&caller, request)).await?;
     let status = if answer.success {
         StatusCode::OK
     } else {
@@ -151,7 +151,7 @@ async fn infer_stream(
     body: Bytes,
 ) -> Answer {
     let request = infer_request(&body)?;
-    let start = state.seed_start(&caller, request).await?;
+    let start = Box::pin(state.seed_start(&caller, request)).await?;
     let session = start.session_id;
     let lines = start
         .frames()
@@ -192,7 +192,7 @@ async fn models(State(state): State<AppState>) -> Answer {
 }
 
 async fn create_model(State(state): State<AppState>, body: Bytes) -> Answer {
-    let (status, body) = state.seed_save_model(None, json_body(&body)?).await?;
+    let (status, body) = Box::pin(state.seed_save_model(None, json_body(&body)?)).await?;
     with_status(status, body)
 }
 
@@ -201,7 +201,7 @@ async fn update_model(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    let (status, body) = state.seed_save_model(Some(&id), json_body(&body)?).await?;
+    let (status, body) = Box::pin(state.seed_save_model(Some(&id), json_body(&body)?)).await?;
     with_status(status, body)
 }
 
@@ -227,7 +227,7 @@ async fn agent(State(state): State<AppState>, Path(id): Path<String>) -> Answer 
 }
 
 async fn create_agent(State(state): State<AppState>, body: Bytes) -> Answer {
-    let (status, body) = state.seed_save_agent(None, json_body(&body)?).await?;
+    let (status, body) = Box::pin(state.seed_save_agent(None, json_body(&body)?)).await?;
     with_status(status, body)
 }
 
@@ -236,7 +236,7 @@ async fn update_agent(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    let (status, body) = state.seed_save_agent(Some(&id), json_body(&body)?).await?;
+    let (status, body) = Box::pin(state.seed_save_agent(Some(&id), json_body(&body)?)).await?;
     with_status(status, body)
 }
 
@@ -288,7 +288,7 @@ async fn templates(State(state): State<AppState>) -> Answer {
 }
 
 async fn create_template(State(state): State<AppState>, body: Bytes) -> Answer {
-    let body = state.seed_save_template(None, json_body(&body)?).await?;
+    let body = Box::pin(state.seed_save_template(None, json_body(&body)?)).await?;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -297,9 +297,7 @@ async fn update_template(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    ok(state
-        .seed_save_template(Some(&id), json_body(&body)?)
-        .await?)
+    ok(Box::pin(state.seed_save_template(Some(&id), json_body(&body)?)).await?)
 }
 
 async fn delete_template(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
@@ -323,7 +321,7 @@ async fn session(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    ok(state.seed_session(&caller, &id).await?)
+    ok(Box::pin(state.seed_session(&caller, &id)).await?)
 }
 
 async fn delete_session(
@@ -331,7 +329,7 @@ async fn delete_session(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    ok(state.seed_delete_session(&caller, &id).await?)
+    ok(Box::pin(state.seed_delete_session(&caller, &id)).await?)
 }
 
 async fn generate_title(
@@ -340,9 +338,7 @@ async fn generate_title(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    ok(state
-        .seed_generate_title(&caller, &id, json_body(&body)?)
-        .await?)
+    ok(Box::pin(state.seed_generate_title(&caller, &id, json_body(&body)?)).await?)
 }
 
 async fn revoke(
@@ -351,7 +347,7 @@ async fn revoke(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    match state.seed_revoke(&caller, &id, json_body(&body)?).await {
+    match Box::pin(state.seed_revoke(&caller, &id, json_body(&body)?)).await {
         Ok(body) => ok(body),
         Err(error) if error.code == "journal_conflict" => {
             let files = error
@@ -376,7 +372,7 @@ async fn file_journals(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    ok(state.seed_file_journals(&caller, &id).await?)
+    ok(Box::pin(state.seed_file_journals(&caller, &id)).await?)
 }
 
 async fn file_journal_diff(
@@ -384,7 +380,7 @@ async fn file_journal_diff(
     Caller(caller): Caller,
     Path((id, turn)): Path<(String, String)>,
 ) -> Answer {
-    ok(state.seed_file_journal_diff(&caller, &id, &turn).await?)
+    ok(Box::pin(state.seed_file_journal_diff(&caller, &id, &turn)).await?)
 }
 
 async fn terminals(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
@@ -458,12 +454,12 @@ async fn terminal_socket(
 }
 
 async fn create_tool(State(state): State<AppState>, body: Bytes) -> Answer {
-    let body = state.seed_save_tool(None, json_body(&body)?).await?;
+    let body = Box::pin(state.seed_save_tool(None, json_body(&body)?)).await?;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 async fn update_tool(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Answer {
-    ok(state.seed_save_tool(Some(&id), json_body(&body)?).await?)
+    ok(Box::pin(state.seed_save_tool(Some(&id), json_body(&body)?)).await?)
 }
 
 async fn delete_tool(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
