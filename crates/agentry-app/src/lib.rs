@@ -162,9 +162,76 @@ impl App {
     /// An app whose live runs `observer` watches (the HTTP server's metrics).
     pub async fn observed(
         store: Store,
-        mut tools: ToolEnvironment,
+        tools: ToolEnvironment,
         observer: Arc<dyn RunObserver>,
     ) -> Result<Self, AppError> {
+        Self::builder(store)
+            .tools(tools)
+            .observer(observer)
+            .build()
+            .await
+    }
+
+    /// How an app is made, step by step: the one composition root of every front-end (the
+    /// HTTP server, `mcp serve`, and the CLI's commands).
+    pub fn builder(store: Store) -> AppBuilder {
+        AppBuilder {
+            store,
+            tools: ToolEnvironment::default(),
+            observer: Arc::new(hub::Unobserved),
+            mcp: McpStart::Saved,
+        }
+    }
+}
+
+/// Which saved MCP servers an app starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum McpStart {
+    /// Every saved one (a server: `agentry serve`, `agentry mcp serve`).
+    #[default]
+    Saved,
+    /// Only these (a run as an agent: the agent's own).
+    Only(Vec<String>),
+    /// None (a command that runs nothing: checks, reports).
+    None,
+}
+
+/// An [`App`] being made ([`App::builder`]).
+pub struct AppBuilder {
+    store: Store,
+    tools: ToolEnvironment,
+    observer: Arc<dyn RunObserver>,
+    mcp: McpStart,
+}
+
+impl AppBuilder {
+    /// Runs work in `tools`' workspaces and sandboxes.
+    pub fn tools(mut self, tools: ToolEnvironment) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// `observer` watches the live runs (the HTTP server's metrics).
+    pub fn observer(mut self, observer: Arc<dyn RunObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// Which saved MCP servers start (in the background; the runtime is rebuilt as their tools
+    /// come and go). Default: every one.
+    pub fn mcp(mut self, which: McpStart) -> Self {
+        self.mcp = which;
+        self
+    }
+
+    /// The app, its runtime built from the store's configuration.
+    pub async fn build(self) -> Result<App, AppError> {
+        let Self {
+            store,
+            mut tools,
+            observer,
+            mcp: start,
+        } = self;
         let elicitations = tools
             .elicitations
             .get_or_insert_with(Default::default)
@@ -180,7 +247,11 @@ impl App {
             )));
         }
         let mcp = McpManager::with_stdio(tools.stdio_policy());
-        mcp_tools::start_saved(&store, &mcp).await?;
+        match &start {
+            McpStart::Saved => mcp_tools::start_saved(&store, &mcp, None).await?,
+            McpStart::Only(names) => mcp_tools::start_saved(&store, &mcp, Some(names)).await?,
+            McpStart::None => {}
+        }
         // The configuration's generation before the runtime is built from it: a change made
         // by another node from now on is seen by the configuration watch.
         let generation = store.config_generation().await?;
@@ -205,7 +276,7 @@ impl App {
             tools.clone(),
             sessions.clone(),
         );
-        let app = Self(Arc::new(AppParts {
+        let app = App(Arc::new(AppParts {
             mcp,
             sessions,
             store,
@@ -231,7 +302,9 @@ impl App {
         app.elicitations.bind(&app.hub);
         Ok(app)
     }
+}
 
+impl App {
     /// Rebuilds the runtime after a configuration change; new runs use it at once.
     pub async fn reload_runtime(&self) -> Result<(), AppError> {
         let runtime = build_runtime(&self.store, &self.http, &self.mcp, &self.tools).await?;

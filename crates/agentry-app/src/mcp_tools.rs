@@ -128,11 +128,19 @@ pub fn tools(manager: &McpManager, elicitations: Option<&Elicitations>) -> Vec<A
         .collect()
 }
 
-/// Starts every server saved in the store (in the background: a server that is slow or down
-/// delays nothing). A stored entry that is invalid is skipped with a warning.
-pub async fn start_saved(store: &Store, manager: &McpManager) -> Result<(), AppError> {
+/// Starts every server saved in the store, or only those `only` names (in the background: a
+/// server that is slow or down delays nothing). A stored entry that is invalid is skipped with
+/// a warning.
+pub async fn start_saved(
+    store: &Store,
+    manager: &McpManager,
+    only: Option<&[String]>,
+) -> Result<(), AppError> {
     let secrets = Secrets::load(store).await?;
     for (name, value) in store.list_config(ConfigKind::McpServer).await? {
+        if only.is_some_and(|only| !only.contains(&name)) {
+            continue;
+        }
         let added = match serde_json::from_value::<McpServerConfig>(value) {
             Ok(config) => add_server(manager, &secrets, &name, config)
                 .await

@@ -13,9 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use agentry_app::agents::{
-    AgentConfig, AgentLimits, AgentRun, WorkspaceScope, stored_agent, validate,
-};
+use agentry_app::agents::{AgentConfig, AgentLimits, AgentRun, WorkspaceScope, stored_agent};
 use agentry_app::config::ConfigRepo;
 use agentry_app::elicitation::Elicitations;
 use agentry_app::{StoreLog, ToolEnvironment};
@@ -229,22 +227,38 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             let replace = add.replace;
             let agent = add.agent()?;
             agent.check_shape().map_err(app_error)?;
-            // Only to check the agent's names against the configured tools: nothing runs, so
-            // command tools are built as if host commands were allowed.
+            // Checked and saved by the application, as `POST /v1/agents` does (its tools, skills,
+            // webhook, the one default A2A agent). Nothing runs, so no MCP server starts, command
+            // tools are built as if host commands were allowed, and the workspace tools are
+            // there as the sessions' workspaces are.
             let names_only = ToolEnvironment {
                 allow_host_commands: true,
+                workspaces: Some(data.home()?.join("workspaces")),
+                skill_roots: Some(data.skill_roots()?),
                 ..ToolEnvironment::default()
             };
-            let runtime = store_runtime(&store, &McpManager::new(), &names_only).await?;
-            let roots = data.skill_roots()?;
-            validate(&store, &runtime, &agent, Some(&roots))
+            let app = agentry_app::App::builder(store.clone())
+                .tools(names_only)
+                .mcp(agentry_app::McpStart::None)
+                .build()
                 .await
                 .map_err(app_error)?;
-            let repo = ConfigRepo::<AgentConfig>::new(&store);
-            if replace {
-                repo.put(&agent.id, &agent).await.map_err(app_error)?;
-            } else if let Err(error) = repo.create(&agent.id, &agent).await {
-                anyhow::bail!("{} (--replace to overwrite it)", error.message);
+            let exists = ConfigRepo::<AgentConfig>::new(&store)
+                .get(&agent.id)
+                .await
+                .map_err(app_error)?
+                .is_some();
+            let saved = if replace && exists {
+                app.replace_agent(&agent).await
+            } else {
+                app.create_agent(&agent).await
+            };
+            app.shutdown.cancel();
+            if let Err(error) = saved {
+                if exists && !replace {
+                    anyhow::bail!("{} (--replace to overwrite it)", error.message);
+                }
+                return Err(app_error(error));
             }
             eprintln!("saved agent {:?}", agent.id);
         }
@@ -337,6 +351,29 @@ pub(crate) async fn session_manager(
         environment.skill_roots.clone(),
     );
     Ok((manager, run))
+}
+
+/// Waits for `agent`'s MCP servers, which `app` starts with every saved one, to answer (or
+/// fail): its run is offered their tools.
+pub(crate) async fn wait_for_mcp(
+    app: &agentry_app::App,
+    agent: &AgentConfig,
+) -> anyhow::Result<()> {
+    for name in &agent.mcp_servers {
+        let status = app
+            .mcp
+            .wait_ready(name, super::profile::MCP_START_WAIT)
+            .await?;
+        if status.state != agentry_mcp::ServerState::Connected {
+            anyhow::bail!(
+                "the MCP server {name:?} did not start: {}",
+                status.last_error.as_deref().unwrap_or("no answer")
+            );
+        }
+    }
+    // The runtime is rebuilt with their tools once they answer.
+    app.reload_runtime().await.map_err(app_error)?;
+    Ok(())
 }
 
 /// A request for `text` as the agent, with its memories.

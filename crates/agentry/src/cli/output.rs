@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use futures::StreamExt;
 
 use agentry_core::RunStream;
-use agentry_types::{RunEvent, RunStopReason, Usage};
+use agentry_types::{RunEvent, RunStopReason, SessionEvent, Usage};
 
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
@@ -186,6 +186,44 @@ pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
         | RunStopReason::ToolCalls => 3,
         RunStopReason::Cancelled => 130,
     }
+}
+
+/// Prints a session run's events as [`agentry_app::App::follow`] yields them (Ctrl-C calls
+/// `cancel`) and returns the exit code for how it ended, as [`print_run`] does.
+pub(crate) async fn print_followed(
+    mut events: agentry_app::follow::Followed,
+    json: bool,
+    cancel: impl FnOnce() + Send + 'static,
+) -> anyhow::Result<ExitCode> {
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            cancel();
+        }
+    });
+    let mut printer = Printer::new(json);
+    let mut note = None;
+    let mut code = None;
+    while let Some(event) = events.next().await {
+        let event = event.map_err(super::app_error)?;
+        printer.event(&event)?;
+        match event.as_ref() {
+            RunEvent::Committed {
+                event: SessionEvent::RunFinished { note: stopped, .. },
+                ..
+            } => note.clone_from(stopped),
+            RunEvent::RunFinished { stop_reason, .. } | RunEvent::RunFailed { stop_reason, .. } => {
+                code = Some(exit_code(*stop_reason));
+            }
+            // Waiting for approvals or paused: not ended, not failed.
+            RunEvent::RunSuspended { .. } => code = Some(4),
+            _ => {}
+        }
+    }
+    if let Some(note) = &note {
+        eprintln!("agentry: stopped: {note}");
+    }
+    // A run whose end never came (its process went away): a failure.
+    Ok(ExitCode::from(code.unwrap_or(1)))
 }
 
 /// Prints a run's events (Ctrl-C cancels it) and returns the exit code for how it ended.

@@ -397,7 +397,7 @@ impl Profile {
 }
 
 /// How long a run waits for an MCP server to start.
-const MCP_START_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const MCP_START_WAIT: Duration = Duration::from_secs(60);
 
 /// Starts the saved MCP servers `names` and returns their tools. The tools hold the manager, so
 /// the servers run as long as the runtime that offers them.

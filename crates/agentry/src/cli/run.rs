@@ -7,13 +7,17 @@ use clap::Args;
 use agentry_core::session::BusyPolicy;
 use agentry_types::SessionId;
 
-use agentry_app::ToolEnvironment;
+use agentry_app::auth::Principal;
+use agentry_app::follow::FollowFrom;
+use agentry_app::runs::{RunInput, SessionChoice, Target, prepare, start_in_session};
+use agentry_app::{App, ToolEnvironment};
 
 use super::agents;
+use super::app_error;
 use super::data::DataArgs;
-use super::output::print_run;
+use super::output::{print_followed, print_run};
 use super::profile::Profile;
-use super::sessions::{open_session, session_with_manager};
+use super::sessions::session_with_manager;
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -93,39 +97,71 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
 }
 
 /// `agentry run --agent ID`: the run as the saved agent, in a new or given session unless
-/// `--ephemeral`.
+/// `--ephemeral`. In a session it goes through the application exactly as `POST /v1/infer` does
+/// (the agent's checks and shared workspace, the fenced log, the app's hub for its sub-agents).
 async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
     let agent = agents::load(&store, id).await?;
-    let stream = if args.ephemeral {
+    if args.ephemeral {
         let (runtime, run) = agents::runtime(&store, &agent, &ToolEnvironment::default()).await?;
-        runtime.stream(agents::request(&store, &run, &args.prompt).await?)?
-    } else {
-        let (manager, run) = agents::session_manager(
-            &store,
-            &agent,
-            args.profile.sandbox,
-            &args.profile.network,
-            data,
-            None,
-        )
-        .await?;
-        let (session, _) = open_session(
-            &store,
-            args.session,
-            args.profile,
-            &args.prompt,
-            args.ttl_days,
-        )
-        .await?;
-        eprintln!("session: {session}");
-        manager
-            .send(
-                session,
-                agents::request(&store, &run, &args.prompt).await?,
-                args.policy.into(),
-            )
-            .await?
+        let stream = runtime.stream(agents::request(&store, &run, &args.prompt).await?)?;
+        return print_run(stream, args.json).await;
+    }
+    let mut environment = args.profile.network.environment(
+        agents::sandbox_mode(&agent, args.profile.sandbox),
+        &data.home()?,
+    )?;
+    environment.skill_roots = Some(data.skill_roots()?);
+    // The agent's own MCP servers start, not every saved one.
+    let app = App::builder(store)
+        .tools(environment)
+        .mcp(agentry_app::McpStart::Only(agent.mcp_servers.clone()))
+        .build()
+        .await
+        .map_err(app_error)?;
+    agents::wait_for_mcp(&app, &agent).await?;
+    let input = RunInput {
+        agent_id: Some(agent.id.clone()),
+        input: Some(agentry_core::Input::Text {
+            text: args.prompt.clone(),
+        }),
+        session: match args.session {
+            Some(session) => SessionChoice::Existing(session),
+            None => SessionChoice::New,
+        },
+        ..RunInput::default()
     };
-    print_run(stream, args.json).await
+    let (target, request) = prepare(&app, &Principal::operator(), input)
+        .await
+        .map_err(app_error)?;
+    let Target::Session(session) = target else {
+        anyhow::bail!("a run in a session was prepared without one");
+    };
+    eprintln!("session: {session}");
+    let subscription = start_in_session(&app, session, request, args.policy.into())
+        .await
+        .map_err(app_error)?;
+    if let (None, Some(days)) = (args.session, args.ttl_days) {
+        let expires = agentry_app::clock::now_ms() + days * 24 * 3600 * 1000;
+        app.store.set_expiry(session, Some(expires)).await?;
+    }
+    let first = None;
+    let events = app
+        .follow(
+            session,
+            FollowFrom::Live {
+                subscription,
+                first,
+            },
+        )
+        .await
+        .map_err(app_error)?;
+    let hub = app.hub.clone();
+    let code = print_followed(events, args.json, move || {
+        hub.cancel(session);
+    })
+    .await;
+    app.shutdown.cancel();
+    app.store.close().await;
+    code
 }

@@ -106,7 +106,12 @@ fn table(report: &UsageReport) -> String {
 
 pub(crate) async fn usage(args: UsageArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
-    let app = App::new(store).await.map_err(app_error)?;
+    // A report runs nothing: no MCP server starts for it.
+    let app = App::builder(store)
+        .mcp(agentry_app::McpStart::None)
+        .build()
+        .await
+        .map_err(app_error)?;
     let request = UsageRequest {
         from: args.from,
         to: args.to,
@@ -172,7 +177,12 @@ enum BudgetsCommand {
 
 pub(crate) async fn budgets(args: BudgetsArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
-    let app = App::new(store).await.map_err(app_error)?;
+    // A report runs nothing: no MCP server starts for it.
+    let app = App::builder(store)
+        .mcp(agentry_app::McpStart::None)
+        .build()
+        .await
+        .map_err(app_error)?;
     let outcome = budget_command(&app, args.command).await;
     app.shutdown.cancel();
     outcome?;

@@ -334,3 +334,111 @@ async fn a_cli_run_as_an_agent_gets_its_memories() {
         );
     }
 }
+
+/// `agentry run --agent` in a session goes through the application as `POST /v1/infer` does
+/// (issue 49): an agent whose sessions share one workspace (`"workspace": "agent"`) works in it
+/// from the command line too, so a second session reads what the first wrote (each session had
+/// a workspace of its own before).
+#[tokio::test]
+async fn a_cli_run_as_an_agent_works_in_its_shared_workspace() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let file = home.join("notes.json");
+    std::fs::write(
+        &file,
+        json!({"id": "notes", "model_id": "mock", "workspace": "agent",
+               "tool_ids": ["write_file", "read_file"]})
+        .to_string(),
+    )
+    .unwrap();
+    let added = agentry(home, &["agents", "add", "--file", file.to_str().unwrap()]).await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "write_file",
+        json!({"path": "todo.txt", "content": "buy milk\n"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noted.")));
+    let output = agentry(home, &["run", "--agent", "notes", "Note: buy milk"]).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("Noted."),
+        "{}",
+        text(&output.stdout)
+    );
+
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "read_file",
+        json!({"path": "todo.txt"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Milk.")));
+    let output = agentry(home, &["run", "--agent", "notes", "What is on my list?"]).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    // The model saw the file the first session wrote, read in the second.
+    let requests = mock.requests();
+    let sent = requests.last().unwrap().body.to_string();
+    assert!(sent.contains("buy milk"), "{sent}");
+    // Two sessions, one workspace: the agent's.
+    let store = Store::open_home(home).await.unwrap();
+    let sessions = store
+        .list_sessions(&agentry_store::SessionQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(sessions.len(), 2);
+    store.close().await;
+}
+
+/// `agentry agents add` checks an agent as `POST /v1/agents` does (issue 49: it checked only
+/// the names): a webhook to a loopback address is refused, and so is a second default A2A agent.
+#[tokio::test]
+async fn agents_add_checks_what_the_api_checks() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let add = |name: &str, agent: Value| {
+        let file = home.join(format!("{name}.json"));
+        std::fs::write(&file, agent.to_string()).unwrap();
+        async move { agentry(home, &["agents", "add", "--file", file.to_str().unwrap()]).await }
+    };
+    let hooked = add(
+        "hooked",
+        json!({"id": "hooked", "model_id": "mock", "webhook_url": "http://127.0.0.1:9/hook"}),
+    )
+    .await;
+    assert!(!hooked.status.success());
+    assert!(
+        text(&hooked.stderr).contains("loopback or private address"),
+        "{}",
+        text(&hooked.stderr)
+    );
+    let first = add(
+        "first",
+        json!({"id": "first", "model_id": "mock", "a2a": {"default": true}}),
+    )
+    .await;
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let second = add(
+        "second",
+        json!({"id": "second", "model_id": "mock", "a2a": {"default": true}}),
+    )
+    .await;
+    assert!(!second.status.success());
+    assert!(
+        text(&second.stderr).contains("default A2A agent already"),
+        "{}",
+        text(&second.stderr)
+    );
+    // One JSON object a line.
+    let listed = agentry(home, &["agents", "list", "--json"]).await;
+    let ids: Vec<String> = text(&listed.stdout)
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(ids, ["first"]);
+}
