@@ -22,6 +22,7 @@ use tokio::sync::broadcast::error::RecvError;
 use agentry_types::{AssistantPart, RunEvent, SessionEvent, SessionId, Thinking};
 
 use crate::hub::{Partial, RunProgress, Subscription};
+use crate::runs::start_in_session;
 use crate::{App, AppError};
 
 /// How often a run live on another node is read from the log.
@@ -108,12 +109,10 @@ impl App {
                             break;
                         }
                     };
-                    match app.logged_events(session, follower.last_seq()).await {
-                        Ok(stored) => {
-                            for (seq, event) in stored {
-                                for event in follower.logged(seq, event) {
-                                    yield Ok(event);
-                                }
+                    match app.logged_since(session, &mut follower).await {
+                        Ok(events) => {
+                            for event in events {
+                                yield Ok(event);
                             }
                         }
                         Err(error) => {
@@ -157,12 +156,10 @@ impl App {
                         if !follower.lagged(&progress) {
                             continue;
                         }
-                        match app.logged_events(session, follower.last_seq()).await {
-                            Ok(stored) => {
-                                for (seq, event) in stored {
-                                    for event in follower.logged(seq, event) {
-                                        yield Ok(event);
-                                    }
+                        match app.logged_since(session, &mut follower).await {
+                            Ok(events) => {
+                                for event in events {
+                                    yield Ok(event);
                                 }
                             }
                             Err(error) => {
@@ -176,6 +173,39 @@ impl App {
             }
         }
         .boxed())
+    }
+
+    /// Starts `request` in `session` and follows it from its start: [`start_in_session`], then
+    /// [`App::follow`].
+    pub async fn start_followed(
+        &self,
+        session: SessionId,
+        request: agentry_core::RunRequest,
+        policy: agentry_core::session::BusyPolicy,
+    ) -> Result<Followed, AppError> {
+        let subscription = start_in_session(self, session, request, policy).await?;
+        let first = None;
+        self.follow(
+            session,
+            FollowFrom::Live {
+                subscription,
+                first,
+            },
+        )
+        .await
+    }
+
+    /// What `follower` has not sent of the session's log (after its last seq).
+    async fn logged_since(
+        &self,
+        session: SessionId,
+        follower: &mut Follower,
+    ) -> Result<Vec<Arc<RunEvent>>, AppError> {
+        let mut out = Vec::new();
+        for (seq, event) in self.logged_events(session, follower.last_seq()).await? {
+            out.extend(follower.logged(seq, event));
+        }
+        Ok(out)
     }
 }
 

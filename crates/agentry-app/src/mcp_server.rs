@@ -32,8 +32,7 @@ use crate::agents::AgentConfig;
 use crate::auth::Principal;
 use crate::config::ConfigRepo;
 use crate::error::{AppError, Failure};
-use crate::follow::FollowFrom;
-use crate::runs::{RunInput, SessionChoice, Target, prepare, start_in_session};
+use crate::runs::{RunInput, SessionChoice, Target, prepare};
 
 /// The longest message an agent tool accepts, in bytes (the HTTP API's body limit).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
@@ -188,19 +187,8 @@ impl McpServer {
                 "an agent call was prepared without a session".into(),
             ));
         };
-        let subscription = match start_in_session(app, session, request, BusyPolicy::Reject).await {
-            Ok(subscription) => subscription,
-            Err(error) => return refused(error),
-        };
-        let first = None;
         let mut events = match app
-            .follow(
-                session,
-                FollowFrom::Live {
-                    subscription,
-                    first,
-                },
-            )
+            .start_followed(session, request, BusyPolicy::Reject)
             .await
         {
             Ok(events) => events,

@@ -16,12 +16,11 @@ use axum::routing::{Router, get, post};
 use futures::{Stream, StreamExt};
 
 use agentry_app::domain::core::session::BusyPolicy;
-use agentry_app::follow::FollowFrom;
 use agentry_app::openai_compat::{
     ChatCompletionRequest, ChunkMapper, OpenAiError, chat_completion,
 };
 use agentry_app::openai_responses::{ResponseEvents, ResponsesRequest, response_of};
-use agentry_app::runs::{Target, start_in_session};
+use agentry_app::runs::Target;
 
 use crate::authorization::Caller;
 use crate::state::AppState;
@@ -52,24 +51,9 @@ async fn run_events(
     Ok(match target {
         Target::Ephemeral => Box::pin(state.stream_stateless(request)?),
         Target::Session(session) => {
-            let subscription = Box::pin(start_in_session(
-                state,
-                session,
-                request,
-                BusyPolicy::Reject,
-            ))
-            .await
-            .map_err(OpenAiError::from)?;
-            let first = None;
-            let events = Box::pin(state.follow(
-                session,
-                FollowFrom::Live {
-                    subscription,
-                    first,
-                },
-            ))
-            .await
-            .map_err(OpenAiError::from)?;
+            let events = Box::pin(state.start_followed(session, request, BusyPolicy::Reject))
+                .await
+                .map_err(OpenAiError::from)?;
             // A slow reader that fell behind is caught up from the log; a log that cannot be
             // read ends the stream (the run goes on).
             Box::pin(async_stream::stream! {

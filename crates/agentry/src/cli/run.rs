@@ -8,8 +8,7 @@ use agentry_core::session::BusyPolicy;
 use agentry_types::SessionId;
 
 use agentry_app::auth::Principal;
-use agentry_app::follow::FollowFrom;
-use agentry_app::runs::{RunInput, SessionChoice, Target, prepare, start_in_session};
+use agentry_app::runs::{RunInput, SessionChoice, Target, prepare};
 use agentry_app::{App, ToolEnvironment};
 
 use super::agents;
@@ -138,24 +137,14 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         anyhow::bail!("a run in a session was prepared without one");
     };
     eprintln!("session: {session}");
-    let subscription = start_in_session(&app, session, request, args.policy.into())
+    let events = app
+        .start_followed(session, request, args.policy.into())
         .await
         .map_err(app_error)?;
     if let (None, Some(days)) = (args.session, args.ttl_days) {
         let expires = agentry_app::clock::now_ms() + days * 24 * 3600 * 1000;
         app.store.set_expiry(session, Some(expires)).await?;
     }
-    let first = None;
-    let events = app
-        .follow(
-            session,
-            FollowFrom::Live {
-                subscription,
-                first,
-            },
-        )
-        .await
-        .map_err(app_error)?;
     let hub = app.hub.clone();
     let code = print_followed(events, args.json, move || {
         hub.cancel(session);
