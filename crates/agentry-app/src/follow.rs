@@ -22,7 +22,6 @@ use tokio::sync::broadcast::error::RecvError;
 use agentry_types::{AssistantPart, RunEvent, SessionEvent, SessionId, Thinking};
 
 use crate::hub::{Partial, RunProgress, Subscription};
-use crate::runs::start_in_session;
 use crate::{App, AppError};
 
 /// How often a run live on another node is read from the log.
@@ -173,26 +172,6 @@ impl App {
             }
         }
         .boxed())
-    }
-
-    /// Starts `request` in `session` and follows it from its start: [`start_in_session`], then
-    /// [`App::follow`].
-    pub async fn start_followed(
-        &self,
-        session: SessionId,
-        request: agentry_core::RunRequest,
-        policy: agentry_core::session::BusyPolicy,
-    ) -> Result<Followed, AppError> {
-        let subscription = start_in_session(self, session, request, policy).await?;
-        let first = None;
-        self.follow(
-            session,
-            FollowFrom::Live {
-                subscription,
-                first,
-            },
-        )
-        .await
     }
 
     /// What `follower` has not sent of the session's log (after its last seq).

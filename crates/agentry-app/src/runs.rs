@@ -13,6 +13,7 @@ use agentry_types::{Message, SessionId};
 use crate::App;
 use crate::auth::Principal;
 use crate::error::AppError;
+use crate::follow::{FollowFrom, Followed};
 use crate::hub::Subscription;
 
 /// Which session a run goes to.
@@ -274,4 +275,26 @@ pub async fn start_in_session(
         let _ = started.await;
     }
     Ok(subscription)
+}
+
+impl App {
+    /// Starts `request` in `session` and follows it from its start: [`start_in_session`], then
+    /// [`App::follow`].
+    pub async fn start_followed(
+        &self,
+        session: SessionId,
+        request: agentry_core::RunRequest,
+        policy: agentry_core::session::BusyPolicy,
+    ) -> Result<Followed, AppError> {
+        let subscription = start_in_session(self, session, request, policy).await?;
+        let first = None;
+        self.follow(
+            session,
+            FollowFrom::Live {
+                subscription,
+                first,
+            },
+        )
+        .await
+    }
 }

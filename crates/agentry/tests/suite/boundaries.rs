@@ -303,3 +303,172 @@ fn architecture_md_is_a_short_code_map_whose_paths_exist() {
         missing.into_iter().collect::<Vec<_>>().join("\n  ")
     );
 }
+
+/// A crate's modules (`a::b` for `src/a/b.rs` or `src/a/b/mod.rs`; the root is ``), each with
+/// the modules of the same crate its code names (`crate::a::b…`, `super::x`), tests left out.
+fn module_graph(crate_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let src = crate_dir.join("src");
+    let mut texts = BTreeMap::new();
+    for (path, text) in sources(&src) {
+        let relative = path.strip_prefix(&src).unwrap().with_extension("");
+        let mut parts: Vec<String> = relative
+            .components()
+            .map(|part| part.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if matches!(
+            parts.last().map(String::as_str),
+            Some("mod" | "lib" | "main")
+        ) {
+            parts.pop();
+        }
+        let code = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        texts.insert(parts.join("::"), code);
+    }
+    let names: BTreeSet<String> = texts.keys().cloned().collect();
+    let path_after = |text: &str, start: usize| -> Vec<String> {
+        let rest = &text[start..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':'))
+            .unwrap_or(rest.len());
+        rest[..end]
+            .split("::")
+            .take_while(|part| part.starts_with(|c: char| c.is_ascii_lowercase() || c == '_'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut graph = BTreeMap::new();
+    for (module, code) in &texts {
+        let mut named = BTreeSet::new();
+        for (at, _) in code.match_indices("crate::") {
+            let parts = path_after(code, at + "crate::".len());
+            // The longest prefix that is a module.
+            if let Some(target) = (1..=parts.len())
+                .rev()
+                .map(|length| parts[..length].join("::"))
+                .find(|candidate| names.contains(candidate))
+                && &target != module
+            {
+                named.insert(target);
+            }
+        }
+        let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
+        for (at, _) in code.match_indices("super::") {
+            if let Some(first) = path_after(code, at + "super::".len()).first() {
+                let target = if parent.is_empty() {
+                    first.clone()
+                } else {
+                    format!("{parent}::{first}")
+                };
+                if names.contains(&target) && &target != module {
+                    named.insert(target);
+                }
+            }
+        }
+        graph.insert(module.clone(), named);
+    }
+    graph
+}
+
+/// The import circles of a module graph: its strongly connected parts of two or more modules
+/// (Tarjan's algorithm).
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        next: usize,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on_stack: BTreeSet<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, module: &'a str) {
+            self.index.insert(module, self.next);
+            self.low.insert(module, self.next);
+            self.next += 1;
+            self.stack.push(module);
+            self.on_stack.insert(module);
+            let graph = self.graph;
+            for named in graph.get(module).into_iter().flatten() {
+                let named = named.as_str();
+                if !self.index.contains_key(named) {
+                    self.visit(named);
+                    let low = self.low[module].min(self.low[named]);
+                    self.low.insert(module, low);
+                } else if self.on_stack.contains(named) {
+                    let low = self.low[module].min(self.index[named]);
+                    self.low.insert(module, low);
+                }
+            }
+            if self.low[module] == self.index[module] {
+                let mut part = Vec::new();
+                while let Some(top) = self.stack.pop() {
+                    self.on_stack.remove(top);
+                    part.push(top.to_owned());
+                    if top == module {
+                        break;
+                    }
+                }
+                if part.len() > 1 {
+                    part.sort();
+                    self.found.push(part);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        next: 0,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for module in graph.keys() {
+        if !walk.index.contains_key(module.as_str()) {
+            walk.visit(module);
+        }
+    }
+    walk.found
+}
+
+/// Import circles inside crates, counted: a ratchet while they are taken apart (issue 49 asks
+/// for none in the app and at most three in the whole house). Adding a circle, or joining two
+/// crates' worth of modules into today's, fails; removing one means lowering the ceiling here.
+#[test]
+fn import_circles_inside_crates_do_not_grow() {
+    // Today's: the app 4 (the largest, its run lifecycle, 10 modules), 14 in all.
+    const APP_CEILING: usize = 4;
+    const ALL_CEILING: usize = 14;
+    let crates = root().join("crates");
+    let mut all = 0;
+    let mut report = String::new();
+    for entry in std::fs::read_dir(&crates).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.join("src").is_dir() {
+            continue;
+        }
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let found = circles(&module_graph(&dir));
+        for circle in &found {
+            report.push_str(&format!("{name}: {}\n", circle.join(", ")));
+        }
+        if name == "agentry-app" {
+            assert!(
+                found.len() <= APP_CEILING,
+                "the app has {} import circles (at most {APP_CEILING}):\n{report}",
+                found.len()
+            );
+        }
+        all += found.len();
+    }
+    assert!(
+        all <= ALL_CEILING,
+        "{all} import circles inside crates (at most {ALL_CEILING}):\n{report}"
+    );
+}
