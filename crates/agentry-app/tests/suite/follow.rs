@@ -66,6 +66,29 @@ async fn collect(events: Followed) -> Vec<Arc<RunEvent>> {
     .expect("the followed run ends")
 }
 
+/// Everything of a run followed from `subscription`, made when it started.
+async fn from_start(
+    app: &App,
+    session: SessionId,
+    subscription: Subscription,
+) -> Vec<Arc<RunEvent>> {
+    let first = None;
+    let events = app.follow(
+        session,
+        FollowFrom::Live {
+            subscription,
+            first,
+        },
+    );
+    collect(events.await.unwrap()).await
+}
+
+/// The seqs of the session's log.
+async fn logged_seqs(app: &App, session: SessionId) -> Vec<u64> {
+    let logged = app.logged_events(session, 0).await.unwrap();
+    logged.into_iter().map(|(seq, _)| seq).collect()
+}
+
 /// The text of the deltas among `events`.
 fn streamed(events: &[Arc<RunEvent>]) -> String {
     events
@@ -104,19 +127,7 @@ async fn a_run_followed_from_its_start_comes_in_order_and_ends_with_it() {
     let (app, mock, _home) = app().await;
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello there, friend.")));
     let (session, subscription) = start(&app, "Hi").await;
-    let first = None;
-    let events = collect(
-        app.follow(
-            session,
-            FollowFrom::Live {
-                subscription,
-                first,
-            },
-        )
-        .await
-        .unwrap(),
-    )
-    .await;
+    let events = from_start(&app, session, subscription).await;
     assert!(
         matches!(
             events.first().map(AsRef::as_ref),
@@ -160,13 +171,7 @@ async fn a_follower_that_reads_nothing_until_the_end_gets_every_delta() {
     assert_eq!(streamed(&events), answer);
     // Each committed step once, in order, the run's whole record.
     let sent = seqs(&events);
-    let logged: Vec<u64> = app
-        .logged_events(session, 0)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(seq, _)| seq)
-        .collect();
+    let logged = logged_seqs(&app, session).await;
     assert_eq!(sent, logged);
     assert!(events.last().unwrap().is_terminal(), "{:?}", events.last());
 }
@@ -176,26 +181,8 @@ async fn following_a_finished_session_after_a_seq_gives_the_rest_and_ends() {
     let (app, mock, _home) = app().await;
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Done.")));
     let (session, subscription) = start(&app, "Go").await;
-    let first = None;
-    collect(
-        app.follow(
-            session,
-            FollowFrom::Live {
-                subscription,
-                first,
-            },
-        )
-        .await
-        .unwrap(),
-    )
-    .await;
-    let logged: Vec<u64> = app
-        .logged_events(session, 0)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(seq, _)| seq)
-        .collect();
+    from_start(&app, session, subscription).await;
+    let logged = logged_seqs(&app, session).await;
     let events = collect(app.follow(session, FollowFrom::After(2)).await.unwrap()).await;
     assert_eq!(seqs(&events), logged[2..]);
     let last = *logged.last().unwrap();
