@@ -3,7 +3,9 @@
 //! the HTTP layer maps its requests to [`App::tus_create`], [`App::tus_offset`],
 //! [`App::tus_patch`] and [`App::tus_terminate`].
 //!
-//! An upload names its workspace and where the file goes in `Upload-Metadata` (`session_id`
+//! The protocol's wire (its version and extension headers, `Upload-Metadata`'s encoding) is the
+//! HTTP layer's; the app takes the metadata decoded. An upload names its workspace and where
+//! the file goes in its metadata (`session_id`
 //! or `workspace_id`, or `agent_id` for an agent's shared workspace, and `target_path`, else
 //! `filename`), and is checked like a chunked upload
 //! (size limit, quota, a path inside the workspace). Its bytes collect outside every workspace
@@ -26,12 +28,6 @@ use crate::App;
 use crate::auth::Principal;
 use crate::error::{AppError, Failure};
 use crate::workspace_files::{WorkspaceLimits, WorkspaceRef};
-
-/// The protocol version served.
-pub const TUS_VERSION: &str = "1.0.0";
-
-/// The extensions served.
-pub const TUS_EXTENSIONS: &str = "creation,termination,checksum";
 
 /// The checksum algorithms `Upload-Checksum` may name.
 pub const TUS_CHECKSUMS: &str = "sha1,sha256";
@@ -64,39 +60,6 @@ pub struct TusUpload {
     /// Who made it (an API key's id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-}
-
-/// `Upload-Metadata`: comma-separated `key base64(value)` pairs (a key may come alone).
-pub fn parse_metadata(header: &str) -> Result<Vec<(String, String)>, AppError> {
-    let mut pairs = Vec::new();
-    for item in header
-        .split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-    {
-        let mut parts = item.split(' ').filter(|part| !part.is_empty());
-        let key = parts.next().unwrap_or_default();
-        let value = match parts.next() {
-            Some(encoded) => {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(encoded)
-                    .map_err(|_| {
-                        AppError::bad_request(format!("Upload-Metadata: {key} is not base64"))
-                    })?;
-                String::from_utf8(bytes).map_err(|_| {
-                    AppError::bad_request(format!("Upload-Metadata: {key} is not UTF-8"))
-                })?
-            }
-            None => String::new(),
-        };
-        if parts.next().is_some() || key.is_empty() {
-            return Err(AppError::bad_request(format!(
-                "Upload-Metadata: {item:?} is not `key base64value`"
-            )));
-        }
-        pairs.push((key.to_owned(), value));
-    }
-    Ok(pairs)
 }
 
 /// Checks `Upload-Checksum` (`<algorithm> <base64 digest>`) against the digest of the file `data`: `Ok(false)`
@@ -221,10 +184,9 @@ impl App {
         &self,
         caller: &Principal,
         length: u64,
-        metadata: &str,
+        metadata: &[(String, String)],
         limits: WorkspaceLimits,
     ) -> Result<TusUpload, AppError> {
-        let metadata = parse_metadata(metadata)?;
         let value = |key: &str| {
             metadata
                 .iter()
@@ -390,28 +352,5 @@ impl App {
     pub async fn tus_terminate(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
         let (folder, _) = self.tus_of(caller, id)?;
         tokio::fs::remove_dir_all(&folder).await.map_err(io_error)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metadata_pairs_are_decoded_and_bad_ones_refused() {
-        let pairs = parse_metadata("filename d29ybGRfZG9taW5hdGlvbl9wbGFuLnBkZg==,is_confidential")
-            .unwrap();
-        assert_eq!(
-            pairs,
-            vec![
-                (
-                    "filename".to_owned(),
-                    "world_domination_plan.pdf".to_owned()
-                ),
-                ("is_confidential".to_owned(), String::new()),
-            ]
-        );
-        assert!(parse_metadata("filename !!!").is_err());
-        assert!(parse_metadata("a b c").is_err());
     }
 }

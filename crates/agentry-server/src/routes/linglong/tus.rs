@@ -16,12 +16,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{head, post};
 
 use agentry_app::error::AppError;
-use agentry_app::tus::{TUS_CHECKSUMS, TUS_EXTENSIONS, TUS_VERSION};
+use agentry_app::tus::TUS_CHECKSUMS;
 use agentry_app::workspace_files::WorkspaceLimits;
+use base64::Engine as _;
 
 use super::SeedError;
 use crate::authorization::Caller;
 use crate::state::AppState;
+
+/// The protocol version served.
+const TUS_VERSION: &str = "1.0.0";
+
+/// The extensions served.
+const TUS_EXTENSIONS: &str = "creation,termination,checksum";
 
 /// Where uploads are created; an upload is `<this>/<id>`.
 const TUS_PATH: &str = "/linglong/v1/workspace/tus";
@@ -129,7 +136,10 @@ async fn create(
     let Some(length) = number(&headers, "upload-length") else {
         return not_a_number("Upload-Length");
     };
-    let metadata = text(&headers, "upload-metadata").unwrap_or_default();
+    let metadata = match parse_metadata(&text(&headers, "upload-metadata").unwrap_or_default()) {
+        Ok(metadata) => metadata,
+        Err(error) => return failed(error),
+    };
     respond(
         state
             .tus_create(&caller, length, &metadata, WorkspaceLimits::default())
@@ -203,4 +213,60 @@ async fn terminate(
             .await
             .map(|()| answer(StatusCode::NO_CONTENT, &[])),
     )
+}
+
+/// `Upload-Metadata`: comma-separated `key base64(value)` pairs (a key may come alone).
+fn parse_metadata(header: &str) -> Result<Vec<(String, String)>, AppError> {
+    let mut pairs = Vec::new();
+    for item in header
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let mut parts = item.split(' ').filter(|part| !part.is_empty());
+        let key = parts.next().unwrap_or_default();
+        let value = match parts.next() {
+            Some(encoded) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|_| {
+                        AppError::bad_request(format!("Upload-Metadata: {key} is not base64"))
+                    })?;
+                String::from_utf8(bytes).map_err(|_| {
+                    AppError::bad_request(format!("Upload-Metadata: {key} is not UTF-8"))
+                })?
+            }
+            None => String::new(),
+        };
+        if parts.next().is_some() || key.is_empty() {
+            return Err(AppError::bad_request(format!(
+                "Upload-Metadata: {item:?} is not `key base64value`"
+            )));
+        }
+        pairs.push((key.to_owned(), value));
+    }
+    Ok(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_pairs_are_decoded_and_bad_ones_refused() {
+        let pairs = parse_metadata("filename d29ybGRfZG9taW5hdGlvbl9wbGFuLnBkZg==,is_confidential")
+            .unwrap();
+        assert_eq!(
+            pairs,
+            vec![
+                (
+                    "filename".to_owned(),
+                    "world_domination_plan.pdf".to_owned()
+                ),
+                ("is_confidential".to_owned(), String::new()),
+            ]
+        );
+        assert!(parse_metadata("filename !!!").is_err());
+        assert!(parse_metadata("a b c").is_err());
+    }
 }
