@@ -180,6 +180,7 @@ impl App {
             tools: ToolEnvironment::default(),
             observer: Arc::new(hub::Unobserved),
             mcp: McpStart::Saved,
+            stdio: None,
         }
     }
 }
@@ -202,6 +203,7 @@ pub struct AppBuilder {
     tools: ToolEnvironment,
     observer: Arc<dyn RunObserver>,
     mcp: McpStart,
+    stdio: Option<agentry_mcp::StdioPolicy>,
 }
 
 impl AppBuilder {
@@ -224,6 +226,13 @@ impl AppBuilder {
         self
     }
 
+    /// Where stdio MCP servers start (default: the tools' sandboxes, or the host where host
+    /// commands are allowed). The CLI starts them on the host: its operator named them.
+    pub fn stdio_mcp(mut self, policy: agentry_mcp::StdioPolicy) -> Self {
+        self.stdio = Some(policy);
+        self
+    }
+
     /// The app, its runtime built from the store's configuration.
     pub async fn build(self) -> Result<App, AppError> {
         let Self {
@@ -231,6 +240,7 @@ impl AppBuilder {
             mut tools,
             observer,
             mcp: start,
+            stdio,
         } = self;
         let elicitations = tools
             .elicitations
@@ -246,7 +256,7 @@ impl AppBuilder {
                 JournalConfig::default(),
             )));
         }
-        let mcp = McpManager::with_stdio(tools.stdio_policy());
+        let mcp = McpManager::with_stdio(stdio.unwrap_or_else(|| tools.stdio_policy()));
         match &start {
             McpStart::Saved => mcp_tools::start_saved(&store, &mcp, None).await?,
             McpStart::Only(names) => mcp_tools::start_saved(&store, &mcp, Some(names)).await?,

@@ -111,10 +111,12 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         &data.home()?,
     )?;
     environment.skill_roots = Some(data.skill_roots()?);
-    // The agent's own MCP servers start, not every saved one.
+    // The agent's own MCP servers start, not every saved one, on the host as every CLI run's
+    // do (the operator named them, on their own terminal).
     let app = App::builder(store)
         .tools(environment)
         .mcp(agentry_app::McpStart::Only(agent.mcp_servers.clone()))
+        .stdio_mcp(agentry_mcp::StdioPolicy::host())
         .build()
         .await
         .map_err(app_error)?;

@@ -269,3 +269,72 @@ async fn run_offers_a_saved_mcp_servers_tools_with_the_mcp_flag() -> anyhow::Res
     assert_eq!(mock.requests().len(), 2);
     Ok(())
 }
+
+/// `agentry run --agent` (through the application since issue 49) offers the agent's saved MCP
+/// servers' tools, and starts those servers as the CLI always has: on the host, the operator's
+/// own choice on their own terminal (the app alone would refuse a stdio server with no sandbox).
+#[tokio::test]
+async fn run_as_an_agent_offers_its_mcp_servers_tools() -> anyhow::Result<()> {
+    use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
+
+    let home = tempfile::tempdir()?;
+    let spec = McpServers::locate()?.everything();
+    let program = spec.program.to_string_lossy().into_owned();
+    let mut add = vec!["mcp", "add", "everything", "--no-check", "--"];
+    add.push(&program);
+    add.extend(spec.args.iter().map(String::as_str));
+    assert!(agentry(home.path(), &add).await?.status.success());
+    let mock = MockProvider::start().await?;
+    let store = agentry_store::Store::open_home(home.path()).await?;
+    store
+        .put_config(
+            agentry_store::ConfigKind::Model,
+            "mock",
+            &json!({"id": "mock", "protocol": "openai", "base_url": mock.openai_base_url(),
+                    "model_name": "m"}),
+        )
+        .await?;
+    store.close().await;
+    let file = home.path().join("summer.json");
+    std::fs::write(
+        &file,
+        json!({"id": "summer", "model_id": "mock", "mcp_servers": ["everything"]}).to_string(),
+    )?;
+    let added = agentry(
+        home.path(),
+        &["agents", "add", "--file", file.to_str().unwrap()],
+    )
+    .await?;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "everything__get-sum",
+        json!({"a": 19, "b": 23}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("It is 42.")));
+    let run = agentry(home.path(), &["run", "--agent", "summer", "19 + 23?"]).await?;
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(
+        text(&run.stdout).contains("It is 42."),
+        "{}",
+        text(&run.stdout)
+    );
+    let requests = mock.requests();
+    let offered: Vec<&str> = requests[0].body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|tool| tool["function"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(offered.contains(&"everything__get-sum"), "{offered:?}");
+    let tool_result = requests[1].body["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().find(|message| message["role"] == "tool"))
+        .map(|message| message["content"].to_string())
+        .unwrap_or_default();
+    assert!(tool_result.contains("42"), "{tool_result}");
+    Ok(())
+}
