@@ -20,6 +20,28 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The names of the tools a model request offered.
+fn offered_tools(body: &serde_json::Value) -> Vec<&str> {
+    body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|tool| tool["function"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The content of the first tool result a model request sent back, as JSON text.
+fn tool_result_sent(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().find(|message| message["role"] == "tool"))
+        .map(|message| message["content"].to_string())
+        .unwrap_or_default()
+}
+
 #[tokio::test]
 async fn mcp_servers_are_added_checked_listed_and_removed() -> anyhow::Result<()> {
     let home = tempfile::tempdir()?;
@@ -225,21 +247,9 @@ async fn run_offers_a_saved_mcp_servers_tools_with_the_mcp_flag() -> anyhow::Res
         text(&run.stdout)
     );
     let requests = mock.requests();
-    let offered: Vec<&str> = requests[0].body["tools"]
-        .as_array()
-        .map(|tools| {
-            tools
-                .iter()
-                .filter_map(|tool| tool["function"]["name"].as_str())
-                .collect()
-        })
-        .unwrap_or_default();
+    let offered = offered_tools(&requests[0].body);
     assert!(offered.contains(&"everything__get-sum"), "{offered:?}");
-    let tool_result = requests[1].body["messages"]
-        .as_array()
-        .and_then(|messages| messages.iter().find(|message| message["role"] == "tool"))
-        .map(|message| message["content"].to_string())
-        .unwrap_or_default();
+    let tool_result = tool_result_sent(&requests[1].body);
     assert!(tool_result.contains("42"), "{tool_result}");
 
     // A server that is not saved is a clear error before any model call.
@@ -320,21 +330,9 @@ async fn run_as_an_agent_offers_its_mcp_servers_tools() -> anyhow::Result<()> {
         text(&run.stdout)
     );
     let requests = mock.requests();
-    let offered: Vec<&str> = requests[0].body["tools"]
-        .as_array()
-        .map(|tools| {
-            tools
-                .iter()
-                .filter_map(|tool| tool["function"]["name"].as_str())
-                .collect()
-        })
-        .unwrap_or_default();
+    let offered = offered_tools(&requests[0].body);
     assert!(offered.contains(&"everything__get-sum"), "{offered:?}");
-    let tool_result = requests[1].body["messages"]
-        .as_array()
-        .and_then(|messages| messages.iter().find(|message| message["role"] == "tool"))
-        .map(|message| message["content"].to_string())
-        .unwrap_or_default();
+    let tool_result = tool_result_sent(&requests[1].body);
     assert!(tool_result.contains("42"), "{tool_result}");
     Ok(())
 }
