@@ -20,6 +20,17 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Saves the `everything` test server in the data folder `home` (`agentry mcp add`).
+async fn add_everything(home: &Path) -> anyhow::Result<()> {
+    let spec = McpServers::locate()?.everything();
+    let program = spec.program.to_string_lossy().into_owned();
+    let mut add = vec!["mcp", "add", "everything", "--no-check", "--"];
+    add.push(&program);
+    add.extend(spec.args.iter().map(String::as_str));
+    assert!(agentry(home, &add).await?.status.success());
+    Ok(())
+}
+
 /// The names of the tools a model request offered.
 fn offered_tools(body: &serde_json::Value) -> Vec<&str> {
     body["tools"]
@@ -210,12 +221,7 @@ async fn run_offers_a_saved_mcp_servers_tools_with_the_mcp_flag() -> anyhow::Res
     use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 
     let home = tempfile::tempdir()?;
-    let spec = McpServers::locate()?.everything();
-    let program = spec.program.to_string_lossy().into_owned();
-    let mut add = vec!["mcp", "add", "everything", "--no-check", "--"];
-    add.push(&program);
-    add.extend(spec.args.iter().map(String::as_str));
-    assert!(agentry(home.path(), &add).await?.status.success());
+    add_everything(home.path()).await?;
 
     let mock = MockProvider::start().await?;
     mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
@@ -288,12 +294,7 @@ async fn run_as_an_agent_offers_its_mcp_servers_tools() -> anyhow::Result<()> {
     use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 
     let home = tempfile::tempdir()?;
-    let spec = McpServers::locate()?.everything();
-    let program = spec.program.to_string_lossy().into_owned();
-    let mut add = vec!["mcp", "add", "everything", "--no-check", "--"];
-    add.push(&program);
-    add.extend(spec.args.iter().map(String::as_str));
-    assert!(agentry(home.path(), &add).await?.status.success());
+    add_everything(home.path()).await?;
     let mock = MockProvider::start().await?;
     let store = agentry_store::Store::open_home(home.path()).await?;
     store
