@@ -566,6 +566,32 @@ fn status_time(run: &RunView) -> u64 {
     run.finished_at.or(run.started_at).unwrap_or(run.created_at)
 }
 
+/// A page of tasks as `tasks/list` answers it.
+fn task_list(
+    runs: Vec<RunView>,
+    list: &ListParams,
+    total: u64,
+    page_size: u32,
+    offset: usize,
+) -> Value {
+    let count = runs.len();
+    let tasks: Vec<Value> = runs
+        .iter()
+        .map(|run| {
+            let mut task = task_of(run, list.history_length);
+            if list.include_artifacts != Some(true)
+                && let Value::Object(task) = &mut task
+            {
+                task.remove("artifacts");
+            }
+            task
+        })
+        .collect();
+    let next = offset + count;
+    let next = if (next as u64) < total { next } else { 0 };
+    task_page(tasks, total, page_size, next)
+}
+
 /// A `tasks/list` answer: the page, how many match in all, the page size, and where the next
 /// page starts (empty: none).
 fn task_page(tasks: Vec<Value>, total: u64, page_size: u32, next: usize) -> Value {
@@ -964,63 +990,36 @@ impl App {
             offset: 0,
             ..agentry_store::RunQuery::default()
         };
-        let matching: Vec<RunView> = match (changed_after, working) {
-            (None, false) => {
-                let total = self
-                    .store
-                    .count_runs(&query)
-                    .await
-                    .map_err(AppError::from)?;
-                query.limit = page_size as usize;
-                query.offset = offset;
-                let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
-                let tasks = runs.into_iter().map(RunView::from).collect();
-                return Ok(self.task_list(tasks, list, total, page_size, offset));
-            }
-            (after, _) => {
-                let after = after.map_or(0, |after| u64::try_from(after).unwrap_or(0));
-                let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
-                runs.into_iter()
-                    .map(RunView::from)
-                    .filter(|run| status_time(run) >= after)
-                    .filter(|run| !working || task_state(run.state) == "working")
-                    .collect()
-            }
+        let (page, total) = if changed_after.is_none() && !working {
+            // Filtered, counted and paged in the store.
+            let total = self
+                .store
+                .count_runs(&query)
+                .await
+                .map_err(AppError::from)?;
+            query.limit = page_size as usize;
+            query.offset = offset;
+            let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
+            (runs.into_iter().map(RunView::from).collect(), total)
+        } else {
+            // Filtered run by run, then paged.
+            let after = changed_after.map_or(0, |after| u64::try_from(after).unwrap_or(0));
+            let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
+            let matching: Vec<RunView> = runs
+                .into_iter()
+                .map(RunView::from)
+                .filter(|run| status_time(run) >= after)
+                .filter(|run| !working || task_state(run.state) == "working")
+                .collect();
+            let total = matching.len() as u64;
+            let page = matching
+                .into_iter()
+                .skip(offset)
+                .take(page_size as usize)
+                .collect();
+            (page, total)
         };
-        let total = matching.len() as u64;
-        let page = matching
-            .into_iter()
-            .skip(offset)
-            .take(page_size as usize)
-            .collect();
-        Ok(self.task_list(page, list, total, page_size, offset))
-    }
-
-    /// A page of tasks as `tasks/list` answers it.
-    fn task_list(
-        &self,
-        runs: Vec<RunView>,
-        list: &ListParams,
-        total: u64,
-        page_size: u32,
-        offset: usize,
-    ) -> Value {
-        let count = runs.len();
-        let tasks: Vec<Value> = runs
-            .iter()
-            .map(|run| {
-                let mut task = task_of(run, list.history_length);
-                if list.include_artifacts != Some(true)
-                    && let Value::Object(task) = &mut task
-                {
-                    task.remove("artifacts");
-                }
-                task
-            })
-            .collect();
-        let next = offset + count;
-        let next = if (next as u64) < total { next } else { 0 };
-        task_page(tasks, total, page_size, next)
+        Ok(task_list(page, list, total, page_size, offset))
     }
 
     /// `tasks/cancel`: the task as it is once cancelled (a running one stops at its next

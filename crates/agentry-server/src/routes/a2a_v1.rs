@@ -143,33 +143,31 @@ fn without_kind(mut value: Value) -> Value {
     value
 }
 
+/// Task states as 0.3 and 1.0 name them.
+const STATES: [(&str, &str); 8] = [
+    ("submitted", "TASK_STATE_SUBMITTED"),
+    ("working", "TASK_STATE_WORKING"),
+    ("input-required", "TASK_STATE_INPUT_REQUIRED"),
+    ("completed", "TASK_STATE_COMPLETED"),
+    ("canceled", "TASK_STATE_CANCELED"),
+    ("failed", "TASK_STATE_FAILED"),
+    ("rejected", "TASK_STATE_REJECTED"),
+    ("auth-required", "TASK_STATE_AUTH_REQUIRED"),
+];
+
 /// A 1.0 task state (`TASK_STATE_WORKING`) as 0.3 names it (`working`).
 fn state_to_v03(state: &str) -> Option<&'static str> {
-    Some(match state {
-        "TASK_STATE_SUBMITTED" => "submitted",
-        "TASK_STATE_WORKING" => "working",
-        "TASK_STATE_INPUT_REQUIRED" => "input-required",
-        "TASK_STATE_COMPLETED" => "completed",
-        "TASK_STATE_CANCELED" => "canceled",
-        "TASK_STATE_FAILED" => "failed",
-        "TASK_STATE_REJECTED" => "rejected",
-        "TASK_STATE_AUTH_REQUIRED" => "auth-required",
-        _ => return None,
-    })
+    STATES
+        .iter()
+        .find(|(_, v10)| *v10 == state)
+        .map(|(v03, _)| *v03)
 }
 
 fn state_to_v10(state: &str) -> &'static str {
-    match state {
-        "submitted" => "TASK_STATE_SUBMITTED",
-        "working" => "TASK_STATE_WORKING",
-        "input-required" => "TASK_STATE_INPUT_REQUIRED",
-        "completed" => "TASK_STATE_COMPLETED",
-        "canceled" => "TASK_STATE_CANCELED",
-        "failed" => "TASK_STATE_FAILED",
-        "rejected" => "TASK_STATE_REJECTED",
-        "auth-required" => "TASK_STATE_AUTH_REQUIRED",
-        _ => "TASK_STATE_UNSPECIFIED",
-    }
+    STATES
+        .iter()
+        .find(|(v03, _)| *v03 == state)
+        .map_or("TASK_STATE_UNSPECIFIED", |(_, v10)| *v10)
 }
 
 fn status_to_v10(status: &mut Value) {

@@ -359,18 +359,7 @@ pub(crate) async fn wait_for_mcp(
     app: &agentry_app::App,
     agent: &AgentConfig,
 ) -> anyhow::Result<()> {
-    for name in &agent.mcp_servers {
-        let status = app
-            .mcp
-            .wait_ready(name, super::profile::MCP_START_WAIT)
-            .await?;
-        if status.state != agentry_mcp::ServerState::Connected {
-            anyhow::bail!(
-                "the MCP server {name:?} did not start: {}",
-                status.last_error.as_deref().unwrap_or("no answer")
-            );
-        }
-    }
+    super::profile::wait_connected(&app.mcp, &agent.mcp_servers).await?;
     // The runtime is rebuilt with their tools once they answer.
     app.reload_runtime().await.map_err(app_error)?;
     Ok(())

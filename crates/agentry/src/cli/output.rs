@@ -188,6 +188,15 @@ pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
     }
 }
 
+/// Calls `cancel` when the user presses Ctrl-C.
+fn on_ctrl_c(cancel: impl FnOnce() + Send + 'static) {
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            cancel();
+        }
+    });
+}
+
 /// Prints a session run's events as [`agentry_app::App::follow`] yields them (Ctrl-C calls
 /// `cancel`) and returns the exit code for how it ended, as [`print_run`] does.
 pub(crate) async fn print_followed(
@@ -195,11 +204,7 @@ pub(crate) async fn print_followed(
     json: bool,
     cancel: impl FnOnce() + Send + 'static,
 ) -> anyhow::Result<ExitCode> {
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            cancel();
-        }
-    });
+    on_ctrl_c(cancel);
     let mut printer = Printer::new(json);
     let mut note = None;
     let mut code = None;
@@ -229,11 +234,7 @@ pub(crate) async fn print_followed(
 /// Prints a run's events (Ctrl-C cancels it) and returns the exit code for how it ended.
 pub(crate) async fn print_run(mut stream: RunStream, json: bool) -> anyhow::Result<ExitCode> {
     let cancel = stream.cancel_token();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            cancel.cancel();
-        }
-    });
+    on_ctrl_c(move || cancel.cancel());
     let mut printer = Printer::new(json);
     while let Some(event) = stream.next().await {
         printer.event(&event)?;

@@ -397,7 +397,7 @@ impl Profile {
 }
 
 /// How long a run waits for an MCP server to start.
-pub(crate) const MCP_START_WAIT: Duration = Duration::from_secs(60);
+const MCP_START_WAIT: Duration = Duration::from_secs(60);
 
 /// Starts the saved MCP servers `names` and returns their tools. The tools hold the manager, so
 /// the servers run as long as the runtime that offers them.
@@ -433,15 +433,24 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
             .await
             .map_err(super::app_error)?;
     }
+    if let Err(error) = wait_connected(&manager, names).await {
+        manager.shutdown().await;
+        return Err(error);
+    }
+    Ok(manager)
+}
+
+/// Waits until each of the servers `names` of `manager` is connected; the first that is not
+/// (its start failed, or it did not answer in [`MCP_START_WAIT`]) is the error.
+pub(crate) async fn wait_connected(manager: &McpManager, names: &[String]) -> anyhow::Result<()> {
     for name in names {
         let status = manager.wait_ready(name, MCP_START_WAIT).await?;
         if status.state != ServerState::Connected {
-            manager.shutdown().await;
             anyhow::bail!(
                 "the MCP server {name:?} did not start: {}",
                 status.last_error.as_deref().unwrap_or("no answer")
             );
         }
     }
-    Ok(manager)
+    Ok(())
 }
