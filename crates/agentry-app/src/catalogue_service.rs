@@ -215,6 +215,12 @@ impl App {
         Ok(ModelList { models })
     }
 
+    /// Whether a model `id` is registered: the runtime's catalogue (in memory, kept in step
+    /// with the store) rather than a read of the store.
+    pub fn has_model(&self, id: &str) -> bool {
+        self.sessions.runtime().model_client(id).is_ok()
+    }
+
     /// Registers a model, after checking it (id, base URL, model name, and that a client can
     /// be built, which resolves its key's secret).
     pub async fn create_model(&self, body: Value) -> Result<ModelConfig, AppError> {

@@ -30,8 +30,6 @@ pub mod mcp_server;
 pub mod mcp_service;
 pub mod mcp_tools;
 pub mod memory;
-pub mod openai_compat;
-pub mod openai_responses;
 pub mod ops;
 pub mod outcome;
 pub mod queue;

@@ -161,7 +161,7 @@ impl SeedInferRequest {
 /// Reads OpenAI-shaped `messages` (the seed's, and OpenAI's own chat completions): the system
 /// prompt, the earlier turns (tool calls paired with their results) and the new user turn —
 /// the whole conversation when `stateless`, else a system prompt and one user turn at most.
-pub(crate) fn conversation_of(
+pub fn conversation_of(
     messages: &[SeedMessage],
     stateless: bool,
 ) -> Result<SeedConversation, AppError> {

@@ -1,8 +1,13 @@
-//! The OpenAI-compatible API under `/openai/v1` ([`agentry_app::openai_compat`]): `GET /models`,
-//! `POST /chat/completions` (streamed as `chat.completion.chunk` server-sent events ending
-//! with `data: [DONE]`, or whole), and the Responses API ([`agentry_app::openai_responses`]):
-//! `POST /responses` (whole, or its stream of named events) and `GET /responses/{id}`. The same API keys as `/v1` (`Authorization: Bearer`); errors
-//! in OpenAI's shape. Not in the OpenAPI document: OpenAI's own reference describes it.
+//! The OpenAI-compatible API under `/openai/v1`: `GET /models`, `POST /chat/completions`
+//! ([`chat`]: streamed as `chat.completion.chunk` server-sent events ending with
+//! `data: [DONE]`, or whole), and the Responses API ([`responses`]): `POST /responses` (whole,
+//! or its stream of named events) and `GET /responses/{id}`. The same API keys as `/v1`
+//! (`Authorization: Bearer`); errors in OpenAI's shape. Not in the OpenAPI document: OpenAI's
+//! own reference describes it. The wire formats live here; a request becomes an app
+//! [`agentry_app::runs::RunInput`], and a run is followed through the app.
+
+pub mod chat;
+pub mod responses;
 
 use std::convert::Infallible;
 
@@ -16,11 +21,10 @@ use axum::routing::{Router, get, post};
 use futures::{Stream, StreamExt};
 
 use agentry_app::domain::core::session::BusyPolicy;
-use agentry_app::openai_compat::{
-    ChatCompletionRequest, ChunkMapper, OpenAiError, chat_completion,
-};
-use agentry_app::openai_responses::{ResponseEvents, ResponsesRequest, response_of};
 use agentry_app::runs::Target;
+
+use self::chat::{ChatCompletionRequest, ChunkMapper, OpenAiError, chat_completion};
+use self::responses::{ResponseEvents, ResponsesRequest, response_of};
 
 use crate::authorization::Caller;
 use crate::state::AppState;
@@ -89,7 +93,7 @@ async fn responses(State(state): State<AppState>, Caller(caller): Caller, body: 
     };
     let stream = body.stream;
     let previous = body.previous_response_id.clone();
-    let run = match Box::pin(state.prepare_response(&caller, body)).await {
+    let run = match Box::pin(responses::prepare(&state.app, &caller, body)).await {
         Ok(run) => run,
         Err(failure) => return error(failure),
     };
@@ -136,7 +140,7 @@ async fn stored_response(
     Caller(caller): Caller,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    match Box::pin(state.stored_response(&caller, &id)).await {
+    match Box::pin(responses::stored(&state.app, &caller, &id)).await {
         Ok(response) => Json(response).into_response(),
         Err(failure) => error(failure),
     }
@@ -148,7 +152,7 @@ fn error(error: OpenAiError) -> Response {
 }
 
 async fn models(State(state): State<AppState>, Caller(caller): Caller) -> Response {
-    match state.openai_models(&caller).await {
+    match chat::models(&state.app, &caller).await {
         Ok(list) => Json(list).into_response(),
         Err(failure) => error(failure),
     }
@@ -169,8 +173,7 @@ async fn chat_completions(
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let stream = body.stream;
-    let run = match Box::pin(state.prepare_chat_completion(&caller, body, session.as_deref())).await
-    {
+    let run = match Box::pin(chat::prepare(&state.app, &caller, body, session.as_deref())).await {
         Ok(run) => run,
         Err(failure) => return error(failure),
     };

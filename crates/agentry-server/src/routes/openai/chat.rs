@@ -1,11 +1,11 @@
-//! Agentry as an OpenAI-compatible server (`/openai/v1`): the models and saved agents as
-//! OpenAI models, and chat completions answered by Agentry runs.
+//! Chat completions (`POST /openai/v1/chat/completions`) and the model list: the wire format,
+//! read into an app [`RunInput`] and rendered back from a run's events or outcome.
 //!
 //! A chat completion is a run: its `model` names a registered model, or a saved agent as
 //! `agent:<id>` (whose own tools then run inside Agentry; only the answer comes back). The
 //! request's `messages` are the conversation (system, user, assistant turns with their tool
 //! calls, tool results), read as the seed's API reads them
-//! (`linglong::request::conversation_of`). Stateless by default: nothing is stored. A
+//! ([`conversation_of`]). Stateless by default: nothing is stored. A
 //! request may name a session instead (`x-agentry-session-id: new` or a session id, answered in
 //! the same header): its run is durable, and only the system prompt and the last user message
 //! of `messages` are used — the earlier turns come from the session.
@@ -16,17 +16,17 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use agentry_core::RunRequest;
-use agentry_llm::GenerationParams;
+use agentry_app::auth::Principal;
+use agentry_app::clock::now_ms;
+use agentry_app::config::check_name;
+use agentry_app::domain::core::RunRequest;
+use agentry_app::domain::llm::{GenerationParams, ThinkingConfig};
+use agentry_app::ids::parse_session_id;
+use agentry_app::linglong::request::{SeedConversation, SeedMessage, conversation_of};
+use agentry_app::outcome::RunOutcome;
+use agentry_app::runs::{RunInput, SessionChoice, Target};
+use agentry_app::{App, AppError, Failure};
 use agentry_types::{AssistantPart, Message, RunEvent, ToolCall, ToolSpec, Usage};
-
-use crate::App;
-use crate::auth::Principal;
-use crate::error::{AppError, Failure};
-use crate::ids::parse_session_id;
-use crate::linglong::request::{SeedMessage, conversation_of};
-use crate::outcome::RunOutcome;
-use crate::runs::{RunInput, SessionChoice, Target};
 
 /// The prefix naming a saved agent as a model.
 pub const AGENT_PREFIX: &str = "agent:";
@@ -55,7 +55,7 @@ impl OpenAiError {
     }
 
     /// `404 model_not_found`.
-    fn unknown_model(model: &str) -> Self {
+    pub(crate) fn unknown_model(model: &str) -> Self {
         Self::new(
             404,
             "invalid_request_error",
@@ -69,7 +69,7 @@ impl OpenAiError {
     }
 
     /// An error of `status` and `kind` about `param`.
-    pub(crate) fn new_public(
+    pub(crate) fn without_code(
         status: u16,
         kind: &str,
         param: Option<&str>,
@@ -174,7 +174,7 @@ pub(crate) struct OpenAiRun {
     /// Or the model it runs on.
     pub(crate) model_id: Option<String>,
     /// The conversation.
-    pub(crate) conversation: crate::linglong::request::SeedConversation,
+    pub(crate) conversation: SeedConversation,
     /// Sampling and limits.
     pub(crate) params: GenerationParams,
     /// The end user.
@@ -294,180 +294,160 @@ fn stop_sequences(stop: Option<&Value>) -> Result<Vec<String>, OpenAiError> {
     }
 }
 
-impl App {
-    /// `GET /openai/v1/models`: every registered model, then every saved agent as
-    /// `agent:<id>`.
-    pub async fn openai_models(&self, caller: &Principal) -> Result<Value, OpenAiError> {
-        let mut data = Vec::new();
-        for (id, value) in self
-            .store
-            .list_config(agentry_store::ConfigKind::Model)
-            .await
-            .map_err(AppError::from)?
-        {
-            let _ = value;
-            if caller.check_model(&id).is_ok() {
-                data.push(
-                    json!({"id": id, "object": "model", "created": 0, "owned_by": "agentry"}),
-                );
-            }
+/// `GET /openai/v1/models`: every registered model, then every saved agent as
+/// `agent:<id>`.
+pub async fn models(app: &App, caller: &Principal) -> Result<Value, OpenAiError> {
+    let mut data = Vec::new();
+    for model in app.models().await?.models {
+        if caller.check_model(&model.id).is_ok() {
+            data.push(
+                json!({"id": model.id, "object": "model", "created": 0, "owned_by": "agentry"}),
+            );
         }
-        for (id, _) in self
-            .store
-            .list_config(agentry_store::ConfigKind::Agent)
-            .await
-            .map_err(AppError::from)?
-        {
-            if caller.check_agent(&id).is_ok() {
-                data.push(
-                    json!({"id": format!("{AGENT_PREFIX}{id}"), "object": "model",
-                                 "created": 0, "owned_by": "agentry"}),
-                );
-            }
+    }
+    let mut agents = app.agents().await?;
+    agents.sort_by(|a, b| a.id.cmp(&b.id));
+    for agent in agents {
+        if caller.check_agent(&agent.id).is_ok() {
+            data.push(
+                json!({"id": format!("{AGENT_PREFIX}{}", agent.id), "object": "model",
+                             "created": 0, "owned_by": "agentry"}),
+            );
         }
-        Ok(json!({"object": "list", "data": data}))
     }
+    Ok(json!({"object": "list", "data": data}))
+}
 
-    /// Prepares a run of the OpenAI-compatible API (chat completions and responses alike).
-    pub(crate) async fn prepare_openai_run(
-        &self,
-        caller: &Principal,
-        run: OpenAiRun,
-    ) -> Result<ChatRun, OpenAiError> {
-        let input = RunInput {
-            agent_id: run.agent_id,
-            model_id: run.model_id,
-            system: run.conversation.system,
-            params: Some(run.params),
-            user: run
-                .user
-                .filter(|user| crate::config::check_name("user", user).is_ok()),
-            history: run.conversation.history,
-            input: run.conversation.input,
-            session: run.session,
-            client_tools: run.client_tools.clone(),
-            ..RunInput::default()
-        };
-        let (target, request) = crate::runs::prepare(self, caller, input).await?;
-        Ok(ChatRun {
-            target,
-            request,
-            model: run.model,
-            include_usage: run.include_usage,
-            client_tools: run.client_tools.into_iter().map(|spec| spec.name).collect(),
-        })
-    }
+/// Prepares a run of the OpenAI-compatible API (chat completions and responses alike).
+pub(crate) async fn prepare_run(
+    app: &App,
+    caller: &Principal,
+    run: OpenAiRun,
+) -> Result<ChatRun, OpenAiError> {
+    let input = RunInput {
+        agent_id: run.agent_id,
+        model_id: run.model_id,
+        system: run.conversation.system,
+        params: Some(run.params),
+        user: run.user.filter(|user| check_name("user", user).is_ok()),
+        history: run.conversation.history,
+        input: run.conversation.input,
+        session: run.session,
+        client_tools: run.client_tools.clone(),
+        ..RunInput::default()
+    };
+    let (target, request) = Box::pin(agentry_app::runs::prepare(app, caller, input)).await?;
+    Ok(ChatRun {
+        target,
+        request,
+        model: run.model,
+        include_usage: run.include_usage,
+        client_tools: run.client_tools.into_iter().map(|spec| spec.name).collect(),
+    })
+}
 
-    /// The agent (`agent:<id>`) or the model `model` names; `404 model_not_found` when none.
-    pub(crate) async fn model_or_agent(
-        &self,
-        model: &str,
-    ) -> Result<(Option<String>, Option<String>), OpenAiError> {
-        Ok(match model.strip_prefix(AGENT_PREFIX) {
-            Some(agent) => {
-                if crate::config::check_name("agent", agent).is_err()
-                    || crate::agents::stored_agent(&self.store, agent)
-                        .await
-                        .map_err(OpenAiError::from)?
-                        .is_none()
-                {
+/// The agent (`agent:<id>`) or the model `model` names; `404 model_not_found` when none.
+pub(crate) async fn model_or_agent(
+    app: &App,
+    model: &str,
+) -> Result<(Option<String>, Option<String>), OpenAiError> {
+    Ok(match model.strip_prefix(AGENT_PREFIX) {
+        Some(agent) => {
+            if check_name("agent", agent).is_err() {
+                return Err(OpenAiError::unknown_model(model));
+            }
+            match app.agent(agent).await {
+                Ok(_) => (Some(agent.to_owned()), None),
+                Err(error) if error.failure == Failure::NotFound => {
                     return Err(OpenAiError::unknown_model(model));
                 }
-                (Some(agent.to_owned()), None)
+                Err(error) => return Err(error.into()),
             }
-            None => {
-                // The runtime's catalogue (in memory, kept in step with the store) rather than
-                // a read of the store per request.
-                let known = self.sessions.runtime().model_client(model).is_ok();
-                if !known {
-                    return Err(OpenAiError::unknown_model(model));
-                }
-                (None, Some(model.to_owned()))
-            }
-        })
-    }
+        }
+        None if app.has_model(model) => (None, Some(model.to_owned())),
+        None => return Err(OpenAiError::unknown_model(model)),
+    })
+}
 
-    /// Checks a chat completion for `caller` and prepares its run (`session`: the
-    /// `x-agentry-session-id` header, `new` or an id).
-    pub async fn prepare_chat_completion(
-        &self,
-        caller: &Principal,
-        body: ChatCompletionRequest,
-        session: Option<&str>,
-    ) -> Result<ChatRun, OpenAiError> {
-        if body.n.is_some_and(|n| n != 1) {
-            return Err(OpenAiError::invalid(
-                "n",
-                "only one choice (`n: 1`) is supported",
-            ));
-        }
-        let offered = body.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
-        let client_tools = match &body.tools {
-            Some(tools) if offered => client_tools(tools)?,
-            _ => Vec::new(),
-        };
-        if body.messages.is_empty() {
-            return Err(OpenAiError::invalid("messages", "`messages` is empty"));
-        }
-        let (agent_id, model_id) = self.model_or_agent(&body.model).await?;
-        let messages = body
-            .messages
-            .iter()
+/// Checks a chat completion for `caller` and prepares its run (`session`: the
+/// `x-agentry-session-id` header, `new` or an id).
+pub async fn prepare(
+    app: &App,
+    caller: &Principal,
+    body: ChatCompletionRequest,
+    session: Option<&str>,
+) -> Result<ChatRun, OpenAiError> {
+    if body.n.is_some_and(|n| n != 1) {
+        return Err(OpenAiError::invalid(
+            "n",
+            "only one choice (`n: 1`) is supported",
+        ));
+    }
+    let offered = body.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    let client_tools = match &body.tools {
+        Some(tools) if offered => client_tools(tools)?,
+        _ => Vec::new(),
+    };
+    if body.messages.is_empty() {
+        return Err(OpenAiError::invalid("messages", "`messages` is empty"));
+    }
+    let (agent_id, model_id) = model_or_agent(app, &body.model).await?;
+    let messages = body
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| seed_message(index, message))
+        .collect::<Result<Vec<_>, _>>()?;
+    let choice = match session {
+        None => SessionChoice::Ephemeral,
+        Some("new") => SessionChoice::New,
+        Some(id) => SessionChoice::Existing(parse_session_id(id).map_err(OpenAiError::from)?),
+    };
+    let stateless = choice == SessionChoice::Ephemeral;
+    let messages = if stateless {
+        messages
+    } else {
+        // The session has the earlier turns: its system prompt and the new user message.
+        let last_user = messages.iter().rposition(|message| message.role == "user");
+        messages
+            .into_iter()
             .enumerate()
-            .map(|(index, message)| seed_message(index, message))
-            .collect::<Result<Vec<_>, _>>()?;
-        let choice = match session {
-            None => SessionChoice::Ephemeral,
-            Some("new") => SessionChoice::New,
-            Some(id) => SessionChoice::Existing(parse_session_id(id).map_err(OpenAiError::from)?),
-        };
-        let stateless = choice == SessionChoice::Ephemeral;
-        let messages = if stateless {
-            messages
-        } else {
-            // The session has the earlier turns: its system prompt and the new user message.
-            let last_user = messages.iter().rposition(|message| message.role == "user");
-            messages
-                .into_iter()
-                .enumerate()
-                .filter(|(index, message)| message.role == "system" || Some(*index) == last_user)
-                .map(|(_, message)| message)
-                .collect()
-        };
-        let conversation = conversation_of(&messages, stateless)
-            .map_err(|error| OpenAiError::invalid("messages", error.message))?;
-        let params = GenerationParams {
-            max_tokens: body.max_completion_tokens.or(body.max_tokens),
-            temperature: body.temperature,
-            top_p: body.top_p,
-            stop: stop_sequences(body.stop.as_ref())?,
-            thinking: body
-                .reasoning_effort
-                .map(|effort| agentry_llm::ThinkingConfig {
-                    budget_tokens: None,
-                    effort: Some(effort),
-                }),
-            ..GenerationParams::default()
-        };
-        self.prepare_openai_run(
-            caller,
-            OpenAiRun {
-                agent_id,
-                model_id,
-                conversation,
-                params,
-                user: body.user,
-                session: choice,
-                client_tools,
-                model: body.model,
-                include_usage: body
-                    .stream_options
-                    .as_ref()
-                    .is_some_and(|options| options.include_usage),
-            },
-        )
-        .await
-    }
+            .filter(|(index, message)| message.role == "system" || Some(*index) == last_user)
+            .map(|(_, message)| message)
+            .collect()
+    };
+    let conversation = conversation_of(&messages, stateless)
+        .map_err(|error| OpenAiError::invalid("messages", error.message))?;
+    let params = GenerationParams {
+        max_tokens: body.max_completion_tokens.or(body.max_tokens),
+        temperature: body.temperature,
+        top_p: body.top_p,
+        stop: stop_sequences(body.stop.as_ref())?,
+        thinking: body.reasoning_effort.map(|effort| ThinkingConfig {
+            budget_tokens: None,
+            effort: Some(effort),
+        }),
+        ..GenerationParams::default()
+    };
+    Box::pin(prepare_run(
+        app,
+        caller,
+        OpenAiRun {
+            agent_id,
+            model_id,
+            conversation,
+            params,
+            user: body.user,
+            session: choice,
+            client_tools,
+            model: body.model,
+            include_usage: body
+                .stream_options
+                .as_ref()
+                .is_some_and(|options| options.include_usage),
+        },
+    ))
+    .await
 }
 
 /// OpenAI's `finish_reason` for a run that stopped for `reason`.
@@ -481,7 +461,7 @@ pub fn finish_reason(reason: &str) -> &'static str {
 }
 
 /// OpenAI's `usage` object.
-pub fn usage_of(usage: &Usage) -> Value {
+pub(crate) fn usage_of(usage: &Usage) -> Value {
     json!({
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
@@ -606,7 +586,7 @@ pub fn chat_completion(
     Ok(json!({
         "id": completion_id(outcome.run_id),
         "object": "chat.completion",
-        "created": crate::clock::now_ms() / 1000,
+        "created": now_ms() / 1000,
         "model": model,
         "choices": [{
             "index": 0,
@@ -641,7 +621,7 @@ impl ChunkMapper {
         Self {
             id: completion_id(None),
             model: model.to_owned(),
-            created: crate::clock::now_ms() / 1000,
+            created: now_ms() / 1000,
             include_usage,
             client_tools,
             started: false,

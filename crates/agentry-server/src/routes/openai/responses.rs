@@ -16,18 +16,19 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use agentry_llm::GenerationParams;
+use agentry_app::App;
+use agentry_app::auth::Principal;
+use agentry_app::clock::now_ms;
+use agentry_app::domain::llm::{GenerationParams, ThinkingConfig};
+use agentry_app::linglong::request::{SeedConversation, SeedMessage, conversation_of};
+use agentry_app::outcome::RunOutcome;
+use agentry_app::runs::{SessionChoice, Target};
 use agentry_types::{AssistantPart, Message, RunId, SessionEvent, ToolCall, ToolSpec, Usage};
 
-use crate::App;
-use crate::auth::Principal;
-use crate::error::AppError;
-use crate::linglong::request::{SeedMessage, conversation_of};
-use crate::openai_compat::{
-    ChatRun, OpenAiError, OpenAiRun, client_tool_calls, last_answer, reasoning_of,
+use super::chat::{
+    ChatRun, OpenAiError, OpenAiRun, client_tool_calls, last_answer, model_or_agent, prepare_run,
+    reasoning_of,
 };
-use crate::outcome::RunOutcome;
-use crate::runs::SessionChoice;
 
 /// The prefix of a response id (then the run's id).
 pub const RESPONSE_PREFIX: &str = "resp_";
@@ -182,9 +183,7 @@ fn input_messages(input: Option<&Value>) -> Result<Vec<SeedMessage>, OpenAiError
 }
 
 /// `input` read as a whole conversation (earlier turns, then the new message or tool results).
-fn whole_conversation(
-    messages: &[SeedMessage],
-) -> Result<crate::linglong::request::SeedConversation, OpenAiError> {
+fn whole_conversation(messages: &[SeedMessage]) -> Result<SeedConversation, OpenAiError> {
     conversation_of(messages, true).map_err(|error| OpenAiError::invalid("input", error.message))
 }
 
@@ -228,7 +227,7 @@ pub fn run_of_response(id: &str) -> Result<RunId, OpenAiError> {
     id.strip_prefix(RESPONSE_PREFIX)
         .and_then(|run| RunId::parse(run).ok())
         .ok_or_else(|| {
-            OpenAiError::new_public(
+            OpenAiError::without_code(
                 404,
                 "invalid_request_error",
                 None,
@@ -237,183 +236,172 @@ pub fn run_of_response(id: &str) -> Result<RunId, OpenAiError> {
         })
 }
 
-impl App {
-    /// Checks a Responses request for `caller` and prepares its run.
-    pub async fn prepare_response(
-        &self,
-        caller: &Principal,
-        body: ResponsesRequest,
-    ) -> Result<ChatRun, OpenAiError> {
-        let store = body.store.unwrap_or(true);
-        let (agent_id, model_id) = self.model_or_agent(&body.model).await?;
-        let mut messages = input_messages(body.input.as_ref())?;
-        if let Some(instructions) = &body.instructions {
-            messages.insert(
-                0,
-                SeedMessage {
-                    role: "system".into(),
-                    content: Some(Value::String(instructions.clone())),
-                    ..SeedMessage::default()
-                },
-            );
-        }
-        let tools = body.tools.unwrap_or_default();
-        let client_tools: Vec<ToolSpec> = crate::openai_compat::client_tools(&chat_tools(&tools))?;
-        let (choice, conversation) = match (&body.previous_response_id, store) {
-            (Some(_), false) => {
-                return Err(OpenAiError::invalid(
-                    "previous_response_id",
-                    "`store: false` keeps nothing: send the whole conversation in `input` \
-                     instead of `previous_response_id`",
-                ));
-            }
-            (Some(previous), true) => {
-                let run = run_of_response(previous)?;
-                let no_such = || {
-                    OpenAiError::new_public(
-                        404,
-                        "invalid_request_error",
-                        Some("previous_response_id"),
-                        format!("no response {previous:?}"),
-                    )
-                };
-                let session = self.locate(run).await.map_err(|_| no_such())?;
-                self.check_session_access(caller, session)
-                    .await
-                    .map_err(|_| no_such())?;
-                // The session has the conversation; the input brings the new message and the
-                // results of the client's tools the previous response called.
-                let (results, rest): (Vec<SeedMessage>, Vec<SeedMessage>) = messages
-                    .into_iter()
-                    .partition(|message| message.role == "tool");
-                let mut conversation = conversation_of(&rest, false)
-                    .map_err(|error| OpenAiError::invalid("input", error.message))?;
-                conversation.history = tool_results(results)?;
-                (SessionChoice::Existing(session), conversation)
-            }
-            // A new stored response may bring earlier turns (clients that send the whole
-            // conversation each time): they start its session.
-            (None, true) => (SessionChoice::New, self::whole_conversation(&messages)?),
-            (None, false) => (
-                SessionChoice::Ephemeral,
-                self::whole_conversation(&messages)?,
-            ),
-        };
-        let params = GenerationParams {
-            max_tokens: body.max_output_tokens,
-            temperature: body.temperature,
-            top_p: body.top_p,
-            thinking: body
-                .reasoning
-                .as_ref()
-                .and_then(|reasoning| reasoning.get("effort"))
-                .and_then(Value::as_str)
-                .map(|effort| agentry_llm::ThinkingConfig {
-                    budget_tokens: None,
-                    effort: Some(effort.to_owned()),
-                }),
-            ..GenerationParams::default()
-        };
-        self.prepare_openai_run(
-            caller,
-            OpenAiRun {
-                agent_id,
-                model_id,
-                conversation,
-                params,
-                user: body.user,
-                session: choice,
-                client_tools,
-                model: body.model,
-                include_usage: true,
+/// Checks a Responses request for `caller` and prepares its run.
+pub async fn prepare(
+    app: &App,
+    caller: &Principal,
+    body: ResponsesRequest,
+) -> Result<ChatRun, OpenAiError> {
+    let store = body.store.unwrap_or(true);
+    let (agent_id, model_id) = model_or_agent(app, &body.model).await?;
+    let mut messages = input_messages(body.input.as_ref())?;
+    if let Some(instructions) = &body.instructions {
+        messages.insert(
+            0,
+            SeedMessage {
+                role: "system".into(),
+                content: Some(Value::String(instructions.clone())),
+                ..SeedMessage::default()
             },
-        )
-        .await
+        );
     }
-
-    /// A stored response, rebuilt from its session's log.
-    pub async fn stored_response(
-        &self,
-        caller: &Principal,
-        id: &str,
-    ) -> Result<Value, OpenAiError> {
-        let run = run_of_response(id)?;
-        let not_found = || {
-            OpenAiError::new_public(
-                404,
-                "invalid_request_error",
-                None,
-                format!("no response {id:?}"),
-            )
-        };
-        let session = self.locate(run).await.map_err(|_| not_found())?;
-        self.check_session_access(caller, session)
-            .await
-            .map_err(|_| not_found())?;
-        let events = self
-            .store
-            .events(session, 0, usize::MAX)
-            .await
-            .map_err(AppError::from)?;
-        let mut model = String::new();
-        let mut content: Vec<AssistantPart> = Vec::new();
-        let mut finished = None;
-        let mut created_at = 0;
-        let mut previous = None;
-        let mut last_run = None;
-        for stored in events {
-            let Ok(event) = serde_json::from_value::<SessionEvent>(stored.payload) else {
-                continue;
+    let tools = body.tools.unwrap_or_default();
+    let client_tools: Vec<ToolSpec> = super::chat::client_tools(&chat_tools(&tools))?;
+    let (choice, conversation) = match (&body.previous_response_id, store) {
+        (Some(_), false) => {
+            return Err(OpenAiError::invalid(
+                "previous_response_id",
+                "`store: false` keeps nothing: send the whole conversation in `input` \
+                 instead of `previous_response_id`",
+            ));
+        }
+        (Some(previous), true) => {
+            let run = run_of_response(previous)?;
+            let no_such = || {
+                OpenAiError::without_code(
+                    404,
+                    "invalid_request_error",
+                    Some("previous_response_id"),
+                    format!("no response {previous:?}"),
+                )
             };
-            if let SessionEvent::RunStarted { run_id, .. } = &event
-                && *run_id != run
-            {
-                last_run = Some(*run_id);
-            }
-            if event.run_id() != run {
-                continue;
-            }
-            match event {
-                SessionEvent::RunStarted { model: used, .. } => {
-                    model = used;
-                    created_at = stored.created_at / 1000;
-                    previous = last_run;
-                }
-                SessionEvent::AssistantMessage { content: parts, .. } => content = parts,
-                SessionEvent::RunFinished {
-                    stop_reason,
-                    usage,
-                    error,
-                    ..
-                } => finished = Some((stop_reason, usage, error)),
-                _ => {}
-            }
+            let session = app.locate(run).await.map_err(|_| no_such())?;
+            app.check_session_access(caller, session)
+                .await
+                .map_err(|_| no_such())?;
+            // The session has the conversation; the input brings the new message and the
+            // results of the client's tools the previous response called.
+            let (results, rest): (Vec<SeedMessage>, Vec<SeedMessage>) = messages
+                .into_iter()
+                .partition(|message| message.role == "tool");
+            let mut conversation = conversation_of(&rest, false)
+                .map_err(|error| OpenAiError::invalid("input", error.message))?;
+            conversation.history = tool_results(results)?;
+            (SessionChoice::Existing(session), conversation)
         }
-        let text = Message::Assistant {
-            content: content.clone(),
+        // A new stored response may bring earlier turns (clients that send the whole
+        // conversation each time): they start its session.
+        (None, true) => (SessionChoice::New, self::whole_conversation(&messages)?),
+        (None, false) => (
+            SessionChoice::Ephemeral,
+            self::whole_conversation(&messages)?,
+        ),
+    };
+    let params = GenerationParams {
+        max_tokens: body.max_output_tokens,
+        temperature: body.temperature,
+        top_p: body.top_p,
+        thinking: body
+            .reasoning
+            .as_ref()
+            .and_then(|reasoning| reasoning.get("effort"))
+            .and_then(Value::as_str)
+            .map(|effort| ThinkingConfig {
+                budget_tokens: None,
+                effort: Some(effort.to_owned()),
+            }),
+        ..GenerationParams::default()
+    };
+    Box::pin(prepare_run(
+        app,
+        caller,
+        OpenAiRun {
+            agent_id,
+            model_id,
+            conversation,
+            params,
+            user: body.user,
+            session: choice,
+            client_tools,
+            model: body.model,
+            include_usage: true,
+        },
+    ))
+    .await
+}
+
+/// A stored response, rebuilt from its session's log.
+pub async fn stored(app: &App, caller: &Principal, id: &str) -> Result<Value, OpenAiError> {
+    let run = run_of_response(id)?;
+    let not_found = || {
+        OpenAiError::without_code(
+            404,
+            "invalid_request_error",
+            None,
+            format!("no response {id:?}"),
+        )
+    };
+    let session = app.locate(run).await.map_err(|_| not_found())?;
+    app.check_session_access(caller, session)
+        .await
+        .map_err(|_| not_found())?;
+    let events = Box::pin(app.session_events(session, 0)).await?.events;
+    let mut model = String::new();
+    let mut content: Vec<AssistantPart> = Vec::new();
+    let mut finished = None;
+    let mut created_at = 0;
+    let mut previous = None;
+    let mut last_run = None;
+    for stored in events {
+        let event = stored.event;
+        if let SessionEvent::RunStarted { run_id, .. } = &event
+            && *run_id != run
+        {
+            last_run = Some(*run_id);
         }
-        .answer_text()
-        .unwrap_or_default();
-        let reasoning = reasoning_of(&content);
-        let (status, usage, error) = match finished {
-            Some((_, usage, Some(error))) => ("failed", usage, Some(error)),
-            Some((_, usage, None)) => ("completed", usage, None),
-            None => ("in_progress", Usage::default(), None),
-        };
-        Ok(response_object(&ResponseParts {
-            id: id.to_owned(),
-            model,
-            created_at,
-            status,
-            text: &text,
-            reasoning: &reasoning,
-            calls: &[],
-            usage: &usage,
-            previous: previous.map(|run| format!("{RESPONSE_PREFIX}{run}")),
-            store: true,
-            error: error.map(|error| json!({"code": error.code, "message": error.message})),
-        }))
+        if event.run_id() != run {
+            continue;
+        }
+        match event {
+            SessionEvent::RunStarted { model: used, .. } => {
+                model = used;
+                created_at = stored.at / 1000;
+                previous = last_run;
+            }
+            SessionEvent::AssistantMessage { content: parts, .. } => content = parts,
+            SessionEvent::RunFinished {
+                stop_reason,
+                usage,
+                error,
+                ..
+            } => finished = Some((stop_reason, usage, error)),
+            _ => {}
+        }
     }
+    let text = Message::Assistant {
+        content: content.clone(),
+    }
+    .answer_text()
+    .unwrap_or_default();
+    let reasoning = reasoning_of(&content);
+    let (status, usage, error) = match finished {
+        Some((_, usage, Some(error))) => ("failed", usage, Some(error)),
+        Some((_, usage, None)) => ("completed", usage, None),
+        None => ("in_progress", Usage::default(), None),
+    };
+    Ok(response_object(&ResponseParts {
+        id: id.to_owned(),
+        model,
+        created_at,
+        status,
+        text: &text,
+        reasoning: &reasoning,
+        calls: &[],
+        usage: &usage,
+        previous: previous.map(|run| format!("{RESPONSE_PREFIX}{run}")),
+        store: true,
+        error: error.map(|error| json!({"code": error.code, "message": error.message})),
+    }))
 }
 
 /// What a response object is made of.
@@ -492,7 +480,7 @@ pub fn response_of(
     previous: Option<String>,
 ) -> Result<Value, OpenAiError> {
     if let Some(error) = &outcome.error {
-        return Err(OpenAiError::new_public(
+        return Err(OpenAiError::without_code(
             502,
             "api_error",
             None,
@@ -515,7 +503,7 @@ pub fn response_of(
     Ok(response_object(&ResponseParts {
         id,
         model: run.model.clone(),
-        created_at: crate::clock::now_ms() / 1000,
+        created_at: now_ms() / 1000,
         status: "completed",
         text: &outcome.text,
         reasoning: &reasoning_of(content),
@@ -589,9 +577,9 @@ impl ResponseEvents {
             id: format!("{RESPONSE_PREFIX}{}", RunId::new()),
             model: run.model.clone(),
             previous,
-            store: matches!(run.target, crate::runs::Target::Session(_)),
+            store: matches!(run.target, Target::Session(_)),
             client_tools: run.client_tools.clone(),
-            created_at: crate::clock::now_ms() / 1000,
+            created_at: now_ms() / 1000,
             sequence: 0,
             text: String::new(),
             reasoning: String::new(),
