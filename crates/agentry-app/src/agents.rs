@@ -125,7 +125,7 @@ pub struct AgentConfig {
     /// (the default): not reachable over A2A.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
-    pub a2a: Option<crate::a2a::A2aPublication>,
+    pub a2a: Option<crate::publication::A2aPublication>,
 }
 
 /// Whose workspace an agent's runs work in.

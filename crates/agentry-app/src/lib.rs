@@ -7,7 +7,6 @@
 //! what it returns; the app never names HTTP, and its errors are [`AppError`]s that each
 //! front-end maps in one place.
 
-pub mod a2a;
 pub mod agents;
 pub mod approvals;
 pub mod auth;
@@ -32,6 +31,7 @@ pub mod mcp_tools;
 pub mod memory;
 pub mod ops;
 pub mod outcome;
+pub mod publication;
 pub mod queue;
 pub mod quotas;
 pub mod runs;

@@ -717,15 +717,26 @@ impl App {
             .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))
     }
 
-    /// Runs, newest first.
+    /// Runs, newest first (at most 1,000: a client's page).
     pub async fn background_runs(&self, query: &RunQuery) -> Result<RunList, AppError> {
         if query.limit == 0 || query.limit > 1000 {
             return Err(AppError::bad_request("`limit` must be between 1 and 1000"));
         }
-        let runs = self.store.list_runs(query).await?;
         Ok(RunList {
-            runs: runs.into_iter().map(RunView::from).collect(),
+            runs: self.find_background_runs(query).await?,
         })
+    }
+
+    /// The runs `query` matches, newest first: as many as its `limit`, which the caller
+    /// bounds.
+    pub async fn find_background_runs(&self, query: &RunQuery) -> Result<Vec<RunView>, AppError> {
+        let runs = self.store.list_runs(query).await?;
+        Ok(runs.into_iter().map(RunView::from).collect())
+    }
+
+    /// How many runs `query` matches, its `limit` and `offset` aside.
+    pub async fn count_background_runs(&self, query: &RunQuery) -> Result<u64, AppError> {
+        Ok(self.store.count_runs(query).await?)
     }
 
     /// Waits up to `timeout` for a background run to stop (end, or wait for a person), then
@@ -760,7 +771,7 @@ impl App {
 
     /// Reads a run until `done` says so or `timeout` passes, woken by this process's changes
     /// and polling for other processes'; answers the run as it is then.
-    pub(crate) async fn wait_until(
+    pub async fn wait_until(
         &self,
         run_id: RunId,
         timeout: Duration,

@@ -6,7 +6,6 @@
 //! [`crate::openapi`]).
 
 pub mod a2a;
-pub(crate) mod a2a_v1;
 pub mod agents;
 pub mod background;
 pub mod config;

@@ -1,7 +1,7 @@
 //! A2A, the Agent2Agent protocol (v0.3, JSON-RPC binding): saved agents published with an
 //! `a2a` section answer other agents.
 //!
-//! - The agent card ([`App::a2a_card`]) names the agent, its skills and its endpoint.
+//! - The agent card ([`card`]) names the agent, its skills and its endpoint.
 //! - `message/send` and `message/stream` start a task; a task **is a background run** (its id
 //!   the run's id), so it is durable, queued, fenced and cancellable like any other, and its
 //!   context **is the run's session** (`contextId`): a later message with the same `contextId`
@@ -13,26 +13,27 @@
 //! - `tasks/get`, `tasks/cancel` and `tasks/resubscribe` reach a task by id; another caller's
 //!   tasks, and tasks of other agents, are not found.
 //!
-//! Errors are JSON-RPC errors with A2A's codes ([`A2aError`]). The front-end parses the
-//! envelope ([`parse_rpc`]) and renders what this module answers.
+//! Errors are JSON-RPC errors with A2A's codes ([`A2aError`]). The routes parse the envelope
+//! ([`parse_rpc`]) and render what this module answers; a task's work is the app's (a
+//! background run submitted and followed through [`App`]). What an agent's card says is saved
+//! with the agent ([`agentry_app::publication`]).
 
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
-use agentry_store::RunState;
+use agentry_app::agents::AgentConfig;
+use agentry_app::approvals::DecideBody;
+use agentry_app::auth::Principal;
+use agentry_app::domain::store::{RunQuery, RunState};
+use agentry_app::follow::FollowFrom;
+use agentry_app::hub::Subscription;
+use agentry_app::queue::RunView;
+use agentry_app::submission::InferRequest;
+use agentry_app::{App, AppError, Failure};
 use agentry_types::{RunEvent, RunId, SessionId};
-
-use crate::App;
-use crate::agents::AgentConfig;
-use crate::approvals::DecideBody;
-use crate::auth::Principal;
-use crate::error::{AppError, Failure};
-use crate::follow::FollowFrom;
-use crate::queue::RunView;
-use crate::submission::InferRequest;
 
 /// The protocol version the cards declare and the endpoint speaks.
 pub const PROTOCOL_VERSION: &str = "0.3.0";
@@ -52,92 +53,6 @@ const RECORD_POLL: Duration = Duration::from_millis(250);
 
 /// The id of the artifact that holds a task's answer.
 const ANSWER_ARTIFACT: &str = "answer";
-
-/// The most skills a card lists, and the longest text of a card's fields.
-const MAX_SKILLS: usize = 32;
-const MAX_TEXT: usize = 4096;
-
-/// An agent's A2A publication: what its card says beyond its id and name.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct A2aPublication {
-    /// What the agent does, for other agents choosing it (default: its nickname or id).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// What it can do (default: one skill, the agent itself, tagged with its labels).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skills: Vec<A2aSkill>,
-    /// Whether it is the server's default agent: its card is served at the server's root too
-    /// (`/.well-known/agent-card.json`), where clients given only the server's address look.
-    /// One agent at most.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub default: bool,
-}
-
-/// A skill on an agent card.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct A2aSkill {
-    /// Its id, unique on the card.
-    pub id: String,
-    /// Its name.
-    pub name: String,
-    /// What it does.
-    pub description: String,
-    /// Keywords.
-    #[serde(default)]
-    pub tags: Vec<String>,
-    /// Example requests.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub examples: Vec<String>,
-}
-
-impl A2aPublication {
-    /// Checks lengths and that skill ids are unique.
-    pub fn check(&self) -> Result<(), AppError> {
-        let too_long = |text: &str| text.chars().count() > MAX_TEXT;
-        if self.description.as_deref().is_some_and(too_long) {
-            return Err(AppError::bad_request(format!(
-                "`a2a.description` has at most {MAX_TEXT} characters"
-            )));
-        }
-        if self.skills.len() > MAX_SKILLS {
-            return Err(AppError::bad_request(format!(
-                "`a2a.skills` lists at most {MAX_SKILLS} skills"
-            )));
-        }
-        for (index, skill) in self.skills.iter().enumerate() {
-            if skill.id.trim().is_empty() || skill.name.trim().is_empty() {
-                return Err(AppError::bad_request(format!(
-                    "`a2a.skills[{index}]` needs an `id` and a `name`"
-                )));
-            }
-            let texts = [&skill.id, &skill.name, &skill.description];
-            if texts.into_iter().any(|text| too_long(text))
-                || skill.tags.len() + skill.examples.len() > MAX_SKILLS
-                || skill
-                    .tags
-                    .iter()
-                    .chain(&skill.examples)
-                    .any(|t| too_long(t))
-            {
-                return Err(AppError::bad_request(format!(
-                    "`a2a.skills[{index}]` is too long"
-                )));
-            }
-            if self.skills[..index]
-                .iter()
-                .any(|other| other.id == skill.id)
-            {
-                return Err(AppError::bad_request(format!(
-                    "`a2a.skills` has the id {:?} twice",
-                    skill.id
-                )));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// A JSON-RPC error with A2A's codes.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -792,532 +707,522 @@ fn stopped(state: RunState) -> bool {
     state.is_final() || matches!(state, RunState::Waiting | RunState::Paused)
 }
 
-impl App {
-    /// The saved agent `id` if it is published over A2A; not found otherwise.
-    pub async fn a2a_agent(&self, id: &str) -> Result<AgentConfig, AppError> {
-        match crate::agents::stored_agent(&self.store, id).await? {
-            Some(agent) if agent.a2a.is_some() => Ok(agent),
-            _ => Err(AppError::not_found(format!(
-                "no agent {id:?} is published over A2A"
-            ))),
+/// The saved agent `id` if it is published over A2A; not found otherwise.
+pub async fn published_agent(app: &App, id: &str) -> Result<AgentConfig, AppError> {
+    let not_found = || AppError::not_found(format!("no agent {id:?} is published over A2A"));
+    match app.agent(id).await {
+        Ok(agent) if agent.a2a.is_some() => Ok(agent),
+        Ok(_) => Err(not_found()),
+        Err(error) if matches!(error.failure, Failure::NotFound | Failure::Invalid) => {
+            Err(not_found())
         }
+        Err(error) => Err(error),
     }
+}
 
-    /// The published agent marked `default` (its card is served at the server's root).
-    pub async fn a2a_default_agent(&self) -> Result<String, AppError> {
-        self.agents()
-            .await?
-            .into_iter()
-            .find(|agent| agent.a2a.as_ref().is_some_and(|a2a| a2a.default))
-            .map(|agent| agent.id)
-            .ok_or_else(|| {
-                AppError::not_found(
-                    "no agent is the server's default A2A agent (an agent's `a2a.default`)",
-                )
-            })
+/// The published agent marked `default` (its card is served at the server's root).
+pub async fn default_agent(app: &App) -> Result<String, AppError> {
+    app.agents()
+        .await?
+        .into_iter()
+        .find(|agent| agent.a2a.as_ref().is_some_and(|a2a| a2a.default))
+        .map(|agent| agent.id)
+        .ok_or_else(|| {
+            AppError::not_found(
+                "no agent is the server's default A2A agent (an agent's `a2a.default`)",
+            )
+        })
+}
+
+/// The agent card of published agent `id` for `caller` (an agent its key may not use is
+/// not found), served at `base` (its endpoint's URL); `bearer`: the endpoint takes API keys
+/// as bearer tokens.
+pub async fn card(
+    app: &App,
+    caller: &Principal,
+    id: &str,
+    base: &str,
+    bearer: bool,
+) -> Result<Value, AppError> {
+    if caller.check_agent(id).is_err() {
+        return Err(AppError::not_found(format!(
+            "no agent {id:?} is published over A2A"
+        )));
     }
-
-    /// The agent card of published agent `id` for `caller` (an agent its key may not use is
-    /// not found), served at `base` (its endpoint's URL); `bearer`: the endpoint takes API keys
-    /// as bearer tokens.
-    pub async fn a2a_card(
-        &self,
-        caller: &crate::auth::Principal,
-        id: &str,
-        base: &str,
-        bearer: bool,
-    ) -> Result<Value, AppError> {
-        if caller.check_agent(id).is_err() {
-            return Err(AppError::not_found(format!(
-                "no agent {id:?} is published over A2A"
-            )));
-        }
-        let agent = self.a2a_agent(id).await?;
-        let publication = agent.a2a.clone().unwrap_or_default();
-        let name = agent.nickname.clone().unwrap_or_else(|| agent.id.clone());
-        let description = publication
-            .description
-            .clone()
-            .unwrap_or_else(|| format!("The Agentry agent {name}."));
-        let skills: Vec<Value> = if publication.skills.is_empty() {
-            vec![json!({
-                "id": agent.id,
-                "name": name,
-                "description": description,
-                "tags": agent.labels,
-            })]
-        } else {
-            publication
-                .skills
-                .iter()
-                .map(|skill| serde_json::to_value(skill).unwrap_or(Value::Null))
-                .collect()
-        };
-        let mut card = json!({
-            "protocolVersion": PROTOCOL_VERSION,
+    let agent = published_agent(app, id).await?;
+    let publication = agent.a2a.clone().unwrap_or_default();
+    let name = agent.nickname.clone().unwrap_or_else(|| agent.id.clone());
+    let description = publication
+        .description
+        .clone()
+        .unwrap_or_else(|| format!("The Agentry agent {name}."));
+    let skills: Vec<Value> = if publication.skills.is_empty() {
+        vec![json!({
+            "id": agent.id,
             "name": name,
             "description": description,
-            "url": base,
-            "preferredTransport": "JSONRPC",
-            // A2A 1.0 clients read this list (and prefer 1.0); 0.3 clients the fields above.
-            "supportedInterfaces": [
-                {"url": base, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-                {"url": base, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
-            ],
-            "version": env!("CARGO_PKG_VERSION"),
-            "provider": {"organization": "Agentry", "url": "https://github.com/agentry"},
-            "capabilities": {
-                "streaming": true,
-                "pushNotifications": false,
-                "stateTransitionHistory": false,
-            },
-            "defaultInputModes": ["text/plain", "application/json"],
-            "defaultOutputModes": ["text/plain"],
-            "skills": skills,
-        });
-        if bearer {
-            card["securitySchemes"] = json!({"bearer": {
-                "type": "http",
-                "scheme": "bearer",
-                "description": "An Agentry API key",
-            }});
-            card["security"] = json!([{"bearer": []}]);
-        }
-        Ok(card)
+            "tags": agent.labels,
+        })]
+    } else {
+        publication
+            .skills
+            .iter()
+            .map(|skill| serde_json::to_value(skill).unwrap_or(Value::Null))
+            .collect()
+    };
+    let mut card = json!({
+        "protocolVersion": PROTOCOL_VERSION,
+        "name": name,
+        "description": description,
+        "url": base,
+        "preferredTransport": "JSONRPC",
+        // A2A 1.0 clients read this list (and prefer 1.0); 0.3 clients the fields above.
+        "supportedInterfaces": [
+            {"url": base, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+            {"url": base, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+        ],
+        "version": env!("CARGO_PKG_VERSION"),
+        "provider": {"organization": "Agentry", "url": "https://github.com/agentry"},
+        "capabilities": {
+            "streaming": true,
+            "pushNotifications": false,
+            "stateTransitionHistory": false,
+        },
+        "defaultInputModes": ["text/plain", "application/json"],
+        "defaultOutputModes": ["text/plain"],
+        "skills": skills,
+    });
+    if bearer {
+        card["securitySchemes"] = json!({"bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An Agentry API key",
+        }});
+        card["security"] = json!([{"bearer": []}]);
     }
+    Ok(card)
+}
 
-    /// The task `id` of agent `agent`, if `caller` may see it.
-    async fn a2a_run(
-        &self,
-        caller: &Principal,
-        agent: &str,
-        id: &str,
-    ) -> Result<RunView, A2aError> {
-        let run_id = RunId::parse(id).map_err(|_| A2aError::task_not_found(id))?;
-        let run = match self.background_run(run_id).await {
-            Ok(run) => run,
-            Err(error) if error.failure == Failure::NotFound => {
-                return Err(A2aError::task_not_found(id));
-            }
-            Err(error) => return Err(error.into()),
-        };
-        if run.agent_id.as_deref() != Some(agent)
-            || !self.may_see_session(caller, run.session_id).await?
-        {
+/// The task `id` of agent `agent`, if `caller` may see it.
+async fn task_run(
+    app: &App,
+    caller: &Principal,
+    agent: &str,
+    id: &str,
+) -> Result<RunView, A2aError> {
+    let run_id = RunId::parse(id).map_err(|_| A2aError::task_not_found(id))?;
+    let run = match Box::pin(app.background_run(run_id)).await {
+        Ok(run) => run,
+        Err(error) if error.failure == Failure::NotFound => {
             return Err(A2aError::task_not_found(id));
         }
-        Ok(run)
+        Err(error) => return Err(error.into()),
+    };
+    if run.agent_id.as_deref() != Some(agent)
+        || !app.may_see_session(caller, run.session_id).await?
+    {
+        return Err(A2aError::task_not_found(id));
     }
+    Ok(run)
+}
 
-    /// `tasks/get`.
-    pub async fn a2a_get(
-        &self,
-        caller: &Principal,
-        agent: &str,
-        id: &str,
-        history_length: Option<usize>,
-    ) -> Result<Value, A2aError> {
-        let run = self.a2a_run(caller, agent, id).await?;
-        Ok(task_of(&run, history_length))
+/// `tasks/get`.
+pub async fn get(
+    app: &App,
+    caller: &Principal,
+    agent: &str,
+    id: &str,
+    history_length: Option<usize>,
+) -> Result<Value, A2aError> {
+    let run = Box::pin(task_run(app, caller, agent, id)).await?;
+    Ok(task_of(&run, history_length))
+}
+
+/// `tasks/list`: a page of the agent's tasks that `caller` may see (an admin every one, a
+/// `user` key its own), newest first, with how many match in all.
+pub async fn list(
+    app: &App,
+    caller: &Principal,
+    agent: &str,
+    list: &ListParams,
+) -> Result<Value, A2aError> {
+    let page_size = list.page_size.unwrap_or(LIST_PAGE_DEFAULT);
+    if !(1..=LIST_PAGE_MAX).contains(&page_size) {
+        return Err(A2aError::invalid_params(format!(
+            "`pageSize` is 1 to {LIST_PAGE_MAX}"
+        )));
     }
-
-    /// `tasks/list`: a page of the agent's tasks that `caller` may see (an admin every one, a
-    /// `user` key its own), newest first, with how many match in all.
-    pub async fn a2a_list(
-        &self,
-        caller: &Principal,
-        agent: &str,
-        list: &ListParams,
-    ) -> Result<Value, A2aError> {
-        let page_size = list.page_size.unwrap_or(LIST_PAGE_DEFAULT);
-        if !(1..=LIST_PAGE_MAX).contains(&page_size) {
-            return Err(A2aError::invalid_params(format!(
-                "`pageSize` is 1 to {LIST_PAGE_MAX}"
-            )));
-        }
-        let offset = match list.page_token.as_deref() {
-            None | Some("") => 0,
-            Some(token) => token
-                .parse::<usize>()
-                .map_err(|_| A2aError::invalid_params("`pageToken` is not one this server gave"))?,
-        };
-        let session_id = match list.context_id.as_deref() {
-            None | Some("") => None,
-            Some(context) => match SessionId::parse(context) {
-                Ok(session) => Some(session),
-                // No task is in a conversation that cannot exist.
-                Err(_) => return Ok(task_page(Vec::new(), 0, page_size, 0)),
-            },
-        };
-        // A state one run state stands for is filtered in the store; `working` (running or
-        // paused) run by run.
-        let (state, working) = match list.status.as_deref() {
-            None | Some("") => (None, false),
-            Some("working") => (None, true),
-            Some(status) => match run_state_of(status) {
-                Some(state) => (Some(state), false),
-                // States no task here is ever in.
-                None if matches!(status, "rejected" | "auth-required") => {
-                    return Ok(task_page(Vec::new(), 0, page_size, 0));
-                }
-                None => {
-                    return Err(A2aError::invalid_params(format!(
-                        "`status` {status:?} is not a task state"
-                    )));
-                }
-            },
-        };
-        let changed_after = match list.status_timestamp_after.as_deref() {
-            None | Some("") => None,
-            Some(at) => Some(
-                chrono::DateTime::parse_from_rfc3339(at)
-                    .map_err(|_| {
-                        A2aError::invalid_params("`statusTimestampAfter` is an RFC 3339 time")
-                    })?
-                    .timestamp_millis(),
-            ),
-        };
-        let mut query = agentry_store::RunQuery {
-            session_id,
-            agent_id: Some(agent.to_owned()),
-            state,
-            // A task's status changes after its creation: the time filter narrows what is
-            // read, and each run's own status time decides.
-            created_after: None,
-            owner: caller.owner_filter(),
-            background: Some(true),
-            limit: LIST_READ_MAX,
-            offset: 0,
-            ..agentry_store::RunQuery::default()
-        };
-        let (page, total) = if changed_after.is_none() && !working {
-            // Filtered, counted and paged in the store.
-            let total = self
-                .store
-                .count_runs(&query)
-                .await
-                .map_err(AppError::from)?;
-            query.limit = page_size as usize;
-            query.offset = offset;
-            let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
-            (runs.into_iter().map(RunView::from).collect(), total)
-        } else {
-            // Filtered run by run, then paged.
-            let after = changed_after.map_or(0, |after| u64::try_from(after).unwrap_or(0));
-            let runs = self.store.list_runs(&query).await.map_err(AppError::from)?;
-            let matching: Vec<RunView> = runs
-                .into_iter()
-                .map(RunView::from)
-                .filter(|run| status_time(run) >= after)
-                .filter(|run| !working || task_state(run.state) == "working")
-                .collect();
-            let total = matching.len() as u64;
-            let page = matching
-                .into_iter()
-                .skip(offset)
-                .take(page_size as usize)
-                .collect();
-            (page, total)
-        };
-        Ok(task_list(page, list, total, page_size, offset))
-    }
-
-    /// `tasks/cancel`: the task as it is once cancelled (a running one stops at its next
-    /// step; this waits a few seconds for it).
-    pub async fn a2a_cancel(
-        &self,
-        caller: &Principal,
-        agent: &str,
-        id: &str,
-    ) -> Result<Value, A2aError> {
-        let run = self.a2a_run(caller, agent, id).await?;
-        if run.state.is_final() {
-            return Err(A2aError::task_not_cancelable(id, task_state(run.state)));
-        }
-        self.cancel_background(run.run_id).await?;
-        let run = self
-            .wait_until(run.run_id, Duration::from_secs(5), |_, record| {
-                record.state.is_final()
-            })
-            .await?;
-        Ok(task_of(&run, None))
-    }
-
-    /// `message/send` and `message/stream`: starts a task of `agent` (in the message's
-    /// context, or a new one), or answers the task that waits for input. Answers the task as
-    /// it is then (blocking sends wait until it ends or needs input).
-    pub async fn a2a_send(
-        &self,
-        caller: &Principal,
-        agent: &str,
-        params: &SendParams,
-    ) -> Result<RunView, A2aError> {
-        let message = &params.message;
-        message.check()?;
-        if params
-            .configuration
-            .as_ref()
-            .is_some_and(|configuration| configuration.push_notification_config.is_some())
-        {
-            return Err(A2aError::push_not_supported());
-        }
-        if let Some(modes) = params
-            .configuration
-            .as_ref()
-            .and_then(|configuration| configuration.accepted_output_modes.as_ref())
-            && !modes.is_empty()
-            && !modes
-                .iter()
-                .any(|mode| mode == "text/plain" || mode == "text" || mode == "*/*")
-        {
-            return Err(A2aError::content_type(
-                "this agent answers in text/plain, which `acceptedOutputModes` leaves out",
-            ));
-        }
-        if let Some(task) = &message.task_id {
-            return self.a2a_answer(caller, agent, task, message).await;
-        }
-        let session = match &message.context_id {
-            Some(context) => {
-                let session = SessionId::parse(context).map_err(|_| {
-                    A2aError::invalid_params(format!(
-                        "unknown contextId {context:?}: leave it out to start a new context"
-                    ))
-                })?;
-                let visible = self
-                    .store
-                    .session(session)
-                    .await
-                    .map_err(AppError::from)?
-                    .is_some()
-                    && self.may_see_session(caller, session).await?;
-                if !visible {
-                    return Err(A2aError::invalid_params(format!(
-                        "unknown contextId {context:?}: leave it out to start a new context"
-                    )));
-                }
-                session.to_string()
+    let offset = match list.page_token.as_deref() {
+        None | Some("") => 0,
+        Some(token) => token
+            .parse::<usize>()
+            .map_err(|_| A2aError::invalid_params("`pageToken` is not one this server gave"))?,
+    };
+    let session_id = match list.context_id.as_deref() {
+        None | Some("") => None,
+        Some(context) => match SessionId::parse(context) {
+            Ok(session) => Some(session),
+            // No task is in a conversation that cannot exist.
+            Err(_) => return Ok(task_page(Vec::new(), 0, page_size, 0)),
+        },
+    };
+    // A state one run state stands for is filtered in the store; `working` (running or
+    // paused) run by run.
+    let (state, working) = match list.status.as_deref() {
+        None | Some("") => (None, false),
+        Some("working") => (None, true),
+        Some(status) => match run_state_of(status) {
+            Some(state) => (Some(state), false),
+            // States no task here is ever in.
+            None if matches!(status, "rejected" | "auth-required") => {
+                return Ok(task_page(Vec::new(), 0, page_size, 0));
             }
-            None => "new".to_owned(),
-        };
-        let body: InferRequest = serde_json::from_value(json!({
-            "agent_id": agent,
-            "text": message.text()?,
-            "session_id": session,
-        }))
-        .map_err(|error| A2aError::internal(format!("cannot build the run: {error}")))?;
-        // The client's message id makes a retried send find its task instead of a second one.
-        let key = format!("a2a:{agent}:{}", message.message_id);
-        let (run, _) = self.submit_background(caller, body, Some(key), 0).await?;
-        Ok(run)
-    }
-
-    /// A message to task `task`: the decisions on its waiting calls.
-    async fn a2a_answer(
-        &self,
-        caller: &Principal,
-        agent: &str,
-        task: &str,
-        message: &IncomingMessage,
-    ) -> Result<RunView, A2aError> {
-        let run = self.a2a_run(caller, agent, task).await?;
-        if message
-            .context_id
-            .as_deref()
-            .is_some_and(|context| context != run.session_id.to_string())
-        {
-            return Err(A2aError::invalid_params(format!(
-                "task {task} is not in that contextId"
-            )));
-        }
-        if run.state != RunState::Waiting {
-            return Err(A2aError::unsupported(format!(
-                "task {task} is {} and waits for no input: send a message without `taskId` \
-                 (with its `contextId` to continue the conversation)",
-                task_state(run.state)
-            )));
-        }
-        let body: DecideBody = match message
-            .data()
-            .filter(|data| data.get("decisions").is_some())
-        {
-            Some(data) => serde_json::from_value(data.clone())
-                .map_err(|error| A2aError::invalid_params(format!("bad `decisions`: {error}")))?,
             None => {
-                let text = message.text()?;
-                let answer = text.trim().to_lowercase();
-                let verdict =
-                    if ["approve", "approved", "yes", "y", "ok"].contains(&answer.as_str()) {
-                        "approve"
-                    } else if answer.starts_with("reject")
-                        || answer.starts_with("deny")
-                        || answer == "no"
-                        || answer == "n"
-                    {
-                        "reject"
-                    } else {
-                        return Err(A2aError::invalid_params(
-                            "the task waits for approval: answer \"approve\" or \"reject\", or \
-                         send a data part {\"decisions\": [...]}",
-                        ));
-                    };
-                let pending = self.approvals_of_run(run.run_id).await?.pending;
-                if pending.is_empty() {
-                    return Err(A2aError::unsupported(format!(
-                        "task {task} has no call waiting"
-                    )));
-                }
-                let decisions: Vec<Value> = pending
-                    .iter()
-                    .map(|pending| {
-                        let mut decision = json!({"call_id": pending.call.id, "decision": verdict});
-                        if verdict == "reject" {
-                            decision["reason"] = json!(text.trim());
-                        }
-                        decision
-                    })
-                    .collect();
-                serde_json::from_value(json!({"decisions": decisions}))
-                    .map_err(|error| A2aError::internal(format!("bad decisions: {error}")))?
+                return Err(A2aError::invalid_params(format!(
+                    "`status` {status:?} is not a task state"
+                )));
             }
-        };
-        self.submit(body.into_op(run.run_id)?).await?;
-        Ok(self.background_run(run.run_id).await?)
-    }
+        },
+    };
+    let changed_after = match list.status_timestamp_after.as_deref() {
+        None | Some("") => None,
+        Some(at) => Some(
+            chrono::DateTime::parse_from_rfc3339(at)
+                .map_err(|_| {
+                    A2aError::invalid_params("`statusTimestampAfter` is an RFC 3339 time")
+                })?
+                .timestamp_millis(),
+        ),
+    };
+    let mut query = RunQuery {
+        session_id,
+        agent_id: Some(agent.to_owned()),
+        state,
+        // A task's status changes after its creation: the time filter narrows what is
+        // read, and each run's own status time decides.
+        created_after: None,
+        owner: caller.owner_filter(),
+        background: Some(true),
+        limit: LIST_READ_MAX,
+        offset: 0,
+        ..RunQuery::default()
+    };
+    let (page, total) = if changed_after.is_none() && !working {
+        // Filtered, counted and paged in the store.
+        let total = app.count_background_runs(&query).await?;
+        query.limit = page_size as usize;
+        query.offset = offset;
+        (app.find_background_runs(&query).await?, total)
+    } else {
+        // Filtered run by run, then paged.
+        let after = changed_after.map_or(0, |after| u64::try_from(after).unwrap_or(0));
+        let matching: Vec<RunView> = app
+            .find_background_runs(&query)
+            .await?
+            .into_iter()
+            .filter(|run| status_time(run) >= after)
+            .filter(|run| !working || task_state(run.state) == "working")
+            .collect();
+        let total = matching.len() as u64;
+        let page = matching
+            .into_iter()
+            .skip(offset)
+            .take(page_size as usize)
+            .collect();
+        (page, total)
+    };
+    Ok(task_list(page, list, total, page_size, offset))
+}
 
-    /// Waits until `run` has stopped (ended, or waits for a person again) or `timeout`
-    /// passes; answers it as it is then.
-    pub async fn a2a_wait(&self, run: &RunView, timeout: Duration) -> Result<RunView, A2aError> {
-        let session = run.session_id;
-        Ok(self
-            .wait_until(run.run_id, timeout, move |app, record| {
-                // A run that was just answered is live here again before its record says so.
-                stopped(record.state) && !app.hub.is_live(session) || record.state.is_final()
-            })
-            .await?)
+/// `tasks/cancel`: the task as it is once cancelled (a running one stops at its next
+/// step; this waits a few seconds for it).
+pub async fn cancel(
+    app: &App,
+    caller: &Principal,
+    agent: &str,
+    id: &str,
+) -> Result<Value, A2aError> {
+    let run = Box::pin(task_run(app, caller, agent, id)).await?;
+    if run.state.is_final() {
+        return Err(A2aError::task_not_cancelable(id, task_state(run.state)));
     }
+    Box::pin(app.cancel_background(run.run_id)).await?;
+    let run = Box::pin(
+        app.wait_until(run.run_id, Duration::from_secs(5), |_, record| {
+            record.state.is_final()
+        }),
+    )
+    .await?;
+    Ok(task_of(&run, None))
+}
 
-    /// A blocking `message/send`'s answer: the task once it has stopped.
-    pub async fn a2a_blocking(
-        &self,
-        run: &RunView,
-        params: &SendParams,
-    ) -> Result<Value, A2aError> {
-        let configuration = params.configuration.clone().unwrap_or_default();
-        let run = if configuration.blocking.unwrap_or(true) {
-            self.a2a_wait(run, BLOCKING_WAIT).await?
-        } else {
-            run.clone()
-        };
-        Ok(task_of(&run, configuration.history_length))
+/// `message/send` and `message/stream`: starts a task of `agent` (in the message's
+/// context, or a new one), or answers the task that waits for input. Answers the task as
+/// it is then (blocking sends wait until it ends or needs input).
+pub async fn send(
+    app: &App,
+    caller: &Principal,
+    agent: &str,
+    params: &SendParams,
+) -> Result<RunView, A2aError> {
+    let message = &params.message;
+    message.check()?;
+    if params
+        .configuration
+        .as_ref()
+        .is_some_and(|configuration| configuration.push_notification_config.is_some())
+    {
+        return Err(A2aError::push_not_supported());
     }
-
-    /// `tasks/resubscribe`'s task.
-    pub async fn a2a_resubscribe(
-        &self,
-        caller: &Principal,
-        agent: &str,
-        id: &str,
-    ) -> Result<RunView, A2aError> {
-        let run = self.a2a_run(caller, agent, id).await?;
-        if run.state.is_final() {
-            return Err(A2aError::unsupported(format!(
-                "task {id} has ended: read it with `tasks/get`"
-            )));
+    if let Some(modes) = params
+        .configuration
+        .as_ref()
+        .and_then(|configuration| configuration.accepted_output_modes.as_ref())
+        && !modes.is_empty()
+        && !modes
+            .iter()
+            .any(|mode| mode == "text/plain" || mode == "text" || mode == "*/*")
+    {
+        return Err(A2aError::content_type(
+            "this agent answers in text/plain, which `acceptedOutputModes` leaves out",
+        ));
+    }
+    if let Some(task) = &message.task_id {
+        return Box::pin(answer(app, caller, agent, task, message)).await;
+    }
+    let session = match &message.context_id {
+        Some(context) => {
+            let session = SessionId::parse(context).map_err(|_| {
+                A2aError::invalid_params(format!(
+                    "unknown contextId {context:?}: leave it out to start a new context"
+                ))
+            })?;
+            let visible = match app.session_record(context).await {
+                Ok(_) => app.may_see_session(caller, session).await?,
+                Err(error) if error.failure == Failure::NotFound => false,
+                Err(error) => return Err(error.into()),
+            };
+            if !visible {
+                return Err(A2aError::invalid_params(format!(
+                    "unknown contextId {context:?}: leave it out to start a new context"
+                )));
+            }
+            session.to_string()
         }
-        Ok(run)
-    }
+        None => "new".to_owned(),
+    };
+    let body: InferRequest = serde_json::from_value(json!({
+        "agent_id": agent,
+        "text": message.text()?,
+        "session_id": session,
+    }))
+    .map_err(|error| A2aError::internal(format!("cannot build the run: {error}")))?;
+    // The client's message id makes a retried send find its task instead of a second one.
+    let key = format!("a2a:{agent}:{}", message.message_id);
+    let (run, _) = Box::pin(app.submit_background(caller, body, Some(key), 0)).await?;
+    Ok(run)
+}
 
-    /// Waits for `run` to start: its live events when it runs here (caught from its first
-    /// step: the hub is looked at every [`HUB_POLL`], the record every [`RECORD_POLL`]), or
-    /// nothing when it runs on another node, has stopped, or has not started in
-    /// [`START_WAIT`]. Answers the run as it was last read.
-    async fn a2a_live(&self, run: &RunView) -> (RunView, Option<crate::hub::Subscription>) {
-        let deadline = tokio::time::Instant::now() + START_WAIT;
-        let mut latest = run.clone();
-        let mut next_read = tokio::time::Instant::now();
-        loop {
-            if self.hub.run_id(run.session_id) == Some(run.run_id)
-                && let Some(subscription) = self.hub.subscribe(run.session_id)
+/// A message to task `task`: the decisions on its waiting calls.
+async fn answer(
+    app: &App,
+    caller: &Principal,
+    agent: &str,
+    task: &str,
+    message: &IncomingMessage,
+) -> Result<RunView, A2aError> {
+    let run = Box::pin(task_run(app, caller, agent, task)).await?;
+    if message
+        .context_id
+        .as_deref()
+        .is_some_and(|context| context != run.session_id.to_string())
+    {
+        return Err(A2aError::invalid_params(format!(
+            "task {task} is not in that contextId"
+        )));
+    }
+    if run.state != RunState::Waiting {
+        return Err(A2aError::unsupported(format!(
+            "task {task} is {} and waits for no input: send a message without `taskId` \
+             (with its `contextId` to continue the conversation)",
+            task_state(run.state)
+        )));
+    }
+    let body: DecideBody = match message
+        .data()
+        .filter(|data| data.get("decisions").is_some())
+    {
+        Some(data) => serde_json::from_value(data.clone())
+            .map_err(|error| A2aError::invalid_params(format!("bad `decisions`: {error}")))?,
+        None => {
+            let text = message.text()?;
+            let answer = text.trim().to_lowercase();
+            let verdict = if ["approve", "approved", "yes", "y", "ok"].contains(&answer.as_str()) {
+                "approve"
+            } else if answer.starts_with("reject")
+                || answer.starts_with("deny")
+                || answer == "no"
+                || answer == "n"
             {
-                latest.state = RunState::Running;
-                return (latest, Some(subscription));
+                "reject"
+            } else {
+                return Err(A2aError::invalid_params(
+                    "the task waits for approval: answer \"approve\" or \"reject\", or \
+                     send a data part {\"decisions\": [...]}",
+                ));
+            };
+            let pending = app.approvals_of_run(run.run_id).await?.pending;
+            if pending.is_empty() {
+                return Err(A2aError::unsupported(format!(
+                    "task {task} has no call waiting"
+                )));
             }
-            let now = tokio::time::Instant::now();
-            if now >= next_read {
-                if let Ok(record) = self.background_run(run.run_id).await {
-                    latest = record;
-                }
-                let elsewhere = latest.state == RunState::Running
-                    && latest.worker.as_deref() != Some(self.queue_settings().worker.as_str());
-                if elsewhere
-                    || (latest.state != RunState::Queued && latest.state != RunState::Running)
-                {
-                    return (latest, None);
-                }
-                next_read = now + RECORD_POLL;
+            let decisions: Vec<Value> = pending
+                .iter()
+                .map(|pending| {
+                    let mut decision = json!({"call_id": pending.call.id, "decision": verdict});
+                    if verdict == "reject" {
+                        decision["reason"] = json!(text.trim());
+                    }
+                    decision
+                })
+                .collect();
+            serde_json::from_value(json!({"decisions": decisions}))
+                .map_err(|error| A2aError::internal(format!("bad decisions: {error}")))?
+        }
+    };
+    Box::pin(app.submit(body.into_op(run.run_id)?)).await?;
+    Ok(Box::pin(app.background_run(run.run_id)).await?)
+}
+
+/// Waits until `run` has stopped (ended, or waits for a person again) or `timeout`
+/// passes; answers it as it is then.
+pub async fn wait(app: &App, run: &RunView, timeout: Duration) -> Result<RunView, A2aError> {
+    let session = run.session_id;
+    Ok(
+        Box::pin(app.wait_until(run.run_id, timeout, move |app, record| {
+            // A run that was just answered is live here again before its record says so.
+            stopped(record.state) && !app.hub.is_live(session) || record.state.is_final()
+        }))
+        .await?,
+    )
+}
+
+/// A blocking `message/send`'s answer: the task once it has stopped.
+pub async fn blocking(app: &App, run: &RunView, params: &SendParams) -> Result<Value, A2aError> {
+    let configuration = params.configuration.clone().unwrap_or_default();
+    let run = if configuration.blocking.unwrap_or(true) {
+        Box::pin(wait(app, run, BLOCKING_WAIT)).await?
+    } else {
+        run.clone()
+    };
+    Ok(task_of(&run, configuration.history_length))
+}
+
+/// `tasks/resubscribe`'s task.
+pub async fn resubscribe(
+    app: &App,
+    caller: &Principal,
+    agent: &str,
+    id: &str,
+) -> Result<RunView, A2aError> {
+    let run = Box::pin(task_run(app, caller, agent, id)).await?;
+    if run.state.is_final() {
+        return Err(A2aError::unsupported(format!(
+            "task {id} has ended: read it with `tasks/get`"
+        )));
+    }
+    Ok(run)
+}
+
+/// Waits for `run` to start: its live events when it runs here (caught from its first
+/// step: the hub is looked at every [`HUB_POLL`], the record every [`RECORD_POLL`]), or
+/// nothing when it runs on another node, has stopped, or has not started in
+/// [`START_WAIT`]. Answers the run as it was last read.
+async fn live(app: &App, run: &RunView) -> (RunView, Option<Subscription>) {
+    let deadline = tokio::time::Instant::now() + START_WAIT;
+    let mut latest = run.clone();
+    let mut next_read = tokio::time::Instant::now();
+    loop {
+        if app.hub.run_id(run.session_id) == Some(run.run_id)
+            && let Some(subscription) = app.hub.subscribe(run.session_id)
+        {
+            latest.state = RunState::Running;
+            return (latest, Some(subscription));
+        }
+        let now = tokio::time::Instant::now();
+        if now >= next_read {
+            if let Ok(record) = Box::pin(app.background_run(run.run_id)).await {
+                latest = record;
             }
-            if now >= deadline || self.shutdown.is_cancelled() {
+            let elsewhere = latest.state == RunState::Running
+                && latest.worker.as_deref() != Some(app.queue_settings().worker.as_str());
+            if elsewhere || (latest.state != RunState::Queued && latest.state != RunState::Running)
+            {
                 return (latest, None);
             }
-            tokio::time::sleep(HUB_POLL).await;
+            next_read = now + RECORD_POLL;
         }
+        if now >= deadline || app.shutdown.is_cancelled() {
+            return (latest, None);
+        }
+        tokio::time::sleep(HUB_POLL).await;
     }
+}
 
-    /// A task's stream (the results of `message/stream` and `tasks/resubscribe`): the task,
-    /// `working`, its answer's text as it is written (artifact chunks; whole at the end when
-    /// the run went on on another node), then its final status (`final: true`) once it ends
-    /// or needs input.
-    pub fn a2a_events(&self, run: RunView) -> impl Stream<Item = Value> + Send + 'static {
-        let app = self.clone();
-        async_stream::stream! {
-            yield task_of(&run, None);
-            let (started, live) = app.a2a_live(&run).await;
-            if !started.state.is_final() {
-                yield status_update(&started, false);
-            }
-            let mut streamed = false;
-            let followed = match live {
-                Some(subscription) => {
-                    let first = None;
-                    app.follow(run.session_id, FollowFrom::Live { subscription, first }).await.ok()
-                }
-                None => None,
-            };
-            if let Some(mut events) = followed {
-                // The text generated before the subscription first, then as it comes; what a
-                // slow reader missed is caught up from the log.
-                while let Some(Ok(event)) = events.next().await {
-                    match &*event {
-                        RunEvent::TextDelta { text } => {
-                            yield answer_chunk(&run, text, streamed, false);
-                            streamed = true;
-                        }
-                        event if event.is_terminal() => break,
-                        _ => {}
-                    }
-                }
-            }
-            let ended = match app.a2a_wait(&run, BLOCKING_WAIT).await {
-                Ok(ended) => ended,
-                Err(error) => {
-                    tracing::warn!(run = %run.run_id, "an A2A stream lost its task: {}", error.message);
-                    return;
-                }
-            };
-            let answer = ended
-                .outcome
-                .as_ref()
-                .and_then(|outcome| outcome.get("text"))
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if ended.state.is_final() && !answer.is_empty() {
-                // The whole answer closes the artifact (what was streamed included text of
-                // earlier rounds; the answer is the last round's).
-                yield answer_chunk(&ended, answer, false, true);
-            }
-            yield status_update(&ended, stopped(ended.state));
+/// A task's stream (the results of `message/stream` and `tasks/resubscribe`): the task,
+/// `working`, its answer's text as it is written (artifact chunks; whole at the end when
+/// the run went on on another node), then its final status (`final: true`) once it ends
+/// or needs input.
+pub fn events(app: &App, run: RunView) -> impl Stream<Item = Value> + Send + 'static {
+    let app = app.clone();
+    async_stream::stream! {
+        yield task_of(&run, None);
+        let (started, live) = Box::pin(live(&app, &run)).await;
+        if !started.state.is_final() {
+            yield status_update(&started, false);
         }
+        let mut streamed = false;
+        let followed = match live {
+            Some(subscription) => {
+                let first = None;
+                Box::pin(app.follow(run.session_id, FollowFrom::Live { subscription, first })).await.ok()
+            }
+            None => None,
+        };
+        if let Some(mut events) = followed {
+            // The text generated before the subscription first, then as it comes; what a
+            // slow reader missed is caught up from the log.
+            while let Some(Ok(event)) = events.next().await {
+                match &*event {
+                    RunEvent::TextDelta { text } => {
+                        yield answer_chunk(&run, text, streamed, false);
+                        streamed = true;
+                    }
+                    event if event.is_terminal() => break,
+                    _ => {}
+                }
+            }
+        }
+        let ended = match Box::pin(wait(&app, &run, BLOCKING_WAIT)).await {
+            Ok(ended) => ended,
+            Err(error) => {
+                tracing::warn!(run = %run.run_id, "an A2A stream lost its task: {}", error.message);
+                return;
+            }
+        };
+        let answer = ended
+            .outcome
+            .as_ref()
+            .and_then(|outcome| outcome.get("text"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if ended.state.is_final() && !answer.is_empty() {
+            // The whole answer closes the artifact (what was streamed included text of
+            // earlier rounds; the answer is the last round's).
+            yield answer_chunk(&ended, answer, false, true);
+        }
+        yield status_update(&ended, stopped(ended.state));
     }
 }
 
@@ -1392,32 +1297,5 @@ mod tests {
         assert_eq!(file.text().unwrap_err().code, -32005);
         let blank = message(json!([{"kind": "text", "text": "  "}]), "user");
         assert_eq!(blank.text().unwrap_err().code, -32602);
-    }
-
-    #[test]
-    fn publications_are_checked() {
-        let skill = |id: &str| A2aSkill {
-            id: id.into(),
-            name: "n".into(),
-            description: "d".into(),
-            tags: vec![],
-            examples: vec![],
-        };
-        let ok = A2aPublication {
-            description: Some("does things".into()),
-            skills: vec![skill("a"), skill("b")],
-            default: false,
-        };
-        ok.check().unwrap();
-        let twice = A2aPublication {
-            skills: vec![skill("a"), skill("a")],
-            ..ok.clone()
-        };
-        assert!(twice.check().is_err());
-        let long = A2aPublication {
-            description: Some("x".repeat(MAX_TEXT + 1)),
-            ..ok
-        };
-        assert!(long.check().is_err());
     }
 }

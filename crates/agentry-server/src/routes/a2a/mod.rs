@@ -1,12 +1,15 @@
 //! A2A, the Agent2Agent protocol, for the saved agents published with an `a2a` section
-//! ([`agentry_app::a2a`]): each agent's card at `/a2a/{agent}/.well-known/agent-card.json`
+//! ([`agentry_app::publication`]; the protocol in [`protocol`]): each agent's card at `/a2a/{agent}/.well-known/agent-card.json`
 //! (and the older `agent.json`; the agent marked `a2a.default` also at the server's root,
 //! `/.well-known/agent-card.json`), its JSON-RPC endpoint at `POST /a2a/{agent}` —
 //! `message/send`, `tasks/get` and `tasks/cancel` answer JSON; `message/stream` and
 //! `tasks/resubscribe` answer server-sent events, one JSON-RPC response each (an error too, as
 //! the stream's one event). The same API keys as `/v1` (`Authorization: Bearer`); protocol
 //! errors are JSON-RPC errors (HTTP 200). Not in the OpenAPI document: the A2A specification
-//! describes it. A2A 1.0's methods are served on the same endpoint ([`super::a2a_v1`]).
+//! describes it. A2A 1.0's methods are served on the same endpoint ([`v1`]).
+
+pub mod protocol;
+pub(crate) mod v1;
 
 use std::convert::Infallible;
 
@@ -21,7 +24,7 @@ use axum::routing::{Router, get, post};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use agentry_app::a2a::{A2aCall, A2aError, CARD_PATH, call_of, parse_rpc};
+use self::protocol::{A2aCall, A2aError, CARD_PATH, call_of, parse_rpc};
 
 use crate::authorization::Caller;
 use crate::error::ApiError;
@@ -77,7 +80,9 @@ async fn card(
 ) -> Result<Json<Value>, ApiError> {
     let base = format!("{}{PREFIX}/{agent}", origin(&state, &headers));
     let bearer = state.auth.enabled().await.unwrap_or(true);
-    Ok(Json(state.a2a_card(&caller, &agent, &base, bearer).await?))
+    Ok(Json(
+        protocol::card(&state.app, &caller, &agent, &base, bearer).await?,
+    ))
 }
 
 /// The default agent's card at the server's root (`a2a.default`), for clients given only the
@@ -87,7 +92,7 @@ async fn root_card(
     caller: Caller,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let agent = state.a2a_default_agent().await?;
+    let agent = protocol::default_agent(&state.app).await?;
     card(State(state), caller, Path(agent), headers).await
 }
 
@@ -110,23 +115,23 @@ async fn rpc(
         Err((id, error)) => return Json(answer(&id, Err(error))).into_response(),
     };
     let id = request.id.clone();
-    // A 1.0 method: handled as its 0.3 form, answered in 1.0's shapes (`a2a_v1`).
-    let v10 = super::a2a_v1::v03_method(&request.method).map(|v03| {
+    // A 1.0 method: handled as its 0.3 form, answered in 1.0's shapes (`v1`).
+    let v10 = v1::v03_method(&request.method).map(|v03| {
         let v10 = std::mem::replace(&mut request.method, v03.to_owned());
-        request.params = super::a2a_v1::params_to_v03(std::mem::take(&mut request.params));
+        request.params = v1::params_to_v03(std::mem::take(&mut request.params));
         v10
     });
     let answer = move |id: &Value, result: Result<Value, A2aError>| {
         answer(
             id,
             result.map(|result| match &v10 {
-                Some(method) => super::a2a_v1::result_to_v10(method, result),
+                Some(method) => v1::result_to_v10(method, result),
                 None => result,
             }),
         )
     };
     // An agent that is not published is a 404, whatever the method.
-    if let Err(error) = state.a2a_agent(&agent).await {
+    if let Err(error) = protocol::published_agent(&state.app, &agent).await {
         return ApiError::from(error).into_response();
     }
     // A streaming method's error is an event of its stream, as the specification's reference
@@ -156,23 +161,30 @@ async fn rpc(
             id: task,
             history_length,
         } => {
-            let task = Box::pin(state.a2a_get(&caller, &agent, &task, history_length)).await;
+            let task = Box::pin(protocol::get(
+                &state.app,
+                &caller,
+                &agent,
+                &task,
+                history_length,
+            ))
+            .await;
             return Json(answer(&id, task)).into_response();
         }
         A2aCall::Cancel { id: task } => {
-            let task = Box::pin(state.a2a_cancel(&caller, &agent, &task)).await;
+            let task = Box::pin(protocol::cancel(&state.app, &caller, &agent, &task)).await;
             return Json(answer(&id, task)).into_response();
         }
         A2aCall::List(list) => {
-            let page = state.a2a_list(&caller, &agent, &list).await;
+            let page = protocol::list(&state.app, &caller, &agent, &list).await;
             return Json(answer(&id, page)).into_response();
         }
         A2aCall::Send {
             params,
             stream: false,
         } => {
-            let task = match Box::pin(state.a2a_send(&caller, &agent, &params)).await {
-                Ok(run) => Box::pin(state.a2a_blocking(&run, &params)).await,
+            let task = match Box::pin(protocol::send(&state.app, &caller, &agent, &params)).await {
+                Ok(run) => Box::pin(protocol::blocking(&state.app, &run, &params)).await,
                 Err(error) => Err(error),
             };
             return Json(answer(&id, task)).into_response();
@@ -180,16 +192,16 @@ async fn rpc(
         A2aCall::Send {
             params,
             stream: true,
-        } => Box::pin(state.a2a_send(&caller, &agent, &params)).await,
+        } => Box::pin(protocol::send(&state.app, &caller, &agent, &params)).await,
         A2aCall::Resubscribe { id: task } => {
-            Box::pin(state.a2a_resubscribe(&caller, &agent, &task)).await
+            Box::pin(protocol::resubscribe(&state.app, &caller, &agent, &task)).await
         }
     };
     let run = match run {
         Ok(run) => run,
         Err(error) => return refuse(error),
     };
-    let events = state.a2a_events(run).map(move |result| {
+    let events = protocol::events(&state.app, run).map(move |result| {
         Ok::<_, Infallible>(Event::default().data(answer(&id, Ok(result)).to_string()))
     });
     Sse::new(events)
