@@ -321,6 +321,28 @@ impl App {
 
     // --- tools ---
 
+    /// The configured tools' definitions (HTTP, command and function tools), by name.
+    pub async fn saved_tools(&self) -> Result<Vec<ToolDefinition>, AppError> {
+        Ok(ConfigRepo::<ToolDefinition>::new(&self.store)
+            .list()
+            .await?
+            .into_iter()
+            .map(|(_, definition)| definition)
+            .collect())
+    }
+
+    /// The configured tool `name`'s definition, if there is one.
+    pub async fn saved_tool(&self, name: &str) -> Result<Option<ToolDefinition>, AppError> {
+        ConfigRepo::<ToolDefinition>::new(&self.store)
+            .get(name)
+            .await
+    }
+
+    /// Whether the runtime offers a tool `name` (built-in, configured, skill or MCP).
+    pub fn has_tool(&self, name: &str) -> bool {
+        self.sessions.runtime().tools().get(name).is_some()
+    }
+
     /// The built-in and configured tools, and the tools of the connected MCP servers, by name.
     pub async fn tool_list(&self) -> Result<ToolList, AppError> {
         let mut tools: Vec<ToolInfo> = crate::runtime::builtins(&self.tools)

@@ -24,7 +24,6 @@ pub mod follow;
 pub mod group;
 pub mod hub;
 pub mod ids;
-pub mod linglong;
 pub mod mcp_server;
 pub mod mcp_service;
 pub mod mcp_tools;

@@ -203,7 +203,7 @@ fn content_parts(message: &InferMessage) -> Result<Vec<ContentPart>, AppError> {
 
 /// Audio as the seed sends it: base64 bytes (WAV), or a `data:audio/<format>;base64,` URL
 /// (`audio/mpeg` is `mp3`, `audio/x-wav` is `wav`, codec parameters are dropped).
-pub(crate) fn audio_part(audio: &str) -> Result<ContentPart, String> {
+pub fn audio_part(audio: &str) -> Result<ContentPart, String> {
     let (format, data) = match audio.strip_prefix("data:") {
         Some(rest) => {
             let (media_type, data) = rest
@@ -247,7 +247,8 @@ fn base64_audio(format: String, data: &str) -> Result<ContentPart, String> {
     })
 }
 
-pub(crate) fn image(url: &str) -> Result<ContentPart, AppError> {
+/// An image part from a URL: an `https://` URL as it is, or a base64 `data:` URL decoded.
+pub fn image(url: &str) -> Result<ContentPart, AppError> {
     if let Some(rest) = url.strip_prefix("data:") {
         let (media_type, data) = rest
             .split_once(";base64,")

@@ -14,7 +14,7 @@ use agentry_core::session::effective_events;
 use agentry_core::workspace::journal::{
     FileChange, FileJournal, FileState, JournalError, RestoreReport, TurnFiles,
 };
-use agentry_store::NewEvent;
+use agentry_store::{NewEvent, SessionRecord};
 use agentry_types::{Message, RunId, SessionEvent, SessionId};
 use serde::Serialize;
 use serde_json::json;
@@ -24,7 +24,7 @@ use crate::App;
 use crate::auth::Principal;
 use crate::error::{AppError, Failure};
 use crate::hub::FeedStatus;
-use crate::session_service::StoredEvent;
+use crate::session_service::{SessionDetail, StoredEvent};
 
 /// The largest file whose text a diff shows (larger ones are only said to differ).
 const MAX_DIFF_BYTES: usize = 1024 * 1024;
@@ -179,7 +179,7 @@ fn names_time(given: &str, millis: u64) -> bool {
 }
 
 /// The events with their seqs, as replay takes them.
-pub(crate) fn numbered(events: &[StoredEvent]) -> Vec<(u64, SessionEvent)> {
+fn numbered(events: &[StoredEvent]) -> Vec<(u64, SessionEvent)> {
     events
         .iter()
         .map(|stored| (stored.seq, stored.event.clone()))
@@ -223,7 +223,7 @@ fn turns_of(events: &[StoredEvent]) -> Vec<Turn> {
 
 /// When each user message of the conversation as it stands was sent (Unix ms), in order: the
 /// seed's message timestamps, which name a turn to revoke.
-pub(crate) fn user_message_times(events: &[StoredEvent]) -> Vec<u64> {
+fn user_message_times(events: &[StoredEvent]) -> Vec<u64> {
     let pairs = numbered(events);
     let times: std::collections::HashMap<u64, u64> = events
         .iter()
@@ -352,6 +352,18 @@ fn diff_of(journal: &FileJournal, session: SessionId, path: &str, change: &FileC
 }
 
 impl App {
+    /// [`App::session_detail`], with when each user message of its conversation was sent (Unix
+    /// ms, in order: the seed's message timestamps, which name a turn), from one read of the log.
+    pub async fn session_detail_with_times(
+        &self,
+        record: SessionRecord,
+    ) -> Result<(SessionDetail, Vec<u64>), AppError> {
+        let events = self.session_events(record.id, 0).await?.events;
+        let numbered = numbered(&events);
+        let detail = self.session_detail_of(record, &numbered)?;
+        Ok((detail, user_message_times(&events)))
+    }
+
     fn file_journal(&self) -> Result<Arc<FileJournal>, AppError> {
         self.sessions.file_journal().ok_or_else(|| {
             AppError::new(

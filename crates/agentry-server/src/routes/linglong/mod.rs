@@ -1,6 +1,7 @@
-//! The seed system's API (Linglong's README) under `/linglong`: a seed client works by changing
-//! only its server URL to `http://host:port/linglong`. Parse, hand to the app
-//! ([`agentry_app::linglong`]), render in the seed's shapes:
+//! The seed system's API (Linglong, the Python agent service whose README Agentry implements)
+//! under `/linglong`: a seed client works by changing only its server URL to
+//! `http://host:port/linglong`; Agentry's own `/v1` keeps its richer shapes. Parse into the
+//! app's requests, hand to the app, render in the seed's shapes:
 //!
 //! - `POST /linglong/v1/infer` answers `{"success", "messages", "session_id"?, "error"?,
 //!   "error_code"?, "stat"?}` (500 when the run failed, as the seed does);
@@ -18,6 +19,14 @@
 //!   "message", "files", "can_force": true}`);
 //! - its workspace file manager ([`workspace`]), whose uploads also speak tus 1.0 ([`tus`]).
 //!
+//! The wire lives in the modules here: [`request`] (the seed's inference request and its
+//! conversation: stateless multi-turn histories with tool calls and results, or a message for
+//! a session), [`frames`] (a run's events as the seed's stream messages, and its answer's
+//! turns), [`runs`] (starting runs), [`group`] (group chats), and [`catalogue`], [`agents`],
+//! [`tools`], [`env`], [`mcp`], [`journal`] (its configuration routes over the app's services:
+//! models, templates, tools and Python function tools, sessions, keys, MCP servers, file
+//! journals).
+//!
 //! Errors are the seed's `{"error": "<message>"}` (with an `error_code`), with Agentry's
 //! statuses. Bodies are read as JSON whatever their content type, as the seed reads them. These
 //! routes are not in Agentry's OpenAPI document: the seed's README is their reference.
@@ -31,9 +40,19 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+use self::request::SeedInferRequest;
 use agentry_app::error::AppError;
-use agentry_app::linglong::request::SeedInferRequest;
 
+pub mod agents;
+pub mod catalogue;
+pub mod env;
+pub mod frames;
+pub mod group;
+pub mod journal;
+pub mod mcp;
+pub mod request;
+pub mod runs;
+pub mod tools;
 pub(crate) mod tus;
 pub(crate) mod workspace;
 
@@ -136,7 +155,7 @@ pub(super) fn ok(body: Value) -> Answer {
 
 async fn infer(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let request = infer_request(&body)?;
-    let answer = Box::pin(state.seed_infer(&caller, request)).await?;
+    let answer = Box::pin(runs::seed_infer(&state.app, &caller, request)).await?;
     let status = if answer.success {
         StatusCode::OK
     } else {
@@ -151,7 +170,7 @@ async fn infer_stream(
     body: Bytes,
 ) -> Answer {
     let request = infer_request(&body)?;
-    let start = Box::pin(state.seed_start(&caller, request)).await?;
+    let start = Box::pin(runs::seed_start(&state.app, &caller, request)).await?;
     let session = start.session_id;
     let lines = start
         .frames()
@@ -188,11 +207,16 @@ async fn abort(State(state): State<AppState>, Caller(caller): Caller, body: Byte
 }
 
 async fn models(State(state): State<AppState>) -> Answer {
-    ok(state.seed_models().await?)
+    ok(catalogue::seed_models(&state.app).await?)
 }
 
 async fn create_model(State(state): State<AppState>, body: Bytes) -> Answer {
-    let (status, body) = Box::pin(state.seed_save_model(None, json_body(&body)?)).await?;
+    let (status, body) = Box::pin(catalogue::seed_save_model(
+        &state.app,
+        None,
+        json_body(&body)?,
+    ))
+    .await?;
     with_status(status, body)
 }
 
@@ -201,12 +225,17 @@ async fn update_model(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    let (status, body) = Box::pin(state.seed_save_model(Some(&id), json_body(&body)?)).await?;
+    let (status, body) = Box::pin(catalogue::seed_save_model(
+        &state.app,
+        Some(&id),
+        json_body(&body)?,
+    ))
+    .await?;
     with_status(status, body)
 }
 
 async fn delete_model(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
-    ok(state.seed_delete_model(&id).await?)
+    ok(catalogue::seed_delete_model(&state.app, &id).await?)
 }
 
 /// The body with the status the app chose.
@@ -219,15 +248,16 @@ fn with_status(status: u16, body: Value) -> Answer {
 }
 
 async fn agents(State(state): State<AppState>) -> Answer {
-    ok(state.seed_agents().await?)
+    ok(agents::seed_agents(&state.app).await?)
 }
 
 async fn agent(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
-    ok(state.seed_agent(&id).await?)
+    ok(agents::seed_agent(&state.app, &id).await?)
 }
 
 async fn create_agent(State(state): State<AppState>, body: Bytes) -> Answer {
-    let (status, body) = Box::pin(state.seed_save_agent(None, json_body(&body)?)).await?;
+    let (status, body) =
+        Box::pin(agents::seed_save_agent(&state.app, None, json_body(&body)?)).await?;
     with_status(status, body)
 }
 
@@ -236,12 +266,17 @@ async fn update_agent(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    let (status, body) = Box::pin(state.seed_save_agent(Some(&id), json_body(&body)?)).await?;
+    let (status, body) = Box::pin(agents::seed_save_agent(
+        &state.app,
+        Some(&id),
+        json_body(&body)?,
+    ))
+    .await?;
     with_status(status, body)
 }
 
 async fn delete_agent(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
-    ok(state.seed_delete_agent(&id).await?)
+    ok(agents::seed_delete_agent(&state.app, &id).await?)
 }
 
 async fn mark_read(
@@ -249,7 +284,7 @@ async fn mark_read(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    ok(state.seed_mark_read(&caller, &id).await?)
+    ok(agents::seed_mark_read(&state.app, &caller, &id).await?)
 }
 
 /// `GET /v1/sessions/events`: the seed's status feed, `data: <JSON>` events without a name:
@@ -257,7 +292,7 @@ async fn mark_read(
 /// client is whole again), then `{"event": "message", "session_id", "status"}` and
 /// `{"event": "title_update", "session_id", "title"}` as they happen.
 async fn status_feed(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
-    let init = state.seed_status_init(&caller).await?;
+    let init = agents::seed_status_init(&state.app, &caller).await?;
     let changes = crate::routes::status::visible_changes(state.clone(), caller.clone());
     let events = async_stream::stream! {
         yield Ok::<_, std::convert::Infallible>(Event::default().data(init.to_string()));
@@ -265,12 +300,12 @@ async fn status_feed(State(state): State<AppState>, Caller(caller): Caller) -> A
         while let Some(item) = changes.next().await {
             match item {
                 FeedItem::Change(change) => {
-                    if let Some(event) = agentry_app::linglong::agents::seed_status_event(&change) {
+                    if let Some(event) = agents::seed_status_event(&change) {
                         yield Ok(Event::default().data(event.to_string()));
                     }
                 }
                 FeedItem::Lagged(_) => {
-                    if let Ok(init) = state.seed_status_init(&caller).await {
+                    if let Ok(init) = agents::seed_status_init(&state.app, &caller).await {
                         yield Ok(Event::default().data(init.to_string()));
                     }
                 }
@@ -284,11 +319,16 @@ async fn status_feed(State(state): State<AppState>, Caller(caller): Caller) -> A
 }
 
 async fn templates(State(state): State<AppState>) -> Answer {
-    ok(state.seed_templates().await?)
+    ok(catalogue::seed_templates(&state.app).await?)
 }
 
 async fn create_template(State(state): State<AppState>, body: Bytes) -> Answer {
-    let body = Box::pin(state.seed_save_template(None, json_body(&body)?)).await?;
+    let body = Box::pin(catalogue::seed_save_template(
+        &state.app,
+        None,
+        json_body(&body)?,
+    ))
+    .await?;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -297,23 +337,28 @@ async fn update_template(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    ok(Box::pin(state.seed_save_template(Some(&id), json_body(&body)?)).await?)
+    ok(Box::pin(catalogue::seed_save_template(
+        &state.app,
+        Some(&id),
+        json_body(&body)?,
+    ))
+    .await?)
 }
 
 async fn delete_template(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
-    ok(state.seed_delete_template(&id).await?)
+    ok(catalogue::seed_delete_template(&state.app, &id).await?)
 }
 
 async fn tools(State(state): State<AppState>) -> Answer {
-    ok(state.seed_tools().await?)
+    ok(catalogue::seed_tools(&state.app).await?)
 }
 
 async fn call_tool(State(state): State<AppState>, body: Bytes) -> Answer {
-    ok(state.seed_call_tool(json_body(&body)?).await?)
+    ok(catalogue::seed_call_tool(&state.app, json_body(&body)?).await?)
 }
 
 async fn sessions(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
-    ok(state.seed_sessions(&caller).await?)
+    ok(catalogue::seed_sessions(&state.app, &caller).await?)
 }
 
 async fn session(
@@ -321,7 +366,7 @@ async fn session(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    ok(Box::pin(state.seed_session(&caller, &id)).await?)
+    ok(Box::pin(catalogue::seed_session(&state.app, &caller, &id)).await?)
 }
 
 async fn delete_session(
@@ -329,7 +374,7 @@ async fn delete_session(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    ok(Box::pin(state.seed_delete_session(&caller, &id)).await?)
+    ok(Box::pin(catalogue::seed_delete_session(&state.app, &caller, &id)).await?)
 }
 
 async fn generate_title(
@@ -338,7 +383,13 @@ async fn generate_title(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    ok(Box::pin(state.seed_generate_title(&caller, &id, json_body(&body)?)).await?)
+    ok(Box::pin(catalogue::seed_generate_title(
+        &state.app,
+        &caller,
+        &id,
+        json_body(&body)?,
+    ))
+    .await?)
 }
 
 async fn revoke(
@@ -347,7 +398,14 @@ async fn revoke(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Answer {
-    match Box::pin(state.seed_revoke(&caller, &id, json_body(&body)?)).await {
+    match Box::pin(journal::seed_revoke(
+        &state.app,
+        &caller,
+        &id,
+        json_body(&body)?,
+    ))
+    .await
+    {
         Ok(body) => ok(body),
         Err(error) if error.code == "journal_conflict" => {
             let files = error
@@ -372,7 +430,7 @@ async fn file_journals(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    ok(Box::pin(state.seed_file_journals(&caller, &id)).await?)
+    ok(Box::pin(journal::seed_file_journals(&state.app, &caller, &id)).await?)
 }
 
 async fn file_journal_diff(
@@ -380,7 +438,10 @@ async fn file_journal_diff(
     Caller(caller): Caller,
     Path((id, turn)): Path<(String, String)>,
 ) -> Answer {
-    ok(Box::pin(state.seed_file_journal_diff(&caller, &id, &turn)).await?)
+    ok(Box::pin(journal::seed_file_journal_diff(
+        &state.app, &caller, &id, &turn,
+    ))
+    .await?)
 }
 
 async fn terminals(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
@@ -454,20 +515,25 @@ async fn terminal_socket(
 }
 
 async fn create_tool(State(state): State<AppState>, body: Bytes) -> Answer {
-    let body = Box::pin(state.seed_save_tool(None, json_body(&body)?)).await?;
+    let body = Box::pin(tools::seed_save_tool(&state.app, None, json_body(&body)?)).await?;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 async fn update_tool(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Answer {
-    ok(Box::pin(state.seed_save_tool(Some(&id), json_body(&body)?)).await?)
+    ok(Box::pin(tools::seed_save_tool(
+        &state.app,
+        Some(&id),
+        json_body(&body)?,
+    ))
+    .await?)
 }
 
 async fn delete_tool(State(state): State<AppState>, Path(id): Path<String>) -> Answer {
-    ok(state.seed_delete_tool(&id).await?)
+    ok(tools::seed_delete_tool(&state.app, &id).await?)
 }
 
 async fn delete_tools(State(state): State<AppState>, body: Bytes) -> Answer {
-    ok(state.seed_delete_tools(json_body(&body)?).await?)
+    ok(tools::seed_delete_tools(&state.app, json_body(&body)?).await?)
 }
 
 async fn register_mcp(State(state): State<AppState>, body: Bytes) -> Answer {
@@ -476,38 +542,36 @@ async fn register_mcp(State(state): State<AppState>, body: Bytes) -> Answer {
         .enabled()
         .await
         .map_err(|error| AppError::internal(error.to_string()))?;
-    ok(state
-        .seed_register_mcp(json_body(&body)?, keys_exist)
-        .await?)
+    ok(mcp::seed_register_mcp(&state.app, json_body(&body)?, keys_exist).await?)
 }
 
 async fn register_skill(State(state): State<AppState>, body: Bytes) -> Answer {
-    let body = state.seed_register_skill(json_body(&body)?).await?;
+    let body = tools::seed_register_skill(&state.app, json_body(&body)?).await?;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 async fn mcp_servers(State(state): State<AppState>) -> Answer {
-    ok(state.seed_mcp_servers())
+    ok(mcp::seed_mcp_servers(&state.app))
 }
 
 async fn delete_mcp_server(State(state): State<AppState>, Path(name): Path<String>) -> Answer {
-    ok(state.seed_delete_mcp_server(&name).await?)
+    ok(mcp::seed_delete_mcp_server(&state.app, &name).await?)
 }
 
 async fn env(State(state): State<AppState>) -> Answer {
-    ok(state.seed_env().await?)
+    ok(env::seed_env(&state.app).await?)
 }
 
 async fn set_env(State(state): State<AppState>, body: Bytes) -> Answer {
-    ok(state.seed_set_env(json_body(&body)?).await?)
+    ok(env::seed_set_env(&state.app, json_body(&body)?).await?)
 }
 
 async fn delete_env(State(state): State<AppState>, Path(key): Path<String>) -> Answer {
-    ok(state.seed_delete_env(&key).await?)
+    ok(env::seed_delete_env(&state.app, &key).await?)
 }
 
 async fn detect_env(State(state): State<AppState>) -> Answer {
-    ok(state.seed_detect_env().await?)
+    ok(env::seed_detect_env(&state.app).await?)
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -519,5 +583,5 @@ async fn setup(
     query: Result<Query<SetupQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer {
     let Query(query) = query.map_err(|error| AppError::bad_request(error.body_text()))?;
-    ok(agentry_app::linglong::seed_setup(query.op.as_deref())?)
+    ok(runs::seed_setup(query.op.as_deref())?)
 }

@@ -16,13 +16,13 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::routes::linglong::request::{SeedConversation, SeedMessage, conversation_of};
 use agentry_app::auth::Principal;
 use agentry_app::clock::now_ms;
 use agentry_app::config::check_name;
 use agentry_app::domain::core::RunRequest;
 use agentry_app::domain::llm::{GenerationParams, ThinkingConfig};
 use agentry_app::ids::parse_session_id;
-use agentry_app::linglong::request::{SeedConversation, SeedMessage, conversation_of};
 use agentry_app::outcome::RunOutcome;
 use agentry_app::runs::{RunInput, SessionChoice, Target};
 use agentry_app::{App, AppError, Failure};

@@ -16,11 +16,11 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::routes::linglong::request::{SeedConversation, SeedMessage, conversation_of};
 use agentry_app::App;
 use agentry_app::auth::Principal;
 use agentry_app::clock::now_ms;
 use agentry_app::domain::llm::{GenerationParams, ThinkingConfig};
-use agentry_app::linglong::request::{SeedConversation, SeedMessage, conversation_of};
 use agentry_app::outcome::RunOutcome;
 use agentry_app::runs::{SessionChoice, Target};
 use agentry_types::{AssistantPart, Message, RunId, SessionEvent, ToolCall, ToolSpec, Usage};

@@ -9,11 +9,11 @@ use serde_json::{Map, Value, json};
 use agentry_types::SessionId;
 
 use super::catalogue::{known_fields, object, required, text};
-use crate::App;
-use crate::agents::AgentConfig;
-use crate::auth::Principal;
-use crate::error::AppError;
-use crate::hub::{FeedStatus, StatusChange};
+use agentry_app::App;
+use agentry_app::AppError;
+use agentry_app::agents::AgentConfig;
+use agentry_app::auth::Principal;
+use agentry_app::hub::{FeedStatus, StatusChange};
 
 /// The fields of a seed agent (`last_modified` is the seed's own stamp: read, not kept).
 const AGENT_FIELDS: &[&str] = &[
@@ -125,91 +125,88 @@ pub fn seed_status_event(change: &StatusChange) -> Option<Value> {
     }
 }
 
-impl App {
-    /// `GET /v1/agents`: `{"agents": [...]}`.
-    pub async fn seed_agents(&self) -> Result<Value, AppError> {
-        let agents = self.agents().await?;
-        Ok(json!({"agents": agents.iter().map(agent_entry).collect::<Vec<_>>()}))
-    }
+/// `GET /v1/agents`: `{"agents": [...]}`.
+pub async fn seed_agents(app: &App) -> Result<Value, AppError> {
+    let agents = app.agents().await?;
+    Ok(json!({"agents": agents.iter().map(agent_entry).collect::<Vec<_>>()}))
+}
 
-    /// `GET /v1/agents/{id}`: the agent.
-    pub async fn seed_agent(&self, id: &str) -> Result<Value, AppError> {
-        Ok(agent_entry(&self.agent(id).await?))
-    }
+/// `GET /v1/agents/{id}`: the agent.
+pub async fn seed_agent(app: &App, id: &str) -> Result<Value, AppError> {
+    Ok(agent_entry(&app.agent(id).await?))
+}
 
-    /// `POST /v1/agents` (`Some(id)` is `PUT /v1/agents/{id}`: only the fields the body holds
-    /// change): the agent as saved. A new agent needs `agent_id` and `model_id`.
-    pub async fn seed_save_agent(
-        &self,
-        existing: Option<&str>,
-        body: Value,
-    ) -> Result<(u16, Value), AppError> {
-        let body = object(body)?;
-        known_fields(&body, AGENT_FIELDS)?;
-        match existing {
-            Some(id) => {
-                if let Some(other) = text(&body, "agent_id")?
-                    && other != id
-                {
-                    return Err(AppError::bad_request(format!(
-                        "`agent_id` {other:?} is not the agent of the path, {id:?}"
-                    )));
-                }
-                let mut agent = self.agent(id).await?;
-                apply(&mut agent, &body)?;
-                self.replace_agent(&agent).await?;
-                Ok((200, agent_entry(&agent)))
+/// `POST /v1/agents` (`Some(id)` is `PUT /v1/agents/{id}`: only the fields the body holds
+/// change): the agent as saved. A new agent needs `agent_id` and `model_id`.
+pub async fn seed_save_agent(
+    app: &App,
+    existing: Option<&str>,
+    body: Value,
+) -> Result<(u16, Value), AppError> {
+    let body = object(body)?;
+    known_fields(&body, AGENT_FIELDS)?;
+    match existing {
+        Some(id) => {
+            if let Some(other) = text(&body, "agent_id")?
+                && other != id
+            {
+                return Err(AppError::bad_request(format!(
+                    "`agent_id` {other:?} is not the agent of the path, {id:?}"
+                )));
             }
-            None => {
-                required(&body, "agent_id")?;
-                required(&body, "model_id")?;
-                let id = text(&body, "agent_id")?.unwrap_or_default().to_owned();
-                let mut agent: AgentConfig =
-                    serde_json::from_value(json!({"id": id, "model_id": ""}))
-                        .map_err(|error| AppError::internal(error.to_string()))?;
-                apply(&mut agent, &body)?;
-                self.create_agent(&agent).await?;
-                Ok((201, agent_entry(&agent)))
-            }
+            let mut agent = app.agent(id).await?;
+            apply(&mut agent, &body)?;
+            Box::pin(app.replace_agent(&agent)).await?;
+            Ok((200, agent_entry(&agent)))
+        }
+        None => {
+            required(&body, "agent_id")?;
+            required(&body, "model_id")?;
+            let id = text(&body, "agent_id")?.unwrap_or_default().to_owned();
+            let mut agent: AgentConfig = serde_json::from_value(json!({"id": id, "model_id": ""}))
+                .map_err(|error| AppError::internal(error.to_string()))?;
+            apply(&mut agent, &body)?;
+            app.create_agent(&agent).await?;
+            Ok((201, agent_entry(&agent)))
         }
     }
+}
 
-    /// `DELETE /v1/agents/{id}`.
-    pub async fn seed_delete_agent(&self, id: &str) -> Result<Value, AppError> {
-        self.delete_agent(id).await?;
-        Ok(json!({"status": "deleted", "agent_id": id}))
-    }
+/// `DELETE /v1/agents/{id}`.
+pub async fn seed_delete_agent(app: &App, id: &str) -> Result<Value, AppError> {
+    app.delete_agent(id).await?;
+    Ok(json!({"status": "deleted", "agent_id": id}))
+}
 
-    /// The first event of the seed's status feed: `{"event": "init", "sessions": {id: status}}`
-    /// for the caller's sessions.
-    pub async fn seed_status_init(&self, caller: &Principal) -> Result<Value, AppError> {
-        let query = agentry_store::SessionQuery {
-            status: None,
-            owner: caller.owner_filter(),
-            limit: 1000,
-            offset: 0,
-        };
-        let sessions = self.list_sessions(&query).await?.sessions;
-        let statuses: Map<String, Value> = sessions
-            .iter()
-            .map(|session| {
-                (
-                    session.id.to_string(),
-                    json!(seed_status(session.status.as_str())),
-                )
-            })
-            .collect();
-        Ok(json!({"event": "init", "sessions": statuses}))
-    }
+/// The first event of the seed's status feed: `{"event": "init", "sessions": {id: status}}`
+/// for the caller's sessions.
+pub async fn seed_status_init(app: &App, caller: &Principal) -> Result<Value, AppError> {
+    let query = agentry_app::domain::store::SessionQuery {
+        status: None,
+        owner: caller.owner_filter(),
+        limit: 1000,
+        offset: 0,
+    };
+    let sessions = app.list_sessions(&query).await?.sessions;
+    let statuses: Map<String, Value> = sessions
+        .iter()
+        .map(|session| {
+            (
+                session.id.to_string(),
+                json!(seed_status(session.status.as_str())),
+            )
+        })
+        .collect();
+    Ok(json!({"event": "init", "sessions": statuses}))
+}
 
-    /// `POST /v1/sessions/{id}/read`: marks the session read up to its last event.
-    pub async fn seed_mark_read(&self, caller: &Principal, id: &str) -> Result<Value, AppError> {
-        let session: SessionId = crate::ids::parse_session_id(id)?;
-        self.check_session_access(caller, session).await?;
-        let record = self.session_record(id).await?;
-        self.mark_session_read(&record, None).await?;
-        Ok(json!({"status": "success", "session_id": session}))
-    }
+/// `POST /v1/sessions/{id}/read`: marks the session read up to its last event.
+pub async fn seed_mark_read(app: &App, caller: &Principal, id: &str) -> Result<Value, AppError> {
+    let session: SessionId = agentry_app::ids::parse_session_id(id)?;
+    app.check_session_access(caller, session).await?;
+    let record = app.session_record(id).await?;
+    app.mark_session_read(&record, None).await?;
+    Ok(json!({"status": "success", "session_id": session}))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The seed's group chats: `/v1/infer` and `/v1/infer/stream` naming two or more `agent_ids`.
-//! The exchange runs as Agentry's own group chat ([`crate::group`]: members woken by
+//! The exchange runs as Agentry's own group chat ([`agentry_app::group`]: members woken by
 //! `@mentions`, each in a session of its own, in parallel within a round) and is answered in the
 //! seed's shapes: every member's stream messages carry its `agent_id` (and, for its assistant
 //! messages, its nickname as `name`), members' messages interleave as they come, a member that
@@ -17,10 +17,10 @@ use agentry_types::SessionId;
 
 use super::frames::{SeedError, SeedFrames, merge_turns};
 use super::request::{DEFAULT_MAX_TOOL_ROUNDS, SeedInferRequest};
-use crate::App;
-use crate::auth::Principal;
-use crate::error::AppError;
-use crate::group::GroupLive;
+use agentry_app::App;
+use agentry_app::AppError;
+use agentry_app::auth::Principal;
+use agentry_app::group::GroupLive;
 
 /// A group exchange that has started: its live events, and the members' display names.
 pub struct SeedGroup {
@@ -83,7 +83,7 @@ impl GroupFrames {
                 frames
             }
             live => {
-                if crate::group::is_end(live) {
+                if agentry_app::group::is_end(live) {
                     self.ended = true;
                 }
                 Vec::new()
@@ -129,69 +129,65 @@ pub fn group_turns(frames: &[Value], timestamp: &str) -> (Vec<Value>, Option<Val
     (turns, stat)
 }
 
-impl App {
-    /// Posts a seed request naming several agents to their group session (a new one unless it
-    /// names one) and follows the exchange.
-    pub(super) async fn seed_group_start(
-        &self,
-        caller: &Principal,
-        body: &SeedInferRequest,
-    ) -> Result<SeedGroup, AppError> {
-        if body.continue_run {
-            return Err(AppError::bad_request(
-                "`continue` is for one agent's session, not a group chat",
-            ));
-        }
-        if body.model_id.is_some() || !body.tool_ids.is_empty() || body.max_tool_rounds.is_some() {
-            return Err(AppError::bad_request(
-                "`model_id`, `tool_ids` and `max_tool_rounds` do not apply to a group chat: each \
-                 member runs as its saved agent",
-            ));
-        }
-        body.conversation(false)?;
-        // The seed reads the last user message; `text` is its shorthand.
-        let text = match &body.text {
-            Some(text) => text.clone(),
-            None => body
-                .messages
-                .iter()
-                .rev()
-                .find(|message| message.role == "user")
-                .and_then(|message| message.content.as_ref())
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| {
-                    AppError::bad_request("a group chat takes a user message with text")
-                })?,
-        };
-        let request: crate::submission::InferRequest = serde_json::from_value(json!({
-            "agent_ids": body.agent_ids,
-            "text": text,
-            "session_id": body.session_id.as_deref().filter(|id| !id.is_empty()).unwrap_or("new"),
-        }))
-        .map_err(|error| AppError::bad_request(error.to_string()))?;
-        let agents = crate::group::check_members(self, &body.agent_ids).await?;
-        let names = agents
-            .into_iter()
-            .map(|agent| {
-                let name = agent.nickname.clone().unwrap_or_else(|| agent.id.clone());
-                (agent.id, name)
-            })
-            .collect();
-        let (session, started) = self.submit_group(caller, &request).await?;
-        let events = crate::group::follow(
-            self.clone(),
-            session,
-            started.first_seq.saturating_sub(1),
-            Some((started.run_id, started.events)),
-        )
-        .boxed();
-        Ok(SeedGroup {
-            session_id: session,
-            events,
-            names,
-        })
+/// Posts a seed request naming several agents to their group session (a new one unless it
+/// names one) and follows the exchange.
+pub(super) async fn seed_group_start(
+    app: &App,
+    caller: &Principal,
+    body: &SeedInferRequest,
+) -> Result<SeedGroup, AppError> {
+    if body.continue_run {
+        return Err(AppError::bad_request(
+            "`continue` is for one agent's session, not a group chat",
+        ));
     }
+    if body.model_id.is_some() || !body.tool_ids.is_empty() || body.max_tool_rounds.is_some() {
+        return Err(AppError::bad_request(
+            "`model_id`, `tool_ids` and `max_tool_rounds` do not apply to a group chat: each \
+             member runs as its saved agent",
+        ));
+    }
+    body.conversation(false)?;
+    // The seed reads the last user message; `text` is its shorthand.
+    let text = match &body.text {
+        Some(text) => text.clone(),
+        None => body
+            .messages
+            .iter()
+            .rev()
+            .find(|message| message.role == "user")
+            .and_then(|message| message.content.as_ref())
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| AppError::bad_request("a group chat takes a user message with text"))?,
+    };
+    let request: agentry_app::submission::InferRequest = serde_json::from_value(json!({
+        "agent_ids": body.agent_ids,
+        "text": text,
+        "session_id": body.session_id.as_deref().filter(|id| !id.is_empty()).unwrap_or("new"),
+    }))
+    .map_err(|error| AppError::bad_request(error.to_string()))?;
+    let agents = agentry_app::group::check_members(app, &body.agent_ids).await?;
+    let names = agents
+        .into_iter()
+        .map(|agent| {
+            let name = agent.nickname.clone().unwrap_or_else(|| agent.id.clone());
+            (agent.id, name)
+        })
+        .collect();
+    let (session, started) = Box::pin(app.submit_group(caller, &request)).await?;
+    let events = agentry_app::group::follow(
+        app.clone(),
+        session,
+        started.first_seq.saturating_sub(1),
+        Some((started.run_id, started.events)),
+    )
+    .boxed();
+    Ok(SeedGroup {
+        session_id: session,
+        events,
+        names,
+    })
 }
 
 #[cfg(test)]
