@@ -275,7 +275,7 @@ impl AgentConfig {
         }
         if let Some(url) = &self.webhook_url {
             // Where it may point is the server's to say, at saving and at each submission.
-            crate::webhooks::check_webhook_url(url, true)?;
+            crate::standard_webhooks::check_webhook_url(url, true)?;
         }
         if self
             .nickname

@@ -69,9 +69,10 @@ pub struct KeyLimits {
     /// The tools it may name in a run (an allowed agent brings its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
-    /// Its quotas, where they differ from the defaults (see [`crate::quotas`]).
+    /// Its quotas, where they differ from the defaults (16 live runs, 8 sandboxes, 8 terminals,
+    /// 60 new sessions a minute, no token quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quotas: Option<crate::quotas::KeyQuotas>,
+    pub quotas: Option<crate::key_quotas::KeyQuotas>,
 }
 
 impl KeyLimits {

@@ -17,7 +17,8 @@ use agentry_tools::ToolDefinition;
 use crate::App;
 use crate::config::{ConfigRepo, check_name, to_document};
 use crate::error::{AppError, Failure};
-use crate::runtime::{ModelConfig, TemplateConfig};
+use crate::model_config::ModelConfig;
+use crate::runtime::TemplateConfig;
 
 /// Tool names that would collide with the routes under `/v1/tools/`.
 pub const RESERVED_TOOL_NAMES: [&str; 3] = ["call", "batch", "mcp"];

@@ -23,7 +23,8 @@ use crate::catalogue::{
 };
 use crate::config::{ConfigRepo, check_name, to_document};
 use crate::error::{AppError, Failure};
-use crate::runtime::{ModelConfig, TemplateConfig};
+use crate::model_config::ModelConfig;
+use crate::runtime::TemplateConfig;
 
 /// How long a model test waits for the provider.
 pub const MODEL_TEST_TIMEOUT: Duration = Duration::from_secs(15);

@@ -124,7 +124,7 @@ async fn reachable_agents(store: &Store) -> Result<Vec<AgentConfig>, SubRunError
         .into_iter()
         .map(|(_, agent)| agent)
         .collect();
-    let models: Vec<crate::runtime::ModelConfig> = ConfigRepo::new(store)
+    let models: Vec<crate::model_config::ModelConfig> = ConfigRepo::new(store)
         .list()
         .await
         .map_err(|error| failed(error.message))?

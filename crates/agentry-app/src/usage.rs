@@ -30,7 +30,7 @@ use crate::App;
 use crate::auth::Principal;
 use crate::config::{ConfigDoc, ConfigRepo, check_name};
 use crate::error::AppError;
-use crate::runtime::ModelConfig;
+use crate::model_config::ModelConfig;
 
 /// Published prices (US dollars per million tokens: input, cached input, cache write,
 /// output) of well-known models, by the start of the provider's model name; the longest

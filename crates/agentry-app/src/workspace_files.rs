@@ -1288,6 +1288,21 @@ struct PendingUpload {
     bytes: u64,
 }
 
+/// What this module reads of a tus upload's `tus.json` (the tus module writes it): whose it
+/// is, its length, and whether it is complete.
+#[derive(Deserialize)]
+struct StoredTusUpload {
+    #[serde(default)]
+    session_id: Option<SessionId>,
+    #[serde(default)]
+    agent_id: Option<String>,
+    #[serde(default)]
+    owner: Option<String>,
+    length: u64,
+    #[serde(default)]
+    completed: bool,
+}
+
 /// The unfinished uploads in `uploads` (chunked plans and tus uploads not yet complete).
 fn pending_uploads(uploads: &Path) -> Vec<PendingUpload> {
     let Ok(entries) = std::fs::read_dir(uploads) else {
@@ -1306,7 +1321,7 @@ fn pending_uploads(uploads: &Path) -> Vec<PendingUpload> {
                 bytes: plan.file_size,
             });
         } else if let Ok(text) = std::fs::read(folder.join("tus.json"))
-            && let Ok(upload) = serde_json::from_slice::<crate::tus::TusUpload>(&text)
+            && let Ok(upload) = serde_json::from_slice::<StoredTusUpload>(&text)
             && !upload.completed
         {
             pending.push(PendingUpload {

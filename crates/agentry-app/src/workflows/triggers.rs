@@ -132,7 +132,7 @@ impl App {
     /// `id`, answered once.
     pub async fn create_workflow_trigger(&self, id: &str) -> Result<TriggerSecret, AppError> {
         self.workflow(id).await?;
-        let secret = crate::webhooks::new_secret()?;
+        let secret = crate::standard_webhooks::new_secret()?;
         self.store.put_secret(&secret_name(id), &secret).await?;
         Ok(TriggerSecret {
             path: format!("/hooks/workflows/{id}"),
@@ -220,7 +220,7 @@ mod tests {
             timestamp: Some(timestamp.to_string()),
             signature: Some(format!(
                 "v1,bm90IGl0 {}",
-                crate::webhooks::sign(SECRET, id, timestamp, body).unwrap()
+                crate::standard_webhooks::sign(SECRET, id, timestamp, body).unwrap()
             )),
             ..Delivery::default()
         }

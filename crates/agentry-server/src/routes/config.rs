@@ -32,7 +32,8 @@ use agentry_app::catalogue_service::{
 };
 use agentry_app::domain::core::tool::ResultFormat;
 use agentry_app::domain::tools::ToolDefinition;
-use agentry_app::runtime::{ModelConfig, TemplateConfig};
+use agentry_app::model_config::ModelConfig;
+use agentry_app::runtime::TemplateConfig;
 use agentry_app::skills::{SkillConfig, SkillList};
 
 use crate::authorization::Caller;

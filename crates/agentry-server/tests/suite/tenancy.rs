@@ -616,7 +616,9 @@ async fn tool_definitions_with_credentials_are_summaries_for_user_keys() {
 }
 
 /// A server with native sandboxes, an admin key, and two `user` keys with these quotas.
-async fn quota_server(quotas: agentry_app::quotas::KeyQuotas) -> (Server, String, String, String) {
+async fn quota_server(
+    quotas: agentry_app::key_quotas::KeyQuotas,
+) -> (Server, String, String, String) {
     use agentry_app::auth::{KeyRole, create_key, create_key_with};
     let server = super::support::start_with(super::support::native_sandboxes, |_| {}).await;
     let admin = create_key(&server.state.store, "admin").await.unwrap();
@@ -644,7 +646,7 @@ fn assert_quota(status: u16, answer: &Value, quota: &str) {
 /// quota, with `Retry-After`; another key is unaffected; the pools keep places for admins.
 #[tokio::test]
 async fn a_key_at_its_quota_is_refused_and_no_other_key_is() {
-    let (server, admin, a, b) = quota_server(agentry_app::quotas::KeyQuotas {
+    let (server, admin, a, b) = quota_server(agentry_app::key_quotas::KeyQuotas {
         sandboxes: Some(2),
         sessions_per_minute: Some(2),
         ..Default::default()
@@ -724,7 +726,7 @@ async fn a_key_at_its_quota_is_refused_and_no_other_key_is() {
 
 #[tokio::test]
 async fn user_keys_leave_the_pools_last_places_to_admins() {
-    let (server, admin, a, _) = quota_server(agentry_app::quotas::KeyQuotas {
+    let (server, admin, a, _) = quota_server(agentry_app::key_quotas::KeyQuotas {
         sandboxes: Some(1000),
         ..Default::default()
     })
@@ -744,7 +746,7 @@ async fn user_keys_leave_the_pools_last_places_to_admins() {
 
 #[tokio::test]
 async fn runs_going_and_tokens_of_the_day_are_held_to_their_quotas() {
-    let (server, _, a, b) = quota_server(agentry_app::quotas::KeyQuotas {
+    let (server, _, a, b) = quota_server(agentry_app::key_quotas::KeyQuotas {
         live_runs: Some(1),
         tokens_per_day: Some(100),
         ..Default::default()
@@ -804,7 +806,7 @@ async fn runs_going_and_tokens_of_the_day_are_held_to_their_quotas() {
 /// the store holds, not only the ones it made (a key could create its quota on every node).
 #[tokio::test]
 async fn the_sessions_of_a_minute_are_counted_over_every_node() {
-    let (server, _, a, _) = quota_server(agentry_app::quotas::KeyQuotas {
+    let (server, _, a, _) = quota_server(agentry_app::key_quotas::KeyQuotas {
         sessions_per_minute: Some(2),
         ..Default::default()
     })
@@ -880,7 +882,7 @@ async fn wait_for_tokens(server: &Server, key: &str, tokens: u64) {
 /// held only sessions' calls, so stateless runs were free of the quota).
 #[tokio::test]
 async fn stateless_runs_count_against_the_keys_tokens_of_the_day() {
-    let (server, _, a, b) = quota_server(agentry_app::quotas::KeyQuotas {
+    let (server, _, a, b) = quota_server(agentry_app::key_quotas::KeyQuotas {
         tokens_per_day: Some(100),
         ..Default::default()
     })

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use agentry_app::queue::QueueSettings;
 use agentry_app::queue::WebhookSettings;
-use agentry_app::webhooks::sign;
+use agentry_app::standard_webhooks::sign;
 use agentry_testkit::{Reply, ScriptedTurn};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};

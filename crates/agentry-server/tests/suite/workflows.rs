@@ -995,7 +995,7 @@ async fn a_trigger_url_starts_runs_once_per_delivery() {
             ("webhook-timestamp", at.to_string()),
             (
                 "webhook-signature",
-                agentry_app::webhooks::sign(&secret, id, at, body).unwrap(),
+                agentry_app::standard_webhooks::sign(&secret, id, at, body).unwrap(),
             ),
         ]
     };
@@ -1018,7 +1018,7 @@ async fn a_trigger_url_starts_runs_once_per_delivery() {
     let (status, _) = post(signed("msg_3", now - 600), body).await;
     assert_eq!(status, 401);
     let mut forged = signed("msg_4", now);
-    forged[2].1 = agentry_app::webhooks::sign(&secret, "msg_4", now, "{}").unwrap();
+    forged[2].1 = agentry_app::standard_webhooks::sign(&secret, "msg_4", now, "{}").unwrap();
     let (status, _) = post(forged, body).await;
     assert_eq!(status, 401);
     let (status, _) = post(vec![("authorization", "Bearer whsec_AAAA".into())], body).await;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use agentry_app::config::ConfigRepo;
-use agentry_app::runtime::ModelConfig;
+use agentry_app::model_config::ModelConfig;
 
 use super::data::DataArgs;
 
@@ -48,7 +48,7 @@ pub(crate) async fn models(args: ModelsArgs, data: &DataArgs) -> anyhow::Result<
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let default = agentry_app::runtime::default_model(&store)
+    let default = agentry_app::model_config::default_model(&store)
         .await
         .map_err(super::app_error)?
         .map(|model| model.id);

@@ -183,14 +183,14 @@ impl Profile {
     async fn saved_model(
         &self,
         store: &Store,
-    ) -> anyhow::Result<agentry_app::runtime::ModelConfig> {
+    ) -> anyhow::Result<agentry_app::model_config::ModelConfig> {
         match &self.model {
             Some(id) => agentry_app::config::ConfigRepo::new(store)
                 .get(id)
                 .await
                 .map_err(super::app_error)?
                 .with_context(|| format!("no saved model {id:?} (`agentry models` lists them)")),
-            None => agentry_app::runtime::default_model(store)
+            None => agentry_app::model_config::default_model(store)
                 .await
                 .map_err(super::app_error)?
                 .context(

@@ -442,9 +442,10 @@ fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 /// crates' worth of modules into today's, fails; removing one means lowering the ceiling here.
 #[test]
 fn import_circles_inside_crates_do_not_grow() {
-    // Today's: the app 4 (the largest, its run lifecycle, 10 modules), 14 in all.
-    const APP_CEILING: usize = 4;
-    const ALL_CEILING: usize = 14;
+    // Today's: none in the app, 10 in all (the HTTP crate 3, the engine 2, the sandbox 2, the
+    // model clients, the store and the types 1 each).
+    const APP_CEILING: usize = 0;
+    const ALL_CEILING: usize = 10;
     let crates = root().join("crates");
     let mut all = 0;
     let mut report = String::new();

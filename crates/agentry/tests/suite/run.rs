@@ -535,7 +535,7 @@ async fn runs_use_the_saved_default_model_and_model_picks_another() {
             .await
             .unwrap();
         let models =
-            agentry_app::config::ConfigRepo::<agentry_app::runtime::ModelConfig>::new(&store);
+            agentry_app::config::ConfigRepo::<agentry_app::model_config::ModelConfig>::new(&store);
         for (id, name) in [("first", "first-model"), ("second", "second-model")] {
             let model = serde_json::from_value(json!({"id": id, "protocol": "openai",
                 "base_url": mock.openai_base_url(), "model_name": name,

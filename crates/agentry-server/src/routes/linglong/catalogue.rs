@@ -16,7 +16,8 @@ use agentry_types::{AssistantPart, ContentPart, ImageSource, Message, SessionId,
 
 use agentry_app::App;
 use agentry_app::auth::Principal;
-use agentry_app::runtime::{ModelConfig, TemplateConfig};
+use agentry_app::model_config::ModelConfig;
+use agentry_app::runtime::TemplateConfig;
 use agentry_app::{AppError, Failure};
 
 /// What the seed lists for a model.
