@@ -510,7 +510,18 @@ fn kind_of(kind: &str, fields: &Map<String, Value>, path: &str) -> Result<StepKi
 impl StepDefinition {
     /// The step's kind, parsed.
     pub fn step_kind(&self, index: usize) -> Result<StepKind, AppError> {
-        kind_of(&self.kind, &self.fields, &format!("steps[{index}]"))
+        let path = format!("steps[{index}]");
+        // An approval's `timeout_secs` is how long it waits for a decision. The field is the
+        // step's own (an attempt's time limit for the kinds that run), so the kind's fields
+        // do not hold it.
+        if self.kind == "approval"
+            && let Some(secs) = self.timeout_secs
+        {
+            let mut fields = self.fields.clone();
+            fields.insert("timeout_secs".into(), Value::from(secs));
+            return kind_of(&self.kind, &fields, &path);
+        }
+        kind_of(&self.kind, &self.fields, &path)
     }
 }
 

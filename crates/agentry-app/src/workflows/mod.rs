@@ -7,8 +7,8 @@
 //! append), so a step costs a row, not a rewrite of the run; a change of the run itself
 //! (waiting, signalled, ended) is an event too, and then the run's document is rewritten as a
 //! snapshot naming the last event it holds (`seq`). The run as read is the snapshot with the
-//! later events applied; its stream sends the events as they come ([`WorkflowEvent`]). One driver task per live run ([`engine`]) starts the steps whose dependencies are
-//! done, as many at once as are ready; agent steps are background runs on the run queue (their
+//! later events applied; its stream sends the events as they come ([`WorkflowEvent`]). One driver task per live run ([`engine`], around the pure
+//! state machine in [`machine`]) starts the steps whose dependencies are done, as many at once as are ready; agent steps are background runs on the run queue (their
 //! idempotency key names the run, step and attempt, so a driver resumed after a crash finds the
 //! run it had started instead of starting another). At start-up every unfinished run is resumed
 //! from its document: finished steps are not run again; a step that was running is run again
@@ -18,6 +18,7 @@
 mod builder;
 pub mod definition;
 mod engine;
+mod machine;
 pub mod triggers;
 
 use std::collections::{BTreeMap, HashMap};

@@ -644,6 +644,45 @@ async fn a_step_is_retried_by_its_policy_and_a_failure_fails_the_run() {
     assert_eq!(status, 404);
 }
 
+/// An approval's `timeout_secs` decides it by its `on_timeout` when nobody does: approved, the
+/// run goes on; by default rejected, the run fails.
+#[tokio::test]
+async fn an_approval_nobody_decides_is_decided_by_its_timeout() {
+    let server = start().await;
+    server.add_echo_tool().await;
+    save(
+        &server,
+        json!({"id": "lenient", "steps": [
+            {"id": "ok", "kind": "approval", "message": "Go?", "timeout_secs": 1, "on_timeout": "approve"},
+            {"id": "after", "kind": "tool", "tool": "echo", "arguments": {"text": "went"}}
+        ]}),
+    )
+    .await;
+    save(
+        &server,
+        json!({"id": "strict", "steps": [
+            {"id": "ok", "kind": "approval", "message": "Go?", "timeout_secs": 1}
+        ]}),
+    )
+    .await;
+    let lenient = start_run(&server, "lenient", json!({})).await;
+    let strict = start_run(&server, "strict", json!({})).await;
+    let waiting = until(&server, &lenient, |run| run["state"] == "waiting").await;
+    assert!(waiting["steps"]["ok"]["wake_at"].is_u64(), "{waiting:#}");
+    let run = until(&server, &lenient, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"]["ok"]["decision"]["timed_out"], true);
+    assert_eq!(run["steps"]["ok"]["decision"]["approved"], true);
+    assert_eq!(run["steps"]["after"]["state"], "succeeded");
+    let run = until(&server, &strict, ended).await;
+    assert_eq!(run["state"], "failed", "{run:#}");
+    assert_eq!(run["steps"]["ok"]["error_kind"], "rejected");
+    assert_eq!(
+        run["steps"]["ok"]["error"],
+        "no decision before the timeout"
+    );
+}
+
 #[tokio::test]
 async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     let server = start().await;

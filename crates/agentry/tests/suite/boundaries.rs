@@ -442,9 +442,8 @@ fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 /// crates' worth of modules into today's, fails; removing one means lowering the ceiling here.
 #[test]
 fn import_circles_inside_crates_do_not_grow() {
-    // Today's: none in the app, 10 in all (the HTTP crate 3, the engine 2, the sandbox 2, the
-    // model clients, the store and the types 1 each).
-    const APP_CEILING: usize = 0;
+    // Today's: none in the app (and none may come), 10 in all (the HTTP crate 3, the engine 2,
+    // the sandbox 2, the model clients, the store and the types 1 each).
     const ALL_CEILING: usize = 10;
     let crates = root().join("crates");
     let mut all = 0;
@@ -461,8 +460,8 @@ fn import_circles_inside_crates_do_not_grow() {
         }
         if name == "agentry-app" {
             assert!(
-                found.len() <= APP_CEILING,
-                "the app has {} import circles (at most {APP_CEILING}):\n{report}",
+                found.is_empty(),
+                "the app has {} import circles (it has none):\n{report}",
                 found.len()
             );
         }
