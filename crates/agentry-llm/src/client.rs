@@ -91,6 +91,8 @@ struct Inner {
     context: crate::tokens::ModelContext,
     /// The window the provider stated, once asked (see [`HttpModelClient::discover_context_window`]).
     stated_window: std::sync::OnceLock<u64>,
+    /// The A2A version the remote agent's card says to speak, once read.
+    a2a_version: std::sync::OnceLock<crate::provider::a2a::A2aVersion>,
     http: reqwest::Client,
     headers: reqwest::header::HeaderMap,
     endpoint: String,
@@ -130,6 +132,7 @@ impl HttpModelClient {
                 config,
                 context,
                 stated_window: std::sync::OnceLock::new(),
+                a2a_version: std::sync::OnceLock::new(),
                 http,
                 headers,
                 endpoint,
@@ -161,13 +164,19 @@ impl HttpModelClient {
         &self.inner.config
     }
 
-    /// The JSON body this client sends for `request`.
+    /// The JSON body this client sends for `request` (to a remote A2A agent: in 0.3's shape
+    /// until its card has been read).
     pub fn request_body(
         &self,
         request: &ModelRequest,
         stream: bool,
     ) -> Result<serde_json::Value, LlmError> {
-        encode_request(&self.inner.config, request, stream)
+        match self.inner.a2a_version.get() {
+            Some(version) if self.inner.config.protocol == Protocol::A2a => {
+                crate::provider::a2a::encode_version(&self.inner.config, request, stream, *version)
+            }
+            _ => encode_request(&self.inner.config, request, stream),
+        }
     }
 }
 
@@ -201,7 +210,7 @@ fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap
             if config.protocol == Protocol::A2a {
                 headers.insert(
                     "a2a-version",
-                    HeaderValue::from_static(crate::provider::a2a::VERSION),
+                    HeaderValue::from_static(crate::provider::a2a::A2aVersion::V0_3.header()),
                 );
             }
             if let Some(key) = &config.api_key {
@@ -231,9 +240,34 @@ fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap
 }
 
 impl Inner {
+    /// For a remote A2A agent, reads its card once to learn which version to speak (0.3 while
+    /// there is no card to read: it is tried again on the next call).
+    async fn resolve_a2a_version(&self) {
+        if self.config.protocol != Protocol::A2a || self.a2a_version.get().is_some() {
+            return;
+        }
+        let timeout = self.config.transport.first_byte_timeout;
+        if let Some(version) = crate::provider::a2a::discover_version(
+            &self.http,
+            &self.endpoint,
+            &self.headers,
+            timeout,
+        )
+        .await
+        {
+            let _ = self.a2a_version.set(version);
+        }
+    }
+
     /// Sends one attempt and checks the status.
     async fn send(&self, body: Bytes) -> Result<reqwest::Response, LlmError> {
         let mut headers = self.headers.clone();
+        if let Some(version) = self.a2a_version.get() {
+            headers.insert(
+                "a2a-version",
+                reqwest::header::HeaderValue::from_static(version.header()),
+            );
+        }
         crate::trace_context::inject(&mut headers);
         let request = self.http.post(&self.endpoint).headers(headers).body(body);
         self.dispatch(&self.endpoint, request).await
@@ -367,8 +401,10 @@ fn is_output(event: &ModelEvent) -> bool {
 impl ModelClient for HttpModelClient {
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ModelStream {
         let inner = Arc::clone(&self.inner);
-        let body = self.request_body(&request, true);
+        let client = self.clone();
         Box::pin(async_stream::stream! {
+            inner.resolve_a2a_version().await;
+            let body = client.request_body(&request, true);
             let body = match body.and_then(|body| serialize(&body)) {
                 Ok(body) => body,
                 Err(error) => {
@@ -462,9 +498,10 @@ impl ModelClient for HttpModelClient {
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ModelResponse, LlmError>> {
         let inner = Arc::clone(&self.inner);
-        let body = self.request_body(&request, false);
+        let client = self.clone();
         Box::pin(async move {
-            let body = serialize(&body?)?;
+            inner.resolve_a2a_version().await;
+            let body = serialize(&client.request_body(&request, false)?)?;
             let idle = inner.config.transport.idle_timeout;
             inner
                 .with_retries(&cancel, || async {

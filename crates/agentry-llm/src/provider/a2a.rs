@@ -1,6 +1,13 @@
-//! A remote agent over A2A (the Agent2Agent protocol, v0.3 JSON-RPC) as a model: the
+//! A remote agent over A2A (the Agent2Agent protocol, JSON-RPC, v1.0 or v0.3) as a model: the
 //! conversation's latest user turn becomes an A2A message (`message/stream`, or `message/send`
-//! when not streamed) to the agent's endpoint, and its task's answer comes back as text.
+//! when not streamed; 1.0's `SendStreamingMessage` / `SendMessage`) to the agent's endpoint,
+//! and its task's answer comes back as text.
+//!
+//! Which version: the agent card's (`<endpoint>/.well-known/agent-card.json`, read once per
+//! client): 1.0 when it lists a JSON-RPC interface of 1.x — what new clients prefer, and all a
+//! 1.0-only server answers — else 0.3. A request is made in 0.3's shape and put in 1.0's on the
+//! way out ([`A2aVersion::V1_0`]); a 1.0 answer (results wrapped by what they hold, `TASK_STATE_*`
+//! states, parts and roles without kinds) is read in 0.3's shape on the way in.
 //!
 //! The remote agent keeps the conversation: its `contextId` is kept in the answer as an opaque
 //! redacted-thinking part (`a2a-context:<id>`, never shown) and sent with the next turn, so
@@ -27,8 +34,87 @@ use crate::request::ModelRequest;
 /// The prefix of the opaque part that keeps the remote agent's `contextId`.
 pub const CONTEXT_PREFIX: &str = "a2a-context:";
 
-/// The protocol version sent in the `A2A-Version` header.
-pub(crate) const VERSION: &str = "0.3";
+/// The A2A versions this client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum A2aVersion {
+    /// 0.3: `message/send`, `kind`-tagged objects.
+    V0_3,
+    /// 1.0: `SendMessage`, results wrapped by what they hold, `TASK_STATE_*`.
+    V1_0,
+}
+
+impl A2aVersion {
+    /// The `A2A-Version` header's value.
+    pub fn header(self) -> &'static str {
+        match self {
+            Self::V0_3 => "0.3",
+            Self::V1_0 => "1.0",
+        }
+    }
+
+    /// The version an agent card says to speak: 1.0 when it lists a JSON-RPC interface of 1.x,
+    /// else 0.3 (a 0.3 card names its version at the top, `protocolVersion`).
+    pub fn of_card(card: &Value) -> Self {
+        let speaks_1 = card
+            .get("supportedInterfaces")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|interface| {
+                let binding = interface
+                    .get("protocolBinding")
+                    .and_then(Value::as_str)
+                    .unwrap_or("JSONRPC");
+                let version = interface
+                    .get("protocolVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                binding.eq_ignore_ascii_case("JSONRPC")
+                    && (version == "1" || version.starts_with("1."))
+            });
+        if speaks_1 { Self::V1_0 } else { Self::V0_3 }
+    }
+}
+
+/// Where an agent's card is, beside its JSON-RPC endpoint.
+pub(crate) fn card_url(endpoint: &str) -> String {
+    format!(
+        "{}/.well-known/agent-card.json",
+        endpoint.trim_end_matches('/')
+    )
+}
+
+/// Reads the agent card at `endpoint` (with the client's headers: a card may need its key) and
+/// answers the version it says to speak: 0.3 when the agent has no card there (a 4xx answer,
+/// or one that is not a card); `None` when the card could not be asked for (a network error,
+/// a timeout, a 5xx), to be asked again next time.
+pub(crate) async fn discover_version(
+    http: &reqwest::Client,
+    endpoint: &str,
+    headers: &reqwest::header::HeaderMap,
+    timeout: std::time::Duration,
+) -> Option<A2aVersion> {
+    let mut headers = headers.clone();
+    headers.remove(reqwest::header::CONTENT_TYPE);
+    let response = tokio::time::timeout(
+        timeout,
+        http.get(card_url(endpoint)).headers(headers).send(),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let status = response.status();
+    if status.is_server_error() {
+        return None;
+    }
+    if !status.is_success() {
+        return Some(A2aVersion::V0_3);
+    }
+    let card = tokio::time::timeout(timeout, response.json::<Value>())
+        .await
+        .ok()?;
+    Some(card.map_or(A2aVersion::V0_3, |card| A2aVersion::of_card(&card)))
+}
 
 /// A random id shaped like a UUID.
 fn random_id() -> String {
@@ -170,6 +256,177 @@ pub(crate) fn encode(
             },
         },
     }))
+}
+
+/// Encodes the request in `version`'s shape (see [`encode`]).
+pub(crate) fn encode_version(
+    config: &ProviderConfig,
+    request: &ModelRequest,
+    stream: bool,
+    version: A2aVersion,
+) -> Result<Value, LlmError> {
+    let body = encode(config, request, stream)?;
+    Ok(match version {
+        A2aVersion::V0_3 => body,
+        A2aVersion::V1_0 => request_to_v10(body),
+    })
+}
+
+/// A 0.3 `message/send` or `message/stream` call in 1.0's shape: the method renamed, the
+/// message's role and parts without kinds, `blocking` as `returnImmediately`.
+fn request_to_v10(mut body: Value) -> Value {
+    let method = match body["method"].as_str() {
+        Some("message/stream") => "SendStreamingMessage",
+        _ => "SendMessage",
+    };
+    body["method"] = json!(method);
+    if let Some(Value::Object(message)) = body.pointer_mut("/params/message") {
+        message.remove("kind");
+        message.insert("role".into(), json!("ROLE_USER"));
+        if let Some(Value::Array(parts)) = message.get_mut("parts") {
+            for part in parts.iter_mut() {
+                *part = part_to_v10(part);
+            }
+        }
+    }
+    if let Some(Value::Object(configuration)) = body.pointer_mut("/params/configuration")
+        && let Some(blocking) = configuration.remove("blocking")
+    {
+        let immediately = !blocking.as_bool().unwrap_or(true);
+        configuration.insert("returnImmediately".into(), json!(immediately));
+    }
+    body
+}
+
+/// A 0.3 part (`kind`, a `file` object) as 1.0's (a text, data, `raw` or `url` part).
+fn part_to_v10(part: &Value) -> Value {
+    match part.get("kind").and_then(Value::as_str) {
+        Some("file") => {
+            let file = part.get("file").cloned().unwrap_or(Value::Null);
+            let mut v10 = serde_json::Map::new();
+            for (from, to) in [("bytes", "raw"), ("uri", "url"), ("mimeType", "mediaType")] {
+                if let Some(value) = file.get(from) {
+                    v10.insert(to.into(), value.clone());
+                }
+            }
+            Value::Object(v10)
+        }
+        _ => {
+            let mut v10 = part.clone();
+            if let Value::Object(map) = &mut v10 {
+                map.remove("kind");
+            }
+            v10
+        }
+    }
+}
+
+/// A 1.0 result in 0.3's shape: a `task`, `message`, `statusUpdate` or `artifactUpdate` wrapper
+/// unwrapped and tagged with its kind, `TASK_STATE_*` states and `ROLE_*` roles renamed, parts
+/// tagged; a status update that ends or interrupts the task marked `final`. `None` for a 0.3
+/// result.
+fn result_to_v03(result: &Value) -> Option<Value> {
+    let object = result
+        .as_object()
+        .filter(|object| !object.contains_key("kind"))?;
+    let (wrapper, inner) = object.iter().next().filter(|_| object.len() == 1)?;
+    let kind = match wrapper.as_str() {
+        "task" => "task",
+        "message" => "message",
+        "statusUpdate" => "status-update",
+        "artifactUpdate" => "artifact-update",
+        _ => return None,
+    };
+    let mut v03 = inner.clone();
+    v03["kind"] = json!(kind);
+    match kind {
+        "message" => message_to_v03(&mut v03),
+        _ => {
+            if let Some(status) = v03.get_mut("status") {
+                status_to_v03(status);
+            }
+            if let Some(Value::Array(history)) = v03.get_mut("history") {
+                history.iter_mut().for_each(message_to_v03);
+            }
+            if let Some(Value::Array(artifacts)) = v03.get_mut("artifacts") {
+                artifacts.iter_mut().for_each(artifact_to_v03);
+            }
+            if let Some(artifact) = v03.get_mut("artifact") {
+                artifact_to_v03(artifact);
+            }
+        }
+    }
+    if kind == "status-update" && v03.get("final").is_none() {
+        let state = v03.pointer("/status/state").and_then(Value::as_str);
+        let ends = !matches!(state, Some("submitted" | "working") | None);
+        v03["final"] = json!(ends);
+    }
+    Some(v03)
+}
+
+/// A 1.0 state (`TASK_STATE_INPUT_REQUIRED`) as 0.3 names it (`input-required`).
+fn state_to_v03(state: &str) -> String {
+    state.strip_prefix("TASK_STATE_").map_or_else(
+        || state.to_owned(),
+        |rest| rest.to_ascii_lowercase().replace('_', "-"),
+    )
+}
+
+fn status_to_v03(status: &mut Value) {
+    if let Some(state) = status.get("state").and_then(Value::as_str) {
+        status["state"] = json!(state_to_v03(state));
+    }
+    if let Some(message) = status.get_mut("message") {
+        message_to_v03(message);
+    }
+}
+
+fn message_to_v03(message: &mut Value) {
+    let Value::Object(map) = message else {
+        return;
+    };
+    map.insert("kind".into(), json!("message"));
+    if let Some(role) = map.get("role").and_then(Value::as_str) {
+        let role = match role {
+            "ROLE_USER" => "user",
+            "ROLE_AGENT" => "agent",
+            other => other,
+        };
+        map.insert("role".into(), json!(role));
+    }
+    if let Some(Value::Array(parts)) = map.get_mut("parts") {
+        parts.iter_mut().for_each(part_to_v03);
+    }
+}
+
+fn artifact_to_v03(artifact: &mut Value) {
+    if let Some(Value::Array(parts)) = artifact.get_mut("parts") {
+        parts.iter_mut().for_each(part_to_v03);
+    }
+}
+
+/// A 1.0 part as 0.3's: text and data as they are with their kind, `raw` or `url` as a file.
+fn part_to_v03(part: &mut Value) {
+    let Value::Object(map) = part else {
+        return;
+    };
+    if map.contains_key("kind") {
+        return;
+    }
+    if map.contains_key("text") {
+        map.insert("kind".into(), json!("text"));
+    } else if map.contains_key("data") {
+        map.insert("kind".into(), json!("data"));
+    } else {
+        let mut file = serde_json::Map::new();
+        for (from, to) in [("raw", "bytes"), ("url", "uri"), ("mediaType", "mimeType")] {
+            if let Some(value) = map.remove(from) {
+                file.insert(to.into(), value);
+            }
+        }
+        map.insert("kind".into(), json!("file"));
+        map.insert("file".into(), Value::Object(file));
+    }
 }
 
 /// The text of A2A parts: text parts as they are, data parts as JSON.
@@ -329,8 +586,10 @@ impl StreamDecoder {
         Ok(())
     }
 
-    /// One result: a task, a message, or a task's update.
+    /// One result: a task, a message, or a task's update (in 1.0's shape or 0.3's).
     fn result(&mut self, result: &Value, out: &mut Vec<Delta>) -> Result<(), LlmError> {
+        let converted = result_to_v03(result);
+        let result = converted.as_ref().unwrap_or(result);
         let kind = result
             .get("kind")
             .and_then(Value::as_str)
@@ -553,6 +812,98 @@ mod tests {
         assert_eq!(
             body["params"]["message"]["parts"],
             json!([{"kind": "text", "text": "Again"}])
+        );
+    }
+
+    #[test]
+    fn the_card_says_which_version_to_speak() {
+        let interface = |version: &str| json!({"url": "http://x/", "protocolBinding": "JSONRPC", "protocolVersion": version});
+        let only_1 = json!({"supportedInterfaces": [interface("1.0")]});
+        let both = json!({"supportedInterfaces": [interface("0.3"), interface("1.0")]});
+        let only_03 = json!({"supportedInterfaces": [interface("0.3")]});
+        let old = json!({"protocolVersion": "0.3.0", "url": "http://x/"});
+        let grpc = json!({"supportedInterfaces": [
+            {"url": "x", "protocolBinding": "GRPC", "protocolVersion": "1.0"}]});
+        assert_eq!(A2aVersion::of_card(&only_1), A2aVersion::V1_0);
+        assert_eq!(A2aVersion::of_card(&both), A2aVersion::V1_0);
+        assert_eq!(A2aVersion::of_card(&only_03), A2aVersion::V0_3);
+        assert_eq!(A2aVersion::of_card(&old), A2aVersion::V0_3);
+        assert_eq!(A2aVersion::of_card(&grpc), A2aVersion::V0_3);
+        assert_eq!(
+            card_url("http://h/a2a/x/"),
+            "http://h/a2a/x/.well-known/agent-card.json"
+        );
+    }
+
+    #[test]
+    fn a_1_0_request_has_1_0_names_roles_and_parts() {
+        let config = ProviderConfig::new(Protocol::A2a, "agent");
+        let request = ModelRequest::new(vec![Message::User {
+            content: vec![
+                ContentPart::text("Look"),
+                ContentPart::Image {
+                    source: ImageSource::Url {
+                        url: "https://x/cat.png".into(),
+                    },
+                },
+            ],
+        }]);
+        let body = encode_version(&config, &request, true, A2aVersion::V1_0).unwrap();
+        assert_eq!(body["method"], "SendStreamingMessage");
+        let message = &body["params"]["message"];
+        assert_eq!(message["role"], "ROLE_USER");
+        assert!(message.get("kind").is_none(), "{body}");
+        assert_eq!(
+            message["parts"],
+            json!([{"text": "Look"}, {"url": "https://x/cat.png"}])
+        );
+        assert_eq!(body["params"]["configuration"]["returnImmediately"], false);
+        assert!(body["params"]["configuration"].get("blocking").is_none());
+        let whole = encode_version(&config, &request, false, A2aVersion::V1_0).unwrap();
+        assert_eq!(whole["method"], "SendMessage");
+    }
+
+    #[test]
+    fn a_1_0_stream_and_a_1_0_answer_are_read() {
+        // As the `a2a-sdk` 1.x server streams (its events, trimmed).
+        let events = [
+            json!({"task": {"id": "t", "contextId": "c", "status": {"state": "TASK_STATE_SUBMITTED"},
+                            "history": [{"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}]}}),
+            json!({"statusUpdate": {"taskId": "t", "contextId": "c",
+                                    "status": {"state": "TASK_STATE_WORKING"}}}),
+            json!({"artifactUpdate": {"taskId": "t", "contextId": "c",
+                                      "artifact": {"artifactId": "a", "parts": [{"text": "HEL"}]}}}),
+            json!({"artifactUpdate": {"taskId": "t", "contextId": "c", "append": true, "lastChunk": true,
+                                      "artifact": {"artifactId": "a", "parts": [{"text": "LO"}]}}}),
+            json!({"statusUpdate": {"taskId": "t", "contextId": "c",
+                                    "status": {"state": "TASK_STATE_COMPLETED"}}}),
+        ];
+        let deltas = decode_all(&events).unwrap();
+        assert_eq!(texts(&deltas), "HELLO");
+        assert!(deltas.contains(&Delta::RedactedThinking("a2a-context:c".into())));
+        assert!(deltas.contains(&Delta::Done));
+        // A question ends the answer; a failure is the agent's error.
+        let asked = decode_all(&[json!({"statusUpdate": {"taskId": "t", "contextId": "c",
+            "status": {"state": "TASK_STATE_INPUT_REQUIRED", "message": {"messageId": "q",
+                "role": "ROLE_AGENT", "parts": [{"text": "Which city?"}]}}}})])
+        .unwrap();
+        assert_eq!(texts(&asked), "Which city?");
+        let failed = decode_all(&[json!({"statusUpdate": {"taskId": "t", "contextId": "c",
+            "status": {"state": "TASK_STATE_FAILED", "message": {"messageId": "f",
+                "role": "ROLE_AGENT", "parts": [{"text": "out of cheese"}]}}}})])
+        .unwrap_err();
+        assert!(failed.to_string().contains("out of cheese"), "{failed}");
+        // `SendMessage`'s whole answer: a task, or a message.
+        let task = json!({"jsonrpc": "2.0", "id": 1, "result": {"task": {"id": "t", "contextId": "c",
+            "status": {"state": "TASK_STATE_COMPLETED"},
+            "artifacts": [{"artifactId": "a", "parts": [{"text": "Done."}, {"data": {"n": 1}}]}]}}});
+        let deltas = decode_body(task.to_string().as_bytes()).unwrap();
+        assert_eq!(texts(&deltas), "Done.{\"n\":1}");
+        let message = json!({"jsonrpc": "2.0", "id": 1, "result": {"message": {"messageId": "m",
+            "contextId": "c", "role": "ROLE_AGENT", "parts": [{"text": "Hi"}]}}});
+        assert_eq!(
+            texts(&decode_body(message.to_string().as_bytes()).unwrap()),
+            "Hi"
         );
     }
 

@@ -36,7 +36,8 @@ pub enum Protocol {
     Anthropic,
     /// Ollama's native `/api/chat`.
     Ollama,
-    /// A remote agent over A2A (v0.3 JSON-RPC): its endpoint is the base URL.
+    /// A remote agent over A2A (JSON-RPC, 1.0 or 0.3 as its card says): its endpoint is the
+    /// base URL.
     A2a,
 }
 

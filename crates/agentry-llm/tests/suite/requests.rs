@@ -101,7 +101,9 @@ fn testkit_protocol(protocol: Protocol) -> agentry_testkit::Protocol {
         Protocol::OpenAiResponses => agentry_testkit::Protocol::OpenAiResponses,
         Protocol::Anthropic => agentry_testkit::Protocol::Anthropic,
         Protocol::Ollama => agentry_testkit::Protocol::Ollama,
-        Protocol::A2a => panic!("the mock speaks model APIs, not A2A (suite/a2a.rs)"),
+        Protocol::A2a => {
+            panic!("the mock speaks model APIs, not A2A (the HTTP crate's suite/a2a.rs)")
+        }
     }
 }
 

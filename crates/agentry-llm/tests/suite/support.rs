@@ -24,7 +24,9 @@ pub fn base_url(mock: &MockProvider, protocol: Protocol) -> String {
         Protocol::OpenAi | Protocol::OpenAiResponses => mock.openai_base_url(),
         Protocol::Anthropic => mock.anthropic_base_url(),
         Protocol::Ollama => mock.ollama_base_url(),
-        Protocol::A2a => panic!("the mock speaks model APIs, not A2A (suite/a2a.rs)"),
+        Protocol::A2a => {
+            panic!("the mock speaks model APIs, not A2A (the HTTP crate's suite/a2a.rs)")
+        }
     }
 }
 

@@ -457,9 +457,10 @@ async fn bad_json_rpc_and_unpublished_agents_are_refused_with_their_codes() {
     assert!(server.mock.requests().is_empty());
 }
 
-/// A sample A2A agent on the `a2a-sdk` server (v1.0 with v0.3 compatibility): it streams its
-/// answer, the user's text shouted, word by word; it remembers how many messages each context
-/// sent it.
+/// A sample A2A agent on the `a2a-sdk` server: it streams its answer, the user's text shouted,
+/// word by word; it remembers how many messages each context sent it. Its second argument says
+/// which versions it speaks and its card lists: `both` (1.0 with 0.3 compatibility), `1.0` or
+/// `0.3` (the 0.3 compatibility layer, a card naming 0.3 only).
 const REMOTE_AGENT: &str = r#"
 import sys, uvicorn
 from starlette.applications import Starlette
@@ -472,6 +473,7 @@ from a2a.helpers.proto_helpers import new_task_from_user_message, new_text_part
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 
 port = int(sys.argv[1])
+versions = sys.argv[2]
 url = f"http://127.0.0.1:{port}/"
 
 seen = {}
@@ -497,19 +499,20 @@ class Shouter(AgentExecutor):
 
 card = AgentCard(
     name="Shouter", description="Repeats what it is told, loudly.", version="1.0.0",
-    supported_interfaces=[AgentInterface(protocol_binding="JSONRPC", protocol_version="0.3", url=url),
-                          AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0", url=url)],
+    supported_interfaces=[AgentInterface(protocol_binding="JSONRPC", protocol_version=version, url=url)
+                          for version in (["0.3", "1.0"] if versions == "both" else [versions])],
     capabilities=AgentCapabilities(streaming=True),
     default_input_modes=["text/plain"], default_output_modes=["text/plain"],
     skills=[AgentSkill(id="shout", name="Shout", description="Shouts", tags=["echo"])],
 )
 handler = DefaultRequestHandler(agent_executor=Shouter(), task_store=InMemoryTaskStore(), agent_card=card)
-app = Starlette(routes=create_agent_card_routes(card) + create_jsonrpc_routes(handler, "/", enable_v0_3_compat=True))
+app = Starlette(routes=create_agent_card_routes(card) + create_jsonrpc_routes(handler, "/", enable_v0_3_compat=versions != "1.0"))
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 "#;
 
-#[tokio::test]
-async fn a_remote_a2a_agent_is_reached_through_talk_to_and_delegate() {
+/// The sample remote agent speaking `versions`, started and answering its card: the process and
+/// the card.
+async fn remote_agent(versions: &str) -> (tokio::process::Child, Value, String) {
     let Ok(servers) = agentry_testkit::mcp::McpServers::locate() else {
         panic!("run scripts/install-mcp-servers first: the venv has the a2a-sdk server");
     };
@@ -519,7 +522,7 @@ async fn a_remote_a2a_agent_is_reached_through_talk_to_and_delegate() {
         .unwrap()
         .port();
     let mut remote = tokio::process::Command::new(servers.python())
-        .args(["-c", REMOTE_AGENT, &port.to_string()])
+        .args(["-c", REMOTE_AGENT, &port.to_string(), versions])
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -545,12 +548,56 @@ async fn a_remote_a2a_agent_is_reached_through_talk_to_and_delegate() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(card["name"], "Shouter");
+    (remote, card, endpoint)
+}
+
+/// A client that speaks only 1.0 (the `a2a-sdk` server without its 0.3 layer answers 0.3's
+/// `message/stream` with "method not found") and one whose card names only 0.3 are both
+/// reached: the card says which version to speak, over two turns in one remote context.
+#[tokio::test]
+async fn a_remote_agent_is_reached_in_the_a2a_version_its_card_names() {
+    for versions in ["1.0", "0.3"] {
+        let (mut remote, card, endpoint) = remote_agent(versions).await;
+        assert_eq!(card["supportedInterfaces"][0]["protocolVersion"], versions);
+        let server = start().await;
+        let (status, body) = server
+            .post(
+                "/v1/models",
+                json!({"id": "shouter", "protocol": "a2a", "base_url": endpoint, "model_name": "shouter"}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let (status, body) = server
+            .post(
+                "/v1/infer",
+                json!({"session_id": "new", "model_id": "shouter", "text": "hello"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{versions}: {body}");
+        assert_eq!(body["text"], "REMOTE SAYS (1) HELLO", "{versions}: {body}");
+        // The same context next turn.
+        let session = body["session_id"].as_str().unwrap().to_owned();
+        let (status, body) = server
+            .post(
+                "/v1/infer",
+                json!({"session_id": session, "model_id": "shouter", "text": "again"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{versions}: {body}");
+        assert_eq!(body["text"], "REMOTE SAYS (2) AGAIN", "{versions}: {body}");
+        remote.start_kill().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_remote_a2a_agent_is_reached_through_talk_to_and_delegate() {
+    let (mut remote, _, endpoint) = remote_agent("both").await;
     let server = start().await;
     // The remote agent, registered as a model on its card's endpoint.
     let (status, body) = server
         .post(
             "/v1/models",
-            json!({"id": "shouter", "protocol": "a2a", "base_url": card["url"], "model_name": "shouter"}),
+            json!({"id": "shouter", "protocol": "a2a", "base_url": endpoint, "model_name": "shouter"}),
         )
         .await;
     assert_eq!(status, 201, "{body}");
