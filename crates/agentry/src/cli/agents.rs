@@ -7,17 +7,14 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use agentry_app::ToolEnvironment;
 use agentry_app::agents::{AgentConfig, AgentLimits, AgentRun, WorkspaceScope, stored_agent};
 use agentry_app::config::ConfigRepo;
-use agentry_app::elicitation::Elicitations;
-use agentry_app::{StoreLog, ToolEnvironment};
-use agentry_core::session::SessionManager;
 use agentry_core::{RunRequest, Runtime};
 use agentry_mcp::McpManager;
 use agentry_store::Store;
@@ -322,35 +319,6 @@ pub(crate) async fn runtime(
         .resolve(&runtime, environment.skill_roots.as_deref())
         .map_err(app_error)?;
     Ok((runtime, run))
-}
-
-/// A session manager over the store running as `agent` (workspaces, and a sandbox when its
-/// tools run commands), and what running as it means.
-pub(crate) async fn session_manager(
-    store: &Store,
-    agent: &AgentConfig,
-    sandbox: Option<SandboxMode>,
-    network: &super::sandbox::NetworkArgs,
-    data: &DataArgs,
-    elicitations: Option<&Elicitations>,
-) -> anyhow::Result<(SessionManager, AgentRun)> {
-    let mut environment = network.environment(sandbox_mode(agent, sandbox), &data.home()?)?;
-    environment.elicitations = elicitations.cloned();
-    let (runtime, run) = runtime(store, agent, &environment).await?;
-    let manager = SessionManager::new(runtime, Arc::new(StoreLog::new(store.clone())));
-    let delegation = environment.delegation.clone();
-    let manager = match environment.workspaces {
-        Some(root) => manager.with_workspaces(root),
-        None => manager,
-    };
-    // `delegate` and `talk_to` start their sub-agents' sessions through this manager.
-    delegation.bind(
-        store,
-        &manager,
-        &agentry_app::hub::Hub::default(),
-        environment.skill_roots.clone(),
-    );
-    Ok((manager, run))
 }
 
 /// Waits for `agent`'s MCP servers, which `app` starts with every saved one, to answer (or

@@ -7,9 +7,14 @@
 //! each inline: `y` approves, `n` rejects (with a reason the model reads), `e` edits the
 //! arguments (JSON), and the run goes on. When an MCP server asks for input during a tool call
 //! (elicitation), chat asks for it inline too: each field of a form, or a page to visit.
+//!
+//! `--agent` in a session goes through the application exactly as `POST /v1/infer` does (the
+//! agent's checks and shared workspace, the fenced log, the app's hub for its sub-agents), and
+//! its decisions as `POST /v1/runs/{id}/approvals` does.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
 use futures::StreamExt;
@@ -22,16 +27,21 @@ use agentry_types::{
     ApprovalVerdict, Message, PendingApproval, RunEvent, RunId, SessionId, SuspendStatus,
 };
 
-use agentry_app::ToolEnvironment;
 use agentry_app::agents::AgentRun;
+use agentry_app::auth::Principal;
 use agentry_app::elicitation::Elicitations;
+use agentry_app::follow::{FollowFrom, Followed};
+use agentry_app::ops::Op;
+use agentry_app::runs::{RunInput, SessionChoice, Target, prepare};
+use agentry_app::{App, ToolEnvironment};
 use agentry_mcp::ElicitationAnswer;
 use agentry_store::Store;
 
+use super::app_error;
 use super::data::DataArgs;
 use super::output::Printer;
 use super::profile::Profile;
-use super::sessions::{open_session, session_with_manager};
+use super::sessions::session_with_manager;
 
 #[derive(Debug, Args)]
 pub(crate) struct ChatArgs {
@@ -48,10 +58,89 @@ pub(crate) struct ChatArgs {
     agent: Option<String>,
 }
 
-/// Where the turns go: a saved session, or a conversation kept in memory.
+/// Where the turns go: a saved agent's session through the application, a saved session on
+/// this command's own runtime (a model and tools named by flags), or a conversation kept in
+/// memory.
 enum Conversation {
+    Agent {
+        app: App,
+        agent: String,
+        /// None until the first turn makes it.
+        session: Option<SessionId>,
+    },
     Session(SessionManager, SessionId),
     Ephemeral(Runtime, Vec<Message>),
+}
+
+/// A turn's events as chat reads them: a run of this command's runtime, or a run of the
+/// application followed as the HTTP API follows it.
+enum TurnEvents {
+    Runtime(RunStream),
+    App {
+        events: Followed,
+        app: App,
+        session: SessionId,
+        /// The last committed event seen: where a run continued after decisions is followed
+        /// from.
+        last_seq: u64,
+    },
+}
+
+impl TurnEvents {
+    async fn next(&mut self) -> Option<anyhow::Result<Arc<RunEvent>>> {
+        match self {
+            Self::Runtime(stream) => stream.next().await.map(|event| Ok(Arc::new(event))),
+            Self::App {
+                events, last_seq, ..
+            } => {
+                let event = events.next().await?.map_err(app_error);
+                if let Ok(event) = &event
+                    && let RunEvent::Committed { seq, .. } = event.as_ref()
+                {
+                    *last_seq = *seq;
+                }
+                Some(event)
+            }
+        }
+    }
+
+    /// Stops the run (Ctrl-C).
+    fn cancel(&self) {
+        match self {
+            Self::Runtime(stream) => stream.cancel_token().cancel(),
+            Self::App { app, session, .. } => {
+                app.hub.cancel(*session);
+            }
+        }
+    }
+
+    /// What the turn left: the run's state on this command's runtime; nothing for the
+    /// application's (its log has it).
+    async fn finish(self) -> anyhow::Result<Finished> {
+        Ok(match self {
+            Self::Runtime(stream) => Finished::State(Box::new(stream.finish().await?.state)),
+            Self::App { last_seq, .. } => Finished::Logged { last_seq },
+        })
+    }
+}
+
+/// What a turn left.
+enum Finished {
+    State(Box<agentry_core::RunState>),
+    Logged { last_seq: u64 },
+}
+
+/// A turn's request on this command's runtime: as the agent (with its memories), or with the
+/// profile's flags.
+async fn request_of(
+    text: &str,
+    profile: &Profile,
+    agent: Option<&(Store, AgentRun)>,
+) -> anyhow::Result<agentry_core::RunRequest> {
+    Ok(match agent {
+        Some((store, run)) => super::agents::request(store, run, text).await?,
+        None => profile.request(text),
+    })
 }
 
 impl Conversation {
@@ -60,33 +149,85 @@ impl Conversation {
         text: &str,
         profile: &Profile,
         agent: Option<&(Store, AgentRun)>,
-    ) -> anyhow::Result<RunStream> {
-        let request = match agent {
-            Some((store, run)) => super::agents::request(store, run, text).await?,
-            None => profile.request(text),
-        };
-        Ok(match self {
+    ) -> anyhow::Result<TurnEvents> {
+        let (app, agent_id, session) = match self {
+            Self::Agent {
+                app,
+                agent,
+                session,
+            } => (app, agent, session),
             Self::Session(manager, session) => {
-                manager.send(*session, request, BusyPolicy::Reject).await?
+                let request = request_of(text, profile, agent).await?;
+                let stream = manager.send(*session, request, BusyPolicy::Reject).await?;
+                return Ok(TurnEvents::Runtime(stream));
             }
             Self::Ephemeral(runtime, history) => {
-                runtime.stream(request.with_history(history.clone()))?
+                let request = request_of(text, profile, agent).await?;
+                let stream = runtime.stream(request.with_history(history.clone()))?;
+                return Ok(TurnEvents::Runtime(stream));
             }
-        })
+        };
+        {
+            let input = RunInput {
+                agent_id: Some(agent_id.clone()),
+                input: Some(agentry_core::Input::Text { text: text.into() }),
+                session: session.map_or(SessionChoice::New, SessionChoice::Existing),
+                ..RunInput::default()
+            };
+            let (target, request) = Box::pin(prepare(app, &Principal::operator(), input))
+                .await
+                .map_err(app_error)?;
+            let Target::Session(id) = target else {
+                anyhow::bail!("a chat turn was prepared without its session");
+            };
+            if session.replace(id).is_none() {
+                eprintln!("session: {id}");
+            }
+            let events = Box::pin(app.start_followed(id, request, BusyPolicy::Reject))
+                .await
+                .map_err(app_error)?;
+            Ok(TurnEvents::App {
+                events,
+                app: app.clone(),
+                session: id,
+                last_seq: 0,
+            })
+        }
     }
 
     /// Continues a run whose calls waited, with these decisions.
     async fn decided(
         &mut self,
         run_id: RunId,
-        mut state: agentry_core::RunState,
+        finished: Finished,
         decisions: Vec<ApprovalDecision>,
-    ) -> anyhow::Result<Option<RunStream>> {
-        match self {
-            Self::Session(manager, session) => {
-                Ok(manager.decide(*session, run_id, decisions).await?.stream)
+    ) -> anyhow::Result<Option<TurnEvents>> {
+        match (self, finished) {
+            (Self::Agent { app, .. }, Finished::Logged { last_seq }) => {
+                let decided = Box::pin(app.submit(Op::Decide { run_id, decisions }))
+                    .await
+                    .map_err(app_error)?;
+                if !decided.pending.is_empty() {
+                    return Ok(None);
+                }
+                let session = decided.session_id;
+                let events = Box::pin(app.follow(session, FollowFrom::After(last_seq)))
+                    .await
+                    .map_err(app_error)?;
+                Ok(Some(TurnEvents::App {
+                    events,
+                    app: app.clone(),
+                    session,
+                    last_seq,
+                }))
             }
-            Self::Ephemeral(runtime, _) => {
+            (Self::Session(manager, session), _) => Ok(manager
+                .decide(*session, run_id, decisions)
+                .await?
+                .stream
+                .map(TurnEvents::Runtime)),
+            (Self::Ephemeral(runtime, _), Finished::State(state)) => {
+                let mut state = *state;
                 for decision in decisions {
                     if let Some(arguments) = &decision.arguments {
                         let name = state
@@ -99,14 +240,16 @@ impl Conversation {
                     }
                     state.decide(decision)?;
                 }
-                Ok(Some(runtime.resume(state)?))
+                Ok(Some(TurnEvents::Runtime(runtime.resume(state)?)))
             }
+            _ => anyhow::bail!("the turn's run is not this conversation's"),
         }
     }
 
-    fn after(&mut self, messages: Vec<Message>) {
-        if let Self::Ephemeral(_, history) = self {
-            *history = messages;
+    /// Keeps what a turn left (an ephemeral conversation's history).
+    fn after(&mut self, finished: Finished) {
+        if let (Self::Ephemeral(_, history), Finished::State(state)) = (self, finished) {
+            *history = state.messages;
         }
     }
 }
@@ -127,20 +270,30 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             agent_run = Some((store, run));
             (Conversation::Ephemeral(runtime, Vec::new()), args.profile)
         } else {
-            let (manager, run) = super::agents::session_manager(
-                &store,
-                &agent,
-                args.profile.sandbox,
-                &args.profile.network,
-                data,
-                Some(&elicitations),
-            )
-            .await?;
-            let (session, profile) =
-                open_session(&store, args.session, args.profile, "chat", None).await?;
-            agent_run = Some((store, run));
-            eprintln!("session: {session}");
-            (Conversation::Session(manager, session), profile)
+            let mut environment = args.profile.network.environment(
+                super::agents::sandbox_mode(&agent, args.profile.sandbox),
+                &data.home()?,
+            )?;
+            environment.skill_roots = Some(data.skill_roots()?);
+            environment.elicitations = Some(elicitations.clone());
+            // The agent's own MCP servers start, on the host as every CLI run's do.
+            let app = App::builder(store)
+                .tools(environment)
+                .mcp(agentry_app::McpStart::Only(agent.mcp_servers.clone()))
+                .stdio_mcp(agentry_mcp::StdioPolicy::host())
+                .build()
+                .await
+                .map_err(app_error)?;
+            super::agents::wait_for_mcp(&app, &agent).await?;
+            if let Some(session) = args.session {
+                eprintln!("session: {session}");
+            }
+            let conversation = Conversation::Agent {
+                app,
+                agent: agent.id.clone(),
+                session: args.session,
+            };
+            (conversation, args.profile)
         }
     } else if args.ephemeral {
         let store = if args.profile.uses_store() {
@@ -199,44 +352,44 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             break;
         }
         let _ = editor.add_history_entry(text);
-        let mut stream = conversation
+        let mut turn = conversation
             .turn(text, &profile, agent_run.as_ref())
             .await?;
         loop {
-            let cancel = stream.cancel_token();
             let mut printer = Printer::new(false);
             let mut waiting = None;
             loop {
                 tokio::select! {
-                    event = stream.next() => match event {
+                    event = turn.next() => match event {
                         Some(event) => {
+                            let event = event?;
                             printer.event(&event)?;
                             if let Some(asked) = elicitation_in(&event) {
                                 editor = answer_elicitation(editor, &elicitations, asked).await?;
                             }
-                            if let RunEvent::RunSuspended { run_id, status: SuspendStatus::Waiting, pending, .. } = &event {
+                            if let RunEvent::RunSuspended { run_id, status: SuspendStatus::Waiting, pending, .. } = event.as_ref() {
                                 waiting = Some((*run_id, pending.clone()));
                             }
                         }
                         None => break,
                     },
                     _ = tokio::signal::ctrl_c() => {
-                        cancel.cancel();
+                        turn.cancel();
                         eprintln!("\n(cancelled)");
                     }
                 }
             }
-            let output = stream.finish().await?;
+            let finished = turn.finish().await?;
             let Some((run_id, pending)) = waiting else {
                 // Keep the turn, whatever its end: the repair pass closes any call left
                 // unanswered.
-                conversation.after(output.state.messages);
+                conversation.after(finished);
                 break;
             };
             let (returned, decisions) = ask_decisions(editor, &pending).await?;
             editor = returned;
-            match conversation.decided(run_id, output.state, decisions).await {
-                Ok(Some(next)) => stream = next,
+            match conversation.decided(run_id, finished, decisions).await {
+                Ok(Some(next)) => turn = next,
                 Ok(None) => break,
                 Err(error) => {
                     // The run keeps waiting (POST /v1/runs/{run_id}/approvals can decide it).
@@ -248,6 +401,10 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
     }
     if let Some(path) = &history {
         let _ = editor.save_history(path);
+    }
+    if let Conversation::Agent { app, .. } = conversation {
+        app.shutdown.cancel();
+        app.store.close().await;
     }
     Ok(ExitCode::SUCCESS)
 }

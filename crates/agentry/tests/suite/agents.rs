@@ -389,6 +389,77 @@ async fn a_cli_run_as_an_agent_works_in_its_shared_workspace() {
     store.close().await;
 }
 
+/// `agentry chat --agent` in a session goes through the application as `POST /v1/infer` does
+/// (issue 49), as `run --agent` does: a chat with an agent whose sessions share one workspace
+/// works in it, so a second chat reads what the first wrote (each chat had a workspace of its
+/// own before), and the chat's session is the application's, seen by `sessions`.
+#[tokio::test]
+async fn a_chat_as_an_agent_works_in_its_shared_workspace() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let file = home.join("notes.json");
+    std::fs::write(
+        &file,
+        json!({"id": "notes", "model_id": "mock", "workspace": "agent",
+               "tool_ids": ["write_file", "read_file"]})
+        .to_string(),
+    )
+    .unwrap();
+    let added = agentry(home, &["agents", "add", "--file", file.to_str().unwrap()]).await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let chat = |input: &'static [u8]| async move {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+            .args(["chat", "--agent", "notes"])
+            .env_remove("AGENTRY_DATABASE_URL")
+            .env("AGENTRY_HOME", home)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input).await.unwrap();
+        drop(stdin);
+        child.wait_with_output().await.unwrap()
+    };
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "write_file",
+        json!({"path": "todo.txt", "content": "buy milk\n"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noted.")));
+    let output = chat(b"Note: buy milk\n/exit\n").await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("Noted."),
+        "{}",
+        text(&output.stdout)
+    );
+    assert!(
+        text(&output.stderr).contains("session: "),
+        "{}",
+        text(&output.stderr)
+    );
+
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "read_file",
+        json!({"path": "todo.txt"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Milk.")));
+    let output = chat(b"What is on my list?\n/exit\n").await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let requests = mock.requests();
+    let sent = requests.last().unwrap().body.to_string();
+    assert!(sent.contains("buy milk"), "{sent}");
+    let store = Store::open_home(home).await.unwrap();
+    let sessions = store
+        .list_sessions(&agentry_store::SessionQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(sessions.len(), 2);
+    store.close().await;
+}
+
 /// `agentry agents add` checks an agent as `POST /v1/agents` does (issue 49: it checked only
 /// the names): a webhook to a loopback address is refused, and so is a second default A2A agent.
 #[tokio::test]
