@@ -240,23 +240,29 @@ fn request_headers(config: &ProviderConfig) -> Result<reqwest::header::HeaderMap
 }
 
 impl Inner {
-    /// For a remote A2A agent, reads its card once to learn which version to speak (0.3 while
-    /// there is no card to read: it is tried again on the next call).
-    async fn resolve_a2a_version(&self) {
+    /// A request body as it goes: to a remote A2A agent, in the version its card names (the
+    /// card read once; 0.3 while it cannot be read, and it is asked again on the next call).
+    /// The body was made in that version when it was known already, else in 0.3's shape.
+    async fn settle_a2a(
+        &self,
+        body: Result<serde_json::Value, LlmError>,
+    ) -> Result<serde_json::Value, LlmError> {
         if self.config.protocol != Protocol::A2a || self.a2a_version.get().is_some() {
-            return;
+            return body;
         }
         let timeout = self.config.transport.first_byte_timeout;
-        if let Some(version) = crate::provider::a2a::discover_version(
+        let found = crate::provider::a2a::discover_version(
             &self.http,
             &self.endpoint,
             &self.headers,
             timeout,
         )
-        .await
-        {
-            let _ = self.a2a_version.set(version);
-        }
+        .await;
+        let Some(version) = found else {
+            return body;
+        };
+        let version = *self.a2a_version.get_or_init(|| version);
+        body.map(|body| crate::provider::a2a::from_v03(body, version))
     }
 
     /// Sends one attempt and checks the status.
@@ -401,10 +407,10 @@ fn is_output(event: &ModelEvent) -> bool {
 impl ModelClient for HttpModelClient {
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ModelStream {
         let inner = Arc::clone(&self.inner);
-        let client = self.clone();
+        let body = self.request_body(&request, true);
         Box::pin(async_stream::stream! {
-            inner.resolve_a2a_version().await;
-            let body = client.request_body(&request, true);
+            // Boxed: the card is read once, and the stream's state lasts as long as the answer.
+            let body = Box::pin(inner.settle_a2a(body)).await;
             let body = match body.and_then(|body| serialize(&body)) {
                 Ok(body) => body,
                 Err(error) => {
@@ -498,10 +504,9 @@ impl ModelClient for HttpModelClient {
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ModelResponse, LlmError>> {
         let inner = Arc::clone(&self.inner);
-        let client = self.clone();
+        let body = self.request_body(&request, false);
         Box::pin(async move {
-            inner.resolve_a2a_version().await;
-            let body = serialize(&client.request_body(&request, false)?)?;
+            let body = serialize(&Box::pin(inner.settle_a2a(body)).await?)?;
             let idle = inner.config.transport.idle_timeout;
             inner
                 .with_retries(&cancel, || async {

@@ -57,7 +57,7 @@ pub struct ProviderConfig {
     /// Timeouts and retries.
     pub transport: TransportConfig,
     /// The model's context window in tokens, when configured. It always wins; otherwise the
-    /// window the provider states (see [`crate::window`]), else a known one (see
+    /// window the provider states (the window module asks it), else a known one (see
     /// [`crate::known_context_window`]), else the fallback.
     pub context_window: Option<u64>,
 }

@@ -39,7 +39,7 @@ impl ModelRequest {
 }
 
 /// Generation parameters. Unset fields are left to the provider's defaults (Anthropic, which
-/// requires `max_tokens`, gets [`crate::provider::anthropic::DEFAULT_MAX_TOKENS`]).
+/// requires `max_tokens`, gets its provider module's `DEFAULT_MAX_TOKENS`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GenerationParams {
     /// Upper bound on generated tokens.

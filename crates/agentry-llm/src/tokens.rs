@@ -9,7 +9,7 @@
 //! overhead) converges within a few calls.
 //!
 //! [`known_context_window`] gives a model's window when it is a known one; a configured window,
-//! and the window the provider states (see [`crate::window`]), win over it.
+//! and the window the provider states (the window module asks it), win over it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -30,6 +30,7 @@ mod backend;
 mod cgroup;
 mod conn;
 mod error;
+mod exit;
 pub mod init;
 mod launch;
 mod policy;
@@ -43,6 +44,7 @@ mod tty;
 
 pub use backend::{Backend, LocalBackend, NativeBackend, backend};
 pub use error::{Result, SandboxError};
+pub use exit::ExitStatus;
 pub use policy::{
     BackendKind, DEFAULT_CPU_PERCENT, DEFAULT_WALL_TIME, ExecRequest, Limits, NetworkPolicy,
     SandboxConfig, SandboxSpec,
@@ -53,5 +55,5 @@ pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,
     NetworkReport, SandboxReport,
 };
-pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExecStdout, ExitStatus, Sandbox};
+pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExecStdout, Sandbox};
 pub use tty::{TtyProcess, TtySize};

@@ -15,35 +15,12 @@ use tokio::sync::mpsc;
 use crate::cgroup::Cgroups;
 use crate::conn::{Conn, RawExit};
 use crate::error::{Result, SandboxError};
+use crate::exit::ExitStatus;
 use crate::launch::Slots;
 use crate::policy::{BackendKind, ExecRequest};
 use crate::protocol::{Op, ReplyBody};
 use crate::proxy::Proxy;
 use crate::report::{DirEntry, FileStat, LimitsMode, SandboxReport};
-
-/// How a command ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExitStatus {
-    /// The exit code, if it exited.
-    pub code: Option<i32>,
-    /// The signal that killed it, if one did.
-    pub signal: Option<i32>,
-    /// Killed because its timeout ran out.
-    pub timed_out: bool,
-    /// Killed on request ([`ExecHandle::kill`]).
-    pub killed: bool,
-    /// Killed by the out-of-memory killer of the sandbox's memory cgroup.
-    pub out_of_memory: bool,
-    /// The sandbox went away while the command ran; why.
-    pub sandbox_closed: Option<String>,
-}
-
-impl ExitStatus {
-    /// Exited with code 0.
-    pub fn success(&self) -> bool {
-        self.code == Some(0)
-    }
-}
 
 /// Streamed output and the end of a command.
 #[derive(Debug, Clone, PartialEq, Eq)]

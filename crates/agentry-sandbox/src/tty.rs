@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::conn::{Conn, RawExit};
 use crate::error::{Result, SandboxError};
+use crate::exit::ExitStatus;
 use crate::protocol::Op;
-use crate::sandbox::ExitStatus;
 
 /// A terminal's size in character cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,13 +12,9 @@
 //! own nor a configured CORS origin is refused. Programs that are not browsers send no `Origin`
 //! and are not affected.
 
-use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// Which `Host` names and browser origins the server answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -235,26 +231,6 @@ fn host_name(host: &str) -> Option<String> {
 
 fn is_port(text: &str) -> bool {
     !text.is_empty() && text.len() <= 5 && text.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// The middleware: refuses a request the [`AccessPolicy`] does not allow, before anything else
-/// (authentication included) sees it.
-pub(crate) async fn check_access(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match state.access.check(request.method(), request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(error) => {
-            tracing::warn!(
-                method = %request.method(),
-                path = request.uri().path(),
-                "refused: {error}"
-            );
-            error.into_api_error().into_response()
-        }
-    }
 }
 
 #[cfg(test)]

@@ -116,12 +116,12 @@ pub(crate) async fn authorize(
     // The seed's API (`/linglong/v1/…`) is the same API in other shapes: the same rules.
     let full = request.uri().path();
     let path = full
-        .strip_prefix(crate::routes::linglong::PREFIX)
+        .strip_prefix(crate::prefixes::LINGLONG)
         .filter(|rest| rest.starts_with("/v1/"))
         .unwrap_or(full)
         .to_owned();
     // The OpenAI-compatible API: a chat completion is a run, its models the catalogue.
-    let path = match path.strip_prefix(crate::routes::openai::PREFIX) {
+    let path = match path.strip_prefix(crate::prefixes::OPENAI) {
         Some("/chat/completions") => "/v1/infer".to_owned(),
         Some("/models") => "/v1/models".to_owned(),
         Some(rest) if rest == "/responses" || rest.starts_with("/responses/") => {
@@ -132,7 +132,7 @@ pub(crate) async fn authorize(
     };
     // A2A: a published agent's card is the agent's; its JSON-RPC calls are runs (the tasks'
     // owners are checked by the calls).
-    let path = match path.strip_prefix(crate::routes::a2a::PREFIX) {
+    let path = match path.strip_prefix(crate::prefixes::A2A) {
         Some(rest) if rest.contains("/.well-known/") => "/v1/agents/a2a".to_owned(),
         None if path.starts_with("/.well-known/agent") => "/v1/agents/a2a".to_owned(),
         Some(_) => "/v1/infer".to_owned(),

@@ -16,6 +16,7 @@ pub mod mcp_endpoint;
 pub mod metrics;
 pub mod middleware;
 pub mod openapi;
+pub mod prefixes;
 pub mod relay;
 pub mod routes;
 pub mod serve;

@@ -38,10 +38,7 @@ pub fn apply(routes: Router<AppState>, state: AppState) -> Router {
         .layer(axum::middleware::from_fn(
             crate::routes::linglong::tus::gate,
         ))
-        .layer(from_fn_with_state(
-            state.clone(),
-            crate::access::check_access,
-        ))
+        .layer(from_fn_with_state(state.clone(), check_access))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(request_span)
@@ -385,6 +382,26 @@ async fn status(
     })))
 }
 
+/// The middleware: refuses a request the [`crate::access::AccessPolicy`] does not allow, before anything else
+/// (authentication included) sees it.
+pub(crate) async fn check_access(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match state.access.check(request.method(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(error) => {
+            tracing::warn!(
+                method = %request.method(),
+                path = request.uri().path(),
+                "refused: {error}"
+            );
+            error.into_api_error().into_response()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,7 +416,7 @@ mod tests {
             ("authenticate", future_size(authenticate)),
             ("authorize", future_size(crate::authorization::authorize)),
             ("track", future_size(track)),
-            ("check_access", future_size(crate::access::check_access)),
+            ("check_access", future_size(check_access)),
         ] {
             assert!(size <= 2048, "{name}'s future takes {size} bytes");
         }

@@ -20,9 +20,10 @@ pub use id::{IdError, RunId, SessionId};
 pub use message::{
     AssistantPart, ContentPart, ImageSource, Message, Thinking, ToolResult, ToolResultPart,
 };
-pub use run::{RunEvent, RunStopReason, SuspendStatus};
+pub use run::{RunEvent, SuspendStatus};
 pub use session::{
-    ApprovalVerdict, CompactionMemory, DroppedMessages, GroupEvent, PendingApproval, SessionEvent,
+    ApprovalVerdict, CompactionMemory, DroppedMessages, GroupEvent, PendingApproval, RunStopReason,
+    SessionEvent,
 };
 pub use tool::{ToolCall, ToolSpec};
 pub use usage::{ModelPrice, StopReason, Usage};

@@ -9,52 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::ErrorInfo;
 use crate::id::RunId;
 use crate::message::{AssistantPart, ToolResult};
+use crate::session::RunStopReason;
 use crate::tool::ToolCall;
 use crate::usage::{StopReason, Usage};
-
-/// Why a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStopReason {
-    /// The model gave its final answer.
-    Completed,
-    /// The run used its allowed number of tool rounds.
-    MaxRounds,
-    /// The run's wall-clock deadline passed.
-    Deadline,
-    /// The model kept repeating the same tool calls.
-    LoopDetected,
-    /// The caller cancelled the run.
-    Cancelled,
-    /// A model call failed.
-    Error,
-    /// The run used up a quota: its output tokens (`max_output_tokens`) or its tool calls
-    /// (`max_tool_calls`); the run's note says which.
-    QuotaExceeded,
-    /// A spending budget of the run's agent or API key is used up (its note says which): the
-    /// run stops before its next model call.
-    BudgetExceeded,
-    /// The model called tools its caller runs itself (the run's client tools): the calls are in
-    /// the run's last assistant message, for the caller to answer in a next run.
-    ToolCalls,
-}
-
-impl RunStopReason {
-    /// The reason's stable string form.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Completed => "completed",
-            Self::MaxRounds => "max_rounds",
-            Self::Deadline => "deadline",
-            Self::LoopDetected => "loop_detected",
-            Self::Cancelled => "cancelled",
-            Self::Error => "error",
-            Self::QuotaExceeded => "quota_exceeded",
-            Self::BudgetExceeded => "budget_exceeded",
-            Self::ToolCalls => "tool_calls",
-        }
-    }
-}
 
 /// One event of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

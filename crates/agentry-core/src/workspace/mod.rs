@@ -10,7 +10,7 @@
 //! since another link may live outside the workspace.
 //!
 //! The file tools (`read_file`, `write_file`, … in the `agentry-tools` crate) and `<file>`
-//! references in user messages ([`file_refs`](crate::file_refs)) both go through it, and so
+//! references in user messages (the `file_refs` module) both go through it, and so
 //! does the per-turn [`journal`] of what tools changed.
 
 use std::path::{Component, Path, PathBuf};

@@ -265,11 +265,15 @@ pub(crate) fn encode_version(
     stream: bool,
     version: A2aVersion,
 ) -> Result<Value, LlmError> {
-    let body = encode(config, request, stream)?;
-    Ok(match version {
+    Ok(from_v03(encode(config, request, stream)?, version))
+}
+
+/// A request made in 0.3's shape, in `version`'s.
+pub(crate) fn from_v03(body: Value, version: A2aVersion) -> Value {
+    match version {
         A2aVersion::V0_3 => body,
         A2aVersion::V1_0 => request_to_v10(body),
-    })
+    }
 }
 
 /// A 0.3 `message/send` or `message/stream` call in 1.0's shape: the method renamed, the

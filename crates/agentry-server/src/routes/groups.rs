@@ -22,7 +22,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use agentry_app::group::{self, GroupInfo, GroupLive, GroupView, LiveGroups, Started};
-use agentry_types::{GroupEvent, RunEvent, RunId, SessionEvent, SessionId};
+use agentry_types::{RunEvent, RunId, SessionEvent, SessionId};
 
 use super::config::ApiPath;
 use crate::authorization::Caller;
@@ -401,15 +401,6 @@ pub(crate) fn infer_group(
     })
 }
 
-/// The SSE name of a committed group event.
-pub fn sse_name(event: &GroupEvent) -> &'static str {
-    match event {
-        GroupEvent::Round { .. } => "group.round",
-        GroupEvent::Message { .. } => "group.message",
-        GroupEvent::Finished { .. } => "group.finished",
-    }
-}
-
 /// The SSE event for a live group event (committed ones carry their seq as id).
 pub fn sse_event(live: &GroupLive) -> Option<Event> {
     let event = |name: &str, data: Value| Event::default().event(name).data(data.to_string());
@@ -421,7 +412,11 @@ pub fn sse_event(live: &GroupLive) -> Option<Event> {
             let SessionEvent::Group { event: group, .. } = committed else {
                 return None;
             };
-            event(sse_name(group), json!({"seq": seq, "event": committed})).id(seq.to_string())
+            event(
+                super::sse::sse_name(group),
+                json!({"seq": seq, "event": committed}),
+            )
+            .id(seq.to_string())
         }
         GroupLive::Speaking {
             round,

@@ -2,8 +2,8 @@
 //!
 //! The routes of `ops`, `infer`, `sessions`, `runs`, `config`, `agents`, `mcp` and
 //! `sandboxes` are registered through [`OpenApiRouter`] from their handlers' `#[utoipa::path]`
-//! operations ([`documented`]), which is also where `GET /openapi.json` takes them from (see
-//! [`crate::openapi`]).
+//! operations ([`documented`]), which is also where `GET /openapi.json` takes them from (the
+//! openapi module).
 
 pub mod a2a;
 pub mod agents;

@@ -15,7 +15,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use serde::Serialize;
 
-use agentry_types::{RunEvent, RunId, SessionEvent, Usage};
+use agentry_types::{GroupEvent, RunEvent, RunId, SessionEvent, Usage};
 
 /// Where a reconnecting client resumes: its `Last-Event-ID` (a seq), else `after`.
 pub(crate) fn resume_after(headers: &HeaderMap, after: u64) -> Result<u64, crate::error::ApiError> {
@@ -169,7 +169,7 @@ impl SseMapper {
             // Turns were revoked: the conversation is again what it was after `after_seq`.
             SessionEvent::Revoked { .. } => vec![named("session.revoked")],
             SessionEvent::Group { event, .. } => {
-                vec![named(crate::routes::groups::sse_name(event))]
+                vec![named(sse_name(event))]
             }
             SessionEvent::RunResumed { .. } => {
                 self.ended = false;
@@ -188,5 +188,14 @@ impl SseMapper {
                 })]
             }
         }
+    }
+}
+
+/// The SSE name of a committed group event.
+pub fn sse_name(event: &GroupEvent) -> &'static str {
+    match event {
+        GroupEvent::Round { .. } => "group.round",
+        GroupEvent::Message { .. } => "group.message",
+        GroupEvent::Finished { .. } => "group.finished",
     }
 }

@@ -31,7 +31,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Where the published agents are served.
-pub const PREFIX: &str = "/a2a";
+pub const PREFIX: &str = crate::prefixes::A2A;
 
 /// The A2A routes.
 pub fn routes() -> Router<AppState> {

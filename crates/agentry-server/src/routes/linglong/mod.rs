@@ -64,7 +64,7 @@ use crate::routes::status::FeedItem;
 use crate::state::AppState;
 
 /// Where the seed's API is served.
-pub const PREFIX: &str = "/linglong";
+pub const PREFIX: &str = crate::prefixes::LINGLONG;
 
 /// The seed's routes, under [`PREFIX`].
 pub fn routes() -> Router<AppState> {

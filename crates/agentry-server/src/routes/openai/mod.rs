@@ -30,7 +30,7 @@ use crate::authorization::Caller;
 use crate::state::AppState;
 
 /// Where the API is served.
-pub const PREFIX: &str = "/openai/v1";
+pub const PREFIX: &str = crate::prefixes::OPENAI;
 
 /// The header naming the session a chat completion runs in (`new` or an id); answered with the
 /// session's id.
