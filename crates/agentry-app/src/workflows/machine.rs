@@ -706,32 +706,7 @@ mod tests {
     /// A new run of `definition`, as it is stored when it starts.
     fn run_of(definition: Value, input: Value) -> WorkflowRun {
         let definition: WorkflowDefinition = serde_json::from_value(definition).unwrap();
-        WorkflowRun {
-            run_id: "run-1".into(),
-            workflow_id: definition.id.clone(),
-            version: definition.version,
-            state: WorkflowState::Running,
-            input,
-            steps: definition
-                .steps
-                .iter()
-                .map(|step| (step.id.clone(), StepRun::pending()))
-                .collect(),
-            output: None,
-            error: None,
-            signals: Default::default(),
-            parent: None,
-            depth: 0,
-            owner: None,
-            created_at: 0,
-            updated_at: 0,
-            finished_at: None,
-            webhook_url: None,
-            definition,
-            seq: 0,
-            dirty: Default::default(),
-            stale: Default::default(),
-        }
+        WorkflowRun::new("run-1".into(), definition, input, 0)
     }
 
     /// A machine driven as the engine drives it, with nothing run: the attempts it starts are

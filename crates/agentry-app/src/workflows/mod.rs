@@ -291,6 +291,37 @@ pub enum WorkflowEvent {
 }
 
 impl WorkflowRun {
+    /// A new run `run_id` of `definition` at `now`, every step pending (started by an admin,
+    /// at the top level: the caller sets `owner`, `parent` and `depth`).
+    fn new(run_id: String, definition: WorkflowDefinition, input: Value, now: u64) -> Self {
+        Self {
+            run_id,
+            parent: None,
+            depth: 0,
+            workflow_id: definition.id.clone(),
+            version: definition.version,
+            state: WorkflowState::Running,
+            input,
+            steps: definition
+                .steps
+                .iter()
+                .map(|step| (step.id.clone(), StepRun::pending()))
+                .collect(),
+            output: None,
+            error: None,
+            signals: BTreeMap::new(),
+            owner: None,
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+            webhook_url: definition.webhook_url.clone(),
+            definition,
+            seq: 0,
+            dirty: Default::default(),
+            stale: Default::default(),
+        }
+    }
+
     /// Applies the event number `seq`.
     fn apply(&mut self, seq: u64, event: Value) -> Result<(), AppError> {
         let event: WorkflowEvent = serde_json::from_value(event).map_err(|error| {
@@ -620,33 +651,12 @@ impl App {
             None => (None, 0),
         };
         let run_id = run_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let run = WorkflowRun {
-            run_id,
+        Ok(WorkflowRun {
             parent,
             depth,
-            workflow_id: definition.id.clone(),
-            version: definition.version,
-            state: WorkflowState::Running,
-            input,
-            steps: definition
-                .steps
-                .iter()
-                .map(|step| (step.id.clone(), StepRun::pending()))
-                .collect(),
-            output: None,
-            error: None,
-            signals: BTreeMap::new(),
             owner: caller.owner(),
-            created_at: now,
-            updated_at: now,
-            finished_at: None,
-            webhook_url: definition.webhook_url.clone(),
-            definition,
-            seq: 0,
-            dirty: Default::default(),
-            stale: Default::default(),
-        };
-        Ok(run)
+            ..WorkflowRun::new(run_id, definition, input, now)
+        })
     }
 
     /// Stores a new run and starts its driver.

@@ -551,6 +551,17 @@ async fn remote_agent(versions: &str) -> (tokio::process::Child, Value, String) 
     (remote, card, endpoint)
 }
 
+/// The remote agent at `endpoint`, registered as the model `shouter`.
+async fn register_remote(server: &Server, endpoint: &str) {
+    let (status, body) = server
+        .post(
+            "/v1/models",
+            json!({"id": "shouter", "protocol": "a2a", "base_url": endpoint, "model_name": "shouter"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
 /// A client that speaks only 1.0 (the `a2a-sdk` server without its 0.3 layer answers 0.3's
 /// `message/stream` with "method not found") and one whose card names only 0.3 are both
 /// reached: the card says which version to speak, over two turns in one remote context.
@@ -560,13 +571,7 @@ async fn a_remote_agent_is_reached_in_the_a2a_version_its_card_names() {
         let (mut remote, card, endpoint) = remote_agent(versions).await;
         assert_eq!(card["supportedInterfaces"][0]["protocolVersion"], versions);
         let server = start().await;
-        let (status, body) = server
-            .post(
-                "/v1/models",
-                json!({"id": "shouter", "protocol": "a2a", "base_url": endpoint, "model_name": "shouter"}),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
+        register_remote(&server, &endpoint).await;
         let (status, body) = server
             .post(
                 "/v1/infer",
@@ -593,14 +598,7 @@ async fn a_remote_agent_is_reached_in_the_a2a_version_its_card_names() {
 async fn a_remote_a2a_agent_is_reached_through_talk_to_and_delegate() {
     let (mut remote, _, endpoint) = remote_agent("both").await;
     let server = start().await;
-    // The remote agent, registered as a model on its card's endpoint.
-    let (status, body) = server
-        .post(
-            "/v1/models",
-            json!({"id": "shouter", "protocol": "a2a", "base_url": endpoint, "model_name": "shouter"}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    register_remote(&server, &endpoint).await;
     let (status, body) = server
         .post(
             "/v1/models",

@@ -321,6 +321,34 @@ pub(crate) async fn runtime(
     Ok((runtime, run))
 }
 
+/// The application a CLI run as `agent` in a session goes through, as `agentry serve`'s runs
+/// do: the agent's sandbox and the flags' network, the data folder's skills, and the agent's
+/// own MCP servers (not every saved one), started on the host as every CLI run's are (the
+/// operator named them, on their own terminal) and waited for. `elicitations`: where the MCP
+/// servers' questions go (a chat answers them inline).
+pub(crate) async fn agent_app(
+    store: Store,
+    agent: &AgentConfig,
+    profile: &super::profile::Profile,
+    data: &DataArgs,
+    elicitations: Option<agentry_app::elicitation::Elicitations>,
+) -> anyhow::Result<agentry_app::App> {
+    let mut environment = profile
+        .network
+        .environment(sandbox_mode(agent, profile.sandbox), &data.home()?)?;
+    environment.skill_roots = Some(data.skill_roots()?);
+    environment.elicitations = elicitations;
+    let app = agentry_app::App::builder(store)
+        .tools(environment)
+        .mcp(agentry_app::McpStart::Only(agent.mcp_servers.clone()))
+        .stdio_mcp(agentry_mcp::StdioPolicy::host())
+        .build()
+        .await
+        .map_err(app_error)?;
+    wait_for_mcp(&app, agent).await?;
+    Ok(app)
+}
+
 /// Waits for `agent`'s MCP servers, which `app` starts with every saved one, to answer (or
 /// fail): its run is offered their tools.
 pub(crate) async fn wait_for_mcp(

@@ -270,21 +270,8 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
             agent_run = Some((store, run));
             (Conversation::Ephemeral(runtime, Vec::new()), args.profile)
         } else {
-            let mut environment = args.profile.network.environment(
-                super::agents::sandbox_mode(&agent, args.profile.sandbox),
-                &data.home()?,
-            )?;
-            environment.skill_roots = Some(data.skill_roots()?);
-            environment.elicitations = Some(elicitations.clone());
-            // The agent's own MCP servers start, on the host as every CLI run's do.
-            let app = App::builder(store)
-                .tools(environment)
-                .mcp(agentry_app::McpStart::Only(agent.mcp_servers.clone()))
-                .stdio_mcp(agentry_mcp::StdioPolicy::host())
-                .build()
-                .await
-                .map_err(app_error)?;
-            super::agents::wait_for_mcp(&app, &agent).await?;
+            let asked = Some(elicitations.clone());
+            let app = super::agents::agent_app(store, &agent, &args.profile, data, asked).await?;
             if let Some(session) = args.session {
                 eprintln!("session: {session}");
             }

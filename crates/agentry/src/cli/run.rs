@@ -7,9 +7,9 @@ use clap::Args;
 use agentry_core::session::BusyPolicy;
 use agentry_types::SessionId;
 
+use agentry_app::ToolEnvironment;
 use agentry_app::auth::Principal;
 use agentry_app::runs::{RunInput, SessionChoice, Target, prepare};
-use agentry_app::{App, ToolEnvironment};
 
 use super::agents;
 use super::app_error;
@@ -106,21 +106,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         let stream = runtime.stream(agents::request(&store, &run, &args.prompt).await?)?;
         return print_run(stream, args.json).await;
     }
-    let mut environment = args.profile.network.environment(
-        agents::sandbox_mode(&agent, args.profile.sandbox),
-        &data.home()?,
-    )?;
-    environment.skill_roots = Some(data.skill_roots()?);
-    // The agent's own MCP servers start, not every saved one, on the host as every CLI run's
-    // do (the operator named them, on their own terminal).
-    let app = App::builder(store)
-        .tools(environment)
-        .mcp(agentry_app::McpStart::Only(agent.mcp_servers.clone()))
-        .stdio_mcp(agentry_mcp::StdioPolicy::host())
-        .build()
-        .await
-        .map_err(app_error)?;
-    agents::wait_for_mcp(&app, &agent).await?;
+    let app = agents::agent_app(store, &agent, &args.profile, data, None).await?;
     let input = RunInput {
         agent_id: Some(agent.id.clone()),
         input: Some(agentry_core::Input::Text {

@@ -2,12 +2,11 @@
 //! `agentry chat --agent` running as a saved agent against the mock provider.
 
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 use agentry_store::{ConfigKind, Store};
 use agentry_testkit::{MockProvider, Reply, ScriptedTurn};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 
 async fn agentry(home: &Path, args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
@@ -24,6 +23,11 @@ async fn agentry(home: &Path, args: &[&str]) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `agentry chat --agent <agent>` in `home`, typing `input`.
+async fn chat_as(home: &Path, agent: &str, input: &[u8]) -> Output {
+    super::approvals::chat(home, &["--agent".as_ref(), agent.as_ref()], input).await
 }
 
 /// A data folder whose store has two models on the mock: `mock` (provider name `m`) and
@@ -253,22 +257,7 @@ async fn chat_as_an_agent_keeps_its_prompt_across_turns() {
     assert!(added.status.success(), "{}", text(&added.stderr));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Hello, Ada.")));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("You are Ada.")));
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .args(["chat", "--agent", "kind"])
-        .env_remove("AGENTRY_DATABASE_URL")
-        .env("AGENTRY_HOME", home.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin
-        .write_all(b"I am Ada.\nWho am I?\n/exit\n")
-        .await
-        .unwrap();
-    drop(stdin);
-    let output = child.wait_with_output().await.unwrap();
+    let output = chat_as(home.path(), "kind", b"I am Ada.\nWho am I?\n/exit\n").await;
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(text(&output.stdout).contains("You are Ada."));
     assert_eq!(models_called(&mock), ["b", "b"]);
@@ -335,12 +324,14 @@ async fn a_cli_run_as_an_agent_gets_its_memories() {
     }
 }
 
-/// `agentry run --agent` in a session goes through the application as `POST /v1/infer` does
-/// (issue 49): an agent whose sessions share one workspace (`"workspace": "agent"`) works in it
-/// from the command line too, so a second session reads what the first wrote (each session had
-/// a workspace of its own before).
-#[tokio::test]
-async fn a_cli_run_as_an_agent_works_in_its_shared_workspace() {
+/// An agent whose sessions share one workspace (`"workspace": "agent"`) works in it from the
+/// command line too, as through `POST /v1/infer` (issue 49: `run --agent` and `chat --agent` in
+/// a session go through the application; each session had a workspace of its own before): a
+/// second session, made by `ask`, reads what the first wrote. Two sessions, both the
+/// application's.
+async fn an_agent_from_the_cli_works_in_its_shared_workspace(
+    ask: impl AsyncFn(&Path, &'static str) -> Output,
+) {
     let mock = MockProvider::start().await.unwrap();
     let home = home_with_models(&mock).await;
     let home = home.path();
@@ -360,75 +351,7 @@ async fn a_cli_run_as_an_agent_works_in_its_shared_workspace() {
         json!({"path": "todo.txt", "content": "buy milk\n"}),
     )));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Noted.")));
-    let output = agentry(home, &["run", "--agent", "notes", "Note: buy milk"]).await;
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    assert!(
-        text(&output.stdout).contains("Noted."),
-        "{}",
-        text(&output.stdout)
-    );
-
-    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
-        "read_file",
-        json!({"path": "todo.txt"}),
-    )));
-    mock.enqueue(Reply::scripted(ScriptedTurn::text("Milk.")));
-    let output = agentry(home, &["run", "--agent", "notes", "What is on my list?"]).await;
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    // The model saw the file the first session wrote, read in the second.
-    let requests = mock.requests();
-    let sent = requests.last().unwrap().body.to_string();
-    assert!(sent.contains("buy milk"), "{sent}");
-    // Two sessions, one workspace: the agent's.
-    let store = Store::open_home(home).await.unwrap();
-    let sessions = store
-        .list_sessions(&agentry_store::SessionQuery::default())
-        .await
-        .unwrap();
-    assert_eq!(sessions.len(), 2);
-    store.close().await;
-}
-
-/// `agentry chat --agent` in a session goes through the application as `POST /v1/infer` does
-/// (issue 49), as `run --agent` does: a chat with an agent whose sessions share one workspace
-/// works in it, so a second chat reads what the first wrote (each chat had a workspace of its
-/// own before), and the chat's session is the application's, seen by `sessions`.
-#[tokio::test]
-async fn a_chat_as_an_agent_works_in_its_shared_workspace() {
-    let mock = MockProvider::start().await.unwrap();
-    let home = home_with_models(&mock).await;
-    let home = home.path();
-    let file = home.join("notes.json");
-    std::fs::write(
-        &file,
-        json!({"id": "notes", "model_id": "mock", "workspace": "agent",
-               "tool_ids": ["write_file", "read_file"]})
-        .to_string(),
-    )
-    .unwrap();
-    let added = agentry(home, &["agents", "add", "--file", file.to_str().unwrap()]).await;
-    assert!(added.status.success(), "{}", text(&added.stderr));
-    let chat = |input: &'static [u8]| async move {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-            .args(["chat", "--agent", "notes"])
-            .env_remove("AGENTRY_DATABASE_URL")
-            .env("AGENTRY_HOME", home)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input).await.unwrap();
-        drop(stdin);
-        child.wait_with_output().await.unwrap()
-    };
-    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
-        "write_file",
-        json!({"path": "todo.txt", "content": "buy milk\n"}),
-    )));
-    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noted.")));
-    let output = chat(b"Note: buy milk\n/exit\n").await;
+    let output = ask(home, "Note: buy milk").await;
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(
         text(&output.stdout).contains("Noted."),
@@ -446,8 +369,9 @@ async fn a_chat_as_an_agent_works_in_its_shared_workspace() {
         json!({"path": "todo.txt"}),
     )));
     mock.enqueue(Reply::scripted(ScriptedTurn::text("Milk.")));
-    let output = chat(b"What is on my list?\n/exit\n").await;
+    let output = ask(home, "What is on my list?").await;
     assert!(output.status.success(), "{}", text(&output.stderr));
+    // The model saw the file the first session wrote, read in the second.
     let requests = mock.requests();
     let sent = requests.last().unwrap().body.to_string();
     assert!(sent.contains("buy milk"), "{sent}");
@@ -458,6 +382,22 @@ async fn a_chat_as_an_agent_works_in_its_shared_workspace() {
         .unwrap();
     assert_eq!(sessions.len(), 2);
     store.close().await;
+}
+
+#[tokio::test]
+async fn a_cli_run_as_an_agent_works_in_its_shared_workspace() {
+    an_agent_from_the_cli_works_in_its_shared_workspace(async |home, prompt| {
+        agentry(home, &["run", "--agent", "notes", prompt]).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_chat_as_an_agent_works_in_its_shared_workspace() {
+    an_agent_from_the_cli_works_in_its_shared_workspace(async |home, prompt| {
+        chat_as(home, "notes", format!("{prompt}\n/exit\n").as_bytes()).await
+    })
+    .await;
 }
 
 /// `agentry agents add` checks an agent as `POST /v1/agents` does (issue 49: it checked only

@@ -25,7 +25,7 @@ async fn configure(home: &std::path::Path, args: &[&std::ffi::OsStr]) {
 }
 
 /// Runs `agentry chat <args>` in `home` with `input` as what the person types.
-async fn chat(
+pub(super) async fn chat(
     home: &std::path::Path,
     args: &[&std::ffi::OsStr],
     input: &[u8],
