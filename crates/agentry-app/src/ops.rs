@@ -2,8 +2,9 @@
 //! its own input into an [`Op`] and renders the [`OpOutcome`] that [`App::submit`] returns, so a
 //! decision, a pause or an abort does the same thing whichever front-end sent it: the same
 //! checks, the same run continued, the same status on the feed. The HTTP routes under
-//! `/v1/runs/{run_id}` submit through it; `agentry chat`, which runs without an `App`, still
-//! decides its inline approvals through the session manager.
+//! `/v1/runs/{run_id}` submit through it, and so does `agentry chat --agent`; a chat on a
+//! profile, which runs without an `App`, still decides its inline approvals through the session
+//! manager. [`App::stop_session`] stops whatever runs in a session.
 
 use serde_json::{Value, json};
 
@@ -204,6 +205,13 @@ impl App {
                 })
             }
         }
+    }
+
+    /// Stops what runs in `session` now — its run, or its group chat's exchange — as a client's
+    /// "abort this session" asks (`/v1/infer/abort`, the seed's, a terminal's Ctrl-C); `true`
+    /// when something was running. The run ends interrupted, and what is queued behind it runs.
+    pub fn stop_session(&self, session: SessionId) -> bool {
+        self.hub.cancel(session) || self.groups.cancel(session)
     }
 
     /// The calls of `run_id` (in `session`) that wait for a decision.

@@ -271,7 +271,7 @@ async fn abort(
     let session = parse_session_id(id)?;
     state.check_session_access(&caller, session).await?;
     Ok(Json(
-        json!({"session_id": session, "aborted": state.hub.cancel(session) || state.groups.cancel(session)}),
+        json!({"session_id": session, "aborted": state.stop_session(session)}),
     ))
 }
 

@@ -109,7 +109,7 @@ impl TurnEvents {
         match self {
             Self::Runtime(stream) => stream.cancel_token().cancel(),
             Self::App { app, session, .. } => {
-                app.hub.cancel(*session);
+                app.stop_session(*session);
             }
         }
     }

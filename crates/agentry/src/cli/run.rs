@@ -133,9 +133,9 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         let expires = agentry_app::clock::now_ms() + days * 24 * 3600 * 1000;
         app.store.set_expiry(session, Some(expires)).await?;
     }
-    let hub = app.hub.clone();
+    let stopper = app.clone();
     let code = print_followed(events, args.json, move || {
-        hub.cancel(session);
+        stopper.stop_session(session);
     })
     .await;
     app.shutdown.cancel();

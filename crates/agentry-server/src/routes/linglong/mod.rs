@@ -202,7 +202,7 @@ async fn abort(State(state): State<AppState>, Caller(caller): Caller, body: Byte
         .ok_or_else(|| AppError::bad_request("Missing required field: session_id"))?;
     let session = agentry_app::ids::parse_session_id(id)?;
     state.check_session_access(&caller, session).await?;
-    let aborted = state.hub.cancel(session) || state.groups.cancel(session);
+    let aborted = state.stop_session(session);
     ok(json!({"status": if aborted { "aborted" } else { "idle" }, "session_id": session}))
 }
 
