@@ -18,7 +18,7 @@ use futures::StreamExt;
 use serde_json::json;
 
 /// An app over a fresh SQLite store whose one model is the mock, and the mock.
-async fn app() -> (App, MockProvider, tempfile::TempDir) {
+pub(super) async fn app() -> (App, MockProvider, tempfile::TempDir) {
     let home = tempfile::tempdir().unwrap();
     let store = Store::open_home(home.path()).await.unwrap();
     let mock = MockProvider::start().await.unwrap();
@@ -57,7 +57,7 @@ async fn start(app: &App, text: &str) -> (SessionId, Subscription) {
     (session, subscription)
 }
 
-async fn collect(events: Followed) -> Vec<Arc<RunEvent>> {
+pub(super) async fn collect(events: Followed) -> Vec<Arc<RunEvent>> {
     tokio::time::timeout(
         Duration::from_secs(30),
         events.map(Result::unwrap).collect(),
