@@ -12,11 +12,12 @@ use agentry_core::session::{SessionManager, replay};
 use agentry_store::{NewSession, SessionQuery, Store};
 use agentry_types::{AssistantPart, ContentPart, Message, SessionId};
 
+use super::app_error;
 use super::data::DataArgs;
 use super::output::print_run;
 use super::profile::{METADATA_KEY, Profile};
-use agentry_app::StoreLog;
 use agentry_app::elicitation::Elicitations;
+use agentry_app::{App, StoreLog, ToolEnvironment};
 
 #[derive(Debug, Args)]
 pub(crate) struct SessionsArgs {
@@ -179,6 +180,22 @@ pub(crate) async fn session_manager(
     })
 }
 
+/// The application over the data folder for commands about stored sessions: nothing runs (no
+/// MCP server starts); the sessions' workspaces, and their file journals, are the data folder's
+/// (`agentry serve`'s default).
+async fn sessions_app(store: Store, data: &DataArgs) -> anyhow::Result<App> {
+    let environment = ToolEnvironment {
+        workspaces: Some(data.home()?.join("workspaces")),
+        ..ToolEnvironment::default()
+    };
+    App::builder(store)
+        .tools(environment)
+        .mcp(agentry_app::McpStart::None)
+        .build()
+        .await
+        .map_err(app_error)
+}
+
 pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
     match args.command {
@@ -271,23 +288,19 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             return Ok(worst);
         }
         SessionsCommand::Fork { id, at } => {
-            let record = store
-                .session(id)
-                .await?
-                .with_context(|| format!("no session {id}"))?;
-            let mut new = NewSession::new();
-            new.title = record.title.map(|title| format!("{title} (fork)"));
-            new.metadata = record.metadata;
-            let fork = store
-                .fork_session(id, at.unwrap_or(record.last_seq), new)
-                .await?;
-            // A fork taken mid-run must not look like a crashed run to recover.
-            let log = StoreLog::new(store.clone());
-            let events = agentry_core::session::SessionLog::load(&log, fork.id).await?;
-            if replay(&events).in_flight.is_some() {
-                store.set_status(fork.id, "interrupted").await?;
-            }
-            println!("{}", fork.id);
+            // As `POST /v1/sessions/{id}/fork` does (a fork taken mid-run is marked interrupted,
+            // not a crashed run to recover).
+            let app = sessions_app(store.clone(), data).await?;
+            let record = app
+                .session_record(&id.to_string())
+                .await
+                .map_err(app_error)?;
+            let fork = app
+                .fork_session(&record, at, None)
+                .await
+                .map_err(app_error)?;
+            app.shutdown.cancel();
+            println!("{}", fork.session.id);
         }
         SessionsCommand::Title { id, title, profile } => {
             let record = store
@@ -318,9 +331,13 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             }
         }
         SessionsCommand::Rm { id } => {
-            if !store.delete_session(id).await? {
-                anyhow::bail!("no session {id}");
-            }
+            // As `DELETE /v1/sessions/{id}` does: the session's file journal goes with it.
+            let app = sessions_app(store.clone(), data).await?;
+            app.session_record(&id.to_string())
+                .await
+                .map_err(app_error)?;
+            app.delete_session(id).await.map_err(app_error)?;
+            app.shutdown.cancel();
         }
         SessionsCommand::Prune { older_than_days } => {
             let older_than = older_than_days.map(|days| Duration::from_secs(days * 24 * 3600));

@@ -400,6 +400,51 @@ async fn a_chat_as_an_agent_works_in_its_shared_workspace() {
     .await;
 }
 
+/// `agentry sessions rm` removes a session as `DELETE /v1/sessions/{id}` does (issue 49: it
+/// deleted only the store's rows): the file journal its runs kept of what their tools changed
+/// goes with it. And a removed session is not found again.
+#[tokio::test]
+async fn removing_a_session_from_the_cli_forgets_its_file_journal() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let file = home.join("writer.json");
+    std::fs::write(
+        &file,
+        json!({"id": "writer", "model_id": "mock", "tool_ids": ["write_file"]}).to_string(),
+    )
+    .unwrap();
+    let added = agentry(home, &["agents", "add", "--file", file.to_str().unwrap()]).await;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "write_file",
+        json!({"path": "a.txt", "content": "hello\n"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Written.")));
+    let output = agentry(home, &["run", "--agent", "writer", "Write a.txt."]).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let session = text(&output.stderr)
+        .lines()
+        .find_map(|line| line.strip_prefix("session: ").map(str::to_owned))
+        .expect("the run names its session");
+    let journal = home.join("workspaces").join(".journal").join(&session);
+    assert!(journal.is_dir(), "no journal at {}", journal.display());
+    let removed = agentry(home, &["sessions", "rm", &session]).await;
+    assert!(removed.status.success(), "{}", text(&removed.stderr));
+    assert!(
+        !journal.exists(),
+        "the journal stays at {}",
+        journal.display()
+    );
+    let again = agentry(home, &["sessions", "rm", &session]).await;
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("no session"),
+        "{}",
+        text(&again.stderr)
+    );
+}
+
 /// `agentry agents add` checks an agent as `POST /v1/agents` does (issue 49: it checked only
 /// the names): a webhook to a loopback address is refused, and so is a second default A2A agent.
 #[tokio::test]
