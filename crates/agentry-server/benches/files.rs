@@ -72,13 +72,18 @@ async fn main() {
     let http = reqwest::Client::new();
     // A session (its workspace) to work in.
     let session = state
+        .app
         .store
         .create_session(agentry_store::NewSession::new())
         .await
         .unwrap()
         .id
         .to_string();
-    let workspace = state.sessions.workspace(session.parse().unwrap()).unwrap();
+    let workspace = state
+        .app
+        .sessions
+        .workspace(session.parse().unwrap())
+        .unwrap();
     std::fs::create_dir_all(&workspace).unwrap();
 
     let data: Vec<u8> = (0..SIZE).map(|i| (i * 31 % 251) as u8).collect();
@@ -176,7 +181,7 @@ async fn main() {
         );
     }
 
-    if state.tools.sandboxes.is_none() {
+    if state.app.tools.sandboxes.is_none() {
         println!("\nTerminal echo: skipped (build agentry-sandbox-init in release first)");
         return;
     }
@@ -231,7 +236,7 @@ async fn main() {
         at(0.99).as_secs_f64() * 1e3,
         at(1.0).as_secs_f64() * 1e3
     );
-    if let Some(pool) = &state.tools.sandboxes {
+    if let Some(pool) = &state.app.tools.sandboxes {
         pool.close_all().await;
     }
 }

@@ -202,12 +202,12 @@ async fn serve(store: Store, mock: &MockProvider) -> String {
         .await
         .unwrap();
     let state = AppState::new(store).await.unwrap();
-    state.set_queue_settings(QueueSettings {
+    state.app.set_queue_settings(QueueSettings {
         max_concurrent: 256,
         poll: Duration::from_millis(20),
         ..QueueSettings::default()
     });
-    state.start_worker();
+    state.app.start_worker();
     let listener = agentry_server::listen(([127, 0, 0, 1], 0).into()).unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {

@@ -45,9 +45,9 @@ fn chain(id: &str, n: usize) -> WorkflowDefinition {
 
 async fn finish(state: &AppState, run_id: &str) -> WorkflowRun {
     let operator = Principal::operator();
-    let mut changes = state.workflows.subscribe(run_id);
+    let mut changes = state.app.workflows.subscribe(run_id);
     loop {
-        let run = state.workflow_run(&operator, run_id).await.unwrap();
+        let run = state.app.workflow_run(&operator, run_id).await.unwrap();
         if run.state.is_final() {
             return run;
         }
@@ -76,15 +76,17 @@ async fn main() {
         let start = Instant::now();
         for _ in 0..n {
             state
+                .app
                 .call_tool("current_time", json!({}), ResultFormat::Text)
                 .await
                 .unwrap();
         }
         let direct = start.elapsed();
         let id = format!("chain{n}");
-        state.create_workflow(chain(&id, n)).await.unwrap();
+        state.app.create_workflow(chain(&id, n)).await.unwrap();
         let start = Instant::now();
         let run = state
+            .app
             .start_workflow(&operator, &id, json!({}))
             .await
             .unwrap();
@@ -109,10 +111,11 @@ async fn main() {
          "step": {"kind": "tool", "tool": "current_time"}}
     ]}))
     .unwrap();
-    state.create_workflow(map).await.unwrap();
+    state.app.create_workflow(map).await.unwrap();
     let before = peak_rss_mib();
     let start = Instant::now();
     let run = state
+        .app
         .start_workflow(&operator, "fan", json!({"items": items}))
         .await
         .unwrap();
@@ -134,8 +137,8 @@ async fn main() {
     println!("|---|---|");
     for n in [200, 1000] {
         let id = format!("long{n}");
-        state.create_workflow(chain(&id, n)).await.unwrap();
-        let definition = state.workflow(&id).await.unwrap();
+        state.app.create_workflow(chain(&id, n)).await.unwrap();
+        let definition = state.app.workflow(&id).await.unwrap();
         let mut steps = serde_json::Map::new();
         for i in 0..n {
             let step = if i + 1 < n {
@@ -152,15 +155,15 @@ async fn main() {
             "definition": definition,
         }))
         .unwrap();
-        ConfigRepo::new(&state.store)
+        ConfigRepo::new(&state.app.store)
             .create(&run_id, &run)
             .await
             .unwrap();
         let start = Instant::now();
-        state.resume_workflows().await;
+        state.app.resume_workflows().await;
         let run = finish(&state, &run_id).await;
         assert_eq!(run.state, WorkflowState::Succeeded);
         println!("| {n} | {:.1} ms |", start.elapsed().as_secs_f64() * 1000.0);
     }
-    state.shutdown.cancel();
+    state.app.shutdown.cancel();
 }

@@ -155,16 +155,17 @@ pub(crate) async fn authorize(
     // flight, and an unboxed lookup would make it as large as the lookup for all of them.
     let visible = match owned_resource(&path) {
         None => Ok(true),
-        Some(Owned::Session(id)) => Box::pin(state.may_see_session(&caller, id))
+        Some(Owned::Session(id)) => Box::pin(state.app.may_see_session(&caller, id))
             .await
             .map_err(ApiError::from),
         Some(Owned::Run(id)) => match Box::pin(state.app.locate(id)).await {
-            Ok(session) => Box::pin(state.may_see_session(&caller, session))
+            Ok(session) => Box::pin(state.app.may_see_session(&caller, session))
                 .await
                 .map_err(ApiError::from),
             Err(_) => Ok(true),
         },
         Some(Owned::Sandbox(id)) => Ok(state
+            .app
             .sandboxes
             .get(id)
             .map_or(true, |sandbox| caller.may_see(sandbox.owner.as_deref()))),

@@ -60,6 +60,7 @@ fn signature(
     path_and_query: &str,
 ) -> Result<HmacSha256, ApiError> {
     let key = state
+        .app
         .store
         .derived_key(ASSERTION_PURPOSE)
         .map_err(|error| ApiError::internal(error.to_string()))?;
@@ -182,7 +183,7 @@ pub async fn forward(
     body: Vec<u8>,
 ) -> Result<Response, ApiError> {
     let url = node_url(address, path_and_query);
-    let node = state.queue_settings().node_id;
+    let node = state.app.queue_settings().node_id;
     let mut request = client()
         .request(method.clone(), &url)
         .header(RELAYED, node.as_str());

@@ -120,23 +120,23 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     // A node of the cluster first (refused while another live process has its id): the runs it
     // resumes and claims carry its leases.
-    Box::pin(state.join_cluster())
+    Box::pin(state.app.join_cluster())
         .await
         .map_err(|error| ServeError::Cluster(error.message))?;
-    state.recover_at_start().await;
-    let workflows = state.resume_workflows().await;
+    state.app.recover_at_start().await;
+    let workflows = state.app.resume_workflows().await;
     if workflows > 0 {
         tracing::info!(workflows, "resumed unfinished workflow runs");
     }
     // The background-run worker: claims queued runs (and runs whose worker died) from now on.
-    state.start_worker();
-    let shutdown = state.shutdown.clone();
+    state.app.start_worker();
+    let shutdown = state.app.shutdown.clone();
     let app_state = state.app.clone();
-    let hub = state.hub.clone();
-    let mcp = state.mcp.clone();
-    let sandboxes = state.sandboxes.clone();
-    let terminals = state.tools.terminals.clone();
-    let pool = state.tools.sandboxes.clone();
+    let hub = state.app.hub.clone();
+    let mcp = state.app.mcp.clone();
+    let sandboxes = state.app.sandboxes.clone();
+    let terminals = state.app.tools.terminals.clone();
+    let pool = state.app.tools.sandboxes.clone();
     let app = router(state);
     // One router for every connection: the make-service hands each a cheap clone, where
     // serving the `Router` itself would rebuild every route's service stack per connection.

@@ -11,8 +11,8 @@ use agentry_app::{App, ToolEnvironment};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-/// The server's shared state: the [`App`] (its fields read through `Deref`) and the HTTP
-/// layer's own parts. Cheap to clone (every request clones it, often more than once): one shared
+/// The server's shared state: the [`App`] (`state.app`, named where a handler calls it) and the
+/// HTTP layer's own parts. Cheap to clone (every request clones it, often more than once): one shared
 /// [`ServerParts`]. Changing a part (`DerefMut`) is for setting up, before the state is shared.
 #[derive(Clone)]
 pub struct AppState(Arc<ServerParts>);
@@ -43,14 +43,6 @@ pub struct ServerParts {
     /// Which `Host` names and browser origins may reach the API (the origins are also the
     /// CORS origins; none: CORS off).
     pub access: crate::access::AccessPolicy,
-}
-
-impl Deref for ServerParts {
-    type Target = App;
-
-    fn deref(&self) -> &App {
-        &self.app
-    }
 }
 
 impl AppState {

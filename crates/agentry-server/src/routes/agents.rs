@@ -33,7 +33,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     responses((status = 200, description = "Every agent, by id.", body = Object))
 )]
 async fn list_agents(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!({ "agents": state.agents().await? })))
+    Ok(Json(json!({ "agents": state.app.agents().await? })))
 }
 
 /// Saves an agent.
@@ -57,7 +57,7 @@ async fn create_agent(
     State(state): State<AppState>,
     ApiJson(agent): ApiJson<AgentConfig>,
 ) -> Result<Response, ApiError> {
-    state.create_agent(&agent).await?;
+    state.app.create_agent(&agent).await?;
     Ok(created(agent))
 }
 
@@ -78,7 +78,7 @@ async fn get_agent(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<AgentConfig>, ApiError> {
-    Ok(Json(state.agent(&id).await?))
+    Ok(Json(state.app.agent(&id).await?))
 }
 
 /// Replaces an agent (the body's id must be the path's).
@@ -104,7 +104,7 @@ async fn replace_agent(
     if agent.id != id {
         return Err(ApiError::bad_request("the body's id must be the path's id"));
     }
-    Box::pin(state.replace_agent(&agent)).await?;
+    Box::pin(state.app.replace_agent(&agent)).await?;
     Ok(Json(agent))
 }
 
@@ -125,6 +125,6 @@ async fn delete_agent(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.delete_agent(&id).await?;
+    state.app.delete_agent(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -110,8 +110,12 @@ async fn submit(
         ),
     };
     let Json(body) = body?;
-    let (run, created) =
-        Box::pin(state.submit_background(&caller, body, key, query.priority)).await?;
+    let (run, created) = Box::pin(
+        state
+            .app
+            .submit_background(&caller, body, key, query.priority),
+    )
+    .await?;
     let status = if created {
         StatusCode::ACCEPTED
     } else {
@@ -204,7 +208,7 @@ async fn list(
         limit: query.limit,
         offset: query.offset,
     };
-    Ok(Json(state.background_runs(&query).await?))
+    Ok(Json(state.app.background_runs(&query).await?))
 }
 
 /// A run (background or started in its session): its state, and its outcome once it stopped.
@@ -225,7 +229,7 @@ async fn show(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<RunView>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    Ok(Json(Box::pin(state.background_run(run_id)).await?))
+    Ok(Json(Box::pin(state.app.background_run(run_id)).await?))
 }
 
 /// How long to wait.
@@ -271,7 +275,9 @@ async fn wait(
         )));
     }
     let timeout = Duration::from_secs(query.timeout_secs);
-    Ok(Json(Box::pin(state.wait_for_run(run_id, timeout)).await?))
+    Ok(Json(
+        Box::pin(state.app.wait_for_run(run_id, timeout)).await?,
+    ))
 }
 
 /// Where to start following.
@@ -316,7 +322,7 @@ async fn stream(
     let Query(query) = query?;
     let run_id = parse_run_id(&path.run_id)?;
     let after = super::sse::resume_after(&headers, query.after)?;
-    let run = Box::pin(state.wait_until_started(run_id, START_WAIT)).await?;
+    let run = Box::pin(state.app.wait_until_started(run_id, START_WAIT)).await?;
     let path = format!("/v1/runs/{run_id}/stream?after={after}");
     if let Some(relayed) =
         super::sessions::relay_stream(&state, &caller, run.session_id, &path, &headers).await?
@@ -354,7 +360,7 @@ async fn cancel(
     {
         return Ok(relayed);
     }
-    Ok(Json(Box::pin(state.cancel_background(run_id)).await?).into_response())
+    Ok(Json(Box::pin(state.app.cancel_background(run_id)).await?).into_response())
 }
 
 /// A background run's webhook deliveries, each with its attempts (status, error, duration).
@@ -375,7 +381,7 @@ async fn webhooks(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    Ok(Json(Box::pin(state.run_webhooks(run_id)).await?))
+    Ok(Json(Box::pin(state.app.run_webhooks(run_id)).await?))
 }
 
 /// Makes a new webhook signing secret and shows it this once; the previous one stops signing
@@ -391,6 +397,6 @@ async fn rotate_secret(
     State(state): State<AppState>,
     Caller(caller): Caller,
 ) -> Result<Response, ApiError> {
-    let secret = state.rotate_webhook_secret(&caller).await?;
+    let secret = state.app.rotate_webhook_secret(&caller).await?;
     Ok((StatusCode::CREATED, Json(secret)).into_response())
 }

@@ -51,5 +51,5 @@ async fn session_context(
 ) -> Result<Json<ContextReport>, ApiError> {
     let Query(query) = query?;
     let id = parse_session_id(&id)?;
-    Ok(Json(state.context_report(id, query.model).await?))
+    Ok(Json(state.app.context_report(id, query.model).await?))
 }

@@ -141,8 +141,14 @@ async fn create_group(
     body: Result<Json<CreateGroup>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    let (session, info) =
-        group::create(&state, &caller, &body.members, body.max_rounds, body.title).await?;
+    let (session, info) = group::create(
+        &state.app,
+        &caller,
+        &body.members,
+        body.max_rounds,
+        body.title,
+    )
+    .await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({"session_id": session, "group": info})),
@@ -169,7 +175,7 @@ async fn get_group(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<GroupView>, ApiError> {
     let session = parse_session_id(&id)?;
-    Ok(Json(Box::pin(group::view(&state, session)).await?))
+    Ok(Json(Box::pin(group::view(&state.app, session)).await?))
 }
 
 /// Posts a message to a group and waits for the exchange's end (every round it leads to).
@@ -195,7 +201,10 @@ async fn post_message(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     let session = parse_session_id(&id)?;
-    let started = Box::pin(group::post(&state, &caller, session, body.text, body.user)).await?;
+    let started = Box::pin(group::post(
+        &state.app, &caller, session, body.text, body.user,
+    ))
+    .await?;
     Box::pin(waited(&state, session, started, false)).await
 }
 
@@ -223,7 +232,10 @@ async fn post_message_stream(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     let session = parse_session_id(&id)?;
-    let started = Box::pin(group::post(&state, &caller, session, body.text, body.user)).await?;
+    let started = Box::pin(group::post(
+        &state.app, &caller, session, body.text, body.user,
+    ))
+    .await?;
     Ok(streamed(state, session, started, false))
 }
 
@@ -245,9 +257,9 @@ async fn abort_group(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let session = parse_session_id(&id)?;
-    group::load(&state, session).await?;
+    group::load(&state.app, session).await?;
     Ok(Json(
-        json!({"session_id": session, "aborted": state.groups.cancel(session)}),
+        json!({"session_id": session, "aborted": state.app.groups.cancel(session)}),
     ))
 }
 
@@ -268,9 +280,9 @@ async fn waited(
     started: Started,
     cancel_on_disconnect: bool,
 ) -> Result<Response, ApiError> {
-    let mut guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.groups.clone(), session)));
+    let mut guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.app.groups.clone(), session)));
     let run_id = started.run_id;
-    let events = Box::pin(group::wait(state, session, started)).await;
+    let events = Box::pin(group::wait(&state.app, session, started)).await;
     guard.0 = None;
     let events = events?;
     let mut response = Json(group::outcome(session, run_id, &events)).into_response();
@@ -289,7 +301,7 @@ fn streamed(
     let intro = Event::default()
         .event("session")
         .data(json!({"session_id": session, "run_id": started.run_id}).to_string());
-    let guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.groups.clone(), session)));
+    let guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.app.groups.clone(), session)));
     let events = follow(
         state,
         session,
@@ -372,9 +384,9 @@ async fn group_stream(
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let session = parse_session_id(&id)?;
-    group::load(&state, session).await?;
+    group::load(&state.app, session).await?;
     let after = super::sse::resume_after(&headers, query.after)?;
-    let live = state.groups.subscribe(session);
+    let live = state.app.groups.subscribe(session);
     Ok(Sse::new(follow(state, session, after, live))
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -392,7 +404,7 @@ pub(crate) fn infer_group(
     stream: bool,
 ) -> futures::future::BoxFuture<'_, Result<Response, ApiError>> {
     Box::pin(async move {
-        let (session, started) = Box::pin(state.submit_group(caller, &body)).await?;
+        let (session, started) = Box::pin(state.app.submit_group(caller, &body)).await?;
         if stream {
             Ok(streamed(state, session, started, body.cancel_on_disconnect))
         } else {

@@ -44,7 +44,7 @@ async fn trigger(
             .and_then(|value| value.strip_prefix("Bearer ").map(str::to_owned)),
         idempotency_key: text("idempotency-key"),
     };
-    let (run, created) = Box::pin(state.trigger_workflow(&id, &delivery, &body)).await?;
+    let (run, created) = Box::pin(state.app.trigger_workflow(&id, &delivery, &body)).await?;
     let status = if created {
         StatusCode::ACCEPTED
     } else {

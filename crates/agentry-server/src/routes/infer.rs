@@ -88,8 +88,13 @@ async fn infer(
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
     // Boxed, as in `infer_stream`: this handler's future is kept until the run ends.
-    let (target, request, policy) = Box::pin(state.prepare_submission(&caller, body)).await?;
-    let outcome = Box::pin(state.run_to_end(target, request, policy, cancel_on_disconnect)).await?;
+    let (target, request, policy) = Box::pin(state.app.prepare_submission(&caller, body)).await?;
+    let outcome = Box::pin(
+        state
+            .app
+            .run_to_end(target, request, policy, cancel_on_disconnect),
+    )
+    .await?;
     // A run that failed (the model call failed) is a bad gateway; guards stopping a run are not.
     let status = if outcome.failed() {
         StatusCode::BAD_GATEWAY
@@ -141,12 +146,12 @@ async fn infer_stream(
     // handler's future while the request is in flight, and an unboxed await makes it as large
     // as its largest step for every request (kilobytes, a thousand times over when a thousand
     // streams start).
-    let (target, request, policy) = Box::pin(state.prepare_submission(&caller, body)).await?;
+    let (target, request, policy) = Box::pin(state.app.prepare_submission(&caller, body)).await?;
     let mut headers = HeaderMap::new();
     let events: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
         match target {
             Target::Ephemeral => {
-                let run = state.stream_stateless(request)?;
+                let run = state.app.stream_stateless(request)?;
                 let mut mapper = SseMapper::new(false, 0);
                 Box::pin(run.flat_map(move |event| {
                     futures::stream::iter(mapper.map(&event).into_iter().map(Ok))
@@ -154,16 +159,18 @@ async fn infer_stream(
             }
             Target::Session(session) => {
                 let mut subscription =
-                    Box::pin(start_in_session(&state, session, request, policy)).await?;
+                    Box::pin(start_in_session(&state.app, session, request, policy)).await?;
                 // A run in a new session creates it with its first write: wait for that, so a
                 // start that could not be written is this request's error (507 on a full
                 // disk), not a stream that ends as soon as it begins.
-                let first = state.await_start(&mut subscription).await?;
+                let first = state.app.await_start(&mut subscription).await?;
                 if let Ok(value) = HeaderValue::from_str(&session.to_string()) {
                     headers.insert("x-session-id", value);
                 }
-                let guard =
-                    CancelOnDrop::new(state.hub.clone(), cancel_on_disconnect.then_some(session));
+                let guard = CancelOnDrop::new(
+                    state.app.hub.clone(),
+                    cancel_on_disconnect.then_some(session),
+                );
                 let mut intro = Some(
                     Event::default()
                         .event("session")
@@ -171,7 +178,7 @@ async fn infer_stream(
                 );
                 // The intro goes with the run's first event: a new session is created by the
                 // run's first commit, and a client that reads the intro finds the session.
-                let events = Box::pin(state.follow(
+                let events = Box::pin(state.app.follow(
                     session,
                     FollowFrom::Live {
                         subscription,
@@ -208,7 +215,7 @@ pub(crate) fn session_events<G: Send + 'static>(
         let mut events = events;
         // One wait for the whole stream, not a new one per event: each would be added to and
         // removed from the shutdown token's waiters, which every live stream shares.
-        let shutdown = state.shutdown.clone().cancelled_owned();
+        let shutdown = state.app.shutdown.clone().cancelled_owned();
         futures::pin_mut!(shutdown);
         // Until the followed run ends (an end in a backlog that a later start reopens is not
         // the end).
@@ -269,9 +276,9 @@ async fn abort(
         .and_then(Value::as_str)
         .ok_or_else(|| ApiError::bad_request("`session_id` (a string) is required"))?;
     let session = parse_session_id(id)?;
-    state.check_session_access(&caller, session).await?;
+    state.app.check_session_access(&caller, session).await?;
     Ok(Json(
-        json!({"session_id": session, "aborted": state.stop_session(session)}),
+        json!({"session_id": session, "aborted": state.app.stop_session(session)}),
     ))
 }
 

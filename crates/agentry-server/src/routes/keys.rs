@@ -57,7 +57,7 @@ async fn get_key(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     check_key_id(&id)?;
-    let Some((key, quotas)) = state.key_with_quotas(&id).await? else {
+    let Some((key, quotas)) = state.app.key_with_quotas(&id).await? else {
         return Err(ApiError::not_found(format!("no API key {id}")));
     };
     let mut shown =
@@ -167,7 +167,7 @@ fn auth_error(error: AuthError) -> ApiError {
     responses((status = 200, description = "The keys, newest first.", body = ApiKeyList))
 )]
 async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let keys = list_keys(&state.store).await.map_err(auth_error)?;
+    let keys = list_keys(&state.app.store).await.map_err(auth_error)?;
     let enabled = !keys.is_empty();
     Ok(Json(json!({"keys": keys, "auth_enabled": enabled})))
 }
@@ -189,11 +189,11 @@ async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<NewKeyBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let created = create_key_with(&state.store, &body.label, body.role, body.limits)
+    let created = create_key_with(&state.app.store, &body.label, body.role, body.limits)
         .await
         .map_err(auth_error)?;
     state.auth.refresh();
-    let role = list_keys(&state.store)
+    let role = list_keys(&state.app.store)
         .await
         .map_err(auth_error)?
         .into_iter()
@@ -224,7 +224,7 @@ async fn revoke(
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_key_id(&id)?;
-    if revoke_key_keeping_an_admin(&state.store, &id)
+    if revoke_key_keeping_an_admin(&state.app.store, &id)
         .await
         .map_err(auth_error)?
     {

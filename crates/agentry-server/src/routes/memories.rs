@@ -160,7 +160,7 @@ pub struct MemoryPath {
 
 async fn known_agent(state: &AppState, id: &str) -> Result<(), ApiError> {
     check_name("agent", id)?;
-    match agentry_app::agents::stored_agent(&state.store, id).await? {
+    match agentry_app::agents::stored_agent(&state.app.store, id).await? {
         Some(_) => Ok(()),
         None => Err(ApiError::not_found(format!("no agent {id:?}"))),
     }
@@ -196,8 +196,14 @@ async fn list_memories(
     known_agent(&state, &id).await?;
     let scope = scope(&caller, id, query.user)?;
     let records = match query.q.as_deref() {
-        Some(q) => state.store.search_memories(&scope, q, query.limit).await?,
-        None => state.store.memories(&scope, query.limit).await?,
+        Some(q) => {
+            state
+                .app
+                .store
+                .search_memories(&scope, q, query.limit)
+                .await?
+        }
+        None => state.app.store.memories(&scope, query.limit).await?,
     };
     Ok(Json(MemoryList {
         memories: records.into_iter().map(Memory::from).collect(),
@@ -227,6 +233,7 @@ async fn add_memory(
 ) -> Result<Response, ApiError> {
     known_agent(&state, &id).await?;
     let (record, created) = state
+        .app
         .store
         .remember(NewMemory {
             scope: scope(&caller, id, body.user)?,
@@ -245,6 +252,7 @@ async fn add_memory(
 
 async fn stored(state: &AppState, id: u64) -> Result<MemoryRecord, ApiError> {
     state
+        .app
         .store
         .memory(id)
         .await?
@@ -293,6 +301,7 @@ async fn edit_memory(
     let current = stored(&state, id).await?;
     let kind = edit.kind.map_or(current.kind, MemoryKind::from);
     let record = state
+        .app
         .store
         .update_memory(id, kind, &edit.text)
         .await?
@@ -317,7 +326,7 @@ async fn delete_memory(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<u64>,
 ) -> Result<StatusCode, ApiError> {
-    if state.store.delete_memory(id).await? {
+    if state.app.store.delete_memory(id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("no memory {id}")))

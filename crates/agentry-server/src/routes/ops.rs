@@ -46,14 +46,14 @@ async fn healthz() -> Json<Value> {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let version = state.store.schema_version().await.map_err(|error| {
+    let version = state.app.store.schema_version().await.map_err(|error| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             error.to_string(),
         )
     })?;
-    if let Some(reason) = state.store.storage_full() {
+    if let Some(reason) = state.app.store.storage_full() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "storage_full",
@@ -67,9 +67,9 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     }
     Ok(Json(json!({
         "status": "ready",
-        "database": state.store.backend().as_str(),
+        "database": state.app.store.backend().as_str(),
         "schema_version": version,
-        "live_runs": state.hub.live_runs(),
+        "live_runs": state.app.hub.live_runs(),
     })))
 }
 
@@ -86,7 +86,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 async fn cluster(
     State(state): State<AppState>,
 ) -> Result<Json<agentry_app::cluster::ClusterView>, ApiError> {
-    Ok(Json(state.cluster().await?))
+    Ok(Json(state.app.cluster().await?))
 }
 
 /// This API's OpenAPI 3.1 document.

@@ -78,7 +78,7 @@ async fn list_approvals(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<ApprovalList>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    Ok(Json(state.approvals_of_run(run_id).await?))
+    Ok(Json(state.app.approvals_of_run(run_id).await?))
 }
 
 /// The calls of a session's run that wait for a person's decision.
@@ -100,7 +100,7 @@ async fn session_approvals(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ApprovalList>, ApiError> {
     let session = parse_session_id(&id)?;
-    Ok(Json(state.approvals_of_session(session).await?))
+    Ok(Json(state.app.approvals_of_session(session).await?))
 }
 
 /// Decides waiting calls: approve, reject (the model reads the reason as the call's error
@@ -136,7 +136,7 @@ async fn decide(
     // goes there. (Decisions on waiting calls are durable: any node takes them.)
     if body.elicitation_id.is_some()
         && !crate::relay::was_relayed(&headers)
-        && let Some(address) = state.remote_run_owner(run_id).await?
+        && let Some(address) = state.app.remote_run_owner(run_id).await?
     {
         let json = serde_json::to_vec(&body)
             .map_err(|error| ApiError::internal(format!("cannot relay the answer: {error}")))?;
@@ -152,7 +152,7 @@ async fn decide(
         )
         .await;
     }
-    let outcome = Box::pin(state.submit(body.into_op(run_id)?)).await?;
+    let outcome = Box::pin(state.app.submit(body.into_op(run_id)?)).await?;
     Ok(Json(DecideOutcome::from(outcome)).into_response())
 }
 
@@ -182,7 +182,7 @@ async fn interrupt(
     if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "interrupt").await? {
         return Ok(relayed);
     }
-    let outcome = Box::pin(state.submit(Op::Interrupt { run_id })).await?;
+    let outcome = Box::pin(state.app.submit(Op::Interrupt { run_id })).await?;
     Ok(Json(ControlOutcome::new(&outcome, "interrupt", "interrupted")).into_response())
 }
 
@@ -197,7 +197,7 @@ pub(crate) async fn on_owner(
     if crate::relay::was_relayed(headers) {
         return Ok(None);
     }
-    let Some(address) = state.remote_run_owner(run_id).await? else {
+    let Some(address) = state.app.remote_run_owner(run_id).await? else {
         return Ok(None);
     };
     let path = format!("/v1/runs/{run_id}/{action}");
@@ -242,7 +242,7 @@ async fn pause(
     if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "pause").await? {
         return Ok(relayed);
     }
-    let outcome = Box::pin(state.submit(Op::Pause { run_id })).await?;
+    let outcome = Box::pin(state.app.submit(Op::Pause { run_id })).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(ControlOutcome::new(&outcome, "pause", "pausing")),
@@ -270,7 +270,7 @@ async fn resume(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<ControlOutcome>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    let outcome = Box::pin(state.submit(Op::Resume { run_id })).await?;
+    let outcome = Box::pin(state.app.submit(Op::Resume { run_id })).await?;
     Ok(Json(ControlOutcome::new(&outcome, "resume", "running")))
 }
 
@@ -299,6 +299,6 @@ async fn abort(
     if let Some(relayed) = on_owner(&state, &caller, run_id, &headers, "abort").await? {
         return Ok(relayed);
     }
-    let outcome = Box::pin(state.submit(Op::Abort { run_id })).await?;
+    let outcome = Box::pin(state.app.submit(Op::Abort { run_id })).await?;
     Ok(Json(ControlOutcome::new(&outcome, "abort", "interrupted")).into_response())
 }

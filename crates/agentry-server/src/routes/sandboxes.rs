@@ -237,7 +237,7 @@ fn text_event(name: &'static str, text: String) -> Event {
 async fn capabilities(
     State(state): State<AppState>,
 ) -> Result<Json<SandboxCapabilities>, ApiError> {
-    Ok(Json(state.sandbox_capabilities().await?))
+    Ok(Json(state.app.sandbox_capabilities().await?))
 }
 
 /// Creates a sandbox.
@@ -276,7 +276,7 @@ async fn create_sandbox(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
-    let view = state.create_sandbox(&caller, request).await?;
+    let view = state.app.create_sandbox(&caller, request).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
@@ -295,7 +295,9 @@ async fn list_sandboxes(
     State(state): State<AppState>,
     Caller(caller): Caller,
 ) -> Result<Json<SandboxList>, ApiError> {
-    Ok(Json(state.list_sandboxes(|owner| caller.may_see(owner))?))
+    Ok(Json(
+        state.app.list_sandboxes(|owner| caller.may_see(owner))?,
+    ))
 }
 
 /// One sandbox.
@@ -316,7 +318,7 @@ async fn get_sandbox(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxView>, ApiError> {
-    let entry = state.sandbox(&id)?;
+    let entry = state.app.sandbox(&id)?;
     Ok(Json(sandbox_view(&entry)))
 }
 
@@ -338,7 +340,7 @@ async fn delete_sandbox(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.close_sandbox(&id).await?;
+    state.app.close_sandbox(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -382,7 +384,7 @@ async fn exec(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
-    Ok(match state.exec_in_sandbox(&id, body).await? {
+    Ok(match state.app.exec_in_sandbox(&id, body).await? {
         Started::Background(started) => (StatusCode::ACCEPTED, Json(started)).into_response(),
         Started::Foreground {
             command,
@@ -410,7 +412,7 @@ async fn list_processes(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
-    Ok(Json(state.sandbox_processes(&id)?))
+    Ok(Json(state.app.sandbox_processes(&id)?))
 }
 
 /// A background process: its output so far and its status.
@@ -431,7 +433,7 @@ async fn get_process(
     State(state): State<AppState>,
     ApiPath((id, exec_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ProcessDetail>, ApiError> {
-    Ok(Json(state.sandbox_process(&id, &exec_id)?))
+    Ok(Json(state.app.sandbox_process(&id, &exec_id)?))
 }
 
 /// Kills a background process and everything it started, and waits up to 5 s for its end.
@@ -452,7 +454,7 @@ async fn kill_process(
     State(state): State<AppState>,
     ApiPath((id, exec_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ProcessDetail>, ApiError> {
-    Ok(Json(state.kill_sandbox_process(&id, &exec_id).await?))
+    Ok(Json(state.app.kill_sandbox_process(&id, &exec_id).await?))
 }
 
 /// Reads a regular file (up to 16 MiB) as raw bytes.
@@ -478,7 +480,7 @@ async fn read_file(
     query: Result<Query<FileQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
-    let bytes = state.read_sandbox_file(&id, &query.path).await?;
+    let bytes = state.app.read_sandbox_file(&id, &query.path).await?;
     let mut response =
         ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response();
     super::linglong::workspace::never_active(response.headers_mut());
@@ -512,7 +514,7 @@ async fn write_file(
     query: Result<Query<FileQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
-    state.sandbox(&id)?;
+    state.app.sandbox(&id)?;
     let Query(query) = query?;
     check_path("`path`", &query.path)?;
     let body = body.map_err(|rejection| {
@@ -526,7 +528,10 @@ async fn write_file(
             body_rejection(rejection)
         }
     })?;
-    state.write_sandbox_file(&id, &query.path, &body).await?;
+    state
+        .app
+        .write_sandbox_file(&id, &query.path, &body)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -553,6 +558,7 @@ async fn delete_file(
 ) -> Result<StatusCode, ApiError> {
     let Query(query) = query?;
     state
+        .app
         .delete_sandbox_file(&id, &query.path, query.recursive)
         .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -579,7 +585,7 @@ async fn list_files(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<DirListing>, ApiError> {
     let Query(query) = query?;
-    Ok(Json(state.list_sandbox_files(&id, query.path).await?))
+    Ok(Json(state.app.list_sandbox_files(&id, query.path).await?))
 }
 
 /// The metadata of a path (`lstat`: a symlink is described, not followed).
@@ -603,7 +609,7 @@ async fn stat_file(
     query: Result<Query<FileQuery>, QueryRejection>,
 ) -> Result<Json<FileStatView>, ApiError> {
     let Query(query) = query?;
-    Ok(Json(state.stat_sandbox_file(&id, &query.path).await?))
+    Ok(Json(state.app.stat_sandbox_file(&id, &query.path).await?))
 }
 
 /// Makes a directory (and its missing parents with `parents`).
@@ -629,6 +635,7 @@ async fn make_directory(
     ApiJson(request): ApiJson<MkdirRequest>,
 ) -> Result<StatusCode, ApiError> {
     state
+        .app
         .make_sandbox_directory(&id, &request.path, request.parents)
         .await?;
     Ok(StatusCode::CREATED)

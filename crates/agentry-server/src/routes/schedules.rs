@@ -63,7 +63,7 @@ async fn create(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<ScheduleRequest>,
 ) -> Result<Response, ApiError> {
-    let schedule = Box::pin(state.create_schedule(&caller, request)).await?;
+    let schedule = Box::pin(state.app.create_schedule(&caller, request)).await?;
     Ok((StatusCode::CREATED, Json(schedule)).into_response())
 }
 
@@ -76,7 +76,7 @@ async fn create(
     responses((status = 200, description = "The schedules.", body = ScheduleList))
 )]
 async fn list(State(state): State<AppState>) -> Result<Json<ScheduleList>, ApiError> {
-    Ok(Json(state.schedules().await?))
+    Ok(Json(state.app.schedules().await?))
 }
 
 /// A schedule, with its next fire times.
@@ -96,7 +96,7 @@ async fn show(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<SchedulePath>,
 ) -> Result<Json<ScheduleView>, ApiError> {
-    Ok(Json(state.schedule(&path.id).await?))
+    Ok(Json(state.app.schedule(&path.id).await?))
 }
 
 /// Replaces a schedule's settings (enable or disable it with `enabled`); its next fire is
@@ -121,7 +121,7 @@ async fn replace(
     ApiJson(request): ApiJson<ScheduleRequest>,
 ) -> Result<Json<ScheduleView>, ApiError> {
     Ok(Json(
-        Box::pin(state.replace_schedule(&caller, &path.id, request)).await?,
+        Box::pin(state.app.replace_schedule(&caller, &path.id, request)).await?,
     ))
 }
 
@@ -142,7 +142,7 @@ async fn remove(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<SchedulePath>,
 ) -> Result<StatusCode, ApiError> {
-    state.delete_schedule(&path.id).await?;
+    state.app.delete_schedule(&path.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -180,5 +180,5 @@ async fn runs(
     query: Result<Query<RunsQuery>, QueryRejection>,
 ) -> Result<Json<RunList>, ApiError> {
     let Query(query) = query?;
-    Ok(Json(state.schedule_runs(&path.id, query.limit).await?))
+    Ok(Json(state.app.schedule_runs(&path.id, query.limit).await?))
 }

@@ -90,7 +90,7 @@ async fn list(
         limit: query.limit,
         offset: query.offset,
     };
-    Ok(Json(state.list_sessions(&query).await?))
+    Ok(Json(state.app.list_sessions(&query).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -131,6 +131,7 @@ async fn search(
     let owner = caller.owner_filter();
     Ok(Json(
         state
+            .app
             .search_sessions(&query.q, query.limit, owner.as_deref())
             .await?,
     ))
@@ -153,8 +154,8 @@ async fn show(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
-    let record = state.session_record(&id).await?;
-    Ok(Json(Box::pin(state.session_detail(record)).await?))
+    let record = state.app.session_record(&id).await?;
+    Ok(Json(Box::pin(state.app.session_detail(record)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -186,9 +187,9 @@ async fn events(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Json<SessionEvents>, ApiError> {
     let Query(query) = query?;
-    let record = state.session_record(&id).await?;
+    let record = state.app.session_record(&id).await?;
     Ok(Json(
-        Box::pin(state.session_events(record.id, query.after)).await?,
+        Box::pin(state.app.session_events(record.id, query.after)).await?,
     ))
 }
 
@@ -221,7 +222,7 @@ async fn stream(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
-    let record = state.session_record(&id).await?;
+    let record = state.app.session_record(&id).await?;
     let after = super::sse::resume_after(&headers, query.after)?;
     let path = format!("/v1/sessions/{}/stream?after={after}", record.id);
     if let Some(relayed) = relay_stream(&state, &caller, record.id, &path, &headers).await? {
@@ -243,7 +244,7 @@ pub(crate) async fn relay_stream(
     if crate::relay::was_relayed(headers) {
         return Ok(None);
     }
-    let Some(address) = state.remote_owner(session).await? else {
+    let Some(address) = state.app.remote_owner(session).await? else {
         return Ok(None);
     };
     match crate::relay::forward(
@@ -271,7 +272,7 @@ pub(crate) async fn attach(
     session: agentry_types::SessionId,
     after: u64,
 ) -> Result<Response, ApiError> {
-    let events = Box::pin(state.follow(session, FollowFrom::After(after))).await?;
+    let events = Box::pin(state.app.follow(session, FollowFrom::After(after))).await?;
     let mapper = SseMapper::new(true, after);
     let stream = session_events::<()>(state, session, events, mapper, None);
     Ok(Sse::new(stream)
@@ -322,9 +323,9 @@ async fn fork(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body: ForkBody = optional_json(body)?;
-    let record = state.session_record(&id).await?;
+    let record = state.app.session_record(&id).await?;
     // The fork belongs to whoever forked it (a user key can fork only its own sessions).
-    let fork = Box::pin(state.fork_session(&record, body.at_seq, caller.owner())).await?;
+    let fork = Box::pin(state.app.fork_session(&record, body.at_seq, caller.owner())).await?;
     Ok((StatusCode::CREATED, Json(fork)).into_response())
 }
 
@@ -363,9 +364,14 @@ async fn title(
     body: Result<Json<TitleBody>, JsonRejection>,
 ) -> Result<Json<TitleOutcome>, ApiError> {
     let Json(body) = body?;
-    let record = state.session_record(&id).await?;
+    let record = state.app.session_record(&id).await?;
     Ok(Json(
-        Box::pin(state.retitle_session(&caller, record.id, body.title, body.model_id)).await?,
+        Box::pin(
+            state
+                .app
+                .retitle_session(&caller, record.id, body.title, body.model_id),
+        )
+        .await?,
     ))
 }
 
@@ -401,8 +407,8 @@ async fn read(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
     let body: ReadBody = optional_json(body)?;
-    let record = state.session_record(&id).await?;
-    state.mark_session_read(&record, body.seq).await?;
+    let record = state.app.session_record(&id).await?;
+    state.app.mark_session_read(&record, body.seq).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -426,8 +432,8 @@ async fn continue_run(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let record = state.session_record(&id).await?;
-    let outcome = Box::pin(state.continue_session(&caller, &record)).await?;
+    let record = state.app.session_record(&id).await?;
+    let outcome = Box::pin(state.app.continue_session(&caller, &record)).await?;
     Ok((StatusCode::ACCEPTED, Json(outcome)).into_response())
 }
 
@@ -449,8 +455,8 @@ async fn remove(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let record = state.session_record(&id).await?;
-    Box::pin(state.delete_session(record.id)).await?;
+    let record = state.app.session_record(&id).await?;
+    Box::pin(state.app.delete_session(record.id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -483,7 +489,7 @@ async fn file_turns(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<FileTurns>, ApiError> {
-    let turns = Box::pin(state.file_turns(&caller, &id)).await?;
+    let turns = Box::pin(state.app.file_turns(&caller, &id)).await?;
     Ok(Json(FileTurns {
         session_id: id,
         turns,
@@ -513,7 +519,7 @@ async fn file_turn_diff(
     Path((id, turn)): Path<(String, String)>,
 ) -> Result<Json<agentry_app::turn_files::TurnDiff>, ApiError> {
     Ok(Json(
-        Box::pin(state.file_turn_diff(&caller, &id, &turn)).await?,
+        Box::pin(state.app.file_turn_diff(&caller, &id, &turn)).await?,
     ))
 }
 
@@ -568,7 +574,7 @@ async fn revoke(
         keep_files: body.keep_files,
     };
     Ok(Json(
-        Box::pin(state.revoke_turn(&caller, &id, request)).await?,
+        Box::pin(state.app.revoke_turn(&caller, &id, request)).await?,
     ))
 }
 

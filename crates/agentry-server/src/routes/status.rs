@@ -36,8 +36,8 @@ pub(crate) fn visible_changes(
     state: AppState,
     caller: Principal,
 ) -> impl Stream<Item = FeedItem> + Send {
-    let mut changes = state.hub.status_changes();
-    let shutdown = state.shutdown.clone();
+    let mut changes = state.app.hub.status_changes();
+    let shutdown = state.app.shutdown.clone();
     let mut visible: HashMap<agentry_types::SessionId, bool> = HashMap::new();
     async_stream::stream! {
         loop {
@@ -52,7 +52,7 @@ pub(crate) fn visible_changes(
                             let seen = match visible.get(&change.session_id) {
                                 Some(seen) => *seen,
                                 None => {
-                                    let seen = state.may_see_session(&caller, change.session_id)
+                                    let seen = state.app.may_see_session(&caller, change.session_id)
                                         .await
                                         .unwrap_or(false);
                                     visible.insert(change.session_id, seen);

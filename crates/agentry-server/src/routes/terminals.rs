@@ -78,6 +78,7 @@ async fn list(
 ) -> Result<Json<TerminalList>, ApiError> {
     let Query(query) = query?;
     let terminals = state
+        .app
         .list_terminals(&caller, query.session_id.as_deref())
         .await?;
     Ok(Json(TerminalList { terminals }))
@@ -127,6 +128,7 @@ async fn open(
     let body: OpenBody = serde_json::from_slice(&body)
         .map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))?;
     let terminal = state
+        .app
         .open_terminal(
             &caller,
             &body.session_id,
@@ -169,7 +171,7 @@ async fn show(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TerminalInfo>, ApiError> {
-    let terminal = state.terminal(&caller, &id).await?;
+    let terminal = state.app.terminal(&caller, &id).await?;
     Ok(Json(shown(&terminal)?))
 }
 
@@ -190,7 +192,7 @@ async fn close(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.close_terminal(&caller, &id).await?;
+    state.app.close_terminal(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -203,7 +205,7 @@ async fn attach(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = websocket(upgrade)?;
-    let terminal = state.terminal(&caller, &id).await?;
+    let terminal = state.app.terminal(&caller, &id).await?;
     Ok(serve_socket(&state, &terminal, upgrade, Flavour::Agentry))
 }
 
@@ -228,7 +230,7 @@ pub(crate) fn serve_socket(
     flavour: Flavour,
 ) -> Response {
     let attachment = terminal.attach();
-    let shutdown = state.shutdown.clone();
+    let shutdown = state.app.shutdown.clone();
     upgrade.on_upgrade(move |socket| socket_loop(socket, attachment, flavour, shutdown))
 }
 

@@ -73,7 +73,7 @@ async fn workflow_schema() -> Result<Json<Value>, ApiError> {
     responses((status = 200, description = "The workflows, by id.", body = WorkflowList))
 )]
 async fn list_workflows(State(state): State<AppState>) -> Result<Json<WorkflowList>, ApiError> {
-    Ok(Json(state.workflows().await?))
+    Ok(Json(state.app.workflows().await?))
 }
 
 /// Saves a workflow (version 1), after checking it whole: problems are named by their path.
@@ -97,7 +97,7 @@ async fn create_workflow(
     State(state): State<AppState>,
     ApiJson(definition): ApiJson<WorkflowDefinition>,
 ) -> Result<Response, ApiError> {
-    Ok(created(state.create_workflow(definition).await?))
+    Ok(created(state.app.create_workflow(definition).await?))
 }
 
 /// A workflow.
@@ -117,7 +117,7 @@ async fn get_workflow(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<WorkflowDefinition>, ApiError> {
-    Ok(Json(state.workflow(&name).await?))
+    Ok(Json(state.app.workflow(&name).await?))
 }
 
 /// Replaces a workflow with its next version (runs going on keep theirs).
@@ -139,7 +139,7 @@ async fn replace_workflow(
     ApiPath(name): ApiPath<String>,
     ApiJson(definition): ApiJson<WorkflowDefinition>,
 ) -> Result<Json<WorkflowDefinition>, ApiError> {
-    Ok(Json(state.replace_workflow(&name, definition).await?))
+    Ok(Json(state.app.replace_workflow(&name, definition).await?))
 }
 
 /// Deletes a workflow (its runs stay).
@@ -155,7 +155,7 @@ async fn delete_workflow(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.delete_workflow(&name).await?;
+    state.app.delete_workflow(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -178,7 +178,7 @@ async fn create_trigger(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let trigger = state.create_workflow_trigger(&name).await?;
+    let trigger = state.app.create_workflow_trigger(&name).await?;
     Ok((StatusCode::CREATED, Json(trigger)).into_response())
 }
 
@@ -195,7 +195,7 @@ async fn delete_trigger(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.delete_workflow_trigger(&name).await?;
+    state.app.delete_workflow_trigger(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -241,9 +241,14 @@ async fn start_run(
 ) -> Result<Response, ApiError> {
     let run = match &body.webhook_url {
         Some(url) => {
-            Box::pin(state.start_workflow_with_webhook(&caller, &name, body.input, url)).await?
+            Box::pin(
+                state
+                    .app
+                    .start_workflow_with_webhook(&caller, &name, body.input, url),
+            )
+            .await?
         }
-        None => state.start_workflow(&caller, &name, body.input).await?,
+        None => state.app.start_workflow(&caller, &name, body.input).await?,
     };
     Ok((StatusCode::ACCEPTED, Json(run)).into_response())
 }
@@ -275,6 +280,7 @@ async fn list_runs(
     let Query(query) = query?;
     Ok(Json(
         state
+            .app
             .workflow_runs(&caller, query.workflow_id.as_deref())
             .await?,
     ))
@@ -294,7 +300,7 @@ async fn get_run(
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<WorkflowRun>, ApiError> {
-    Ok(Json(state.workflow_run(&caller, &id).await?))
+    Ok(Json(state.app.workflow_run(&caller, &id).await?))
 }
 
 /// A run's webhook deliveries (its end, told to its webhook), each with its attempts.
@@ -314,7 +320,7 @@ async fn run_webhooks(
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<DeliveryList>, ApiError> {
-    Ok(Json(state.workflow_run_webhooks(&caller, &id).await?))
+    Ok(Json(state.app.workflow_run_webhooks(&caller, &id).await?))
 }
 
 /// A decision on an approval step.
@@ -358,6 +364,7 @@ async fn approve_step(
     ApiJson(body): ApiJson<ApproveBody>,
 ) -> Result<StatusCode, ApiError> {
     state
+        .app
         .decide_workflow_step(&caller, &id, &body.step, body.approved, body.comment)
         .await?;
     Ok(StatusCode::ACCEPTED)
@@ -399,6 +406,7 @@ async fn signal_run(
     ApiJson(body): ApiJson<SignalBody>,
 ) -> Result<StatusCode, ApiError> {
     state
+        .app
         .signal_workflow(&caller, &id, &body.name, body.payload)
         .await?;
     Ok(StatusCode::ACCEPTED)
@@ -418,7 +426,7 @@ async fn cancel_run(
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.cancel_workflow(&caller, &id).await?;
+    state.app.cancel_workflow(&caller, &id).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -441,7 +449,7 @@ async fn retry_run(
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let run = state.retry_workflow(&caller, &id).await?;
+    let run = state.app.retry_workflow(&caller, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(run)).into_response())
 }
 
@@ -472,10 +480,10 @@ async fn stream_run(
 ) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     // An unknown run is a 404 before the stream opens.
-    let run = state.workflow_run(&caller, &id).await?;
+    let run = state.app.workflow_run(&caller, &id).await?;
     let resume = super::sse::resume_after(&headers, u64::MAX)?;
     let events = async_stream::stream! {
-        let mut changes = state.workflows.subscribe(&id);
+        let mut changes = state.app.workflows.subscribe(&id);
         let mut seq = if resume == u64::MAX || resume > run.seq {
             let Ok(view) = serde_json::to_value(&run) else { return };
             yield Ok::<_, std::convert::Infallible>(
@@ -487,7 +495,7 @@ async fn stream_run(
         };
         let mut ended = run.state.is_final() && seq >= run.seq;
         while !ended {
-            let Ok(recorded) = state.store.workflow_events(&id, seq).await else { break };
+            let Ok(recorded) = state.app.store.workflow_events(&id, seq).await else { break };
             for (number, event) in recorded {
                 let kind = event["type"].as_str().unwrap_or("step").to_owned();
                 if kind == "run"
@@ -507,7 +515,7 @@ async fn stream_run(
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                _ = state.shutdown.cancelled() => break,
+                _ = state.app.shutdown.cancelled() => break,
             }
         }
     };

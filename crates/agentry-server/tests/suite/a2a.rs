@@ -16,11 +16,11 @@ use super::support::{Server, host_commands, start_with};
 /// A server whose worker runs background runs (A2A tasks are background runs).
 async fn start() -> Server {
     let server = start_with(host_commands, |_| {}).await;
-    server.state.set_queue_settings(QueueSettings {
+    server.state.app.set_queue_settings(QueueSettings {
         poll: Duration::from_millis(50),
         ..QueueSettings::default()
     });
-    server.state.start_worker();
+    server.state.app.start_worker();
     server
 }
 

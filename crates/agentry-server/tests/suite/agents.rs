@@ -399,6 +399,7 @@ async fn new_agent_fields_are_validated_and_old_agents_still_load() {
     // An agent stored before the new fields existed loads and runs with its old limits.
     server
         .state
+        .app
         .store
         .put_config(
             agentry_store::ConfigKind::Agent,

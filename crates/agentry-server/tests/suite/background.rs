@@ -14,13 +14,13 @@ use super::support::{Server, host_commands, start_with};
 /// A server whose worker runs at most `max_concurrent` background runs and queues `max_queued`.
 async fn start_queue(max_concurrent: usize, max_queued: u64) -> Server {
     let server = start_with(host_commands, |_| {}).await;
-    server.state.set_queue_settings(QueueSettings {
+    server.state.app.set_queue_settings(QueueSettings {
         max_concurrent,
         max_queued,
         poll: Duration::from_millis(50),
         ..QueueSettings::default()
     });
-    server.state.start_worker();
+    server.state.app.start_worker();
     server
 }
 
@@ -545,7 +545,7 @@ async fn start_up_recovery_leaves_running_background_runs_to_the_queue() {
     use agentry_store::{NewEvent, NewRun, NewSession};
     use agentry_types::{RunId, SessionId};
     let server = start_with(host_commands, |_| {}).await;
-    let store = server.state.store.clone();
+    let store = server.state.app.store.clone();
     // A real run's start, to copy into two sessions that a crash left mid-run.
     server
         .mock
@@ -611,8 +611,8 @@ async fn start_up_recovery_leaves_running_background_runs_to_the_queue() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("resumed")));
-    assert_eq!(server.state.recover_at_start().await, 1);
-    assert!(!server.state.hub.is_live(queued), "left to the queue");
+    assert_eq!(server.state.app.recover_at_start().await, 1);
+    assert!(!server.state.app.hub.is_live(queued), "left to the queue");
     // The plain one was resumed and ends; the queued one's log is untouched.
     for _ in 0..200 {
         if store.session(plain).await.unwrap().unwrap().status == "idle" {

@@ -216,7 +216,7 @@ async fn models_are_created_listed_replaced_renamed_and_deleted() {
     );
     let list = server.get("/v1/models").await;
     assert_eq!(names(&list.body, "models", "id"), ["alpha", "omega"]);
-    let runtime = server.state.sessions.runtime();
+    let runtime = server.state.app.sessions.runtime();
     assert!(runtime.model_client("omega").is_ok());
     assert!(runtime.model_client("zeta").is_err());
 
@@ -240,6 +240,7 @@ async fn models_are_created_listed_replaced_renamed_and_deleted() {
     assert!(
         server
             .state
+            .app
             .sessions
             .runtime()
             .model_client("omega")
@@ -342,7 +343,15 @@ async fn bad_model_input_is_a_json_4xx_and_writes_nothing() {
     }
 
     assert_eq!(server.get("/v1/models").await.body, json!({"models": []}));
-    assert!(server.state.sessions.runtime().model_client("m1").is_err());
+    assert!(
+        server
+            .state
+            .app
+            .sessions
+            .runtime()
+            .model_client("m1")
+            .is_err()
+    );
 }
 
 #[tokio::test]
@@ -356,7 +365,7 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
         );
     }
     assert_eq!(
-        server.state.sessions.runtime().default_model_id(),
+        server.state.app.sessions.runtime().default_model_id(),
         Some("zeta")
     );
     // Replacing zeta keeps its place.
@@ -367,7 +376,7 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
         StatusCode::OK,
     );
     assert_eq!(
-        server.state.sessions.runtime().default_model_id(),
+        server.state.app.sessions.runtime().default_model_id(),
         Some("zeta")
     );
     // A model marked default wins, wherever it was registered.
@@ -377,7 +386,7 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
     assert_status(&created, StatusCode::CREATED);
     assert_eq!(created.body["default"], true);
     assert_eq!(
-        server.state.sessions.runtime().default_model_id(),
+        server.state.app.sessions.runtime().default_model_id(),
         Some("mid")
     );
     // Unmarked models do not carry the field.
@@ -394,7 +403,7 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
     alpha["default"] = json!(true);
     assert_status(&server.put("/v1/models/alpha", alpha).await, StatusCode::OK);
     assert_eq!(
-        server.state.sessions.runtime().default_model_id(),
+        server.state.app.sessions.runtime().default_model_id(),
         Some("alpha")
     );
     assert!(
@@ -421,7 +430,7 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
         StatusCode::NO_CONTENT,
     );
     assert_eq!(
-        server.state.sessions.runtime().default_model_id(),
+        server.state.app.sessions.runtime().default_model_id(),
         Some("zeta")
     );
 }
@@ -441,6 +450,7 @@ async fn a_registered_model_gets_the_context_window_its_provider_states() {
     );
     let client = server
         .state
+        .app
         .sessions
         .runtime()
         .model_client("served")
@@ -454,7 +464,7 @@ async fn a_registered_model_gets_the_context_window_its_provider_states() {
         &server.post("/v1/models", configured).await,
         StatusCode::CREATED,
     );
-    let runtime = server.state.sessions.runtime();
+    let runtime = server.state.app.sessions.runtime();
     assert_eq!(
         runtime.model_client("fixed").unwrap().context().window,
         10_000
@@ -485,7 +495,15 @@ async fn a_registered_model_is_usable_at_once_and_its_connection_test_reaches_th
     let mut model = openai_model("mock", &mock);
     model["api_key_secret"] = json!("MOCK_KEY");
     assert_status(&server.post("/v1/models", model).await, StatusCode::CREATED);
-    assert!(server.state.sessions.runtime().model_client("mock").is_ok());
+    assert!(
+        server
+            .state
+            .app
+            .sessions
+            .runtime()
+            .model_client("mock")
+            .is_ok()
+    );
 
     mock.enqueue(Reply::scripted(ScriptedTurn::text("pong")));
     let ok = server.post("/v1/models/mock/test", json!({})).await;
@@ -584,7 +602,7 @@ async fn tools_list_builtins_and_configured_ones() {
         "not_found",
     );
 
-    let runtime = server.state.sessions.runtime();
+    let runtime = server.state.app.sessions.runtime();
     assert!(runtime.tools().contains("echo_args"));
     assert!(runtime.tools().contains("search"));
 }
@@ -738,7 +756,7 @@ async fn tools_are_replaced_renamed_and_deleted_but_builtins_are_fixed() {
         StatusCode::NOT_FOUND,
         "not_found",
     );
-    let runtime = server.state.sessions.runtime();
+    let runtime = server.state.app.sessions.runtime();
     assert!(runtime.tools().contains("three") && !runtime.tools().contains("one"));
 
     let missing = server
@@ -777,7 +795,7 @@ async fn tools_are_replaced_renamed_and_deleted_but_builtins_are_fixed() {
         StatusCode::BAD_REQUEST,
         "invalid_request",
     );
-    assert!(!server.state.sessions.runtime().tools().contains("two"));
+    assert!(!server.state.app.sessions.runtime().tools().contains("two"));
     let list = server.get("/v1/tools").await;
     let mut listed = names(&list.body, "tools", "name");
     listed.sort();
@@ -837,7 +855,7 @@ async fn batch_delete_is_its_own_route() {
     let mut listed = names(&server.get("/v1/tools").await.body, "tools", "name");
     listed.sort();
     assert_eq!(listed, ["c", "current_time", "delegate", "talk_to"]);
-    let runtime = server.state.sessions.runtime();
+    let runtime = server.state.app.sessions.runtime();
     assert!(!runtime.tools().contains("a") && runtime.tools().contains("c"));
 }
 
@@ -1006,6 +1024,7 @@ async fn prompt_templates_round_trip_with_their_variables() {
     assert!(
         server
             .state
+            .app
             .sessions
             .runtime()
             .templates()
@@ -1036,7 +1055,7 @@ async fn prompt_templates_round_trip_with_their_variables() {
         json!({"variables": ["who"]})
     );
     assert_eq!(
-        server.state.sessions.runtime().templates().get("greet"),
+        server.state.app.sessions.runtime().templates().get("greet"),
         Some("Hi {{ who }}")
     );
     let clash = server
@@ -1061,6 +1080,7 @@ async fn prompt_templates_round_trip_with_their_variables() {
     assert!(
         server
             .state
+            .app
             .sessions
             .runtime()
             .templates()
@@ -1092,6 +1112,7 @@ async fn prompt_templates_round_trip_with_their_variables() {
     assert!(
         server
             .state
+            .app
             .sessions
             .runtime()
             .templates()
@@ -1381,6 +1402,7 @@ async fn a_secret_bound_to_hosts_is_sent_nowhere_else() {
     assert!(
         server
             .state
+            .app
             .sessions
             .runtime()
             .model_client("elsewhere")

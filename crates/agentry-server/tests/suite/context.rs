@@ -78,6 +78,7 @@ async fn the_next_calls_parts_are_counted_against_the_models_window() {
     assert_eq!(status, 400);
     let fresh = server
         .state
+        .app
         .store
         .create_session(agentry_store::NewSession::new())
         .await

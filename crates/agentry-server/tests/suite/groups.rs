@@ -752,6 +752,7 @@ async fn an_exchange_left_open_by_a_stopped_server_is_closed_first() {
     group
         .server
         .state
+        .app
         .sessions
         .log()
         .append(

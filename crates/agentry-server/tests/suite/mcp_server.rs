@@ -381,7 +381,7 @@ async fn registered_tools_are_offered_only_with_the_flag() {
 #[tokio::test]
 async fn with_an_api_key_mcp_needs_it() {
     let server = start(false).await.with_agent().await;
-    let key = create_key(&server.state.store, "mcp").await.unwrap();
+    let key = create_key(&server.state.app.store, "mcp").await.unwrap();
     server.state.auth.refresh();
 
     let response = server
@@ -505,6 +505,7 @@ async fn a_cancelled_call_cancels_the_run(mode: &str) {
     assert!(call["error"].is_string(), "the call timed out: {call}");
     let sessions = server
         .state
+        .app
         .store
         .list_sessions(&SessionQuery::default())
         .await
@@ -516,6 +517,7 @@ async fn a_cancelled_call_cancels_the_run(mode: &str) {
     for _ in 0..100 {
         let events = server
             .state
+            .app
             .store
             .events(session, 0, usize::MAX)
             .await
@@ -531,7 +533,7 @@ async fn a_cancelled_call_cancels_the_run(mode: &str) {
     }
     let ended = ended.expect("the run ended within 10 s of the cancellation");
     assert_eq!(ended["stop_reason"], "cancelled", "{ended}");
-    assert_eq!(server.state.hub.live_runs(), 0);
+    assert_eq!(server.state.app.hub.live_runs(), 0);
 }
 
 #[tokio::test]

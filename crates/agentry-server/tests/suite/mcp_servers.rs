@@ -253,6 +253,7 @@ async fn restart_delete_resources_and_prompts_through_the_api() {
     assert!(
         server
             .state
+            .app
             .store
             .config(ConfigKind::McpServer, "everything")
             .await
@@ -330,13 +331,14 @@ async fn bad_registrations_are_refused_and_nothing_is_saved() {
     assert!(
         server
             .state
+            .app
             .store
             .list_config(ConfigKind::McpServer)
             .await
             .unwrap()
             .is_empty()
     );
-    assert!(server.state.mcp.names().is_empty());
+    assert!(server.state.app.mcp.names().is_empty());
 
     for (path, expected) in [
         ("/v1/mcp-servers/nope", 404),
@@ -382,6 +384,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
     .await
     .unwrap();
     let status = state
+        .app
         .mcp
         .wait_ready("from-file", Duration::from_secs(60))
         .await
@@ -392,7 +395,13 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
         "{status:?}"
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !state.sessions.runtime().tools().contains("from-file__echo") {
+    while !state
+        .app
+        .sessions
+        .runtime()
+        .tools()
+        .contains("from-file__echo")
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "tools never reached the runtime"
@@ -409,7 +418,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
         .await
         .unwrap_err();
     assert!(error.message.contains("mcp.json"), "{}", error.message);
-    state.mcp.shutdown().await;
+    state.app.mcp.shutdown().await;
 }
 
 #[tokio::test]
@@ -460,11 +469,16 @@ async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
     let servers =
         serde_json::from_value(json!({"probe": {"command": python, "args": [script, marker]}}))
             .unwrap();
-    agentry_app::mcp_tools::save_and_start(&server.state.store, &server.state.mcp, &servers)
-        .await
-        .unwrap();
+    agentry_app::mcp_tools::save_and_start(
+        &server.state.app.store,
+        &server.state.app.mcp,
+        &servers,
+    )
+    .await
+    .unwrap();
     let status = server
         .state
+        .app
         .mcp
         .wait_ready("probe", Duration::from_secs(30))
         .await
@@ -475,7 +489,7 @@ async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
         "{status:?}"
     );
     assert!(!status.sandboxed, "{status:?}");
-    server.state.reload_runtime().await.unwrap();
+    server.state.app.reload_runtime().await.unwrap();
 
     server.mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
         "probe__wait",
@@ -534,12 +548,13 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         .await;
     assert_eq!(status, 201, "{body}");
     // From now on /mcp needs the key: the client sends it from a stored secret.
-    let key = agentry_app::auth::create_key(&server.state.store, "self")
+    let key = agentry_app::auth::create_key(&server.state.app.store, "self")
         .await
         .unwrap();
     server.state.auth.refresh();
     server
         .state
+        .app
         .store
         .put_secret("SELF_KEY", &format!("Bearer {}", key.key))
         .await
@@ -550,12 +565,17 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         "anonymous": {"url": endpoint, "connect_timeout_ms": 5000}
     }))
     .unwrap();
-    agentry_app::mcp_tools::save_and_start(&server.state.store, &server.state.mcp, &servers)
-        .await
-        .unwrap();
+    agentry_app::mcp_tools::save_and_start(
+        &server.state.app.store,
+        &server.state.app.mcp,
+        &servers,
+    )
+    .await
+    .unwrap();
 
     let status = server
         .state
+        .app
         .mcp
         .wait_ready("self", Duration::from_secs(30))
         .await
@@ -582,6 +602,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         .enqueue(Reply::scripted(ScriptedTurn::text("Happy to help.")));
     let answer = server
         .state
+        .app
         .mcp
         .call_tool(
             "self",
@@ -600,6 +621,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
     // Without the key the endpoint refuses, and the status says so.
     let refused = server
         .state
+        .app
         .mcp
         .wait_ready("anonymous", Duration::from_secs(30))
         .await

@@ -34,6 +34,7 @@ async fn turn(server: &Server, session: &str, text: &str, rounds: Vec<ScriptedTu
 fn workspace_of(server: &Server, session: &str) -> PathBuf {
     server
         .state
+        .app
         .sessions
         .workspace(session.parse().unwrap())
         .unwrap()

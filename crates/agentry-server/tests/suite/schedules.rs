@@ -15,13 +15,13 @@ use super::support::{Server, host_commands, start_with};
 
 async fn start_queue() -> Server {
     let server = start_with(host_commands, |_| {}).await;
-    server.state.set_queue_settings(QueueSettings {
+    server.state.app.set_queue_settings(QueueSettings {
         poll: Duration::from_millis(50),
         // These tests fire every second; the default floor is a minute.
         min_schedule_interval: Duration::from_secs(1),
         ..QueueSettings::default()
     });
-    server.state.start_worker();
+    server.state.app.start_worker();
     server
 }
 
@@ -222,6 +222,7 @@ async fn overdue(server: &Server, catch_up: &str) -> String {
     let id = agentry_types::RunId::new().to_string();
     server
         .state
+        .app
         .store
         .create_schedule(&NewSchedule {
             id: id.clone(),
@@ -310,13 +311,25 @@ async fn a_slot_submitted_before_a_crash_is_not_submitted_again() {
         overlap: "queue".into(),
         next_fire_at: Some(slot),
     };
-    server.state.store.create_schedule(&schedule).await.unwrap();
-    server.state.fire_due_schedules().await;
+    server
+        .state
+        .app
+        .store
+        .create_schedule(&schedule)
+        .await
+        .unwrap();
+    server.state.app.fire_due_schedules().await;
     assert_eq!(runs_of(&server, &schedule.id).await.len(), 1);
     // The process died after submitting but before moving the schedule on: the next one finds
     // the same slot due, and submits nothing new.
-    server.state.store.update_schedule(&schedule).await.unwrap();
-    server.state.fire_due_schedules().await;
+    server
+        .state
+        .app
+        .store
+        .update_schedule(&schedule)
+        .await
+        .unwrap();
+    server.state.app.fire_due_schedules().await;
     assert_eq!(runs_of(&server, &schedule.id).await.len(), 1);
     // It moved on this time.
     let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
@@ -369,11 +382,23 @@ async fn schedules_have_a_floor_and_their_queued_fires_a_cap() {
         next_fire_at: None,
     };
     let start = agentry_app::clock::now_ms() - 60_000;
-    server.state.store.create_schedule(&schedule).await.unwrap();
+    server
+        .state
+        .app
+        .store
+        .create_schedule(&schedule)
+        .await
+        .unwrap();
     for n in 0..15 {
         schedule.next_fire_at = Some(start + n * 1000);
-        server.state.store.update_schedule(&schedule).await.unwrap();
-        server.state.fire_due_schedules().await;
+        server
+            .state
+            .app
+            .store
+            .update_schedule(&schedule)
+            .await
+            .unwrap();
+        server.state.app.fire_due_schedules().await;
     }
     let runs = runs_of(&server, &schedule.id).await;
     assert_eq!(

@@ -353,11 +353,16 @@ async fn tools_that_run_on_the_host_ask_for_approval_by_default() {
 
 /// A server with an admin key and a user key; their keys.
 pub(super) async fn with_keys(server: &Server, limits: KeyLimits) -> (String, String, String) {
-    let admin = create_key(&server.state.store, "admin").await.unwrap();
-    let user = create_key_with(&server.state.store, "user", KeyRole::User, limits.clone())
-        .await
-        .unwrap();
-    let other = create_key_with(&server.state.store, "other", KeyRole::User, limits)
+    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
+    let user = create_key_with(
+        &server.state.app.store,
+        "user",
+        KeyRole::User,
+        limits.clone(),
+    )
+    .await
+    .unwrap();
+    let other = create_key_with(&server.state.app.store, "other", KeyRole::User, limits)
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -544,7 +549,7 @@ async fn a_user_key_runs_only_within_its_limits_and_manages_nothing() {
 #[tokio::test]
 async fn revoking_keys_never_turns_authentication_off() {
     let server = start().await;
-    let admin = create_key(&server.state.store, "admin").await.unwrap();
+    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
     server.state.auth.refresh();
     // The first key is an admin even when asked for a user.
     let (_, keys) = as_key(&server, &admin.key, "GET", "/v1/api-keys", json!({})).await;
@@ -580,7 +585,7 @@ async fn revoking_keys_never_turns_authentication_off() {
     .await;
     assert_eq!(status, 204);
     // Every key but the admin revoked (and even that one, from the CLI): still locked.
-    agentry_app::auth::revoke_key(&server.state.store, &admin.id)
+    agentry_app::auth::revoke_key(&server.state.app.store, &admin.id)
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -593,7 +598,9 @@ async fn revoking_keys_never_turns_authentication_off() {
 #[tokio::test]
 async fn logins_are_throttled_and_secure_behind_tls() {
     let server = start().await;
-    let key = create_key(&server.state.store, "console").await.unwrap();
+    let key = create_key(&server.state.app.store, "console")
+        .await
+        .unwrap();
     server.state.auth.refresh();
     let login = |api_key: String, tls: bool| {
         let mut request = server
@@ -665,7 +672,9 @@ async fn behind_a_trusted_proxy_failed_logins_count_per_forwarded_client() {
         state.access.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
     })
     .await;
-    let key = create_key(&server.state.store, "console").await.unwrap();
+    let key = create_key(&server.state.app.store, "console")
+        .await
+        .unwrap();
     server.state.auth.refresh();
     let login = |http: &reqwest::Client, api_key: &str, forwarded: &str| {
         http.post(format!("{}/v1/auth/login", server.url))
@@ -935,7 +944,7 @@ async fn a_relayed_request_carries_an_assertion_never_the_clients_credentials() 
         .await;
         assert_eq!(status, 401, "{why}");
     }
-    agentry_app::auth::revoke_key(&server.state.store, caller.key_id.as_deref().unwrap())
+    agentry_app::auth::revoke_key(&server.state.app.store, caller.key_id.as_deref().unwrap())
         .await
         .unwrap();
     server.state.auth.refresh();

@@ -27,11 +27,11 @@ fn answer() -> String {
 /// A server whose worker runs background runs (A2A tasks are), answering `answer` once.
 async fn start(answer: &str) -> Server {
     let server = start_with(host_commands, |_| {}).await;
-    server.state.set_queue_settings(QueueSettings {
+    server.state.app.set_queue_settings(QueueSettings {
         poll: Duration::from_millis(50),
         ..QueueSettings::default()
     });
-    server.state.start_worker();
+    server.state.app.start_worker();
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text(answer)));
@@ -45,7 +45,7 @@ async fn read_after_the_run(server: &Server, request: reqwest::RequestBuilder) -
     assert_eq!(response.status().as_u16(), 200);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     // The run starts (an A2A task on the worker), then ends while the client reads nothing.
-    while server.state.hub.live_runs() == 0 && server.mock.requests().is_empty() {
+    while server.state.app.hub.live_runs() == 0 && server.mock.requests().is_empty() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the run never started"
@@ -53,7 +53,7 @@ async fn read_after_the_run(server: &Server, request: reqwest::RequestBuilder) -
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    while server.state.hub.live_runs() > 0 {
+    while server.state.app.hub.live_runs() > 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the run never ended"

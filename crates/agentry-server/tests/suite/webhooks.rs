@@ -66,8 +66,8 @@ fn settings(allow_private: bool) -> QueueSettings {
 
 async fn start(allow_private: bool) -> Server {
     let server = start_with(host_commands, |_| {}).await;
-    server.state.set_queue_settings(settings(allow_private));
-    server.state.start_worker();
+    server.state.app.set_queue_settings(settings(allow_private));
+    server.state.app.start_worker();
     server
 }
 
@@ -143,7 +143,7 @@ async fn a_signed_webhook_is_retried_until_the_receiver_takes_it() {
 #[tokio::test]
 async fn a_restart_between_attempts_keeps_the_one_delivery_id() {
     let server = start_with(host_commands, |_| {}).await;
-    server.state.set_queue_settings(QueueSettings {
+    server.state.app.set_queue_settings(QueueSettings {
         webhooks: WebhookSettings {
             allow_private: true,
             backoff: Duration::from_millis(600),
@@ -151,7 +151,7 @@ async fn a_restart_between_attempts_keeps_the_one_delivery_id() {
         },
         ..settings(true)
     });
-    server.state.start_worker();
+    server.state.app.start_worker();
     secret(&server).await;
     let (url, received) = receiver(vec![500]).await;
     server
@@ -165,7 +165,7 @@ async fn a_restart_between_attempts_keeps_the_one_delivery_id() {
         .await;
     until(|| !received.lock().unwrap().is_empty()).await;
     // The process stops after the first (failed) attempt; another starts on the same data.
-    server.state.shutdown.cancel();
+    server.state.app.shutdown.cancel();
     let store = agentry_store::Store::open_home(server.home.path())
         .await
         .unwrap();
@@ -445,9 +445,9 @@ async fn a_workflow_runs_end_is_told_to_its_webhook() {
 async fn each_key_signs_its_own_webhooks_and_payloads_name_it() {
     use agentry_app::auth::{KeyLimits, KeyRole, create_key, create_key_with};
     let server = start(true).await;
-    let admin = create_key(&server.state.store, "admin").await.unwrap();
+    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
     let alice = create_key_with(
-        &server.state.store,
+        &server.state.app.store,
         "a",
         KeyRole::User,
         KeyLimits::default(),

@@ -147,7 +147,13 @@ async fn data_flows_branches_run_in_parallel_when_skips_and_map_keeps_order() {
     assert_eq!(runs["runs"].as_array().unwrap().len(), 1);
     // Each step's transitions are events in the store (started, then ended), in order; the
     // ended run's document includes them all.
-    let events = server.state.store.workflow_events(&id, 0).await.unwrap();
+    let events = server
+        .state
+        .app
+        .store
+        .workflow_events(&id, 0)
+        .await
+        .unwrap();
     let of = |step: &str| -> Vec<String> {
         events
             .iter()
@@ -686,7 +692,7 @@ async fn an_approval_nobody_decides_is_decided_by_its_timeout() {
 #[tokio::test]
 async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     let server = start().await;
-    server.state.start_worker();
+    server.state.app.start_worker();
     server.add_echo_tool().await;
     let (status, body) = server
         .post(
@@ -749,7 +755,7 @@ async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     assert_eq!(status, 404);
 
     // The process stops while the approval waits; another starts on the same data.
-    server.state.shutdown.cancel();
+    server.state.app.shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let store = agentry_store::Store::open_home(server.home.path())
         .await
@@ -1103,7 +1109,7 @@ async fn a_trigger_url_starts_runs_once_per_delivery() {
 #[tokio::test]
 async fn a_structured_answer_is_repaired_in_the_same_session() {
     let server = start().await;
-    server.state.start_worker();
+    server.state.app.start_worker();
     let (status, body) = server
         .post("/v1/agents", json!({"id": "analyst", "model_id": "mock"}))
         .await;
@@ -1247,16 +1253,28 @@ async fn a_schedule_starts_a_workflow_once_per_slot() {
         overlap: "skip".into(),
         next_fire_at: Some(slot),
     };
-    server.state.store.create_schedule(&schedule).await.unwrap();
-    server.state.fire_due_schedules().await;
+    server
+        .state
+        .app
+        .store
+        .create_schedule(&schedule)
+        .await
+        .unwrap();
+    server.state.app.fire_due_schedules().await;
     let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
     let run = shown["last_run_id"].as_str().unwrap().to_owned();
     let done = until(&server, &run, ended).await;
     assert_eq!(done["state"], "succeeded", "{done:#}");
     assert_eq!(done["steps"]["bill"]["output"]["region"], "eu");
     // The process died before moving the schedule on: the same slot again starts nothing new.
-    server.state.store.update_schedule(&schedule).await.unwrap();
-    server.state.fire_due_schedules().await;
+    server
+        .state
+        .app
+        .store
+        .update_schedule(&schedule)
+        .await
+        .unwrap();
+    server.state.app.fire_due_schedules().await;
     let (_, runs) = server.get("/v1/workflow-runs?workflow_id=nightly").await;
     assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "{runs:#}");
     let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
@@ -1285,11 +1303,12 @@ async fn a_workflow_built_from_rust_runs() {
             )
             .retry(2, 0.1),
         );
-    let saved = server.state.create_workflow(built).await.unwrap();
+    let saved = server.state.app.create_workflow(built).await.unwrap();
     assert_eq!(saved.version, 1);
     // Checked the same way: an unknown tool is refused with its path.
     let error = server
         .state
+        .app
         .create_workflow(WorkflowDefinition::new("broken").step(StepDefinition::tool(
             "a",
             "ghost",

@@ -31,6 +31,7 @@ async fn with_session() -> (Server, String, std::path::PathBuf) {
     let session = body["session_id"].as_str().unwrap().to_owned();
     let folder = server
         .state
+        .app
         .sessions
         .workspace(session.parse().unwrap())
         .unwrap();
@@ -1075,7 +1076,12 @@ async fn an_agents_sessions_share_its_workspace() {
     assert_eq!(status, 200, "{body}");
     let second = body["session_id"].as_str().unwrap().to_owned();
     assert_ne!(first, second);
-    let shared = server.state.sessions.shared_workspace("scribe").unwrap();
+    let shared = server
+        .state
+        .app
+        .sessions
+        .shared_workspace("scribe")
+        .unwrap();
     assert_eq!(
         std::fs::read_to_string(shared.join("copy.txt")).unwrap(),
         "from the first session\n"
@@ -1219,7 +1225,12 @@ async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["text"], "The scribe noted it.", "{body}");
-    let shared = server.state.sessions.shared_workspace("scribe").unwrap();
+    let shared = server
+        .state
+        .app
+        .sessions
+        .shared_workspace("scribe")
+        .unwrap();
     assert_eq!(
         std::fs::read_to_string(shared.join("minutes.txt")).unwrap(),
         "noted\n"
@@ -1227,6 +1238,7 @@ async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
     let boss = body["session_id"].as_str().unwrap();
     let boss_folder = server
         .state
+        .app
         .sessions
         .workspace(boss.parse().unwrap())
         .unwrap();
@@ -1235,6 +1247,7 @@ async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
     let child = shown["children"][0]["session_id"].as_str().unwrap();
     let child_folder = server
         .state
+        .app
         .sessions
         .workspace(child.parse().unwrap())
         .unwrap();
@@ -1422,11 +1435,11 @@ async fn a_keys_unfinished_uploads_are_capped_across_its_workspaces() {
     use agentry_app::auth::{KeyLimits, KeyRole, create_key, create_key_with};
     use agentry_app::workspace_files::{MAX_PENDING_PER_KEY, MAX_PENDING_PER_WORKSPACE};
     let (server, _, _) = with_session().await;
-    create_key(&server.state.store, "admin").await.unwrap();
+    create_key(&server.state.app.store, "admin").await.unwrap();
     let mut keys = Vec::new();
     for label in ["a", "b"] {
         let key = create_key_with(
-            &server.state.store,
+            &server.state.app.store,
             label,
             KeyRole::User,
             KeyLimits::default(),

@@ -290,41 +290,44 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         lock.record(&worker)
             .context("cannot record this process in serve.lock")?;
     }
-    state.set_queue_settings(agentry_app::queue::QueueSettings {
-        worker,
-        replaces,
-        node_id: node_id.clone(),
-        volume: volume.clone(),
-        address: args
-            .advertise_addr
-            .clone()
-            .unwrap_or_else(|| address.to_string()),
-        max_concurrent: args.max_concurrent_runs as usize,
-        max_queued: args.max_queued_runs,
-        lease: std::time::Duration::from_secs(args.lease_secs),
-        stranded: args
-            .stranded_after_secs
-            .map(|secs| agentry_app::queue::StrandedPolicy {
-                after: std::time::Duration::from_secs(secs),
-                action: if args.stranded_action == "resume" {
-                    agentry_app::queue::StrandedAction::Resume
-                } else {
-                    agentry_app::queue::StrandedAction::Interrupt
-                },
-            }),
-        min_schedule_interval: std::time::Duration::from_secs(args.min_schedule_interval_secs),
-        webhooks: agentry_app::queue::WebhookSettings {
-            allow_private: args.webhook_allow_private,
-            ..agentry_app::queue::WebhookSettings::default()
-        },
-        ..agentry_app::queue::QueueSettings::default()
-    });
+    state
+        .app
+        .set_queue_settings(agentry_app::queue::QueueSettings {
+            worker,
+            replaces,
+            node_id: node_id.clone(),
+            volume: volume.clone(),
+            address: args
+                .advertise_addr
+                .clone()
+                .unwrap_or_else(|| address.to_string()),
+            max_concurrent: args.max_concurrent_runs as usize,
+            max_queued: args.max_queued_runs,
+            lease: std::time::Duration::from_secs(args.lease_secs),
+            stranded: args
+                .stranded_after_secs
+                .map(|secs| agentry_app::queue::StrandedPolicy {
+                    after: std::time::Duration::from_secs(secs),
+                    action: if args.stranded_action == "resume" {
+                        agentry_app::queue::StrandedAction::Resume
+                    } else {
+                        agentry_app::queue::StrandedAction::Interrupt
+                    },
+                }),
+            min_schedule_interval: std::time::Duration::from_secs(args.min_schedule_interval_secs),
+            webhooks: agentry_app::queue::WebhookSettings {
+                allow_private: args.webhook_allow_private,
+                ..agentry_app::queue::WebhookSettings::default()
+            },
+            ..agentry_app::queue::QueueSettings::default()
+        });
     // Refused here, before anything is announced, while another live node has this id.
     state
+        .app
         .join_cluster()
         .await
         .map_err(|error| anyhow::anyhow!("cannot join the cluster: {}", error.message))?;
-    let shutdown = state.shutdown.clone();
+    let shutdown = state.app.shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         shutdown.cancel();
@@ -358,7 +361,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
             format!(" (allowed: {})", state.access.allowed_origins.join(", "))
         }
     ));
-    crate::telemetry::say(&approvals_line(&state.tools.approval_defaults));
+    crate::telemetry::say(&approvals_line(&state.app.tools.approval_defaults));
     if imported > 0 {
         crate::telemetry::say(&format!(
             "mcp: {imported} server(s) imported from {}",

@@ -62,7 +62,7 @@ fn origin(state: &AppState, headers: &HeaderMap) -> String {
     match host {
         Some(host) => format!("http://{host}"),
         None => {
-            let address = state.queue_settings().address;
+            let address = state.app.queue_settings().address;
             if address.starts_with("http://") || address.starts_with("https://") {
                 address
             } else {

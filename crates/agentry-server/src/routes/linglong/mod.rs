@@ -201,8 +201,8 @@ async fn abort(State(state): State<AppState>, Caller(caller): Caller, body: Byte
         .and_then(Value::as_str)
         .ok_or_else(|| AppError::bad_request("Missing required field: session_id"))?;
     let session = agentry_app::ids::parse_session_id(id)?;
-    state.check_session_access(&caller, session).await?;
-    let aborted = state.stop_session(session);
+    state.app.check_session_access(&caller, session).await?;
+    let aborted = state.app.stop_session(session);
     ok(json!({"status": if aborted { "aborted" } else { "idle" }, "session_id": session}))
 }
 
@@ -445,7 +445,7 @@ async fn file_journal_diff(
 }
 
 async fn terminals(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
-    let listed = state.list_terminals(&caller, None).await?;
+    let listed = state.app.list_terminals(&caller, None).await?;
     let terminals: Vec<Value> = listed
         .into_iter()
         .map(|t| json!({"terminal_id": t.terminal_id, "session_id": t.session_id}))
@@ -459,13 +459,14 @@ async fn close_terminal(
     Path(id): Path<String>,
 ) -> Answer {
     let missing = || AppError::not_found(format!("Terminal not found: {id}"));
-    if state.terminal(&caller, &id).await.is_ok() {
-        state.close_terminal(&caller, &id).await?;
+    if state.app.terminal(&caller, &id).await.is_ok() {
+        state.app.close_terminal(&caller, &id).await?;
         return ok(json!({"status": "deleted", "terminal_id": id}));
     }
     // A session's terminal, named by the session (`<session>:auto` or bare).
     let session = id.strip_suffix(":auto").unwrap_or(&id);
     let listed = state
+        .app
         .list_terminals(&caller, Some(session))
         .await
         .map_err(|_| missing())?;
@@ -473,7 +474,10 @@ async fn close_terminal(
         return Err(missing().into());
     }
     for terminal in listed {
-        state.close_terminal(&caller, &terminal.terminal_id).await?;
+        state
+            .app
+            .close_terminal(&caller, &terminal.terminal_id)
+            .await?;
     }
     ok(json!({"status": "deleted", "terminal_id": id}))
 }
@@ -506,6 +510,7 @@ async fn terminal_socket(
     };
     let session = named.split(':').next().unwrap_or_default();
     let terminal = state
+        .app
         .session_terminal(&caller, session, query.cols, query.rows)
         .await?;
     let flavour = crate::routes::terminals::Flavour::Seed;

@@ -142,6 +142,7 @@ async fn create(
     };
     respond(
         state
+            .app
             .tus_create(&caller, length, &metadata, WorkspaceLimits::default())
             .await
             .map(|upload| {
@@ -160,6 +161,7 @@ async fn offset(
 ) -> Response {
     respond(
         state
+            .app
             .tus_offset(&caller, &id)
             .await
             .map(|(offset, length)| {
@@ -191,6 +193,7 @@ async fn patch(
     let checksum = text(&headers, "upload-checksum");
     respond(
         state
+            .app
             .tus_patch(&caller, &id, offset, checksum, body.into_data_stream())
             .await
             .map(|offset| {
@@ -209,6 +212,7 @@ async fn terminate(
 ) -> Response {
     respond(
         state
+            .app
             .tus_terminate(&caller, &id)
             .await
             .map(|()| answer(StatusCode::NO_CONTENT, &[])),

@@ -131,6 +131,7 @@ async fn list(
     let q = query(raw)?;
     stay_inside(q.restrict.as_deref())?;
     let listing = state
+        .app
         .workspace_list(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
@@ -296,6 +297,7 @@ async fn content(
     let q = query(raw)?;
     stay_inside(q.restrict.as_deref())?;
     let opened = state
+        .app
         .workspace_open(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
@@ -346,6 +348,7 @@ async fn thumbnail(
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let (etag, made) = state
+        .app
         .workspace_thumbnail(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
@@ -386,6 +389,7 @@ async fn download(
     let q = query(raw)?;
     stay_inside(q.restrict.as_deref())?;
     match state
+        .app
         .workspace_download(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
@@ -437,6 +441,7 @@ async fn search(
 ) -> Answer {
     let q = query(raw)?;
     let found = state
+        .app
         .workspace_search(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
@@ -469,6 +474,7 @@ async fn children(
 ) -> Answer {
     let q = query(raw)?;
     let folders = state
+        .app
         .workspace_children(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
@@ -491,6 +497,7 @@ async fn tree(
 ) -> Answer {
     let q = query(raw)?;
     let folders = state
+        .app
         .workspace_children(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
@@ -534,6 +541,7 @@ fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, SeedError> {
 async fn mkdir(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let body = json_body(&body)?;
     let entry = state
+        .app
         .workspace_mkdir(
             &caller,
             &body_target(&body)?,
@@ -547,6 +555,7 @@ async fn mkdir(State(state): State<AppState>, Caller(caller): Caller, body: Byte
 async fn rename(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let body = json_body(&body)?;
     let entry = state
+        .app
         .workspace_rename(
             &caller,
             &body_target(&body)?,
@@ -560,6 +569,7 @@ async fn rename(State(state): State<AppState>, Caller(caller): Caller, body: Byt
 async fn duplicate(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let body = json_body(&body)?;
     let entry = state
+        .app
         .workspace_duplicate(&caller, &body_target(&body)?, field(&body, "path")?)
         .await?;
     Ok(Json(entry).into_response())
@@ -586,6 +596,7 @@ async fn transfer(state: AppState, caller: Caller, body: Bytes, copy: bool) -> A
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let transfer = state
+        .app
         .workspace_transfer(
             &caller,
             &body_target(&body)?,
@@ -610,6 +621,7 @@ async fn copy_entries(State(state): State<AppState>, caller: Caller, body: Bytes
 async fn remove(State(state): State<AppState>, Caller(caller): Caller, body: Bytes) -> Answer {
     let body = json_body(&body)?;
     let path = state
+        .app
         .workspace_delete(&caller, &body_target(&body)?, field(&body, "path")?)
         .await?;
     ok(json!({"status": "deleted", "path": path}))
@@ -639,6 +651,7 @@ async fn upload_init(State(state): State<AppState>, Caller(caller): Caller, body
     };
     let limits = WorkspaceLimits::default();
     let plan = state
+        .app
         .upload_init(
             &caller,
             &target_workspace,
@@ -669,7 +682,7 @@ async fn upload_status(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    let status = state.upload_status(&caller, &id).await?;
+    let status = state.app.upload_status(&caller, &id).await?;
     Ok(Json(status).into_response())
 }
 
@@ -680,6 +693,7 @@ async fn upload_chunk(
     body: Body,
 ) -> Answer {
     let received = state
+        .app
         .upload_chunk(&caller, &id, n, body.into_data_stream())
         .await?;
     ok(json!({"upload_id": id, "parallel_id": n, "received": received, "status": "uploaded"}))
@@ -690,7 +704,7 @@ async fn upload_complete(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    let plan = state.upload_complete(&caller, &id).await?;
+    let plan = state.app.upload_complete(&caller, &id).await?;
     ok(
         json!({"upload_id": plan.upload_id, "file_name": plan.file_name,
               "file_size": plan.file_size, "path": plan.target_path, "status": "completed"}),
@@ -702,7 +716,7 @@ async fn upload_cancel(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    state.upload_cancel(&caller, &id).await?;
+    state.app.upload_cancel(&caller, &id).await?;
     ok(json!({"upload_id": id, "status": "cancelled"}))
 }
 

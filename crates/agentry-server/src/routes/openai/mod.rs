@@ -53,11 +53,15 @@ async fn run_events(
     request: agentry_app::domain::core::RunRequest,
 ) -> Result<std::pin::Pin<Box<dyn Stream<Item = agentry_types::RunEvent> + Send>>, OpenAiError> {
     Ok(match target {
-        Target::Ephemeral => Box::pin(state.stream_stateless(request)?),
+        Target::Ephemeral => Box::pin(state.app.stream_stateless(request)?),
         Target::Session(session) => {
-            let events = Box::pin(state.start_followed(session, request, BusyPolicy::Reject))
-                .await
-                .map_err(OpenAiError::from)?;
+            let events = Box::pin(
+                state
+                    .app
+                    .start_followed(session, request, BusyPolicy::Reject),
+            )
+            .await
+            .map_err(OpenAiError::from)?;
             // A slow reader that fell behind is caught up from the log; a log that cannot be
             // read ends the stream (the run goes on).
             Box::pin(async_stream::stream! {
@@ -98,7 +102,7 @@ async fn responses(State(state): State<AppState>, Caller(caller): Caller, body: 
         Err(failure) => return error(failure),
     };
     if !stream {
-        let outcome = match Box::pin(state.run_to_end(
+        let outcome = match Box::pin(state.app.run_to_end(
             run.target,
             run.request.clone(),
             BusyPolicy::Reject,
@@ -184,13 +188,17 @@ async fn chat_completions(
         answer_headers.insert(SESSION_HEADER, value);
     }
     if !stream {
-        let outcome =
-            match Box::pin(state.run_to_end(run.target, run.request, BusyPolicy::Reject, false))
-                .await
-            {
-                Ok(outcome) => outcome,
-                Err(failure) => return error(failure.into()),
-            };
+        let outcome = match Box::pin(state.app.run_to_end(
+            run.target,
+            run.request,
+            BusyPolicy::Reject,
+            false,
+        ))
+        .await
+        {
+            Ok(outcome) => outcome,
+            Err(failure) => return error(failure.into()),
+        };
         return match chat_completion(&run.model, &outcome, &run.client_tools) {
             Ok(completion) => (answer_headers, Json(completion)).into_response(),
             Err(failure) => error(failure),
