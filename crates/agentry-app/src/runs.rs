@@ -204,6 +204,11 @@ pub async fn prepare(
             Target::Ephemeral
         }
         SessionChoice::New => {
+            if request.input.is_none() && request.history.is_empty() {
+                return Err(AppError::bad_request(
+                    "the request has no input (`text` or `messages`)",
+                ));
+            }
             // Created with the run's first write (one commit for both); a queued run's
             // session is created with its record (`NewRun::new_session`).
             request.new_session = Some(NewSessionInfo {
@@ -225,6 +230,14 @@ pub async fn prepare(
                 return Err(AppError::bad_request(format!(
                     "session {id} is a group chat: name its members in `agent_ids`, or use \
                      `POST /v1/groups/{id}/messages`"
+                )));
+            }
+            // Without input the model goes on from the conversation: an empty session (a
+            // fork taken before its first event) has none to go on from.
+            if request.input.is_none() && request.history.is_empty() && record.last_seq == 0 {
+                return Err(AppError::bad_request(format!(
+                    "the request has no input (`text` or `messages`), and session {id} has no \
+                     conversation to go on from"
                 )));
             }
             Target::Session(id)

@@ -400,3 +400,33 @@ async fn back_to_back_turns_on_one_session_get_no_409() {
     }
     assert!(busy.is_empty(), "turns told the session was busy: {busy:?}");
 }
+
+/// A run with no input goes on from its session's conversation; where there is none (a new
+/// session, a fork taken before the first event) the request is a 400 naming what is missing,
+/// not a 500, and nothing runs (found by the API fuzzer).
+#[tokio::test]
+async fn a_run_without_input_needs_a_conversation_to_go_on_from() {
+    let server = start().await;
+    let first = session_with_turn(&server, "Hello").await;
+    let (status, fork) = server
+        .post(&format!("/v1/sessions/{first}/fork"), json!({"at_seq": 0}))
+        .await;
+    assert_eq!(status, 201, "{fork}");
+    let empty = fork["session"]["id"].as_str().unwrap().to_owned();
+    let asked = server.mock.requests().len();
+    for session in [empty.as_str(), "new"] {
+        let (status, body) = server
+            .post("/v1/infer", json!({"session_id": session}))
+            .await;
+        assert_eq!(status, 400, "{session}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no input"),
+            "{body}"
+        );
+    }
+    assert_eq!(server.mock.requests().len(), asked);
+}
