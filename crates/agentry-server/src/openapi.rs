@@ -382,6 +382,22 @@ pub enum RunStreamEventName {
     /// "elicitation_id", "call_id", "action": "accept"|"decline"|"cancel"|"withdrawn"}`.
     #[schema(rename = "elicitation.resolved")]
     ElicitationResolved,
+    /// The context was compacted (`context_compacted`: what the summary replaced).
+    #[schema(rename = "context.compacted")]
+    ContextCompacted,
+    /// Turns were revoked (`revoked`): the conversation is again what it was after its
+    /// `after_seq`.
+    #[schema(rename = "session.revoked")]
+    SessionRevoked,
+    /// A group chat's round began (a member session's group event).
+    #[schema(rename = "group.round")]
+    GroupRound,
+    /// A group chat's message (a member session's group event).
+    #[schema(rename = "group.message")]
+    GroupMessage,
+    /// A group chat's exchange ended (a member session's group event).
+    #[schema(rename = "group.finished")]
+    GroupFinished,
     /// The stream cannot go on (the log could not be read).
     #[schema(rename = "error")]
     Error,
