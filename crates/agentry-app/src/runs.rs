@@ -192,7 +192,7 @@ pub async fn prepare(
                      `approvals` say otherwise",
                 ));
             }
-            if request.input.is_none() && request.history.is_empty() {
+            if no_input(&request) {
                 return Err(AppError::bad_request(
                     "the request has no input (`text` or `messages`)",
                 ));
@@ -204,7 +204,7 @@ pub async fn prepare(
             Target::Ephemeral
         }
         SessionChoice::New => {
-            if request.input.is_none() && request.history.is_empty() {
+            if no_input(&request) {
                 return Err(AppError::bad_request(
                     "the request has no input (`text` or `messages`)",
                 ));
@@ -234,7 +234,7 @@ pub async fn prepare(
             }
             // Without input the model goes on from the conversation: an empty session (a
             // fork taken before its first event) has none to go on from.
-            if request.input.is_none() && request.history.is_empty() && record.last_seq == 0 {
+            if no_input(&request) && record.last_seq == 0 {
                 return Err(AppError::bad_request(format!(
                     "the request has no input (`text` or `messages`), and session {id} has no \
                      conversation to go on from"
@@ -247,6 +247,11 @@ pub async fn prepare(
         share_workspace(&app.sessions, session, agent).await?;
     }
     Ok((target, request))
+}
+
+/// Whether `request` brings nothing for the model to answer (no new input, no earlier turns).
+fn no_input(request: &RunRequest) -> bool {
+    request.input.is_none() && request.history.is_empty()
 }
 
 /// Makes `session`'s workspace `agent`'s shared one (a session that already has a workspace of

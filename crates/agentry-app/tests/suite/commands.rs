@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use agentry_app::App;
 use agentry_app::Failure;
 use agentry_app::auth::Principal;
-use agentry_app::follow::FollowFrom;
+use agentry_app::follow::{FollowFrom, Followed};
 use agentry_app::hub::FeedStatus;
 use agentry_app::ops::Op;
 use agentry_app::runs::{RunInput, SessionChoice, Target, prepare};
@@ -14,10 +15,23 @@ use agentry_core::Input;
 use agentry_core::approval::{ApprovalDecision, ApprovalPolicy};
 use agentry_core::session::BusyPolicy;
 use agentry_testkit::{Chunking, Reply, ScriptedTurn};
-use agentry_types::{ApprovalVerdict, RunEvent, RunId, SessionEvent, SuspendStatus};
+use agentry_types::{ApprovalVerdict, RunEvent, RunId, SessionEvent, SessionId, SuspendStatus};
 use serde_json::json;
 
 use super::follow::{app, collect};
+
+/// Starts `input` in a new session, as every front-end does, followed from its start.
+async fn start_new(app: &App, input: RunInput) -> (SessionId, Followed) {
+    let (target, request) = prepare(app, &Principal::operator(), input).await.unwrap();
+    let Target::Session(session) = target else {
+        panic!("a new session's run has its session");
+    };
+    let events = app
+        .start_followed(session, request, BusyPolicy::Reject)
+        .await
+        .unwrap();
+    (session, events)
+}
 
 /// The last committed seq among `events`.
 fn last_seq(events: &[std::sync::Arc<RunEvent>]) -> u64 {
@@ -51,16 +65,8 @@ async fn a_waiting_run_is_decided_through_submit_and_followed_to_its_end() {
         session: SessionChoice::New,
         ..RunInput::default()
     };
-    let (target, request) = prepare(&app, &Principal::operator(), input).await.unwrap();
-    let Target::Session(session) = target else {
-        panic!("a new session's run has its session");
-    };
-    let first = collect(
-        app.start_followed(session, request, BusyPolicy::Reject)
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (session, events) = start_new(&app, input).await;
+    let first = collect(events).await;
     let Some(RunEvent::RunSuspended {
         run_id,
         status: SuspendStatus::Waiting,
@@ -154,14 +160,7 @@ async fn stopping_a_session_interrupts_its_run_and_says_whether_anything_ran() {
         session: SessionChoice::New,
         ..RunInput::default()
     };
-    let (target, request) = prepare(&app, &Principal::operator(), input).await.unwrap();
-    let Target::Session(session) = target else {
-        panic!("a new session's run has its session");
-    };
-    let events = app
-        .start_followed(session, request, BusyPolicy::Reject)
-        .await
-        .unwrap();
+    let (session, events) = start_new(&app, input).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert!(app.stop_session(session));
     let events = collect(events).await;
