@@ -391,6 +391,21 @@ pub async fn revoke_key(store: &Store, id: &str) -> Result<bool, AuthError> {
     Ok(true)
 }
 
+/// Who the active key `id` is, as it is now; `None` when it is revoked or unknown.
+pub async fn active_key(store: &Store, id: &str) -> Result<Option<Principal>, AuthError> {
+    let Some(value) = store.config(ConfigKind::ApiKey, id).await? else {
+        return Ok(None);
+    };
+    Ok(serde_json::from_value::<StoredKey>(value)
+        .ok()
+        .filter(|stored| stored.revoked_at.is_none())
+        .map(|stored| Principal {
+            key_id: Some(id.to_owned()),
+            role: stored.role,
+            limits: stored.limits,
+        }))
+}
+
 /// Whether any key is active.
 pub async fn any_active_key(store: &Store) -> Result<bool, AuthError> {
     Ok(list_keys(store).await?.iter().any(|key| !key.revoked))
@@ -640,17 +655,7 @@ impl Authenticator {
 
     /// Who the active key `id` is, if it is active.
     pub async fn active_key(&self, id: &str) -> Result<Option<Principal>, AuthError> {
-        let Some(value) = self.store.config(ConfigKind::ApiKey, id).await? else {
-            return Ok(None);
-        };
-        Ok(serde_json::from_value::<StoredKey>(value)
-            .ok()
-            .filter(|stored| stored.revoked_at.is_none())
-            .map(|stored| Principal {
-                key_id: Some(id.to_owned()),
-                role: stored.role,
-                limits: stored.limits,
-            }))
+        active_key(&self.store, id).await
     }
 
     /// Starts a login for a valid key: the cookie token, or `None` if the key is not valid.

@@ -35,6 +35,7 @@ pub mod outcome;
 pub mod publication;
 pub mod queue;
 pub mod quotas;
+pub mod run_spec;
 pub mod runs;
 pub mod runtime;
 pub mod sandbox_requests;

@@ -32,7 +32,7 @@ use crate::agents::AgentConfig;
 use crate::auth::Principal;
 use crate::config::ConfigRepo;
 use crate::error::{AppError, Failure};
-use crate::runs::{RunInput, SessionChoice, Target, prepare};
+use crate::runs::{RunSpec, SessionChoice, Target, prepare};
 
 /// The longest message an agent tool accepts, in bytes (the HTTP API's body limit).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
@@ -172,11 +172,11 @@ impl McpServer {
                 Err(error) => return refused(AppError::bad_request(error.to_string())),
             },
         };
-        let input = RunInput {
+        let input = RunSpec {
             agent_id: Some(agent.id.clone()),
             input: Some(Input::Text { text: call.message }),
             session,
-            ..RunInput::default()
+            ..RunSpec::default()
         };
         let (target, request) = match prepare(app, &Principal::operator(), input).await {
             Ok(prepared) => prepared,

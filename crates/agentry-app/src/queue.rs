@@ -33,8 +33,8 @@ use crate::App;
 use crate::auth::Principal;
 use crate::error::{AppError, Failure};
 use crate::outcome::RunOutcome;
-use crate::runs::Target;
-use crate::submission::InferRequest;
+use crate::run_spec::{RunSpec, SessionChoice};
+use crate::runs::{Admission, Target};
 
 /// How the process's worker runs the queue.
 #[derive(Debug, Clone)]
@@ -209,7 +209,9 @@ pub struct RunList {
     pub runs: Vec<RunView>,
 }
 
-/// What the queue stores of a run: the checked request and what to do when its session is busy.
+/// What the queue stored of a run before it stored its [`RunSpec`]: the engine's request as it
+/// was checked then, and what to do when its session is busy. Still read, for runs queued by an
+/// earlier release.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct QueuedRequest {
     request: RunRequest,
@@ -387,7 +389,7 @@ fn queue_full(max_queued: u64) -> AppError {
 }
 
 /// The digest that tells a retried submission from another one reusing its key.
-fn digest(body: &InferRequest) -> Result<String, AppError> {
+fn digest(body: &RunSpec) -> Result<String, AppError> {
     let bytes = serde_json::to_vec(body)
         .map_err(|error| AppError::internal(format!("cannot digest the request: {error}")))?;
     Ok(Sha256::digest(&bytes)
@@ -565,7 +567,7 @@ impl App {
     pub async fn submit_background(
         &self,
         caller: &Principal,
-        body: InferRequest,
+        body: RunSpec,
         idempotency_key: Option<String>,
         priority: i64,
     ) -> Result<(RunView, bool), AppError> {
@@ -577,38 +579,23 @@ impl App {
     pub(crate) async fn submit_queued(
         &self,
         caller: &Principal,
-        mut body: InferRequest,
+        mut body: RunSpec,
         idempotency_key: Option<String>,
         priority: i64,
         schedule_id: Option<String>,
     ) -> Result<(RunView, bool), AppError> {
-        if body.is_group() {
-            return Err(AppError::bad_request(
-                "a group chat cannot run in the background: use `POST /v1/infer` or \
-                 `/v1/groups`",
-            ));
-        }
-        if body.cancel_on_disconnect {
-            return Err(AppError::bad_request(
-                "`cancel_on_disconnect` does not apply to a background run: cancel it with \
-                 `POST /v1/runs/{run_id}/cancel`",
-            ));
-        }
         if !(-100..=100).contains(&priority) {
             return Err(AppError::bad_request(
                 "`priority` must be between -100 and 100",
             ));
         }
         // A background run is durable: without a session it gets a new one.
-        if body.session_id.is_none() {
-            body.session_id = Some("new".into());
+        if body.session == SessionChoice::Ephemeral {
+            body.session = SessionChoice::New;
         }
         // The digest covers the whole submission, its webhook included.
         let digest = digest(&body)?;
-        let agent_id = body
-            .agent_id
-            .clone()
-            .or_else(|| body.agent_ids.as_ref().and_then(|ids| ids.first().cloned()));
+        let agent_id = body.agent_id.clone();
         let agent = match &agent_id {
             Some(id) => crate::agents::stored_agent(&self.store, id).await?,
             None => None,
@@ -636,7 +623,7 @@ impl App {
         }
         // A full queue is refused by the store, in the transaction that would add the run
         // (`Enqueued::QueueFull`): one count, and no race between two submissions.
-        let (target, mut request, policy) = self.prepare_submission(caller, body).await?;
+        let (target, mut request) = crate::runs::prepare(self, caller, body.clone()).await?;
         let Target::Session(session) = target else {
             return Err(AppError::internal("a background run has no session"));
         };
@@ -649,8 +636,10 @@ impl App {
         let agent_limit = agent
             .and_then(|agent| agent.limits)
             .and_then(|limits| limits.max_concurrent_runs);
-        let stored = serde_json::to_value(QueuedRequest { request, policy })
-            .map_err(|error| AppError::internal(format!("cannot store the request: {error}")))?;
+        // The spec is stored, in the session the record names: the run is checked again when a
+        // worker takes it up, under its owner's key as it is then.
+        body.session = SessionChoice::Existing(session);
+        let stored = body.to_stored()?;
         let run = NewRun {
             id: RunId::new(),
             session_id: session,
@@ -1045,15 +1034,48 @@ impl App {
                 return Ok(Claimed::Live(self.hub.adopt(session, stream)));
             }
         }
-        let queued: QueuedRequest =
-            serde_json::from_value(record.request.clone()).map_err(|error| {
-                AppError::internal(format!("the stored request is unreadable: {error}"))
-            })?;
+        let (request, policy) = match RunSpec::from_stored(&record.request)? {
+            // Checked again as the owner's key allows it now: a key revoked or narrowed since
+            // the run was queued does not run it.
+            Some(spec) => {
+                let owner = self.principal_of_owner(record.owner.as_deref()).await?;
+                let policy = spec.policy;
+                let (_, request) =
+                    crate::runs::prepare_as(self, &owner, spec, Admission::TakenUp).await?;
+                (request, policy)
+            }
+            None => {
+                let queued: QueuedRequest = serde_json::from_value(record.request.clone())
+                    .map_err(|error| {
+                        AppError::internal(format!("the stored request is unreadable: {error}"))
+                    })?;
+                (queued.request, queued.policy)
+            }
+        };
         let stream = self
             .sessions
-            .send_as(session, queued.request, queued.policy, record.id)
+            .send_as(session, request, policy, record.id)
             .await?;
         Ok(Claimed::Live(self.hub.adopt(session, stream)))
+    }
+
+    /// Who a stored run or schedule runs as: its owner's key as it is now (`None`: the operator
+    /// of a server without keys). A key revoked since is refused by name.
+    pub(crate) async fn principal_of_owner(
+        &self,
+        owner: Option<&str>,
+    ) -> Result<Principal, AppError> {
+        let Some(key) = owner else {
+            return Ok(Principal::operator());
+        };
+        crate::auth::active_key(&self.store, key)
+            .await
+            .map_err(|error| AppError::internal(error.to_string()))?
+            .ok_or_else(|| {
+                AppError::forbidden(format!(
+                    "the key {key} that submitted the run was revoked or deleted"
+                ))
+            })
     }
 
     /// After a command ended a run that waited for a person or was paused (interrupt, abort):

@@ -1,13 +1,10 @@
 //! Runs as the application starts them. [`prepare`] turns what a front-end asks for (a
-//! [`RunInput`]: the HTTP API's `POST /v1/infer`, an MCP agent call) into a checked run
+//! [`RunSpec`]: the HTTP API's `POST /v1/infer`, an MCP agent call) into a checked run
 //! request and where it runs, creating the session when asked; [`start_in_session`] hands the
-//! run to the hub. The front-ends only parse their own wire format into a `RunInput`.
+//! run to the hub. The front-ends only parse their own wire format into a `RunSpec`.
 
-use agentry_core::approval::ApprovalPolicy;
-use agentry_core::context::CompactionSettings;
 use agentry_core::session::{BusyPolicy, NewSessionInfo};
-use agentry_core::{Input, RunLimits, RunRequest};
-use agentry_llm::GenerationParams;
+use agentry_core::{RunLimits, RunRequest};
 use agentry_types::{Message, SessionId};
 
 use crate::App;
@@ -16,50 +13,7 @@ use crate::error::AppError;
 use crate::follow::{FollowFrom, Followed};
 use crate::hub::Subscription;
 
-/// Which session a run goes to.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum SessionChoice {
-    /// None: an ephemeral run, nothing stored.
-    #[default]
-    Ephemeral,
-    /// A new session.
-    New,
-    /// This existing session.
-    Existing(SessionId),
-}
-
-/// What a front-end asks to run, before it is checked.
-#[derive(Debug, Clone, Default)]
-pub struct RunInput {
-    /// Run as this saved agent: its settings, under what the fields below say.
-    pub agent_id: Option<String>,
-    /// The model (a request naming its own does not use the agent's fallbacks).
-    pub model_id: Option<String>,
-    /// The system prompt.
-    pub system: Option<String>,
-    /// Exactly these tools (`["*"]`: all); none when neither this nor the agent names any.
-    pub tool_ids: Option<Vec<String>>,
-    /// Generation parameters.
-    pub params: Option<GenerationParams>,
-    /// Tool rounds allowed.
-    pub max_tool_rounds: Option<u32>,
-    /// Which tool calls wait for approval (merged over the agent's, per tool).
-    pub approvals: Option<ApprovalPolicy>,
-    /// How the run compacts its context.
-    pub compaction: Option<CompactionSettings>,
-    /// The user the run is for (their memories join the agent's).
-    pub user: Option<String>,
-    /// Earlier conversation: an ephemeral run's or a new session's; for an existing session
-    /// (whose conversation comes from its log) only tool results answering the calls its last
-    /// run ended on.
-    pub history: Vec<Message>,
-    /// The new input.
-    pub input: Option<Input>,
-    /// Where it runs.
-    pub session: SessionChoice,
-    /// Tools the caller runs itself: calling one ends the run for the caller to answer.
-    pub client_tools: Vec<agentry_types::ToolSpec>,
-}
+pub use crate::run_spec::{RunSpec, SessionChoice};
 
 /// Where a prepared run goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +32,27 @@ pub enum Target {
 pub async fn prepare(
     app: &App,
     caller: &Principal,
-    input: RunInput,
+    input: RunSpec,
+) -> Result<(Target, RunRequest), AppError> {
+    prepare_as(app, caller, input, Admission::New).await
+}
+
+/// Whether a run is admitted now, or was admitted when it was queued and is taken up by a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Admitted now: the caller's quotas count it.
+    New,
+    /// Taken up from the queue: checked again under its owner's key as it is now, but its
+    /// quotas counted it when it was queued.
+    TakenUp,
+}
+
+/// [`prepare`], for a run admitted now or taken up from the queue.
+pub(crate) async fn prepare_as(
+    app: &App,
+    caller: &Principal,
+    input: RunSpec,
+    admission: Admission,
 ) -> Result<(Target, RunRequest), AppError> {
     // The end user, in the caller's namespace: a `user` key reaches only its own end users'
     // memories.
@@ -180,8 +154,10 @@ pub async fn prepare(
     let may_ask = app.sessions.runtime().prepare(check)?.approvals.may_ask();
     // The caller's quotas (runs going, tokens of the day, new sessions a minute), last: a run
     // refused for another reason counts against none of them.
-    app.check_run_quotas(caller, input.session == SessionChoice::New)
-        .await?;
+    if admission == Admission::New {
+        app.check_run_quotas(caller, input.session == SessionChoice::New)
+            .await?;
+    }
     let target = match input.session {
         SessionChoice::Ephemeral => {
             if may_ask {

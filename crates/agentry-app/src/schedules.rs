@@ -28,10 +28,11 @@ use agentry_store::{NewSchedule, RunQuery, RunState, ScheduleRecord};
 use agentry_types::RunId;
 
 use crate::App;
-use crate::auth::{KeyLimits, KeyRole, Principal};
+use crate::auth::Principal;
 use crate::clock::{millis, now_ms};
 use crate::error::AppError;
 use crate::queue::RunList;
+use crate::run_spec::RunSpec;
 use crate::submission::InferRequest;
 
 /// How late a slot may be found and still count as on time (not missed during downtime).
@@ -147,6 +148,13 @@ fn empty_input() -> serde_json::Value {
 }
 
 /// The workflow a stored schedule starts, if it starts one.
+/// The run a schedule's fires submit, from what the schedule stored.
+fn scheduled_spec(request: &serde_json::Value) -> Result<RunSpec, AppError> {
+    let body: InferRequest = serde_json::from_value(request.clone())
+        .map_err(|error| AppError::internal(format!("the stored run is unreadable: {error}")))?;
+    body.into_spec()
+}
+
 fn stored_workflow(request: &serde_json::Value) -> Option<ScheduledWorkflow> {
     serde_json::from_value(request.get("workflow")?.clone()).ok()
 }
@@ -501,11 +509,8 @@ impl App {
         workflow: ScheduledWorkflow,
         slot: u64,
     ) -> Result<Option<RunId>, AppError> {
-        let owner = Principal {
-            key_id: schedule.owner.clone(),
-            role: KeyRole::Admin,
-            limits: KeyLimits::default(),
-        };
+        // As its owner's key is now: a revoked key's schedule starts nothing.
+        let owner = self.principal_of_owner(schedule.owner.as_deref()).await?;
         if let Some(previous) = schedule.last_run_id
             && let Some(run) = self.stored_workflow_run(&previous.to_string()).await?
             && !run.state.is_final()
@@ -691,20 +696,18 @@ impl App {
         }
         let mut fired = None;
         if fire {
-            let body: InferRequest =
-                serde_json::from_value(schedule.request.clone()).map_err(|error| {
-                    AppError::internal(format!("the stored run is unreadable: {error}"))
-                })?;
-            let owner = Principal {
-                key_id: schedule.owner.clone(),
-                role: KeyRole::Admin,
-                limits: KeyLimits::default(),
-            };
             let key = format!("schedule:{}:{latest}", schedule.id);
-            match self
-                .submit_queued(&owner, body, Some(key), 0, Some(schedule.id.clone()))
-                .await
-            {
+            // Submitted as its owner's key allows now: a key revoked or narrowed since the
+            // schedule was made does not fire what it may no longer run.
+            let submitted = match self.principal_of_owner(schedule.owner.as_deref()).await {
+                Ok(owner) => {
+                    let spec = scheduled_spec(&schedule.request)?;
+                    self.submit_queued(&owner, spec, Some(key), 0, Some(schedule.id.clone()))
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            match submitted {
                 Ok((run, _)) => fired = Some(run.run_id),
                 Err(error) => tracing::warn!(
                     schedule = %schedule.id,

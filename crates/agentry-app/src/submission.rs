@@ -1,5 +1,5 @@
 //! A run as a client submits it: the body of `POST /v1/infer` (and, to come, of every front-end
-//! that starts runs), checked and turned into a [`RunInput`] here, once. The request accepts the
+//! that starts runs), checked and turned into a [`RunSpec`] here, once. The request accepts the
 //! Python service's shapes (`model_id`, `tool_ids`, `text` or `messages` with `prompt_template`
 //! and `arguments`, `session_id` where `"new"` creates one, `max_tool_rounds`). Several
 //! `agent_ids` make a group chat ([`crate::group`]).
@@ -19,7 +19,8 @@ use crate::auth::Principal;
 use crate::error::AppError;
 use crate::group::Started;
 use crate::ids::parse_session_id;
-use crate::runs::{RunInput, SessionChoice, Target};
+use crate::run_spec::{RunSpec, SessionChoice};
+use crate::runs::Target;
 
 /// A message of an inference request.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -277,22 +278,11 @@ impl InferRequest {
     pub fn is_group(&self) -> bool {
         self.agent_ids.as_ref().is_some_and(|ids| ids.len() > 1)
     }
-}
 
-impl App {
-    /// Checks a request and prepares its run (resolving its agent, creating the session for
-    /// `"new"`): the request's own rules (one agent, one new user message, `text` or `messages`)
-    /// here, the rest in [`crate::runs::prepare`]. Also returns what to do when the session is busy.
-    pub async fn prepare_submission(
-        &self,
-        caller: &Principal,
-        mut body: InferRequest,
-    ) -> Result<(Target, RunRequest, BusyPolicy), AppError> {
-        if body.webhook_url.is_some() {
-            return Err(AppError::bad_request(
-                "`webhook_url` is for background runs: submit with `POST /v1/runs`",
-            ));
-        }
+    /// The run this request asks for, read by the request's own rules (one agent, one new user
+    /// message, `text` or `messages`); the rest is checked by [`crate::runs::prepare`].
+    pub fn into_spec(self) -> Result<RunSpec, AppError> {
+        let mut body = self;
         let agent_id = match (body.agent_id.take(), body.agent_ids.as_deref()) {
             (None, None | Some([])) => None,
             (None, Some([id])) => Some(id.clone()),
@@ -363,7 +353,7 @@ impl App {
             Some("new") => SessionChoice::New,
             Some(id) => SessionChoice::Existing(parse_session_id(id)?),
         };
-        let input = RunInput {
+        Ok(RunSpec {
             agent_id,
             model_id: body.model_id,
             system,
@@ -377,9 +367,30 @@ impl App {
             input,
             session,
             client_tools: Vec::new(),
-        };
-        let (target, request) = crate::runs::prepare(self, caller, input).await?;
-        Ok((target, request, body.policy.unwrap_or(BusyPolicy::Reject)))
+            policy: body.policy.unwrap_or(BusyPolicy::Reject),
+            webhook_url: body.webhook_url,
+        })
+    }
+}
+
+impl App {
+    /// Checks a request for a run now (not a background one) and prepares it (resolving its
+    /// agent, creating the session for `"new"`): [`InferRequest::into_spec`], then
+    /// [`crate::runs::prepare`]. Also returns what to do when the session is busy.
+    pub async fn prepare_submission(
+        &self,
+        caller: &Principal,
+        body: InferRequest,
+    ) -> Result<(Target, RunRequest, BusyPolicy), AppError> {
+        if body.webhook_url.is_some() {
+            return Err(AppError::bad_request(
+                "`webhook_url` is for background runs: submit with `POST /v1/runs`",
+            ));
+        }
+        let spec = body.into_spec()?;
+        let policy = spec.policy;
+        let (target, request) = crate::runs::prepare(self, caller, spec).await?;
+        Ok((target, request, policy))
     }
 }
 

@@ -25,6 +25,8 @@ use crate::App;
 use crate::auth::Principal;
 use crate::clock::now_ms;
 use crate::config::ConfigRepo;
+use crate::run_spec::{RunSpec, SessionChoice};
+use agentry_types::SessionId;
 
 /// Starts the driver of `run_id` unless one runs in this process.
 pub(super) fn spawn(app: App, run_id: String) {
@@ -479,12 +481,7 @@ impl Job {
         };
         let Some(schema) = &agent.output_schema else {
             let (_, text) = self
-                .agent_turn(
-                    agent,
-                    json!({"text": prompt, "session_id": "new"}),
-                    key,
-                    sessions,
-                )
+                .agent_turn(agent, prompt, SessionChoice::New, key, sessions)
                 .await?;
             return Ok(Value::String(text));
         };
@@ -497,12 +494,7 @@ impl Job {
              Schema:\n```json\n{schema_text}\n```"
         );
         let (session, mut text) = self
-            .agent_turn(
-                agent,
-                json!({"text": prompt, "session_id": "new"}),
-                key.clone(),
-                sessions,
-            )
+            .agent_turn(agent, prompt, SessionChoice::New, key.clone(), sessions)
             .await?;
         // A wrong answer goes back to the agent, in its session, with what is wrong.
         let mut repairs = 0;
@@ -541,7 +533,8 @@ impl Job {
             (_, text) = self
                 .agent_turn(
                     agent,
-                    json!({"text": ask, "session_id": session}),
+                    ask,
+                    SessionChoice::Existing(session),
                     format!("{key}:repair{repairs}"),
                     sessions,
                 )
@@ -549,25 +542,30 @@ impl Job {
         }
     }
 
-    /// One turn of an agent step as a background run (`body`'s `text` in its `session_id`)
-    /// under the idempotency key `key`, followed to its end: its session and answer.
+    /// One turn of an agent step as a background run (`text`, in `session`) under the
+    /// idempotency key `key`, followed to its end: its session and answer.
     async fn agent_turn(
         &self,
         agent: &AgentStep,
-        mut body: Value,
+        text: String,
+        session: SessionChoice,
         key: String,
         sessions: &mut Vec<String>,
-    ) -> Result<(String, String), StepError> {
+    ) -> Result<(SessionId, String), StepError> {
         let failed = |message: String| StepError::new(StepErrorKind::Agent, message);
-        body["agent_id"] = Value::String(agent.agent.clone());
-        let body: crate::submission::InferRequest =
-            serde_json::from_value(body).map_err(|error| StepError::internal(error.to_string()))?;
+        let spec = RunSpec {
+            agent_id: Some(agent.agent.clone()),
+            input: Some(agentry_core::Input::Text { text }),
+            session,
+            ..RunSpec::default()
+        };
         let (view, _) = self
             .app
-            .submit_background(&Principal::operator(), body, Some(key), 0)
+            .submit_background(&Principal::operator(), spec, Some(key), 0)
             .await
             .map_err(|error| failed(error.message))?;
-        let session = view.session_id.to_string();
+        let run_session = view.session_id;
+        let session = run_session.to_string();
         if !sessions.contains(&session) {
             sessions.push(session.clone());
         }
@@ -595,7 +593,7 @@ impl Job {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        Ok((session, text))
+        Ok((run_session, text))
     }
 }
 

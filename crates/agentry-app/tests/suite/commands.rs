@@ -10,7 +10,7 @@ use agentry_app::auth::Principal;
 use agentry_app::follow::{FollowFrom, Followed};
 use agentry_app::hub::FeedStatus;
 use agentry_app::ops::Op;
-use agentry_app::runs::{RunInput, SessionChoice, Target, prepare};
+use agentry_app::runs::{RunSpec, SessionChoice, Target, prepare};
 use agentry_core::Input;
 use agentry_core::approval::{ApprovalDecision, ApprovalPolicy};
 use agentry_core::session::BusyPolicy;
@@ -21,7 +21,7 @@ use serde_json::json;
 use super::follow::{app, collect};
 
 /// Starts `input` in a new session, as every front-end does, followed from its start.
-async fn start_new(app: &App, input: RunInput) -> (SessionId, Followed) {
+async fn start_new(app: &App, input: RunSpec) -> (SessionId, Followed) {
     let (target, request) = prepare(app, &Principal::operator(), input).await.unwrap();
     let Target::Session(session) = target else {
         panic!("a new session's run has its session");
@@ -55,7 +55,7 @@ async fn a_waiting_run_is_decided_through_submit_and_followed_to_its_end() {
     mock.enqueue(Reply::scripted(ScriptedTurn::text("It is late.")));
     let approvals: ApprovalPolicy =
         serde_json::from_value(json!({"tools": {"current_time": "always"}})).unwrap();
-    let input = RunInput {
+    let input = RunSpec {
         model_id: Some("mock".into()),
         tool_ids: Some(vec!["current_time".into()]),
         approvals: Some(approvals),
@@ -63,7 +63,7 @@ async fn a_waiting_run_is_decided_through_submit_and_followed_to_its_end() {
             text: "What time is it?".into(),
         }),
         session: SessionChoice::New,
-        ..RunInput::default()
+        ..RunSpec::default()
     };
     let (session, events) = start_new(&app, input).await;
     let first = collect(events).await;
@@ -152,13 +152,13 @@ async fn stopping_a_session_interrupts_its_run_and_says_whether_anything_ran() {
             .chunked(Chunking::SseEvents)
             .paced(Duration::from_millis(100)),
     );
-    let input = RunInput {
+    let input = RunSpec {
         model_id: Some("mock".into()),
         input: Some(Input::Text {
             text: "Count slowly.".into(),
         }),
         session: SessionChoice::New,
-        ..RunInput::default()
+        ..RunSpec::default()
     };
     let (session, events) = start_new(&app, input).await;
     tokio::time::sleep(Duration::from_millis(250)).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use agentry_app::auth::Principal;
 use agentry_app::follow::{FollowFrom, Followed};
 use agentry_app::hub::Subscription;
-use agentry_app::runs::{RunInput, SessionChoice, Target, prepare, start_in_session};
+use agentry_app::runs::{RunSpec, SessionChoice, Target, prepare, start_in_session};
 use agentry_app::{App, McpStart};
 use agentry_core::Input;
 use agentry_core::session::BusyPolicy;
@@ -41,11 +41,11 @@ pub(super) async fn app() -> (App, MockProvider, tempfile::TempDir) {
 
 /// Starts `text` in a new session, as every front-end does.
 async fn start(app: &App, text: &str) -> (SessionId, Subscription) {
-    let input = RunInput {
+    let input = RunSpec {
         model_id: Some("mock".into()),
         input: Some(Input::Text { text: text.into() }),
         session: SessionChoice::New,
-        ..RunInput::default()
+        ..RunSpec::default()
     };
     let (target, request) = prepare(app, &Principal::operator(), input).await.unwrap();
     let Target::Session(session) = target else {

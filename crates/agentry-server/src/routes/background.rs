@@ -110,6 +110,18 @@ async fn submit(
         ),
     };
     let Json(body) = body?;
+    if body.is_group() {
+        return Err(ApiError::bad_request(
+            "a group chat cannot run in the background: use `POST /v1/infer` or `/v1/groups`",
+        ));
+    }
+    if body.cancel_on_disconnect {
+        return Err(ApiError::bad_request(
+            "`cancel_on_disconnect` does not apply to a background run: cancel it with \
+             `POST /v1/runs/{run_id}/cancel`",
+        ));
+    }
+    let body = body.into_spec()?;
     let (run, created) = Box::pin(
         state
             .app

@@ -408,3 +408,49 @@ async fn schedules_have_a_floor_and_their_queued_fires_a_cap() {
     );
     assert!(runs.iter().all(|run| run["state"] == "queued"), "{runs:#?}");
 }
+
+#[tokio::test]
+async fn a_schedule_fires_as_its_owners_key_is_now_and_stops_when_it_is_revoked() {
+    use agentry_app::auth::{KeyLimits, create_key, revoke_key};
+
+    use super::security::{as_key, with_keys};
+
+    let server = start_queue().await;
+    server
+        .mock
+        .set_fallback(Reply::scripted(ScriptedTurn::text("tick")));
+    let (owner, _, _) = with_keys(&server, KeyLimits::default()).await;
+    let other = create_key(&server.state.app.store, "another admin")
+        .await
+        .unwrap();
+    let (status, schedule) = as_key(
+        &server,
+        &owner,
+        "POST",
+        "/v1/schedules",
+        json!({"interval_secs": 1, "run": {"text": "tick", "model_id": "mock"}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{schedule}");
+    let id = schedule["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/schedules/{id}/runs");
+    let runs = || async {
+        let (status, body) = as_key(&server, &other.key, "GET", &path, json!({})).await;
+        assert_eq!(status, 200, "{body}");
+        body["runs"].as_array().unwrap().len()
+    };
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(runs().await >= 1, "the schedule fired");
+
+    let owner_id = owner.split('_').nth(1).unwrap();
+    assert!(revoke_key(&server.state.app.store, owner_id).await.unwrap());
+    // A fire already under way when the key went may still land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = runs().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        runs().await,
+        before,
+        "a revoked key's schedule submits nothing more"
+    );
+}

@@ -32,7 +32,7 @@ use agentry_app::auth::Principal;
 use agentry_app::elicitation::Elicitations;
 use agentry_app::follow::{FollowFrom, Followed};
 use agentry_app::ops::Op;
-use agentry_app::runs::{RunInput, SessionChoice, Target, prepare};
+use agentry_app::runs::{RunSpec, SessionChoice, Target, prepare};
 use agentry_app::{App, ToolEnvironment};
 use agentry_mcp::ElicitationAnswer;
 use agentry_store::Store;
@@ -168,11 +168,11 @@ impl Conversation {
             }
         };
         {
-            let input = RunInput {
+            let input = RunSpec {
                 agent_id: Some(agent_id.clone()),
                 input: Some(agentry_core::Input::Text { text: text.into() }),
                 session: session.map_or(SessionChoice::New, SessionChoice::Existing),
-                ..RunInput::default()
+                ..RunSpec::default()
             };
             let (target, request) = Box::pin(prepare(app, &Principal::operator(), input))
                 .await

@@ -9,7 +9,7 @@ use agentry_types::SessionId;
 
 use agentry_app::ToolEnvironment;
 use agentry_app::auth::Principal;
-use agentry_app::runs::{RunInput, SessionChoice, Target, prepare};
+use agentry_app::runs::{RunSpec, SessionChoice, Target, prepare};
 
 use super::agents;
 use super::app_error;
@@ -107,7 +107,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         return print_run(stream, args.json).await;
     }
     let app = agents::agent_app(store, &agent, &args.profile, data, None).await?;
-    let input = RunInput {
+    let input = RunSpec {
         agent_id: Some(agent.id.clone()),
         input: Some(agentry_core::Input::Text {
             text: args.prompt.clone(),
@@ -116,7 +116,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
             Some(session) => SessionChoice::Existing(session),
             None => SessionChoice::New,
         },
-        ..RunInput::default()
+        ..RunSpec::default()
     };
     let (target, request) = prepare(&app, &Principal::operator(), input)
         .await

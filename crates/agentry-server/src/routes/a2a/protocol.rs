@@ -27,11 +27,12 @@ use serde_json::{Value, json};
 use agentry_app::agents::AgentConfig;
 use agentry_app::approvals::DecideBody;
 use agentry_app::auth::Principal;
+use agentry_app::domain::core::Input;
 use agentry_app::domain::store::{RunQuery, RunState};
 use agentry_app::follow::FollowFrom;
 use agentry_app::hub::Subscription;
 use agentry_app::queue::RunView;
-use agentry_app::submission::InferRequest;
+use agentry_app::runs::{RunSpec, SessionChoice};
 use agentry_app::{App, AppError, Failure};
 use agentry_types::{RunEvent, RunId, SessionId};
 
@@ -1007,16 +1008,18 @@ pub async fn send(
                     "unknown contextId {context:?}: leave it out to start a new context"
                 )));
             }
-            session.to_string()
+            SessionChoice::Existing(session)
         }
-        None => "new".to_owned(),
+        None => SessionChoice::New,
     };
-    let body: InferRequest = serde_json::from_value(json!({
-        "agent_id": agent,
-        "text": message.text()?,
-        "session_id": session,
-    }))
-    .map_err(|error| A2aError::internal(format!("cannot build the run: {error}")))?;
+    let body = RunSpec {
+        agent_id: Some(agent.to_owned()),
+        input: Some(Input::Text {
+            text: message.text()?,
+        }),
+        session,
+        ..RunSpec::default()
+    };
     // The client's message id makes a retried send find its task instead of a second one.
     let key = format!("a2a:{agent}:{}", message.message_id);
     let (run, _) = Box::pin(app.submit_background(caller, body, Some(key), 0)).await?;

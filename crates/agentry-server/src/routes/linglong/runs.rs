@@ -19,7 +19,7 @@ use agentry_app::AppError;
 use agentry_app::auth::Principal;
 use agentry_app::follow::FollowFrom;
 use agentry_app::hub::Subscription;
-use agentry_app::runs::{RunInput, SessionChoice, Target, start_in_session};
+use agentry_app::runs::{RunSpec, SessionChoice, Target, start_in_session};
 
 /// A seed run that has started: its session (none when stateless) and its events.
 pub struct SeedStart {
@@ -159,7 +159,7 @@ pub async fn seed_start(
         (None, None) => Some(DEFAULT_MAX_TOOL_ROUNDS),
         (Some(_), None) => None,
     };
-    let input = RunInput {
+    let input = RunSpec {
         agent_id,
         model_id: body.model_id,
         system: conversation.system,
@@ -168,7 +168,7 @@ pub async fn seed_start(
         history: conversation.history,
         input: conversation.input,
         session,
-        ..RunInput::default()
+        ..RunSpec::default()
     };
     let (target, request) = Box::pin(agentry_app::runs::prepare(app, caller, input)).await?;
     let max_tool_rounds = request

@@ -1,5 +1,5 @@
 //! Chat completions (`POST /openai/v1/chat/completions`) and the model list: the wire format,
-//! read into an app [`RunInput`] and rendered back from a run's events or outcome.
+//! read into an app [`RunSpec`] and rendered back from a run's events or outcome.
 //!
 //! A chat completion is a run: its `model` names a registered model, or a saved agent as
 //! `agent:<id>` (whose own tools then run inside Agentry; only the answer comes back). The
@@ -24,7 +24,7 @@ use agentry_app::domain::core::RunRequest;
 use agentry_app::domain::llm::{GenerationParams, ThinkingConfig};
 use agentry_app::ids::parse_session_id;
 use agentry_app::outcome::RunOutcome;
-use agentry_app::runs::{RunInput, SessionChoice, Target};
+use agentry_app::runs::{RunSpec, SessionChoice, Target};
 use agentry_app::{App, AppError, Failure};
 use agentry_types::{AssistantPart, Message, RunEvent, ToolCall, ToolSpec, Usage};
 
@@ -324,7 +324,7 @@ pub(crate) async fn prepare_run(
     caller: &Principal,
     run: OpenAiRun,
 ) -> Result<ChatRun, OpenAiError> {
-    let input = RunInput {
+    let input = RunSpec {
         agent_id: run.agent_id,
         model_id: run.model_id,
         system: run.conversation.system,
@@ -334,7 +334,7 @@ pub(crate) async fn prepare_run(
         input: run.conversation.input,
         session: run.session,
         client_tools: run.client_tools.clone(),
-        ..RunInput::default()
+        ..RunSpec::default()
     };
     let (target, request) = Box::pin(agentry_app::runs::prepare(app, caller, input)).await?;
     Ok(ChatRun {

@@ -4,7 +4,7 @@
 //! or its stream of named events) and `GET /responses/{id}`. The same API keys as `/v1`
 //! (`Authorization: Bearer`); errors in OpenAI's shape. Not in the OpenAPI document: OpenAI's
 //! own reference describes it. The wire formats live here; a request becomes an app
-//! [`agentry_app::runs::RunInput`], and a run is followed through the app.
+//! [`agentry_app::runs::RunSpec`], and a run is followed through the app.
 
 pub mod chat;
 pub mod responses;
