@@ -283,6 +283,71 @@ pub struct Started {
     pub first_seq: u64,
 }
 
+/// A message posted to a group chat, as a front-end read it from its request.
+#[derive(Debug, Clone)]
+pub struct GroupPost {
+    /// The group's members: a new group's, or the existing group's (which must match).
+    pub agent_ids: Vec<String>,
+    /// Rounds one message may lead to, for a new group.
+    pub max_rounds: Option<u32>,
+    /// A new group session, or this existing one (an ephemeral choice is a new one).
+    pub session: crate::run_spec::SessionChoice,
+    /// The message.
+    pub text: String,
+    /// The end user it is for.
+    pub user: Option<String>,
+}
+
+impl App {
+    /// Posts a message to a group chat: a new group session of `message.agent_ids`, or the group
+    /// session named, whose members must be the agents named and which `caller` may use; the
+    /// group session and the started exchange.
+    pub async fn post_to_group(
+        &self,
+        caller: &crate::auth::Principal,
+        message: GroupPost,
+    ) -> Result<(SessionId, Started), AppError> {
+        let GroupPost {
+            agent_ids: ids,
+            max_rounds,
+            session,
+            text,
+            user,
+        } = message;
+        let session = match session {
+            crate::run_spec::SessionChoice::Existing(session) => {
+                self.check_session_access(caller, session).await?;
+                let info = load(self, session).await?;
+                let mut members: Vec<&str> =
+                    info.members.iter().map(|m| m.agent_id.as_str()).collect();
+                let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
+                members.sort_unstable();
+                named.sort_unstable();
+                if members != named {
+                    return Err(AppError::bad_request(format!(
+                        "session {session} is a group of {members:?}, not {named:?}"
+                    )));
+                }
+                if max_rounds.is_some_and(|rounds| rounds != info.max_rounds) {
+                    return Err(AppError::bad_request(
+                        "`max_rounds` is set when the group is created",
+                    ));
+                }
+                session
+            }
+            _ => {
+                if text.trim().is_empty() {
+                    return Err(AppError::bad_request("the message is empty"));
+                }
+                let title: String = text.chars().take(80).collect();
+                create(self, caller, &ids, max_rounds, Some(title)).await?.0
+            }
+        };
+        let started = post(self, caller, session, text, user).await?;
+        Ok((session, started))
+    }
+}
+
 /// One member, ready to run.
 #[derive(Clone)]
 struct Runner {

@@ -48,7 +48,6 @@ pub mod session_service;
 pub mod skills;
 pub mod standard_webhooks;
 pub mod store_log;
-pub mod submission;
 pub mod terminals;
 pub mod titles;
 pub mod turn_files;

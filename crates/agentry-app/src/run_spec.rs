@@ -1,6 +1,6 @@
 //! What to run, as the application keeps it: a [`RunSpec`]. Every front-end builds one from its
 //! own request (`POST /v1/infer` and `/v1/runs`, OpenAI chat and Responses, A2A, the seed API,
-//! MCP, the CLI); [`crate::runs::prepare`] checks it for a caller and turns it into the engine's
+//! MCP, the CLI); `runs::prepare` checks it for a caller and turns it into the engine's
 //! request. The queue, schedules and workflows store the spec, versioned
 //! ([`RunSpec::to_stored`]), never the engine's request: a stored run is checked again when it
 //! is taken up, under its owner's key as it is then.

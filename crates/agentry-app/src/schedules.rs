@@ -33,7 +33,6 @@ use crate::clock::{millis, now_ms};
 use crate::error::AppError;
 use crate::queue::RunList;
 use crate::run_spec::RunSpec;
-use crate::submission::InferRequest;
 
 /// How late a slot may be found and still count as on time (not missed during downtime).
 const ON_TIME: u64 = 60_000;
@@ -84,50 +83,39 @@ impl Overlap {
     }
 }
 
-/// The body of `POST /v1/schedules` and `PUT /v1/schedules/{id}`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleRequest {
+/// A schedule as a front-end read it from its request (`POST /v1/schedules`, `agentry schedules
+/// add`): when it fires, and the run or workflow each fire starts.
+#[derive(Debug, Clone)]
+pub struct ScheduleSpec {
     /// A name for people (default: the expression or the interval).
-    #[serde(default)]
-    #[schema(max_length = 100)]
     pub name: Option<String>,
-    /// A cron expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with
-    /// seconds first; names (`MON`, `JAN`), ranges, steps, lists, `L`, `W` and `#`. Give this or
-    /// `interval_secs`.
-    #[serde(default)]
-    #[schema(max_length = 200)]
+    /// A cron expression (5 fields, or 6 with seconds first). This or `interval_secs`.
     pub cron: Option<String>,
-    /// The IANA time zone the expression is read in (default `UTC`), e.g. `Europe/Paris`.
-    #[serde(default)]
-    #[schema(max_length = 64)]
+    /// The IANA time zone the expression is read in (default `UTC`).
     pub timezone: Option<String>,
-    /// Seconds between fires (1 to a year), counted from the schedule's creation. Give this or
-    /// `cron`.
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 31_622_400)]
+    /// Seconds between fires, counted from the schedule's creation. This or `cron`.
     pub interval_secs: Option<u64>,
-    /// The run each fire submits: the body of `POST /v1/runs` (without `session_id` each run
-    /// gets a new session). Give this or `workflow`.
-    #[serde(default)]
-    pub run: Option<InferRequest>,
+    /// The run each fire submits (without a session each run gets a new one). This or
+    /// `workflow`.
+    pub run: Option<ScheduledRun>,
     /// The workflow each fire starts instead of a run.
-    #[serde(default)]
     pub workflow: Option<ScheduledWorkflow>,
-    /// Whether it fires (default `true`).
-    #[serde(default = "enabled")]
+    /// Whether it fires.
     pub enabled: bool,
-    /// After downtime: `skip` the missed slots (default) or run `once` for them.
-    #[serde(default)]
+    /// After downtime: skip the missed slots or run once for them.
     pub catch_up: CatchUp,
-    /// When the previous run still goes: `skip` the slot (default), `queue` the run, or
-    /// `cancel` the previous.
-    #[serde(default)]
+    /// When the previous run still goes.
     pub overlap: Overlap,
 }
 
-fn enabled() -> bool {
-    true
+/// A schedule's run: what each fire runs, and the request as its client wrote it (what the
+/// schedule shows back; the app does not read it).
+#[derive(Debug, Clone)]
+pub struct ScheduledRun {
+    /// What each fire runs.
+    pub spec: RunSpec,
+    /// The request as its client wrote it.
+    pub request: serde_json::Value,
 }
 
 /// The workflow a schedule starts.
@@ -147,14 +135,34 @@ fn empty_input() -> serde_json::Value {
     serde_json::Value::Object(serde_json::Map::new())
 }
 
-/// The workflow a stored schedule starts, if it starts one.
-/// The run a schedule's fires submit, from what the schedule stored.
+/// The run a schedule's fires submit, from what the schedule stored: `{"spec": <a stored
+/// spec>, "request": <as the client wrote it>}`. A schedule stored before specs were (its
+/// client's request alone) is rewritten at start-up by [`App::upgrade_schedules`].
 fn scheduled_spec(request: &serde_json::Value) -> Result<RunSpec, AppError> {
-    let body: InferRequest = serde_json::from_value(request.clone())
-        .map_err(|error| AppError::internal(format!("the stored run is unreadable: {error}")))?;
-    body.into_spec()
+    request
+        .get("spec")
+        .map(RunSpec::from_stored)
+        .transpose()?
+        .flatten()
+        .ok_or_else(|| {
+            AppError::internal(
+                "the schedule's run is stored in a shape this release no longer reads",
+            )
+        })
 }
 
+/// The request a stored schedule's run was made from, as its client wrote it.
+fn shown_run(request: &serde_json::Value) -> serde_json::Value {
+    match request.get("spec") {
+        Some(_) => request
+            .get("request")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null),
+        None => request.clone(),
+    }
+}
+
+/// The workflow a stored schedule starts, if it starts one.
 fn stored_workflow(request: &serde_json::Value) -> Option<ScheduledWorkflow> {
     serde_json::from_value(request.get("workflow")?.clone()).ok()
 }
@@ -362,7 +370,7 @@ fn view(record: ScheduleRecord) -> ScheduleView {
         workflow: stored_workflow(&record.request),
         run: stored_workflow(&record.request)
             .is_none()
-            .then_some(record.request),
+            .then(|| shown_run(&record.request)),
         enabled: record.enabled,
         catch_up: record.catch_up,
         overlap: record.overlap,
@@ -392,7 +400,7 @@ impl App {
         &self,
         caller: &Principal,
         id: String,
-        request: ScheduleRequest,
+        request: ScheduleSpec,
         anchor: u64,
     ) -> Result<NewSchedule, AppError> {
         let timezone = request.timezone.unwrap_or_else(|| "UTC".to_owned());
@@ -463,42 +471,75 @@ impl App {
         })
     }
 
+    /// Rewrites the schedules an earlier release stored as their client's request alone into the
+    /// stored spec beside that request, reading each request with `read` (the front-end's: it
+    /// owns that format). A request `read` refuses disables its schedule, with a warning. Runs at
+    /// start-up, before the worker fires anything; answers how many were rewritten.
+    pub async fn upgrade_schedules(
+        &self,
+        read: impl Fn(&serde_json::Value) -> Result<RunSpec, AppError>,
+    ) -> Result<usize, AppError> {
+        let mut upgraded = 0;
+        for record in self.store.list_schedules(None).await? {
+            if record.request.get("spec").is_some() || stored_workflow(&record.request).is_some() {
+                continue;
+            }
+            let (request, enabled) = match read(&record.request) {
+                Ok(spec) => (
+                    serde_json::json!({"spec": spec.to_stored()?, "request": record.request}),
+                    record.enabled,
+                ),
+                Err(error) => {
+                    tracing::warn!(
+                        schedule = %record.id,
+                        "a schedule's stored run cannot be read, so it is disabled: {}",
+                        error.message
+                    );
+                    (record.request.clone(), false)
+                }
+            };
+            let schedule = NewSchedule {
+                id: record.id,
+                name: record.name,
+                owner: record.owner,
+                cron: record.cron,
+                timezone: record.timezone,
+                interval_secs: record.interval_secs,
+                request,
+                enabled,
+                catch_up: record.catch_up,
+                overlap: record.overlap,
+                next_fire_at: record.next_fire_at.filter(|_| enabled),
+            };
+            self.store.update_schedule(&schedule).await?;
+            upgraded += 1;
+        }
+        Ok(upgraded)
+    }
+
     /// A scheduled run's own checks, creating nothing (as an ephemeral run: approvals need a
     /// session, so they are checked when it fires); the run as stored.
     async fn checked_scheduled_run(
         &self,
         caller: &Principal,
-        run: InferRequest,
+        run: ScheduledRun,
     ) -> Result<serde_json::Value, AppError> {
-        if run.is_group() {
-            return Err(AppError::bad_request(
-                "a schedule's run is one agent's (a group chat cannot run in the background)",
-            ));
-        }
-        if run.cancel_on_disconnect {
-            return Err(AppError::bad_request(
-                "`cancel_on_disconnect` does not apply to a scheduled run",
-            ));
-        }
-        if let Some(url) = &run.webhook_url {
+        if let Some(url) = &run.spec.webhook_url {
             self.check_webhook(url, None).await?;
         }
-        let mut dry = run.clone();
+        let mut dry = run.spec.clone();
         dry.approvals = None;
-        dry.policy = None;
+        dry.policy = Default::default();
         dry.webhook_url = None;
-        if let Some(session) = dry.session_id.take()
-            && session != "new"
-        {
-            let session = crate::ids::parse_session_id(&session)?;
+        if let crate::run_spec::SessionChoice::Existing(session) = dry.session {
             self.check_session_access(caller, session).await?;
             if self.store.session(session).await?.is_none() {
                 return Err(AppError::not_found(format!("no session {session}")));
             }
         }
-        self.prepare_submission(caller, dry).await?;
-        serde_json::to_value(&run)
-            .map_err(|error| AppError::internal(format!("cannot store the run: {error}")))
+        dry.session = crate::run_spec::SessionChoice::Ephemeral;
+        crate::runs::prepare(self, caller, dry).await?;
+        Ok(serde_json::json!({"spec": run.spec.to_stored()?, "request": run.request}))
     }
 
     /// Starts a workflow schedule's run for `slot` (once per slot: its id comes from the slot),
@@ -543,7 +584,7 @@ impl App {
     pub async fn create_schedule(
         &self,
         caller: &Principal,
-        request: ScheduleRequest,
+        request: ScheduleSpec,
     ) -> Result<ScheduleView, AppError> {
         let schedule = self
             .checked_schedule(caller, RunId::new().to_string(), request, now_ms())
@@ -556,7 +597,7 @@ impl App {
         &self,
         caller: &Principal,
         id: &str,
-        request: ScheduleRequest,
+        request: ScheduleSpec,
     ) -> Result<ScheduleView, AppError> {
         let existing = self.stored_schedule(id).await?;
         let schedule = self

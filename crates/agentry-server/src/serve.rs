@@ -128,6 +128,19 @@ pub async fn serve(
     if workflows > 0 {
         tracing::info!(workflows, "resumed unfinished workflow runs");
     }
+    // Schedules an earlier release stored as their client's request alone get its spec, read
+    // by the front-end that owns that request's format, before anything fires.
+    match Box::pin(
+        state
+            .app
+            .upgrade_schedules(crate::routes::schedules::stored_run_spec),
+    )
+    .await
+    {
+        Ok(0) => {}
+        Ok(schedules) => tracing::info!(schedules, "rewrote schedules an earlier release stored"),
+        Err(error) => tracing::warn!("cannot rewrite stored schedules: {}", error.message),
+    }
     // The background-run worker: claims queued runs (and runs whose worker died) from now on.
     state.app.start_worker();
     let shutdown = state.app.shutdown.clone();

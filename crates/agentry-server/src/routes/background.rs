@@ -17,11 +17,11 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::run_request::InferRequest;
 use agentry_app::domain::store::{RunQuery, RunState};
 use agentry_app::ids::parse_run_id;
 use agentry_app::ids::parse_session_id;
 use agentry_app::queue::{RunList, RunView};
-use agentry_app::submission::InferRequest;
 use agentry_app::webhooks::{DeliveryList, WebhookSecret};
 
 use super::config::ApiPath;

@@ -20,12 +20,12 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::run_request::{InferRequest, prepare_submission};
 use agentry_app::follow::{FollowFrom, Followed};
 use agentry_app::hub::CancelOnDrop;
 use agentry_app::ids::parse_session_id;
 use agentry_app::outcome::RunOutcome;
 use agentry_app::runs::{Target, start_in_session};
-use agentry_app::submission::InferRequest;
 use agentry_types::SessionId;
 
 use super::sse::SseMapper;
@@ -88,7 +88,7 @@ async fn infer(
     }
     let cancel_on_disconnect = body.cancel_on_disconnect;
     // Boxed, as in `infer_stream`: this handler's future is kept until the run ends.
-    let (target, request, policy) = Box::pin(state.app.prepare_submission(&caller, body)).await?;
+    let (target, request, policy) = Box::pin(prepare_submission(&state.app, &caller, body)).await?;
     let outcome = Box::pin(
         state
             .app
@@ -146,7 +146,7 @@ async fn infer_stream(
     // handler's future while the request is in flight, and an unboxed await makes it as large
     // as its largest step for every request (kilobytes, a thousand times over when a thousand
     // streams start).
-    let (target, request, policy) = Box::pin(state.app.prepare_submission(&caller, body)).await?;
+    let (target, request, policy) = Box::pin(prepare_submission(&state.app, &caller, body)).await?;
     let mut headers = HeaderMap::new();
     let events: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
         match target {

@@ -19,6 +19,7 @@ pub mod mcp;
 pub mod memories;
 pub mod openai;
 pub mod ops;
+pub mod run_request;
 pub mod runs;
 pub mod sandboxes;
 pub mod schedules;

@@ -8,14 +8,18 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use agentry_app::AppError;
 use agentry_app::queue::RunList;
-use agentry_app::schedules::{ScheduleList, ScheduleRequest, ScheduleView};
+use agentry_app::schedules::{
+    CatchUp, Overlap, ScheduleList, ScheduleSpec, ScheduleView, ScheduledRun, ScheduledWorkflow,
+};
 
 use super::config::{ApiJson, ApiPath};
+use super::run_request::InferRequest;
 use crate::authorization::Caller;
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, JsonBodyErrors, NotFound};
@@ -27,6 +31,102 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create, list))
         .routes(routes!(show, replace, remove))
         .routes(routes!(runs))
+}
+
+/// The body of `POST /v1/schedules` and `PUT /v1/schedules/{id}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRequest {
+    /// A name for people (default: the expression or the interval).
+    #[serde(default)]
+    #[schema(max_length = 100)]
+    pub name: Option<String>,
+    /// A cron expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with
+    /// seconds first; names (`MON`, `JAN`), ranges, steps, lists, `L`, `W` and `#`. Give this or
+    /// `interval_secs`.
+    #[serde(default)]
+    #[schema(max_length = 200)]
+    pub cron: Option<String>,
+    /// The IANA time zone the expression is read in (default `UTC`), e.g. `Europe/Paris`.
+    #[serde(default)]
+    #[schema(max_length = 64)]
+    pub timezone: Option<String>,
+    /// Seconds between fires (1 to a year), counted from the schedule's creation. Give this or
+    /// `cron`.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 31_622_400)]
+    pub interval_secs: Option<u64>,
+    /// The run each fire submits: the body of `POST /v1/runs` (without `session_id` each run
+    /// gets a new session). Give this or `workflow`.
+    #[serde(default)]
+    pub run: Option<InferRequest>,
+    /// The workflow each fire starts instead of a run.
+    #[serde(default)]
+    pub workflow: Option<ScheduledWorkflow>,
+    /// Whether it fires (default `true`).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// After downtime: `skip` the missed slots (default) or run `once` for them.
+    #[serde(default)]
+    pub catch_up: CatchUp,
+    /// When the previous run still goes: `skip` the slot (default), `queue` the run, or
+    /// `cancel` the previous.
+    #[serde(default)]
+    pub overlap: Overlap,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+impl ScheduleRequest {
+    /// The schedule as the app takes it: the run read into its spec, beside the request as
+    /// written (what the schedule shows back).
+    fn into_spec(self) -> Result<ScheduleSpec, AppError> {
+        let run = match self.run {
+            None => None,
+            Some(run) => {
+                if run.is_group() {
+                    return Err(AppError::bad_request(
+                        "a schedule's run is one agent's (a group chat cannot run in the background)",
+                    ));
+                }
+                if run.cancel_on_disconnect {
+                    return Err(AppError::bad_request(
+                        "`cancel_on_disconnect` does not apply to a scheduled run",
+                    ));
+                }
+                let request = serde_json::to_value(&run).map_err(|error| {
+                    AppError::internal(format!("cannot store the run: {error}"))
+                })?;
+                Some(ScheduledRun {
+                    spec: run.into_spec()?,
+                    request,
+                })
+            }
+        };
+        Ok(ScheduleSpec {
+            name: self.name,
+            cron: self.cron,
+            timezone: self.timezone,
+            interval_secs: self.interval_secs,
+            run,
+            workflow: self.workflow,
+            enabled: self.enabled,
+            catch_up: self.catch_up,
+            overlap: self.overlap,
+        })
+    }
+}
+
+/// Reads a schedule's run as an earlier release stored it (the request alone), for
+/// [`agentry_app::App::upgrade_schedules`].
+pub fn stored_run_spec(
+    request: &serde_json::Value,
+) -> Result<agentry_app::runs::RunSpec, AppError> {
+    let run: InferRequest = serde_json::from_value(request.clone())
+        .map_err(|error| AppError::bad_request(format!("the stored run is unreadable: {error}")))?;
+    run.into_spec()
 }
 
 /// The schedule a route acts on.
@@ -63,7 +163,7 @@ async fn create(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<ScheduleRequest>,
 ) -> Result<Response, ApiError> {
-    let schedule = Box::pin(state.app.create_schedule(&caller, request)).await?;
+    let schedule = Box::pin(state.app.create_schedule(&caller, request.into_spec()?)).await?;
     Ok((StatusCode::CREATED, Json(schedule)).into_response())
 }
 
@@ -121,7 +221,12 @@ async fn replace(
     ApiJson(request): ApiJson<ScheduleRequest>,
 ) -> Result<Json<ScheduleView>, ApiError> {
     Ok(Json(
-        Box::pin(state.app.replace_schedule(&caller, &path.id, request)).await?,
+        Box::pin(
+            state
+                .app
+                .replace_schedule(&caller, &path.id, request.into_spec()?),
+        )
+        .await?,
     ))
 }
 

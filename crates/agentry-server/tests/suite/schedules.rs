@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use agentry_app::queue::QueueSettings;
+use agentry_server::routes::schedules::stored_run_spec;
 use agentry_store::NewSchedule;
 use agentry_testkit::{Reply, ScriptedTurn};
 use serde_json::{Value, json};
@@ -23,6 +24,12 @@ async fn start_queue() -> Server {
     });
     server.state.app.start_worker();
     server
+}
+
+/// A schedule's run as the app stores it: the spec, beside the request it was read from.
+fn stored_run(request: Value) -> Value {
+    let spec = stored_run_spec(&request).unwrap();
+    json!({"spec": spec.to_stored().unwrap(), "request": request})
 }
 
 async fn runs_of(server: &Server, id: &str) -> Vec<Value> {
@@ -231,7 +238,7 @@ async fn overdue(server: &Server, catch_up: &str) -> String {
             cron: None,
             timezone: "UTC".into(),
             interval_secs: Some(3600),
-            request: json!({"text": "catch up", "model_id": "mock"}),
+            request: stored_run(json!({"text": "catch up", "model_id": "mock"})),
             enabled: true,
             catch_up: catch_up.into(),
             overlap: "skip".into(),
@@ -305,7 +312,7 @@ async fn a_slot_submitted_before_a_crash_is_not_submitted_again() {
         cron: None,
         timezone: "UTC".into(),
         interval_secs: Some(3600),
-        request: json!({"text": "once", "model_id": "mock"}),
+        request: stored_run(json!({"text": "once", "model_id": "mock"})),
         enabled: true,
         catch_up: "skip".into(),
         overlap: "queue".into(),
@@ -375,7 +382,7 @@ async fn schedules_have_a_floor_and_their_queued_fires_a_cap() {
         cron: None,
         timezone: "UTC".into(),
         interval_secs: Some(3600),
-        request: json!({"text": "pile", "model_id": "mock"}),
+        request: stored_run(json!({"text": "pile", "model_id": "mock"})),
         enabled: true,
         catch_up: "skip".into(),
         overlap: "queue".into(),
@@ -453,4 +460,87 @@ async fn a_schedule_fires_as_its_owners_key_is_now_and_stops_when_it_is_revoked(
         before,
         "a revoked key's schedule submits nothing more"
     );
+}
+
+#[tokio::test]
+async fn a_schedule_an_earlier_release_stored_is_rewritten_at_start_and_fires() {
+    let server = start_with(host_commands, |_| {}).await;
+    let store = &server.state.app.store;
+    let now = agentry_app::clock::now_ms();
+    // An earlier release stored the client's request alone.
+    let legacy = |id: &str, request: Value| NewSchedule {
+        id: id.into(),
+        name: id.into(),
+        owner: None,
+        cron: None,
+        timezone: "UTC".into(),
+        interval_secs: Some(3600),
+        request,
+        enabled: true,
+        catch_up: "once".into(),
+        overlap: "queue".into(),
+        next_fire_at: Some(now - 1000),
+    };
+    let request = json!({"text": "from before", "model_id": "mock", "messages": []});
+    store
+        .create_schedule(&legacy("old", request.clone()))
+        .await
+        .unwrap();
+    // One whose request no longer reads is disabled, not fired.
+    store
+        .create_schedule(&legacy("unreadable", json!({"text": "x", "bogus": 1})))
+        .await
+        .unwrap();
+    let upgraded = server
+        .state
+        .app
+        .upgrade_schedules(stored_run_spec)
+        .await
+        .unwrap();
+    assert_eq!(upgraded, 2);
+    let stored = store.schedule("old").await.unwrap().unwrap();
+    assert_eq!(stored.request["spec"]["version"], 1, "{}", stored.request);
+    assert_eq!(
+        stored.request["spec"]["spec"]["input"]["text"],
+        "from before"
+    );
+    assert!(stored.enabled);
+    let unreadable = store.schedule("unreadable").await.unwrap().unwrap();
+    assert!(!unreadable.enabled, "{unreadable:?}");
+    // Shown back as its client wrote it, as before.
+    let (status, shown) = server.get("/v1/schedules/old").await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["run"], request);
+    // A second start has nothing left to rewrite but the one it could not read.
+    assert_eq!(
+        server
+            .state
+            .app
+            .upgrade_schedules(stored_run_spec)
+            .await
+            .unwrap(),
+        1
+    );
+
+    server
+        .mock
+        .set_fallback(Reply::scripted(ScriptedTurn::text("fired")));
+    server.state.app.set_queue_settings(QueueSettings {
+        poll: Duration::from_millis(50),
+        ..QueueSettings::default()
+    });
+    server.state.app.start_worker();
+    let mut fired = Vec::new();
+    for _ in 0..100 {
+        fired = runs_of(&server, "old").await;
+        if fired.iter().any(|run| run["state"] == "succeeded") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        fired.iter().any(|run| run["state"] == "succeeded"),
+        "{fired:#?}"
+    );
+    assert!(runs_of(&server, "unreadable").await.is_empty());
 }

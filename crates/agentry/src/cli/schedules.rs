@@ -8,8 +8,11 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use agentry_app::App;
 use agentry_app::auth::Principal;
-use agentry_app::schedules::{CatchUp, Overlap, ScheduleRequest, ScheduleView, ScheduledWorkflow};
-use agentry_app::submission::InferRequest;
+use agentry_app::domain::core::Input;
+use agentry_app::runs::RunSpec;
+use agentry_app::schedules::{
+    CatchUp, Overlap, ScheduleSpec, ScheduleView, ScheduledRun, ScheduledWorkflow,
+};
 
 use super::app_error;
 use super::data::DataArgs;
@@ -160,15 +163,23 @@ pub(crate) async fn schedules(args: SchedulesArgs, data: &DataArgs) -> anyhow::R
                     }),
                 ),
                 None => {
-                    let run: InferRequest = serde_json::from_value(serde_json::json!({
+                    // What the schedule shows back is what `POST /v1/schedules` would have
+                    // been sent for it.
+                    let request = serde_json::json!({
                         "text": text,
                         "agent_id": agent,
                         "model_id": model,
-                    }))?;
-                    (Some(run), None)
+                    });
+                    let spec = RunSpec {
+                        agent_id: agent,
+                        model_id: model,
+                        input: text.map(|text| Input::Text { text }),
+                        ..RunSpec::default()
+                    };
+                    (Some(ScheduledRun { spec, request }), None)
                 }
             };
-            let request = ScheduleRequest {
+            let request = ScheduleSpec {
                 name,
                 cron,
                 timezone: Some(timezone),

@@ -161,7 +161,7 @@ pub(super) async fn seed_group_start(
             .map(str::to_owned)
             .ok_or_else(|| AppError::bad_request("a group chat takes a user message with text"))?,
     };
-    let request: agentry_app::submission::InferRequest = serde_json::from_value(json!({
+    let request: crate::routes::run_request::InferRequest = serde_json::from_value(json!({
         "agent_ids": body.agent_ids,
         "text": text,
         "session_id": body.session_id.as_deref().filter(|id| !id.is_empty()).unwrap_or("new"),
@@ -175,7 +175,7 @@ pub(super) async fn seed_group_start(
             (agent.id, name)
         })
         .collect();
-    let (session, started) = Box::pin(app.submit_group(caller, &request)).await?;
+    let (session, started) = Box::pin(app.post_to_group(caller, request.group_post()?)).await?;
     let events = agentry_app::group::follow(
         app.clone(),
         session,

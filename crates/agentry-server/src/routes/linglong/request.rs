@@ -316,7 +316,7 @@ fn user_input(message: &SeedMessage) -> Result<Input, String> {
                             .ok_or("a text part needs a string `text`")?,
                     )),
                     Some("image_url") => content.push(
-                        agentry_app::submission::image(
+                        crate::routes::run_request::image(
                             part.pointer("/image_url/url")
                                 .or_else(|| part.get("image_url"))
                                 .and_then(Value::as_str)
@@ -335,7 +335,7 @@ fn user_input(message: &SeedMessage) -> Result<Input, String> {
         Some(_) => return Err("content must be text or a list of parts".into()),
     }
     for url in message.images.iter().flatten() {
-        content.push(agentry_app::submission::image(url).map_err(|error| error.message)?);
+        content.push(crate::routes::run_request::image(url).map_err(|error| error.message)?);
     }
     if let Some(audio) = &message.audio {
         content.push(audio_part(audio)?);
@@ -346,7 +346,7 @@ fn user_input(message: &SeedMessage) -> Result<Input, String> {
     Ok(Input::Content { content })
 }
 
-use agentry_app::submission::audio_part;
+use crate::routes::run_request::audio_part;
 
 /// An assistant turn: its reasoning, text and tool calls (ids made up where the client gave
 /// none, arguments parsed from JSON text).

@@ -1,26 +1,23 @@
-//! A run as a client submits it: the body of `POST /v1/infer` (and, to come, of every front-end
-//! that starts runs), checked and turned into a [`RunSpec`] here, once. The request accepts the
-//! Python service's shapes (`model_id`, `tool_ids`, `text` or `messages` with `prompt_template`
-//! and `arguments`, `session_id` where `"new"` creates one, `max_tool_rounds`). Several
-//! `agent_ids` make a group chat ([`crate::group`]).
+//! A run as a client submits it over `/v1`: the body of `POST /v1/infer`, `POST /v1/runs`, a
+//! schedule's `run` and a group's message, read into the app's [`RunSpec`] here, once. The
+//! request accepts the Python service's shapes (`model_id`, `tool_ids`, `text` or `messages`
+//! with `prompt_template` and `arguments`, `session_id` where `"new"` creates one,
+//! `max_tool_rounds`). Several `agent_ids` make a group chat ([`InferRequest::group_post`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
 
-use agentry_core::session::BusyPolicy;
-use agentry_core::{Input, RunRequest};
-use agentry_llm::GenerationParams;
-use agentry_types::{ContentPart, ImageSource, SessionId};
-
-use crate::App;
-use crate::auth::Principal;
-use crate::error::AppError;
-use crate::group::Started;
-use crate::ids::parse_session_id;
-use crate::run_spec::{RunSpec, SessionChoice};
-use crate::runs::Target;
+use agentry_app::auth::Principal;
+use agentry_app::domain::core::session::BusyPolicy;
+use agentry_app::domain::core::{Input, RunRequest};
+use agentry_app::domain::llm::GenerationParams;
+use agentry_app::group::GroupPost;
+use agentry_app::ids::parse_session_id;
+use agentry_app::runs::{RunSpec, SessionChoice, Target};
+use agentry_app::{App, AppError};
+use agentry_types::{ContentPart, ImageSource};
 
 /// A message of an inference request.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -114,8 +111,8 @@ pub struct InferRequest {
     /// status `waiting`) until `POST /v1/runs/{run_id}/approvals` decides it; such runs need a
     /// session.
     #[serde(default)]
-    #[schema(value_type = Option<crate::schema::ApprovalPolicyDoc>)]
-    pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
+    #[schema(value_type = Option<agentry_app::schema::ApprovalPolicyDoc>)]
+    pub approvals: Option<agentry_app::domain::core::approval::ApprovalPolicy>,
     /// Run as this saved agent (the same as `agent_ids` with one id).
     #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
@@ -130,7 +127,7 @@ pub struct InferRequest {
     /// `summary_tokens`, `enabled`; default: the agent's, else the server's).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
-    pub compaction: Option<agentry_core::context::CompactionSettings>,
+    pub compaction: Option<agentry_app::domain::core::context::CompactionSettings>,
     /// Background runs only (`POST /v1/runs`): where to POST, signed, when the run stops
     /// (`http(s)`; see `POST /v1/webhook-secret`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -373,25 +370,23 @@ impl InferRequest {
     }
 }
 
-impl App {
-    /// Checks a request for a run now (not a background one) and prepares it (resolving its
-    /// agent, creating the session for `"new"`): [`InferRequest::into_spec`], then
-    /// [`crate::runs::prepare`]. Also returns what to do when the session is busy.
-    pub async fn prepare_submission(
-        &self,
-        caller: &Principal,
-        body: InferRequest,
-    ) -> Result<(Target, RunRequest, BusyPolicy), AppError> {
-        if body.webhook_url.is_some() {
-            return Err(AppError::bad_request(
-                "`webhook_url` is for background runs: submit with `POST /v1/runs`",
-            ));
-        }
-        let spec = body.into_spec()?;
-        let policy = spec.policy;
-        let (target, request) = crate::runs::prepare(self, caller, spec).await?;
-        Ok((target, request, policy))
+/// Checks a request for a run now (not a background one) and prepares it (resolving its agent,
+/// creating the session for `"new"`): [`InferRequest::into_spec`], then
+/// [`agentry_app::runs::prepare`]. Also returns what to do when the session is busy.
+pub(crate) async fn prepare_submission(
+    app: &App,
+    caller: &Principal,
+    body: InferRequest,
+) -> Result<(Target, RunRequest, BusyPolicy), AppError> {
+    if body.webhook_url.is_some() {
+        return Err(AppError::bad_request(
+            "`webhook_url` is for background runs: submit with `POST /v1/runs`",
+        ));
     }
+    let spec = body.into_spec()?;
+    let policy = spec.policy;
+    let (target, request) = Box::pin(agentry_app::runs::prepare(app, caller, spec)).await?;
+    Ok((target, request, policy))
 }
 
 /// A message's content: text, or a list of `text` / `image_url` parts.
@@ -429,18 +424,13 @@ pub enum BusyPolicyName {
     Interrupt,
 }
 
-impl App {
-    /// A submitted run that names several `agent_ids`: a group chat, posted. A new group session
-    /// when `session_id` is absent or `"new"` (with `max_rounds`), else the group session named,
-    /// whose members must be the agents named and which `caller` may use. Fields that configure one
-    /// run (`model_id`, `tool_ids`, `system`, …) do not apply: each member runs as its saved agent.
-    pub async fn submit_group(
-        &self,
-        caller: &Principal,
-        body: &InferRequest,
-    ) -> Result<(SessionId, Started), AppError> {
-        let state = self;
-        let ids = body.agent_ids.clone().unwrap_or_default();
+impl InferRequest {
+    /// A request that names several `agent_ids`: the message it posts to a group chat. A new
+    /// group session when `session_id` is absent or `"new"` (with `max_rounds`), else the group
+    /// session named. Fields that configure one run (`model_id`, `tool_ids`, `system`, …) do not
+    /// apply: each member runs as its saved agent.
+    pub(crate) fn group_post(&self) -> Result<GroupPost, AppError> {
+        let body = self;
         for (field, given) in [
             ("model_id", body.model_id.is_some()),
             ("tool_ids", body.tool_ids.is_some()),
@@ -485,41 +475,15 @@ impl App {
             }
         };
         let session = match body.session_id.as_deref() {
-            None | Some("new") => {
-                if text.trim().is_empty() {
-                    return Err(AppError::bad_request("the message is empty"));
-                }
-                let title: String = text.chars().take(80).collect();
-                crate::group::create(state, caller, &ids, body.max_rounds, Some(title))
-                    .await?
-                    .0
-            }
-            Some(id) => {
-                let session = parse_session_id(id)?;
-                state.check_session_access(caller, session).await?;
-                let info = crate::group::load(state, session).await?;
-                let mut members: Vec<&str> =
-                    info.members.iter().map(|m| m.agent_id.as_str()).collect();
-                let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
-                members.sort_unstable();
-                named.sort_unstable();
-                if members != named {
-                    return Err(AppError::bad_request(format!(
-                        "session {session} is a group of {members:?}, not {named:?}"
-                    )));
-                }
-                if body
-                    .max_rounds
-                    .is_some_and(|rounds| rounds != info.max_rounds)
-                {
-                    return Err(AppError::bad_request(
-                        "`max_rounds` is set when the group is created",
-                    ));
-                }
-                session
-            }
+            None | Some("new") => SessionChoice::New,
+            Some(id) => SessionChoice::Existing(parse_session_id(id)?),
         };
-        let started = crate::group::post(state, caller, session, text, body.user.clone()).await?;
-        Ok((session, started))
+        Ok(GroupPost {
+            agent_ids: body.agent_ids.clone().unwrap_or_default(),
+            max_rounds: body.max_rounds,
+            session,
+            text,
+            user: body.user.clone(),
+        })
     }
 }
