@@ -165,6 +165,7 @@ fn start_attempt(app: &App, run: &WorkflowRun, start: Start, tasks: &mut JoinSet
     let job = Job {
         app: app.clone(),
         run_id: run.run_id.clone(),
+        owner: run.owner.clone(),
         step: step.clone(),
         attempt,
         depth: run.depth,
@@ -283,6 +284,8 @@ fn step_span(
 struct Job {
     app: App,
     run_id: String,
+    /// The key that started the run: its agent steps run as that key is when they run.
+    owner: Option<String>,
     step: String,
     attempt: u32,
     /// How deep the run is (its sub-workflows are one deeper).
@@ -559,9 +562,14 @@ impl Job {
             session,
             ..RunSpec::default()
         };
+        let caller = self
+            .app
+            .principal_of_owner(self.owner.as_deref())
+            .await
+            .map_err(|error| failed(error.message))?;
         let (view, _) = self
             .app
-            .submit_background(&Principal::operator(), spec, Some(key), 0)
+            .submit_background(&caller, spec, Some(key), 0)
             .await
             .map_err(|error| failed(error.message))?;
         let run_session = view.session_id;

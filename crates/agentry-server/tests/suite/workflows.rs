@@ -1322,3 +1322,66 @@ async fn a_workflow_built_from_rust_runs() {
     assert_eq!(run["state"], "succeeded", "{run:#}");
     assert_eq!(run["steps"]["double"]["output"]["twice"], 42);
 }
+
+#[tokio::test]
+async fn an_agent_step_runs_as_the_key_that_started_the_workflow_is_now() {
+    use agentry_app::auth::{KeyLimits, create_key, revoke_key};
+
+    use super::security::{as_key, with_keys};
+
+    let server = start().await;
+    server.state.app.start_worker();
+    let (status, body) = server
+        .post("/v1/agents", json!({"id": "analyst", "model_id": "mock"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    save(
+        &server,
+        json!({"id": "later", "steps": [
+            {"id": "nap", "kind": "wait", "seconds": 1},
+            {"id": "ask", "kind": "agent", "agent": "analyst", "prompt": "Hello.",
+             "needs": ["nap"]}
+        ]}),
+    )
+    .await;
+    let (owner, _, _) = with_keys(&server, KeyLimits::default()).await;
+    let other = create_key(&server.state.app.store, "another admin")
+        .await
+        .unwrap();
+    let (status, run) = as_key(
+        &server,
+        &owner,
+        "POST",
+        "/v1/workflows/later/runs",
+        json!({"input": {}}),
+    )
+    .await;
+    assert_eq!(status, 202, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    // The key goes while the run waits: its agent step does not run.
+    let owner_id = owner.split('_').nth(1).unwrap();
+    assert!(revoke_key(&server.state.app.store, owner_id).await.unwrap());
+    let mut run = Value::Null;
+    for _ in 0..200 {
+        let (status, body) = as_key(
+            &server,
+            &other.key,
+            "GET",
+            &format!("/v1/workflow-runs/{id}"),
+            json!({}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        run = body;
+        if ended(&run) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(run["state"], "failed", "{run:#}");
+    assert!(run.to_string().contains("revoked"), "{run:#}");
+    assert!(
+        server.mock.requests().is_empty(),
+        "the model was asked nothing"
+    );
+}
