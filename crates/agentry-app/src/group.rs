@@ -298,54 +298,51 @@ pub struct GroupPost {
     pub user: Option<String>,
 }
 
-impl App {
-    /// Posts a message to a group chat: a new group session of `message.agent_ids`, or the group
-    /// session named, whose members must be the agents named and which `caller` may use; the
-    /// group session and the started exchange.
-    pub async fn post_to_group(
-        &self,
-        caller: &crate::auth::Principal,
-        message: GroupPost,
-    ) -> Result<(SessionId, Started), AppError> {
-        let GroupPost {
-            agent_ids: ids,
-            max_rounds,
-            session,
-            text,
-            user,
-        } = message;
-        let session = match session {
-            crate::run_spec::SessionChoice::Existing(session) => {
-                self.check_session_access(caller, session).await?;
-                let info = load(self, session).await?;
-                let mut members: Vec<&str> =
-                    info.members.iter().map(|m| m.agent_id.as_str()).collect();
-                let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
-                members.sort_unstable();
-                named.sort_unstable();
-                if members != named {
-                    return Err(AppError::bad_request(format!(
-                        "session {session} is a group of {members:?}, not {named:?}"
-                    )));
-                }
-                if max_rounds.is_some_and(|rounds| rounds != info.max_rounds) {
-                    return Err(AppError::bad_request(
-                        "`max_rounds` is set when the group is created",
-                    ));
-                }
-                session
+/// Posts a message to a group chat (the `PostToGroup` command): a new group session of
+/// `message.agent_ids`, or the group session named, whose members must be the agents named and
+/// which `caller` may use; the group session and the started exchange.
+pub(crate) async fn post_message(
+    app: &App,
+    caller: &crate::auth::Principal,
+    message: GroupPost,
+) -> Result<(SessionId, Started), AppError> {
+    let GroupPost {
+        agent_ids: ids,
+        max_rounds,
+        session,
+        text,
+        user,
+    } = message;
+    let session = match session {
+        crate::run_spec::SessionChoice::Existing(session) => {
+            app.check_session_access(caller, session).await?;
+            let info = load(app, session).await?;
+            let mut members: Vec<&str> = info.members.iter().map(|m| m.agent_id.as_str()).collect();
+            let mut named: Vec<&str> = ids.iter().map(String::as_str).collect();
+            members.sort_unstable();
+            named.sort_unstable();
+            if members != named {
+                return Err(AppError::bad_request(format!(
+                    "session {session} is a group of {members:?}, not {named:?}"
+                )));
             }
-            _ => {
-                if text.trim().is_empty() {
-                    return Err(AppError::bad_request("the message is empty"));
-                }
-                let title: String = text.chars().take(80).collect();
-                create(self, caller, &ids, max_rounds, Some(title)).await?.0
+            if max_rounds.is_some_and(|rounds| rounds != info.max_rounds) {
+                return Err(AppError::bad_request(
+                    "`max_rounds` is set when the group is created",
+                ));
             }
-        };
-        let started = post(self, caller, session, text, user).await?;
-        Ok((session, started))
-    }
+            session
+        }
+        _ => {
+            if text.trim().is_empty() {
+                return Err(AppError::bad_request("the message is empty"));
+            }
+            let title: String = text.chars().take(80).collect();
+            create(app, caller, &ids, max_rounds, Some(title)).await?.0
+        }
+    };
+    let started = post(app, caller, session, text, user).await?;
+    Ok((session, started))
 }
 
 /// One member, ready to run.

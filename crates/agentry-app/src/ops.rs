@@ -1,21 +1,114 @@
-//! The command protocol: what a front-end may ask of a run once it exists. A front-end parses
-//! its own input into an [`Op`] and renders the [`OpOutcome`] that [`App::submit`] returns, so a
-//! decision, a pause or an abort does the same thing whichever front-end sent it: the same
-//! checks, the same run continued, the same status on the feed. The HTTP routes under
-//! `/v1/runs/{run_id}` submit through it, and so does `agentry chat --agent`; a chat on a
-//! profile, which runs without an `App`, still decides its inline approvals through the session
-//! manager. [`App::stop_session`] stops whatever runs in a session.
+//! The command protocol: every command a front-end sends the application goes through
+//! [`App::submit`] as a [`Command`], typed by what it answers — a run's controls ([`Op`], answered
+//! by an [`OpOutcome`]), stopping a session ([`StopSession`]), queueing a run ([`Enqueue`]) and
+//! posting to a group chat ([`PostToGroup`]). A front-end parses its own input into one and
+//! renders the answer, so a decision, a pause or an abort does the same thing whichever front-end
+//! sent it: the same checks, the same run continued, the same status on the feed. The HTTP
+//! routes, A2A, the seed's API and `agentry chat --agent` submit through it; a chat on a profile,
+//! which runs without an `App`, still decides its inline approvals through the session manager.
+//! Each submission runs in a `command` span named after it.
+
+use std::future::Future;
 
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use agentry_core::approval::ApprovalDecision;
 use agentry_mcp::ElicitationAnswer;
 use agentry_types::{PendingApproval, RunId, SessionId};
 
 use crate::App;
+use crate::auth::Principal;
 use crate::elicitation::ElicitationError;
 use crate::error::AppError;
+use crate::group::{GroupPost, Started};
 use crate::hub::FeedStatus;
+use crate::queue::RunView;
+use crate::run_spec::RunSpec;
+
+/// A command to the application: what it carries, what it answers, and how it is carried out.
+/// Front-ends submit commands with [`App::submit`]; they do not call what carries them out.
+pub trait Command: Send {
+    /// Its name, in the span its submission runs in.
+    const NAME: &'static str;
+    /// What it answers.
+    type Output;
+    /// Carries it out.
+    fn apply(self, app: &App) -> impl Future<Output = Result<Self::Output, AppError>> + Send;
+}
+
+/// Stop what runs in a session now — its run, or its group chat's exchange — as a client's
+/// "abort this session" asks (`/v1/infer/abort`, the seed's, a terminal's Ctrl-C). Answers
+/// whether something was running. The run ends interrupted, and what is queued behind it runs.
+#[derive(Debug, Clone, Copy)]
+pub struct StopSession {
+    /// The session.
+    pub session_id: SessionId,
+}
+
+/// Queue a run for the worker, for `caller`: checked as a run now is, stored as its spec, and
+/// checked again when a worker takes it up ([`crate::queue`]). Answers the run and whether this
+/// submission created it (`false`: an earlier one with the same idempotency key).
+#[derive(Debug, Clone)]
+pub struct Enqueue {
+    /// Who queues it.
+    pub caller: Principal,
+    /// What to run (without a session it gets a new one).
+    pub spec: RunSpec,
+    /// A client's key: the same key and spec answer the same run.
+    pub idempotency_key: Option<String>,
+    /// Higher runs first (-100 to 100).
+    pub priority: i64,
+}
+
+/// Post a message to a group chat, for `caller`: a new group session, or the group session
+/// named. Answers the group session and the exchange started.
+#[derive(Debug, Clone)]
+pub struct PostToGroup {
+    /// Who posts.
+    pub caller: Principal,
+    /// The message and where it goes.
+    pub post: GroupPost,
+}
+
+impl Command for Op {
+    const NAME: &'static str = "run_control";
+    type Output = OpOutcome;
+    fn apply(self, app: &App) -> impl Future<Output = Result<OpOutcome, AppError>> + Send {
+        app.control(self)
+    }
+}
+
+impl Command for StopSession {
+    const NAME: &'static str = "stop_session";
+    type Output = bool;
+    async fn apply(self, app: &App) -> Result<bool, AppError> {
+        Ok(app.hub.cancel(self.session_id) || app.groups.cancel(self.session_id))
+    }
+}
+
+impl Command for Enqueue {
+    const NAME: &'static str = "enqueue";
+    type Output = (RunView, bool);
+    async fn apply(self, app: &App) -> Result<(RunView, bool), AppError> {
+        Box::pin(app.submit_queued(
+            &self.caller,
+            self.spec,
+            self.idempotency_key,
+            self.priority,
+            None,
+        ))
+        .await
+    }
+}
+
+impl Command for PostToGroup {
+    const NAME: &'static str = "post_to_group";
+    type Output = (SessionId, Started);
+    async fn apply(self, app: &App) -> Result<(SessionId, Started), AppError> {
+        Box::pin(crate::group::post_message(app, &self.caller, self.post)).await
+    }
+}
 
 /// A command about a run.
 #[derive(Debug, Clone)]
@@ -105,8 +198,15 @@ impl OpOutcome {
 }
 
 impl App {
-    /// Carries out `op`. Every front-end's commands about runs come through here.
-    pub async fn submit(&self, op: Op) -> Result<OpOutcome, AppError> {
+    /// Carries out `command`, in a `command` span named after it. Every front-end's commands
+    /// come through here.
+    pub async fn submit<C: Command>(&self, command: C) -> Result<C::Output, AppError> {
+        let span = tracing::info_span!("command", name = C::NAME);
+        command.apply(self).instrument(span).await
+    }
+
+    /// Carries out a run's control.
+    async fn control(&self, op: Op) -> Result<OpOutcome, AppError> {
         let run_id = op.run_id();
         match op {
             Op::Decide { decisions, .. } => {
@@ -205,13 +305,6 @@ impl App {
                 })
             }
         }
-    }
-
-    /// Stops what runs in `session` now — its run, or its group chat's exchange — as a client's
-    /// "abort this session" asks (`/v1/infer/abort`, the seed's, a terminal's Ctrl-C); `true`
-    /// when something was running. The run ends interrupted, and what is queued behind it runs.
-    pub fn stop_session(&self, session: SessionId) -> bool {
-        self.hub.cancel(session) || self.groups.cancel(session)
     }
 
     /// The calls of `run_id` (in `session`) that wait for a decision.

@@ -1,10 +1,11 @@
 //! Background runs on the store's run queue.
 //!
-//! [`App::submit_background`] checks a submitted run exactly as `/v1/infer` does
-//! ([`App::prepare_submission`]: agent, model, tools, limits; a session is created for it),
-//! honours an idempotency key (the same key and body return the same run; the same key with
-//! another body is a conflict), refuses with `queue_full` (429) when the queue holds its maximum,
-//! and stores the run `queued`. Nothing is created for a request that fails a check.
+//! Queueing a run (the `Enqueue` command) checks its [`RunSpec`] exactly as a run started now
+//! is ([`crate::runs::prepare`]: agent, model, tools, limits; a session is created for it),
+//! honours an idempotency key (the same key and spec return the same run; the same key with
+//! another spec is a conflict), refuses with `queue_full` (429) when the queue holds its maximum,
+//! and stores the spec, the run `queued`. Nothing is created for a request that fails a check.
+//! A worker that takes the run up checks its spec again, under its owner's key as it is then.
 //!
 //! [`RunWorker`] is the process's worker: it claims runs while it has room under
 //! `max_concurrent` (highest priority first, oldest first), starts each in its session under
@@ -562,20 +563,9 @@ impl App {
             .unwrap_or_else(PoisonError::into_inner) = settings;
     }
 
-    /// Checks and queues a run for `caller`; see the module's documentation. Returns the run
-    /// and whether this call created it (`false`: an earlier submission with the same key).
-    pub async fn submit_background(
-        &self,
-        caller: &Principal,
-        body: RunSpec,
-        idempotency_key: Option<String>,
-        priority: i64,
-    ) -> Result<(RunView, bool), AppError> {
-        self.submit_queued(caller, body, idempotency_key, priority, None)
-            .await
-    }
-
-    /// [`App::submit_background`] for a run a schedule fires.
+    /// Checks and queues a run for `caller` (see the module's documentation), for
+    /// the `Enqueue` command and for a run a schedule fires. Returns the run and whether this
+    /// call created it (`false`: an earlier submission with the same key).
     pub(crate) async fn submit_queued(
         &self,
         caller: &Principal,

@@ -25,6 +25,7 @@ use crate::App;
 use crate::auth::Principal;
 use crate::clock::now_ms;
 use crate::config::ConfigRepo;
+use crate::ops::Enqueue;
 use crate::run_spec::{RunSpec, SessionChoice};
 use agentry_types::SessionId;
 
@@ -567,9 +568,13 @@ impl Job {
             .principal_of_owner(self.owner.as_deref())
             .await
             .map_err(|error| failed(error.message))?;
-        let (view, _) = self
-            .app
-            .submit_background(&caller, spec, Some(key), 0)
+        let enqueue = Enqueue {
+            caller,
+            spec,
+            idempotency_key: Some(key),
+            priority: 0,
+        };
+        let (view, _) = Box::pin(self.app.submit(enqueue))
             .await
             .map_err(|error| failed(error.message))?;
         let run_session = view.session_id;

@@ -1,4 +1,4 @@
-//! Commands about runs at the app's boundary (`App::submit`, `App::stop_session`), as every
+//! Commands about runs at the app's boundary (`App::submit`: a run's controls, `StopSession`), as every
 //! front-end sends them: a waiting run decided and followed to its end, a session's run stopped,
 //! a command about a run that does not exist (issue 49).
 
@@ -9,7 +9,7 @@ use agentry_app::Failure;
 use agentry_app::auth::Principal;
 use agentry_app::follow::{FollowFrom, Followed};
 use agentry_app::hub::FeedStatus;
-use agentry_app::ops::Op;
+use agentry_app::ops::{Op, StopSession};
 use agentry_app::runs::{RunSpec, SessionChoice, Target, prepare};
 use agentry_core::Input;
 use agentry_core::approval::{ApprovalDecision, ApprovalPolicy};
@@ -162,14 +162,26 @@ async fn stopping_a_session_interrupts_its_run_and_says_whether_anything_ran() {
     };
     let (session, events) = start_new(&app, input).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert!(app.stop_session(session));
+    assert!(
+        app.submit(StopSession {
+            session_id: session
+        })
+        .await
+        .unwrap()
+    );
     let events = collect(events).await;
     let Some(RunEvent::RunFinished { stop_reason, .. }) = events.last().map(|e| e.as_ref()) else {
         panic!("the run ends: {events:?}");
     };
     assert_eq!(stop_reason.as_str(), "cancelled", "{events:?}");
     // Nothing runs there now.
-    assert!(!app.stop_session(session));
+    assert!(
+        !app.submit(StopSession {
+            session_id: session
+        })
+        .await
+        .unwrap()
+    );
 }
 
 #[tokio::test]

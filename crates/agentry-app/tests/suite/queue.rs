@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use agentry_app::App;
 use agentry_app::auth::{KeyLimits, KeyRole, Principal, active_key, create_key_with, revoke_key};
+use agentry_app::ops::Enqueue;
 use agentry_app::queue::QueueSettings;
 use agentry_app::runs::{RunSpec, SessionChoice};
 use agentry_core::{Input, RunRequest};
@@ -15,6 +16,16 @@ use agentry_types::{RunId, SessionId};
 use serde_json::{Value, json};
 
 use super::follow::app;
+
+/// Queues `spec` for `caller`, as every front-end does.
+fn enqueue(caller: Principal, spec: RunSpec) -> Enqueue {
+    Enqueue {
+        caller,
+        spec,
+        idempotency_key: None,
+        priority: 0,
+    }
+}
 
 fn text(text: &str) -> Option<Input> {
     Some(Input::Text { text: text.into() })
@@ -62,7 +73,7 @@ async fn a_queued_run_is_stored_as_its_spec_and_resolved_when_it_is_taken_up() {
         ..RunSpec::default()
     };
     let (view, created) = app
-        .submit_background(&Principal::operator(), spec, None, 0)
+        .submit(enqueue(Principal::operator(), spec))
         .await
         .unwrap();
     assert!(created);
@@ -109,7 +120,7 @@ async fn a_run_whose_key_was_revoked_while_it_waited_does_not_run() {
         input: text("work"),
         ..RunSpec::default()
     };
-    let (view, _) = app.submit_background(&caller, spec, None, 0).await.unwrap();
+    let (view, _) = app.submit(enqueue(caller, spec)).await.unwrap();
     assert_eq!(view.state, RunState::Queued);
 
     assert!(revoke_key(&app.store, &id).await.unwrap());

@@ -21,6 +21,7 @@ use super::run_request::InferRequest;
 use agentry_app::domain::store::{RunQuery, RunState};
 use agentry_app::ids::parse_run_id;
 use agentry_app::ids::parse_session_id;
+use agentry_app::ops::Enqueue;
 use agentry_app::queue::{RunList, RunView};
 use agentry_app::webhooks::{DeliveryList, WebhookSecret};
 
@@ -121,13 +122,13 @@ async fn submit(
              `POST /v1/runs/{run_id}/cancel`",
         ));
     }
-    let body = body.into_spec()?;
-    let (run, created) = Box::pin(
-        state
-            .app
-            .submit_background(&caller, body, key, query.priority),
-    )
-    .await?;
+    let enqueue = Enqueue {
+        caller,
+        spec: body.into_spec()?,
+        idempotency_key: key,
+        priority: query.priority,
+    };
+    let (run, created) = Box::pin(state.app.submit(enqueue)).await?;
     let status = if created {
         StatusCode::ACCEPTED
     } else {

@@ -31,6 +31,7 @@ use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound, SessionPath};
 use crate::state::AppState;
 use agentry_app::ids::parse_session_id;
+use agentry_app::ops::PostToGroup;
 
 /// The group chat routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -393,7 +394,7 @@ async fn group_stream(
 }
 
 /// `POST /v1/infer` (`stream`: `/v1/infer/stream`) with several `agent_ids`: a group chat
-/// ([`agentry_app::App::post_to_group`]); `cancel_on_disconnect` cancels the exchange when the client goes away.
+/// ([`agentry_app::ops::PostToGroup`]); `cancel_on_disconnect` cancels the exchange when the client goes away.
 ///
 /// Its future is boxed: a group exchange's is large (about 17 KiB), and inline it would size
 /// the future of every `/v1/infer` request, most of which are not group chats.
@@ -404,8 +405,11 @@ pub(crate) fn infer_group(
     stream: bool,
 ) -> futures::future::BoxFuture<'_, Result<Response, ApiError>> {
     Box::pin(async move {
-        let (session, started) =
-            Box::pin(state.app.post_to_group(caller, body.group_post()?)).await?;
+        let post = PostToGroup {
+            caller: caller.clone(),
+            post: body.group_post()?,
+        };
+        let (session, started) = Box::pin(state.app.submit(post)).await?;
         if stream {
             Ok(streamed(state, session, started, body.cancel_on_disconnect))
         } else {

@@ -277,9 +277,13 @@ async fn abort(
         .ok_or_else(|| ApiError::bad_request("`session_id` (a string) is required"))?;
     let session = parse_session_id(id)?;
     state.app.check_session_access(&caller, session).await?;
-    Ok(Json(
-        json!({"session_id": session, "aborted": state.app.stop_session(session)}),
-    ))
+    let aborted = state
+        .app
+        .submit(agentry_app::ops::StopSession {
+            session_id: session,
+        })
+        .await?;
+    Ok(Json(json!({"session_id": session, "aborted": aborted})))
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use agentry_app::domain::core::Input;
 use agentry_app::domain::store::{RunQuery, RunState};
 use agentry_app::follow::FollowFrom;
 use agentry_app::hub::Subscription;
+use agentry_app::ops::Enqueue;
 use agentry_app::queue::RunView;
 use agentry_app::runs::{RunSpec, SessionChoice};
 use agentry_app::{App, AppError, Failure};
@@ -1022,7 +1023,13 @@ pub async fn send(
     };
     // The client's message id makes a retried send find its task instead of a second one.
     let key = format!("a2a:{agent}:{}", message.message_id);
-    let (run, _) = Box::pin(app.submit_background(caller, body, Some(key), 0)).await?;
+    let enqueue = Enqueue {
+        caller: caller.clone(),
+        spec: body,
+        idempotency_key: Some(key),
+        priority: 0,
+    };
+    let (run, _) = Box::pin(app.submit(enqueue)).await?;
     Ok(run)
 }
 

@@ -175,7 +175,11 @@ pub(super) async fn seed_group_start(
             (agent.id, name)
         })
         .collect();
-    let (session, started) = Box::pin(app.post_to_group(caller, request.group_post()?)).await?;
+    let (session, started) = Box::pin(app.submit(agentry_app::ops::PostToGroup {
+        caller: caller.clone(),
+        post: request.group_post()?,
+    }))
+    .await?;
     let events = agentry_app::group::follow(
         app.clone(),
         session,

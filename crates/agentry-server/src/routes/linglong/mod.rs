@@ -202,7 +202,12 @@ async fn abort(State(state): State<AppState>, Caller(caller): Caller, body: Byte
         .ok_or_else(|| AppError::bad_request("Missing required field: session_id"))?;
     let session = agentry_app::ids::parse_session_id(id)?;
     state.app.check_session_access(&caller, session).await?;
-    let aborted = state.app.stop_session(session);
+    let aborted = state
+        .app
+        .submit(agentry_app::ops::StopSession {
+            session_id: session,
+        })
+        .await?;
     ok(json!({"status": if aborted { "aborted" } else { "idle" }, "session_id": session}))
 }
 
