@@ -1,39 +1,22 @@
 //! What every request handler shares: the application, and what only HTTP needs (logins and
 //! keys, metrics, the Host/Origin policy).
 
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use agentry_app::auth::Authenticator;
 use agentry_app::domain::store::Store;
 use agentry_app::{App, ToolEnvironment};
 
+use crate::access::AccessPolicy;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 /// The server's shared state: the [`App`] (`state.app`, named where a handler calls it) and the
-/// HTTP layer's own parts. Cheap to clone (every request clones it, often more than once): one shared
-/// [`ServerParts`]. Changing a part (`DerefMut`) is for setting up, before the state is shared.
+/// HTTP layer's own parts, each a field of its own (no `Deref`). Cheap to clone (every request
+/// clones it, often more than once): every part is a handle to something shared. Changing a part
+/// is for setting up, before the state is shared.
 #[derive(Clone)]
-pub struct AppState(Arc<ServerParts>);
-
-impl Deref for AppState {
-    type Target = ServerParts;
-
-    fn deref(&self) -> &ServerParts {
-        &self.0
-    }
-}
-
-impl DerefMut for AppState {
-    fn deref_mut(&mut self) -> &mut ServerParts {
-        Arc::make_mut(&mut self.0)
-    }
-}
-
-/// What [`AppState`] shares.
-#[derive(Clone)]
-pub struct ServerParts {
+pub struct AppState {
     /// The application every handler submits to.
     pub app: App,
     /// API keys and logins.
@@ -42,7 +25,7 @@ pub struct ServerParts {
     pub metrics: Arc<Metrics>,
     /// Which `Host` names and browser origins may reach the API (the origins are also the
     /// CORS origins; none: CORS off).
-    pub access: crate::access::AccessPolicy,
+    pub access: Arc<AccessPolicy>,
 }
 
 impl AppState {
@@ -55,11 +38,11 @@ impl AppState {
     pub async fn with_tools(store: Store, tools: ToolEnvironment) -> Result<Self, ApiError> {
         let metrics = Arc::new(Metrics::default());
         let app = Box::pin(App::observed(store.clone(), tools, metrics.clone())).await?;
-        Ok(Self(Arc::new(ServerParts {
+        Ok(Self {
             app,
             auth: Authenticator::new(store),
             metrics,
-            access: crate::access::AccessPolicy::default(),
-        })))
+            access: Arc::new(AccessPolicy::default()),
+        })
     }
 }

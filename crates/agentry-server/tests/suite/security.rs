@@ -111,7 +111,10 @@ async fn a_rebinding_page_reaches_no_route_and_starts_nothing() {
 async fn a_name_the_operator_allows_is_answered() {
     let server = start_with(
         |_| super::support::no_default_approvals(),
-        |state| state.access.allowed_hosts = vec!["agents.example.com".into()],
+        |state| {
+            std::sync::Arc::make_mut(&mut state.access).allowed_hosts =
+                vec!["agents.example.com".into()];
+        },
     )
     .await;
     let (status, _) = send(
@@ -138,7 +141,10 @@ async fn a_name_the_operator_allows_is_answered() {
 async fn a_foreign_origin_cannot_change_anything() {
     let server = start_with(
         |_| super::support::no_default_approvals(),
-        |state| state.access.allowed_origins = vec!["http://localhost:3000".into()],
+        |state| {
+            std::sync::Arc::make_mut(&mut state.access).allowed_origins =
+                vec!["http://localhost:3000".into()];
+        },
     )
     .await;
     let marker = server.home.path().join("cross-origin-marker");
@@ -669,7 +675,8 @@ async fn logins_are_throttled_and_secure_behind_tls() {
 #[tokio::test]
 async fn behind_a_trusted_proxy_failed_logins_count_per_forwarded_client() {
     let server = start_with(super::support::host_commands, |state| {
-        state.access.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+        std::sync::Arc::make_mut(&mut state.access).trusted_proxies =
+            vec!["127.0.0.1".parse().unwrap()];
     })
     .await;
     let key = create_key(&server.state.app.store, "console")

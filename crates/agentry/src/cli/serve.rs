@@ -274,11 +274,11 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     }
     let fetch_line = super::sandbox::fetch_line(&tools.fetch);
     let mut state = AppState::with_tools(store.clone(), tools).await?;
-    state.access = agentry_server::access::AccessPolicy {
+    state.access = std::sync::Arc::new(agentry_server::access::AccessPolicy {
         allowed_hosts: args.allowed_hosts,
         allowed_origins: args.cors_origins,
         trusted_proxies: args.trusted_proxies,
-    };
+    });
     state.app.mcp_expose_tools = args.mcp_expose_tools;
     // This process: the node's id and a new incarnation.
     let worker = format!("{node_id}/{}", agentry_types::RunId::new());

@@ -229,6 +229,23 @@ fn no_static_holds_live_state_in_the_application_or_the_http_crate() {
     }
 }
 
+/// A handler names what it calls: the HTTP crate's state is a plain struct of handles (no
+/// `Deref` from it into the app), so `state.app.…` is visible wherever a handler asks the app.
+#[test]
+fn the_http_state_has_no_deref() {
+    let crates = root().join("crates");
+    for (path, text) in sources(&crates.join("agentry-server/src")) {
+        for (index, line) in text.lines().enumerate() {
+            assert!(
+                !(line.contains("impl Deref for") || line.contains("impl DerefMut for")),
+                "{}:{}: a Deref in the HTTP crate: {line}",
+                path.display(),
+                index + 1
+            );
+        }
+    }
+}
+
 /// `ARCHITECTURE.md` stays a short code map that names only what exists: under 40 KB, every
 /// repository path it writes in backticks (a token starting `crates/`, `e2e/`, `scripts/`,
 /// `docs/`, `.ci/` or `examples/`, any `….rs`, and a `….md` or `….toml` under a folder) is a file
