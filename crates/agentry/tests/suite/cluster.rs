@@ -1037,6 +1037,19 @@ async fn a_conversation_whose_node_is_killed_goes_on_on_another() {
     while mock.request_count() < 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A run's first model call goes out while its start commits: a is killed once the second
+    // run's start is in the shared log (read through b), or the turn would never have begun.
+    while Instant::now() < deadline {
+        let started = kinds(&nodes[1], &session)
+            .await
+            .iter()
+            .filter(|kind| *kind == "run_started")
+            .count();
+        if started == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let [mut a, b] = nodes;
     a.child.start_kill().unwrap();
     a.child.wait().await.unwrap();
