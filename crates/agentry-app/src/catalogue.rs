@@ -21,12 +21,12 @@ use crate::model_config::ModelConfig;
 use crate::runtime::TemplateConfig;
 
 /// Tool names that would collide with the routes under `/v1/tools/`.
-pub const RESERVED_TOOL_NAMES: [&str; 3] = ["call", "batch", "mcp"];
+pub(crate) const RESERVED_TOOL_NAMES: [&str; 3] = ["call", "batch", "mcp"];
 
 /// Reads a model from a request body. Protocol names are taken in every spelling the model
 /// layer accepts (`openai`, `openai-compatible`, `anthropic`, `ollama`, and `a2a` for a remote
 /// agent), and an unknown one is named in the error.
-pub fn parse_model(mut body: Value) -> Result<ModelConfig, AppError> {
+pub(crate) fn parse_model(mut body: Value) -> Result<ModelConfig, AppError> {
     if let Some(object) = body.as_object_mut() {
         for key in ["protocol", "api_protocol"] {
             let Some(Value::String(name)) = object.get(key) else {
@@ -46,7 +46,7 @@ pub fn parse_model(mut body: Value) -> Result<ModelConfig, AppError> {
 
 /// Checks a model before it is stored: its id, its base URL, its model name, its prices, and
 /// that a client can be built (which resolves its key's secret).
-pub async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError> {
+pub(crate) async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError> {
     check_name("model", &model.id)?;
     if model.model_name.trim().is_empty() {
         return Err(AppError::bad_request(format!(
@@ -95,7 +95,10 @@ pub async fn check_model(app: &App, model: &ModelConfig) -> Result<(), AppError>
 }
 
 /// When `model` is marked default, no other model stays marked (there is one default model).
-pub async fn unmark_other_defaults(store: &Store, model: &ModelConfig) -> Result<(), AppError> {
+pub(crate) async fn unmark_other_defaults(
+    store: &Store,
+    model: &ModelConfig,
+) -> Result<(), AppError> {
     if !model.default {
         return Ok(());
     }
@@ -110,7 +113,7 @@ pub async fn unmark_other_defaults(store: &Store, model: &ModelConfig) -> Result
 }
 
 /// The built-in tool `name` of this app's runs (see [`crate::runtime::builtins`]).
-pub fn builtin_named(app: &App, name: &str) -> Option<Arc<dyn Tool>> {
+pub(crate) fn builtin_named(app: &App, name: &str) -> Option<Arc<dyn Tool>> {
     crate::runtime::builtins(&app.tools)
         .into_iter()
         .find(|tool| tool.spec().name == name)
@@ -118,7 +121,7 @@ pub fn builtin_named(app: &App, name: &str) -> Option<Arc<dyn Tool>> {
 
 /// Checks a definition by building it (secrets resolved from the store) and registering it in a
 /// scratch registry, which checks its name and compiles its argument schema.
-pub async fn check_tool(app: &App, definition: &ToolDefinition) -> Result<(), AppError> {
+pub(crate) async fn check_tool(app: &App, definition: &ToolDefinition) -> Result<(), AppError> {
     let name = definition.name();
     if RESERVED_TOOL_NAMES.contains(&name) {
         return Err(AppError::bad_request(format!(
@@ -155,7 +158,7 @@ pub async fn check_tool(app: &App, definition: &ToolDefinition) -> Result<(), Ap
 }
 
 /// Compiles a template in a scratch store (which also checks its name).
-pub fn compile_template(template: &TemplateConfig) -> Result<TemplateStore, AppError> {
+pub(crate) fn compile_template(template: &TemplateConfig) -> Result<TemplateStore, AppError> {
     let mut scratch = TemplateStore::new();
     scratch
         .add(&template.name, &template.template)

@@ -18,7 +18,7 @@ use agentry_types::{Message, SessionId, ToolSpec};
 use crate::error::AppError;
 
 /// The version of a stored spec's shape; a store written by a newer release is refused by name.
-pub const RUN_SPEC_VERSION: u32 = 1;
+pub(crate) const RUN_SPEC_VERSION: u32 = 1;
 
 /// Which session a run goes to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

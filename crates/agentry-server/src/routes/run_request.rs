@@ -2,7 +2,7 @@
 //! schedule's `run` and a group's message, read into the app's [`RunSpec`] here, once. The
 //! request accepts the Python service's shapes (`model_id`, `tool_ids`, `text` or `messages`
 //! with `prompt_template` and `arguments`, `session_id` where `"new"` creates one,
-//! `max_tool_rounds`). Several `agent_ids` make a group chat ([`InferRequest::group_post`]).
+//! `max_tool_rounds`). Several `agent_ids` make a group chat (`InferRequest::group_post`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -277,7 +277,7 @@ impl InferRequest {
     }
 
     /// The run this request asks for, read by the request's own rules (one agent, one new user
-    /// message, `text` or `messages`); the rest is checked by [`crate::runs::prepare`].
+    /// message, `text` or `messages`); the rest is checked by [`agentry_app::runs::prepare`].
     pub fn into_spec(self) -> Result<RunSpec, AppError> {
         let mut body = self;
         let agent_id = match (body.agent_id.take(), body.agent_ids.as_deref()) {
