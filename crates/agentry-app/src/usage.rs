@@ -639,6 +639,11 @@ impl RunLedger {
 }
 
 impl StatelessRun {
+    /// The token that cancels the run.
+    pub fn cancel_token(&self) -> tokio_util::sync::CancellationToken {
+        self.stream.cancel_token()
+    }
+
     /// Waits for the run's end (reading whatever events are left) and answers its output.
     pub async fn finish(mut self) -> Result<RunOutput, RunError> {
         while let Some(event) = futures::StreamExt::next(&mut self.stream).await {

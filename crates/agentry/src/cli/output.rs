@@ -232,14 +232,45 @@ pub(crate) async fn print_followed(
 }
 
 /// Prints a run's events (Ctrl-C cancels it) and returns the exit code for how it ended.
-pub(crate) async fn print_run(mut stream: RunStream, json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn print_run(stream: RunStream, json: bool) -> anyhow::Result<ExitCode> {
     let cancel = stream.cancel_token();
-    on_ctrl_c(move || cancel.cancel());
+    print_to_end(stream, json, move || cancel.cancel(), RunStream::finish).await
+}
+
+/// [`print_run`] for a stateless run the application started (its calls recorded as the
+/// server's are).
+pub(crate) async fn print_stateless(
+    run: agentry_app::usage::StatelessRun,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let cancel = run.cancel_token();
+    print_to_end(
+        run,
+        json,
+        move || cancel.cancel(),
+        agentry_app::usage::StatelessRun::finish,
+    )
+    .await
+}
+
+/// Prints the events of `stream` (`cancel` on Ctrl-C), then its output as `finish` answers it.
+async fn print_to_end<S, F, Done>(
+    mut stream: S,
+    json: bool,
+    cancel: impl FnOnce() + Send + 'static,
+    finish: F,
+) -> anyhow::Result<ExitCode>
+where
+    S: futures::Stream<Item = RunEvent> + Unpin,
+    F: FnOnce(S) -> Done,
+    Done: std::future::Future<Output = Result<agentry_core::RunOutput, agentry_core::RunError>>,
+{
+    on_ctrl_c(cancel);
     let mut printer = Printer::new(json);
     while let Some(event) = stream.next().await {
         printer.event(&event)?;
     }
-    let output = stream.finish().await?;
+    let output = finish(stream).await?;
     if let Some(note) = &output.note {
         eprintln!("agentry: stopped: {note}");
     }

@@ -7,14 +7,13 @@ use clap::Args;
 use agentry_core::session::BusyPolicy;
 use agentry_types::SessionId;
 
-use agentry_app::ToolEnvironment;
 use agentry_app::auth::Principal;
 use agentry_app::runs::{RunSpec, SessionChoice, Target, prepare};
 
 use super::agents;
 use super::app_error;
 use super::data::DataArgs;
-use super::output::{print_followed, print_run};
+use super::output::{print_followed, print_run, print_stateless};
 use super::profile::Profile;
 use super::sessions::session_with_manager;
 
@@ -95,26 +94,23 @@ pub(crate) async fn run(args: RunArgs, data: &DataArgs) -> anyhow::Result<ExitCo
     print_run(stream, args.json).await
 }
 
-/// `agentry run --agent ID`: the run as the saved agent, in a new or given session unless
-/// `--ephemeral`. In a session it goes through the application exactly as `POST /v1/infer` does
-/// (the agent's checks and shared workspace, the fenced log, the app's hub for its sub-agents).
+/// `agentry run --agent ID`: the run as the saved agent, in a new or given session, or in none
+/// with `--ephemeral`. It goes through the application exactly as `POST /v1/infer` does (the
+/// agent's checks, sandbox and shared workspace, the fenced log, the app's hub for its
+/// sub-agents; a stateless run whose calls may wait for approval is refused, as over HTTP).
 async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
     let agent = agents::load(&store, id).await?;
-    if args.ephemeral {
-        let (runtime, run) = agents::runtime(&store, &agent, &ToolEnvironment::default()).await?;
-        let stream = runtime.stream(agents::request(&store, &run, &args.prompt).await?)?;
-        return print_run(stream, args.json).await;
-    }
     let app = agents::agent_app(store, &agent, &args.profile, data, None).await?;
     let input = RunSpec {
         agent_id: Some(agent.id.clone()),
         input: Some(agentry_core::Input::Text {
             text: args.prompt.clone(),
         }),
-        session: match args.session {
-            Some(session) => SessionChoice::Existing(session),
-            None => SessionChoice::New,
+        session: match (args.ephemeral, args.session) {
+            (true, _) => SessionChoice::Ephemeral,
+            (false, Some(session)) => SessionChoice::Existing(session),
+            (false, None) => SessionChoice::New,
         },
         ..RunSpec::default()
     };
@@ -122,7 +118,11 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         .await
         .map_err(app_error)?;
     let Target::Session(session) = target else {
-        anyhow::bail!("a run in a session was prepared without one");
+        let run = app.stream_stateless(request).map_err(app_error)?;
+        let code = print_stateless(run, args.json).await;
+        app.shutdown.cancel();
+        app.store.close().await;
+        return code;
     };
     eprintln!("session: {session}");
     let events = app

@@ -498,3 +498,70 @@ async fn agents_add_checks_what_the_api_checks() {
         .collect();
     assert_eq!(ids, ["first"]);
 }
+
+/// `agentry run --agent ID --ephemeral` goes through the application as a stateless
+/// `POST /v1/infer` does (issue 49; it built a runtime of its own, without the agent's sandbox
+/// or shared workspace and without the checks): a run whose calls may wait for a person's
+/// approval needs a session and is refused before any model call, and an agent whose sessions
+/// share one workspace reads it without a session too.
+#[tokio::test]
+async fn an_ephemeral_cli_run_as_an_agent_is_checked_and_works_as_over_http() {
+    let mock = MockProvider::start().await.unwrap();
+    let home = home_with_models(&mock).await;
+    let home = home.path();
+    let add = async |definition: serde_json::Value| {
+        let file = home.join("agent.json");
+        std::fs::write(&file, definition.to_string()).unwrap();
+        let added = agentry(home, &["agents", "add", "--file", file.to_str().unwrap()]).await;
+        assert!(added.status.success(), "{}", text(&added.stderr));
+    };
+    add(
+        json!({"id": "careful", "model_id": "mock", "tool_ids": ["current_time"],
+               "approvals": {"tools": {"current_time": "always"}}}),
+    )
+    .await;
+    let output = agentry(home, &["run", "--agent", "careful", "--ephemeral", "Time?"]).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("needs a session"), "{stderr}");
+    assert_eq!(mock.request_count(), 0, "refused before any model call");
+
+    add(
+        json!({"id": "notes", "model_id": "mock", "workspace": "agent",
+               "tool_ids": ["write_file", "read_file"]}),
+    )
+    .await;
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "write_file",
+        json!({"path": "todo.txt", "content": "buy milk\n"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Noted.")));
+    let output = agentry(home, &["run", "--agent", "notes", "Note: buy milk"]).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    mock.enqueue(Reply::scripted(ScriptedTurn::tool_call(
+        "read_file",
+        json!({"path": "todo.txt"}),
+    )));
+    mock.enqueue(Reply::scripted(ScriptedTurn::text("Milk.")));
+    let output = agentry(
+        home,
+        &[
+            "run",
+            "--agent",
+            "notes",
+            "--ephemeral",
+            "What is on my list?",
+        ],
+    )
+    .await;
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("session: "), "{stderr}");
+    assert!(text(&output.stdout).contains("Milk."));
+    let requests = mock.requests();
+    let sent = requests.last().unwrap().body.to_string();
+    assert!(
+        sent.contains("buy milk"),
+        "the shared workspace's file was read: {sent}"
+    );
+}
