@@ -124,8 +124,21 @@ impl Machine {
     }
 
     /// Takes `event`, which happened at `now` (Unix milliseconds): changes `run` and answers
-    /// what the driver must do, in order.
+    /// what the driver must do, in order. At most one `Save`, the first place one is asked for:
+    /// `run` has taken every change before the driver carries out any command, so one save
+    /// records them all (a second one recorded the run's end twice, and a reader between the
+    /// two saw a document behind its events).
     pub(super) fn handle(&mut self, run: &mut WorkflowRun, event: Event, now: u64) -> Vec<Command> {
+        let mut commands = self.take_event(run, event, now);
+        let mut saved = false;
+        commands.retain(|command| {
+            !matches!(command, Command::Save) || !std::mem::replace(&mut saved, true)
+        });
+        commands
+    }
+
+    /// [`Machine::handle`], before its saves are made one.
+    fn take_event(&mut self, run: &mut WorkflowRun, event: Event, now: u64) -> Vec<Command> {
         let mut commands = Vec::new();
         match event {
             Event::Resumed => {
@@ -816,7 +829,7 @@ mod tests {
         assert_eq!(driven.step("b").state, StepState::Pending);
         assert_eq!(
             driven.handle(ok("a", json!({"x": 1})), 2_000),
-            ["save", "start", "save"]
+            ["save", "start"]
         );
         assert_eq!(driven.last_start(), ("b", 1));
         // What b's templates see: a's output.
@@ -824,12 +837,19 @@ mod tests {
         assert_eq!(scope["steps"]["a"]["output"], json!({"x": 1}));
         assert_eq!(
             driven.handle(ok("b", json!("done")), 3_000),
-            ["save", "save", "stop"]
+            ["save", "stop"]
         );
         assert_eq!(driven.run.state, WorkflowState::Succeeded);
         assert_eq!(driven.run.output, Some(json!("done")));
         assert_eq!(driven.run.finished_at, Some(3_000));
         assert_eq!(driven.step("a").finished_at, Some(2_000));
+        // The run's end is recorded once.
+        let ends = driven
+            .recorded
+            .iter()
+            .filter(|event| matches!(event, WorkflowEvent::Run { state, .. } if state.is_final()))
+            .count();
+        assert_eq!(ends, 1, "{:?}", driven.recorded);
         driven.assert_replays();
     }
 
@@ -848,10 +868,10 @@ mod tests {
         // Not before its backoff.
         assert_eq!(driven.handle(Event::Tick, 2_500), ["save"]);
         assert_eq!(driven.started.len(), 1);
-        assert_eq!(driven.handle(Event::Tick, 3_000), ["save", "start", "save"]);
+        assert_eq!(driven.handle(Event::Tick, 3_000), ["save", "start"]);
         assert_eq!(driven.last_start(), ("a", 2));
         let commands = driven.handle(failed("a", StepErrorKind::Tool), 4_000);
-        assert_eq!(commands, ["save", "abort", "save", "stop"]);
+        assert_eq!(commands, ["save", "abort", "stop"]);
         assert_eq!(driven.run.state, WorkflowState::Failed);
         assert_eq!(
             driven.run.error.as_deref(),
@@ -890,7 +910,7 @@ mod tests {
         };
         assert_eq!(
             driven.handle(Event::Message(approve), 5_000),
-            ["save", "start", "save"]
+            ["save", "start"]
         );
         assert_eq!(driven.last_start(), ("send", 1));
         assert_eq!(
@@ -907,7 +927,7 @@ mod tests {
             comment: None,
         };
         let commands = rejected.handle(Event::Message(reject), 5_000);
-        assert_eq!(commands, ["save", "abort", "save", "stop"]);
+        assert_eq!(commands, ["save", "abort", "stop"]);
         assert_eq!(
             rejected.step("ok").error_kind,
             Some(StepErrorKind::Rejected)
@@ -928,7 +948,7 @@ mod tests {
         assert_eq!(next_wake(&driven.run), Some(11_000));
         driven.handle(Event::Tick, 10_999);
         assert_eq!(driven.step("ok").state, StepState::Waiting);
-        assert_eq!(driven.handle(Event::Tick, 11_000), ["save", "save", "stop"]);
+        assert_eq!(driven.handle(Event::Tick, 11_000), ["save", "stop"]);
         let decision = driven.step("ok").decision.clone().unwrap();
         assert!(decision.approved && decision.timed_out);
         assert_eq!(driven.run.state, WorkflowState::Succeeded);
@@ -950,7 +970,7 @@ mod tests {
         };
         driven.handle(Event::Message(signal), 1_000);
         assert_eq!(driven.run.signals["go"], [json!({"n": 7})]);
-        assert_eq!(driven.handle(Event::Tick, 5_000), ["save", "save", "stop"]);
+        assert_eq!(driven.handle(Event::Tick, 5_000), ["save", "stop"]);
         assert_eq!(
             driven.step("pause").output,
             Some(json!({"waited_until": 5_000}))
