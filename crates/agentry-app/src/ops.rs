@@ -74,8 +74,8 @@ pub struct PostToGroup {
 impl Command for Op {
     const NAME: &'static str = "run_control";
     type Output = OpOutcome;
-    fn apply(self, app: &App) -> impl Future<Output = Result<OpOutcome, AppError>> + Send {
-        app.control(self)
+    async fn apply(self, app: &App) -> Result<OpOutcome, AppError> {
+        Box::pin(app.control(self)).await
     }
 }
 

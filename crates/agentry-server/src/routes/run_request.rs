@@ -430,17 +430,16 @@ impl InferRequest {
     /// session named. Fields that configure one run (`model_id`, `tool_ids`, `system`, …) do not
     /// apply: each member runs as its saved agent.
     pub(crate) fn group_post(&self) -> Result<GroupPost, AppError> {
-        let body = self;
         for (field, given) in [
-            ("model_id", body.model_id.is_some()),
-            ("tool_ids", body.tool_ids.is_some()),
-            ("system", body.system.is_some()),
-            ("max_tool_rounds", body.max_tool_rounds.is_some()),
-            ("params", body.params.is_some()),
-            ("approvals", body.approvals.is_some()),
-            ("compaction", body.compaction.is_some()),
-            ("agent_id", body.agent_id.is_some()),
-            ("webhook_url", body.webhook_url.is_some()),
+            ("model_id", self.model_id.is_some()),
+            ("tool_ids", self.tool_ids.is_some()),
+            ("system", self.system.is_some()),
+            ("max_tool_rounds", self.max_tool_rounds.is_some()),
+            ("params", self.params.is_some()),
+            ("approvals", self.approvals.is_some()),
+            ("compaction", self.compaction.is_some()),
+            ("agent_id", self.agent_id.is_some()),
+            ("webhook_url", self.webhook_url.is_some()),
         ] {
             if given {
                 return Err(AppError::bad_request(format!(
@@ -448,7 +447,7 @@ impl InferRequest {
                 )));
             }
         }
-        let text = match (&body.text, body.messages.as_slice()) {
+        let text = match (&self.text, self.messages.as_slice()) {
             (Some(text), []) => text.clone(),
             (None, [message]) if message.role == "user" && message.prompt_template.is_none() => {
                 match &message.content {
@@ -474,16 +473,16 @@ impl InferRequest {
                 ));
             }
         };
-        let session = match body.session_id.as_deref() {
+        let session = match self.session_id.as_deref() {
             None | Some("new") => SessionChoice::New,
             Some(id) => SessionChoice::Existing(parse_session_id(id)?),
         };
         Ok(GroupPost {
-            agent_ids: body.agent_ids.clone().unwrap_or_default(),
-            max_rounds: body.max_rounds,
+            agent_ids: self.agent_ids.clone().unwrap_or_default(),
+            max_rounds: self.max_rounds,
             session,
             text,
-            user: body.user.clone(),
+            user: self.user.clone(),
         })
     }
 }

@@ -27,6 +27,17 @@ async fn start_run(server: &Server, workflow: &str, input: Value) -> String {
     run["run_id"].as_str().unwrap().to_owned()
 }
 
+/// A server whose worker runs the queue, with the agent `analyst` on the mock.
+async fn with_analyst() -> Server {
+    let server = start().await;
+    server.state.app.start_worker();
+    let (status, body) = server
+        .post("/v1/agents", json!({"id": "analyst", "model_id": "mock"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    server
+}
+
 /// Polls the run until `done` says so (at most 20 s).
 async fn until(server: &Server, run: &str, done: impl Fn(&Value) -> bool) -> Value {
     for _ in 0..400 {
@@ -1108,12 +1119,7 @@ async fn a_trigger_url_starts_runs_once_per_delivery() {
 /// attempt fails with the last problem.
 #[tokio::test]
 async fn a_structured_answer_is_repaired_in_the_same_session() {
-    let server = start().await;
-    server.state.app.start_worker();
-    let (status, body) = server
-        .post("/v1/agents", json!({"id": "analyst", "model_id": "mock"}))
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let server = with_analyst().await;
     let schema = json!({"type": "object", "required": ["total"],
                         "properties": {"total": {"type": "number"}}});
     save(
@@ -1329,12 +1335,7 @@ async fn an_agent_step_runs_as_the_key_that_started_the_workflow_is_now() {
 
     use super::security::{as_key, with_keys};
 
-    let server = start().await;
-    server.state.app.start_worker();
-    let (status, body) = server
-        .post("/v1/agents", json!({"id": "analyst", "model_id": "mock"}))
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let server = with_analyst().await;
     save(
         &server,
         json!({"id": "later", "steps": [

@@ -108,7 +108,7 @@ impl TurnEvents {
     fn cancel(&self) {
         match self {
             Self::Runtime(stream) => stream.cancel_token().cancel(),
-            Self::App { app, session, .. } => stop_session(app, *session),
+            Self::App { app, session, .. } => super::output::stop_session(app, *session),
         }
     }
 
@@ -648,18 +648,4 @@ fn history_file(data: &DataArgs) -> Option<PathBuf> {
     let home = data.home().ok()?;
     std::fs::create_dir_all(&home).ok()?;
     Some(home.join("chat_history"))
-}
-
-/// Stops what runs in `session` (Ctrl-C), through the app's command: answered in a task of its
-/// own, as a signal handler cannot wait.
-pub(crate) fn stop_session(app: &App, session: SessionId) {
-    let app = app.clone();
-    tokio::spawn(async move {
-        let stop = agentry_app::ops::StopSession {
-            session_id: session,
-        };
-        if let Err(error) = app.submit(stop).await {
-            tracing::warn!("cannot stop the session: {}", error.message);
-        }
-    });
 }

@@ -189,6 +189,20 @@ pub(crate) fn exit_code(reason: RunStopReason) -> u8 {
 }
 
 /// Calls `cancel` when the user presses Ctrl-C.
+/// Stops what runs in `session` (Ctrl-C), through the app's command: answered in a task of its
+/// own, as a signal handler cannot wait.
+pub(crate) fn stop_session(app: &agentry_app::App, session: agentry_types::SessionId) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let stop = agentry_app::ops::StopSession {
+            session_id: session,
+        };
+        if let Err(error) = app.submit(stop).await {
+            tracing::warn!("cannot stop the session: {}", error.message);
+        }
+    });
+}
+
 fn on_ctrl_c(cancel: impl FnOnce() + Send + 'static) {
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {

@@ -135,7 +135,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
     }
     let stopper = app.clone();
     let code = print_followed(events, args.json, move || {
-        super::chat::stop_session(&stopper, session);
+        super::output::stop_session(&stopper, session);
     })
     .await;
     app.shutdown.cancel();
