@@ -559,7 +559,9 @@ async fn spans_land_in_arize_phoenix_with_mcp_and_delegated_runs() {
                 .filter(|span| span["context"]["trace_id"] == trace.as_str())
                 .cloned()
                 .collect();
-            if spans.len() >= 9 {
+            // The request's own span ends (and is exported) last, after its response.
+            let request = spans.iter().any(|span| span["name"] == "POST /v1/infer");
+            if spans.len() >= 9 && request {
                 break spans;
             }
         }
