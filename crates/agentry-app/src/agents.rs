@@ -560,10 +560,10 @@ impl crate::App {
     /// skill folders, and its default webhook against the server's webhook rules.
     pub async fn validate_agent(&self, agent: &AgentConfig) -> Result<(), AppError> {
         validate(
-            &self.store,
-            &self.sessions.runtime(),
+            &self.parts.store,
+            &self.parts.sessions.runtime(),
             agent,
-            self.tools.skill_roots.as_deref(),
+            self.parts.tools.skill_roots.as_deref(),
         )
         .await?;
         if let Some(url) = &agent.webhook_url {
@@ -584,7 +584,7 @@ impl crate::App {
 
     /// Every saved agent, by id.
     pub async fn agents(&self) -> Result<Vec<AgentConfig>, AppError> {
-        Ok(crate::config::ConfigRepo::new(&self.store)
+        Ok(crate::config::ConfigRepo::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -595,7 +595,7 @@ impl crate::App {
     /// The saved agent `id`, or `not_found`.
     pub async fn agent(&self, id: &str) -> Result<AgentConfig, AppError> {
         check_name("agent", id)?;
-        stored_agent(&self.store, id)
+        stored_agent(&self.parts.store, id)
             .await?
             .ok_or_else(|| no_agent(id))
     }
@@ -603,7 +603,7 @@ impl crate::App {
     /// Checks and saves a new agent (`conflict` if the id is taken).
     pub async fn create_agent(&self, agent: &AgentConfig) -> Result<(), AppError> {
         self.validate_agent(agent).await?;
-        crate::config::ConfigRepo::new(&self.store)
+        crate::config::ConfigRepo::new(&self.parts.store)
             .create(&agent.id, agent)
             .await?;
         if !agent.skills.is_empty() {
@@ -617,7 +617,7 @@ impl crate::App {
     pub async fn replace_agent(&self, agent: &AgentConfig) -> Result<(), AppError> {
         check_name("agent", &agent.id)?;
         self.validate_agent(agent).await?;
-        let repo = crate::config::ConfigRepo::<AgentConfig>::new(&self.store);
+        let repo = crate::config::ConfigRepo::<AgentConfig>::new(&self.parts.store);
         let Some(old) = repo.get(&agent.id).await? else {
             return Err(no_agent(&agent.id));
         };
@@ -631,7 +631,7 @@ impl crate::App {
     /// Deletes the saved agent `id` (`not_found` if none).
     pub async fn delete_agent(&self, id: &str) -> Result<(), AppError> {
         check_name("agent", id)?;
-        let repo = crate::config::ConfigRepo::<AgentConfig>::new(&self.store);
+        let repo = crate::config::ConfigRepo::<AgentConfig>::new(&self.parts.store);
         let had_skills = repo
             .get(id)
             .await

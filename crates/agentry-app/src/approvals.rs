@@ -275,13 +275,14 @@ impl App {
     pub async fn approvals_of_run(&self, run_id: RunId) -> Result<ApprovalList, AppError> {
         let session = self.locate(run_id).await?;
         let pending = self.pending_of(session, run_id).await?;
-        let elicitations = self.elicitations.for_run(run_id);
+        let elicitations = self.parts.elicitations.for_run(run_id);
         let status = if !pending.is_empty() || !elicitations.is_empty() {
             "waiting".to_owned()
-        } else if self.hub.is_live(session) {
+        } else if self.parts.hub.is_live(session) {
             "running".to_owned()
         } else {
-            self.store
+            self.parts
+                .store
                 .session(session)
                 .await?
                 .map_or_else(|| "idle".to_owned(), |record| record.status)
@@ -298,15 +299,16 @@ impl App {
     /// The run of `session` that waits for a person (if any), with what waits.
     pub async fn approvals_of_session(&self, session: SessionId) -> Result<ApprovalList, AppError> {
         let record = self
+            .parts
             .store
             .session(session)
             .await?
             .ok_or_else(|| AppError::not_found(format!("no session {session}")))?;
-        let waiting = self.sessions.pending_approvals(session).await?;
-        let (asking_run, elicitations) = self.elicitations.for_session(session);
+        let waiting = self.parts.sessions.pending_approvals(session).await?;
+        let (asking_run, elicitations) = self.parts.elicitations.for_session(session);
         let status = if waiting.is_some() || !elicitations.is_empty() {
             "waiting".to_owned()
-        } else if self.hub.is_live(session) {
+        } else if self.parts.hub.is_live(session) {
             "running".to_owned()
         } else {
             record.status

@@ -621,6 +621,39 @@ impl Authenticator {
         Ok(enabled)
     }
 
+    /// Every key, newest first (never the keys themselves).
+    pub async fn keys(&self) -> Result<Vec<KeyInfo>, AuthError> {
+        list_keys(&self.store).await
+    }
+
+    /// Creates a key with a role and limits ([`create_key_with`]); it works from the next
+    /// request.
+    pub async fn create_key(
+        &self,
+        label: &str,
+        role: KeyRole,
+        limits: KeyLimits,
+    ) -> Result<NewKey, AuthError> {
+        let created = create_key_with(&self.store, label, role, limits).await?;
+        self.refresh();
+        Ok(created)
+    }
+
+    /// Revokes a key unless it is the last active admin key
+    /// ([`revoke_key_keeping_an_admin`]); requests carrying it fail from the next one.
+    pub async fn revoke_key(&self, id: &str) -> Result<bool, AuthError> {
+        let revoked = revoke_key_keeping_an_admin(&self.store, id).await?;
+        if revoked {
+            self.refresh();
+        }
+        Ok(revoked)
+    }
+
+    /// A key for `purpose` derived from the data folder's secret key (signed assertions).
+    pub fn derived_key(&self, purpose: &str) -> Result<[u8; 32], AuthError> {
+        Ok(self.store.derived_key(purpose)?)
+    }
+
     /// Forgets the cached "is auth on" (after a key is created or revoked here).
     pub fn refresh(&self) {
         *self
@@ -698,7 +731,7 @@ impl crate::App {
         if caller.is_admin() {
             return Ok(true);
         }
-        Ok(match self.store.session(id).await? {
+        Ok(match self.parts.store.session(id).await? {
             Some(record) => caller.may_see(record.owner.as_deref()),
             None => true,
         })

@@ -89,8 +89,8 @@ pub(crate) async fn check_model(app: &App, model: &ModelConfig) -> Result<(), Ap
             model.id
         )));
     }
-    let secrets = crate::secrets::Secrets::load(&app.store).await?;
-    model.client(&secrets, &app.http)?;
+    let secrets = crate::secrets::Secrets::load(&app.parts.store).await?;
+    model.client(&secrets, &app.parts.http)?;
     Ok(())
 }
 
@@ -114,7 +114,7 @@ pub(crate) async fn unmark_other_defaults(
 
 /// The built-in tool `name` of this app's runs (see [`crate::runtime::builtins`]).
 pub(crate) fn builtin_named(app: &App, name: &str) -> Option<Arc<dyn Tool>> {
-    crate::runtime::builtins(&app.tools)
+    crate::runtime::builtins(&app.parts.tools)
         .into_iter()
         .find(|tool| tool.spec().name == name)
 }
@@ -130,9 +130,9 @@ pub(crate) async fn check_tool(app: &App, definition: &ToolDefinition) -> Result
     }
     // A command tool with nowhere to run but the host, when the operator has not allowed host
     // commands, is refused before anything is saved (a typed 403 naming the setting).
-    let sandboxes = app.tools.command_sandboxes();
+    let sandboxes = app.parts.tools.command_sandboxes();
     if let Some(refusal) =
-        definition.host_refusal(sandboxes.is_some(), app.tools.allow_host_commands)
+        definition.host_refusal(sandboxes.is_some(), app.parts.tools.allow_host_commands)
     {
         return Err(AppError::new(
             Failure::Forbidden,
@@ -140,16 +140,16 @@ pub(crate) async fn check_tool(app: &App, definition: &ToolDefinition) -> Result
             format!("command tool {name:?}: {refusal}"),
         ));
     }
-    let secrets = crate::secrets::Secrets::load(&app.store)
+    let secrets = crate::secrets::Secrets::load(&app.parts.store)
         .await?
         .for_tool(definition)?;
     let tool = definition
         .clone()
         .build_in(
-            &app.http,
+            &app.parts.http,
             Arc::new(secrets),
             sandboxes,
-            app.tools.allow_host_commands,
+            app.parts.tools.allow_host_commands,
         )
         .map_err(|error| AppError::bad_request(error.to_string()))?;
     ToolRegistry::new()

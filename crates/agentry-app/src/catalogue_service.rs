@@ -206,7 +206,7 @@ impl App {
 
     /// The registered models, by id.
     pub async fn models(&self) -> Result<ModelList, AppError> {
-        let mut models: Vec<ModelConfig> = ConfigRepo::new(&self.store)
+        let mut models: Vec<ModelConfig> = ConfigRepo::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -219,7 +219,7 @@ impl App {
     /// Whether a model `id` is registered: the runtime's catalogue (in memory, kept in step
     /// with the store) rather than a read of the store.
     pub fn has_model(&self, id: &str) -> bool {
-        self.sessions.runtime().model_client(id).is_ok()
+        self.parts.sessions.runtime().model_client(id).is_ok()
     }
 
     /// Registers a model, after checking it (id, base URL, model name, and that a client can
@@ -227,10 +227,10 @@ impl App {
     pub async fn create_model(&self, body: Value) -> Result<ModelConfig, AppError> {
         let model = parse_model(body)?;
         check_model(self, &model).await?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .create(&model.id, &model)
             .await?;
-        unmark_other_defaults(&self.store, &model).await?;
+        unmark_other_defaults(&self.parts.store, &model).await?;
         self.reload_runtime().await?;
         Ok(model)
     }
@@ -238,7 +238,7 @@ impl App {
     /// A registered model.
     pub async fn model(&self, id: &str) -> Result<ModelConfig, AppError> {
         check_name("model", id)?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .get(id)
             .await?
             .ok_or_else(|| no_model(id))
@@ -249,10 +249,10 @@ impl App {
         check_name("model", id)?;
         let model = parse_model(body)?;
         check_model(self, &model).await?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .replace(id, &model.id, &model)
             .await?;
-        unmark_other_defaults(&self.store, &model).await?;
+        unmark_other_defaults(&self.parts.store, &model).await?;
         self.reload_runtime().await?;
         Ok(model)
     }
@@ -260,7 +260,7 @@ impl App {
     /// Deletes a model.
     pub async fn delete_model(&self, id: &str) -> Result<(), AppError> {
         check_name("model", id)?;
-        if !ConfigRepo::<ModelConfig>::new(&self.store)
+        if !ConfigRepo::<ModelConfig>::new(&self.parts.store)
             .delete(id)
             .await?
         {
@@ -273,16 +273,16 @@ impl App {
     /// provider that fails is reported in the outcome, not as an error.
     pub async fn test_model(&self, id: &str) -> Result<ModelTestOutcome, AppError> {
         check_name("model", id)?;
-        let client = match self.sessions.runtime().model_client(id) {
+        let client = match self.parts.sessions.runtime().model_client(id) {
             Ok(client) => client,
             Err(_) => {
                 // Not in the runtime: unknown, or stored but unusable (say why), or stored by a
                 // writer whose reload this runtime predates.
                 let model = self.model(id).await?;
-                let secrets = crate::secrets::Secrets::load(&self.store).await?;
-                model.client(&secrets, &self.http)?;
+                let secrets = crate::secrets::Secrets::load(&self.parts.store).await?;
+                model.client(&secrets, &self.parts.http)?;
                 self.reload_runtime().await?;
-                self.sessions.runtime().model_client(id)?
+                self.parts.sessions.runtime().model_client(id)?
             }
         };
         let request =
@@ -290,7 +290,7 @@ impl App {
                 max_tokens: Some(1),
                 ..GenerationParams::default()
             });
-        let cancel = self.shutdown.child_token();
+        let cancel = self.parts.shutdown.child_token();
         let started = Instant::now();
         let outcome =
             tokio::time::timeout(MODEL_TEST_TIMEOUT, client.complete(request, cancel.clone()))
@@ -324,7 +324,7 @@ impl App {
 
     /// The configured tools' definitions (HTTP, command and function tools), by name.
     pub async fn saved_tools(&self) -> Result<Vec<ToolDefinition>, AppError> {
-        Ok(ConfigRepo::<ToolDefinition>::new(&self.store)
+        Ok(ConfigRepo::<ToolDefinition>::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -334,31 +334,31 @@ impl App {
 
     /// The configured tool `name`'s definition, if there is one.
     pub async fn saved_tool(&self, name: &str) -> Result<Option<ToolDefinition>, AppError> {
-        ConfigRepo::<ToolDefinition>::new(&self.store)
+        ConfigRepo::<ToolDefinition>::new(&self.parts.store)
             .get(name)
             .await
     }
 
     /// Whether the runtime offers a tool `name` (built-in, configured, skill or MCP).
     pub fn has_tool(&self, name: &str) -> bool {
-        self.sessions.runtime().tools().get(name).is_some()
+        self.parts.sessions.runtime().tools().get(name).is_some()
     }
 
     /// The built-in and configured tools, and the tools of the connected MCP servers, by name.
     pub async fn tool_list(&self) -> Result<ToolList, AppError> {
-        let mut tools: Vec<ToolInfo> = crate::runtime::builtins(&self.tools)
+        let mut tools: Vec<ToolInfo> = crate::runtime::builtins(&self.parts.tools)
             .iter()
             .map(|tool| ToolInfo::of_builtin(tool.as_ref()))
             .collect();
-        for (_, definition) in ConfigRepo::<ToolDefinition>::new(&self.store)
+        for (_, definition) in ConfigRepo::<ToolDefinition>::new(&self.parts.store)
             .list()
             .await?
         {
             tools.push(ToolInfo::of_definition(&definition));
         }
-        tools.extend(self.mcp.tools().into_iter().map(ToolInfo::of_mcp));
-        let runtime = self.sessions.runtime();
-        for (_, skill) in ConfigRepo::<crate::skills::SkillConfig>::new(&self.store)
+        tools.extend(self.parts.mcp.tools().into_iter().map(ToolInfo::of_mcp));
+        let runtime = self.parts.sessions.runtime();
+        for (_, skill) in ConfigRepo::<crate::skills::SkillConfig>::new(&self.parts.store)
             .list()
             .await?
         {
@@ -389,17 +389,25 @@ impl App {
             return to_document(&ToolInfo::of_builtin(tool.as_ref()));
         }
         check_name("tool", name)?;
-        if let Some(info) = self.mcp.tools().into_iter().find(|info| info.name == name) {
-            return to_document(&ToolInfo::of_mcp(info).with_risk(&self.sessions.runtime()));
+        if let Some(info) = self
+            .parts
+            .mcp
+            .tools()
+            .into_iter()
+            .find(|info| info.name == name)
+        {
+            return to_document(&ToolInfo::of_mcp(info).with_risk(&self.parts.sessions.runtime()));
         }
-        let definition = ConfigRepo::<ToolDefinition>::new(&self.store)
+        let definition = ConfigRepo::<ToolDefinition>::new(&self.parts.store)
             .get(name)
             .await?
             .ok_or_else(|| no_tool(name))?;
         if caller.is_admin() {
             to_document(&definition)
         } else {
-            to_document(&ToolInfo::of_definition(&definition).with_risk(&self.sessions.runtime()))
+            to_document(
+                &ToolInfo::of_definition(&definition).with_risk(&self.parts.sessions.runtime()),
+            )
         }
     }
 
@@ -412,7 +420,7 @@ impl App {
                 "a tool named {name:?} already exists"
             )));
         }
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .create(name, definition)
             .await?;
         self.reload_runtime().await
@@ -435,7 +443,7 @@ impl App {
                 "cannot rename {name:?}: a tool named {new_name:?} already exists"
             )));
         }
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .replace(name, new_name, definition)
             .await?;
         self.reload_runtime().await
@@ -465,7 +473,7 @@ impl App {
             }
             check_name("tool", name)?;
         }
-        let repo = ConfigRepo::<ToolDefinition>::new(&self.store);
+        let repo = ConfigRepo::<ToolDefinition>::new(&self.parts.store);
         let mut deleted = Vec::new();
         let mut missing = Vec::new();
         for name in names {
@@ -490,6 +498,7 @@ impl App {
         format: ResultFormat,
     ) -> Result<Value, AppError> {
         match self
+            .parts
             .sessions
             .runtime()
             .call_tool(name, arguments, format)
@@ -509,7 +518,7 @@ impl App {
 
     /// The prompt templates, by name.
     pub async fn templates(&self) -> Result<TemplateList, AppError> {
-        let mut templates: Vec<TemplateConfig> = ConfigRepo::new(&self.store)
+        let mut templates: Vec<TemplateConfig> = ConfigRepo::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -522,7 +531,7 @@ impl App {
     /// Stores a prompt template, after compiling it.
     pub async fn create_template(&self, template: &TemplateConfig) -> Result<(), AppError> {
         compile_template(template)?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .create(&template.name, template)
             .await?;
         self.reload_runtime().await
@@ -531,7 +540,7 @@ impl App {
     /// A prompt template.
     pub async fn template(&self, name: &str) -> Result<TemplateConfig, AppError> {
         check_name("template", name)?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .get(name)
             .await?
             .ok_or_else(|| no_template(name))
@@ -545,7 +554,7 @@ impl App {
     ) -> Result<(), AppError> {
         check_name("template", name)?;
         compile_template(template)?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .replace(name, &template.name, template)
             .await?;
         self.reload_runtime().await
@@ -554,7 +563,7 @@ impl App {
     /// Deletes a prompt template.
     pub async fn delete_template(&self, name: &str) -> Result<(), AppError> {
         check_name("template", name)?;
-        if !ConfigRepo::<TemplateConfig>::new(&self.store)
+        if !ConfigRepo::<TemplateConfig>::new(&self.parts.store)
             .delete(name)
             .await?
         {
@@ -572,7 +581,26 @@ impl App {
         Ok(TemplateVariables { variables })
     }
 
+    /// The prompt template `name` filled with `arguments` (a system prompt named by template),
+    /// rendered as a run's templated input is.
+    pub fn render_template(
+        &self,
+        name: &str,
+        arguments: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, AppError> {
+        Ok(self
+            .parts
+            .sessions
+            .runtime()
+            .render_template(name, arguments)?)
+    }
+
     // --- secrets ---
+
+    /// The secrets, their values masked.
+    pub async fn list_secrets(&self) -> Result<Vec<agentry_store::SecretInfo>, AppError> {
+        Ok(self.parts.store.list_secrets().await?)
+    }
 
     /// Sets secrets: every name and value is checked before any is written.
     pub async fn set_secrets(&self, pairs: &[(String, String)]) -> Result<(), AppError> {
@@ -584,7 +612,7 @@ impl App {
             refuse_reserved(name)?;
         }
         for (name, value) in pairs {
-            self.store.put_secret(name, value).await?;
+            self.parts.store.put_secret(name, value).await?;
         }
         self.reload_runtime().await
     }
@@ -601,7 +629,10 @@ impl App {
         check_secret(name, value)?;
         refuse_reserved(name)?;
         let hosts = crate::secrets::check_hosts(name, hosts)?;
-        self.store.put_bound_secret(name, value, &hosts).await?;
+        self.parts
+            .store
+            .put_bound_secret(name, value, &hosts)
+            .await?;
         self.reload_runtime().await
     }
 
@@ -609,7 +640,7 @@ impl App {
     pub async fn delete_secret(&self, name: &str) -> Result<(), AppError> {
         check_name("secret", name)?;
         refuse_reserved(name)?;
-        if !self.store.delete_secret(name).await? {
+        if !self.parts.store.delete_secret(name).await? {
             return Err(AppError::not_found(format!("no secret is named {name:?}")));
         }
         self.reload_runtime().await

@@ -33,6 +33,47 @@ pub const CONFIG_POLL: Duration = Duration::from_millis(250);
 /// How often a node's status feed looks for the runs of other nodes.
 pub const FEED_POLL: Duration = Duration::from_millis(500);
 
+/// This process ready to serve ([`App::readiness`]).
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    /// The database's backend: `sqlite` or `postgres`.
+    pub database: &'static str,
+    /// The database's schema version.
+    pub schema_version: u32,
+    /// The runs live in this process.
+    pub live_runs: usize,
+}
+
+/// Why this process cannot serve now.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NotReady {
+    /// The database does not answer.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The database has no room for writes.
+    #[error("the database has no room for writes: {0}")]
+    StorageFull(String),
+}
+
+impl App {
+    /// Whether this process can serve: its database answers and has room for writes.
+    pub async fn readiness(&self) -> Result<Readiness, NotReady> {
+        let store = &self.parts.store;
+        let schema_version = store
+            .schema_version()
+            .await
+            .map_err(|error| NotReady::Unreachable(error.to_string()))?;
+        if let Some(reason) = store.storage_full() {
+            return Err(NotReady::StorageFull(reason));
+        }
+        Ok(Readiness {
+            database: store.backend().as_str(),
+            schema_version,
+            live_runs: self.parts.hub.live_runs(),
+        })
+    }
+}
+
 /// A stored session status as the status feed says it.
 fn feed_status(status: &str) -> Option<crate::hub::FeedStatus> {
     use crate::hub::FeedStatus;
@@ -128,7 +169,7 @@ impl App {
             address: settings.address.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             lease: settings.lease,
-            running_runs: self.hub.live_runs() as u64,
+            running_runs: self.parts.hub.live_runs() as u64,
             max_runs: settings.max_concurrent as u64,
             load_milli: load_milli(),
             volume: settings.volume.clone(),
@@ -139,15 +180,17 @@ impl App {
     /// Registers this process as the node its settings name; a conflict when a live process
     /// holds the id.
     pub async fn join_cluster(&self) -> Result<(), AppError> {
-        let previous =
-            self.store
-                .join_cluster(&self.beat())
-                .await
-                .map_err(|error| match error {
-                    agentry_store::StoreError::Conflict(message) => AppError::conflict(message),
-                    other => other.into(),
-                })?;
+        let previous = self
+            .parts
+            .store
+            .join_cluster(&self.beat())
+            .await
+            .map_err(|error| match error {
+                agentry_store::StoreError::Conflict(message) => AppError::conflict(message),
+                other => other.into(),
+            })?;
         *self
+            .parts
             .queue
             .previous
             .lock()
@@ -158,9 +201,10 @@ impl App {
     /// This node stops cleanly: it leaves the cluster, and the runs it still holds go to other
     /// nodes at once.
     pub async fn leave_cluster(&self) {
-        self.queue.left.cancel();
+        self.parts.queue.left.cancel();
         let settings = self.queue_settings();
         if let Err(error) = self
+            .parts
             .store
             .leave_cluster(&settings.node_id, &settings.worker)
             .await
@@ -173,7 +217,7 @@ impl App {
     pub async fn cluster(&self) -> Result<ClusterView, AppError> {
         let this = self.queue_settings().node_id;
         let now = crate::clock::now_ms();
-        let nodes = self.store.nodes().await?;
+        let nodes = self.parts.store.nodes().await?;
         Ok(ClusterView {
             nodes: nodes
                 .into_iter()
@@ -187,13 +231,16 @@ impl App {
     /// run is not live here): requests about the run go there.
     pub async fn remote_owner(&self, session: SessionId) -> Result<Option<String>, AppError> {
         // A SQLite folder has one process: no other node to ask (and no lookup per stream).
-        if self.hub.is_live(session) || self.store.backend() == agentry_store::Backend::Sqlite {
+        if self.parts.hub.is_live(session)
+            || self.parts.store.backend() == agentry_store::Backend::Sqlite
+        {
             return Ok(None);
         }
-        let worker = match self.store.session_worker(session).await? {
+        let worker = match self.parts.store.session_worker(session).await? {
             Some(worker) => Some(worker),
             // A background run claimed a moment ago: running before its session says so.
             None => self
+                .parts
                 .store
                 .list_runs(&agentry_store::RunQuery {
                     session_id: Some(session),
@@ -210,10 +257,10 @@ impl App {
         let Some(worker) = worker else {
             return Ok(None);
         };
-        if worker == self.queue.worker() {
+        if worker == self.parts.queue.worker() {
             return Ok(None);
         }
-        let Some(node) = self.store.node_of_worker(&worker).await? else {
+        let Some(node) = self.parts.store.node_of_worker(&worker).await? else {
             return Ok(None);
         };
         let alive = node.alive_at(crate::clock::now_ms()) && !node.address.is_empty();
@@ -222,8 +269,8 @@ impl App {
 
     /// The address of the node where `run` is live, when that is another node.
     pub async fn remote_run_owner(&self, run: RunId) -> Result<Option<String>, AppError> {
-        if self.sessions.session_of_live_run(run).is_some()
-            || self.store.backend() == agentry_store::Backend::Sqlite
+        if self.parts.sessions.session_of_live_run(run).is_some()
+            || self.parts.store.backend() == agentry_store::Backend::Sqlite
         {
             return Ok(None);
         }
@@ -239,23 +286,23 @@ impl App {
         loop {
             let every = self.queue_settings().lease / 4;
             tokio::select! {
-                () = self.queue.left.cancelled() => return,
+                () = self.parts.queue.left.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
             }
             // After a shutdown, the heartbeat goes on while runs held here finish (until the
             // node leaves): until then nobody else may take them.
-            if self.shutdown.is_cancelled() && self.queue.held().is_empty() {
+            if self.parts.shutdown.is_cancelled() && self.parts.queue.held().is_empty() {
                 return;
             }
             // The runs held before the heartbeat: one claimed after it is not missed by it.
-            let held: HashMap<RunId, SessionId> = self.queue.held();
-            match self.store.heartbeat(&self.beat()).await {
+            let held: HashMap<RunId, SessionId> = self.parts.queue.held();
+            match self.parts.store.heartbeat(&self.beat()).await {
                 Ok(Some(renewed)) => {
                     let renewed_ids: HashSet<RunId> =
                         renewed.iter().map(|lease| lease.run_id).collect();
                     for lease in renewed.iter().filter(|lease| lease.cancel_requested) {
                         if let Some(session) = held.get(&lease.run_id) {
-                            self.hub.cancel(*session);
+                            self.parts.hub.cancel(*session);
                         }
                     }
                     for run in held.keys().filter(|run| !renewed_ids.contains(run)) {
@@ -263,7 +310,7 @@ impl App {
                     }
                     // The runs of nodes that died go on here (unless another node took them
                     // first).
-                    if !self.shutdown.is_cancelled() {
+                    if !self.parts.shutdown.is_cancelled() {
                         self.resume_orphaned(false).await;
                         self.settle_stranded().await;
                     }
@@ -274,8 +321,8 @@ impl App {
                         "another process took this node's id (this one was taken for dead): \
                          stopping"
                     );
-                    self.queue.lose_all();
-                    self.shutdown.cancel();
+                    self.parts.queue.lose_all();
+                    self.parts.shutdown.cancel();
                     return;
                 }
                 Err(error) => tracing::warn!("the node's heartbeat failed: {error}"),
@@ -287,13 +334,13 @@ impl App {
     /// node (this one stops it).
     async fn check_lost(&self, run: RunId) {
         let worker = self.queue_settings().worker;
-        match self.store.run_record(run).await {
+        match self.parts.store.run_record(run).await {
             Ok(Some(record))
                 if record.state == RunState::Running
                     && record.worker.as_deref() != Some(worker.as_str()) =>
             {
                 tracing::warn!(%run, "another node took this run over: stopping it here");
-                self.queue.lose(run);
+                self.parts.queue.lose(run);
             }
             Ok(_) => {}
             Err(error) => tracing::warn!(%run, "cannot read a held run: {error}"),
@@ -305,17 +352,17 @@ impl App {
     /// announced with their stored status when it changed. PostgreSQL only (a SQLite folder has
     /// one process, whose own runs the feed hears directly); until the app shuts down.
     pub(crate) async fn follow_other_nodes(self) {
-        if self.store.backend() != agentry_store::Backend::Postgres {
+        if self.parts.store.backend() != agentry_store::Backend::Postgres {
             return;
         }
         let mut since = crate::clock::now_ms();
         let mut known: HashMap<SessionId, String> = HashMap::new();
         loop {
             tokio::select! {
-                () = self.shutdown.cancelled() => return,
+                () = self.parts.shutdown.cancelled() => return,
                 () = tokio::time::sleep(FEED_POLL) => {}
             }
-            let changed = match self.store.sessions_active_since(since, 1000).await {
+            let changed = match self.parts.store.sessions_active_since(since, 1000).await {
                 Ok(changed) => changed,
                 Err(error) => {
                     tracing::debug!("cannot read the sessions' activity: {error}");
@@ -324,14 +371,14 @@ impl App {
             };
             for (session, status, at) in changed {
                 since = since.max(at);
-                if self.hub.is_live(session) {
+                if self.parts.hub.is_live(session) {
                     continue;
                 }
                 if known.get(&session) == Some(&status) {
                     continue;
                 }
                 if let Some(feed) = feed_status(&status) {
-                    self.hub.announce(session, feed);
+                    self.parts.hub.announce(session, feed);
                 }
                 known.insert(session, status);
             }
@@ -346,15 +393,16 @@ impl App {
     /// (another node changed it), until the app shuts down.
     pub(crate) async fn watch_configuration(self) {
         let mut seen = self
+            .parts
             .queue
             .config_generation
             .load(std::sync::atomic::Ordering::Relaxed);
         loop {
             tokio::select! {
-                () = self.shutdown.cancelled() => return,
+                () = self.parts.shutdown.cancelled() => return,
                 () = tokio::time::sleep(CONFIG_POLL) => {}
             }
-            let generation = match self.store.config_generation().await {
+            let generation = match self.parts.store.config_generation().await {
                 Ok(generation) => generation,
                 Err(error) => {
                     tracing::debug!("cannot read the configuration's generation: {error}");
@@ -365,7 +413,9 @@ impl App {
                 continue;
             }
             seen = generation;
-            if let Err(error) = crate::mcp_tools::sync_saved(&self.store, &self.mcp).await {
+            if let Err(error) =
+                crate::mcp_tools::sync_saved(&self.parts.store, &self.parts.mcp).await
+            {
                 tracing::warn!("cannot follow the saved MCP servers: {}", error.message);
             }
             if let Err(error) = self.reload_runtime().await {

@@ -98,10 +98,11 @@ impl App {
         id: SessionId,
         model: Option<String>,
     ) -> Result<ContextReport, AppError> {
-        if self.store.session(id).await?.is_none() {
+        if self.parts.store.session(id).await?.is_none() {
             return Err(AppError::not_found(format!("no session {id}")));
         }
         let events = self
+            .parts
             .sessions
             .log()
             .load(id)
@@ -121,7 +122,7 @@ impl App {
                 ));
             }
         };
-        let runtime = self.sessions.runtime();
+        let runtime = self.parts.sessions.runtime();
         let client = runtime
             .model_client(&model)
             .map_err(|_| AppError::bad_request(format!("no model {model:?} is registered")))?;

@@ -67,7 +67,7 @@ impl App {
             FollowFrom::After(after) => {
                 // Subscribe before reading the log, so nothing falls between the two; the
                 // follower drops by seq what both hold.
-                let live = self.hub.subscribe(session);
+                let live = self.parts.hub.subscribe(session);
                 let mut follower = Follower::new(after);
                 let mut backlog = Vec::new();
                 for (seq, event) in self.logged_events(session, after).await? {
@@ -80,9 +80,10 @@ impl App {
                     }
                     // Running in another process (another node, or one that died before
                     // another takes it over): follow the log.
-                    None if !follower.ended() => {
-                        (None, self.store.session_worker(session).await?.is_some())
-                    }
+                    None if !follower.ended() => (
+                        None,
+                        self.parts.store.session_worker(session).await?.is_some(),
+                    ),
                     _ => (None, false),
                 };
                 (follower, backlog, live, tail)
@@ -99,9 +100,9 @@ impl App {
                 loop {
                     tokio::select! {
                         () = tokio::time::sleep(TAIL_POLL) => {}
-                        () = app.shutdown.cancelled() => break,
+                        () = app.parts.shutdown.cancelled() => break,
                     }
-                    let running = match app.store.session_worker(session).await {
+                    let running = match app.parts.store.session_worker(session).await {
                         Ok(running) => running,
                         Err(error) => {
                             yield Err(AppError::from(error));
@@ -122,7 +123,7 @@ impl App {
                     if follower.ended() || running.is_none() {
                         break;
                     }
-                    if let Some(subscription) = app.hub.subscribe(session) {
+                    if let Some(subscription) = app.parts.hub.subscribe(session) {
                         for event in follower.resume(&subscription.partial) {
                             yield Ok(event);
                         }

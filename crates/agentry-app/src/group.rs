@@ -175,7 +175,7 @@ pub async fn check_members(state: &App, ids: &[String]) -> Result<Vec<AgentConfi
                 "the agent {id:?} is named twice"
             )));
         }
-        let agent = stored_agent(&state.store, id)
+        let agent = stored_agent(&state.parts.store, id)
             .await?
             .ok_or_else(|| AppError::bad_request(format!("no agent {id:?}")))?;
         agents.push(agent);
@@ -201,9 +201,9 @@ pub async fn create(
         )));
     }
     let agents = check_members(state, ids).await?;
-    let runtime = state.sessions.runtime();
+    let runtime = state.parts.sessions.runtime();
     for agent in &agents {
-        agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
+        agent.resolve(&runtime, state.parts.tools.skill_roots.as_deref())?;
     }
     // A group is one new session against the caller's per-minute quota (its members' own
     // sessions come with it).
@@ -215,7 +215,7 @@ pub async fn create(
         new.title = Some(format!("{} (group member)", display(agent)));
         new.metadata = json!({ MEMBER_KEY: {"group_session_id": group_id, "agent_id": agent.id} });
         new.owner = caller.owner();
-        let record = state.store.create_session(new).await?;
+        let record = state.parts.store.create_session(new).await?;
         members.push(GroupMemberInfo {
             agent_id: agent.id.clone(),
             session_id: record.id,
@@ -233,7 +233,7 @@ pub async fn create(
     }));
     new.metadata = json!({ METADATA_KEY: info });
     new.owner = caller.owner();
-    state.store.create_session(new).await?;
+    state.parts.store.create_session(new).await?;
     Ok((group_id, info))
 }
 
@@ -245,6 +245,7 @@ fn display(agent: &AgentConfig) -> &str {
 /// not a group.
 pub async fn load(state: &App, session: SessionId) -> Result<GroupInfo, AppError> {
     let record = state
+        .parts
         .store
         .session(session)
         .await?
@@ -260,6 +261,7 @@ pub async fn group_events(
     after: u64,
 ) -> Result<Vec<(u64, RunId, GroupEvent)>, AppError> {
     Ok(state
+        .parts
         .store
         .events(session, after, usize::MAX)
         .await?
@@ -384,10 +386,10 @@ pub async fn post(
         caller.check_agent(id)?;
     }
     let agents = check_members(state, &ids).await?;
-    let runtime = state.sessions.runtime();
+    let runtime = state.parts.sessions.runtime();
     let grant = state.run_grant(caller);
     for agent in &agents {
-        let run = agent.resolve(&runtime, state.tools.skill_roots.as_deref())?;
+        let run = agent.resolve(&runtime, state.parts.tools.skill_roots.as_deref())?;
         // A member's model, fallbacks and tools are held to the caller's grant before the
         // exchange starts (each member's run is checked again when it starts).
         if let Some(grant) = &grant {
@@ -410,7 +412,7 @@ pub async fn post(
     let cancel = CancellationToken::new();
     let run_id = RunId::new();
     {
-        let mut live = state.groups.lock();
+        let mut live = state.parts.groups.lock();
         if live.contains_key(&session) {
             return Err(AppError::conflict(format!(
                 "group session {session} is busy with another message"
@@ -429,7 +431,7 @@ pub async fn post(
     let (transcript, turns, exchange, first_seq) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => {
-            state.groups.lock().remove(&session);
+            state.parts.groups.lock().remove(&session);
             return Err(error);
         }
     };
@@ -505,7 +507,7 @@ async fn prepare_exchange(
             GroupEvent::Finished { .. } => open = None,
         }
     }
-    let log = state.sessions.log();
+    let log = state.parts.sessions.log();
     if let Some((run_id, rounds)) = open {
         log.append(
             session,
@@ -599,6 +601,7 @@ impl Exchange {
         };
         match self
             .state
+            .parts
             .sessions
             .log()
             .append(self.session, vec![event.clone()])
@@ -618,6 +621,7 @@ impl Exchange {
     async fn set_status(&self, status: SessionStatus, stop_reason: Option<&str>) {
         if let Err(error) = self
             .state
+            .parts
             .sessions
             .log()
             .set_status(self.session, status)
@@ -625,7 +629,7 @@ impl Exchange {
         {
             tracing::warn!(session = %self.session, "could not set a group's status: {error}");
         }
-        self.state.hub.notify(StatusChange {
+        self.state.parts.hub.notify(StatusChange {
             session_id: self.session,
             status: status.into(),
             stop_reason: stop_reason.map(str::to_owned),
@@ -674,7 +678,7 @@ impl Exchange {
             stop_reason: stop_reason.into(),
         })
         .await;
-        self.state.groups.lock().remove(&self.session);
+        self.state.parts.groups.lock().remove(&self.session);
         self.set_status(SessionStatus::Idle, Some(stop_reason))
             .await;
     }
@@ -757,6 +761,7 @@ impl Exchange {
         };
         let stream = match self
             .state
+            .parts
             .sessions
             .send(runner.session, request, BusyPolicy::Reject)
             .await
@@ -764,13 +769,13 @@ impl Exchange {
             Ok(stream) => stream,
             Err(error) => return failed(error.to_string()),
         };
-        let mut subscription = self.state.hub.adopt(runner.session, stream);
+        let mut subscription = self.state.parts.hub.adopt(runner.session, stream);
         let mut run_id = None;
         loop {
             let received = tokio::select! {
                 received = subscription.events.recv() => received,
                 () = self.cancel.cancelled() => {
-                    self.state.hub.cancel(runner.session);
+                    self.state.parts.hub.cancel(runner.session);
                     // Keep reading: the run ends promptly, with its cancelled end.
                     subscription.events.recv().await
                 }
@@ -845,8 +850,8 @@ impl Exchange {
     /// what it has not seen as the new user message.
     async fn request(&self, runner: &Runner, input: String) -> Result<RunRequest, AppError> {
         let run = runner.agent.resolve(
-            &self.state.sessions.runtime(),
-            self.state.tools.skill_roots.as_deref(),
+            &self.state.parts.sessions.runtime(),
+            self.state.parts.tools.skill_roots.as_deref(),
         )?;
         let members: Vec<Member> = self.runners.iter().map(|r| r.member.clone()).collect();
         let note = group::group_prompt(&runner.member, &members);
@@ -860,7 +865,7 @@ impl Exchange {
             None => note,
         });
         request.input = Some(Input::Text { text: input });
-        crate::memory::remember(&self.state.store, &mut request).await?;
+        crate::memory::remember(&self.state.parts.store, &mut request).await?;
         Ok(request)
     }
 }
@@ -999,7 +1004,7 @@ pub async fn view(state: &App, session: SessionId) -> Result<GroupView, AppError
     let info = load(state, session).await?;
     let mut members = Vec::with_capacity(info.members.len());
     for member in &info.members {
-        let agent = stored_agent(&state.store, &member.agent_id).await?;
+        let agent = stored_agent(&state.parts.store, &member.agent_id).await?;
         members.push(MemberView {
             agent_id: member.agent_id.clone(),
             nickname: agent.and_then(|agent| agent.nickname),
@@ -1009,7 +1014,7 @@ pub async fn view(state: &App, session: SessionId) -> Result<GroupView, AppError
     // Whether an exchange is going on is read before the transcript: an exchange commits its
     // `finished` before it stops being live, so "not live" always comes with a transcript that
     // holds its end (read the other way round, one could end in between).
-    let live = state.groups.subscribe(session).is_some();
+    let live = state.parts.groups.subscribe(session).is_some();
     let transcript = group_events(state, session, 0)
         .await?
         .into_iter()

@@ -90,28 +90,16 @@ use crate::hub::{Hub, RunObserver};
 use crate::runtime::build_runtime;
 use crate::sandboxes::SandboxRegistry;
 
-/// The application. Cheap to clone: one shared [`AppParts`], read through `Deref`. Changing a
-/// part (`DerefMut`) is for setting up, before the app is shared; on a shared app it changes
-/// this handle's own copy only.
+/// The application. Cheap to clone: one shared [`AppParts`]. Its parts are its own: a front-end
+/// asks the app's methods and its typed services ([`App::hub`], [`App::groups`]), never the
+/// store or the engine behind them (the `testing` feature opens the parts to tests).
 #[derive(Clone)]
-pub struct App(Arc<AppParts>);
-
-impl std::ops::Deref for App {
-    type Target = AppParts;
-
-    fn deref(&self) -> &AppParts {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for App {
-    fn deref_mut(&mut self) -> &mut AppParts {
-        Arc::make_mut(&mut self.0)
-    }
+pub struct App {
+    parts: Arc<AppParts>,
 }
 
 /// What the application is made of. Each part is itself shared, so a copy (made only when a
-/// shared [`App`] is changed) shares the store, the sessions, the hub and the rest.
+/// setting of a shared [`App`] is changed) shares the store, the sessions, the hub and the rest.
 #[derive(Clone)]
 pub struct AppParts {
     /// The database: sessions, configuration, secrets.
@@ -286,7 +274,7 @@ impl AppBuilder {
             tools.clone(),
             sessions.clone(),
         );
-        let app = App(Arc::new(AppParts {
+        let app = App::from_parts(AppParts {
             mcp,
             sessions,
             store,
@@ -302,23 +290,116 @@ impl AppBuilder {
             workflows: Arc::default(),
             thumbnails: Arc::default(),
             session_windows: Arc::default(),
-        }));
-        app.tools.delegation.bind(
-            &app.store,
-            &app.sessions,
-            &app.hub,
-            app.tools.skill_roots.clone(),
+        });
+        app.parts.tools.delegation.bind(
+            &app.parts.store,
+            &app.parts.sessions,
+            &app.parts.hub,
+            app.parts.tools.skill_roots.clone(),
         );
-        app.elicitations.bind(&app.hub);
+        app.parts.elicitations.bind(&app.parts.hub);
         Ok(app)
     }
 }
 
 impl App {
+    fn from_parts(parts: AppParts) -> Self {
+        Self {
+            parts: Arc::new(parts),
+        }
+    }
+
+    /// The parts, for tests that look below the app (the `testing` feature).
+    #[cfg(feature = "testing")]
+    pub fn parts(&self) -> &AppParts {
+        &self.parts
+    }
+
+    /// The parts to change, for tests that set one up differently (the `testing` feature): on a
+    /// shared app it changes this handle's own copy only.
+    #[cfg(feature = "testing")]
+    pub fn parts_mut(&mut self) -> &mut AppParts {
+        Arc::make_mut(&mut self.parts)
+    }
+
+    /// Whether Agentry's own MCP server (`/mcp`, `agentry mcp serve`) offers the registered
+    /// tools besides the agents. A setting made before the app is shared: on a shared app it
+    /// changes this handle's own copy only.
+    pub fn expose_tools_over_mcp(&mut self, expose: bool) {
+        Arc::make_mut(&mut self.parts).mcp_expose_tools = expose;
+    }
+
+    /// Which tool calls wait for a person unless a run says otherwise.
+    pub fn approval_defaults(&self) -> &agentry_core::tool::ApprovalDefaults {
+        &self.parts.tools.approval_defaults
+    }
+
+    /// The live runs and the clients attached to them.
+    pub fn hub(&self) -> &Hub {
+        &self.parts.hub
+    }
+
+    /// The group exchanges going on.
+    pub fn groups(&self) -> &LiveGroups {
+        &self.parts.groups
+    }
+
+    /// Cancelled when the application shuts down.
+    pub fn shutdown_signal(&self) -> &CancellationToken {
+        &self.parts.shutdown
+    }
+
+    /// Shuts the application down: its background work stops and live streams end.
+    pub fn shut_down(&self) {
+        self.parts.shutdown.cancel();
+    }
+
+    /// Shuts the application down and closes the store, once its last writes are made (a CLI
+    /// command's end).
+    pub async fn close(&self) {
+        self.parts.shutdown.cancel();
+        self.parts.store.close().await;
+    }
+
+    /// Waits up to `grace` for the runs live in this process to stop (after the front-end
+    /// stopped taking requests); answers how many are still running.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.parts.hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.parts.hub.live_runs()
+    }
+
+    /// Lets go of what this process holds, at a server's clean stop: its background runs go to
+    /// another node at once, and the MCP servers' processes, the terminals and every sandbox
+    /// end with it rather than when the OS gets to them.
+    pub async fn release(&self) {
+        Box::pin(self.leave_cluster()).await;
+        self.parts.mcp.shutdown().await;
+        self.parts.tools.terminals.close_all();
+        self.parts.sandboxes.close_all().await;
+        if let Some(pool) = &self.parts.tools.sandboxes {
+            pool.close_all().await;
+        }
+    }
+
+    /// A receiver that changes whenever the workflow run `id`'s document does (while it is
+    /// driven in this process).
+    pub fn workflow_changes(&self, id: &str) -> tokio::sync::watch::Receiver<u64> {
+        self.parts.workflows.subscribe(id)
+    }
+
     /// Rebuilds the runtime after a configuration change; new runs use it at once.
     pub async fn reload_runtime(&self) -> Result<(), AppError> {
-        let runtime = build_runtime(&self.store, &self.http, &self.mcp, &self.tools).await?;
-        self.sessions.set_runtime(runtime);
+        let runtime = build_runtime(
+            &self.parts.store,
+            &self.parts.http,
+            &self.parts.mcp,
+            &self.parts.tools,
+        )
+        .await?;
+        self.parts.sessions.set_runtime(runtime);
         Ok(())
     }
 }

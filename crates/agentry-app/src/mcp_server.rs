@@ -78,7 +78,7 @@ impl McpServer {
 
     /// The saved agents, by id, skipping (and logging) any that cannot be read.
     async fn agents(&self) -> Result<Vec<AgentConfig>, BackendError> {
-        Ok(ConfigRepo::new(&self.app.store)
+        Ok(ConfigRepo::new(&self.app.parts.store)
             .list()
             .await
             .map_err(internal)?
@@ -90,8 +90,8 @@ impl McpServer {
     async fn list(&self) -> Result<Vec<ServedTool>, BackendError> {
         let agents = self.agents().await?;
         let mut tools: Vec<ServedTool> = agents.iter().map(agent_tool).collect();
-        if self.app.mcp_expose_tools {
-            let runtime = self.app.sessions.runtime();
+        if self.app.parts.mcp_expose_tools {
+            let runtime = self.app.parts.sessions.runtime();
             for spec in runtime.tools().specs() {
                 if tools.iter().any(|tool| tool.name == spec.name) {
                     tracing::warn!(
@@ -120,14 +120,16 @@ impl McpServer {
         cancel: CancellationToken,
     ) -> Result<ServedResult, BackendError> {
         if let Some(agent_id) = name.strip_prefix(AGENT_TOOL_PREFIX)
-            && let Some(agent) = crate::agents::stored_agent(&self.app.store, agent_id)
+            && let Some(agent) = crate::agents::stored_agent(&self.app.parts.store, agent_id)
                 .await
                 .map_err(internal)?
         {
             let call = AgentCall::parse(&arguments)?;
             return self.ask(agent, call, progress, cancel).await;
         }
-        if self.app.mcp_expose_tools && self.app.sessions.runtime().tools().contains(&name) {
+        if self.app.parts.mcp_expose_tools
+            && self.app.parts.sessions.runtime().tools().contains(&name)
+        {
             return self.call_registered(&name, arguments, cancel).await;
         }
         Err(BackendError::UnknownTool(name))
@@ -140,7 +142,7 @@ impl McpServer {
         arguments: Value,
         cancel: CancellationToken,
     ) -> Result<ServedResult, BackendError> {
-        let runtime = self.app.sessions.runtime();
+        let runtime = self.app.parts.sessions.runtime();
         let outcome = tokio::select! {
             outcome = runtime.call_tool(name, arguments, ResultFormat::Text) => outcome,
             () = cancel.cancelled() => return Ok(ServedResult::error("the call was cancelled")),
@@ -199,13 +201,13 @@ impl McpServer {
             let received = tokio::select! {
                 received = events.next() => received,
                 () = cancel.cancelled() => {
-                    if app.shutdown.is_cancelled() {
+                    if app.parts.shutdown.is_cancelled() {
                         // The run stays in flight; the next start resumes it.
                         return Ok(ServedResult::error(format!(
                             "the server is shutting down; the run goes on in session {session}"
                         )));
                     }
-                    app.hub.cancel(session);
+                    app.parts.hub.cancel(session);
                     return Ok(ServedResult::error("the call was cancelled; so was the run"));
                 }
             };

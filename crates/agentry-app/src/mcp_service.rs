@@ -83,8 +83,37 @@ fn check_name(name: &str) -> Result<(), AppError> {
 }
 
 impl App {
+    /// Waits up to `wait` for each of the MCP servers `names` (started with the app) to answer,
+    /// then rebuilds the runtime with their tools; an error names the first that did not start.
+    pub async fn await_mcp_servers(
+        &self,
+        names: &[String],
+        wait: Duration,
+    ) -> Result<(), AppError> {
+        for name in names {
+            let status = self
+                .parts
+                .mcp
+                .wait_ready(name, wait)
+                .await
+                .map_err(mcp_error)?;
+            if status.state != ServerState::Connected {
+                return Err(AppError::new(
+                    Failure::Unavailable,
+                    "mcp_unavailable",
+                    format!(
+                        "the MCP server {name:?} did not start: {}",
+                        status.last_error.as_deref().unwrap_or("no answer")
+                    ),
+                ));
+            }
+        }
+        self.reload_runtime().await
+    }
+
     fn mcp_view(&self, status: ServerStatus) -> McpServerView {
         let config = self
+            .parts
             .mcp
             .config(&status.name)
             .map(|config| masked(&config))
@@ -118,7 +147,7 @@ impl App {
         let stdio = servers
             .iter()
             .find(|(_, config)| config.transport_kind().ok() == Some(TransportKind::Stdio));
-        if let Some((name, _)) = stdio.filter(|_| self.tools.allow_host_commands)
+        if let Some((name, _)) = stdio.filter(|_| self.parts.tools.allow_host_commands)
             && !keys_exist
         {
             return Err(AppError::new(
@@ -131,10 +160,10 @@ impl App {
                 ),
             ));
         }
-        save_and_start(&self.store, &self.mcp, &servers).await?;
+        save_and_start(&self.parts.store, &self.parts.mcp, &servers).await?;
         let waits = servers
             .keys()
-            .map(|name| self.mcp.wait_ready(name, READY_WAIT));
+            .map(|name| self.parts.mcp.wait_ready(name, READY_WAIT));
         let statuses = futures::future::join_all(waits).await;
         // The tools are usable as soon as the answer arrives.
         self.reload_runtime().await?;
@@ -148,6 +177,7 @@ impl App {
     /// Every MCP server with its status.
     pub fn mcp_servers(&self) -> McpServerList {
         let servers = self
+            .parts
             .mcp
             .statuses()
             .into_iter()
@@ -159,17 +189,17 @@ impl App {
     /// One MCP server with its status.
     pub fn mcp_server(&self, name: &str) -> Result<McpServerView, AppError> {
         check_name(name)?;
-        let status = self.mcp.status(name).map_err(mcp_error)?;
+        let status = self.parts.mcp.status(name).map_err(mcp_error)?;
         Ok(self.mcp_view(status))
     }
 
     /// Stops and deletes an MCP server; its tools leave the runtime.
     pub async fn delete_mcp_server(&self, name: &str) -> Result<(), AppError> {
         check_name(name)?;
-        let stored = ConfigRepo::<McpServerConfig>::new(&self.store)
+        let stored = ConfigRepo::<McpServerConfig>::new(&self.parts.store)
             .delete(name)
             .await?;
-        let running = self.mcp.remove(name).await.is_ok();
+        let running = self.parts.mcp.remove(name).await.is_ok();
         self.reload_runtime().await?;
         if stored || running {
             Ok(())
@@ -181,12 +211,12 @@ impl App {
     /// Restarts an MCP server (a new process or connection) and waits a while for it.
     pub async fn restart_mcp_server(&self, name: &str) -> Result<McpServerView, AppError> {
         check_name(name)?;
-        let before = self.mcp.status(name).map_err(mcp_error)?;
-        self.mcp.restart(name).map_err(mcp_error)?;
+        let before = self.parts.mcp.status(name).map_err(mcp_error)?;
+        self.parts.mcp.restart(name).map_err(mcp_error)?;
         // Wait for the restart to be under way, then for its outcome.
         let deadline = tokio::time::Instant::now() + READY_WAIT;
         loop {
-            let now = self.mcp.status(name).map_err(mcp_error)?;
+            let now = self.parts.mcp.status(name).map_err(mcp_error)?;
             let moved = now.restarts > before.restarts;
             let settled = matches!(now.state, ServerState::Connected | ServerState::Failed);
             if (moved && settled) || tokio::time::Instant::now() >= deadline {
@@ -200,7 +230,12 @@ impl App {
     /// An MCP server's resources (`resources/list`).
     pub async fn mcp_resources(&self, name: &str) -> Result<Value, AppError> {
         check_name(name)?;
-        let resources = self.mcp.list_resources(name).await.map_err(mcp_error)?;
+        let resources = self
+            .parts
+            .mcp
+            .list_resources(name)
+            .await
+            .map_err(mcp_error)?;
         Ok(json!({ "resources": resources }))
     }
 
@@ -210,13 +245,17 @@ impl App {
         if uri.trim().is_empty() || uri.len() > 4096 {
             return Err(AppError::bad_request("uri must have 1 to 4096 characters"));
         }
-        self.mcp.read_resource(name, uri).await.map_err(mcp_error)
+        self.parts
+            .mcp
+            .read_resource(name, uri)
+            .await
+            .map_err(mcp_error)
     }
 
     /// An MCP server's prompts (`prompts/list`).
     pub async fn mcp_prompts(&self, name: &str) -> Result<Value, AppError> {
         check_name(name)?;
-        let prompts = self.mcp.list_prompts(name).await.map_err(mcp_error)?;
+        let prompts = self.parts.mcp.list_prompts(name).await.map_err(mcp_error)?;
         Ok(json!({ "prompts": prompts }))
     }
 
@@ -233,7 +272,8 @@ impl App {
                 "a prompt name has 1 to 256 characters",
             ));
         }
-        self.mcp
+        self.parts
+            .mcp
             .get_prompt(name, prompt, arguments)
             .await
             .map_err(mcp_error)

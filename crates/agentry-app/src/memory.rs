@@ -9,9 +9,73 @@ use std::collections::HashSet;
 
 use agentry_core::RunRequest;
 use agentry_llm::TokenCounter;
-use agentry_store::{MemoryRecord, MemoryScope, Store};
+use agentry_store::{MemoryKind, MemoryRecord, MemoryScope, NewMemory, Store};
 
+use crate::App;
 use crate::error::AppError;
+
+/// The agents' memories as a front-end manages them ([`App::memories`]).
+pub struct Memories<'a> {
+    store: &'a Store,
+}
+
+impl App {
+    /// The agents' long-term memories.
+    pub fn memories(&self) -> Memories<'_> {
+        Memories {
+            store: &self.parts.store,
+        }
+    }
+}
+
+impl Memories<'_> {
+    /// Whether a saved agent `id` exists (memories belong to one).
+    pub async fn agent_exists(&self, id: &str) -> Result<bool, AppError> {
+        Ok(self
+            .store
+            .config(agentry_store::ConfigKind::Agent, id)
+            .await?
+            .is_some())
+    }
+
+    /// The latest `limit` memories of `scope`, or those matching `query` (full-text search).
+    pub async fn list(
+        &self,
+        scope: &MemoryScope,
+        query: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<MemoryRecord>, AppError> {
+        Ok(match query {
+            Some(query) => self.store.search_memories(scope, query, limit).await?,
+            None => self.store.memories(scope, limit).await?,
+        })
+    }
+
+    /// Stores a memory, or refreshes the one saying the same; true when it is new.
+    pub async fn remember(&self, memory: NewMemory) -> Result<(MemoryRecord, bool), AppError> {
+        Ok(self.store.remember(memory).await?)
+    }
+
+    /// The memory `id`.
+    pub async fn get(&self, id: u64) -> Result<Option<MemoryRecord>, AppError> {
+        Ok(self.store.memory(id).await?)
+    }
+
+    /// Edits the memory `id`; `None` when there is none.
+    pub async fn edit(
+        &self,
+        id: u64,
+        kind: MemoryKind,
+        text: &str,
+    ) -> Result<Option<MemoryRecord>, AppError> {
+        Ok(self.store.update_memory(id, kind, text).await?)
+    }
+
+    /// Deletes the memory `id`; false when there is none.
+    pub async fn delete(&self, id: u64) -> Result<bool, AppError> {
+        Ok(self.store.delete_memory(id).await?)
+    }
+}
 
 /// Tokens the memories may take in the system prompt by default.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 800;

@@ -83,7 +83,7 @@ impl Command for StopSession {
     const NAME: &'static str = "stop_session";
     type Output = bool;
     async fn apply(self, app: &App) -> Result<bool, AppError> {
-        Ok(app.hub.cancel(self.session_id) || app.groups.cancel(self.session_id))
+        Ok(app.parts.hub.cancel(self.session_id) || app.parts.groups.cancel(self.session_id))
     }
 }
 
@@ -211,19 +211,23 @@ impl App {
         match op {
             Op::Decide { decisions, .. } => {
                 let session = self.locate(run_id).await?;
-                let decided = self.sessions.decide(session, run_id, decisions).await?;
+                let decided = self
+                    .parts
+                    .sessions
+                    .decide(session, run_id, decisions)
+                    .await?;
                 let status = match decided.stream {
                     Some(stream) => {
-                        let subscription = self.hub.adopt(session, stream);
+                        let subscription = self.parts.hub.adopt(session, stream);
                         self.track_continued(run_id, session, subscription);
-                        self.hub.announce(session, FeedStatus::Running);
+                        self.parts.hub.announce(session, FeedStatus::Running);
                         FeedStatus::Running
                     }
                     None => FeedStatus::Waiting,
                 };
                 Ok(OpOutcome {
                     pending: decided.pending,
-                    elicitations: self.elicitations.for_run(run_id),
+                    elicitations: self.parts.elicitations.for_run(run_id),
                     ..OpOutcome::new(run_id, session, status)
                 })
             }
@@ -233,7 +237,8 @@ impl App {
                 ..
             } => {
                 let session = self.locate(run_id).await?;
-                self.elicitations
+                self.parts
+                    .elicitations
                     .answer(run_id, &elicitation_id, answer)
                     .await
                     .map_err(|error| match error {
@@ -241,7 +246,7 @@ impl App {
                         ElicitationError::Invalid(_) => AppError::bad_request(error.to_string()),
                     })?;
                 let pending = self.pending_of(session, run_id).await?;
-                let elicitations = self.elicitations.for_run(run_id);
+                let elicitations = self.parts.elicitations.for_run(run_id);
                 let status = if elicitations.is_empty() && pending.is_empty() {
                     FeedStatus::Running
                 } else {
@@ -254,7 +259,7 @@ impl App {
                 })
             }
             Op::Pause { .. } => {
-                let Some(session) = self.sessions.session_of_live_run(run_id) else {
+                let Some(session) = self.parts.sessions.session_of_live_run(run_id) else {
                     // Known but not live: say why it cannot pause.
                     let session = self.locate(run_id).await?;
                     let waiting = !self.pending_of(session, run_id).await?.is_empty();
@@ -265,39 +270,39 @@ impl App {
                     })
                     .with_details(json!({"run_id": run_id, "session_id": session})));
                 };
-                self.sessions.pause(run_id)?;
+                self.parts.sessions.pause(run_id)?;
                 Ok(OpOutcome::new(run_id, session, FeedStatus::Running))
             }
             Op::Resume { .. } => {
                 let session = self.locate(run_id).await?;
-                if self.hub.is_live(session) {
+                if self.parts.hub.is_live(session) {
                     return Err(AppError::conflict(format!(
                         "session {session} has a run in progress"
                     )));
                 }
-                let stream = self.sessions.resume_paused(session, run_id).await?;
-                let subscription = self.hub.adopt(session, stream);
+                let stream = self.parts.sessions.resume_paused(session, run_id).await?;
+                let subscription = self.parts.hub.adopt(session, stream);
                 self.track_continued(run_id, session, subscription);
-                self.hub.announce(session, FeedStatus::Running);
+                self.parts.hub.announce(session, FeedStatus::Running);
                 Ok(OpOutcome::new(run_id, session, FeedStatus::Running))
             }
             Op::Interrupt { .. } => {
                 let session = self.locate(run_id).await?;
-                let live = self.hub.is_live(session);
-                self.sessions.interrupt(session, run_id).await?;
+                let live = self.parts.hub.is_live(session);
+                self.parts.sessions.interrupt(session, run_id).await?;
                 if !live {
                     self.cancelled_while_stopped(run_id).await?;
-                    self.hub.announce(session, FeedStatus::Interrupted);
+                    self.parts.hub.announce(session, FeedStatus::Interrupted);
                 }
                 Ok(OpOutcome::new(run_id, session, FeedStatus::Interrupted))
             }
             Op::Abort { .. } => {
                 let session = self.locate(run_id).await?;
-                let live = self.hub.is_live(session);
-                let dropped = self.sessions.abort(session, run_id).await?;
+                let live = self.parts.hub.is_live(session);
+                let dropped = self.parts.sessions.abort(session, run_id).await?;
                 if !live {
                     self.cancelled_while_stopped(run_id).await?;
-                    self.hub.announce(session, FeedStatus::Interrupted);
+                    self.parts.hub.announce(session, FeedStatus::Interrupted);
                 }
                 Ok(OpOutcome {
                     dropped_queued: Some(dropped),
@@ -314,6 +319,7 @@ impl App {
         run_id: RunId,
     ) -> Result<Vec<PendingApproval>, AppError> {
         Ok(self
+            .parts
             .sessions
             .pending_approvals(session)
             .await?
@@ -327,10 +333,10 @@ impl App {
     /// runs table's key — never by searching logs, which any caller probing ids could make
     /// expensive.
     pub async fn locate(&self, run_id: RunId) -> Result<SessionId, AppError> {
-        if let Some(session) = self.sessions.session_of_live_run(run_id) {
+        if let Some(session) = self.parts.sessions.session_of_live_run(run_id) {
             return Ok(session);
         }
-        if let Some(record) = self.store.run_record(run_id).await? {
+        if let Some(record) = self.parts.store.run_record(run_id).await? {
             return Ok(record.session_id);
         }
         Err(AppError::not_found(format!("no run {run_id}")))

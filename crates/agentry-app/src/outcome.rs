@@ -149,7 +149,8 @@ impl App {
         mut subscription: crate::hub::Subscription,
         cancel_on_drop: bool,
     ) -> Result<RunOutcome, AppError> {
-        let mut guard = CancelOnDrop::new(self.hub.clone(), cancel_on_drop.then_some(session));
+        let mut guard =
+            CancelOnDrop::new(self.parts.hub.clone(), cancel_on_drop.then_some(session));
         let mut run_id = known;
         let mut end = None;
         // The run's committed steps as they went by: when the subscription saw the run start
@@ -324,6 +325,7 @@ impl App {
     /// A session's events as the log holds them (unreadable ones skipped).
     async fn logged(&self, session: SessionId) -> Result<Vec<SessionEvent>, AppError> {
         Ok(self
+            .parts
             .store
             .events(session, 0, usize::MAX)
             .await?

@@ -423,8 +423,8 @@ impl App {
     /// The queue as it is now.
     pub async fn queue_depth(&self) -> Result<QueueDepth, AppError> {
         Ok(QueueDepth {
-            queued: self.store.queued_runs().await?,
-            running_here: self.queue.active().len() as u64,
+            queued: self.parts.store.queued_runs().await?,
+            running_here: self.parts.queue.active().len() as u64,
         })
     }
 
@@ -435,7 +435,7 @@ impl App {
     /// node, never both) and resumes it fenced by its new lease. Returns how many runs were
     /// resumed.
     pub async fn recover_at_start(&self) -> usize {
-        let exclusive = self.store.backend() == agentry_store::Backend::Sqlite;
+        let exclusive = self.parts.store.backend() == agentry_store::Backend::Sqlite;
         self.resume_orphaned(exclusive).await
     }
 
@@ -443,14 +443,16 @@ impl App {
     /// previous incarnation; with `exclusive`, any) and resumes their runs here. Returns how
     /// many runs were resumed.
     pub(crate) async fn resume_orphaned(&self, exclusive: bool) -> usize {
-        let worker = self.queue.worker();
+        let worker = self.parts.queue.worker();
         let previous = self
+            .parts
             .queue
             .previous
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let sessions = match self
+            .parts
             .store
             .claim_orphaned_sessions(&worker, previous.as_deref(), exclusive)
             .await
@@ -463,7 +465,7 @@ impl App {
         };
         let mut resumed = 0;
         for session in sessions {
-            if self.hub.is_live(session) {
+            if self.parts.hub.is_live(session) {
                 continue;
             }
             if self.resume_here(session, "its process stopped").await {
@@ -476,10 +478,10 @@ impl App {
     /// Resumes `session`'s interrupted run here from its log (the run stopped because `why`);
     /// answers whether a run was resumed.
     async fn resume_here(&self, session: SessionId, why: &str) -> bool {
-        match self.sessions.recover_session(session).await {
+        match self.parts.sessions.recover_session(session).await {
             Ok(Some(stream)) => {
                 tracing::info!(%session, "resuming a run here: {why}");
-                self.hub.adopt(session, stream);
+                self.parts.hub.adopt(session, stream);
                 true
             }
             Ok(None) => false,
@@ -493,11 +495,12 @@ impl App {
     /// Takes the stranded sessions of dead nodes (see [`QueueSettings::stranded`]) and resumes
     /// or interrupts them as the policy says; answers how many it took.
     pub(crate) async fn settle_stranded(&self) -> usize {
-        let Some(policy) = self.queue.settings().stranded else {
+        let Some(policy) = self.parts.queue.settings().stranded else {
             return 0;
         };
-        let worker = self.queue.worker();
+        let worker = self.parts.queue.worker();
         let sessions = match self
+            .parts
             .store
             .claim_stranded_sessions(&worker, policy.after)
             .await
@@ -509,7 +512,7 @@ impl App {
             }
         };
         for session in &sessions {
-            if self.hub.is_live(*session) {
+            if self.parts.hub.is_live(*session) {
                 continue;
             }
             match policy.action {
@@ -523,10 +526,11 @@ impl App {
                          workspace volume (waited {} s past the node's lease)",
                         policy.after.as_secs()
                     );
-                    match self.sessions.interrupt_stopped(*session, note).await {
+                    match self.parts.sessions.interrupt_stopped(*session, note).await {
                         Ok(_) => {
                             tracing::warn!(%session, "interrupted a run stranded on another volume");
-                            self.hub
+                            self.parts
+                                .hub
                                 .announce(*session, crate::hub::FeedStatus::Interrupted);
                         }
                         Err(error) => tracing::error!(%session, "could not interrupt: {error}"),
@@ -539,24 +543,25 @@ impl App {
 
     /// The queue's settings (this process's worker).
     pub fn queue_settings(&self) -> QueueSettings {
-        self.queue.settings()
+        self.parts.queue.settings()
     }
 
     /// Sets how the worker runs the queue (before [`App::start_worker`]).
     pub fn set_queue_settings(&self, settings: QueueSettings) {
-        self.store.set_worker(&settings.worker);
+        self.parts.store.set_worker(&settings.worker);
         if let Some(volume) = &settings.volume {
-            self.store.set_volume(volume);
+            self.parts.store.set_volume(volume);
         }
         // Background runs stranded on another volume are resumed here under `resume`; under
         // `interrupt` they wait for their volume (only conversations are interrupted).
-        self.store.set_stranded_resume(
+        self.parts.store.set_stranded_resume(
             settings
                 .stranded
                 .filter(|policy| policy.action == StrandedAction::Resume)
                 .map(|policy| policy.after),
         );
         *self
+            .parts
             .queue
             .settings
             .lock()
@@ -587,7 +592,7 @@ impl App {
         let digest = digest(&body)?;
         let agent_id = body.agent_id.clone();
         let agent = match &agent_id {
-            Some(id) => crate::agents::stored_agent(&self.store, id).await?,
+            Some(id) => crate::agents::stored_agent(&self.parts.store, id).await?,
             None => None,
         };
         // The run's own webhook, else its agent's default.
@@ -599,7 +604,7 @@ impl App {
         if let Some(url) = &webhook_url {
             self.check_webhook(url, owner.as_deref()).await?;
         }
-        let settings = self.queue.settings();
+        let settings = self.parts.queue.settings();
         // A retried submission finds its run before anything new is created.
         if let Some(key) = &idempotency_key
             && let Some(record) = self.run_by_key(owner.as_deref(), key).await?
@@ -644,12 +649,17 @@ impl App {
             request: stored,
             new_session,
         };
-        let (record, created) = match self.store.enqueue_run(&run, settings.max_queued).await? {
+        let (record, created) = match self
+            .parts
+            .store
+            .enqueue_run(&run, settings.max_queued)
+            .await?
+        {
             Enqueued::Created(record) => (record, true),
             Enqueued::Existing(record) => (record, false),
             Enqueued::QueueFull { max_queued } => return Err(queue_full(max_queued)),
         };
-        self.queue.touched(record.id);
+        self.parts.queue.touched(record.id);
         Ok((record.into(), created))
     }
 
@@ -658,7 +668,7 @@ impl App {
         owner: Option<&str>,
         key: &str,
     ) -> Result<Option<RunRecord>, AppError> {
-        Ok(self.store.run_by_idempotency_key(owner, key).await?)
+        Ok(self.parts.store.run_by_idempotency_key(owner, key).await?)
     }
 
     /// A run, with its outcome once it ended.
@@ -690,7 +700,8 @@ impl App {
     }
 
     async fn queued_record(&self, run_id: RunId) -> Result<RunRecord, AppError> {
-        self.store
+        self.parts
+            .store
             .run_record(run_id)
             .await?
             .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))
@@ -709,13 +720,13 @@ impl App {
     /// The runs `query` matches, newest first: as many as its `limit`, which the caller
     /// bounds.
     pub async fn find_background_runs(&self, query: &RunQuery) -> Result<Vec<RunView>, AppError> {
-        let runs = self.store.list_runs(query).await?;
+        let runs = self.parts.store.list_runs(query).await?;
         Ok(runs.into_iter().map(RunView::from).collect())
     }
 
     /// How many runs `query` matches, its `limit` and `offset` aside.
     pub async fn count_background_runs(&self, query: &RunQuery) -> Result<u64, AppError> {
-        Ok(self.store.count_runs(query).await?)
+        Ok(self.parts.store.count_runs(query).await?)
     }
 
     /// Waits up to `timeout` for a background run to stop (end, or wait for a person), then
@@ -737,11 +748,11 @@ impl App {
         run_id: RunId,
         timeout: Duration,
     ) -> Result<RunView, AppError> {
-        let worker = self.queue.settings().worker;
+        let worker = self.parts.queue.settings().worker;
         self.wait_until(run_id, timeout, |app, record| {
             // Started here: the hub has it (a worker elsewhere: its log will).
             record.state != RunState::Queued
-                && (app.hub.run_id(record.session_id) == Some(record.id)
+                && (app.parts.hub.run_id(record.session_id) == Some(record.id)
                     || record.state != RunState::Running
                     || record.worker.as_deref() != Some(worker.as_str()))
         })
@@ -756,9 +767,9 @@ impl App {
         timeout: Duration,
         done: impl Fn(&App, &RunRecord) -> bool,
     ) -> Result<RunView, AppError> {
-        let watch = self.queue.watch(run_id);
+        let watch = self.parts.queue.watch(run_id);
         let waited = self.wait_on(run_id, timeout, done, &watch).await;
-        self.queue.unwatch(run_id, watch);
+        self.parts.queue.unwatch(run_id, watch);
         waited
     }
 
@@ -772,7 +783,7 @@ impl App {
         let deadline = tokio::time::Instant::now() + timeout;
         // This process's changes to the run wake the wait at once; the poll is for other
         // processes'.
-        let poll = self.queue.settings().poll.max(OTHERS_POLL);
+        let poll = self.parts.queue.settings().poll.max(OTHERS_POLL);
         loop {
             // Listen before reading, so a change in between is not missed.
             let changed = watch.notified();
@@ -784,7 +795,7 @@ impl App {
                 _ = changed => {}
                 _ = tokio::time::sleep(poll) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
-                _ = self.shutdown.cancelled() => return self.run_view(record).await,
+                _ = self.parts.shutdown.cancelled() => return self.run_view(record).await,
             }
         }
     }
@@ -793,6 +804,7 @@ impl App {
     /// by its worker when it next renews its lease); a waiting or paused one ends cancelled.
     pub async fn cancel_background(&self, run_id: RunId) -> Result<RunView, AppError> {
         let record = self
+            .parts
             .store
             .cancel_run(run_id)
             .await?
@@ -802,24 +814,29 @@ impl App {
             RunState::Cancelled if record.started_at.is_none() => {
                 self.tell_webhook(run_id).await;
             }
-            RunState::Running if self.hub.run_id(record.session_id) == Some(run_id) => {
-                self.hub.cancel(record.session_id);
+            RunState::Running if self.parts.hub.run_id(record.session_id) == Some(run_id) => {
+                self.parts.hub.cancel(record.session_id);
             }
             RunState::Waiting | RunState::Paused => {
-                self.sessions.interrupt(record.session_id, run_id).await?;
+                self.parts
+                    .sessions
+                    .interrupt(record.session_id, run_id)
+                    .await?;
                 if self
+                    .parts
                     .store
                     .set_run_state(run_id, RunState::Cancelled, None)
                     .await?
                 {
                     self.tell_webhook(run_id).await;
                 }
-                self.hub
+                self.parts
+                    .hub
                     .announce(record.session_id, crate::hub::FeedStatus::Interrupted);
             }
             _ => {}
         }
-        self.queue.touched(run_id);
+        self.parts.queue.touched(run_id);
         self.background_run(run_id).await
     }
 
@@ -856,9 +873,9 @@ impl App {
             }
             // Listening before looking: a run submitted (or a slot freed) while this pass
             // reads the queue wakes the next pass at once instead of waiting for the poll.
-            let changed = self.queue.changed.notified();
-            let settings = self.queue.settings();
-            if self.queue.take_timers_due()
+            let changed = self.parts.queue.changed.notified();
+            let settings = self.parts.queue.settings();
+            if self.parts.queue.take_timers_due()
                 || timers_looked.is_none_or(|at| at.elapsed() >= settings.poll)
             {
                 timers_looked = Some(tokio::time::Instant::now());
@@ -867,9 +884,10 @@ impl App {
             }
             let room = settings
                 .max_concurrent
-                .saturating_sub(self.queue.active().len());
+                .saturating_sub(self.parts.queue.active().len());
             if room > 0 {
                 match self
+                    .parts
                     .store
                     .claim_runs(&settings.worker, room, settings.lease)
                     .await
@@ -880,12 +898,15 @@ impl App {
                             // A run claimed again after its worker died waited since then, not
                             // since it was submitted: only first claims count.
                             if record.attempt <= 1 {
-                                self.hub.observer().run_dequeued(Duration::from_millis(
-                                    now.saturating_sub(record.created_at),
-                                ));
+                                self.parts
+                                    .hub
+                                    .observer()
+                                    .run_dequeued(Duration::from_millis(
+                                        now.saturating_sub(record.created_at),
+                                    ));
                             }
                             let lost = tokio_util::sync::CancellationToken::new();
-                            self.queue.active().insert(
+                            self.parts.queue.active().insert(
                                 record.id,
                                 Held {
                                     session: record.session_id,
@@ -896,8 +917,8 @@ impl App {
                             tokio::spawn(async move {
                                 let run_id = record.id;
                                 app.execute(record, lost).await;
-                                app.queue.active().remove(&run_id);
-                                app.queue.touched(run_id);
+                                app.parts.queue.active().remove(&run_id);
+                                app.parts.queue.touched(run_id);
                             });
                         }
                     }
@@ -905,7 +926,7 @@ impl App {
                 }
             }
             tokio::select! {
-                _ = self.shutdown.cancelled() => break,
+                _ = self.parts.shutdown.cancelled() => break,
                 _ = changed => {}
                 _ = tokio::time::sleep(settings.poll) => {}
             }
@@ -922,7 +943,12 @@ impl App {
         let settle = |state: RunState, outcome: Option<serde_json::Value>| {
             let lease = lease.clone();
             async move {
-                match self.store.settle_run(&lease, state, outcome.as_ref()).await {
+                match self
+                    .parts
+                    .store
+                    .settle_run(&lease, state, outcome.as_ref())
+                    .await
+                {
                     // Only a run that names a webhook reads its record again for it.
                     Ok(true) if has_webhook => {
                         self.tell_webhook(lease.run_id).await;
@@ -942,9 +968,9 @@ impl App {
             return;
         }
         // Every append of the run from here on carries the lease: a takeover fences us out.
-        self.queue.fences.hold(lease.clone());
+        self.parts.queue.fences.hold(lease.clone());
         self.follow_claimed(&record, &lost, &settle).await;
-        self.queue.fences.release(record.id);
+        self.parts.queue.fences.release(record.id);
     }
 
     /// Starts a claimed run, follows it to where it stops and settles it.
@@ -961,7 +987,7 @@ impl App {
         let subscription = match self.start_claimed(record).await {
             Ok(Claimed::Live(subscription)) => {
                 // Streams waiting for it to start can attach now.
-                self.queue.touched(record.id);
+                self.parts.queue.touched(record.id);
                 subscription
             }
             Ok(Claimed::Ended(outcome)) => {
@@ -989,7 +1015,7 @@ impl App {
             () = lost.cancelled() => {
                 // The lease is lost: another node owns the run now (its writes here were
                 // refused already); stop ours.
-                self.hub.cancel(session);
+                self.parts.hub.cancel(session);
                 return;
             }
         };
@@ -1010,8 +1036,8 @@ impl App {
     /// already ended (its worker died before settling it) is answered from the log.
     async fn start_claimed(&self, record: &RunRecord) -> Result<Claimed, AppError> {
         let session = record.session_id;
-        if self.hub.run_id(session) == Some(record.id)
-            && let Some(subscription) = self.hub.subscribe(session)
+        if self.parts.hub.run_id(session) == Some(record.id)
+            && let Some(subscription) = self.parts.hub.subscribe(session)
         {
             // Already live here (resumed at start-up).
             return Ok(Claimed::Live(subscription));
@@ -1020,8 +1046,8 @@ impl App {
             if let Some(outcome) = self.logged_outcome(session, record.id).await? {
                 return Ok(Claimed::Ended(outcome));
             }
-            if let Some(stream) = self.sessions.resume(session).await? {
-                return Ok(Claimed::Live(self.hub.adopt(session, stream)));
+            if let Some(stream) = self.parts.sessions.resume(session).await? {
+                return Ok(Claimed::Live(self.parts.hub.adopt(session, stream)));
             }
         }
         let (request, policy) = match RunSpec::from_stored(&record.request)? {
@@ -1043,10 +1069,11 @@ impl App {
             }
         };
         let stream = self
+            .parts
             .sessions
             .send_as(session, request, policy, record.id)
             .await?;
-        Ok(Claimed::Live(self.hub.adopt(session, stream)))
+        Ok(Claimed::Live(self.parts.hub.adopt(session, stream)))
     }
 
     /// Who a stored run or schedule runs as: its owner's key as it is now (`None`: the operator
@@ -1058,7 +1085,7 @@ impl App {
         let Some(key) = owner else {
             return Ok(Principal::operator());
         };
-        crate::auth::active_key(&self.store, key)
+        crate::auth::active_key(&self.parts.store, key)
             .await
             .map_err(|error| AppError::internal(error.to_string()))?
             .ok_or_else(|| {
@@ -1072,12 +1099,13 @@ impl App {
     /// if it is a background run, its record says it was cancelled.
     pub(crate) async fn cancelled_while_stopped(&self, run_id: RunId) -> Result<(), AppError> {
         if self
+            .parts
             .store
             .set_run_state(run_id, RunState::Cancelled, None)
             .await?
         {
             self.tell_webhook(run_id).await;
-            self.queue.touched(run_id);
+            self.parts.queue.touched(run_id);
         }
         Ok(())
     }
@@ -1092,28 +1120,30 @@ impl App {
     ) {
         let app = self.clone();
         tokio::spawn(async move {
-            match app.store.run_record(run_id).await {
+            match app.parts.store.run_record(run_id).await {
                 Ok(Some(record)) if !record.state.is_final() => {}
                 _ => return,
             }
             let _ = app
+                .parts
                 .store
                 .set_run_state(run_id, RunState::Running, None)
                 .await;
-            app.queue.touched(run_id);
+            app.parts.queue.touched(run_id);
             if let Ok(outcome) = app
                 .follow_to_end(session, Some(run_id), subscription, false)
                 .await
             {
                 let value = serde_json::to_value(&outcome).ok();
                 if let Ok(true) = app
+                    .parts
                     .store
                     .set_run_state(run_id, state_of(&outcome), value.as_ref())
                     .await
                 {
                     app.tell_webhook(run_id).await;
                 }
-                app.queue.touched(run_id);
+                app.parts.queue.touched(run_id);
             }
         });
     }

@@ -207,6 +207,7 @@ impl App {
         };
         let now = crate::clock::now_ms();
         let (created, first) = self
+            .parts
             .store
             .sessions_created_since(key, now.saturating_sub(60_000))
             .await?;
@@ -219,7 +220,8 @@ impl App {
                 Duration::from_millis(wait),
             ));
         }
-        self.session_windows
+        self.parts
+            .session_windows
             .take(key, quotas.sessions_per_minute as usize, Instant::now())
             .map_err(|wait| {
                 exceeded(
@@ -239,7 +241,7 @@ impl App {
         };
         let pool = Pool {
             name: "sandboxes",
-            max: self.sandboxes.max(),
+            max: self.parts.sandboxes.max(),
             owners: self.sandbox_owners(),
         };
         self.check_pool(caller, pool, quotas.sandboxes).await
@@ -277,7 +279,8 @@ impl App {
 
     /// The owners of the open standalone sandboxes.
     fn sandbox_owners(&self) -> Vec<Option<String>> {
-        self.sandboxes
+        self.parts
+            .sandboxes
             .list()
             .iter()
             .map(|entry| entry.owner.clone())
@@ -289,7 +292,7 @@ impl App {
         &self,
         id: &str,
     ) -> Result<Option<(crate::auth::KeyInfo, QuotaReport)>, AppError> {
-        let key = crate::auth::list_keys(&self.store)
+        let key = crate::auth::list_keys(&self.parts.store)
             .await
             .map_err(|error| AppError::internal(error.to_string()))?
             .into_iter()
@@ -316,7 +319,7 @@ impl App {
             Some(key) => (
                 self.running_runs(key).await?,
                 self.tokens_of_the_day(key).await?,
-                self.session_windows.count(key, Instant::now()) as u64,
+                self.parts.session_windows.count(key, Instant::now()) as u64,
             ),
             None => (0, 0, 0),
         };
@@ -346,7 +349,7 @@ impl App {
 
     /// How many places of a pool `user` keys hold (owners that are no admin key).
     async fn user_held(&self, owners: &[Option<String>]) -> Result<usize, AppError> {
-        let admins: Vec<String> = crate::auth::list_keys(&self.store)
+        let admins: Vec<String> = crate::auth::list_keys(&self.parts.store)
             .await
             .map_err(|error| AppError::internal(error.to_string()))?
             .into_iter()
@@ -364,7 +367,7 @@ impl App {
     async fn terminal_owners(&self) -> Result<Vec<Option<String>>, AppError> {
         let mut by_session: HashMap<agentry_types::SessionId, Option<String>> = HashMap::new();
         let mut owners = Vec::new();
-        for terminal in self.tools.terminals.all() {
+        for terminal in self.parts.tools.terminals.all() {
             let Some(session) = terminal.session() else {
                 owners.push(None);
                 continue;
@@ -373,6 +376,7 @@ impl App {
                 Some(owner) => owner.clone(),
                 None => {
                     let owner = self
+                        .parts
                         .store
                         .session(session)
                         .await?
@@ -393,7 +397,7 @@ impl App {
             state: Some(agentry_store::RunState::Running),
             ..agentry_store::RunQuery::default()
         };
-        Ok(self.store.count_runs(&query).await?)
+        Ok(self.parts.store.count_runs(&query).await?)
     }
 
     /// `key`'s model tokens (input and output) over the last 24 hours.
@@ -409,6 +413,7 @@ impl App {
             key: Some(Some(key.to_owned())),
         };
         Ok(self
+            .parts
             .store
             .usage_report(&query)
             .await?

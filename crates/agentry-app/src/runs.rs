@@ -85,13 +85,16 @@ pub(crate) async fn prepare_as(
         Some(id) => {
             crate::config::check_name("agent", id)?;
             caller.check_agent(id)?;
-            let agent = crate::agents::stored_agent(&app.store, id)
+            let agent = crate::agents::stored_agent(&app.parts.store, id)
                 .await?
                 .ok_or_else(|| AppError::bad_request(format!("no agent {id:?}")))?;
             if agent.workspace == crate::agents::WorkspaceScope::Agent {
                 shared_workspace = Some(agent.id.clone());
             }
-            let run = agent.resolve(&app.sessions.runtime(), app.tools.skill_roots.as_deref())?;
+            let run = agent.resolve(
+                &app.parts.sessions.runtime(),
+                app.parts.tools.skill_roots.as_deref(),
+            )?;
             let mut request = run.request(user.clone());
             // An allowed agent brings its own tools: a request may only narrow them.
             grant = grant.map(|grant| grant.running_as(request.tools.clone()));
@@ -134,7 +137,7 @@ pub(crate) async fn prepare_as(
     request.client_tools = input.client_tools;
     request.grant = grant;
     // A saved agent remembers: its memories (and the user's) join the system prompt.
-    crate::memory::remember(&app.store, &mut request).await?;
+    crate::memory::remember(&app.parts.store, &mut request).await?;
     // Check the model, tools, template and attached files before anything is created (a new
     // session's id is chosen now, so its workspace is known).
     let new_id = SessionId::new();
@@ -145,13 +148,19 @@ pub(crate) async fn prepare_as(
     };
     let shared_folder = shared_workspace
         .as_deref()
-        .and_then(|agent| app.sessions.shared_workspace(agent));
+        .and_then(|agent| app.parts.sessions.shared_workspace(agent));
     let mut check = request.clone().with_history(vec![Message::user("")]);
     check.workspace = shared_folder
         .clone()
-        .or_else(|| planned.and_then(|id| app.sessions.workspace(id)));
+        .or_else(|| planned.and_then(|id| app.parts.sessions.workspace(id)));
     // The policy the run will have: its own, plus the operator's defaults by risk class.
-    let may_ask = app.sessions.runtime().prepare(check)?.approvals.may_ask();
+    let may_ask = app
+        .parts
+        .sessions
+        .runtime()
+        .prepare(check)?
+        .approvals
+        .may_ask();
     // The caller's quotas (runs going, tokens of the day, new sessions a minute), last: a run
     // refused for another reason counts against none of them.
     if admission == Admission::New {
@@ -195,6 +204,7 @@ pub(crate) async fn prepare_as(
         }
         SessionChoice::Existing(id) => {
             let Some(record) = app
+                .parts
                 .store
                 .session(id)
                 .await?
@@ -220,7 +230,7 @@ pub(crate) async fn prepare_as(
         }
     };
     if let (Target::Session(session), Some(agent)) = (target, &shared_workspace) {
-        share_workspace(&app.sessions, session, agent).await?;
+        share_workspace(&app.parts.sessions, session, agent).await?;
     }
     Ok((target, request))
 }
@@ -261,9 +271,9 @@ pub async fn start_in_session(
     policy: BusyPolicy,
 ) -> Result<Subscription, AppError> {
     let creates_session = request.new_session.is_some();
-    let mut stream = app.sessions.send(session, request, policy).await?;
+    let mut stream = app.parts.sessions.send(session, request, policy).await?;
     let started = creates_session.then(|| stream.first_event());
-    let subscription = app.hub.adopt(session, stream);
+    let subscription = app.parts.hub.adopt(session, stream);
     if let Some(started) = started {
         // Told, or the hub dropped the stream: either way the start is settled.
         let _ = started.await;

@@ -671,11 +671,23 @@ pub enum Started {
 }
 
 impl App {
+    /// Whether `caller` may see the standalone sandbox `id`; true when there is none (the
+    /// route answers 404 then).
+    pub fn may_see_sandbox(&self, caller: &crate::auth::Principal, id: uuid::Uuid) -> bool {
+        self.parts
+            .sandboxes
+            .get(id)
+            .map_or(true, |sandbox| caller.may_see(sandbox.owner.as_deref()))
+    }
+}
+
+impl App {
     /// Whether commands run isolated, in sandboxes that are not `--sandbox local`: without
     /// isolation (`local`, or host commands with no sandbox) a command is a shell on the host,
     /// as the server's user, which reaches the database, the secret key and every API key.
     pub fn commands_isolated(&self) -> bool {
-        self.tools
+        self.parts
+            .tools
             .sandboxes
             .as_ref()
             .is_some_and(|pool| pool.backend().kind() != agentry_sandbox::BackendKind::Local)
@@ -709,7 +721,7 @@ impl App {
 
     /// The pool whose backend makes sandboxes: `503 sandboxes_disabled` without one.
     pub fn sandbox_pool(&self) -> Result<&SandboxPool, AppError> {
-        self.tools.sandboxes.as_ref().ok_or_else(|| {
+        self.parts.tools.sandboxes.as_ref().ok_or_else(|| {
             AppError::new(
                 Failure::Unavailable,
                 "sandboxes_disabled",
@@ -721,12 +733,12 @@ impl App {
     /// The open sandbox `id` names: 503 when disabled, 400 for a bad id, 404 when unknown.
     pub fn sandbox(&self, id: &str) -> Result<Arc<Standalone>, AppError> {
         self.sandbox_pool()?;
-        self.sandboxes.get(parse_id("sandbox", id)?)
+        self.parts.sandboxes.get(parse_id("sandbox", id)?)
     }
 
     /// What sandboxes this app can make, and where commands run.
     pub async fn sandbox_capabilities(&self) -> Result<SandboxCapabilities, AppError> {
-        let pool = self.tools.sandboxes.as_ref();
+        let pool = self.parts.tools.sandboxes.as_ref();
         let host = match pool {
             Some(pool) => pool.backend().capabilities().clone(),
             None => probed().await?,
@@ -739,15 +751,15 @@ impl App {
                  is not set)"
                     .to_owned()
             }),
-            max_sandboxes: self.sandboxes.max(),
-            open_sandboxes: self.sandboxes.len(),
+            max_sandboxes: self.parts.sandboxes.max(),
+            open_sandboxes: self.parts.sandboxes.len(),
             default_limits: pool.map(|pool| limits_view(pool.template())),
             host: host_view(&host),
-            allow_host_commands: self.tools.allow_host_commands,
-            mcp_stdio: placement(pool.is_some(), self.tools.allow_host_commands),
+            allow_host_commands: self.parts.tools.allow_host_commands,
+            mcp_stdio: placement(pool.is_some(), self.parts.tools.allow_host_commands),
             command_tools: placement(
-                self.tools.command_sandboxes().is_some(),
-                self.tools.allow_host_commands,
+                self.parts.tools.command_sandboxes().is_some(),
+                self.parts.tools.allow_host_commands,
             ),
         })
     }
@@ -763,7 +775,11 @@ impl App {
         self.check_sandbox_quota(caller).await?;
         let owner = caller.owner();
         let spec = sandbox_spec(pool, request)?;
-        let entry = self.sandboxes.create(pool.backend(), spec, owner).await?;
+        let entry = self
+            .parts
+            .sandboxes
+            .create(pool.backend(), spec, owner)
+            .await?;
         Ok(sandbox_view(&entry))
     }
 
@@ -774,6 +790,7 @@ impl App {
     ) -> Result<SandboxList, AppError> {
         self.sandbox_pool()?;
         let sandboxes = self
+            .parts
             .sandboxes
             .list()
             .iter()
@@ -786,7 +803,7 @@ impl App {
     /// Closes a sandbox: every process in it is killed and its workspace removed.
     pub async fn close_sandbox(&self, id: &str) -> Result<(), AppError> {
         self.sandbox_pool()?;
-        self.sandboxes.remove(parse_id("sandbox", id)?).await
+        self.parts.sandboxes.remove(parse_id("sandbox", id)?).await
     }
 
     /// Starts a command in a sandbox: in the background (kept in the sandbox's process list),

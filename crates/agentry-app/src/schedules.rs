@@ -480,7 +480,7 @@ impl App {
         read: impl Fn(&serde_json::Value) -> Result<RunSpec, AppError>,
     ) -> Result<usize, AppError> {
         let mut upgraded = 0;
-        for record in self.store.list_schedules(None).await? {
+        for record in self.parts.store.list_schedules(None).await? {
             if record.request.get("spec").is_some() || stored_workflow(&record.request).is_some() {
                 continue;
             }
@@ -511,7 +511,7 @@ impl App {
                 overlap: record.overlap,
                 next_fire_at: record.next_fire_at.filter(|_| enabled),
             };
-            self.store.update_schedule(&schedule).await?;
+            self.parts.store.update_schedule(&schedule).await?;
             upgraded += 1;
         }
         Ok(upgraded)
@@ -533,7 +533,7 @@ impl App {
         dry.webhook_url = None;
         if let crate::run_spec::SessionChoice::Existing(session) = dry.session {
             self.check_session_access(caller, session).await?;
-            if self.store.session(session).await?.is_none() {
+            if self.parts.store.session(session).await?.is_none() {
                 return Err(AppError::not_found(format!("no session {session}")));
             }
         }
@@ -589,7 +589,7 @@ impl App {
         let schedule = self
             .checked_schedule(caller, RunId::new().to_string(), request, now_ms())
             .await?;
-        Ok(view(self.store.create_schedule(&schedule).await?))
+        Ok(view(self.parts.store.create_schedule(&schedule).await?))
     }
 
     /// Replaces a schedule's settings (its history stays); its next fire is counted anew.
@@ -604,6 +604,7 @@ impl App {
             .checked_schedule(caller, existing.id, request, existing.created_at)
             .await?;
         let updated = self
+            .parts
             .store
             .update_schedule(&schedule)
             .await?
@@ -617,7 +618,8 @@ impl App {
                 "a schedule id has at most 64 characters",
             ));
         }
-        self.store
+        self.parts
+            .store
             .schedule(id)
             .await?
             .ok_or_else(|| no_schedule(id))
@@ -630,7 +632,7 @@ impl App {
             state: Some(RunState::Queued),
             ..RunQuery::default()
         };
-        Ok(self.store.count_runs(&query).await?)
+        Ok(self.parts.store.count_runs(&query).await?)
     }
 
     /// One schedule.
@@ -640,7 +642,7 @@ impl App {
 
     /// Every schedule, oldest first.
     pub async fn schedules(&self) -> Result<ScheduleList, AppError> {
-        let records = self.store.list_schedules(None).await?;
+        let records = self.parts.store.list_schedules(None).await?;
         Ok(ScheduleList {
             schedules: records.into_iter().map(view).collect(),
         })
@@ -648,7 +650,7 @@ impl App {
 
     /// Deletes a schedule (the runs it fired stay).
     pub async fn delete_schedule(&self, id: &str) -> Result<(), AppError> {
-        if !self.store.delete_schedule(id).await? {
+        if !self.parts.store.delete_schedule(id).await? {
             return Err(no_schedule(id));
         }
         Ok(())
@@ -669,7 +671,7 @@ impl App {
     /// schedule whose run cannot be submitted moves on to its next slot.
     pub async fn fire_due_schedules(&self) {
         let now = now_ms();
-        let due = match self.store.due_schedules(now).await {
+        let due = match self.parts.store.due_schedules(now).await {
             Ok(due) => due,
             Err(error) => {
                 tracing::warn!("reading due schedules failed: {error}");
@@ -708,7 +710,8 @@ impl App {
                 None
             };
             let next = timing.next_after(latest.max(now));
-            self.store
+            self.parts
+                .store
                 .advance_schedule(&schedule.id, slot, next, fired)
                 .await?;
             return Ok(());
@@ -716,7 +719,7 @@ impl App {
         let mut fire = fire;
         if fire
             && let Some(previous) = schedule.last_run_id
-            && let Some(record) = self.store.run_record(previous).await?
+            && let Some(record) = self.parts.store.run_record(previous).await?
             && matches!(record.state, RunState::Queued | RunState::Running)
         {
             match schedule.overlap.as_str() {
@@ -758,7 +761,8 @@ impl App {
             }
         }
         let next = timing.next_after(latest.max(now));
-        self.store
+        self.parts
+            .store
             .advance_schedule(&schedule.id, slot, next, fired)
             .await?;
         Ok(())

@@ -206,10 +206,17 @@ pub struct ContinueOutcome {
 }
 
 impl App {
+    /// Sets when `session` expires (Unix ms): it is deleted after that.
+    pub async fn expire_session(&self, session: SessionId, at_ms: u64) -> Result<(), AppError> {
+        self.parts.store.set_expiry(session, Some(at_ms)).await?;
+        Ok(())
+    }
+
     /// The session `id` names: 400 for a bad id, 404 when unknown.
     pub async fn session_record(&self, id: &str) -> Result<SessionRecord, AppError> {
         let id = crate::ids::parse_session_id(id)?;
-        self.store
+        self.parts
+            .store
             .session(id)
             .await?
             .ok_or_else(|| AppError::not_found(format!("no session {id}")))
@@ -220,10 +227,10 @@ impl App {
         if query.limit == 0 || query.limit > 1000 {
             return Err(AppError::bad_request("`limit` must be between 1 and 1000"));
         }
-        let records = self.store.list_sessions(query).await?;
+        let records = self.parts.store.list_sessions(query).await?;
         let sessions = records
             .iter()
-            .map(|record| SessionSummary::new(record, self.hub.is_live(record.id)))
+            .map(|record| SessionSummary::new(record, self.parts.hub.is_live(record.id)))
             .collect();
         Ok(SessionList { sessions })
     }
@@ -236,6 +243,7 @@ impl App {
         owner: Option<&str>,
     ) -> Result<SearchResults, AppError> {
         let hits = self
+            .parts
             .store
             .search_owned(text, limit.clamp(1, 200), owner)
             .await?
@@ -255,7 +263,7 @@ impl App {
         id: SessionId,
         after: u64,
     ) -> Result<SessionEvents, AppError> {
-        let stored = self.store.events(id, after, usize::MAX).await?;
+        let stored = self.parts.store.events(id, after, usize::MAX).await?;
         let events = stored
             .into_iter()
             .map(|record| {
@@ -292,8 +300,8 @@ impl App {
     /// and groups.
     pub async fn session_detail(&self, record: SessionRecord) -> Result<SessionDetail, AppError> {
         let events = self.logged_events(record.id, 0).await?;
-        let stranded = if record.status == "running" && !self.hub.is_live(record.id) {
-            self.store.stranded_on(record.id).await?
+        let stranded = if record.status == "running" && !self.parts.hub.is_live(record.id) {
+            self.parts.store.stranded_on(record.id).await?
         } else {
             None
         };
@@ -316,7 +324,7 @@ impl App {
         events: &[(u64, SessionEvent)],
     ) -> Result<SessionDetail, AppError> {
         let replayed = replay(events);
-        let live = self.hub.is_live(record.id);
+        let live = self.parts.hub.is_live(record.id);
         // A run that stopped without ending: waiting for approvals, or paused.
         let suspended_run = replayed
             .in_flight
@@ -334,7 +342,7 @@ impl App {
         let field = |key: &str| record.metadata.get(key).cloned();
         Ok(SessionDetail {
             session: SessionSummary::new(&record, live),
-            run_id: self.hub.run_id(record.id),
+            run_id: self.parts.hub.run_id(record.id),
             suspended_run,
             messages: replayed.messages,
             delegation: field(crate::delegation::METADATA_KEY),
@@ -358,12 +366,12 @@ impl App {
         new.title = record.title.as_ref().map(|title| format!("{title} (fork)"));
         new.metadata = record.metadata.clone();
         new.owner = owner.or_else(|| record.owner.clone());
-        let fork = self.store.fork_session(record.id, at, new).await?;
+        let fork = self.parts.store.fork_session(record.id, at, new).await?;
         let events = self.logged_events(fork.id, 0).await?;
         if replay(&events).in_flight.is_some() {
-            self.store.set_status(fork.id, "interrupted").await?;
+            self.parts.store.set_status(fork.id, "interrupted").await?;
         }
-        let fork = self.store.session(fork.id).await?.unwrap_or(fork);
+        let fork = self.parts.store.session(fork.id).await?.unwrap_or(fork);
         Ok(ForkOutcome {
             session: SessionSummary::new(&fork, false),
         })
@@ -382,8 +390,8 @@ impl App {
             Some(title) => title,
             None => {
                 crate::titles::generate_title(
-                    &self.store,
-                    &self.sessions.runtime(),
+                    &self.parts.store,
+                    &self.parts.sessions.runtime(),
                     id,
                     model_id,
                     caller.grant(),
@@ -391,8 +399,8 @@ impl App {
                 .await?
             }
         };
-        self.store.set_title(id, &title).await?;
-        self.hub.notify(StatusChange {
+        self.parts.store.set_title(id, &title).await?;
+        self.parts.hub.notify(StatusChange {
             session_id: id,
             status: FeedStatus::Updated,
             stop_reason: None,
@@ -407,10 +415,11 @@ impl App {
         record: &SessionRecord,
         seq: Option<u64>,
     ) -> Result<(), AppError> {
-        self.store
+        self.parts
+            .store
             .mark_read(record.id, seq.unwrap_or(record.last_seq))
             .await?;
-        self.hub.announce(record.id, FeedStatus::Updated);
+        self.parts.hub.announce(record.id, FeedStatus::Updated);
         Ok(())
     }
 
@@ -435,13 +444,13 @@ impl App {
         caller: &Principal,
         record: &SessionRecord,
     ) -> Result<crate::hub::Subscription, AppError> {
-        if self.hub.is_live(record.id) {
+        if self.parts.hub.is_live(record.id) {
             return Err(AppError::conflict(format!(
                 "session {} has a run in progress",
                 record.id
             )));
         }
-        let stream = match self.sessions.resume(record.id).await? {
+        let stream = match self.parts.sessions.resume(record.id).await? {
             Some(stream) => stream,
             None => {
                 if record.last_seq == 0 {
@@ -456,22 +465,23 @@ impl App {
                     ..RunRequest::default()
                 };
                 self.check_run_quotas(caller, false).await?;
-                self.sessions
+                self.parts
+                    .sessions
                     .send(record.id, request, BusyPolicy::Reject)
                     .await?
             }
         };
-        Ok(self.hub.adopt(record.id, stream))
+        Ok(self.parts.hub.adopt(record.id, stream))
     }
 
     /// Deletes a session that has no live run (its forks keep the events they share).
     pub async fn delete_session(&self, id: SessionId) -> Result<(), AppError> {
-        if self.hub.is_live(id) {
+        if self.parts.hub.is_live(id) {
             return Err(AppError::conflict(format!(
                 "session {id} has a run in progress; abort it first"
             )));
         }
-        self.store.delete_session(id).await?;
+        self.parts.store.delete_session(id).await?;
         self.forget_file_journal(id).await;
         Ok(())
     }

@@ -49,10 +49,10 @@ impl App {
     /// `SKILL.md` or lies outside the skill roots, 409 when a tool of another kind has the
     /// skill's name.
     pub async fn register_skill(&self, path: &str) -> Result<Registered, AppError> {
-        let loaded = crate::agents::load_skill(path, self.tools.skill_roots.as_deref())?;
+        let loaded = crate::agents::load_skill(path, self.parts.tools.skill_roots.as_deref())?;
         let name = loaded.name().to_owned();
         check_name("skill", &name)?;
-        let repo = ConfigRepo::<SkillConfig>::new(&self.store);
+        let repo = ConfigRepo::<SkillConfig>::new(&self.parts.store);
         let replaced = repo.get(&name).await?.is_some();
         if !replaced
             && self
@@ -78,7 +78,7 @@ impl App {
 
     /// The registered skills.
     pub async fn skills(&self) -> Result<SkillList, AppError> {
-        let skills = ConfigRepo::<SkillConfig>::new(&self.store)
+        let skills = ConfigRepo::<SkillConfig>::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -90,7 +90,7 @@ impl App {
     /// Unregisters a skill (its folder stays).
     pub async fn delete_skill(&self, name: &str) -> Result<(), AppError> {
         check_name("skill", name)?;
-        if !ConfigRepo::<SkillConfig>::new(&self.store)
+        if !ConfigRepo::<SkillConfig>::new(&self.parts.store)
             .delete(name)
             .await?
         {

@@ -89,7 +89,7 @@ pub fn info(terminal: &PtyTerminal) -> Option<TerminalInfo> {
 
 impl App {
     fn terminals(&self) -> &PtyTerminals {
-        &self.tools.terminals
+        &self.parts.tools.terminals
     }
 
     /// Opens a terminal in `session`'s sandbox running `command` (default: an interactive
@@ -133,8 +133,8 @@ impl App {
             ));
         }
         let (Some(pool), Some(workspace)) = (
-            self.tools.command_sandboxes(),
-            self.sessions.workspace(session),
+            self.parts.tools.command_sandboxes(),
+            self.parts.sessions.workspace(session),
         ) else {
             return Err(AppError::new(
                 Failure::Unavailable,

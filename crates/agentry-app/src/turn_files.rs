@@ -365,7 +365,7 @@ impl App {
     }
 
     fn file_journal(&self) -> Result<Arc<FileJournal>, AppError> {
-        self.sessions.file_journal().ok_or_else(|| {
+        self.parts.sessions.file_journal().ok_or_else(|| {
             AppError::new(
                 Failure::Unavailable,
                 "journal_off",
@@ -444,7 +444,7 @@ impl App {
         let record = self.session_record(session).await?;
         let session = record.id;
         self.check_session_access(caller, session).await?;
-        if self.hub.is_live(session) {
+        if self.parts.hub.is_live(session) {
             return Err(AppError::conflict(format!(
                 "session {session} has a run in progress: abort it before revoking"
             )));
@@ -465,7 +465,7 @@ impl App {
         let after_seq = chosen.seq.saturating_sub(1);
         let pairs = numbered(&events);
         let before = agentry_core::session::replay(&pairs).messages.len();
-        let files = match self.sessions.file_journal() {
+        let files = match self.parts.sessions.file_journal() {
             None => None,
             Some(journal) => {
                 let revoked = runs.clone();
@@ -486,13 +486,13 @@ impl App {
         };
         let revoked = NewEvent::encode(event.kind(), &event)
             .map_err(|error| AppError::internal(format!("a revocation: {error}")))?;
-        self.store.append(session, None, &[revoked]).await?;
+        self.parts.store.append(session, None, &[revoked]).await?;
         let pairs: Vec<(u64, SessionEvent)> = pairs
             .into_iter()
             .chain(std::iter::once((u64::MAX, event)))
             .collect();
         let after = agentry_core::session::replay(&pairs).messages.len();
-        self.hub.announce(session, FeedStatus::Updated);
+        self.parts.hub.announce(session, FeedStatus::Updated);
         Ok(RevokeOutcome {
             session_id: session,
             run_id: chosen.run_id,
@@ -506,7 +506,7 @@ impl App {
 
     /// Drops the file journal of a deleted session (a failure is logged: the session is gone).
     pub(crate) async fn forget_file_journal(&self, session: SessionId) {
-        if let Some(journal) = self.sessions.file_journal()
+        if let Some(journal) = self.parts.sessions.file_journal()
             && let Err(error) = blocking(move || journal.forget_session(session)).await
         {
             tracing::warn!(%session, "the file journal of a deleted session stays: {error}");

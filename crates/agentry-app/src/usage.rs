@@ -504,9 +504,10 @@ impl App {
             session,
             key,
         };
-        let groups = self.store.usage_report(&query).await?;
+        let groups = self.parts.store.usage_report(&query).await?;
         query.group_by.clear();
         let total = self
+            .parts
             .store
             .usage_report(&query)
             .await?
@@ -527,29 +528,32 @@ impl App {
     /// The budgets, by name, each with its current spending.
     pub async fn budgets(&self) -> Result<BudgetList, AppError> {
         let mut budgets = Vec::new();
-        for (_, budget) in ConfigRepo::<BudgetConfig>::new(&self.store).list().await? {
-            budgets.push(view_of(&self.store, budget).await?);
+        for (_, budget) in ConfigRepo::<BudgetConfig>::new(&self.parts.store)
+            .list()
+            .await?
+        {
+            budgets.push(view_of(&self.parts.store, budget).await?);
         }
         Ok(BudgetList { budgets })
     }
 
     /// A budget with its current spending.
     pub async fn budget(&self, name: &str) -> Result<BudgetView, AppError> {
-        let budget = ConfigRepo::<BudgetConfig>::new(&self.store)
+        let budget = ConfigRepo::<BudgetConfig>::new(&self.parts.store)
             .get(name)
             .await?
             .ok_or_else(|| no_budget(name))?;
-        view_of(&self.store, budget).await
+        view_of(&self.parts.store, budget).await
     }
 
     /// Saves a new budget; runs it counts are checked against it from their next model call.
     pub async fn create_budget(&self, budget: BudgetConfig) -> Result<BudgetView, AppError> {
         budget.check()?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .create(&budget.name, &budget)
             .await?;
         self.reload_runtime().await?;
-        view_of(&self.store, budget).await
+        view_of(&self.parts.store, budget).await
     }
 
     /// Replaces (or renames) a budget.
@@ -560,16 +564,16 @@ impl App {
     ) -> Result<BudgetView, AppError> {
         check_name("budget", name)?;
         budget.check()?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .replace(name, &budget.name, &budget)
             .await?;
         self.reload_runtime().await?;
-        view_of(&self.store, budget).await
+        view_of(&self.parts.store, budget).await
     }
 
     /// Deletes a budget.
     pub async fn delete_budget(&self, name: &str) -> Result<(), AppError> {
-        if !ConfigRepo::<BudgetConfig>::new(&self.store)
+        if !ConfigRepo::<BudgetConfig>::new(&self.parts.store)
             .delete(name)
             .await?
         {
@@ -673,9 +677,9 @@ impl App {
     /// charged to the key the request names (`owner`, set by `runs::prepare`): they count in
     /// usage reports and against the key's `tokens_per_day` like a session's.
     pub fn stream_stateless(&self, request: RunRequest) -> Result<StatelessRun, AppError> {
-        let runtime = self.sessions.runtime();
+        let runtime = self.parts.sessions.runtime();
         let ledger = RunLedger {
-            store: self.store.clone(),
+            store: self.parts.store.clone(),
             runtime: runtime.clone(),
             owner: request.owner.clone(),
             agent_id: request.agent_id.clone(),

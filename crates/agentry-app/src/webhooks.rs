@@ -114,7 +114,10 @@ impl App {
         } else {
             caller.key_id.as_deref()
         };
-        self.store.put_secret(&secret_name(key), &secret).await?;
+        self.parts
+            .store
+            .put_secret(&secret_name(key), &secret)
+            .await?;
         Ok(WebhookSecret { secret })
     }
 
@@ -122,11 +125,15 @@ impl App {
     /// server's.
     async fn webhook_secret(&self, owner: Option<&str>) -> Result<Option<String>, AppError> {
         if let Some(key) = owner
-            && let Some(own) = self.store.reveal_secret(&secret_name(Some(key))).await?
+            && let Some(own) = self
+                .parts
+                .store
+                .reveal_secret(&secret_name(Some(key)))
+                .await?
         {
             return Ok(Some(own));
         }
-        Ok(self.store.reveal_secret(SECRET_NAME).await?)
+        Ok(self.parts.store.reveal_secret(SECRET_NAME).await?)
     }
 
     /// Checks a submitted run's webhook: the URL, and that a signing secret exists for the
@@ -148,7 +155,7 @@ impl App {
 
     /// After a background run stopped: its webhook (if it names one) hears of it.
     pub(crate) async fn tell_webhook(&self, run_id: RunId) {
-        let record = match self.store.run_record(run_id).await {
+        let record = match self.parts.store.run_record(run_id).await {
             Ok(Some(record)) => record,
             Ok(None) => return,
             Err(error) => {
@@ -187,11 +194,12 @@ impl App {
     ) {
         let id = format!("msg_{}", RunId::new());
         match self
+            .parts
             .store
             .enqueue_delivery(&id, run, event, url, payload)
             .await
         {
-            Ok(_) => self.queue.notify(),
+            Ok(_) => self.parts.queue.notify(),
             Err(error) => {
                 tracing::warn!(run, "queueing a webhook delivery failed: {error}");
             }
@@ -229,7 +237,7 @@ impl App {
 
     /// Sends the deliveries due now (the worker's loop calls it).
     pub(crate) async fn deliver_due_webhooks(&self) {
-        let claimed = match self.store.claim_deliveries(16, HOLD_MS).await {
+        let claimed = match self.parts.store.claim_deliveries(16, HOLD_MS).await {
             Ok(claimed) => claimed,
             Err(error) => {
                 tracing::warn!("claiming webhook deliveries failed: {error}");
@@ -277,6 +285,7 @@ impl App {
             duration_ms,
         };
         if let Err(error) = self
+            .parts
             .store
             .record_attempt(&delivery.id, &record, outcome)
             .await
@@ -324,6 +333,7 @@ impl App {
         let mut traced = reqwest::header::HeaderMap::new();
         agentry_llm::trace_context::inject(&mut traced);
         let response = self
+            .parts
             .queue
             .webhook_client(settings.allow_private)?
             .post(url)
@@ -359,6 +369,7 @@ impl App {
     /// The deliveries of a run's or a workflow run's webhook.
     async fn deliveries(&self, run_id: &str) -> Result<DeliveryList, AppError> {
         let deliveries = self
+            .parts
             .store
             .deliveries_of_run(run_id)
             .await?

@@ -945,14 +945,14 @@ impl App {
             WorkspaceRef::Session(session) => {
                 let session = self.session_record(session).await?.id;
                 self.check_session_access(caller, session).await?;
-                let folder = self.sessions.workspace(session).ok_or_else(off)?;
+                let folder = self.parts.sessions.workspace(session).ok_or_else(off)?;
                 (folder, WorkspaceOwner::Session(session))
             }
             WorkspaceRef::Agent(agent) => {
                 crate::config::check_name("agent", agent)?;
                 // Those who may run as the agent share its workspace.
                 caller.check_agent(agent)?;
-                let saved = crate::agents::stored_agent(&self.store, agent)
+                let saved = crate::agents::stored_agent(&self.parts.store, agent)
                     .await?
                     .ok_or_else(|| AppError::not_found(format!("no agent {agent:?}")))?;
                 if saved.workspace != crate::agents::WorkspaceScope::Agent {
@@ -961,7 +961,11 @@ impl App {
                          one (name the session), or set its `workspace` to \"agent\""
                     )));
                 }
-                let folder = self.sessions.shared_workspace(agent).ok_or_else(off)?;
+                let folder = self
+                    .parts
+                    .sessions
+                    .shared_workspace(agent)
+                    .ok_or_else(off)?;
                 (folder, WorkspaceOwner::Agent(saved.id))
             }
         };
@@ -971,7 +975,7 @@ impl App {
 
     /// The folder of uploads in progress, outside every workspace.
     pub(crate) fn uploads_folder(&self) -> Result<PathBuf, AppError> {
-        let workspaces = self.tools.workspaces.as_ref().ok_or_else(|| {
+        let workspaces = self.parts.tools.workspaces.as_ref().ok_or_else(|| {
             AppError::new(
                 Failure::Unavailable,
                 "workspaces_off",
@@ -1036,12 +1040,12 @@ impl App {
             return Ok((etag, None));
         }
         let key = format!("{}:{}:{etag}", file_id.0, file_id.1);
-        let kept = self.thumbnails.cache().get(&key);
+        let kept = self.parts.thumbnails.cache().get(&key);
         if let Some(kept) = kept {
             return Ok((etag, Some(Thumbnail::clone(&kept))));
         }
         // One of a few decode slots: memory stays bounded however many requests come.
-        let slot = tokio::time::timeout(THUMBNAIL_WAIT, self.thumbnails.slots.acquire())
+        let slot = tokio::time::timeout(THUMBNAIL_WAIT, self.parts.thumbnails.slots.acquire())
             .await
             .ok()
             .and_then(Result::ok)
@@ -1055,7 +1059,7 @@ impl App {
         let made = blocking(move || thumbnail_of(opened, edge)).await;
         drop(slot);
         let made = Arc::new(made?);
-        self.thumbnails.cache().put(key, Arc::clone(&made));
+        self.parts.thumbnails.cache().put(key, Arc::clone(&made));
         Ok((etag, Some(Thumbnail::clone(&made))))
     }
 

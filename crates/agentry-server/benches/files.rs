@@ -73,6 +73,7 @@ async fn main() {
     // A session (its workspace) to work in.
     let session = state
         .app
+        .parts()
         .store
         .create_session(agentry_store::NewSession::new())
         .await
@@ -81,6 +82,7 @@ async fn main() {
         .to_string();
     let workspace = state
         .app
+        .parts()
         .sessions
         .workspace(session.parse().unwrap())
         .unwrap();
@@ -181,7 +183,7 @@ async fn main() {
         );
     }
 
-    if state.app.tools.sandboxes.is_none() {
+    if state.app.parts().tools.sandboxes.is_none() {
         println!("\nTerminal echo: skipped (build agentry-sandbox-init in release first)");
         return;
     }
@@ -236,7 +238,7 @@ async fn main() {
         at(0.99).as_secs_f64() * 1e3,
         at(1.0).as_secs_f64() * 1e3
     );
-    if let Some(pool) = &state.app.tools.sandboxes {
+    if let Some(pool) = &state.app.parts().tools.sandboxes {
         pool.close_all().await;
     }
 }

@@ -45,7 +45,7 @@ fn chain(id: &str, n: usize) -> WorkflowDefinition {
 
 async fn finish(state: &AppState, run_id: &str) -> WorkflowRun {
     let operator = Principal::operator();
-    let mut changes = state.app.workflows.subscribe(run_id);
+    let mut changes = state.app.parts().workflows.subscribe(run_id);
     loop {
         let run = state.app.workflow_run(&operator, run_id).await.unwrap();
         if run.state.is_final() {
@@ -155,7 +155,7 @@ async fn main() {
             "definition": definition,
         }))
         .unwrap();
-        ConfigRepo::new(&state.app.store)
+        ConfigRepo::new(&state.app.parts().store)
             .create(&run_id, &run)
             .await
             .unwrap();
@@ -165,5 +165,5 @@ async fn main() {
         assert_eq!(run.state, WorkflowState::Succeeded);
         println!("| {n} | {:.1} ms |", start.elapsed().as_secs_f64() * 1000.0);
     }
-    state.app.shutdown.cancel();
+    state.app.parts().shutdown.cancel();
 }

@@ -164,11 +164,7 @@ pub(crate) async fn authorize(
                 .map_err(ApiError::from),
             Err(_) => Ok(true),
         },
-        Some(Owned::Sandbox(id)) => Ok(state
-            .app
-            .sandboxes
-            .get(id)
-            .map_or(true, |sandbox| caller.may_see(sandbox.owner.as_deref()))),
+        Some(Owned::Sandbox(id)) => Ok(state.app.may_see_sandbox(&caller, id)),
     };
     match visible {
         Ok(true) => next.run(request).await,

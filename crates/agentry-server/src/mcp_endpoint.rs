@@ -28,7 +28,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         // configured ones.
         origins_checked: true,
         allowed_origins: Vec::new(),
-        shutdown: state.app.shutdown.clone(),
+        shutdown: state.app.shutdown_signal().clone(),
         keep_alive: None,
     };
     let service = McpHttpService::new(Arc::new(McpServer::new(state.app.clone())), options);

@@ -60,8 +60,7 @@ fn signature(
     path_and_query: &str,
 ) -> Result<HmacSha256, ApiError> {
     let key = state
-        .app
-        .store
+        .auth
         .derived_key(ASSERTION_PURPOSE)
         .map_err(|error| ApiError::internal(error.to_string()))?;
     let mut mac =

@@ -143,13 +143,8 @@ pub async fn serve(
     }
     // The background-run worker: claims queued runs (and runs whose worker died) from now on.
     state.app.start_worker();
-    let shutdown = state.app.shutdown.clone();
+    let shutdown = state.app.shutdown_signal().clone();
     let app_state = state.app.clone();
-    let hub = state.app.hub.clone();
-    let mcp = state.app.mcp.clone();
-    let sandboxes = state.app.sandboxes.clone();
-    let terminals = state.app.tools.terminals.clone();
-    let pool = state.app.tools.sandboxes.clone();
     let app = router(state);
     // One router for every connection: the make-service hands each a cheap clone, where
     // serving the `Router` itself would rebuild every route's service stack per connection.
@@ -160,26 +155,16 @@ pub async fn serve(
     )
     .with_graceful_shutdown(async move { shutdown.cancelled().await })
     .await?;
-    let deadline = tokio::time::Instant::now() + config.shutdown_grace;
-    while hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if hub.live_runs() > 0 {
+    let runs = app_state.drain(config.shutdown_grace).await;
+    if runs > 0 {
         tracing::warn!(
-            runs = hub.live_runs(),
+            runs,
             "stopping with runs in flight; background runs go to another node now, the others \
              resume at the next start"
         );
     }
-    // Leaving lets this node's background runs go at once: another node claims them now.
-    Box::pin(app_state.leave_cluster()).await;
-    // MCP servers' processes and sessions end with us, not when the OS gets to them.
-    mcp.shutdown().await;
-    // Sandboxes too: every process in them is killed, standalone workspaces are removed.
-    terminals.close_all();
-    sandboxes.close_all().await;
-    if let Some(pool) = pool {
-        pool.close_all().await;
-    }
+    // Leaving lets this node's background runs go at once: another node claims them now; the
+    // MCP servers' processes and every sandbox end with us.
+    Box::pin(app_state.release()).await;
     Ok(())
 }

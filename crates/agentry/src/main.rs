@@ -13,7 +13,7 @@ use clap::Parser;
 fn main() -> ExitCode {
     // A sandbox's PID 1 is this binary re-executed: it must take over before anything else
     // (threads, the async runtime) starts.
-    agentry_sandbox::init::maybe_run_init();
+    agentry_app::domain::sandbox::init::maybe_run_init();
     let args = cli::Cli::parse();
     let telemetry = match telemetry::init(&telemetry::Options {
         verbosity: args.verbose,

@@ -7,7 +7,7 @@
 //! Traces: when an OTLP endpoint is configured (`--otlp-endpoint`, or the standard
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; `OTEL_SDK_DISABLED=true`
 //! turns it off), the spans of `agentry::trace` (requests, runs, model and tool calls — see
-//! `agentry_core::telemetry`) are exported in batches over OTLP/HTTP (`http/protobuf`, or
+//! `agentry_app::domain::core::telemetry`) are exported in batches over OTLP/HTTP (`http/protobuf`, or
 //! `http/json` with `OTEL_EXPORTER_OTLP_PROTOCOL`) or OTLP/gRPC (`grpc`, through tonic on a
 //! one-thread runtime of its own: [`GrpcExporter`]), the service named by `OTEL_SERVICE_NAME`
 //! (default `agentry`), and W3C trace context is read from requests and written on outgoing
@@ -118,7 +118,7 @@ pub(crate) fn init(options: &Options) -> anyhow::Result<Telemetry> {
     let logs_filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         // JSON lines carry the run they belong to: the run spans are on for them.
         let runs = if options.format == LogFormat::Json {
-            format!(",{}=info", agentry_core::telemetry::TARGET)
+            format!(",{}=info", agentry_app::domain::core::telemetry::TARGET)
         } else {
             String::new()
         };
@@ -140,7 +140,7 @@ pub(crate) fn init(options: &Options) -> anyhow::Result<Telemetry> {
     let capture = options.capture_content
         || env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
             .is_some_and(|value| value.eq_ignore_ascii_case("true"));
-    agentry_core::telemetry::set_capture_content(capture);
+    agentry_app::domain::core::telemetry::set_capture_content(capture);
     let Some(endpoint) = endpoint(options) else {
         tracing_subscriber::registry().with(logs).try_init()?;
         return Ok(Telemetry { provider: None });
@@ -197,10 +197,10 @@ pub(crate) fn init(options: &Options) -> anyhow::Result<Telemetry> {
     opentelemetry::global::set_tracer_provider(provider.clone());
     let traces = tracing_opentelemetry::layer()
         .with_tracer(tracer)
-        .with_filter(
-            tracing_subscriber::filter::Targets::new()
-                .with_target(agentry_core::telemetry::TARGET, tracing::Level::INFO),
-        );
+        .with_filter(tracing_subscriber::filter::Targets::new().with_target(
+            agentry_app::domain::core::telemetry::TARGET,
+            tracing::Level::INFO,
+        ));
     tracing_subscriber::registry()
         .with(logs)
         .with(traces)

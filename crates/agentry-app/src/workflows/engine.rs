@@ -31,7 +31,7 @@ use agentry_types::SessionId;
 
 /// Starts the driver of `run_id` unless one runs in this process.
 pub(super) fn spawn(app: App, run_id: String) {
-    let Some(inbox) = app.workflows.register(&run_id) else {
+    let Some(inbox) = app.parts.workflows.register(&run_id) else {
         return;
     };
     // One trace per run's driving (under the request that started it, if any): its steps'
@@ -46,7 +46,7 @@ pub(super) fn spawn(app: App, run_id: String) {
             if let Err(error) = drive(&app, &run_id, inbox).await {
                 tracing::error!(run = %run_id, "a workflow run's driver stopped: {error}");
             }
-            app.workflows.unregister(&run_id);
+            app.parts.workflows.unregister(&run_id);
         },
         span,
     ));
@@ -85,7 +85,8 @@ async fn save(app: &App, run: &mut WorkflowRun, book: &mut Book) -> Result<(), S
         } else {
             None
         };
-        app.store
+        app.parts
+            .store
             .append_workflow_events_and_snapshot(&run.run_id, first, &events, snapshot.as_ref())
             .await
             .map_err(|error| error.to_string())?;
@@ -94,7 +95,7 @@ async fn save(app: &App, run: &mut WorkflowRun, book: &mut Book) -> Result<(), S
             book.header = header;
         }
     }
-    app.workflows.changed(&run.run_id);
+    app.parts.workflows.changed(&run.run_id);
     if run.state.is_final() {
         // Once per run, event and URL, whoever saves the end (the outbox keeps the first).
         app.tell_workflow_webhook(run).await;
@@ -146,7 +147,7 @@ async fn drive(
             _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))), if sleep.is_some() => {
                 Event::Tick
             }
-            _ = app.shutdown.cancelled() => return Ok(()),
+            _ = app.parts.shutdown.cancelled() => return Ok(()),
         };
     }
 }
@@ -207,10 +208,13 @@ async fn cancel_step_work(app: &App, run: &WorkflowRun) {
             tracing::warn!("cannot cancel a workflow step's run: {}", error.message);
         }
     }
-    if let Ok(children) = ConfigRepo::<WorkflowRun>::new(&app.store).list().await {
+    if let Ok(children) = ConfigRepo::<WorkflowRun>::new(&app.parts.store)
+        .list()
+        .await
+    {
         for (_, child) in children {
             if child.parent.as_deref() == Some(run.run_id.as_str()) && !child.state.is_final() {
-                app.workflows.send(&child.run_id, Message::Cancel);
+                app.parts.workflows.send(&child.run_id, Message::Cancel);
             }
         }
     }
@@ -231,7 +235,7 @@ async fn running_runs(app: &App, run: &WorkflowRun) -> Vec<agentry_types::RunId>
             limit: 1000,
             ..agentry_store::RunQuery::default()
         };
-        if let Ok(runs) = app.store.list_runs(&query).await {
+        if let Ok(runs) = app.parts.store.list_runs(&query).await {
             ids.extend(
                 runs.into_iter()
                     .filter(|record| {
@@ -626,7 +630,7 @@ impl Job {
             .map_err(|e| StepError::expression(format!("`input`: {e}")))?;
         let child = child_id(&self.run_id, &self.step, self.attempt, slot);
         let operator = Principal::operator();
-        let exists = ConfigRepo::<WorkflowRun>::new(&self.app.store)
+        let exists = ConfigRepo::<WorkflowRun>::new(&self.app.parts.store)
             .get(&child)
             .await
             .map_err(|error| StepError::internal(error.message))?

@@ -494,14 +494,14 @@ fn no_run(id: &str) -> AppError {
 impl App {
     /// Checks a definition against the runtime (its tools) and the saved agents.
     async fn check_workflow(&self, definition: &WorkflowDefinition) -> Result<(), AppError> {
-        let runtime = self.sessions.runtime();
-        let agents: Vec<String> = ConfigRepo::<crate::agents::AgentConfig>::new(&self.store)
+        let runtime = self.parts.sessions.runtime();
+        let agents: Vec<String> = ConfigRepo::<crate::agents::AgentConfig>::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
             .map(|(name, _)| name)
             .collect();
-        let workflows: Vec<String> = ConfigRepo::<WorkflowDefinition>::new(&self.store)
+        let workflows: Vec<String> = ConfigRepo::<WorkflowDefinition>::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -527,7 +527,7 @@ impl App {
     ) -> Result<WorkflowDefinition, AppError> {
         definition.version = 1;
         self.check_workflow(&definition).await?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .create(&definition.id, &definition)
             .await?;
         Ok(definition)
@@ -548,14 +548,16 @@ impl App {
         }
         definition.version = old.version + 1;
         self.check_workflow(&definition).await?;
-        ConfigRepo::new(&self.store).put(id, &definition).await?;
+        ConfigRepo::new(&self.parts.store)
+            .put(id, &definition)
+            .await?;
         Ok(definition)
     }
 
     /// A workflow.
     pub async fn workflow(&self, id: &str) -> Result<WorkflowDefinition, AppError> {
         check_name("workflow", id)?;
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .get(id)
             .await?
             .ok_or_else(|| no_workflow(id))
@@ -563,7 +565,7 @@ impl App {
 
     /// The workflows.
     pub async fn workflows(&self) -> Result<WorkflowList, AppError> {
-        let workflows = ConfigRepo::<WorkflowDefinition>::new(&self.store)
+        let workflows = ConfigRepo::<WorkflowDefinition>::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -575,7 +577,7 @@ impl App {
     /// Deletes a workflow (its runs stay).
     pub async fn delete_workflow(&self, id: &str) -> Result<(), AppError> {
         check_name("workflow", id)?;
-        if !ConfigRepo::<WorkflowDefinition>::new(&self.store)
+        if !ConfigRepo::<WorkflowDefinition>::new(&self.parts.store)
             .delete(id)
             .await?
         {
@@ -661,11 +663,21 @@ impl App {
 
     /// Stores a new run and starts its driver.
     async fn launch_workflow_run(&self, run: WorkflowRun) -> Result<WorkflowRun, AppError> {
-        ConfigRepo::new(&self.store)
+        ConfigRepo::new(&self.parts.store)
             .create(&run.run_id, &run)
             .await?;
         engine::spawn(self.clone(), run.run_id.clone());
         Ok(run)
+    }
+
+    /// The events recorded for the workflow run `id` after `after`, in order, with their
+    /// numbers (a caller that may read the run has been checked: [`App::workflow_run`]).
+    pub async fn workflow_events(
+        &self,
+        id: &str,
+        after: u64,
+    ) -> Result<Vec<(u64, serde_json::Value)>, AppError> {
+        Ok(self.parts.store.workflow_events(id, after).await?)
     }
 
     /// A run, as its document says now.
@@ -692,7 +704,7 @@ impl App {
         &self,
         run_id: &str,
     ) -> Result<Option<WorkflowRun>, AppError> {
-        let Some(mut run) = ConfigRepo::<WorkflowRun>::new(&self.store)
+        let Some(mut run) = ConfigRepo::<WorkflowRun>::new(&self.parts.store)
             .get(run_id)
             .await?
         else {
@@ -705,7 +717,12 @@ impl App {
     /// Applies the step events stored after `run`'s document.
     async fn catch_up(&self, run: &mut WorkflowRun) -> Result<(), AppError> {
         if !run.state.is_final() {
-            for (seq, event) in self.store.workflow_events(&run.run_id, run.seq).await? {
+            for (seq, event) in self
+                .parts
+                .store
+                .workflow_events(&run.run_id, run.seq)
+                .await?
+            {
                 run.apply(seq, event)?;
             }
         }
@@ -718,7 +735,7 @@ impl App {
         caller: &Principal,
         workflow: Option<&str>,
     ) -> Result<WorkflowRunList, AppError> {
-        let mut runs: Vec<WorkflowRun> = ConfigRepo::<WorkflowRun>::new(&self.store)
+        let mut runs: Vec<WorkflowRun> = ConfigRepo::<WorkflowRun>::new(&self.parts.store)
             .list()
             .await?
             .into_iter()
@@ -750,12 +767,12 @@ impl App {
                     .unwrap_or_default()
             )));
         }
-        if !self.workflows.send(run_id, message.clone()) {
+        if !self.parts.workflows.send(run_id, message.clone()) {
             // Its driver is not running here (it ended between the read and now, or the
             // process restarted): start one, then deliver.
             engine::spawn(self.clone(), run_id.to_owned());
             tokio::task::yield_now().await;
-            if !self.workflows.send(run_id, message) {
+            if !self.parts.workflows.send(run_id, message) {
                 return Err(AppError::new(
                     Failure::Unavailable,
                     "workflow_unavailable",
@@ -855,14 +872,17 @@ impl App {
         run.error = None;
         run.finished_at = None;
         run.updated_at = crate::clock::now_ms();
-        ConfigRepo::new(&self.store).put(run_id, &run).await?;
+        ConfigRepo::new(&self.parts.store).put(run_id, &run).await?;
         engine::spawn(self.clone(), run_id.to_owned());
         Ok(run)
     }
 
     /// At start-up: every unfinished run goes on. Returns how many.
     pub async fn resume_workflows(&self) -> usize {
-        let runs = match ConfigRepo::<WorkflowRun>::new(&self.store).list().await {
+        let runs = match ConfigRepo::<WorkflowRun>::new(&self.parts.store)
+            .list()
+            .await
+        {
             Ok(runs) => runs,
             Err(error) => {
                 tracing::error!("cannot list workflow runs: {}", error.message);

@@ -133,7 +133,10 @@ impl App {
     pub async fn create_workflow_trigger(&self, id: &str) -> Result<TriggerSecret, AppError> {
         self.workflow(id).await?;
         let secret = crate::standard_webhooks::new_secret()?;
-        self.store.put_secret(&secret_name(id), &secret).await?;
+        self.parts
+            .store
+            .put_secret(&secret_name(id), &secret)
+            .await?;
         Ok(TriggerSecret {
             path: format!("/hooks/workflows/{id}"),
             secret,
@@ -143,7 +146,7 @@ impl App {
     /// Removes workflow `id`'s trigger: its URL answers 401 from now on.
     pub async fn delete_workflow_trigger(&self, id: &str) -> Result<(), AppError> {
         self.workflow(id).await?;
-        if !self.store.delete_secret(&secret_name(id)).await? {
+        if !self.parts.store.delete_secret(&secret_name(id)).await? {
             return Err(AppError::not_found(format!(
                 "workflow {id:?} has no trigger"
             )));
@@ -165,7 +168,7 @@ impl App {
         if crate::config::check_name("workflow", id).is_err() {
             return Err(missing());
         }
-        let Some(secret) = self.store.reveal_secret(&secret_name(id)).await? else {
+        let Some(secret) = self.parts.store.reveal_secret(&secret_name(id)).await? else {
             return Err(missing());
         };
         let body = std::str::from_utf8(body)

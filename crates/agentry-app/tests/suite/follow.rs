@@ -113,7 +113,7 @@ fn seqs(events: &[Arc<RunEvent>]) -> Vec<u64> {
 
 async fn wait_until_over(app: &App, session: SessionId) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while app.hub.is_live(session) {
+    while app.hub().is_live(session) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the run never ended"
@@ -205,7 +205,7 @@ async fn attaching_mid_run_starts_with_the_text_so_far() {
     let (session, _subscription) = start(&app, "Count.").await;
     // Some words are out when a client attaches from the beginning of the session.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert!(app.hub.is_live(session));
+    assert!(app.hub().is_live(session));
     let events = collect(app.follow(session, FollowFrom::After(0)).await.unwrap()).await;
     assert_eq!(streamed(&events), answer);
     assert!(events.last().unwrap().is_terminal(), "{:?}", events.last());

@@ -52,7 +52,8 @@ async fn ended(app: &App, run: RunId) -> (RunState, Value) {
 }
 
 async fn save_agent(app: &App, system: &str) {
-    app.store
+    app.parts()
+        .store
         .put_config(
             ConfigKind::Agent,
             "helper",
@@ -80,7 +81,13 @@ async fn a_queued_run_is_stored_as_its_spec_and_resolved_when_it_is_taken_up() {
     assert_eq!(view.state, RunState::Queued);
 
     // What is stored is the spec, versioned, in the session its record names.
-    let record = app.store.run_record(view.run_id).await.unwrap().unwrap();
+    let record = app
+        .parts()
+        .store
+        .run_record(view.run_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.request["version"], 1, "{}", record.request);
     let stored = &record.request["spec"];
     assert_eq!(stored["agent_id"], "helper");
@@ -110,11 +117,16 @@ async fn a_queued_run_is_stored_as_its_spec_and_resolved_when_it_is_taken_up() {
 #[tokio::test]
 async fn a_run_whose_key_was_revoked_while_it_waited_does_not_run() {
     let (app, mock, _home) = app().await;
-    let key = create_key_with(&app.store, "user", KeyRole::User, KeyLimits::default())
-        .await
-        .unwrap();
+    let key = create_key_with(
+        &app.parts().store,
+        "user",
+        KeyRole::User,
+        KeyLimits::default(),
+    )
+    .await
+    .unwrap();
     let id = key.id.clone();
-    let caller = active_key(&app.store, &id).await.unwrap().unwrap();
+    let caller = active_key(&app.parts().store, &id).await.unwrap().unwrap();
     let spec = RunSpec {
         model_id: Some("mock".into()),
         input: text("work"),
@@ -123,7 +135,7 @@ async fn a_run_whose_key_was_revoked_while_it_waited_does_not_run() {
     let (view, _) = app.submit(enqueue(caller, spec)).await.unwrap();
     assert_eq!(view.state, RunState::Queued);
 
-    assert!(revoke_key(&app.store, &id).await.unwrap());
+    assert!(revoke_key(&app.parts().store, &id).await.unwrap());
     start_worker(&app);
     let (state, outcome) = ended(&app, view.run_id).await;
     assert_eq!(state, RunState::Failed, "{outcome}");
@@ -157,7 +169,7 @@ async fn a_run_queued_by_an_earlier_release_still_runs() {
         request: json!({"request": request, "policy": "reject"}),
         new_session: Some(NewSession::with_id(session)),
     };
-    let Enqueued::Created(record) = app.store.enqueue_run(&run, 100).await.unwrap() else {
+    let Enqueued::Created(record) = app.parts().store.enqueue_run(&run, 100).await.unwrap() else {
         panic!("the run was not queued");
     };
     mock.enqueue(Reply::scripted(ScriptedTurn::text("still here")));

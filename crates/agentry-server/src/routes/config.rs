@@ -665,7 +665,7 @@ struct SetSecrets {
     )
 )]
 async fn list_secrets(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let secrets = state.app.store.list_secrets().await?;
+    let secrets = state.app.list_secrets().await?;
     Ok(Json(json!({ "secrets": secrets })))
 }
 

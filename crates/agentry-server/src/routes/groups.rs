@@ -260,7 +260,7 @@ async fn abort_group(
     let session = parse_session_id(&id)?;
     group::load(&state.app, session).await?;
     Ok(Json(
-        json!({"session_id": session, "aborted": state.app.groups.cancel(session)}),
+        json!({"session_id": session, "aborted": state.app.groups().cancel(session)}),
     ))
 }
 
@@ -281,7 +281,8 @@ async fn waited(
     started: Started,
     cancel_on_disconnect: bool,
 ) -> Result<Response, ApiError> {
-    let mut guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.app.groups.clone(), session)));
+    let mut guard =
+        CancelOnDrop(cancel_on_disconnect.then(|| (state.app.groups().clone(), session)));
     let run_id = started.run_id;
     let events = Box::pin(group::wait(&state.app, session, started)).await;
     guard.0 = None;
@@ -302,7 +303,7 @@ fn streamed(
     let intro = Event::default()
         .event("session")
         .data(json!({"session_id": session, "run_id": started.run_id}).to_string());
-    let guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.app.groups.clone(), session)));
+    let guard = CancelOnDrop(cancel_on_disconnect.then(|| (state.app.groups().clone(), session)));
     let events = follow(
         state,
         session,
@@ -387,7 +388,7 @@ async fn group_stream(
     let session = parse_session_id(&id)?;
     group::load(&state.app, session).await?;
     let after = super::sse::resume_after(&headers, query.after)?;
-    let live = state.app.groups.subscribe(session);
+    let live = state.app.groups().subscribe(session);
     Ok(Sse::new(follow(state, session, after, live))
         .keep_alive(KeepAlive::default())
         .into_response())

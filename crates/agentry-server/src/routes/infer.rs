@@ -168,7 +168,7 @@ async fn infer_stream(
                     headers.insert("x-session-id", value);
                 }
                 let guard = CancelOnDrop::new(
-                    state.app.hub.clone(),
+                    state.app.hub().clone(),
                     cancel_on_disconnect.then_some(session),
                 );
                 let mut intro = Some(
@@ -215,7 +215,7 @@ pub(crate) fn session_events<G: Send + 'static>(
         let mut events = events;
         // One wait for the whole stream, not a new one per event: each would be added to and
         // removed from the shutdown token's waiters, which every live stream shares.
-        let shutdown = state.app.shutdown.clone().cancelled_owned();
+        let shutdown = state.app.shutdown_signal().clone().cancelled_owned();
         futures::pin_mut!(shutdown);
         // Until the followed run ends (an end in a backlog that a later start reopens is not
         // the end).

@@ -17,9 +17,7 @@ use super::config::{ApiJson, ApiPath};
 use crate::error::ApiError;
 use crate::openapi::{BadRequest, Conflict, JsonBodyErrors, NotFound};
 use crate::state::AppState;
-use agentry_app::auth::{
-    AuthError, KeyLimits, KeyRole, create_key_with, list_keys, revoke_key_keeping_an_admin,
-};
+use agentry_app::auth::{AuthError, KeyLimits, KeyRole};
 
 /// The API-key routes.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -167,7 +165,7 @@ fn auth_error(error: AuthError) -> ApiError {
     responses((status = 200, description = "The keys, newest first.", body = ApiKeyList))
 )]
 async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let keys = list_keys(&state.app.store).await.map_err(auth_error)?;
+    let keys = state.auth.keys().await.map_err(auth_error)?;
     let enabled = !keys.is_empty();
     Ok(Json(json!({"keys": keys, "auth_enabled": enabled})))
 }
@@ -189,11 +187,14 @@ async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<NewKeyBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let created = create_key_with(&state.app.store, &body.label, body.role, body.limits)
+    let created = state
+        .auth
+        .create_key(&body.label, body.role, body.limits)
         .await
         .map_err(auth_error)?;
-    state.auth.refresh();
-    let role = list_keys(&state.app.store)
+    let role = state
+        .auth
+        .keys()
         .await
         .map_err(auth_error)?
         .into_iter()
@@ -224,11 +225,7 @@ async fn revoke(
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_key_id(&id)?;
-    if revoke_key_keeping_an_admin(&state.app.store, &id)
-        .await
-        .map_err(auth_error)?
-    {
-        state.auth.refresh();
+    if state.auth.revoke_key(&id).await.map_err(auth_error)? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("no API key {id}")))

@@ -160,9 +160,10 @@ pub struct MemoryPath {
 
 async fn known_agent(state: &AppState, id: &str) -> Result<(), ApiError> {
     check_name("agent", id)?;
-    match agentry_app::agents::stored_agent(&state.app.store, id).await? {
-        Some(_) => Ok(()),
-        None => Err(ApiError::not_found(format!("no agent {id:?}"))),
+    if state.app.memories().agent_exists(id).await? {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("no agent {id:?}")))
     }
 }
 
@@ -195,16 +196,11 @@ async fn list_memories(
     let Query(query) = query?;
     known_agent(&state, &id).await?;
     let scope = scope(&caller, id, query.user)?;
-    let records = match query.q.as_deref() {
-        Some(q) => {
-            state
-                .app
-                .store
-                .search_memories(&scope, q, query.limit)
-                .await?
-        }
-        None => state.app.store.memories(&scope, query.limit).await?,
-    };
+    let records = state
+        .app
+        .memories()
+        .list(&scope, query.q.as_deref(), query.limit)
+        .await?;
     Ok(Json(MemoryList {
         memories: records.into_iter().map(Memory::from).collect(),
     }))
@@ -234,7 +230,7 @@ async fn add_memory(
     known_agent(&state, &id).await?;
     let (record, created) = state
         .app
-        .store
+        .memories()
         .remember(NewMemory {
             scope: scope(&caller, id, body.user)?,
             kind: body.kind.into(),
@@ -253,8 +249,8 @@ async fn add_memory(
 async fn stored(state: &AppState, id: u64) -> Result<MemoryRecord, ApiError> {
     state
         .app
-        .store
-        .memory(id)
+        .memories()
+        .get(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no memory {id}")))
 }
@@ -302,8 +298,8 @@ async fn edit_memory(
     let kind = edit.kind.map_or(current.kind, MemoryKind::from);
     let record = state
         .app
-        .store
-        .update_memory(id, kind, &edit.text)
+        .memories()
+        .edit(id, kind, &edit.text)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no memory {id}")))?;
     Ok(Json(record.into()))
@@ -326,7 +322,7 @@ async fn delete_memory(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<u64>,
 ) -> Result<StatusCode, ApiError> {
-    if state.app.store.delete_memory(id).await? {
+    if state.app.memories().delete(id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("no memory {id}")))

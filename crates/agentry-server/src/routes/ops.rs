@@ -8,6 +8,8 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use agentry_app::cluster::NotReady;
+
 use crate::error::ApiError;
 use crate::openapi::{Health, Readiness, ServiceUnavailable};
 use crate::state::AppState;
@@ -46,20 +48,13 @@ async fn healthz() -> Json<Value> {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let version = state.app.store.schema_version().await.map_err(|error| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            error.to_string(),
-        )
+    let ready = state.app.readiness().await.map_err(|error| {
+        let code = match error {
+            NotReady::Unreachable(_) => "unavailable",
+            NotReady::StorageFull(_) => "storage_full",
+        };
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())
     })?;
-    if let Some(reason) = state.app.store.storage_full() {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "storage_full",
-            format!("the database has no room for writes: {reason}"),
-        ));
-    }
     // Readiness is public (load balancers probe it); what it tells beyond that is not, once
     // the server has API keys.
     if state.auth.enabled().await.unwrap_or(true) {
@@ -67,9 +62,9 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     }
     Ok(Json(json!({
         "status": "ready",
-        "database": state.app.store.backend().as_str(),
-        "schema_version": version,
-        "live_runs": state.app.hub.live_runs(),
+        "database": ready.database,
+        "schema_version": ready.schema_version,
+        "live_runs": ready.live_runs,
     })))
 }
 

@@ -36,8 +36,8 @@ pub(crate) fn visible_changes(
     state: AppState,
     caller: Principal,
 ) -> impl Stream<Item = FeedItem> + Send {
-    let mut changes = state.app.hub.status_changes();
-    let shutdown = state.app.shutdown.clone();
+    let mut changes = state.app.hub().status_changes();
+    let shutdown = state.app.shutdown_signal().clone();
     let mut visible: HashMap<agentry_types::SessionId, bool> = HashMap::new();
     async_stream::stream! {
         loop {

@@ -230,7 +230,7 @@ pub(crate) fn serve_socket(
     flavour: Flavour,
 ) -> Response {
     let attachment = terminal.attach();
-    let shutdown = state.app.shutdown.clone();
+    let shutdown = state.app.shutdown_signal().clone();
     upgrade.on_upgrade(move |socket| socket_loop(socket, attachment, flavour, shutdown))
 }
 

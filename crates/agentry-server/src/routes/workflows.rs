@@ -483,7 +483,7 @@ async fn stream_run(
     let run = state.app.workflow_run(&caller, &id).await?;
     let resume = super::sse::resume_after(&headers, u64::MAX)?;
     let events = async_stream::stream! {
-        let mut changes = state.app.workflows.subscribe(&id);
+        let mut changes = state.app.workflow_changes(&id);
         let mut seq = if resume == u64::MAX || resume > run.seq {
             let Ok(view) = serde_json::to_value(&run) else { return };
             yield Ok::<_, std::convert::Infallible>(
@@ -495,7 +495,7 @@ async fn stream_run(
         };
         let mut ended = run.state.is_final() && seq >= run.seq;
         while !ended {
-            let Ok(recorded) = state.app.store.workflow_events(&id, seq).await else { break };
+            let Ok(recorded) = state.app.workflow_events(&id, seq).await else { break };
             for (number, event) in recorded {
                 let kind = event["type"].as_str().unwrap_or("step").to_owned();
                 if kind == "run"
@@ -515,7 +515,7 @@ async fn stream_run(
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                _ = state.app.shutdown.cancelled() => break,
+                _ = state.app.shutdown_signal().cancelled() => break,
             }
         }
     };

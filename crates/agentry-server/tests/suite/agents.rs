@@ -400,6 +400,7 @@ async fn new_agent_fields_are_validated_and_old_agents_still_load() {
     server
         .state
         .app
+        .parts()
         .store
         .put_config(
             agentry_store::ConfigKind::Agent,

@@ -545,7 +545,7 @@ async fn start_up_recovery_leaves_running_background_runs_to_the_queue() {
     use agentry_store::{NewEvent, NewRun, NewSession};
     use agentry_types::{RunId, SessionId};
     let server = start_with(host_commands, |_| {}).await;
-    let store = server.state.app.store.clone();
+    let store = server.state.app.parts().store.clone();
     // A real run's start, to copy into two sessions that a crash left mid-run.
     server
         .mock
@@ -612,7 +612,7 @@ async fn start_up_recovery_leaves_running_background_runs_to_the_queue() {
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("resumed")));
     assert_eq!(server.state.app.recover_at_start().await, 1);
-    assert!(!server.state.app.hub.is_live(queued), "left to the queue");
+    assert!(!server.state.app.hub().is_live(queued), "left to the queue");
     // The plain one was resumed and ends; the queued one's log is untouched.
     for _ in 0..200 {
         if store.session(plain).await.unwrap().unwrap().status == "idle" {

@@ -216,7 +216,7 @@ async fn models_are_created_listed_replaced_renamed_and_deleted() {
     );
     let list = server.get("/v1/models").await;
     assert_eq!(names(&list.body, "models", "id"), ["alpha", "omega"]);
-    let runtime = server.state.app.sessions.runtime();
+    let runtime = server.state.app.parts().sessions.runtime();
     assert!(runtime.model_client("omega").is_ok());
     assert!(runtime.model_client("zeta").is_err());
 
@@ -241,6 +241,7 @@ async fn models_are_created_listed_replaced_renamed_and_deleted() {
         server
             .state
             .app
+            .parts()
             .sessions
             .runtime()
             .model_client("omega")
@@ -347,6 +348,7 @@ async fn bad_model_input_is_a_json_4xx_and_writes_nothing() {
         server
             .state
             .app
+            .parts()
             .sessions
             .runtime()
             .model_client("m1")
@@ -365,7 +367,13 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
         );
     }
     assert_eq!(
-        server.state.app.sessions.runtime().default_model_id(),
+        server
+            .state
+            .app
+            .parts()
+            .sessions
+            .runtime()
+            .default_model_id(),
         Some("zeta")
     );
     // Replacing zeta keeps its place.
@@ -376,7 +384,13 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
         StatusCode::OK,
     );
     assert_eq!(
-        server.state.app.sessions.runtime().default_model_id(),
+        server
+            .state
+            .app
+            .parts()
+            .sessions
+            .runtime()
+            .default_model_id(),
         Some("zeta")
     );
     // A model marked default wins, wherever it was registered.
@@ -386,7 +400,13 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
     assert_status(&created, StatusCode::CREATED);
     assert_eq!(created.body["default"], true);
     assert_eq!(
-        server.state.app.sessions.runtime().default_model_id(),
+        server
+            .state
+            .app
+            .parts()
+            .sessions
+            .runtime()
+            .default_model_id(),
         Some("mid")
     );
     // Unmarked models do not carry the field.
@@ -403,7 +423,13 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
     alpha["default"] = json!(true);
     assert_status(&server.put("/v1/models/alpha", alpha).await, StatusCode::OK);
     assert_eq!(
-        server.state.app.sessions.runtime().default_model_id(),
+        server
+            .state
+            .app
+            .parts()
+            .sessions
+            .runtime()
+            .default_model_id(),
         Some("alpha")
     );
     assert!(
@@ -430,7 +456,13 @@ async fn the_default_model_is_the_marked_one_else_the_first_registered() {
         StatusCode::NO_CONTENT,
     );
     assert_eq!(
-        server.state.app.sessions.runtime().default_model_id(),
+        server
+            .state
+            .app
+            .parts()
+            .sessions
+            .runtime()
+            .default_model_id(),
         Some("zeta")
     );
 }
@@ -451,6 +483,7 @@ async fn a_registered_model_gets_the_context_window_its_provider_states() {
     let client = server
         .state
         .app
+        .parts()
         .sessions
         .runtime()
         .model_client("served")
@@ -464,7 +497,7 @@ async fn a_registered_model_gets_the_context_window_its_provider_states() {
         &server.post("/v1/models", configured).await,
         StatusCode::CREATED,
     );
-    let runtime = server.state.app.sessions.runtime();
+    let runtime = server.state.app.parts().sessions.runtime();
     assert_eq!(
         runtime.model_client("fixed").unwrap().context().window,
         10_000
@@ -499,6 +532,7 @@ async fn a_registered_model_is_usable_at_once_and_its_connection_test_reaches_th
         server
             .state
             .app
+            .parts()
             .sessions
             .runtime()
             .model_client("mock")
@@ -602,7 +636,7 @@ async fn tools_list_builtins_and_configured_ones() {
         "not_found",
     );
 
-    let runtime = server.state.app.sessions.runtime();
+    let runtime = server.state.app.parts().sessions.runtime();
     assert!(runtime.tools().contains("echo_args"));
     assert!(runtime.tools().contains("search"));
 }
@@ -756,7 +790,7 @@ async fn tools_are_replaced_renamed_and_deleted_but_builtins_are_fixed() {
         StatusCode::NOT_FOUND,
         "not_found",
     );
-    let runtime = server.state.app.sessions.runtime();
+    let runtime = server.state.app.parts().sessions.runtime();
     assert!(runtime.tools().contains("three") && !runtime.tools().contains("one"));
 
     let missing = server
@@ -795,7 +829,16 @@ async fn tools_are_replaced_renamed_and_deleted_but_builtins_are_fixed() {
         StatusCode::BAD_REQUEST,
         "invalid_request",
     );
-    assert!(!server.state.app.sessions.runtime().tools().contains("two"));
+    assert!(
+        !server
+            .state
+            .app
+            .parts()
+            .sessions
+            .runtime()
+            .tools()
+            .contains("two")
+    );
     let list = server.get("/v1/tools").await;
     let mut listed = names(&list.body, "tools", "name");
     listed.sort();
@@ -855,7 +898,7 @@ async fn batch_delete_is_its_own_route() {
     let mut listed = names(&server.get("/v1/tools").await.body, "tools", "name");
     listed.sort();
     assert_eq!(listed, ["c", "current_time", "delegate", "talk_to"]);
-    let runtime = server.state.app.sessions.runtime();
+    let runtime = server.state.app.parts().sessions.runtime();
     assert!(!runtime.tools().contains("a") && runtime.tools().contains("c"));
 }
 
@@ -1025,6 +1068,7 @@ async fn prompt_templates_round_trip_with_their_variables() {
         server
             .state
             .app
+            .parts()
             .sessions
             .runtime()
             .templates()
@@ -1055,7 +1099,14 @@ async fn prompt_templates_round_trip_with_their_variables() {
         json!({"variables": ["who"]})
     );
     assert_eq!(
-        server.state.app.sessions.runtime().templates().get("greet"),
+        server
+            .state
+            .app
+            .parts()
+            .sessions
+            .runtime()
+            .templates()
+            .get("greet"),
         Some("Hi {{ who }}")
     );
     let clash = server
@@ -1081,6 +1132,7 @@ async fn prompt_templates_round_trip_with_their_variables() {
         server
             .state
             .app
+            .parts()
             .sessions
             .runtime()
             .templates()
@@ -1113,6 +1165,7 @@ async fn prompt_templates_round_trip_with_their_variables() {
         server
             .state
             .app
+            .parts()
             .sessions
             .runtime()
             .templates()
@@ -1403,6 +1456,7 @@ async fn a_secret_bound_to_hosts_is_sent_nowhere_else() {
         server
             .state
             .app
+            .parts()
             .sessions
             .runtime()
             .model_client("elsewhere")

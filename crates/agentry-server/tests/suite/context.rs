@@ -79,6 +79,7 @@ async fn the_next_calls_parts_are_counted_against_the_models_window() {
     let fresh = server
         .state
         .app
+        .parts()
         .store
         .create_session(agentry_store::NewSession::new())
         .await

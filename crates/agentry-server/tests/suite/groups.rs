@@ -753,6 +753,7 @@ async fn an_exchange_left_open_by_a_stopped_server_is_closed_first() {
         .server
         .state
         .app
+        .parts()
         .sessions
         .log()
         .append(

@@ -127,6 +127,7 @@ async fn with_the_sandbox_off_command_tools_and_stdio_servers_are_refused() {
     server
         .state
         .app
+        .parts()
         .store
         .put_config(
             ConfigKind::Tool,
@@ -158,11 +159,12 @@ async fn with_the_sandbox_off_command_tools_and_stdio_servers_are_refused() {
             .contains("--allow-host-commands"),
         "{body}"
     );
-    assert!(server.state.app.mcp.names().is_empty());
+    assert!(server.state.app.parts().mcp.names().is_empty());
     assert!(
         server
             .state
             .app
+            .parts()
             .store
             .list_config(ConfigKind::McpServer)
             .await
@@ -226,7 +228,7 @@ async fn host_true_is_refused_over_http_unless_host_commands_are_allowed() {
         .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "host_commands_refused", "{body}");
-    assert!(server.state.app.mcp.names().is_empty());
+    assert!(server.state.app.parts().mcp.names().is_empty());
 
     let (_, capabilities) = server.get("/v1/sandbox/capabilities").await;
     assert_eq!(capabilities["allow_host_commands"], false, "{capabilities}");
@@ -268,12 +270,12 @@ async fn with_host_commands_allowed_a_stdio_server_over_http_needs_an_api_key() 
         .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "api_key_required", "{body}");
-    assert!(server.state.app.mcp.names().is_empty());
+    assert!(server.state.app.parts().mcp.names().is_empty());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!marker.exists(), "a refused server ran");
 
     // With a key, the operator's client may register one; it runs on the host.
-    let key = agentry_app::auth::create_key(&server.state.app.store, "operator")
+    let key = agentry_app::auth::create_key(&server.state.app.parts().store, "operator")
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -291,5 +293,5 @@ async fn with_host_commands_allowed_a_stdio_server_over_http_needs_an_api_key() 
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["servers"][0]["state"], "connected", "{body}");
     assert_eq!(body["servers"][0]["sandboxed"], false, "{body}");
-    server.state.app.mcp.shutdown().await;
+    server.state.app.parts().mcp.shutdown().await;
 }

@@ -368,7 +368,7 @@ async fn shutdown_ends_open_streams_with_a_final_event_and_the_run_resumes_later
     let server = start().await;
     let (mut stream, session) = slow_run(&server).await;
     let seen = until(&mut stream, "tool.started").await;
-    server.state.app.shutdown.cancel();
+    server.state.app.parts().shutdown.cancel();
     let rest = stream.rest().await;
     let last = rest.last().unwrap();
     assert_eq!(last.name, "server.shutdown");

@@ -30,7 +30,7 @@ async fn readme_catalogue(server: &Server) {
     );
     server
         .state
-        .app.store
+        .app.parts().store
         .put_config(
             agentry_store::ConfigKind::Tool,
             "web_search",
@@ -553,7 +553,7 @@ async fn sessions_are_listed_titled_continued_and_deleted() {
 #[tokio::test]
 async fn the_seed_api_needs_a_key_once_keys_exist() {
     let server = start().await;
-    let admin = agentry_app::auth::create_key(&server.state.app.store, "admin")
+    let admin = agentry_app::auth::create_key(&server.state.app.parts().store, "admin")
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -948,7 +948,7 @@ async fn the_seeds_function_tools_run_sandboxed_without_a_session_and_re_posting
     let sent = server.mock.requests()[1].body.to_string();
     assert!(sent.contains("\"42\""), "{sent}");
     // No scratch sandbox is left behind.
-    let sandboxes = server.state.app.tools.sandboxes.as_ref().unwrap();
+    let sandboxes = server.state.app.parts().tools.sandboxes.as_ref().unwrap();
     assert_eq!(sandboxes.len(), 0);
     // A template saved twice is replaced, not refused.
     for content in ["First {{x}}", "Second {{x}}"] {

@@ -36,7 +36,7 @@ async fn start(expose_tools: bool) -> McpServer {
         .await
         .unwrap();
     let mut state = AppState::new(store).await.unwrap();
-    state.app.mcp_expose_tools = expose_tools;
+    state.app.expose_tools_over_mcp(expose_tools);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = router(state.clone());
@@ -381,7 +381,9 @@ async fn registered_tools_are_offered_only_with_the_flag() {
 #[tokio::test]
 async fn with_an_api_key_mcp_needs_it() {
     let server = start(false).await.with_agent().await;
-    let key = create_key(&server.state.app.store, "mcp").await.unwrap();
+    let key = create_key(&server.state.app.parts().store, "mcp")
+        .await
+        .unwrap();
     server.state.auth.refresh();
 
     let response = server
@@ -506,6 +508,7 @@ async fn a_cancelled_call_cancels_the_run(mode: &str) {
     let sessions = server
         .state
         .app
+        .parts()
         .store
         .list_sessions(&SessionQuery::default())
         .await
@@ -518,6 +521,7 @@ async fn a_cancelled_call_cancels_the_run(mode: &str) {
         let events = server
             .state
             .app
+            .parts()
             .store
             .events(session, 0, usize::MAX)
             .await
@@ -533,7 +537,7 @@ async fn a_cancelled_call_cancels_the_run(mode: &str) {
     }
     let ended = ended.expect("the run ended within 10 s of the cancellation");
     assert_eq!(ended["stop_reason"], "cancelled", "{ended}");
-    assert_eq!(server.state.app.hub.live_runs(), 0);
+    assert_eq!(server.state.app.hub().live_runs(), 0);
 }
 
 #[tokio::test]

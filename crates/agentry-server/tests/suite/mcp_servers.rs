@@ -254,6 +254,7 @@ async fn restart_delete_resources_and_prompts_through_the_api() {
         server
             .state
             .app
+            .parts()
             .store
             .config(ConfigKind::McpServer, "everything")
             .await
@@ -332,13 +333,14 @@ async fn bad_registrations_are_refused_and_nothing_is_saved() {
         server
             .state
             .app
+            .parts()
             .store
             .list_config(ConfigKind::McpServer)
             .await
             .unwrap()
             .is_empty()
     );
-    assert!(server.state.app.mcp.names().is_empty());
+    assert!(server.state.app.parts().mcp.names().is_empty());
 
     for (path, expected) in [
         ("/v1/mcp-servers/nope", 404),
@@ -385,6 +387,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
     .unwrap();
     let status = state
         .app
+        .parts()
         .mcp
         .wait_ready("from-file", Duration::from_secs(60))
         .await
@@ -397,6 +400,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !state
         .app
+        .parts()
         .sessions
         .runtime()
         .tools()
@@ -418,7 +422,7 @@ async fn saved_servers_reconnect_at_start_up_and_mcp_json_is_imported() {
         .await
         .unwrap_err();
     assert!(error.message.contains("mcp.json"), "{}", error.message);
-    state.app.mcp.shutdown().await;
+    state.app.parts().mcp.shutdown().await;
 }
 
 #[tokio::test]
@@ -470,8 +474,8 @@ async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
         serde_json::from_value(json!({"probe": {"command": python, "args": [script, marker]}}))
             .unwrap();
     agentry_app::mcp_tools::save_and_start(
-        &server.state.app.store,
-        &server.state.app.mcp,
+        &server.state.app.parts().store,
+        &server.state.app.parts().mcp,
         &servers,
     )
     .await
@@ -479,6 +483,7 @@ async fn aborting_a_run_cancels_its_call_on_the_mcp_server() {
     let status = server
         .state
         .app
+        .parts()
         .mcp
         .wait_ready("probe", Duration::from_secs(30))
         .await
@@ -548,13 +553,14 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
         .await;
     assert_eq!(status, 201, "{body}");
     // From now on /mcp needs the key: the client sends it from a stored secret.
-    let key = agentry_app::auth::create_key(&server.state.app.store, "self")
+    let key = agentry_app::auth::create_key(&server.state.app.parts().store, "self")
         .await
         .unwrap();
     server.state.auth.refresh();
     server
         .state
         .app
+        .parts()
         .store
         .put_secret("SELF_KEY", &format!("Bearer {}", key.key))
         .await
@@ -566,8 +572,8 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
     }))
     .unwrap();
     agentry_app::mcp_tools::save_and_start(
-        &server.state.app.store,
-        &server.state.app.mcp,
+        &server.state.app.parts().store,
+        &server.state.app.parts().mcp,
         &servers,
     )
     .await
@@ -576,6 +582,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
     let status = server
         .state
         .app
+        .parts()
         .mcp
         .wait_ready("self", Duration::from_secs(30))
         .await
@@ -603,6 +610,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
     let answer = server
         .state
         .app
+        .parts()
         .mcp
         .call_tool(
             "self",
@@ -622,6 +630,7 @@ async fn agentry_reaches_its_own_mcp_endpoint_on_the_current_revision_with_a_sec
     let refused = server
         .state
         .app
+        .parts()
         .mcp
         .wait_ready("anonymous", Duration::from_secs(30))
         .await

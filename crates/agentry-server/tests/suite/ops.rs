@@ -94,7 +94,9 @@ async fn with_a_key_every_documented_v1_operation_refuses_a_missing_or_revoked_k
     let server = start().await;
     let operations = every_v1_operation(&server).await;
     assert!(operations.len() > 30, "{operations:?}");
-    let key = create_key(&server.state.app.store, "tests").await.unwrap();
+    let key = create_key(&server.state.app.parts().store, "tests")
+        .await
+        .unwrap();
     server.state.auth.refresh();
     for (method, path) in &operations {
         assert_eq!(
@@ -103,9 +105,13 @@ async fn with_a_key_every_documented_v1_operation_refuses_a_missing_or_revoked_k
             "{method} {path} without a key"
         );
     }
-    revoke_key(&server.state.app.store, &key.id).await.unwrap();
+    revoke_key(&server.state.app.parts().store, &key.id)
+        .await
+        .unwrap();
     // A second, active key keeps auth on; the revoked one is refused everywhere.
-    create_key(&server.state.app.store, "other").await.unwrap();
+    create_key(&server.state.app.parts().store, "other")
+        .await
+        .unwrap();
     server.state.auth.refresh();
     for (method, path) in &operations {
         assert_eq!(
@@ -121,7 +127,9 @@ async fn with_a_key_every_v1_route_refuses_missing_wrong_and_revoked_keys() {
     let server = start().await;
     // No key yet: open (loopback only).
     assert_eq!(status_of(&server, "GET", "/v1/sessions", None).await, 200);
-    let key = create_key(&server.state.app.store, "tests").await.unwrap();
+    let key = create_key(&server.state.app.parts().store, "tests")
+        .await
+        .unwrap();
     server.state.auth.refresh();
     for (method, path) in V1_ROUTES {
         assert_eq!(
@@ -151,8 +159,14 @@ async fn with_a_key_every_v1_route_refuses_missing_wrong_and_revoked_keys() {
     );
     assert_eq!(status_of(&server, "GET", "/healthz", None).await, 200);
     // Revoked: refused on the very next request.
-    let other = create_key(&server.state.app.store, "other").await.unwrap();
-    assert!(revoke_key(&server.state.app.store, &key.id).await.unwrap());
+    let other = create_key(&server.state.app.parts().store, "other")
+        .await
+        .unwrap();
+    assert!(
+        revoke_key(&server.state.app.parts().store, &key.id)
+            .await
+            .unwrap()
+    );
     assert_eq!(
         status_of(&server, "GET", "/v1/sessions", Some(&key.key)).await,
         401
@@ -165,6 +179,7 @@ async fn with_a_key_every_v1_route_refuses_missing_wrong_and_revoked_keys() {
     let stored = server
         .state
         .app
+        .parts()
         .store
         .list_config(agentry_store::ConfigKind::ApiKey)
         .await
@@ -175,7 +190,7 @@ async fn with_a_key_every_v1_route_refuses_missing_wrong_and_revoked_keys() {
 #[tokio::test]
 async fn a_login_sets_an_http_only_cookie_that_works_until_logout() {
     let server = start().await;
-    let key = create_key(&server.state.app.store, "console")
+    let key = create_key(&server.state.app.parts().store, "console")
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -316,14 +331,16 @@ async fn listening_beyond_loopback_needs_a_key() {
         addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         shutdown_grace: Duration::from_secs(1),
     };
-    let refused = agentry_server::serve::bind(&open, &server.state.app.store).await;
+    let refused = agentry_server::serve::bind(&open, &server.state.app.parts().store).await;
     assert!(matches!(
         refused,
         Err(agentry_server::ServeError::InsecureBind(_))
     ));
-    create_key(&server.state.app.store, "ops").await.unwrap();
+    create_key(&server.state.app.parts().store, "ops")
+        .await
+        .unwrap();
     assert!(
-        agentry_server::serve::bind(&open, &server.state.app.store)
+        agentry_server::serve::bind(&open, &server.state.app.parts().store)
             .await
             .is_ok()
     );
@@ -358,7 +375,7 @@ async fn a_burst_of_connections_waits_to_be_accepted_instead_of_being_dropped() 
         shutdown_grace: Duration::from_secs(1),
     };
     let server = start().await;
-    let listener = agentry_server::serve::bind(&config, &server.state.app.store)
+    let listener = agentry_server::serve::bind(&config, &server.state.app.parts().store)
         .await
         .unwrap();
     let addr = listener.local_addr().unwrap();

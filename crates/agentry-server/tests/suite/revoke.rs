@@ -35,6 +35,7 @@ fn workspace_of(server: &Server, session: &str) -> PathBuf {
     server
         .state
         .app
+        .parts()
         .sessions
         .workspace(session.parse().unwrap())
         .unwrap()

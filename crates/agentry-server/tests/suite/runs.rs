@@ -320,7 +320,7 @@ async fn a_waiting_run_survives_a_server_restart() {
         .unwrap()
         .to_owned();
     // Stop the server.
-    state.app.shutdown.cancel();
+    state.app.parts().shutdown.cancel();
     task.await.unwrap();
     drop(state);
 
@@ -383,7 +383,7 @@ async fn a_waiting_run_survives_a_server_restart() {
     assert_eq!(finished["event"]["stop_reason"], "completed");
     let sent = mock.requests()[1].body.to_string();
     assert!(sent.contains("survivor"), "{sent}");
-    state.app.shutdown.cancel();
+    state.app.parts().shutdown.cancel();
     task.await.unwrap();
 }
 
@@ -501,12 +501,12 @@ async fn abort_over_http_drops_the_queue() {
     };
     let id = agentry_types::SessionId::parse(&session).unwrap();
     for _ in 0..200 {
-        if server.state.app.sessions.queued(id) == 1 {
+        if server.state.app.parts().sessions.queued(id) == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(server.state.app.sessions.queued(id), 1);
+    assert_eq!(server.state.app.parts().sessions.queued(id), 1);
     let (status, body) = server
         .post(&format!("/v1/runs/{run_id}/abort"), json!({}))
         .await;

@@ -198,6 +198,7 @@ async fn create_exec_stream_stdin_timeout_and_delete() {
     let workspace = server
         .state
         .app
+        .parts()
         .sandboxes
         .get(id.parse().unwrap())
         .unwrap()
@@ -481,6 +482,7 @@ async fn files_round_trip_and_cannot_escape() {
     let workspace = server
         .state
         .app
+        .parts()
         .sandboxes
         .get(id.parse().unwrap())
         .unwrap()
@@ -810,7 +812,7 @@ async fn bad_inputs_are_refused_with_clear_errors() {
 #[tokio::test]
 async fn idle_sandboxes_leave_and_the_cap_holds() {
     let server = start_with(native_sandboxes, |state| {
-        state.app.sandboxes = SandboxRegistry::with_max(Some(state_root(state)), 2);
+        state.app.parts_mut().sandboxes = SandboxRegistry::with_max(Some(state_root(state)), 2);
     })
     .await;
     let (_, capabilities) = server.get("/v1/sandbox/capabilities").await;
@@ -819,7 +821,7 @@ async fn idle_sandboxes_leave_and_the_cap_holds() {
     // Idle: closed after its timeout, then gone from the registry with its workspace.
     let idle = create(&server, json!({"limits": {"idle_timeout_secs": 1}})).await;
     let kept = create(&server, json!({})).await;
-    let idle_workspace = server.state.app.sandboxes.root().join(&idle);
+    let idle_workspace = server.state.app.parts().sandboxes.root().join(&idle);
     assert!(idle_workspace.is_dir());
     let (status, error) = send(&server, Method::POST, "/v1/sandboxes", Some(json!({}))).await;
     assert_eq!(status, 429, "{error}");
@@ -863,7 +865,7 @@ async fn idle_sandboxes_leave_and_the_cap_holds() {
 }
 
 fn state_root(state: &agentry_server::AppState) -> std::path::PathBuf {
-    state.app.sandboxes.root().to_path_buf()
+    state.app.parts().sandboxes.root().to_path_buf()
 }
 
 #[tokio::test]
@@ -894,10 +896,15 @@ async fn shutdown_closes_every_sandbox() {
         .await
         .unwrap();
     let id = created["id"].as_str().unwrap();
-    let entry = state.app.sandboxes.get(id.parse().unwrap()).unwrap();
+    let entry = state
+        .app
+        .parts()
+        .sandboxes
+        .get(id.parse().unwrap())
+        .unwrap();
     let workspace = entry.workspace().to_path_buf();
     assert!(workspace.is_dir());
-    state.app.shutdown.cancel();
+    state.app.parts().shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(30), serving)
         .await
         .expect("the server stops")
@@ -905,7 +912,7 @@ async fn shutdown_closes_every_sandbox() {
         .unwrap();
     assert!(entry.sandbox.closed_reason().is_some());
     assert!(!workspace.exists());
-    assert!(state.app.sandboxes.is_empty());
+    assert!(state.app.parts().sandboxes.is_empty());
 }
 
 /// The hard maximum of each limit an override may set where the server sets none.
@@ -992,7 +999,7 @@ async fn limit_overrides_may_only_lower_the_servers_limits() {
             "{body}: {message}"
         );
     }
-    assert!(server.state.app.sandboxes.is_empty());
+    assert!(server.state.app.parts().sandboxes.is_empty());
 
     // The reproduction of the review: every limit at its old maximum.
     let (status, error) = send(
@@ -1111,7 +1118,7 @@ async fn session_runs_work_in_their_own_workspace_and_sandbox() {
     let seen = server.mock.requests()[3].body.to_string();
     assert!(seen.contains("exit code 1"), "{seen}");
     assert!(seen.contains("No such file"), "{seen}");
-    let pool = server.state.app.tools.sandboxes.clone().unwrap();
+    let pool = server.state.app.parts().tools.sandboxes.clone().unwrap();
     assert_eq!(pool.len(), 2, "one sandbox per session");
     pool.close_all().await;
     server.mock.check_protocol().unwrap();

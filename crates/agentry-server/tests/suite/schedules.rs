@@ -205,7 +205,7 @@ async fn one_slot_fires_once_with_two_workers_on_one_database() {
     assert_eq!(status, 201, "{schedule}");
     let id = schedule["id"].as_str().unwrap().to_owned();
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    second.shutdown.cancel();
+    second.parts().shutdown.cancel();
     let runs = runs_of(&server, &id).await;
     assert!((2..=4).contains(&runs.len()), "{runs:#?}");
     // Fired at distinct slots, each once: one model call per run.
@@ -230,6 +230,7 @@ async fn overdue(server: &Server, catch_up: &str) -> String {
     server
         .state
         .app
+        .parts()
         .store
         .create_schedule(&NewSchedule {
             id: id.clone(),
@@ -321,6 +322,7 @@ async fn a_slot_submitted_before_a_crash_is_not_submitted_again() {
     server
         .state
         .app
+        .parts()
         .store
         .create_schedule(&schedule)
         .await
@@ -332,6 +334,7 @@ async fn a_slot_submitted_before_a_crash_is_not_submitted_again() {
     server
         .state
         .app
+        .parts()
         .store
         .update_schedule(&schedule)
         .await
@@ -392,6 +395,7 @@ async fn schedules_have_a_floor_and_their_queued_fires_a_cap() {
     server
         .state
         .app
+        .parts()
         .store
         .create_schedule(&schedule)
         .await
@@ -401,6 +405,7 @@ async fn schedules_have_a_floor_and_their_queued_fires_a_cap() {
         server
             .state
             .app
+            .parts()
             .store
             .update_schedule(&schedule)
             .await
@@ -427,7 +432,7 @@ async fn a_schedule_fires_as_its_owners_key_is_now_and_stops_when_it_is_revoked(
         .mock
         .set_fallback(Reply::scripted(ScriptedTurn::text("tick")));
     let (owner, _, _) = with_keys(&server, KeyLimits::default()).await;
-    let other = create_key(&server.state.app.store, "another admin")
+    let other = create_key(&server.state.app.parts().store, "another admin")
         .await
         .unwrap();
     let (status, schedule) = as_key(
@@ -450,7 +455,11 @@ async fn a_schedule_fires_as_its_owners_key_is_now_and_stops_when_it_is_revoked(
     assert!(runs().await >= 1, "the schedule fired");
 
     let owner_id = owner.split('_').nth(1).unwrap();
-    assert!(revoke_key(&server.state.app.store, owner_id).await.unwrap());
+    assert!(
+        revoke_key(&server.state.app.parts().store, owner_id)
+            .await
+            .unwrap()
+    );
     // A fire already under way when the key went may still land.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = runs().await;
@@ -465,7 +474,7 @@ async fn a_schedule_fires_as_its_owners_key_is_now_and_stops_when_it_is_revoked(
 #[tokio::test]
 async fn a_schedule_an_earlier_release_stored_is_rewritten_at_start_and_fires() {
     let server = start_with(host_commands, |_| {}).await;
-    let store = &server.state.app.store;
+    let store = &server.state.app.parts().store;
     let now = agentry_app::clock::now_ms();
     // An earlier release stored the client's request alone.
     let legacy = |id: &str, request: Value| NewSchedule {

@@ -359,18 +359,25 @@ async fn tools_that_run_on_the_host_ask_for_approval_by_default() {
 
 /// A server with an admin key and a user key; their keys.
 pub(super) async fn with_keys(server: &Server, limits: KeyLimits) -> (String, String, String) {
-    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
+    let admin = create_key(&server.state.app.parts().store, "admin")
+        .await
+        .unwrap();
     let user = create_key_with(
-        &server.state.app.store,
+        &server.state.app.parts().store,
         "user",
         KeyRole::User,
         limits.clone(),
     )
     .await
     .unwrap();
-    let other = create_key_with(&server.state.app.store, "other", KeyRole::User, limits)
-        .await
-        .unwrap();
+    let other = create_key_with(
+        &server.state.app.parts().store,
+        "other",
+        KeyRole::User,
+        limits,
+    )
+    .await
+    .unwrap();
     server.state.auth.refresh();
     (admin.key, user.key, other.key)
 }
@@ -555,7 +562,9 @@ async fn a_user_key_runs_only_within_its_limits_and_manages_nothing() {
 #[tokio::test]
 async fn revoking_keys_never_turns_authentication_off() {
     let server = start().await;
-    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
+    let admin = create_key(&server.state.app.parts().store, "admin")
+        .await
+        .unwrap();
     server.state.auth.refresh();
     // The first key is an admin even when asked for a user.
     let (_, keys) = as_key(&server, &admin.key, "GET", "/v1/api-keys", json!({})).await;
@@ -591,7 +600,7 @@ async fn revoking_keys_never_turns_authentication_off() {
     .await;
     assert_eq!(status, 204);
     // Every key but the admin revoked (and even that one, from the CLI): still locked.
-    agentry_app::auth::revoke_key(&server.state.app.store, &admin.id)
+    agentry_app::auth::revoke_key(&server.state.app.parts().store, &admin.id)
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -604,7 +613,7 @@ async fn revoking_keys_never_turns_authentication_off() {
 #[tokio::test]
 async fn logins_are_throttled_and_secure_behind_tls() {
     let server = start().await;
-    let key = create_key(&server.state.app.store, "console")
+    let key = create_key(&server.state.app.parts().store, "console")
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -679,7 +688,7 @@ async fn behind_a_trusted_proxy_failed_logins_count_per_forwarded_client() {
             vec!["127.0.0.1".parse().unwrap()];
     })
     .await;
-    let key = create_key(&server.state.app.store, "console")
+    let key = create_key(&server.state.app.parts().store, "console")
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -951,9 +960,12 @@ async fn a_relayed_request_carries_an_assertion_never_the_clients_credentials() 
         .await;
         assert_eq!(status, 401, "{why}");
     }
-    agentry_app::auth::revoke_key(&server.state.app.store, caller.key_id.as_deref().unwrap())
-        .await
-        .unwrap();
+    agentry_app::auth::revoke_key(
+        &server.state.app.parts().store,
+        caller.key_id.as_deref().unwrap(),
+    )
+    .await
+    .unwrap();
     server.state.auth.refresh();
     let (status, _) = send(&server, "GET", "/v1/sessions", &json!({}), &vouched).await;
     assert_eq!(status, 401, "a revoked key");

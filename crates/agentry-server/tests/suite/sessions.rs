@@ -209,12 +209,12 @@ async fn a_new_session_is_created_with_its_runs_first_commit() {
     server
         .mock
         .enqueue(Reply::scripted(ScriptedTurn::text("Hi there.")));
-    let before = server.state.app.store.commit_counts();
+    let before = server.state.app.parts().store.commit_counts();
     let (status, body) = server
         .post("/v1/infer", json!({"session_id": "new", "text": "Hello"}))
         .await;
     assert_eq!(status, 200, "{body}");
-    let after = server.state.app.store.commit_counts();
+    let after = server.state.app.parts().store.commit_counts();
     assert_eq!(after.writes - before.writes, 2);
     let session = body["session_id"].as_str().unwrap();
     let (status, shown) = server.get(&format!("/v1/sessions/{session}")).await;

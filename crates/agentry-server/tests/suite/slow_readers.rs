@@ -45,7 +45,7 @@ async fn read_after_the_run(server: &Server, request: reqwest::RequestBuilder) -
     assert_eq!(response.status().as_u16(), 200);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     // The run starts (an A2A task on the worker), then ends while the client reads nothing.
-    while server.state.app.hub.live_runs() == 0 && server.mock.requests().is_empty() {
+    while server.state.app.hub().live_runs() == 0 && server.mock.requests().is_empty() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the run never started"
@@ -53,7 +53,7 @@ async fn read_after_the_run(server: &Server, request: reqwest::RequestBuilder) -
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    while server.state.app.hub.live_runs() > 0 {
+    while server.state.app.hub().live_runs() > 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the run never ended"

@@ -185,7 +185,7 @@ pub async fn start_with(
 impl Server {
     /// Closes the sessions' sandboxes (a test's last step, so nothing outlives it).
     pub async fn close_sandboxes(&self) {
-        if let Some(pool) = &self.state.app.tools.sandboxes {
+        if let Some(pool) = &self.state.app.parts().tools.sandboxes {
             pool.close_all().await;
         }
     }

@@ -621,15 +621,22 @@ async fn quota_server(
 ) -> (Server, String, String, String) {
     use agentry_app::auth::{KeyRole, create_key, create_key_with};
     let server = super::support::start_with(super::support::native_sandboxes, |_| {}).await;
-    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
+    let admin = create_key(&server.state.app.parts().store, "admin")
+        .await
+        .unwrap();
     let limits = KeyLimits {
         quotas: Some(quotas),
         ..KeyLimits::default()
     };
-    let a = create_key_with(&server.state.app.store, "a", KeyRole::User, limits.clone())
-        .await
-        .unwrap();
-    let b = create_key_with(&server.state.app.store, "b", KeyRole::User, limits)
+    let a = create_key_with(
+        &server.state.app.parts().store,
+        "a",
+        KeyRole::User,
+        limits.clone(),
+    )
+    .await
+    .unwrap();
+    let b = create_key_with(&server.state.app.parts().store, "b", KeyRole::User, limits)
         .await
         .unwrap();
     server.state.auth.refresh();
@@ -731,7 +738,7 @@ async fn user_keys_leave_the_pools_last_places_to_admins() {
         ..Default::default()
     })
     .await;
-    let max = server.state.app.sandboxes.max();
+    let max = server.state.app.parts().sandboxes.max();
     let reserve = agentry_app::quotas::ADMIN_RESERVE;
     for n in 0..max - reserve {
         let (status, answer) = as_key(&server, &a, "POST", "/v1/sandboxes", json!({})).await;
@@ -813,7 +820,7 @@ async fn the_sessions_of_a_minute_are_counted_over_every_node() {
     .await;
     // A second node on the same store.
     let other = agentry_server::AppState::with_tools(
-        server.state.app.store.clone(),
+        server.state.app.parts().store.clone(),
         super::support::host_commands(server.home.path()),
     )
     .await

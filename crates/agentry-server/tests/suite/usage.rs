@@ -280,9 +280,11 @@ async fn as_key(server: &Server, key: &str, path: &str, body: Option<Value>) -> 
 async fn a_key_budget_stops_that_key_and_a_user_key_sees_only_its_own_usage() {
     let server = start().await;
     priced_agents(&server, 1000.0, 1000.0).await;
-    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
+    let admin = create_key(&server.state.app.parts().store, "admin")
+        .await
+        .unwrap();
     let user = create_key_with(
-        &server.state.app.store,
+        &server.state.app.parts().store,
         "user",
         KeyRole::User,
         KeyLimits::default(),

@@ -165,7 +165,7 @@ async fn a_restart_between_attempts_keeps_the_one_delivery_id() {
         .await;
     until(|| !received.lock().unwrap().is_empty()).await;
     // The process stops after the first (failed) attempt; another starts on the same data.
-    server.state.app.shutdown.cancel();
+    server.state.app.parts().shutdown.cancel();
     let store = agentry_store::Store::open_home(server.home.path())
         .await
         .unwrap();
@@ -445,9 +445,11 @@ async fn a_workflow_runs_end_is_told_to_its_webhook() {
 async fn each_key_signs_its_own_webhooks_and_payloads_name_it() {
     use agentry_app::auth::{KeyLimits, KeyRole, create_key, create_key_with};
     let server = start(true).await;
-    let admin = create_key(&server.state.app.store, "admin").await.unwrap();
+    let admin = create_key(&server.state.app.parts().store, "admin")
+        .await
+        .unwrap();
     let alice = create_key_with(
-        &server.state.app.store,
+        &server.state.app.parts().store,
         "a",
         KeyRole::User,
         KeyLimits::default(),

@@ -161,6 +161,7 @@ async fn data_flows_branches_run_in_parallel_when_skips_and_map_keeps_order() {
     let events = server
         .state
         .app
+        .parts()
         .store
         .workflow_events(&id, 0)
         .await
@@ -766,7 +767,7 @@ async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     assert_eq!(status, 404);
 
     // The process stops while the approval waits; another starts on the same data.
-    server.state.app.shutdown.cancel();
+    server.state.app.parts().shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let store = agentry_store::Store::open_home(server.home.path())
         .await
@@ -815,7 +816,7 @@ async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     assert!(waited >= 1000, "{waited}");
     // The agent step was not run again: the model was asked once.
     assert_eq!(server.mock.requests().len(), 1);
-    second.shutdown.cancel();
+    second.parts().shutdown.cancel();
 }
 
 #[tokio::test]
@@ -1262,6 +1263,7 @@ async fn a_schedule_starts_a_workflow_once_per_slot() {
     server
         .state
         .app
+        .parts()
         .store
         .create_schedule(&schedule)
         .await
@@ -1276,6 +1278,7 @@ async fn a_schedule_starts_a_workflow_once_per_slot() {
     server
         .state
         .app
+        .parts()
         .store
         .update_schedule(&schedule)
         .await
@@ -1346,7 +1349,7 @@ async fn an_agent_step_runs_as_the_key_that_started_the_workflow_is_now() {
     )
     .await;
     let (owner, _, _) = with_keys(&server, KeyLimits::default()).await;
-    let other = create_key(&server.state.app.store, "another admin")
+    let other = create_key(&server.state.app.parts().store, "another admin")
         .await
         .unwrap();
     let (status, run) = as_key(
@@ -1361,7 +1364,11 @@ async fn an_agent_step_runs_as_the_key_that_started_the_workflow_is_now() {
     let id = run["run_id"].as_str().unwrap().to_owned();
     // The key goes while the run waits: its agent step does not run.
     let owner_id = owner.split('_').nth(1).unwrap();
-    assert!(revoke_key(&server.state.app.store, owner_id).await.unwrap());
+    assert!(
+        revoke_key(&server.state.app.parts().store, owner_id)
+            .await
+            .unwrap()
+    );
     let mut run = Value::Null;
     for _ in 0..200 {
         let (status, body) = as_key(

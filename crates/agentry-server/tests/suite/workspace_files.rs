@@ -32,6 +32,7 @@ async fn with_session() -> (Server, String, std::path::PathBuf) {
     let folder = server
         .state
         .app
+        .parts()
         .sessions
         .workspace(session.parse().unwrap())
         .unwrap();
@@ -1079,6 +1080,7 @@ async fn an_agents_sessions_share_its_workspace() {
     let shared = server
         .state
         .app
+        .parts()
         .sessions
         .shared_workspace("scribe")
         .unwrap();
@@ -1228,6 +1230,7 @@ async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
     let shared = server
         .state
         .app
+        .parts()
         .sessions
         .shared_workspace("scribe")
         .unwrap();
@@ -1239,6 +1242,7 @@ async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
     let boss_folder = server
         .state
         .app
+        .parts()
         .sessions
         .workspace(boss.parse().unwrap())
         .unwrap();
@@ -1248,6 +1252,7 @@ async fn an_agent_asked_by_another_works_in_its_shared_workspace() {
     let child_folder = server
         .state
         .app
+        .parts()
         .sessions
         .workspace(child.parse().unwrap())
         .unwrap();
@@ -1435,11 +1440,13 @@ async fn a_keys_unfinished_uploads_are_capped_across_its_workspaces() {
     use agentry_app::auth::{KeyLimits, KeyRole, create_key, create_key_with};
     use agentry_app::workspace_files::{MAX_PENDING_PER_KEY, MAX_PENDING_PER_WORKSPACE};
     let (server, _, _) = with_session().await;
-    create_key(&server.state.app.store, "admin").await.unwrap();
+    create_key(&server.state.app.parts().store, "admin")
+        .await
+        .unwrap();
     let mut keys = Vec::new();
     for label in ["a", "b"] {
         let key = create_key_with(
-            &server.state.app.store,
+            &server.state.app.parts().store,
             label,
             KeyRole::User,
             KeyLimits::default(),

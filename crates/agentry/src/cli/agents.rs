@@ -15,9 +15,9 @@ use clap::{Args, Subcommand};
 use agentry_app::ToolEnvironment;
 use agentry_app::agents::{AgentConfig, AgentLimits, AgentRun, WorkspaceScope, stored_agent};
 use agentry_app::config::ConfigRepo;
-use agentry_core::{RunRequest, Runtime};
-use agentry_mcp::McpManager;
-use agentry_store::Store;
+use agentry_app::domain::core::{RunRequest, Runtime};
+use agentry_app::domain::mcp::McpManager;
+use agentry_app::domain::store::Store;
 
 use super::app_error;
 use super::data::DataArgs;
@@ -169,12 +169,12 @@ impl AddArgs {
             template_arguments,
             limits: (limits != AgentLimits::default()).then_some(limits),
             approvals: None,
-            compaction: self
-                .summary_model
-                .map(|model| agentry_core::context::CompactionSettings {
+            compaction: self.summary_model.map(|model| {
+                agentry_app::domain::core::context::CompactionSettings {
                     summary_model: Some(model),
                     ..Default::default()
-                }),
+                }
+            }),
             // A narrower network and a default webhook are set in an agent file (`--file`).
             network: None,
             webhook_url: None,
@@ -250,7 +250,7 @@ pub(crate) async fn agents(args: AgentsArgs, data: &DataArgs) -> anyhow::Result<
             } else {
                 app.create_agent(&agent).await
             };
-            app.shutdown.cancel();
+            app.shut_down();
             if let Err(error) = saved {
                 if exists && !replace {
                     anyhow::bail!("{} (--replace to overwrite it)", error.message);
@@ -279,7 +279,7 @@ async fn store_runtime(
     mcp: &McpManager,
     environment: &ToolEnvironment,
 ) -> anyhow::Result<Runtime> {
-    let http = agentry_llm::http_client(Duration::from_secs(10))?;
+    let http = agentry_app::domain::llm::http_client(Duration::from_secs(10))?;
     agentry_app::runtime::build_runtime(store, &http, mcp, environment)
         .await
         .map_err(app_error)
@@ -295,10 +295,10 @@ pub(crate) async fn load(store: &Store, id: &str) -> anyhow::Result<AgentConfig>
 
 /// The sandbox an agent's session needs: none unless it may run commands.
 pub(crate) fn sandbox_mode(agent: &AgentConfig, chosen: Option<SandboxMode>) -> SandboxMode {
-    let runs_commands = agent
-        .tool_ids
-        .iter()
-        .any(|name| name == agentry_tools::shell::EXEC || name == agentry_tools::shell::TERMINAL);
+    let runs_commands = agent.tool_ids.iter().any(|name| {
+        name == agentry_app::domain::tools::shell::EXEC
+            || name == agentry_app::domain::tools::shell::TERMINAL
+    });
     if runs_commands {
         chosen.unwrap_or_default()
     } else {
@@ -341,7 +341,7 @@ pub(crate) async fn agent_app(
     let app = agentry_app::App::builder(store)
         .tools(environment)
         .mcp(agentry_app::McpStart::Only(agent.mcp_servers.clone()))
-        .stdio_mcp(agentry_mcp::StdioPolicy::host())
+        .stdio_mcp(agentry_app::domain::mcp::StdioPolicy::host())
         .build()
         .await
         .map_err(app_error)?;
@@ -355,10 +355,10 @@ pub(crate) async fn wait_for_mcp(
     app: &agentry_app::App,
     agent: &AgentConfig,
 ) -> anyhow::Result<()> {
-    super::profile::wait_connected(&app.mcp, &agent.mcp_servers).await?;
     // The runtime is rebuilt with their tools once they answer.
-    app.reload_runtime().await.map_err(app_error)?;
-    Ok(())
+    app.await_mcp_servers(&agent.mcp_servers, super::profile::MCP_START_WAIT)
+        .await
+        .map_err(app_error)
 }
 
 /// A request for `text` as the agent, with its memories.
@@ -368,7 +368,7 @@ pub(crate) async fn request(
     text: &str,
 ) -> anyhow::Result<RunRequest> {
     let mut request = run.request(None);
-    request.input = Some(agentry_core::Input::Text { text: text.into() });
+    request.input = Some(agentry_app::domain::core::Input::Text { text: text.into() });
     agentry_app::memory::remember(store, &mut request)
         .await
         .map_err(app_error)?;

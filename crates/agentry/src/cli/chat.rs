@@ -20,22 +20,22 @@ use clap::Args;
 use futures::StreamExt;
 use rustyline::error::ReadlineError;
 
-use agentry_core::approval::ApprovalDecision;
-use agentry_core::session::{BusyPolicy, SessionManager};
-use agentry_core::{RunStream, Runtime};
+use agentry_app::domain::core::approval::ApprovalDecision;
+use agentry_app::domain::core::session::{BusyPolicy, SessionManager};
+use agentry_app::domain::core::{RunStream, Runtime};
 use agentry_types::{
     ApprovalVerdict, Message, PendingApproval, RunEvent, RunId, SessionId, SuspendStatus,
 };
 
 use agentry_app::agents::AgentRun;
 use agentry_app::auth::Principal;
+use agentry_app::domain::mcp::ElicitationAnswer;
+use agentry_app::domain::store::Store;
 use agentry_app::elicitation::Elicitations;
 use agentry_app::follow::{FollowFrom, Followed};
 use agentry_app::ops::Op;
 use agentry_app::runs::{RunSpec, SessionChoice, Target, prepare};
 use agentry_app::{App, ToolEnvironment};
-use agentry_mcp::ElicitationAnswer;
-use agentry_store::Store;
 
 use super::app_error;
 use super::data::DataArgs;
@@ -124,7 +124,7 @@ impl TurnEvents {
 
 /// What a turn left.
 enum Finished {
-    State(Box<agentry_core::RunState>),
+    State(Box<agentry_app::domain::core::RunState>),
     Logged { last_seq: u64 },
 }
 
@@ -134,7 +134,7 @@ async fn request_of(
     text: &str,
     profile: &Profile,
     agent: Option<&(Store, AgentRun)>,
-) -> anyhow::Result<agentry_core::RunRequest> {
+) -> anyhow::Result<agentry_app::domain::core::RunRequest> {
     Ok(match agent {
         Some((store, run)) => super::agents::request(store, run, text).await?,
         None => profile.request(text),
@@ -168,7 +168,7 @@ impl Conversation {
         {
             let input = RunSpec {
                 agent_id: Some(agent_id.clone()),
-                input: Some(agentry_core::Input::Text { text: text.into() }),
+                input: Some(agentry_app::domain::core::Input::Text { text: text.into() }),
                 session: session.map_or(SessionChoice::New, SessionChoice::Existing),
                 ..RunSpec::default()
             };
@@ -388,8 +388,7 @@ pub(crate) async fn chat(args: ChatArgs, data: &DataArgs) -> anyhow::Result<Exit
         let _ = editor.save_history(path);
     }
     if let Conversation::Agent { app, .. } = conversation {
-        app.shutdown.cancel();
-        app.store.close().await;
+        app.close().await;
     }
     Ok(ExitCode::SUCCESS)
 }

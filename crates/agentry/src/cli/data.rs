@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use agentry_store::{Durability, SecretKey, Store, StoreOptions};
+use agentry_app::domain::store::{Durability, SecretKey, Store, StoreOptions};
 
 /// Data folder and database flags, shared by every command.
 #[derive(Debug, Clone, Args)]

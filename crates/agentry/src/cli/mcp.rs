@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use agentry_mcp::{McpManager, McpServerConfig, ServerState, ValueSource};
-use agentry_store::{ConfigKind, Store};
+use agentry_app::domain::mcp::{McpManager, McpServerConfig, ServerState, ValueSource};
+use agentry_app::domain::store::{ConfigKind, Store};
 
 use agentry_app::config::ConfigRepo;
 
@@ -119,7 +119,7 @@ pub(crate) async fn mcp(args: McpArgs, data: &DataArgs) -> anyhow::Result<ExitCo
             call(&store, &name, config, &tool, arguments).await
         }
         McpCommand::Rm { name } => {
-            agentry_mcp::validate_server_name(&name)?;
+            agentry_app::domain::mcp::validate_server_name(&name)?;
             let store = data.open_store().await?;
             if !saved_servers(&store)
                 .delete(&name)
@@ -157,7 +157,7 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot read {}", file.display()))?;
         let document: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not JSON", file.display()))?;
-        agentry_mcp::parse_servers_document(&document)?
+        agentry_app::domain::mcp::parse_servers_document(&document)?
     } else {
         let name = args.name.clone().context("give the server a name")?;
         let secrets = pairs(&args.secrets, "--secret")?
@@ -224,7 +224,7 @@ async fn add(args: AddArgs, data: &DataArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn saved(store: &Store, name: &str) -> anyhow::Result<McpServerConfig> {
-    agentry_mcp::validate_server_name(name)?;
+    agentry_app::domain::mcp::validate_server_name(name)?;
     saved_servers(store)
         .get(name)
         .await
@@ -238,11 +238,11 @@ async fn start(
     store: &Store,
     name: &str,
     config: McpServerConfig,
-) -> anyhow::Result<(McpManager, agentry_mcp::ServerStatus)> {
+) -> anyhow::Result<(McpManager, agentry_app::domain::mcp::ServerStatus)> {
     let secrets = agentry_app::secrets::Secrets::load(store)
         .await
         .map_err(app_error)?;
-    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
+    let manager = McpManager::with_stdio(agentry_app::domain::mcp::StdioPolicy::host());
     agentry_app::mcp_tools::add_server(&manager, &secrets, name, config)
         .await
         .map_err(app_error)?;
@@ -267,7 +267,12 @@ async fn call(
         );
     }
     let result = manager
-        .call_tool(name, tool, arguments, agentry_mcp::CallOptions::default())
+        .call_tool(
+            name,
+            tool,
+            arguments,
+            agentry_app::domain::mcp::CallOptions::default(),
+        )
         .await;
     manager.shutdown().await;
     let result = result.with_context(|| format!("{name}: calling {tool}"))?;

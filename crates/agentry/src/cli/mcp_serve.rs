@@ -35,7 +35,7 @@ pub(crate) async fn run(args: McpServeArgs, data: &DataArgs) -> anyhow::Result<E
     let store = data.open_store().await?;
     agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
     let mut app = App::new(store).await?;
-    app.mcp_expose_tools = args.expose_tools;
+    app.expose_tools_over_mcp(args.expose_tools);
     tracing::info!(
         home = %data.home()?.display(),
         expose_tools = args.expose_tools,
@@ -44,22 +44,24 @@ pub(crate) async fn run(args: McpServeArgs, data: &DataArgs) -> anyhow::Result<E
     // A signal stops serving the way `agentry serve` stops: runs in flight are left to
     // start-up recovery rather than cancelled.
     tokio::spawn({
-        let shutdown = app.shutdown.clone();
+        let shutdown = app.shutdown_signal().clone();
         async move {
             super::serve::wait_for_signal().await;
             shutdown.cancel();
         }
     });
     let backend = Arc::new(McpServer::new(app.clone()));
-    let served = agentry_mcp::server::serve_stdio(backend, identity(), app.shutdown.clone()).await;
-    app.shutdown.cancel();
-    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
-    while app.hub.live_runs() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if app.hub.live_runs() > 0 {
+    let served = agentry_app::domain::mcp::server::serve_stdio(
+        backend,
+        identity(),
+        app.shutdown_signal().clone(),
+    )
+    .await;
+    app.shut_down();
+    let runs = app.drain(SHUTDOWN_GRACE).await;
+    if runs > 0 {
         tracing::warn!(
-            runs = app.hub.live_runs(),
+            runs,
             "stopping with runs in flight; they resume at the next `agentry serve`"
         );
     }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use futures::StreamExt;
 
-use agentry_core::RunStream;
+use agentry_app::domain::core::RunStream;
 use agentry_types::{RunEvent, RunStopReason, SessionEvent, Usage};
 
 const DIM: &str = "\x1b[2m";
@@ -277,7 +277,12 @@ async fn print_to_end<S, F, Done>(
 where
     S: futures::Stream<Item = RunEvent> + Unpin,
     F: FnOnce(S) -> Done,
-    Done: std::future::Future<Output = Result<agentry_core::RunOutput, agentry_core::RunError>>,
+    Done: std::future::Future<
+            Output = Result<
+                agentry_app::domain::core::RunOutput,
+                agentry_app::domain::core::RunError,
+            >,
+        >,
 {
     on_ctrl_c(cancel);
     let mut printer = Printer::new(json);

@@ -10,14 +10,14 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use agentry_app::ToolEnvironment;
-use agentry_core::skill::Skill;
-use agentry_core::{RunLimits, Runtime};
-use agentry_llm::{
+use agentry_app::domain::core::skill::Skill;
+use agentry_app::domain::core::{RunLimits, Runtime};
+use agentry_app::domain::llm::{
     GenerationParams, HttpModelClient, LlmError, Protocol, ProviderConfig, ThinkingConfig,
 };
-use agentry_mcp::{McpManager, ServerState};
-use agentry_store::Store;
-use agentry_tools::{
+use agentry_app::domain::mcp::{McpManager, ServerState};
+use agentry_app::domain::store::Store;
+use agentry_app::domain::tools::{
     EnvSecrets, SecretResolver, ShellToolsConfig, WorkspaceToolsConfig, builtin_tools,
     load_definitions, shell_tools, workspace_tools,
 };
@@ -224,7 +224,7 @@ impl Profile {
         let secrets = agentry_app::secrets::Secrets::load(store)
             .await
             .map_err(super::app_error)?;
-        let http = agentry_llm::http_client(Duration::from_secs(600))?;
+        let http = agentry_app::domain::llm::http_client(Duration::from_secs(600))?;
         let client = model.client(&secrets, &http).map_err(super::app_error)?;
         Ok((client, agentry_app::usage::price_of(&model)))
     }
@@ -259,11 +259,11 @@ impl Profile {
     /// A run of `text` with this profile's system prompt and parameters. It is offered every
     /// tool of the profile's runtime ([`Profile::runtime`] holds exactly the tools chosen with
     /// `--tool`, `--tools-file`, `--mcp` and `--skill`).
-    pub(crate) fn request(&self, text: &str) -> agentry_core::RunRequest {
-        let mut request = agentry_core::RunRequest::text(text);
+    pub(crate) fn request(&self, text: &str) -> agentry_app::domain::core::RunRequest {
+        let mut request = agentry_app::domain::core::RunRequest::text(text);
         request.system = self.system.clone();
         request.params = self.params();
-        request.tools = Some(vec![agentry_core::tool::ALL_TOOLS.to_owned()]);
+        request.tools = Some(vec![agentry_app::domain::core::tool::ALL_TOOLS.to_owned()]);
         request
     }
 
@@ -284,7 +284,8 @@ impl Profile {
     pub(crate) fn sandbox_mode(&self) -> super::sandbox::SandboxMode {
         let runs_commands = self.tools_file.is_some()
             || self.tools.iter().any(|name| {
-                name == agentry_tools::shell::EXEC || name == agentry_tools::shell::TERMINAL
+                name == agentry_app::domain::tools::shell::EXEC
+                    || name == agentry_app::domain::tools::shell::TERMINAL
             });
         if runs_commands {
             self.sandbox.unwrap_or_default()
@@ -313,13 +314,13 @@ impl Profile {
         // The tools of a terminal run are the ones its operator named on this very command
         // line (`--tool`, `--tools-file`, `--mcp`), `"host": true` included: nothing more to
         // approve by default. `agentry serve`'s runs ask for host tools (`--approve`).
-        builder.approval_defaults(agentry_core::tool::ApprovalDefaults::none());
-        builder.network_check(agentry_tools::validate_network_policy);
+        builder.approval_defaults(agentry_app::domain::core::tool::ApprovalDefaults::none());
+        builder.network_check(agentry_app::domain::tools::validate_network_policy);
         let (client, price) = self.model_client(store).await?;
         // The window the provider states, unless one is configured (asked once per run of the
         // CLI, before the run; a failure keeps the known window).
         client
-            .discover_context_window(agentry_llm::window::DISCOVERY_TIMEOUT)
+            .discover_context_window(agentry_app::domain::llm::window::DISCOVERY_TIMEOUT)
             .await;
         builder.model("default", client);
         // A well-known or priced model's calls are priced in the usage ledger (`agentry usage`).
@@ -357,7 +358,7 @@ impl Profile {
             builder.tool_arc(Arc::clone(tool))?;
         }
         if let Some(path) = &self.tools_file {
-            let http = agentry_llm::http_client(Duration::from_secs(10))?;
+            let http = agentry_app::domain::llm::http_client(Duration::from_secs(10))?;
             let secrets: Arc<dyn SecretResolver> = Arc::new(EnvSecrets);
             // The operator's own tools file, named on their own command line: its command tools
             // run in the sandbox when there is one, and on the host when they say "host": true
@@ -388,7 +389,7 @@ impl Profile {
         builder.limits(RunLimits {
             max_tool_rounds: self
                 .max_rounds
-                .unwrap_or(agentry_core::DEFAULT_MAX_TOOL_ROUNDS),
+                .unwrap_or(agentry_app::domain::core::DEFAULT_MAX_TOOL_ROUNDS),
             deadline: Some(Duration::from_secs(self.timeout_secs.unwrap_or(600))),
             ..RunLimits::default()
         });
@@ -397,7 +398,7 @@ impl Profile {
 }
 
 /// How long a run waits for an MCP server to start.
-const MCP_START_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const MCP_START_WAIT: Duration = Duration::from_secs(60);
 
 /// Starts the saved MCP servers `names` and returns their tools. The tools hold the manager, so
 /// the servers run as long as the runtime that offers them.
@@ -405,7 +406,7 @@ async fn mcp_tools(
     store: &Store,
     names: &[String],
     elicitations: Option<&agentry_app::elicitation::Elicitations>,
-) -> anyhow::Result<Vec<Arc<dyn agentry_core::tool::Tool>>> {
+) -> anyhow::Result<Vec<Arc<dyn agentry_app::domain::core::tool::Tool>>> {
     let manager = start_mcp(store, names).await?;
     Ok(agentry_app::mcp_tools::tools(&manager, elicitations))
 }
@@ -415,7 +416,7 @@ async fn mcp_tools(
 pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result<McpManager> {
     // `agentry run` / `chat`: the operator, on their own terminal, named these servers (saved
     // in their own data folder with `agentry mcp add` or mcp.json): they run on the host.
-    let manager = McpManager::with_stdio(agentry_mcp::StdioPolicy::host());
+    let manager = McpManager::with_stdio(agentry_app::domain::mcp::StdioPolicy::host());
     if names.is_empty() {
         return Ok(manager);
     }
@@ -423,8 +424,11 @@ pub(crate) async fn start_mcp(store: &Store, names: &[String]) -> anyhow::Result
         .await
         .map_err(super::app_error)?;
     for name in names {
-        agentry_mcp::validate_server_name(name)?;
-        let config = agentry_app::config::ConfigRepo::<agentry_mcp::McpServerConfig>::new(store)
+        agentry_app::domain::mcp::validate_server_name(name)?;
+        let config =
+            agentry_app::config::ConfigRepo::<agentry_app::domain::mcp::McpServerConfig>::new(
+                store,
+            )
             .get(name)
             .await
             .map_err(super::app_error)?

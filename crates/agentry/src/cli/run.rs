@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use agentry_core::session::BusyPolicy;
+use agentry_app::domain::core::session::BusyPolicy;
 use agentry_types::SessionId;
 
 use agentry_app::auth::Principal;
@@ -104,7 +104,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
     let app = agents::agent_app(store, &agent, &args.profile, data, None).await?;
     let input = RunSpec {
         agent_id: Some(agent.id.clone()),
-        input: Some(agentry_core::Input::Text {
+        input: Some(agentry_app::domain::core::Input::Text {
             text: args.prompt.clone(),
         }),
         session: match (args.ephemeral, args.session) {
@@ -120,8 +120,7 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
     let Target::Session(session) = target else {
         let run = app.stream_stateless(request).map_err(app_error)?;
         let code = print_stateless(run, args.json).await;
-        app.shutdown.cancel();
-        app.store.close().await;
+        app.close().await;
         return code;
     };
     eprintln!("session: {session}");
@@ -131,14 +130,15 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         .map_err(app_error)?;
     if let (None, Some(days)) = (args.session, args.ttl_days) {
         let expires = agentry_app::clock::now_ms() + days * 24 * 3600 * 1000;
-        app.store.set_expiry(session, Some(expires)).await?;
+        app.expire_session(session, expires)
+            .await
+            .map_err(app_error)?;
     }
     let stopper = app.clone();
     let code = print_followed(events, args.json, move || {
         super::output::stop_session(&stopper, session);
     })
     .await;
-    app.shutdown.cancel();
-    app.store.close().await;
+    app.close().await;
     code
 }

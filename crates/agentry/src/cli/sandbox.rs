@@ -10,10 +10,10 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use agentry_app::ToolEnvironment;
-use agentry_sandbox::{
+use agentry_app::domain::sandbox::{
     BackendKind, Capabilities, NetworkPolicy, SandboxConfig, SandboxPool, SandboxSpec, backend,
 };
-use agentry_tools::{FetchConfig, NetworkPolicy as FetchPolicy};
+use agentry_app::domain::tools::{FetchConfig, NetworkPolicy as FetchPolicy};
 
 use super::data::DataArgs;
 
@@ -423,14 +423,19 @@ pub(crate) async fn doctor(args: DoctorArgs, data: &DataArgs) -> anyhow::Result<
 }
 
 /// Starts a native sandbox on a scratch workspace and runs `echo` in it.
-async fn try_sandbox(data: &DataArgs) -> anyhow::Result<agentry_sandbox::SandboxReport> {
+async fn try_sandbox(
+    data: &DataArgs,
+) -> anyhow::Result<agentry_app::domain::sandbox::SandboxReport> {
     let home = data.home()?;
     std::fs::create_dir_all(&home)?;
     let scratch = home.join("workspaces").join(".doctor");
     let backend = backend(SandboxConfig::default())?;
     let sandbox = backend.create(SandboxSpec::new(&scratch)).await?;
     let output = sandbox
-        .run(agentry_sandbox::ExecRequest::new(["echo", "sandbox ok"]))
+        .run(agentry_app::domain::sandbox::ExecRequest::new([
+            "echo",
+            "sandbox ok",
+        ]))
         .await;
     let report = sandbox.report().clone();
     sandbox.close().await;

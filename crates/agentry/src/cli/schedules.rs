@@ -228,6 +228,6 @@ pub(crate) async fn schedules(args: SchedulesArgs, data: &DataArgs) -> anyhow::R
             }
         }
     }
-    app.shutdown.cancel();
+    app.shut_down();
     Ok(ExitCode::SUCCESS)
 }

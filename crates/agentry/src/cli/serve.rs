@@ -174,7 +174,7 @@ impl FolderLock {
 /// One value of `--approve`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ApprovalClass {
-    Class(agentry_core::tool::RiskClass),
+    Class(agentry_app::domain::core::tool::RiskClass),
     Host,
     None,
 }
@@ -191,11 +191,13 @@ fn parse_approval_class(text: &str) -> Result<ApprovalClass, String> {
 }
 
 /// The approval defaults `--approve` names (none given: the shipped default, `host`).
-fn approval_defaults(values: &[ApprovalClass]) -> agentry_core::tool::ApprovalDefaults {
+fn approval_defaults(
+    values: &[ApprovalClass],
+) -> agentry_app::domain::core::tool::ApprovalDefaults {
     if values.is_empty() {
-        return agentry_core::tool::ApprovalDefaults::default();
+        return agentry_app::domain::core::tool::ApprovalDefaults::default();
     }
-    let mut defaults = agentry_core::tool::ApprovalDefaults::none();
+    let mut defaults = agentry_app::domain::core::tool::ApprovalDefaults::none();
     for value in values {
         match value {
             ApprovalClass::Class(class) => {
@@ -219,8 +221,8 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     // A PostgreSQL node takes the lock when it can (nodes may share a folder): holding it
     // proves the incarnation recorded in it is gone, so a restart takes its id at once.
     let mut folder_lock = match store.backend() {
-        agentry_store::Backend::Sqlite => Some(FolderLock::take(&data.home()?)?),
-        agentry_store::Backend::Postgres => FolderLock::try_take(&data.home()?)?,
+        agentry_app::domain::store::Backend::Sqlite => Some(FolderLock::take(&data.home()?)?),
+        agentry_app::domain::store::Backend::Postgres => FolderLock::try_take(&data.home()?)?,
     };
     // The first admin key, when a key is required and none exists yet: shown now, this once
     // (before the bind, which may need a key for a non-loopback address).
@@ -243,7 +245,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         Some(id) => id,
         None => format!("{}-{}", host_name(), address.port()),
     };
-    agentry_store::check_node_id(&node_id)
+    agentry_app::domain::store::check_node_id(&node_id)
         .map_err(|error| anyhow::anyhow!("--node-id: {error}"))?;
     let imported = agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
     // Standalone sandboxes (`/v1/sandboxes`) never outlive the server that made them: the
@@ -279,7 +281,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         allowed_origins: args.cors_origins,
         trusted_proxies: args.trusted_proxies,
     });
-    state.app.mcp_expose_tools = args.mcp_expose_tools;
+    state.app.expose_tools_over_mcp(args.mcp_expose_tools);
     // This process: the node's id and a new incarnation.
     let worker = format!("{node_id}/{}", agentry_types::RunId::new());
     let replaces = folder_lock
@@ -327,7 +329,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         .join_cluster()
         .await
         .map_err(|error| anyhow::anyhow!("cannot join the cluster: {}", error.message))?;
-    let shutdown = state.app.shutdown.clone();
+    let shutdown = state.app.shutdown_signal().clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         shutdown.cancel();
@@ -339,7 +341,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
         data.home()?.display(),
         store.backend().as_str()
     ));
-    if store.backend() == agentry_store::Backend::Postgres {
+    if store.backend() == agentry_app::domain::store::Backend::Postgres {
         crate::telemetry::say(&format!(
             "node: {node_id} (a node dead {} s has its background runs taken by the others)",
             args.lease_secs
@@ -361,7 +363,7 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
             format!(" (allowed: {})", state.access.allowed_origins.join(", "))
         }
     ));
-    crate::telemetry::say(&approvals_line(&state.app.tools.approval_defaults));
+    crate::telemetry::say(&approvals_line(state.app.approval_defaults()));
     if imported > 0 {
         crate::telemetry::say(&format!(
             "mcp: {imported} server(s) imported from {}",
@@ -370,7 +372,9 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
                 .display()
         ));
     }
-    let models = store.list_config(agentry_store::ConfigKind::Model).await?;
+    let models = store
+        .list_config(agentry_app::domain::store::ConfigKind::Model)
+        .await?;
     if models.is_empty() {
         for (name, host) in import_provider_keys(&store).await? {
             crate::telemetry::say(&format!(
@@ -406,7 +410,7 @@ fn host_name() -> String {
 }
 
 /// What `--approve` makes ask for a person's approval, for the start-up banner.
-fn approvals_line(defaults: &agentry_core::tool::ApprovalDefaults) -> String {
+fn approvals_line(defaults: &agentry_app::domain::core::tool::ApprovalDefaults) -> String {
     let mut asks: Vec<&str> = defaults
         .classes
         .iter()
@@ -472,7 +476,7 @@ const PROVIDER_KEYS: [(&str, &str, &str, &str, &str); 2] = [
 /// On a first start (no model yet), each provider key in the environment that is not a secret
 /// yet becomes one, bound to its provider's host: the imported `(name, host)`s.
 async fn import_provider_keys(
-    store: &agentry_store::Store,
+    store: &agentry_app::domain::store::Store,
 ) -> anyhow::Result<Vec<(&'static str, &'static str)>> {
     let stored: Vec<String> = store
         .list_secrets()

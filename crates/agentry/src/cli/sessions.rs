@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use agentry_core::session::{SessionManager, replay};
-use agentry_store::{NewSession, SessionQuery, Store};
+use agentry_app::domain::core::session::{SessionManager, replay};
+use agentry_app::domain::store::{NewSession, SessionQuery, Store};
 use agentry_types::{AssistantPart, ContentPart, Message, SessionId};
 
 use super::app_error;
@@ -237,7 +237,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 .await?
                 .with_context(|| format!("no session {id}"))?;
             let log = StoreLog::new(store.clone());
-            let stored = agentry_core::session::SessionLog::load(&log, id).await?;
+            let stored = agentry_app::domain::core::session::SessionLog::load(&log, id).await?;
             if events {
                 for (seq, event) in &stored {
                     println!("{}", json!({"seq": seq, "event": event}));
@@ -299,7 +299,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 .fork_session(&record, at, None)
                 .await
                 .map_err(app_error)?;
-            app.shutdown.cancel();
+            app.shut_down();
             println!("{}", fork.session.id);
         }
         SessionsCommand::Title { id, title, profile } => {
@@ -337,7 +337,7 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
                 .await
                 .map_err(app_error)?;
             app.delete_session(id).await.map_err(app_error)?;
-            app.shutdown.cancel();
+            app.shut_down();
         }
         SessionsCommand::Prune { older_than_days } => {
             let older_than = older_than_days.map(|days| Duration::from_secs(days * 24 * 3600));

@@ -122,7 +122,7 @@ pub(crate) async fn usage(args: UsageArgs, data: &DataArgs) -> anyhow::Result<Ex
         key: args.key,
     };
     let report = app.usage(&Principal::operator(), request).await;
-    app.shutdown.cancel();
+    app.shut_down();
     let report = report.map_err(app_error)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -184,7 +184,7 @@ pub(crate) async fn budgets(args: BudgetsArgs, data: &DataArgs) -> anyhow::Resul
         .await
         .map_err(app_error)?;
     let outcome = budget_command(&app, args.command).await;
-    app.shutdown.cancel();
+    app.shut_down();
     outcome?;
     Ok(ExitCode::SUCCESS)
 }

@@ -357,7 +357,7 @@ pub(crate) async fn workflows(args: WorkflowsArgs, data: &DataArgs) -> anyhow::R
                 .map_err(app_error)?;
             eprintln!("run {}", run.run_id);
             let code = follow(&app, &run.run_id, yes).await;
-            app.shutdown.cancel();
+            app.shut_down();
             worker.abort();
             return code;
         }

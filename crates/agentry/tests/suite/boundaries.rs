@@ -95,6 +95,14 @@ fn the_layers_depend_only_downwards() {
         "agentry-server may depend only on agentry-app and agentry-types"
     );
 
+    // The binary is the composition root over the app: it names the app, the HTTP crate (to
+    // serve) and the shared types, and reaches nothing lower but through the app.
+    assert_eq!(
+        ours(of("agentry")),
+        BTreeSet::from(["agentry-app", "agentry-server", "agentry-types"]),
+        "the binary may depend only on agentry-app, agentry-server and agentry-types"
+    );
+
     // The application sits on the engine and its peers, never on a front-end.
     let app = ours(of("agentry-app"));
     for front_end in ["agentry-server", "agentry"] {
@@ -262,6 +270,67 @@ fn the_http_state_has_no_deref() {
             );
         }
     }
+}
+
+/// The app's parts are its own: `App` has no `Deref` to them, no front-end (the HTTP crate, the
+/// binary) asks for them, and no crate's normal dependency turns on the app's `testing` feature,
+/// which opens them to tests that look below the app.
+#[test]
+fn the_apps_parts_are_its_own() {
+    let crates = root().join("crates");
+    for (path, text) in sources(&crates.join("agentry-app/src")) {
+        for (index, line) in text.lines().enumerate() {
+            assert!(
+                !(line.contains("Deref for App") || line.contains("DerefMut for App")),
+                "{}:{}: a Deref from the app to its parts: {line}",
+                path.display(),
+                index + 1
+            );
+        }
+    }
+    for front_end in ["agentry-server/src", "agentry/src"] {
+        for (path, text) in sources(&crates.join(front_end)) {
+            for (index, line) in text.lines().enumerate() {
+                assert!(
+                    !(line.contains(".parts()") || line.contains(".parts_mut()")),
+                    "{}:{}: a front-end reaches below the app: {line}",
+                    path.display(),
+                    index + 1
+                );
+            }
+        }
+    }
+    let output = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let mut checked = 0;
+    for package in metadata["packages"].as_array().unwrap() {
+        for dependency in package["dependencies"].as_array().unwrap() {
+            if dependency["name"] == "agentry-app" && dependency["kind"].is_null() {
+                checked += 1;
+                assert!(
+                    !dependency["features"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|feature| feature == "testing"),
+                    "{} turns on agentry-app's `testing` feature outside its tests",
+                    package["name"]
+                );
+            }
+        }
+    }
+    assert!(checked >= 2, "the server and the binary depend on the app");
 }
 
 /// `ARCHITECTURE.md` stays a short code map that names only what exists: under 40 KB, every

@@ -1112,7 +1112,7 @@ pub async fn wait(app: &App, run: &RunView, timeout: Duration) -> Result<RunView
     Ok(
         Box::pin(app.wait_until(run.run_id, timeout, move |app, record| {
             // A run that was just answered is live here again before its record says so.
-            stopped(record.state) && !app.hub.is_live(session) || record.state.is_final()
+            stopped(record.state) && !app.hub().is_live(session) || record.state.is_final()
         }))
         .await?,
     )
@@ -1154,8 +1154,8 @@ async fn live(app: &App, run: &RunView) -> (RunView, Option<Subscription>) {
     let mut latest = run.clone();
     let mut next_read = tokio::time::Instant::now();
     loop {
-        if app.hub.run_id(run.session_id) == Some(run.run_id)
-            && let Some(subscription) = app.hub.subscribe(run.session_id)
+        if app.hub().run_id(run.session_id) == Some(run.run_id)
+            && let Some(subscription) = app.hub().subscribe(run.session_id)
         {
             latest.state = RunState::Running;
             return (latest, Some(subscription));
@@ -1173,7 +1173,7 @@ async fn live(app: &App, run: &RunView) -> (RunView, Option<Subscription>) {
             }
             next_read = now + RECORD_POLL;
         }
-        if now >= deadline || app.shutdown.is_cancelled() {
+        if now >= deadline || app.shutdown_signal().is_cancelled() {
             return (latest, None);
         }
         tokio::time::sleep(HUB_POLL).await;

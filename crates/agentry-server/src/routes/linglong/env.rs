@@ -37,7 +37,6 @@ fn secrets_named(value: &Value, names: &mut BTreeSet<String>) {
 /// `GET /v1/env`: `{"env": {name: masked value}}`.
 pub async fn seed_env(app: &App) -> Result<Value, AppError> {
     let env: Map<String, Value> = app
-        .store
         .list_secrets()
         .await?
         .into_iter()

@@ -145,10 +145,7 @@ pub async fn seed_start(
     let mut conversation = body.conversation(session == SessionChoice::Ephemeral)?;
     // A system message naming a template: rendered now, after any system text.
     if let Some((template, arguments)) = conversation.system_template.take() {
-        let rendered = app
-            .sessions
-            .runtime()
-            .render_template(&template, &arguments)?;
+        let rendered = app.render_template(&template, &arguments)?;
         conversation.system = Some(match conversation.system.take() {
             Some(text) => format!("{text}\n\n{rendered}"),
             None => rendered,
