@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
 
 use agentry_core::skill::Skill;
 use agentry_core::{RunLimits, RunRequest, Runtime};
@@ -23,7 +22,8 @@ use crate::config::check_name;
 use crate::error::AppError;
 
 /// A saved agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// The id requests name it by.
@@ -62,7 +62,7 @@ pub struct AgentConfig {
     pub max_tool_rounds: Option<u32>,
     /// Generation parameters.
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub params: GenerationParams,
     /// Models tried in order when a call to `model_id` fails with a provider or transient error
     /// before any output.
@@ -81,7 +81,7 @@ pub struct AgentConfig {
     pub prompt_template: Option<String>,
     /// Values for the template's placeholders.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub template_arguments: serde_json::Map<String, Value>,
     /// Per-run limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,18 +89,18 @@ pub struct AgentConfig {
     /// Which tool calls wait for a person's approval before they run (a request's own
     /// `approvals` override it per tool). Runs that may wait need a session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::schema::ApprovalPolicyDoc>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::ApprovalPolicyDoc>))]
     pub approvals: Option<agentry_core::approval::ApprovalPolicy>,
     /// How its runs compact their context (`threshold`, `keep_recent`, `summary_model`,
     /// `summary_tokens`, `enabled`; default: the server's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub compaction: Option<agentry_core::context::CompactionSettings>,
     /// Narrows the `fetch` tool's network policy for its runs (never widens the server's):
     /// `"off"`, or `{"allow": ["docs.rs", "*.python.org"]}` (a host must be on this list and
     /// allowed by the server), or `"public"` (public addresses only). Default: the server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub network: Option<agentry_core::network::NetworkPolicy>,
     /// The vision model that describes images for it when its model is not labelled
     /// `vision` (default: the model labelled `read-image`, if any).
@@ -124,12 +124,13 @@ pub struct AgentConfig {
     /// `/a2a/{id}/.well-known/agent-card.json`, its JSON-RPC endpoint at `/a2a/{id}`. Absent
     /// (the default): not reachable over A2A.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub a2a: Option<crate::publication::A2aPublication>,
 }
 
 /// Whose workspace an agent's runs work in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum WorkspaceScope {
     /// Each session its own.
@@ -148,29 +149,30 @@ impl WorkspaceScope {
 
 /// The limits of an agent's runs. A run that reaches one stops with a clear stop reason:
 /// `max_rounds`, `quota_exceeded` (tokens or tool calls, the note says which) or `deadline`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AgentLimits {
     /// Tool rounds allowed per run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(maximum = 10000)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 10000))]
     pub max_tool_rounds: Option<u32>,
     /// Output tokens the whole run may generate (every model call together).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_tokens: Option<u64>,
     /// Tool calls the whole run may make.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_tool_calls: Option<u32>,
     /// The run's wall-clock deadline, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 86400)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 86400))]
     pub wall_time_secs: Option<u64>,
     /// Background runs of this agent running at once, across every worker; more wait in the
     /// queue, in priority order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 10000)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10000))]
     pub max_concurrent_runs: Option<u32>,
 }
 

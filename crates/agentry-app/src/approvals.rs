@@ -4,7 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
 
 use agentry_core::approval::ApprovalDecision;
 use agentry_mcp::ElicitationAnswer;
@@ -13,6 +12,7 @@ use agentry_types::{ApprovalVerdict, PendingApproval, RunId, SessionId};
 use crate::App;
 use crate::error::AppError;
 use crate::ops::{Op, OpOutcome};
+#[cfg(feature = "openapi")]
 use crate::schema::{PendingCall, PendingElicitation};
 
 /// Where to follow a session's runs.
@@ -21,41 +21,43 @@ pub fn stream_path(session: SessionId) -> String {
 }
 
 /// The calls of a run that wait for a decision.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApprovalList {
     /// The run (absent when the session has no waiting run).
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub run_id: Option<RunId>,
     /// Its session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// `waiting` when calls or elicitations wait; else the session's status.
     pub status: String,
     /// The undecided calls.
-    #[schema(value_type = Vec<PendingCall>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<PendingCall>))]
     pub pending: Vec<PendingApproval>,
     /// MCP servers' requests for input waiting (live only).
-    #[schema(value_type = Vec<PendingElicitation>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<PendingElicitation>))]
     pub elicitations: Vec<Value>,
 }
 
 /// What the decisions led to.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DecideOutcome {
     /// The run.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     /// Its session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// `running` (every call decided: the run went on) or `waiting` (calls or elicitations
     /// remain).
     pub status: String,
     /// The calls still waiting.
-    #[schema(value_type = Vec<PendingCall>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<PendingCall>))]
     pub pending: Vec<PendingApproval>,
     /// The elicitations still waiting.
-    #[schema(value_type = Vec<PendingElicitation>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<PendingElicitation>))]
     pub elicitations: Vec<Value>,
     /// Where to follow the run.
     pub stream: String,
@@ -75,13 +77,14 @@ impl From<OpOutcome> for DecideOutcome {
 }
 
 /// What a control action did: the body the control routes answer with.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ControlOutcome {
     /// The run.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     /// Its session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// `interrupt`, `pause`, `resume` or `abort`.
     pub action: &'static str,
@@ -113,29 +116,31 @@ impl ControlOutcome {
 }
 
 /// A decision on one waiting call.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DecisionBody {
     /// The call's id (`pending[].call.id`).
-    #[schema(min_length = 1)]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub call_id: String,
     /// `approve`, `reject` or `edit`.
-    #[schema(value_type = String, pattern = "^(approve|reject|edit)$")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(approve|reject|edit)$"))]
     pub decision: ApprovalVerdict,
     /// Why; for `reject` the model reads it as the call's error result.
     #[serde(default)]
-    #[schema(max_length = 4096)]
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
     pub reason: Option<String>,
     /// For `edit` (required): the arguments to run the call with, checked against the tool's
     /// schema.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub arguments: Option<Value>,
 }
 
 /// `POST /v1/runs/{run_id}/approvals`: one decision, or several in `decisions`; or the answer
 /// to one MCP elicitation (`elicitation_id`, `decision` `approve` with `content`, or `reject`).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DecideBody {
     /// Several decisions, committed together.
@@ -146,23 +151,23 @@ pub struct DecideBody {
     pub call_id: Option<String>,
     /// One decision: `approve`, `reject` or `edit`.
     #[serde(default)]
-    #[schema(value_type = Option<String>, pattern = "^(approve|reject|edit)$")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(approve|reject|edit)$"))]
     pub decision: Option<ApprovalVerdict>,
     /// One decision: why.
     #[serde(default)]
     pub reason: Option<String>,
     /// One decision: edited arguments.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub arguments: Option<Value>,
     /// An MCP elicitation to answer (`elicitations[].elicitation_id`) instead of a call.
     #[serde(default)]
-    #[schema(min_length = 1)]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub elicitation_id: Option<String>,
     /// The answer to a form elicitation with `approve`: an object matching its
     /// `requested_schema`.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub content: Option<Value>,
 }
 

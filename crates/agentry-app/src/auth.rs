@@ -45,7 +45,8 @@ pub const MAX_LOGINS: usize = 10_000;
 const ENABLED_CACHE: Duration = Duration::from_secs(1);
 
 /// What a key may do.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum KeyRole {
     /// Everything: configuration, keys, secrets, every session. Keys made before roles existed
@@ -57,7 +58,8 @@ pub enum KeyRole {
 }
 
 /// Which agents, models and tools a `user` key may use (`None`: any).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KeyLimits {
     /// The saved agents it may run as.

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::Value;
-use utoipa::ToSchema;
 
 use agentry_core::tool::{ResultFormat, Tool, ToolError};
 use agentry_llm::{GenerationParams, LlmError, ModelRequest, TimeoutKind};
@@ -33,14 +32,16 @@ pub const MODEL_TEST_TIMEOUT: Duration = Duration::from_secs(15);
 const NOT_JSON: &str = "the tool's result is not JSON";
 
 /// `GET /v1/models`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelList {
     /// The registered models, by id.
     pub models: Vec<ModelConfig>,
 }
 
 /// `POST /v1/models/{id}/test`: a provider that fails is reported here, not as an error.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelTestOutcome {
     /// Whether the model answered.
     pub ok: bool,
@@ -51,19 +52,20 @@ pub struct ModelTestOutcome {
     pub model: Option<String>,
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub error: Option<ErrorInfo>,
 }
 
 /// A tool as listed.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolInfo {
     /// Its name.
     pub name: String,
     /// What it does.
     pub description: String,
     /// JSON Schema of its arguments.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub parameters: Value,
     /// `builtin`, `http`, `command`, `mcp` or `skill` (a registered skill, `/v1/skills`).
     pub kind: &'static str,
@@ -72,7 +74,7 @@ pub struct ToolInfo {
     /// What it can do: `read_only`, `writes_files`, `runs_commands`, `network` or `agents`
     /// (absent for a configured tool the runtime could not load).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub risk: Option<&'static str>,
     /// Whether it runs on the host, outside any sandbox (such tools ask for approval by default).
     pub runs_on_host: bool,
@@ -144,14 +146,16 @@ impl ToolInfo {
 }
 
 /// `GET /v1/tools`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolList {
     /// Built-in and configured tools, by name.
     pub tools: Vec<ToolInfo>,
 }
 
 /// `DELETE /v1/tools/batch`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeletedTools {
     /// The tools deleted.
     pub deleted: Vec<String>,
@@ -160,14 +164,16 @@ pub struct DeletedTools {
 }
 
 /// `GET /v1/prompt-templates`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TemplateList {
     /// The templates, by name.
     pub templates: Vec<TemplateConfig>,
 }
 
 /// `GET /v1/prompt-templates/{name}/variables`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TemplateVariables {
     /// The variables the template reads.
     pub variables: BTreeSet<String>,

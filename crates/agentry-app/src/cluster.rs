@@ -19,7 +19,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Serialize;
-use utoipa::ToSchema;
 
 use agentry_store::{NodeBeat, NodeRecord, RunState};
 use agentry_types::{RunId, SessionId};
@@ -89,7 +88,8 @@ fn feed_status(status: &str) -> Option<crate::hub::FeedStatus> {
 }
 
 /// A node as `GET /v1/cluster` shows it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeView {
     /// Its id (`--node-id`).
     pub id: String,
@@ -120,7 +120,8 @@ pub struct NodeView {
 }
 
 /// `GET /v1/cluster`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClusterView {
     /// The node that answered.
     pub node_id: String,

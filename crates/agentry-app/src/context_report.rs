@@ -3,7 +3,6 @@
 //! elsewhere) against its context window.
 
 use serde::Serialize;
-use utoipa::ToSchema;
 
 use agentry_core::context::{ContextPolicy, DEFAULT_THRESHOLD};
 use agentry_core::session::replay;
@@ -13,7 +12,8 @@ use crate::App;
 use crate::error::AppError;
 
 /// One part of the next call.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ContextPart {
     /// `system`, `user`, `assistant`, `tool` (a message) or `tools` (the tool definitions). After
     /// a compaction the first `user` part holds the summary.
@@ -31,7 +31,8 @@ pub struct ContextPart {
 }
 
 /// What the next call would contain.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ContextReport {
     /// The model counted for.
     pub model: String,

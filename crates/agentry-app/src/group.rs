@@ -31,7 +31,6 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
-use utoipa::ToSchema;
 
 use agentry_core::RunRequest;
 use agentry_core::group::{GroupRouter, Member, TranscriptEntry};
@@ -60,17 +59,19 @@ pub const MAX_TEXT_CHARS: usize = 200_000;
 const CHANNEL_CAPACITY: usize = 1024;
 
 /// A member of a group session, as stored in its metadata.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupMemberInfo {
     /// The saved agent.
     pub agent_id: String,
     /// The member's own session, where its turns run.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
 }
 
 /// A group session's settings, as stored in its metadata under `group`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupInfo {
     /// The members, in order.
     pub members: Vec<GroupMemberInfo>,

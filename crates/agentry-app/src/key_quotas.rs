@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 /// The quotas a key's limits may set (absent: the default).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KeyQuotas {
     /// Runs going at once (default 16).
@@ -61,7 +62,8 @@ impl KeyQuotas {
 }
 
 /// The quotas a `user` key is held to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Quotas {
     /// Runs going at once.
     pub live_runs: u32,

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use utoipa::ToSchema;
 
 use agentry_mcp::{
     McpError, McpServerConfig, ServerState, ServerStatus, TransportKind, ValueSource,
@@ -25,7 +24,8 @@ const READY_WAIT: Duration = Duration::from_secs(30);
 
 /// A server: its status, tools and configuration (header values and environment values shown
 /// only as the name of the secret they come from, or masked).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct McpServerView {
     /// The name.
     pub name: String,
@@ -53,15 +53,16 @@ pub struct McpServerView {
     pub protocol_version: Option<String>,
     /// The server's own name and version.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub server_info: Option<Value>,
     /// The configuration, secrets masked.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub config: Value,
 }
 
 /// Several servers.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct McpServerList {
     /// The servers, by name.
     pub servers: Vec<McpServerView>,

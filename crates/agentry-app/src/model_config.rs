@@ -11,35 +11,36 @@ use crate::error::AppError;
 
 /// A registered model. Accepts the Python service's field names (`model_id`, `api_protocol`,
 /// `api_base`) as well as Agentry's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The id requests name it by.
     #[serde(alias = "model_id")]
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9_.-]{1,64}$"))]
     pub id: String,
     /// The wire protocol.
     #[serde(alias = "api_protocol", default = "default_protocol")]
-    #[schema(schema_with = crate::schema::protocol_schema)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::protocol_schema))]
     pub protocol: Protocol,
     /// Base URL (default: the protocol's public endpoint).
     #[serde(alias = "api_base", default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// The provider's model name.
-    #[schema(pattern = "\\S")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "\\S"))]
     pub model_name: String,
     /// The name of the secret (see `/v1/env`) holding the API key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret: Option<String>,
     /// Default generation parameters.
     #[serde(default, alias = "generate_params")]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub params: GenerationParams,
     /// The model's context window in tokens (default: the window the provider states — an
     /// OpenAI-compatible `/models` listing's `max_model_len` / `context_length`, Ollama's
     /// `num_ctx` — else the model's known window, else 8192). Compaction keeps requests under it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 256)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 256))]
     pub context_window: Option<u32>,
     /// Whether this is the default model, used when a request names none (default: the first
     /// model registered is).
@@ -56,14 +57,14 @@ pub struct ModelConfig {
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "labels_from_list_or_text"
     )]
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub labels: Vec<String>,
     /// What the model costs, in US dollars per million tokens (`input`, `output`, and
     /// optionally `cached_input` and `cache_write`); each call's cost is recorded in the usage
     /// ledger. Default: the published price of a well-known model, by `model_name`
     /// (the usage module's `known_price`); none for others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = crate::schema::price_schema)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::price_schema))]
     pub pricing: Option<agentry_types::ModelPrice>,
 }
 

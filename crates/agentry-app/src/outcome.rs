@@ -5,7 +5,6 @@
 
 use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
-use utoipa::ToSchema;
 
 use agentry_core::RunRequest;
 use agentry_core::session::BusyPolicy;
@@ -20,7 +19,8 @@ use crate::hub::CancelOnDrop;
 use crate::runs::{Target, start_in_session};
 
 /// How a run ended (also for a run that failed), or why it stopped without ending.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunOutcome {
     /// Why a guard stopped the run (for `quota_exceeded`, which quota: `max_output_tokens` or
     /// `max_tool_calls`).
@@ -28,10 +28,10 @@ pub struct RunOutcome {
     /// Whether the run ended without an error.
     pub success: bool,
     /// The session (absent for an ephemeral run).
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub session_id: Option<SessionId>,
     /// The run.
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub run_id: Option<RunId>,
     /// `completed`, `max_rounds`, `deadline`, `loop_detected`, `quota_exceeded`, `cancelled`,
     /// `tool_calls` (the model called a tool its caller runs: the OpenAI-compatible API) or
@@ -40,24 +40,24 @@ pub struct RunOutcome {
     pub stop_reason: String,
     /// `waiting` or `paused` for a run that has not ended.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub status: Option<SuspendStatus>,
     /// The calls waiting for approval (`POST /v1/runs/{run_id}/approvals` decides them).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Vec<crate::schema::PendingCall>>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<crate::schema::PendingCall>>))]
     pub pending: Option<Vec<PendingApproval>>,
     /// The final answer's text.
     pub text: String,
     /// Token usage.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub usage: Usage,
     /// Tool rounds taken.
     pub rounds: u32,
     /// The messages this run added (user, assistant, tool).
-    #[schema(value_type = Vec<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub messages: Vec<Message>,
     /// The error, when the run failed.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub error: Option<ErrorInfo>,
 }
 

@@ -23,7 +23,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
-use utoipa::ToSchema;
 
 use agentry_core::RunRequest;
 use agentry_core::session::BusyPolicy;
@@ -140,13 +139,14 @@ impl Default for WebhookSettings {
 
 /// A run as clients see it: a background run, or one started in its session (`/v1/infer`, a
 /// continue, a delegated child, a group member, a workflow step).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunView {
     /// The run (its id in the session's log too).
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     /// Its session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// The saved agent it runs as.
     pub agent_id: Option<String>,
@@ -154,7 +154,7 @@ pub struct RunView {
     pub schedule_id: Option<String>,
     /// `queued`, `running`, `waiting` (tool calls wait for approval), `paused`, `succeeded`,
     /// `failed` or `cancelled`.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub state: RunState,
     /// Higher runs first.
     pub priority: i64,
@@ -172,7 +172,7 @@ pub struct RunView {
     pub finished_at: Option<u64>,
     /// How it ended, or why it stopped (the body `POST /v1/infer` answers). A list leaves it
     /// out for runs started in their sessions: `GET /v1/runs/{run_id}` reads it from the log.
-    #[schema(value_type = Option<RunOutcome>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<RunOutcome>))]
     pub outcome: Option<serde_json::Value>,
     /// Submitted to the queue (`POST /v1/runs`, a schedule), not started in its session
     /// directly.
@@ -204,7 +204,8 @@ impl From<RunRecord> for RunView {
 }
 
 /// `GET /v1/runs`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunList {
     /// The runs, newest first.
     pub runs: Vec<RunView>,

@@ -25,7 +25,8 @@ use crate::key_quotas::{KeyQuotas, Quotas};
 pub const ADMIN_RESERVE: usize = 8;
 
 /// A quota's use against its limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QuotaUse {
     /// What is used now.
     pub used: u64,
@@ -34,7 +35,8 @@ pub struct QuotaUse {
 }
 
 /// A key's use of each of its quotas (`GET /v1/api-keys/{id}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QuotaReport {
     /// Runs going now.
     pub live_runs: QuotaUse,

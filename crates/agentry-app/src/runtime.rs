@@ -26,12 +26,13 @@ use crate::error::AppError;
 use crate::model_config::ModelConfig;
 
 /// A stored prompt template.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TemplateConfig {
     /// The template's name.
     #[serde(alias = "id")]
-    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9_-]{1,64}$"))]
     pub name: String,
     /// Its text, with `{{placeholders}}`.
     #[serde(alias = "content")]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
-use utoipa::ToSchema;
+#[cfg(feature = "openapi")]
 use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
 
 use agentry_sandbox::{ExecRequest, SandboxPool, SandboxSpec};
@@ -32,13 +32,14 @@ const MAX_ENV_VARS: usize = 256;
 const MAX_PATH_BYTES: usize = 4096;
 
 /// The body of `POST /v1/sandboxes`; every field is optional (`{}` gives the defaults).
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Environment variables every command gets, added to the minimal base (`PATH`, `HOME`,
     /// `LANG`, `TMPDIR`).
     #[serde(default)]
-    #[schema(schema_with = env_schema)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = env_schema))]
     pub env: BTreeMap<String, String>,
     /// Limits that replace the server's defaults.
     #[serde(default)]
@@ -49,60 +50,74 @@ pub struct CreateSandboxRequest {
 /// (`default_limits` of `GET /v1/sandbox/capabilities`) are also maxima: a value above one is
 /// refused (400 naming the limit and the maximum). The ranges below apply where the server sets
 /// no limit.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LimitOverrides {
     /// Memory of the whole sandbox (per process where only rlimits are available), bytes:
     /// 64 MiB to 1 TiB.
-    #[schema(minimum = 67_108_864, maximum = 1_099_511_627_776_u64)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 67_108_864, maximum = 1_099_511_627_776_u64)
+    )]
     pub memory_bytes: Option<u64>,
     /// Processes and threads in the sandbox: 8 to 65536.
-    #[schema(minimum = 8, maximum = 65_536)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 8, maximum = 65_536))]
     pub max_processes: Option<u64>,
     /// CPU share in percent of one core (cgroups only): 1 to 25600.
-    #[schema(minimum = 1, maximum = 25_600)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 25_600))]
     pub cpu_percent: Option<u32>,
     /// CPU time of each process, seconds: 1 to 604800.
-    #[schema(minimum = 1, maximum = 604_800)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 604_800))]
     pub cpu_time_secs: Option<u64>,
     /// Lifetime of the sandbox, seconds: it is closed when it runs out. 1 to 604800.
-    #[schema(minimum = 1, maximum = 604_800)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 604_800))]
     pub wall_time_secs: Option<u64>,
     /// Close the sandbox after this long without a request and with no command running,
     /// seconds: 1 to 86400.
-    #[schema(minimum = 1, maximum = 86_400)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 86_400))]
     pub idle_timeout_secs: Option<u64>,
     /// The largest file a process may write, bytes: 1 KiB to 1 TiB.
-    #[schema(minimum = 1024, maximum = 1_099_511_627_776_u64)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1024, maximum = 1_099_511_627_776_u64)
+    )]
     pub file_size_bytes: Option<u64>,
     /// Open files per process: 16 to 4096.
-    #[schema(minimum = 16, maximum = 4096)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 4096))]
     pub open_files: Option<u64>,
     /// Size of the sandbox's `/tmp`, bytes: 1 MiB to 64 GiB.
-    #[schema(minimum = 1_048_576, maximum = 68_719_476_736_u64)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1_048_576, maximum = 68_719_476_736_u64)
+    )]
     pub tmp_size_bytes: Option<u64>,
 }
 
 /// The body of `POST /v1/sandboxes/{id}/exec`: exactly one of `argv` and `command`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
     /// The program and its arguments; the program is looked up in `PATH` unless it holds a
     /// `/`. No NUL anywhere.
     #[serde(default)]
-    #[schema(min_items = 1, max_items = 4096)]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 4096))]
     pub argv: Option<Vec<String>>,
     /// A shell command line, run as `/bin/sh -c <command>`. No NUL.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 49_152)]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 49_152))]
     pub command: Option<String>,
     /// Environment variables for this command.
     #[serde(default)]
-    #[schema(schema_with = env_schema)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = env_schema))]
     pub env: BTreeMap<String, String>,
     /// The working directory (default: the workspace).
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]+$")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]+$")
+    )]
     pub cwd: Option<String>,
     /// Written to the command's stdin, which is then closed (without it, stdin is `/dev/null`).
     #[serde(default)]
@@ -110,7 +125,7 @@ pub struct ExecBody {
     /// Kill the command (and everything it started) after this many seconds: 1 to 3600
     /// (default 60); in the background 1 to 86400 (default 3600).
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 86_400)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 86_400))]
     pub timeout_secs: Option<u64>,
     /// Start it in the background: answer `202` with its `exec_id` at once (see
     /// `/v1/sandboxes/{id}/processes`).
@@ -123,6 +138,7 @@ pub struct ExecBody {
 }
 
 /// The schema of an environment: names `[A-Za-z_][A-Za-z0-9_]*`, values without NUL.
+#[cfg(feature = "openapi")]
 pub fn env_schema() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::Object)

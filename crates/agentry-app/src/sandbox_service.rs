@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 use agentry_sandbox::{
@@ -33,7 +32,8 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 // --- answers ---
 
 /// What isolation this host gives, as probed.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HostCapabilities {
     /// The operating system (`linux`, …).
     pub os: String,
@@ -56,7 +56,8 @@ pub struct HostCapabilities {
 }
 
 /// `GET /v1/sandbox/capabilities`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxCapabilities {
     /// Whether `/v1/sandboxes` can make sandboxes.
     pub enabled: bool,
@@ -86,7 +87,8 @@ pub struct SandboxCapabilities {
 }
 
 /// A sandbox's limits.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LimitsView {
     /// Memory, bytes.
     pub memory_bytes: Option<u64>,
@@ -109,7 +111,8 @@ pub struct LimitsView {
 }
 
 /// The policy a native sandbox's agent reports after building it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PolicyView {
     /// The namespaces it runs in.
     pub namespaces: Vec<String>,
@@ -130,7 +133,8 @@ pub struct PolicyView {
 }
 
 /// The network a sandbox got.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NetworkView {
     /// `off` (loopback only), `allow_list` (loopback plus an HTTP proxy reaching only
     /// `allowed_domains`) or `host` (local backend: the server's own network, unrestricted).
@@ -144,7 +148,8 @@ pub struct NetworkView {
 }
 
 /// What one sandbox got.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReportView {
     /// `native` or `local`.
     pub backend: String,
@@ -163,7 +168,8 @@ pub struct ReportView {
 }
 
 /// A standalone sandbox.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxView {
     /// Its id (UUIDv7).
     pub id: String,
@@ -180,14 +186,16 @@ pub struct SandboxView {
 }
 
 /// `GET /v1/sandboxes`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxList {
     /// The open sandboxes, oldest first.
     pub sandboxes: Vec<SandboxView>,
 }
 
 /// What a command printed and how it ended (`POST /v1/sandboxes/{id}/exec`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecResult {
     /// Standard output (UTF-8, invalid bytes replaced), its first 1 MiB.
     pub stdout: String,
@@ -203,7 +211,8 @@ pub struct ExecResult {
 }
 
 /// How a command ended (the `exit` event's data, and a finished background process's `exit`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExitView {
     /// The exit code, if it exited.
     pub exit_code: Option<i32>,
@@ -222,7 +231,8 @@ pub struct ExitView {
 }
 
 /// A background command started (`202`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BackgroundStarted {
     /// The sandbox.
     pub sandbox_id: String,
@@ -235,7 +245,8 @@ pub struct BackgroundStarted {
 }
 
 /// A background process as listed.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProcessSummary {
     /// Its id.
     pub exec_id: String,
@@ -248,14 +259,16 @@ pub struct ProcessSummary {
 }
 
 /// `GET /v1/sandboxes/{id}/processes`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProcessList {
     /// The running background processes, oldest first.
     pub processes: Vec<ProcessSummary>,
 }
 
 /// A background process: its output so far and its status.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProcessDetail {
     /// Its id.
     pub exec_id: String,
@@ -280,7 +293,8 @@ pub struct ProcessDetail {
 }
 
 /// Metadata of one path inside the sandbox (symlinks are not followed).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileStatView {
     /// The path asked for.
     pub path: String,
@@ -297,7 +311,8 @@ pub struct FileStatView {
 }
 
 /// One entry of a directory.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DirEntryView {
     /// The file name.
     pub name: String,
@@ -314,7 +329,8 @@ pub struct DirEntryView {
 }
 
 /// `GET /v1/sandboxes/{id}/files/list`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DirListing {
     /// The directory listed.
     pub path: String,

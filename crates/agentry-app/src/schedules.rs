@@ -22,7 +22,6 @@ use chrono::{TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use agentry_store::{NewSchedule, RunQuery, RunState, ScheduleRecord};
 use agentry_types::RunId;
@@ -41,7 +40,8 @@ const ON_TIME: u64 = 60_000;
 const MAX_INTERVAL_SECS: u64 = 366 * 24 * 3600;
 
 /// What to do with the slots missed while no process ran.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CatchUp {
     /// Skip them: the schedule goes on from the next slot.
@@ -52,7 +52,8 @@ pub enum CatchUp {
 }
 
 /// What to do when a slot comes while the previous fire's run is still queued or running.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Overlap {
     /// Skip this slot.
@@ -119,15 +120,16 @@ pub struct ScheduledRun {
 }
 
 /// The workflow a schedule starts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ScheduledWorkflow {
     /// The saved workflow.
-    #[schema(max_length = 64)]
+    #[cfg_attr(feature = "openapi", schema(max_length = 64))]
     pub workflow_id: String,
     /// Its input (checked against its input schema when saved and at each fire).
     #[serde(default = "empty_input")]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub input: serde_json::Value,
 }
 
@@ -179,7 +181,8 @@ fn slot_run_id(schedule: &str, slot: u64) -> Result<RunId, AppError> {
 }
 
 /// A schedule as clients see it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScheduleView {
     /// Its id.
     pub id: String,
@@ -193,7 +196,7 @@ pub struct ScheduleView {
     pub interval_secs: Option<u64>,
     /// What each fire submits (a run's body), unless it starts a workflow.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub run: Option<serde_json::Value>,
     /// The workflow each fire starts (`workflow_id`, `input`), if it starts one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -209,7 +212,7 @@ pub struct ScheduleView {
     /// When it last fired.
     pub last_fire_at: Option<u64>,
     /// The run it last submitted.
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub last_run_id: Option<RunId>,
     /// When it was created, Unix milliseconds.
     pub created_at: u64,
@@ -218,7 +221,8 @@ pub struct ScheduleView {
 }
 
 /// `GET /v1/schedules`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScheduleList {
     /// The schedules, oldest first.
     pub schedules: Vec<ScheduleView>,

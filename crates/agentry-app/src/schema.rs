@@ -1,9 +1,11 @@
 //! OpenAPI schemas of the application's types that their Rust shape does not describe: the
 //! approval policy (a type of `agentry-core`, documented by example) and the model protocol.
-//! The types derive `utoipa::ToSchema` so the HTTP API documents them without copies.
+//! With the `openapi` feature (the HTTP crate turns it on) the app's types derive
+//! `utoipa::ToSchema`, so the HTTP API documents them without copies; without it the app
+//! builds with no OpenAPI dependency.
 
 use serde_json::Value;
-use utoipa::ToSchema;
+#[cfg(feature = "openapi")]
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 
 /// An approval policy: which tool calls wait for a person before they run.
@@ -16,23 +18,25 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 /// under `src`), `domains` (on `url`/`uri`/`urls`; `*.example.com` for subdomains).
 /// `unknown_outcome: "ask"` sends a non-idempotent call whose outcome a crash left unknown to a
 /// person instead of failing it.
-#[derive(Debug, Clone, ToSchema)]
+#[cfg(feature = "openapi")]
+#[derive(Debug, Clone, utoipa::ToSchema)]
 #[schema(example = json!({"tools": {"exec": {"ask_if": {"commands": ["rm *", "re:^git\\s+push"]}},
     "write_file": {"allow_if": {"path_prefixes": ["src/"]}}, "fetch": {"allow_if": {"domains": ["docs.rs"]}},
     "delete_everything": "always"}, "default": "never", "unknown_outcome": "ask"}))]
 pub struct ApprovalPolicyDoc {
     /// Policies by tool name: `"always"`, `"never"` or a rule.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub tools: Option<Value>,
     /// The policy of tools not named in `tools`: `"always"`, `"never"` or a rule.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub default: Option<Value>,
     /// `interrupt` (default) or `ask`.
-    #[schema(pattern = "^(interrupt|ask)$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^(interrupt|ask)$"))]
     pub unknown_outcome: Option<String>,
 }
 
 /// The wire protocols a model may use (any spelling `Protocol` parses).
+#[cfg(feature = "openapi")]
 pub fn protocol_schema() -> Schema {
     ObjectBuilder::new()
         .schema_type(Type::String)
@@ -51,6 +55,7 @@ pub fn protocol_schema() -> Schema {
 }
 
 /// A model's price, in US dollars per million tokens.
+#[cfg(feature = "openapi")]
 pub fn price_schema() -> Schema {
     let rate = |description: &str| {
         ObjectBuilder::new()
@@ -84,10 +89,11 @@ pub fn price_schema() -> Schema {
 }
 
 /// A tool call waiting for a decision.
-#[derive(Debug, Clone, ToSchema)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PendingCall {
     /// The call as the model asked for it: `id`, `name`, `arguments`.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub call: Value,
     /// Why it needs approval.
     pub reason: String,
@@ -97,7 +103,8 @@ pub struct PendingCall {
 /// person. Answer with `POST /v1/runs/{run_id}/approvals` and `elicitation_id`: `approve` with
 /// `content` (a form's answer, matching `requested_schema`; nothing for a URL request once the
 /// page was visited) or `reject` (declined: the tool goes on without it).
-#[derive(Debug, Clone, ToSchema)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PendingElicitation {
     /// The request's id.
     pub elicitation_id: String,
@@ -114,10 +121,10 @@ pub struct PendingElicitation {
     /// What it asks, for a person.
     pub message: String,
     /// `form` or `url`.
-    #[schema(pattern = "^(form|url)$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^(form|url)$"))]
     pub mode: String,
     /// For a form: the JSON Schema of the answer.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub requested_schema: Option<Value>,
     /// For a URL request: the page to visit.
     pub url: Option<String>,

@@ -4,7 +4,6 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use utoipa::ToSchema;
 
 use agentry_core::RunRequest;
 use agentry_core::session::{BusyPolicy, replay};
@@ -15,13 +14,15 @@ use crate::App;
 use crate::auth::Principal;
 use crate::error::AppError;
 use crate::hub::{FeedStatus, StatusChange};
+#[cfg(feature = "openapi")]
 use crate::schema::PendingCall;
 
 /// A session as listed.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionSummary {
     /// Its id (UUIDv7).
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub id: SessionId,
     /// Its title.
     pub title: Option<String>,
@@ -67,27 +68,30 @@ impl SessionSummary {
 }
 
 /// Where a fork branched off.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionParent {
     /// The parent session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub id: SessionId,
     /// The last of its events the fork shares.
     pub seq: u64,
 }
 
 /// `GET /v1/sessions`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionList {
     /// The sessions, most recent activity first.
     pub sessions: Vec<SessionSummary>,
 }
 
 /// One search hit.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SearchHit {
     /// The session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// The matching event.
     pub seq: u64,
@@ -96,52 +100,55 @@ pub struct SearchHit {
 }
 
 /// `GET /v1/sessions/search`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SearchResults {
     /// The hits.
     pub hits: Vec<SearchHit>,
 }
 
 /// A run that stopped without ending.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SuspendedRun {
     /// The run.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     /// `waiting` (tool calls wait for approval) or `paused`.
     pub status: &'static str,
     /// The calls waiting for approval.
-    #[schema(value_type = Vec<PendingCall>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<PendingCall>))]
     pub pending: Vec<PendingApproval>,
 }
 
 /// `GET /v1/sessions/{id}`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionDetail {
     /// The session.
     pub session: SessionSummary,
     /// Its live run, if one is going.
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub run_id: Option<RunId>,
     /// Its run that stopped without ending, if any.
     pub suspended_run: Option<SuspendedRun>,
     /// The conversation.
-    #[schema(value_type = Vec<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub messages: Vec<Message>,
     /// For a sub-agent's session, its link: `{"parent_session_id", "parent_run_id", "call_id",
     /// "depth", "tool", "agent_id"?}`.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub delegation: Option<Value>,
     /// The sub-agents' sessions its `delegate` and `talk_to` calls started, in order: `{"session_id",
     /// "run_id", "depth", "stop_reason", "agent_id"?, "error"?, "call_id", "tool"}`.
-    #[schema(value_type = Vec<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub children: Vec<Value>,
     /// For a group chat: `{"members": [{"agent_id", "session_id"}], "max_rounds"}` (its
     /// transcript: `GET /v1/groups/{id}`).
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub group: Option<Value>,
     /// For a group member's session: `{"group_session_id", "agent_id"}`.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub group_member: Option<Value>,
     /// Why its run is not going on: the node running it died, and no live node has that
     /// node's workspace volume, so none may take it over (see `serve --stranded-after-secs`).
@@ -150,7 +157,8 @@ pub struct SessionDetail {
 }
 
 /// A run waiting for a node on its workspace volume ([`SessionDetail::waiting_for_volume`]).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct VolumeWait {
     /// The volume (the id in its `.agentry-volume` file).
     pub volume: String,
@@ -161,45 +169,50 @@ pub struct VolumeWait {
 }
 
 /// One committed event.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StoredEvent {
     /// Its position in the session's log.
     pub seq: u64,
     /// The event (`run_started`, `message`, `assistant_message`, `tool_call_intent`,
     /// `tool_call_result`, `approval_requested`, `approval_decided`, `run_paused`,
     /// `run_resumed`, `run_finished`).
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub event: SessionEvent,
     /// When it was committed (Unix milliseconds): the run trace's clock.
     pub at: u64,
 }
 
 /// `GET /v1/sessions/{id}/events`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionEvents {
     /// The events after `after`, in order.
     pub events: Vec<StoredEvent>,
 }
 
 /// `POST /v1/sessions/{id}/fork`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ForkOutcome {
     /// The new session.
     pub session: SessionSummary,
 }
 
 /// `POST /v1/sessions/{id}/title`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TitleOutcome {
     /// The title set.
     pub title: String,
 }
 
 /// `POST /v1/sessions/{id}/continue`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ContinueOutcome {
     /// The session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// Where to follow the run.
     pub stream: String,

@@ -5,14 +5,14 @@
 //! skill has the name of a registered skill replaces it, as the seed does.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use crate::App;
 use crate::config::{ConfigRepo, check_name};
 use crate::error::AppError;
 
 /// A registered skill.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SkillConfig {
     /// Its name (from `SKILL.md`), which runs name it by.
@@ -29,7 +29,8 @@ impl crate::config::ConfigDoc for SkillConfig {
 }
 
 /// `GET /v1/skills`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SkillList {
     /// The registered skills, by name.
     pub skills: Vec<SkillConfig>,

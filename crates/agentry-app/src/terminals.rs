@@ -14,7 +14,6 @@ use agentry_sandbox::{ExecRequest, TtySize};
 pub use agentry_tools::shell::pty::{Attachment, Opener, PtyTerminal, PtyTerminals};
 use agentry_types::SessionId;
 use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::App;
 use crate::auth::Principal;
@@ -28,12 +27,13 @@ pub const MAX_TERMINALS: usize = 64;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
 /// What a terminal is, for listings.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TerminalInfo {
     /// Its id (`term_…`).
     pub terminal_id: String,
     /// The session whose sandbox it runs in.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// Who opened it: `person` (through the API) or `agent` (the `terminal` tool).
     pub opened_by: &'static str,

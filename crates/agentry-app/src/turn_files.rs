@@ -18,7 +18,6 @@ use agentry_store::{NewEvent, SessionRecord};
 use agentry_types::{Message, RunId, SessionEvent, SessionId};
 use serde::Serialize;
 use serde_json::json;
-use utoipa::ToSchema;
 
 use crate::App;
 use crate::auth::Principal;
@@ -42,10 +41,11 @@ struct Turn {
 }
 
 /// A turn that changed files.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileTurn {
     /// The run.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     /// When its user message was sent (ISO 8601, UTC, milliseconds): the seed's turn key.
     pub timestamp: Option<String>,
@@ -60,7 +60,8 @@ pub struct FileTurn {
 }
 
 /// One changed path of a turn.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChangedFile {
     /// Workspace-relative.
     pub path: String,
@@ -75,10 +76,11 @@ pub struct ChangedFile {
 }
 
 /// A turn's changes with their contents and unified diffs (the seed's file-journal diff).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TurnDiff {
     /// The run.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     /// Its user message's time, as in [`FileTurn::timestamp`].
     pub turn_key: Option<String>,
@@ -87,7 +89,8 @@ pub struct TurnDiff {
 }
 
 /// One path's diff.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileDiff {
     /// Workspace-relative.
     pub path: String,
@@ -122,16 +125,17 @@ pub struct RevokeRequest {
 }
 
 /// What a revoke did.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RevokeOutcome {
     /// The session.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub session_id: SessionId,
     /// The first revoked turn.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     /// The revoked turns, oldest first.
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub runs: Vec<RunId>,
     /// Messages no longer part of the conversation.
     pub removed_count: usize,
@@ -139,7 +143,7 @@ pub struct RevokeOutcome {
     pub after_seq: u64,
     /// What was done to the files (absent when they were kept, or no workspace journal):
     /// `turns`, `restored` and `removed` paths, and `failed` as `[path, why]` pairs.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub files: Option<RestoreReport>,
     /// Whether the files were left as they are.
     pub kept_files: bool,

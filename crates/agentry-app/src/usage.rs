@@ -19,7 +19,6 @@ use chrono::{Datelike, NaiveDate, TimeZone, Utc};
 use futures::Stream;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use agentry_core::budget::{BudgetGate, BudgetQuery};
 use agentry_core::{RunError, RunOutput, RunRequest, RunStream, Runtime};
@@ -81,7 +80,8 @@ pub fn price_of(model: &ModelConfig) -> Option<ModelPrice> {
 }
 
 /// The span a budget counts spending over; each starts anew at a UTC boundary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BudgetPeriod {
     /// The UTC day.
@@ -126,11 +126,12 @@ impl BudgetPeriod {
 }
 
 /// A spending budget: what one agent's runs, or one API key's, may spend per period.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BudgetConfig {
     /// Its name.
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9_.-]{1,64}$"))]
     pub name: String,
     /// The saved agent whose runs it counts (exactly one of `agent` and `key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,7 +140,7 @@ pub struct BudgetConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// US dollars the period may spend.
-    #[schema(minimum = 0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub limit_usd: f64,
     /// The period (default `month`).
     #[serde(default)]
@@ -191,7 +192,8 @@ impl BudgetConfig {
 }
 
 /// A budget with what its current period has spent.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BudgetView {
     /// Its name.
     pub name: String,
@@ -214,7 +216,8 @@ pub struct BudgetView {
 }
 
 /// The budgets, by name.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BudgetList {
     /// Each with its current spending.
     pub budgets: Vec<BudgetView>,
@@ -323,8 +326,9 @@ impl BudgetGate for StoreBudgets {
 }
 
 /// A usage report to compute, as a request gives it.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 pub struct UsageRequest {
     /// From this time on: Unix milliseconds, an RFC 3339 time or a UTC date `YYYY-MM-DD`
     /// (default: 30 days before `to`).
@@ -345,12 +349,13 @@ pub struct UsageRequest {
 }
 
 /// One group of a usage report.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UsageRow {
     /// The group's value of each dimension grouped by (`null`: runs without an agent, or the
     /// operator's).
     #[serde(flatten)]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub group: BTreeMap<String, Option<String>>,
     /// Distinct runs.
     pub runs: u64,
@@ -373,7 +378,8 @@ pub struct UsageRow {
 }
 
 /// A usage report.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UsageReport {
     /// Its range's start, Unix milliseconds.
     pub from: u64,

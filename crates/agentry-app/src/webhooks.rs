@@ -15,7 +15,6 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use utoipa::ToSchema;
 
 use agentry_store::{AttemptOutcome, AttemptRecord, DeliveryRecord, RunState};
 use agentry_types::RunId;
@@ -52,14 +51,16 @@ pub fn is_reserved_secret(name: &str) -> bool {
 const HOLD_MS: u64 = 60_000;
 
 /// `POST /v1/webhook-secret`: the new signing secret, shown this once.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WebhookSecret {
     /// `whsec_` and the base64 of 32 random bytes: verify `webhook-signature` with it.
     pub secret: String,
 }
 
 /// One attempt of a delivery.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptView {
     /// 1, 2, 3…
     pub attempt: u32,
@@ -74,7 +75,8 @@ pub struct AttemptView {
 }
 
 /// A webhook delivery of a run.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeliveryView {
     /// Its `webhook-id`.
     pub id: String,
@@ -95,7 +97,8 @@ pub struct DeliveryView {
 }
 
 /// `GET /v1/runs/{run_id}/webhooks`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeliveryList {
     /// The run's deliveries, oldest first.
     pub deliveries: Vec<DeliveryView>,

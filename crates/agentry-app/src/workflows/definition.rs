@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
 
 use crate::error::AppError;
 
@@ -23,11 +22,12 @@ pub const MAX_MAP_ITEMS: usize = 10_000;
 pub const MAX_WAIT_SECS: u64 = 30 * 24 * 3600;
 
 /// A stored workflow definition.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowDefinition {
     /// The id it is started by.
-    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9_-]{1,64}$"))]
     pub id: String,
     /// What it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -38,15 +38,15 @@ pub struct WorkflowDefinition {
     pub version: u32,
     /// The JSON Schema its input must match (default: any object).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub input_schema: Option<Value>,
     /// The steps, in order (a step needs the one before unless it says what it `needs`).
-    #[schema(value_type = Vec<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub steps: Vec<StepDefinition>,
     /// The workflow's output, a template over `input` and `steps` (default: the last step's
     /// output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub output: Option<Value>,
     /// Where each run's end is told (`workflow.succeeded`, `workflow.failed`,
     /// `workflow.cancelled`), signed like a background run's webhook, unless the run names its
@@ -102,7 +102,8 @@ pub struct RetryPolicy {
 
 /// What kind of failure failed a step's attempt: what a retry policy's `on` names, and what a
 /// step's `error_kind` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StepErrorKind {
     /// The attempt took longer than the step's `timeout_secs`.

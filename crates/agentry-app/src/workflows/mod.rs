@@ -27,7 +27,6 @@ use std::sync::{Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use utoipa::ToSchema;
 
 use crate::App;
 use crate::auth::Principal;
@@ -69,7 +68,8 @@ impl crate::config::ConfigDoc for WorkflowRun {
 }
 
 /// Where a workflow run is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum WorkflowState {
     /// Steps are running.
@@ -92,7 +92,8 @@ impl WorkflowState {
 }
 
 /// Where a step is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StepState {
     /// Not started (its dependencies are not done, or it waits to be retried).
@@ -122,7 +123,8 @@ impl StepState {
 }
 
 /// A person's decision on an approval step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Decision {
     /// Approved or not.
     pub approved: bool,
@@ -137,7 +139,8 @@ pub struct Decision {
 }
 
 /// One step of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepRun {
     /// Where it is.
     pub state: StepState,
@@ -154,14 +157,14 @@ pub struct StepRun {
     pub wake_at: Option<u64>,
     /// Its output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub output: Option<Value>,
     /// Why it failed (or why its last attempt did, while it waits to be retried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// What kind of failure that was (what a retry policy's `on` names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub error_kind: Option<definition::StepErrorKind>,
     /// What an approval step asks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -197,7 +200,8 @@ impl StepRun {
 }
 
 /// A run of a workflow.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowRun {
     /// Its id.
     pub run_id: String,
@@ -208,20 +212,20 @@ pub struct WorkflowRun {
     /// Where it is.
     pub state: WorkflowState,
     /// Its input.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub input: Value,
     /// Each step, by id.
     pub steps: BTreeMap<String, StepRun>,
     /// Its output, once it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub output: Option<Value>,
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Signals received that no step has taken yet, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub signals: BTreeMap<String, Vec<Value>>,
     /// The run that started it as a step (a sub-workflow), and how deep it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -240,7 +244,7 @@ pub struct WorkflowRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<u64>,
     /// The definition it runs (pinned at start).
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub definition: WorkflowDefinition,
     /// Where its end is told (its own, or its workflow's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -259,7 +263,8 @@ pub struct WorkflowRun {
 
 /// One change of a run, as the store keeps it and its stream sends it (`type`: `step` or
 /// `run`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkflowEvent {
     /// A step's whole new state.
@@ -277,7 +282,7 @@ pub enum WorkflowEvent {
         state: WorkflowState,
         /// Its output, once it succeeded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        #[schema(value_type = Option<Object>)]
+        #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
         output: Option<Value>,
         /// Why it failed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -356,14 +361,16 @@ impl WorkflowRun {
 }
 
 /// `GET /v1/workflows`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowList {
     /// The workflows, by id.
     pub workflows: Vec<WorkflowDefinition>,
 }
 
 /// `GET /v1/workflow-runs`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowRunList {
     /// The runs, newest first.
     pub runs: Vec<WorkflowRun>,

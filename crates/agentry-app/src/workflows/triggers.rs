@@ -12,7 +12,6 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use utoipa::ToSchema;
 
 use super::WorkflowRun;
 use crate::App;
@@ -25,7 +24,8 @@ const TOLERANCE_SECS: u64 = 300;
 const MAX_KEY: usize = 256;
 
 /// A workflow's new trigger secret, shown once.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TriggerSecret {
     /// Where deliveries go, on this server: `/hooks/workflows/{id}`.
     pub path: String,

@@ -333,6 +333,63 @@ fn the_apps_parts_are_its_own() {
     assert!(checked >= 2, "the server and the binary depend on the app");
 }
 
+/// The app names no wire crate: no HTTP server, router or HTTP types, and the OpenAPI derive
+/// only as an optional dependency (its `openapi` feature, which the HTTP crate turns on for its
+/// document), so the app builds without any of them.
+#[test]
+fn the_app_depends_on_no_wire_crate() {
+    let output = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let app = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|package| package["name"] == "agentry-app")
+        .unwrap();
+    let mut utoipa = 0;
+    for dependency in app["dependencies"].as_array().unwrap() {
+        let name = dependency["name"].as_str().unwrap();
+        if !dependency["kind"].is_null() {
+            continue;
+        }
+        assert!(
+            ![
+                "axum",
+                "http",
+                "hyper",
+                "tower",
+                "tower-http",
+                "utoipa-axum"
+            ]
+            .contains(&name),
+            "agentry-app depends on {name}"
+        );
+        if name == "utoipa" {
+            utoipa += 1;
+            assert_eq!(
+                dependency["optional"], true,
+                "agentry-app needs utoipa only for the HTTP crate's document (optional)"
+            );
+        }
+    }
+    assert_eq!(
+        app["features"]["openapi"],
+        serde_json::json!(["dep:utoipa"])
+    );
+    assert!(utoipa <= 1);
+}
+
 /// `ARCHITECTURE.md` stays a short code map that names only what exists: under 40 KB, every
 /// repository path it writes in backticks (a token starting `crates/`, `e2e/`, `scripts/`,
 /// `docs/`, `.ci/` or `examples/`, any `….rs`, and a `….md` or `….toml` under a folder) is a file
