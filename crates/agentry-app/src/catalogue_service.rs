@@ -1,8 +1,9 @@
 //! The catalogue as every front-end manages it: models (registered, replaced, deleted, tested
 //! with a one-token call), tools (built-in, configured, and the MCP servers'; configured ones
 //! created, replaced, deleted, one at a time or in a batch; any of them called directly),
-//! prompt templates and secrets. Each change is checked first ([`crate::catalogue`]) and
-//! rebuilds the runtime after.
+//! prompt templates and secrets, each a typed service of the app (`App::models`,
+//! `App::tools`, `App::templates`, `App::secrets`). Each change is checked first
+//! ([`crate::catalogue`]) and rebuilds the runtime after.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -207,12 +208,39 @@ fn check_secret(name: &str, value: &str) -> Result<(), AppError> {
     Ok(())
 }
 
-impl App {
-    // --- models ---
+/// Refuses a secret only its own endpoint writes: a webhook signing secret (`POST
+/// /v1/webhook-secret`) or a workflow trigger's (`POST /v1/workflows/{name}/trigger`).
+fn refuse_reserved(name: &str) -> Result<(), AppError> {
+    if crate::webhooks::is_reserved_secret(name) {
+        return Err(AppError::new(
+            crate::error::Failure::Invalid,
+            "reserved_secret",
+            format!(
+                "{name:?} is written only by its own endpoint: `POST /v1/webhook-secret` for \
+                 webhook signing secrets, `POST /v1/workflows/{{name}}/trigger` for workflow \
+                 triggers"
+            ),
+        ));
+    }
+    Ok(())
+}
 
+/// The models runs may call: saved, replaced, removed and tried.
+pub struct Models<'a> {
+    app: &'a App,
+}
+
+impl App {
+    /// The models runs may call: saved, replaced, removed and tried.
+    pub fn models(&self) -> Models<'_> {
+        Models { app: self }
+    }
+}
+
+impl Models<'_> {
     /// The registered models, by id.
-    pub async fn models(&self) -> Result<ModelList, AppError> {
-        let mut models: Vec<ModelConfig> = ConfigRepo::new(&self.parts.store)
+    pub async fn list(&self) -> Result<ModelList, AppError> {
+        let mut models: Vec<ModelConfig> = ConfigRepo::new(&self.app.parts.store)
             .list()
             .await?
             .into_iter()
@@ -224,71 +252,71 @@ impl App {
 
     /// Whether a model `id` is registered: the runtime's catalogue (in memory, kept in step
     /// with the store) rather than a read of the store.
-    pub fn has_model(&self, id: &str) -> bool {
-        self.parts.sessions.runtime().model_client(id).is_ok()
+    pub fn has(&self, id: &str) -> bool {
+        self.app.parts.sessions.runtime().model_client(id).is_ok()
     }
 
     /// Registers a model, after checking it (id, base URL, model name, and that a client can
     /// be built, which resolves its key's secret).
-    pub async fn create_model(&self, body: Value) -> Result<ModelConfig, AppError> {
+    pub async fn create(&self, body: Value) -> Result<ModelConfig, AppError> {
         let model = parse_model(body)?;
-        check_model(self, &model).await?;
-        ConfigRepo::new(&self.parts.store)
+        check_model(self.app, &model).await?;
+        ConfigRepo::new(&self.app.parts.store)
             .create(&model.id, &model)
             .await?;
-        unmark_other_defaults(&self.parts.store, &model).await?;
-        self.reload_runtime().await?;
+        unmark_other_defaults(&self.app.parts.store, &model).await?;
+        self.app.reload_runtime().await?;
         Ok(model)
     }
 
     /// A registered model.
-    pub async fn model(&self, id: &str) -> Result<ModelConfig, AppError> {
+    pub async fn get(&self, id: &str) -> Result<ModelConfig, AppError> {
         check_name("model", id)?;
-        ConfigRepo::new(&self.parts.store)
+        ConfigRepo::new(&self.app.parts.store)
             .get(id)
             .await?
             .ok_or_else(|| no_model(id))
     }
 
     /// Replaces a model (renames it if the body's id differs).
-    pub async fn replace_model(&self, id: &str, body: Value) -> Result<ModelConfig, AppError> {
+    pub async fn replace(&self, id: &str, body: Value) -> Result<ModelConfig, AppError> {
         check_name("model", id)?;
         let model = parse_model(body)?;
-        check_model(self, &model).await?;
-        ConfigRepo::new(&self.parts.store)
+        check_model(self.app, &model).await?;
+        ConfigRepo::new(&self.app.parts.store)
             .replace(id, &model.id, &model)
             .await?;
-        unmark_other_defaults(&self.parts.store, &model).await?;
-        self.reload_runtime().await?;
+        unmark_other_defaults(&self.app.parts.store, &model).await?;
+        self.app.reload_runtime().await?;
         Ok(model)
     }
 
     /// Deletes a model.
-    pub async fn delete_model(&self, id: &str) -> Result<(), AppError> {
+    pub async fn delete(&self, id: &str) -> Result<(), AppError> {
         check_name("model", id)?;
-        if !ConfigRepo::<ModelConfig>::new(&self.parts.store)
+        if !ConfigRepo::<ModelConfig>::new(&self.app.parts.store)
             .delete(id)
             .await?
         {
             return Err(no_model(id));
         }
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// Sends `ping` with a one-token limit through the runtime's client for the model. A
     /// provider that fails is reported in the outcome, not as an error.
-    pub async fn test_model(&self, id: &str) -> Result<ModelTestOutcome, AppError> {
+    pub async fn test(&self, id: &str) -> Result<ModelTestOutcome, AppError> {
         check_name("model", id)?;
-        let client = match self.parts.sessions.runtime().model_client(id) {
+        let client = match self.app.parts.sessions.runtime().model_client(id) {
             Ok(client) => client,
             Err(_) => {
                 // Not in the runtime: unknown, or stored but unusable (say why), or stored by a
                 // writer whose reload this runtime predates.
-                let model = self.model(id).await?;
-                let secrets = crate::secrets::Secrets::load(&self.parts.store).await?;
-                model.client(&secrets, &self.parts.http)?;
-                self.reload_runtime().await?;
-                self.parts.sessions.runtime().model_client(id)?
+                let model = self.get(id).await?;
+                let secrets = crate::secrets::Secrets::load(&self.app.parts.store).await?;
+                model.client(&secrets, &self.app.parts.http)?;
+                self.app.reload_runtime().await?;
+                self.app.parts.sessions.runtime().model_client(id)?
             }
         };
         let request =
@@ -296,7 +324,7 @@ impl App {
                 max_tokens: Some(1),
                 ..GenerationParams::default()
             });
-        let cancel = self.parts.shutdown.child_token();
+        let cancel = self.app.parts.shutdown.child_token();
         let started = Instant::now();
         let outcome =
             tokio::time::timeout(MODEL_TEST_TIMEOUT, client.complete(request, cancel.clone()))
@@ -325,12 +353,24 @@ impl App {
             }
         })
     }
+}
 
-    // --- tools ---
+/// The tools runs may use: the built-in ones, the saved HTTP and command tools, and the MCP servers' tools.
+pub struct Tools<'a> {
+    app: &'a App,
+}
 
+impl App {
+    /// The tools runs may use: the built-in ones, the saved HTTP and command tools, and the MCP servers' tools.
+    pub fn tools(&self) -> Tools<'_> {
+        Tools { app: self }
+    }
+}
+
+impl Tools<'_> {
     /// The configured tools' definitions (HTTP, command and function tools), by name.
-    pub async fn saved_tools(&self) -> Result<Vec<ToolDefinition>, AppError> {
-        Ok(ConfigRepo::<ToolDefinition>::new(&self.parts.store)
+    pub async fn saved(&self) -> Result<Vec<ToolDefinition>, AppError> {
+        Ok(ConfigRepo::<ToolDefinition>::new(&self.app.parts.store)
             .list()
             .await?
             .into_iter()
@@ -339,32 +379,38 @@ impl App {
     }
 
     /// The configured tool `name`'s definition, if there is one.
-    pub async fn saved_tool(&self, name: &str) -> Result<Option<ToolDefinition>, AppError> {
-        ConfigRepo::<ToolDefinition>::new(&self.parts.store)
+    pub async fn saved_one(&self, name: &str) -> Result<Option<ToolDefinition>, AppError> {
+        ConfigRepo::<ToolDefinition>::new(&self.app.parts.store)
             .get(name)
             .await
     }
 
     /// Whether the runtime offers a tool `name` (built-in, configured, skill or MCP).
-    pub fn has_tool(&self, name: &str) -> bool {
-        self.parts.sessions.runtime().tools().get(name).is_some()
+    pub fn has(&self, name: &str) -> bool {
+        self.app
+            .parts
+            .sessions
+            .runtime()
+            .tools()
+            .get(name)
+            .is_some()
     }
 
     /// The built-in and configured tools, and the tools of the connected MCP servers, by name.
-    pub async fn tool_list(&self) -> Result<ToolList, AppError> {
-        let mut tools: Vec<ToolInfo> = crate::runtime::builtins(&self.parts.tools)
+    pub async fn list(&self) -> Result<ToolList, AppError> {
+        let mut tools: Vec<ToolInfo> = crate::runtime::builtins(&self.app.parts.tools)
             .iter()
             .map(|tool| ToolInfo::of_builtin(tool.as_ref()))
             .collect();
-        for (_, definition) in ConfigRepo::<ToolDefinition>::new(&self.parts.store)
+        for (_, definition) in ConfigRepo::<ToolDefinition>::new(&self.app.parts.store)
             .list()
             .await?
         {
             tools.push(ToolInfo::of_definition(&definition));
         }
-        tools.extend(self.parts.mcp.tools().into_iter().map(ToolInfo::of_mcp));
-        let runtime = self.parts.sessions.runtime();
-        for (_, skill) in ConfigRepo::<crate::skills::SkillConfig>::new(&self.parts.store)
+        tools.extend(self.app.parts.mcp.tools().into_iter().map(ToolInfo::of_mcp));
+        let runtime = self.app.parts.sessions.runtime();
+        for (_, skill) in ConfigRepo::<crate::skills::SkillConfig>::new(&self.app.parts.store)
             .list()
             .await?
         {
@@ -386,25 +432,28 @@ impl App {
     /// A built-in or MCP tool's summary, or a configured tool's definition — for an admin; any
     /// other caller gets a configured tool's summary too, since a definition may carry literal
     /// credentials (HTTP headers, command environments, URLs) only admins may read.
-    pub async fn tool_document(
+    pub async fn document(
         &self,
         caller: &crate::auth::Principal,
         name: &str,
     ) -> Result<Value, AppError> {
-        if let Some(tool) = builtin_named(self, name) {
+        if let Some(tool) = builtin_named(self.app, name) {
             return to_document(&ToolInfo::of_builtin(tool.as_ref()));
         }
         check_name("tool", name)?;
         if let Some(info) = self
+            .app
             .parts
             .mcp
             .tools()
             .into_iter()
             .find(|info| info.name == name)
         {
-            return to_document(&ToolInfo::of_mcp(info).with_risk(&self.parts.sessions.runtime()));
+            return to_document(
+                &ToolInfo::of_mcp(info).with_risk(&self.app.parts.sessions.runtime()),
+            );
         }
-        let definition = ConfigRepo::<ToolDefinition>::new(&self.parts.store)
+        let definition = ConfigRepo::<ToolDefinition>::new(&self.app.parts.store)
             .get(name)
             .await?
             .ok_or_else(|| no_tool(name))?;
@@ -412,52 +461,48 @@ impl App {
             to_document(&definition)
         } else {
             to_document(
-                &ToolInfo::of_definition(&definition).with_risk(&self.parts.sessions.runtime()),
+                &ToolInfo::of_definition(&definition).with_risk(&self.app.parts.sessions.runtime()),
             )
         }
     }
 
     /// Configures a tool, after building it and checking its name and argument schema.
-    pub async fn create_tool(&self, definition: &ToolDefinition) -> Result<(), AppError> {
-        check_tool(self, definition).await?;
+    pub async fn create(&self, definition: &ToolDefinition) -> Result<(), AppError> {
+        check_tool(self.app, definition).await?;
         let name = definition.name();
-        if builtin_named(self, name).is_some() {
+        if builtin_named(self.app, name).is_some() {
             return Err(AppError::conflict(format!(
                 "a tool named {name:?} already exists"
             )));
         }
-        ConfigRepo::new(&self.parts.store)
+        ConfigRepo::new(&self.app.parts.store)
             .create(name, definition)
             .await?;
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// Replaces a configured tool (renames it if the definition's name differs).
-    pub async fn replace_tool(
-        &self,
-        name: &str,
-        definition: &ToolDefinition,
-    ) -> Result<(), AppError> {
-        if builtin_named(self, name).is_some() {
+    pub async fn replace(&self, name: &str, definition: &ToolDefinition) -> Result<(), AppError> {
+        if builtin_named(self.app, name).is_some() {
             return Err(builtin_is_fixed(name));
         }
         check_name("tool", name)?;
-        check_tool(self, definition).await?;
+        check_tool(self.app, definition).await?;
         let new_name = definition.name();
-        if new_name != name && builtin_named(self, new_name).is_some() {
+        if new_name != name && builtin_named(self.app, new_name).is_some() {
             return Err(AppError::conflict(format!(
                 "cannot rename {name:?}: a tool named {new_name:?} already exists"
             )));
         }
-        ConfigRepo::new(&self.parts.store)
+        ConfigRepo::new(&self.app.parts.store)
             .replace(name, new_name, definition)
             .await?;
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// Deletes a configured tool.
-    pub async fn delete_tool(&self, name: &str) -> Result<(), AppError> {
-        let deleted = self.delete_tools(vec![name.to_owned()]).await?;
+    pub async fn delete(&self, name: &str) -> Result<(), AppError> {
+        let deleted = self.delete_many(vec![name.to_owned()]).await?;
         if deleted.deleted.is_empty() {
             return Err(no_tool(name));
         }
@@ -467,19 +512,19 @@ impl App {
     /// Deletes several configured tools. Every name is checked first (a built-in or an invalid
     /// name refuses the whole batch, deleting nothing); names with no tool are listed as
     /// missing.
-    pub async fn delete_tools(&self, names: Vec<String>) -> Result<DeletedTools, AppError> {
+    pub async fn delete_many(&self, names: Vec<String>) -> Result<DeletedTools, AppError> {
         let mut seen = BTreeSet::new();
         let names: Vec<String> = names
             .into_iter()
             .filter(|name| seen.insert(name.clone()))
             .collect();
         for name in &names {
-            if builtin_named(self, name).is_some() {
+            if builtin_named(self.app, name).is_some() {
                 return Err(builtin_is_fixed(name));
             }
             check_name("tool", name)?;
         }
-        let repo = ConfigRepo::<ToolDefinition>::new(&self.parts.store);
+        let repo = ConfigRepo::<ToolDefinition>::new(&self.app.parts.store);
         let mut deleted = Vec::new();
         let mut missing = Vec::new();
         for name in names {
@@ -490,20 +535,21 @@ impl App {
             }
         }
         if !deleted.is_empty() {
-            self.reload_runtime().await?;
+            self.app.reload_runtime().await?;
         }
         Ok(DeletedTools { deleted, missing })
     }
 
     /// Runs a tool directly. A result that is not JSON when JSON was asked for is the
     /// request's fault (`result_not_json`).
-    pub async fn call_tool(
+    pub async fn call(
         &self,
         name: &str,
         arguments: Value,
         format: ResultFormat,
     ) -> Result<Value, AppError> {
         match self
+            .app
             .parts
             .sessions
             .runtime()
@@ -519,12 +565,24 @@ impl App {
             Err(error) => Err(error.into()),
         }
     }
+}
 
-    // --- prompt templates ---
+/// The prompt templates: saved, replaced, removed and rendered.
+pub struct Templates<'a> {
+    app: &'a App,
+}
 
+impl App {
+    /// The prompt templates: saved, replaced, removed and rendered.
+    pub fn templates(&self) -> Templates<'_> {
+        Templates { app: self }
+    }
+}
+
+impl Templates<'_> {
     /// The prompt templates, by name.
-    pub async fn templates(&self) -> Result<TemplateList, AppError> {
-        let mut templates: Vec<TemplateConfig> = ConfigRepo::new(&self.parts.store)
+    pub async fn list(&self) -> Result<TemplateList, AppError> {
+        let mut templates: Vec<TemplateConfig> = ConfigRepo::new(&self.app.parts.store)
             .list()
             .await?
             .into_iter()
@@ -535,52 +593,48 @@ impl App {
     }
 
     /// Stores a prompt template, after compiling it.
-    pub async fn create_template(&self, template: &TemplateConfig) -> Result<(), AppError> {
+    pub async fn create(&self, template: &TemplateConfig) -> Result<(), AppError> {
         compile_template(template)?;
-        ConfigRepo::new(&self.parts.store)
+        ConfigRepo::new(&self.app.parts.store)
             .create(&template.name, template)
             .await?;
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// A prompt template.
-    pub async fn template(&self, name: &str) -> Result<TemplateConfig, AppError> {
+    pub async fn get(&self, name: &str) -> Result<TemplateConfig, AppError> {
         check_name("template", name)?;
-        ConfigRepo::new(&self.parts.store)
+        ConfigRepo::new(&self.app.parts.store)
             .get(name)
             .await?
             .ok_or_else(|| no_template(name))
     }
 
     /// Replaces a prompt template (renames it if the new one's name differs).
-    pub async fn replace_template(
-        &self,
-        name: &str,
-        template: &TemplateConfig,
-    ) -> Result<(), AppError> {
+    pub async fn replace(&self, name: &str, template: &TemplateConfig) -> Result<(), AppError> {
         check_name("template", name)?;
         compile_template(template)?;
-        ConfigRepo::new(&self.parts.store)
+        ConfigRepo::new(&self.app.parts.store)
             .replace(name, &template.name, template)
             .await?;
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// Deletes a prompt template.
-    pub async fn delete_template(&self, name: &str) -> Result<(), AppError> {
+    pub async fn delete(&self, name: &str) -> Result<(), AppError> {
         check_name("template", name)?;
-        if !ConfigRepo::<TemplateConfig>::new(&self.parts.store)
+        if !ConfigRepo::<TemplateConfig>::new(&self.app.parts.store)
             .delete(name)
             .await?
         {
             return Err(no_template(name));
         }
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// The variables a prompt template reads.
-    pub async fn template_variables(&self, name: &str) -> Result<TemplateVariables, AppError> {
-        let template = self.template(name).await?;
+    pub async fn variables(&self, name: &str) -> Result<TemplateVariables, AppError> {
+        let template = self.get(name).await?;
         let variables = compile_template(&template)?
             .variables(&template.name)
             .map_err(|error| AppError::internal(error.to_string()))?;
@@ -589,27 +643,40 @@ impl App {
 
     /// The prompt template `name` filled with `arguments` (a system prompt named by template),
     /// rendered as a run's templated input is.
-    pub fn render_template(
+    pub fn render(
         &self,
         name: &str,
         arguments: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, AppError> {
         Ok(self
+            .app
             .parts
             .sessions
             .runtime()
             .render_template(name, arguments)?)
     }
+}
 
-    // --- secrets ---
+/// The secrets tools and models name: set, bound to hosts and removed; their values never leave.
+pub struct Secrets<'a> {
+    app: &'a App,
+}
 
+impl App {
+    /// The secrets tools and models name: set, bound to hosts and removed; their values never leave.
+    pub fn secrets(&self) -> Secrets<'_> {
+        Secrets { app: self }
+    }
+}
+
+impl Secrets<'_> {
     /// The secrets, their values masked.
-    pub async fn list_secrets(&self) -> Result<Vec<agentry_store::SecretInfo>, AppError> {
-        Ok(self.parts.store.list_secrets().await?)
+    pub async fn list(&self) -> Result<Vec<agentry_store::SecretInfo>, AppError> {
+        Ok(self.app.parts.store.list_secrets().await?)
     }
 
     /// Sets secrets: every name and value is checked before any is written.
-    pub async fn set_secrets(&self, pairs: &[(String, String)]) -> Result<(), AppError> {
+    pub async fn set(&self, pairs: &[(String, String)]) -> Result<(), AppError> {
         if pairs.is_empty() {
             return Err(AppError::bad_request("no secret to set"));
         }
@@ -618,15 +685,15 @@ impl App {
             refuse_reserved(name)?;
         }
         for (name, value) in pairs {
-            self.parts.store.put_secret(name, value).await?;
+            self.app.parts.store.put_secret(name, value).await?;
         }
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// Sets one secret bound to `hosts` (see [`crate::secrets`]): it will be sent only to
     /// models, HTTP tools and MCP servers whose URL's host matches one of them. The hosts are
     /// sealed with the value, so changing them means writing the value again.
-    pub async fn set_bound_secret(
+    pub async fn set_bound(
         &self,
         name: &str,
         value: &str,
@@ -635,37 +702,21 @@ impl App {
         check_secret(name, value)?;
         refuse_reserved(name)?;
         let hosts = crate::secrets::check_hosts(name, hosts)?;
-        self.parts
+        self.app
+            .parts
             .store
             .put_bound_secret(name, value, &hosts)
             .await?;
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
     /// Deletes a secret.
-    pub async fn delete_secret(&self, name: &str) -> Result<(), AppError> {
+    pub async fn delete(&self, name: &str) -> Result<(), AppError> {
         check_name("secret", name)?;
         refuse_reserved(name)?;
-        if !self.parts.store.delete_secret(name).await? {
+        if !self.app.parts.store.delete_secret(name).await? {
             return Err(AppError::not_found(format!("no secret is named {name:?}")));
         }
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
-}
-
-/// Refuses a secret only its own endpoint writes: a webhook signing secret (`POST
-/// /v1/webhook-secret`) or a workflow trigger's (`POST /v1/workflows/{name}/trigger`).
-fn refuse_reserved(name: &str) -> Result<(), AppError> {
-    if crate::webhooks::is_reserved_secret(name) {
-        return Err(AppError::new(
-            crate::error::Failure::Invalid,
-            "reserved_secret",
-            format!(
-                "{name:?} is written only by its own endpoint: `POST /v1/webhook-secret` for \
-                 webhook signing secrets, `POST /v1/workflows/{{name}}/trigger` for workflow \
-                 triggers"
-            ),
-        ));
-    }
-    Ok(())
 }

@@ -70,7 +70,7 @@ impl App {
                 let live = self.parts.hub.subscribe(session);
                 let mut follower = Follower::new(after);
                 let mut backlog = Vec::new();
-                for (seq, event) in self.logged_events(session, after).await? {
+                for (seq, event) in self.sessions().logged_events(session, after).await? {
                     backlog.extend(follower.logged(seq, event));
                 }
                 let (live, tail) = match live {
@@ -182,7 +182,11 @@ impl App {
         follower: &mut Follower,
     ) -> Result<Vec<Arc<RunEvent>>, AppError> {
         let mut out = Vec::new();
-        for (seq, event) in self.logged_events(session, follower.last_seq()).await? {
+        for (seq, event) in self
+            .sessions()
+            .logged_events(session, follower.last_seq())
+            .await?
+        {
             out.extend(follower.logged(seq, event));
         }
         Ok(out)

@@ -384,12 +384,6 @@ impl App {
         }
     }
 
-    /// A receiver that changes whenever the workflow run `id`'s document does (while it is
-    /// driven in this process).
-    pub fn workflow_changes(&self, id: &str) -> tokio::sync::watch::Receiver<u64> {
-        self.parts.workflows.subscribe(id)
-    }
-
     /// Rebuilds the runtime after a configuration change; new runs use it at once.
     pub async fn reload_runtime(&self) -> Result<(), AppError> {
         let runtime = build_runtime(

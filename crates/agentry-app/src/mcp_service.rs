@@ -83,16 +83,25 @@ fn check_name(name: &str) -> Result<(), AppError> {
     validate_server_name(name).map_err(mcp_error)
 }
 
+/// The MCP servers every run shares: registered, restarted, removed, and their resources and prompts.
+pub struct McpServers<'a> {
+    app: &'a App,
+}
+
 impl App {
+    /// The MCP servers every run shares: registered, restarted, removed, and their resources and prompts.
+    pub fn mcp(&self) -> McpServers<'_> {
+        McpServers { app: self }
+    }
+}
+
+impl McpServers<'_> {
     /// Waits up to `wait` for each of the MCP servers `names` (started with the app) to answer,
     /// then rebuilds the runtime with their tools; an error names the first that did not start.
-    pub async fn await_mcp_servers(
-        &self,
-        names: &[String],
-        wait: Duration,
-    ) -> Result<(), AppError> {
+    pub async fn await_ready(&self, names: &[String], wait: Duration) -> Result<(), AppError> {
         for name in names {
             let status = self
+                .app
                 .parts
                 .mcp
                 .wait_ready(name, wait)
@@ -109,11 +118,12 @@ impl App {
                 ));
             }
         }
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 
-    fn mcp_view(&self, status: ServerStatus) -> McpServerView {
+    fn view(&self, status: ServerStatus) -> McpServerView {
         let config = self
+            .app
             .parts
             .mcp
             .config(&status.name)
@@ -139,7 +149,7 @@ impl App {
     /// name is replaced) and waits a while for each. While host commands are allowed, a stdio
     /// server needs `keys_exist` (an API key guards the server): registering one is refused
     /// otherwise, and nothing is saved or started when one is refused.
-    pub async fn register_mcp_servers(
+    pub async fn register(
         &self,
         document: &Value,
         keys_exist: bool,
@@ -148,7 +158,7 @@ impl App {
         let stdio = servers
             .iter()
             .find(|(_, config)| config.transport_kind().ok() == Some(TransportKind::Stdio));
-        if let Some((name, _)) = stdio.filter(|_| self.parts.tools.allow_host_commands)
+        if let Some((name, _)) = stdio.filter(|_| self.app.parts.tools.allow_host_commands)
             && !keys_exist
         {
             return Err(AppError::new(
@@ -161,47 +171,48 @@ impl App {
                 ),
             ));
         }
-        save_and_start(&self.parts.store, &self.parts.mcp, &servers).await?;
+        save_and_start(&self.app.parts.store, &self.app.parts.mcp, &servers).await?;
         let waits = servers
             .keys()
-            .map(|name| self.parts.mcp.wait_ready(name, READY_WAIT));
+            .map(|name| self.app.parts.mcp.wait_ready(name, READY_WAIT));
         let statuses = futures::future::join_all(waits).await;
         // The tools are usable as soon as the answer arrives.
-        self.reload_runtime().await?;
+        self.app.reload_runtime().await?;
         let mut views = Vec::new();
         for status in statuses {
-            views.push(self.mcp_view(status.map_err(mcp_error)?));
+            views.push(self.view(status.map_err(mcp_error)?));
         }
         Ok(McpServerList { servers: views })
     }
 
     /// Every MCP server with its status.
-    pub fn mcp_servers(&self) -> McpServerList {
+    pub fn list(&self) -> McpServerList {
         let servers = self
+            .app
             .parts
             .mcp
             .statuses()
             .into_iter()
-            .map(|status| self.mcp_view(status))
+            .map(|status| self.view(status))
             .collect();
         McpServerList { servers }
     }
 
     /// One MCP server with its status.
-    pub fn mcp_server(&self, name: &str) -> Result<McpServerView, AppError> {
+    pub fn get(&self, name: &str) -> Result<McpServerView, AppError> {
         check_name(name)?;
-        let status = self.parts.mcp.status(name).map_err(mcp_error)?;
-        Ok(self.mcp_view(status))
+        let status = self.app.parts.mcp.status(name).map_err(mcp_error)?;
+        Ok(self.view(status))
     }
 
     /// Stops and deletes an MCP server; its tools leave the runtime.
-    pub async fn delete_mcp_server(&self, name: &str) -> Result<(), AppError> {
+    pub async fn delete(&self, name: &str) -> Result<(), AppError> {
         check_name(name)?;
-        let stored = ConfigRepo::<McpServerConfig>::new(&self.parts.store)
+        let stored = ConfigRepo::<McpServerConfig>::new(&self.app.parts.store)
             .delete(name)
             .await?;
-        let running = self.parts.mcp.remove(name).await.is_ok();
-        self.reload_runtime().await?;
+        let running = self.app.parts.mcp.remove(name).await.is_ok();
+        self.app.reload_runtime().await?;
         if stored || running {
             Ok(())
         } else {
@@ -210,28 +221,29 @@ impl App {
     }
 
     /// Restarts an MCP server (a new process or connection) and waits a while for it.
-    pub async fn restart_mcp_server(&self, name: &str) -> Result<McpServerView, AppError> {
+    pub async fn restart(&self, name: &str) -> Result<McpServerView, AppError> {
         check_name(name)?;
-        let before = self.parts.mcp.status(name).map_err(mcp_error)?;
-        self.parts.mcp.restart(name).map_err(mcp_error)?;
+        let before = self.app.parts.mcp.status(name).map_err(mcp_error)?;
+        self.app.parts.mcp.restart(name).map_err(mcp_error)?;
         // Wait for the restart to be under way, then for its outcome.
         let deadline = tokio::time::Instant::now() + READY_WAIT;
         loop {
-            let now = self.parts.mcp.status(name).map_err(mcp_error)?;
+            let now = self.app.parts.mcp.status(name).map_err(mcp_error)?;
             let moved = now.restarts > before.restarts;
             let settled = matches!(now.state, ServerState::Connected | ServerState::Failed);
             if (moved && settled) || tokio::time::Instant::now() >= deadline {
-                self.reload_runtime().await?;
-                return Ok(self.mcp_view(now));
+                self.app.reload_runtime().await?;
+                return Ok(self.view(now));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// An MCP server's resources (`resources/list`).
-    pub async fn mcp_resources(&self, name: &str) -> Result<Value, AppError> {
+    pub async fn resources(&self, name: &str) -> Result<Value, AppError> {
         check_name(name)?;
         let resources = self
+            .app
             .parts
             .mcp
             .list_resources(name)
@@ -241,12 +253,13 @@ impl App {
     }
 
     /// Reads one resource of an MCP server (`resources/read`).
-    pub async fn read_mcp_resource(&self, name: &str, uri: &str) -> Result<Value, AppError> {
+    pub async fn read_resource(&self, name: &str, uri: &str) -> Result<Value, AppError> {
         check_name(name)?;
         if uri.trim().is_empty() || uri.len() > 4096 {
             return Err(AppError::bad_request("uri must have 1 to 4096 characters"));
         }
-        self.parts
+        self.app
+            .parts
             .mcp
             .read_resource(name, uri)
             .await
@@ -254,14 +267,20 @@ impl App {
     }
 
     /// An MCP server's prompts (`prompts/list`).
-    pub async fn mcp_prompts(&self, name: &str) -> Result<Value, AppError> {
+    pub async fn prompts(&self, name: &str) -> Result<Value, AppError> {
         check_name(name)?;
-        let prompts = self.parts.mcp.list_prompts(name).await.map_err(mcp_error)?;
+        let prompts = self
+            .app
+            .parts
+            .mcp
+            .list_prompts(name)
+            .await
+            .map_err(mcp_error)?;
         Ok(json!({ "prompts": prompts }))
     }
 
     /// Renders one prompt of an MCP server (`prompts/get`).
-    pub async fn mcp_prompt(
+    pub async fn prompt(
         &self,
         name: &str,
         prompt: &str,
@@ -273,7 +292,8 @@ impl App {
                 "a prompt name has 1 to 256 characters",
             ));
         }
-        self.parts
+        self.app
+            .parts
             .mcp
             .get_prompt(name, prompt, arguments)
             .await

@@ -421,14 +421,6 @@ pub struct QueueDepth {
 }
 
 impl App {
-    /// The queue as it is now.
-    pub async fn queue_depth(&self) -> Result<QueueDepth, AppError> {
-        Ok(QueueDepth {
-            queued: self.parts.store.queued_runs().await?,
-            running_here: self.parts.queue.active().len() as u64,
-        })
-    }
-
     /// At start-up: resumes the runs a stop left in flight — the running sessions that no
     /// live process holds any more (`resume_orphaned`; on SQLite, whose folder only this
     /// process may serve, every running session). Background runs that are `running` in the
@@ -608,7 +600,7 @@ impl App {
         let settings = self.parts.queue.settings();
         // A retried submission finds its run before anything new is created.
         if let Some(key) = &idempotency_key
-            && let Some(record) = self.run_by_key(owner.as_deref(), key).await?
+            && let Some(record) = self.background_runs().by_key(owner.as_deref(), key).await?
         {
             if record.request_digest != digest {
                 return Err(AppError::conflict(format!(
@@ -664,183 +656,6 @@ impl App {
         Ok((record.into(), created))
     }
 
-    async fn run_by_key(
-        &self,
-        owner: Option<&str>,
-        key: &str,
-    ) -> Result<Option<RunRecord>, AppError> {
-        Ok(self.parts.store.run_by_idempotency_key(owner, key).await?)
-    }
-
-    /// A run, with its outcome once it ended.
-    pub async fn background_run(&self, run_id: RunId) -> Result<RunView, AppError> {
-        let record = self.queued_record(run_id).await?;
-        self.run_view(record).await
-    }
-
-    /// A run as clients see it. A run started in its session has its outcome in its log, not
-    /// in its record: it is read from there once the run ended.
-    async fn run_view(&self, record: RunRecord) -> Result<RunView, AppError> {
-        let logged = if !record.background && record.outcome.is_none() && record.state.is_final() {
-            match self.logged_outcome(record.session_id, record.id).await {
-                Ok(outcome) => outcome,
-                // Its session was deleted meanwhile: the record alone.
-                Err(error) if error.failure == crate::error::Failure::NotFound => None,
-                Err(error) => return Err(error),
-            }
-        } else {
-            None
-        };
-        let mut view = RunView::from(record);
-        if let Some(outcome) = logged {
-            view.outcome = Some(serde_json::to_value(&outcome).map_err(|error| {
-                AppError::internal(format!("cannot encode an outcome: {error}"))
-            })?);
-        }
-        Ok(view)
-    }
-
-    async fn queued_record(&self, run_id: RunId) -> Result<RunRecord, AppError> {
-        self.parts
-            .store
-            .run_record(run_id)
-            .await?
-            .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))
-    }
-
-    /// Runs, newest first (at most 1,000: a client's page).
-    pub async fn background_runs(&self, query: &RunQuery) -> Result<RunList, AppError> {
-        if query.limit == 0 || query.limit > 1000 {
-            return Err(AppError::bad_request("`limit` must be between 1 and 1000"));
-        }
-        Ok(RunList {
-            runs: self.find_background_runs(query).await?,
-        })
-    }
-
-    /// The runs `query` matches, newest first: as many as its `limit`, which the caller
-    /// bounds.
-    pub async fn find_background_runs(&self, query: &RunQuery) -> Result<Vec<RunView>, AppError> {
-        let runs = self.parts.store.list_runs(query).await?;
-        Ok(runs.into_iter().map(RunView::from).collect())
-    }
-
-    /// How many runs `query` matches, its `limit` and `offset` aside.
-    pub async fn count_background_runs(&self, query: &RunQuery) -> Result<u64, AppError> {
-        Ok(self.parts.store.count_runs(query).await?)
-    }
-
-    /// Waits up to `timeout` for a background run to stop (end, or wait for a person), then
-    /// answers it as it is.
-    pub async fn wait_for_run(
-        &self,
-        run_id: RunId,
-        timeout: Duration,
-    ) -> Result<RunView, AppError> {
-        self.wait_until(run_id, timeout, |_, record| {
-            record.state.is_final() || matches!(record.state, RunState::Waiting | RunState::Paused)
-        })
-        .await
-    }
-
-    /// Waits up to `timeout` for a queued run to be started by a worker; answers it as it is.
-    pub async fn wait_until_started(
-        &self,
-        run_id: RunId,
-        timeout: Duration,
-    ) -> Result<RunView, AppError> {
-        let worker = self.parts.queue.settings().worker;
-        self.wait_until(run_id, timeout, |app, record| {
-            // Started here: the hub has it (a worker elsewhere: its log will).
-            record.state != RunState::Queued
-                && (app.parts.hub.run_id(record.session_id) == Some(record.id)
-                    || record.state != RunState::Running
-                    || record.worker.as_deref() != Some(worker.as_str()))
-        })
-        .await
-    }
-
-    /// Reads a run until `done` says so or `timeout` passes, woken by this process's changes
-    /// and polling for other processes'; answers the run as it is then.
-    pub async fn wait_until(
-        &self,
-        run_id: RunId,
-        timeout: Duration,
-        done: impl Fn(&App, &RunRecord) -> bool,
-    ) -> Result<RunView, AppError> {
-        let watch = self.parts.queue.watch(run_id);
-        let waited = self.wait_on(run_id, timeout, done, &watch).await;
-        self.parts.queue.unwatch(run_id, watch);
-        waited
-    }
-
-    async fn wait_on(
-        &self,
-        run_id: RunId,
-        timeout: Duration,
-        done: impl Fn(&App, &RunRecord) -> bool,
-        watch: &Notify,
-    ) -> Result<RunView, AppError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        // This process's changes to the run wake the wait at once; the poll is for other
-        // processes'.
-        let poll = self.parts.queue.settings().poll.max(OTHERS_POLL);
-        loop {
-            // Listen before reading, so a change in between is not missed.
-            let changed = watch.notified();
-            let record = self.queued_record(run_id).await?;
-            if done(self, &record) || tokio::time::Instant::now() >= deadline {
-                return self.run_view(record).await;
-            }
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep(poll) => {}
-                _ = tokio::time::sleep_until(deadline) => {}
-                _ = self.parts.shutdown.cancelled() => return self.run_view(record).await,
-            }
-        }
-    }
-
-    /// Cancels a background run: a queued one at once; a running one is interrupted (here, or
-    /// by its worker when it next renews its lease); a waiting or paused one ends cancelled.
-    pub async fn cancel_background(&self, run_id: RunId) -> Result<RunView, AppError> {
-        let record = self
-            .parts
-            .store
-            .cancel_run(run_id)
-            .await?
-            .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))?;
-        match record.state {
-            // Queued: cancelled at once, never run.
-            RunState::Cancelled if record.started_at.is_none() => {
-                self.tell_webhook(run_id).await;
-            }
-            RunState::Running if self.parts.hub.run_id(record.session_id) == Some(run_id) => {
-                self.parts.hub.cancel(record.session_id);
-            }
-            RunState::Waiting | RunState::Paused => {
-                self.parts
-                    .sessions
-                    .interrupt(record.session_id, run_id)
-                    .await?;
-                if self
-                    .parts
-                    .store
-                    .set_run_state(run_id, RunState::Cancelled, None)
-                    .await?
-                {
-                    self.tell_webhook(run_id).await;
-                }
-                self.parts
-                    .hub
-                    .announce(record.session_id, crate::hub::FeedStatus::Interrupted);
-            }
-            _ => {}
-        }
-        self.parts.queue.touched(run_id);
-        self.background_run(run_id).await
-    }
-
     /// Starts the process's worker (at most one per app), with the node's heartbeat (which
     /// renews the worker's leases) and the configuration watch: they run until the app shuts
     /// down.
@@ -866,7 +681,7 @@ impl App {
                 uploads_swept = tokio::time::Instant::now();
                 let app = self.clone();
                 tokio::spawn(async move {
-                    let removed = app.sweep_idle_uploads().await;
+                    let removed = app.workspace_files().sweep_idle_uploads().await;
                     if removed > 0 {
                         tracing::info!(removed, "idle unfinished uploads removed");
                     }
@@ -880,7 +695,7 @@ impl App {
                 || timers_looked.is_none_or(|at| at.elapsed() >= settings.poll)
             {
                 timers_looked = Some(tokio::time::Instant::now());
-                self.fire_due_schedules().await;
+                self.schedules().fire_due().await;
                 self.deliver_due_webhooks().await;
             }
             let room = settings
@@ -1147,5 +962,206 @@ impl App {
                 app.parts.queue.touched(run_id);
             }
         });
+    }
+}
+
+/// The background runs: queued, read, waited for and cancelled (the worker that runs them is the app's).
+pub struct BackgroundRuns<'a> {
+    app: &'a App,
+}
+
+impl App {
+    /// The background runs: queued, read, waited for and cancelled (the worker that runs them is the app's).
+    pub fn background_runs(&self) -> BackgroundRuns<'_> {
+        BackgroundRuns { app: self }
+    }
+}
+
+impl BackgroundRuns<'_> {
+    /// The queue as it is now.
+    pub async fn depth(&self) -> Result<QueueDepth, AppError> {
+        Ok(QueueDepth {
+            queued: self.app.parts.store.queued_runs().await?,
+            running_here: self.app.parts.queue.active().len() as u64,
+        })
+    }
+
+    async fn by_key(&self, owner: Option<&str>, key: &str) -> Result<Option<RunRecord>, AppError> {
+        Ok(self
+            .app
+            .parts
+            .store
+            .run_by_idempotency_key(owner, key)
+            .await?)
+    }
+
+    /// A run, with its outcome once it ended.
+    pub async fn get(&self, run_id: RunId) -> Result<RunView, AppError> {
+        let record = self.record(run_id).await?;
+        self.view(record).await
+    }
+
+    /// A run as clients see it. A run started in its session has its outcome in its log, not
+    /// in its record: it is read from there once the run ended.
+    async fn view(&self, record: RunRecord) -> Result<RunView, AppError> {
+        let logged = if !record.background && record.outcome.is_none() && record.state.is_final() {
+            match self.app.logged_outcome(record.session_id, record.id).await {
+                Ok(outcome) => outcome,
+                // Its session was deleted meanwhile: the record alone.
+                Err(error) if error.failure == crate::error::Failure::NotFound => None,
+                Err(error) => return Err(error),
+            }
+        } else {
+            None
+        };
+        let mut view = RunView::from(record);
+        if let Some(outcome) = logged {
+            view.outcome = Some(serde_json::to_value(&outcome).map_err(|error| {
+                AppError::internal(format!("cannot encode an outcome: {error}"))
+            })?);
+        }
+        Ok(view)
+    }
+
+    async fn record(&self, run_id: RunId) -> Result<RunRecord, AppError> {
+        self.app
+            .parts
+            .store
+            .run_record(run_id)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))
+    }
+
+    /// Runs, newest first (at most 1,000: a client's page).
+    pub async fn list(&self, query: &RunQuery) -> Result<RunList, AppError> {
+        if query.limit == 0 || query.limit > 1000 {
+            return Err(AppError::bad_request("`limit` must be between 1 and 1000"));
+        }
+        Ok(RunList {
+            runs: self.find(query).await?,
+        })
+    }
+
+    /// The runs `query` matches, newest first: as many as its `limit`, which the caller
+    /// bounds.
+    pub async fn find(&self, query: &RunQuery) -> Result<Vec<RunView>, AppError> {
+        let runs = self.app.parts.store.list_runs(query).await?;
+        Ok(runs.into_iter().map(RunView::from).collect())
+    }
+
+    /// How many runs `query` matches, its `limit` and `offset` aside.
+    pub async fn count(&self, query: &RunQuery) -> Result<u64, AppError> {
+        Ok(self.app.parts.store.count_runs(query).await?)
+    }
+
+    /// Waits up to `timeout` for a background run to stop (end, or wait for a person), then
+    /// answers it as it is.
+    pub async fn wait(&self, run_id: RunId, timeout: Duration) -> Result<RunView, AppError> {
+        self.wait_until(run_id, timeout, |_, record| {
+            record.state.is_final() || matches!(record.state, RunState::Waiting | RunState::Paused)
+        })
+        .await
+    }
+
+    /// Waits up to `timeout` for a queued run to be started by a worker; answers it as it is.
+    pub async fn wait_until_started(
+        &self,
+        run_id: RunId,
+        timeout: Duration,
+    ) -> Result<RunView, AppError> {
+        let worker = self.app.parts.queue.settings().worker;
+        self.wait_until(run_id, timeout, |app, record| {
+            // Started here: the hub has it (a worker elsewhere: its log will).
+            record.state != RunState::Queued
+                && (app.parts.hub.run_id(record.session_id) == Some(record.id)
+                    || record.state != RunState::Running
+                    || record.worker.as_deref() != Some(worker.as_str()))
+        })
+        .await
+    }
+
+    /// Reads a run until `done` says so or `timeout` passes, woken by this process's changes
+    /// and polling for other processes'; answers the run as it is then.
+    pub async fn wait_until(
+        &self,
+        run_id: RunId,
+        timeout: Duration,
+        done: impl Fn(&App, &RunRecord) -> bool,
+    ) -> Result<RunView, AppError> {
+        let watch = self.app.parts.queue.watch(run_id);
+        let waited = self.wait_on(run_id, timeout, done, &watch).await;
+        self.app.parts.queue.unwatch(run_id, watch);
+        waited
+    }
+
+    async fn wait_on(
+        &self,
+        run_id: RunId,
+        timeout: Duration,
+        done: impl Fn(&App, &RunRecord) -> bool,
+        watch: &Notify,
+    ) -> Result<RunView, AppError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // This process's changes to the run wake the wait at once; the poll is for other
+        // processes'.
+        let poll = self.app.parts.queue.settings().poll.max(OTHERS_POLL);
+        loop {
+            // Listen before reading, so a change in between is not missed.
+            let changed = watch.notified();
+            let record = self.record(run_id).await?;
+            if done(self.app, &record) || tokio::time::Instant::now() >= deadline {
+                return self.view(record).await;
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = self.app.parts.shutdown.cancelled() => return self.view(record).await,
+            }
+        }
+    }
+
+    /// Cancels a background run: a queued one at once; a running one is interrupted (here, or
+    /// by its worker when it next renews its lease); a waiting or paused one ends cancelled.
+    pub async fn cancel(&self, run_id: RunId) -> Result<RunView, AppError> {
+        let record = self
+            .app
+            .parts
+            .store
+            .cancel_run(run_id)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no run {run_id}")))?;
+        match record.state {
+            // Queued: cancelled at once, never run.
+            RunState::Cancelled if record.started_at.is_none() => {
+                self.app.tell_webhook(run_id).await;
+            }
+            RunState::Running if self.app.parts.hub.run_id(record.session_id) == Some(run_id) => {
+                self.app.parts.hub.cancel(record.session_id);
+            }
+            RunState::Waiting | RunState::Paused => {
+                self.app
+                    .parts
+                    .sessions
+                    .interrupt(record.session_id, run_id)
+                    .await?;
+                if self
+                    .app
+                    .parts
+                    .store
+                    .set_run_state(run_id, RunState::Cancelled, None)
+                    .await?
+                {
+                    self.app.tell_webhook(run_id).await;
+                }
+                self.app
+                    .parts
+                    .hub
+                    .announce(record.session_id, crate::hub::FeedStatus::Interrupted);
+            }
+            _ => {}
+        }
+        self.app.parts.queue.touched(run_id);
+        self.get(run_id).await
     }
 }

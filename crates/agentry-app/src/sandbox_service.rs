@@ -675,7 +675,7 @@ async fn probed() -> Result<Capabilities, AppError> {
 
 /// How a command was started.
 pub enum Started {
-    /// In the background: see [`App::sandbox_process`].
+    /// In the background: see `Sandboxes::process`.
     Background(BackgroundStarted),
     /// In the foreground: the caller waits for it or streams it.
     Foreground {
@@ -684,17 +684,6 @@ pub enum Started {
         /// The request asked for its output as it comes.
         stream: bool,
     },
-}
-
-impl App {
-    /// Whether `caller` may see the standalone sandbox `id`; true when there is none (the
-    /// route answers 404 then).
-    pub fn may_see_sandbox(&self, caller: &crate::auth::Principal, id: uuid::Uuid) -> bool {
-        self.parts
-            .sandboxes
-            .get(id)
-            .map_or(true, |sandbox| caller.may_see(sandbox.owner.as_deref()))
-    }
 }
 
 impl App {
@@ -745,16 +734,40 @@ impl App {
             )
         })
     }
+}
+
+/// The standalone sandboxes: made, used and closed by a client, apart from any run.
+pub struct Sandboxes<'a> {
+    app: &'a App,
+}
+
+impl App {
+    /// The standalone sandboxes: made, used and closed by a client, apart from any run.
+    pub fn sandboxes(&self) -> Sandboxes<'_> {
+        Sandboxes { app: self }
+    }
+}
+
+impl Sandboxes<'_> {
+    /// Whether `caller` may see the standalone sandbox `id`; true when there is none (the
+    /// route answers 404 then).
+    pub fn may_see(&self, caller: &crate::auth::Principal, id: uuid::Uuid) -> bool {
+        self.app
+            .parts
+            .sandboxes
+            .get(id)
+            .map_or(true, |sandbox| caller.may_see(sandbox.owner.as_deref()))
+    }
 
     /// The open sandbox `id` names: 503 when disabled, 400 for a bad id, 404 when unknown.
-    pub fn sandbox(&self, id: &str) -> Result<Arc<Standalone>, AppError> {
-        self.sandbox_pool()?;
-        self.parts.sandboxes.get(parse_id("sandbox", id)?)
+    pub fn get(&self, id: &str) -> Result<Arc<Standalone>, AppError> {
+        self.app.sandbox_pool()?;
+        self.app.parts.sandboxes.get(parse_id("sandbox", id)?)
     }
 
     /// What sandboxes this app can make, and where commands run.
-    pub async fn sandbox_capabilities(&self) -> Result<SandboxCapabilities, AppError> {
-        let pool = self.parts.tools.sandboxes.as_ref();
+    pub async fn capabilities(&self) -> Result<SandboxCapabilities, AppError> {
+        let pool = self.app.parts.tools.sandboxes.as_ref();
         let host = match pool {
             Some(pool) => pool.backend().capabilities().clone(),
             None => probed().await?,
@@ -767,31 +780,32 @@ impl App {
                  is not set)"
                     .to_owned()
             }),
-            max_sandboxes: self.parts.sandboxes.max(),
-            open_sandboxes: self.parts.sandboxes.len(),
+            max_sandboxes: self.app.parts.sandboxes.max(),
+            open_sandboxes: self.app.parts.sandboxes.len(),
             default_limits: pool.map(|pool| limits_view(pool.template())),
             host: host_view(&host),
-            allow_host_commands: self.parts.tools.allow_host_commands,
-            mcp_stdio: placement(pool.is_some(), self.parts.tools.allow_host_commands),
+            allow_host_commands: self.app.parts.tools.allow_host_commands,
+            mcp_stdio: placement(pool.is_some(), self.app.parts.tools.allow_host_commands),
             command_tools: placement(
-                self.parts.tools.command_sandboxes().is_some(),
-                self.parts.tools.allow_host_commands,
+                self.app.parts.tools.command_sandboxes().is_some(),
+                self.app.parts.tools.allow_host_commands,
             ),
         })
     }
 
     /// Makes a standalone sandbox for `caller` (its owner).
-    pub async fn create_sandbox(
+    pub async fn create(
         &self,
         caller: &crate::auth::Principal,
         request: CreateSandboxRequest,
     ) -> Result<SandboxView, AppError> {
-        let pool = self.sandbox_pool()?;
-        self.check_commands_isolated(caller)?;
-        self.check_sandbox_quota(caller).await?;
+        let pool = self.app.sandbox_pool()?;
+        self.app.check_commands_isolated(caller)?;
+        self.app.check_sandbox_quota(caller).await?;
         let owner = caller.owner();
         let spec = sandbox_spec(pool, request)?;
         let entry = self
+            .app
             .parts
             .sandboxes
             .create(pool.backend(), spec, owner)
@@ -800,12 +814,10 @@ impl App {
     }
 
     /// The open sandboxes `may_see` lets through, oldest first.
-    pub fn list_sandboxes(
-        &self,
-        may_see: impl Fn(Option<&str>) -> bool,
-    ) -> Result<SandboxList, AppError> {
-        self.sandbox_pool()?;
+    pub fn list(&self, may_see: impl Fn(Option<&str>) -> bool) -> Result<SandboxList, AppError> {
+        self.app.sandbox_pool()?;
         let sandboxes = self
+            .app
             .parts
             .sandboxes
             .list()
@@ -817,15 +829,19 @@ impl App {
     }
 
     /// Closes a sandbox: every process in it is killed and its workspace removed.
-    pub async fn close_sandbox(&self, id: &str) -> Result<(), AppError> {
-        self.sandbox_pool()?;
-        self.parts.sandboxes.remove(parse_id("sandbox", id)?).await
+    pub async fn close(&self, id: &str) -> Result<(), AppError> {
+        self.app.sandbox_pool()?;
+        self.app
+            .parts
+            .sandboxes
+            .remove(parse_id("sandbox", id)?)
+            .await
     }
 
     /// Starts a command in a sandbox: in the background (kept in the sandbox's process list),
     /// or in the foreground for the caller to wait for or stream.
-    pub async fn exec_in_sandbox(&self, id: &str, body: ExecBody) -> Result<Started, AppError> {
-        let entry = self.sandbox(id)?;
+    pub async fn exec(&self, id: &str, body: ExecBody) -> Result<Started, AppError> {
+        let entry = self.get(id)?;
         let command = command(body)?;
         let slot = if command.background {
             Some(entry.reserve_background()?)
@@ -860,9 +876,11 @@ impl App {
     }
 
     /// The background processes running in a sandbox, oldest first.
-    pub fn sandbox_processes(&self, id: &str) -> Result<ProcessList, AppError> {
+    pub fn processes(&self, id: &str) -> Result<ProcessList, AppError> {
         let processes = self
-            .sandbox(id)?
+            .app
+            .sandboxes()
+            .get(id)?
             .running_processes()
             .iter()
             .map(|process| ProcessSummary {
@@ -876,7 +894,7 @@ impl App {
     }
 
     fn process_of(&self, id: &str, exec_id: &str) -> Result<Arc<Process>, AppError> {
-        let entry = self.sandbox(id)?;
+        let entry = self.get(id)?;
         let exec_id = parse_id("process", exec_id)?;
         entry.process(exec_id).ok_or_else(|| {
             AppError::not_found(format!(
@@ -886,17 +904,13 @@ impl App {
     }
 
     /// A background process: its output so far and its status.
-    pub fn sandbox_process(&self, id: &str, exec_id: &str) -> Result<ProcessDetail, AppError> {
+    pub fn process(&self, id: &str, exec_id: &str) -> Result<ProcessDetail, AppError> {
         let process = self.process_of(id, exec_id)?;
         Ok(process_detail(&process))
     }
 
     /// Kills a background process and everything it started, and waits a while for its end.
-    pub async fn kill_sandbox_process(
-        &self,
-        id: &str,
-        exec_id: &str,
-    ) -> Result<ProcessDetail, AppError> {
+    pub async fn kill_process(&self, id: &str, exec_id: &str) -> Result<ProcessDetail, AppError> {
         let process = self.process_of(id, exec_id)?;
         if process.running() {
             process.kill();
@@ -906,8 +920,8 @@ impl App {
     }
 
     /// A regular file's bytes (up to [`FILE_LIMIT`]).
-    pub async fn read_sandbox_file(&self, id: &str, path: &str) -> Result<Vec<u8>, AppError> {
-        let entry = self.sandbox(id)?;
+    pub async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, AppError> {
+        let entry = self.get(id)?;
         check_path("`path`", path)?;
         entry
             .sandbox
@@ -917,13 +931,8 @@ impl App {
     }
 
     /// Creates or replaces a regular file (its folder must exist).
-    pub async fn write_sandbox_file(
-        &self,
-        id: &str,
-        path: &str,
-        bytes: &[u8],
-    ) -> Result<(), AppError> {
-        let entry = self.sandbox(id)?;
+    pub async fn write_file(&self, id: &str, path: &str, bytes: &[u8]) -> Result<(), AppError> {
+        let entry = self.get(id)?;
         check_path("`path`", path)?;
         entry
             .sandbox
@@ -933,13 +942,8 @@ impl App {
     }
 
     /// Deletes a file, a symlink, or a directory (with its contents when `recursive`).
-    pub async fn delete_sandbox_file(
-        &self,
-        id: &str,
-        path: &str,
-        recursive: bool,
-    ) -> Result<(), AppError> {
-        let entry = self.sandbox(id)?;
+    pub async fn delete_file(&self, id: &str, path: &str, recursive: bool) -> Result<(), AppError> {
+        let entry = self.get(id)?;
         check_path("`path`", path)?;
         entry
             .sandbox
@@ -949,12 +953,8 @@ impl App {
     }
 
     /// Lists a directory (the workspace when `path` is `None`).
-    pub async fn list_sandbox_files(
-        &self,
-        id: &str,
-        path: Option<String>,
-    ) -> Result<DirListing, AppError> {
-        let entry = self.sandbox(id)?;
+    pub async fn list_files(&self, id: &str, path: Option<String>) -> Result<DirListing, AppError> {
+        let entry = self.get(id)?;
         let path = path.unwrap_or_else(|| entry.spec.workspace_mount.clone());
         check_path("`path`", &path)?;
         let entries = entry.sandbox.list(&path).await.map_err(sandbox_error)?;
@@ -965,21 +965,21 @@ impl App {
     }
 
     /// A path's metadata (a symlink is described, not followed).
-    pub async fn stat_sandbox_file(&self, id: &str, path: &str) -> Result<FileStatView, AppError> {
-        let entry = self.sandbox(id)?;
+    pub async fn stat_file(&self, id: &str, path: &str) -> Result<FileStatView, AppError> {
+        let entry = self.get(id)?;
         check_path("`path`", path)?;
         let stat = entry.sandbox.stat(path).await.map_err(sandbox_error)?;
         Ok(stat_view(path, &stat))
     }
 
     /// Makes a directory (and its missing parents with `parents`).
-    pub async fn make_sandbox_directory(
+    pub async fn make_directory(
         &self,
         id: &str,
         path: &str,
         parents: bool,
     ) -> Result<(), AppError> {
-        let entry = self.sandbox(id)?;
+        let entry = self.get(id)?;
         check_path("`path`", path)?;
         entry
             .sandbox

@@ -7,7 +7,7 @@
 //! fire starts a workflow run whose id is derived from the schedule and the slot, so a slot
 //! starts one run whatever restarts happen; `overlap` then looks at the previous workflow run
 //! (`queue` starts the new one beside it: workflow runs do not queue). The worker's loop fires due
-//! schedules ([`App::fire_due_schedules`]): each fire submits the run with the idempotency key
+//! schedules (`Schedules::fire_due`): each fire submits the run with the idempotency key
 //! `schedule:<id>:<slot>`, so a slot is submitted once however many processes see it due and
 //! whatever restarts happen in between, and moves the schedule to its next slot (a compare-and-
 //! set on the fire time it saw). After downtime the missed slots follow the schedule's
@@ -139,7 +139,7 @@ fn empty_input() -> serde_json::Value {
 
 /// The run a schedule's fires submit, from what the schedule stored: `{"spec": <a stored
 /// spec>, "request": <as the client wrote it>}`. A schedule stored before specs were (its
-/// client's request alone) is rewritten at start-up by [`App::upgrade_schedules`].
+/// client's request alone) is rewritten at start-up by `Schedules::upgrade`.
 fn scheduled_spec(request: &serde_json::Value) -> Result<RunSpec, AppError> {
     request
         .get("spec")
@@ -398,9 +398,21 @@ fn no_schedule(id: &str) -> AppError {
     AppError::not_found(format!("no schedule {id:?}"))
 }
 
+/// The schedules: runs and workflows started on a cron or an interval.
+pub struct Schedules<'a> {
+    app: &'a App,
+}
+
 impl App {
+    /// The schedules: runs and workflows started on a cron or an interval.
+    pub fn schedules(&self) -> Schedules<'_> {
+        Schedules { app: self }
+    }
+}
+
+impl Schedules<'_> {
     /// Checks a schedule's settings and its run or workflow; answers what to store.
-    async fn checked_schedule(
+    async fn checked(
         &self,
         caller: &Principal,
         id: String,
@@ -414,7 +426,7 @@ impl App {
             request.interval_secs,
             anchor,
         )?;
-        let floor = self.queue_settings().min_schedule_interval;
+        let floor = self.app.queue_settings().min_schedule_interval;
         if let Some(gap) = timing.shortest_gap(now_ms())
             && gap < millis(floor)
         {
@@ -429,7 +441,7 @@ impl App {
         let (stored, subject) = match (request.run, request.workflow) {
             (Some(run), None) => (self.checked_scheduled_run(caller, run).await?, None),
             (None, Some(workflow)) => {
-                let definition = self.workflow(&workflow.workflow_id).await?;
+                let definition = self.app.workflows().get(&workflow.workflow_id).await?;
                 definition.check_input(&workflow.input)?;
                 let subject = workflow.workflow_id.clone();
                 (serde_json::json!({ "workflow": workflow }), Some(subject))
@@ -479,12 +491,12 @@ impl App {
     /// stored spec beside that request, reading each request with `read` (the front-end's: it
     /// owns that format). A request `read` refuses disables its schedule, with a warning. Runs at
     /// start-up, before the worker fires anything; answers how many were rewritten.
-    pub async fn upgrade_schedules(
+    pub async fn upgrade(
         &self,
         read: impl Fn(&serde_json::Value) -> Result<RunSpec, AppError>,
     ) -> Result<usize, AppError> {
         let mut upgraded = 0;
-        for record in self.parts.store.list_schedules(None).await? {
+        for record in self.app.parts.store.list_schedules(None).await? {
             if record.request.get("spec").is_some() || stored_workflow(&record.request).is_some() {
                 continue;
             }
@@ -515,7 +527,7 @@ impl App {
                 overlap: record.overlap,
                 next_fire_at: record.next_fire_at.filter(|_| enabled),
             };
-            self.parts.store.update_schedule(&schedule).await?;
+            self.app.parts.store.update_schedule(&schedule).await?;
             upgraded += 1;
         }
         Ok(upgraded)
@@ -529,20 +541,20 @@ impl App {
         run: ScheduledRun,
     ) -> Result<serde_json::Value, AppError> {
         if let Some(url) = &run.spec.webhook_url {
-            self.check_webhook(url, None).await?;
+            self.app.check_webhook(url, None).await?;
         }
         let mut dry = run.spec.clone();
         dry.approvals = None;
         dry.policy = Default::default();
         dry.webhook_url = None;
         if let crate::run_spec::SessionChoice::Existing(session) = dry.session {
-            self.check_session_access(caller, session).await?;
-            if self.parts.store.session(session).await?.is_none() {
+            self.app.check_session_access(caller, session).await?;
+            if self.app.parts.store.session(session).await?.is_none() {
                 return Err(AppError::not_found(format!("no session {session}")));
             }
         }
         dry.session = crate::run_spec::SessionChoice::Ephemeral;
-        crate::runs::prepare(self, caller, dry).await?;
+        crate::runs::prepare(self.app, caller, dry).await?;
         Ok(serde_json::json!({"spec": run.spec.to_stored()?, "request": run.request}))
     }
 
@@ -555,20 +567,29 @@ impl App {
         slot: u64,
     ) -> Result<Option<RunId>, AppError> {
         // As its owner's key is now: a revoked key's schedule starts nothing.
-        let owner = self.principal_of_owner(schedule.owner.as_deref()).await?;
+        let owner = self
+            .app
+            .principal_of_owner(schedule.owner.as_deref())
+            .await?;
         if let Some(previous) = schedule.last_run_id
-            && let Some(run) = self.stored_workflow_run(&previous.to_string()).await?
+            && let Some(run) = self
+                .app
+                .workflows()
+                .stored_run(&previous.to_string())
+                .await?
             && !run.state.is_final()
         {
             match schedule.overlap.as_str() {
                 "queue" => {}
-                "cancel" => self.cancel_workflow(&owner, &run.run_id).await?,
+                "cancel" => self.app.workflows().cancel(&owner, &run.run_id).await?,
                 _ => return Ok(None),
             }
         }
         let run_id = slot_run_id(&schedule.id, slot)?;
         match self
-            .start_workflow_run(
+            .app
+            .workflows()
+            .start_run(
                 &owner,
                 &workflow.workflow_id,
                 workflow.input,
@@ -585,29 +606,34 @@ impl App {
     }
 
     /// Creates a schedule.
-    pub async fn create_schedule(
+    pub async fn create(
         &self,
         caller: &Principal,
         request: ScheduleSpec,
     ) -> Result<ScheduleView, AppError> {
         let schedule = self
-            .checked_schedule(caller, RunId::new().to_string(), request, now_ms())
+            .app
+            .schedules()
+            .checked(caller, RunId::new().to_string(), request, now_ms())
             .await?;
-        Ok(view(self.parts.store.create_schedule(&schedule).await?))
+        Ok(view(self.app.parts.store.create_schedule(&schedule).await?))
     }
 
     /// Replaces a schedule's settings (its history stays); its next fire is counted anew.
-    pub async fn replace_schedule(
+    pub async fn replace(
         &self,
         caller: &Principal,
         id: &str,
         request: ScheduleSpec,
     ) -> Result<ScheduleView, AppError> {
-        let existing = self.stored_schedule(id).await?;
+        let existing = self.stored(id).await?;
         let schedule = self
-            .checked_schedule(caller, existing.id, request, existing.created_at)
+            .app
+            .schedules()
+            .checked(caller, existing.id, request, existing.created_at)
             .await?;
         let updated = self
+            .app
             .parts
             .store
             .update_schedule(&schedule)
@@ -616,13 +642,14 @@ impl App {
         Ok(view(updated))
     }
 
-    async fn stored_schedule(&self, id: &str) -> Result<ScheduleRecord, AppError> {
+    async fn stored(&self, id: &str) -> Result<ScheduleRecord, AppError> {
         if id.len() > 64 {
             return Err(AppError::bad_request(
                 "a schedule id has at most 64 characters",
             ));
         }
-        self.parts
+        self.app
+            .parts
             .store
             .schedule(id)
             .await?
@@ -636,46 +663,48 @@ impl App {
             state: Some(RunState::Queued),
             ..RunQuery::default()
         };
-        Ok(self.parts.store.count_runs(&query).await?)
+        Ok(self.app.parts.store.count_runs(&query).await?)
     }
 
     /// One schedule.
-    pub async fn schedule(&self, id: &str) -> Result<ScheduleView, AppError> {
-        Ok(view(self.stored_schedule(id).await?))
+    pub async fn get(&self, id: &str) -> Result<ScheduleView, AppError> {
+        Ok(view(self.stored(id).await?))
     }
 
     /// Every schedule, oldest first.
-    pub async fn schedules(&self) -> Result<ScheduleList, AppError> {
-        let records = self.parts.store.list_schedules(None).await?;
+    pub async fn list(&self) -> Result<ScheduleList, AppError> {
+        let records = self.app.parts.store.list_schedules(None).await?;
         Ok(ScheduleList {
             schedules: records.into_iter().map(view).collect(),
         })
     }
 
     /// Deletes a schedule (the runs it fired stay).
-    pub async fn delete_schedule(&self, id: &str) -> Result<(), AppError> {
-        if !self.parts.store.delete_schedule(id).await? {
+    pub async fn delete(&self, id: &str) -> Result<(), AppError> {
+        if !self.app.parts.store.delete_schedule(id).await? {
             return Err(no_schedule(id));
         }
         Ok(())
     }
 
     /// The runs a schedule fired, newest first.
-    pub async fn schedule_runs(&self, id: &str, limit: usize) -> Result<RunList, AppError> {
-        let schedule = self.stored_schedule(id).await?;
-        self.background_runs(&RunQuery {
-            schedule_id: Some(schedule.id),
-            limit,
-            ..RunQuery::default()
-        })
-        .await
+    pub async fn runs(&self, id: &str, limit: usize) -> Result<RunList, AppError> {
+        let schedule = self.stored(id).await?;
+        self.app
+            .background_runs()
+            .list(&RunQuery {
+                schedule_id: Some(schedule.id),
+                limit,
+                ..RunQuery::default()
+            })
+            .await
     }
 
     /// Fires every schedule due now (see the module's documentation). Failures are logged; a
     /// schedule whose run cannot be submitted moves on to its next slot.
-    pub async fn fire_due_schedules(&self) {
+    pub async fn fire_due(&self) {
         let now = now_ms();
-        let due = match self.parts.store.due_schedules(now).await {
+        let due = match self.app.parts.store.due_schedules(now).await {
             Ok(due) => due,
             Err(error) => {
                 tracing::warn!("reading due schedules failed: {error}");
@@ -714,7 +743,8 @@ impl App {
                 None
             };
             let next = timing.next_after(latest.max(now));
-            self.parts
+            self.app
+                .parts
                 .store
                 .advance_schedule(&schedule.id, slot, next, fired)
                 .await?;
@@ -723,13 +753,13 @@ impl App {
         let mut fire = fire;
         if fire
             && let Some(previous) = schedule.last_run_id
-            && let Some(record) = self.parts.store.run_record(previous).await?
+            && let Some(record) = self.app.parts.store.run_record(previous).await?
             && matches!(record.state, RunState::Queued | RunState::Running)
         {
             match schedule.overlap.as_str() {
                 "queue" => {}
                 "cancel" => {
-                    self.cancel_background(previous).await?;
+                    self.app.background_runs().cancel(previous).await?;
                 }
                 _ => fire = false,
             }
@@ -747,10 +777,11 @@ impl App {
             let key = format!("schedule:{}:{latest}", schedule.id);
             // Submitted as its owner's key allows now: a key revoked or narrowed since the
             // schedule was made does not fire what it may no longer run.
-            let submitted = match self.principal_of_owner(schedule.owner.as_deref()).await {
+            let submitted = match self.app.principal_of_owner(schedule.owner.as_deref()).await {
                 Ok(owner) => {
                     let spec = scheduled_spec(&schedule.request)?;
-                    self.submit_queued(&owner, spec, Some(key), 0, Some(schedule.id.clone()))
+                    self.app
+                        .submit_queued(&owner, spec, Some(key), 0, Some(schedule.id.clone()))
                         .await
                 }
                 Err(error) => Err(error),
@@ -765,7 +796,8 @@ impl App {
             }
         }
         let next = timing.next_after(latest.max(now));
-        self.parts
+        self.app
+            .parts
             .store
             .advance_schedule(&schedule.id, slot, next, fired)
             .await?;

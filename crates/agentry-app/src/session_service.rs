@@ -218,17 +218,34 @@ pub struct ContinueOutcome {
     pub stream: String,
 }
 
+/// The stored sessions: listed, searched, read, forked, retitled, continued and deleted.
+pub struct Sessions<'a> {
+    app: &'a App,
+}
+
 impl App {
+    /// The stored sessions: listed, searched, read, forked, retitled, continued and deleted.
+    pub fn sessions(&self) -> Sessions<'_> {
+        Sessions { app: self }
+    }
+}
+
+impl Sessions<'_> {
     /// Sets when `session` expires (Unix ms): it is deleted after that.
-    pub async fn expire_session(&self, session: SessionId, at_ms: u64) -> Result<(), AppError> {
-        self.parts.store.set_expiry(session, Some(at_ms)).await?;
+    pub async fn expire(&self, session: SessionId, at_ms: u64) -> Result<(), AppError> {
+        self.app
+            .parts
+            .store
+            .set_expiry(session, Some(at_ms))
+            .await?;
         Ok(())
     }
 
     /// The session `id` names: 400 for a bad id, 404 when unknown.
-    pub async fn session_record(&self, id: &str) -> Result<SessionRecord, AppError> {
+    pub async fn record(&self, id: &str) -> Result<SessionRecord, AppError> {
         let id = crate::ids::parse_session_id(id)?;
-        self.parts
+        self.app
+            .parts
             .store
             .session(id)
             .await?
@@ -236,26 +253,27 @@ impl App {
     }
 
     /// Sessions, most recent activity first (`query.owner` limits them to one key's).
-    pub async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionList, AppError> {
+    pub async fn list(&self, query: &SessionQuery) -> Result<SessionList, AppError> {
         if query.limit == 0 || query.limit > 1000 {
             return Err(AppError::bad_request("`limit` must be between 1 and 1000"));
         }
-        let records = self.parts.store.list_sessions(query).await?;
+        let records = self.app.parts.store.list_sessions(query).await?;
         let sessions = records
             .iter()
-            .map(|record| SessionSummary::new(record, self.parts.hub.is_live(record.id)))
+            .map(|record| SessionSummary::new(record, self.app.parts.hub.is_live(record.id)))
             .collect();
         Ok(SessionList { sessions })
     }
 
     /// Events holding `text`, across the sessions `owner` may see (all for `None`).
-    pub async fn search_sessions(
+    pub async fn search(
         &self,
         text: &str,
         limit: usize,
         owner: Option<&str>,
     ) -> Result<SearchResults, AppError> {
         let hits = self
+            .app
             .parts
             .store
             .search_owned(text, limit.clamp(1, 200), owner)
@@ -271,12 +289,8 @@ impl App {
     }
 
     /// A session's committed events after `after`, each with its commit time.
-    pub async fn session_events(
-        &self,
-        id: SessionId,
-        after: u64,
-    ) -> Result<SessionEvents, AppError> {
-        let stored = self.parts.store.events(id, after, usize::MAX).await?;
+    pub async fn events(&self, id: SessionId, after: u64) -> Result<SessionEvents, AppError> {
+        let stored = self.app.parts.store.events(id, after, usize::MAX).await?;
         let events = stored
             .into_iter()
             .map(|record| {
@@ -301,7 +315,7 @@ impl App {
         after: u64,
     ) -> Result<Vec<(u64, SessionEvent)>, AppError> {
         Ok(self
-            .session_events(id, after)
+            .events(id, after)
             .await?
             .events
             .into_iter()
@@ -311,14 +325,14 @@ impl App {
 
     /// A session with its conversation, its live or suspended run, and its links to sub-agents
     /// and groups.
-    pub async fn session_detail(&self, record: SessionRecord) -> Result<SessionDetail, AppError> {
+    pub async fn detail(&self, record: SessionRecord) -> Result<SessionDetail, AppError> {
         let events = self.logged_events(record.id, 0).await?;
-        let stranded = if record.status == "running" && !self.parts.hub.is_live(record.id) {
-            self.parts.store.stranded_on(record.id).await?
+        let stranded = if record.status == "running" && !self.app.parts.hub.is_live(record.id) {
+            self.app.parts.store.stranded_on(record.id).await?
         } else {
             None
         };
-        let mut detail = self.session_detail_of(record, &events)?;
+        let mut detail = self.detail_of(record, &events)?;
         detail.waiting_for_volume = stranded.map(|(volume, since)| VolumeWait {
             message: format!(
                 "its node stopped and no live node has its workspace volume {volume}: it waits \
@@ -330,14 +344,14 @@ impl App {
         Ok(detail)
     }
 
-    /// [`App::session_detail`] from the session's events, already read.
-    pub(crate) fn session_detail_of(
+    /// `Sessions::detail` from the session's events, already read.
+    pub(crate) fn detail_of(
         &self,
         record: SessionRecord,
         events: &[(u64, SessionEvent)],
     ) -> Result<SessionDetail, AppError> {
         let replayed = replay(events);
-        let live = self.parts.hub.is_live(record.id);
+        let live = self.app.parts.hub.is_live(record.id);
         // A run that stopped without ending: waiting for approvals, or paused.
         let suspended_run = replayed
             .in_flight
@@ -355,7 +369,7 @@ impl App {
         let field = |key: &str| record.metadata.get(key).cloned();
         Ok(SessionDetail {
             session: SessionSummary::new(&record, live),
-            run_id: self.parts.hub.run_id(record.id),
+            run_id: self.app.parts.hub.run_id(record.id),
             suspended_run,
             messages: replayed.messages,
             delegation: field(crate::delegation::METADATA_KEY),
@@ -368,7 +382,7 @@ impl App {
 
     /// Forks `record` after its event `at` (default: its last) for `owner` (default: the
     /// session's). A fork taken mid-run is marked interrupted, not a crashed run to recover.
-    pub async fn fork_session(
+    pub async fn fork(
         &self,
         record: &SessionRecord,
         at: Option<u64>,
@@ -379,12 +393,21 @@ impl App {
         new.title = record.title.as_ref().map(|title| format!("{title} (fork)"));
         new.metadata = record.metadata.clone();
         new.owner = owner.or_else(|| record.owner.clone());
-        let fork = self.parts.store.fork_session(record.id, at, new).await?;
+        let fork = self
+            .app
+            .parts
+            .store
+            .fork_session(record.id, at, new)
+            .await?;
         let events = self.logged_events(fork.id, 0).await?;
         if replay(&events).in_flight.is_some() {
-            self.parts.store.set_status(fork.id, "interrupted").await?;
+            self.app
+                .parts
+                .store
+                .set_status(fork.id, "interrupted")
+                .await?;
         }
-        let fork = self.parts.store.session(fork.id).await?.unwrap_or(fork);
+        let fork = self.app.parts.store.session(fork.id).await?.unwrap_or(fork);
         Ok(ForkOutcome {
             session: SessionSummary::new(&fork, false),
         })
@@ -392,7 +415,7 @@ impl App {
 
     /// Sets a session's title, or has `model_id` (default: the first registered) write one
     /// from the conversation, a model `caller` may use; the status feed hears of it.
-    pub async fn retitle_session(
+    pub async fn retitle(
         &self,
         caller: &Principal,
         id: SessionId,
@@ -403,8 +426,8 @@ impl App {
             Some(title) => title,
             None => {
                 crate::titles::generate_title(
-                    &self.parts.store,
-                    &self.parts.sessions.runtime(),
+                    &self.app.parts.store,
+                    &self.app.parts.sessions.runtime(),
                     id,
                     model_id,
                     caller.grant(),
@@ -412,8 +435,8 @@ impl App {
                 .await?
             }
         };
-        self.parts.store.set_title(id, &title).await?;
-        self.parts.hub.notify(StatusChange {
+        self.app.parts.store.set_title(id, &title).await?;
+        self.app.parts.hub.notify(StatusChange {
             session_id: id,
             status: FeedStatus::Updated,
             stop_reason: None,
@@ -423,47 +446,48 @@ impl App {
     }
 
     /// Marks a session read up to `seq` (default: its last event).
-    pub async fn mark_session_read(
+    pub async fn mark_read(
         &self,
         record: &SessionRecord,
         seq: Option<u64>,
     ) -> Result<(), AppError> {
-        self.parts
+        self.app
+            .parts
             .store
             .mark_read(record.id, seq.unwrap_or(record.last_seq))
             .await?;
-        self.parts.hub.announce(record.id, FeedStatus::Updated);
+        self.app.parts.hub.announce(record.id, FeedStatus::Updated);
         Ok(())
     }
 
     /// Continues a session: resumes a run a crash interrupted, or lets the model go on from
     /// the history, within `caller`'s grant. The run goes on in the hub.
-    pub async fn continue_session(
+    pub async fn go_on(
         &self,
         caller: &Principal,
         record: &SessionRecord,
     ) -> Result<ContinueOutcome, AppError> {
-        self.continue_followed(caller, record).await?;
+        self.go_on_followed(caller, record).await?;
         Ok(ContinueOutcome {
             session_id: record.id,
             stream: crate::approvals::stream_path(record.id),
         })
     }
 
-    /// [`App::continue_session`], answering a subscription that misses none of the run's
+    /// `Sessions::go_on`, answering a subscription that misses none of the run's
     /// events.
-    pub async fn continue_followed(
+    pub async fn go_on_followed(
         &self,
         caller: &Principal,
         record: &SessionRecord,
     ) -> Result<crate::hub::Subscription, AppError> {
-        if self.parts.hub.is_live(record.id) {
+        if self.app.parts.hub.is_live(record.id) {
             return Err(AppError::conflict(format!(
                 "session {} has a run in progress",
                 record.id
             )));
         }
-        let stream = match self.parts.sessions.resume(record.id).await? {
+        let stream = match self.app.parts.sessions.resume(record.id).await? {
             Some(stream) => stream,
             None => {
                 if record.last_seq == 0 {
@@ -474,28 +498,29 @@ impl App {
                 // A new run on the default model, held to the caller's grant like any other
                 // (a resumed run keeps the grant it started with).
                 let request = RunRequest {
-                    grant: self.run_grant(caller),
+                    grant: self.app.run_grant(caller),
                     ..RunRequest::default()
                 };
-                self.check_run_quotas(caller, false).await?;
-                self.parts
+                self.app.check_run_quotas(caller, false).await?;
+                self.app
+                    .parts
                     .sessions
                     .send(record.id, request, BusyPolicy::Reject)
                     .await?
             }
         };
-        Ok(self.parts.hub.adopt(record.id, stream))
+        Ok(self.app.parts.hub.adopt(record.id, stream))
     }
 
     /// Deletes a session that has no live run (its forks keep the events they share).
-    pub async fn delete_session(&self, id: SessionId) -> Result<(), AppError> {
-        if self.parts.hub.is_live(id) {
+    pub async fn delete(&self, id: SessionId) -> Result<(), AppError> {
+        if self.app.parts.hub.is_live(id) {
             return Err(AppError::conflict(format!(
                 "session {id} has a run in progress; abort it first"
             )));
         }
-        self.parts.store.delete_session(id).await?;
-        self.forget_file_journal(id).await;
+        self.app.parts.store.delete_session(id).await?;
+        self.app.forget_file_journal(id).await;
         Ok(())
     }
 }

@@ -45,19 +45,33 @@ pub struct Registered {
     pub replaced: bool,
 }
 
+/// The skills agents may load: registered, listed and removed.
+pub struct Skills<'a> {
+    app: &'a App,
+}
+
 impl App {
+    /// The skills agents may load: registered, listed and removed.
+    pub fn skills(&self) -> Skills<'_> {
+        Skills { app: self }
+    }
+}
+
+impl Skills<'_> {
     /// Registers the skill folder at `path` (see the module docs): 400 when it holds no valid
     /// `SKILL.md` or lies outside the skill roots, 409 when a tool of another kind has the
     /// skill's name.
-    pub async fn register_skill(&self, path: &str) -> Result<Registered, AppError> {
-        let loaded = crate::agents::load_skill(path, self.parts.tools.skill_roots.as_deref())?;
+    pub async fn register(&self, path: &str) -> Result<Registered, AppError> {
+        let loaded = crate::agents::load_skill(path, self.app.parts.tools.skill_roots.as_deref())?;
         let name = loaded.name().to_owned();
         check_name("skill", &name)?;
-        let repo = ConfigRepo::<SkillConfig>::new(&self.parts.store);
+        let repo = ConfigRepo::<SkillConfig>::new(&self.app.parts.store);
         let replaced = repo.get(&name).await?.is_some();
         if !replaced
             && self
-                .tool_list()
+                .app
+                .tools()
+                .list()
                 .await?
                 .tools
                 .iter()
@@ -73,13 +87,13 @@ impl App {
             path: loaded.dir().display().to_string(),
         };
         repo.put(&skill.name, &skill).await?;
-        self.reload_runtime().await?;
+        self.app.reload_runtime().await?;
         Ok(Registered { skill, replaced })
     }
 
     /// The registered skills.
-    pub async fn skills(&self) -> Result<SkillList, AppError> {
-        let skills = ConfigRepo::<SkillConfig>::new(&self.parts.store)
+    pub async fn list(&self) -> Result<SkillList, AppError> {
+        let skills = ConfigRepo::<SkillConfig>::new(&self.app.parts.store)
             .list()
             .await?
             .into_iter()
@@ -89,14 +103,14 @@ impl App {
     }
 
     /// Unregisters a skill (its folder stays).
-    pub async fn delete_skill(&self, name: &str) -> Result<(), AppError> {
+    pub async fn delete(&self, name: &str) -> Result<(), AppError> {
         check_name("skill", name)?;
-        if !ConfigRepo::<SkillConfig>::new(&self.parts.store)
+        if !ConfigRepo::<SkillConfig>::new(&self.app.parts.store)
             .delete(name)
             .await?
         {
             return Err(AppError::not_found(format!("no skill named {name:?}")));
         }
-        self.reload_runtime().await
+        self.app.reload_runtime().await
     }
 }

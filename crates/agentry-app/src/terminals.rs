@@ -87,14 +87,26 @@ pub fn info(terminal: &PtyTerminal) -> Option<TerminalInfo> {
     })
 }
 
+/// The interactive terminals opened in sessions' sandboxes.
+pub struct Terminals<'a> {
+    app: &'a App,
+}
+
 impl App {
-    fn terminals(&self) -> &PtyTerminals {
-        &self.parts.tools.terminals
+    /// The interactive terminals opened in sessions' sandboxes.
+    pub fn terminals(&self) -> Terminals<'_> {
+        Terminals { app: self }
+    }
+}
+
+impl Terminals<'_> {
+    fn registry(&self) -> &PtyTerminals {
+        &self.app.parts.tools.terminals
     }
 
     /// Opens a terminal in `session`'s sandbox running `command` (default: an interactive
     /// `bash -l`), of `cols`×`rows` (default 80×24).
-    pub async fn open_terminal(
+    pub async fn open(
         &self,
         caller: &Principal,
         session: &str,
@@ -102,18 +114,18 @@ impl App {
         rows: Option<u16>,
         command: Option<Vec<String>>,
     ) -> Result<Arc<PtyTerminal>, AppError> {
-        let session = self.session_record(session).await?.id;
-        self.check_session_access(caller, session).await?;
-        self.check_commands_isolated(caller)?;
-        self.check_terminal_quota(caller).await?;
+        let session = self.app.sessions().record(session).await?.id;
+        self.app.check_session_access(caller, session).await?;
+        self.app.check_commands_isolated(caller)?;
+        self.app.check_terminal_quota(caller).await?;
         let command = command.unwrap_or_else(|| vec!["/bin/bash".into(), "-l".into()]);
         if command.is_empty() || command.iter().any(|arg| arg.contains('\0')) {
             return Err(AppError::bad_request(
                 "command must be a non-empty list of arguments without NUL bytes",
             ));
         }
-        self.terminals().sweep(IDLE_TIMEOUT);
-        let open = self.terminals().all();
+        self.registry().sweep(IDLE_TIMEOUT);
+        let open = self.registry().all();
         if open.len() >= MAX_TERMINALS {
             return Err(AppError::new(
                 Failure::TooMany,
@@ -133,8 +145,8 @@ impl App {
             ));
         }
         let (Some(pool), Some(workspace)) = (
-            self.parts.tools.command_sandboxes(),
-            self.parts.sessions.workspace(session),
+            self.app.parts.tools.command_sandboxes(),
+            self.app.parts.sessions.workspace(session),
         ) else {
             return Err(AppError::new(
                 Failure::Unavailable,
@@ -150,7 +162,7 @@ impl App {
         };
         let sandbox = pool.get(&workspace).await.map_err(unavailable)?;
         let size = TtySize::clamped(cols.unwrap_or(80), rows.unwrap_or(24));
-        self.terminals()
+        self.registry()
             .open(
                 &sandbox,
                 Some(session),
@@ -163,22 +175,22 @@ impl App {
     }
 
     /// The terminals `caller` may see (of `session` only, when named), oldest first.
-    pub async fn list_terminals(
+    pub async fn list(
         &self,
         caller: &Principal,
         session: Option<&str>,
     ) -> Result<Vec<TerminalInfo>, AppError> {
-        self.terminals().sweep(IDLE_TIMEOUT);
+        self.registry().sweep(IDLE_TIMEOUT);
         let only = match session {
             Some(session) => {
-                let id = self.session_record(session).await?.id;
-                self.check_session_access(caller, id).await?;
+                let id = self.app.sessions().record(session).await?.id;
+                self.app.check_session_access(caller, id).await?;
                 Some(id)
             }
             None => None,
         };
         let mut listed = Vec::new();
-        for terminal in self.terminals().all() {
+        for terminal in self.registry().all() {
             let Some(shown) = info(&terminal) else {
                 continue;
             };
@@ -186,6 +198,7 @@ impl App {
                 continue;
             }
             if self
+                .app
                 .check_session_access(caller, shown.session_id)
                 .await
                 .is_ok()
@@ -197,40 +210,37 @@ impl App {
     }
 
     /// The terminal `id`, if `caller` may use it (404 otherwise, as if it did not exist).
-    pub async fn terminal(
-        &self,
-        caller: &Principal,
-        id: &str,
-    ) -> Result<Arc<PtyTerminal>, AppError> {
+    pub async fn get(&self, caller: &Principal, id: &str) -> Result<Arc<PtyTerminal>, AppError> {
         let missing = || AppError::not_found(format!("no terminal {id:?}"));
-        let terminal = self.terminals().get(id).ok_or_else(missing)?;
+        let terminal = self.registry().get(id).ok_or_else(missing)?;
         let session = terminal.session().ok_or_else(missing)?;
-        self.check_session_access(caller, session)
+        self.app
+            .check_session_access(caller, session)
             .await
             .map_err(|_| missing())?;
         Ok(terminal)
     }
 
     /// Kills the terminal `id`'s program and forgets it.
-    pub async fn close_terminal(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
-        let terminal = self.terminal(caller, id).await?;
-        self.terminals().close(terminal.id());
+    pub async fn close(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
+        let terminal = self.get(caller, id).await?;
+        self.registry().close(terminal.id());
         Ok(())
     }
 
     /// The seed's one terminal per session (`<session>:auto`): the session's oldest live
     /// terminal a person opened, or a new one.
-    pub async fn session_terminal(
+    pub async fn of_session(
         &self,
         caller: &Principal,
         session: &str,
         cols: Option<u16>,
         rows: Option<u16>,
     ) -> Result<Arc<PtyTerminal>, AppError> {
-        let id = self.session_record(session).await?.id;
-        self.check_session_access(caller, id).await?;
-        self.check_commands_isolated(caller)?;
-        let existing = self.terminals().all().into_iter().find(|t| {
+        let id = self.app.sessions().record(session).await?.id;
+        self.app.check_session_access(caller, id).await?;
+        self.app.check_commands_isolated(caller)?;
+        let existing = self.registry().all().into_iter().find(|t| {
             t.session() == Some(id) && *t.opener() == Opener::Person && t.exit_status().is_none()
         });
         match existing {
@@ -242,10 +252,7 @@ impl App {
                 }
                 Ok(terminal)
             }
-            None => {
-                self.open_terminal(caller, &id.to_string(), cols, rows, None)
-                    .await
-            }
+            None => self.open(caller, &id.to_string(), cols, rows, None).await,
         }
     }
 }

@@ -356,15 +356,15 @@ fn diff_of(journal: &FileJournal, session: SessionId, path: &str, change: &FileC
 }
 
 impl App {
-    /// [`App::session_detail`], with when each user message of its conversation was sent (Unix
+    /// `Sessions::detail`, with when each user message of its conversation was sent (Unix
     /// ms, in order: the seed's message timestamps, which name a turn), from one read of the log.
     pub async fn session_detail_with_times(
         &self,
         record: SessionRecord,
     ) -> Result<(SessionDetail, Vec<u64>), AppError> {
-        let events = self.session_events(record.id, 0).await?.events;
+        let events = self.sessions().events(record.id, 0).await?.events;
         let numbered = numbered(&events);
-        let detail = self.session_detail_of(record, &numbered)?;
+        let detail = self.sessions().detail_of(record, &numbered)?;
         Ok((detail, user_message_times(&events)))
     }
 
@@ -384,11 +384,11 @@ impl App {
         caller: &Principal,
         session: &str,
     ) -> Result<Vec<FileTurn>, AppError> {
-        let session = self.session_record(session).await?.id;
+        let session = self.sessions().record(session).await?.id;
         self.check_session_access(caller, session).await?;
         let journal = self.file_journal()?;
         let recorded = blocking(move || journal.turns(session)).await?;
-        let events = self.session_events(session, 0).await?.events;
+        let events = self.sessions().events(session, 0).await?.events;
         let turns = turns_of(&events);
         Ok(recorded
             .into_iter()
@@ -407,10 +407,10 @@ impl App {
         session: &str,
         turn: &str,
     ) -> Result<TurnDiff, AppError> {
-        let session = self.session_record(session).await?.id;
+        let session = self.sessions().record(session).await?.id;
         self.check_session_access(caller, session).await?;
         let journal = self.file_journal()?;
-        let events = self.session_events(session, 0).await?.events;
+        let events = self.sessions().events(session, 0).await?.events;
         let turns = turns_of(&events);
         let chosen = find_turn(&turns, Some(turn), None)?;
         let run_id = chosen.run_id;
@@ -445,7 +445,7 @@ impl App {
         session: &str,
         request: RevokeRequest,
     ) -> Result<RevokeOutcome, AppError> {
-        let record = self.session_record(session).await?;
+        let record = self.sessions().record(session).await?;
         let session = record.id;
         self.check_session_access(caller, session).await?;
         if self.parts.hub.is_live(session) {
@@ -453,7 +453,7 @@ impl App {
                 "session {session} has a run in progress: abort it before revoking"
             )));
         }
-        let events = self.session_events(session, 0).await?.events;
+        let events = self.sessions().events(session, 0).await?.events;
         let turns = turns_of(&events);
         let chosen = find_turn(
             &turns,

@@ -168,7 +168,7 @@ fn io_error(error: std::io::Error) -> AppError {
 impl App {
     /// The folder of the tus upload `id` and its record, when `caller` made it.
     fn tus_of(&self, caller: &Principal, id: &str) -> Result<(PathBuf, TusUpload), AppError> {
-        let folder = self.upload_folder(id)?;
+        let folder = self.workspace_files().upload_folder(id)?;
         let missing = || AppError::not_found(format!("no upload {id:?}"));
         let text = std::fs::read(folder.join("tus.json")).map_err(|_| missing())?;
         let upload: TusUpload = serde_json::from_slice(&text)
@@ -204,10 +204,14 @@ impl App {
             .ok_or_else(|| {
                 AppError::bad_request("Upload-Metadata needs `target_path` (or `filename`)")
             })?;
-        let (workspace, workspace_owner) = self.workspace_of(caller, &target_workspace).await?;
-        let uploads = self.uploads_folder()?;
+        let (workspace, workspace_owner) = self
+            .workspace_files()
+            .workspace_of(caller, &target_workspace)
+            .await?;
+        let uploads = self.workspace_files().uploads_folder()?;
         let owner = caller.owner();
         let target_path = self
+            .workspace_files()
             .check_new_upload(
                 caller,
                 workspace,
@@ -332,7 +336,10 @@ impl App {
         let _ = tokio::fs::remove_file(&part).await;
         let offset = outcome?;
         if offset == upload.length {
-            let (workspace, _) = self.workspace_of(caller, &upload.workspace()).await?;
+            let (workspace, _) = self
+                .workspace_files()
+                .workspace_of(caller, &upload.workspace())
+                .await?;
             let (target, length) = (upload.target_path.clone(), upload.length);
             let source = data.clone();
             tokio::task::spawn_blocking(move || {

@@ -530,63 +530,6 @@ impl App {
             total: row_of(&[], total),
         })
     }
-
-    /// The budgets, by name, each with its current spending.
-    pub async fn budgets(&self) -> Result<BudgetList, AppError> {
-        let mut budgets = Vec::new();
-        for (_, budget) in ConfigRepo::<BudgetConfig>::new(&self.parts.store)
-            .list()
-            .await?
-        {
-            budgets.push(view_of(&self.parts.store, budget).await?);
-        }
-        Ok(BudgetList { budgets })
-    }
-
-    /// A budget with its current spending.
-    pub async fn budget(&self, name: &str) -> Result<BudgetView, AppError> {
-        let budget = ConfigRepo::<BudgetConfig>::new(&self.parts.store)
-            .get(name)
-            .await?
-            .ok_or_else(|| no_budget(name))?;
-        view_of(&self.parts.store, budget).await
-    }
-
-    /// Saves a new budget; runs it counts are checked against it from their next model call.
-    pub async fn create_budget(&self, budget: BudgetConfig) -> Result<BudgetView, AppError> {
-        budget.check()?;
-        ConfigRepo::new(&self.parts.store)
-            .create(&budget.name, &budget)
-            .await?;
-        self.reload_runtime().await?;
-        view_of(&self.parts.store, budget).await
-    }
-
-    /// Replaces (or renames) a budget.
-    pub async fn replace_budget(
-        &self,
-        name: &str,
-        budget: BudgetConfig,
-    ) -> Result<BudgetView, AppError> {
-        check_name("budget", name)?;
-        budget.check()?;
-        ConfigRepo::new(&self.parts.store)
-            .replace(name, &budget.name, &budget)
-            .await?;
-        self.reload_runtime().await?;
-        view_of(&self.parts.store, budget).await
-    }
-
-    /// Deletes a budget.
-    pub async fn delete_budget(&self, name: &str) -> Result<(), AppError> {
-        if !ConfigRepo::<BudgetConfig>::new(&self.parts.store)
-            .delete(name)
-            .await?
-        {
-            return Err(no_budget(name));
-        }
-        self.reload_runtime().await
-    }
 }
 
 /// A run without a session, started by [`App::stream_stateless`]: its events, and each model
@@ -693,6 +636,73 @@ impl App {
         };
         let stream = runtime.stream(request)?;
         Ok(StatelessRun { stream, ledger })
+    }
+}
+
+/// The spending budgets: what runs may cost per period before they are refused.
+pub struct Budgets<'a> {
+    app: &'a App,
+}
+
+impl App {
+    /// The spending budgets: what runs may cost per period before they are refused.
+    pub fn budgets(&self) -> Budgets<'_> {
+        Budgets { app: self }
+    }
+}
+
+impl Budgets<'_> {
+    /// The budgets, by name, each with its current spending.
+    pub async fn list(&self) -> Result<BudgetList, AppError> {
+        let mut budgets = Vec::new();
+        for (_, budget) in ConfigRepo::<BudgetConfig>::new(&self.app.parts.store)
+            .list()
+            .await?
+        {
+            budgets.push(view_of(&self.app.parts.store, budget).await?);
+        }
+        Ok(BudgetList { budgets })
+    }
+
+    /// A budget with its current spending.
+    pub async fn get(&self, name: &str) -> Result<BudgetView, AppError> {
+        let budget = ConfigRepo::<BudgetConfig>::new(&self.app.parts.store)
+            .get(name)
+            .await?
+            .ok_or_else(|| no_budget(name))?;
+        view_of(&self.app.parts.store, budget).await
+    }
+
+    /// Saves a new budget; runs it counts are checked against it from their next model call.
+    pub async fn create(&self, budget: BudgetConfig) -> Result<BudgetView, AppError> {
+        budget.check()?;
+        ConfigRepo::new(&self.app.parts.store)
+            .create(&budget.name, &budget)
+            .await?;
+        self.app.reload_runtime().await?;
+        view_of(&self.app.parts.store, budget).await
+    }
+
+    /// Replaces (or renames) a budget.
+    pub async fn replace(&self, name: &str, budget: BudgetConfig) -> Result<BudgetView, AppError> {
+        check_name("budget", name)?;
+        budget.check()?;
+        ConfigRepo::new(&self.app.parts.store)
+            .replace(name, &budget.name, &budget)
+            .await?;
+        self.app.reload_runtime().await?;
+        view_of(&self.app.parts.store, budget).await
+    }
+
+    /// Deletes a budget.
+    pub async fn delete(&self, name: &str) -> Result<(), AppError> {
+        if !ConfigRepo::<BudgetConfig>::new(&self.app.parts.store)
+            .delete(name)
+            .await?
+        {
+            return Err(no_budget(name));
+        }
+        self.app.reload_runtime().await
     }
 }
 

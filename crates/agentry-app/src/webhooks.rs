@@ -355,7 +355,7 @@ impl App {
 
     /// A background run's webhook deliveries, with every attempt.
     pub async fn run_webhooks(&self, run_id: RunId) -> Result<DeliveryList, AppError> {
-        self.background_run(run_id).await?;
+        self.background_runs().get(run_id).await?;
         self.deliveries(&run_id.to_string()).await
     }
 
@@ -365,7 +365,7 @@ impl App {
         caller: &crate::auth::Principal,
         run_id: &str,
     ) -> Result<DeliveryList, AppError> {
-        self.workflow_run(caller, run_id).await?;
+        self.workflows().run(caller, run_id).await?;
         self.deliveries(run_id).await
     }
 

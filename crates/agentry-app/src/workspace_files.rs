@@ -927,324 +927,6 @@ impl Workspace {
     }
 }
 
-impl App {
-    /// The workspace `target` names, for `caller` (made if missing), and whose it is.
-    pub(crate) async fn workspace_of(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-    ) -> Result<(Workspace, WorkspaceOwner), AppError> {
-        let off = || {
-            AppError::new(
-                Failure::Unavailable,
-                "workspaces_off",
-                "sessions have no workspaces on this server",
-            )
-        };
-        let (folder, owner) = match target {
-            WorkspaceRef::Session(session) => {
-                let session = self.session_record(session).await?.id;
-                self.check_session_access(caller, session).await?;
-                let folder = self.parts.sessions.workspace(session).ok_or_else(off)?;
-                (folder, WorkspaceOwner::Session(session))
-            }
-            WorkspaceRef::Agent(agent) => {
-                crate::config::check_name("agent", agent)?;
-                // Those who may run as the agent share its workspace.
-                caller.check_agent(agent)?;
-                let saved = crate::agents::stored_agent(&self.parts.store, agent)
-                    .await?
-                    .ok_or_else(|| AppError::not_found(format!("no agent {agent:?}")))?;
-                if saved.workspace != crate::agents::WorkspaceScope::Agent {
-                    return Err(AppError::bad_request(format!(
-                        "agent {agent:?} has no workspace of its own: each of its sessions has \
-                         one (name the session), or set its `workspace` to \"agent\""
-                    )));
-                }
-                let folder = self
-                    .parts
-                    .sessions
-                    .shared_workspace(agent)
-                    .ok_or_else(off)?;
-                (folder, WorkspaceOwner::Agent(saved.id))
-            }
-        };
-        let workspace = blocking(move || Workspace::open(&folder)).await?;
-        Ok((workspace, owner))
-    }
-
-    /// The folder of uploads in progress, outside every workspace.
-    pub(crate) fn uploads_folder(&self) -> Result<PathBuf, AppError> {
-        let workspaces = self.parts.tools.workspaces.as_ref().ok_or_else(|| {
-            AppError::new(
-                Failure::Unavailable,
-                "workspaces_off",
-                "sessions have no workspaces on this server",
-            )
-        })?;
-        Ok(uploads_in(workspaces))
-    }
-
-    /// A page of the folder `path` of `session`'s workspace.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn workspace_list(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-        page: usize,
-        page_size: usize,
-        sort: Sort,
-        name_filter: Option<String>,
-    ) -> Result<Listing, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let path = path.to_owned();
-        blocking(move || workspace.list(&path, page, page_size, sort, name_filter.as_deref())).await
-    }
-
-    /// Opens the file `path` of `session`'s workspace for reading.
-    pub async fn workspace_open(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-    ) -> Result<OpenedFile, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let path = path.to_owned();
-        blocking(move || workspace.open_file(&path)).await
-    }
-
-    /// A thumbnail of the image at `path` of `session`'s workspace (see [`thumbnail_of`]), with
-    /// its ETag (the file's size and time and the size asked). When `cached` (an
-    /// `If-None-Match`) holds that ETag the picture is not made again: `None`.
-    pub async fn workspace_thumbnail(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-        edge: u32,
-        cached: Option<String>,
-    ) -> Result<(String, Option<Thumbnail>), AppError> {
-        use std::os::unix::fs::MetadataExt as _;
-        let opened = self.workspace_open(caller, target, path).await?;
-        let metadata = opened.file.metadata().ok();
-        let modified = metadata
-            .as_ref()
-            .and_then(|metadata| metadata.modified().ok())
-            .and_then(|time| time.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |since| since.as_nanos());
-        // The file itself (device and inode), whichever workspace or path reaches it.
-        let file_id = metadata.map_or((0, 0), |metadata| (metadata.dev(), metadata.ino()));
-        let etag = format!("\"t{}-{modified}-{edge}\"", opened.size);
-        if cached.is_some_and(|tags| tags.split(',').any(|tag| tag.trim() == etag)) {
-            return Ok((etag, None));
-        }
-        let key = format!("{}:{}:{etag}", file_id.0, file_id.1);
-        let kept = self.parts.thumbnails.cache().get(&key);
-        if let Some(kept) = kept {
-            return Ok((etag, Some(Thumbnail::clone(&kept))));
-        }
-        // One of a few decode slots: memory stays bounded however many requests come.
-        let slot = tokio::time::timeout(THUMBNAIL_WAIT, self.parts.thumbnails.slots.acquire())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .ok_or_else(|| {
-                AppError::new(
-                    Failure::TooMany,
-                    "thumbnails_busy",
-                    "the server is making other thumbnails: try again shortly",
-                )
-            })?;
-        let made = blocking(move || thumbnail_of(opened, edge)).await;
-        drop(slot);
-        let made = Arc::new(made?);
-        self.parts.thumbnails.cache().put(key, Arc::clone(&made));
-        Ok((etag, Some(Thumbnail::clone(&made))))
-    }
-
-    /// The folders directly in `path` of `session`'s workspace.
-    pub async fn workspace_children(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-    ) -> Result<Vec<FileEntry>, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let path = path.to_owned();
-        blocking(move || workspace.children(&path)).await
-    }
-
-    /// Creates the folder `name` in `parent`.
-    pub async fn workspace_mkdir(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        parent: &str,
-        name: &str,
-    ) -> Result<FileEntry, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let (parent, name) = (parent.to_owned(), name.to_owned());
-        blocking(move || workspace.mkdir(&parent, &name)).await
-    }
-
-    /// Renames `path` to `new_name` in the same folder.
-    pub async fn workspace_rename(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-        new_name: &str,
-    ) -> Result<FileEntry, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let (path, new_name) = (path.to_owned(), new_name.to_owned());
-        blocking(move || workspace.rename(&path, &new_name)).await
-    }
-
-    /// Copies `path` beside itself.
-    pub async fn workspace_duplicate(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-    ) -> Result<FileEntry, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let path = path.to_owned();
-        blocking(move || workspace.duplicate(&path)).await
-    }
-
-    /// Moves (or copies) `paths` into `dest_dir` (see [`Workspace::transfer`]).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn workspace_transfer(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        paths: Vec<String>,
-        dest_dir: &str,
-        overwrite: bool,
-        copy: bool,
-    ) -> Result<Transfer, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let dest_dir = dest_dir.to_owned();
-        blocking(move || workspace.transfer(&paths, &dest_dir, overwrite, copy)).await
-    }
-
-    /// Deletes `path`.
-    pub async fn workspace_delete(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-    ) -> Result<String, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let path = path.to_owned();
-        blocking(move || workspace.delete(&path)).await
-    }
-
-    /// Checks a new upload of `size` bytes to `target` in `workspace` (owned by `owner`), made
-    /// by `caller`: the target and the workspace's quota with the bytes its unfinished uploads
-    /// announced, at most [`MAX_PENDING_PER_WORKSPACE`] unfinished uploads to the workspace and
-    /// [`MAX_PENDING_PER_KEY`] of the key's, and [`MAX_PENDING_BYTES`] announced in all.
-    /// Uploads idle past their time are swept first. Answers the target as shown.
-    pub(crate) async fn check_new_upload(
-        &self,
-        caller: &Principal,
-        workspace: Workspace,
-        owner: WorkspaceOwner,
-        target: String,
-        size: u64,
-        limits: WorkspaceLimits,
-    ) -> Result<String, AppError> {
-        let uploads = self.uploads_folder()?;
-        let key = caller.owner();
-        blocking(move || {
-            sweep_uploads(&uploads);
-            let pending = pending_uploads(&uploads);
-            let here = |upload: &&PendingUpload| {
-                upload.session_id == owner.session() && upload.agent_id == owner.agent()
-            };
-            // The target, the file's size and the workspace's quota first: they say the most.
-            let pending_here: u64 = pending.iter().filter(here).map(|upload| upload.bytes).sum();
-            let shown = workspace.check_upload_beside(&target, size, pending_here, limits)?;
-            let to_workspace = pending.iter().filter(here).count();
-            if to_workspace >= MAX_PENDING_PER_WORKSPACE {
-                return Err(too_many_uploads(format!(
-                    "this workspace has {to_workspace} unfinished uploads, its most: finish or \
-                     cancel one first"
-                )));
-            }
-            if key.is_some() {
-                let of_key = pending.iter().filter(|upload| upload.owner == key).count();
-                if of_key >= MAX_PENDING_PER_KEY {
-                    return Err(too_many_uploads(format!(
-                        "this API key has {of_key} unfinished uploads, its most: finish or \
-                         cancel one first"
-                    )));
-                }
-            }
-            let announced: u64 = pending.iter().map(|upload| upload.bytes).sum();
-            if announced.saturating_add(size) > MAX_PENDING_BYTES {
-                return Err(too_many_uploads(format!(
-                    "unfinished uploads on this server announce {announced} bytes; {size} more \
-                     would pass {MAX_PENDING_BYTES}"
-                )));
-            }
-            Ok(shown)
-        })
-        .await
-    }
-
-    /// Removes the uploads idle past their time; answers how many (the worker calls it
-    /// every few minutes).
-    pub async fn sweep_idle_uploads(&self) -> usize {
-        let Ok(uploads) = self.uploads_folder() else {
-            return 0;
-        };
-        blocking(move || Ok(sweep_uploads(&uploads)))
-            .await
-            .unwrap_or(0)
-    }
-
-    /// Plans an upload of `file_size` bytes to `target_path` in `session`'s workspace.
-    pub async fn upload_init(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        target_path: &str,
-        file_name: &str,
-        file_size: u64,
-        limits: WorkspaceLimits,
-    ) -> Result<UploadPlan, AppError> {
-        let (workspace, owner) = self.workspace_of(caller, target).await?;
-        let uploads = self.uploads_folder()?;
-        let target = target_path.to_owned();
-        let target_path = self
-            .check_new_upload(caller, workspace, owner.clone(), target, file_size, limits)
-            .await?;
-        let chunk_size = limits.chunk_bytes.max(1);
-        let plan = UploadPlan {
-            upload_id: uuid::Uuid::new_v4().simple().to_string(),
-            session_id: owner.session(),
-            agent_id: owner.agent(),
-            target_path,
-            file_name: file_name.to_owned(),
-            file_size,
-            chunk_size,
-            chunk_count: file_size.div_ceil(chunk_size),
-            owner: caller.owner(),
-        };
-        let folder = uploads.join(&plan.upload_id);
-        let text =
-            serde_json::to_vec(&plan).map_err(|error| AppError::internal(error.to_string()))?;
-        blocking(move || {
-            std::fs::create_dir_all(&folder).map_err(io_error)?;
-            std::fs::write(folder.join("plan.json"), text).map_err(io_error)
-        })
-        .await?;
-        Ok(plan)
-    }
-}
-
 /// Where uploads in progress are kept, beside the sessions' workspaces in `workspaces` (a
 /// session id is a UUID, never `.uploads`).
 fn uploads_in(workspaces: &Path) -> PathBuf {
@@ -1368,163 +1050,6 @@ const UPLOAD_BLOCK: usize = 1024 * 1024;
 /// Where an upload's bytes collect, each chunk at its offset, outside every workspace.
 fn upload_data(folder: &Path) -> PathBuf {
     folder.join("data")
-}
-
-impl App {
-    /// The folder of the upload `id` (chunked or tus), after checking the id's form.
-    pub(crate) fn upload_folder(&self, id: &str) -> Result<PathBuf, AppError> {
-        check_upload_id(id)?;
-        Ok(self.uploads_folder()?.join(id))
-    }
-
-    /// An upload's folder and plan, when `caller` started it.
-    fn upload_of(&self, caller: &Principal, id: &str) -> Result<(PathBuf, UploadPlan), AppError> {
-        let folder = self.upload_folder(id)?;
-        let missing = || AppError::not_found(format!("no upload {id:?}"));
-        let text = std::fs::read(folder.join("plan.json")).map_err(|_| missing())?;
-        let plan: UploadPlan = serde_json::from_slice(&text)
-            .map_err(|error| AppError::internal(format!("upload {id}: {error}")))?;
-        if !caller.may_see(plan.owner.as_deref()) {
-            return Err(missing());
-        }
-        Ok((folder, plan))
-    }
-
-    /// Which chunks of an upload arrived.
-    pub async fn upload_status(
-        &self,
-        caller: &Principal,
-        id: &str,
-    ) -> Result<UploadStatus, AppError> {
-        let (folder, plan) = self.upload_of(caller, id)?;
-        blocking(move || {
-            let received = received_chunks(&folder, &plan);
-            let missing = (0..plan.chunk_count)
-                .filter(|n| !received.contains(n))
-                .collect();
-            Ok(UploadStatus {
-                plan,
-                received,
-                missing,
-            })
-        })
-        .await
-    }
-
-    /// Receives chunk `n` of an upload from `body`; it must bring exactly the chunk's size. A
-    /// chunk sent again replaces the earlier one. Answers the bytes received.
-    pub async fn upload_chunk<E: std::fmt::Display>(
-        &self,
-        caller: &Principal,
-        id: &str,
-        n: u64,
-        body: impl futures::Stream<Item = Result<bytes::Bytes, E>>,
-    ) -> Result<u64, AppError> {
-        use futures::StreamExt as _;
-        let (folder, plan) = self.upload_of(caller, id)?;
-        let expected = plan
-            .chunk_len(n)
-            .ok_or_else(|| AppError::not_found(format!("upload {id} has no chunk {n}")))?;
-        let offset = n * plan.chunk_size;
-        let done = folder.join(format!("{n}.done"));
-        // Sent again: it is not received until it has arrived whole again.
-        let _ = tokio::fs::remove_file(&done).await;
-        let data = upload_data(&folder);
-        let file = blocking(move || {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&data)
-                .map(std::sync::Arc::new)
-                .map_err(io_error)
-        })
-        .await?;
-        // The body comes in pieces of a few KiB; they are written at the chunk's place in the
-        // upload's one data file a mebibyte at a time, each write on a blocking thread.
-        let write = |bytes: Vec<u8>, at: u64| {
-            let file = std::sync::Arc::clone(&file);
-            blocking(move || {
-                std::os::unix::fs::FileExt::write_all_at(&*file, &bytes, at).map_err(io_error)
-            })
-        };
-        let mut received = 0_u64;
-        let mut pending: Vec<u8> = Vec::with_capacity(UPLOAD_BLOCK);
-        let mut body = std::pin::pin!(body);
-        while let Some(piece) = body.next().await {
-            let piece = piece.map_err(|error| {
-                AppError::bad_request(format!("the chunk was interrupted: {error}"))
-            })?;
-            if received + piece.len() as u64 > expected {
-                return Err(AppError::bad_request(format!(
-                    "chunk {n} is {expected} bytes; more arrived"
-                )));
-            }
-            pending.extend_from_slice(&piece);
-            received += piece.len() as u64;
-            if pending.len() >= UPLOAD_BLOCK {
-                let at = offset + received - pending.len() as u64;
-                write(
-                    std::mem::replace(&mut pending, Vec::with_capacity(UPLOAD_BLOCK)),
-                    at,
-                )
-                .await?;
-            }
-        }
-        if received != expected {
-            return Err(AppError::bad_request(format!(
-                "chunk {n} is {expected} bytes; {received} arrived"
-            )));
-        }
-        if !pending.is_empty() {
-            let at = offset + received - pending.len() as u64;
-            write(pending, at).await?;
-        }
-        let synced = std::sync::Arc::clone(&file);
-        blocking(move || synced.sync_data().map_err(io_error)).await?;
-        tokio::fs::write(&done, b"").await.map_err(io_error)?;
-        Ok(received)
-    }
-
-    /// Joins an upload's chunks into its target, which appears whole (replacing a file of that
-    /// name) or not at all, and forgets the upload.
-    pub async fn upload_complete(
-        &self,
-        caller: &Principal,
-        id: &str,
-    ) -> Result<UploadPlan, AppError> {
-        let (folder, plan) = self.upload_of(caller, id)?;
-        let (workspace, _) = self.workspace_of(caller, &plan.workspace()).await?;
-        blocking(move || {
-            let received = received_chunks(&folder, &plan);
-            if received.len() as u64 != plan.chunk_count {
-                return Err(AppError::conflict(format!(
-                    "upload {} is missing chunks: {} of {} arrived",
-                    plan.upload_id,
-                    received.len(),
-                    plan.chunk_count
-                )));
-            }
-            let data = upload_data(&folder);
-            let length = std::fs::metadata(&data).map(|meta| meta.len()).unwrap_or(0);
-            if length != plan.file_size {
-                return Err(AppError::conflict(format!(
-                    "upload {} holds {length} bytes, not the {} announced",
-                    plan.upload_id, plan.file_size
-                )));
-            }
-            workspace.install(&plan.target_path, &data, WorkspaceLimits::default())?;
-            let _ = std::fs::remove_dir_all(&folder);
-            Ok(plan)
-        })
-        .await
-    }
-
-    /// Cancels an upload: its chunks are removed.
-    pub async fn upload_cancel(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
-        let (folder, _) = self.upload_of(caller, id)?;
-        blocking(move || std::fs::remove_dir_all(&folder).map_err(io_error)).await
-    }
 }
 
 /// The most results one search answers.
@@ -1690,77 +1215,6 @@ fn search(
     Ok(found)
 }
 
-impl App {
-    /// A file, or a folder as a zip archive written as it is sent.
-    pub async fn workspace_download(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-    ) -> Result<Download, AppError> {
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let relative = workspace.relative(path)?;
-        let display = display_path(&relative);
-        let is_dir = relative.as_os_str().is_empty()
-            || workspace
-                .root
-                .entry(&relative, &display)
-                .map_err(tool_error)?
-                .kind
-                == EntryKind::Dir;
-        if !is_dir {
-            let path = path.to_owned();
-            return Ok(Download::File(
-                blocking(move || workspace.open_file(&path)).await?,
-            ));
-        }
-        workspace
-            .root
-            .check_dir(&relative, &display)
-            .map_err(tool_error)?;
-        let name = relative.file_name().map_or_else(
-            || "workspace".to_owned(),
-            |name| name.to_string_lossy().into_owned(),
-        );
-        let (sender, archive) = tokio::sync::mpsc::channel(4);
-        tokio::task::spawn_blocking(move || {
-            let writer = ChannelWriter {
-                sender: sender.clone(),
-                buffer: Vec::new(),
-            };
-            let mut zip = zip::ZipWriter::new_stream(writer);
-            let written = zip_folder(&workspace.root, &relative, "", &mut zip).and_then(|()| {
-                let mut writer = zip
-                    .finish()
-                    .map_err(|error| AppError::internal(format!("zip: {error}")))?
-                    .into_inner();
-                std::io::Write::flush(&mut writer).map_err(io_error)
-            });
-            if let Err(error) = written {
-                // The client sees the archive end with an error (its download fails).
-                let _ = sender.blocking_send(Err(std::io::Error::other(error.message)));
-            }
-        });
-        Ok(Download::Folder { name, archive })
-    }
-
-    /// Searches `session`'s workspace below `path` (see [`search`]).
-    pub async fn workspace_search(
-        &self,
-        caller: &Principal,
-        target: &WorkspaceRef,
-        path: &str,
-        query: Option<String>,
-        name_filter: Option<String>,
-    ) -> Result<Vec<FileEntry>, AppError> {
-        let query = query.filter(|q| !q.trim().is_empty());
-        let name_filter = name_filter.filter(|f| !f.is_empty());
-        let (workspace, _) = self.workspace_of(caller, target).await?;
-        let path = path.to_owned();
-        blocking(move || workspace.search(&path, query.as_deref(), name_filter.as_deref())).await
-    }
-}
-
 #[cfg(test)]
 mod thumbnail_tests {
     use super::*;
@@ -1871,5 +1325,564 @@ mod upload_tests {
         assert_eq!(sweep_uploads(uploads.path()), 1);
         assert!(!uploads.path().join("idle").exists());
         assert!(uploads.path().join("busy").exists());
+    }
+}
+
+/// The files of sessions' and agents' workspaces: browsed, changed, downloaded, searched and uploaded.
+pub struct WorkspaceFiles<'a> {
+    app: &'a App,
+}
+
+impl App {
+    /// The files of sessions' and agents' workspaces: browsed, changed, downloaded, searched and uploaded.
+    pub fn workspace_files(&self) -> WorkspaceFiles<'_> {
+        WorkspaceFiles { app: self }
+    }
+}
+
+impl WorkspaceFiles<'_> {
+    /// The workspace `target` names, for `caller` (made if missing), and whose it is.
+    pub(crate) async fn workspace_of(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+    ) -> Result<(Workspace, WorkspaceOwner), AppError> {
+        let off = || {
+            AppError::new(
+                Failure::Unavailable,
+                "workspaces_off",
+                "sessions have no workspaces on this server",
+            )
+        };
+        let (folder, owner) = match target {
+            WorkspaceRef::Session(session) => {
+                let session = self.app.sessions().record(session).await?.id;
+                self.app.check_session_access(caller, session).await?;
+                let folder = self.app.parts.sessions.workspace(session).ok_or_else(off)?;
+                (folder, WorkspaceOwner::Session(session))
+            }
+            WorkspaceRef::Agent(agent) => {
+                crate::config::check_name("agent", agent)?;
+                // Those who may run as the agent share its workspace.
+                caller.check_agent(agent)?;
+                let saved = crate::agents::stored_agent(&self.app.parts.store, agent)
+                    .await?
+                    .ok_or_else(|| AppError::not_found(format!("no agent {agent:?}")))?;
+                if saved.workspace != crate::agents::WorkspaceScope::Agent {
+                    return Err(AppError::bad_request(format!(
+                        "agent {agent:?} has no workspace of its own: each of its sessions has \
+                         one (name the session), or set its `workspace` to \"agent\""
+                    )));
+                }
+                let folder = self
+                    .app
+                    .parts
+                    .sessions
+                    .shared_workspace(agent)
+                    .ok_or_else(off)?;
+                (folder, WorkspaceOwner::Agent(saved.id))
+            }
+        };
+        let workspace = blocking(move || Workspace::open(&folder)).await?;
+        Ok((workspace, owner))
+    }
+
+    /// The folder of uploads in progress, outside every workspace.
+    pub(crate) fn uploads_folder(&self) -> Result<PathBuf, AppError> {
+        let workspaces = self.app.parts.tools.workspaces.as_ref().ok_or_else(|| {
+            AppError::new(
+                Failure::Unavailable,
+                "workspaces_off",
+                "sessions have no workspaces on this server",
+            )
+        })?;
+        Ok(uploads_in(workspaces))
+    }
+
+    /// A page of the folder `path` of `session`'s workspace.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn list(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+        page: usize,
+        page_size: usize,
+        sort: Sort,
+        name_filter: Option<String>,
+    ) -> Result<Listing, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.list(&path, page, page_size, sort, name_filter.as_deref())).await
+    }
+
+    /// Opens the file `path` of `session`'s workspace for reading.
+    pub async fn open(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+    ) -> Result<OpenedFile, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.open_file(&path)).await
+    }
+
+    /// A thumbnail of the image at `path` of `session`'s workspace (see [`thumbnail_of`]), with
+    /// its ETag (the file's size and time and the size asked). When `cached` (an
+    /// `If-None-Match`) holds that ETag the picture is not made again: `None`.
+    pub async fn thumbnail(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+        edge: u32,
+        cached: Option<String>,
+    ) -> Result<(String, Option<Thumbnail>), AppError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let opened = self.open(caller, target, path).await?;
+        let metadata = opened.file.metadata().ok();
+        let modified = metadata
+            .as_ref()
+            .and_then(|metadata| metadata.modified().ok())
+            .and_then(|time| time.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |since| since.as_nanos());
+        // The file itself (device and inode), whichever workspace or path reaches it.
+        let file_id = metadata.map_or((0, 0), |metadata| (metadata.dev(), metadata.ino()));
+        let etag = format!("\"t{}-{modified}-{edge}\"", opened.size);
+        if cached.is_some_and(|tags| tags.split(',').any(|tag| tag.trim() == etag)) {
+            return Ok((etag, None));
+        }
+        let key = format!("{}:{}:{etag}", file_id.0, file_id.1);
+        let kept = self.app.parts.thumbnails.cache().get(&key);
+        if let Some(kept) = kept {
+            return Ok((etag, Some(Thumbnail::clone(&kept))));
+        }
+        // One of a few decode slots: memory stays bounded however many requests come.
+        let slot = tokio::time::timeout(THUMBNAIL_WAIT, self.app.parts.thumbnails.slots.acquire())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| {
+                AppError::new(
+                    Failure::TooMany,
+                    "thumbnails_busy",
+                    "the server is making other thumbnails: try again shortly",
+                )
+            })?;
+        let made = blocking(move || thumbnail_of(opened, edge)).await;
+        drop(slot);
+        let made = Arc::new(made?);
+        self.app
+            .parts
+            .thumbnails
+            .cache()
+            .put(key, Arc::clone(&made));
+        Ok((etag, Some(Thumbnail::clone(&made))))
+    }
+
+    /// The folders directly in `path` of `session`'s workspace.
+    pub async fn children(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+    ) -> Result<Vec<FileEntry>, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.children(&path)).await
+    }
+
+    /// Creates the folder `name` in `parent`.
+    pub async fn mkdir(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        parent: &str,
+        name: &str,
+    ) -> Result<FileEntry, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let (parent, name) = (parent.to_owned(), name.to_owned());
+        blocking(move || workspace.mkdir(&parent, &name)).await
+    }
+
+    /// Renames `path` to `new_name` in the same folder.
+    pub async fn rename(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+        new_name: &str,
+    ) -> Result<FileEntry, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let (path, new_name) = (path.to_owned(), new_name.to_owned());
+        blocking(move || workspace.rename(&path, &new_name)).await
+    }
+
+    /// Copies `path` beside itself.
+    pub async fn duplicate(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+    ) -> Result<FileEntry, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.duplicate(&path)).await
+    }
+
+    /// Moves (or copies) `paths` into `dest_dir` (see [`Workspace::transfer`]).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn transfer(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        paths: Vec<String>,
+        dest_dir: &str,
+        overwrite: bool,
+        copy: bool,
+    ) -> Result<Transfer, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let dest_dir = dest_dir.to_owned();
+        blocking(move || workspace.transfer(&paths, &dest_dir, overwrite, copy)).await
+    }
+
+    /// Deletes `path`.
+    pub async fn delete(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+    ) -> Result<String, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.delete(&path)).await
+    }
+
+    /// Checks a new upload of `size` bytes to `target` in `workspace` (owned by `owner`), made
+    /// by `caller`: the target and the workspace's quota with the bytes its unfinished uploads
+    /// announced, at most [`MAX_PENDING_PER_WORKSPACE`] unfinished uploads to the workspace and
+    /// [`MAX_PENDING_PER_KEY`] of the key's, and [`MAX_PENDING_BYTES`] announced in all.
+    /// Uploads idle past their time are swept first. Answers the target as shown.
+    pub(crate) async fn check_new_upload(
+        &self,
+        caller: &Principal,
+        workspace: Workspace,
+        owner: WorkspaceOwner,
+        target: String,
+        size: u64,
+        limits: WorkspaceLimits,
+    ) -> Result<String, AppError> {
+        let uploads = self.uploads_folder()?;
+        let key = caller.owner();
+        blocking(move || {
+            sweep_uploads(&uploads);
+            let pending = pending_uploads(&uploads);
+            let here = |upload: &&PendingUpload| {
+                upload.session_id == owner.session() && upload.agent_id == owner.agent()
+            };
+            // The target, the file's size and the workspace's quota first: they say the most.
+            let pending_here: u64 = pending.iter().filter(here).map(|upload| upload.bytes).sum();
+            let shown = workspace.check_upload_beside(&target, size, pending_here, limits)?;
+            let to_workspace = pending.iter().filter(here).count();
+            if to_workspace >= MAX_PENDING_PER_WORKSPACE {
+                return Err(too_many_uploads(format!(
+                    "this workspace has {to_workspace} unfinished uploads, its most: finish or \
+                     cancel one first"
+                )));
+            }
+            if key.is_some() {
+                let of_key = pending.iter().filter(|upload| upload.owner == key).count();
+                if of_key >= MAX_PENDING_PER_KEY {
+                    return Err(too_many_uploads(format!(
+                        "this API key has {of_key} unfinished uploads, its most: finish or \
+                         cancel one first"
+                    )));
+                }
+            }
+            let announced: u64 = pending.iter().map(|upload| upload.bytes).sum();
+            if announced.saturating_add(size) > MAX_PENDING_BYTES {
+                return Err(too_many_uploads(format!(
+                    "unfinished uploads on this server announce {announced} bytes; {size} more \
+                     would pass {MAX_PENDING_BYTES}"
+                )));
+            }
+            Ok(shown)
+        })
+        .await
+    }
+
+    /// Removes the uploads idle past their time; answers how many (the worker calls it
+    /// every few minutes).
+    pub async fn sweep_idle_uploads(&self) -> usize {
+        let Ok(uploads) = self.uploads_folder() else {
+            return 0;
+        };
+        blocking(move || Ok(sweep_uploads(&uploads)))
+            .await
+            .unwrap_or(0)
+    }
+
+    /// Plans an upload of `file_size` bytes to `target_path` in `session`'s workspace.
+    pub async fn upload_init(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        target_path: &str,
+        file_name: &str,
+        file_size: u64,
+        limits: WorkspaceLimits,
+    ) -> Result<UploadPlan, AppError> {
+        let (workspace, owner) = self.workspace_of(caller, target).await?;
+        let uploads = self.uploads_folder()?;
+        let target = target_path.to_owned();
+        let target_path = self
+            .check_new_upload(caller, workspace, owner.clone(), target, file_size, limits)
+            .await?;
+        let chunk_size = limits.chunk_bytes.max(1);
+        let plan = UploadPlan {
+            upload_id: uuid::Uuid::new_v4().simple().to_string(),
+            session_id: owner.session(),
+            agent_id: owner.agent(),
+            target_path,
+            file_name: file_name.to_owned(),
+            file_size,
+            chunk_size,
+            chunk_count: file_size.div_ceil(chunk_size),
+            owner: caller.owner(),
+        };
+        let folder = uploads.join(&plan.upload_id);
+        let text =
+            serde_json::to_vec(&plan).map_err(|error| AppError::internal(error.to_string()))?;
+        blocking(move || {
+            std::fs::create_dir_all(&folder).map_err(io_error)?;
+            std::fs::write(folder.join("plan.json"), text).map_err(io_error)
+        })
+        .await?;
+        Ok(plan)
+    }
+
+    /// The folder of the upload `id` (chunked or tus), after checking the id's form.
+    pub(crate) fn upload_folder(&self, id: &str) -> Result<PathBuf, AppError> {
+        check_upload_id(id)?;
+        Ok(self.uploads_folder()?.join(id))
+    }
+
+    /// An upload's folder and plan, when `caller` started it.
+    fn upload_of(&self, caller: &Principal, id: &str) -> Result<(PathBuf, UploadPlan), AppError> {
+        let folder = self.upload_folder(id)?;
+        let missing = || AppError::not_found(format!("no upload {id:?}"));
+        let text = std::fs::read(folder.join("plan.json")).map_err(|_| missing())?;
+        let plan: UploadPlan = serde_json::from_slice(&text)
+            .map_err(|error| AppError::internal(format!("upload {id}: {error}")))?;
+        if !caller.may_see(plan.owner.as_deref()) {
+            return Err(missing());
+        }
+        Ok((folder, plan))
+    }
+
+    /// Which chunks of an upload arrived.
+    pub async fn upload_status(
+        &self,
+        caller: &Principal,
+        id: &str,
+    ) -> Result<UploadStatus, AppError> {
+        let (folder, plan) = self.upload_of(caller, id)?;
+        blocking(move || {
+            let received = received_chunks(&folder, &plan);
+            let missing = (0..plan.chunk_count)
+                .filter(|n| !received.contains(n))
+                .collect();
+            Ok(UploadStatus {
+                plan,
+                received,
+                missing,
+            })
+        })
+        .await
+    }
+
+    /// Receives chunk `n` of an upload from `body`; it must bring exactly the chunk's size. A
+    /// chunk sent again replaces the earlier one. Answers the bytes received.
+    pub async fn upload_chunk<E: std::fmt::Display>(
+        &self,
+        caller: &Principal,
+        id: &str,
+        n: u64,
+        body: impl futures::Stream<Item = Result<bytes::Bytes, E>>,
+    ) -> Result<u64, AppError> {
+        use futures::StreamExt as _;
+        let (folder, plan) = self.upload_of(caller, id)?;
+        let expected = plan
+            .chunk_len(n)
+            .ok_or_else(|| AppError::not_found(format!("upload {id} has no chunk {n}")))?;
+        let offset = n * plan.chunk_size;
+        let done = folder.join(format!("{n}.done"));
+        // Sent again: it is not received until it has arrived whole again.
+        let _ = tokio::fs::remove_file(&done).await;
+        let data = upload_data(&folder);
+        let file = blocking(move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&data)
+                .map(std::sync::Arc::new)
+                .map_err(io_error)
+        })
+        .await?;
+        // The body comes in pieces of a few KiB; they are written at the chunk's place in the
+        // upload's one data file a mebibyte at a time, each write on a blocking thread.
+        let write = |bytes: Vec<u8>, at: u64| {
+            let file = std::sync::Arc::clone(&file);
+            blocking(move || {
+                std::os::unix::fs::FileExt::write_all_at(&*file, &bytes, at).map_err(io_error)
+            })
+        };
+        let mut received = 0_u64;
+        let mut pending: Vec<u8> = Vec::with_capacity(UPLOAD_BLOCK);
+        let mut body = std::pin::pin!(body);
+        while let Some(piece) = body.next().await {
+            let piece = piece.map_err(|error| {
+                AppError::bad_request(format!("the chunk was interrupted: {error}"))
+            })?;
+            if received + piece.len() as u64 > expected {
+                return Err(AppError::bad_request(format!(
+                    "chunk {n} is {expected} bytes; more arrived"
+                )));
+            }
+            pending.extend_from_slice(&piece);
+            received += piece.len() as u64;
+            if pending.len() >= UPLOAD_BLOCK {
+                let at = offset + received - pending.len() as u64;
+                write(
+                    std::mem::replace(&mut pending, Vec::with_capacity(UPLOAD_BLOCK)),
+                    at,
+                )
+                .await?;
+            }
+        }
+        if received != expected {
+            return Err(AppError::bad_request(format!(
+                "chunk {n} is {expected} bytes; {received} arrived"
+            )));
+        }
+        if !pending.is_empty() {
+            let at = offset + received - pending.len() as u64;
+            write(pending, at).await?;
+        }
+        let synced = std::sync::Arc::clone(&file);
+        blocking(move || synced.sync_data().map_err(io_error)).await?;
+        tokio::fs::write(&done, b"").await.map_err(io_error)?;
+        Ok(received)
+    }
+
+    /// Joins an upload's chunks into its target, which appears whole (replacing a file of that
+    /// name) or not at all, and forgets the upload.
+    pub async fn upload_complete(
+        &self,
+        caller: &Principal,
+        id: &str,
+    ) -> Result<UploadPlan, AppError> {
+        let (folder, plan) = self.upload_of(caller, id)?;
+        let (workspace, _) = self.workspace_of(caller, &plan.workspace()).await?;
+        blocking(move || {
+            let received = received_chunks(&folder, &plan);
+            if received.len() as u64 != plan.chunk_count {
+                return Err(AppError::conflict(format!(
+                    "upload {} is missing chunks: {} of {} arrived",
+                    plan.upload_id,
+                    received.len(),
+                    plan.chunk_count
+                )));
+            }
+            let data = upload_data(&folder);
+            let length = std::fs::metadata(&data).map(|meta| meta.len()).unwrap_or(0);
+            if length != plan.file_size {
+                return Err(AppError::conflict(format!(
+                    "upload {} holds {length} bytes, not the {} announced",
+                    plan.upload_id, plan.file_size
+                )));
+            }
+            workspace.install(&plan.target_path, &data, WorkspaceLimits::default())?;
+            let _ = std::fs::remove_dir_all(&folder);
+            Ok(plan)
+        })
+        .await
+    }
+
+    /// Cancels an upload: its chunks are removed.
+    pub async fn upload_cancel(&self, caller: &Principal, id: &str) -> Result<(), AppError> {
+        let (folder, _) = self.upload_of(caller, id)?;
+        blocking(move || std::fs::remove_dir_all(&folder).map_err(io_error)).await
+    }
+
+    /// A file, or a folder as a zip archive written as it is sent.
+    pub async fn download(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+    ) -> Result<Download, AppError> {
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let relative = workspace.relative(path)?;
+        let display = display_path(&relative);
+        let is_dir = relative.as_os_str().is_empty()
+            || workspace
+                .root
+                .entry(&relative, &display)
+                .map_err(tool_error)?
+                .kind
+                == EntryKind::Dir;
+        if !is_dir {
+            let path = path.to_owned();
+            return Ok(Download::File(
+                blocking(move || workspace.open_file(&path)).await?,
+            ));
+        }
+        workspace
+            .root
+            .check_dir(&relative, &display)
+            .map_err(tool_error)?;
+        let name = relative.file_name().map_or_else(
+            || "workspace".to_owned(),
+            |name| name.to_string_lossy().into_owned(),
+        );
+        let (sender, archive) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let writer = ChannelWriter {
+                sender: sender.clone(),
+                buffer: Vec::new(),
+            };
+            let mut zip = zip::ZipWriter::new_stream(writer);
+            let written = zip_folder(&workspace.root, &relative, "", &mut zip).and_then(|()| {
+                let mut writer = zip
+                    .finish()
+                    .map_err(|error| AppError::internal(format!("zip: {error}")))?
+                    .into_inner();
+                std::io::Write::flush(&mut writer).map_err(io_error)
+            });
+            if let Err(error) = written {
+                // The client sees the archive end with an error (its download fails).
+                let _ = sender.blocking_send(Err(std::io::Error::other(error.message)));
+            }
+        });
+        Ok(Download::Folder { name, archive })
+    }
+
+    /// Searches `session`'s workspace below `path` (see [`search`]).
+    pub async fn search(
+        &self,
+        caller: &Principal,
+        target: &WorkspaceRef,
+        path: &str,
+        query: Option<String>,
+        name_filter: Option<String>,
+    ) -> Result<Vec<FileEntry>, AppError> {
+        let query = query.filter(|q| !q.trim().is_empty());
+        let name_filter = name_filter.filter(|f| !f.is_empty());
+        let (workspace, _) = self.workspace_of(caller, target).await?;
+        let path = path.to_owned();
+        blocking(move || workspace.search(&path, query.as_deref(), name_filter.as_deref())).await
     }
 }

@@ -47,7 +47,7 @@ async fn finish(state: &AppState, run_id: &str) -> WorkflowRun {
     let operator = Principal::operator();
     let mut changes = state.app.parts().workflows.subscribe(run_id);
     loop {
-        let run = state.app.workflow_run(&operator, run_id).await.unwrap();
+        let run = state.app.workflows().run(&operator, run_id).await.unwrap();
         if run.state.is_final() {
             return run;
         }
@@ -77,17 +77,19 @@ async fn main() {
         for _ in 0..n {
             state
                 .app
-                .call_tool("current_time", json!({}), ResultFormat::Text)
+                .tools()
+                .call("current_time", json!({}), ResultFormat::Text)
                 .await
                 .unwrap();
         }
         let direct = start.elapsed();
         let id = format!("chain{n}");
-        state.app.create_workflow(chain(&id, n)).await.unwrap();
+        state.app.workflows().create(chain(&id, n)).await.unwrap();
         let start = Instant::now();
         let run = state
             .app
-            .start_workflow(&operator, &id, json!({}))
+            .workflows()
+            .start(&operator, &id, json!({}))
             .await
             .unwrap();
         let run = finish(&state, &run.run_id).await;
@@ -111,12 +113,13 @@ async fn main() {
          "step": {"kind": "tool", "tool": "current_time"}}
     ]}))
     .unwrap();
-    state.app.create_workflow(map).await.unwrap();
+    state.app.workflows().create(map).await.unwrap();
     let before = peak_rss_mib();
     let start = Instant::now();
     let run = state
         .app
-        .start_workflow(&operator, "fan", json!({"items": items}))
+        .workflows()
+        .start(&operator, "fan", json!({"items": items}))
         .await
         .unwrap();
     let run = finish(&state, &run.run_id).await;
@@ -137,8 +140,8 @@ async fn main() {
     println!("|---|---|");
     for n in [200, 1000] {
         let id = format!("long{n}");
-        state.app.create_workflow(chain(&id, n)).await.unwrap();
-        let definition = state.app.workflow(&id).await.unwrap();
+        state.app.workflows().create(chain(&id, n)).await.unwrap();
+        let definition = state.app.workflows().get(&id).await.unwrap();
         let mut steps = serde_json::Map::new();
         for i in 0..n {
             let step = if i + 1 < n {
@@ -160,7 +163,7 @@ async fn main() {
             .await
             .unwrap();
         let start = Instant::now();
-        state.app.resume_workflows().await;
+        state.app.workflows().resume().await;
         let run = finish(&state, &run_id).await;
         assert_eq!(run.state, WorkflowState::Succeeded);
         println!("| {n} | {:.1} ms |", start.elapsed().as_secs_f64() * 1000.0);

@@ -164,7 +164,7 @@ pub(crate) async fn authorize(
                 .map_err(ApiError::from),
             Err(_) => Ok(true),
         },
-        Some(Owned::Sandbox(id)) => Ok(state.app.may_see_sandbox(&caller, id)),
+        Some(Owned::Sandbox(id)) => Ok(state.app.sandboxes().may_see(&caller, id)),
     };
     match visible {
         Ok(true) => next.run(request).await,

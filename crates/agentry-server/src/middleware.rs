@@ -141,7 +141,7 @@ fn own_routes() -> Router<AppState> {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    match state.app.queue_depth().await {
+    match state.app.background_runs().depth().await {
         Ok(depth) => state.metrics.queue(&depth),
         Err(error) => tracing::warn!("cannot read the queue's depth: {}", error.message),
     }

@@ -124,7 +124,7 @@ pub async fn serve(
         .await
         .map_err(|error| ServeError::Cluster(error.message))?;
     state.app.recover_at_start().await;
-    let workflows = state.app.resume_workflows().await;
+    let workflows = state.app.workflows().resume().await;
     if workflows > 0 {
         tracing::info!(workflows, "resumed unfinished workflow runs");
     }
@@ -133,7 +133,8 @@ pub async fn serve(
     match Box::pin(
         state
             .app
-            .upgrade_schedules(crate::routes::schedules::stored_run_spec),
+            .schedules()
+            .upgrade(crate::routes::schedules::stored_run_spec),
     )
     .await
     {

@@ -109,7 +109,8 @@ async fn drive(
     mut inbox: tokio::sync::mpsc::UnboundedReceiver<Message>,
 ) -> Result<(), String> {
     let Some(mut run) = app
-        .stored_workflow_run(run_id)
+        .workflows()
+        .stored_run(run_id)
         .await
         .map_err(|error| error.message)?
     else {
@@ -204,7 +205,7 @@ fn start_attempt(app: &App, run: &WorkflowRun, start: Start, tasks: &mut JoinSet
 /// sub-workflows.
 async fn cancel_step_work(app: &App, run: &WorkflowRun) {
     for run_id in running_runs(app, run).await {
-        if let Err(error) = app.cancel_background(run_id).await {
+        if let Err(error) = app.background_runs().cancel(run_id).await {
             tracing::warn!("cannot cancel a workflow step's run: {}", error.message);
         }
     }
@@ -456,7 +457,8 @@ impl Job {
         }
         let result = self
             .app
-            .call_tool(&tool.tool, arguments, ResultFormat::Text)
+            .tools()
+            .call(&tool.tool, arguments, ResultFormat::Text)
             .await
             .map_err(|error| StepError::new(StepErrorKind::Tool, error.message))?;
         // A result that is JSON is kept as JSON, so later steps can reach into it.
@@ -589,7 +591,8 @@ impl Job {
         let view = loop {
             let view = self
                 .app
-                .wait_for_run(view.run_id, Duration::from_secs(30))
+                .background_runs()
+                .wait(view.run_id, Duration::from_secs(30))
                 .await
                 .map_err(|error| failed(error.message))?;
             if view.state.is_final() {
@@ -637,7 +640,8 @@ impl Job {
             .is_some();
         if !exists {
             self.app
-                .start_workflow_run(
+                .workflows()
+                .start_run(
                     &operator,
                     workflow,
                     input,
@@ -653,7 +657,8 @@ impl Job {
         loop {
             let run = self
                 .app
-                .workflow_run(&operator, &child)
+                .workflows()
+                .run(&operator, &child)
                 .await
                 .map_err(|error| StepError::internal(error.message))?;
             match run.state {

@@ -498,17 +498,36 @@ fn no_run(id: &str) -> AppError {
     AppError::not_found(format!("no workflow run {id:?}"))
 }
 
+/// The workflows: their definitions, their runs and the decisions and signals runs wait for.
+pub struct Workflows<'a> {
+    app: &'a App,
+}
+
 impl App {
+    /// The workflows: their definitions, their runs and the decisions and signals runs wait for.
+    pub fn workflows(&self) -> Workflows<'_> {
+        Workflows { app: self }
+    }
+}
+
+impl Workflows<'_> {
+    /// A receiver that changes whenever the workflow run `id`'s document does (while it is
+    /// driven in this process).
+    pub fn changes(&self, id: &str) -> tokio::sync::watch::Receiver<u64> {
+        self.app.parts.workflows.subscribe(id)
+    }
+
     /// Checks a definition against the runtime (its tools) and the saved agents.
-    async fn check_workflow(&self, definition: &WorkflowDefinition) -> Result<(), AppError> {
-        let runtime = self.parts.sessions.runtime();
-        let agents: Vec<String> = ConfigRepo::<crate::agents::AgentConfig>::new(&self.parts.store)
-            .list()
-            .await?
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
-        let workflows: Vec<String> = ConfigRepo::<WorkflowDefinition>::new(&self.parts.store)
+    async fn check(&self, definition: &WorkflowDefinition) -> Result<(), AppError> {
+        let runtime = self.app.parts.sessions.runtime();
+        let agents: Vec<String> =
+            ConfigRepo::<crate::agents::AgentConfig>::new(&self.app.parts.store)
+                .list()
+                .await?
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+        let workflows: Vec<String> = ConfigRepo::<WorkflowDefinition>::new(&self.app.parts.store)
             .list()
             .await?
             .into_iter()
@@ -520,7 +539,7 @@ impl App {
             |workflow| workflows.iter().any(|name| name == workflow),
         )?;
         if let Some(url) = &definition.webhook_url {
-            self.check_webhook(url, None).await.map_err(|error| {
+            self.app.check_webhook(url, None).await.map_err(|error| {
                 AppError::bad_request(format!("webhook_url: {}", error.message))
             })?;
         }
@@ -528,25 +547,25 @@ impl App {
     }
 
     /// Stores a new workflow (version 1).
-    pub async fn create_workflow(
+    pub async fn create(
         &self,
         mut definition: WorkflowDefinition,
     ) -> Result<WorkflowDefinition, AppError> {
         definition.version = 1;
-        self.check_workflow(&definition).await?;
-        ConfigRepo::new(&self.parts.store)
+        self.check(&definition).await?;
+        ConfigRepo::new(&self.app.parts.store)
             .create(&definition.id, &definition)
             .await?;
         Ok(definition)
     }
 
     /// Replaces a workflow: its next version (runs going on keep theirs).
-    pub async fn replace_workflow(
+    pub async fn replace(
         &self,
         id: &str,
         mut definition: WorkflowDefinition,
     ) -> Result<WorkflowDefinition, AppError> {
-        let old = self.workflow(id).await?;
+        let old = self.get(id).await?;
         if definition.id != id {
             return Err(AppError::bad_request(format!(
                 "the body's id {:?} is not {id:?}",
@@ -554,25 +573,25 @@ impl App {
             )));
         }
         definition.version = old.version + 1;
-        self.check_workflow(&definition).await?;
-        ConfigRepo::new(&self.parts.store)
+        self.check(&definition).await?;
+        ConfigRepo::new(&self.app.parts.store)
             .put(id, &definition)
             .await?;
         Ok(definition)
     }
 
     /// A workflow.
-    pub async fn workflow(&self, id: &str) -> Result<WorkflowDefinition, AppError> {
+    pub async fn get(&self, id: &str) -> Result<WorkflowDefinition, AppError> {
         check_name("workflow", id)?;
-        ConfigRepo::new(&self.parts.store)
+        ConfigRepo::new(&self.app.parts.store)
             .get(id)
             .await?
             .ok_or_else(|| no_workflow(id))
     }
 
     /// The workflows.
-    pub async fn workflows(&self) -> Result<WorkflowList, AppError> {
-        let workflows = ConfigRepo::<WorkflowDefinition>::new(&self.parts.store)
+    pub async fn list(&self) -> Result<WorkflowList, AppError> {
+        let workflows = ConfigRepo::<WorkflowDefinition>::new(&self.app.parts.store)
             .list()
             .await?
             .into_iter()
@@ -582,9 +601,9 @@ impl App {
     }
 
     /// Deletes a workflow (its runs stay).
-    pub async fn delete_workflow(&self, id: &str) -> Result<(), AppError> {
+    pub async fn delete(&self, id: &str) -> Result<(), AppError> {
         check_name("workflow", id)?;
-        if !ConfigRepo::<WorkflowDefinition>::new(&self.parts.store)
+        if !ConfigRepo::<WorkflowDefinition>::new(&self.app.parts.store)
             .delete(id)
             .await?
         {
@@ -595,36 +614,44 @@ impl App {
 
     /// Starts a run of workflow `id` with `input` (checked against its input schema); it goes
     /// on in the background.
-    pub async fn start_workflow(
+    pub async fn start(
         &self,
         caller: &Principal,
         id: &str,
         input: Value,
     ) -> Result<WorkflowRun, AppError> {
-        self.start_workflow_run(caller, id, input, None, None).await
+        self.app
+            .workflows()
+            .start_run(caller, id, input, None, None)
+            .await
     }
 
     /// Starts a run whose end is told to `webhook_url` (checked first: the URL, and that a
     /// signing secret exists) instead of the workflow's own webhook.
-    pub async fn start_workflow_with_webhook(
+    pub async fn start_with_webhook(
         &self,
         caller: &Principal,
         id: &str,
         input: Value,
         webhook_url: &str,
     ) -> Result<WorkflowRun, AppError> {
-        self.check_webhook(webhook_url, caller.key_id.as_deref())
+        self.app
+            .check_webhook(webhook_url, caller.key_id.as_deref())
             .await?;
-        let mut run = self.new_workflow_run(caller, id, input, None, None).await?;
+        let mut run = self
+            .app
+            .workflows()
+            .new_run(caller, id, input, None, None)
+            .await?;
         run.webhook_url = Some(webhook_url.to_owned());
-        self.launch_workflow_run(run).await
+        self.launch_run(run).await
     }
 
     /// Starts a run; `parent` names the parent run and the depth (a sub-workflow step's), and
     /// `run_id` the run's id when it is derived (from the parent's step, so a resumed parent
     /// finds it again; from a trigger's delivery, so a delivery starts one run): 409 when a
     /// run has that id already.
-    pub(crate) async fn start_workflow_run(
+    pub(crate) async fn start_run(
         &self,
         caller: &Principal,
         id: &str,
@@ -633,13 +660,15 @@ impl App {
         run_id: Option<String>,
     ) -> Result<WorkflowRun, AppError> {
         let run = self
-            .new_workflow_run(caller, id, input, parent, run_id)
+            .app
+            .workflows()
+            .new_run(caller, id, input, parent, run_id)
             .await?;
-        self.launch_workflow_run(run).await
+        self.launch_run(run).await
     }
 
     /// A new run of workflow `id`, checked, not yet stored (see [`Self::start_workflow_run`]).
-    async fn new_workflow_run(
+    async fn new_run(
         &self,
         caller: &Principal,
         id: &str,
@@ -647,7 +676,7 @@ impl App {
         parent: Option<(String, u32)>,
         run_id: Option<String>,
     ) -> Result<WorkflowRun, AppError> {
-        let definition = self.workflow(id).await?;
+        let definition = self.get(id).await?;
         if parent.as_ref().is_some_and(|(_, depth)| *depth > MAX_DEPTH) {
             return Err(AppError::bad_request(format!(
                 "sub-workflows nest at most {MAX_DEPTH} deep"
@@ -669,36 +698,34 @@ impl App {
     }
 
     /// Stores a new run and starts its driver.
-    async fn launch_workflow_run(&self, run: WorkflowRun) -> Result<WorkflowRun, AppError> {
-        ConfigRepo::new(&self.parts.store)
+    async fn launch_run(&self, run: WorkflowRun) -> Result<WorkflowRun, AppError> {
+        ConfigRepo::new(&self.app.parts.store)
             .create(&run.run_id, &run)
             .await?;
-        engine::spawn(self.clone(), run.run_id.clone());
+        engine::spawn(self.app.clone(), run.run_id.clone());
         Ok(run)
     }
 
     /// The events recorded for the workflow run `id` after `after`, in order, with their
-    /// numbers (a caller that may read the run has been checked: [`App::workflow_run`]).
-    pub async fn workflow_events(
+    /// numbers (a caller that may read the run has been checked: `Workflows::run`).
+    pub async fn events(
         &self,
         id: &str,
         after: u64,
     ) -> Result<Vec<(u64, serde_json::Value)>, AppError> {
-        Ok(self.parts.store.workflow_events(id, after).await?)
+        Ok(self.app.parts.store.workflow_events(id, after).await?)
     }
 
     /// A run, as its document says now.
-    pub async fn workflow_run(
-        &self,
-        caller: &Principal,
-        run_id: &str,
-    ) -> Result<WorkflowRun, AppError> {
+    pub async fn run(&self, caller: &Principal, run_id: &str) -> Result<WorkflowRun, AppError> {
         // Run ids are UUIDs; anything else names no run.
         if uuid::Uuid::parse_str(run_id).is_err() {
             return Err(no_run(run_id));
         }
         let run = self
-            .stored_workflow_run(run_id)
+            .app
+            .workflows()
+            .stored_run(run_id)
             .await?
             .filter(|run| caller.may_see(run.owner.as_deref()))
             .ok_or_else(|| no_run(run_id))?;
@@ -707,11 +734,8 @@ impl App {
 
     /// A run as stored: its document with the step events after it applied (an ended run's
     /// document holds them all).
-    pub(crate) async fn stored_workflow_run(
-        &self,
-        run_id: &str,
-    ) -> Result<Option<WorkflowRun>, AppError> {
-        let Some(mut run) = ConfigRepo::<WorkflowRun>::new(&self.parts.store)
+    pub(crate) async fn stored_run(&self, run_id: &str) -> Result<Option<WorkflowRun>, AppError> {
+        let Some(mut run) = ConfigRepo::<WorkflowRun>::new(&self.app.parts.store)
             .get(run_id)
             .await?
         else {
@@ -725,6 +749,7 @@ impl App {
     async fn catch_up(&self, run: &mut WorkflowRun) -> Result<(), AppError> {
         if !run.state.is_final() {
             for (seq, event) in self
+                .app
                 .parts
                 .store
                 .workflow_events(&run.run_id, run.seq)
@@ -737,12 +762,12 @@ impl App {
     }
 
     /// The caller's runs, newest first (of one workflow, when named).
-    pub async fn workflow_runs(
+    pub async fn runs(
         &self,
         caller: &Principal,
         workflow: Option<&str>,
     ) -> Result<WorkflowRunList, AppError> {
-        let mut runs: Vec<WorkflowRun> = ConfigRepo::<WorkflowRun>::new(&self.parts.store)
+        let mut runs: Vec<WorkflowRun> = ConfigRepo::<WorkflowRun>::new(&self.app.parts.store)
             .list()
             .await?
             .into_iter()
@@ -764,7 +789,7 @@ impl App {
         run_id: &str,
         message: Message,
     ) -> Result<WorkflowRun, AppError> {
-        let run = self.workflow_run(caller, run_id).await?;
+        let run = self.run(caller, run_id).await?;
         if run.state.is_final() {
             return Err(AppError::conflict(format!(
                 "the workflow run has ended ({})",
@@ -774,12 +799,12 @@ impl App {
                     .unwrap_or_default()
             )));
         }
-        if !self.parts.workflows.send(run_id, message.clone()) {
+        if !self.app.parts.workflows.send(run_id, message.clone()) {
             // Its driver is not running here (it ended between the read and now, or the
             // process restarted): start one, then deliver.
-            engine::spawn(self.clone(), run_id.to_owned());
+            engine::spawn(self.app.clone(), run_id.to_owned());
             tokio::task::yield_now().await;
-            if !self.parts.workflows.send(run_id, message) {
+            if !self.app.parts.workflows.send(run_id, message) {
                 return Err(AppError::new(
                     Failure::Unavailable,
                     "workflow_unavailable",
@@ -791,7 +816,7 @@ impl App {
     }
 
     /// Decides the approval step `step` of a run.
-    pub async fn decide_workflow_step(
+    pub async fn decide_step(
         &self,
         caller: &Principal,
         run_id: &str,
@@ -799,7 +824,7 @@ impl App {
         approved: bool,
         comment: Option<String>,
     ) -> Result<(), AppError> {
-        let run = self.workflow_run(caller, run_id).await?;
+        let run = self.run(caller, run_id).await?;
         let Some(state) = run.steps.get(step) else {
             return Err(AppError::not_found(format!(
                 "the workflow has no step {step:?}"
@@ -831,7 +856,7 @@ impl App {
     }
 
     /// Sends the signal `name` with `payload` to a run (kept until a step waits for it).
-    pub async fn signal_workflow(
+    pub async fn signal(
         &self,
         caller: &Principal,
         run_id: &str,
@@ -852,19 +877,15 @@ impl App {
     }
 
     /// Cancels a run: running steps are stopped (agent steps' runs cancelled), the rest not run.
-    pub async fn cancel_workflow(&self, caller: &Principal, run_id: &str) -> Result<(), AppError> {
+    pub async fn cancel(&self, caller: &Principal, run_id: &str) -> Result<(), AppError> {
         self.tell(caller, run_id, Message::Cancel).await.map(|_| ())
     }
 
     /// Runs a failed or cancelled run again from where it stopped: its failed and cancelled
     /// steps start over (with their attempts counted afresh), the steps that succeeded keep
     /// their outputs. 409 for a run that has not ended or that succeeded.
-    pub async fn retry_workflow(
-        &self,
-        caller: &Principal,
-        run_id: &str,
-    ) -> Result<WorkflowRun, AppError> {
-        let mut run = self.workflow_run(caller, run_id).await?;
+    pub async fn retry(&self, caller: &Principal, run_id: &str) -> Result<WorkflowRun, AppError> {
+        let mut run = self.run(caller, run_id).await?;
         if !matches!(run.state, WorkflowState::Failed | WorkflowState::Cancelled) {
             return Err(AppError::conflict(
                 "only a failed or cancelled run can be retried",
@@ -879,14 +900,16 @@ impl App {
         run.error = None;
         run.finished_at = None;
         run.updated_at = crate::clock::now_ms();
-        ConfigRepo::new(&self.parts.store).put(run_id, &run).await?;
-        engine::spawn(self.clone(), run_id.to_owned());
+        ConfigRepo::new(&self.app.parts.store)
+            .put(run_id, &run)
+            .await?;
+        engine::spawn(self.app.clone(), run_id.to_owned());
         Ok(run)
     }
 
     /// At start-up: every unfinished run goes on. Returns how many.
-    pub async fn resume_workflows(&self) -> usize {
-        let runs = match ConfigRepo::<WorkflowRun>::new(&self.parts.store)
+    pub async fn resume(&self) -> usize {
+        let runs = match ConfigRepo::<WorkflowRun>::new(&self.app.parts.store)
             .list()
             .await
         {
@@ -899,7 +922,7 @@ impl App {
         let mut resumed = 0;
         for (_, run) in runs {
             if !run.state.is_final() {
-                engine::spawn(self.clone(), run.run_id);
+                engine::spawn(self.app.clone(), run.run_id);
                 resumed += 1;
             }
         }

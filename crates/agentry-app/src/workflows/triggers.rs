@@ -131,7 +131,7 @@ impl App {
     /// Makes (or remakes: the old one stops working at once) the trigger secret of workflow
     /// `id`, answered once.
     pub async fn create_workflow_trigger(&self, id: &str) -> Result<TriggerSecret, AppError> {
-        self.workflow(id).await?;
+        self.workflows().get(id).await?;
         let secret = crate::standard_webhooks::new_secret()?;
         self.parts
             .store
@@ -145,7 +145,7 @@ impl App {
 
     /// Removes workflow `id`'s trigger: its URL answers 401 from now on.
     pub async fn delete_workflow_trigger(&self, id: &str) -> Result<(), AppError> {
-        self.workflow(id).await?;
+        self.workflows().get(id).await?;
         if !self.parts.store.delete_secret(&secret_name(id)).await? {
             return Err(AppError::not_found(format!(
                 "workflow {id:?} has no trigger"
@@ -188,19 +188,21 @@ impl App {
         };
         let run_id = key.as_ref().map(|key| run_id_of(id, key));
         if let Some(run_id) = &run_id
-            && let Some(run) = self.stored_workflow_run(run_id).await?
+            && let Some(run) = self.workflows().stored_run(run_id).await?
         {
             return Ok((run, false));
         }
         match self
-            .start_workflow_run(&Principal::operator(), id, input, None, run_id.clone())
+            .workflows()
+            .start_run(&Principal::operator(), id, input, None, run_id.clone())
             .await
         {
             Ok(run) => Ok((run, true)),
             // The same delivery, twice at once: the other started it.
             Err(error) if error.failure == Failure::Conflict => match &run_id {
                 Some(run_id) => self
-                    .stored_workflow_run(run_id)
+                    .workflows()
+                    .stored_run(run_id)
                     .await?
                     .map(|run| (run, false))
                     .ok_or(error),

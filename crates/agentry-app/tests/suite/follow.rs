@@ -85,7 +85,7 @@ async fn from_start(
 
 /// The seqs of the session's log.
 async fn logged_seqs(app: &App, session: SessionId) -> Vec<u64> {
-    let logged = app.logged_events(session, 0).await.unwrap();
+    let logged = app.sessions().logged_events(session, 0).await.unwrap();
     logged.into_iter().map(|(seq, _)| seq).collect()
 }
 

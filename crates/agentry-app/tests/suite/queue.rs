@@ -43,7 +43,11 @@ fn start_worker(app: &App) {
 /// Waits for `run` to end; its state and outcome.
 async fn ended(app: &App, run: RunId) -> (RunState, Value) {
     for _ in 0..20 {
-        let view = app.wait_for_run(run, Duration::from_secs(1)).await.unwrap();
+        let view = app
+            .background_runs()
+            .wait(run, Duration::from_secs(1))
+            .await
+            .unwrap();
         if view.state.is_final() {
             return (view.state, view.outcome.unwrap_or(Value::Null));
         }

@@ -221,7 +221,7 @@ async fn list(
         limit: query.limit,
         offset: query.offset,
     };
-    Ok(Json(state.app.background_runs(&query).await?))
+    Ok(Json(state.app.background_runs().list(&query).await?))
 }
 
 /// A run (background or started in its session): its state, and its outcome once it stopped.
@@ -242,7 +242,9 @@ async fn show(
     ApiPath(path): ApiPath<RunPath>,
 ) -> Result<Json<RunView>, ApiError> {
     let run_id = parse_run_id(&path.run_id)?;
-    Ok(Json(Box::pin(state.app.background_run(run_id)).await?))
+    Ok(Json(
+        Box::pin(state.app.background_runs().get(run_id)).await?,
+    ))
 }
 
 /// How long to wait.
@@ -289,7 +291,7 @@ async fn wait(
     }
     let timeout = Duration::from_secs(query.timeout_secs);
     Ok(Json(
-        Box::pin(state.app.wait_for_run(run_id, timeout)).await?,
+        Box::pin(state.app.background_runs().wait(run_id, timeout)).await?,
     ))
 }
 
@@ -335,7 +337,13 @@ async fn stream(
     let Query(query) = query?;
     let run_id = parse_run_id(&path.run_id)?;
     let after = super::sse::resume_after(&headers, query.after)?;
-    let run = Box::pin(state.app.wait_until_started(run_id, START_WAIT)).await?;
+    let run = Box::pin(
+        state
+            .app
+            .background_runs()
+            .wait_until_started(run_id, START_WAIT),
+    )
+    .await?;
     let path = format!("/v1/runs/{run_id}/stream?after={after}");
     if let Some(relayed) =
         super::sessions::relay_stream(&state, &caller, run.session_id, &path, &headers).await?
@@ -373,7 +381,7 @@ async fn cancel(
     {
         return Ok(relayed);
     }
-    Ok(Json(Box::pin(state.app.cancel_background(run_id)).await?).into_response())
+    Ok(Json(Box::pin(state.app.background_runs().cancel(run_id)).await?).into_response())
 }
 
 /// A background run's webhook deliveries, each with its attempts (status, error, duration).

@@ -121,7 +121,7 @@ pub(crate) fn created<T: Serialize>(value: T) -> Response {
     )
 )]
 async fn list_models(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
-    Ok(Json(state.app.models().await?))
+    Ok(Json(state.app.models().list().await?))
 }
 
 /// Registers a model, after checking it (id, base URL, model name, and that a client can be
@@ -149,7 +149,7 @@ async fn create_model(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    Ok(created(state.app.create_model(body).await?))
+    Ok(created(state.app.models().create(body).await?))
 }
 
 /// A registered model.
@@ -169,7 +169,7 @@ async fn get_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ModelConfig>, ApiError> {
-    Ok(Json(state.app.model(&id).await?))
+    Ok(Json(state.app.models().get(&id).await?))
 }
 
 /// Replaces a model (renames it if the body's id differs).
@@ -193,7 +193,7 @@ async fn replace_model(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Json<ModelConfig>, ApiError> {
-    Ok(Json(Box::pin(state.app.replace_model(&id, body)).await?))
+    Ok(Json(Box::pin(state.app.models().replace(&id, body)).await?))
 }
 
 /// Deletes a model.
@@ -213,7 +213,7 @@ async fn delete_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_model(&id).await?;
+    state.app.models().delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -236,7 +236,7 @@ async fn test_model(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ModelTestOutcome>, ApiError> {
-    Ok(Json(state.app.test_model(&id).await?))
+    Ok(Json(state.app.models().test(&id).await?))
 }
 
 // --- tools ---
@@ -252,7 +252,7 @@ async fn test_model(
     )
 )]
 async fn list_tools(State(state): State<AppState>) -> Result<Json<ToolList>, ApiError> {
-    Ok(Json(state.app.tool_list().await?))
+    Ok(Json(state.app.tools().list().await?))
 }
 
 /// A built-in or MCP tool's summary, or a configured tool's definition (its summary for a
@@ -274,7 +274,7 @@ async fn get_tool(
     Caller(caller): Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(state.app.tool_document(&caller, &name).await?))
+    Ok(Json(state.app.tools().document(&caller, &name).await?))
 }
 
 /// Configures a tool, after building it and checking its name and argument schema.
@@ -300,7 +300,7 @@ async fn create_tool(
     State(state): State<AppState>,
     ApiJson(definition): ApiJson<ToolDefinition>,
 ) -> Result<Response, ApiError> {
-    state.app.create_tool(&definition).await?;
+    state.app.tools().create(&definition).await?;
     Ok(created(definition))
 }
 
@@ -325,7 +325,7 @@ async fn replace_tool(
     ApiPath(name): ApiPath<String>,
     ApiJson(definition): ApiJson<ToolDefinition>,
 ) -> Result<Json<ToolDefinition>, ApiError> {
-    Box::pin(state.app.replace_tool(&name, &definition)).await?;
+    Box::pin(state.app.tools().replace(&name, &definition)).await?;
     Ok(Json(definition))
 }
 
@@ -346,7 +346,7 @@ async fn delete_tool(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_tool(&name).await?;
+    state.app.tools().delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -375,7 +375,7 @@ async fn delete_tools(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<DeleteTools>,
 ) -> Result<Json<DeletedTools>, ApiError> {
-    Ok(Json(state.app.delete_tools(body.ids).await?))
+    Ok(Json(state.app.tools().delete_many(body.ids).await?))
 }
 
 /// The body of `POST /v1/tools/call`.
@@ -421,7 +421,8 @@ async fn call_tool(
 ) -> Result<Json<Value>, ApiError> {
     let result = state
         .app
-        .call_tool(&body.tool_id, body.arguments, body.format)
+        .tools()
+        .call(&body.tool_id, body.arguments, body.format)
         .await?;
     Ok(Json(json!({ "result": result })))
 }
@@ -439,7 +440,7 @@ async fn call_tool(
     )
 )]
 async fn list_skills(State(state): State<AppState>) -> Result<Json<SkillList>, ApiError> {
-    Ok(Json(state.app.skills().await?))
+    Ok(Json(state.app.skills().list().await?))
 }
 
 /// A skill folder to register.
@@ -472,7 +473,7 @@ async fn register_skill(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<SkillBody>,
 ) -> Result<Response, ApiError> {
-    let registered = state.app.register_skill(&body.path).await?;
+    let registered = state.app.skills().register(&body.path).await?;
     Ok(if registered.replaced {
         Json(registered.skill).into_response()
     } else {
@@ -497,7 +498,7 @@ async fn delete_skill(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_skill(&name).await?;
+    state.app.skills().delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -514,7 +515,7 @@ async fn delete_skill(
     )
 )]
 async fn list_templates(State(state): State<AppState>) -> Result<Json<TemplateList>, ApiError> {
-    Ok(Json(state.app.templates().await?))
+    Ok(Json(state.app.templates().list().await?))
 }
 
 /// Stores a prompt template, after compiling it.
@@ -540,7 +541,7 @@ async fn create_template(
     State(state): State<AppState>,
     ApiJson(template): ApiJson<TemplateConfig>,
 ) -> Result<Response, ApiError> {
-    state.app.create_template(&template).await?;
+    state.app.templates().create(&template).await?;
     Ok(created(template))
 }
 
@@ -561,7 +562,7 @@ async fn get_template(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<TemplateConfig>, ApiError> {
-    Ok(Json(state.app.template(&name).await?))
+    Ok(Json(state.app.templates().get(&name).await?))
 }
 
 /// Replaces a prompt template (renames it if the body's name differs).
@@ -584,7 +585,7 @@ async fn replace_template(
     ApiPath(name): ApiPath<String>,
     ApiJson(template): ApiJson<TemplateConfig>,
 ) -> Result<Json<TemplateConfig>, ApiError> {
-    Box::pin(state.app.replace_template(&name, &template)).await?;
+    Box::pin(state.app.templates().replace(&name, &template)).await?;
     Ok(Json(template))
 }
 
@@ -605,7 +606,7 @@ async fn delete_template(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_template(&name).await?;
+    state.app.templates().delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -626,7 +627,7 @@ async fn template_variables(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<TemplateVariables>, ApiError> {
-    Ok(Json(state.app.template_variables(&name).await?))
+    Ok(Json(state.app.templates().variables(&name).await?))
 }
 
 // --- secrets ---
@@ -665,7 +666,7 @@ struct SetSecrets {
     )
 )]
 async fn list_secrets(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let secrets = state.app.list_secrets().await?;
+    let secrets = state.app.secrets().list().await?;
     Ok(Json(json!({ "secrets": secrets })))
 }
 
@@ -694,7 +695,7 @@ async fn set_secrets(
             hosts: Some(hosts),
             vars: None,
         } => {
-            state.app.set_bound_secret(&name, &value, &hosts).await?;
+            state.app.secrets().set_bound(&name, &value, &hosts).await?;
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         SetSecrets {
@@ -721,7 +722,7 @@ async fn set_secrets(
             ));
         }
     };
-    state.app.set_secrets(&pairs).await?;
+    state.app.secrets().set(&pairs).await?;
     if single {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
@@ -747,6 +748,6 @@ async fn delete_secret(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_secret(&name).await?;
+    state.app.secrets().delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

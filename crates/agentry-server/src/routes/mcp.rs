@@ -100,7 +100,7 @@ async fn register_servers(
         .enabled()
         .await
         .map_err(|error| ApiError::internal(error.to_string()))?;
-    let servers = state.app.register_mcp_servers(&body, keys_exist).await?;
+    let servers = state.app.mcp().register(&body, keys_exist).await?;
     Ok((StatusCode::CREATED, Json(servers)).into_response())
 }
 
@@ -113,7 +113,7 @@ async fn register_servers(
     responses((status = 200, description = "Every server, by name.", body = McpServerList))
 )]
 async fn list_servers(State(state): State<AppState>) -> Json<McpServerList> {
-    Json(state.app.mcp_servers())
+    Json(state.app.mcp().list())
 }
 
 /// One MCP server with its status.
@@ -133,7 +133,7 @@ async fn get_server(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<McpServerView>, ApiError> {
-    Ok(Json(state.app.mcp_server(&name)?))
+    Ok(Json(state.app.mcp().get(&name)?))
 }
 
 /// Stops and deletes an MCP server; its tools leave the runtime.
@@ -153,7 +153,7 @@ async fn delete_server(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_mcp_server(&name).await?;
+    state.app.mcp().delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -174,7 +174,7 @@ async fn restart_server(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<McpServerView>, ApiError> {
-    Ok(Json(state.app.restart_mcp_server(&name).await?))
+    Ok(Json(state.app.mcp().restart(&name).await?))
 }
 
 /// The server's resources (`resources/list`).
@@ -196,7 +196,7 @@ async fn list_resources(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(Box::pin(state.app.mcp_resources(&name)).await?))
+    Ok(Json(Box::pin(state.app.mcp().resources(&name)).await?))
 }
 
 /// Reads one resource (`resources/read`).
@@ -221,7 +221,7 @@ async fn read_resource(
     ApiJson(request): ApiJson<ReadResourceRequest>,
 ) -> Result<Json<Value>, ApiError> {
     Ok(Json(
-        Box::pin(state.app.read_mcp_resource(&name, &request.uri)).await?,
+        Box::pin(state.app.mcp().read_resource(&name, &request.uri)).await?,
     ))
 }
 
@@ -244,7 +244,7 @@ async fn list_prompts(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(Box::pin(state.app.mcp_prompts(&name)).await?))
+    Ok(Json(Box::pin(state.app.mcp().prompts(&name)).await?))
 }
 
 /// Renders one prompt (`prompts/get`).
@@ -272,7 +272,8 @@ async fn get_prompt(
         Box::pin(
             state
                 .app
-                .mcp_prompt(&name, &request.name, request.arguments),
+                .mcp()
+                .prompt(&name, &request.name, request.arguments),
         )
         .await?,
     ))

@@ -237,7 +237,7 @@ fn text_event(name: &'static str, text: String) -> Event {
 async fn capabilities(
     State(state): State<AppState>,
 ) -> Result<Json<SandboxCapabilities>, ApiError> {
-    Ok(Json(state.app.sandbox_capabilities().await?))
+    Ok(Json(state.app.sandboxes().capabilities().await?))
 }
 
 /// Creates a sandbox.
@@ -276,7 +276,7 @@ async fn create_sandbox(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
-    let view = state.app.create_sandbox(&caller, request).await?;
+    let view = state.app.sandboxes().create(&caller, request).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
@@ -296,7 +296,7 @@ async fn list_sandboxes(
     Caller(caller): Caller,
 ) -> Result<Json<SandboxList>, ApiError> {
     Ok(Json(
-        state.app.list_sandboxes(|owner| caller.may_see(owner))?,
+        state.app.sandboxes().list(|owner| caller.may_see(owner))?,
     ))
 }
 
@@ -318,7 +318,7 @@ async fn get_sandbox(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxView>, ApiError> {
-    let entry = state.app.sandbox(&id)?;
+    let entry = state.app.sandboxes().get(&id)?;
     Ok(Json(sandbox_view(&entry)))
 }
 
@@ -340,7 +340,7 @@ async fn delete_sandbox(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.close_sandbox(&id).await?;
+    state.app.sandboxes().close(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -384,7 +384,7 @@ async fn exec(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
-    Ok(match state.app.exec_in_sandbox(&id, body).await? {
+    Ok(match state.app.sandboxes().exec(&id, body).await? {
         Started::Background(started) => (StatusCode::ACCEPTED, Json(started)).into_response(),
         Started::Foreground {
             command,
@@ -412,7 +412,7 @@ async fn list_processes(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
-    Ok(Json(state.app.sandbox_processes(&id)?))
+    Ok(Json(state.app.sandboxes().processes(&id)?))
 }
 
 /// A background process: its output so far and its status.
@@ -433,7 +433,7 @@ async fn get_process(
     State(state): State<AppState>,
     ApiPath((id, exec_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ProcessDetail>, ApiError> {
-    Ok(Json(state.app.sandbox_process(&id, &exec_id)?))
+    Ok(Json(state.app.sandboxes().process(&id, &exec_id)?))
 }
 
 /// Kills a background process and everything it started, and waits up to 5 s for its end.
@@ -454,7 +454,9 @@ async fn kill_process(
     State(state): State<AppState>,
     ApiPath((id, exec_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ProcessDetail>, ApiError> {
-    Ok(Json(state.app.kill_sandbox_process(&id, &exec_id).await?))
+    Ok(Json(
+        state.app.sandboxes().kill_process(&id, &exec_id).await?,
+    ))
 }
 
 /// Reads a regular file (up to 16 MiB) as raw bytes.
@@ -480,7 +482,7 @@ async fn read_file(
     query: Result<Query<FileQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
-    let bytes = state.app.read_sandbox_file(&id, &query.path).await?;
+    let bytes = state.app.sandboxes().read_file(&id, &query.path).await?;
     let mut response =
         ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response();
     super::linglong::workspace::never_active(response.headers_mut());
@@ -514,7 +516,7 @@ async fn write_file(
     query: Result<Query<FileQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.sandbox(&id)?;
+    state.app.sandboxes().get(&id)?;
     let Query(query) = query?;
     check_path("`path`", &query.path)?;
     let body = body.map_err(|rejection| {
@@ -530,7 +532,8 @@ async fn write_file(
     })?;
     state
         .app
-        .write_sandbox_file(&id, &query.path, &body)
+        .sandboxes()
+        .write_file(&id, &query.path, &body)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -559,7 +562,8 @@ async fn delete_file(
     let Query(query) = query?;
     state
         .app
-        .delete_sandbox_file(&id, &query.path, query.recursive)
+        .sandboxes()
+        .delete_file(&id, &query.path, query.recursive)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -585,7 +589,9 @@ async fn list_files(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<DirListing>, ApiError> {
     let Query(query) = query?;
-    Ok(Json(state.app.list_sandbox_files(&id, query.path).await?))
+    Ok(Json(
+        state.app.sandboxes().list_files(&id, query.path).await?,
+    ))
 }
 
 /// The metadata of a path (`lstat`: a symlink is described, not followed).
@@ -609,7 +615,9 @@ async fn stat_file(
     query: Result<Query<FileQuery>, QueryRejection>,
 ) -> Result<Json<FileStatView>, ApiError> {
     let Query(query) = query?;
-    Ok(Json(state.app.stat_sandbox_file(&id, &query.path).await?))
+    Ok(Json(
+        state.app.sandboxes().stat_file(&id, &query.path).await?,
+    ))
 }
 
 /// Makes a directory (and its missing parents with `parents`).
@@ -636,7 +644,8 @@ async fn make_directory(
 ) -> Result<StatusCode, ApiError> {
     state
         .app
-        .make_sandbox_directory(&id, &request.path, request.parents)
+        .sandboxes()
+        .make_directory(&id, &request.path, request.parents)
         .await?;
     Ok(StatusCode::CREATED)
 }

@@ -120,7 +120,7 @@ impl ScheduleRequest {
 }
 
 /// Reads a schedule's run as an earlier release stored it (the request alone), for
-/// [`agentry_app::App::upgrade_schedules`].
+/// `Schedules::upgrade`.
 pub fn stored_run_spec(
     request: &serde_json::Value,
 ) -> Result<agentry_app::runs::RunSpec, AppError> {
@@ -163,7 +163,7 @@ async fn create(
     Caller(caller): Caller,
     ApiJson(request): ApiJson<ScheduleRequest>,
 ) -> Result<Response, ApiError> {
-    let schedule = Box::pin(state.app.create_schedule(&caller, request.into_spec()?)).await?;
+    let schedule = Box::pin(state.app.schedules().create(&caller, request.into_spec()?)).await?;
     Ok((StatusCode::CREATED, Json(schedule)).into_response())
 }
 
@@ -176,7 +176,7 @@ async fn create(
     responses((status = 200, description = "The schedules.", body = ScheduleList))
 )]
 async fn list(State(state): State<AppState>) -> Result<Json<ScheduleList>, ApiError> {
-    Ok(Json(state.app.schedules().await?))
+    Ok(Json(state.app.schedules().list().await?))
 }
 
 /// A schedule, with its next fire times.
@@ -196,7 +196,7 @@ async fn show(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<SchedulePath>,
 ) -> Result<Json<ScheduleView>, ApiError> {
-    Ok(Json(state.app.schedule(&path.id).await?))
+    Ok(Json(state.app.schedules().get(&path.id).await?))
 }
 
 /// Replaces a schedule's settings (enable or disable it with `enabled`); its next fire is
@@ -224,7 +224,8 @@ async fn replace(
         Box::pin(
             state
                 .app
-                .replace_schedule(&caller, &path.id, request.into_spec()?),
+                .schedules()
+                .replace(&caller, &path.id, request.into_spec()?),
         )
         .await?,
     ))
@@ -247,7 +248,7 @@ async fn remove(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<SchedulePath>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_schedule(&path.id).await?;
+    state.app.schedules().delete(&path.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -285,5 +286,7 @@ async fn runs(
     query: Result<Query<RunsQuery>, QueryRejection>,
 ) -> Result<Json<RunList>, ApiError> {
     let Query(query) = query?;
-    Ok(Json(state.app.schedule_runs(&path.id, query.limit).await?))
+    Ok(Json(
+        state.app.schedules().runs(&path.id, query.limit).await?,
+    ))
 }

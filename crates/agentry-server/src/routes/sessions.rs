@@ -90,7 +90,7 @@ async fn list(
         limit: query.limit,
         offset: query.offset,
     };
-    Ok(Json(state.app.list_sessions(&query).await?))
+    Ok(Json(state.app.sessions().list(&query).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -132,7 +132,8 @@ async fn search(
     Ok(Json(
         state
             .app
-            .search_sessions(&query.q, query.limit, owner.as_deref())
+            .sessions()
+            .search(&query.q, query.limit, owner.as_deref())
             .await?,
     ))
 }
@@ -154,8 +155,8 @@ async fn show(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
-    let record = state.app.session_record(&id).await?;
-    Ok(Json(Box::pin(state.app.session_detail(record)).await?))
+    let record = state.app.sessions().record(&id).await?;
+    Ok(Json(Box::pin(state.app.sessions().detail(record)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -187,9 +188,9 @@ async fn events(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Json<SessionEvents>, ApiError> {
     let Query(query) = query?;
-    let record = state.app.session_record(&id).await?;
+    let record = state.app.sessions().record(&id).await?;
     Ok(Json(
-        Box::pin(state.app.session_events(record.id, query.after)).await?,
+        Box::pin(state.app.sessions().events(record.id, query.after)).await?,
     ))
 }
 
@@ -222,7 +223,7 @@ async fn stream(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
-    let record = state.app.session_record(&id).await?;
+    let record = state.app.sessions().record(&id).await?;
     let after = super::sse::resume_after(&headers, query.after)?;
     let path = format!("/v1/sessions/{}/stream?after={after}", record.id);
     if let Some(relayed) = relay_stream(&state, &caller, record.id, &path, &headers).await? {
@@ -323,9 +324,15 @@ async fn fork(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body: ForkBody = optional_json(body)?;
-    let record = state.app.session_record(&id).await?;
+    let record = state.app.sessions().record(&id).await?;
     // The fork belongs to whoever forked it (a user key can fork only its own sessions).
-    let fork = Box::pin(state.app.fork_session(&record, body.at_seq, caller.owner())).await?;
+    let fork = Box::pin(
+        state
+            .app
+            .sessions()
+            .fork(&record, body.at_seq, caller.owner()),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(fork)).into_response())
 }
 
@@ -364,12 +371,13 @@ async fn title(
     body: Result<Json<TitleBody>, JsonRejection>,
 ) -> Result<Json<TitleOutcome>, ApiError> {
     let Json(body) = body?;
-    let record = state.app.session_record(&id).await?;
+    let record = state.app.sessions().record(&id).await?;
     Ok(Json(
         Box::pin(
             state
                 .app
-                .retitle_session(&caller, record.id, body.title, body.model_id),
+                .sessions()
+                .retitle(&caller, record.id, body.title, body.model_id),
         )
         .await?,
     ))
@@ -407,8 +415,8 @@ async fn read(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
     let body: ReadBody = optional_json(body)?;
-    let record = state.app.session_record(&id).await?;
-    state.app.mark_session_read(&record, body.seq).await?;
+    let record = state.app.sessions().record(&id).await?;
+    state.app.sessions().mark_read(&record, body.seq).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -432,8 +440,8 @@ async fn continue_run(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let record = state.app.session_record(&id).await?;
-    let outcome = Box::pin(state.app.continue_session(&caller, &record)).await?;
+    let record = state.app.sessions().record(&id).await?;
+    let outcome = Box::pin(state.app.sessions().go_on(&caller, &record)).await?;
     Ok((StatusCode::ACCEPTED, Json(outcome)).into_response())
 }
 
@@ -455,8 +463,8 @@ async fn remove(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let record = state.app.session_record(&id).await?;
-    Box::pin(state.app.delete_session(record.id)).await?;
+    let record = state.app.sessions().record(&id).await?;
+    Box::pin(state.app.sessions().delete(record.id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

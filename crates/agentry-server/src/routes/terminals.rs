@@ -79,7 +79,8 @@ async fn list(
     let Query(query) = query?;
     let terminals = state
         .app
-        .list_terminals(&caller, query.session_id.as_deref())
+        .terminals()
+        .list(&caller, query.session_id.as_deref())
         .await?;
     Ok(Json(TerminalList { terminals }))
 }
@@ -129,7 +130,8 @@ async fn open(
         .map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))?;
     let terminal = state
         .app
-        .open_terminal(
+        .terminals()
+        .open(
             &caller,
             &body.session_id,
             body.cols,
@@ -171,7 +173,7 @@ async fn show(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TerminalInfo>, ApiError> {
-    let terminal = state.app.terminal(&caller, &id).await?;
+    let terminal = state.app.terminals().get(&caller, &id).await?;
     Ok(Json(shown(&terminal)?))
 }
 
@@ -192,7 +194,7 @@ async fn close(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.close_terminal(&caller, &id).await?;
+    state.app.terminals().close(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -205,7 +207,7 @@ async fn attach(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = websocket(upgrade)?;
-    let terminal = state.app.terminal(&caller, &id).await?;
+    let terminal = state.app.terminals().get(&caller, &id).await?;
     Ok(serve_socket(&state, &terminal, upgrade, Flavour::Agentry))
 }
 

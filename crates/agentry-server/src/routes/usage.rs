@@ -80,7 +80,7 @@ async fn create_budget(
     State(state): State<AppState>,
     ApiJson(budget): ApiJson<BudgetConfig>,
 ) -> Result<Response, ApiError> {
-    let view = state.app.create_budget(budget).await?;
+    let view = state.app.budgets().create(budget).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
@@ -93,7 +93,7 @@ async fn create_budget(
     responses((status = 200, description = "The budgets.", body = BudgetList))
 )]
 async fn list_budgets(State(state): State<AppState>) -> Result<Json<BudgetList>, ApiError> {
-    Ok(Json(state.app.budgets().await?))
+    Ok(Json(state.app.budgets().list().await?))
 }
 
 /// A budget, with what its current period spent.
@@ -113,7 +113,7 @@ async fn show_budget(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<BudgetPath>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    Ok(Json(state.app.budget(&path.name).await?))
+    Ok(Json(state.app.budgets().get(&path.name).await?))
 }
 
 /// Replaces (or renames) a budget.
@@ -137,7 +137,7 @@ async fn replace_budget(
     ApiJson(budget): ApiJson<BudgetConfig>,
 ) -> Result<Json<BudgetView>, ApiError> {
     Ok(Json(
-        Box::pin(state.app.replace_budget(&path.name, budget)).await?,
+        Box::pin(state.app.budgets().replace(&path.name, budget)).await?,
     ))
 }
 
@@ -158,6 +158,6 @@ async fn delete_budget(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<BudgetPath>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_budget(&path.name).await?;
+    state.app.budgets().delete(&path.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

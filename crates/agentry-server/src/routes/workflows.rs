@@ -73,7 +73,7 @@ async fn workflow_schema() -> Result<Json<Value>, ApiError> {
     responses((status = 200, description = "The workflows, by id.", body = WorkflowList))
 )]
 async fn list_workflows(State(state): State<AppState>) -> Result<Json<WorkflowList>, ApiError> {
-    Ok(Json(state.app.workflows().await?))
+    Ok(Json(state.app.workflows().list().await?))
 }
 
 /// Saves a workflow (version 1), after checking it whole: problems are named by their path.
@@ -97,7 +97,7 @@ async fn create_workflow(
     State(state): State<AppState>,
     ApiJson(definition): ApiJson<WorkflowDefinition>,
 ) -> Result<Response, ApiError> {
-    Ok(created(state.app.create_workflow(definition).await?))
+    Ok(created(state.app.workflows().create(definition).await?))
 }
 
 /// A workflow.
@@ -117,7 +117,7 @@ async fn get_workflow(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<WorkflowDefinition>, ApiError> {
-    Ok(Json(state.app.workflow(&name).await?))
+    Ok(Json(state.app.workflows().get(&name).await?))
 }
 
 /// Replaces a workflow with its next version (runs going on keep theirs).
@@ -139,7 +139,9 @@ async fn replace_workflow(
     ApiPath(name): ApiPath<String>,
     ApiJson(definition): ApiJson<WorkflowDefinition>,
 ) -> Result<Json<WorkflowDefinition>, ApiError> {
-    Ok(Json(state.app.replace_workflow(&name, definition).await?))
+    Ok(Json(
+        state.app.workflows().replace(&name, definition).await?,
+    ))
 }
 
 /// Deletes a workflow (its runs stay).
@@ -155,7 +157,7 @@ async fn delete_workflow(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.delete_workflow(&name).await?;
+    state.app.workflows().delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -244,11 +246,18 @@ async fn start_run(
             Box::pin(
                 state
                     .app
-                    .start_workflow_with_webhook(&caller, &name, body.input, url),
+                    .workflows()
+                    .start_with_webhook(&caller, &name, body.input, url),
             )
             .await?
         }
-        None => state.app.start_workflow(&caller, &name, body.input).await?,
+        None => {
+            state
+                .app
+                .workflows()
+                .start(&caller, &name, body.input)
+                .await?
+        }
     };
     Ok((StatusCode::ACCEPTED, Json(run)).into_response())
 }
@@ -281,7 +290,8 @@ async fn list_runs(
     Ok(Json(
         state
             .app
-            .workflow_runs(&caller, query.workflow_id.as_deref())
+            .workflows()
+            .runs(&caller, query.workflow_id.as_deref())
             .await?,
     ))
 }
@@ -300,7 +310,7 @@ async fn get_run(
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<WorkflowRun>, ApiError> {
-    Ok(Json(state.app.workflow_run(&caller, &id).await?))
+    Ok(Json(state.app.workflows().run(&caller, &id).await?))
 }
 
 /// A run's webhook deliveries (its end, told to its webhook), each with its attempts.
@@ -365,7 +375,8 @@ async fn approve_step(
 ) -> Result<StatusCode, ApiError> {
     state
         .app
-        .decide_workflow_step(&caller, &id, &body.step, body.approved, body.comment)
+        .workflows()
+        .decide_step(&caller, &id, &body.step, body.approved, body.comment)
         .await?;
     Ok(StatusCode::ACCEPTED)
 }
@@ -407,7 +418,8 @@ async fn signal_run(
 ) -> Result<StatusCode, ApiError> {
     state
         .app
-        .signal_workflow(&caller, &id, &body.name, body.payload)
+        .workflows()
+        .signal(&caller, &id, &body.name, body.payload)
         .await?;
     Ok(StatusCode::ACCEPTED)
 }
@@ -426,7 +438,7 @@ async fn cancel_run(
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.app.cancel_workflow(&caller, &id).await?;
+    state.app.workflows().cancel(&caller, &id).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -449,7 +461,7 @@ async fn retry_run(
     Caller(caller): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let run = state.app.retry_workflow(&caller, &id).await?;
+    let run = state.app.workflows().retry(&caller, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(run)).into_response())
 }
 
@@ -480,10 +492,10 @@ async fn stream_run(
 ) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     // An unknown run is a 404 before the stream opens.
-    let run = state.app.workflow_run(&caller, &id).await?;
+    let run = state.app.workflows().run(&caller, &id).await?;
     let resume = super::sse::resume_after(&headers, u64::MAX)?;
     let events = async_stream::stream! {
-        let mut changes = state.app.workflow_changes(&id);
+        let mut changes = state.app.workflows().changes(&id);
         let mut seq = if resume == u64::MAX || resume > run.seq {
             let Ok(view) = serde_json::to_value(&run) else { return };
             yield Ok::<_, std::convert::Infallible>(
@@ -495,7 +507,7 @@ async fn stream_run(
         };
         let mut ended = run.state.is_final() && seq >= run.seq;
         while !ended {
-            let Ok(recorded) = state.app.workflow_events(&id, seq).await else { break };
+            let Ok(recorded) = state.app.workflows().events(&id, seq).await else { break };
             for (number, event) in recorded {
                 let kind = event["type"].as_str().unwrap_or("step").to_owned();
                 if kind == "run"

@@ -327,7 +327,7 @@ async fn a_slot_submitted_before_a_crash_is_not_submitted_again() {
         .create_schedule(&schedule)
         .await
         .unwrap();
-    server.state.app.fire_due_schedules().await;
+    server.state.app.schedules().fire_due().await;
     assert_eq!(runs_of(&server, &schedule.id).await.len(), 1);
     // The process died after submitting but before moving the schedule on: the next one finds
     // the same slot due, and submits nothing new.
@@ -339,7 +339,7 @@ async fn a_slot_submitted_before_a_crash_is_not_submitted_again() {
         .update_schedule(&schedule)
         .await
         .unwrap();
-    server.state.app.fire_due_schedules().await;
+    server.state.app.schedules().fire_due().await;
     assert_eq!(runs_of(&server, &schedule.id).await.len(), 1);
     // It moved on this time.
     let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
@@ -410,7 +410,7 @@ async fn schedules_have_a_floor_and_their_queued_fires_a_cap() {
             .update_schedule(&schedule)
             .await
             .unwrap();
-        server.state.app.fire_due_schedules().await;
+        server.state.app.schedules().fire_due().await;
     }
     let runs = runs_of(&server, &schedule.id).await;
     assert_eq!(
@@ -503,7 +503,8 @@ async fn a_schedule_an_earlier_release_stored_is_rewritten_at_start_and_fires() 
     let upgraded = server
         .state
         .app
-        .upgrade_schedules(stored_run_spec)
+        .schedules()
+        .upgrade(stored_run_spec)
         .await
         .unwrap();
     assert_eq!(upgraded, 2);
@@ -525,7 +526,8 @@ async fn a_schedule_an_earlier_release_stored_is_rewritten_at_start_and_fires() 
         server
             .state
             .app
-            .upgrade_schedules(stored_run_spec)
+            .schedules()
+            .upgrade(stored_run_spec)
             .await
             .unwrap(),
         1

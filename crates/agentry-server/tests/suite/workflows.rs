@@ -775,12 +775,13 @@ async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     let second = agentry_app::App::with_tools(store, host_commands(server.home.path()))
         .await
         .unwrap();
-    assert_eq!(second.resume_workflows().await, 1);
+    assert_eq!(second.workflows().resume().await, 1);
     let operator = Principal::operator();
     let wait = |app: agentry_app::App, run: String, done: fn(&Value) -> bool| async move {
         for _ in 0..400 {
             let view = serde_json::to_value(
-                app.workflow_run(&Principal::operator(), &run)
+                app.workflows()
+                    .run(&Principal::operator(), &run)
                     .await
                     .unwrap(),
             )
@@ -794,11 +795,13 @@ async fn an_agent_step_an_approval_a_timer_and_a_signal_survive_a_restart() {
     };
     // The signal comes early: it is kept until the step waits for it.
     second
-        .signal_workflow(&operator, &id, "feedback", json!({"note": "shorter"}))
+        .workflows()
+        .signal(&operator, &id, "feedback", json!({"note": "shorter"}))
         .await
         .unwrap();
     second
-        .decide_workflow_step(&operator, &id, "review", true, Some("ok".into()))
+        .workflows()
+        .decide_step(&operator, &id, "review", true, Some("ok".into()))
         .await
         .unwrap();
     let run = wait(second.clone(), id.clone(), |run| {
@@ -1268,7 +1271,7 @@ async fn a_schedule_starts_a_workflow_once_per_slot() {
         .create_schedule(&schedule)
         .await
         .unwrap();
-    server.state.app.fire_due_schedules().await;
+    server.state.app.schedules().fire_due().await;
     let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
     let run = shown["last_run_id"].as_str().unwrap().to_owned();
     let done = until(&server, &run, ended).await;
@@ -1283,7 +1286,7 @@ async fn a_schedule_starts_a_workflow_once_per_slot() {
         .update_schedule(&schedule)
         .await
         .unwrap();
-    server.state.app.fire_due_schedules().await;
+    server.state.app.schedules().fire_due().await;
     let (_, runs) = server.get("/v1/workflow-runs?workflow_id=nightly").await;
     assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "{runs:#}");
     let (_, shown) = server.get(&format!("/v1/schedules/{}", schedule.id)).await;
@@ -1312,13 +1315,14 @@ async fn a_workflow_built_from_rust_runs() {
             )
             .retry(2, 0.1),
         );
-    let saved = server.state.app.create_workflow(built).await.unwrap();
+    let saved = server.state.app.workflows().create(built).await.unwrap();
     assert_eq!(saved.version, 1);
     // Checked the same way: an unknown tool is refused with its path.
     let error = server
         .state
         .app
-        .create_workflow(WorkflowDefinition::new("broken").step(StepDefinition::tool(
+        .workflows()
+        .create(WorkflowDefinition::new("broken").step(StepDefinition::tool(
             "a",
             "ghost",
             json!({}),

@@ -356,7 +356,8 @@ pub(crate) async fn wait_for_mcp(
     agent: &AgentConfig,
 ) -> anyhow::Result<()> {
     // The runtime is rebuilt with their tools once they answer.
-    app.await_mcp_servers(&agent.mcp_servers, super::profile::MCP_START_WAIT)
+    app.mcp()
+        .await_ready(&agent.mcp_servers, super::profile::MCP_START_WAIT)
         .await
         .map_err(app_error)
 }

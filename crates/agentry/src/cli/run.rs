@@ -130,7 +130,8 @@ async fn run_agent(args: RunArgs, data: &DataArgs, id: &str) -> anyhow::Result<E
         .map_err(app_error)?;
     if let (None, Some(days)) = (args.session, args.ttl_days) {
         let expires = agentry_app::clock::now_ms() + days * 24 * 3600 * 1000;
-        app.expire_session(session, expires)
+        app.sessions()
+            .expire(session, expires)
             .await
             .map_err(app_error)?;
     }

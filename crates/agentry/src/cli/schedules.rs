@@ -130,7 +130,7 @@ pub(crate) async fn schedules(args: SchedulesArgs, data: &DataArgs) -> anyhow::R
     let app = App::new(store).await.map_err(app_error)?;
     match args.command {
         SchedulesCommand::List => {
-            for schedule in app.schedules().await.map_err(app_error)?.schedules {
+            for schedule in app.schedules().list().await.map_err(app_error)?.schedules {
                 println!(
                     "{}  {}  {}  {}",
                     schedule.id,
@@ -198,7 +198,8 @@ pub(crate) async fn schedules(args: SchedulesArgs, data: &DataArgs) -> anyhow::R
                 },
             };
             let schedule = app
-                .create_schedule(&Principal::operator(), request)
+                .schedules()
+                .create(&Principal::operator(), request)
                 .await
                 .map_err(app_error)?;
             eprintln!(
@@ -210,15 +211,21 @@ pub(crate) async fn schedules(args: SchedulesArgs, data: &DataArgs) -> anyhow::R
             println!("{}", schedule.id);
         }
         SchedulesCommand::Show { id } => {
-            let schedule = app.schedule(&id).await.map_err(app_error)?;
+            let schedule = app.schedules().get(&id).await.map_err(app_error)?;
             println!("{}", serde_json::to_string_pretty(&schedule)?);
         }
         SchedulesCommand::Rm { id } => {
-            app.delete_schedule(&id).await.map_err(app_error)?;
+            app.schedules().delete(&id).await.map_err(app_error)?;
             eprintln!("deleted {id}");
         }
         SchedulesCommand::Runs { id } => {
-            for run in app.schedule_runs(&id, 100).await.map_err(app_error)?.runs {
+            for run in app
+                .schedules()
+                .runs(&id, 100)
+                .await
+                .map_err(app_error)?
+                .runs
+            {
                 println!(
                     "{}  {}  session {}",
                     run.run_id,

@@ -292,11 +292,13 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
             // not a crashed run to recover).
             let app = sessions_app(store.clone(), data).await?;
             let record = app
-                .session_record(&id.to_string())
+                .sessions()
+                .record(&id.to_string())
                 .await
                 .map_err(app_error)?;
             let fork = app
-                .fork_session(&record, at, None)
+                .sessions()
+                .fork(&record, at, None)
                 .await
                 .map_err(app_error)?;
             app.shut_down();
@@ -333,10 +335,11 @@ pub(crate) async fn sessions(args: SessionsArgs, data: &DataArgs) -> anyhow::Res
         SessionsCommand::Rm { id } => {
             // As `DELETE /v1/sessions/{id}` does: the session's file journal goes with it.
             let app = sessions_app(store.clone(), data).await?;
-            app.session_record(&id.to_string())
+            app.sessions()
+                .record(&id.to_string())
                 .await
                 .map_err(app_error)?;
-            app.delete_session(id).await.map_err(app_error)?;
+            app.sessions().delete(id).await.map_err(app_error)?;
             app.shut_down();
         }
         SessionsCommand::Prune { older_than_days } => {

@@ -192,7 +192,7 @@ pub(crate) async fn budgets(args: BudgetsArgs, data: &DataArgs) -> anyhow::Resul
 async fn budget_command(app: &App, command: BudgetsCommand) -> anyhow::Result<()> {
     match command {
         BudgetsCommand::List => {
-            for budget in app.budgets().await.map_err(app_error)?.budgets {
+            for budget in app.budgets().list().await.map_err(app_error)?.budgets {
                 let whose = match (&budget.agent, &budget.key) {
                     (Some(agent), _) => format!("agent {agent}"),
                     (_, Some(key)) => format!("key {key}"),
@@ -229,14 +229,14 @@ async fn budget_command(app: &App, command: BudgetsCommand) -> anyhow::Result<()
                     PeriodArg::Total => BudgetPeriod::Total,
                 },
             };
-            let view = app.create_budget(budget).await.map_err(app_error)?;
+            let view = app.budgets().create(budget).await.map_err(app_error)?;
             eprintln!(
                 "added {} (${:.4} spent of ${:.4} this period)",
                 view.name, view.spent_usd, view.limit_usd
             );
         }
         BudgetsCommand::Rm { name } => {
-            app.delete_budget(&name).await.map_err(app_error)?;
+            app.budgets().delete(&name).await.map_err(app_error)?;
             eprintln!("deleted {name}");
         }
     }

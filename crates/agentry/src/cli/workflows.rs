@@ -110,18 +110,19 @@ pub(crate) fn input(inputs: &[String], json: Option<&str>) -> anyhow::Result<Val
 
 /// Saves `definition`: created, or replaced when it differs from the saved one.
 async fn save(app: &App, definition: WorkflowDefinition) -> anyhow::Result<WorkflowDefinition> {
-    match app.workflow(&definition.id).await {
+    match app.workflows().get(&definition.id).await {
         Ok(saved) => {
             let mut same = definition.clone();
             same.version = saved.version;
             if same == saved {
                 return Ok(saved);
             }
-            app.replace_workflow(&saved.id, definition)
+            app.workflows()
+                .replace(&saved.id, definition)
                 .await
                 .map_err(app_error)
         }
-        Err(_) => app.create_workflow(definition).await.map_err(app_error),
+        Err(_) => app.workflows().create(definition).await.map_err(app_error),
     }
 }
 
@@ -187,7 +188,8 @@ async fn follow(app: &App, run_id: &str, yes: bool) -> anyhow::Result<ExitCode> 
     let mut asked: BTreeMap<String, bool> = BTreeMap::new();
     loop {
         let run: WorkflowRun = app
-            .workflow_run(&operator, run_id)
+            .workflows()
+            .run(&operator, run_id)
             .await
             .map_err(app_error)?;
         // In the definition's order.
@@ -219,15 +221,16 @@ async fn follow(app: &App, run_id: &str, yes: bool) -> anyhow::Result<ExitCode> 
                     let message = step.message.clone().unwrap_or_default();
                     if yes {
                         eprintln!("{message}\napproved ({id}, --yes)");
-                        app.decide_workflow_step(
-                            &operator,
-                            run_id,
-                            id,
-                            true,
-                            Some("approved with --yes".into()),
-                        )
-                        .await
-                        .map_err(app_error)?;
+                        app.workflows()
+                            .decide_step(
+                                &operator,
+                                run_id,
+                                id,
+                                true,
+                                Some("approved with --yes".into()),
+                            )
+                            .await
+                            .map_err(app_error)?;
                         continue;
                     }
                     match ask(&format!("{message}\napprove {id}? [y/N]")) {
@@ -238,7 +241,8 @@ async fn follow(app: &App, run_id: &str, yes: bool) -> anyhow::Result<ExitCode> 
                             } else {
                                 ask("why (optional):").filter(|c| !c.is_empty())
                             };
-                            app.decide_workflow_step(&operator, run_id, id, approved, comment)
+                            app.workflows()
+                                .decide_step(&operator, run_id, id, approved, comment)
                                 .await
                                 .map_err(app_error)?;
                         }
@@ -280,7 +284,8 @@ async fn follow(app: &App, run_id: &str, yes: bool) -> anyhow::Result<ExitCode> 
                         } else {
                             serde_json::from_str(&payload).unwrap_or(Value::String(payload))
                         };
-                        app.signal_workflow(&operator, run_id, &name, payload)
+                        app.workflows()
+                            .signal(&operator, run_id, &name, payload)
                             .await
                             .map_err(app_error)?;
                     }
@@ -315,7 +320,7 @@ pub(crate) async fn workflows(args: WorkflowsArgs, data: &DataArgs) -> anyhow::R
     let app = App::new(store).await.map_err(app_error)?;
     match args.command {
         WorkflowsCommand::List => {
-            for workflow in app.workflows().await.map_err(app_error)?.workflows {
+            for workflow in app.workflows().list().await.map_err(app_error)?.workflows {
                 println!(
                     "{}\tv{}\t{} steps\t{}",
                     workflow.id,
@@ -326,14 +331,14 @@ pub(crate) async fn workflows(args: WorkflowsArgs, data: &DataArgs) -> anyhow::R
             }
         }
         WorkflowsCommand::Show { id } => {
-            let workflow = app.workflow(&id).await.map_err(app_error)?;
+            let workflow = app.workflows().get(&id).await.map_err(app_error)?;
             println!("{}", serde_json::to_string_pretty(&workflow)?);
         }
         WorkflowsCommand::Add { file } => {
             let saved = save(&app, read_definition(&file)?).await?;
             println!("{} v{}", saved.id, saved.version);
         }
-        WorkflowsCommand::Rm { id } => app.delete_workflow(&id).await.map_err(app_error)?,
+        WorkflowsCommand::Rm { id } => app.workflows().delete(&id).await.map_err(app_error)?,
         WorkflowsCommand::Run {
             workflow,
             inputs,
@@ -352,7 +357,8 @@ pub(crate) async fn workflows(args: WorkflowsArgs, data: &DataArgs) -> anyhow::R
             // Agent steps are background runs: this process works the queue while it follows.
             let worker = app.start_worker();
             let run = app
-                .start_workflow(&Principal::operator(), &id, input)
+                .workflows()
+                .start(&Principal::operator(), &id, input)
                 .await
                 .map_err(app_error)?;
             eprintln!("run {}", run.run_id);
@@ -363,7 +369,8 @@ pub(crate) async fn workflows(args: WorkflowsArgs, data: &DataArgs) -> anyhow::R
         }
         WorkflowsCommand::Runs { id } => {
             for run in app
-                .workflow_runs(&Principal::operator(), id.as_deref())
+                .workflows()
+                .runs(&Principal::operator(), id.as_deref())
                 .await
                 .map_err(app_error)?
                 .runs
@@ -380,7 +387,8 @@ pub(crate) async fn workflows(args: WorkflowsArgs, data: &DataArgs) -> anyhow::R
         }
         WorkflowsCommand::Status { run } => {
             let run = app
-                .workflow_run(&Principal::operator(), &run)
+                .workflows()
+                .run(&Principal::operator(), &run)
                 .await
                 .map_err(app_error)?;
             println!("{}", serde_json::to_string_pretty(&run)?);

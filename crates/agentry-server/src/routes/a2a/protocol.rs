@@ -813,7 +813,7 @@ async fn task_run(
     id: &str,
 ) -> Result<RunView, A2aError> {
     let run_id = RunId::parse(id).map_err(|_| A2aError::task_not_found(id))?;
-    let run = match Box::pin(app.background_run(run_id)).await {
+    let run = match Box::pin(app.background_runs().get(run_id)).await {
         Ok(run) => run,
         Err(error) if error.failure == Failure::NotFound => {
             return Err(A2aError::task_not_found(id));
@@ -911,15 +911,16 @@ pub async fn list(
     };
     let (page, total) = if changed_after.is_none() && !working {
         // Filtered, counted and paged in the store.
-        let total = app.count_background_runs(&query).await?;
+        let total = app.background_runs().count(&query).await?;
         query.limit = page_size as usize;
         query.offset = offset;
-        (app.find_background_runs(&query).await?, total)
+        (app.background_runs().find(&query).await?, total)
     } else {
         // Filtered run by run, then paged.
         let after = changed_after.map_or(0, |after| u64::try_from(after).unwrap_or(0));
         let matching: Vec<RunView> = app
-            .find_background_runs(&query)
+            .background_runs()
+            .find(&query)
             .await?
             .into_iter()
             .filter(|run| status_time(run) >= after)
@@ -948,12 +949,12 @@ pub async fn cancel(
     if run.state.is_final() {
         return Err(A2aError::task_not_cancelable(id, task_state(run.state)));
     }
-    Box::pin(app.cancel_background(run.run_id)).await?;
-    let run = Box::pin(
-        app.wait_until(run.run_id, Duration::from_secs(5), |_, record| {
-            record.state.is_final()
-        }),
-    )
+    Box::pin(app.background_runs().cancel(run.run_id)).await?;
+    let run = Box::pin(app.background_runs().wait_until(
+        run.run_id,
+        Duration::from_secs(5),
+        |_, record| record.state.is_final(),
+    ))
     .await?;
     Ok(task_of(&run, None))
 }
@@ -999,7 +1000,7 @@ pub async fn send(
                     "unknown contextId {context:?}: leave it out to start a new context"
                 ))
             })?;
-            let visible = match app.session_record(context).await {
+            let visible = match app.sessions().record(context).await {
                 Ok(_) => app.may_see_session(caller, session).await?,
                 Err(error) if error.failure == Failure::NotFound => false,
                 Err(error) => return Err(error.into()),
@@ -1102,20 +1103,21 @@ async fn answer(
         }
     };
     Box::pin(app.submit(body.into_op(run.run_id)?)).await?;
-    Ok(Box::pin(app.background_run(run.run_id)).await?)
+    Ok(Box::pin(app.background_runs().get(run.run_id)).await?)
 }
 
 /// Waits until `run` has stopped (ended, or waits for a person again) or `timeout`
 /// passes; answers it as it is then.
 pub async fn wait(app: &App, run: &RunView, timeout: Duration) -> Result<RunView, A2aError> {
     let session = run.session_id;
-    Ok(
-        Box::pin(app.wait_until(run.run_id, timeout, move |app, record| {
-            // A run that was just answered is live here again before its record says so.
-            stopped(record.state) && !app.hub().is_live(session) || record.state.is_final()
-        }))
-        .await?,
+    Ok(Box::pin(
+        app.background_runs()
+            .wait_until(run.run_id, timeout, move |app, record| {
+                // A run that was just answered is live here again before its record says so.
+                stopped(record.state) && !app.hub().is_live(session) || record.state.is_final()
+            }),
     )
+    .await?)
 }
 
 /// A blocking `message/send`'s answer: the task once it has stopped.
@@ -1162,7 +1164,7 @@ async fn live(app: &App, run: &RunView) -> (RunView, Option<Subscription>) {
         }
         let now = tokio::time::Instant::now();
         if now >= next_read {
-            if let Ok(record) = Box::pin(app.background_run(run.run_id)).await {
+            if let Ok(record) = Box::pin(app.background_runs().get(run.run_id)).await {
                 latest = record;
             }
             let elsewhere = latest.state == RunState::Running

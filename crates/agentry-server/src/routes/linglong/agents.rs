@@ -187,7 +187,7 @@ pub async fn seed_status_init(app: &App, caller: &Principal) -> Result<Value, Ap
         limit: 1000,
         offset: 0,
     };
-    let sessions = app.list_sessions(&query).await?.sessions;
+    let sessions = app.sessions().list(&query).await?.sessions;
     let statuses: Map<String, Value> = sessions
         .iter()
         .map(|session| {
@@ -204,8 +204,8 @@ pub async fn seed_status_init(app: &App, caller: &Principal) -> Result<Value, Ap
 pub async fn seed_mark_read(app: &App, caller: &Principal, id: &str) -> Result<Value, AppError> {
     let session: SessionId = agentry_app::ids::parse_session_id(id)?;
     app.check_session_access(caller, session).await?;
-    let record = app.session_record(id).await?;
-    app.mark_session_read(&record, None).await?;
+    let record = app.sessions().record(id).await?;
+    app.sessions().mark_read(&record, None).await?;
     Ok(json!({"status": "success", "session_id": session}))
 }
 

@@ -102,7 +102,7 @@ const MODEL_FIELDS: &[&str] = &[
 
 /// `GET /v1/models`: `{"models": [...]}`.
 pub async fn seed_models(app: &App) -> Result<Value, AppError> {
-    let models = app.models().await?.models;
+    let models = app.models().list().await?.models;
     Ok(json!({"models": models.iter().map(model_entry).collect::<Vec<_>>()}))
 }
 
@@ -163,27 +163,30 @@ pub async fn seed_save_model(
     let secret = key_secret(&id);
     let keeps_secret = match existing {
         Some(old) => app
-            .model(old)
+            .models()
+            .get(old)
             .await?
             .api_key_secret
             .filter(|_| text(&body, "api_key").ok().flatten() == Some("***")),
         None => None,
     };
     if let Some(key) = key {
-        app.set_secrets(&[(secret.clone(), key.to_owned())]).await?;
+        app.secrets()
+            .set(&[(secret.clone(), key.to_owned())])
+            .await?;
         config["api_key_secret"] = json!(secret);
     } else if let Some(kept) = keeps_secret {
         config["api_key_secret"] = json!(kept);
     }
     let (status, code) = match existing {
         Some(old) => {
-            Box::pin(app.replace_model(old, config)).await?;
+            Box::pin(app.models().replace(old, config)).await?;
             ("updated", 200)
         }
         None => {
-            match app.model(&id).await {
-                Ok(_) => Box::pin(app.replace_model(&id, config)).await?,
-                Err(_) => app.create_model(config).await?,
+            match app.models().get(&id).await {
+                Ok(_) => Box::pin(app.models().replace(&id, config)).await?,
+                Err(_) => app.models().create(config).await?,
             };
             ("registered", 201)
         }
@@ -193,13 +196,13 @@ pub async fn seed_save_model(
 
 /// `DELETE /v1/models/{id}`.
 pub async fn seed_delete_model(app: &App, id: &str) -> Result<Value, AppError> {
-    app.delete_model(id).await?;
+    app.models().delete(id).await?;
     Ok(json!({"status": "deleted", "model_id": id}))
 }
 
 /// `GET /v1/prompt-templates`: `{"templates": [{"template_id", "content"}]}`.
 pub async fn seed_templates(app: &App) -> Result<Value, AppError> {
-    let templates = app.templates().await?.templates;
+    let templates = app.templates().list().await?.templates;
     Ok(json!({"templates": templates
         .iter()
         .map(|t| json!({"template_id": t.name, "content": t.template}))
@@ -230,20 +233,20 @@ pub async fn seed_save_template(
     };
     match existing {
         Some(old) => {
-            Box::pin(app.replace_template(old, &template)).await?;
+            Box::pin(app.templates().replace(old, &template)).await?;
             Ok(json!({"status": "updated", "template_id": name}))
         }
         None => {
             // As the seed: saving a template that exists replaces it.
-            let saved = match app.template(&name).await {
+            let saved = match app.templates().get(&name).await {
                 Ok(_) => true,
                 Err(error) if error.failure == Failure::NotFound => false,
                 Err(error) => return Err(error),
             };
             if saved {
-                Box::pin(app.replace_template(&name, &template)).await?;
+                Box::pin(app.templates().replace(&name, &template)).await?;
             } else {
-                app.create_template(&template).await?;
+                app.templates().create(&template).await?;
             }
             Ok(json!({"status": "created", "template_id": name}))
         }
@@ -252,15 +255,15 @@ pub async fn seed_save_template(
 
 /// `DELETE /v1/prompt-templates/{id}`.
 pub async fn seed_delete_template(app: &App, id: &str) -> Result<Value, AppError> {
-    app.delete_template(id).await?;
+    app.templates().delete(id).await?;
     Ok(json!({"status": "deleted", "template_id": id}))
 }
 
 /// `GET /v1/tools`: `{"tools": [...]}`, each tool's id its name (a skill's
 /// `skill-<name>`, with its `skill_dir`).
 pub async fn seed_tools(app: &App) -> Result<Value, AppError> {
-    let tools = app.tool_list().await?.tools;
-    let skills = app.skills().await?.skills;
+    let tools = app.tools().list().await?.tools;
+    let skills = app.skills().list().await?.skills;
     Ok(json!({"tools": tools.iter().map(|tool| {
         let mut entry = json!({
             "tool_id": tool.name,
@@ -304,7 +307,7 @@ pub async fn seed_call_tool(app: &App, body: Value) -> Result<Value, AppError> {
             )));
         }
     };
-    let result = app.call_tool(tool, arguments, format).await?;
+    let result = app.tools().call(tool, arguments, format).await?;
     Ok(json!({"result": result}))
 }
 
@@ -317,7 +320,7 @@ pub async fn seed_sessions(app: &App, caller: &Principal) -> Result<Value, AppEr
         limit: 1000,
         offset: 0,
     };
-    let sessions = app.list_sessions(&query).await?.sessions;
+    let sessions = app.sessions().list(&query).await?.sessions;
     Ok(json!({"sessions": sessions.iter().map(|s| json!({
         "session_id": s.id,
         "title": s.title.clone().unwrap_or_else(|| s.id.to_string()),
@@ -329,7 +332,7 @@ pub async fn seed_sessions(app: &App, caller: &Principal) -> Result<Value, AppEr
 
 /// `GET /v1/sessions/{id}`: `{"meta": {...}, "messages": [turns]}`.
 pub async fn seed_session(app: &App, caller: &Principal, id: &str) -> Result<Value, AppError> {
-    let record = app.session_record(id).await?;
+    let record = app.sessions().record(id).await?;
     app.check_session_access(caller, record.id).await?;
     // When each user message was sent: the key that names its turn (revoke, file journals).
     let (detail, user_times) = Box::pin(app.session_detail_with_times(record.clone())).await?;
@@ -368,7 +371,7 @@ pub async fn seed_delete_session(
     id: &str,
 ) -> Result<Value, AppError> {
     let session = seed_session_id(app, caller, id).await?;
-    Box::pin(app.delete_session(session)).await?;
+    Box::pin(app.sessions().delete(session)).await?;
     Ok(json!({"status": "deleted", "session_id": session}))
 }
 
@@ -391,7 +394,7 @@ pub async fn seed_generate_title(
         .filter(|title| !title.is_empty())
         .map(str::to_owned);
     let model = text(&body, "model_id")?.map(str::to_owned);
-    let outcome = Box::pin(app.retitle_session(caller, session, title, model)).await?;
+    let outcome = Box::pin(app.sessions().retitle(caller, session, title, model)).await?;
     Ok(json!({"status": "success", "session_id": session, "title": outcome.title}))
 }
 

@@ -37,7 +37,8 @@ fn secrets_named(value: &Value, names: &mut BTreeSet<String>) {
 /// `GET /v1/env`: `{"env": {name: masked value}}`.
 pub async fn seed_env(app: &App) -> Result<Value, AppError> {
     let env: Map<String, Value> = app
-        .list_secrets()
+        .secrets()
+        .list()
         .await?
         .into_iter()
         .map(|secret| (secret.name, json!(secret.masked)))
@@ -62,11 +63,11 @@ pub async fn seed_set_env(app: &App, body: Value) -> Result<Value, AppError> {
         Some(other) => other.to_string(),
     };
     match body.get("hosts") {
-        None | Some(Value::Null) => app.set_secrets(&[(key.to_owned(), value)]).await?,
+        None | Some(Value::Null) => app.secrets().set(&[(key.to_owned(), value)]).await?,
         Some(hosts) => {
             let hosts: Vec<String> = serde_json::from_value(hosts.clone())
                 .map_err(|_| AppError::bad_request("`hosts` must be a list of host names"))?;
-            app.set_bound_secret(key, &value, &hosts).await?;
+            app.secrets().set_bound(key, &value, &hosts).await?;
         }
     }
     seed_env(app).await
@@ -75,7 +76,7 @@ pub async fn seed_set_env(app: &App, body: Value) -> Result<Value, AppError> {
 /// `DELETE /v1/env/{key}`: deletes it if set (as the seed, no error if not); answers the
 /// list.
 pub async fn seed_delete_env(app: &App, key: &str) -> Result<Value, AppError> {
-    match app.delete_secret(key).await {
+    match app.secrets().delete(key).await {
         Ok(()) => {}
         Err(error) if error.failure == agentry_app::error::Failure::NotFound => {}
         Err(error) => return Err(error),
@@ -86,10 +87,10 @@ pub async fn seed_delete_env(app: &App, key: &str) -> Result<Value, AppError> {
 /// `POST /v1/env/detect`: `{"keys": [...]}`, sorted.
 pub async fn seed_detect_env(app: &App) -> Result<Value, AppError> {
     let mut keys = BTreeSet::new();
-    for model in app.models().await?.models {
+    for model in app.models().list().await?.models {
         keys.extend(model.api_key_secret);
     }
-    for definition in app.saved_tools().await? {
+    for definition in app.tools().saved().await? {
         if let Ok(value) = serde_json::to_value(&definition) {
             secrets_named(&value, &mut keys);
         }

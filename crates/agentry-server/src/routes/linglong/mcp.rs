@@ -20,7 +20,7 @@ pub async fn seed_register_mcp(
             r#"Missing or invalid "mcpServers" object"#,
         ));
     }
-    let list = app.register_mcp_servers(&document, keys_exist).await?;
+    let list = app.mcp().register(&document, keys_exist).await?;
     let mut servers = Vec::new();
     let mut tools = Vec::new();
     let mut errors = Vec::new();
@@ -46,7 +46,8 @@ pub async fn seed_register_mcp(
 /// `GET /v1/mcp-servers`.
 pub fn seed_mcp_servers(app: &App) -> Value {
     let servers: Map<String, Value> = app
-        .mcp_servers()
+        .mcp()
+        .list()
         .servers
         .into_iter()
         .map(|server| (server.name, server.config))
@@ -56,7 +57,7 @@ pub fn seed_mcp_servers(app: &App) -> Value {
 
 /// `DELETE /v1/mcp-servers/{name}`.
 pub async fn seed_delete_mcp_server(app: &App, name: &str) -> Result<Value, AppError> {
-    let tools = app.mcp_server(name)?.tools;
-    app.delete_mcp_server(name).await?;
+    let tools = app.mcp().get(name)?.tools;
+    app.mcp().delete(name).await?;
     Ok(json!({"status": "deleted", "server_name": name, "deleted_tools": tools}))
 }

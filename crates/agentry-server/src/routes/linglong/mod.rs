@@ -450,7 +450,7 @@ async fn file_journal_diff(
 }
 
 async fn terminals(State(state): State<AppState>, Caller(caller): Caller) -> Answer {
-    let listed = state.app.list_terminals(&caller, None).await?;
+    let listed = state.app.terminals().list(&caller, None).await?;
     let terminals: Vec<Value> = listed
         .into_iter()
         .map(|t| json!({"terminal_id": t.terminal_id, "session_id": t.session_id}))
@@ -464,15 +464,16 @@ async fn close_terminal(
     Path(id): Path<String>,
 ) -> Answer {
     let missing = || AppError::not_found(format!("Terminal not found: {id}"));
-    if state.app.terminal(&caller, &id).await.is_ok() {
-        state.app.close_terminal(&caller, &id).await?;
+    if state.app.terminals().get(&caller, &id).await.is_ok() {
+        state.app.terminals().close(&caller, &id).await?;
         return ok(json!({"status": "deleted", "terminal_id": id}));
     }
     // A session's terminal, named by the session (`<session>:auto` or bare).
     let session = id.strip_suffix(":auto").unwrap_or(&id);
     let listed = state
         .app
-        .list_terminals(&caller, Some(session))
+        .terminals()
+        .list(&caller, Some(session))
         .await
         .map_err(|_| missing())?;
     if listed.is_empty() {
@@ -481,7 +482,8 @@ async fn close_terminal(
     for terminal in listed {
         state
             .app
-            .close_terminal(&caller, &terminal.terminal_id)
+            .terminals()
+            .close(&caller, &terminal.terminal_id)
             .await?;
     }
     ok(json!({"status": "deleted", "terminal_id": id}))
@@ -516,7 +518,8 @@ async fn terminal_socket(
     let session = named.split(':').next().unwrap_or_default();
     let terminal = state
         .app
-        .session_terminal(&caller, session, query.cols, query.rows)
+        .terminals()
+        .of_session(&caller, session, query.cols, query.rows)
         .await?;
     let flavour = crate::routes::terminals::Flavour::Seed;
     Ok(crate::routes::terminals::serve_socket(

@@ -145,7 +145,7 @@ pub async fn seed_start(
     let mut conversation = body.conversation(session == SessionChoice::Ephemeral)?;
     // A system message naming a template: rendered now, after any system text.
     if let Some((template, arguments)) = conversation.system_template.take() {
-        let rendered = app.render_template(&template, &arguments)?;
+        let rendered = app.templates().render(&template, &arguments)?;
         conversation.system = Some(match conversation.system.take() {
             Some(text) => format!("{text}\n\n{rendered}"),
             None => rendered,
@@ -199,7 +199,7 @@ pub async fn seed_start(
 fn seed_tool_names(app: &App, ids: &[String]) -> Vec<String> {
     ids.iter()
         .map(|id| {
-            if app.has_tool(id) {
+            if app.tools().has(id) {
                 id.clone()
             } else {
                 super::tools::tool_name(id).to_owned()
@@ -225,9 +225,9 @@ async fn seed_continue(
         .as_deref()
         .filter(|id| *id != "new")
         .ok_or_else(|| AppError::bad_request("`continue` needs the `session_id` to go on"))?;
-    let record = app.session_record(id).await?;
+    let record = app.sessions().record(id).await?;
     app.check_session_access(caller, record.id).await?;
-    let subscription = Box::pin(app.continue_followed(caller, &record)).await?;
+    let subscription = Box::pin(app.sessions().go_on_followed(caller, &record)).await?;
     Ok(SeedStart {
         session_id: Some(record.id),
         max_tool_rounds: body.max_tool_rounds.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS),

@@ -203,16 +203,16 @@ pub async fn seed_save_tool(
     )?;
     match existing {
         Some(old) => {
-            Box::pin(app.replace_tool(tool_name(old), &definition)).await?;
+            Box::pin(app.tools().replace(tool_name(old), &definition)).await?;
             Ok(json!({"status": "updated", "tool_id": name}))
         }
         None => {
             // As the seed: registering a tool that exists replaces it.
-            let saved = app.saved_tool(name).await?.is_some();
+            let saved = app.tools().saved_one(name).await?.is_some();
             if saved {
-                Box::pin(app.replace_tool(name, &definition)).await?;
+                Box::pin(app.tools().replace(name, &definition)).await?;
             } else {
-                app.create_tool(&definition).await?;
+                app.tools().create(&definition).await?;
             }
             Ok(json!({"status": "registered", "tool_id": name}))
         }
@@ -222,8 +222,8 @@ pub async fn seed_save_tool(
 /// `DELETE /v1/tools/{id}` (a skill's id unregisters it).
 pub async fn seed_delete_tool(app: &App, id: &str) -> Result<Value, AppError> {
     match id.strip_prefix("skill-") {
-        Some(skill) => app.delete_skill(skill).await?,
-        None => app.delete_tool(tool_name(id)).await?,
+        Some(skill) => app.skills().delete(skill).await?,
+        None => app.tools().delete(tool_name(id)).await?,
     }
     Ok(json!({"status": "deleted", "tool_id": id}))
 }
@@ -240,7 +240,7 @@ pub async fn seed_register_skill(app: &App, body: Value) -> Result<Value, AppErr
         )));
     }
     let dir = string(&body, "skill_dir")?;
-    let registered = app.register_skill(dir.trim()).await?;
+    let registered = app.skills().register(dir.trim()).await?;
     Ok(json!({"status": "registered", "tool_id": format!("skill-{}", registered.skill.name)}))
 }
 
@@ -257,7 +257,8 @@ pub async fn seed_delete_tools(app: &App, body: Value) -> Result<Value, AppError
         })
         .ok_or_else(|| AppError::bad_request("tool_ids must be a list"))?;
     let builtins: Vec<String> = app
-        .tool_list()
+        .tools()
+        .list()
         .await?
         .tools
         .into_iter()
@@ -274,7 +275,7 @@ pub async fn seed_delete_tools(app: &App, body: Value) -> Result<Value, AppError
             missing: Vec::new(),
         }
     } else {
-        app.delete_tools(names).await?
+        app.tools().delete_many(names).await?
     };
     Ok(json!({"deleted": deleted.deleted, "not_found": deleted.missing, "skipped": skipped}))
 }

@@ -132,7 +132,8 @@ async fn list(
     stay_inside(q.restrict.as_deref())?;
     let listing = state
         .app
-        .workspace_list(
+        .workspace_files()
+        .list(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
@@ -298,7 +299,8 @@ async fn content(
     stay_inside(q.restrict.as_deref())?;
     let opened = state
         .app
-        .workspace_open(
+        .workspace_files()
+        .open(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
@@ -349,7 +351,8 @@ async fn thumbnail(
         .map(str::to_owned);
     let (etag, made) = state
         .app
-        .workspace_thumbnail(
+        .workspace_files()
+        .thumbnail(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
@@ -390,7 +393,8 @@ async fn download(
     stay_inside(q.restrict.as_deref())?;
     match state
         .app
-        .workspace_download(
+        .workspace_files()
+        .download(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
@@ -442,7 +446,8 @@ async fn search(
     let q = query(raw)?;
     let found = state
         .app
-        .workspace_search(
+        .workspace_files()
+        .search(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
@@ -475,7 +480,8 @@ async fn children(
     let q = query(raw)?;
     let folders = state
         .app
-        .workspace_children(
+        .workspace_files()
+        .children(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
@@ -498,7 +504,8 @@ async fn tree(
     let q = query(raw)?;
     let folders = state
         .app
-        .workspace_children(
+        .workspace_files()
+        .children(
             &caller,
             &workspace_target(&q.session_id, &q.agent_id)?,
             &q.path,
@@ -542,7 +549,8 @@ async fn mkdir(State(state): State<AppState>, Caller(caller): Caller, body: Byte
     let body = json_body(&body)?;
     let entry = state
         .app
-        .workspace_mkdir(
+        .workspace_files()
+        .mkdir(
             &caller,
             &body_target(&body)?,
             field(&body, "parent_path")?,
@@ -556,7 +564,8 @@ async fn rename(State(state): State<AppState>, Caller(caller): Caller, body: Byt
     let body = json_body(&body)?;
     let entry = state
         .app
-        .workspace_rename(
+        .workspace_files()
+        .rename(
             &caller,
             &body_target(&body)?,
             field(&body, "path")?,
@@ -570,7 +579,8 @@ async fn duplicate(State(state): State<AppState>, Caller(caller): Caller, body: 
     let body = json_body(&body)?;
     let entry = state
         .app
-        .workspace_duplicate(&caller, &body_target(&body)?, field(&body, "path")?)
+        .workspace_files()
+        .duplicate(&caller, &body_target(&body)?, field(&body, "path")?)
         .await?;
     Ok(Json(entry).into_response())
 }
@@ -597,7 +607,8 @@ async fn transfer(state: AppState, caller: Caller, body: Bytes, copy: bool) -> A
         .unwrap_or(false);
     let transfer = state
         .app
-        .workspace_transfer(
+        .workspace_files()
+        .transfer(
             &caller,
             &body_target(&body)?,
             paths,
@@ -622,7 +633,8 @@ async fn remove(State(state): State<AppState>, Caller(caller): Caller, body: Byt
     let body = json_body(&body)?;
     let path = state
         .app
-        .workspace_delete(&caller, &body_target(&body)?, field(&body, "path")?)
+        .workspace_files()
+        .delete(&caller, &body_target(&body)?, field(&body, "path")?)
         .await?;
     ok(json!({"status": "deleted", "path": path}))
 }
@@ -652,6 +664,7 @@ async fn upload_init(State(state): State<AppState>, Caller(caller): Caller, body
     let limits = WorkspaceLimits::default();
     let plan = state
         .app
+        .workspace_files()
         .upload_init(
             &caller,
             &target_workspace,
@@ -682,7 +695,11 @@ async fn upload_status(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    let status = state.app.upload_status(&caller, &id).await?;
+    let status = state
+        .app
+        .workspace_files()
+        .upload_status(&caller, &id)
+        .await?;
     Ok(Json(status).into_response())
 }
 
@@ -694,6 +711,7 @@ async fn upload_chunk(
 ) -> Answer {
     let received = state
         .app
+        .workspace_files()
         .upload_chunk(&caller, &id, n, body.into_data_stream())
         .await?;
     ok(json!({"upload_id": id, "parallel_id": n, "received": received, "status": "uploaded"}))
@@ -704,7 +722,11 @@ async fn upload_complete(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    let plan = state.app.upload_complete(&caller, &id).await?;
+    let plan = state
+        .app
+        .workspace_files()
+        .upload_complete(&caller, &id)
+        .await?;
     ok(
         json!({"upload_id": plan.upload_id, "file_name": plan.file_name,
               "file_size": plan.file_size, "path": plan.target_path, "status": "completed"}),
@@ -716,7 +738,11 @@ async fn upload_cancel(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Answer {
-    state.app.upload_cancel(&caller, &id).await?;
+    state
+        .app
+        .workspace_files()
+        .upload_cancel(&caller, &id)
+        .await?;
     ok(json!({"upload_id": id, "status": "cancelled"}))
 }
 

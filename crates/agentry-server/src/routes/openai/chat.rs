@@ -298,7 +298,7 @@ fn stop_sequences(stop: Option<&Value>) -> Result<Vec<String>, OpenAiError> {
 /// `agent:<id>`.
 pub async fn models(app: &App, caller: &Principal) -> Result<Value, OpenAiError> {
     let mut data = Vec::new();
-    for model in app.models().await?.models {
+    for model in app.models().list().await?.models {
         if caller.check_model(&model.id).is_ok() {
             data.push(
                 json!({"id": model.id, "object": "model", "created": 0, "owned_by": "agentry"}),
@@ -364,7 +364,7 @@ pub(crate) async fn model_or_agent(
                 Err(error) => return Err(error.into()),
             }
         }
-        None if app.has_model(model) => (None, Some(model.to_owned())),
+        None if app.models().has(model) => (None, Some(model.to_owned())),
         None => return Err(OpenAiError::unknown_model(model)),
     })
 }

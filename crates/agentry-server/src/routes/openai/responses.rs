@@ -345,7 +345,7 @@ pub async fn stored(app: &App, caller: &Principal, id: &str) -> Result<Value, Op
     app.check_session_access(caller, session)
         .await
         .map_err(|_| not_found())?;
-    let events = Box::pin(app.session_events(session, 0)).await?.events;
+    let events = Box::pin(app.sessions().events(session, 0)).await?.events;
     let mut model = String::new();
     let mut content: Vec<AssistantPart> = Vec::new();
     let mut finished = None;
