@@ -183,6 +183,9 @@ pub struct SandboxView {
     pub limits: LimitsView,
     /// How many background processes run in it.
     pub running_processes: usize,
+    /// Whether it is paused (`POST /v1/sandboxes/{id}/pause`): its processes are frozen, and
+    /// commands and file operations are refused (409 `sandbox_paused`) until it is resumed.
+    pub paused: bool,
 }
 
 /// `GET /v1/sandboxes`.
@@ -406,6 +409,7 @@ pub fn sandbox_view(entry: &Standalone) -> SandboxView {
         report: report_view(entry.sandbox.report()),
         limits: limits_view(&entry.spec),
         running_processes: entry.running_processes().len(),
+        paused: entry.sandbox.is_paused(),
     }
 }
 
@@ -826,6 +830,24 @@ impl Sandboxes<'_> {
             .map(|entry| sandbox_view(entry))
             .collect();
         Ok(SandboxList { sandboxes })
+    }
+
+    /// Pauses a sandbox: every process in it is frozen (no CPU; memory, files and connections
+    /// kept) until it is resumed; a paused sandbox is not closed for being idle. Pausing a
+    /// paused one changes nothing. 503 `not_supported` where the host has no cgroup freezer for
+    /// it.
+    pub async fn pause(&self, id: &str) -> Result<SandboxView, AppError> {
+        let entry = self.get(id)?;
+        entry.sandbox.pause().await.map_err(sandbox_error)?;
+        Ok(sandbox_view(&entry))
+    }
+
+    /// Resumes a paused sandbox: its processes go on where they stopped. Resuming a running one
+    /// changes nothing.
+    pub async fn resume(&self, id: &str) -> Result<SandboxView, AppError> {
+        let entry = self.get(id)?;
+        entry.sandbox.resume().await.map_err(sandbox_error)?;
+        Ok(sandbox_view(&entry))
     }
 
     /// Closes a sandbox: every process in it is killed and its workspace removed.

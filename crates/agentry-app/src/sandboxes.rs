@@ -47,8 +47,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The API error for a failed sandbox operation: a missing path is a 404, a refused one a 403,
-/// a conflicting one a 409, a full disk or an over-large file a 413, a closed sandbox a 404,
-/// an unavailable backend a 503, a full pool a 429; other failures inside the sandbox are the
+/// a conflicting one (or one in a paused sandbox) a 409, a full disk or an over-large file a
+/// 413, a closed sandbox a 404, an unavailable backend (or a pause the host cannot do) a 503, a
+/// full pool a 429; other failures inside the sandbox are the
 /// request's (400).
 pub fn sandbox_error(error: SandboxError) -> AppError {
     match error {
@@ -77,6 +78,14 @@ pub fn sandbox_error(error: SandboxError) -> AppError {
             _ => AppError::internal(format!("sandbox io: {error}")),
         },
         SandboxError::Setup(message) => AppError::internal(format!("sandbox: {message}")),
+        SandboxError::Paused => AppError::new(
+            Failure::Conflict,
+            "sandbox_paused",
+            "the sandbox is paused: resume it first (`POST /v1/sandboxes/{id}/resume`)",
+        ),
+        SandboxError::Unsupported(message) => {
+            AppError::new(Failure::Unavailable, "not_supported", message)
+        }
         SandboxError::PoolFull { max } => AppError::new(
             Failure::TooMany,
             "too_many_sandboxes",

@@ -1,5 +1,6 @@
-//! Sandbox latency: create + exec `echo` + close in a fresh native sandbox, and exec `echo` in a
-//! warm one (and the same on the local backend for reference). Prints a report; asserts nothing.
+//! Sandbox latency: create + exec `echo` + close in a fresh native sandbox, exec `echo` in a
+//! warm one, and pausing and resuming it (and the same on the local backend for reference).
+//! Prints a report; asserts nothing.
 //!
 //! `cargo bench -p agentry-sandbox --bench sandbox` (`SANDBOX_BENCH_RUNS`, default 200).
 
@@ -88,6 +89,33 @@ fn main() {
                 &format!("{label}: exec echo in a warm sandbox"),
                 warm.split_off(5),
             );
+            if sb.can_pause() {
+                // Pause and resume with a process running in it (a sleeping shell loop).
+                let _busy = sb
+                    .exec(ExecRequest::shell("while :; do sleep 0.01; done"))
+                    .await
+                    .unwrap();
+                let (mut pause, mut resume, mut resume_exec) = (Vec::new(), Vec::new(), Vec::new());
+                for _ in 0..runs + 5 {
+                    let start = Instant::now();
+                    sb.pause().await.unwrap();
+                    pause.push(start.elapsed());
+                    let start = Instant::now();
+                    sb.resume().await.unwrap();
+                    resume.push(start.elapsed());
+                    let out = sb.run(echo()).await.unwrap();
+                    resume_exec.push(start.elapsed());
+                    assert_eq!(out.stdout, b"hi\n");
+                }
+                report(&format!("{label}: pause (freeze)"), pause.split_off(5));
+                report(&format!("{label}: resume (thaw)"), resume.split_off(5));
+                report(
+                    &format!("{label}: resume + exec echo"),
+                    resume_exec.split_off(5),
+                );
+            } else {
+                println!("{label}: pause and resume: no cgroup freezer for this sandbox here");
+            }
             sb.close().await;
         }
     });

@@ -1,6 +1,7 @@
 //! Per-sandbox cgroups, made by the runtime: v2 when the unified tree has the controllers, else
 //! v1 hierarchies (created below our own cgroup of each hierarchy, as /proc/self/cgroup names it:
-//! a memcg must nest under the one we are in), else none (rlimits only).
+//! a memcg must nest under the one we are in), else none (rlimits only). The freezer (v2's
+//! `cgroup.freeze`, v1's freezer hierarchy) pauses every process of a sandbox at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,7 +59,11 @@ pub(crate) const NAME_PREFIX: &str = "agentry-sbx-";
 /// processes. Returns how many were removed.
 pub(crate) fn sweep_stale() -> usize {
     let mut parents: Vec<PathBuf> = v2_parent().into_iter().collect();
-    parents.extend(["memory", "pids", "cpu"].into_iter().filter_map(v1_parent));
+    parents.extend(
+        ["memory", "pids", "cpu", "freezer"]
+            .into_iter()
+            .filter_map(v1_parent),
+    );
     parents
         .iter()
         .map(|parent| {
@@ -86,7 +91,23 @@ pub(crate) struct Cgroups {
     dirs: Vec<PathBuf>,
     /// The memory cgroup, for OOM counts.
     memory: Option<PathBuf>,
+    /// Where the sandbox is frozen and thawed; `None` where the host has no freezer for us.
+    freezer: Option<Freezer>,
+    /// Whether it is frozen now.
+    frozen: std::sync::atomic::AtomicBool,
 }
+
+/// A sandbox's freezer.
+#[derive(Debug)]
+enum Freezer {
+    /// v2: the sandbox's cgroup (`cgroup.freeze`, `cgroup.events`).
+    V2(PathBuf),
+    /// v1: its cgroup in the freezer hierarchy (`freezer.state`).
+    V1(PathBuf),
+}
+
+/// How long freezing or thawing may take before it is an error.
+const FREEZE_WAIT: Duration = Duration::from_secs(5);
 
 fn write(dir: &Path, file: &str, value: &str) -> std::io::Result<()> {
     std::fs::write(dir.join(file), value)
@@ -109,6 +130,8 @@ impl Cgroups {
                 mode: LimitsMode::CgroupV1,
                 dirs: Vec::new(),
                 memory: None,
+                freezer: None,
+                frozen: Default::default(),
             };
             let ok = (|| -> std::io::Result<()> {
                 let m = mem.join(&name);
@@ -134,6 +157,15 @@ impl Cgroups {
                     write(&c, "cpu.cfs_period_us", "100000")?;
                     write(&c, "cpu.cfs_quota_us", &(u64::from(pct) * 1000).to_string())?;
                 }
+                // A freezer where the host mounts one: without it the sandbox works, but cannot
+                // be paused.
+                if let Some(freezer) = v1_parent("freezer") {
+                    let f = freezer.join(&name);
+                    if std::fs::create_dir(&f).is_ok() {
+                        cg.dirs.push(f.clone());
+                        cg.freezer = Some(Freezer::V1(f));
+                    }
+                }
                 Ok(())
             })();
             if ok.is_ok() {
@@ -146,6 +178,8 @@ impl Cgroups {
             mode: LimitsMode::Rlimit,
             dirs: Vec::new(),
             memory: None,
+            freezer: None,
+            frozen: Default::default(),
         }
     }
 
@@ -156,6 +190,12 @@ impl Cgroups {
             mode: LimitsMode::CgroupV2,
             dirs: vec![dir.clone()],
             memory: Some(dir.clone()),
+            // Every non-root v2 cgroup has `cgroup.freeze` (Linux 5.2 and later).
+            freezer: dir
+                .join("cgroup.freeze")
+                .exists()
+                .then(|| Freezer::V2(dir.clone())),
+            frozen: Default::default(),
         };
         let res = (|| -> std::io::Result<()> {
             if let Some(bytes) = limits.memory_bytes {
@@ -190,6 +230,69 @@ impl Cgroups {
                 Err(e)
             }
         }
+    }
+
+    /// Whether the sandbox can be frozen here.
+    pub(crate) fn can_freeze(&self) -> bool {
+        self.freezer.is_some()
+    }
+
+    /// Freezes every process of the sandbox (no CPU, memory kept) or thaws them, and waits until
+    /// the kernel says it is done. Blocking (it polls the state): call it off the async threads.
+    pub(crate) fn set_frozen(&self, frozen: bool) -> std::io::Result<()> {
+        let Some(freezer) = &self.freezer else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "no cgroup freezer for this sandbox",
+            ));
+        };
+        let deadline = std::time::Instant::now() + FREEZE_WAIT;
+        loop {
+            let done = match freezer {
+                Freezer::V2(dir) => {
+                    write(dir, "cgroup.freeze", if frozen { "1" } else { "0" })?;
+                    let events = std::fs::read_to_string(dir.join("cgroup.events"))?;
+                    let want = if frozen { "frozen 1" } else { "frozen 0" };
+                    events.lines().any(|line| line.trim() == want)
+                }
+                Freezer::V1(dir) => {
+                    // Written again while the state is FREEZING: the kernel retries the
+                    // processes it could not freeze yet.
+                    let want = if frozen { "FROZEN" } else { "THAWED" };
+                    write(dir, "freezer.state", want)?;
+                    std::fs::read_to_string(dir.join("freezer.state"))?.trim() == want
+                }
+            };
+            if done {
+                self.frozen.store(frozen, Ordering::SeqCst);
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the sandbox's processes did not {} within {FREEZE_WAIT:?}",
+                        if frozen { "freeze" } else { "thaw" }
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Whether the sandbox is frozen now.
+    pub(crate) fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst)
+    }
+
+    /// The host pids of the sandbox's processes (its cgroup's members; empty without cgroups).
+    pub(crate) fn pids(&self) -> Vec<i32> {
+        let Some(dir) = self.dirs.first() else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
     }
 
     /// The `cgroup.procs` files a new process writes itself into.

@@ -41,6 +41,12 @@ pub enum SandboxError {
         /// The pool's maximum.
         max: usize,
     },
+    /// The sandbox is paused: resume it first.
+    #[error("the sandbox is paused: resume it first")]
+    Paused,
+    /// The host cannot do this for this sandbox.
+    #[error("not supported here: {0}")]
+    Unsupported(String),
     /// A host-side IO error.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),

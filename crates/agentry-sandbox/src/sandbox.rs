@@ -233,6 +233,11 @@ impl Teardown {
     /// Kills the sandbox and waits until nothing of it is left: no process, no cgroup, no slot,
     /// no proxy.
     fn run(mut self, pid1: Option<i32>) {
+        // A paused sandbox is thawed first: under cgroup v1 a frozen process does not die of
+        // SIGKILL until it thaws.
+        if self.cgroups.is_frozen() {
+            let _ = self.cgroups.set_frozen(false);
+        }
         // Native: killing PID 1 tears its pid namespace down; the keeper reaps it and exits, and
         // PID 1 is reaped only once every process of its namespace is gone. Without a PID 1
         // (setup failed early) the keeper itself is killed.
@@ -268,6 +273,16 @@ pub(crate) struct Inner {
 impl Inner {
     pub(crate) fn touch(&self) {
         *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Counts as activity, for an operation that needs the sandbox running: a paused one
+    /// answers [`SandboxError::Paused`] at once instead of waiting on its frozen agent.
+    fn touch_running(&self) -> Result<()> {
+        if self.cgroups.is_frozen() {
+            return Err(SandboxError::Paused);
+        }
+        self.touch();
+        Ok(())
     }
 
     fn take_teardown(&self) -> Option<Teardown> {
@@ -364,12 +379,63 @@ impl Sandbox {
         self.inner.conn.pid1()
     }
 
+    /// Whether this sandbox can be paused on this host (it has a cgroup freezer).
+    pub fn can_pause(&self) -> bool {
+        self.inner.cgroups.can_freeze()
+    }
+
+    /// Whether it is paused.
+    pub fn is_paused(&self) -> bool {
+        self.inner.cgroups.is_frozen()
+    }
+
+    /// Pauses the sandbox: every process in it is frozen (no CPU; memory, files and open
+    /// connections kept) until [`Sandbox::resume`]. Commands and file operations are refused
+    /// with [`SandboxError::Paused`] meanwhile, and a paused sandbox is not closed for being
+    /// idle. Pausing a paused sandbox does nothing. [`SandboxError::Unsupported`] where the host
+    /// has no cgroup freezer for it.
+    pub async fn pause(&self) -> Result<()> {
+        self.freeze(true).await
+    }
+
+    /// Resumes a paused sandbox: its processes go on where they stopped. Resuming a running
+    /// sandbox does nothing.
+    pub async fn resume(&self) -> Result<()> {
+        self.freeze(false).await?;
+        self.inner.touch();
+        Ok(())
+    }
+
+    async fn freeze(&self, frozen: bool) -> Result<()> {
+        if let Some(reason) = self.inner.conn.closed_reason() {
+            return Err(SandboxError::Closed { reason });
+        }
+        if !self.inner.cgroups.can_freeze() {
+            return Err(SandboxError::Unsupported(
+                "pausing needs a cgroup freezer, and this sandbox has none (no cgroups for it on \
+                 this host: its limits are rlimits)"
+                    .into(),
+            ));
+        }
+        let cgroups = self.inner.cgroups.clone();
+        tokio::task::spawn_blocking(move || cgroups.set_frozen(frozen))
+            .await
+            .map_err(|e| SandboxError::Io(std::io::Error::other(e)))??;
+        Ok(())
+    }
+
+    /// The host pids of the sandbox's processes, where it has cgroups (for diagnostics and
+    /// metering).
+    pub fn host_pids(&self) -> Vec<i32> {
+        self.inner.cgroups.pids()
+    }
+
     /// Starts a command. Output streams through the handle.
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecHandle> {
         if req.argv.is_empty() {
             return Err(SandboxError::InvalidRequest("empty argv".into()));
         }
-        self.inner.touch();
+        self.inner.touch_running()?;
         let conn = self.inner.conn.clone();
         let (out_r, out_w) = pipe_pair()?;
         let (err_r, err_w) = pipe_pair()?;
@@ -447,7 +513,7 @@ impl Sandbox {
         if req.argv.is_empty() {
             return Err(SandboxError::InvalidRequest("empty argv".into()));
         }
-        self.inner.touch();
+        self.inner.touch_running()?;
         let conn = self.inner.conn.clone();
         let pair = crate::tty::open_pair(size)?;
         let exec = conn.next_id();
@@ -489,7 +555,7 @@ impl Sandbox {
 
     /// Reads a regular file (path inside the sandbox; relative to the workspace), up to `max` bytes.
     pub async fn read_file(&self, path: &str, max: u64) -> Result<Vec<u8>> {
-        self.inner.touch();
+        self.inner.touch_running()?;
         let (_, mut fds) = self
             .inner
             .conn
@@ -503,7 +569,7 @@ impl Sandbox {
 
     /// Creates or replaces a regular file with `data` (mode 0644).
     pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
-        self.inner.touch();
+        self.inner.touch_running()?;
         let op = Op::OpenWrite {
             path: path.into(),
             append: false,
@@ -522,7 +588,7 @@ impl Sandbox {
 
     /// Lists a directory (entries sorted by name; symlinks not followed).
     pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
-        self.inner.touch();
+        self.inner.touch_running()?;
         let (_, mut fds) = self
             .inner
             .conn
@@ -545,7 +611,7 @@ impl Sandbox {
 
     /// `lstat` of a path.
     pub async fn stat(&self, path: &str) -> Result<FileStat> {
-        self.inner.touch();
+        self.inner.touch_running()?;
         match self
             .inner
             .conn
@@ -560,7 +626,7 @@ impl Sandbox {
 
     /// Removes a file or symlink, or a directory (with its contents when `recursive`).
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
-        self.inner.touch();
+        self.inner.touch_running()?;
         self.inner
             .conn
             .request(
@@ -576,7 +642,7 @@ impl Sandbox {
 
     /// Makes a directory (and its parents when `parents`).
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
-        self.inner.touch();
+        self.inner.touch_running()?;
         self.inner
             .conn
             .request(
@@ -817,7 +883,8 @@ async fn supervise(
                     inner.close("wall-time limit reached").await;
                     return;
                 }
-                if let Some(idle) = idle {
+                // A paused sandbox is kept, not closed for being idle.
+                if let Some(idle) = idle.filter(|_| !inner.cgroups.is_frozen()) {
                     let last = *inner.last_activity.lock().unwrap_or_else(|p| p.into_inner());
                     if inner.running.load(std::sync::atomic::Ordering::SeqCst) == 0 && last.elapsed() >= idle {
                         inner.close("idle timeout").await;

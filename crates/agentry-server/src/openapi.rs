@@ -176,8 +176,8 @@ error_responses! {
         (`secret_host_not_allowed`: `POST /v1/env` with `hosts` binds a secret); nothing was \
         saved or sent.";
     NotFound => "404", "Nothing exists under this id or name.";
-    Conflict => "409", "It conflicts with the current state (the name is taken, or the session \
-        has a run in progress).";
+    Conflict => "409", "It conflicts with the current state (the name is taken, the session \
+        has a run in progress, or the sandbox is paused: `sandbox_paused`).";
     PayloadTooLarge => "413", "The body is larger than the server accepts (4 MiB).";
     FileTooLarge => "413", "The file is larger than the server reads or writes through the API \
         (16 MiB), or the sandbox has no room for it.";

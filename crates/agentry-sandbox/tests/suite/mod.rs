@@ -6,5 +6,6 @@ mod lifecycle;
 mod local;
 mod native_basic;
 mod net_proxy;
+mod pause;
 mod resources;
 mod tty;

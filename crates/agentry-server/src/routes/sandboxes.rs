@@ -60,6 +60,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(capabilities))
         .routes(routes!(list_sandboxes, create_sandbox))
         .routes(routes!(get_sandbox, delete_sandbox))
+        .routes(routes!(pause_sandbox))
+        .routes(routes!(resume_sandbox))
         .routes(routes!(exec))
         .routes(routes!(list_processes))
         .routes(routes!(get_process))
@@ -322,6 +324,54 @@ async fn get_sandbox(
     Ok(Json(sandbox_view(&entry)))
 }
 
+/// Pauses a sandbox: every process in it is frozen (no CPU; memory, files and open connections
+/// kept) until it is resumed. Commands and file operations answer 409 `sandbox_paused`
+/// meanwhile, and a paused sandbox is not closed for being idle (its wall-time limit still
+/// counts, and so does a running command's timeout). Pausing a paused sandbox changes nothing.
+/// Needs a cgroup freezer for the sandbox (a server running as root, or with a delegated
+/// cgroup): 503 `not_supported` otherwise.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/pause",
+    tag = "sandboxes",
+    operation_id = "pause_sandbox",
+    params(SandboxPath),
+    responses(
+        (status = 200, description = "Paused.", body = SandboxView),
+        BadRequest,
+        NotFound,
+        SandboxUnavailable,
+    )
+)]
+async fn pause_sandbox(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<SandboxView>, ApiError> {
+    Ok(Json(state.app.sandboxes().pause(&id).await?))
+}
+
+/// Resumes a paused sandbox: its processes go on where they stopped. Resuming a running
+/// sandbox changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/resume",
+    tag = "sandboxes",
+    operation_id = "resume_sandbox",
+    params(SandboxPath),
+    responses(
+        (status = 200, description = "Running.", body = SandboxView),
+        BadRequest,
+        NotFound,
+        SandboxUnavailable,
+    )
+)]
+async fn resume_sandbox(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<SandboxView>, ApiError> {
+    Ok(Json(state.app.sandboxes().resume(&id).await?))
+}
+
 /// Closes a sandbox: every process in it is killed and its workspace removed.
 #[utoipa::path(
     delete,
@@ -376,6 +426,7 @@ async fn delete_sandbox(
         JsonBodyErrors,
         NotFound,
         TooManyRequests,
+        Conflict,
         SandboxUnavailable,
     )
 )]
@@ -447,6 +498,7 @@ async fn get_process(
         (status = 200, description = "Killed (or it had ended): its status now.", body = ProcessDetail),
         BadRequest,
         NotFound,
+        Conflict,
         SandboxUnavailable,
     )
 )]
@@ -473,6 +525,7 @@ async fn kill_process(
         Forbidden,
         NotFound,
         FileTooLarge,
+        Conflict,
         SandboxUnavailable,
     )
 )]
@@ -580,6 +633,7 @@ async fn delete_file(
         BadRequest,
         Forbidden,
         NotFound,
+        Conflict,
         SandboxUnavailable,
     )
 )]
@@ -606,6 +660,7 @@ async fn list_files(
         BadRequest,
         Forbidden,
         NotFound,
+        Conflict,
         SandboxUnavailable,
     )
 )]

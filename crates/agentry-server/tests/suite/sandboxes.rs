@@ -1135,3 +1135,107 @@ async fn without_workspaces_there_are_no_file_or_shell_tools() {
         assert!(!text.contains(absent), "{absent}: {text}");
     }
 }
+
+/// `POST /v1/sandboxes/{id}/pause` freezes a sandbox with a background process in it: the view
+/// says so, commands and file reads answer 409 `sandbox_paused`, the process's output stops;
+/// `resume` lets the same process go on. Without a cgroup freezer for the sandbox (no cgroups
+/// here) pausing is a typed 503 and the sandbox keeps working.
+#[tokio::test]
+async fn a_sandbox_pauses_and_resumes_over_http() {
+    let server = sandbox_server().await;
+    let id = create(&server, json!({})).await;
+    let (_, shown) = server.get(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(shown["paused"], false);
+    let pause = format!("/v1/sandboxes/{id}/pause");
+    let resume = format!("/v1/sandboxes/{id}/resume");
+    if shown["report"]["limits"] == "rlimit" {
+        let (status, body) = send(&server, Method::POST, &pause, None).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "not_supported", "{body}");
+        assert_eq!(sh(&server, &id, "echo up").await, "up\n");
+        return;
+    }
+    // A process that prints a growing count, one line every 20 ms.
+    let (status, started) = exec(
+        &server,
+        &id,
+        json!({"command": "i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done", "background": true}),
+    )
+    .await;
+    assert_eq!(status, 202, "{started}");
+    let process = format!(
+        "/v1/sandboxes/{id}/processes/{}",
+        started["exec_id"].as_str().unwrap()
+    );
+    let lines = |detail: &Value| detail["stdout"].as_str().unwrap_or("").lines().count();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            lines(&server.get(&process).await.1) >= 3
+        })
+        .await
+    );
+
+    let (status, paused) = send(&server, Method::POST, &pause, None).await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["paused"], true);
+    assert_eq!(
+        server.get(&format!("/v1/sandboxes/{id}")).await.1["paused"],
+        true
+    );
+    let before = lines(&server.get(&process).await.1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        lines(&server.get(&process).await.1),
+        before,
+        "a paused process printed"
+    );
+    let (status, refused) = exec(&server, &id, json!({"command": "true"})).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "sandbox_paused");
+    let (status, refused) = send(
+        &server,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/files?path=."),
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "{refused}");
+    // Pausing again changes nothing.
+    let (status, again) = send(&server, Method::POST, &pause, None).await;
+    assert_eq!((status, &again["paused"]), (200, &json!(true)), "{again}");
+
+    let (status, resumed) = send(&server, Method::POST, &resume, None).await;
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!(resumed["paused"], false);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            lines(&server.get(&process).await.1) > before + 2
+        })
+        .await,
+        "the process did not go on after resume"
+    );
+    let detail = server.get(&process).await.1;
+    assert_eq!(detail["running"], true, "{detail}");
+    // It went on counting where it stopped: the lines are 1, 2, 3… without a restart.
+    let counted: Vec<u64> = detail["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(|line| line.parse().unwrap())
+        .collect();
+    assert!(
+        counted.windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "{counted:?}"
+    );
+    assert_eq!(sh(&server, &id, "echo up").await, "up\n");
+    let (status, _) = send(
+        &server,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, gone) = send(&server, Method::POST, &resume, None).await;
+    assert_eq!(status, 404, "{gone}");
+}
