@@ -355,13 +355,15 @@ impl Models<'_> {
     }
 }
 
-/// The tools runs may use: the built-in ones, the saved HTTP and command tools, and the MCP servers' tools.
+/// The tools runs may use: the built-in ones, the saved HTTP and command tools, and the MCP
+/// servers' tools.
 pub struct Tools<'a> {
     app: &'a App,
 }
 
 impl App {
-    /// The tools runs may use: the built-in ones, the saved HTTP and command tools, and the MCP servers' tools.
+    /// The tools runs may use: the built-in ones, the saved HTTP and command tools, and the MCP
+    /// servers' tools.
     pub fn tools(&self) -> Tools<'_> {
         Tools { app: self }
     }
@@ -663,7 +665,8 @@ pub struct Secrets<'a> {
 }
 
 impl App {
-    /// The secrets tools and models name: set, bound to hosts and removed; their values never leave.
+    /// The secrets tools and models name: set, bound to hosts and removed; their values never
+    /// leave.
     pub fn secrets(&self) -> Secrets<'_> {
         Secrets { app: self }
     }

@@ -83,13 +83,15 @@ fn check_name(name: &str) -> Result<(), AppError> {
     validate_server_name(name).map_err(mcp_error)
 }
 
-/// The MCP servers every run shares: registered, restarted, removed, and their resources and prompts.
+/// The MCP servers every run shares: registered, restarted, removed, and their resources and
+/// prompts.
 pub struct McpServers<'a> {
     app: &'a App,
 }
 
 impl App {
-    /// The MCP servers every run shares: registered, restarted, removed, and their resources and prompts.
+    /// The MCP servers every run shares: registered, restarted, removed, and their resources and
+    /// prompts.
     pub fn mcp(&self) -> McpServers<'_> {
         McpServers { app: self }
     }

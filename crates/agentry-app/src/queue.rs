@@ -965,13 +965,15 @@ impl App {
     }
 }
 
-/// The background runs: queued, read, waited for and cancelled (the worker that runs them is the app's).
+/// The background runs: queued, read, waited for and cancelled (the worker that runs them is the
+/// app's).
 pub struct BackgroundRuns<'a> {
     app: &'a App,
 }
 
 impl App {
-    /// The background runs: queued, read, waited for and cancelled (the worker that runs them is the app's).
+    /// The background runs: queued, read, waited for and cancelled (the worker that runs them is
+    /// the app's).
     pub fn background_runs(&self) -> BackgroundRuns<'_> {
         BackgroundRuns { app: self }
     }

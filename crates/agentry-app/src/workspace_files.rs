@@ -1328,13 +1328,15 @@ mod upload_tests {
     }
 }
 
-/// The files of sessions' and agents' workspaces: browsed, changed, downloaded, searched and uploaded.
+/// The files of sessions' and agents' workspaces: browsed, changed, downloaded, searched and
+/// uploaded.
 pub struct WorkspaceFiles<'a> {
     app: &'a App,
 }
 
 impl App {
-    /// The files of sessions' and agents' workspaces: browsed, changed, downloaded, searched and uploaded.
+    /// The files of sessions' and agents' workspaces: browsed, changed, downloaded, searched and
+    /// uploaded.
     pub fn workspace_files(&self) -> WorkspaceFiles<'_> {
         WorkspaceFiles { app: self }
     }

@@ -16,8 +16,8 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Each workspace crate's normal (not dev, not build) dependencies, by crate name.
-fn normal_dependencies() -> BTreeMap<String, BTreeSet<String>> {
+/// `cargo metadata` of the workspace's own crates.
+fn metadata() -> Value {
     let output = std::process::Command::new(env!("CARGO"))
         .args([
             "metadata",
@@ -34,8 +34,12 @@ fn normal_dependencies() -> BTreeMap<String, BTreeSet<String>> {
         "cargo metadata failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
-    metadata["packages"]
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Each workspace crate's normal (not dev, not build) dependencies, by crate name.
+fn normal_dependencies() -> BTreeMap<String, BTreeSet<String>> {
+    metadata()["packages"]
         .as_array()
         .unwrap()
         .iter()
@@ -300,19 +304,7 @@ fn the_apps_parts_are_its_own() {
             }
         }
     }
-    let output = std::process::Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let metadata = metadata();
     let mut checked = 0;
     for package in metadata["packages"].as_array().unwrap() {
         for dependency in package["dependencies"].as_array().unwrap() {
@@ -338,19 +330,7 @@ fn the_apps_parts_are_its_own() {
 /// document), so the app builds without any of them.
 #[test]
 fn the_app_depends_on_no_wire_crate() {
-    let output = std::process::Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let metadata = metadata();
     let app = metadata["packages"]
         .as_array()
         .unwrap()
