@@ -44,6 +44,10 @@ pub struct CreateSandboxRequest {
     /// Limits that replace the server's defaults.
     #[serde(default)]
     pub limits: Option<LimitOverrides>,
+    /// A snapshot to start from (`POST /v1/sandboxes/{id}/snapshots`): the new sandbox's
+    /// workspace is a copy of the snapshot's files (a fork; the snapshot stays as it is).
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
 }
 
 /// Limits for one sandbox; a field left out keeps the server's default. The server's defaults

@@ -20,7 +20,7 @@ use crate::App;
 use crate::clock::millis;
 use crate::error::{AppError, Failure};
 use crate::sandbox_requests::{CreateSandboxRequest, ExecBody, check_path, command, sandbox_spec};
-use crate::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Standalone, sandbox_error};
+use crate::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Snapshot, Standalone, sandbox_error};
 use crate::schema::serde_name;
 
 /// The largest file read or written through the API (bytes).
@@ -186,6 +186,48 @@ pub struct SandboxView {
     /// Whether it is paused (`POST /v1/sandboxes/{id}/pause`): its processes are frozen, and
     /// commands and file operations are refused (409 `sandbox_paused`) until it is resumed.
     pub paused: bool,
+}
+
+/// A snapshot of a sandbox's workspace (`POST /v1/sandboxes/{id}/snapshots`): kept until it is
+/// deleted, across restarts of the server; `POST /v1/sandboxes` with its id starts a sandbox
+/// from a copy of it.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnapshotView {
+    /// Its id (UUIDv7).
+    pub id: String,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// When it was taken, Unix milliseconds.
+    pub created_at: u64,
+    /// Its files' bytes.
+    pub bytes: u64,
+    /// Its files, folders and links.
+    pub entries: u64,
+    /// Whether the sandbox was paused while it was copied, so no write could tear it (false
+    /// where the host has no freezer for the sandbox).
+    pub consistent: bool,
+}
+
+impl From<&Snapshot> for SnapshotView {
+    fn from(snapshot: &Snapshot) -> Self {
+        Self {
+            id: snapshot.id.to_string(),
+            sandbox_id: snapshot.sandbox_id.to_string(),
+            created_at: snapshot.created_at,
+            bytes: snapshot.bytes,
+            entries: snapshot.entries,
+            consistent: snapshot.consistent,
+        }
+    }
+}
+
+/// `GET /v1/sandbox-snapshots`.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnapshotList {
+    /// The snapshots, oldest first.
+    pub snapshots: Vec<SnapshotView>,
 }
 
 /// `GET /v1/sandboxes`.
@@ -807,12 +849,16 @@ impl Sandboxes<'_> {
         self.app.check_commands_isolated(caller)?;
         self.app.check_sandbox_quota(caller).await?;
         let owner = caller.owner();
+        let from = match request.snapshot_id.as_deref() {
+            Some(id) => Some(self.visible_snapshot(caller, id).await?),
+            None => None,
+        };
         let spec = sandbox_spec(pool, request)?;
         let entry = self
             .app
             .parts
             .sandboxes
-            .create(pool.backend(), spec, owner)
+            .create(pool.backend(), spec, owner, from)
             .await?;
         Ok(sandbox_view(&entry))
     }
@@ -830,6 +876,67 @@ impl Sandboxes<'_> {
             .map(|entry| sandbox_view(entry))
             .collect();
         Ok(SandboxList { sandboxes })
+    }
+
+    /// Takes a snapshot of a sandbox's workspace (paused meanwhile where it can be); it belongs
+    /// to the sandbox's owner.
+    pub async fn snapshot(&self, id: &str) -> Result<SnapshotView, AppError> {
+        let entry = self.get(id)?;
+        let snapshot = self.app.parts.sandboxes.snapshot(&entry).await?;
+        Ok(SnapshotView::from(&snapshot))
+    }
+
+    /// The snapshots `caller` may see, oldest first.
+    pub async fn snapshots(
+        &self,
+        caller: &crate::auth::Principal,
+    ) -> Result<SnapshotList, AppError> {
+        self.app.sandbox_pool()?;
+        let snapshots = self.app.parts.sandboxes.snapshots().await?;
+        Ok(SnapshotList {
+            snapshots: snapshots
+                .iter()
+                .filter(|snapshot| caller.may_see(snapshot.owner.as_deref()))
+                .map(SnapshotView::from)
+                .collect(),
+        })
+    }
+
+    async fn visible_snapshot(
+        &self,
+        caller: &crate::auth::Principal,
+        id: &str,
+    ) -> Result<Snapshot, AppError> {
+        let snapshot = self.app.parts.sandboxes.find_snapshot(id).await?;
+        if caller.may_see(snapshot.owner.as_deref()) {
+            Ok(snapshot)
+        } else {
+            Err(AppError::not_found(format!("no snapshot {id}")))
+        }
+    }
+
+    /// The snapshot `id`, if `caller` may see it (404 otherwise).
+    pub async fn get_snapshot(
+        &self,
+        caller: &crate::auth::Principal,
+        id: &str,
+    ) -> Result<SnapshotView, AppError> {
+        self.app.sandbox_pool()?;
+        Ok(SnapshotView::from(
+            &self.visible_snapshot(caller, id).await?,
+        ))
+    }
+
+    /// Deletes the snapshot `id`, if `caller` may see it; sandboxes started from it keep their
+    /// own copies.
+    pub async fn delete_snapshot(
+        &self,
+        caller: &crate::auth::Principal,
+        id: &str,
+    ) -> Result<(), AppError> {
+        self.app.sandbox_pool()?;
+        let snapshot = self.visible_snapshot(caller, id).await?;
+        self.app.parts.sandboxes.delete_snapshot(&snapshot).await
     }
 
     /// Pauses a sandbox: every process in it is frozen (no CPU; memory, files and connections

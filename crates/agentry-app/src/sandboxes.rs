@@ -6,6 +6,12 @@
 //! started in it ([`Process`]). At most [`MAX_SANDBOXES`] are open at once. A sandbox that closes
 //! by itself (idle timeout, wall-time limit, its agent died) leaves the registry within a second,
 //! its workspace with it. The server closes every one at shutdown ([`SandboxRegistry::close_all`]).
+//!
+//! A snapshot ([`Snapshot`]) keeps a copy of a sandbox's workspace under the root's
+//! `.snapshots/<id>/` (its files and a `snapshot.json`), taken with the sandbox paused where it
+//! can be (a consistent copy); it outlives the sandbox and the server, and a new sandbox can
+//! start from it (a fork). A snapshot is written under a temporary name and renamed whole, so a
+//! failed one leaves nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -38,6 +44,76 @@ pub const KEPT_FINISHED: usize = 32;
 /// How much of each of stdout and stderr is kept for a command (bytes); the rest is dropped and
 /// the output marked truncated.
 pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// The folder under the root that keeps the snapshots.
+const SNAPSHOTS: &str = ".snapshots";
+
+/// The most a snapshot may hold (its files' bytes).
+pub const MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
+
+/// How many snapshots one owner (an API key, or the operator) may keep.
+pub const MAX_SNAPSHOTS_PER_OWNER: usize = 32;
+
+/// A snapshot of a standalone sandbox's workspace.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    /// Its id (a UUIDv7).
+    pub id: Uuid,
+    /// The sandbox it was taken of.
+    pub sandbox_id: Uuid,
+    /// When it was taken, Unix milliseconds.
+    pub created_at: u64,
+    /// Its files' bytes.
+    pub bytes: u64,
+    /// Its files, folders and links.
+    pub entries: u64,
+    /// Whether the sandbox was paused while it was copied (no write could tear it); false
+    /// where the host has no freezer for the sandbox.
+    pub consistent: bool,
+    /// Who it belongs to (the key that owns the sandbox; `None`: the operator).
+    pub owner: Option<String>,
+}
+
+/// Copies the tree `from` into the existing folder `to` (files, folders with their modes,
+/// symbolic links as links; sockets and pipes are left out); answers the bytes and entries
+/// copied. Fails once more than `max` bytes would be copied.
+fn copy_tree(from: &Path, to: &Path, max: u64) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::PermissionsExt;
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    let mut pending = vec![(from.to_path_buf(), to.to_path_buf())];
+    while let Some((source, target)) = pending.pop() {
+        for entry in std::fs::read_dir(&source)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let (from, to) = (entry.path(), target.join(entry.file_name()));
+            if kind.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
+            } else if kind.is_dir() {
+                std::fs::create_dir(&to)?;
+                let mode = entry.metadata()?.permissions().mode();
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
+                pending.push((from, to));
+            } else if kind.is_file() {
+                bytes += entry.metadata()?.len();
+                if bytes > max {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::FileTooLarge,
+                        format!("more than {max} bytes"),
+                    ));
+                }
+                std::fs::copy(&from, &to)?;
+            } else {
+                continue;
+            }
+            entries += 1;
+        }
+    }
+    Ok((bytes, entries))
+}
+
+fn no_snapshot(id: &str) -> AppError {
+    AppError::not_found(format!("no snapshot {id}"))
+}
 
 /// How often closed sandboxes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
@@ -442,6 +518,7 @@ impl SandboxRegistry {
         backend: &Arc<dyn Backend>,
         spec: SandboxSpec,
         owner: Option<String>,
+        from: Option<Snapshot>,
     ) -> Result<Arc<Standalone>, AppError> {
         self.sweep().await;
         let place = {
@@ -470,7 +547,7 @@ impl SandboxRegistry {
         tokio::spawn(async move {
             let place = place;
             let mut spec = spec;
-            let (id, sandbox) = registry.make(&backend, &mut spec).await?;
+            let (id, sandbox) = registry.make(&backend, &mut spec, from.as_ref()).await?;
             let entry = Arc::new(Standalone {
                 id,
                 sandbox,
@@ -494,19 +571,27 @@ impl SandboxRegistry {
         &self,
         backend: &Arc<dyn Backend>,
         spec: &mut SandboxSpec,
+        from: Option<&Snapshot>,
     ) -> Result<(Uuid, Sandbox), AppError> {
         let id = Uuid::now_v7();
         let workspace = self.inner.root.join(id.to_string());
         let folder = workspace.clone();
-        tokio::task::spawn_blocking(move || std::fs::create_dir_all(folder))
-            .await
-            .map_err(|error| AppError::internal(error.to_string()))?
-            .map_err(|error| {
-                unavailable(format!(
-                    "cannot make the sandbox's workspace {}: {error}",
-                    workspace.display()
-                ))
-            })?;
+        let files = from.map(|snapshot| self.snapshot_folder(snapshot.id).join("files"));
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&folder)?;
+            if let Some(files) = files {
+                copy_tree(&files, &folder, u64::MAX)?;
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .map_err(|error| AppError::internal(error.to_string()))?
+        .map_err(|error| {
+            unavailable(format!(
+                "cannot make the sandbox's workspace {}: {error}",
+                workspace.display()
+            ))
+        })?;
         spec.workspace = workspace.clone();
         match backend.create(spec.clone()).await {
             Ok(sandbox) => Ok((id, sandbox)),
@@ -523,6 +608,129 @@ impl SandboxRegistry {
                 })
             }
         }
+    }
+
+    fn snapshot_folder(&self, id: Uuid) -> PathBuf {
+        self.inner.root.join(SNAPSHOTS).join(id.to_string())
+    }
+
+    /// Takes a snapshot of `entry`'s workspace, pausing the sandbox meanwhile where it can be
+    /// paused (and resuming it after, unless it was paused already).
+    pub async fn snapshot(&self, entry: &Standalone) -> Result<Snapshot, AppError> {
+        let kept = self
+            .snapshots()
+            .await?
+            .iter()
+            .filter(|snapshot| snapshot.owner == entry.owner)
+            .count();
+        if kept >= MAX_SNAPSHOTS_PER_OWNER {
+            return Err(AppError::new(
+                Failure::TooMany,
+                "too_many_snapshots",
+                format!(
+                    "{kept} snapshots are kept for this key, the most it may keep: delete one \
+                     first (DELETE /v1/sandbox-snapshots/{{id}})"
+                ),
+            ));
+        }
+        let pause = entry.sandbox.can_pause() && !entry.sandbox.is_paused();
+        if pause {
+            entry.sandbox.pause().await.map_err(sandbox_error)?;
+        }
+        let consistent = entry.sandbox.is_paused();
+        let id = Uuid::now_v7();
+        let (source, folder) = (entry.workspace().to_path_buf(), self.snapshot_folder(id));
+        let partial = self
+            .inner
+            .root
+            .join(SNAPSHOTS)
+            .join(format!(".partial-{id}"));
+        let snapshot = Snapshot {
+            id,
+            sandbox_id: entry.id,
+            created_at: now_ms(),
+            bytes: 0,
+            entries: 0,
+            consistent,
+            owner: entry.owner.clone(),
+        };
+        let written = {
+            let partial = partial.clone();
+            let mut snapshot = snapshot;
+            tokio::task::spawn_blocking(move || {
+                std::fs::create_dir_all(partial.join("files"))?;
+                (snapshot.bytes, snapshot.entries) =
+                    copy_tree(&source, &partial.join("files"), MAX_SNAPSHOT_BYTES)?;
+                let record = serde_json::to_vec_pretty(&snapshot).map_err(std::io::Error::other)?;
+                std::fs::write(partial.join("snapshot.json"), record)?;
+                std::fs::rename(&partial, &folder)?;
+                Ok::<_, std::io::Error>(snapshot)
+            })
+            .await
+        };
+        if pause {
+            entry.sandbox.resume().await.map_err(sandbox_error)?;
+        }
+        let failure = match written {
+            Ok(Ok(written)) => return Ok(written),
+            Ok(Err(error)) if error.kind() == std::io::ErrorKind::FileTooLarge => AppError::new(
+                Failure::TooLarge,
+                "snapshot_too_large",
+                format!(
+                    "the sandbox's workspace holds more than {MAX_SNAPSHOT_BYTES} bytes, the most \
+                     a snapshot takes"
+                ),
+            ),
+            Ok(Err(error)) => unavailable(format!("cannot write the snapshot: {error}")),
+            Err(error) => AppError::internal(error.to_string()),
+        };
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(partial)).await;
+        Err(failure)
+    }
+
+    /// Every snapshot kept, oldest first.
+    pub async fn snapshots(&self) -> Result<Vec<Snapshot>, AppError> {
+        let folder = self.inner.root.join(SNAPSHOTS);
+        tokio::task::spawn_blocking(move || {
+            let mut found: Vec<Snapshot> = match std::fs::read_dir(&folder) {
+                Ok(entries) => entries
+                    .flatten()
+                    .filter_map(|entry| std::fs::read(entry.path().join("snapshot.json")).ok())
+                    .filter_map(|record| serde_json::from_slice(&record).ok())
+                    .collect(),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(error) => {
+                    return Err(unavailable(format!("cannot read the snapshots: {error}")));
+                }
+            };
+            found.sort_by_key(|snapshot: &Snapshot| snapshot.id);
+            Ok(found)
+        })
+        .await
+        .map_err(|error| AppError::internal(error.to_string()))?
+    }
+
+    /// The snapshot `id`: 404 when there is none.
+    pub async fn find_snapshot(&self, id: &str) -> Result<Snapshot, AppError> {
+        let parsed = Uuid::parse_str(id).map_err(|_| no_snapshot(id))?;
+        let record = self.snapshot_folder(parsed).join("snapshot.json");
+        let read = tokio::task::spawn_blocking(move || std::fs::read(record))
+            .await
+            .map_err(|error| AppError::internal(error.to_string()))?;
+        match read {
+            Ok(record) => serde_json::from_slice(&record)
+                .map_err(|error| AppError::internal(format!("snapshot {id}: {error}"))),
+            Err(_) => Err(no_snapshot(id)),
+        }
+    }
+
+    /// Deletes the snapshot `id` (sandboxes started from it keep their own copies).
+    pub async fn delete_snapshot(&self, snapshot: &Snapshot) -> Result<(), AppError> {
+        let folder = self.snapshot_folder(snapshot.id);
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(folder))
+            .await
+            .map_err(|error| AppError::internal(error.to_string()))?
+            .map_err(|error| unavailable(format!("cannot delete the snapshot: {error}")))
     }
 
     /// The open sandbox `id`: 404 when there is none (or it has closed).
@@ -580,6 +788,9 @@ impl SandboxRegistry {
             .collect();
         futures::future::join_all(entries.iter().map(|entry| close(entry))).await;
         if self.inner.own_root {
+            // A root of our own is temporary: its snapshots go with it.
+            let snapshots = self.inner.root.join(SNAPSHOTS);
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(snapshots)).await;
             let root = self.inner.root.clone();
             let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir(root)).await;
         }

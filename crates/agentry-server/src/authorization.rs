@@ -61,6 +61,7 @@ fn user_may(method: &Method, path: &str) -> bool {
             || under("/v1/runs")
             || under("/v1/groups")
             || under("/v1/sandboxes")
+            || under("/v1/sandbox-snapshots")
             || under("/v1/terminals") =>
         {
             true

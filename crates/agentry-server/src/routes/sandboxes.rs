@@ -14,6 +14,9 @@
 //! - `/v1/sandboxes/{id}/files`: read (raw bytes), write (the raw body), delete, list, stat,
 //!   mkdir. Paths are the sandbox's own (relative ones from its workspace), resolved inside it
 //!   by its agent, so a symlink cannot lead out.
+//! - `POST /v1/sandboxes/{id}/pause` and `/resume`; `POST /v1/sandboxes/{id}/snapshots` (a copy
+//!   of its workspace, kept across restarts) and `/v1/sandbox-snapshots` (list, show, delete); a
+//!   sandbox made with `snapshot_id` starts from one (a fork).
 //!
 //! When the server has no sandboxes (`ToolEnvironment::sandboxes` is `None`) every route but
 //! the capabilities answers `503 sandboxes_disabled`.
@@ -47,7 +50,7 @@ use agentry_app::sandbox_requests::{CreateSandboxRequest, ExecBody, check_path};
 use agentry_app::sandbox_service::{
     BackgroundStarted, CommandOutput, DirListing, ExecResult, FILE_LIMIT, FileStatView,
     ForegroundCommand, ProcessDetail, ProcessList, SandboxCapabilities, SandboxList, SandboxView,
-    Started, sandbox_view,
+    SnapshotList, SnapshotView, Started, sandbox_view,
 };
 
 /// The sandbox routes.
@@ -61,6 +64,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_sandboxes, create_sandbox))
         .routes(routes!(get_sandbox, delete_sandbox))
         .routes(routes!(pause_sandbox))
+        .routes(routes!(snapshot_sandbox))
+        .routes(routes!(list_snapshots))
+        .routes(routes!(get_snapshot, delete_snapshot))
         .routes(routes!(resume_sandbox))
         .routes(routes!(exec))
         .routes(routes!(list_processes))
@@ -81,6 +87,15 @@ pub struct SandboxPath {
     /// The sandbox's id: a UUIDv7, lowercase and hyphenated.
     #[param(pattern = "^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")]
     pub id: String,
+}
+
+/// The snapshot a route acts on.
+#[derive(Debug, Clone, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SnapshotPath {
+    /// The snapshot's id: a UUIDv7, lowercase and hyphenated.
+    #[param(pattern = "^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+    pub snapshot_id: String,
 }
 
 /// The background process a route acts on.
@@ -269,6 +284,7 @@ async fn capabilities(
              ("make_sandbox_directory" = (operation_id = "make_sandbox_directory", parameters(("id" = "$response.body#/id")))),
          )),
         JsonBodyErrors,
+        NotFound,
         TooManyRequests,
         SandboxUnavailable,
     )
@@ -348,6 +364,103 @@ async fn pause_sandbox(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxView>, ApiError> {
     Ok(Json(state.app.sandboxes().pause(&id).await?))
+}
+
+/// Takes a snapshot of a sandbox's workspace: a copy of its files, kept until it is deleted
+/// (across restarts of the server), that new sandboxes can start from (`POST /v1/sandboxes`
+/// with `snapshot_id`). The sandbox is paused while it is copied where the host allows
+/// (`consistent`), and goes on after. At most 4 GiB of files (413 `snapshot_too_large`), and
+/// 32 snapshots kept per key (429 `too_many_snapshots`).
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/snapshots",
+    tag = "sandboxes",
+    operation_id = "snapshot_sandbox",
+    params(SandboxPath),
+    responses(
+        (status = 201, description = "Taken.", body = SnapshotView),
+        BadRequest,
+        NotFound,
+        Conflict,
+        FileTooLarge,
+        TooManyRequests,
+        SandboxUnavailable,
+    )
+)]
+async fn snapshot_sandbox(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<(StatusCode, Json<SnapshotView>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(state.app.sandboxes().snapshot(&id).await?),
+    ))
+}
+
+/// The sandbox snapshots this caller may use (an API key's own; every one for an admin),
+/// oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/sandbox-snapshots",
+    tag = "sandboxes",
+    operation_id = "list_sandbox_snapshots",
+    responses(
+        (status = 200, description = "The snapshots.", body = SnapshotList),
+        SandboxUnavailable,
+    )
+)]
+async fn list_snapshots(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+) -> Result<Json<SnapshotList>, ApiError> {
+    Ok(Json(state.app.sandboxes().snapshots(&caller).await?))
+}
+
+/// One sandbox snapshot.
+#[utoipa::path(
+    get,
+    path = "/v1/sandbox-snapshots/{snapshot_id}",
+    tag = "sandboxes",
+    operation_id = "get_sandbox_snapshot",
+    params(SnapshotPath),
+    responses(
+        (status = 200, description = "The snapshot.", body = SnapshotView),
+        BadRequest,
+        NotFound,
+        SandboxUnavailable,
+    )
+)]
+async fn get_snapshot(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<SnapshotView>, ApiError> {
+    Ok(Json(
+        state.app.sandboxes().get_snapshot(&caller, &id).await?,
+    ))
+}
+
+/// Deletes a sandbox snapshot; sandboxes started from it keep their own copies.
+#[utoipa::path(
+    delete,
+    path = "/v1/sandbox-snapshots/{snapshot_id}",
+    tag = "sandboxes",
+    operation_id = "delete_sandbox_snapshot",
+    params(SnapshotPath),
+    responses(
+        (status = 204, description = "Deleted."),
+        BadRequest,
+        NotFound,
+        SandboxUnavailable,
+    )
+)]
+async fn delete_snapshot(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    state.app.sandboxes().delete_snapshot(&caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Resumes a paused sandbox: its processes go on where they stopped. Resuming a running

@@ -1239,3 +1239,186 @@ async fn a_sandbox_pauses_and_resumes_over_http() {
     let (status, gone) = send(&server, Method::POST, &resume, None).await;
     assert_eq!(status, 404, "{gone}");
 }
+
+/// A snapshot of a sandbox's workspace starts new sandboxes with its files (a fork): the
+/// sandbox and its fork then diverge, the snapshot stays as it was, it outlives its sandbox and
+/// a restart of the server (a new one over the same folder lists it and forks from it), another
+/// key cannot see or use it, and a deleted one is gone.
+#[tokio::test]
+async fn a_snapshot_forks_sandboxes_that_diverge_and_outlives_a_restart() {
+    let server = sandbox_server().await;
+    let original = create(&server, json!({})).await;
+    sh(
+        &server,
+        &original,
+        "echo one > data.txt; mkdir -p sub; echo deep > sub/f; ln -s data.txt link",
+    )
+    .await;
+    let (status, snapshot) = send(
+        &server,
+        Method::POST,
+        &format!("/v1/sandboxes/{original}/snapshots"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{snapshot}");
+    let snapshot_id = snapshot["id"].as_str().unwrap().to_owned();
+    assert_eq!(snapshot["sandbox_id"], original.as_str());
+    assert_eq!(snapshot["entries"], 4, "{snapshot}");
+    assert_eq!(snapshot["bytes"], 9, "{snapshot}");
+    // Where the sandbox can be paused, it was, while it was copied (and runs again now).
+    let (_, shown) = server.get(&format!("/v1/sandboxes/{original}")).await;
+    assert_eq!(shown["paused"], false);
+    assert_eq!(
+        snapshot["consistent"],
+        shown["report"]["limits"] != "rlimit",
+        "{snapshot}"
+    );
+
+    let fork = create(&server, json!({"snapshot_id": snapshot_id})).await;
+    assert_eq!(
+        sh(&server, &fork, "cat data.txt sub/f; readlink link").await,
+        "one\ndeep\ndata.txt\n"
+    );
+    sh(&server, &original, "echo two > data.txt").await;
+    sh(&server, &fork, "echo three > data.txt").await;
+    assert_eq!(sh(&server, &original, "cat data.txt").await, "two\n");
+    assert_eq!(sh(&server, &fork, "cat data.txt").await, "three\n");
+    let again = create(&server, json!({"snapshot_id": snapshot_id})).await;
+    assert_eq!(sh(&server, &again, "cat data.txt").await, "one\n");
+
+    // It outlives its sandbox.
+    let (status, _) = send(
+        &server,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{original}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, listed) = server.get("/v1/sandbox-snapshots").await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(
+        listed["snapshots"][0]["id"],
+        snapshot_id.as_str(),
+        "{listed}"
+    );
+
+    // A snapshot that does not exist: 404, and no sandbox is made.
+    let (status, body) = send(
+        &server,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"snapshot_id": "01890a5d-ac96-774b-bcce-b302099a8057"})),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    let (_, open) = server.get("/v1/sandboxes").await;
+    assert_eq!(open["sandboxes"].as_array().unwrap().len(), 2, "{open}");
+
+    // A new server over the same folder (a restart) lists it and forks from it.
+    let root = state_root(&server.state);
+    let home = server.home.path().to_path_buf();
+    let restarted = super::support::start_with(
+        move |_| ToolEnvironment {
+            sandbox_root: Some(root),
+            ..native_sandboxes(&home)
+        },
+        |_| {},
+    )
+    .await;
+    let (status, listed) = restarted
+        .get(&format!("/v1/sandbox-snapshots/{snapshot_id}"))
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    let revived = create(&restarted, json!({"snapshot_id": snapshot_id})).await;
+    assert_eq!(sh(&restarted, &revived, "cat data.txt").await, "one\n");
+
+    // Deleted, it is gone; the sandboxes made from it keep their files.
+    let path = format!("/v1/sandbox-snapshots/{snapshot_id}");
+    let (status, _) = send(&restarted, Method::DELETE, &path, None).await;
+    assert_eq!(status, 204);
+    let (status, _) = restarted.get(&path).await;
+    assert_eq!(status, 404);
+    assert_eq!(sh(&restarted, &revived, "cat data.txt").await, "one\n");
+}
+
+/// A key's snapshots are its own: another `user` key neither lists, reads, forks nor deletes
+/// them (404, as for what does not exist).
+#[tokio::test]
+async fn a_keys_snapshots_are_its_own() {
+    let server = sandbox_server().await;
+    let (_, admin) = send(
+        &server,
+        Method::POST,
+        "/v1/api-keys",
+        Some(json!({"label": "admin"})),
+    )
+    .await;
+    let admin = admin["key"].as_str().unwrap().to_owned();
+    let as_key = |key: &str| {
+        let (key, http, url) = (key.to_owned(), server.http.clone(), server.url.clone());
+        move |method: Method, path: String, body: Option<Value>| {
+            let request = http
+                .request(method, format!("{url}{path}"))
+                .bearer_auth(&key);
+            let request = match body {
+                Some(body) => request.json(&body),
+                None => request,
+            };
+            async move {
+                let response = request.send().await.unwrap();
+                let status = response.status().as_u16();
+                (
+                    status,
+                    response.json::<Value>().await.unwrap_or(Value::Null),
+                )
+            }
+        }
+    };
+    let admin_call = as_key(&admin);
+    let mut keys = Vec::new();
+    for label in ["alice", "bob"] {
+        let (status, made) = admin_call(
+            Method::POST,
+            "/v1/api-keys".into(),
+            Some(json!({"label": label, "role": "user"})),
+        )
+        .await;
+        assert_eq!(status, 201, "{made}");
+        keys.push(made["key"].as_str().unwrap().to_owned());
+    }
+    let (alice, bob) = (as_key(&keys[0]), as_key(&keys[1]));
+    let (status, made) = alice(Method::POST, "/v1/sandboxes".into(), Some(json!({}))).await;
+    assert_eq!(status, 201, "{made}");
+    let sandbox = made["id"].as_str().unwrap().to_owned();
+    let (status, snapshot) = alice(
+        Method::POST,
+        format!("/v1/sandboxes/{sandbox}/snapshots"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{snapshot}");
+    let id = snapshot["id"].as_str().unwrap().to_owned();
+
+    let (_, listed) = bob(Method::GET, "/v1/sandbox-snapshots".into(), None).await;
+    assert_eq!(listed["snapshots"], json!([]), "{listed}");
+    let (status, _) = bob(Method::GET, format!("/v1/sandbox-snapshots/{id}"), None).await;
+    assert_eq!(status, 404);
+    let (status, _) = bob(
+        Method::POST,
+        "/v1/sandboxes".into(),
+        Some(json!({"snapshot_id": id})),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = bob(Method::DELETE, format!("/v1/sandbox-snapshots/{id}"), None).await;
+    assert_eq!(status, 404);
+    // Its owner and the admin see it.
+    let (_, listed) = alice(Method::GET, "/v1/sandbox-snapshots".into(), None).await;
+    assert_eq!(listed["snapshots"][0]["id"], id.as_str(), "{listed}");
+    let (status, _) = admin_call(Method::GET, format!("/v1/sandbox-snapshots/{id}"), None).await;
+    assert_eq!(status, 200);
+    let (status, _) = alice(Method::DELETE, format!("/v1/sandbox-snapshots/{id}"), None).await;
+    assert_eq!(status, 204);
+}
