@@ -204,9 +204,6 @@ pub struct SnapshotView {
     pub bytes: u64,
     /// Its files, folders and links.
     pub entries: u64,
-    /// Whether the sandbox was paused while it was copied, so no write could tear it (false
-    /// where the host has no freezer for the sandbox).
-    pub consistent: bool,
 }
 
 impl From<&Snapshot> for SnapshotView {
@@ -217,7 +214,6 @@ impl From<&Snapshot> for SnapshotView {
             created_at: snapshot.created_at,
             bytes: snapshot.bytes,
             entries: snapshot.entries,
-            consistent: snapshot.consistent,
         }
     }
 }
@@ -878,8 +874,8 @@ impl Sandboxes<'_> {
         Ok(SandboxList { sandboxes })
     }
 
-    /// Takes a snapshot of a sandbox's workspace (paused meanwhile where it can be); it belongs
-    /// to the sandbox's owner.
+    /// Takes a snapshot of a sandbox's workspace (paused meanwhile); it belongs to the sandbox's
+    /// owner.
     pub async fn snapshot(&self, id: &str) -> Result<SnapshotView, AppError> {
         let entry = self.get(id)?;
         let snapshot = self.app.parts.sandboxes.snapshot(&entry).await?;

@@ -8,10 +8,12 @@
 //! its workspace with it. The server closes every one at shutdown ([`SandboxRegistry::close_all`]).
 //!
 //! A snapshot ([`Snapshot`]) keeps a copy of a sandbox's workspace under the root's
-//! `.snapshots/<id>/` (its files and a `snapshot.json`), taken with the sandbox paused where it
-//! can be (a consistent copy); it outlives the sandbox and the server, and a new sandbox can
-//! start from it (a fork). A snapshot is written under a temporary name and renamed whole, so a
-//! failed one leaves nothing.
+//! `.snapshots/<id>/` (its files and a `snapshot.json`); it outlives the sandbox and the server,
+//! and a new sandbox can start from it (a fork). The host copies the workspace only while the
+//! sandbox is paused: with its processes running, one could swap a folder or file for a link to
+//! a host path between the copy's look and its read, and the copy would take the host's file (a
+//! host without a cgroup freezer cannot take snapshots). A snapshot is written under a
+//! temporary name and renamed whole, so a failed one leaves nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -67,9 +69,6 @@ pub struct Snapshot {
     pub bytes: u64,
     /// Its files, folders and links.
     pub entries: u64,
-    /// Whether the sandbox was paused while it was copied (no write could tear it); false
-    /// where the host has no freezer for the sandbox.
-    pub consistent: bool,
     /// Who it belongs to (the key that owns the sandbox; `None`: the operator).
     pub owner: Option<String>,
 }
@@ -614,9 +613,18 @@ impl SandboxRegistry {
         self.inner.root.join(SNAPSHOTS).join(id.to_string())
     }
 
-    /// Takes a snapshot of `entry`'s workspace, pausing the sandbox meanwhile where it can be
-    /// paused (and resuming it after, unless it was paused already).
+    /// Takes a snapshot of `entry`'s workspace, with the sandbox paused meanwhile (resumed after,
+    /// unless it was paused already): no process of it runs while the host copies its files.
+    /// 503 `not_supported` where the sandbox cannot be paused.
     pub async fn snapshot(&self, entry: &Standalone) -> Result<Snapshot, AppError> {
+        if !entry.sandbox.can_pause() {
+            return Err(AppError::new(
+                Failure::Unavailable,
+                "not_supported",
+                "a snapshot is taken with the sandbox paused, and this host has no cgroup \
+                 freezer for it (its limits are rlimits)",
+            ));
+        }
         let kept = self
             .snapshots()
             .await?
@@ -633,11 +641,10 @@ impl SandboxRegistry {
                 ),
             ));
         }
-        let pause = entry.sandbox.can_pause() && !entry.sandbox.is_paused();
+        let pause = !entry.sandbox.is_paused();
         if pause {
             entry.sandbox.pause().await.map_err(sandbox_error)?;
         }
-        let consistent = entry.sandbox.is_paused();
         let id = Uuid::now_v7();
         let (source, folder) = (entry.workspace().to_path_buf(), self.snapshot_folder(id));
         let partial = self
@@ -651,7 +658,6 @@ impl SandboxRegistry {
             created_at: now_ms(),
             bytes: 0,
             entries: 0,
-            consistent,
             owner: entry.owner.clone(),
         };
         let written = {

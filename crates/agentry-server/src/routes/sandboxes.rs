@@ -368,9 +368,10 @@ async fn pause_sandbox(
 
 /// Takes a snapshot of a sandbox's workspace: a copy of its files, kept until it is deleted
 /// (across restarts of the server), that new sandboxes can start from (`POST /v1/sandboxes`
-/// with `snapshot_id`). The sandbox is paused while it is copied where the host allows
-/// (`consistent`), and goes on after. At most 4 GiB of files (413 `snapshot_too_large`), and
-/// 32 snapshots kept per key (429 `too_many_snapshots`).
+/// with `snapshot_id`). The sandbox is paused while it is copied (no process of it runs while
+/// the host reads its files) and goes on after; a host without a cgroup freezer for it answers
+/// 503 `not_supported`. At most 4 GiB of files (413 `snapshot_too_large`), and 32 snapshots
+/// kept per key (429 `too_many_snapshots`).
 #[utoipa::path(
     post,
     path = "/v1/sandboxes/{id}/snapshots",
