@@ -186,6 +186,12 @@ pub struct SandboxView {
     /// Whether it is paused (`POST /v1/sandboxes/{id}/pause`): its processes are frozen, and
     /// commands and file operations are refused (409 `sandbox_paused`) until it is resumed.
     pub paused: bool,
+    /// CPU time its processes have used, dead ones included, seconds (null where the host gives
+    /// it no cgroups).
+    pub cpu_seconds: Option<f64>,
+    /// Memory charged to it now, its files' page cache included, bytes (null where the host
+    /// gives it no cgroups).
+    pub memory_bytes: Option<u64>,
 }
 
 /// A snapshot of a sandbox's workspace (`POST /v1/sandboxes/{id}/snapshots`): kept until it is
@@ -440,6 +446,7 @@ pub fn report_view(report: &SandboxReport) -> ReportView {
 
 /// A standalone sandbox as the API shows it.
 pub fn sandbox_view(entry: &Standalone) -> SandboxView {
+    let usage = entry.sandbox.usage();
     SandboxView {
         id: entry.id.to_string(),
         created_at: entry.created_at,
@@ -448,6 +455,8 @@ pub fn sandbox_view(entry: &Standalone) -> SandboxView {
         limits: limits_view(&entry.spec),
         running_processes: entry.running_processes().len(),
         paused: entry.sandbox.is_paused(),
+        cpu_seconds: usage.cpu_nanos.map(|nanos| nanos as f64 / 1e9),
+        memory_bytes: usage.memory_bytes,
     }
 }
 

@@ -60,7 +60,7 @@ pub(crate) const NAME_PREFIX: &str = "agentry-sbx-";
 pub(crate) fn sweep_stale() -> usize {
     let mut parents: Vec<PathBuf> = v2_parent().into_iter().collect();
     parents.extend(
-        ["memory", "pids", "cpu", "freezer"]
+        ["memory", "pids", "cpu", "cpuacct", "freezer"]
             .into_iter()
             .filter_map(v1_parent),
     );
@@ -95,6 +95,17 @@ pub(crate) struct Cgroups {
     freezer: Option<Freezer>,
     /// Whether it is frozen now.
     frozen: std::sync::atomic::AtomicBool,
+    /// v1: its cgroup in the cpuacct hierarchy (CPU time); v2 reads `cpu.stat` in its cgroup.
+    cpuacct: Option<PathBuf>,
+}
+
+/// What a sandbox's processes have used, where its cgroups tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ResourceUsage {
+    /// CPU time of every process it has run, dead ones included, in nanoseconds.
+    pub cpu_nanos: Option<u64>,
+    /// Memory charged to it now (the page cache its files use included), in bytes.
+    pub memory_bytes: Option<u64>,
 }
 
 /// A sandbox's freezer.
@@ -132,6 +143,7 @@ impl Cgroups {
                 memory: None,
                 freezer: None,
                 frozen: Default::default(),
+                cpuacct: None,
             };
             let ok = (|| -> std::io::Result<()> {
                 let m = mem.join(&name);
@@ -157,6 +169,16 @@ impl Cgroups {
                     write(&c, "cpu.cfs_period_us", "100000")?;
                     write(&c, "cpu.cfs_quota_us", &(u64::from(pct) * 1000).to_string())?;
                 }
+                // CPU accounting where the host mounts it (it may share the cpu hierarchy).
+                if let Some(acct) = v1_parent("cpuacct") {
+                    let a = acct.join(&name);
+                    if cg.dirs.contains(&a) || std::fs::create_dir(&a).is_ok() {
+                        if !cg.dirs.contains(&a) {
+                            cg.dirs.push(a.clone());
+                        }
+                        cg.cpuacct = Some(a);
+                    }
+                }
                 // A freezer where the host mounts one: without it the sandbox works, but cannot
                 // be paused.
                 if let Some(freezer) = v1_parent("freezer") {
@@ -180,6 +202,7 @@ impl Cgroups {
             memory: None,
             freezer: None,
             frozen: Default::default(),
+            cpuacct: None,
         }
     }
 
@@ -196,6 +219,7 @@ impl Cgroups {
                 .exists()
                 .then(|| Freezer::V2(dir.clone())),
             frozen: Default::default(),
+            cpuacct: None,
         };
         let res = (|| -> std::io::Result<()> {
             if let Some(bytes) = limits.memory_bytes {
@@ -277,6 +301,44 @@ impl Cgroups {
                 ));
             }
             std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// What the sandbox's processes have used (`None` for what its cgroups do not tell).
+    pub(crate) fn usage(&self) -> ResourceUsage {
+        let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
+        let number = |text: Option<String>| text.and_then(|t| t.trim().parse::<u64>().ok());
+        match self.mode {
+            LimitsMode::CgroupV2 => {
+                let Some(dir) = self.dirs.first() else {
+                    return ResourceUsage::default();
+                };
+                let cpu_nanos = read(dir, "cpu.stat").and_then(|stat| {
+                    stat.lines().find_map(|line| {
+                        let micros = line
+                            .strip_prefix("usage_usec ")?
+                            .trim()
+                            .parse::<u64>()
+                            .ok()?;
+                        Some(micros * 1000)
+                    })
+                });
+                ResourceUsage {
+                    cpu_nanos,
+                    memory_bytes: number(read(dir, "memory.current")),
+                }
+            }
+            LimitsMode::CgroupV1 => ResourceUsage {
+                cpu_nanos: self
+                    .cpuacct
+                    .as_deref()
+                    .and_then(|dir| number(read(dir, "cpuacct.usage"))),
+                memory_bytes: self
+                    .memory
+                    .as_deref()
+                    .and_then(|dir| number(read(dir, "memory.usage_in_bytes"))),
+            },
+            LimitsMode::Rlimit => ResourceUsage::default(),
         }
     }
 

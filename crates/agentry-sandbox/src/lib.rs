@@ -43,6 +43,7 @@ mod sys;
 mod tty;
 
 pub use backend::{Backend, LocalBackend, NativeBackend, backend};
+pub use cgroup::ResourceUsage;
 pub use error::{Result, SandboxError};
 pub use exit::ExitStatus;
 pub use policy::{

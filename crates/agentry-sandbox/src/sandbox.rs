@@ -424,6 +424,12 @@ impl Sandbox {
         Ok(())
     }
 
+    /// What the sandbox's processes have used: CPU time (dead processes included) and memory
+    /// now, where its cgroups tell (`None` under rlimits).
+    pub fn usage(&self) -> crate::ResourceUsage {
+        self.inner.cgroups.usage()
+    }
+
     /// The host pids of the sandbox's processes, where it has cgroups (for diagnostics and
     /// metering).
     pub fn host_pids(&self) -> Vec<i32> {

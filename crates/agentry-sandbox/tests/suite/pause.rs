@@ -149,3 +149,31 @@ async fn closing_a_paused_sandbox_leaves_no_process() {
         Err(SandboxError::Closed { .. })
     ));
 }
+
+/// A sandbox's CPU time (its dead processes' included) and memory are read from its cgroups;
+/// under rlimits there is nothing to read and the usage says so (`None`), never a made-up 0.
+#[tokio::test]
+async fn a_sandboxs_cpu_and_memory_are_metered() {
+    let (sb, _dir) = sandbox().await;
+    let before = sb.usage();
+    if sb.report().limits == agentry_sandbox::LimitsMode::Rlimit {
+        assert_eq!(before, agentry_sandbox::ResourceUsage::default());
+        sb.close().await;
+        return;
+    }
+    // About 300 ms of CPU in a process that then exits.
+    let out = py(
+        &sb,
+        "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass",
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let after = sb.usage();
+    let used = after.cpu_nanos.unwrap() - before.cpu_nanos.unwrap();
+    assert!(
+        used >= 250_000_000,
+        "{used} ns of CPU counted for about 300 ms used"
+    );
+    assert!(after.memory_bytes.unwrap() > 0, "{after:?}");
+    sb.close().await;
+}

@@ -1228,6 +1228,10 @@ async fn a_sandbox_pauses_and_resumes_over_http() {
         "{counted:?}"
     );
     assert_eq!(sh(&server, &id, "echo up").await, "up\n");
+    // Metered from its cgroups: the counter's CPU time and the sandbox's memory.
+    let (_, shown) = server.get(&format!("/v1/sandboxes/{id}")).await;
+    assert!(shown["cpu_seconds"].as_f64().unwrap() > 0.0, "{shown}");
+    assert!(shown["memory_bytes"].as_u64().unwrap() > 0, "{shown}");
     let (status, _) = send(
         &server,
         Method::DELETE,
