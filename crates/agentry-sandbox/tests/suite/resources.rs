@@ -11,7 +11,13 @@ use super::common::*;
 async fn fork_bomb_is_contained() {
     let (sb, _dir) = sandbox_with(|s| s.limits.max_processes = Some(64)).await;
     let out = sb
-        .run(ExecRequest::shell("b() { b | b & }; b; sleep 30").timeout(Duration::from_secs(3)))
+        // The waiting shell forks once, for the bomb, while slots are free, then becomes the
+        // sleep (`exec`, no fork): a bomb that has taken every process slot cannot end it early
+        // ("Cannot fork") before the timeout.
+        .run(
+            ExecRequest::shell("(b() { b | b & }; b) & exec sleep 30")
+                .timeout(Duration::from_secs(3)),
+        )
         .await
         .unwrap();
     assert!(out.status.timed_out, "{out:?}");
