@@ -1012,8 +1012,6 @@ impl Sandboxes<'_> {
     /// The background processes running in a sandbox, oldest first.
     pub fn processes(&self, id: &str) -> Result<ProcessList, AppError> {
         let processes = self
-            .app
-            .sandboxes()
             .get(id)?
             .running_processes()
             .iter()

@@ -612,8 +612,6 @@ impl Schedules<'_> {
         request: ScheduleSpec,
     ) -> Result<ScheduleView, AppError> {
         let schedule = self
-            .app
-            .schedules()
             .checked(caller, RunId::new().to_string(), request, now_ms())
             .await?;
         Ok(view(self.app.parts.store.create_schedule(&schedule).await?))
@@ -628,8 +626,6 @@ impl Schedules<'_> {
     ) -> Result<ScheduleView, AppError> {
         let existing = self.stored(id).await?;
         let schedule = self
-            .app
-            .schedules()
             .checked(caller, existing.id, request, existing.created_at)
             .await?;
         let updated = self

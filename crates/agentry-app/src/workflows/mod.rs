@@ -620,10 +620,7 @@ impl Workflows<'_> {
         id: &str,
         input: Value,
     ) -> Result<WorkflowRun, AppError> {
-        self.app
-            .workflows()
-            .start_run(caller, id, input, None, None)
-            .await
+        self.start_run(caller, id, input, None, None).await
     }
 
     /// Starts a run whose end is told to `webhook_url` (checked first: the URL, and that a
@@ -638,11 +635,7 @@ impl Workflows<'_> {
         self.app
             .check_webhook(webhook_url, caller.key_id.as_deref())
             .await?;
-        let mut run = self
-            .app
-            .workflows()
-            .new_run(caller, id, input, None, None)
-            .await?;
+        let mut run = self.new_run(caller, id, input, None, None).await?;
         run.webhook_url = Some(webhook_url.to_owned());
         self.launch_run(run).await
     }
@@ -659,11 +652,7 @@ impl Workflows<'_> {
         parent: Option<(String, u32)>,
         run_id: Option<String>,
     ) -> Result<WorkflowRun, AppError> {
-        let run = self
-            .app
-            .workflows()
-            .new_run(caller, id, input, parent, run_id)
-            .await?;
+        let run = self.new_run(caller, id, input, parent, run_id).await?;
         self.launch_run(run).await
     }
 
@@ -723,8 +712,6 @@ impl Workflows<'_> {
             return Err(no_run(run_id));
         }
         let run = self
-            .app
-            .workflows()
             .stored_run(run_id)
             .await?
             .filter(|run| caller.may_see(run.owner.as_deref()))

@@ -263,12 +263,20 @@ fn the_apps_public_modules_do_not_grow() {
 /// `Deref` from it into the app), so `state.app.…` is visible wherever a handler asks the app.
 #[test]
 fn the_http_state_has_no_deref() {
-    let crates = root().join("crates");
-    for (path, text) in sources(&crates.join("agentry-server/src")) {
+    no_line_in(
+        "agentry-server/src",
+        |line| line.contains("impl Deref for") || line.contains("impl DerefMut for"),
+        "a Deref in the HTTP crate",
+    );
+}
+
+/// Fails on the first line of a `.rs` file under `crates/<folder>` that `forbidden` matches.
+fn no_line_in(folder: &str, forbidden: impl Fn(&str) -> bool, what: &str) {
+    for (path, text) in sources(&root().join("crates").join(folder)) {
         for (index, line) in text.lines().enumerate() {
             assert!(
-                !(line.contains("impl Deref for") || line.contains("impl DerefMut for")),
-                "{}:{}: a Deref in the HTTP crate: {line}",
+                !forbidden(line),
+                "{}:{}: {what}: {line}",
                 path.display(),
                 index + 1
             );
@@ -281,28 +289,17 @@ fn the_http_state_has_no_deref() {
 /// which opens them to tests that look below the app.
 #[test]
 fn the_apps_parts_are_its_own() {
-    let crates = root().join("crates");
-    for (path, text) in sources(&crates.join("agentry-app/src")) {
-        for (index, line) in text.lines().enumerate() {
-            assert!(
-                !(line.contains("Deref for App") || line.contains("DerefMut for App")),
-                "{}:{}: a Deref from the app to its parts: {line}",
-                path.display(),
-                index + 1
-            );
-        }
-    }
+    no_line_in(
+        "agentry-app/src",
+        |line| line.contains("Deref for App") || line.contains("DerefMut for App"),
+        "a Deref from the app to its parts",
+    );
     for front_end in ["agentry-server/src", "agentry/src"] {
-        for (path, text) in sources(&crates.join(front_end)) {
-            for (index, line) in text.lines().enumerate() {
-                assert!(
-                    !(line.contains(".parts()") || line.contains(".parts_mut()")),
-                    "{}:{}: a front-end reaches below the app: {line}",
-                    path.display(),
-                    index + 1
-                );
-            }
-        }
+        no_line_in(
+            front_end,
+            |line| line.contains(".parts()") || line.contains(".parts_mut()"),
+            "a front-end reaches below the app",
+        );
     }
     let metadata = metadata();
     let mut checked = 0;
