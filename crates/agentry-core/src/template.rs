@@ -13,17 +13,30 @@
 //! template is added it is also rendered once with every variable set to an empty string, so a
 //! template that runs away whatever its arguments (nested loops over large ranges) is refused
 //! there, with the same errors.
+//!
+//! Fuel cannot bound memory (one `~` doubles a string), so where the process installed
+//! [`isolation`] every render — the trial render at `add` included — runs in a renderer
+//! process whose address space is capped, and a template that needs more fails with
+//! [`TemplateError::TooMuchMemory`] instead of taking the server's memory ([`renderer`] is
+//! that process's side). [`Expressions`] (workflow expressions) render the same way.
+
+pub mod expression;
+pub mod isolation;
+pub mod renderer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 
 use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use self::expression::Expressions;
+use self::isolation::{Failure, Job, Outcome};
 use crate::tool::{TOOL_NAME_RULE, is_valid_tool_name};
 
 /// Why a template operation failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum TemplateError {
     /// No template has this name.
@@ -75,6 +88,15 @@ pub enum TemplateError {
         template: String,
         /// The output cap it exceeded, in bytes.
         max_bytes: usize,
+    },
+    /// Rendering needed more memory than a renderer may have (renders out of process only,
+    /// see [`isolation`]): a value grown without bound, such as a string doubled in a loop.
+    #[error("template {template:?} needs more than {max_bytes} bytes of memory to render")]
+    TooMuchMemory {
+        /// The template's name.
+        template: String,
+        /// The renderer's memory cap, in bytes.
+        max_bytes: u64,
     },
     /// Rendering failed for another reason (a bad filter argument, an undefined attribute…).
     #[error("template {template:?} failed to render{}: {reason}", line_suffix(*line))]
@@ -224,6 +246,21 @@ impl TemplateStore {
 
     /// The variables a template reads from its arguments (top-level names), sorted.
     pub fn variables(&self, name: &str) -> Result<BTreeSet<String>, TemplateError> {
+        let source = self.source(name)?;
+        let job = Job::Variables {
+            name: name.to_owned(),
+            source: source.to_owned(),
+        };
+        match isolation::run(&job) {
+            None => self.variables_here(name),
+            Some(outcome) => isolated(name, outcome, |outcome| match outcome {
+                Outcome::Variables(result) => Some(result),
+                _ => None,
+            }),
+        }
+    }
+
+    fn variables_here(&self, name: &str) -> Result<BTreeSet<String>, TemplateError> {
         let template = self.template(name)?;
         let globals: BTreeSet<&str> = self.environment.globals().map(|(name, _)| name).collect();
         Ok(template
@@ -239,7 +276,33 @@ impl TemplateStore {
     /// only tested with `is defined` may be left out). A render that exceeds the store's
     /// [`TemplateLimits`] stops there with [`TemplateError::TooExpensive`] or
     /// [`TemplateError::TooLarge`].
+    ///
+    /// Where [`isolation`] is installed the render runs in a renderer process, and one that
+    /// needs more memory than it may have fails with [`TemplateError::TooMuchMemory`].
     pub fn render(
+        &self,
+        name: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<String, TemplateError> {
+        let source = self.source(name)?;
+        let job = Job::Template {
+            name: name.to_owned(),
+            source: source.to_owned(),
+            arguments: arguments.clone(),
+            fuel: self.limits.fuel,
+            max_output_bytes: self.limits.max_output_bytes,
+        };
+        match isolation::run(&job) {
+            None => self.render_here(name, arguments),
+            Some(outcome) => isolated(name, outcome, |outcome| match outcome {
+                Outcome::Template(result) => Some(result),
+                _ => None,
+            }),
+        }
+    }
+
+    /// Renders in this process, bounded by fuel and the output cap.
+    fn render_here(
         &self,
         name: &str,
         arguments: &Map<String, Value>,
@@ -275,16 +338,23 @@ impl TemplateStore {
     /// depend on real arguments and are left to the real render.
     fn check_bounded(&self, name: &str) -> Result<(), TemplateError> {
         let arguments: Map<String, Value> = self
-            .variables(name)?
+            .variables_here(name)?
             .into_iter()
             .map(|variable| (variable, Value::String(String::new())))
             .collect();
-        match self.render(name, &arguments) {
-            Err(error @ (TemplateError::TooExpensive { .. } | TemplateError::TooLarge { .. })) => {
-                Err(error)
-            }
+        match self.render_here(name, &arguments) {
+            Err(
+                error @ (TemplateError::TooExpensive { .. }
+                | TemplateError::TooLarge { .. }
+                | TemplateError::TooMuchMemory { .. }),
+            ) => Err(error),
             _ => Ok(()),
         }
+    }
+
+    fn source(&self, name: &str) -> Result<&str, TemplateError> {
+        self.get(name)
+            .ok_or_else(|| TemplateError::NotFound(name.to_owned()))
     }
 
     fn template(&self, name: &str) -> Result<minijinja::Template<'_, '_>, TemplateError> {
@@ -297,19 +367,40 @@ impl TemplateStore {
     }
 
     fn insert(&mut self, name: String, source: String) -> Result<(), TemplateError> {
-        // Compiled and tried in a scratch environment first, so a bad source leaves the store
-        // unchanged.
+        let job = Job::Check {
+            name: name.clone(),
+            source: source.clone(),
+            fuel: self.limits.fuel,
+            max_output_bytes: self.limits.max_output_bytes,
+        };
+        match isolation::run(&job) {
+            // Compiling folds constant expressions, which can allocate as much as a render:
+            // in a renderer, the source is compiled and tried there, and kept here as text.
+            Some(outcome) => {
+                isolated(&name, outcome, |outcome| match outcome {
+                    Outcome::Checked(result) => Some(result),
+                    _ => None,
+                })?;
+                self.environment.remove_template(&name);
+                self.sources.insert(name, source);
+                Ok(())
+            }
+            None => self.insert_here(name, source),
+        }
+    }
+
+    /// Compiles and tries the template in this process: in a scratch environment first, so a
+    /// bad source leaves the store unchanged.
+    fn insert_here(&mut self, name: String, source: String) -> Result<(), TemplateError> {
         let mut scratch = Self::with_limits(self.limits);
-        scratch
-            .environment
-            .add_template_owned(name.clone(), source.clone())
-            .map_err(|error| TemplateError::Syntax {
-                template: name.clone(),
-                line: error.line(),
-                reason: describe(&error),
-            })?;
-        scratch.sources.insert(name.clone(), source.clone());
+        scratch.put_compiled(name.clone(), source.clone())?;
         scratch.check_bounded(&name)?;
+        self.put_compiled(name, source)
+    }
+
+    /// Compiles `source` under `name`, replacing any template of that name, without the trial
+    /// render: a renderer's copy of a template the runtime's store already checked.
+    fn put_compiled(&mut self, name: String, source: String) -> Result<(), TemplateError> {
         self.environment
             .add_template_owned(name.clone(), source.clone())
             .map_err(|error| TemplateError::Syntax {
@@ -335,13 +426,13 @@ impl TemplateStore {
                 // Only a variable read from the arguments counts (not a loop variable).
                 let variable = top_level_name(expression);
                 let read_from_arguments = self
-                    .variables(name)
+                    .variables_here(name)
                     .is_ok_and(|variables| variables.contains(variable));
                 (read_from_arguments && !arguments.contains_key(variable))
                     .then(|| variable.to_owned())
             }
             None if error.kind() == ErrorKind::UndefinedError => {
-                self.variables(name).ok().and_then(|variables| {
+                self.variables_here(name).ok().and_then(|variables| {
                     variables
                         .into_iter()
                         .find(|variable| !arguments.contains_key(variable))
@@ -360,6 +451,33 @@ impl TemplateStore {
             line: error.line(),
             reason: describe(error),
         }
+    }
+}
+
+/// What a renderer answered, for the template `name`: the result `pick` finds in its outcome,
+/// or why there is none.
+fn isolated<T>(
+    name: &str,
+    outcome: Result<Outcome, Failure>,
+    pick: impl FnOnce(Outcome) -> Option<Result<T, TemplateError>>,
+) -> Result<T, TemplateError> {
+    match outcome {
+        Ok(outcome) => pick(outcome).unwrap_or_else(|| {
+            Err(TemplateError::Render {
+                template: name.to_owned(),
+                line: None,
+                reason: "the template renderer answered another kind of job".to_owned(),
+            })
+        }),
+        Err(Failure::OutOfMemory { max_bytes }) => Err(TemplateError::TooMuchMemory {
+            template: name.to_owned(),
+            max_bytes,
+        }),
+        Err(failure) => Err(TemplateError::Render {
+            template: name.to_owned(),
+            line: None,
+            reason: failure.to_string(),
+        }),
     }
 }
 

@@ -8,12 +8,18 @@ mod telemetry;
 
 use std::process::ExitCode;
 
+use agentry_app::domain::core::template::{isolation, renderer};
 use clap::Parser;
 
 fn main() -> ExitCode {
     // A sandbox's PID 1 is this binary re-executed: it must take over before anything else
     // (threads, the async runtime) starts.
     agentry_app::domain::sandbox::init::maybe_run_init();
+    // So is a template renderer: templates render in this binary re-executed with a capped
+    // address space, where a template that grows a value without bound cannot take the
+    // server's memory (`/proc/self/exe` still starts it after an upgrade replaced the file).
+    renderer::maybe_run_renderer();
+    isolation::isolate(isolation::IsolationConfig::new("/proc/self/exe"));
     let args = cli::Cli::parse();
     let telemetry = match telemetry::init(&telemetry::Options {
         verbosity: args.verbose,

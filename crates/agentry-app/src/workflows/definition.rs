@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use agentry_core::template::Expressions;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -526,12 +527,11 @@ impl StepDefinition {
     }
 }
 
-/// The expression and template engine: strict about undefined names, bounded by fuel.
-pub fn environment() -> minijinja::Environment<'static> {
-    let mut env = minijinja::Environment::new();
-    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-    env.set_fuel(Some(100_000));
-    env
+/// The expression and template engine: strict about undefined names, bounded by fuel and an
+/// output cap, and out of process where the process isolates renders (so a value grown
+/// without bound costs a renderer, not the server).
+pub fn environment() -> Expressions {
+    Expressions::new()
 }
 
 /// The expression inside a string that is exactly one `{{ … }}`, if it is.
@@ -541,20 +541,14 @@ fn whole_expression(text: &str) -> Option<&str> {
 }
 
 /// Checks every template string in `value` compiles.
-fn check_templates(
-    env: &minijinja::Environment<'_>,
-    value: &Value,
-    path: &str,
-) -> Result<(), AppError> {
+fn check_templates(env: &Expressions, value: &Value, path: &str) -> Result<(), AppError> {
     match value {
         Value::String(text) => match whole_expression(text) {
             Some(expression) => env
-                .compile_expression(expression)
-                .map(|_| ())
+                .check_expression(expression)
                 .map_err(|error| invalid(path, format!("the expression does not parse: {error}"))),
             None => env
-                .template_from_str(text)
-                .map(|_| ())
+                .check_text(text)
                 .map_err(|error| invalid(path, format!("the template does not parse: {error}"))),
         },
         Value::Array(items) => items
@@ -570,21 +564,13 @@ fn check_templates(
 
 /// Renders every template string in `value` against `context` (a whole `{{ … }}` keeps the
 /// value's JSON type).
-pub fn render(
-    env: &minijinja::Environment<'_>,
-    value: &Value,
-    context: &Value,
-) -> Result<Value, String> {
+pub fn render(env: &Expressions, value: &Value, context: &Value) -> Result<Value, String> {
     match value {
         Value::String(text) => match whole_expression(text) {
-            Some(expression) => evaluate(env, expression, context),
-            None if text.contains("{{") || text.contains("{%") => env
-                .render_str(
-                    text,
-                    minijinja::Value::from(minijinja::value::Serde(context)),
-                )
-                .map(Value::String)
-                .map_err(|error| error.to_string()),
+            Some(expression) => env.evaluate(expression, context),
+            None if text.contains("{{") || text.contains("{%") => {
+                env.render_text(text, context).map(Value::String)
+            }
             None => Ok(value.clone()),
         },
         Value::Array(items) => items
@@ -599,36 +585,6 @@ pub fn render(
             .map(Value::Object),
         _ => Ok(value.clone()),
     }
-}
-
-/// Evaluates an expression to JSON.
-pub fn evaluate(
-    env: &minijinja::Environment<'_>,
-    expression: &str,
-    context: &Value,
-) -> Result<Value, String> {
-    let compiled = env
-        .compile_expression(expression)
-        .map_err(|error| error.to_string())?;
-    let value = compiled
-        .eval(minijinja::Value::from(minijinja::value::Serde(context)))
-        .map_err(|error| error.to_string())?;
-    serde_json::to_value(&value).map_err(|error| error.to_string())
-}
-
-/// Whether an expression's value counts as true (minijinja's truthiness).
-pub fn truthy(
-    env: &minijinja::Environment<'_>,
-    expression: &str,
-    context: &Value,
-) -> Result<bool, String> {
-    let compiled = env
-        .compile_expression(expression)
-        .map_err(|error| error.to_string())?;
-    compiled
-        .eval(minijinja::Value::from(minijinja::value::Serde(context)))
-        .map(|value| value.is_true())
-        .map_err(|error| error.to_string())
 }
 
 impl WorkflowDefinition {
@@ -679,7 +635,7 @@ impl WorkflowDefinition {
                 },
             )?;
             if let Some(when) = &step.when {
-                env.compile_expression(when).map_err(|error| {
+                env.check_expression(when).map_err(|error| {
                     invalid(
                         &format!("{path}.when"),
                         format!("the expression does not parse: {error}"),
@@ -941,7 +897,7 @@ struct Known<'a> {
 }
 
 fn check_kind(
-    env: &minijinja::Environment<'_>,
+    env: &Expressions,
     kind: &StepKind,
     path: &str,
     known: &Known<'_>,
@@ -990,7 +946,7 @@ fn check_kind(
             )
         }
         StepKind::Map { items, step, .. } => {
-            env.compile_expression(items).map_err(|error| {
+            env.check_expression(items).map_err(|error| {
                 invalid(
                     &format!("{path}.items"),
                     format!("the expression does not parse: {error}"),
@@ -999,7 +955,7 @@ fn check_kind(
             check_kind(env, step, &format!("{path}.step"), known)
         }
         StepKind::Loop { until, step, .. } => {
-            env.compile_expression(until).map_err(|error| {
+            env.check_expression(until).map_err(|error| {
                 invalid(
                     &format!("{path}.until"),
                     format!("the expression does not parse: {error}"),
@@ -1025,14 +981,12 @@ fn check_kind(
             check_kind(env, branch, &format!("{path}.branches.{name}"), known)
         }),
         StepKind::Switch { cases, .. } => cases.iter().enumerate().try_for_each(|(n, case)| {
-            env.compile_expression(&case.when)
-                .map(|_| ())
-                .map_err(|error| {
-                    invalid(
-                        &format!("{path}.cases[{n}].when"),
-                        format!("the expression does not parse: {error}"),
-                    )
-                })
+            env.check_expression(&case.when).map_err(|error| {
+                invalid(
+                    &format!("{path}.cases[{n}].when"),
+                    format!("the expression does not parse: {error}"),
+                )
+            })
         }),
         StepKind::Wait { .. } | StepKind::Signal { .. } => Ok(()),
     }

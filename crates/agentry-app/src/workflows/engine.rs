@@ -14,8 +14,7 @@ use tokio::task::JoinSet;
 use agentry_core::tool::ResultFormat;
 
 use super::definition::{
-    AgentStep, MAX_MAP_ITEMS, StepErrorKind, StepKind, ToolStep, environment, evaluate, render,
-    truthy,
+    AgentStep, MAX_MAP_ITEMS, StepErrorKind, StepKind, ToolStep, environment, render,
 };
 use super::machine::{
     Attempt, Command, Event, Header, Machine, Start, StepError, changes, next_wake,
@@ -350,7 +349,8 @@ impl Job {
                     .map_err(|error| error.within(format!("iteration {iteration}")))?;
                     sessions.extend(iteration_sessions);
                     scope["last"] = last.clone();
-                    if truthy(&env, until, &scope)
+                    if env
+                        .truthy(until, &scope)
                         .map_err(|error| StepError::expression(format!("`until`: {error}")))?
                     {
                         return Ok(last);
@@ -367,7 +367,8 @@ impl Job {
                 step,
             } => {
                 let env = environment();
-                let list = match evaluate(&env, items, scope)
+                let list = match env
+                    .evaluate(items, scope)
                     .map_err(|error| StepError::expression(format!("`items`: {error}")))?
                 {
                     Value::Array(list) => list,

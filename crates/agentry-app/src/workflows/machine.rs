@@ -9,9 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentry_core::template::Expressions;
 use serde_json::{Map, Value, json};
 
-use super::definition::{FailureHandlers, StepErrorKind, StepKind, environment, render, truthy};
+use super::definition::{FailureHandlers, StepErrorKind, StepKind, environment, render};
 use super::{Decision, Message, StepRun, StepState, WorkflowEvent, WorkflowRun, WorkflowState};
 
 /// What one attempt of a step gave.
@@ -108,7 +109,7 @@ pub(super) struct Start {
 /// The machine of one run: what it keeps between events (the template environment, the
 /// failure handlers, and what templates see of the run, brought up to date as steps change).
 pub(super) struct Machine {
-    env: minijinja::Environment<'static>,
+    env: Expressions,
     handlers: FailureHandlers,
     scope: Arc<Value>,
 }
@@ -218,7 +219,7 @@ impl Machine {
                 }
             };
             if let Some(when) = &definition.when {
-                match truthy(&self.env, when, &scope) {
+                match self.env.truthy(when, &scope) {
                     Ok(true) => {}
                     Ok(false) => {
                         // A switch that does not run takes none of its ways.
@@ -269,7 +270,7 @@ impl Machine {
                         .chain(default.clone())
                         .collect();
                     let chosen = cases.iter().enumerate().find_map(|(n, case)| {
-                        match truthy(&self.env, &case.when, &scope) {
+                        match self.env.truthy(&case.when, &scope) {
                             Ok(false) => None,
                             Ok(true) => Some(Ok((json!(n), Some(case.then.clone())))),
                             Err(error) => Some(Err(StepError::expression(format!(

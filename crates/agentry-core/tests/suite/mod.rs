@@ -9,5 +9,6 @@ mod quotas;
 mod sessions;
 mod skills;
 mod support;
+mod template_isolation;
 mod templates;
 mod tools;

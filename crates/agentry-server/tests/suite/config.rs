@@ -33,6 +33,7 @@ struct Answer {
 
 impl Server {
     async fn start() -> Server {
+        super::support::isolate_template_renders();
         let home = tempfile::tempdir().unwrap();
         let store = agentry_store::Store::open_home(home.path()).await.unwrap();
         // About the configuration API, not about where commands run: no sandbox, and the
@@ -1205,6 +1206,29 @@ async fn bad_templates_are_refused_with_the_reason() {
     );
     assert_error(
         &server.get("/v1/prompt-templates/spin").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+
+    // One that grows a string past any bound in a few instructions (fuel cannot see it)
+    // fails in its renderer, with the reason; the server's own memory does not grow.
+    let before = super::support::peak_memory_bytes();
+    let doubling = server
+        .post(
+            "/v1/prompt-templates",
+            json!({"name": "doubling", "template":
+                format!("{{% set a = 'x' * 100000000 %}}{}{{{{ a }}}}", "{% set a = a ~ a %}".repeat(5))}),
+        )
+        .await;
+    let message = assert_error(&doubling, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(message.contains("bytes of memory"), "{message}");
+    let grown = super::support::peak_memory_bytes().saturating_sub(before);
+    assert!(
+        grown < 100 * 1024 * 1024,
+        "the server grew by {grown} bytes"
+    );
+    assert_error(
+        &server.get("/v1/prompt-templates/doubling").await,
         StatusCode::NOT_FOUND,
         "not_found",
     );

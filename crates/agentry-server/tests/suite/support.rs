@@ -5,6 +5,7 @@ use std::time::Duration;
 use std::path::PathBuf;
 
 use agentry_app::ToolEnvironment;
+use agentry_core::template::isolation::{self, IsolationConfig};
 use agentry_sandbox::{BackendKind, SandboxConfig, SandboxPool, SandboxSpec};
 use agentry_server::{AppState, router};
 use agentry_store::{ConfigKind, Store};
@@ -79,22 +80,49 @@ pub fn sandboxed_mcp(home: &std::path::Path) -> ToolEnvironment {
 }
 
 /// The sandbox agent executable the workspace builds (`agentry-sandbox-init`, a bin of
-/// agentry-sandbox), next to this test binary's folder: `target/debug/deps/all-…` →
-/// `target/debug/agentry-sandbox-init`.
+/// agentry-sandbox).
 pub fn sandbox_init_exe() -> PathBuf {
+    workspace_bin("agentry-sandbox-init")
+}
+
+/// A bin the workspace builds, next to this test binary's folder: `target/debug/deps/all-…` →
+/// `target/debug/<name>`.
+fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let debug = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("the test binary lives in target/<profile>/deps");
-    let init = debug.join("agentry-sandbox-init");
+    let bin = debug.join(name);
     assert!(
-        init.is_file(),
-        "the sandbox agent {} is missing: build it first with `cargo build -p agentry-sandbox \
-         --bins` (a workspace test run builds every bin)",
-        init.display()
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build --workspace --bins` (a workspace test \
+         run builds every bin)",
+        bin.display()
     );
-    init
+    bin
+}
+
+/// Renders templates out of process, as `agentry serve` does, in the workspace's
+/// `agentry-template-renderer` (a bin of agentry-core).
+pub fn isolate_template_renders() {
+    let config = IsolationConfig::new(workspace_bin("agentry-template-renderer"));
+    assert!(
+        isolation::isolate(config),
+        "renders isolated elsewhere first"
+    );
+}
+
+/// This process's peak resident memory (`VmHWM`), in bytes: the server under test runs in it.
+pub fn peak_memory_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .unwrap();
+    kib * 1024
 }
 
 /// Tools with native sandboxes made by the workspace's `agentry-sandbox-init`; standalone
@@ -135,6 +163,7 @@ pub async fn start_with(
     tools: impl FnOnce(&std::path::Path) -> ToolEnvironment,
     adjust: impl FnOnce(&mut AppState),
 ) -> Server {
+    isolate_template_renders();
     let home = tempfile::tempdir().unwrap();
     let store = Store::open_home(home.path()).await.unwrap();
     let mock = MockProvider::start().await.unwrap();

@@ -586,6 +586,64 @@ async fn bad_definitions_are_refused_with_the_path_of_the_problem() {
     assert_eq!(schema["title"], "Agentry workflow");
 }
 
+/// An expression that grows a value past any bound fails its step in the renderer, as an
+/// expression failure; one that does so whatever the input is refused when it is saved. The
+/// server's memory does not grow either way.
+#[tokio::test]
+async fn an_expression_that_grows_without_bound_fails_its_step_not_the_server() {
+    let server = start().await;
+    server.add_echo_tool().await;
+    let before = super::support::peak_memory_bytes();
+    let part = "(input.s * 100000000)";
+    let grow = [part; 8].join(" ~ ");
+    save(
+        &server,
+        json!({"id": "grow", "steps": [
+            {"id": "big", "kind": "tool", "tool": "echo", "arguments": {"x": format!("{{{{ {grow} }}}}")}},
+            {"id": "after", "kind": "tool", "tool": "echo", "needs": ["big"]}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "grow", json!({"s": "x"})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "failed", "{run:#}");
+    assert_eq!(run["steps"]["big"]["error_kind"], "expression", "{run:#}");
+    let error = run["steps"]["big"]["error"].as_str().unwrap();
+    assert!(error.contains("bytes of memory"), "{error}");
+
+    // Constant, it is folded when the definition is checked: refused at save.
+    let constant = grow.replace("input.s", "'x'");
+    let (status, body) = server
+        .post(
+            "/v1/workflows",
+            json!({"id": "folded", "steps": [{"id": "a", "kind": "tool", "tool": "echo", "when": constant}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("steps[0].when") && message.contains("bytes of memory"),
+        "{message}"
+    );
+    let grown = super::support::peak_memory_bytes().saturating_sub(before);
+    assert!(
+        grown < 100 * 1024 * 1024,
+        "the server grew by {grown} bytes"
+    );
+
+    // A modest input runs.
+    save(
+        &server,
+        json!({"id": "small", "steps": [
+            {"id": "big", "kind": "tool", "tool": "echo", "arguments": {"n": "{{ (input.s * 3) | length }}"}}
+        ]}),
+    )
+    .await;
+    let id = start_run(&server, "small", json!({"s": "ab"})).await;
+    let run = until(&server, &id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+}
+
 #[tokio::test]
 async fn a_step_is_retried_by_its_policy_and_a_failure_fails_the_run() {
     let server = start().await;

@@ -103,8 +103,45 @@ async fn serve_answers_registers_a_model_runs_and_stops_on_sigterm() {
         .unwrap();
     assert_eq!(answer["text"], "Served.", "{answer}");
 
-    // SIGTERM (sent with kill(1)): a graceful stop.
+    // Templates compile and render in a memory-capped renderer, this binary re-executed: a
+    // template that doubles a 100 MB string five times is refused with the reason, and the server's
+    // own memory stays where it was.
     let pid = child.id().unwrap() as i32;
+    let peak_kib = || -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .unwrap()
+    };
+    let before = peak_kib();
+    let bomb = http
+        .post(format!("{base}/v1/prompt-templates"))
+        .json(&json!({"name": "doubling", "template":
+            format!("{{% set a = 'x' * 100000000 %}}{}{{{{ a }}}}", "{% set a = a ~ a %}".repeat(5))}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bomb.status().as_u16(), 400);
+    let body: Value = bomb.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("bytes of memory"), "{message}");
+    let grown = peak_kib().saturating_sub(before);
+    assert!(
+        grown < 80 * 1024,
+        "the server's peak memory grew by {grown} KiB"
+    );
+    let good = http
+        .post(format!("{base}/v1/prompt-templates"))
+        .json(&json!({"name": "greeting", "template": "Hello {{ name }}"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(good.status().as_u16(), 201);
+
+    // SIGTERM (sent with kill(1)): a graceful stop.
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
