@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 #[cfg(feature = "openapi")]
 use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
 
-use agentry_sandbox::{ExecRequest, SandboxPool, SandboxSpec};
+use agentry_sandbox::{ExecRequest, IdleAction, SandboxPool, SandboxSpec};
 
 use crate::error::AppError;
 
@@ -48,6 +48,42 @@ pub struct CreateSandboxRequest {
     /// workspace is a copy of the snapshot's files (a fork; the snapshot stays as it is).
     #[serde(default)]
     pub snapshot_id: Option<String>,
+    /// What the idle timeout (`limits.idle_timeout_secs`) does: `close` the sandbox (the
+    /// default), or `pause` it — its processes frozen, their memory and its files kept — so
+    /// that the next command or file operation resumes it by itself. A paused sandbox still
+    /// ends at its wall-time limit; where the host cannot pause it, it is closed.
+    #[serde(default)]
+    pub on_idle: Option<OnIdle>,
+}
+
+/// What a sandbox's idle timeout does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnIdle {
+    /// Close it.
+    #[default]
+    Close,
+    /// Pause it until its next command or file operation.
+    Pause,
+}
+
+impl From<OnIdle> for IdleAction {
+    fn from(on_idle: OnIdle) -> Self {
+        match on_idle {
+            OnIdle::Close => IdleAction::Close,
+            OnIdle::Pause => IdleAction::Pause,
+        }
+    }
+}
+
+impl From<IdleAction> for OnIdle {
+    fn from(action: IdleAction) -> Self {
+        match action {
+            IdleAction::Pause => OnIdle::Pause,
+            _ => OnIdle::Close,
+        }
+    }
 }
 
 /// Limits for one sandbox; a field left out keeps the server's default. The server's defaults
@@ -256,6 +292,9 @@ pub fn sandbox_spec(
     check_env(&request.env)?;
     let mut spec = pool.template().clone();
     spec.env.extend(request.env);
+    if let Some(on_idle) = request.on_idle {
+        spec.on_idle = on_idle.into();
+    }
     let Some(limits) = request.limits else {
         return Ok(spec);
     };

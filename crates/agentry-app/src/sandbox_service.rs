@@ -19,7 +19,9 @@ use agentry_sandbox::{
 use crate::App;
 use crate::clock::millis;
 use crate::error::{AppError, Failure};
-use crate::sandbox_requests::{CreateSandboxRequest, ExecBody, check_path, command, sandbox_spec};
+use crate::sandbox_requests::{
+    CreateSandboxRequest, ExecBody, OnIdle, check_path, command, sandbox_spec,
+};
 use crate::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Snapshot, Standalone, sandbox_error};
 use crate::schema::serde_name;
 
@@ -186,6 +188,11 @@ pub struct SandboxView {
     /// Whether it is paused (`POST /v1/sandboxes/{id}/pause`): its processes are frozen, and
     /// commands and file operations are refused (409 `sandbox_paused`) until it is resumed.
     pub paused: bool,
+    /// Whether its idle timeout paused it (`on_idle: pause`): the next command or file
+    /// operation resumes it by itself, where one paused by request answers 409.
+    pub paused_on_idle: bool,
+    /// What its idle timeout does: `close` or `pause`.
+    pub on_idle: OnIdle,
     /// CPU time its processes have used, dead ones included, seconds (null where the host gives
     /// it no cgroups).
     pub cpu_seconds: Option<f64>,
@@ -455,6 +462,8 @@ pub fn sandbox_view(entry: &Standalone) -> SandboxView {
         limits: limits_view(&entry.spec),
         running_processes: entry.running_processes().len(),
         paused: entry.sandbox.is_paused(),
+        paused_on_idle: entry.sandbox.is_paused_on_idle(),
+        on_idle: entry.spec.on_idle.into(),
         cpu_seconds: usage.cpu_nanos.map(|nanos| nanos as f64 / 1e9),
         memory_bytes: usage.memory_bytes,
     }

@@ -327,6 +327,8 @@ async fn start(
         last_activity: Mutex::new(Instant::now()),
         running: std::sync::atomic::AtomicUsize::new(0),
         created: Instant::now(),
+        paused_on_idle: std::sync::atomic::AtomicBool::new(false),
+        pause_gate: Mutex::new(()),
     };
     let outcome = tokio::time::timeout(SETUP_TIMEOUT, ready).await;
     let report = match outcome {
@@ -367,7 +369,7 @@ async fn start(
     }
     Ok(Sandbox::new(
         inner,
-        spec.idle_timeout,
+        spec.idle_timeout.map(|after| (after, spec.on_idle)),
         spec.limits.wall_time,
     ))
 }

@@ -47,8 +47,8 @@ pub use cgroup::ResourceUsage;
 pub use error::{Result, SandboxError};
 pub use exit::ExitStatus;
 pub use policy::{
-    BackendKind, DEFAULT_CPU_PERCENT, DEFAULT_WALL_TIME, ExecRequest, Limits, NetworkPolicy,
-    SandboxConfig, SandboxSpec,
+    BackendKind, DEFAULT_CPU_PERCENT, DEFAULT_WALL_TIME, ExecRequest, IdleAction, Limits,
+    NetworkPolicy, SandboxConfig, SandboxSpec,
 };
 pub use pool::{DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SANDBOXES, SandboxPool};
 pub use proxy::{AllowList, is_public as is_public_address};

@@ -167,8 +167,13 @@ pub struct SandboxSpec {
     pub network: NetworkPolicy,
     /// Resource limits.
     pub limits: Limits,
-    /// Close the sandbox after this long without a request and with no command running.
+    /// Close the sandbox after this long without a request and with no command running (or
+    /// pause it: [`SandboxSpec::on_idle`]).
     pub idle_timeout: Option<Duration>,
+    /// What the idle timeout does: close the sandbox (the default), or pause it where the host
+    /// can, to be resumed by itself on the next command or file operation.
+    #[serde(default)]
+    pub on_idle: IdleAction,
     /// The hostname inside.
     pub hostname: String,
     /// Hide the host's `/usr/local` (an empty read-only folder inside, native). Off by default:
@@ -189,10 +194,24 @@ impl SandboxSpec {
             network: NetworkPolicy::Off,
             limits: Limits::default(),
             idle_timeout: None,
+            on_idle: IdleAction::Close,
             hostname: "sandbox".into(),
             hide_usr_local: false,
         }
     }
+}
+
+/// What a sandbox's idle timeout does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Close it: its processes end and its slot is freed.
+    #[default]
+    Close,
+    /// Pause it (its processes frozen, memory kept): the next command or file operation
+    /// resumes it first. Where the host has no cgroup freezer for it, it is closed instead.
+    /// A paused sandbox still ends at its wall-time limit.
+    Pause,
 }
 
 /// A command to run in a sandbox.

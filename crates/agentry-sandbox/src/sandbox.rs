@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use crate::conn::{Conn, RawExit};
 use crate::error::{Result, SandboxError};
 use crate::exit::ExitStatus;
 use crate::launch::Slots;
-use crate::policy::{BackendKind, ExecRequest};
+use crate::policy::{BackendKind, ExecRequest, IdleAction};
 use crate::protocol::{Op, ReplyBody};
 use crate::proxy::Proxy;
 use crate::report::{DirEntry, FileStat, LimitsMode, SandboxReport};
@@ -268,6 +269,12 @@ pub(crate) struct Inner {
     pub(crate) last_activity: Mutex<Instant>,
     pub(crate) running: std::sync::atomic::AtomicUsize,
     pub(crate) created: Instant,
+    /// Paused by its idle timeout (not by a request): the next operation resumes it.
+    pub(crate) paused_on_idle: std::sync::atomic::AtomicBool,
+    /// Held while the idle timeout decides to pause and pauses, and while an operation resumes
+    /// a sandbox paused on idle and counts as activity: an operation either sees the sandbox
+    /// paused (and resumes it) or makes it not idle, never reaches a sandbox frozen behind it.
+    pub(crate) pause_gate: Mutex<()>,
 }
 
 impl Inner {
@@ -275,14 +282,37 @@ impl Inner {
         *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
-    /// Counts as activity, for an operation that needs the sandbox running: a paused one
-    /// answers [`SandboxError::Paused`] at once instead of waiting on its frozen agent.
+    /// Counts as activity, for an operation that needs the sandbox running: one paused by its
+    /// idle timeout is resumed first; one paused by a request answers [`SandboxError::Paused`]
+    /// at once instead of waiting on its frozen agent.
     fn touch_running(&self) -> Result<()> {
+        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
         if self.cgroups.is_frozen() {
-            return Err(SandboxError::Paused);
+            if !self.paused_on_idle.load(Ordering::SeqCst) {
+                return Err(SandboxError::Paused);
+            }
+            // Thawing is a write and a read of the freezer's state (a fraction of a millisecond).
+            self.cgroups.set_frozen(false)?;
+            self.paused_on_idle.store(false, Ordering::SeqCst);
         }
         self.touch();
         Ok(())
+    }
+
+    /// Pauses the sandbox if it is still idle (`after` without activity, nothing running);
+    /// answers whether it did. Blocking: the freezer's state is written and waited for.
+    fn pause_if_idle(&self, after: Duration) -> std::io::Result<bool> {
+        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
+        let last = *self.last_activity.lock().unwrap_or_else(|p| p.into_inner());
+        if self.running.load(Ordering::SeqCst) != 0
+            || last.elapsed() < after
+            || self.cgroups.is_frozen()
+        {
+            return Ok(false);
+        }
+        self.cgroups.set_frozen(true)?;
+        self.paused_on_idle.store(true, Ordering::SeqCst);
+        Ok(true)
     }
 
     fn take_teardown(&self) -> Option<Teardown> {
@@ -340,7 +370,11 @@ fn pipe_pair() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 impl Sandbox {
-    pub(crate) fn new(inner: Inner, idle: Option<Duration>, wall: Option<Duration>) -> Sandbox {
+    pub(crate) fn new(
+        inner: Inner,
+        idle: Option<(Duration, IdleAction)>,
+        wall: Option<Duration>,
+    ) -> Sandbox {
         let inner = Arc::new(inner);
         tokio::spawn(supervise(
             Arc::downgrade(&inner),
@@ -389,6 +423,12 @@ impl Sandbox {
         self.inner.cgroups.is_frozen()
     }
 
+    /// Whether it was paused by its idle timeout ([`IdleAction::Pause`]), so that the next
+    /// command or file operation resumes it, rather than by [`Sandbox::pause`].
+    pub fn is_paused_on_idle(&self) -> bool {
+        self.is_paused() && self.inner.paused_on_idle.load(Ordering::SeqCst)
+    }
+
     /// Pauses the sandbox: every process in it is frozen (no CPU; memory, files and open
     /// connections kept) until [`Sandbox::resume`]. Commands and file operations are refused
     /// with [`SandboxError::Paused`] meanwhile, and a paused sandbox is not closed for being
@@ -407,6 +447,9 @@ impl Sandbox {
     }
 
     async fn freeze(&self, frozen: bool) -> Result<()> {
+        // A pause or resume by request replaces one by the idle timeout: a sandbox paused on
+        // request stays paused until resumed on request.
+        self.inner.paused_on_idle.store(false, Ordering::SeqCst);
         if let Some(reason) = self.inner.conn.closed_reason() {
             return Err(SandboxError::Closed { reason });
         }
@@ -866,7 +909,7 @@ fn end_exec_span(span: &tracing::Span, status: &ExitStatus) {
 async fn supervise(
     inner: Weak<Inner>,
     conn: Arc<Conn>,
-    idle: Option<Duration>,
+    idle: Option<(Duration, IdleAction)>,
     wall: Option<Duration>,
 ) {
     let mut closed = conn.closed_watch();
@@ -889,10 +932,17 @@ async fn supervise(
                     inner.close("wall-time limit reached").await;
                     return;
                 }
-                // A paused sandbox is kept, not closed for being idle.
-                if let Some(idle) = idle.filter(|_| !inner.cgroups.is_frozen()) {
+                // A paused sandbox is kept, not closed (or paused again) for being idle.
+                if let Some((after, action)) = idle.filter(|_| !inner.cgroups.is_frozen()) {
                     let last = *inner.last_activity.lock().unwrap_or_else(|p| p.into_inner());
-                    if inner.running.load(std::sync::atomic::Ordering::SeqCst) == 0 && last.elapsed() >= idle {
+                    if inner.running.load(Ordering::SeqCst) == 0 && last.elapsed() >= after {
+                        if action == IdleAction::Pause && inner.cgroups.can_freeze() {
+                            let pausing = inner.clone();
+                            let paused = tokio::task::spawn_blocking(move || pausing.pause_if_idle(after)).await;
+                            if matches!(paused, Ok(Ok(_))) {
+                                continue;
+                            }
+                        }
                         inner.close("idle timeout").await;
                         return;
                     }

@@ -177,3 +177,72 @@ async fn a_sandboxs_cpu_and_memory_are_metered() {
     assert!(after.memory_bytes.unwrap() > 0, "{after:?}");
     sb.close().await;
 }
+
+/// With `on_idle: pause`, the idle timeout pauses the sandbox (its background process stops
+/// counting) instead of closing it, and the next command resumes it by itself: the same process
+/// goes on counting. A pause by request is not undone that way. Without a freezer the idle
+/// timeout closes the sandbox, as it does by default.
+#[tokio::test]
+async fn an_idle_sandbox_pauses_and_the_next_command_resumes_it() {
+    let (sb, dir) = sandbox_with(|spec| {
+        spec.idle_timeout = Some(Duration::from_millis(600));
+        spec.on_idle = agentry_sandbox::IdleAction::Pause;
+    })
+    .await;
+    if !sb.can_pause() {
+        eprintln!("no cgroup freezer for this sandbox: the idle timeout closes it");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sb.closed_reason().is_none() {
+            assert!(Instant::now() < deadline, "the idle sandbox never closed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!sb.is_paused());
+        return;
+    }
+    // A counter left running in the background: the shell that starts it returns at once, so
+    // the sandbox is idle (no command of ours in flight) while the counter counts.
+    let started = sh(
+        &sb,
+        &format!(
+            "nohup /usr/bin/python3 -c '{}' > /dev/null 2>&1 &",
+            COUNTER.replace('\'', "\"")
+        ),
+    )
+    .await;
+    assert!(started.status.success(), "{started:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sb.is_paused() {
+        assert!(Instant::now() < deadline, "the idle sandbox never paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(sb.is_paused_on_idle());
+    assert!(sb.closed_reason().is_none(), "paused, not closed");
+    let frozen_at = count(dir.path());
+    assert!(frozen_at > 0, "the counter counted before the pause");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        count(dir.path()),
+        frozen_at,
+        "a paused counter does not count"
+    );
+
+    // The next command resumes the sandbox first, and the same counter goes on.
+    assert_eq!(sh(&sb, "echo awake").await.stdout_str(), "awake\n");
+    assert!(!sb.is_paused());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(dir.path()) <= frozen_at {
+        assert!(Instant::now() < deadline, "the counter never went on");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A pause by request stays until a resume by request.
+    sb.pause().await.unwrap();
+    assert!(!sb.is_paused_on_idle());
+    assert!(matches!(
+        sb.run(ExecRequest::shell("true")).await,
+        Err(SandboxError::Paused)
+    ));
+    sb.resume().await.unwrap();
+    assert_eq!(sh(&sb, "echo again").await.stdout_str(), "again\n");
+    sb.close().await;
+}

@@ -1140,6 +1140,56 @@ async fn without_workspaces_there_are_no_file_or_shell_tools() {
 /// says so, commands and file reads answer 409 `sandbox_paused`, the process's output stops;
 /// `resume` lets the same process go on. Without a cgroup freezer for the sandbox (no cgroups
 /// here) pausing is a typed 503 and the sandbox keeps working.
+/// `on_idle: pause`: the idle timeout pauses the sandbox instead of closing it, its files stay,
+/// and the next command resumes it by itself (no 409). Without a freezer it is closed, as by
+/// default.
+#[tokio::test]
+async fn an_idle_sandbox_pauses_and_the_next_command_wakes_it_over_http() {
+    let server = sandbox_server().await;
+    let (status, body) = send(
+        &server,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"on_idle": "sleep"})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let id = create(
+        &server,
+        json!({"on_idle": "pause", "limits": {"idle_timeout_secs": 1}}),
+    )
+    .await;
+    let path = format!("/v1/sandboxes/{id}");
+    let (_, shown) = server.get(&path).await;
+    assert_eq!(shown["on_idle"], "pause", "{shown}");
+    assert_eq!(shown["paused_on_idle"], false);
+    assert_eq!(sh(&server, &id, "echo kept > note.txt").await, "");
+    if shown["report"]["limits"] == "rlimit" {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                server.get(&path).await.0 == 404
+            })
+            .await,
+            "without a freezer the idle sandbox closes"
+        );
+        return;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            server.get(&path).await.1["paused_on_idle"] == true
+        })
+        .await,
+        "the idle sandbox never paused"
+    );
+    let (_, paused) = server.get(&path).await;
+    assert_eq!(paused["paused"], true, "{paused}");
+    // The next command wakes it: no 409, and its files are there.
+    assert_eq!(sh(&server, &id, "cat note.txt").await, "kept\n");
+    let (_, awake) = server.get(&path).await;
+    assert_eq!(awake["paused"], false, "{awake}");
+    assert_eq!(awake["paused_on_idle"], false);
+}
+
 #[tokio::test]
 async fn a_sandbox_pauses_and_resumes_over_http() {
     let server = sandbox_server().await;
