@@ -201,11 +201,17 @@ fn filters() -> Result<Vec<BpfProgram>, String> {
             rule(vec![cond(1, SeccompCmpOp::Eq, libc::TIOCLINUX)?])?,
         ],
     );
-    // Socket families with kernel attack surface and no use inside: netlink, packet, vsock.
+    // Socket families with kernel attack surface and no use inside: packet, vsock, and every
+    // netlink protocol but NETLINK_ROUTE. That one stays: `getifaddrs` reads the interfaces
+    // through it (ZeroMQ, so Jupyter kernels, aborts without it), and without a capability
+    // (every one is dropped) it only reads this sandbox's own network namespace (loopback).
     rules.insert(
         libc::SYS_socket,
         vec![
-            rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_NETLINK as u64)?])?,
+            rule(vec![
+                cond(0, SeccompCmpOp::Eq, libc::AF_NETLINK as u64)?,
+                cond(2, SeccompCmpOp::Ne, libc::NETLINK_ROUTE as u64)?,
+            ])?,
             rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_PACKET as u64)?])?,
             rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_VSOCK as u64)?])?,
         ],
@@ -346,6 +352,43 @@ mod tests {
             ),
             libc::SECCOMP_RET_ALLOW
         );
+        // Sockets: netlink only for routing information (getifaddrs), no packet sockets.
+        let socket = |family: i32, protocol: i32| {
+            outcome(
+                &programs,
+                arch,
+                libc::SYS_socket,
+                [
+                    family as u64,
+                    libc::SOCK_RAW as u64,
+                    protocol as u64,
+                    0,
+                    0,
+                    0,
+                ],
+            )
+        };
+        assert_eq!(
+            socket(libc::AF_NETLINK, libc::NETLINK_ROUTE),
+            libc::SECCOMP_RET_ALLOW
+        );
+        for protocol in [
+            libc::NETLINK_AUDIT,
+            libc::NETLINK_NETFILTER,
+            libc::NETLINK_XFRM,
+            libc::NETLINK_KOBJECT_UEVENT,
+            libc::NETLINK_GENERIC,
+            libc::NETLINK_SOCK_DIAG,
+        ] {
+            assert_eq!(
+                socket(libc::AF_NETLINK, protocol),
+                EPERM,
+                "netlink {protocol}"
+            );
+        }
+        assert_eq!(socket(libc::AF_PACKET, 0), EPERM);
+        assert_eq!(socket(libc::AF_VSOCK, 0), EPERM);
+        assert_eq!(socket(libc::AF_INET, 0), libc::SECCOMP_RET_ALLOW);
         // Another architecture (i386) is killed by the deny-list.
         const AUDIT_ARCH_I386: u32 = 3 | 0x4000_0000;
         assert_eq!(

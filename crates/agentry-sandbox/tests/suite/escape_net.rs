@@ -145,3 +145,41 @@ async fn dns_resolution_fails() {
     );
     sb.close().await;
 }
+
+/// Netlink: routing information (what `getifaddrs` reads, and ZeroMQ needs) shows only the
+/// sandbox's own loopback, and cannot be changed (no capability); every other netlink protocol
+/// (audit, netfilter, uevents…) is refused.
+#[tokio::test]
+async fn netlink_reads_only_the_sandboxs_loopback() {
+    let (sb, _dir) = sandbox().await;
+    let out = py(
+        &sb,
+        "import socket\nprint(sorted(name for _, name in socket.if_nameindex()))",
+    )
+    .await;
+    assert_eq!(out.stdout_str(), "['lo']\n", "{}", out.stderr_str());
+    let out = sh(
+        &sb,
+        "ip link set lo down 2>&1; ip addr add 10.9.9.9/32 dev lo 2>&1; ip -o addr",
+    )
+    .await;
+    let text = out.stdout_str();
+    assert!(!text.contains("10.9.9.9"), "{text}");
+    assert!(text.contains("Operation not permitted"), "{text}");
+    for protocol in [9, 12, 15, 16] {
+        // NETLINK_AUDIT, NETLINK_NETFILTER, NETLINK_KOBJECT_UEVENT, NETLINK_GENERIC.
+        let out = py(
+            &sb,
+            &format!(
+                "import socket\ntry:\n    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, {protocol})\n    print('open')\nexcept OSError as e:\n    print('refused', e.errno)"
+            ),
+        )
+        .await;
+        assert_eq!(
+            out.stdout_str(),
+            format!("refused {}\n", libc::EPERM),
+            "netlink protocol {protocol}"
+        );
+    }
+    sb.close().await;
+}
