@@ -58,6 +58,10 @@ pub struct ToolEnvironment {
     /// (`<folder>/<server name>`). `None`: `agentry-mcp-workspaces-<pid>` in the system's
     /// temporary folder.
     pub mcp_workspaces: Option<PathBuf>,
+    /// The Python that runs the code interpreter's kernels (`ipykernel`) inside standalone
+    /// sandboxes, as a sandbox sees it (`agentry serve --kernel-python`). `None`: the
+    /// sandbox's own `python3`.
+    pub kernel_python: Option<String>,
 }
 
 impl ToolEnvironment {

@@ -18,6 +18,8 @@ use agentry_sandbox::{
 
 use crate::App;
 use crate::clock::millis;
+use crate::code_interpreter;
+pub use crate::code_interpreter::{CodeError, CodeOutput, CodeRequest, CodeResult};
 use crate::error::{AppError, Failure};
 use crate::sandbox_requests::{
     CreateSandboxRequest, ExecBody, OnIdle, check_path, command, sandbox_spec,
@@ -969,6 +971,30 @@ impl Sandboxes<'_> {
         let entry = self.get(id)?;
         entry.sandbox.resume().await.map_err(sandbox_error)?;
         Ok(sandbox_view(&entry))
+    }
+
+    /// Runs code in the sandbox's Python kernel (started on first use, kept between calls):
+    /// what it printed and displayed, the value of its last expression, its error. At the
+    /// timeout the code is interrupted and the kernel stays; a kernel that dies fails the call
+    /// (409 `kernel_died`) and the next call starts a new one; 503 `kernel_unavailable` when
+    /// no kernel can start (no `ipykernel` for the configured Python).
+    pub async fn run_code(&self, id: &str, request: CodeRequest) -> Result<CodeResult, AppError> {
+        let entry = self.get(id)?;
+        let call = code_interpreter::check(request)?;
+        let python = self
+            .app
+            .parts
+            .tools
+            .kernel_python
+            .as_deref()
+            .unwrap_or(code_interpreter::DEFAULT_KERNEL_PYTHON);
+        let home = code_interpreter::KernelHome {
+            sandbox: &entry.sandbox,
+            workspace: entry.workspace(),
+            mount: &entry.spec.workspace_mount,
+            python,
+        };
+        Box::pin(code_interpreter::run(home, &entry.kernel, call)).await
     }
 
     /// Closes a sandbox: every process in it is killed and its workspace removed.

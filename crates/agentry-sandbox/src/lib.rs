@@ -56,5 +56,5 @@ pub use report::{
     Capabilities, CgroupSupport, DirEntry, FileKind, FileStat, InitReport, LimitsMode, NetworkMode,
     NetworkReport, SandboxReport,
 };
-pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExecStdout, Sandbox};
+pub use sandbox::{ExecEvent, ExecHandle, ExecOutput, ExecStdout, InUse, Sandbox};
 pub use tty::{TtyProcess, TtySize};

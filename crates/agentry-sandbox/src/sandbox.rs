@@ -479,6 +479,18 @@ impl Sandbox {
         self.inner.cgroups.pids()
     }
 
+    /// Marks the sandbox in use while the guard lives, for work that reaches its processes
+    /// without a command of ours (a kernel in it, talked to over a socket in its workspace): it
+    /// counts as a running command, so the idle timeout waits, and one paused by its idle
+    /// timeout is resumed first. [`SandboxError::Paused`] when paused by a request.
+    pub fn in_use(&self) -> Result<InUse> {
+        self.inner.touch_running()?;
+        self.inner.running.fetch_add(1, Ordering::SeqCst);
+        Ok(InUse {
+            inner: Arc::clone(&self.inner),
+        })
+    }
+
     /// Starts a command. Output streams through the handle.
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecHandle> {
         if req.argv.is_empty() {
@@ -901,6 +913,27 @@ fn end_exec_span(span: &tracing::Span, status: &ExitStatus) {
     if let Some(failure) = failure {
         span.record("otel.status_code", "error");
         span.record("otel.status_description", failure.as_str());
+    }
+}
+
+/// The sandbox in use ([`Sandbox::in_use`]) until dropped.
+#[derive(Debug)]
+pub struct InUse {
+    inner: Arc<Inner>,
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.inner.running.fetch_sub(1, Ordering::SeqCst);
+        self.inner.touch();
+    }
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("workspace", &self.workspace)
+            .finish_non_exhaustive()
     }
 }
 

@@ -9,6 +9,8 @@
 //!   stream it (`"stream": true`: server-sent events `stdout`, `stderr`, then `exit`), or start
 //!   it in the background (`"background": true`: `202` with its `exec_id`). A waiting or
 //!   streaming command is killed when its client goes away.
+//! - `POST /v1/sandboxes/{id}/code`: run Python in the sandbox's kernel (stateful; charts,
+//!   tables and errors back as data).
 //! - `/v1/sandboxes/{id}/processes`: background processes: list the running ones, read one's
 //!   output so far and status, kill one (with everything it started).
 //! - `/v1/sandboxes/{id}/files`: read (raw bytes), write (the raw body), delete, list, stat,
@@ -48,9 +50,9 @@ use crate::openapi::{
 use crate::state::AppState;
 use agentry_app::sandbox_requests::{CreateSandboxRequest, ExecBody, check_path};
 use agentry_app::sandbox_service::{
-    BackgroundStarted, CommandOutput, DirListing, ExecResult, FILE_LIMIT, FileStatView,
-    ForegroundCommand, ProcessDetail, ProcessList, SandboxCapabilities, SandboxList, SandboxView,
-    SnapshotList, SnapshotView, Started, sandbox_view,
+    BackgroundStarted, CodeRequest, CodeResult, CommandOutput, DirListing, ExecResult, FILE_LIMIT,
+    FileStatView, ForegroundCommand, ProcessDetail, ProcessList, SandboxCapabilities, SandboxList,
+    SandboxView, SnapshotList, SnapshotView, Started, sandbox_view,
 };
 
 /// The sandbox routes.
@@ -69,6 +71,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_snapshot, delete_snapshot))
         .routes(routes!(resume_sandbox))
         .routes(routes!(exec))
+        .routes(routes!(run_code))
         .routes(routes!(list_processes))
         .routes(routes!(get_process))
         .routes(routes!(kill_process))
@@ -506,6 +509,41 @@ async fn delete_sandbox(
 ) -> Result<StatusCode, ApiError> {
     state.app.sandboxes().close(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Runs code in the sandbox's code interpreter: a stateful Python kernel (`ipykernel`,
+/// through the Jupyter protocol), started on the first call and kept, with its variables,
+/// until the sandbox closes.
+///
+/// Answers what the code printed (`stream` outputs), what it displayed (`display_data`:
+/// matplotlib charts as base64 `image/png`, pandas tables as `text/html`, by MIME type), the
+/// value of its last expression (`result`) and the exception it raised (`error`, with its
+/// traceback). At `timeout_secs` (default 60) the code is interrupted (`"timed_out": true`, a
+/// `KeyboardInterrupt` error) and the kernel stays. A kernel that dies fails the call with 409
+/// `kernel_died`, and the next call starts a new one (`"kernel_started": true`). 503
+/// `kernel_unavailable` when no kernel can start: the server's `--kernel-python` (default: the
+/// sandbox's `python3`) needs `ipykernel`.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/code",
+    tag = "sandboxes",
+    operation_id = "sandbox_run_code",
+    params(SandboxPath),
+    request_body = CodeRequest,
+    responses(
+        (status = 200, description = "The code ran (an exception it raised is in `error`).", body = CodeResult),
+        JsonBodyErrors,
+        NotFound,
+        Conflict,
+        SandboxUnavailable,
+    )
+)]
+async fn run_code(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<CodeRequest>,
+) -> Result<Json<CodeResult>, ApiError> {
+    Ok(Json(state.app.sandboxes().run_code(&id, body).await?))
 }
 
 /// Runs a command in a sandbox.

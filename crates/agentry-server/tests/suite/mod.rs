@@ -1,6 +1,7 @@
 mod a2a;
 mod agents;
 mod background;
+mod code_interpreter;
 mod config;
 mod console;
 mod context;

@@ -172,6 +172,16 @@ pub(crate) struct SandboxArgs {
     /// takes over a dead node's runs only when their workspaces are on its volume.
     #[arg(long = "workspaces", value_name = "DIR", env = "AGENTRY_WORKSPACES")]
     pub(crate) workspaces: Option<std::path::PathBuf>,
+    /// The Python that runs the code interpreter's kernels inside sandboxes
+    /// (`POST /v1/sandboxes/{id}/code`), as a sandbox sees it: one with `ipykernel` (and
+    /// whatever the code imports: pandas, matplotlib…), e.g. a virtualenv's `bin/python` shown
+    /// with --sandbox-ro-mount [default: the sandbox's python3].
+    #[arg(
+        long = "kernel-python",
+        value_name = "PATH",
+        env = "AGENTRY_KERNEL_PYTHON"
+    )]
+    pub(crate) kernel_python: Option<String>,
 }
 
 impl SandboxArgs {
@@ -204,6 +214,7 @@ impl SandboxArgs {
         )?;
         tools.fetch = fetch;
         tools.allow_host_commands = self.allow_host_commands;
+        tools.kernel_python = self.kernel_python.clone();
         Ok(tools)
     }
 }

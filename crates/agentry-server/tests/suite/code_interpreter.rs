@@ -1,0 +1,238 @@
+//! The code interpreter (`POST /v1/sandboxes/{id}/code`): a real `ipykernel` in a native
+//! sandbox, the stock data-analysis environment (`target/mcp-servers/kernel`: pandas, numpy,
+//! matplotlib) shown read-only inside. State across calls, a chart from a CSV, a table, an
+//! error with its traceback, an interrupt at the timeout, a kernel that dies.
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use super::support::{Server, mcp_servers, native_sandboxes, start_with};
+
+/// The kernel's virtualenv, made by `scripts/install-mcp-servers` from the system's Python.
+fn kernel_venv() -> std::path::PathBuf {
+    let venv = mcp_servers().root().join("kernel");
+    assert!(
+        venv.join("bin/python").exists(),
+        "the kernel's venv {} is missing: run scripts/install-mcp-servers",
+        venv.display()
+    );
+    venv
+}
+
+/// Native sandboxes that see the kernel's venv, and the server told to use its Python.
+async fn server_with_kernel(python: Option<String>) -> Server {
+    let venv = kernel_venv();
+    let python = python.unwrap_or_else(|| venv.join("bin/python").to_string_lossy().into_owned());
+    start_with(
+        move |home| {
+            let mut tools = native_sandboxes(home);
+            if let Some(pool) = tools.sandboxes.take() {
+                let mut template = pool.template().clone();
+                template.ro_mounts.push(venv);
+                tools.sandboxes = Some(agentry_sandbox::SandboxPool::new(
+                    pool.backend().clone(),
+                    template,
+                ));
+            }
+            tools.kernel_python = Some(python);
+            tools
+        },
+        |_| {},
+    )
+    .await
+}
+
+async fn new_sandbox(server: &Server) -> String {
+    let (status, body) = server.post("/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    body["id"].as_str().unwrap().to_owned()
+}
+
+async fn run(server: &Server, id: &str, body: Value) -> (u16, Value) {
+    server.post(&format!("/v1/sandboxes/{id}/code"), body).await
+}
+
+/// Runs code that must succeed; its result.
+async fn ok(server: &Server, id: &str, code: &str) -> Value {
+    let (status, result) = run(server, id, json!({"code": code})).await;
+    assert_eq!(status, 200, "{code}: {result}");
+    assert_eq!(result["error"], Value::Null, "{code}: {result:#}");
+    result
+}
+
+fn stdout(result: &Value) -> String {
+    result["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|output| output["type"] == "stream" && output["name"] == "stdout")
+        .map(|output| output["text"].as_str().unwrap())
+        .collect()
+}
+
+fn data<'a>(result: &'a Value, kind: &str, mime: &str) -> Option<&'a Value> {
+    result["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|output| output["type"] == kind && output["data"].get(mime).is_some())
+        .map(|output| &output["data"][mime])
+}
+
+#[tokio::test]
+async fn the_kernel_keeps_state_and_returns_a_chart_a_table_and_errors() {
+    let server = server_with_kernel(None).await;
+    let id = new_sandbox(&server).await;
+
+    let first = ok(&server, &id, "x = 21").await;
+    assert_eq!(first["kernel_started"], true, "{first}");
+    assert_eq!(first["outputs"], json!([]));
+    let second = ok(&server, &id, "print(x * 2)\nx += 1\nx").await;
+    assert_eq!(second["kernel_started"], false, "the same kernel: {second}");
+    assert_eq!(stdout(&second), "42\n");
+    assert_eq!(
+        data(&second, "result", "text/plain"),
+        Some(&json!("22")),
+        "{second:#}"
+    );
+    assert!(second["execution_count"].as_u64().unwrap() >= 2);
+
+    // E2B's headline: a CSV in, a chart and a table back.
+    let (status, _) = (
+        server
+            .http
+            .put(format!(
+                "{}/v1/sandboxes/{id}/files?path=sales.csv",
+                server.url
+            ))
+            .body("month,sales\njan,10\nfeb,14\nmar,9\napr,21\n")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        (),
+    );
+    assert!(status.is_success(), "{status}");
+    let table = ok(
+        &server,
+        &id,
+        "import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.describe()",
+    )
+    .await;
+    let html = data(&table, "result", "text/html")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("no HTML table: {table:#}"));
+    assert!(html.contains("<table") && html.contains("sales"), "{html}");
+    let chart = ok(
+        &server,
+        &id,
+        "import matplotlib.pyplot as plt\nplt.bar(df['month'], df['sales'])\nplt.title('sales')\nplt.show()",
+    )
+    .await;
+    let png = data(&chart, "display_data", "image/png")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("no PNG: {chart:#}"));
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(png.trim())
+        .unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(png.len() > 1000, "a chart of {} bytes", png.len());
+
+    // An exception: its type, message and traceback (without terminal colours).
+    let (status, failed) = run(
+        &server,
+        &id,
+        json!({"code": "def f():\n    return 1 / 0\nf()"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{failed}");
+    assert_eq!(failed["error"]["name"], "ZeroDivisionError", "{failed:#}");
+    assert_eq!(failed["error"]["value"], "division by zero");
+    let traceback = failed["error"]["traceback"].to_string();
+    assert!(traceback.contains("return 1 / 0"), "{traceback}");
+    assert!(
+        !traceback.contains("\\u001b"),
+        "colours left in: {traceback}"
+    );
+    // The kernel goes on, state intact.
+    assert_eq!(
+        stdout(&ok(&server, &id, "print(len(df), x)").await),
+        "4 22\n"
+    );
+}
+
+#[tokio::test]
+async fn a_timeout_interrupts_the_code_and_the_kernel_keeps_its_state() {
+    let server = server_with_kernel(None).await;
+    let id = new_sandbox(&server).await;
+    ok(&server, &id, "kept = 'still here'").await;
+    let started = std::time::Instant::now();
+    let (status, result) = run(
+        &server,
+        &id,
+        json!({"code": "import time\nprint('before', flush=True)\ntime.sleep(60)\nprint('after')", "timeout_secs": 1}),
+    )
+    .await;
+    assert_eq!(status, 200, "{result}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(result["timed_out"], true, "{result:#}");
+    assert_eq!(result["error"]["name"], "KeyboardInterrupt", "{result:#}");
+    assert_eq!(stdout(&result), "before\n");
+    let after = ok(&server, &id, "kept").await;
+    assert_eq!(after["kernel_started"], false);
+    assert_eq!(
+        data(&after, "result", "text/plain"),
+        Some(&json!("'still here'"))
+    );
+}
+
+#[tokio::test]
+async fn a_kernel_that_dies_fails_the_call_and_the_next_call_starts_a_new_one() {
+    let server = server_with_kernel(None).await;
+    let id = new_sandbox(&server).await;
+    ok(&server, &id, "lost = 1").await;
+    let (status, died) = run(&server, &id, json!({"code": "import os\nos._exit(3)"})).await;
+    assert_eq!(status, 409, "{died}");
+    assert_eq!(died["error"]["code"], "kernel_died", "{died}");
+    let fresh = ok(&server, &id, "1 + 1").await;
+    assert_eq!(fresh["kernel_started"], true, "{fresh}");
+    assert_eq!(data(&fresh, "result", "text/plain"), Some(&json!("2")));
+    let (_, gone) = run(&server, &id, json!({"code": "lost"})).await;
+    assert_eq!(gone["error"]["name"], "NameError", "{gone}");
+}
+
+#[tokio::test]
+async fn bad_requests_and_a_python_without_a_kernel_are_typed_errors() {
+    let server = server_with_kernel(None).await;
+    let id = new_sandbox(&server).await;
+    for (body, code) in [
+        (json!({"code": "1", "language": "r"}), "invalid_request"),
+        (json!({"code": "1", "timeout_secs": 0}), "invalid_request"),
+        (json!({"code": "1", "extra": true}), "invalid_request"),
+        (json!({}), "invalid_request"),
+    ] {
+        let (status, error) = run(&server, &id, body.clone()).await;
+        assert_eq!(status, 400, "{body}: {error}");
+        assert_eq!(error["error"]["code"], code, "{body}: {error}");
+    }
+    let (status, _) = run(
+        &server,
+        "01a22ae4-0000-7000-8000-000000000000",
+        json!({"code": "1"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // The system's Python has no ipykernel: 503 with the kernel's own words.
+    let bare = server_with_kernel(Some("/usr/bin/python3".into())).await;
+    let id = new_sandbox(&bare).await;
+    let (status, error) = run(&bare, &id, json!({"code": "1"})).await;
+    assert_eq!(status, 503, "{error}");
+    assert_eq!(error["error"]["code"], "kernel_unavailable", "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("ipykernel"), "{message}");
+}
