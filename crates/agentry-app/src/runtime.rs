@@ -41,7 +41,7 @@ pub struct TemplateConfig {
 
 /// The built-in tools runs get in `environment`: `current_time`, `delegate` and `talk_to`; the
 /// file tools and `fetch` when sessions have workspaces (and `undo` with their file journal);
-/// `exec` and `terminal` when they also have sandboxes.
+/// `exec`, `terminal` and `run_code` when they also have sandboxes.
 pub fn builtins(environment: &crate::environment::ToolEnvironment) -> Vec<Arc<dyn Tool>> {
     let mut tools = builtin_tools();
     tools.extend(environment.delegation.tools());
@@ -51,10 +51,14 @@ pub fn builtins(environment: &crate::environment::ToolEnvironment) -> Vec<Arc<dy
             ..WorkspaceToolsConfig::default()
         }));
         if let Some(sandboxes) = &environment.sandboxes {
+            let mut config = ShellToolsConfig::default();
+            if let Some(python) = &environment.kernel_python {
+                config.kernel_python.clone_from(python);
+            }
             tools.extend(shell_tools(
                 sandboxes.clone(),
                 environment.terminals.clone(),
-                ShellToolsConfig::default(),
+                config,
             ));
         }
         if let Some(journal) = &environment.file_journal {

@@ -19,13 +19,14 @@ use agentry_sandbox::{
 use crate::App;
 use crate::clock::millis;
 use crate::code_interpreter;
-pub use crate::code_interpreter::{CodeError, CodeOutput, CodeRequest, CodeResult};
+pub use crate::code_interpreter::CodeRequest;
 use crate::error::{AppError, Failure};
 use crate::sandbox_requests::{
     CreateSandboxRequest, ExecBody, OnIdle, check_path, command, sandbox_spec,
 };
 use crate::sandboxes::{CappedOutput, OUTPUT_CAP, Process, Snapshot, Standalone, sandbox_error};
 use crate::schema::serde_name;
+pub use agentry_tools::shell::kernel::{CodeError, CodeOutput, CodeResult};
 
 /// The largest file read or written through the API (bytes).
 pub const FILE_LIMIT: usize = 16 * 1024 * 1024;
@@ -987,8 +988,8 @@ impl Sandboxes<'_> {
             .tools
             .kernel_python
             .as_deref()
-            .unwrap_or(code_interpreter::DEFAULT_KERNEL_PYTHON);
-        let home = code_interpreter::KernelHome {
+            .unwrap_or(agentry_tools::shell::kernel::DEFAULT_KERNEL_PYTHON);
+        let home = agentry_tools::shell::kernel::KernelHome {
             sandbox: &entry.sandbox,
             workspace: entry.workspace(),
             mount: &entry.spec.workspace_mount,

@@ -32,9 +32,9 @@ use agentry_sandbox::{
     Backend, ExecEvent, ExecHandle, ExitStatus, Sandbox, SandboxError, SandboxSpec,
 };
 
-use crate::code_interpreter::KernelSlot;
 use crate::error::AppError;
 pub use crate::sandbox_errors::{sandbox_error, unavailable};
+use agentry_tools::shell::kernel::KernelSlot;
 
 /// How many standalone sandboxes may exist at once.
 pub const MAX_SANDBOXES: usize = 64;

@@ -3,6 +3,8 @@
 //! - `exec`: one shell command, to its end (or its timeout); output capped for the model, the
 //!   whole output saved to a file in the workspace the model can read. `background: true` starts
 //!   a long-lived process (a server, a watcher) whose output goes to a log file.
+//! - `run_code`: Python in a Jupyter kernel kept per session ([`kernel`]), charts back as
+//!   images.
 //! - `terminal`: persistent shells that keep their state (working directory, variables,
 //!   functions, background jobs) across calls; several per session, by name; output read until
 //!   the command finishes or goes quiet. They run on real terminals ([`pty`]) that people can
@@ -22,7 +24,9 @@ pub use pty::PtyTerminals;
 
 use agentry_core::tool::{RiskClass, Tool, ToolContext, ToolError, ToolRisk};
 
+mod code;
 mod exec;
+pub mod kernel;
 pub mod pty;
 mod terminal;
 
@@ -30,6 +34,8 @@ mod terminal;
 pub const EXEC: &str = "exec";
 /// The name of the `terminal` tool.
 pub const TERMINAL: &str = "terminal";
+/// The name of the `run_code` tool.
+pub const RUN_CODE: &str = "run_code";
 
 /// Limits of the shell tools.
 #[derive(Debug, Clone)]
@@ -47,6 +53,9 @@ pub struct ShellToolsConfig {
     pub max_terminals: usize,
     /// A terminal unused this long is closed (its shell killed).
     pub terminal_idle_timeout: Duration,
+    /// The Python `run_code`'s kernels start with, as the sandbox sees it (it needs
+    /// `ipykernel`).
+    pub kernel_python: String,
 }
 
 impl Default for ShellToolsConfig {
@@ -58,21 +67,27 @@ impl Default for ShellToolsConfig {
             max_saved_bytes: 16 * 1024 * 1024,
             max_terminals: 8,
             terminal_idle_timeout: Duration::from_secs(30 * 60),
+            kernel_python: kernel::DEFAULT_KERNEL_PYTHON.to_owned(),
         }
     }
 }
 
-/// The shell tools (`exec`, `terminal`) over `sandboxes`, ready to register; `terminal`'s
-/// shells are registered in `terminals` (where people can attach to them).
+/// The shell tools (`exec`, `terminal`, `run_code`) over `sandboxes`, ready to register;
+/// `terminal`'s shells are registered in `terminals` (where people can attach to them).
 pub fn shell_tools(
     sandboxes: SandboxPool,
     terminals: PtyTerminals,
     config: ShellToolsConfig,
 ) -> Vec<Arc<dyn Tool>> {
+    let python: Arc<str> = Arc::from(config.kernel_python.as_str());
     let config = Arc::new(config);
     vec![
         Arc::new(
             exec::exec(sandboxes.clone(), Arc::clone(&config))
+                .with_risk(ToolRisk::of(RiskClass::RunsCommands)),
+        ),
+        Arc::new(
+            code::run_code(sandboxes.clone(), Arc::clone(&config), python)
                 .with_risk(ToolRisk::of(RiskClass::RunsCommands)),
         ),
         Arc::new(

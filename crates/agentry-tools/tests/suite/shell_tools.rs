@@ -527,3 +527,83 @@ async fn a_model_runs_commands_in_its_sandbox() -> Result<()> {
     ensure!(pool.is_empty());
     Ok(())
 }
+
+/// `run_code`: Python in the session sandbox's Jupyter kernel (the stock data-analysis venv of
+/// `scripts/install-mcp-servers`, shown read-only): state across calls, the last value, an
+/// error reported as the tool's error with its traceback, a chart attached as a PNG image.
+#[tokio::test]
+async fn run_code_keeps_state_and_returns_charts_as_images() -> Result<()> {
+    let venv = agentry_testkit::mcp::McpServers::locate()?
+        .root()
+        .canonicalize()?
+        .join("kernel");
+    ensure!(
+        venv.join("bin/python").exists(),
+        "{} is missing: run scripts/install-mcp-servers",
+        venv.display()
+    );
+    let temp = tempfile::tempdir()?;
+    let workspace = temp.path().join("workspace");
+    fs::create_dir(&workspace)?;
+    let backend = agentry_sandbox::backend(SandboxConfig {
+        backend: BackendKind::Native,
+        init_exe: Some(init_exe()?),
+        ..SandboxConfig::default()
+    })?;
+    let mut template = SandboxSpec::new("/unused");
+    template.ro_mounts.push(venv.clone());
+    let pool = SandboxPool::new(backend, template);
+    let mut registry = ToolRegistry::default();
+    let config = ShellToolsConfig {
+        kernel_python: venv.join("bin/python").to_string_lossy().into_owned(),
+        ..ShellToolsConfig::default()
+    };
+    for tool in shell_tools(pool.clone(), PtyTerminals::default(), config) {
+        registry.register_arc(tool)?;
+    }
+    let call = |code: &str| {
+        let context = ToolContext::detached("call-1").with_workspace(&workspace);
+        registry.invoke("run_code", json!({"code": code}), context, TIMEOUT)
+    };
+    fs::write(workspace.join("data.csv"), "n,square\n1,1\n2,4\n3,9\n")?;
+
+    let first = text_of(&call("import pandas as pd\ndf = pd.read_csv('data.csv')").await?)?;
+    ensure!(first.contains("a new kernel"), "{first}");
+    let second = call("print(df['square'].sum())\nlen(df)").await?;
+    ensure!(!second.is_error, "{second:?}");
+    let text = text_of(&second)?;
+    ensure!(text == "14\n3\n", "{text:?}");
+
+    let failed = call("df['missing']").await?;
+    ensure!(
+        failed.is_error,
+        "an exception is the tool's error: {failed:?}"
+    );
+    let text = text_of(&failed)?;
+    ensure!(
+        text.contains("KeyError") && text.contains("missing"),
+        "{text}"
+    );
+
+    let chart =
+        call("import matplotlib.pyplot as plt\nplt.plot(df['n'], df['square'])\nplt.show()")
+            .await?;
+    ensure!(!chart.is_error, "{chart:?}");
+    let [
+        ToolResultPart::Text { text },
+        ToolResultPart::Image { source },
+    ] = chart.content.as_slice()
+    else {
+        bail!("expected a text and an image, got {:?}", chart.content);
+    };
+    ensure!(text.contains("a chart"), "{text}");
+    let agentry_types::ImageSource::Base64 { media_type, data } = source else {
+        bail!("expected a base64 image, got {source:?}");
+    };
+    ensure!(media_type == "image/png", "{media_type}");
+    use base64::Engine as _;
+    let png = base64::engine::general_purpose::STANDARD.decode(data)?;
+    ensure!(png.starts_with(b"\x89PNG"), "not a PNG");
+    pool.close_all().await;
+    Ok(())
+}

@@ -322,20 +322,41 @@ fn the_apps_parts_are_its_own() {
     assert!(checked >= 2, "the server and the binary depend on the app");
 }
 
-/// The app names no wire crate: no HTTP server, router or HTTP types, and the OpenAPI derive
-/// only as an optional dependency (its `openapi` feature, which the HTTP crate turns on for its
-/// document), so the app builds without any of them.
+/// The app and the tools name no wire crate: no HTTP server, router or HTTP types, and the
+/// OpenAPI derive only as an optional dependency (their `openapi` feature, which the HTTP crate
+/// turns on for its document, the app's passing it on to the tools' code interpreter types), so
+/// they build without any of them.
 #[test]
 fn the_app_depends_on_no_wire_crate() {
     let metadata = metadata();
-    let app = metadata["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|package| package["name"] == "agentry-app")
-        .unwrap();
+    let package = |name: &str| {
+        metadata["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|package| package["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let app = package("agentry-app");
+    let tools = package("agentry-tools");
+    for crate_ in [&app, &tools] {
+        check_no_wire_crate(crate_);
+    }
+    assert_eq!(
+        app["features"]["openapi"],
+        serde_json::json!(["dep:utoipa", "agentry-tools/openapi"])
+    );
+    assert_eq!(
+        tools["features"]["openapi"],
+        serde_json::json!(["dep:utoipa"])
+    );
+}
+
+fn check_no_wire_crate(package: &serde_json::Value) {
+    let crate_name = package["name"].as_str().unwrap();
     let mut utoipa = 0;
-    for dependency in app["dependencies"].as_array().unwrap() {
+    for dependency in package["dependencies"].as_array().unwrap() {
         let name = dependency["name"].as_str().unwrap();
         if !dependency["kind"].is_null() {
             continue;
@@ -350,20 +371,16 @@ fn the_app_depends_on_no_wire_crate() {
                 "utoipa-axum"
             ]
             .contains(&name),
-            "agentry-app depends on {name}"
+            "{crate_name} depends on {name}"
         );
         if name == "utoipa" {
             utoipa += 1;
             assert_eq!(
                 dependency["optional"], true,
-                "agentry-app needs utoipa only for the HTTP crate's document (optional)"
+                "{crate_name} needs utoipa only for the HTTP crate's document (optional)"
             );
         }
     }
-    assert_eq!(
-        app["features"]["openapi"],
-        serde_json::json!(["dep:utoipa"])
-    );
     assert!(utoipa <= 1);
 }
 
