@@ -71,6 +71,9 @@ pub struct CodeResult {
     pub kernel_started: bool,
     /// How long the call took, milliseconds.
     pub duration_ms: u64,
+    /// How long the kernel itself was busy with it (from its `busy` to its `idle` status, by
+    /// the kernel's clock), milliseconds.
+    pub kernel_ms: Option<f64>,
 }
 
 /// One output of a call.
@@ -436,6 +439,8 @@ async fn execute(kernel: &mut Kernel, call: &CodeCall) -> Result<CodeResult, Ker
     let mut collected = Collected::default();
     let mut execution_count = None;
     let mut timed_out = false;
+    let mut busy_at = None;
+    let kernel_ms: Option<f64>;
     let mut deadline = tokio::time::Instant::now() + call.timeout;
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
     heartbeat.tick().await;
@@ -446,6 +451,7 @@ async fn execute(kernel: &mut Kernel, call: &CodeCall) -> Result<CodeResult, Ker
                 if parent_id(&message) != Some(id.as_str()) {
                     continue;
                 }
+                let at = message.header.date;
                 match message.content {
                     JupyterMessageContent::StreamContent(stream) => collected.push(CodeOutput::Stream {
                         name: match stream.name { Stdio::Stdout => "stdout", Stdio::Stderr => "stderr" }.to_owned(),
@@ -469,7 +475,12 @@ async fn execute(kernel: &mut Kernel, call: &CodeCall) -> Result<CodeResult, Ker
                         execution_count = Some(input.execution_count.value() as u64);
                     }
                     JupyterMessageContent::Status(status)
-                        if status.execution_state == ExecutionState::Idle => break,
+                        if status.execution_state == ExecutionState::Busy => busy_at = Some(at),
+                    JupyterMessageContent::Status(status)
+                        if status.execution_state == ExecutionState::Idle => {
+                        kernel_ms = busy_at.and_then(|busy| (at - busy).num_microseconds()).map(|micros| micros as f64 / 1000.0);
+                        break;
+                    }
                     _ => {}
                 }
             }
@@ -513,5 +524,6 @@ async fn execute(kernel: &mut Kernel, call: &CodeCall) -> Result<CodeResult, Ker
         outputs_truncated: collected.truncated,
         kernel_started: false,
         duration_ms: 0,
+        kernel_ms,
     })
 }
