@@ -240,6 +240,11 @@ impl From<&Snapshot> for SnapshotView {
 pub struct SnapshotList {
     /// The snapshots, oldest first.
     pub snapshots: Vec<SnapshotView>,
+    /// The bytes the caller's key's snapshots hold (the operator's, without keys).
+    pub used_bytes: u64,
+    /// How many bytes of snapshots a key may keep, all together (413
+    /// `snapshot_quota_exceeded` past it).
+    pub quota_bytes: u64,
 }
 
 /// `GET /v1/sandboxes`.
@@ -909,8 +914,16 @@ impl Sandboxes<'_> {
         caller: &crate::auth::Principal,
     ) -> Result<SnapshotList, AppError> {
         self.app.sandbox_pool()?;
-        let snapshots = self.app.parts.sandboxes.snapshots().await?;
+        let registry = &self.app.parts.sandboxes;
+        let snapshots = registry.snapshots().await?;
+        let own = caller.owner();
         Ok(SnapshotList {
+            used_bytes: snapshots
+                .iter()
+                .filter(|snapshot| snapshot.owner == own)
+                .map(|snapshot| snapshot.bytes)
+                .sum(),
+            quota_bytes: registry.snapshot_quota(),
             snapshots: snapshots
                 .iter()
                 .filter(|snapshot| caller.may_see(snapshot.owner.as_deref()))

@@ -58,6 +58,9 @@ pub const MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 /// How many snapshots one owner (an API key, or the operator) may keep.
 pub const MAX_SNAPSHOTS_PER_OWNER: usize = 32;
 
+/// How many bytes of snapshots one owner may keep, all together (the default quota).
+pub const SNAPSHOT_QUOTA_BYTES: u64 = 16 << 30;
+
 /// A snapshot of a standalone sandbox's workspace.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
@@ -381,6 +384,8 @@ struct RegistryInner {
     own_root: bool,
     slots: Mutex<Slots>,
     sweeping: AtomicBool,
+    /// How many bytes of snapshots one owner may keep.
+    snapshot_quota: u64,
 }
 
 /// A sandbox being made, counted against the registry's maximum until dropped.
@@ -409,6 +414,20 @@ impl SandboxRegistry {
         Self::with_max(root, MAX_SANDBOXES)
     }
 
+    /// This registry with `bytes` as each owner's snapshot quota instead of
+    /// [`SNAPSHOT_QUOTA_BYTES`] (a registry not yet shared).
+    pub fn with_snapshot_quota(mut self, bytes: u64) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.snapshot_quota = bytes;
+        }
+        self
+    }
+
+    /// How many bytes of snapshots one owner may keep.
+    pub fn snapshot_quota(&self) -> u64 {
+        self.inner.snapshot_quota
+    }
+
     /// A registry allowing `max` open sandboxes (at least one) instead of [`MAX_SANDBOXES`].
     pub fn with_max(root: Option<PathBuf>, max: usize) -> Self {
         let own_root = root.is_none();
@@ -422,6 +441,7 @@ impl SandboxRegistry {
                 own_root,
                 slots: Mutex::new(Slots::default()),
                 sweeping: AtomicBool::new(false),
+                snapshot_quota: SNAPSHOT_QUOTA_BYTES,
             }),
         }
     }
@@ -552,12 +572,30 @@ impl SandboxRegistry {
                  freezer for it (its limits are rlimits)",
             ));
         }
-        let kept = self
+        let owned: Vec<Snapshot> = self
             .snapshots()
             .await?
-            .iter()
+            .into_iter()
             .filter(|snapshot| snapshot.owner == entry.owner)
-            .count();
+            .collect();
+        let kept = owned.len();
+        let used: u64 = owned.iter().map(|snapshot| snapshot.bytes).sum();
+        let room = self.inner.snapshot_quota.saturating_sub(used);
+        // A snapshot may take what the owner's quota has left, and at most the per-snapshot cap.
+        let max_bytes = room.min(MAX_SNAPSHOT_BYTES);
+        let over_quota = || {
+            AppError::new(
+                Failure::TooLarge,
+                "snapshot_quota_exceeded",
+                format!(
+                    "this key's snapshots hold {used} bytes of its {} byte quota, and this \
+                     sandbox's workspace does not fit in the rest: delete snapshots first \
+                     (DELETE /v1/sandbox-snapshots/{{id}})",
+                    self.inner.snapshot_quota
+                ),
+            )
+            .with_details(json!({"used_bytes": used, "quota_bytes": self.inner.snapshot_quota}))
+        };
         if kept >= MAX_SNAPSHOTS_PER_OWNER {
             return Err(AppError::new(
                 Failure::TooMany,
@@ -593,7 +631,7 @@ impl SandboxRegistry {
             tokio::task::spawn_blocking(move || {
                 std::fs::create_dir_all(partial.join("files"))?;
                 (snapshot.bytes, snapshot.entries) =
-                    copy_tree(&source, &partial.join("files"), MAX_SNAPSHOT_BYTES)?;
+                    copy_tree(&source, &partial.join("files"), max_bytes)?;
                 let record = serde_json::to_vec_pretty(&snapshot).map_err(std::io::Error::other)?;
                 std::fs::write(partial.join("snapshot.json"), record)?;
                 std::fs::rename(&partial, &folder)?;
@@ -606,6 +644,12 @@ impl SandboxRegistry {
         }
         let failure = match written {
             Ok(Ok(written)) => return Ok(written),
+            Ok(Err(error))
+                if error.kind() == std::io::ErrorKind::FileTooLarge
+                    && max_bytes < MAX_SNAPSHOT_BYTES =>
+            {
+                over_quota()
+            }
             Ok(Err(error)) if error.kind() == std::io::ErrorKind::FileTooLarge => AppError::new(
                 Failure::TooLarge,
                 "snapshot_too_large",

@@ -1481,3 +1481,66 @@ async fn a_keys_snapshots_are_its_own() {
     let (status, _) = alice(Method::DELETE, format!("/v1/sandbox-snapshots/{id}"), None).await;
     assert_eq!(status, 204);
 }
+
+/// A key's snapshots share one disk quota: a snapshot that would take the key past it is refused
+/// (413 `snapshot_quota_exceeded`, nothing kept), the listing shows the bytes used against the
+/// quota, and deleting a snapshot makes room again.
+#[tokio::test]
+async fn a_keys_snapshots_stay_within_its_disk_quota() {
+    let server = start_with(native_sandboxes, |state| {
+        state.app.parts_mut().sandboxes =
+            SandboxRegistry::new(Some(state_root(state))).with_snapshot_quota(3000);
+    })
+    .await;
+    let id = create(&server, json!({})).await;
+    let (_, shown) = server.get(&format!("/v1/sandboxes/{id}")).await;
+    if shown["report"]["limits"] == "rlimit" {
+        return; // No freezer, no snapshots (503, tested with the snapshots themselves).
+    }
+    sh(&server, &id, "head -c 2000 /dev/zero > a.bin").await;
+    let snapshots = format!("/v1/sandboxes/{id}/snapshots");
+    let take = || send(&server, Method::POST, &snapshots, None);
+    let (status, first) = take().await;
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["bytes"], 2000);
+    let (_, listed) = server.get("/v1/sandbox-snapshots").await;
+    assert_eq!(listed["used_bytes"], 2000, "{listed}");
+    assert_eq!(listed["quota_bytes"], 3000);
+
+    // 2000 more would make 4000 of 3000: refused, and nothing is kept.
+    let (status, refused) = take().await;
+    assert_eq!(status, 413, "{refused}");
+    assert_eq!(
+        refused["error"]["code"], "snapshot_quota_exceeded",
+        "{refused}"
+    );
+    let (_, listed) = server.get("/v1/sandbox-snapshots").await;
+    assert_eq!(listed["snapshots"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["used_bytes"], 2000);
+    let partial = std::fs::read_dir(state_root(&server.state).join(".snapshots"))
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".partial")
+        })
+        .count();
+    assert_eq!(partial, 0, "a refused snapshot leaves nothing behind");
+    // The sandbox goes on (it was resumed after the refused copy).
+    assert_eq!(sh(&server, &id, "echo on").await, "on\n");
+
+    // Deleting the first makes room for the second.
+    let (status, _) = send(
+        &server,
+        Method::DELETE,
+        &format!("/v1/sandbox-snapshots/{}", first["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, second) = take().await;
+    assert_eq!(status, 201, "{second}");
+}
