@@ -50,15 +50,20 @@ export function startMock() {
 
 /**
  * What stdio MCP servers registered by the tests need to see inside their sandboxes (they run in
- * one each): the installed test servers, and node's install folder when it is not a system one.
+ * one each): the installed test servers, and node's install folder when it is not a system one;
+ * and the Python the code interpreter's kernels run with.
  */
-function sandboxMounts() {
+function sandboxFlags() {
   const mounts = [];
   const servers = resolve(process.env.AGENTRY_MCP_SERVERS || join(root, "target", "mcp-servers"));
   if (existsSync(servers)) mounts.push(realpathSync(servers));
   const node = dirname(dirname(realpathSync(process.execPath)));
   if (!node.startsWith("/usr")) mounts.push(node);
-  return mounts.flatMap((path) => ["--sandbox-ro-mount", path]);
+  const flags = mounts.flatMap((path) => ["--sandbox-ro-mount", path]);
+  // The code interpreter's kernel: the stock data-analysis venv the install script makes.
+  const kernel = join(servers, "kernel", "bin", "python");
+  if (existsSync(kernel)) flags.push("--kernel-python", join(realpathSync(join(servers, "kernel")), "bin", "python"));
+  return flags;
 }
 
 /** Starts `agentry serve` on a fresh data folder; resolves with its URL and a stop(). */
@@ -67,7 +72,7 @@ export async function startServer() {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
   // The schedules suite fires every second, below the default floor of a minute.
-  const args = ["--home", home, "serve", `127.0.0.1:${port}`, "--min-schedule-interval-secs", "1", ...sandboxMounts()];
+  const args = ["--home", home, "serve", `127.0.0.1:${port}`, "--min-schedule-interval-secs", "1", ...sandboxFlags()];
   const child = spawn(bin("agentry"), args, {
     stdio: ["ignore", "ignore", "pipe"],
     env: (() => {

@@ -61,6 +61,7 @@ const ASSETS: &[Asset] = assets! {
     "js/trace.js" => "text/javascript; charset=utf-8",
     "js/runs.js" => "text/javascript; charset=utf-8",
     "js/schedules.js" => "text/javascript; charset=utf-8",
+    "js/sandboxes.js" => "text/javascript; charset=utf-8",
     "js/terminal.js" => "text/javascript; charset=utf-8",
     "js/recorder.js" => "text/javascript; charset=utf-8",
     "js/files.js" => "text/javascript; charset=utf-8",

@@ -8,6 +8,7 @@ import { ChatView } from "./chat.js";
 import { SettingsView } from "./settings.js";
 import { TraceView } from "./trace.js";
 import { RunsView } from "./runs.js";
+import { SandboxesView } from "./sandboxes.js";
 import { SchedulesView } from "./schedules.js";
 import { WorkflowsView } from "./workflows.js";
 import { UsageView } from "./usage.js";
@@ -122,6 +123,7 @@ function route() {
   else if (section === "schedules") view = new SchedulesView(main);
   else if (section === "workflows") view = new WorkflowsView(main, arg);
   else if (section === "usage") view = new UsageView(main);
+  else if (section === "sandboxes") view = new SandboxesView(main);
   else view = new ChatView(main, arg || null, sidebar);
   if (sidebar) sidebar.select(section === "chat" || !section ? arg || null : null);
 }
