@@ -300,6 +300,16 @@ impl AppBuilder {
             app.parts.tools.skill_roots.clone(),
         );
         app.parts.elicitations.bind(&app.parts.hub);
+        if let Some(pool) = &app.parts.tools.sandboxes {
+            // Sandboxes paused when a server last stopped over this data folder come back.
+            let restored = app.parts.sandboxes.restore(pool.backend()).await;
+            if restored > 0 {
+                tracing::info!(
+                    restored,
+                    "paused sandboxes made again over their workspaces"
+                );
+            }
+        }
         Ok(app)
     }
 }

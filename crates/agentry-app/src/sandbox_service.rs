@@ -196,6 +196,9 @@ pub struct SandboxView {
     pub paused_on_idle: bool,
     /// What its idle timeout does: `close` or `pause`.
     pub on_idle: OnIdle,
+    /// Whether it was paused when the server last stopped and was made again, paused, over its
+    /// workspace when it started: its files survived, its processes did not.
+    pub restored: bool,
     /// CPU time its processes have used, dead ones included, seconds (null where the host gives
     /// it no cgroups).
     pub cpu_seconds: Option<f64>,
@@ -472,6 +475,7 @@ pub fn sandbox_view(entry: &Standalone) -> SandboxView {
         paused: entry.sandbox.is_paused(),
         paused_on_idle: entry.sandbox.is_paused_on_idle(),
         on_idle: entry.spec.on_idle.into(),
+        restored: entry.restored,
         cpu_seconds: usage.cpu_nanos.map(|nanos| nanos as f64 / 1e9),
         memory_bytes: usage.memory_bytes,
     }
@@ -976,6 +980,8 @@ impl Sandboxes<'_> {
     pub async fn pause(&self, id: &str) -> Result<SandboxView, AppError> {
         let entry = self.get(id)?;
         entry.sandbox.pause().await.map_err(sandbox_error)?;
+        // Recorded now, so it comes back paused even after a crash of the server.
+        self.app.parts.sandboxes.keep_paused(&entry).await;
         Ok(sandbox_view(&entry))
     }
 
@@ -984,6 +990,7 @@ impl Sandboxes<'_> {
     pub async fn resume(&self, id: &str) -> Result<SandboxView, AppError> {
         let entry = self.get(id)?;
         entry.sandbox.resume().await.map_err(sandbox_error)?;
+        self.app.parts.sandboxes.forget_paused(entry.id).await;
         Ok(sandbox_view(&entry))
     }
 

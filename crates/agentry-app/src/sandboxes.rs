@@ -52,6 +52,69 @@ pub const OUTPUT_CAP: usize = 1 << 20;
 /// The folder under the root that keeps the snapshots.
 const SNAPSHOTS: &str = ".snapshots";
 
+/// The folder under the root that keeps the records of paused sandboxes, which outlive a
+/// restart of the server (`<id>.json`).
+const PAUSED: &str = ".paused";
+
+/// Removes what a server that stopped (or crashed) left in the sandboxes folder `root`: the
+/// workspaces of sandboxes that were not paused. The snapshots, the records of paused
+/// sandboxes and their workspaces stay, for [`SandboxRegistry::restore`]. For a server's start
+/// only: a live server's workspaces would go too.
+pub fn remove_stale_workspaces(root: &Path) -> std::io::Result<()> {
+    let kept: Vec<String> = match std::fs::read_dir(root.join(PAUSED)) {
+        Ok(entries) => entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".json").map(str::to_owned)
+            })
+            .collect(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) => return Err(error),
+    };
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == SNAPSHOTS || name == PAUSED || kept.contains(&name) {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    // A snapshot a crash left half-written.
+    if let Ok(partials) = std::fs::read_dir(root.join(SNAPSHOTS)) {
+        for partial in partials.flatten() {
+            if partial
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".partial-")
+            {
+                std::fs::remove_dir_all(partial.path())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a paused sandbox needs to be made again after a restart, over its workspace.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct PausedRecord {
+    id: Uuid,
+    created_at: u64,
+    owner: Option<String>,
+    spec: SandboxSpec,
+    /// Paused by its idle timeout (woken by its next use) rather than by a request.
+    on_idle: bool,
+}
+
 /// The most a snapshot may hold (its files' bytes).
 pub const MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 
@@ -259,6 +322,9 @@ pub struct Standalone {
     pub spec: SandboxSpec,
     /// Who it belongs to (the id of the API key that made it; `None`: the operator).
     pub owner: Option<String>,
+    /// Whether it was made again after a restart of the server (its files survived; its
+    /// processes did not).
+    pub restored: bool,
     processes: Mutex<Processes>,
     /// Its code interpreter's kernel, started on first use.
     pub(crate) kernel: KernelSlot,
@@ -499,6 +565,7 @@ impl SandboxRegistry {
                 created_at: now_ms(),
                 spec,
                 owner,
+                restored: false,
                 processes: Mutex::new(Processes::default()),
                 kernel: KernelSlot::default(),
             });
@@ -756,14 +823,24 @@ impl SandboxRegistry {
         Ok(())
     }
 
-    /// Closes every sandbox and removes their workspaces (at shutdown).
+    /// Closes every sandbox and removes their workspaces (at shutdown); a paused one keeps its
+    /// workspace and a record, and is made again, paused, when a server starts over this folder
+    /// ([`SandboxRegistry::restore`]). Its processes end either way.
     pub async fn close_all(&self) {
         let entries: Vec<Arc<Standalone>> = lock(&self.inner.slots)
             .sandboxes
             .drain()
             .map(|(_, entry)| entry)
             .collect();
-        futures::future::join_all(entries.iter().map(|entry| close(entry))).await;
+        let keep = !self.inner.own_root;
+        futures::future::join_all(entries.iter().map(|entry| async move {
+            if keep && entry.sandbox.is_paused() && self.record_paused(entry).await.is_ok() {
+                entry.sandbox.close().await;
+            } else {
+                close(entry).await;
+            }
+        }))
+        .await;
         if self.inner.own_root {
             // A root of our own is temporary: its snapshots go with it.
             let snapshots = self.inner.root.join(SNAPSHOTS);
@@ -771,6 +848,113 @@ impl SandboxRegistry {
             let root = self.inner.root.clone();
             let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir(root)).await;
         }
+    }
+
+    fn paused_record(&self, id: Uuid) -> PathBuf {
+        self.inner.root.join(PAUSED).join(format!("{id}.json"))
+    }
+
+    /// Writes the record a paused sandbox is made again from after a restart.
+    async fn record_paused(&self, entry: &Standalone) -> std::io::Result<()> {
+        let record = PausedRecord {
+            id: entry.id,
+            created_at: entry.created_at,
+            owner: entry.owner.clone(),
+            spec: entry.spec.clone(),
+            on_idle: entry.sandbox.is_paused_on_idle(),
+        };
+        let path = self.paused_record(entry.id);
+        let bytes = serde_json::to_vec_pretty(&record).map_err(std::io::Error::other)?;
+        tokio::task::spawn_blocking(move || {
+            let folder = path.parent().unwrap_or(Path::new("."));
+            std::fs::create_dir_all(folder)?;
+            let partial = path.with_extension("partial");
+            std::fs::write(&partial, bytes)?;
+            std::fs::rename(partial, path)
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
+
+    /// Records a sandbox paused by a request, so that it comes back after a restart (a
+    /// temporary root keeps nothing); a failure to write is logged, the pause stands.
+    pub async fn keep_paused(&self, entry: &Standalone) {
+        if self.inner.own_root {
+            return;
+        }
+        if let Err(error) = self.record_paused(entry).await {
+            tracing::warn!(sandbox = %entry.id, "cannot record the paused sandbox: {error}");
+        }
+    }
+
+    /// Forgets a paused sandbox's record (it was resumed or deleted).
+    pub async fn forget_paused(&self, id: Uuid) {
+        let path = self.paused_record(id);
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await;
+    }
+
+    /// Makes again, over their workspaces and paused as they were, the sandboxes that were
+    /// paused when a server last stopped over this folder: their files are there, their
+    /// processes are not. A record whose workspace is gone, or that cannot be made again, is
+    /// dropped with a warning. Answers how many came back.
+    pub async fn restore(&self, backend: &Arc<dyn Backend>) -> usize {
+        let folder = self.inner.root.join(PAUSED);
+        let records: Vec<PausedRecord> = tokio::task::spawn_blocking(move || {
+            std::fs::read_dir(folder)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "json"))
+                        .filter_map(|entry| std::fs::read(entry.path()).ok())
+                        .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .await
+        .unwrap_or_default();
+        let mut restored = 0;
+        for record in records {
+            let id = record.id;
+            if !record.spec.workspace.is_dir()
+                || lock(&self.inner.slots).sandboxes.len() >= self.inner.max
+            {
+                tracing::warn!(sandbox = %id, "a paused sandbox's workspace is gone, or the registry is full: not restored");
+                self.forget_paused(id).await;
+                continue;
+            }
+            let sandbox = match backend.create(record.spec.clone()).await {
+                Ok(sandbox) => sandbox,
+                Err(error) => {
+                    tracing::warn!(sandbox = %id, "a paused sandbox could not be made again: {error}");
+                    continue;
+                }
+            };
+            let paused = if record.on_idle {
+                sandbox.pause_until_used().await
+            } else {
+                sandbox.pause().await
+            };
+            if let Err(error) = paused {
+                tracing::warn!(sandbox = %id, "a restored sandbox could not be paused: {error}");
+            }
+            let entry = Arc::new(Standalone {
+                id,
+                sandbox,
+                created_at: record.created_at,
+                spec: record.spec,
+                owner: record.owner,
+                restored: true,
+                processes: Mutex::new(Processes::default()),
+                kernel: KernelSlot::default(),
+            });
+            lock(&self.inner.slots).sandboxes.insert(id, entry);
+            restored += 1;
+        }
+        if restored > 0 {
+            self.start_sweeping();
+        }
+        restored
     }
 
     /// Forgets the sandboxes that closed by themselves, removing their workspaces.
@@ -814,10 +998,14 @@ async fn sweep(inner: &RegistryInner) {
     }
 }
 
-/// Closes a sandbox and removes its workspace.
+/// Closes a sandbox and removes its workspace (and its record, were it paused at a restart).
 async fn close(entry: &Standalone) {
     entry.sandbox.close().await;
     remove_workspace(entry.workspace().to_path_buf()).await;
+    if let Some(root) = entry.workspace().parent() {
+        let record = root.join(PAUSED).join(format!("{}.json", entry.id));
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(record)).await;
+    }
 }
 
 async fn remove_workspace(path: PathBuf) {

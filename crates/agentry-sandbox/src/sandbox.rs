@@ -438,6 +438,15 @@ impl Sandbox {
         self.freeze(true).await
     }
 
+    /// Pauses the sandbox as its idle timeout would ([`IdleAction::Pause`]): the next command
+    /// or file operation resumes it by itself. For a sandbox made again after a restart that
+    /// was paused that way before.
+    pub async fn pause_until_used(&self) -> Result<()> {
+        self.freeze(true).await?;
+        self.inner.paused_on_idle.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Resumes a paused sandbox: its processes go on where they stopped. Resuming a running
     /// sandbox does nothing.
     pub async fn resume(&self) -> Result<()> {

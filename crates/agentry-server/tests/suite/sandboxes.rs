@@ -1544,3 +1544,100 @@ async fn a_keys_snapshots_stay_within_its_disk_quota() {
     let (status, second) = take().await;
     assert_eq!(status, 201, "{second}");
 }
+
+/// A sandbox paused when the server stops comes back paused when a server starts over the same
+/// folder: its files are there (its processes are not: no process snapshots yet), one paused by
+/// a request waits for a resume, one paused on idle wakes on its next command, and a running one
+/// is gone with its workspace.
+#[tokio::test]
+async fn paused_sandboxes_and_their_files_survive_a_restart() {
+    let server = sandbox_server().await;
+    let by_request = create(&server, json!({})).await;
+    let (_, shown) = server.get(&format!("/v1/sandboxes/{by_request}")).await;
+    if shown["report"]["limits"] == "rlimit" {
+        return; // No freezer: nothing pauses, nothing is kept.
+    }
+    assert_eq!(shown["restored"], false);
+    sh(&server, &by_request, "echo kept > note.txt").await;
+    let on_idle = create(
+        &server,
+        json!({"on_idle": "pause", "limits": {"idle_timeout_secs": 1}}),
+    )
+    .await;
+    sh(&server, &on_idle, "echo idle > note.txt").await;
+    let running = create(&server, json!({})).await;
+    let (status, _) = send(
+        &server,
+        Method::POST,
+        &format!("/v1/sandboxes/{by_request}/pause"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            server.get(&format!("/v1/sandboxes/{on_idle}")).await.1["paused_on_idle"] == true
+        })
+        .await
+    );
+    // The server stops (every sandbox's processes end).
+    let root = state_root(&server.state);
+    server.state.app.parts().sandboxes.close_all().await;
+    assert!(root.join(&by_request).join("note.txt").is_file());
+    assert!(
+        !root.join(&running).exists(),
+        "a running sandbox's workspace goes"
+    );
+
+    let home = server.home.path().to_path_buf();
+    let restarted = super::support::start_with(
+        move |_| ToolEnvironment {
+            sandbox_root: Some(root),
+            ..native_sandboxes(&home)
+        },
+        |_| {},
+    )
+    .await;
+    let (status, back) = restarted.get(&format!("/v1/sandboxes/{by_request}")).await;
+    assert_eq!(status, 200, "{back}");
+    assert_eq!(back["restored"], true);
+    assert_eq!(back["paused"], true);
+    assert_eq!(back["paused_on_idle"], false);
+    let (status, refused) = exec(&restarted, &by_request, json!({"command": "true"})).await;
+    assert_eq!(
+        status, 409,
+        "paused by request, it waits for a resume: {refused}"
+    );
+    let (status, _) = send(
+        &restarted,
+        Method::POST,
+        &format!("/v1/sandboxes/{by_request}/resume"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(sh(&restarted, &by_request, "cat note.txt").await, "kept\n");
+    // Paused on idle: the next command wakes it.
+    let (_, idle) = restarted.get(&format!("/v1/sandboxes/{on_idle}")).await;
+    assert_eq!(idle["paused_on_idle"], true, "{idle}");
+    assert_eq!(sh(&restarted, &on_idle, "cat note.txt").await, "idle\n");
+    assert_eq!(
+        restarted.get(&format!("/v1/sandboxes/{running}")).await.0,
+        404
+    );
+    // Deleted, it does not come back again.
+    let (status, _) = send(
+        &restarted,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{on_idle}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert!(
+        !state_root(&restarted.state)
+            .join(".paused")
+            .join(format!("{on_idle}.json"))
+            .exists()
+    );
+}

@@ -248,14 +248,13 @@ pub(crate) async fn run(args: ServeArgs, data: &DataArgs) -> anyhow::Result<Exit
     agentry_app::domain::store::check_node_id(&node_id)
         .map_err(|error| anyhow::anyhow!("--node-id: {error}"))?;
     let imported = agentry_app::mcp_tools::import_servers_file(&store, &data.home()?).await?;
-    // Standalone sandboxes (`/v1/sandboxes`) never outlive the server that made them: the
-    // workspaces a crashed one left behind go (after the bind, so a second server on the same
-    // data folder, refused its port, removes nothing).
+    // Standalone sandboxes (`/v1/sandboxes`) outlive the server that made them only when
+    // paused (and their snapshots): the workspaces a stopped or crashed one left behind go
+    // (after the bind, so a second server on the same data folder, refused its port, removes
+    // nothing).
     let stale = data.home()?.join("sandboxes");
-    if stale.exists() {
-        std::fs::remove_dir_all(&stale)
-            .with_context(|| format!("cannot clean {}", stale.display()))?;
-    }
+    agentry_app::sandboxes::remove_stale_workspaces(&stale)
+        .with_context(|| format!("cannot clean {}", stale.display()))?;
     let mut tools = args.sandbox.environment(&data.home()?)?;
     let volume = match &tools.workspaces {
         Some(folder) => Some(super::sandbox::workspace_volume(folder)?),

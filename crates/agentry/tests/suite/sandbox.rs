@@ -311,3 +311,103 @@ async fn serve_hides_the_hosts_usr_local_in_sandboxes_unless_told() {
         "the host's /usr/local is shown"
     );
 }
+
+/// `agentry serve` killed with SIGKILL and started again over its data folder: a sandbox paused
+/// before the crash is back, paused, with its files (its processes are not); a sandbox that was
+/// running is gone with its workspace; the snapshots are kept.
+#[tokio::test]
+async fn a_paused_sandbox_and_the_snapshots_outlive_a_crashed_server() {
+    let home = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let http = agentry_llm::http_client(std::time::Duration::from_secs(30)).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let call = |method: reqwest::Method, path: String, body: Value| {
+        let request = http.request(method, format!("{base}{path}")).json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let mut first = serve_command(home.path(), port, &[]).spawn().unwrap();
+    listening(&mut first).await;
+    let (_, kept) = call(reqwest::Method::POST, "/v1/sandboxes".into(), json!({})).await;
+    if kept["report"]["limits"] == "rlimit" {
+        return; // No freezer on this host: nothing pauses.
+    }
+    let kept = kept["id"].as_str().unwrap().to_owned();
+    let (_, running) = call(reqwest::Method::POST, "/v1/sandboxes".into(), json!({})).await;
+    let running = running["id"].as_str().unwrap().to_owned();
+    let (status, _) = call(
+        reqwest::Method::POST,
+        format!("/v1/sandboxes/{kept}/exec"),
+        json!({"command": "echo survived > f.txt"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, snapshot) = call(
+        reqwest::Method::POST,
+        format!("/v1/sandboxes/{kept}/snapshots"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 201, "{snapshot}");
+    let (status, _) = call(
+        reqwest::Method::POST,
+        format!("/v1/sandboxes/{kept}/pause"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    first.kill().await.unwrap();
+    first.wait().await.unwrap();
+
+    let mut second = serve_command(home.path(), port, &[]).spawn().unwrap();
+    listening(&mut second).await;
+    let (status, back) = call(
+        reqwest::Method::GET,
+        format!("/v1/sandboxes/{kept}"),
+        json!(null),
+    )
+    .await;
+    assert_eq!(status, 200, "{back}");
+    assert_eq!(
+        (back["paused"].clone(), back["restored"].clone()),
+        (json!(true), json!(true))
+    );
+    let (status, _) = call(
+        reqwest::Method::GET,
+        format!("/v1/sandboxes/{running}"),
+        json!(null),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(!home.path().join("sandboxes").join(&running).exists());
+    let (_, snapshots) = call(
+        reqwest::Method::GET,
+        "/v1/sandbox-snapshots".into(),
+        json!(null),
+    )
+    .await;
+    assert_eq!(
+        snapshots["snapshots"][0]["id"], snapshot["id"],
+        "{snapshots}"
+    );
+    call(
+        reqwest::Method::POST,
+        format!("/v1/sandboxes/{kept}/resume"),
+        json!({}),
+    )
+    .await;
+    let (status, read) = call(
+        reqwest::Method::POST,
+        format!("/v1/sandboxes/{kept}/exec"),
+        json!({"command": "cat f.txt"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(read["stdout"], "survived\n");
+}
