@@ -127,6 +127,8 @@ impl ModelConfig {
         if let Some(tokens) = self.context_window {
             config = config.with_context_window(u64::from(tokens));
         }
+        // A model that takes images gets those of tool results too (charts, screenshots).
+        config.openai.tool_images_as_user = agentry_core::media::sees_images(&self.labels);
         HttpModelClient::with_http_client(config, http.clone())
             .map_err(|error| AppError::bad_request(format!("model {:?}: {error}", self.id)))
     }

@@ -37,6 +37,11 @@ pub struct OpenAiOptions {
     /// Send earlier reasoning back as `reasoning_content` on assistant messages (DeepSeek's
     /// thinking mode with tools needs it; OpenAI does not accept it).
     pub replay_reasoning: bool,
+    /// Send the images tool results carry (a chart from `run_code`, a screenshot) in a user
+    /// message after the tool messages: chat completions take images only from the user, and a
+    /// tool message would show the model a placeholder. Only for models that take images (an
+    /// image sent to one that does not fails the request).
+    pub tool_images_as_user: bool,
 }
 
 /// Everything needed to call one model.

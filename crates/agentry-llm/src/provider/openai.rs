@@ -6,7 +6,9 @@
 //! chunk; ids and names may repeat on every tool delta; legacy `function_call` is understood;
 //! error codes may be numbers; unknown fields are ignored.
 
-use agentry_types::{AssistantPart, ContentPart, ImageSource, Message, StopReason, Thinking};
+use agentry_types::{
+    AssistantPart, ContentPart, ImageSource, Message, StopReason, Thinking, ToolResultPart,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -26,8 +28,23 @@ pub(crate) fn encode(
     stream: bool,
 ) -> Result<Value, LlmError> {
     let mut messages = Vec::with_capacity(request.messages.len());
+    let mut tool_images: Vec<Value> = Vec::new();
     for message in &request.messages {
+        if !matches!(message, Message::Tool(_)) && !tool_images.is_empty() {
+            messages.push(tool_images_message(std::mem::take(&mut tool_images)));
+        }
+        if let (Message::Tool(result), true) = (message, config.openai.tool_images_as_user) {
+            tool_images.extend(result.content.iter().filter_map(|part| match part {
+                ToolResultPart::Image { source } => {
+                    Some(json!({"type": "image_url", "image_url": {"url": image_url(source)}}))
+                }
+                _ => None,
+            }));
+        }
         messages.push(encode_message(message, config.openai.replay_reasoning));
+    }
+    if !tool_images.is_empty() {
+        messages.push(tool_images_message(tool_images));
     }
     let mut body = serde_json::Map::new();
     body.insert("model".into(), json!(config.model));
@@ -51,6 +68,16 @@ pub(crate) fn encode(
         body.insert("stream_options".into(), json!({"include_usage": true}));
     }
     Ok(Value::Object(body))
+}
+
+/// The user message that carries the tool results' images, after the tool messages.
+fn tool_images_message(images: Vec<Value>) -> Value {
+    let mut content = vec![json!({
+        "type": "text",
+        "text": "The images the tool results above returned, in order:",
+    })];
+    content.extend(images);
+    json!({"role": "user", "content": content})
 }
 
 fn encode_message(message: &Message, replay_reasoning: bool) -> Value {

@@ -251,3 +251,63 @@ fn invalid_configuration_is_rejected_before_any_request() {
     let key = agentry_llm::ApiKey::new("sk-secret");
     assert!(!format!("{key:?}").contains("secret"));
 }
+
+/// Chat completions take images only from the user: a tool result's image goes to a model that
+/// takes images as a user message after the tool messages (one message for a round's results,
+/// in order), and to other models not at all (their tool message shows a placeholder).
+#[test]
+fn tool_result_images_follow_as_a_user_message_for_models_that_take_images() {
+    let chart = |data: &str| ToolResultPart::Image {
+        source: ImageSource::Base64 {
+            media_type: "image/png".into(),
+            data: data.into(),
+        },
+    };
+    let request = ModelRequest::new(vec![
+        Message::user("Plot it."),
+        Message::Assistant {
+            content: vec![
+                AssistantPart::ToolCall(ToolCall::new("c1", "run_code", json!({"code": "a"}))),
+                AssistantPart::ToolCall(ToolCall::new("c2", "run_code", json!({"code": "b"}))),
+            ],
+        },
+        Message::Tool(ToolResult {
+            call_id: "c1".into(),
+            name: None,
+            content: vec![ToolResultPart::Text { text: "one".into() }, chart("AAAA")],
+            is_error: false,
+        }),
+        Message::Tool(ToolResult {
+            call_id: "c2".into(),
+            name: None,
+            content: vec![chart("BBBB")],
+            is_error: false,
+        }),
+        Message::Assistant {
+            content: vec![AssistantPart::Text {
+                text: "Done.".into(),
+            }],
+        },
+    ]);
+    let mut seeing = config(Protocol::OpenAi);
+    seeing.openai.tool_images_as_user = true;
+    let body = encode_request(&seeing, &request, false).unwrap();
+    let roles: Vec<&str> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "tool", "user", "assistant"]
+    );
+    let images = &body["messages"][4]["content"];
+    assert_eq!(images[1]["image_url"]["url"], "data:image/png;base64,AAAA");
+    assert_eq!(images[2]["image_url"]["url"], "data:image/png;base64,BBBB");
+    assert_eq!(body["messages"][2]["content"], "one\n[image: image/png]");
+
+    let blind = encode_request(&config(Protocol::OpenAi), &request, false).unwrap();
+    assert_eq!(blind["messages"].as_array().unwrap().len(), 5);
+    assert!(!blind.to_string().contains("image_url"));
+}

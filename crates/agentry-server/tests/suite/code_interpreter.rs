@@ -35,6 +35,8 @@ async fn server_with_kernel(python: Option<String>) -> Server {
                 ));
             }
             tools.kernel_python = Some(python);
+            // Sessions' workspaces, so runs get the `run_code` tool.
+            tools.workspaces = Some(home.join("workspaces"));
             tools
         },
         |_| {},
@@ -235,4 +237,52 @@ async fn bad_requests_and_a_python_without_a_kernel_are_typed_errors() {
     assert_eq!(error["error"]["code"], "kernel_unavailable", "{error}");
     let message = error["error"]["message"].as_str().unwrap();
     assert!(message.contains("ipykernel"), "{message}");
+}
+
+/// An agent's chart reaches a model that takes images: the `run_code` tool's PNG goes back in
+/// the next request, as an image after the tool message (chat completions take images only
+/// from the user).
+#[tokio::test]
+async fn a_charts_image_reaches_a_model_that_takes_images() {
+    let server = server_with_kernel(None).await;
+    let (status, body) = server
+        .post(
+            "/v1/models",
+            json!({"id": "eyes", "protocol": "openai", "base_url": server.mock.openai_base_url(),
+                   "model_name": "m", "labels": ["vision"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    server.mock.enqueue(agentry_testkit::Reply::scripted(
+        agentry_testkit::ScriptedTurn::tool_call(
+            "run_code",
+            json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"}),
+        ),
+    ));
+    server.mock.enqueue(agentry_testkit::Reply::scripted(
+        agentry_testkit::ScriptedTurn::text("A line that rises, then falls."),
+    ));
+    let (status, answer) = server
+        .post(
+            "/v1/infer",
+            json!({"session_id": "new", "model_id": "eyes", "tool_ids": ["run_code"], "text": "Plot 1, 3, 2."}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["text"], "A line that rises, then falls.", "{answer}");
+    let requests = server.mock.requests();
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    let images: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter_map(|part| part["image_url"]["url"].as_str())
+        .collect();
+    assert_eq!(images.len(), 1, "{messages:#?}");
+    let png = images[0].strip_prefix("data:image/png;base64,").unwrap();
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(png)
+        .unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
 }
