@@ -41,12 +41,15 @@ impl Expressions {
         let job = Job::CheckExpression {
             expression: expression.to_owned(),
         };
-        match isolation::run(&job) {
-            None => self.check_expression_here(expression),
-            Some(Ok(Outcome::Parsed(result))) => result,
-            Some(Ok(_)) => Err(mismatched()),
-            Some(Err(failure)) => Err(format!("the expression failed: {failure}")),
-        }
+        dispatch(
+            &job,
+            "expression",
+            || self.check_expression_here(expression),
+            |outcome| match outcome {
+                Outcome::Parsed(result) => Some(result),
+                _ => None,
+            },
+        )
     }
 
     /// Checks that a template text parses, without running it.
@@ -54,12 +57,15 @@ impl Expressions {
         let job = Job::CheckText {
             text: text.to_owned(),
         };
-        match isolation::run(&job) {
-            None => self.check_text_here(text),
-            Some(Ok(Outcome::Parsed(result))) => result,
-            Some(Ok(_)) => Err(mismatched()),
-            Some(Err(failure)) => Err(format!("the template failed: {failure}")),
-        }
+        dispatch(
+            &job,
+            "template",
+            || self.check_text_here(text),
+            |outcome| match outcome {
+                Outcome::Parsed(result) => Some(result),
+                _ => None,
+            },
+        )
     }
 
     pub(super) fn check_expression_here(&self, expression: &str) -> Result<(), String> {
@@ -82,12 +88,15 @@ impl Expressions {
             text: text.to_owned(),
             context: context.clone(),
         };
-        match isolation::run(&job) {
-            None => self.render_text_here(text, context),
-            Some(Ok(Outcome::Text(result))) => result,
-            Some(Ok(_)) => Err(mismatched()),
-            Some(Err(failure)) => Err(format!("the template failed: {failure}")),
-        }
+        dispatch(
+            &job,
+            "template",
+            || self.render_text_here(text, context),
+            |outcome| match outcome {
+                Outcome::Text(result) => Some(result),
+                _ => None,
+            },
+        )
     }
 
     /// Evaluates an expression against `context`, to JSON.
@@ -96,12 +105,15 @@ impl Expressions {
             expression: expression.to_owned(),
             context: context.clone(),
         };
-        match isolation::run(&job) {
-            None => self.evaluate_here(expression, context),
-            Some(Ok(Outcome::Evaluate(result))) => result,
-            Some(Ok(_)) => Err(mismatched()),
-            Some(Err(failure)) => Err(format!("the expression failed: {failure}")),
-        }
+        dispatch(
+            &job,
+            "expression",
+            || self.evaluate_here(expression, context),
+            |outcome| match outcome {
+                Outcome::Evaluate(result) => Some(result),
+                _ => None,
+            },
+        )
     }
 
     /// Whether an expression's value counts as true (minijinja's truthiness).
@@ -110,12 +122,15 @@ impl Expressions {
             expression: expression.to_owned(),
             context: context.clone(),
         };
-        match isolation::run(&job) {
-            None => self.truthy_here(expression, context),
-            Some(Ok(Outcome::Truthy(result))) => result,
-            Some(Ok(_)) => Err(mismatched()),
-            Some(Err(failure)) => Err(format!("the expression failed: {failure}")),
-        }
+        dispatch(
+            &job,
+            "expression",
+            || self.truthy_here(expression, context),
+            |outcome| match outcome {
+                Outcome::Truthy(result) => Some(result),
+                _ => None,
+            },
+        )
     }
 
     pub(super) fn render_text_here(&self, text: &str, context: &Value) -> Result<String, String> {
@@ -157,6 +172,19 @@ impl Expressions {
     }
 }
 
-fn mismatched() -> String {
-    "the template renderer answered another kind of job".to_owned()
+/// Runs `job` in a renderer where renders are isolated, else `here`; `pick` takes the job's
+/// result out of the renderer's answer, and `what` names the job in a failure.
+fn dispatch<T>(
+    job: &Job,
+    what: &str,
+    here: impl FnOnce() -> Result<T, String>,
+    pick: impl FnOnce(Outcome) -> Option<Result<T, String>>,
+) -> Result<T, String> {
+    match isolation::run(job) {
+        None => here(),
+        Some(Ok(outcome)) => pick(outcome).unwrap_or_else(|| {
+            Err("the template renderer answered another kind of job".to_owned())
+        }),
+        Some(Err(failure)) => Err(format!("the {what} failed: {failure}")),
+    }
 }

@@ -76,15 +76,7 @@ async fn run(
             kernel::MAX_CODE_BYTES
         )));
     }
-    let timeout = match arguments.timeout_secs {
-        Some(0) => {
-            return Err(ToolError::InvalidArguments(
-                "timeout_secs must be at least 1".into(),
-            ));
-        }
-        Some(secs) => Duration::from_secs(secs).min(config.max_timeout),
-        None => config.default_timeout,
-    };
+    let timeout = config.timeout(arguments.timeout_secs)?;
     let sandbox = sandbox_for(sandboxes, &context).await?;
     let workspace = sandbox.workspace().to_path_buf();
     let slot = Arc::clone(

@@ -66,15 +66,7 @@ async fn run(
             "the command contains a NUL byte".into(),
         ));
     }
-    let timeout = match arguments.timeout_secs {
-        Some(0) => {
-            return Err(ToolError::InvalidArguments(
-                "timeout_secs must be at least 1".into(),
-            ));
-        }
-        Some(secs) => Duration::from_secs(secs).min(config.max_timeout),
-        None => config.default_timeout,
-    };
+    let timeout = config.timeout(arguments.timeout_secs)?;
     let cwd = sandbox_cwd(sandboxes, &context, arguments.cwd.as_deref())?;
     let sandbox = sandbox_for(sandboxes, &context).await?;
     if arguments.background {

@@ -72,6 +72,20 @@ impl Default for ShellToolsConfig {
     }
 }
 
+impl ShellToolsConfig {
+    /// A call's timeout: the one it asks for (at least a second, at most
+    /// [`ShellToolsConfig::max_timeout`]), else the default.
+    pub(crate) fn timeout(&self, requested_secs: Option<u64>) -> Result<Duration, ToolError> {
+        match requested_secs {
+            Some(0) => Err(ToolError::InvalidArguments(
+                "timeout_secs must be at least 1".into(),
+            )),
+            Some(secs) => Ok(Duration::from_secs(secs).min(self.max_timeout)),
+            None => Ok(self.default_timeout),
+        }
+    }
+}
+
 /// The shell tools (`exec`, `terminal`, `run_code`) over `sandboxes`, ready to register;
 /// `terminal`'s shells are registered in `terminals` (where people can attach to them).
 pub fn shell_tools(
