@@ -286,3 +286,67 @@ async fn a_charts_image_reaches_a_model_that_takes_images() {
         .unwrap();
     assert!(png.starts_with(b"\x89PNG"), "not a PNG");
 }
+
+/// A sandbox cannot turn the kernel's files against the host: a log swapped for a link to a
+/// host file is not read (its content never reaches the error), and sockets swapped for links
+/// to a host socket are refused before any connection. The "kernel" here is a script in the
+/// sandbox that does the swapping.
+#[tokio::test]
+async fn the_kernels_files_cannot_lead_the_server_to_the_hosts() {
+    let host = tempfile::tempdir().unwrap();
+    let secret = host.path().join("secret.txt");
+    std::fs::write(&secret, "host-only-canary-7731\n").unwrap();
+    let socket = host.path().join("host.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+
+    let server = server_with_kernel(Some("/workspace/evil.sh".into())).await;
+    for (script, expected) in [
+        (
+            format!(
+                "#!/bin/sh\ndir=$(dirname \"$4\")\nrm -f \"$dir/kernel.log\"\nln -s {} \"$dir/kernel.log\"\n",
+                secret.display()
+            ),
+            "did not start",
+        ),
+        (
+            format!(
+                "#!/bin/sh\ndir=$(dirname \"$4\")\nfor p in 1 2 3 4 5; do ln -s {} \"$dir/k-$p\"; done\n\
+                 printf '%s' '{{\"transport\":\"ipc\",\"ip\":\"k\",\"shell_port\":1,\"iopub_port\":2,\"stdin_port\":3,\
+                 \"control_port\":4,\"hb_port\":5,\"key\":\"x\",\"signature_scheme\":\"hmac-sha256\"}}' > \"$dir/connection.json\"\n\
+                 sleep 30\n",
+                socket.display()
+            ),
+            "not a socket",
+        ),
+    ] {
+        let id = new_sandbox(&server).await;
+        let response = server
+            .http
+            .put(format!(
+                "{}/v1/sandboxes/{id}/files?path=evil.sh",
+                server.url
+            ))
+            .body(script)
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success());
+        let (status, _) = server
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                json!({"command": "chmod +x evil.sh"}),
+            )
+            .await;
+        assert_eq!(status, 200);
+        let (status, error) = run(&server, &id, json!({"code": "1"})).await;
+        assert_eq!(status, 503, "{error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{message}");
+        assert!(!message.contains("canary"), "a host file leaked: {message}");
+    }
+    assert!(
+        listener.accept().is_err(),
+        "the server connected to the host's socket"
+    );
+}

@@ -5,7 +5,10 @@
 //! The kernel is the real `ipykernel`, started inside the sandbox on first use with ZeroMQ's
 //! `ipc` transport: its sockets are files in the sandbox's workspace (`.kernels/<id>/k-1` …),
 //! which the server reaches through the workspace's host folder — no network between the two,
-//! the sandbox's own network namespace stays closed. Variables live between calls; a call
+//! the sandbox's own network namespace stays closed. The sandbox owns those files, so the server
+//! never follows them to the host's: the kernel's log and connection file are read beneath the
+//! workspace only, and its folder is opened without following a link, held, made the host's
+//! (when the server runs as root) and connected through (`/proc/self/fd/N/k-1`). Variables live between calls; a call
 //! collects the kernel's stdout and stderr, its rich results (PNG and SVG charts, HTML and JSON
 //! tables, plain text) and its error with the traceback. A call past its timeout interrupts the
 //! kernel (the code gets `KeyboardInterrupt`, the kernel and its state stay); a kernel that
@@ -13,6 +16,8 @@
 //! starts a new one. A kernel whose sandbox was closed and made again is replaced the same way.
 
 use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -29,6 +34,7 @@ use jupyter_zmq_client::{
 use serde::Serialize;
 use serde_json::Value;
 
+use agentry_core::workspace::Root;
 use agentry_sandbox::{ExecRequest, Sandbox, SandboxError};
 
 /// The Python a kernel starts with when the server names none: the sandbox's own `python3`,
@@ -49,8 +55,6 @@ const KERNEL_START: Duration = Duration::from_secs(60);
 const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 /// How often a running call checks that its kernel is alive.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
-/// The longest socket path Linux takes (`sun_path` is 108 bytes, with its NUL).
-const MAX_SOCKET_PATH: usize = 107;
 
 /// What one call of the code interpreter produced.
 #[derive(Debug, Clone, Serialize)]
@@ -126,6 +130,10 @@ pub struct Kernel {
     pid: u32,
     /// The sandbox it runs in (its PID 1 on the host): a sandbox made again needs a new kernel.
     sandbox: Option<i32>,
+    /// The kernel's folder, held open: its sockets are reached through this descriptor
+    /// (`/proc/self/fd/N/k-1`), never through the workspace's paths, which the sandbox can
+    /// change.
+    _folder: std::os::fd::OwnedFd,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -232,15 +240,7 @@ pub async fn run(
 async fn start(home: &KernelHome<'_>) -> Result<Kernel, KernelError> {
     let name = format!("{:012x}", fastrand::u64(..) >> 16);
     let inside = format!("{}/.kernels/{name}", home.mount.trim_end_matches('/'));
-    let outside = home.workspace.join(".kernels").join(name);
-    let socket = outside.join("k-99");
-    if socket.as_os_str().len() > MAX_SOCKET_PATH {
-        return Err(KernelError::Unavailable(format!(
-            "the sandbox's folder is too deep for the kernel's sockets ({} is over \
-             {MAX_SOCKET_PATH} bytes): use a shorter sandboxes folder",
-            socket.display()
-        )));
-    }
+    let folder = Path::new(".kernels").join(&name);
     let script = "mkdir -p \"$1\" && nohup \"$2\" -m ipykernel_launcher -f \"$1/connection.json\" \
                   --transport=ipc --ip=\"$1/k\" > \"$1/kernel.log\" 2>&1 < /dev/null & echo $!";
     let launched = home
@@ -256,14 +256,17 @@ async fn start(home: &KernelHome<'_>) -> Result<Kernel, KernelError> {
             launched.stderr_str().trim()
         ))
     })?;
+    // The kernel's files are the sandbox's: they are read beneath the workspace only (a link
+    // out of it is refused), never followed to the host's files.
+    let root =
+        Root::open(home.workspace).map_err(|error| KernelError::Unavailable(error.to_string()))?;
     let deadline = Instant::now() + KERNEL_START;
     let info = loop {
-        if let Some(info) = read_connection(&outside.join("connection.json")).await {
+        if let Some(info) = read_beneath(&root, &folder.join("connection.json"))
+            .and_then(|bytes| serde_json::from_slice::<ConnectionInfo>(&bytes).ok())
+        {
             break info;
         }
-        let log = tokio::fs::read_to_string(outside.join("kernel.log"))
-            .await
-            .unwrap_or_default();
         let exited = !home
             .sandbox
             .run(ExecRequest::new(["kill", "-0", &pid.to_string()]))
@@ -271,6 +274,8 @@ async fn start(home: &KernelHome<'_>) -> Result<Kernel, KernelError> {
             .status
             .success();
         if exited || Instant::now() >= deadline {
+            let log = read_beneath(&root, &folder.join("kernel.log")).unwrap_or_default();
+            let log = String::from_utf8_lossy(&log);
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             return Err(KernelError::Unavailable(format!(
@@ -286,15 +291,76 @@ async fn start(home: &KernelHome<'_>) -> Result<Kernel, KernelError> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let pinned = sockets_folder(home.workspace, &folder, &info)?;
     let mut info = info;
-    info.ip = outside.join("k").to_string_lossy().into_owned();
-    connect(info, pid, home.sandbox.pid1()).await
+    info.ip = format!("/proc/self/fd/{}/k", pinned.as_raw_fd());
+    connect(info, pid, home.sandbox.pid1(), pinned).await
 }
 
-/// The kernel's connection file, once it is whole.
-async fn read_connection(path: &Path) -> Option<ConnectionInfo> {
-    let text = tokio::fs::read(path).await.ok()?;
-    serde_json::from_slice(&text).ok()
+/// At most this much of a kernel's file is read (its connection file, its log).
+const MAX_KERNEL_FILE: u64 = 1 << 20;
+
+/// A file of the kernel's, read beneath the workspace (links out of it refused).
+fn read_beneath(root: &Root, relative: &Path) -> Option<Vec<u8>> {
+    let (file, _) = root.open_read(relative, "the kernel's file").ok()?;
+    let mut bytes = Vec::new();
+    file.take(MAX_KERNEL_FILE).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// The kernel's folder, opened beneath the workspace without following any link and held:
+/// where the server runs as root, it is then made the host's (owner root, mode 0755), so the
+/// sandbox can no longer add, remove or swap its entries; each socket is checked to be one
+/// (not a link to a socket of the host's). Connections then go through the descriptor.
+fn sockets_folder(
+    workspace: &Path,
+    folder: &Path,
+    info: &ConnectionInfo,
+) -> Result<std::os::fd::OwnedFd, KernelError> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+    let refused = |what: String| KernelError::Unavailable(format!("the kernel's folder {what}"));
+    let workspace = rustix::fs::open(
+        workspace,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| refused(format!("cannot be opened: {errno}")))?;
+    let dir = rustix::fs::openat2(
+        &workspace,
+        folder,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|errno| {
+        refused(format!(
+            "cannot be opened without following a link: {errno}"
+        ))
+    })?;
+    if rustix::process::geteuid().is_root() {
+        rustix::fs::fchown(
+            &dir,
+            Some(rustix::fs::Uid::ROOT),
+            Some(rustix::fs::Gid::ROOT),
+        )
+        .and_then(|()| rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o755)))
+        .map_err(|errno| refused(format!("cannot be made the host's: {errno}")))?;
+    }
+    for port in [
+        info.shell_port,
+        info.iopub_port,
+        info.stdin_port,
+        info.control_port,
+        info.hb_port,
+    ] {
+        let name = format!("k-{port}");
+        let stat = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|errno| refused(format!("has no socket {name}: {errno}")))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
+            return Err(refused(format!("holds {name}, which is not a socket")));
+        }
+    }
+    Ok(dir)
 }
 
 fn broken(error: impl std::fmt::Display) -> KernelError {
@@ -306,6 +372,7 @@ async fn connect(
     info: ConnectionInfo,
     pid: u32,
     sandbox: Option<i32>,
+    folder: std::os::fd::OwnedFd,
 ) -> Result<Kernel, KernelError> {
     let session = format!("{:032x}", fastrand::u128(..));
     let identity = peer_identity_for_session(&session).map_err(broken)?;
@@ -325,6 +392,7 @@ async fn connect(
         info,
         pid,
         sandbox,
+        _folder: folder,
     };
     // A subscription takes a moment to reach the kernel: ask for its info until an answer
     // shows on the output channel too (its `status` messages), so no output of the first call
