@@ -205,6 +205,23 @@ async fn a_kernel_that_dies_fails_the_call_and_the_next_call_starts_a_new_one() 
     assert_eq!(data(&fresh, "result", "text/plain"), Some(&json!("2")));
     let (_, gone) = run(&server, &id, json!({"code": "lost"})).await;
     assert_eq!(gone["error"]["name"], "NameError", "{gone}");
+    // The dead kernel's folder was emptied; the live one's holds its sockets.
+    let kernels = server
+        .state
+        .app
+        .parts()
+        .sandboxes
+        .root()
+        .join(&id)
+        .join(".kernels");
+    let mut sizes: Vec<usize> = std::fs::read_dir(kernels)
+        .unwrap()
+        .map(|folder| std::fs::read_dir(folder.unwrap().path()).unwrap().count())
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert_eq!(sizes[0], 0, "the dead kernel's files stayed: {sizes:?}");
+    assert!(sizes[1] >= 7, "{sizes:?}");
 }
 
 #[tokio::test]

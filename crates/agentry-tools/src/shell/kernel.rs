@@ -133,7 +133,26 @@ pub struct Kernel {
     /// The kernel's folder, held open: its sockets are reached through this descriptor
     /// (`/proc/self/fd/N/k-1`), never through the workspace's paths, which the sandbox can
     /// change.
-    _folder: std::os::fd::OwnedFd,
+    folder: std::os::fd::OwnedFd,
+}
+
+impl Drop for Kernel {
+    /// Empties the kernel's folder (its sockets, connection file and log) through the held
+    /// descriptor, so dead kernels leave nothing in a session's workspace but an empty folder.
+    fn drop(&mut self) {
+        let Ok(entries) = rustix::fs::Dir::read_from(&self.folder) else {
+            return;
+        };
+        let names: Vec<std::ffi::CString> = entries
+            .flatten()
+            .map(|entry| entry.file_name().to_owned())
+            .filter(|name| name.as_bytes() != b"." && name.as_bytes() != b"..")
+            .collect();
+        for name in names {
+            let _ =
+                rustix::fs::unlinkat(&self.folder, name.as_c_str(), rustix::fs::AtFlags::empty());
+        }
+    }
 }
 
 impl std::fmt::Debug for Kernel {
@@ -392,7 +411,7 @@ async fn connect(
         info,
         pid,
         sandbox,
-        _folder: folder,
+        folder,
     };
     // A subscription takes a moment to reach the kernel: ask for its info until an answer
     // shows on the output channel too (its `status` messages), so no output of the first call
