@@ -5,8 +5,8 @@
 use serde::Deserialize;
 
 use agentry_tools::shell::kernel::{
-    self, CodeCall, CodeResult, DEFAULT_CODE_TIMEOUT, KernelError, KernelHome, KernelSlot,
-    MAX_CODE_BYTES, MAX_CODE_TIMEOUT,
+    self, CodeCall, CodeOutput, CodeResult, DEFAULT_CODE_TIMEOUT, KernelError, KernelHome,
+    KernelSlot, MAX_CODE_BYTES, MAX_CODE_TIMEOUT,
 };
 
 use crate::error::{AppError, Failure};
@@ -27,6 +27,22 @@ pub struct CodeRequest {
     /// its variables stay.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Answer server-sent events instead: each output (`output`, a `CodeOutput`) as the kernel
+    /// sends it, then the whole result (`done`, a `CodeResult`) or the failure (`error`, an
+    /// error body).
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// What a streamed call sends, in order: outputs as they come, then how it ended.
+#[derive(Debug, Clone)]
+pub enum CodeEvent {
+    /// One output, as the kernel sent it.
+    Output(CodeOutput),
+    /// The call ended: everything it produced.
+    Done(Box<CodeResult>),
+    /// The call failed.
+    Failed(AppError),
 }
 
 /// Checks a request: the language, the code's size, the timeout.
@@ -60,6 +76,7 @@ pub(crate) fn check(request: CodeRequest) -> Result<CodeCall, AppError> {
     Ok(CodeCall {
         code: request.code,
         timeout,
+        live: None,
     })
 }
 
@@ -93,6 +110,7 @@ mod tests {
             code: code.into(),
             language: language.map(Into::into),
             timeout_secs: timeout,
+            stream: false,
         };
         assert!(check(request("1", Some("Python"), Some(5))).is_ok());
         assert!(check(request("1", Some("r"), None)).is_err());

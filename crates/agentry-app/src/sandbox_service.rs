@@ -19,7 +19,7 @@ use agentry_sandbox::{
 use crate::App;
 use crate::clock::millis;
 use crate::code_interpreter;
-pub use crate::code_interpreter::CodeRequest;
+pub use crate::code_interpreter::{CodeEvent, CodeRequest};
 use crate::error::{AppError, Failure};
 use crate::sandbox_requests::{
     CreateSandboxRequest, ExecBody, OnIdle, check_path, command, sandbox_spec,
@@ -1016,6 +1016,48 @@ impl Sandboxes<'_> {
             python,
         };
         Box::pin(code_interpreter::run(home, &entry.kernel, call)).await
+    }
+
+    /// [`Sandboxes::run_code`], streamed: each output as the kernel sends it, then how the call
+    /// ended. The request is checked (and the sandbox found) before anything streams; the code
+    /// runs to its end even if the listener goes away.
+    pub fn run_code_streaming(
+        &self,
+        id: &str,
+        request: CodeRequest,
+    ) -> Result<impl futures::Stream<Item = CodeEvent> + Send + 'static, AppError> {
+        let entry = self.get(id)?;
+        let mut call = code_interpreter::check(request)?;
+        let python = self
+            .app
+            .parts
+            .tools
+            .kernel_python
+            .clone()
+            .unwrap_or_else(|| agentry_tools::shell::kernel::DEFAULT_KERNEL_PYTHON.to_owned());
+        let (live, mut outputs) = tokio::sync::mpsc::unbounded_channel();
+        call.live = Some(live);
+        let (end, ended) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let home = agentry_tools::shell::kernel::KernelHome {
+                sandbox: &entry.sandbox,
+                workspace: entry.workspace(),
+                mount: &entry.spec.workspace_mount,
+                python: &python,
+            };
+            let result = Box::pin(code_interpreter::run(home, &entry.kernel, call)).await;
+            let _ = end.send(result);
+        });
+        Ok(async_stream::stream! {
+            while let Some(output) = outputs.recv().await {
+                yield CodeEvent::Output(output);
+            }
+            yield match ended.await {
+                Ok(Ok(result)) => CodeEvent::Done(Box::new(result)),
+                Ok(Err(error)) => CodeEvent::Failed(error),
+                Err(_) => CodeEvent::Failed(AppError::internal("the code's task ended early")),
+            };
+        })
     }
 
     /// Closes a sandbox: every process in it is killed and its workspace removed.

@@ -54,6 +54,7 @@ async fn bench() {
     let call = |code: &str| CodeCall {
         code: code.to_owned(),
         timeout: Duration::from_secs(60),
+        live: None,
     };
 
     let mut cold = Vec::new();

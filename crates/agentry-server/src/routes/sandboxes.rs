@@ -50,9 +50,9 @@ use crate::openapi::{
 use crate::state::AppState;
 use agentry_app::sandbox_requests::{CreateSandboxRequest, ExecBody, check_path};
 use agentry_app::sandbox_service::{
-    BackgroundStarted, CodeRequest, CodeResult, CommandOutput, DirListing, ExecResult, FILE_LIMIT,
-    FileStatView, ForegroundCommand, ProcessDetail, ProcessList, SandboxCapabilities, SandboxList,
-    SandboxView, SnapshotList, SnapshotView, Started, sandbox_view,
+    BackgroundStarted, CodeEvent, CodeRequest, CodeResult, CommandOutput, DirListing, ExecResult,
+    FILE_LIMIT, FileStatView, ForegroundCommand, ProcessDetail, ProcessList, SandboxCapabilities,
+    SandboxList, SandboxView, SnapshotList, SnapshotView, Started, sandbox_view,
 };
 
 /// The sandbox routes.
@@ -204,6 +204,30 @@ pub enum ExecStreamEventName {
 pub struct ExecStreamEvent {
     /// The event's name.
     pub event: ExecStreamEventName,
+    /// Its data: one JSON document.
+    pub data: String,
+}
+
+/// The events of a streamed code call.
+#[derive(Debug, Clone, Copy, ToSchema)]
+pub enum CodeStreamEventName {
+    /// One output as the kernel sent it: a `CodeOutput` (text on a stream, a display, the
+    /// last expression's value).
+    #[schema(rename = "output")]
+    Output,
+    /// The call ended (last): its `CodeResult`, every output included.
+    #[schema(rename = "done")]
+    Done,
+    /// The call failed (last): an error body, as a non-streamed call would answer it.
+    #[schema(rename = "error")]
+    Error,
+}
+
+/// One server-sent event of a streamed code call.
+#[derive(Debug, Clone, ToSchema)]
+pub struct CodeStreamEvent {
+    /// The event's name.
+    pub event: CodeStreamEventName,
     /// Its data: one JSON document.
     pub data: String,
 }
@@ -531,7 +555,11 @@ async fn delete_sandbox(
     params(SandboxPath),
     request_body = CodeRequest,
     responses(
-        (status = 200, description = "The code ran (an exception it raised is in `error`).", body = CodeResult),
+        (status = 200, description = "The code ran (an exception it raised is in `error`), or its events (`\"stream\": true`).",
+         content(
+             (CodeResult = "application/json"),
+             (CodeStreamEvent = "text/event-stream"),
+         )),
         JsonBodyErrors,
         NotFound,
         Conflict,
@@ -542,8 +570,26 @@ async fn run_code(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<CodeRequest>,
-) -> Result<Json<CodeResult>, ApiError> {
-    Ok(Json(state.app.sandboxes().run_code(&id, body).await?))
+) -> Result<Response, ApiError> {
+    if !body.stream {
+        return Ok(Json(state.app.sandboxes().run_code(&id, body).await?).into_response());
+    }
+    let events = state
+        .app
+        .sandboxes()
+        .run_code_streaming(&id, body)?
+        .map(|event| {
+            let (name, data) = match event {
+                CodeEvent::Output(output) => ("output", serde_json::to_string(&output)),
+                CodeEvent::Done(result) => ("done", serde_json::to_string(&result)),
+                CodeEvent::Failed(error) => ("error", Ok(ApiError::from(error).body().to_string())),
+            };
+            let data = data.unwrap_or_else(|_| "{}".to_owned());
+            Ok::<Event, Infallible>(Event::default().event(name).data(data))
+        });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 /// Runs a command in a sandbox.

@@ -367,3 +367,67 @@ async fn the_kernels_files_cannot_lead_the_server_to_the_hosts() {
         "the server connected to the host's socket"
     );
 }
+
+/// `"stream": true`: each output arrives as the kernel sends it (the code below waits for a
+/// file the test writes only after it has read the first output), then the whole result.
+#[tokio::test]
+async fn a_streamed_call_sends_each_output_as_it_comes_then_the_result() {
+    use eventsource_stream::Eventsource as _;
+    use futures::StreamExt as _;
+    let server = server_with_kernel(None).await;
+    let id = new_sandbox(&server).await;
+    let code = "import os, time\nprint('ready', flush=True)\n\
+                while not os.path.exists('go'):\n    time.sleep(0.02)\nprint('went')\n6 * 7";
+    let response = server
+        .http
+        .post(format!("{}/v1/sandboxes/{id}/code", server.url))
+        .json(&json!({"code": code, "stream": true, "timeout_secs": 30}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut events = response.bytes_stream().eventsource();
+    macro_rules! next {
+        () => {{
+            let event = tokio::time::timeout(std::time::Duration::from_secs(40), events.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            (
+                event.event,
+                serde_json::from_str::<Value>(&event.data).unwrap(),
+            )
+        }};
+    }
+    let (name, first) = next!();
+    assert_eq!(name, "output");
+    assert_eq!(
+        first,
+        json!({"type": "stream", "name": "stdout", "text": "ready\n"})
+    );
+    let workspace = server.state.app.parts().sandboxes.root().join(&id);
+    std::fs::write(workspace.join("go"), "").unwrap();
+    let (name, second) = next!();
+    assert_eq!(
+        (name.as_str(), second["text"].as_str()),
+        ("output", Some("went\n"))
+    );
+    let (name, third) = next!();
+    assert_eq!(name, "output");
+    assert_eq!(third["type"], "result");
+    assert_eq!(third["data"]["text/plain"], "42");
+    let (name, done) = next!();
+    assert_eq!(name, "done", "{done}");
+    assert_eq!(done["timed_out"], false);
+    assert_eq!(stdout(&done), "ready\nwent\n");
+
+    // A failure before anything runs is the usual error status, not a stream.
+    let (status, _) = run(
+        &server,
+        &id,
+        json!({"code": "1", "stream": true, "language": "r"}),
+    )
+    .await;
+    assert_eq!(status, 400);
+}

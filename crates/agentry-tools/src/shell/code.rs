@@ -95,6 +95,7 @@ async fn run(
     let call = CodeCall {
         code: arguments.code,
         timeout,
+        live: None,
     };
     let result = tokio::select! {
         biased;

@@ -174,6 +174,9 @@ pub struct CodeCall {
     pub code: String,
     /// Interrupt it after this long.
     pub timeout: Duration,
+    /// Where each output goes as soon as the kernel sends it (a streamed call), besides the
+    /// result.
+    pub live: Option<tokio::sync::mpsc::UnboundedSender<CodeOutput>>,
 }
 
 /// Why a call did not run to an answer.
@@ -469,10 +472,17 @@ struct Collected {
     error: Option<CodeError>,
     bytes: usize,
     truncated: bool,
+    live: Option<tokio::sync::mpsc::UnboundedSender<CodeOutput>>,
 }
 
 impl Collected {
     fn push(&mut self, output: CodeOutput) {
+        if let Some(live) = &self.live
+            && live.send(output.clone()).is_err()
+        {
+            // The listener went away; the call goes on to its end for the kernel's sake.
+            self.live = None;
+        }
         let size = match &output {
             CodeOutput::Stream { text, .. } => text.len(),
             CodeOutput::DisplayData { data } | CodeOutput::Result { data } => {
@@ -523,7 +533,10 @@ async fn execute(kernel: &mut Kernel, call: &CodeCall) -> Result<CodeResult, Ker
     .into();
     let id = request.header.msg_id.clone();
     kernel.shell.send(request).await.map_err(broken)?;
-    let mut collected = Collected::default();
+    let mut collected = Collected {
+        live: call.live.clone(),
+        ..Collected::default()
+    };
     let mut execution_count = None;
     let mut timed_out = false;
     let mut busy_at = None;
