@@ -34,6 +34,17 @@ test("a sandbox runs code with a table and a chart, pauses, snapshots, forks and
   const width = await latest.getByTestId("code-image").evaluate((img) => img.naturalWidth);
   expect(width).toBeGreaterThan(100);
 
+  // Streamed: the first line shows while the code still runs (it waits for a file written
+  // only once that line is on the page).
+  await run("import os, time\nprint('first', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\nprint('second')");
+  await expect(latest.getByTestId("code-stream")).toHaveText("first\n");
+  await expect(latest.getByTestId("code-running")).toBeVisible();
+  const id = await row.getAttribute("data-sandbox-id");
+  const put = await fetch(`${env.server.url}/v1/sandboxes/${id}/files?path=go`, { method: "PUT", body: "" });
+  expect(put.ok).toBe(true);
+  await expect(latest.getByTestId("code-stream")).toHaveText("first\nsecond\n");
+  await expect(latest.getByTestId("code-running")).toHaveCount(0);
+
   await run("len(df) / 0");
   await expect(latest.getByTestId("code-error")).toContainText("ZeroDivisionError");
   await shot(page, "sandboxes");

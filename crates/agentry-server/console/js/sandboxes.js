@@ -1,11 +1,11 @@
 // The Sandboxes page: the open standalone sandboxes (state, age, CPU, memory, background
 // processes) with pause, resume, snapshot and delete; the snapshots with fork and delete; and a
-// code cell on the selected sandbox that runs Python in its kernel (POST /v1/sandboxes/{id}/code)
-// and shows what came back: printed text, charts (PNG), tables, errors with their traceback.
+// code cell on the selected sandbox that runs Python in its kernel (POST /v1/sandboxes/{id}/code,
+// streamed: outputs show as they come) and shows what came back: printed text, charts (PNG), tables, errors with their traceback.
 // Tables arrive as the kernel's HTML; only their cells' text is kept, so no markup of the
 // sandbox's reaches the page.
 
-import { get, post, del } from "./api.js";
+import { get, post, del, stream } from "./api.js";
 import { h, clear, toast, errorText } from "./dom.js";
 
 function age(ms) {
@@ -170,12 +170,31 @@ export class SandboxesView {
     if (!code.trim()) return;
     const cell = h("div", { class: "code-call", testid: "code-call" }, h("pre", { class: "code-source" }, code));
     this.outputs.prepend(cell);
-    const busy = h("div", { class: "meta" }, "running…");
+    const busy = h("div", { class: "meta", testid: "code-running" }, "running…");
     cell.append(busy);
     try {
-      const result = await post(`/v1/sandboxes/${this.selected}/code`, { code });
+      // Streamed: each output shows as the kernel sends it; the last event says how it ended.
+      let ended = null;
+      await stream("POST", `/v1/sandboxes/${this.selected}/code`, { code, stream: true }, (name, data) => {
+        if (name === "output") {
+          const last = busy.previousElementSibling;
+          // Text on one stream goes on in the same block, as the result merges it.
+          if (data.type === "stream" && last && last.dataset.stream === data.name) last.textContent += data.text;
+          else {
+            const shown = output(data);
+            if (data.type === "stream") shown.dataset.stream = data.name;
+            cell.insertBefore(shown, busy);
+          }
+        } else if (name === "done") ended = data;
+        else if (name === "error") ended = { failure: data };
+      });
       busy.remove();
-      cell.append(...result.outputs.map(output));
+      if (!ended || ended.failure) {
+        const message = ended && ended.failure && ended.failure.error ? ended.failure.error.message : "the call ended without an answer";
+        cell.append(h("pre", { class: "code-error", testid: "code-error" }, message));
+        return;
+      }
+      const result = ended;
       if (result.error) {
         cell.append(h("pre", { class: "code-error", testid: "code-error" },
           result.error.traceback.length ? result.error.traceback.join("\n") : `${result.error.name}: ${result.error.value}`));
