@@ -6,11 +6,12 @@ use serde::Deserialize;
 
 use agentry_tools::shell::kernel::{
     self, CodeCall, CodeOutput, CodeResult, DEFAULT_CODE_TIMEOUT, KernelError, KernelHome,
-    KernelSlot, MAX_CODE_BYTES, MAX_CODE_TIMEOUT,
+    MAX_CODE_BYTES, MAX_CODE_TIMEOUT,
 };
 
 use crate::error::{AppError, Failure};
 use crate::sandbox_errors::sandbox_error;
+use crate::sandboxes::Standalone;
 
 /// The body of `POST /v1/sandboxes/{id}/code`.
 #[derive(Debug, Clone, Deserialize)]
@@ -80,14 +81,21 @@ pub(crate) fn check(request: CodeRequest) -> Result<CodeCall, AppError> {
     })
 }
 
-/// Runs `call` in the sandbox's kernel: a dead kernel is 409 `kernel_died`, one that cannot
-/// start or is stuck 503 `kernel_unavailable`, a sandbox's refusal its own error.
+/// Runs `call` in the kernel of the standalone sandbox `entry` (started with `python` when it
+/// has none): a dead kernel is 409 `kernel_died`, one that cannot start or is stuck 503
+/// `kernel_unavailable`, a sandbox's refusal its own error.
 pub(crate) async fn run(
-    home: KernelHome<'_>,
-    slot: &KernelSlot,
+    entry: &Standalone,
+    python: &str,
     call: CodeCall,
 ) -> Result<CodeResult, AppError> {
-    kernel::run(home, slot, call)
+    let home = KernelHome {
+        sandbox: &entry.sandbox,
+        workspace: entry.workspace(),
+        mount: &entry.spec.workspace_mount,
+        python,
+    };
+    kernel::run(home, &entry.kernel, call)
         .await
         .map_err(|error| match error {
             KernelError::Sandbox(error) => sandbox_error(error),

@@ -1002,20 +1002,7 @@ impl Sandboxes<'_> {
     pub async fn run_code(&self, id: &str, request: CodeRequest) -> Result<CodeResult, AppError> {
         let entry = self.get(id)?;
         let call = code_interpreter::check(request)?;
-        let python = self
-            .app
-            .parts
-            .tools
-            .kernel_python
-            .as_deref()
-            .unwrap_or(agentry_tools::shell::kernel::DEFAULT_KERNEL_PYTHON);
-        let home = agentry_tools::shell::kernel::KernelHome {
-            sandbox: &entry.sandbox,
-            workspace: entry.workspace(),
-            mount: &entry.spec.workspace_mount,
-            python,
-        };
-        Box::pin(code_interpreter::run(home, &entry.kernel, call)).await
+        Box::pin(code_interpreter::run(&entry, &self.kernel_python(), call)).await
     }
 
     /// [`Sandboxes::run_code`], streamed: each output as the kernel sends it, then how the call
@@ -1028,24 +1015,12 @@ impl Sandboxes<'_> {
     ) -> Result<impl futures::Stream<Item = CodeEvent> + Send + 'static, AppError> {
         let entry = self.get(id)?;
         let mut call = code_interpreter::check(request)?;
-        let python = self
-            .app
-            .parts
-            .tools
-            .kernel_python
-            .clone()
-            .unwrap_or_else(|| agentry_tools::shell::kernel::DEFAULT_KERNEL_PYTHON.to_owned());
+        let python = self.kernel_python();
         let (live, mut outputs) = tokio::sync::mpsc::unbounded_channel();
         call.live = Some(live);
         let (end, ended) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let home = agentry_tools::shell::kernel::KernelHome {
-                sandbox: &entry.sandbox,
-                workspace: entry.workspace(),
-                mount: &entry.spec.workspace_mount,
-                python: &python,
-            };
-            let result = Box::pin(code_interpreter::run(home, &entry.kernel, call)).await;
+            let result = Box::pin(code_interpreter::run(&entry, &python, call)).await;
             let _ = end.send(result);
         });
         Ok(async_stream::stream! {
@@ -1058,6 +1033,16 @@ impl Sandboxes<'_> {
                 Err(_) => CodeEvent::Failed(AppError::internal("the code's task ended early")),
             };
         })
+    }
+
+    /// The Python kernels start with (`--kernel-python`, else the sandbox's `python3`).
+    fn kernel_python(&self) -> String {
+        self.app
+            .parts
+            .tools
+            .kernel_python
+            .clone()
+            .unwrap_or_else(|| agentry_tools::shell::kernel::DEFAULT_KERNEL_PYTHON.to_owned())
     }
 
     /// Closes a sandbox: every process in it is killed and its workspace removed.

@@ -61,17 +61,10 @@ const PAUSED: &str = ".paused";
 /// sandboxes and their workspaces stay, for [`SandboxRegistry::restore`]. For a server's start
 /// only: a live server's workspaces would go too.
 pub fn remove_stale_workspaces(root: &Path) -> std::io::Result<()> {
-    let kept: Vec<String> = match std::fs::read_dir(root.join(PAUSED)) {
-        Ok(entries) => entries
-            .flatten()
-            .filter_map(|entry| {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                name.strip_suffix(".json").map(str::to_owned)
-            })
-            .collect(),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(error) => return Err(error),
-    };
+    let kept: Vec<String> = paused_records(root)
+        .iter()
+        .map(|record| record.id.to_string())
+        .collect();
     let entries = match std::fs::read_dir(root) {
         Ok(entries) => entries,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -102,6 +95,25 @@ pub fn remove_stale_workspaces(root: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The records of the sandboxes paused under `root` (unreadable ones left out).
+fn paused_records(root: &Path) -> Vec<PausedRecord> {
+    std::fs::read_dir(root.join(PAUSED))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "json"))
+                .filter_map(|entry| std::fs::read(entry.path()).ok())
+                .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Where the record of the paused sandbox `id` is kept under `root`.
+fn paused_record(root: &Path, id: Uuid) -> PathBuf {
+    root.join(PAUSED).join(format!("{id}.json"))
 }
 
 /// What a paused sandbox needs to be made again after a restart, over its workspace.
@@ -354,6 +366,26 @@ impl Drop for BackgroundSlot<'_> {
 }
 
 impl Standalone {
+    fn new(
+        id: Uuid,
+        sandbox: Sandbox,
+        created_at: u64,
+        spec: SandboxSpec,
+        owner: Option<String>,
+        restored: bool,
+    ) -> Self {
+        Self {
+            id,
+            sandbox,
+            created_at,
+            spec,
+            owner,
+            restored,
+            processes: Mutex::new(Processes::default()),
+            kernel: KernelSlot::default(),
+        }
+    }
+
     /// The host folder of its workspace.
     pub fn workspace(&self) -> &Path {
         &self.spec.workspace
@@ -559,16 +591,7 @@ impl SandboxRegistry {
             let place = place;
             let mut spec = spec;
             let (id, sandbox) = registry.make(&backend, &mut spec, from.as_ref()).await?;
-            let entry = Arc::new(Standalone {
-                id,
-                sandbox,
-                created_at: now_ms(),
-                spec,
-                owner,
-                restored: false,
-                processes: Mutex::new(Processes::default()),
-                kernel: KernelSlot::default(),
-            });
+            let entry = Arc::new(Standalone::new(id, sandbox, now_ms(), spec, owner, false));
             lock(&registry.inner.slots)
                 .sandboxes
                 .insert(id, Arc::clone(&entry));
@@ -816,7 +839,7 @@ impl SandboxRegistry {
             return Err(AppError::not_found(format!("no sandbox {id}")));
         };
         let closed_before = entry.sandbox.closed_reason().is_some();
-        close(&entry).await;
+        close(&self.inner, &entry).await;
         if closed_before {
             return Err(AppError::not_found(format!("no sandbox {id}")));
         }
@@ -837,7 +860,7 @@ impl SandboxRegistry {
             if keep && entry.sandbox.is_paused() && self.record_paused(entry).await.is_ok() {
                 entry.sandbox.close().await;
             } else {
-                close(entry).await;
+                close(&self.inner, entry).await;
             }
         }))
         .await;
@@ -850,10 +873,6 @@ impl SandboxRegistry {
         }
     }
 
-    fn paused_record(&self, id: Uuid) -> PathBuf {
-        self.inner.root.join(PAUSED).join(format!("{id}.json"))
-    }
-
     /// Writes the record a paused sandbox is made again from after a restart.
     async fn record_paused(&self, entry: &Standalone) -> std::io::Result<()> {
         let record = PausedRecord {
@@ -863,7 +882,7 @@ impl SandboxRegistry {
             spec: entry.spec.clone(),
             on_idle: entry.sandbox.is_paused_on_idle(),
         };
-        let path = self.paused_record(entry.id);
+        let path = paused_record(&self.inner.root, entry.id);
         let bytes = serde_json::to_vec_pretty(&record).map_err(std::io::Error::other)?;
         tokio::task::spawn_blocking(move || {
             let folder = path.parent().unwrap_or(Path::new("."));
@@ -889,8 +908,7 @@ impl SandboxRegistry {
 
     /// Forgets a paused sandbox's record (it was resumed or deleted).
     pub async fn forget_paused(&self, id: Uuid) {
-        let path = self.paused_record(id);
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await;
+        forget_paused(&self.inner.root, id).await;
     }
 
     /// Makes again, over their workspaces and paused as they were, the sandboxes that were
@@ -898,21 +916,10 @@ impl SandboxRegistry {
     /// processes are not. A record whose workspace is gone, or that cannot be made again, is
     /// dropped with a warning. Answers how many came back.
     pub async fn restore(&self, backend: &Arc<dyn Backend>) -> usize {
-        let folder = self.inner.root.join(PAUSED);
-        let records: Vec<PausedRecord> = tokio::task::spawn_blocking(move || {
-            std::fs::read_dir(folder)
-                .map(|entries| {
-                    entries
-                        .flatten()
-                        .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "json"))
-                        .filter_map(|entry| std::fs::read(entry.path()).ok())
-                        .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
-                        .collect()
-                })
-                .unwrap_or_default()
-        })
-        .await
-        .unwrap_or_default();
+        let root = self.inner.root.clone();
+        let records = tokio::task::spawn_blocking(move || paused_records(&root))
+            .await
+            .unwrap_or_default();
         let mut restored = 0;
         for record in records {
             let id = record.id;
@@ -938,16 +945,14 @@ impl SandboxRegistry {
             if let Err(error) = paused {
                 tracing::warn!(sandbox = %id, "a restored sandbox could not be paused: {error}");
             }
-            let entry = Arc::new(Standalone {
+            let entry = Arc::new(Standalone::new(
                 id,
                 sandbox,
-                created_at: record.created_at,
-                spec: record.spec,
-                owner: record.owner,
-                restored: true,
-                processes: Mutex::new(Processes::default()),
-                kernel: KernelSlot::default(),
-            });
+                record.created_at,
+                record.spec,
+                record.owner,
+                true,
+            ));
             lock(&self.inner.slots).sandboxes.insert(id, entry);
             restored += 1;
         }
@@ -994,18 +999,21 @@ async fn sweep(inner: &RegistryInner) {
     };
     for entry in closed {
         tracing::debug!(sandbox = %entry.id, reason = ?entry.sandbox.closed_reason(), "sandbox closed");
-        close(&entry).await;
+        close(inner, &entry).await;
     }
 }
 
 /// Closes a sandbox and removes its workspace (and its record, were it paused at a restart).
-async fn close(entry: &Standalone) {
+async fn close(inner: &RegistryInner, entry: &Standalone) {
     entry.sandbox.close().await;
     remove_workspace(entry.workspace().to_path_buf()).await;
-    if let Some(root) = entry.workspace().parent() {
-        let record = root.join(PAUSED).join(format!("{}.json", entry.id));
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(record)).await;
-    }
+    forget_paused(&inner.root, entry.id).await;
+}
+
+/// Removes the record of the paused sandbox `id`, if there is one.
+async fn forget_paused(root: &Path, id: Uuid) {
+    let record = paused_record(root, id);
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(record)).await;
 }
 
 async fn remove_workspace(path: PathBuf) {

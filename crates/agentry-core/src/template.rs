@@ -24,6 +24,7 @@ pub mod expression;
 pub mod isolation;
 pub mod renderer;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 
@@ -248,8 +249,8 @@ impl TemplateStore {
     pub fn variables(&self, name: &str) -> Result<BTreeSet<String>, TemplateError> {
         let source = self.source(name)?;
         let job = Job::Variables {
-            name: name.to_owned(),
-            source: source.to_owned(),
+            name: name.into(),
+            source: source.into(),
         };
         match isolation::run(&job) {
             None => self.variables_here(name),
@@ -286,9 +287,9 @@ impl TemplateStore {
     ) -> Result<String, TemplateError> {
         let source = self.source(name)?;
         let job = Job::Template {
-            name: name.to_owned(),
-            source: source.to_owned(),
-            arguments: arguments.clone(),
+            name: name.into(),
+            source: source.into(),
+            arguments: Cow::Borrowed(arguments),
             fuel: self.limits.fuel,
             max_output_bytes: self.limits.max_output_bytes,
         };
@@ -368,8 +369,8 @@ impl TemplateStore {
 
     fn insert(&mut self, name: String, source: String) -> Result<(), TemplateError> {
         let job = Job::Check {
-            name: name.clone(),
-            source: source.clone(),
+            name: Cow::Borrowed(&name),
+            source: Cow::Borrowed(&source),
             fuel: self.limits.fuel,
             max_output_bytes: self.limits.max_output_bytes,
         };

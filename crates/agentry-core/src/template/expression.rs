@@ -3,6 +3,8 @@
 //! bounded like prompt templates: fuel, an output cap, and out of process where
 //! [`super::isolation`] is installed.
 
+use std::borrow::Cow;
+
 use minijinja::{Environment, UndefinedBehavior};
 use serde_json::Value;
 
@@ -39,7 +41,7 @@ impl Expressions {
     /// parts, so it too runs in a renderer where renders are isolated).
     pub fn check_expression(&self, expression: &str) -> Result<(), String> {
         let job = Job::CheckExpression {
-            expression: expression.to_owned(),
+            expression: expression.into(),
         };
         dispatch(
             &job,
@@ -54,9 +56,7 @@ impl Expressions {
 
     /// Checks that a template text parses, without running it.
     pub fn check_text(&self, text: &str) -> Result<(), String> {
-        let job = Job::CheckText {
-            text: text.to_owned(),
-        };
+        let job = Job::CheckText { text: text.into() };
         dispatch(
             &job,
             "template",
@@ -85,8 +85,8 @@ impl Expressions {
     /// Renders a template text against `context`.
     pub fn render_text(&self, text: &str, context: &Value) -> Result<String, String> {
         let job = Job::Text {
-            text: text.to_owned(),
-            context: context.clone(),
+            text: text.into(),
+            context: Cow::Borrowed(context),
         };
         dispatch(
             &job,
@@ -102,8 +102,8 @@ impl Expressions {
     /// Evaluates an expression against `context`, to JSON.
     pub fn evaluate(&self, expression: &str, context: &Value) -> Result<Value, String> {
         let job = Job::Evaluate {
-            expression: expression.to_owned(),
-            context: context.clone(),
+            expression: expression.into(),
+            context: Cow::Borrowed(context),
         };
         dispatch(
             &job,
@@ -119,8 +119,8 @@ impl Expressions {
     /// Whether an expression's value counts as true (minijinja's truthiness).
     pub fn truthy(&self, expression: &str, context: &Value) -> Result<bool, String> {
         let job = Job::Truthy {
-            expression: expression.to_owned(),
-            context: context.clone(),
+            expression: expression.into(),
+            context: Cow::Borrowed(context),
         };
         dispatch(
             &job,
@@ -175,7 +175,7 @@ impl Expressions {
 /// Runs `job` in a renderer where renders are isolated, else `here`; `pick` takes the job's
 /// result out of the renderer's answer, and `what` names the job in a failure.
 fn dispatch<T>(
-    job: &Job,
+    job: &Job<'_>,
     what: &str,
     here: impl FnOnce() -> Result<T, String>,
     pick: impl FnOnce(Outcome) -> Option<Result<T, String>>,

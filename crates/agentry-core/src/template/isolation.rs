@@ -19,6 +19,7 @@
 //! The wire between the runtime and a renderer is a Unix socket on the renderer's standard
 //! input and output: one JSON [`Job`] a line in, one JSON [`Outcome`] a line out.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
@@ -99,38 +100,51 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// One render, sent to a renderer.
+/// One render, sent to a renderer; it borrows what the caller has (a workflow's context can be
+/// large) and owns what a renderer reads.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "job", rename_all = "snake_case")]
-pub(crate) enum Job {
+pub(crate) enum Job<'a> {
     /// A prompt template from a [`super::TemplateStore`].
     Template {
-        name: String,
-        source: String,
-        arguments: Map<String, Value>,
+        name: Cow<'a, str>,
+        source: Cow<'a, str>,
+        arguments: Cow<'a, Map<String, Value>>,
         fuel: u64,
         max_output_bytes: usize,
     },
     /// A prompt template compiled and tried once with empty arguments, as
     /// [`super::TemplateStore::add`] does.
     Check {
-        name: String,
-        source: String,
+        name: Cow<'a, str>,
+        source: Cow<'a, str>,
         fuel: u64,
         max_output_bytes: usize,
     },
     /// The variables a prompt template reads.
-    Variables { name: String, source: String },
+    Variables {
+        name: Cow<'a, str>,
+        source: Cow<'a, str>,
+    },
     /// Whether an expression parses.
-    CheckExpression { expression: String },
+    CheckExpression { expression: Cow<'a, str> },
     /// Whether a template text parses.
-    CheckText { text: String },
+    CheckText { text: Cow<'a, str> },
     /// A text with `{{ … }}` parts, rendered by [`super::Expressions`].
-    Text { text: String, context: Value },
+    Text {
+        text: Cow<'a, str>,
+        context: Cow<'a, Value>,
+    },
     /// An expression evaluated to JSON by [`super::Expressions`].
-    Evaluate { expression: String, context: Value },
+    Evaluate {
+        expression: Cow<'a, str>,
+        context: Cow<'a, Value>,
+    },
     /// An expression's truthiness, by [`super::Expressions`].
-    Truthy { expression: String, context: Value },
+    Truthy {
+        expression: Cow<'a, str>,
+        context: Cow<'a, Value>,
+    },
 }
 
 /// A renderer's answer to a [`Job`], of the job's own kind.
@@ -164,7 +178,7 @@ pub fn isolation() -> Option<&'static IsolationConfig> {
 static POOL: OnceLock<Pool> = OnceLock::new();
 
 /// Runs `job` in a renderer; `None` when renders are not isolated in this process.
-pub(crate) fn run(job: &Job) -> Option<Result<Outcome, Failure>> {
+pub(crate) fn run(job: &Job<'_>) -> Option<Result<Outcome, Failure>> {
     POOL.get().map(|pool| pool.run(job))
 }
 
@@ -174,7 +188,7 @@ struct Pool {
 }
 
 impl Pool {
-    fn run(&self, job: &Job) -> Result<Outcome, Failure> {
+    fn run(&self, job: &Job<'_>) -> Result<Outcome, Failure> {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut renderer = match idle {
             Some(renderer) => renderer,
@@ -220,7 +234,7 @@ impl Renderer {
     /// Sends `job` and reads its outcome. Any failure ends this renderer (dropped, it is
     /// killed and reaped), and says why: the renderer's own death by abort is an allocation
     /// that failed, a read past the timeout a render too slow.
-    fn call(&mut self, job: &Job, config: &IsolationConfig) -> Result<Outcome, Failure> {
+    fn call(&mut self, job: &Job<'_>, config: &IsolationConfig) -> Result<Outcome, Failure> {
         let mut line =
             serde_json::to_vec(job).map_err(|error| Failure::Broken(error.to_string()))?;
         line.push(b'\n');

@@ -106,7 +106,7 @@ impl Rendering {
                     max_output_bytes,
                 };
                 let rendered = self
-                    .compiled(limits, &name, source)
+                    .compiled(limits, &name, source.into_owned())
                     .and_then(|store| store.render_here(&name, &arguments));
                 Outcome::Template(rendered)
             }
@@ -120,7 +120,7 @@ impl Rendering {
                     fuel,
                     max_output_bytes,
                 });
-                Outcome::Checked(scratch.insert_here(name, source))
+                Outcome::Checked(scratch.insert_here(name.into_owned(), source.into_owned()))
             }
             Job::Variables { name, source } => {
                 let limits = self
@@ -128,7 +128,7 @@ impl Rendering {
                     .as_ref()
                     .map_or_else(TemplateLimits::default, TemplateStore::limits);
                 let variables = self
-                    .compiled(limits, &name, source)
+                    .compiled(limits, &name, source.into_owned())
                     .and_then(|store| store.variables_here(&name));
                 Outcome::Variables(variables)
             }

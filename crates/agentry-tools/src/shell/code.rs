@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentry_sandbox::SandboxPool;
+use agentry_sandbox::{Sandbox, SandboxPool};
 use agentry_types::{ImageSource, ToolResultPart};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -29,8 +29,8 @@ struct RunCodeArguments {
     timeout_secs: Option<u64>,
 }
 
-/// Each workspace's kernel (the workspace's sandbox holds the kernel's process).
-type Kernels = Arc<Mutex<HashMap<PathBuf, Arc<KernelSlot>>>>;
+/// Each workspace's kernel, with the sandbox that holds its process.
+type Kernels = Arc<Mutex<HashMap<PathBuf, (Sandbox, Arc<KernelSlot>)>>>;
 
 /// The `run_code` tool.
 pub(super) fn run_code(
@@ -79,13 +79,15 @@ async fn run(
     let timeout = config.timeout(arguments.timeout_secs)?;
     let sandbox = sandbox_for(sandboxes, &context).await?;
     let workspace = sandbox.workspace().to_path_buf();
-    let slot = Arc::clone(
-        kernels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    let slot = {
+        let mut kernels = kernels.lock().unwrap_or_else(PoisonError::into_inner);
+        // The kernels of sandboxes that closed (sessions gone idle) go, with their connections.
+        kernels.retain(|_, (sandbox, _)| sandbox.closed_reason().is_none());
+        let (_, slot) = kernels
             .entry(workspace.clone())
-            .or_default(),
-    );
+            .or_insert_with(|| (sandbox.clone(), Arc::default()));
+        Arc::clone(slot)
+    };
     let home = KernelHome {
         sandbox: &sandbox,
         workspace: &workspace,
