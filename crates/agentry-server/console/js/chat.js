@@ -505,17 +505,26 @@ export class ChatView {
     if (!this.terminalSlot.classList.contains("hidden") && this.terminals.current) this.terminals.show(this.terminals.current);
   }
 
+  /** Shows a title the server sent, unless one is being typed: the edit stays open (a title
+   * generated after the first turn used to replace the field under the typing), and leaving it
+   * unsaved shows the server's. */
+  showTitle(text) {
+    if (this.title.querySelector("input")) this.serverTitle = text;
+    else this.title.textContent = text;
+  }
+
   /** Edits the title in place: Enter saves it, Escape (or leaving the field) keeps the old one. */
   rename() {
     if (!this.sessionId || this.title.querySelector("input")) return;
     const old = this.title.textContent;
+    this.serverTitle = null;
     const input = h("input", { testid: "title-input", "aria-label": "Session title", value: old === "…" ? "" : old, maxlength: 200 });
     let done = false;
     const finish = async (save) => {
       if (done) return;
       done = true;
       const title = input.value.trim();
-      this.title.textContent = save && title ? title : old;
+      this.title.textContent = save && title ? title : this.serverTitle || old;
       if (!save || !title || title === old) return;
       this.renames += 1;
       try {
@@ -743,7 +752,7 @@ export class ChatView {
       if (this.closed) return;
       // Renamed here while the session was loading: the title typed is newer than the one read.
       const renamed = this.renames !== renames;
-      if (!renamed) this.title.textContent = detail.session.title || "Untitled";
+      if (!renamed) this.showTitle(detail.session.title || "Untitled");
       if (detail.group) this.becomeGroup(detail.group);
       if (this.sidebar) this.sidebar.upsert(renamed ? { ...detail.session, title: this.title.textContent } : detail.session);
       for (const item of effective(events.events || [])) this.transcript.committed(item.seq, item.event);
@@ -849,12 +858,12 @@ export class ChatView {
 
   statusChanged(change) {
     if (!this.sessionId || change.session_id !== this.sessionId) return;
-    if (change.title) this.title.textContent = change.title;
+    if (change.title) this.showTitle(change.title);
     else if (this.title.textContent === "New chat") {
       const renames = this.renames;
       get(`/v1/sessions/${this.sessionId}`).then((detail) => {
         // Not over a rename made while this was on its way.
-        if (detail.session.title && !this.closed && this.renames === renames) this.title.textContent = detail.session.title;
+        if (detail.session.title && !this.closed && this.renames === renames) this.showTitle(detail.session.title);
       }).catch(() => {});
     }
     if (change.status === "running" && !this.controller) this.attach();
